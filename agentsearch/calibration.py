@@ -1,0 +1,158 @@
+"""A/A calibration: the baseline against itself, to know each workload's noise.
+
+The result is stored in the state directory and used by the gate as a noise prior — only
+when the config fingerprint and the environment fingerprint still match (otherwise it is
+ignored and the report says the evaluation ran uncalibrated).
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import shutil
+import statistics as pystats
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from harness import environment
+from harness.interleave import run_interleaved
+from harness.sequential import OK, Decision, SequentialDesign
+from harness.statistics import NoisePrior, cv, drift, noise_prior, outliers, paired_estimate, pairs_for_power
+from harness.trials import BASELINE, CANDIDATE
+
+from .config import Config, WorkloadConfig
+from .errors import AgentsearchError
+from .workloads import restarts_for, session_factory
+from .workspace.workspace import Workspace, atomic_write
+
+CALIBRATION_SCHEMA = 1
+FILE = "calibration.json"
+
+
+@dataclass(frozen=True)
+class WorkloadNoise:
+    workload: str
+    pairs: int
+    cv: float
+    sd_log_ratio: float
+    var: float
+    df: int
+    drift_per_100: float
+    drift_p: float
+    outliers: int
+    order_effect: float
+    aa_speedup: float
+    aa_ci: tuple[float, float]
+    pairs_needed: int
+
+
+@dataclass(frozen=True)
+class Calibration:
+    baseline: str
+    config_fingerprint: str
+    environment_fingerprint: str
+    created: float
+    workloads: dict[str, WorkloadNoise]
+    schema_version: int = CALIBRATION_SCHEMA
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        return d
+
+
+def _fixed_design(n: int) -> SequentialDesign:
+    return SequentialDesign(alpha=0.05, min_pairs=n, max_pairs=n, look_every=n)
+
+
+def _done(design: SequentialDesign, d: list[float], prior: NoisePrior | None) -> Decision:
+    return Decision(OK, "calibration complete", paired_estimate(d), 0.0)
+
+
+def analyze(name: str, run_trials: list, d: list[float], config: Config) -> WorkloadNoise:
+    values = [t.value for t in sorted(run_trials, key=lambda t: (t.pair, t.position))]
+    base_values = [t.value for t in run_trials if t.side == BASELINE]
+    cand_values = [t.value for t in run_trials if t.side == CANDIDATE]
+    prior = noise_prior(d)
+    est = paired_estimate(d)
+    ab = [x for i, x in enumerate(d) if i % 2 == 0]
+    ba = [x for i, x in enumerate(d) if i % 2 == 1]
+    order_effect = (pystats.mean(ab) - pystats.mean(ba)) / 2 if ab and ba else 0.0
+    dr = drift(values)
+    level = config.gate.proposal_alpha * 0.8  # the final look's share (harness.sequential)
+    sd = prior.var**0.5
+    return WorkloadNoise(
+        workload=name, pairs=len(d), cv=pystats.mean([cv(base_values), cv(cand_values)]),
+        sd_log_ratio=sd, var=prior.var, df=prior.df, drift_per_100=dr.slope_per_100, drift_p=dr.p_value,
+        outliers=outliers(d), order_effect=order_effect, aa_speedup=est.speedup, aa_ci=est.ci(),
+        pairs_needed=pairs_for_power(sd, config.gate.min_effect, level, 0.9, df_prior=prior.df),
+    )
+
+
+def calibrate(ws: Workspace, pairs: int = 30, progress: Callable[[str, str], None] | None = None) -> Calibration:
+    say = progress or (lambda s, d: None)
+    config = ws.config()
+    base = ws.baseline_commit()
+    master = secrets.randbits(31)
+    tag = f"calibrate-{master % 100000:05d}"
+    scratch = ws.state / "tmp" / tag
+    worktrees: dict[str, Path] = {}
+    results: dict[str, WorkloadNoise] = {}
+    try:
+        for side in (BASELINE, CANDIDATE):
+            worktrees[side] = ws.checkout(base, f"{tag}-{side}")
+        from .evaluation import seed_sequence
+
+        for w in config.workloads:
+            factory = session_factory(config, w, worktrees, scratch)
+            run = run_interleaved(
+                w.name, factory, _fixed_design(pairs), _done, seed_sequence(master, w.name), w.higher_is_better,
+                restarts=restarts_for(w),
+                on_pair=lambda r, w=w: say(w.name, f"A/A pair {r.pairs}/{pairs}"),
+            )
+            if run.failure:
+                raise AgentsearchError(f"calibration of {w.name!r} failed: {run.failure}")
+            results[w.name] = analyze(w.name, run.trials, run.log_ratios, config)
+    finally:
+        for path in worktrees.values():
+            ws.remove_worktree(path)
+        shutil.rmtree(scratch, ignore_errors=True)
+    cal = Calibration(
+        baseline=base, config_fingerprint=config.fingerprint(),
+        environment_fingerprint=environment.fingerprint(), created=time.time(), workloads=results,
+    )
+    atomic_write(ws.state / FILE, json.dumps(cal.to_json(), indent=1))
+    return cal
+
+
+def load(ws: Workspace) -> Calibration | None:
+    path = ws.state / FILE
+    if not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_text())
+        if data.get("schema_version") != CALIBRATION_SCHEMA:
+            return None
+        workloads = {}
+        for k, v in data["workloads"].items():
+            v["aa_ci"] = tuple(v["aa_ci"])
+            workloads[k] = WorkloadNoise(**v)
+        return Calibration(
+            baseline=data["baseline"], config_fingerprint=data["config_fingerprint"],
+            environment_fingerprint=data["environment_fingerprint"], created=data["created"], workloads=workloads,
+        )
+    except (ValueError, KeyError, TypeError) as exc:
+        raise AgentsearchError(f"{path}: corrupt calibration ({exc}); delete it and run `agentsearch calibrate` again") from None
+
+
+def prior_for(cal: Calibration | None, config: Config, w: WorkloadConfig) -> NoisePrior | None:
+    """The calibrated noise for ``w`` if the calibration still describes this setup."""
+    if cal is None or cal.config_fingerprint != config.fingerprint():
+        return None
+    if cal.environment_fingerprint != environment.fingerprint():
+        return None
+    noise = cal.workloads.get(w.name)
+    if noise is None or noise.df < 1:
+        return None
+    return NoisePrior(var=noise.var, df=noise.df)

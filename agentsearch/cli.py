@@ -1,0 +1,157 @@
+"""Command line: parsing only. Each command lives in ``agentsearch.commands.<name>``,
+takes plain values and returns its exit code; one error handler wraps them all."""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import tempfile
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+import click
+
+from . import __version__
+from .errors import EXIT_INTERRUPTED, EXIT_UNEXPECTED, AgentsearchError, NotBuiltError
+
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+
+def log_path() -> Path:
+    return Path(os.environ.get("AGENTSEARCH_LOG_DIR", tempfile.gettempdir())) / "agentsearch-error.log"
+
+
+def run_command(fn: Callable[..., int], *args: Any, **kwargs: Any) -> None:
+    """Run a command function; turn every failure into one line and an exit code."""
+    try:
+        code = fn(*args, **kwargs)
+    except AgentsearchError as exc:
+        click.echo(f"agentsearch: error: {exc}", err=True)
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        click.echo("agentsearch: interrupted", err=True)
+        sys.exit(EXIT_INTERRUPTED)
+    except Exception as exc:  # noqa: BLE001 - the last line of defence
+        path = log_path()
+        try:
+            path.write_text(traceback.format_exc())
+            where = f" (traceback in {path})"
+        except OSError:
+            where = ""
+        click.echo(f"agentsearch: unexpected error: {type(exc).__name__}: {exc}{where}", err=True)
+        sys.exit(EXIT_UNEXPECTED)
+    sys.exit(code)
+
+
+def target_option(f: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option(
+        "-C", "--target", "target", type=click.Path(path_type=Path), default=Path("."), show_default=True,
+        help="Target repository (like `git -C`).",
+    )(f)
+
+
+def json_option(f: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead of tables.")(f)
+
+
+@click.group(context_settings=CONTEXT)
+@click.version_option(__version__, prog_name="agentsearch")
+def main() -> None:
+    """agentsearch: git-native patch search for faster LLM inference.
+
+    Every proposal lives on its own branch; the harness measures it against the baseline in
+    the same run (interleaved pairs), checks the model's output distributions, and a
+    fail-closed gate merges only significant, verified wins.
+    """
+
+
+@main.command(context_settings=CONTEXT)
+@target_option
+@click.option("--from-installed", "from_installed", metavar="PACKAGE", help="Create a fork of an installed package (vllm) in DIR and initialize it.")
+@click.argument("directory", required=False, type=click.Path(path_type=Path))
+def init(target: Path, from_installed: str | None, directory: Path | None) -> None:
+    """Validate a target and create its state directory.
+
+    With --from-installed vllm DIR: turn the installed vLLM into a git repository at DIR
+    (the embedded default target) and initialize it.
+    """
+    from .commands.init import run
+
+    run_command(run, target=target, from_installed=from_installed, directory=directory)
+
+
+@main.command(context_settings=CONTEXT)
+@target_option
+@json_option
+@click.option("--pairs", default=30, show_default=True, type=click.IntRange(4, 10_000), help="A/A pairs per workload.")
+def calibrate(target: Path, as_json: bool, pairs: int) -> None:
+    """Measure the baseline against itself (A/A): noise, drift, outliers, pairs needed."""
+    from .commands.calibrate import run
+
+    run_command(run, target=target, as_json=as_json, pairs=pairs)
+
+
+@main.command(context_settings=CONTEXT)
+@target_option
+@json_option
+@click.argument("ref")
+@click.option("--seed", type=int, default=None, help="Master input seed (default: fresh).")
+@click.option("--keep-worktrees", is_flag=True, help="Keep the measurement worktrees for inspection.")
+def evaluate(target: Path, as_json: bool, ref: str, seed: int | None, keep_worktrees: bool) -> None:
+    """Measure REF against the baseline and print the gate's verdict (never merges).
+
+    Exit status: 0 merge, 4 reject or held for review, 2 bad input.
+    """
+    from .commands.evaluate import run
+
+    run_command(run, target=target, as_json=as_json, ref=ref, seed=seed, keep_worktrees=keep_worktrees)
+
+
+def _not_built(name: str, issue: str) -> Callable[..., None]:
+    def cmd(**_: Any) -> None:
+        def fail() -> int:
+            raise NotBuiltError(f"`agentsearch {name}` is not built yet ({issue})")
+
+        run_command(fail)
+
+    return cmd
+
+
+def _register_pending(name: str, help_text: str, issue: str, params: list[click.Parameter]) -> None:
+    cmd = click.Command(
+        name, callback=_not_built(name, issue), help=f"{help_text}\n\nNot built yet ({issue}).", params=params,
+        context_settings=CONTEXT,
+    )
+    main.add_command(cmd)
+
+
+def _target_param() -> click.Option:
+    return click.Option(["-C", "--target"], type=click.Path(path_type=Path), default=Path("."), show_default=True, help="Target repository (like `git -C`).")
+
+
+def _json_param() -> click.Option:
+    return click.Option(["--json", "as_json"], is_flag=True, help="Print one JSON document instead of tables.")
+
+
+_register_pending("verify", "Check REF's token-level output distributions against the baseline.", "distribution checks",
+                  [_target_param(), _json_param(), click.Argument(["ref"])])
+_register_pending("episode", "Run (or --resume) a search episode: propose, measure, gate, merge.", "episode loop",
+                  [_target_param(), _json_param(), click.Option(["--resume"], is_flag=True, help="Continue the latest unfinished episode.")])
+_register_pending("history", "Show the proposals judged so far, with verdicts and reasons.", "episode loop",
+                  [_target_param(), _json_param()])
+_register_pending("insights", "Distill the history into insights for the next proposals.", "proposers and insights",
+                  [_target_param(), _json_param()])
+_register_pending("report", "Render the evidence report of a proposal or ref.", "evidence reports",
+                  [_target_param(), click.Argument(["proposal"])])
+_register_pending("pr", "Open a pull request whose body is the evidence report.", "evidence reports",
+                  [_target_param(), click.Argument(["proposal"])])
+_register_pending("review", "List merges on the baseline with their evidence; --recheck re-measures one.", "evidence reports",
+                  [_target_param(), _json_param(), click.Argument(["merge"], required=False)])
+_register_pending("revert", "Revert a merge on the baseline (compare-and-swap).", "evidence reports",
+                  [_target_param(), click.Argument(["merge"])])
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,32 @@
+"""`agentsearch calibrate`: the baseline against itself; noise per workload, stored for the gate."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.table import Table
+
+from ..calibration import calibrate
+from ..workspace import Workspace
+from .output import out, print_json, progress
+
+
+def run(target: Path, as_json: bool, pairs: int) -> int:
+    ws = Workspace.open(target)
+    with ws.lock(), progress() as say:
+        cal = calibrate(ws, pairs=pairs, progress=say)
+    if as_json:
+        print_json(cal.to_json())
+        return 0
+    t = Table(title=f"A/A calibration of {cal.baseline[:12]} ({pairs} pairs per workload)")
+    for col in ("workload", "CV", "sd log-ratio", "drift /100 trials", "outliers", "order effect", "A/A speedup", "pairs for 90% power"):
+        t.add_column(col)
+    for w in cal.workloads.values():
+        t.add_row(
+            w.workload, f"{w.cv:.2%}", f"{w.sd_log_ratio:.4f}", f"{w.drift_per_100:+.2%} (p={w.drift_p:.2g})",
+            str(w.outliers), f"{w.order_effect:+.3%}", f"{w.aa_speedup - 1:+.2%} [{w.aa_ci[0] - 1:+.2%}, {w.aa_ci[1] - 1:+.2%}]",
+            str(w.pairs_needed),
+        )
+    out.print(t)
+    out.print(f"stored in {ws.state / 'calibration.json'}; the gate uses it while the config and machine stay the same")
+    return 0

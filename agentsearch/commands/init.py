@@ -1,0 +1,32 @@
+"""`agentsearch init`: validate a target, or create the embedded vLLM fork and initialize it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from ..errors import AgentsearchError
+from ..workspace import Workspace
+from ..workspace.fork import create_fork, find_installed
+from .starter import starter_config
+
+
+def run(target: Path, from_installed: str | None, directory: Path | None) -> int:
+    if from_installed:
+        if from_installed != "vllm":
+            raise AgentsearchError(f"--from-installed supports 'vllm', got {from_installed!r}")
+        if directory is None:
+            raise AgentsearchError("--from-installed vllm needs a DIR to create the fork in")
+        pkg_dir, _dist, _version = find_installed("vllm")
+        create_fork("vllm", directory, starter_config(pkg_dir.parent))
+        target = directory
+    elif directory is not None:
+        raise AgentsearchError("DIR is only used with --from-installed; use -C to point at an existing target")
+    ws = Workspace.init(target)
+    config = ws.config()
+    click.echo(f"initialized {ws.repo_dir}")
+    click.echo(f"  baseline  {config.target.baseline} @ {ws.baseline_commit()[:12]}")
+    click.echo(f"  workloads {', '.join(w.name for w in config.workloads)}")
+    click.echo(f"  state     {ws.state}")
+    return 0

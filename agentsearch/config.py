@@ -1,0 +1,294 @@
+"""agentsearch.toml: frozen dataclasses with a default and a doc on every field.
+
+The file lives at the root of the target's baseline branch and is always protected.
+``load_config_text`` validates every key and type and raises ``ConfigError`` with one
+line naming the file, the key and what is expected.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import tomllib
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from .errors import ConfigError
+
+CONFIG_FILE = "agentsearch.toml"
+SCHEMA_VERSION = 1
+
+WORKLOAD_KINDS = ("command", "vllm-throughput", "vllm-latency", "vllm-serve")
+INSTALL_MODES = ("none", "overlay", "command")
+VERIFY_MODES = ("exact", "tight", "approx")
+
+
+def doc(text: str, default: Any = dataclasses.MISSING, factory: Any = dataclasses.MISSING) -> Any:
+    """A dataclass field with its documentation attached (shown in the README and errors)."""
+    if factory is not dataclasses.MISSING:
+        return field(default_factory=factory, metadata={"doc": text})
+    if default is dataclasses.MISSING:
+        return field(metadata={"doc": text})
+    return field(default=default, metadata={"doc": text})
+
+
+@dataclass(frozen=True)
+class TargetConfig:
+    baseline: str = doc("Canonical baseline branch; merges advance it.", "main")
+    protected: tuple[str, ...] = doc(
+        "Globs (`*`, `**`, `?`) no proposal may touch; agentsearch.toml is always protected.", ()
+    )
+    env: Mapping[str, str] = doc("Environment variables set for every trial.", factory=dict)
+    install: str = doc("How a worktree becomes runnable: none | overlay | command.", "none")
+    build: str | None = doc("Build command run in the worktree when install = \"command\".", None)
+    overlay_from: str | None = doc(
+        "For install = \"overlay\": directory whose compiled files (*.so) are linked into each worktree.",
+        None,
+    )
+
+    def __post_init__(self) -> None:
+        if self.install not in INSTALL_MODES:
+            raise ValueError(f"expected one of {', '.join(INSTALL_MODES)}, got {self.install!r}|install")
+        if self.install == "command" and not self.build:
+            raise ValueError("install = \"command\" needs a build command|build")
+        if self.install == "overlay" and not self.overlay_from:
+            raise ValueError("install = \"overlay\" needs overlay_from|overlay_from")
+
+
+@dataclass(frozen=True)
+class WorkloadConfig:
+    name: str = doc("Unique workload name.")
+    metric: str = doc("Key of the metric in the workload's JSON output that the gate judges.")
+    kind: str = doc("command | vllm-throughput | vllm-latency | vllm-serve.", "command")
+    command: str | None = doc(
+        "Shell command for kind = \"command\"; `{worktree}`, `{seed}`, `{out}` are substituted.", None
+    )
+    higher_is_better: bool = doc("True for throughput-like metrics, false for latencies.", True)
+    timeout_s: float = doc("Per-trial timeout in seconds; a timeout fails the evaluation.", 600.0)
+    env: Mapping[str, str] = doc("Extra environment for this workload's trials.", factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.kind not in WORKLOAD_KINDS:
+            raise ValueError(f"expected one of {', '.join(WORKLOAD_KINDS)}, got {self.kind!r}|kind")
+        if self.kind == "command" and not self.command:
+            raise ValueError("a command workload needs `command`|command")
+        if not self.name or any(c in self.name for c in "/ \t"):
+            raise ValueError(f"expected a name without spaces or '/', got {self.name!r}|name")
+        if self.timeout_s <= 0:
+            raise ValueError(f"expected a positive number of seconds, got {self.timeout_s}|timeout_s")
+
+
+@dataclass(frozen=True)
+class GateConfig:
+    objective: str | None = doc("Workload whose metric must improve (default: the first workload).", None)
+    alpha: float = doc(
+        "Probability of at least one false merge allowed in one episode (family-wise).", 0.05
+    )
+    episode_budget: int = doc(
+        "Proposals one episode may judge; alpha is split evenly over them (Bonferroni).", 10
+    )
+    min_effect: float = doc("Smallest speedup worth merging (0.02 = 2%).", 0.02)
+    max_regression: float = doc(
+        "A non-objective workload may not be significantly slower than this fraction.", 0.01
+    )
+    regression_alpha: float = doc("Level of the one-sided test for regressions.", 0.05)
+    futility: float = doc(
+        "Type II level of the SPRT futility boundary (1.5 x min_effect against no speedup).", 0.1
+    )
+    min_pairs: int = doc("Pairs measured before the first look.", 3)
+    look_every: int = doc("Pairs between two looks of the sequential test.", 1)
+    max_pairs: int = doc("Pairs per workload at most (the full budget).", 20)
+    confirm_pairs: int = doc(
+        "Pairs of the confirmation run with fresh seeds before a merge (0 disables).", 0
+    )
+    plausibility: float = doc("A speedup beyond this factor is held for manual review.", 10.0)
+
+    def __post_init__(self) -> None:
+        checks = [
+            (0 < self.alpha < 1, "alpha", "a number strictly between 0 and 1"),
+            (0 < self.regression_alpha < 1, "regression_alpha", "a number strictly between 0 and 1"),
+            (0 < self.futility < 0.5, "futility", "a number strictly between 0 and 0.5"),
+            (self.episode_budget >= 1, "episode_budget", "an integer >= 1"),
+            (0 <= self.min_effect < 1, "min_effect", "a fraction in [0, 1)"),
+            (0 <= self.max_regression < 1, "max_regression", "a fraction in [0, 1)"),
+            (self.min_pairs >= 2, "min_pairs", "an integer >= 2"),
+            (self.look_every >= 1, "look_every", "an integer >= 1"),
+            (self.max_pairs >= self.min_pairs, "max_pairs", "an integer >= min_pairs"),
+            (self.confirm_pairs >= 0, "confirm_pairs", "an integer >= 0"),
+            (self.plausibility > 1, "plausibility", "a factor > 1"),
+        ]
+        for ok, key, expected in checks:
+            if not ok:
+                raise ValueError(f"expected {expected}, got {getattr(self, key)!r}|{key}")
+
+    @property
+    def proposal_alpha(self) -> float:
+        """The false-merge level one proposal may spend: alpha / episode_budget."""
+        return self.alpha / self.episode_budget
+
+
+@dataclass(frozen=True)
+class VerifyConfig:
+    logprobs: str | None = doc(
+        "Command that writes logprob JSONL for `{prompts}` to `{out}` (see DESIGN.md).", None
+    )
+    mode: str = doc("exact | tight | approx.", "tight")
+    timeout_s: float = doc("Timeout of one logprob run in seconds.", 900.0)
+
+    def __post_init__(self) -> None:
+        if self.mode not in VERIFY_MODES:
+            raise ValueError(f"expected one of {', '.join(VERIFY_MODES)}, got {self.mode!r}|mode")
+
+
+@dataclass(frozen=True)
+class Config:
+    target: TargetConfig = doc("[target]", factory=TargetConfig)
+    workloads: tuple[WorkloadConfig, ...] = doc("[[workload]] tables", ())
+    gate: GateConfig = doc("[gate]", factory=GateConfig)
+    verify: VerifyConfig | None = doc("[verify]", None)
+
+    @property
+    def objective(self) -> WorkloadConfig:
+        name = self.gate.objective or self.workloads[0].name
+        return self.workload(name)
+
+    def workload(self, name: str) -> WorkloadConfig:
+        for w in self.workloads:
+            if w.name == name:
+                return w
+        raise KeyError(name)
+
+    def fingerprint(self) -> str:
+        """Hash of everything that affects measurement; stored with every trial."""
+        payload = {
+            "target_env": dict(self.target.env),
+            "install": self.target.install,
+            "build": self.target.build,
+            "workloads": [dataclasses.asdict(w) for w in self.workloads],
+        }
+        blob = json.dumps(payload, sort_keys=True, default=str).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+
+# ----------------------------------------------------------------------------- loading
+
+_SECTIONS = {"target": TargetConfig, "gate": GateConfig, "verify": VerifyConfig}
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(tp) if a is not type(None))
+    if origin is tuple:
+        return "a list of strings"
+    if origin in (Mapping, dict) or tp is Mapping:
+        return "a table of strings"
+    return {str: "a string", int: "an integer", float: "a number", bool: "true or false"}.get(tp, str(tp))
+
+
+def _coerce(value: Any, tp: Any) -> tuple[bool, Any]:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        for arg in typing.get_args(tp):
+            if arg is type(None):
+                continue
+            ok, v = _coerce(value, arg)
+            if ok:
+                return True, v
+        return False, None
+    if origin is tuple:
+        if isinstance(value, list) and all(isinstance(v, str) for v in value):
+            return True, tuple(value)
+        return False, None
+    if origin in (Mapping, dict) or tp is Mapping:
+        if isinstance(value, dict) and all(isinstance(v, (str, int, float)) for v in value.values()):
+            return True, {str(k): str(v) for k, v in value.items()}
+        return False, None
+    if tp is bool:
+        return (isinstance(value, bool), value)
+    if tp is int:
+        return (isinstance(value, int) and not isinstance(value, bool), value)
+    if tp is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        return (ok, float(value) if ok else None)
+    if tp is str:
+        return (isinstance(value, str), value)
+    return False, None
+
+
+def _build(cls: type, table: Any, where: str, source: str) -> Any:
+    if not isinstance(table, dict):
+        raise ConfigError(f"{source}: {where}: expected a table, got {type(table).__name__}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    kwargs: dict[str, Any] = {}
+    for key, value in table.items():
+        if key not in fields:
+            known = ", ".join(sorted(fields))
+            raise ConfigError(f"{source}: {where}: unknown key {key!r} (known keys: {known})")
+        ok, coerced = _coerce(value, hints[key])
+        if not ok:
+            raise ConfigError(
+                f"{source}: {where} {key}: expected {_type_name(hints[key])}, got {value!r}"
+            )
+        kwargs[key] = coerced
+    for name, f in fields.items():
+        if name not in kwargs and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:  # type: ignore[misc]
+            raise ConfigError(f"{source}: {where}: missing required key {name!r} ({f.metadata['doc']})")
+    try:
+        return cls(**kwargs)
+    except ValueError as exc:
+        msg, _, key = str(exc).rpartition("|")
+        raise ConfigError(f"{source}: {where} {key}: {msg}") from None
+
+
+def load_config_text(text: str, source: str = CONFIG_FILE) -> Config:
+    """Parse and validate the text of an agentsearch.toml."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{source}: TOML syntax error: {exc}") from None
+    allowed = set(_SECTIONS) | {"workload", "sweep"}
+    for key in data:
+        if key not in allowed:
+            raise ConfigError(
+                f"{source}: unknown section [{key}] (known: {', '.join(sorted(allowed))})"
+            )
+    sections = {name: _build(cls, data.get(name, {}), f"[{name}]", source) for name, cls in _SECTIONS.items() if name != "verify"}
+    verify = _build(VerifyConfig, data["verify"], "[verify]", source) if "verify" in data else None
+    raw_workloads = data.get("workload")
+    if not raw_workloads:
+        raise ConfigError(f"{source}: missing required [[workload]] table (at least one workload)")
+    if not isinstance(raw_workloads, list):
+        raise ConfigError(f"{source}: workload: expected [[workload]] tables, got a single value")
+    workloads = tuple(
+        _build(WorkloadConfig, w, f"[[workload]] #{i + 1}", source) for i, w in enumerate(raw_workloads)
+    )
+    names = [w.name for w in workloads]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ConfigError(f"{source}: [[workload]] name: duplicate workload name {dupes[0]!r}")
+    gate: GateConfig = sections["gate"]
+    if gate.objective is not None and gate.objective not in names:
+        raise ConfigError(
+            f"{source}: [gate] objective: expected one of the workload names ({', '.join(names)}), got {gate.objective!r}"
+        )
+    return Config(target=sections["target"], workloads=workloads, gate=gate, verify=verify)
+
+
+def reference_rows() -> list[tuple[str, str, str, str]]:
+    """(section, key, default, doc) for every key: the README's config reference."""
+    rows = []
+    for section, cls in (("[target]", TargetConfig), ("[[workload]]", WorkloadConfig), ("[gate]", GateConfig), ("[verify]", VerifyConfig)):
+        for f in dataclasses.fields(cls):
+            if f.default is not dataclasses.MISSING:
+                default = repr(f.default)
+            elif f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+                default = repr(f.default_factory())  # type: ignore[misc]
+            else:
+                default = "required"
+            rows.append((section, f.name, default, f.metadata["doc"]))
+    return rows

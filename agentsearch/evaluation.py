@@ -1,0 +1,281 @@
+"""Evaluate one candidate commit against the baseline: everything the gate needs, in order.
+
+based-on-baseline -> protected paths (before anything runs) -> build/install both sides ->
+objective workload (interleaved pairs, sequential test) -> guard workloads (no significant
+regression) -> plausibility bound -> distribution checks -> gate. Every failure becomes a
+failed check with its reason; nothing raises past this module except bugs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+import secrets
+import shutil
+import statistics as pystats
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from harness import environment
+from harness.interleave import WorkloadRun, run_interleaved
+from harness.sequential import INCONCLUSIVE, LOSE, REGRESSED, WIN, SequentialDesign, decide_guard, decide_objective
+from harness.statistics import NoisePrior
+from harness.trials import BASELINE, CANDIDATE, TrialRecord
+
+from . import calibration
+from .config import Config, GateConfig, WorkloadConfig
+from .errors import AgentsearchError
+from .gate import Check, Status, Verdict, judge
+from .workloads import restarts_for, session_factory
+from .workspace import Workspace
+
+EVALUATION_SCHEMA = 1
+Progress = Callable[[str, str], None]
+
+
+def design_for(gate: GateConfig, alpha: float | None = None) -> SequentialDesign:
+    return SequentialDesign(
+        alpha=gate.proposal_alpha if alpha is None else alpha,
+        min_effect=gate.min_effect,
+        futility=gate.futility,
+        min_pairs=gate.min_pairs,
+        look_every=gate.look_every,
+        max_pairs=gate.max_pairs,
+        max_regression=gate.max_regression,
+        regression_alpha=gate.regression_alpha,
+    )
+
+
+def seed_sequence(master: int, workload: str) -> Callable[[int], int]:
+    """Input seed of pair i: both sides of a pair share it; fresh per master seed."""
+
+    def seed_of(i: int) -> int:
+        h = hashlib.sha256(f"{master}:{workload}:{i}".encode()).digest()
+        return int.from_bytes(h[:4], "big") & 0x7FFFFFFF
+
+    return seed_of
+
+
+@dataclass(frozen=True)
+class WorkloadSummary:
+    name: str
+    role: str  # objective | guard
+    pairs: int
+    max_pairs: int
+    decision: str
+    reason: str
+    speedup: float | None
+    ci: tuple[float, float] | None
+    p_value: float | None
+    baseline_median: float | None
+    candidate_median: float | None
+    winsorized: int
+    calibrated: bool
+
+    @property
+    def early_stop(self) -> bool:
+        return self.decision in (WIN, LOSE, REGRESSED) and self.pairs < self.max_pairs
+
+    def to_json(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["ci"] = list(self.ci) if self.ci else None
+        d["early_stop"] = self.early_stop
+        return d
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    ref: str
+    baseline: str
+    candidate: str
+    seed: int
+    verdict: Verdict
+    workloads: dict[str, WorkloadSummary]
+    trials: tuple[TrialRecord, ...]
+    config_fingerprint: str
+    environment: dict[str, str]
+    wall_s: float
+    schema_version: int = EVALUATION_SCHEMA
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema_version": self.schema_version,
+            "verdict": self.verdict.verdict,
+            "reasons": list(self.verdict.reasons),
+            "ref": self.ref,
+            "baseline": self.baseline,
+            "candidate": self.candidate,
+            "seed": self.seed,
+            "workloads": {k: v.to_json() for k, v in self.workloads.items()},
+            "checks": [{"name": c.name, "status": c.status.value, "detail": c.detail} for c in self.verdict.checks],
+            "config_fingerprint": self.config_fingerprint,
+            "environment": self.environment,
+            "wall_s": round(self.wall_s, 3),
+            "trials": [dataclasses.asdict(t) for t in self.trials],
+        }
+
+
+def summarize(run: WorkloadRun, role: str, w: WorkloadConfig, design: SequentialDesign, calibrated: bool) -> WorkloadSummary:
+    dec = run.decision
+    est = dec.estimate if dec else None
+    base, cand = run.values(BASELINE), run.values(CANDIDATE)
+    decision = "failed" if run.failure else (dec.action if dec else "not-run")
+    reason = run.failure or (dec.reason if dec else "")
+    if est is not None:
+        p = est.p_better() if role == "objective" else est.p_worse()
+    return WorkloadSummary(
+        name=w.name, role=role, pairs=run.pairs, max_pairs=design.max_pairs, decision=decision, reason=reason,
+        speedup=est.speedup if est else None, ci=est.ci() if est else None,
+        p_value=p if est else None,
+        baseline_median=pystats.median(base) if base else None,
+        candidate_median=pystats.median(cand) if cand else None,
+        winsorized=est.winsorized if est else 0, calibrated=calibrated,
+    )
+
+
+@dataclass
+class _State:
+    checks: list[Check] = field(default_factory=list)
+    summaries: dict[str, WorkloadSummary] = field(default_factory=dict)
+    trials: list[TrialRecord] = field(default_factory=list)
+
+    def add(self, name: str, status: Status, detail: str = "") -> None:
+        self.checks.append(Check(name, status, detail))
+
+
+def evaluate(
+    ws: Workspace,
+    ref: str,
+    *,
+    seed: int | None = None,
+    alpha: float | None = None,
+    progress: Progress | None = None,
+    keep_worktrees: bool = False,
+) -> Evaluation:
+    """Measure ``ref`` against the current baseline and judge it. Never merges."""
+    t0 = time.perf_counter()
+    say = progress or (lambda stage, detail: None)
+    config = ws.config()
+    base = ws.baseline_commit()
+    cand = ws.resolve(ref)
+    master = seed if seed is not None else secrets.randbits(31)
+    st = _State()
+    env = environment.describe()
+    try:
+        _run_checks(ws, config, base, cand, master, alpha, st, say, keep_worktrees)
+    except KeyboardInterrupt:
+        raise
+    verdict = judge(st.checks)
+    return Evaluation(
+        ref=ref, baseline=base, candidate=cand, seed=master, verdict=verdict, workloads=st.summaries,
+        trials=tuple(st.trials), config_fingerprint=config.fingerprint(), environment=env,
+        wall_s=time.perf_counter() - t0,
+    )
+
+
+def _run_checks(ws: Workspace, config: Config, base: str, cand: str, master: int, alpha: float | None, st: _State, say: Progress, keep: bool) -> None:
+    from .workspace import git
+
+    if not git.is_ancestor(ws.repo_dir, base, cand):
+        st.add("based-on-baseline", Status.FAIL, f"{cand[:12]} is not based on the current baseline {base[:12]}; rebase it onto {config.target.baseline}")
+        return
+    st.add("based-on-baseline", Status.PASS, f"contains {base[:12]}")
+    violations = ws.protected_violations(base, cand, config)
+    if violations:
+        listed = ", ".join(f"{v.path} ({v.status}, matches {v.pattern!r})" for v in violations[:5])
+        st.add("protected-paths", Status.FAIL, f"touches protected paths: {listed}")
+        return
+    st.add("protected-paths", Status.PASS, "no protected path touched")
+
+    tag = f"eval-{cand[:10]}-{master % 100000:05d}"
+    worktrees: dict[str, Path] = {}
+    scratch = ws.state / "tmp" / tag
+    try:
+        say("build", "preparing worktrees")
+        for side, commit in ((BASELINE, base), (CANDIDATE, cand)):
+            try:
+                worktrees[side] = ws.checkout(commit, f"{tag}-{side}")
+            except AgentsearchError as exc:
+                st.add("build", Status.FAIL, f"{side}: {exc}")
+                return
+        st.add("build", Status.PASS, "both sides installed")
+        _measure(ws, config, worktrees, scratch, master, alpha, st, say)
+    finally:
+        if not keep:
+            for path in worktrees.values():
+                ws.remove_worktree(path)
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _measure(ws: Workspace, config: Config, worktrees: dict[str, Path], scratch: Path, master: int, alpha: float | None, st: _State, say: Progress) -> None:
+    design = design_for(config.gate, alpha)
+    objective = config.objective
+    cal = calibration.load(ws)
+
+    def prior_for(w: WorkloadConfig) -> NoisePrior | None:
+        return calibration.prior_for(cal, config, w)
+
+    def run(w: WorkloadConfig, role: str) -> WorkloadRun | None:
+        try:
+            factory = session_factory(config, w, worktrees, scratch)
+        except AgentsearchError as exc:
+            st.add("objective" if role == "objective" else "guard-workloads", Status.FAIL, str(exc))
+            return None
+        decide = decide_objective if role == "objective" else decide_guard
+
+        def on_pair(r: WorkloadRun) -> None:
+            est = math.exp(sum(r.log_ratios) / len(r.log_ratios)) - 1
+            say(w.name, f"pair {r.pairs}/{design.max_pairs}, running estimate {est:+.2%}")
+
+        prior = prior_for(w)
+        r = run_interleaved(
+            w.name, factory, design, decide, seed_sequence(master, w.name), w.higher_is_better,
+            prior=prior, restarts=restarts_for(w), on_pair=on_pair,
+        )
+        st.trials.extend(r.trials)
+        st.summaries[w.name] = summarize(r, role, w, design, prior is not None)
+        return r
+
+    r = run(objective, "objective")
+    if r is None:
+        return
+    if r.failure:
+        st.add("objective", Status.FAIL, r.failure)
+        return
+    assert r.decision is not None
+    if r.decision.action != WIN:
+        label = "inconclusive" if r.decision.action == INCONCLUSIVE else "no speedup"
+        st.add("objective", Status.FAIL, f"{objective.name}: {label}: {r.decision.reason}")
+        return
+    st.add("objective", Status.PASS, f"{objective.name}: {r.decision.reason}")
+
+    guard_notes = []
+    for w in config.workloads:
+        if w.name == objective.name:
+            continue
+        g = run(w, "guard")
+        if g is None:
+            return
+        if g.failure:
+            st.add("guard-workloads", Status.FAIL, g.failure)
+            return
+        assert g.decision is not None
+        if g.decision.action == REGRESSED:
+            st.add("guard-workloads", Status.FAIL, f"{w.name}: {g.decision.reason}")
+            return
+        guard_notes.append(f"{w.name}: {g.decision.reason}")
+    st.add("guard-workloads", Status.PASS, "; ".join(guard_notes) or "no other workloads")
+
+    speedup = r.decision.estimate.speedup
+    if speedup > config.gate.plausibility:
+        st.add("plausibility", Status.REVIEW, f"speedup {speedup:.1f}x exceeds the plausibility bound {config.gate.plausibility:g}x: held for manual review")
+    else:
+        st.add("plausibility", Status.PASS, f"{speedup:.3f}x within {config.gate.plausibility:g}x")
+
+    if config.verify is None:
+        st.add("distribution", Status.SKIPPED, "target has no [verify] section")
+    else:
+        st.add("distribution", Status.FAIL, "distribution checks are configured but not implemented in this version")

@@ -1,0 +1,205 @@
+"""The only place that runs git.
+
+``run_git`` runs one git command without a shell, with inherited ``GIT_*`` variables
+removed, and raises ``GitError`` carrying the command and its output. The verbs below are
+named by intent. gitpython is used to open and inspect repositories.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import git as gitpython
+
+from ..errors import GitError, TargetError
+
+AGENT_NAME = "agentsearch"
+AGENT_EMAIL = "agentsearch@localhost"
+
+
+def _clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    env.update(
+        {
+            "GIT_AUTHOR_NAME": AGENT_NAME,
+            "GIT_AUTHOR_EMAIL": AGENT_EMAIL,
+            "GIT_COMMITTER_NAME": AGENT_NAME,
+            "GIT_COMMITTER_EMAIL": AGENT_EMAIL,
+            "GIT_TERMINAL_PROMPT": "0",
+            "LC_ALL": "C",
+        }
+    )
+    if extra:
+        env.update(extra)
+    return env
+
+
+def run_git(*args: str, cwd: Path | str, check: bool = True, input: str | None = None, env: dict[str, str] | None = None) -> str:
+    """Run ``git args`` in ``cwd``; return stdout. Raise GitError on a non-zero exit."""
+    proc = subprocess.run(
+        ["git", "-c", "commit.gpgsign=false", "-c", "core.quotepath=false", *args],
+        cwd=str(cwd),
+        env=_clean_env(env),
+        input=input,
+        capture_output=True,
+        text=True,
+    )
+    if check and proc.returncode != 0:
+        raise GitError(args, proc.returncode, proc.stdout, proc.stderr)
+    return proc.stdout
+
+
+def open_repo(path: Path) -> gitpython.Repo:
+    """Open the repository at (or above) ``path``; a one-line TargetError if there is none."""
+    if not path.exists():
+        raise TargetError(f"{path}: no such directory; pass an existing git repository with -C")
+    try:
+        return gitpython.Repo(path, search_parent_directories=True)
+    except (gitpython.InvalidGitRepositoryError, gitpython.NoSuchPathError):
+        raise TargetError(f"{path}: not a git repository; run `git init` there or pass another path with -C") from None
+
+
+def toplevel(path: Path) -> Path:
+    return Path(run_git("rev-parse", "--show-toplevel", cwd=path).strip())
+
+
+def common_dir(path: Path) -> Path:
+    """The repository's shared git dir (the same for every worktree)."""
+    out = run_git("rev-parse", "--path-format=absolute", "--git-common-dir", cwd=path).strip()
+    return Path(out)
+
+
+def resolve_commit(repo_dir: Path, ref: str) -> str:
+    out = run_git("rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}", cwd=repo_dir, check=False).strip()
+    if not out:
+        raise TargetError(f"{ref!r} is not a branch, tag or commit of {repo_dir}")
+    return out
+
+
+def branch_exists(repo_dir: Path, branch: str) -> bool:
+    return bool(run_git("rev-parse", "--verify", "--quiet", f"refs/heads/{branch}", cwd=repo_dir, check=False).strip())
+
+
+def show_file(repo_dir: Path, commit: str, path: str) -> str | None:
+    """Content of ``path`` at ``commit``, or None when it does not exist there."""
+    kind = run_git("cat-file", "-t", f"{commit}:{path}", cwd=repo_dir, check=False).strip()
+    if kind != "blob":
+        return None
+    return run_git("cat-file", "blob", f"{commit}:{path}", cwd=repo_dir)
+
+
+def is_ancestor(repo_dir: Path, ancestor: str, descendant: str) -> bool:
+    proc = subprocess.run(
+        ["git", "merge-base", "--is-ancestor", ancestor, descendant],
+        cwd=str(repo_dir), env=_clean_env(), capture_output=True,
+    )
+    return proc.returncode == 0
+
+
+def tree_of(repo_dir: Path, commit: str) -> str:
+    return run_git("rev-parse", f"{commit}^{{tree}}", cwd=repo_dir).strip()
+
+
+@dataclass(frozen=True)
+class Change:
+    """One entry of a diff: status letter (A, M, D, R, C, T) and the paths involved."""
+
+    status: str
+    paths: tuple[str, ...]
+
+
+def diff_changes(repo_dir: Path, old: str, new: str) -> list[Change]:
+    """Files changed between two commits, renames detected (both old and new paths listed)."""
+    out = run_git("diff", "--name-status", "-z", "-M", "-C", "--no-ext-diff", old, new, cwd=repo_dir)
+    items = out.split("\0")
+    changes: list[Change] = []
+    i = 0
+    while i < len(items) and items[i]:
+        status = items[i]
+        letter = status[0]
+        if letter in ("R", "C"):
+            changes.append(Change(letter, (items[i + 1], items[i + 2])))
+            i += 3
+        else:
+            changes.append(Change(letter, (items[i + 1],)))
+            i += 2
+    return changes
+
+
+def diff_stat(repo_dir: Path, old: str, new: str) -> str:
+    return run_git("diff", "--stat", "-M", old, new, cwd=repo_dir)
+
+
+def diff_text(repo_dir: Path, old: str, new: str) -> str:
+    return run_git("diff", "-M", "--no-ext-diff", old, new, cwd=repo_dir)
+
+
+def is_clean(worktree: Path) -> bool:
+    return run_git("status", "--porcelain", "-z", "--untracked-files=normal", cwd=worktree) == ""
+
+
+def add_worktree(repo_dir: Path, path: Path, commit: str, branch: str | None = None) -> None:
+    """Check out ``commit`` at ``path``: on a new ``branch``, or detached when branch is None."""
+    if branch:
+        run_git("worktree", "add", "--quiet", "-b", branch, str(path), commit, cwd=repo_dir)
+    else:
+        run_git("worktree", "add", "--quiet", "--detach", str(path), commit, cwd=repo_dir)
+
+
+def remove_worktree(repo_dir: Path, path: Path) -> None:
+    run_git("worktree", "remove", "--force", str(path), cwd=repo_dir, check=False)
+    run_git("worktree", "prune", cwd=repo_dir, check=False)
+
+
+def commit_all(worktree: Path, message: str) -> str | None:
+    """Stage every change in ``worktree`` and commit it; None when there is nothing to commit."""
+    run_git("add", "-A", cwd=worktree)
+    if not run_git("diff", "--cached", "--name-only", "-z", cwd=worktree):
+        return None
+    run_git("commit", "--quiet", "--no-verify", "-F", "-", cwd=worktree, input=message)
+    return run_git("rev-parse", "HEAD", cwd=worktree).strip()
+
+
+def commit_tree(repo_dir: Path, tree: str, parents: list[str], message: str) -> str:
+    args = ["commit-tree", tree]
+    for p in parents:
+        args += ["-p", p]
+    return run_git(*args, "-F", "-", cwd=repo_dir, input=message).strip()
+
+
+def update_ref_cas(repo_dir: Path, ref: str, new: str, expected_old: str, reason: str) -> bool:
+    """Move ``ref`` to ``new`` only if it still points at ``expected_old`` (atomic)."""
+    proc = subprocess.run(
+        ["git", "update-ref", "-m", reason, ref, new, expected_old],
+        cwd=str(repo_dir), env=_clean_env(), capture_output=True, text=True,
+    )
+    return proc.returncode == 0
+
+
+def delete_branch(repo_dir: Path, branch: str) -> None:
+    run_git("branch", "-D", branch, cwd=repo_dir, check=False)
+
+
+def checked_out_branch(worktree: Path) -> str | None:
+    out = run_git("symbolic-ref", "--quiet", "--short", "HEAD", cwd=worktree, check=False).strip()
+    return out or None
+
+
+def fast_forward_checkout(worktree: Path, old: str, new: str) -> bool:
+    """Update a checked-out working tree from ``old`` to ``new`` (two-tree merge); False on conflict."""
+    try:
+        run_git("read-tree", "-m", "-u", old, new, cwd=worktree)
+        return True
+    except GitError:
+        return False
+
+
+def add_note(repo_dir: Path, commit: str, text: str, ref: str = "agentsearch") -> None:
+    run_git("notes", f"--ref={ref}", "add", "-f", "-F", "-", commit, cwd=repo_dir, input=text)
+
+
+def init_repo(path: Path, branch: str = "main") -> None:
+    run_git("init", "--quiet", "-b", branch, str(path), cwd=path.parent)

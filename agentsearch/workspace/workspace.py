@@ -1,0 +1,222 @@
+"""A target repository prepared for agentsearch: state dir, lock, proposal branches, CAS merge.
+
+The state directory lives inside the repository's common git dir (``.git/agentsearch``),
+outside every worktree; proposal and measurement worktrees live in
+``.git/agentsearch-worktrees`` — never inside the state directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..config import CONFIG_FILE, Config, load_config_text
+from ..errors import CasError, TargetError
+from . import git
+from .glob import first_match
+from .install import prepare_worktree
+from .lock import WorkspaceLock
+
+STATE_DIR = "agentsearch"
+WORKTREES_DIR = "agentsearch-worktrees"
+STATE_SCHEMA = 1
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """A proposal's place in git: its branch, worktree and the baseline it starts from."""
+
+    episode: str
+    number: int
+    slug: str
+    branch: str
+    worktree: Path
+    base: str
+
+    @property
+    def id(self) -> str:
+        return f"{self.episode}/{self.number:03d}"
+
+
+@dataclass(frozen=True)
+class Violation:
+    path: str
+    pattern: str
+    status: str
+
+
+def slugify(text: str, limit: int = 40) -> str:
+    slug = re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+    return (slug[:limit].rstrip("-")) or "proposal"
+
+
+def new_episode_id() -> str:
+    return time.strftime("e%Y%m%d-%H%M%S", time.gmtime()) + f"-{os.getpid() % 1000:03d}"
+
+
+class Workspace:
+    def __init__(self, repo_dir: Path, common: Path):
+        self.repo_dir = repo_dir
+        self.common = common
+        self.state = common / STATE_DIR
+        self.worktrees = common / WORKTREES_DIR
+
+    # ------------------------------------------------------------------ opening
+    @classmethod
+    def locate(cls, target: Path) -> "Workspace":
+        repo = git.open_repo(target.resolve())
+        top = Path(repo.working_tree_dir or target).resolve()
+        return cls(top, git.common_dir(top))
+
+    @classmethod
+    def open(cls, target: Path) -> "Workspace":
+        ws = cls.locate(target)
+        if not (ws.state / "state.json").exists():
+            raise TargetError(f"{ws.repo_dir}: not an agentsearch workspace; run `agentsearch init -C {ws.repo_dir}` first")
+        return ws
+
+    @classmethod
+    def init(cls, target: Path) -> "Workspace":
+        """Validate the target and create its state directory (idempotent)."""
+        ws = cls.locate(target)
+        if not git.is_clean(ws.repo_dir):
+            raise TargetError(f"{ws.repo_dir}: the working tree has uncommitted changes; commit or stash them first")
+        text = ws.read_config_text_from_head()
+        config = load_config_text(text, f"{ws.repo_dir / CONFIG_FILE}")
+        baseline = config.target.baseline
+        if not git.branch_exists(ws.repo_dir, baseline):
+            raise TargetError(
+                f"{ws.repo_dir}: baseline branch {baseline!r} does not exist; create it or set [target] baseline"
+            )
+        ws.config()  # the baseline's own copy must be valid too
+        ws.state.mkdir(parents=True, exist_ok=True)
+        ws.worktrees.mkdir(parents=True, exist_ok=True)
+        (ws.state / "tmp").mkdir(exist_ok=True)
+        state_file = ws.state / "state.json"
+        if not state_file.exists():
+            _atomic_write(state_file, json.dumps({"v": STATE_SCHEMA, "created": time.time(), "repo": str(ws.repo_dir)}))
+        return ws
+
+    def read_config_text_from_head(self) -> str:
+        path = self.repo_dir / CONFIG_FILE
+        head = git.run_git("rev-parse", "--verify", "--quiet", "HEAD", cwd=self.repo_dir, check=False).strip()
+        text = git.show_file(self.repo_dir, head, CONFIG_FILE) if head else None
+        if text is None:
+            raise TargetError(f"{path}: no {CONFIG_FILE} committed; add one (see the README's config reference)")
+        return text
+
+    # ------------------------------------------------------------------ config / refs
+    @property
+    def baseline_branch(self) -> str:
+        return self.config().target.baseline
+
+    def config(self, commit: str | None = None) -> Config:
+        """The config as committed on the baseline branch (or at ``commit``)."""
+        if commit is None:
+            text = self.read_config_text_from_head()
+            branch = load_config_text(text, CONFIG_FILE).target.baseline
+            if not git.branch_exists(self.repo_dir, branch):
+                raise TargetError(f"baseline branch {branch!r} does not exist in {self.repo_dir}")
+            commit = git.resolve_commit(self.repo_dir, branch)
+        text = git.show_file(self.repo_dir, commit, CONFIG_FILE)
+        if text is None:
+            raise TargetError(f"{CONFIG_FILE} is missing at {commit[:12]}; the baseline must carry it")
+        return load_config_text(text, f"{CONFIG_FILE}@{commit[:12]}")
+
+    def baseline_commit(self) -> str:
+        return git.resolve_commit(self.repo_dir, self.baseline_branch)
+
+    def resolve(self, ref: str) -> str:
+        return git.resolve_commit(self.repo_dir, ref)
+
+    def lock(self) -> WorkspaceLock:
+        return WorkspaceLock(self.state / "lock")
+
+    # ------------------------------------------------------------------ proposals
+    def create_proposal(self, episode: str, number: int, title: str, base: str | None = None) -> Proposal:
+        base = base or self.baseline_commit()
+        slug = slugify(title)
+        branch = f"agentsearch/{episode}/{number:03d}-{slug}"
+        path = self.worktrees / f"{episode}-{number:03d}"
+        if path.exists():
+            git.remove_worktree(self.repo_dir, path)
+        if git.branch_exists(self.repo_dir, branch):
+            git.delete_branch(self.repo_dir, branch)
+        git.add_worktree(self.repo_dir, path, base, branch=branch)
+        return Proposal(episode, number, slug, branch, path, base)
+
+    def commit_proposal(self, proposal: Proposal, title: str, rationale: str = "", proposer: str = "human") -> str | None:
+        """The orchestrator commits the proposal's changes, with trailers. None: no change."""
+        body = f"{title.strip()}\n\n{rationale.strip()}\n\n" if rationale.strip() else f"{title.strip()}\n\n"
+        message = body + (
+            f"Agentsearch-Proposal: {proposal.id}\n"
+            f"Agentsearch-Episode: {proposal.episode}\n"
+            f"Agentsearch-Baseline: {proposal.base}\n"
+            f"Agentsearch-Proposer: {proposer}\n"
+        )
+        return git.commit_all(proposal.worktree, message)
+
+    def protected_violations(self, base: str, commit: str, config: Config | None = None) -> list[Violation]:
+        """Every changed path (both sides of renames, deletions included) under a protected glob."""
+        config = config or self.config(base)
+        patterns = (CONFIG_FILE, *config.target.protected)
+        out = []
+        for change in git.diff_changes(self.repo_dir, base, commit):
+            for path in change.paths:
+                hit = first_match(path, patterns)
+                if hit:
+                    out.append(Violation(path, hit, change.status))
+        return out
+
+    def remove_worktree(self, path: Path) -> None:
+        git.remove_worktree(self.repo_dir, path)
+
+    def checkout(self, commit: str, name: str) -> Path:
+        """A detached, runnable worktree of ``commit`` for measurement (install mode applied)."""
+        path = self.worktrees / name
+        if path.exists():
+            git.remove_worktree(self.repo_dir, path)
+        git.add_worktree(self.repo_dir, path, commit)
+        prepare_worktree(path, self.config(commit).target)
+        return path
+
+    # ------------------------------------------------------------------ merge
+    def merge(self, candidate: str, expected_base: str, message: str) -> str:
+        """Advance the baseline to a merge of ``candidate`` — only if it still is ``expected_base``.
+
+        The candidate must contain ``expected_base`` (it was measured as is), so the merge
+        commit's tree is the candidate's tree. Raises CasError if the baseline moved.
+        """
+        branch = self.baseline_branch
+        if not git.is_ancestor(self.repo_dir, expected_base, candidate):
+            raise CasError(f"{candidate[:12]} is not based on the baseline {expected_base[:12]}; rebase it first")
+        tree = git.tree_of(self.repo_dir, candidate)
+        merge_commit = git.commit_tree(self.repo_dir, tree, [expected_base, candidate], message)
+        if not git.update_ref_cas(self.repo_dir, f"refs/heads/{branch}", merge_commit, expected_base, f"agentsearch: merge {candidate[:12]}"):
+            now = self.baseline_commit()
+            raise CasError(
+                f"baseline {branch!r} moved from {expected_base[:12]} to {now[:12]} during the evaluation; not merged (re-evaluate against the new baseline)"
+            )
+        self._sync_checkout(branch, expected_base, merge_commit)
+        return merge_commit
+
+    def _sync_checkout(self, branch: str, old: str, new: str) -> None:
+        """If the main checkout sits on the baseline branch, bring its files along (safe two-tree merge)."""
+        if git.checked_out_branch(self.repo_dir) == branch:
+            git.fast_forward_checkout(self.repo_dir, old, new)
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    with open(tmp, "w") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+atomic_write = _atomic_write

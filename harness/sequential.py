@@ -1,0 +1,139 @@
+"""Group-sequential decisions on paired log-ratios: stop early for clear winners and losers.
+
+Error control (documented in the README):
+- The false-merge level of one proposal, ``alpha`` (the episode's alpha divided over its
+  proposal budget), is split over the looks: the interim looks share ``interim_share`` of it
+  equally, the final look gets the rest. By the union bound the probability that a proposal
+  without a real speedup is declared a win at any look is at most ``alpha``.
+- Futility: at every look the lower boundary of Wald's SPRT of "no speedup" against
+  "a speedup of ``futility_factor`` x ``min_effect``" (error rates ``alpha`` and
+  ``futility``) is checked; crossing it stops the proposal as a loser. Futility stops only
+  ever reject, so they cannot add false merges; they cost power, which the benchmark measures.
+- A win also needs a point estimate of at least half of ``min_effect``: a significant but
+  negligible speedup is not worth a merge.
+- Reaching ``max_pairs`` without a win is inconclusive, and inconclusive is a rejection.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from .statistics import NoisePrior, PairedEstimate, paired_estimate, winsorize
+
+CONTINUE = "continue"
+WIN = "win"
+LOSE = "lose"
+INCONCLUSIVE = "inconclusive"
+OK = "ok"
+REGRESSED = "regressed"
+
+
+@dataclass(frozen=True)
+class SequentialDesign:
+    alpha: float
+    min_effect: float = 0.02
+    futility: float = 0.1
+    futility_factor: float = 1.5
+    min_pairs: int = 3
+    look_every: int = 1
+    max_pairs: int = 20
+    interim_share: float = 0.2
+    max_regression: float = 0.01
+    regression_alpha: float = 0.05
+
+    def __post_init__(self) -> None:
+        if not (0 < self.alpha < 1) or self.min_pairs < 2 or self.max_pairs < self.min_pairs or self.look_every < 1:
+            raise ValueError(f"invalid sequential design: {self}")
+
+    def looks(self) -> list[int]:
+        out = list(range(self.min_pairs, self.max_pairs, self.look_every))
+        return out + [self.max_pairs]
+
+    def level(self, n: int) -> float:
+        """Significance level spent at the look after ``n`` pairs."""
+        looks = self.looks()
+        if n not in looks:
+            raise ValueError(f"{n} pairs is not a look of this design ({looks})")
+        if len(looks) == 1:
+            return self.alpha
+        if n == self.max_pairs:
+            return self.alpha * (1 - self.interim_share)
+        return self.alpha * self.interim_share / (len(looks) - 1)
+
+    def next_look(self, n: int) -> int:
+        for look in self.looks():
+            if look > n:
+                return look
+        return self.max_pairs
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: str
+    reason: str
+    estimate: PairedEstimate
+    level: float
+
+
+def decide_objective(design: SequentialDesign, d: Sequence[float], prior: NoisePrior | None = None) -> Decision:
+    """Decision at a look for the objective workload: win, lose, continue, or inconclusive."""
+    n = len(d)
+    est = paired_estimate(d, prior)
+    level = design.level(n)
+    target = math.log1p(design.min_effect)
+    p = est.p_better()
+    if p < level and est.mean >= target / 2:
+        return Decision(WIN, f"faster by {est.speedup - 1:+.2%} (p={p:.2g} < {level:.2g}) after {n} pairs", est, level)
+    if sprt_llr(design, d, prior) < math.log(design.futility / (1 - design.alpha)):
+        why = "slower" if est.p_worse() < design.regression_alpha else "no worthwhile speedup"
+        return Decision(
+            LOSE,
+            f"{why}: speedup {est.speedup - 1:+.2%} after {n} of {design.max_pairs} pairs, futility boundary crossed (cannot reach min_effect {design.min_effect:.0%})",
+            est, level,
+        )
+    if n >= design.max_pairs:
+        return Decision(
+            INCONCLUSIVE,
+            f"inconclusive after {n} pairs: speedup {est.speedup - 1:+.2%}, p={p:.2g} not below {level:.2g}",
+            est, level,
+        )
+    return Decision(CONTINUE, "", est, level)
+
+
+def sprt_llr(design: SequentialDesign, d: Sequence[float], prior: NoisePrior | None) -> float:
+    """Log-likelihood ratio of 'speedup = futility_factor x min_effect' against 'no speedup'.
+
+    Normal model with the variance pooled with the calibration's (not the conservative
+    maximum: here a larger variance would only delay the stop).
+    """
+    n = len(d)
+    w, _ = winsorize(d, floor_scale=math.sqrt(prior.var) if prior else 0.0)
+    x = np.asarray(w, dtype=float)
+    var = float(x.var(ddof=1))
+    if prior is not None:
+        var = (prior.df * prior.var + (n - 1) * var) / (prior.df + n - 1)
+    if var <= 0:
+        var = 1e-12
+    d1 = math.log1p(design.min_effect * design.futility_factor)
+    return n * (d1 * float(x.mean()) - d1 * d1 / 2) / var
+
+
+def decide_guard(design: SequentialDesign, d: Sequence[float], prior: NoisePrior | None = None) -> Decision:
+    """Decision for a non-objective workload: it must not regress significantly."""
+    n = len(d)
+    est = paired_estimate(d, prior)
+    p = est.p_worse()
+    floor = 1 - design.max_regression
+    if p < design.regression_alpha and est.speedup < floor:
+        return Decision(
+            REGRESSED,
+            f"regressed by {1 - est.speedup:.2%} (p={p:.2g} < {design.regression_alpha:.2g}) after {n} pairs",
+            est, design.regression_alpha,
+        )
+    if est.lower(1 - design.regression_alpha) > floor or n >= design.max_pairs:
+        return Decision(OK, f"no significant regression ({est.speedup - 1:+.2%} after {n} pairs)", est, design.regression_alpha)
+    return Decision(CONTINUE, "", est, design.regression_alpha)

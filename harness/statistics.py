@@ -1,0 +1,190 @@
+"""Paired statistics for speed comparisons. Pure functions, small frozen results, no I/O.
+
+The unit of analysis is a pair: baseline and candidate measured back to back on the same
+input seed. ``d = log(candidate / baseline)`` (sign flipped for lower-is-better metrics), so
+``d > 0`` always means the candidate is better and ``exp(mean d)`` is the speedup.
+
+Robustness:
+- outliers: pair log-ratios are winsorized at ``median ± k·scale`` where scale is the larger
+  of the robust (MAD) spread and the calibrated spread, so one stalled trial can neither
+  fake a win nor hide one;
+- drift: pairs alternate their order (AB, BA, AB, ...), so a slow linear drift adds the same
+  amount with opposite signs and cancels in the mean (see ``harness.interleave``);
+- small samples: Student t with the sample variance pooled with the A/A calibration's
+  variance when one is available; the larger of the two variances is used, so pooling can
+  only make the test more conservative than the calibration alone.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+from scipy import stats as sps
+
+MAD_TO_SD = 1.4826
+
+
+@dataclass(frozen=True)
+class NoisePrior:
+    """Variance of pair log-ratios from an A/A calibration, with its degrees of freedom."""
+
+    var: float
+    df: int
+
+    def __post_init__(self) -> None:
+        if not (self.var >= 0 and math.isfinite(self.var)) or self.df < 1:
+            raise ValueError(f"bad noise prior: var={self.var}, df={self.df}")
+
+
+@dataclass(frozen=True)
+class PairedEstimate:
+    """Estimate of the speedup from n pairs."""
+
+    n: int
+    mean: float  # mean of (winsorized) log-ratios
+    se: float
+    df: float
+    winsorized: int
+    pooled: bool
+
+    @property
+    def speedup(self) -> float:
+        return math.exp(self.mean)
+
+    def p_better(self) -> float:
+        """One-sided p-value of H0: speedup <= 1 against 'the candidate is faster'."""
+        return _t_sf(self.mean, self.se, self.df)
+
+    def p_worse(self) -> float:
+        """One-sided p-value of H0: speedup >= 1 against 'the candidate is slower'."""
+        return _t_sf(-self.mean, self.se, self.df)
+
+    def upper(self, level: float) -> float:
+        """One-sided upper confidence bound on the speedup at confidence ``level``."""
+        return math.exp(self.mean + _t_q(level, self.df) * self.se)
+
+    def lower(self, level: float) -> float:
+        return math.exp(self.mean - _t_q(level, self.df) * self.se)
+
+    def ci(self, level: float = 0.95) -> tuple[float, float]:
+        """Two-sided confidence interval on the speedup."""
+        q = _t_q(1 - (1 - level) / 2, self.df)
+        return (math.exp(self.mean - q * self.se), math.exp(self.mean + q * self.se))
+
+
+def _t_q(level: float, df: float) -> float:
+    return float(sps.t.ppf(level, df))
+
+
+def _t_sf(mean: float, se: float, df: float) -> float:
+    if se == 0:
+        return 0.0 if mean > 0 else 1.0
+    return float(sps.t.sf(mean / se, df))
+
+
+def log_ratios(baseline: Sequence[float], candidate: Sequence[float], higher_is_better: bool) -> list[float]:
+    """Signed paired log-ratios: positive means the candidate is better."""
+    if len(baseline) != len(candidate):
+        raise ValueError("baseline and candidate must have the same number of trials")
+    out = []
+    for b, c in zip(baseline, candidate):
+        if not (b > 0 and c > 0 and math.isfinite(b) and math.isfinite(c)):
+            raise ValueError(f"metrics must be positive and finite, got baseline={b}, candidate={c}")
+        r = math.log(c / b)
+        out.append(r if higher_is_better else -r)
+    return out
+
+
+def robust_scale(d: Sequence[float]) -> float:
+    x = np.asarray(d, dtype=float)
+    return float(MAD_TO_SD * np.median(np.abs(x - np.median(x))))
+
+
+def winsorize(d: Sequence[float], k: float = 3.0, floor_scale: float = 0.0, min_n: int = 6) -> tuple[list[float], int]:
+    """Clip values beyond ``median ± k·max(MAD scale, floor_scale)``; returns (values, clipped)."""
+    x = np.asarray(d, dtype=float)
+    if len(x) < min_n:
+        return x.tolist(), 0
+    scale = max(robust_scale(x), floor_scale)
+    if scale == 0:
+        return x.tolist(), 0
+    med = float(np.median(x))
+    lo, hi = med - k * scale, med + k * scale
+    clipped = int(np.sum((x < lo) | (x > hi)))
+    return np.clip(x, lo, hi).tolist(), clipped
+
+
+def paired_estimate(d: Sequence[float], prior: NoisePrior | None = None, k: float = 3.0) -> PairedEstimate:
+    """Estimate from paired log-ratios (at least 2), optionally pooled with a calibration."""
+    if len(d) < 2:
+        raise ValueError("need at least 2 pairs")
+    floor = math.sqrt(prior.var) if prior else 0.0
+    w, clipped = winsorize(d, k=k, floor_scale=floor)
+    x = np.asarray(w, dtype=float)
+    n = len(x)
+    mean = float(x.mean())
+    var_n = float(x.var(ddof=1))
+    df: float = n - 1
+    var = var_n
+    pooled = False
+    if prior is not None:
+        var_pool = (prior.df * prior.var + (n - 1) * var_n) / (prior.df + n - 1)
+        if var_pool >= var_n:
+            var, df, pooled = var_pool, prior.df + n - 1, True
+    return PairedEstimate(n=n, mean=mean, se=math.sqrt(var / n), df=df, winsorized=clipped, pooled=pooled)
+
+
+def noise_prior(d: Sequence[float], k: float = 3.0) -> NoisePrior:
+    """The calibration's variance of (winsorized) pair log-ratios."""
+    est = paired_estimate(d, None, k=k)
+    return NoisePrior(var=est.se**2 * est.n, df=est.n - 1)
+
+
+@dataclass(frozen=True)
+class Drift:
+    """Linear trend of the log metric over trial positions."""
+
+    slope_per_100: float  # relative change per 100 trials
+    p_value: float
+
+
+def drift(values: Sequence[float]) -> Drift:
+    """Regress log(values) on their position; slope expressed per 100 trials."""
+    if len(values) < 3:
+        raise ValueError("need at least 3 values")
+    y = np.log(np.asarray(values, dtype=float))
+    x = np.arange(len(y), dtype=float)
+    res = sps.linregress(x, y)
+    return Drift(slope_per_100=float(math.expm1(res.slope * 100)), p_value=float(res.pvalue))
+
+
+def cv(values: Sequence[float]) -> float:
+    x = np.asarray(values, dtype=float)
+    if len(x) < 2:
+        raise ValueError("need at least 2 values")
+    return float(x.std(ddof=1) / x.mean())
+
+
+def outliers(d: Sequence[float], k: float = 3.0) -> int:
+    x = np.asarray(d, dtype=float)
+    scale = robust_scale(x)
+    if scale == 0:
+        return 0
+    return int(np.sum(np.abs(x - np.median(x)) > k * scale))
+
+
+def pairs_for_power(sd: float, effect: float, alpha: float, power: float = 0.9, df_prior: int = 0, limit: int = 10_000) -> int:
+    """Smallest n with power ``power`` for a one-sided level-``alpha`` t-test of a speedup ``effect``."""
+    if sd < 0 or effect <= 0 or not (0 < alpha < 1):
+        raise ValueError("need sd >= 0, effect > 0 and 0 < alpha < 1")
+    delta = math.log1p(effect)
+    if sd == 0:
+        return 2
+    for n in range(2, limit + 1):
+        df = n - 1 + df_prior
+        if delta / (sd / math.sqrt(n)) >= _t_q(1 - alpha, df) + _t_q(power, df):
+            return n
+    return limit
