@@ -11,6 +11,7 @@ import dataclasses
 import hashlib
 import json
 import tomllib
+import collections.abc
 import types
 import typing
 from dataclasses import dataclass, field
@@ -184,7 +185,7 @@ def _type_name(tp: Any) -> str:
         return " or ".join(_type_name(a) for a in typing.get_args(tp) if a is not type(None))
     if origin is tuple:
         return "a list of strings"
-    if origin in (Mapping, dict) or tp is Mapping:
+    if origin in (Mapping, dict, collections.abc.Mapping) or tp is Mapping:
         return "a table of strings"
     return {str: "a string", int: "an integer", float: "a number", bool: "true or false"}.get(tp, str(tp))
 
@@ -203,7 +204,7 @@ def _coerce(value: Any, tp: Any) -> tuple[bool, Any]:
         if isinstance(value, list) and all(isinstance(v, str) for v in value):
             return True, tuple(value)
         return False, None
-    if origin in (Mapping, dict) or tp is Mapping:
+    if origin in (Mapping, dict, collections.abc.Mapping) or tp is Mapping:
         if isinstance(value, dict) and all(isinstance(v, (str, int, float)) for v in value.values()):
             return True, {str(k): str(v) for k, v in value.items()}
         return False, None

@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 from harness import environment
 from harness.interleave import WorkloadRun, run_interleaved
-from harness.sequential import INCONCLUSIVE, LOSE, REGRESSED, WIN, SequentialDesign, decide_guard, decide_objective
+from harness.sequential import LOSE, REGRESSED, WIN, SequentialDesign, decide_guard, decide_objective
 from harness.statistics import NoisePrior
 from harness.trials import BASELINE, CANDIDATE, TrialRecord
 
@@ -247,8 +247,7 @@ def _measure(ws: Workspace, config: Config, worktrees: dict[str, Path], scratch:
         return
     assert r.decision is not None
     if r.decision.action != WIN:
-        label = "inconclusive" if r.decision.action == INCONCLUSIVE else "no speedup"
-        st.add("objective", Status.FAIL, f"{objective.name}: {label}: {r.decision.reason}")
+        st.add("objective", Status.FAIL, f"{objective.name}: {r.decision.reason}")
         return
     st.add("objective", Status.PASS, f"{objective.name}: {r.decision.reason}")
 
@@ -276,6 +275,6 @@ def _measure(ws: Workspace, config: Config, worktrees: dict[str, Path], scratch:
         st.add("plausibility", Status.PASS, f"{speedup:.3f}x within {config.gate.plausibility:g}x")
 
     if config.verify is None:
-        st.add("distribution", Status.SKIPPED, "target has no [verify] section")
+        st.add("distribution", Status.SKIPPED, "target has no [verify] section (opted out)")
     else:
         st.add("distribution", Status.FAIL, "distribution checks are configured but not implemented in this version")

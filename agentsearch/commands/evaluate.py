@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from rich.markup import escape
 from rich.table import Table
 
 from ..errors import EXIT_GATE_REJECT
@@ -32,9 +33,9 @@ def fmt_pct(x: float | None) -> str:
 def show(result: Evaluation) -> None:
     v = result.verdict
     color = {"merge": "green", "reject": "red", "review": "yellow"}[v.verdict]
-    out.print(f"[bold {color}]{v.verdict.upper()}[/] {result.ref} ({result.candidate[:12]}) vs baseline {result.baseline[:12]}")
+    out.print(f"[bold {color}]{v.verdict.upper()}[/] {escape(result.ref)} ({result.candidate[:12]}) vs baseline {result.baseline[:12]}")
     for reason in v.reasons:
-        out.print(f"  - {reason}")
+        out.print(f"  - {escape(reason)}")
     if result.workloads:
         t = Table(title="workloads")
         for col in ("workload", "role", "baseline", "candidate", "speedup", "95% CI", "p", "pairs", "decision"):
@@ -56,6 +57,6 @@ def show(result: Evaluation) -> None:
     c.add_column("status")
     c.add_column("detail")
     for check in v.checks:
-        c.add_row(check.name, check.status.value, check.detail)
+        c.add_row(check.name, check.status.value, escape(check.detail))
     out.print(c)
     out.print(f"wall {result.wall_s:.1f} s, seed {result.seed}")

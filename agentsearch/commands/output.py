@@ -9,7 +9,7 @@ from typing import Any, Iterator
 
 from rich.console import Console
 
-out = Console(highlight=False, soft_wrap=True)
+out = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 160)
 err = Console(stderr=True, highlight=False)
 
 

@@ -1,0 +1,87 @@
+from __future__ import annotations
+
+import pytest
+
+from agentsearch.config import CONFIG_FILE, load_config_text, reference_rows
+from agentsearch.errors import ConfigError
+
+from .conftest import make_repo, run_cli
+
+GOOD = """
+[target]
+baseline = "main"
+protected = ["bench/**"]
+[[workload]]
+name = "decode"
+command = "sh bench.sh {seed} {out}"
+metric = "tok_s"
+higher_is_better = true
+timeout_s = 600
+[verify]
+logprobs = "python3 dump_logprobs.py {prompts} {out}"
+"""
+
+
+def test_good_config_loads_with_defaults():
+    c = load_config_text(GOOD)
+    assert c.target.baseline == "main"
+    assert c.target.protected == ("bench/**",)
+    assert c.workloads[0].name == "decode" and c.workloads[0].timeout_s == 600.0
+    assert c.objective.name == "decode"
+    assert c.gate.alpha == 0.05 and c.gate.min_effect == 0.02
+    assert c.gate.proposal_alpha == pytest.approx(0.05 / c.gate.episode_budget)
+    assert c.verify is not None and c.verify.mode == "tight"
+    # frozen
+    with pytest.raises(Exception):
+        c.target.baseline = "x"  # type: ignore[misc]
+
+
+def test_fingerprint_tracks_measurement_fields_only():
+    a = load_config_text(GOOD)
+    b = load_config_text(GOOD.replace("timeout_s = 600", "timeout_s = 601"))
+    c = load_config_text(GOOD + "\n[gate]\nalpha = 0.1\n")
+    assert a.fingerprint() != b.fingerprint()
+    assert a.fingerprint() == c.fingerprint()
+
+
+@pytest.mark.parametrize(
+    "text, needle",
+    [
+        ("[target\nbaseline='main'", "TOML syntax error"),
+        (GOOD.replace('baseline = "main"', 'baseline = "main"\ncolour = "red"'), "unknown key 'colour'"),
+        (GOOD.replace("timeout_s = 600", 'timeout_s = "soon"'), "timeout_s: expected a number, got 'soon'"),
+        (GOOD.replace('metric = "tok_s"\n', ""), "missing required key 'metric'"),
+        (GOOD.replace("higher_is_better = true", "higher_is_better = 1"), "higher_is_better: expected true or false"),
+        ("[target]\nbaseline='main'\n", "missing required [[workload]]"),
+        (GOOD + "\n[gate]\nalpha = 2\n", "[gate] alpha: expected a number strictly between 0 and 1"),
+        (GOOD + "\n[gate]\nobjective = 'nope'\n", "[gate] objective: expected one of the workload names"),
+        (GOOD + "\n[extras]\nx = 1\n", "unknown section [extras]"),
+        (GOOD.replace('command = "sh bench.sh {seed} {out}"\n', ""), "a command workload needs `command`"),
+        (GOOD.replace('name = "decode"', 'name = "a b"'), "expected a name without spaces"),
+        (GOOD + GOOD[GOOD.index("[[workload]]"):GOOD.index("[verify]")], "duplicate workload name 'decode'"),
+        (GOOD.replace('protected = ["bench/**"]', 'protected = "bench/**"'), "protected: expected a list of strings"),
+    ],
+)
+def test_bad_config_is_one_line_naming_file_and_key(text, needle):
+    with pytest.raises(ConfigError) as e:
+        load_config_text(text, "x/agentsearch.toml")
+    msg = str(e.value)
+    assert needle in msg
+    assert msg.startswith("x/agentsearch.toml")
+    assert "\n" not in msg
+
+
+def test_reference_covers_every_key():
+    keys = {(s, k) for s, k, _, _ in reference_rows()}
+    assert ("[gate]", "min_effect") in keys and ("[target]", "protected") in keys
+    assert all(doc for *_, doc in reference_rows())
+
+
+def test_cli_bad_config_exits_2_with_one_line(tmp_path):
+    repo = make_repo(tmp_path / "t", {CONFIG_FILE: GOOD.replace("timeout_s = 600", "timeout_s = [1]")})
+    proc = run_cli("init", "-C", str(repo))
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert "agentsearch.toml" in lines[0] and "timeout_s" in lines[0] and "expected a number" in lines[0]
+    assert "Traceback" not in proc.stderr

@@ -1,0 +1,107 @@
+"""Acceptance of the harness on a real temporary git target with a noisy command workload."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from agentsearch.workspace import Workspace
+
+from .conftest import commit, make_repo, run_cli, toy_config, TOY_BENCH
+
+
+@pytest.fixture
+def target(tmp_path):
+    repo = make_repo(tmp_path / "toy", {"agentsearch.toml": toy_config(timeout=4), "bench/bench.py": TOY_BENCH, "speed.txt": "1.0\n", "src/model.py": "X = 1\n"})
+    assert run_cli("init", "-C", str(repo)).returncode == 0
+    return repo
+
+
+def evaluate(repo, ref, *extra):
+    proc = run_cli("evaluate", "-C", str(repo), ref, "--json", *extra)
+    assert proc.stdout, proc.stderr
+    return proc.returncode, json.loads(proc.stdout)
+
+
+def test_faster_branch_is_merged_by_verdict_and_nothing_merges(target):
+    base = Workspace.open(target).baseline_commit()
+    commit(target, {"speed.txt": "1.3\n"}, "30% faster", branch="fast")
+    rc, out = evaluate(target, "fast")
+    assert rc == 0, out["reasons"]
+    assert out["verdict"] == "merge" and out["reasons"] == []
+    w = out["workloads"]["speed"]
+    assert 1.2 < w["speedup"] < 1.4
+    assert w["ci"][0] > 1.0 and w["p_value"] < 0.005 and w["pairs"] >= 3
+    assert {t["side"] for t in out["trials"]} == {"baseline", "candidate"}
+    assert Workspace.open(target).baseline_commit() == base  # evaluate never merges
+
+
+def test_aa_branch_is_rejected(target):
+    commit(target, {"src/model.py": "X = 1  # a comment\n"}, "no-op", branch="aa")
+    rc, out = evaluate(target, "aa")
+    assert rc == 4 and out["verdict"] == "reject"
+    assert any("objective" in r for r in out["reasons"])
+
+
+def test_slower_branch_is_rejected_early(target):
+    commit(target, {"speed.txt": "0.7\n"}, "30% slower", branch="slow")
+    rc, out = evaluate(target, "slow")
+    assert rc == 4 and out["verdict"] == "reject"
+    w = out["workloads"]["speed"]
+    assert w["pairs"] < w["max_pairs"] and w["early_stop"]
+    assert w["speedup"] < 0.8
+    assert "slower" in out["reasons"][0]
+
+
+@pytest.mark.parametrize("mode, needle", [("crash", "ZeroDivisionError"), ("hang", "timed out after 4 s")])
+def test_broken_bench_is_rejected_with_reason(target, mode, needle):
+    commit(target, {"mode.txt": mode}, mode, branch=mode)
+    rc, out = evaluate(target, mode)
+    assert rc == 4 and out["verdict"] == "reject"
+    assert any(needle in r and "candidate trial failed" in r for r in out["reasons"]), out["reasons"]
+
+
+def test_protected_path_rejected_before_any_trial(target):
+    commit(target, {"bench/bench.py": TOY_BENCH.replace("1000.0 * factor", "2000.0 * factor")}, "cheat", branch="cheat")
+    rc, out = evaluate(target, "cheat")
+    assert rc == 4 and out["verdict"] == "reject"
+    assert "bench/bench.py" in out["reasons"][0] and "protected" in out["reasons"][0]
+    assert out["trials"] == [] and out["workloads"] == {}
+
+
+def test_branch_not_on_baseline_is_rejected(target):
+    old = Workspace.open(target).baseline_commit()
+    commit(target, {"src/model.py": "X = 5\n"}, "advance main")
+    commit(target, {"speed.txt": "1.3\n"}, "fast but stale", branch="stale", start=old)
+    rc, out = evaluate(target, "stale")
+    assert rc == 4 and "not based on the current baseline" in out["reasons"][0]
+
+
+def test_bad_ref_is_bad_input(target):
+    proc = run_cli("evaluate", "-C", str(target), "no-such-branch")
+    assert proc.returncode == 2 and "'no-such-branch' is not a branch" in proc.stderr
+    assert proc.stderr.count("\n") == 1
+
+
+def test_human_output_shows_verdict_table(target):
+    commit(target, {"speed.txt": "0.7\n"}, "slower", branch="slow")
+    proc = run_cli("evaluate", "-C", str(target), "slow")
+    assert proc.returncode == 4
+    assert "REJECT" in proc.stdout and "speedup" in proc.stdout and "gate checks" in proc.stdout
+
+
+def test_calibrate_stores_noise_and_the_gate_uses_it(target):
+    proc = run_cli("calibrate", "-C", str(target), "--pairs", "12", "--json")
+    assert proc.returncode == 0, proc.stderr
+    cal = json.loads(proc.stdout)
+    noise = cal["workloads"]["speed"]
+    assert noise["pairs"] == 12
+    assert 0.005 < noise["cv"] < 0.06  # the bench's CV is 2%
+    assert noise["pairs_needed"] >= 2
+    assert abs(noise["aa_speedup"] - 1) < 0.03
+    commit(target, {"speed.txt": "1.3\n"}, "fast", branch="fast")
+    rc, out = evaluate(target, "fast")
+    assert rc == 0 and out["workloads"]["speed"]["calibrated"] is True
+    human = run_cli("calibrate", "-C", str(target), "--pairs", "6")
+    assert human.returncode == 0 and "pairs for 90% power" in human.stdout

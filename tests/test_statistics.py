@@ -1,0 +1,128 @@
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats as sps
+
+from harness.sequential import CONTINUE, INCONCLUSIVE, LOSE, OK, REGRESSED, WIN, SequentialDesign, decide_guard, decide_objective
+from harness.statistics import NoisePrior, cv, drift, log_ratios, noise_prior, outliers, paired_estimate, pairs_for_power, winsorize
+
+
+def test_log_ratio_sign_follows_metric_direction():
+    assert log_ratios([100.0], [110.0], True)[0] == pytest.approx(math.log(1.1))
+    assert log_ratios([10.0], [9.0], False)[0] == pytest.approx(math.log(10 / 9))  # lower latency = better
+    with pytest.raises(ValueError):
+        log_ratios([1.0], [0.0], True)
+    with pytest.raises(ValueError):
+        log_ratios([1.0, 2.0], [1.0], True)
+
+
+def test_estimate_matches_scipy_t_test_without_outliers():
+    rng = np.random.default_rng(0)
+    d = rng.normal(0.01, 0.02, 15).tolist()
+    est = paired_estimate(d)
+    ref = sps.ttest_1samp(d, 0.0, alternative="greater")
+    assert est.winsorized == 0
+    assert est.p_better() == pytest.approx(ref.pvalue, rel=1e-9)
+    lo, hi = est.ci(0.95)
+    ci = sps.t.interval(0.95, len(d) - 1, loc=np.mean(d), scale=sps.sem(d))
+    assert (math.log(lo), math.log(hi)) == pytest.approx(ci, rel=1e-9)
+    assert est.p_better() + est.p_worse() == pytest.approx(1.0)
+
+
+def test_winsorizing_stops_one_outlier_from_faking_a_win():
+    rng = np.random.default_rng(1)
+    d = rng.normal(0.0, 0.02, 20).tolist()
+    d[7] = math.log(2.0)  # the baseline trial of pair 7 stalled: candidate looks 2x faster
+    w, clipped = winsorize(d)
+    assert clipped == 1 and max(w) < 0.2
+    assert paired_estimate(d).speedup < 1.02  # raw mean would be about +3.5%
+    assert np.mean(d) > 0.03
+
+
+def test_prior_pooling_is_never_less_conservative_than_the_sample():
+    d = [0.010, 0.011, 0.009, 0.010, 0.012]  # suspiciously quiet sample
+    alone = paired_estimate(d)
+    pooled = paired_estimate(d, NoisePrior(var=0.02**2, df=30))
+    assert pooled.pooled and pooled.se > alone.se
+    noisy = [0.1, -0.1, 0.12, -0.08, 0.0]
+    p2 = paired_estimate(noisy, NoisePrior(var=0.001**2, df=30))
+    assert not p2.pooled and p2.se == pytest.approx(paired_estimate(noisy).se)
+
+
+def test_noise_helpers():
+    rng = np.random.default_rng(2)
+    vals = (1000 * (1 + rng.normal(0, 0.03, 200))).tolist()
+    assert cv(vals) == pytest.approx(0.03, rel=0.2)
+    assert drift(vals).p_value > 0.001
+    drifting = [v * (1 + 0.001 * i) for i, v in enumerate(vals)]
+    dr = drift(drifting)
+    assert dr.p_value < 1e-6 and dr.slope_per_100 == pytest.approx(0.1, rel=0.3)
+    d = rng.normal(0, 0.01, 50).tolist() + [0.5]
+    assert outliers(d) >= 1
+    prior = noise_prior(rng.normal(0, 0.02, 40).tolist())
+    assert prior.df == 39 and math.sqrt(prior.var) == pytest.approx(0.02, rel=0.3)
+
+
+def test_pairs_for_power_is_monotone_and_matches_simulation():
+    n1 = pairs_for_power(0.02, 0.03, 0.005)
+    assert pairs_for_power(0.04, 0.03, 0.005) > n1 > pairs_for_power(0.01, 0.03, 0.005)
+    assert pairs_for_power(0.02, 0.02, 0.005) > n1
+    rng = np.random.default_rng(3)
+    wins = 0
+    for _ in range(2000):
+        d = rng.normal(math.log(1.03), 0.02, n1)
+        wins += sps.ttest_1samp(d, 0, alternative="greater").pvalue < 0.005
+    assert wins / 2000 >= 0.88
+
+
+def test_design_spends_at_most_alpha():
+    des = SequentialDesign(alpha=0.005, min_pairs=3, look_every=1, max_pairs=20)
+    looks = des.looks()
+    assert looks[0] == 3 and looks[-1] == 20 and len(looks) == 18
+    assert sum(des.level(n) for n in looks) == pytest.approx(0.005)
+    with pytest.raises(ValueError):
+        des.level(2)
+
+
+def _run(design, delta, sd, rng, prior=None):
+    d = []
+    while True:
+        look = design.next_look(len(d))
+        d += rng.normal(delta, sd, look - len(d)).tolist()
+        dec = decide_objective(design, d, prior)
+        if dec.action != CONTINUE:
+            return dec
+
+
+def test_sequential_error_rates_by_simulation():
+    rng = np.random.default_rng(4)
+    des = SequentialDesign(alpha=0.005)
+    sd = 0.02 * math.sqrt(2)  # CV 2% per trial
+    aa = [_run(des, 0.0, sd, rng) for _ in range(1500)]
+    false_merges = sum(d.action == WIN for d in aa) / len(aa)
+    assert false_merges <= 0.01
+    assert np.mean([d.estimate.n for d in aa]) < 0.5 * des.max_pairs  # A/A stops early on average
+    wins = [_run(des, math.log(1.10), sd, rng) for _ in range(300)]
+    assert sum(d.action == WIN for d in wins) / 300 >= 0.98
+    losers = [_run(des, math.log(0.7), sd, rng) for _ in range(100)]
+    assert all(d.action == LOSE and d.estimate.n == des.min_pairs for d in losers)
+
+
+def test_final_look_without_win_is_inconclusive():
+    des = SequentialDesign(alpha=0.005, min_pairs=4, max_pairs=4)
+    dec = decide_objective(des, [0.03, -0.01, 0.05, 0.0])
+    assert dec.action in (INCONCLUSIVE, LOSE)
+    dec2 = decide_objective(des, [0.031, 0.029, 0.030, 0.032])
+    assert dec2.action == WIN and "faster" in dec2.reason
+
+
+def test_guard_detects_regression_and_accepts_neutral():
+    des = SequentialDesign(alpha=0.005)
+    rng = np.random.default_rng(5)
+    slow = rng.normal(math.log(0.9), 0.01, 6).tolist()
+    assert decide_guard(des, slow).action == REGRESSED
+    neutral = rng.normal(0.0, 0.005, 20).tolist()
+    assert decide_guard(des, neutral).action == OK

@@ -1,0 +1,137 @@
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from harness.interleave import CommandSession, run_interleaved
+from harness.sequential import SequentialDesign, decide_objective
+from harness.trials import BASELINE, CANDIDATE, CommandSpec, TrialRecord, run_command_trial
+
+
+def spec(tmp_path: Path, code: str, timeout: float = 10, metric: str = "v", env: dict | None = None) -> CommandSpec:
+    script = tmp_path / "b.py"
+    script.write_text(code)
+    return CommandSpec(f"{sys.executable} {script} {{seed}} {{out}}", tmp_path, metric, timeout, env or {})
+
+
+def test_successful_trial_substitutes_and_exports(tmp_path):
+    code = (
+        "import json, os, sys\n"
+        "json.dump({'v': 2.5, 'seed': int(sys.argv[1]), 'env_seed': os.environ['AGENTSEARCH_SEED'],"
+        " 'wt': os.environ['AGENTSEARCH_WORKTREE'], 'leak': os.environ.get('SECRET_TOKEN'), 'mine': os.environ.get('MINE')},"
+        " open(sys.argv[2], 'w'))\n"
+    )
+    os.environ["SECRET_TOKEN"] = "x"
+    try:
+        out = run_command_trial(spec(tmp_path, code, env={"MINE": "1"}), 42, tmp_path / "o")
+    finally:
+        del os.environ["SECRET_TOKEN"]
+    assert out.ok and out.value == 2.5
+    assert out.metrics["seed"] == 42 and out.metrics["env_seed"] == "42"
+    assert out.metrics["wt"] == str(tmp_path)
+    assert out.metrics["leak"] is None  # minimal environment: only a whitelist passes
+    assert out.metrics["mine"] == "1"
+    assert list((tmp_path / "o").iterdir()) == []  # output files are cleaned up
+
+
+@pytest.mark.parametrize(
+    "code, needle",
+    [
+        ("import sys; sys.stderr.write('boom: bad thing\\n'); sys.exit(3)", "exited with status 3: boom: bad thing"),
+        ("pass", "no metrics file written"),
+        ("import sys; open(sys.argv[2], 'w').write('{not json')", "not JSON"),
+        ("import json, sys; json.dump({'other': 1}, open(sys.argv[2], 'w'))", "metric 'v' missing"),
+        ("import json, sys; json.dump({'v': -1}, open(sys.argv[2], 'w'))", "positive finite number"),
+        ("import json, sys; json.dump({'v': 'fast'}, open(sys.argv[2], 'w'))", "positive finite number"),
+    ],
+)
+def test_failed_trials_carry_reason(tmp_path, code, needle):
+    out = run_command_trial(spec(tmp_path, code), 1, tmp_path / "o")
+    assert not out.ok and needle in out.error
+
+
+def test_timeout_kills_the_whole_process_group(tmp_path):
+    pidfile = tmp_path / "grandchild.pid"
+    code = (
+        "import subprocess, sys, time\n"
+        f"p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+        f"open({str(pidfile)!r}, 'w').write(str(p.pid))\n"
+        "time.sleep(120)\n"
+    )
+    t0 = time.perf_counter()
+    out = run_command_trial(spec(tmp_path, code, timeout=1.5), 1, tmp_path / "o")
+    assert time.perf_counter() - t0 < 20
+    assert not out.ok and "timed out after 1.5 s" in out.error
+    pid = int(pidfile.read_text())
+    for _ in range(50):
+        try:
+            os.kill(pid, 0)
+            with open(f"/proc/{pid}/stat") as fh:
+                if fh.read().split()[2] == "Z":
+                    break
+        except (ProcessLookupError, FileNotFoundError):
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail("grandchild survived the timeout")
+
+
+def test_record_validation():
+    with pytest.raises(ValueError):
+        TrialRecord("w", "other", 1, 0, 0, "AB", 0, True, 1.0, {}, 0.1)
+    with pytest.raises(ValueError):
+        TrialRecord("w", BASELINE, 1, 0, 0, "AB", 0, True, None, {}, 0.1)
+    with pytest.raises(ValueError):
+        TrialRecord("w", BASELINE, 1, 0, 0, "AB", 0, False, None, {}, 0.1)
+
+
+def test_interleaving_is_abba_with_shared_seeds(tmp_path):
+    code = "import json, sys; json.dump({'v': 1.0 + (hash(sys.argv[1]) % 7) / 1000}, open(sys.argv[2], 'w'))"
+    s = spec(tmp_path, code)
+    design = SequentialDesign(alpha=0.005, min_pairs=6, max_pairs=6)
+    run = run_interleaved("w", lambda side, i: CommandSession(s, tmp_path / side), design, decide_objective, lambda i: 100 + i, True)
+    sides = [t.side[0] for t in run.trials]
+    assert "".join("A" if x == "b" else "B" for x in sides) == "ABBAABBAABBA"
+    for pair in range(6):
+        ts = [t for t in run.trials if t.pair == pair]
+        assert {t.side for t in ts} == {BASELINE, CANDIDATE}
+        assert {t.seed for t in ts} == {100 + pair}
+        assert ts[0].order == ("AB" if pair % 2 == 0 else "BA")
+    assert run.pairs == 6 and run.decision is not None
+
+
+def test_restarts_open_fresh_sessions_and_always_close(tmp_path):
+    events = []
+
+    class Fake:
+        def __init__(self, side, i):
+            self.side, self.i = side, i
+
+        def start(self):
+            events.append(("start", self.side, self.i))
+
+        def measure(self, seed):
+            from harness.trials import TrialOutcome
+            if self.i == 1 and self.side == CANDIDATE:
+                return TrialOutcome(False, None, {}, 0.0, "engine died")
+            return TrialOutcome(True, 1.0, {}, 0.0)
+
+        def close(self):
+            events.append(("close", self.side, self.i))
+
+    from harness.sequential import CONTINUE, Decision
+
+    def never_stop(design, d, prior):
+        return Decision(CONTINUE, "", None, 0.0)  # type: ignore[arg-type]
+
+    design = SequentialDesign(alpha=0.005, min_pairs=3, max_pairs=8)
+    run = run_interleaved("w", Fake, design, never_stop, lambda i: i, True, restarts=2)
+    assert run.failure and "engine died" in run.failure and "candidate trial failed" in run.failure
+    starts = [e for e in events if e[0] == "start"]
+    closes = [e for e in events if e[0] == "close"]
+    assert {(s, i) for _, s, i in starts} == {(BASELINE, 0), (CANDIDATE, 0), (BASELINE, 1), (CANDIDATE, 1)}
+    assert sorted(starts) == sorted(("start", s, i) for _, s, i in closes)
