@@ -103,7 +103,7 @@ class GateConfig:
     look_every: int = doc("Pairs between two looks of the sequential test.", 1)
     max_pairs: int = doc("Pairs per workload at most (the full budget).", 20)
     confirm_pairs: int = doc(
-        "Pairs of the confirmation run with fresh seeds before a merge (0 disables).", 0
+        "Pairs of the confirmation run with fresh seeds before a merge (0 disables).", 6
     )
     plausibility: float = doc("A speedup beyond this factor is held for manual review.", 10.0)
 

@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 from harness import environment
 from harness.interleave import WorkloadRun, run_interleaved
-from harness.sequential import LOSE, REGRESSED, WIN, SequentialDesign, decide_guard, decide_objective
+from harness.sequential import LOSE, OK, REGRESSED, WIN, SequentialDesign, confirmation_design, decide_confirmation, decide_guard, decide_objective
 from harness.statistics import NoisePrior
 from harness.trials import BASELINE, CANDIDATE, TrialRecord
 
@@ -62,7 +62,7 @@ def seed_sequence(master: int, workload: str) -> Callable[[int], int]:
 @dataclass(frozen=True)
 class WorkloadSummary:
     name: str
-    role: str  # objective | guard
+    role: str  # objective | guard | confirmation
     pairs: int
     max_pairs: int
     decision: str
@@ -77,7 +77,7 @@ class WorkloadSummary:
 
     @property
     def early_stop(self) -> bool:
-        return self.decision in (WIN, LOSE, REGRESSED) and self.pairs < self.max_pairs
+        return self.role != "confirmation" and self.decision in (WIN, LOSE, REGRESSED) and self.pairs < self.max_pairs
 
     def to_json(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -94,6 +94,7 @@ class Evaluation:
     seed: int
     verdict: Verdict
     workloads: dict[str, WorkloadSummary]
+    confirmation: WorkloadSummary | None
     trials: tuple[TrialRecord, ...]
     config_fingerprint: str
     environment: dict[str, str]
@@ -110,6 +111,7 @@ class Evaluation:
             "candidate": self.candidate,
             "seed": self.seed,
             "workloads": {k: v.to_json() for k, v in self.workloads.items()},
+            "confirmation": self.confirmation.to_json() if self.confirmation else None,
             "checks": [{"name": c.name, "status": c.status.value, "detail": c.detail} for c in self.verdict.checks],
             "config_fingerprint": self.config_fingerprint,
             "environment": self.environment,
@@ -140,6 +142,7 @@ def summarize(run: WorkloadRun, role: str, w: WorkloadConfig, design: Sequential
 class _State:
     checks: list[Check] = field(default_factory=list)
     summaries: dict[str, WorkloadSummary] = field(default_factory=dict)
+    confirmation: WorkloadSummary | None = None
     trials: list[TrialRecord] = field(default_factory=list)
 
     def add(self, name: str, status: Status, detail: str = "") -> None:
@@ -171,6 +174,7 @@ def evaluate(
     verdict = judge(st.checks)
     return Evaluation(
         ref=ref, baseline=base, candidate=cand, seed=master, verdict=verdict, workloads=st.summaries,
+        confirmation=st.confirmation,
         trials=tuple(st.trials), config_fingerprint=config.fingerprint(), environment=env,
         wall_s=time.perf_counter() - t0,
     )
@@ -218,25 +222,34 @@ def _measure(ws: Workspace, config: Config, worktrees: dict[str, Path], scratch:
     def prior_for(w: WorkloadConfig) -> NoisePrior | None:
         return calibration.prior_for(cal, config, w)
 
+    check_of = {"objective": "objective", "guard": "guard-workloads", "confirmation": "confirmation"}
+    decide_of = {"objective": decide_objective, "guard": decide_guard, "confirmation": decide_confirmation}
+
     def run(w: WorkloadConfig, role: str) -> WorkloadRun | None:
         try:
             factory = session_factory(config, w, worktrees, scratch)
         except AgentsearchError as exc:
-            st.add("objective" if role == "objective" else "guard-workloads", Status.FAIL, str(exc))
+            st.add(check_of[role], Status.FAIL, str(exc))
             return None
-        decide = decide_objective if role == "objective" else decide_guard
+        decide = decide_of[role]
+        wdesign = confirmation_design(config.gate.confirm_pairs) if role == "confirmation" else design
+        seeds = seed_sequence(master ^ 0x5EED, w.name) if role == "confirmation" else seed_sequence(master, w.name)
 
         def on_pair(r: WorkloadRun) -> None:
             est = math.exp(sum(r.log_ratios) / len(r.log_ratios)) - 1
-            say(w.name, f"pair {r.pairs}/{design.max_pairs}, running estimate {est:+.2%}")
+            say(f"{w.name} ({role})", f"pair {r.pairs}/{wdesign.max_pairs}, running estimate {est:+.2%}")
 
         prior = prior_for(w)
         r = run_interleaved(
-            w.name, factory, design, decide, seed_sequence(master, w.name), w.higher_is_better,
+            w.name, factory, wdesign, decide, seeds, w.higher_is_better,
             prior=prior, restarts=restarts_for(w), on_pair=on_pair,
         )
-        st.trials.extend(r.trials)
-        st.summaries[w.name] = summarize(r, role, w, design, prior is not None)
+        st.trials.extend(dataclasses.replace(t, phase=role) for t in r.trials)
+        summary = summarize(r, role, w, wdesign, prior is not None)
+        if role == "confirmation":
+            st.confirmation = summary
+        else:
+            st.summaries[w.name] = summary
         return r
 
     r = run(objective, "objective")
@@ -267,6 +280,21 @@ def _measure(ws: Workspace, config: Config, worktrees: dict[str, Path], scratch:
             return
         guard_notes.append(f"{w.name}: {g.decision.reason}")
     st.add("guard-workloads", Status.PASS, "; ".join(guard_notes) or "no other workloads")
+
+    if config.gate.confirm_pairs == 0:
+        st.add("confirmation", Status.SKIPPED, "disabled by [gate] confirm_pairs = 0")
+    else:
+        c = run(objective, "confirmation")
+        if c is None:
+            return
+        if c.failure:
+            st.add("confirmation", Status.FAIL, c.failure)
+            return
+        assert c.decision is not None
+        if c.decision.action != OK:
+            st.add("confirmation", Status.FAIL, f"{objective.name}: {c.decision.reason}")
+            return
+        st.add("confirmation", Status.PASS, f"{objective.name}: {c.decision.reason}")
 
     speedup = r.decision.estimate.speedup
     if speedup > config.gate.plausibility:

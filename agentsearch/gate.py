@@ -31,10 +31,11 @@ REQUIRED_CHECKS = (
     "build",
     "objective",
     "guard-workloads",
+    "confirmation",
     "plausibility",
     "distribution",
 )
-SKIPPABLE = {"distribution"}
+SKIPPABLE = {"distribution", "confirmation"}
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,8 @@ Error control (documented in the README):
 - A win also needs a point estimate of at least half of ``min_effect``: a significant but
   negligible speedup is not worth a merge.
 - Reaching ``max_pairs`` without a win is inconclusive, and inconclusive is a rejection.
+- A win is then confirmed on fresh input seeds (``decide_confirmation``): the speedup must
+  point the same way again, or the proposal is rejected.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ LOSE = "lose"
 INCONCLUSIVE = "inconclusive"
 OK = "ok"
 REGRESSED = "regressed"
+NOT_CONFIRMED = "not-confirmed"
 
 
 @dataclass(frozen=True)
@@ -137,3 +140,16 @@ def decide_guard(design: SequentialDesign, d: Sequence[float], prior: NoisePrior
     if est.lower(1 - design.regression_alpha) > floor or n >= design.max_pairs:
         return Decision(OK, f"no significant regression ({est.speedup - 1:+.2%} after {n} pairs)", est, design.regression_alpha)
     return Decision(CONTINUE, "", est, design.regression_alpha)
+
+
+def confirmation_design(pairs: int) -> SequentialDesign:
+    """A fixed-size run (one look) for the confirmation on fresh seeds."""
+    return SequentialDesign(alpha=0.5, min_pairs=pairs, max_pairs=pairs, look_every=pairs)
+
+
+def decide_confirmation(design: SequentialDesign, d: Sequence[float], prior: NoisePrior | None = None) -> Decision:
+    """The win holds on fresh seeds when the confirmation run also measures a speedup."""
+    est = paired_estimate(d, prior)
+    if est.mean > 0:
+        return Decision(OK, f"confirmed on fresh seeds: {est.speedup - 1:+.2%} over {len(d)} pairs", est, 0.0)
+    return Decision(NOT_CONFIRMED, f"did not hold on fresh seeds: {est.speedup - 1:+.2%} over {len(d)} pairs", est, 0.0)

@@ -5,14 +5,15 @@ input seed. ``d = log(candidate / baseline)`` (sign flipped for lower-is-better 
 ``d > 0`` always means the candidate is better and ``exp(mean d)`` is the speedup.
 
 Robustness:
-- outliers: pair log-ratios are winsorized at ``median ± k·scale`` where scale is the larger
+- outliers: pair log-ratios are winsorized at ``median ± 2.5·scale`` where scale is the larger
   of the robust (MAD) spread and the calibrated spread, so one stalled trial can neither
   fake a win nor hide one;
 - drift: pairs alternate their order (AB, BA, AB, ...), so a slow linear drift adds the same
   amount with opposite signs and cancels in the mean (see ``harness.interleave``);
 - small samples: Student t with the sample variance pooled with the A/A calibration's
-  variance when one is available; the larger of the two variances is used, so pooling can
-  only make the test more conservative than the calibration alone.
+  variance when one is available — unless an F-test says this sample is noisier than the
+  calibration (p < 0.05), in which case the sample variance is used alone (the candidate
+  cannot borrow the baseline's quietness).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import numpy as np
 from scipy import stats as sps
 
 MAD_TO_SD = 1.4826
+WINSOR_K = 2.5  # clip pair log-ratios beyond median ± 2.5 robust SDs
 
 
 @dataclass(frozen=True)
@@ -103,7 +105,7 @@ def robust_scale(d: Sequence[float]) -> float:
     return float(MAD_TO_SD * np.median(np.abs(x - np.median(x))))
 
 
-def winsorize(d: Sequence[float], k: float = 3.0, floor_scale: float = 0.0, min_n: int = 6) -> tuple[list[float], int]:
+def winsorize(d: Sequence[float], k: float = WINSOR_K, floor_scale: float = 0.0, min_n: int = 6) -> tuple[list[float], int]:
     """Clip values beyond ``median ± k·max(MAD scale, floor_scale)``; returns (values, clipped)."""
     x = np.asarray(d, dtype=float)
     if len(x) < min_n:
@@ -117,7 +119,7 @@ def winsorize(d: Sequence[float], k: float = 3.0, floor_scale: float = 0.0, min_
     return np.clip(x, lo, hi).tolist(), clipped
 
 
-def paired_estimate(d: Sequence[float], prior: NoisePrior | None = None, k: float = 3.0) -> PairedEstimate:
+def paired_estimate(d: Sequence[float], prior: NoisePrior | None = None, k: float = WINSOR_K) -> PairedEstimate:
     """Estimate from paired log-ratios (at least 2), optionally pooled with a calibration."""
     if len(d) < 2:
         raise ValueError("need at least 2 pairs")
@@ -130,14 +132,20 @@ def paired_estimate(d: Sequence[float], prior: NoisePrior | None = None, k: floa
     df: float = n - 1
     var = var_n
     pooled = False
-    if prior is not None:
-        var_pool = (prior.df * prior.var + (n - 1) * var_n) / (prior.df + n - 1)
-        if var_pool >= var_n:
-            var, df, pooled = var_pool, prior.df + n - 1, True
+    if prior is not None and not noisier_than(var_n, n - 1, prior):
+        var = (prior.df * prior.var + (n - 1) * var_n) / (prior.df + n - 1)
+        df, pooled = prior.df + n - 1, True
     return PairedEstimate(n=n, mean=mean, se=math.sqrt(var / n), df=df, winsorized=clipped, pooled=pooled)
 
 
-def noise_prior(d: Sequence[float], k: float = 3.0) -> NoisePrior:
+def noisier_than(var: float, df: int, prior: NoisePrior, level: float = 0.05) -> bool:
+    """F-test: is a sample variance significantly larger than the calibrated one?"""
+    if prior.var == 0:
+        return var > 0
+    return float(sps.f.sf(var / prior.var, df, prior.df)) < level
+
+
+def noise_prior(d: Sequence[float], k: float = WINSOR_K) -> NoisePrior:
     """The calibration's variance of (winsorized) pair log-ratios."""
     est = paired_estimate(d, None, k=k)
     return NoisePrior(var=est.se**2 * est.n, df=est.n - 1)

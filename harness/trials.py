@@ -57,6 +57,7 @@ class TrialRecord:
     wall_s: float
     error: str = ""
     stderr_tail: str = ""
+    phase: str = "objective"  # objective | guard | confirmation | calibration
     schema_version: int = TRIAL_SCHEMA
 
     def __post_init__(self) -> None:

@@ -21,7 +21,8 @@ def test_log_ratio_sign_follows_metric_direction():
 
 def test_estimate_matches_scipy_t_test_without_outliers():
     rng = np.random.default_rng(0)
-    d = rng.normal(0.01, 0.02, 15).tolist()
+    d = (0.01 + 0.02 * sps.norm.ppf((np.arange(15) + 0.5) / 15)).tolist()  # well-behaved sample
+    rng.shuffle(d)
     est = paired_estimate(d)
     ref = sps.ttest_1samp(d, 0.0, alternative="greater")
     assert est.winsorized == 0
@@ -42,12 +43,12 @@ def test_winsorizing_stops_one_outlier_from_faking_a_win():
     assert np.mean(d) > 0.03
 
 
-def test_prior_pooling_is_never_less_conservative_than_the_sample():
-    d = [0.010, 0.011, 0.009, 0.010, 0.012]  # suspiciously quiet sample
+def test_prior_pooling_and_the_noisier_candidate_guard():
+    d = [0.010, 0.011, 0.009, 0.010, 0.012]  # suspiciously quiet sample: pooled up to the calibration
     alone = paired_estimate(d)
     pooled = paired_estimate(d, NoisePrior(var=0.02**2, df=30))
-    assert pooled.pooled and pooled.se > alone.se
-    noisy = [0.1, -0.1, 0.12, -0.08, 0.0]
+    assert pooled.pooled and pooled.se > alone.se and pooled.df == 34
+    noisy = [0.1, -0.1, 0.12, -0.08, 0.0]  # far noisier than calibrated: no borrowing
     p2 = paired_estimate(noisy, NoisePrior(var=0.001**2, df=30))
     assert not p2.pooled and p2.se == pytest.approx(paired_estimate(noisy).se)
 
