@@ -70,8 +70,21 @@ class WorkloadConfig:
     higher_is_better: bool = doc("True for throughput-like metrics, false for latencies.", True)
     timeout_s: float = doc("Per-trial timeout in seconds; a timeout fails the evaluation.", 600.0)
     env: Mapping[str, str] = doc("Extra environment for this workload's trials.", factory=dict)
+    model: str = doc("vLLM kinds: model directory, or \"tiny\" for the tiny model built offline.", "tiny")
+    engine: Mapping[str, Any] = doc(
+        "vLLM kinds: engine arguments (max_num_seqs, block_size, enforce_eager, dtype, ...); the fork's serving.json overrides them.",
+        factory=dict,
+    )
+    params: Mapping[str, Any] = doc(
+        "vLLM kinds: workload parameters (prompts, input_len, output_len, length_dist, batch_size, iterations, max_concurrency, request_rate).",
+        factory=dict,
+    )
+    restarts: int = doc("vLLM kinds: engine starts per side per evaluation (second level of replication).", 2)
+    startup_timeout_s: float = doc("vLLM kinds: timeout of one engine start-up in seconds.", 600.0)
 
     def __post_init__(self) -> None:
+        if self.restarts < 1:
+            raise ValueError(f"expected an integer >= 1, got {self.restarts}|restarts")
         if self.kind not in WORKLOAD_KINDS:
             raise ValueError(f"expected one of {', '.join(WORKLOAD_KINDS)}, got {self.kind!r}|kind")
         if self.kind == "command" and not self.command:
@@ -186,7 +199,8 @@ def _type_name(tp: Any) -> str:
     if origin is tuple:
         return "a list of strings"
     if origin in (Mapping, dict, collections.abc.Mapping) or tp is Mapping:
-        return "a table of strings"
+        args = typing.get_args(tp)
+        return "a table of values" if args and args[1] is Any else "a table of strings"
     return {str: "a string", int: "an integer", float: "a number", bool: "true or false"}.get(tp, str(tp))
 
 
@@ -205,7 +219,14 @@ def _coerce(value: Any, tp: Any) -> tuple[bool, Any]:
             return True, tuple(value)
         return False, None
     if origin in (Mapping, dict, collections.abc.Mapping) or tp is Mapping:
-        if isinstance(value, dict) and all(isinstance(v, (str, int, float)) for v in value.values()):
+        args = typing.get_args(tp)
+        if not isinstance(value, dict):
+            return False, None
+        if args and args[1] is Any:
+            if all(isinstance(v, (str, int, float, bool, list)) for v in value.values()):
+                return True, dict(value)
+            return False, None
+        if all(isinstance(v, (str, int, float)) and not isinstance(v, bool) for v in value.values()):
             return True, {str(k): str(v) for k, v in value.items()}
         return False, None
     if tp is bool:

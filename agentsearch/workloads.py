@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from harness import tiny_model
+from harness.engine_session import WorkerSession
 from harness.interleave import CommandSession, Session, SessionFactory
 from harness.trials import BASELINE, CommandSpec
 
@@ -17,6 +19,8 @@ class UnsupportedWorkload(AgentsearchError):
 
 def session_factory(config: Config, workload: WorkloadConfig, worktrees: dict[str, Path], scratch: Path) -> SessionFactory:
     """A factory (side, restart) -> Session for ``workload`` with each side in its worktree."""
+    if workload.kind in ("vllm-throughput", "vllm-latency"):
+        return engine_factory(config, workload, worktrees, scratch)
     if workload.kind != "command":
         raise UnsupportedWorkload(f"workload {workload.name!r}: kind {workload.kind!r} is not supported by this version yet")
     assert workload.command
@@ -35,9 +39,37 @@ def session_factory(config: Config, workload: WorkloadConfig, worktrees: dict[st
     return make
 
 
+def model_path(workload: WorkloadConfig) -> str:
+    if workload.model != "tiny":
+        return workload.model
+    try:
+        return str(tiny_model.ensure_in_child())
+    except (RuntimeError, OSError) as exc:
+        raise UnsupportedWorkload(f"workload {workload.name!r}: {exc}") from None
+
+
+def engine_spec(workload: WorkloadConfig) -> dict:
+    """What the warm worker needs: kind, model, engine arguments, workload parameters."""
+    engine = {"enforce_eager": True, "max_model_len": 1024, "seed": 0, **workload.engine}
+    return {"kind": workload.kind, "model": model_path(workload), "engine": engine, "params": dict(workload.params)}
+
+
+def engine_factory(config: Config, workload: WorkloadConfig, worktrees: dict[str, Path], scratch: Path) -> SessionFactory:
+    spec = engine_spec(workload)
+
+    def make(side: str, restart: int) -> Session:
+        return WorkerSession(
+            spec, worktrees[side], {**config.target.env, **workload.env},
+            scratch / f"{workload.name}-{side}-{restart}.log", workload.metric, workload.timeout_s,
+            workload.startup_timeout_s,
+        )
+
+    return make
+
+
 def restarts_for(workload: WorkloadConfig) -> int:
     """Session restarts per evaluation (warm-engine workloads restart; commands never need to)."""
-    return 1 if workload.kind == "command" else 2
+    return 1 if workload.kind == "command" else workload.restarts
 
 
 __all__ = ["session_factory", "restarts_for", "UnsupportedWorkload", "BASELINE"]

@@ -138,12 +138,17 @@ def read_metrics(out: Path, metric: str) -> tuple[dict[str, Any] | None, str]:
         return None, f"metrics file is not JSON ({exc.__class__.__name__}: {exc})"
     if not isinstance(data, dict):
         return None, "metrics file must hold one JSON object"
+    return data, metric_error(data, metric)
+
+
+def metric_error(data: Mapping[str, Any], metric: str) -> str:
+    """Why ``data[metric]`` cannot be judged ('' when it can)."""
     if metric not in data:
-        return data, f"metric {metric!r} missing from the output (keys: {', '.join(sorted(data)) or 'none'})"
+        return f"metric {metric!r} missing from the output (keys: {', '.join(sorted(data)) or 'none'})"
     v = data[metric]
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-        return data, f"metric {metric!r} must be a positive finite number, got {v!r}"
-    return data, ""
+        return f"metric {metric!r} must be a positive finite number, got {v!r}"
+    return ""
 
 
 def run_command_trial(spec: CommandSpec, seed: int, out_dir: Path) -> TrialOutcome:

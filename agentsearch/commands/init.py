@@ -9,7 +9,7 @@ import click
 from ..errors import AgentsearchError
 from ..workspace import Workspace
 from ..workspace.fork import create_fork, find_installed
-from .starter import starter_config
+from .starter import starter_config, starter_serving
 
 
 def run(target: Path, from_installed: str | None, directory: Path | None) -> int:
@@ -19,7 +19,7 @@ def run(target: Path, from_installed: str | None, directory: Path | None) -> int
         if directory is None:
             raise AgentsearchError("--from-installed vllm needs a DIR to create the fork in")
         pkg_dir, _dist, _version = find_installed("vllm")
-        create_fork("vllm", directory, starter_config(pkg_dir.parent))
+        create_fork("vllm", directory, starter_config(pkg_dir.parent), {"serving.json": starter_serving()})
         target = directory
     elif directory is not None:
         raise AgentsearchError("DIR is only used with --from-installed; use -C to point at an existing target")

@@ -1,0 +1,205 @@
+"""Warm-engine sessions: one long-lived worker process per side serves many measurements.
+
+The worker (``harness/workers/vllm_worker.py``) runs with the candidate worktree first on
+PYTHONPATH and the worktree as cwd, in its own process group; it answers on a dedicated
+pipe so vLLM's logs cannot corrupt results (they go to a log file whose tail becomes the
+error message when something fails). ``close()`` always ends the whole process group.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+from .trials import TrialOutcome, child_env, kill_group, metric_error, tail
+
+WORKER = Path(__file__).with_name("workers") / "vllm_worker.py"
+# candidate-controlled environment (the fork's serving.json) may only set these
+SERVING_ENV_PREFIXES = ("VLLM_", "OMP_", "KMP_", "MKL_", "ONEDNN_", "DNNL_", "TORCHINDUCTOR_")
+
+
+class WorkerError(RuntimeError):
+    pass
+
+
+def serving_env(worktree: Path) -> dict[str, str]:
+    """Environment variables from the worktree's serving.json (whitelisted prefixes only)."""
+    path = worktree / "serving.json"
+    if not path.exists():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise WorkerError(f"serving.json is not valid JSON: {exc}") from None
+    env = data.get("env", {}) if isinstance(data, dict) else {}
+    if not isinstance(env, dict):
+        raise WorkerError("serving.json: env must be an object of strings")
+    bad = [k for k in env if not k.startswith(SERVING_ENV_PREFIXES)]
+    if bad:
+        raise WorkerError(f"serving.json: env {bad[0]!r} is not allowed (allowed prefixes: {', '.join(SERVING_ENV_PREFIXES)})")
+    return {str(k): str(v) for k, v in env.items()}
+
+
+class WorkerSession:
+    """A warm vLLM engine for one side; ``measure(seed)`` runs one measurement round."""
+
+    def __init__(self, spec: Mapping[str, Any], worktree: Path, env: Mapping[str, str], log_path: Path,
+                 metric: str, timeout_s: float, startup_timeout_s: float = 600.0, python: str = sys.executable):
+        self.spec = dict(spec)
+        self.metric = metric
+        self.worktree = worktree
+        self.env = dict(env)
+        self.log_path = log_path
+        self.timeout_s = timeout_s
+        self.startup_timeout_s = startup_timeout_s
+        self.python = python
+        self.proc: subprocess.Popen | None = None
+        self.ready: dict[str, Any] = {}
+        self._rfd: int | None = None
+        self._buf = b""
+        self.start_error = ""
+
+    # -------------------------------------------------------------- lifecycle
+    def start(self) -> None:
+        """Spawn the engine and return at once, so both sides boot concurrently; the first
+        ``measure`` waits for it to be ready (and reports a failed start-up as its error)."""
+        self.start_error = ""
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            extra = serving_env(self.worktree)
+        except WorkerError as exc:
+            self.start_error = str(exc)
+            return
+        env = child_env({**self.env, **extra}, self.worktree, None, self.log_path)
+        env["PYTHONPATH"] = str(self.worktree)
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        rfd, wfd = os.pipe()
+        log = open(self.log_path, "ab")
+        try:
+            self.proc = subprocess.Popen(
+                [self.python, str(WORKER), "--fd", str(wfd), json.dumps(self.spec)],
+                cwd=str(self.worktree), env=env, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
+                pass_fds=(wfd,), start_new_session=True,
+            )
+        finally:
+            os.close(wfd)
+            log.close()
+        self._rfd = rfd
+
+    def wait_ready(self) -> None:
+        if self.ready or self.start_error or self.proc is None:
+            return
+        try:
+            msg = self._read(self.startup_timeout_s, "engine start-up")
+            if msg.get("event") != "ready":
+                raise WorkerError(f"unexpected first message from the worker: {msg}")
+            self.ready = msg
+        except WorkerError as exc:
+            self.start_error = str(exc)
+
+    def measure(self, seed: int) -> TrialOutcome:
+        self.wait_ready()
+        t0 = time.perf_counter()
+        if self.proc is None and not self.start_error:
+            self.start_error = "engine was not started"
+        if self.start_error:
+            return TrialOutcome(False, None, {}, 0.0, self.start_error, self.log_tail())
+        try:
+            self._send({"cmd": "measure", "seed": seed})
+            msg = self._read(self.timeout_s, "measurement")
+        except WorkerError as exc:
+            return TrialOutcome(False, None, {}, time.perf_counter() - t0, str(exc), self.log_tail())
+        metrics = dict(msg.get("metrics", {}))
+        metrics["engine_startup_s"] = self.ready.get("startup_s")
+        err = metric_error(metrics, self.metric)
+        if err:
+            return TrialOutcome(False, None, metrics, time.perf_counter() - t0, err, self.log_tail())
+        return TrialOutcome(True, float(metrics[self.metric]), metrics, time.perf_counter() - t0)
+
+    def request(self, cmd: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        """Send any command (e.g. logprobs) and wait for its answer."""
+        self.wait_ready()
+        if self.start_error:
+            raise WorkerError(self.start_error)
+        self._send(cmd)
+        return self._read(timeout_s, cmd.get("cmd", "request"))
+
+    def close(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return
+        try:
+            if proc.poll() is None and proc.stdin:
+                try:
+                    proc.stdin.write(b'{"cmd": "quit"}\n')
+                    proc.stdin.flush()
+                    proc.stdin.close()
+                except (BrokenPipeError, OSError):
+                    pass
+                try:
+                    proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    pass
+        finally:
+            # the engine's own child processes share the worker's process group
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+                time.sleep(0.2)
+            except (ProcessLookupError, PermissionError):
+                pass
+            kill_group(proc)
+            proc.wait()
+            if self._rfd is not None:
+                os.close(self._rfd)
+                self._rfd = None
+
+    # -------------------------------------------------------------- plumbing
+    def log_tail(self, lines: int = 25) -> str:
+        try:
+            return tail(self.log_path.read_text(errors="replace"), lines, 4000)
+        except OSError:
+            return ""
+
+    def _engine_error(self) -> str:
+        """The most telling line of the log: the last exception line, if any."""
+        lines = [l for l in self.log_tail(200).splitlines() if l.strip()]
+        for line in reversed(lines):
+            core = line.split("] ", 1)[-1].strip()
+            if any(k in core for k in ("Error", "Exception", "error:")) and not core.startswith("File "):
+                return core[:500]
+        return lines[-1][:500] if lines else "no output"
+
+    def _send(self, obj: dict[str, Any]) -> None:
+        assert self.proc is not None and self.proc.stdin is not None
+        try:
+            self.proc.stdin.write((json.dumps(obj) + "\n").encode())
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            raise WorkerError(f"engine process died: {self._engine_error()}") from None
+
+    def _read(self, timeout_s: float, what: str) -> dict[str, Any]:
+        assert self._rfd is not None and self.proc is not None
+        deadline = time.monotonic() + timeout_s
+        while b"\n" not in self._buf:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise WorkerError(f"{what} timed out after {timeout_s:g} s")
+            ready, _, _ = select.select([self._rfd], [], [], min(left, 1.0))
+            if ready:
+                chunk = os.read(self._rfd, 65536)
+                if not chunk:
+                    self.proc.wait(timeout=30)
+                    raise WorkerError(f"engine exited with status {self.proc.returncode} during {what}: {self._engine_error()}")
+                self._buf += chunk
+        line, self._buf = self._buf.split(b"\n", 1)
+        msg = json.loads(line)
+        if msg.get("event") == "error":
+            raise WorkerError(f"engine error during {what}: {msg.get('error')}")
+        return msg

@@ -1,0 +1,195 @@
+"""A warm vLLM engine that serves many measurement rounds. Runs INSIDE the candidate's
+environment (PYTHONPATH = the candidate worktree), so ``import vllm`` is the candidate's code.
+
+Self-contained: standard library + vllm only (never imports agentsearch or harness).
+
+Protocol: the spec is a JSON argument; results go to the file descriptor ``--fd`` as JSON
+lines (vLLM's own logs stay on stdout/stderr). Commands arrive on stdin as JSON lines:
+``{"cmd": "measure", "seed": N}`` -> ``{"event": "result", "metrics": {...}}``;
+``{"cmd": "logprobs", "prompts": PATH, "out": PATH, ...}`` -> ``{"event": "done"}``;
+``{"cmd": "quit"}``. On start-up: ``{"event": "ready", "startup_s": ..., "vllm_file": ...}``.
+Any exception: ``{"event": "error", "error": "..."}`` and exit status 1.
+
+    python vllm_worker.py --fd 3 '{"kind": "vllm-throughput", "model": ..., "engine": {...}, "params": {...}}'
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import sys
+import time
+import traceback
+
+SERVING_FILE = "serving.json"  # the fork's serving config: engine arguments proposals may change
+
+
+def lengths(rng: random.Random, n: int, mean: int, dist: str, lo: int = 4, hi: int | None = None) -> list[int]:
+    """n lengths around ``mean`` from a seeded distribution: fixed, uniform or zipf."""
+    hi = hi or 2 * mean
+    if dist == "fixed":
+        return [mean] * n
+    if dist == "uniform":
+        return [rng.randint(max(lo, mean // 2), max(lo, mean + mean // 2)) for _ in range(n)]
+    if dist == "zipf":
+        # heavy tail: most requests short, a few long; scaled so the mean is about ``mean``
+        raw = [1.0 / (rng.random() ** (1 / 1.5)) for _ in range(n)]
+        scale = mean / (sum(raw) / n)
+        return [int(min(hi * 4, max(lo, round(r * scale)))) for r in raw]
+    raise ValueError(f"unknown length distribution {dist!r} (fixed, uniform, zipf)")
+
+
+def make_prompts(seed: int, n: int, input_len: int, output_len: int, dist: str, vocab: int):
+    rng = random.Random(seed)
+    ins = lengths(rng, n, input_len, dist)
+    outs = lengths(rng, n, output_len, dist)
+    prompts = [[rng.randrange(10, vocab) for _ in range(k)] for k in ins]
+    return prompts, outs
+
+
+class Engine:
+    def __init__(self, spec: dict):
+        self.spec = spec
+        t0 = time.perf_counter()
+        import vllm
+        from vllm import LLM
+
+        self.vllm = vllm
+        self.import_s = time.perf_counter() - t0
+        engine = dict(spec.get("engine", {}))
+        serving = os.path.join(os.getcwd(), SERVING_FILE)
+        if os.path.exists(serving):
+            with open(serving) as fh:
+                engine.update(json.load(fh).get("engine", {}))
+        self.engine_args = engine
+        t1 = time.perf_counter()
+        self.llm = LLM(model=spec["model"], **engine)
+        self.startup_s = time.perf_counter() - t1
+        self.vocab = int(spec.get("vocab", 16000))
+
+    def measure(self, seed: int) -> dict:
+        kind = self.spec["kind"]
+        p = self.spec.get("params", {})
+        if kind == "vllm-throughput":
+            return self.throughput(seed, p)
+        if kind == "vllm-latency":
+            return self.latency(seed, p)
+        raise ValueError(f"this worker does not run {kind!r}")
+
+    def _sampling(self, max_tokens: int, p: dict):
+        from vllm import SamplingParams
+
+        return SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=float(p.get("temperature", 0.0)), seed=None)
+
+    def throughput(self, seed: int, p: dict) -> dict:
+        from vllm.inputs import TokensPrompt
+
+        prompts, outs = make_prompts(seed, int(p.get("prompts", 64)), int(p.get("input_len", 64)), int(p.get("output_len", 64)), p.get("length_dist", "fixed"), self.vocab)
+        reqs = [TokensPrompt(prompt_token_ids=x) for x in prompts]
+        sps = [self._sampling(o, p) for o in outs]
+        t0 = time.perf_counter()
+        results = self.llm.generate(reqs, sps, use_tqdm=False)
+        dt = time.perf_counter() - t0
+        out_tokens = sum(len(r.outputs[0].token_ids) for r in results)
+        in_tokens = sum(len(x) for x in prompts)
+        if out_tokens != sum(outs):
+            raise RuntimeError(f"generated {out_tokens} tokens, expected {sum(outs)}")
+        return {
+            "output_tok_s": out_tokens / dt, "total_tok_s": (out_tokens + in_tokens) / dt,
+            "requests_s": len(reqs) / dt, "elapsed_s": dt, "output_tokens": out_tokens,
+            "startup_s": self.startup_s,
+        }
+
+    def latency(self, seed: int, p: dict) -> dict:
+        from vllm.inputs import TokensPrompt
+
+        batch, iters = int(p.get("batch_size", 8)), int(p.get("iterations", 5))
+        prompts, _ = make_prompts(seed, batch, int(p.get("input_len", 64)), int(p.get("output_len", 32)), "fixed", self.vocab)
+        reqs = [TokensPrompt(prompt_token_ids=x) for x in prompts]
+        sp = self._sampling(int(p.get("output_len", 32)), p)
+        self.llm.generate(reqs, sp, use_tqdm=False)  # warm-up, not measured
+        lat = []
+        for _ in range(iters):
+            t0 = time.perf_counter()
+            self.llm.generate(reqs, sp, use_tqdm=False)
+            lat.append(time.perf_counter() - t0)
+        lat.sort()
+
+        def pct(q: float) -> float:
+            k = min(len(lat) - 1, max(0, math.ceil(q * len(lat)) - 1))
+            return lat[k]
+
+        return {
+            "latency_mean_s": sum(lat) / len(lat), "latency_p50_s": pct(0.5), "latency_p90_s": pct(0.9),
+            "latency_p99_s": pct(0.99), "iterations": iters, "startup_s": self.startup_s,
+        }
+
+    def logprobs(self, cmd: dict) -> None:
+        """The logprob contract of DESIGN.md: prefill (teacher-forced) and greedy decode paths."""
+        from vllm import SamplingParams
+
+        k = int(cmd.get("k", 20))
+        max_tokens = int(cmd.get("max_tokens", 16))
+        with open(cmd["prompts"]) as fh:
+            items = [json.loads(line) for line in fh if line.strip()]
+        texts = [it["text"] for it in items]
+        pre = SamplingParams(max_tokens=1, prompt_logprobs=k, temperature=0.0)
+        dec = SamplingParams(max_tokens=max_tokens, logprobs=k, temperature=0.0)
+        r_pre = self.llm.generate(texts, pre, use_tqdm=False)
+        r_dec = self.llm.generate(texts, dec, use_tqdm=False)
+
+        def top(d):
+            if d is None:
+                return None
+            pairs = sorted(((int(t), float(lp.logprob)) for t, lp in d.items()), key=lambda x: -x[1])
+            return [[t, lp] for t, lp in pairs[:k]]
+
+        with open(cmd["out"], "w") as out:
+            for it, a, b in zip(items, r_pre, r_dec):
+                out.write(json.dumps({"id": it["id"], "path": "prefill", "tokens": list(a.prompt_token_ids), "topk": [top(d) for d in a.prompt_logprobs]}) + "\n")
+                o = b.outputs[0]
+                out.write(json.dumps({"id": it["id"], "path": "decode", "tokens": list(o.token_ids), "topk": [top(d) for d in o.logprobs]}) + "\n")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--fd", type=int, required=True)
+    ap.add_argument("spec")
+    args = ap.parse_args()
+    out = os.fdopen(args.fd, "w", buffering=1)
+
+    def send(obj: dict) -> None:
+        out.write(json.dumps(obj) + "\n")
+        out.flush()
+
+    try:
+        spec = json.loads(args.spec)
+        eng = Engine(spec)
+        send({"event": "ready", "startup_s": eng.startup_s, "import_s": eng.import_s, "vllm_file": eng.vllm.__file__,
+              "vllm_version": getattr(eng.vllm, "__version__", "?"), "engine_args": eng.engine_args})
+        for line in sys.stdin:
+            if not line.strip():
+                continue
+            cmd = json.loads(line)
+            if cmd["cmd"] == "quit":
+                break
+            if cmd["cmd"] == "measure":
+                send({"event": "result", "metrics": eng.measure(int(cmd["seed"]))})
+            elif cmd["cmd"] == "logprobs":
+                eng.logprobs(cmd)
+                send({"event": "done"})
+            else:
+                raise ValueError(f"unknown command {cmd['cmd']!r}")
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent, then exit 1
+        last = traceback.format_exc().strip().splitlines()[-1]
+        send({"event": "error", "error": f"{type(exc).__name__}: {exc}"[:2000], "last": last})
+        sys.stderr.write(traceback.format_exc())
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
