@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from harness import environment
+from harness.engine_session import EnginePool
 from harness.interleave import run_interleaved
 from harness.sequential import OK, Decision, SequentialDesign
-from harness.statistics import NoisePrior, cv, drift, noise_prior, outliers, paired_estimate, pairs_for_power
+from harness.statistics import NoisePrior, between_variance, cv, drift, noise_prior, outliers, paired_estimate, pairs_for_power
 from harness.trials import BASELINE, CANDIDATE
 
 from .config import Config, WorkloadConfig
@@ -46,6 +47,8 @@ class WorkloadNoise:
     aa_speedup: float
     aa_ci: tuple[float, float]
     pairs_needed: int
+    sessions: int = 1
+    between_var: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -66,11 +69,11 @@ def _fixed_design(n: int) -> SequentialDesign:
     return SequentialDesign(alpha=0.05, min_pairs=n, max_pairs=n, look_every=n)
 
 
-def _done(design: SequentialDesign, d: list[float], prior: NoisePrior | None) -> Decision:
+def _done(design: SequentialDesign, d: list[float], prior: NoisePrior | None, clusters: list[int] | None = None) -> Decision:
     return Decision(OK, "calibration complete", paired_estimate(d), 0.0)
 
 
-def analyze(name: str, run_trials: list, d: list[float], config: Config) -> WorkloadNoise:
+def analyze(name: str, run_trials: list, d: list[float], config: Config, sessions: list[int] | None = None) -> WorkloadNoise:
     values = [t.value for t in sorted(run_trials, key=lambda t: (t.pair, t.position))]
     base_values = [t.value for t in run_trials if t.side == BASELINE]
     cand_values = [t.value for t in run_trials if t.side == CANDIDATE]
@@ -82,11 +85,13 @@ def analyze(name: str, run_trials: list, d: list[float], config: Config) -> Work
     dr = drift(values)
     level = config.gate.proposal_alpha * 0.8  # the final look's share (harness.sequential)
     sd = prior.var**0.5
+    tau2, r = between_variance(d, sessions) if sessions else (0.0, 1)
     return WorkloadNoise(
         workload=name, pairs=len(d), cv=pystats.mean([cv(base_values), cv(cand_values)]),
         sd_log_ratio=sd, var=prior.var, df=prior.df, drift_per_100=dr.slope_per_100, drift_p=dr.p_value,
         outliers=outliers(d), order_effect=order_effect, aa_speedup=est.speedup, aa_ci=est.ci(),
         pairs_needed=pairs_for_power(sd, config.gate.min_effect, level, 0.9, df_prior=prior.df),
+        sessions=r, between_var=tau2,
     )
 
 
@@ -99,13 +104,14 @@ def calibrate(ws: Workspace, pairs: int = 30, progress: Callable[[str, str], Non
     scratch = ws.state / "tmp" / tag
     worktrees: dict[str, Path] = {}
     results: dict[str, WorkloadNoise] = {}
+    pool = EnginePool()
     try:
         for side in (BASELINE, CANDIDATE):
             worktrees[side] = ws.checkout(base, f"{tag}-{side}")
         from .evaluation import seed_sequence
 
         for w in config.workloads:
-            factory = session_factory(config, w, worktrees, scratch)
+            factory = session_factory(config, w, worktrees, scratch, pool)
             run = run_interleaved(
                 w.name, factory, _fixed_design(pairs), _done, seed_sequence(master, w.name), w.higher_is_better,
                 restarts=restarts_for(w),
@@ -113,8 +119,9 @@ def calibrate(ws: Workspace, pairs: int = 30, progress: Callable[[str, str], Non
             )
             if run.failure:
                 raise AgentsearchError(f"calibration of {w.name!r} failed: {run.failure}")
-            results[w.name] = analyze(w.name, run.trials, run.log_ratios, config)
+            results[w.name] = analyze(w.name, run.trials, run.log_ratios, config, run.sessions)
     finally:
+        pool.close()
         for path in worktrees.values():
             ws.remove_worktree(path)
         shutil.rmtree(scratch, ignore_errors=True)
@@ -155,4 +162,4 @@ def prior_for(cal: Calibration | None, config: Config, w: WorkloadConfig) -> Noi
     noise = cal.workloads.get(w.name)
     if noise is None or noise.df < 1:
         return None
-    return NoisePrior(var=noise.var, df=noise.df)
+    return NoisePrior(var=noise.var, df=noise.df, between_var=noise.between_var)

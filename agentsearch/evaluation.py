@@ -29,6 +29,8 @@ from . import calibration
 from .config import Config, GateConfig, WorkloadConfig
 from .errors import AgentsearchError
 from .gate import Check, Status, Verdict, judge
+from harness.engine_session import EnginePool
+
 from .workloads import restarts_for, session_factory
 from .workspace import Workspace
 
@@ -99,7 +101,18 @@ class Evaluation:
     config_fingerprint: str
     environment: dict[str, str]
     wall_s: float
+    engine_wait_s: float = 0.0  # wall time spent waiting for engines to start and stop
     schema_version: int = EVALUATION_SCHEMA
+
+    def timing(self) -> dict[str, float]:
+        """Wall time split: engine start-up/shutdown, measurement, orchestration overhead."""
+        measurement = sum(t.wall_s for t in self.trials)
+        overhead = max(0.0, self.wall_s - measurement - self.engine_wait_s)
+        return {
+            "wall_s": round(self.wall_s, 3), "engine_s": round(self.engine_wait_s, 3),
+            "measurement_s": round(measurement, 3), "overhead_s": round(overhead, 3),
+            "overhead_pct": round(100 * overhead / self.wall_s, 2) if self.wall_s else 0.0,
+        }
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -116,6 +129,7 @@ class Evaluation:
             "config_fingerprint": self.config_fingerprint,
             "environment": self.environment,
             "wall_s": round(self.wall_s, 3),
+            "timing": self.timing(),
             "trials": [dataclasses.asdict(t) for t in self.trials],
         }
 
@@ -143,6 +157,7 @@ class _State:
     checks: list[Check] = field(default_factory=list)
     summaries: dict[str, WorkloadSummary] = field(default_factory=dict)
     confirmation: WorkloadSummary | None = None
+    engine_wait_s: float = 0.0
     trials: list[TrialRecord] = field(default_factory=list)
 
     def add(self, name: str, status: Status, detail: str = "") -> None:
@@ -176,7 +191,7 @@ def evaluate(
         ref=ref, baseline=base, candidate=cand, seed=master, verdict=verdict, workloads=st.summaries,
         confirmation=st.confirmation,
         trials=tuple(st.trials), config_fingerprint=config.fingerprint(), environment=env,
-        wall_s=time.perf_counter() - t0,
+        wall_s=time.perf_counter() - t0, engine_wait_s=st.engine_wait_s,
     )
 
 
@@ -215,6 +230,15 @@ def _run_checks(ws: Workspace, config: Config, base: str, cand: str, master: int
 
 
 def _measure(ws: Workspace, config: Config, worktrees: dict[str, Path], scratch: Path, master: int, alpha: float | None, st: _State, say: Progress) -> None:
+    pool = EnginePool()
+    try:
+        _measure_with(ws, config, worktrees, scratch, master, alpha, st, say, pool)
+    finally:
+        pool.close()
+        st.engine_wait_s += pool.wait_s
+
+
+def _measure_with(ws: Workspace, config: Config, worktrees: dict[str, Path], scratch: Path, master: int, alpha: float | None, st: _State, say: Progress, pool: EnginePool) -> None:
     design = design_for(config.gate, alpha)
     objective = config.objective
     cal = calibration.load(ws)
@@ -227,7 +251,7 @@ def _measure(ws: Workspace, config: Config, worktrees: dict[str, Path], scratch:
 
     def run(w: WorkloadConfig, role: str) -> WorkloadRun | None:
         try:
-            factory = session_factory(config, w, worktrees, scratch)
+            factory = session_factory(config, w, worktrees, scratch, pool)
         except AgentsearchError as exc:
             st.add(check_of[role], Status.FAIL, str(exc))
             return None

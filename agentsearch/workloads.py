@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from harness import tiny_model
-from harness.engine_session import WorkerSession
+from harness.engine_session import EnginePool
 from harness.interleave import CommandSession, Session, SessionFactory
 from harness.trials import BASELINE, CommandSpec
 
@@ -17,10 +17,14 @@ class UnsupportedWorkload(AgentsearchError):
     pass
 
 
-def session_factory(config: Config, workload: WorkloadConfig, worktrees: dict[str, Path], scratch: Path) -> SessionFactory:
-    """A factory (side, restart) -> Session for ``workload`` with each side in its worktree."""
+def session_factory(config: Config, workload: WorkloadConfig, worktrees: dict[str, Path], scratch: Path, pool: EnginePool | None = None) -> SessionFactory:
+    """A factory (side, restart) -> Session for ``workload`` with each side in its worktree.
+
+    Warm-engine workloads lease their engines from ``pool`` (the caller closes it)."""
     if workload.kind in ("vllm-throughput", "vllm-latency"):
-        return engine_factory(config, workload, worktrees, scratch)
+        if pool is None:
+            raise ValueError("warm-engine workloads need an EnginePool")
+        return engine_factory(config, workload, worktrees, scratch, pool)
     if workload.kind != "command":
         raise UnsupportedWorkload(f"workload {workload.name!r}: kind {workload.kind!r} is not supported by this version yet")
     assert workload.command
@@ -54,14 +58,13 @@ def engine_spec(workload: WorkloadConfig) -> dict:
     return {"kind": workload.kind, "model": model_path(workload), "engine": engine, "params": dict(workload.params)}
 
 
-def engine_factory(config: Config, workload: WorkloadConfig, worktrees: dict[str, Path], scratch: Path) -> SessionFactory:
+def engine_factory(config: Config, workload: WorkloadConfig, worktrees: dict[str, Path], scratch: Path, pool: EnginePool) -> SessionFactory:
     spec = engine_spec(workload)
 
     def make(side: str, restart: int) -> Session:
-        return WorkerSession(
-            spec, worktrees[side], {**config.target.env, **workload.env},
-            scratch / f"{workload.name}-{side}-{restart}.log", workload.metric, workload.timeout_s,
-            workload.startup_timeout_s,
+        return pool.lease(
+            spec, worktrees[side], {**config.target.env, **workload.env}, scratch, side, restart,
+            workload.metric, workload.timeout_s, workload.startup_timeout_s,
         )
 
     return make

@@ -65,6 +65,7 @@ class WorkerSession:
         self._rfd: int | None = None
         self._buf = b""
         self.start_error = ""
+        self.wait_s = 0.0  # wall time spent waiting for start-up and shutdown
 
     # -------------------------------------------------------------- lifecycle
     def start(self) -> None:
@@ -96,6 +97,7 @@ class WorkerSession:
     def wait_ready(self) -> None:
         if self.ready or self.start_error or self.proc is None:
             return
+        t0 = time.perf_counter()
         try:
             msg = self._read(self.startup_timeout_s, "engine start-up")
             if msg.get("event") != "ready":
@@ -103,8 +105,11 @@ class WorkerSession:
             self.ready = msg
         except WorkerError as exc:
             self.start_error = str(exc)
+        finally:
+            self.wait_s += time.perf_counter() - t0
 
-    def measure(self, seed: int) -> TrialOutcome:
+    def measure(self, seed: int, kind: str | None = None, params: Mapping[str, Any] | None = None, metric: str | None = None) -> TrialOutcome:
+        metric = metric or self.metric
         self.wait_ready()
         t0 = time.perf_counter()
         if self.proc is None and not self.start_error:
@@ -112,16 +117,21 @@ class WorkerSession:
         if self.start_error:
             return TrialOutcome(False, None, {}, 0.0, self.start_error, self.log_tail())
         try:
-            self._send({"cmd": "measure", "seed": seed})
+            cmd: dict[str, Any] = {"cmd": "measure", "seed": seed}
+            if kind:
+                cmd["kind"] = kind
+            if params is not None:
+                cmd["params"] = dict(params)
+            self._send(cmd)
             msg = self._read(self.timeout_s, "measurement")
         except WorkerError as exc:
             return TrialOutcome(False, None, {}, time.perf_counter() - t0, str(exc), self.log_tail())
         metrics = dict(msg.get("metrics", {}))
         metrics["engine_startup_s"] = self.ready.get("startup_s")
-        err = metric_error(metrics, self.metric)
+        err = metric_error(metrics, metric)
         if err:
             return TrialOutcome(False, None, metrics, time.perf_counter() - t0, err, self.log_tail())
-        return TrialOutcome(True, float(metrics[self.metric]), metrics, time.perf_counter() - t0)
+        return TrialOutcome(True, float(metrics[metric]), metrics, time.perf_counter() - t0)
 
     def request(self, cmd: dict[str, Any], timeout_s: float) -> dict[str, Any]:
         """Send any command (e.g. logprobs) and wait for its answer."""
@@ -135,6 +145,7 @@ class WorkerSession:
         proc, self.proc = self.proc, None
         if proc is None:
             return
+        t0 = time.perf_counter()
         try:
             if proc.poll() is None and proc.stdin:
                 try:
@@ -159,6 +170,7 @@ class WorkerSession:
             if self._rfd is not None:
                 os.close(self._rfd)
                 self._rfd = None
+            self.wait_s += time.perf_counter() - t0
 
     # -------------------------------------------------------------- plumbing
     def log_tail(self, lines: int = 25) -> str:
@@ -203,3 +215,61 @@ class WorkerSession:
         if msg.get("event") == "error":
             raise WorkerError(f"engine error during {what}: {msg.get('error')}")
         return msg
+
+
+class EnginePool:
+    """Warm engines shared by every phase and workload of one evaluation.
+
+    Workloads whose engine (model, engine arguments, environment) is the same reuse the same
+    warm process per side and restart index: objective, guard and confirmation rounds do not
+    pay another start-up. ``close()`` ends them all.
+    """
+
+    def __init__(self) -> None:
+        self.engines: dict[str, WorkerSession] = {}
+        self.wait_s = 0.0
+
+    def lease(self, spec: Mapping[str, Any], worktree: Path, env: Mapping[str, str], log_dir: Path, side: str,
+              restart: int, metric: str, timeout_s: float, startup_timeout_s: float) -> "EngineLease":
+        ident = json.dumps({"model": spec["model"], "engine": spec.get("engine", {}), "env": dict(env), "wt": str(worktree)}, sort_keys=True)
+        key = f"{side}/{restart}/{ident}"
+        if key not in self.engines:
+            n = len(self.engines)
+            self.engines[key] = WorkerSession(
+                spec, worktree, env, log_dir / f"engine-{side}-{restart}-{n}.log", metric, timeout_s, startup_timeout_s,
+            )
+        return EngineLease(self, key, spec["kind"], spec.get("params", {}), metric)
+
+    def close(self) -> None:
+        first: BaseException | None = None
+        for eng in self.engines.values():
+            try:
+                eng.close()
+            except BaseException as exc:  # noqa: BLE001 - close the others too
+                first = first or exc
+            self.wait_s += eng.wait_s
+        self.engines.clear()
+        if first is not None:
+            raise first
+
+
+class EngineLease:
+    """A Session view of a pooled engine: start() boots it once, close() leaves it warm."""
+
+    def __init__(self, pool: EnginePool, key: str, kind: str, params: Mapping[str, Any], metric: str):
+        self.pool, self.key, self.kind, self.params, self.metric = pool, key, kind, params, metric
+
+    @property
+    def engine(self) -> WorkerSession:
+        return self.pool.engines[self.key]
+
+    def start(self) -> None:
+        eng = self.engine
+        if eng.proc is None and not eng.start_error:
+            eng.start()
+
+    def measure(self, seed: int) -> TrialOutcome:
+        return self.engine.measure(seed, self.kind, self.params, self.metric)
+
+    def close(self) -> None:
+        pass

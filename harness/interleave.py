@@ -46,7 +46,7 @@ class CommandSession:
 
 
 SessionFactory = Callable[[str, int], Session]  # (side, restart index) -> Session
-Decide = Callable[[SequentialDesign, list[float], NoisePrior | None], Decision]
+Decide = Callable[..., Decision]  # (design, log_ratios, prior, clusters=...) -> Decision
 
 
 @dataclass
@@ -56,6 +56,7 @@ class WorkloadRun:
     workload: str
     trials: list[TrialRecord] = field(default_factory=list)
     log_ratios: list[float] = field(default_factory=list)
+    sessions: list[int] = field(default_factory=list)  # engine session of each pair
     decision: Decision | None = None
     failure: str | None = None
 
@@ -121,10 +122,11 @@ def run_interleaved(
                 assert b is not None and c is not None
                 r = math.log(c / b)
                 run.log_ratios.append(r if higher_is_better else -r)
+                run.sessions.append(idx)
                 pair += 1
                 if on_pair:
                     on_pair(run)
-            decision = decide(design, run.log_ratios, prior)
+            decision = decide(design, run.log_ratios, prior, clusters=run.sessions if restarts > 1 else None)
             run.decision = decision
             if decision.action != CONTINUE:
                 return run

@@ -82,10 +82,10 @@ class Decision:
     level: float
 
 
-def decide_objective(design: SequentialDesign, d: Sequence[float], prior: NoisePrior | None = None) -> Decision:
+def decide_objective(design: SequentialDesign, d: Sequence[float], prior: NoisePrior | None = None, clusters: Sequence[int] | None = None) -> Decision:
     """Decision at a look for the objective workload: win, lose, continue, or inconclusive."""
     n = len(d)
-    est = paired_estimate(d, prior)
+    est = paired_estimate(d, prior, clusters=clusters)
     level = design.level(n)
     target = math.log1p(design.min_effect)
     p = est.p_better()
@@ -125,10 +125,10 @@ def sprt_llr(design: SequentialDesign, d: Sequence[float], prior: NoisePrior | N
     return n * (d1 * float(x.mean()) - d1 * d1 / 2) / var
 
 
-def decide_guard(design: SequentialDesign, d: Sequence[float], prior: NoisePrior | None = None) -> Decision:
+def decide_guard(design: SequentialDesign, d: Sequence[float], prior: NoisePrior | None = None, clusters: Sequence[int] | None = None) -> Decision:
     """Decision for a non-objective workload: it must not regress significantly."""
     n = len(d)
-    est = paired_estimate(d, prior)
+    est = paired_estimate(d, prior, clusters=clusters)
     p = est.p_worse()
     floor = 1 - design.max_regression
     if p < design.regression_alpha and est.speedup < floor:
@@ -147,9 +147,9 @@ def confirmation_design(pairs: int) -> SequentialDesign:
     return SequentialDesign(alpha=0.5, min_pairs=pairs, max_pairs=pairs, look_every=pairs)
 
 
-def decide_confirmation(design: SequentialDesign, d: Sequence[float], prior: NoisePrior | None = None) -> Decision:
+def decide_confirmation(design: SequentialDesign, d: Sequence[float], prior: NoisePrior | None = None, clusters: Sequence[int] | None = None) -> Decision:
     """The win holds on fresh seeds when the confirmation run also measures a speedup."""
-    est = paired_estimate(d, prior)
+    est = paired_estimate(d, prior, clusters=clusters)
     if est.mean > 0:
         return Decision(OK, f"confirmed on fresh seeds: {est.speedup - 1:+.2%} over {len(d)} pairs", est, 0.0)
     return Decision(NOT_CONFIRMED, f"did not hold on fresh seeds: {est.speedup - 1:+.2%} over {len(d)} pairs", est, 0.0)

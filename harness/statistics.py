@@ -35,10 +35,11 @@ class NoisePrior:
 
     var: float
     df: int
+    between_var: float = 0.0  # variance of the session (engine restart) effect on the mean
 
     def __post_init__(self) -> None:
-        if not (self.var >= 0 and math.isfinite(self.var)) or self.df < 1:
-            raise ValueError(f"bad noise prior: var={self.var}, df={self.df}")
+        if not (self.var >= 0 and math.isfinite(self.var)) or self.df < 1 or not self.between_var >= 0:
+            raise ValueError(f"bad noise prior: var={self.var}, df={self.df}, between_var={self.between_var}")
 
 
 @dataclass(frozen=True)
@@ -119,8 +120,27 @@ def winsorize(d: Sequence[float], k: float = WINSOR_K, floor_scale: float = 0.0,
     return np.clip(x, lo, hi).tolist(), clipped
 
 
-def paired_estimate(d: Sequence[float], prior: NoisePrior | None = None, k: float = WINSOR_K) -> PairedEstimate:
-    """Estimate from paired log-ratios (at least 2), optionally pooled with a calibration."""
+def between_variance(x: Sequence[float], clusters: Sequence[int]) -> tuple[float, int]:
+    """(tau², number of clusters): the variance of the cluster (session) effect, method of moments."""
+    groups: dict[int, list[float]] = {}
+    for v, c in zip(x, clusters):
+        groups.setdefault(c, []).append(v)
+    r = len(groups)
+    if r < 2:
+        return 0.0, r
+    means = np.array([np.mean(g) for g in groups.values()])
+    within = [np.var(g, ddof=1) / len(g) for g in groups.values() if len(g) > 1]
+    noise = float(np.mean(within)) if within else 0.0
+    return max(0.0, float(means.var(ddof=1)) - noise), r
+
+
+def paired_estimate(d: Sequence[float], prior: NoisePrior | None = None, k: float = WINSOR_K, clusters: Sequence[int] | None = None) -> PairedEstimate:
+    """Estimate from paired log-ratios (at least 2), optionally pooled with a calibration.
+
+    ``clusters`` (the engine session of each pair) adds the second level of replication:
+    se² = var/n + tau²/R, with tau² the between-session variance (from these pairs when
+    they span two or more sessions, else from the calibration).
+    """
     if len(d) < 2:
         raise ValueError("need at least 2 pairs")
     floor = math.sqrt(prior.var) if prior else 0.0
@@ -135,7 +155,15 @@ def paired_estimate(d: Sequence[float], prior: NoisePrior | None = None, k: floa
     if prior is not None and not noisier_than(var_n, n - 1, prior):
         var = (prior.df * prior.var + (n - 1) * var_n) / (prior.df + n - 1)
         df, pooled = prior.df + n - 1, True
-    return PairedEstimate(n=n, mean=mean, se=math.sqrt(var / n), df=df, winsorized=clipped, pooled=pooled)
+    se2 = var / n
+    if clusters is not None:
+        if len(clusters) != n:
+            raise ValueError("one cluster id per pair")
+        tau2, r = between_variance(x.tolist(), clusters)
+        if r < 2 and prior is not None:
+            tau2 = prior.between_var
+        se2 += tau2 / max(1, r)
+    return PairedEstimate(n=n, mean=mean, se=math.sqrt(se2), df=df, winsorized=clipped, pooled=pooled)
 
 
 def noisier_than(var: float, df: int, prior: NoisePrior, level: float = 0.05) -> bool:

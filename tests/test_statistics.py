@@ -127,3 +127,18 @@ def test_guard_detects_regression_and_accepts_neutral():
     assert decide_guard(des, slow).action == REGRESSED
     neutral = rng.normal(0.0, 0.005, 20).tolist()
     assert decide_guard(des, neutral).action == OK
+
+
+def test_session_effects_widen_the_interval():
+    rng = np.random.default_rng(6)
+    # two engine sessions whose random effects differ by 4%: the pairs inside each look precise
+    d = (rng.normal(0.02, 0.005, 10) + 0.0).tolist() + (rng.normal(-0.02, 0.005, 10)).tolist()
+    clusters = [0] * 10 + [1] * 10
+    flat = paired_estimate(d)
+    nested = paired_estimate(d, clusters=clusters)
+    assert nested.se > 2 * flat.se
+    # without a session effect the second level adds (almost) nothing
+    e = rng.normal(0.0, 0.01, 20).tolist()
+    assert paired_estimate(e, clusters=clusters).se == pytest.approx(paired_estimate(e).se, rel=0.5)
+    with pytest.raises(ValueError):
+        paired_estimate(e, clusters=[0, 1])

@@ -125,7 +125,7 @@ def test_restarts_open_fresh_sessions_and_always_close(tmp_path):
 
     from harness.sequential import CONTINUE, Decision
 
-    def never_stop(design, d, prior):
+    def never_stop(design, d, prior, clusters=None):
         return Decision(CONTINUE, "", None, 0.0)  # type: ignore[arg-type]
 
     design = SequentialDesign(alpha=0.005, min_pairs=3, max_pairs=8)

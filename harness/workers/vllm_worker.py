@@ -70,9 +70,9 @@ class Engine:
         self.startup_s = time.perf_counter() - t1
         self.vocab = int(spec.get("vocab", 16000))
 
-    def measure(self, seed: int) -> dict:
-        kind = self.spec["kind"]
-        p = self.spec.get("params", {})
+    def measure(self, seed: int, kind: str | None = None, params: dict | None = None) -> dict:
+        kind = kind or self.spec["kind"]
+        p = self.spec.get("params", {}) if params is None else params
         if kind == "vllm-throughput":
             return self.throughput(seed, p)
         if kind == "vllm-latency":
@@ -177,7 +177,7 @@ def main() -> int:
             if cmd["cmd"] == "quit":
                 break
             if cmd["cmd"] == "measure":
-                send({"event": "result", "metrics": eng.measure(int(cmd["seed"]))})
+                send({"event": "result", "metrics": eng.measure(int(cmd["seed"]), cmd.get("kind"), cmd.get("params"))})
             elif cmd["cmd"] == "logprobs":
                 eng.logprobs(cmd)
                 send({"event": "done"})
