@@ -109,6 +109,24 @@ def evaluate(target: Path, as_json: bool, ref: str, seed: int | None, keep_workt
     run_command(run, target=target, as_json=as_json, ref=ref, seed=seed, keep_worktrees=keep_worktrees)
 
 
+@main.group(context_settings=CONTEXT)
+def model() -> None:
+    """Models for measuring: the tiny model built offline."""
+
+
+@model.command("tiny", context_settings=CONTEXT)
+@click.argument("directory", required=False, type=click.Path(path_type=Path))
+def model_tiny(directory: Path | None) -> None:
+    """Build the tiny Llama-style model + byte-level BPE tokenizer (offline, fixed seed).
+
+    Without DIR: build it once into the cache (AGENTSEARCH_CACHE or ~/.cache/agentsearch)
+    and print its path; workloads with model = "tiny" use that copy.
+    """
+    from .commands.model import run
+
+    run_command(run, directory=directory)
+
+
 def _not_built(name: str, issue: str) -> Callable[..., None]:
     def cmd(**_: Any) -> None:
         def fail() -> int:

@@ -131,11 +131,14 @@ def decide_guard(design: SequentialDesign, d: Sequence[float], prior: NoisePrior
     est = paired_estimate(d, prior, clusters=clusters)
     p = est.p_worse()
     floor = 1 - design.max_regression
-    if p < design.regression_alpha and est.speedup < floor:
+    # an interim look may only stop for a regression at a Bonferroni share of the level,
+    # so that looking often does not inflate false regressions
+    level = design.regression_alpha if n >= design.max_pairs else design.regression_alpha / len(design.looks())
+    if p < level and est.speedup < floor:
         return Decision(
             REGRESSED,
-            f"regressed by {1 - est.speedup:.2%} (p={p:.2g} < {design.regression_alpha:.2g}) after {n} pairs",
-            est, design.regression_alpha,
+            f"regressed by {1 - est.speedup:.2%} (p={p:.2g} < {level:.2g}) after {n} pairs",
+            est, level,
         )
     if est.lower(1 - design.regression_alpha) > floor or n >= design.max_pairs:
         return Decision(OK, f"no significant regression ({est.speedup - 1:+.2%} after {n} pairs)", est, design.regression_alpha)

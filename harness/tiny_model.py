@@ -108,19 +108,23 @@ def ensure(cache: Path | None = None, spec: TinySpec = TinySpec()) -> Path:
     return build(dest, spec)
 
 
-def ensure_in_child(cache: Path | None = None, timeout_s: float = 1800) -> Path:
-    """``ensure()`` for callers that must not import torch: builds in a child process."""
+def ensure_in_child(cache: Path | None = None, timeout_s: float = 1800, dest: Path | None = None) -> Path:
+    """``ensure()`` (or ``build(dest)``) for callers that must not import torch: a child builds it."""
     import subprocess
 
-    dest = (cache or default_cache()) / "models" / f"tiny-llama-{TinySpec().key()}"
-    if (dest / "agentsearch-tiny.json").exists():
-        return dest
+    argv = [sys.executable, "-m", "harness.tiny_model"]
+    if dest is not None:
+        argv.append(str(dest))
+    else:
+        dest = (cache or default_cache()) / "models" / f"tiny-llama-{TinySpec().key()}"
+        if (dest / "agentsearch-tiny.json").exists():
+            return dest
     env = dict(os.environ)
     if cache is not None:
         env["AGENTSEARCH_CACHE"] = str(cache)
     root = str(Path(__file__).resolve().parents[1])
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    proc = subprocess.run([sys.executable, "-m", "harness.tiny_model"], env=env, capture_output=True, text=True, timeout=timeout_s)
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout_s)
     if proc.returncode != 0 or not (dest / "agentsearch-tiny.json").exists():
         last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         raise RuntimeError(f"building the tiny model failed: {last}")

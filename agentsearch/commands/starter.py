@@ -45,7 +45,7 @@ higher_is_better = false
 timeout_s = 300
 restarts = 1
 engine = {{ enforce_eager = true, max_model_len = 1024, dtype = "float32" }}
-params = {{ batch_size = 4, input_len = 32, output_len = 16, iterations = 3 }}
+params = {{ batch_size = 4, input_len = 32, output_len = 32, iterations = 8 }}
 
 [gate]
 min_effect = 0.02

@@ -1,0 +1,132 @@
+"""Integration: real vLLM (CPU build) engines started from worktrees of the embedded fork."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from .conftest import ROOT, commit, git, run_cli
+
+pytestmark = pytest.mark.vllm
+
+FAST_CONFIG = """
+[target]
+baseline = "main"
+protected = ["bench/**", "*.dist-info/**"]
+install = "overlay"
+overlay_from = "{site}"
+
+[target.env]
+VLLM_CPU_KVCACHE_SPACE = "1"
+
+[[workload]]
+name = "throughput"
+kind = "vllm-throughput"
+metric = "output_tok_s"
+timeout_s = 240
+restarts = 1
+engine = {{ enforce_eager = true, max_model_len = 512, dtype = "float32" }}
+params = {{ prompts = 32, input_len = 32, output_len = 32, length_dist = "uniform" }}
+
+[gate]
+max_pairs = 8
+confirm_pairs = 2
+"""
+
+
+def serving(max_num_seqs: int) -> str:
+    return json.dumps({"engine": {"max_num_seqs": max_num_seqs}, "env": {}}, indent=2) + "\n"
+
+
+def workers_alive(marker: str) -> list[int]:
+    pids = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            cmd = (d / "cmdline").read_bytes().decode(errors="replace")
+            stat = (d / "stat").read_text().split()
+        except OSError:
+            continue
+        if marker in cmd and stat[2] != "Z":
+            pids.append(int(d.name))
+    return pids
+
+
+@pytest.fixture(scope="module")
+def fork(tmp_path_factory):
+    path = tmp_path_factory.mktemp("vllm") / "fork"
+    proc = run_cli("init", "--from-installed", "vllm", str(path))
+    assert proc.returncode == 0, proc.stderr
+    site = next(line.split('"')[1] for line in (path / "agentsearch.toml").read_text().splitlines() if line.startswith("overlay_from"))
+    commit(path, {"agentsearch.toml": FAST_CONFIG.format(site=site), "serving.json": serving(1)}, "fast test config, max_num_seqs 1")
+    return path
+
+
+def test_tiny_model_is_built_offline_deterministically(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    for d in (a, b):
+        proc = run_cli("model", "tiny", str(d))
+        assert proc.returncode == 0, proc.stderr
+    cfg = json.loads((a / "config.json").read_text())
+    assert cfg["vocab_size"] >= 16384 and cfg["model_type"] == "llama"
+    assert (a / "model.safetensors").read_bytes() == (b / "model.safetensors").read_bytes()
+    assert (a / "tokenizer.json").read_text() == (b / "tokenizer.json").read_text()
+
+
+def test_config_change_is_measured_with_the_right_sign(fork):
+    commit(fork, {"serving.json": serving(32)}, "max_num_seqs 32", branch="seqs32")
+    proc = run_cli("evaluate", "-C", str(fork), "seqs32", "--json", timeout=1200)
+    out = json.loads(proc.stdout)
+    assert proc.returncode == 0, out["reasons"]
+    w = out["workloads"]["throughput"]
+    assert out["verdict"] == "merge"
+    assert w["speedup"] > 1.5 and w["ci"][0] > 1.0 and w["p_value"] < 0.005
+    # the candidate engine really ran with the candidate's setting, and start-up is its own metric
+    cand = [t for t in out["trials"] if t["side"] == "candidate"]
+    assert all(t["metrics"]["engine_startup_s"] > 0 for t in cand)
+    timing = out["timing"]
+    assert timing["engine_s"] > 0 and timing["measurement_s"] > 0
+    assert not workers_alive(str(fork))
+
+
+def test_branch_that_breaks_vllm_is_rejected_with_the_engine_error(fork):
+    path = fork / "vllm" / "sampling_params.py"
+    text = path.read_text()
+    commit(fork, {"vllm/sampling_params.py": text + "\ndef broken(:\n"}, "break vllm", branch="broken")
+    git(fork, "checkout", "-q", "--", ".")
+    proc = run_cli("evaluate", "-C", str(fork), "broken", "--json", timeout=900)
+    out = json.loads(proc.stdout)
+    assert proc.returncode == 4 and out["verdict"] == "reject"
+    reason = " ".join(out["reasons"])
+    assert "SyntaxError" in reason and "candidate trial failed" in reason, reason
+    assert not workers_alive(str(fork))
+
+
+def test_ctrl_c_leaves_no_engine_behind(fork):
+    commit(fork, {"serving.json": serving(8)}, "max_num_seqs 8", branch="seqs8")
+    env = dict(os.environ)
+    proc = subprocess.Popen([sys.executable, "-m", "agentsearch.cli", "evaluate", "-C", str(fork), "seqs8"],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 300
+        while time.time() < deadline and not workers_alive("vllm_worker.py"):
+            time.sleep(0.5)
+        assert workers_alive("vllm_worker.py"), "no engine started"
+        time.sleep(3)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130 and "interrupted" in err
+    time.sleep(1)
+    assert not workers_alive("vllm_worker.py")
+    assert git(fork, "status", "--porcelain") == ""
