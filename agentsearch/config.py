@@ -80,11 +80,14 @@ class WorkloadConfig:
         factory=dict,
     )
     restarts: int = doc("vLLM kinds: engine starts per side per evaluation (second level of replication).", 2)
+    max_pairs: int | None = doc("Pairs for this workload at most (default: [gate] max_pairs); useful for slow guards.", None)
     startup_timeout_s: float = doc("vLLM kinds: timeout of one engine start-up in seconds.", 600.0)
 
     def __post_init__(self) -> None:
         if self.restarts < 1:
             raise ValueError(f"expected an integer >= 1, got {self.restarts}|restarts")
+        if self.max_pairs is not None and self.max_pairs < 2:
+            raise ValueError(f"expected an integer >= 2, got {self.max_pairs}|max_pairs")
         if self.kind not in WORKLOAD_KINDS:
             raise ValueError(f"expected one of {', '.join(WORKLOAD_KINDS)}, got {self.kind!r}|kind")
         if self.kind == "command" and not self.command:

@@ -256,7 +256,12 @@ def _measure_with(ws: Workspace, config: Config, worktrees: dict[str, Path], scr
             st.add(check_of[role], Status.FAIL, str(exc))
             return None
         decide = decide_of[role]
-        wdesign = confirmation_design(config.gate.confirm_pairs) if role == "confirmation" else design
+        if role == "confirmation":
+            wdesign = confirmation_design(config.gate.confirm_pairs)
+        elif w.max_pairs is not None:
+            wdesign = dataclasses.replace(design, max_pairs=w.max_pairs, min_pairs=min(design.min_pairs, w.max_pairs))
+        else:
+            wdesign = design
         seeds = seed_sequence(master ^ 0x5EED, w.name) if role == "confirmation" else seed_sequence(master, w.name)
 
         def on_pair(r: WorkloadRun) -> None:

@@ -5,7 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from harness import tiny_model
-from harness.engine_session import EnginePool
+import json
+
+from harness.engine_session import EnginePool, WorkerSession
+from harness.serve_session import ServeSession
 from harness.interleave import CommandSession, Session, SessionFactory
 from harness.trials import BASELINE, CommandSpec
 
@@ -21,7 +24,7 @@ def session_factory(config: Config, workload: WorkloadConfig, worktrees: dict[st
     """A factory (side, restart) -> Session for ``workload`` with each side in its worktree.
 
     Warm-engine workloads lease their engines from ``pool`` (the caller closes it)."""
-    if workload.kind in ("vllm-throughput", "vllm-latency"):
+    if workload.kind in ("vllm-throughput", "vllm-latency", "vllm-serve"):
         if pool is None:
             raise ValueError("warm-engine workloads need an EnginePool")
         return engine_factory(config, workload, worktrees, scratch, pool)
@@ -61,11 +64,22 @@ def engine_spec(workload: WorkloadConfig) -> dict:
 def engine_factory(config: Config, workload: WorkloadConfig, worktrees: dict[str, Path], scratch: Path, pool: EnginePool) -> SessionFactory:
     spec = engine_spec(workload)
 
+    env = {**config.target.env, **workload.env}
+    serve = workload.kind == "vllm-serve"
+    ident = json.dumps({"serve": serve, "model": spec["model"], "engine": spec["engine"], "env": env}, sort_keys=True)
+
     def make(side: str, restart: int) -> Session:
-        return pool.lease(
-            spec, worktrees[side], {**config.target.env, **workload.env}, scratch, side, restart,
-            workload.metric, workload.timeout_s, workload.startup_timeout_s,
-        )
+        key = f"{side}/{restart}/{ident}"
+        n = len(pool)
+        if serve:
+            def engine() -> ServeSession:
+                return ServeSession(spec, worktrees[side], worktrees[BASELINE], env, scratch / f"serve-{side}-{restart}-{n}",
+                                    workload.metric, workload.timeout_s, workload.startup_timeout_s)
+        else:
+            def engine() -> WorkerSession:  # type: ignore[misc]
+                return WorkerSession(spec, worktrees[side], env, scratch / f"engine-{side}-{restart}-{n}.log",
+                                     workload.metric, workload.timeout_s, workload.startup_timeout_s)
+        return pool.lease(key, engine, workload.kind, spec["params"], workload.metric)
 
     return make
 

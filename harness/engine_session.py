@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from .trials import TrialOutcome, child_env, kill_group, metric_error, tail
 
@@ -226,19 +226,17 @@ class EnginePool:
     """
 
     def __init__(self) -> None:
-        self.engines: dict[str, WorkerSession] = {}
+        self.engines: dict[str, Any] = {}  # WorkerSession or ServeSession
         self.wait_s = 0.0
 
-    def lease(self, spec: Mapping[str, Any], worktree: Path, env: Mapping[str, str], log_dir: Path, side: str,
-              restart: int, metric: str, timeout_s: float, startup_timeout_s: float) -> "EngineLease":
-        ident = json.dumps({"model": spec["model"], "engine": spec.get("engine", {}), "env": dict(env), "wt": str(worktree)}, sort_keys=True)
-        key = f"{side}/{restart}/{ident}"
+    def lease(self, key: str, make: Callable[[], Any], kind: str, params: Mapping[str, Any], metric: str) -> "EngineLease":
+        """A lease on the engine ``key`` (made by ``make()`` the first time it is asked for)."""
         if key not in self.engines:
-            n = len(self.engines)
-            self.engines[key] = WorkerSession(
-                spec, worktree, env, log_dir / f"engine-{side}-{restart}-{n}.log", metric, timeout_s, startup_timeout_s,
-            )
-        return EngineLease(self, key, spec["kind"], spec.get("params", {}), metric)
+            self.engines[key] = make()
+        return EngineLease(self, key, kind, params, metric)
+
+    def __len__(self) -> int:
+        return len(self.engines)
 
     def close(self) -> None:
         first: BaseException | None = None
@@ -260,7 +258,7 @@ class EngineLease:
         self.pool, self.key, self.kind, self.params, self.metric = pool, key, kind, params, metric
 
     @property
-    def engine(self) -> WorkerSession:
+    def engine(self) -> Any:
         return self.pool.engines[self.key]
 
     def start(self) -> None:

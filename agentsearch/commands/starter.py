@@ -38,14 +38,26 @@ engine = {{ enforce_eager = true, max_model_len = 1024, dtype = "float32" }}
 params = {{ prompts = 48, input_len = 48, output_len = 48, length_dist = "uniform" }}
 
 [[workload]]
-name = "latency"
-kind = "vllm-latency"
-metric = "latency_p50_s"
-higher_is_better = false
+name = "serve-c1"
+kind = "vllm-serve"
+metric = "output_tok_s"
+higher_is_better = true
 timeout_s = 300
 restarts = 1
+max_pairs = 3
 engine = {{ enforce_eager = true, max_model_len = 1024, dtype = "float32" }}
-params = {{ batch_size = 4, input_len = 32, output_len = 32, iterations = 8 }}
+params = {{ prompts = 16, input_len = 32, output_len = 32, max_concurrency = 1 }}
+
+[[workload]]
+name = "serve-c8"
+kind = "vllm-serve"
+metric = "output_tok_s"
+higher_is_better = true
+timeout_s = 300
+restarts = 1
+max_pairs = 3
+engine = {{ enforce_eager = true, max_model_len = 1024, dtype = "float32" }}
+params = {{ prompts = 32, input_len = 32, output_len = 32, max_concurrency = 8 }}
 
 [gate]
 min_effect = 0.02
