@@ -1,8 +1,7 @@
 """A tiny Llama-style model and byte-level BPE tokenizer, built offline and cached.
 
 Random weights from a fixed seed, a tokenizer trained on local text (the installed vLLM's
-own Python sources — identical wherever the same vLLM version is installed — plus the
-shipped prompt corpus when present), saved in Hugging Face format. Nothing is downloaded.
+own Python sources — identical wherever the same vLLM version is installed), saved in Hugging Face format. Nothing is downloaded.
 The cache key covers every parameter, so a changed recipe builds a new directory.
 
     python -m harness.tiny_model DIR
@@ -54,9 +53,6 @@ def training_text_files() -> list[Path]:
     if spec and spec.submodule_search_locations:
         root = Path(list(spec.submodule_search_locations)[0])
         files = sorted(root.rglob("*.py"))
-    corpus = Path(__file__).with_name("data") / "corpus.jsonl"
-    if corpus.exists():
-        files.append(corpus)
     if not files:
         raise RuntimeError("no local text to train the tokenizer on (vllm is not installed)")
     return files

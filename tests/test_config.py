@@ -85,3 +85,11 @@ def test_cli_bad_config_exits_2_with_one_line(tmp_path):
     assert len(lines) == 1, proc.stderr
     assert "agentsearch.toml" in lines[0] and "timeout_s" in lines[0] and "expected a number" in lines[0]
     assert "Traceback" not in proc.stderr
+
+
+def test_readme_documents_every_config_key():
+    from .conftest import ROOT
+
+    readme = (ROOT / "README.md").read_text()
+    for section, key, _default, _doc in reference_rows():
+        assert f"| `{section}` | `{key}` |" in readme, f"README lacks {section} {key}"

@@ -59,4 +59,8 @@ def show(result: Evaluation) -> None:
     for check in v.checks:
         c.add_row(check.name, check.status.value, escape(check.detail))
     out.print(c)
-    out.print(f"wall {result.wall_s:.1f} s, seed {result.seed}")
+    t = result.timing()
+    out.print(
+        f"wall {t['wall_s']:.1f} s = engines {t['engine_s']:.1f} s + measurement {t['measurement_s']:.1f} s "
+        f"+ overhead {t['overhead_s']:.1f} s ({t['overhead_pct']:.1f}%); seed {result.seed}"
+    )
