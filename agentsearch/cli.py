@@ -109,6 +109,21 @@ def evaluate(target: Path, as_json: bool, ref: str, seed: int | None, keep_workt
     run_command(run, target=target, as_json=as_json, ref=ref, seed=seed, keep_worktrees=keep_worktrees)
 
 
+@main.command(context_settings=CONTEXT)
+@target_option
+@json_option
+@click.argument("ref")
+def verify(target: Path, as_json: bool, ref: str) -> None:
+    """Check REF's token-level output distributions against the baseline.
+
+    Prefill and decode paths over the public corpus and the hidden holdout, against the
+    baseline's own noise floor. Exit status: 0 pass, 1 fail, 2 bad input.
+    """
+    from .commands.verify import run
+
+    run_command(run, target=target, as_json=as_json, ref=ref)
+
+
 @main.group(context_settings=CONTEXT)
 def model() -> None:
     """Models for measuring: the tiny model built offline."""
@@ -153,8 +168,6 @@ def _json_param() -> click.Option:
     return click.Option(["--json", "as_json"], is_flag=True, help="Print one JSON document instead of tables.")
 
 
-_register_pending("verify", "Check REF's token-level output distributions against the baseline.", "distribution checks",
-                  [_target_param(), _json_param(), click.Argument(["ref"])])
 _register_pending("episode", "Run (or --resume) a search episode: propose, measure, gate, merge.", "episode loop",
                   [_target_param(), _json_param(), click.Option(["--resume"], is_flag=True, help="Continue the latest unfinished episode.")])
 _register_pending("history", "Show the proposals judged so far, with verdicts and reasons.", "episode loop",

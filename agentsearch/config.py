@@ -150,14 +150,41 @@ class GateConfig:
 @dataclass(frozen=True)
 class VerifyConfig:
     logprobs: str | None = doc(
-        "Command that writes logprob JSONL for `{prompts}` to `{out}` (see DESIGN.md).", None
+        "kind = \"command\": command writing logprob JSONL for `{prompts}` to `{out}` (see DESIGN.md).", None
     )
+    kind: str = doc("command | vllm (the built-in vLLM logprob worker, run in each side's worktree).", "command")
     mode: str = doc("exact | tight | approx.", "tight")
+    dtype: str = doc("Model dtype; sets the smallest differences `tight` always tolerates.", "float32")
+    k: int = doc("Top-k logprobs per position.", 20)
+    max_tokens: int = doc("Greedy decode steps per prompt (the decode path).", 16)
+    corpus: str | None = doc("Prompt corpus JSONL in the target (default: the shipped multilingual corpus).", None)
+    holdout: float = doc("Fraction of the corpus held out by the workspace's secret.", 0.25)
+    model: str = doc("kind = \"vllm\": model directory or \"tiny\".", "tiny")
+    engine: Mapping[str, Any] = doc("kind = \"vllm\": engine arguments for the logprob engine.", factory=dict)
+    caps: Mapping[str, Any] = doc(
+        "mode = \"approx\": limits, e.g. {kl_mean = 1e-3, kl_p99 = 1e-2, kl_max = 0.1, dlogprob_max = 0.5, min_top1 = 0.95}.",
+        factory=dict,
+    )
     timeout_s: float = doc("Timeout of one logprob run in seconds.", 900.0)
 
     def __post_init__(self) -> None:
         if self.mode not in VERIFY_MODES:
             raise ValueError(f"expected one of {', '.join(VERIFY_MODES)}, got {self.mode!r}|mode")
+        if self.kind not in ("command", "vllm"):
+            raise ValueError(f"expected command or vllm, got {self.kind!r}|kind")
+        if self.kind == "command" and not self.logprobs:
+            raise ValueError("kind = \"command\" needs a `logprobs` command|logprobs")
+        if self.dtype not in ("float32", "bfloat16", "float16"):
+            raise ValueError(f"expected float32, bfloat16 or float16, got {self.dtype!r}|dtype")
+        if not (0 < self.holdout < 1):
+            raise ValueError(f"expected a fraction strictly between 0 and 1, got {self.holdout}|holdout")
+        if self.k < 2 or self.max_tokens < 1:
+            raise ValueError("expected k >= 2 and max_tokens >= 1|k")
+        if self.mode == "approx" and not self.caps:
+            raise ValueError("mode = \"approx\" needs caps|caps")
+        bad = [key for key in self.caps if key not in ("kl_mean", "kl_p99", "kl_max", "dlogprob_max", "min_top1")]
+        if bad:
+            raise ValueError(f"unknown cap {bad[0]!r} (kl_mean, kl_p99, kl_max, dlogprob_max, min_top1)|caps")
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,9 @@ from .errors import AgentsearchError
 from .gate import Check, Status, Verdict, judge
 from harness.engine_session import EnginePool
 
+from harness.logprobs import LogprobError
+
+from .verify import run_verify
 from .workloads import restarts_for, session_factory
 from .workspace import Workspace
 
@@ -102,14 +105,16 @@ class Evaluation:
     environment: dict[str, str]
     wall_s: float
     engine_wait_s: float = 0.0  # wall time spent waiting for engines to start and stop
+    distribution: Any = None  # VerifyResult when [verify] ran
     schema_version: int = EVALUATION_SCHEMA
 
     def timing(self) -> dict[str, float]:
         """Wall time split: engine start-up/shutdown, measurement, orchestration overhead."""
         measurement = sum(t.wall_s for t in self.trials)
-        overhead = max(0.0, self.wall_s - measurement - self.engine_wait_s)
+        verify = self.distribution.wall_s if self.distribution else 0.0
+        overhead = max(0.0, self.wall_s - measurement - self.engine_wait_s - verify)
         return {
-            "wall_s": round(self.wall_s, 3), "engine_s": round(self.engine_wait_s, 3),
+            "wall_s": round(self.wall_s, 3), "engine_s": round(self.engine_wait_s, 3), "verify_s": round(verify, 3),
             "measurement_s": round(measurement, 3), "overhead_s": round(overhead, 3),
             "overhead_pct": round(100 * overhead / self.wall_s, 2) if self.wall_s else 0.0,
         }
@@ -125,6 +130,7 @@ class Evaluation:
             "seed": self.seed,
             "workloads": {k: v.to_json() for k, v in self.workloads.items()},
             "confirmation": self.confirmation.to_json() if self.confirmation else None,
+            "distribution": self.distribution.to_json() if self.distribution else None,
             "checks": [{"name": c.name, "status": c.status.value, "detail": c.detail} for c in self.verdict.checks],
             "config_fingerprint": self.config_fingerprint,
             "environment": self.environment,
@@ -158,6 +164,7 @@ class _State:
     summaries: dict[str, WorkloadSummary] = field(default_factory=dict)
     confirmation: WorkloadSummary | None = None
     engine_wait_s: float = 0.0
+    distribution: Any = None
     trials: list[TrialRecord] = field(default_factory=list)
 
     def add(self, name: str, status: Status, detail: str = "") -> None:
@@ -191,7 +198,7 @@ def evaluate(
         ref=ref, baseline=base, candidate=cand, seed=master, verdict=verdict, workloads=st.summaries,
         confirmation=st.confirmation,
         trials=tuple(st.trials), config_fingerprint=config.fingerprint(), environment=env,
-        wall_s=time.perf_counter() - t0, engine_wait_s=st.engine_wait_s,
+        wall_s=time.perf_counter() - t0, engine_wait_s=st.engine_wait_s, distribution=st.distribution,
     )
 
 
@@ -333,5 +340,15 @@ def _measure_with(ws: Workspace, config: Config, worktrees: dict[str, Path], scr
 
     if config.verify is None:
         st.add("distribution", Status.SKIPPED, "target has no [verify] section (opted out)")
+        return
+    try:
+        res = run_verify(ws, config, worktrees, scratch / "verify", say)
+    except LogprobError as exc:
+        st.add("distribution", Status.FAIL, f"logprob collection failed: {exc}")
+        return
+    st.distribution = res
+    if res.verdict != "pass":
+        st.add("distribution", Status.FAIL, "; ".join(res.reasons[:4]) + (f" (+{len(res.reasons) - 4} more)" if len(res.reasons) > 4 else ""))
     else:
-        st.add("distribution", Status.FAIL, "distribution checks are configured but not implemented in this version")
+        kl = max((v.get("kl_max") or 0.0) for s_ in res.sets.values() for v in s_.values())
+        st.add("distribution", Status.PASS, f"{res.mode}: public {res.public_size} + holdout {res.holdout_size} prompts, prefill and decode within tolerance (max KL {kl:.2g})")

@@ -1,0 +1,74 @@
+"""Collecting logprob dumps from one side: a target's command, or the built-in vLLM worker."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from .corpus import Prompt
+from .distribution import Record, read_dump
+from .engine_session import WorkerError, WorkerSession
+from .trials import child_env, run_child, substitute, tail
+
+
+class LogprobError(RuntimeError):
+    pass
+
+
+def write_prompts(path: Path, prompts: Sequence[Prompt], shuffle_seed: int | None = None) -> Path:
+    items = list(prompts)
+    if shuffle_seed is not None:
+        random.Random(shuffle_seed).shuffle(items)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps({"id": p.id, "text": p.text}, ensure_ascii=False) + "\n" for p in items))
+    return path
+
+
+class CommandLogprobs:
+    """The target's ``[verify] logprobs`` command, run in a worktree."""
+
+    def __init__(self, command: str, worktree: Path, env: Mapping[str, str], timeout_s: float):
+        self.command, self.worktree, self.env, self.timeout_s = command, worktree, dict(env), timeout_s
+
+    def run(self, prompts: Path, out: Path, k: int, max_tokens: int) -> dict[tuple[str, str], Record]:
+        values = {"worktree": str(self.worktree), "prompts": str(prompts), "out": str(out), "k": str(k), "max_tokens": str(max_tokens)}
+        env = child_env(self.env, self.worktree, None, out)
+        env["AGENTSEARCH_PROMPTS"] = str(prompts)
+        rc, _o, err, _w = run_child(substitute(self.command, values), self.worktree, env, self.timeout_s, shell=True)
+        if rc is None:
+            raise LogprobError(f"logprob command timed out after {self.timeout_s:g} s")
+        if rc != 0:
+            raise LogprobError(f"logprob command exited with status {rc}: {tail(err, 1) or 'no stderr'}")
+        if not out.exists():
+            raise LogprobError("logprob command wrote no output")
+        try:
+            return read_dump(out)
+        except ValueError as exc:
+            raise LogprobError(str(exc)) from None
+
+    def close(self) -> None:
+        pass
+
+
+class VllmLogprobs:
+    """The built-in vLLM logprob worker (a warm engine in the side's worktree)."""
+
+    def __init__(self, spec: Mapping[str, Any], worktree: Path, env: Mapping[str, str], log_path: Path, timeout_s: float):
+        self.session = WorkerSession(spec, worktree, env, log_path, metric="unused", timeout_s=timeout_s)
+        self.timeout_s = timeout_s
+        self.session.start()
+
+    def run(self, prompts: Path, out: Path, k: int, max_tokens: int) -> dict[tuple[str, str], Record]:
+        try:
+            self.session.request({"cmd": "logprobs", "prompts": str(prompts), "out": str(out), "k": k, "max_tokens": max_tokens}, self.timeout_s)
+        except WorkerError as exc:
+            raise LogprobError(str(exc)) from None
+        try:
+            return read_dump(out)
+        except ValueError as exc:
+            raise LogprobError(str(exc)) from None
+
+    def close(self) -> None:
+        self.session.close()
