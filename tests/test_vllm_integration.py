@@ -45,17 +45,18 @@ def serving(max_num_seqs: int) -> str:
     return json.dumps({"engine": {"max_num_seqs": max_num_seqs}, "env": {}}, indent=2) + "\n"
 
 
-def workers_alive(marker: str) -> list[int]:
+def workers_alive(fork: Path) -> list[int]:
+    """Live processes running in (a worktree of) ``fork``: engines, their workers, servers."""
     pids = []
     for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
+        if not d.name.isdigit() or int(d.name) == os.getpid():
             continue
         try:
-            cmd = (d / "cmdline").read_bytes().decode(errors="replace")
+            cwd = os.readlink(d / "cwd")
             stat = (d / "stat").read_text().split()
         except OSError:
             continue
-        if marker in cmd and stat[2] != "Z":
+        if cwd.startswith(str(fork)) and stat[2] != "Z":
             pids.append(int(d.name))
     return pids
 
@@ -94,7 +95,7 @@ def test_config_change_is_measured_with_the_right_sign(fork):
     assert all(t["metrics"]["engine_startup_s"] > 0 for t in cand)
     timing = out["timing"]
     assert timing["engine_s"] > 0 and timing["measurement_s"] > 0
-    assert not workers_alive(str(fork))
+    assert not workers_alive(fork)
 
 
 def test_branch_that_breaks_vllm_is_rejected_with_the_engine_error(fork):
@@ -107,7 +108,7 @@ def test_branch_that_breaks_vllm_is_rejected_with_the_engine_error(fork):
     assert proc.returncode == 4 and out["verdict"] == "reject"
     reason = " ".join(out["reasons"])
     assert "SyntaxError" in reason and "candidate trial failed" in reason, reason
-    assert not workers_alive(str(fork))
+    assert not workers_alive(fork)
 
 
 def test_ctrl_c_leaves_no_engine_behind(fork):
@@ -117,9 +118,9 @@ def test_ctrl_c_leaves_no_engine_behind(fork):
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.time() + 300
-        while time.time() < deadline and not workers_alive("vllm_worker.py"):
+        while time.time() < deadline and not workers_alive(fork):
             time.sleep(0.5)
-        assert workers_alive("vllm_worker.py"), "no engine started"
+        assert workers_alive(fork), "no engine started"
         time.sleep(3)
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=120)
@@ -128,5 +129,40 @@ def test_ctrl_c_leaves_no_engine_behind(fork):
             proc.kill()
     assert proc.returncode == 130 and "interrupted" in err
     time.sleep(1)
-    assert not workers_alive("vllm_worker.py")
+    assert not workers_alive(fork)
     assert git(fork, "status", "--porcelain") == ""
+
+
+def test_distribution_checks_on_the_real_engine(tmp_path):
+    """An unchanged branch passes `verify`; an RMSNorm epsilon change fails it, naming path and size."""
+    fork = tmp_path / "fork"
+    assert run_cli("init", "--from-installed", "vllm", str(fork)).returncode == 0
+    site = next(line.split('"')[1] for line in (fork / "agentsearch.toml").read_text().splitlines() if line.startswith("overlay_from"))
+    from harness.corpus import load
+
+    by_lang: dict[str, list] = {}
+    for p in load():
+        by_lang.setdefault(p.lang, []).append(p)
+    small = [p for ps in by_lang.values() for p in (ps[:2] + ps[-1:])]  # short and long, every language
+    corpus = "".join(json.dumps({"id": p.id, "lang": p.lang, "text": p.text}, ensure_ascii=False) + "\n" for p in small)
+    cfg = FAST_CONFIG.format(site=site) + '\n[verify]\nkind = "vllm"\ncorpus = "verify_corpus.jsonl"\nmax_tokens = 8\n'
+    commit(fork, {"agentsearch.toml": cfg, "verify_corpus.jsonl": corpus}, "verify config")
+    commit(fork, None, "no change", branch="same")
+    llama = (fork / "vllm" / "model_executor" / "models" / "llama.py").read_text()
+    old = "self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)"
+    assert old in llama
+    commit(fork, {"vllm/model_executor/models/llama.py": llama.replace(old, "self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps * 10)")}, "eps x10", branch="eps")
+
+    proc = run_cli("verify", "-C", str(fork), "same", "--json", timeout=900)
+    out = json.loads(proc.stdout)
+    assert proc.returncode == 0 and out["verdict"] == "pass", out["reasons"]
+    assert out["public"]["prefill"]["positions"] > 1000 and out["public"]["decode"]["positions"] > 100
+
+    proc = run_cli("verify", "-C", str(fork), "eps", "--json", timeout=900)
+    out = json.loads(proc.stdout)
+    assert proc.returncode == 1 and out["verdict"] == "fail"
+    prefill = [r for r in out["reasons"] if "prefill" in r]
+    decode = [r for r in out["reasons"] if "decode" in r]
+    assert prefill and decode
+    assert any("dlogprob_max" in r and "exceeds" in r for r in prefill), prefill
+    assert not workers_alive(fork)
