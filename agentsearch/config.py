@@ -166,8 +166,12 @@ class VerifyConfig:
         factory=dict,
     )
     timeout_s: float = doc("Timeout of one logprob run in seconds.", 900.0)
+    sample_draws: int = doc("kind = \"vllm\": seeded draws per context and setting on the sample path (0 disables it).", 400)
+    sample_contexts: int = doc("kind = \"vllm\": contexts (one short prompt per language) on the sample path.", 4)
 
     def __post_init__(self) -> None:
+        if self.sample_draws < 0 or self.sample_contexts < 1:
+            raise ValueError("expected sample_draws >= 0 and sample_contexts >= 1|sample_draws")
         if self.mode not in VERIFY_MODES:
             raise ValueError(f"expected one of {', '.join(VERIFY_MODES)}, got {self.mode!r}|mode")
         if self.kind not in ("command", "vllm"):

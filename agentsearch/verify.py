@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 from harness import corpus as corpus_mod
 from harness import tiny_model
-from harness.distribution import PathStats, compare, judge_path, DTYPE_FLOOR
+from harness.distribution import DTYPE_FLOOR, PathStats, compare, judge_path, judge_samples
 from harness.logprobs import CommandLogprobs, LogprobError, VllmLogprobs, write_prompts
 from harness.trials import BASELINE, CANDIDATE
 
@@ -28,6 +28,8 @@ from .workspace import Workspace
 VERIFY_SCHEMA = 1
 SECRET_FILE = "holdout.key"
 PATHS = ("prefill", "decode")
+# sampling settings of the sample path: the sampler's temperature, top-k and top-p processing
+SAMPLE_SETTINGS = [{"temperature": 0.7, "top_p": 0.8}, {"temperature": 1.0, "top_k": 40, "top_p": 0.9}]
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,7 @@ class VerifyResult:
         return {
             "schema_version": self.schema_version, "verdict": self.verdict, "reasons": list(self.reasons),
             "mode": self.mode, "public": self.sets.get("public"), "holdout": self.sets.get("holdout"),
+            "sample": (self.sets.get("sample") or {}).get("sample"),
             "holdout_size": self.holdout_size, "public_size": self.public_size, "languages": self.languages,
             "noise_floor": self.floor, "wall_s": round(self.wall_s, 3),
         }
@@ -110,6 +113,19 @@ def run_verify(ws: Workspace, config: Config, worktrees: dict[str, Path], scratc
         base = collect(BASELINE, ordered, "base.jsonl", f"baseline logprobs for {len(prompts)} prompts")
         base2 = collect(BASELINE, shuffled, "base-shuffled.jsonl", "baseline again, shuffled (noise floor)")
         cand = collect(CANDIDATE, ordered, "cand.jsonl", "candidate logprobs")
+        samples = None
+        if vc.kind == "vllm" and vc.sample_draws:
+            seen: set[str] = set()
+            contexts = [p for p in public if not (p.lang in seen or seen.add(p.lang))][: vc.sample_contexts]
+            ctx_file = write_prompts(scratch / "sample-contexts.jsonl", contexts)
+            draws = []
+            for side, seed, name in ((BASELINE, 11, "sample-base-a.jsonl"), (BASELINE, 22, "sample-base-b.jsonl"), (CANDIDATE, 11, "sample-cand.jsonl")):
+                say("verify", f"sample path: {side} draws (seed {seed})")
+                try:
+                    draws.append(runners[side].samples(ctx_file, scratch / name, SAMPLE_SETTINGS, vc.sample_draws, seed, len(contexts)))
+                except LogprobError as exc:
+                    raise LogprobError(f"{side}: {exc}") from None
+            samples = draws
     finally:
         for r in runners.values():
             r.close()
@@ -130,6 +146,11 @@ def run_verify(ws: Workspace, config: Config, worktrees: dict[str, Path], scratc
             reasons += [f"{set_name} {r}" for r in v.reasons]
             if set_name == "public":
                 positions[path] = list(st.kl)
+    sample_dumps = samples if samples is not None else (base, base2, cand)
+    sv = judge_samples(*sample_dumps)
+    if sv.stats.get("contexts"):
+        sets["sample"] = {"sample": {"passed": sv.passed, **sv.stats}}
+        reasons += list(sv.reasons)
     languages: dict[str, dict[str, Any]] = {}
     for lang in sorted({p.lang for p in public}):
         ids = [p.id for p in public if p.lang == lang]

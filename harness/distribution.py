@@ -61,8 +61,8 @@ def read_dump(path: Path) -> dict[tuple[str, str], Record]:
             if p not in PATHS:
                 raise ValueError(f"path must be one of {PATHS}, got {p!r}")
             tokens = tuple(int(t) for t in d["tokens"])
-            topk = tuple(None if e is None else tuple((int(t), float(lp)) for t, lp in e) for e in d["topk"])
-            if len(topk) != len(tokens):
+            topk = tuple(None if e is None else tuple((int(t), float(lp)) for t, lp in e) for e in d.get("topk") or [])
+            if p != "sample" and len(topk) != len(tokens):
                 raise ValueError(f"{len(tokens)} tokens but {len(topk)} topk entries")
             rec = Record(str(d["id"]), p, tokens, topk)
         except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
@@ -242,3 +242,73 @@ def systematic_shift(signed: list[float], floor_signed: list[float], dtype: str)
         direction = "up" if mean > 0 else "down"
         return f"systematic shift: the top token's logprob moved {direction} at {max(pos, len(nonzero) - pos)} of {len(nonzero)} positions (mean {mean:+.3g}, sign test p={p:.2g})"
     return ""
+
+
+SAMPLE_ALPHA = 1e-3  # family-wise level of the sampled-token frequency tests
+SAMPLE_MIN_DRAWS = 200
+
+
+def _counts_test(a: Iterable[int], b: Iterable[int]) -> tuple[float, float]:
+    """(TV distance, chi-square p-value) between two samples of token ids."""
+    ca: dict[int, int] = {}
+    cb: dict[int, int] = {}
+    for t in a:
+        ca[t] = ca.get(t, 0) + 1
+    for t in b:
+        cb[t] = cb.get(t, 0) + 1
+    na, nb = sum(ca.values()), sum(cb.values())
+    tokens = sorted(set(ca) | set(cb))
+    tv = 0.5 * sum(abs(ca.get(t, 0) / na - cb.get(t, 0) / nb) for t in tokens)
+    # merge rare categories so every expected count is >= 5
+    rows = [[ca.get(t, 0), cb.get(t, 0)] for t in tokens]
+    big, other = [], [0, 0]
+    for r in rows:
+        if (r[0] + r[1]) * min(na, nb) / (na + nb) >= 5:
+            big.append(r)
+        else:
+            other = [other[0] + r[0], other[1] + r[1]]
+    if sum(other):
+        big.append(other)
+    if len(big) < 2:
+        return tv, 1.0
+    p = float(sps.chi2_contingency(np.array(big).T)[1])
+    return tv, p
+
+
+def judge_samples(base_a: Mapping[tuple[str, str], Record], base_b: Mapping[tuple[str, str], Record],
+                  cand: Mapping[tuple[str, str], Record]) -> PathVerdict:
+    """Sampled-token frequencies: the candidate's draws against the baseline's (other seeds).
+
+    The baseline against itself with other seeds is the floor; it must pass, and the sample
+    size must be large enough to resolve a difference (``SAMPLE_MIN_DRAWS`` per context).
+    """
+    keys = sorted(k for k in base_a if k[1] == "sample")
+    reasons: list[str] = []
+    if not keys:
+        return PathVerdict("sample", True, (), {"contexts": 0})
+    m = len(keys)
+    tvs, floor_tvs, worst = [], [], (1.0, "")
+    for key in keys:
+        a, b, c = base_a[key], base_b.get(key), cand.get(key)
+        if b is None or c is None:
+            reasons.append(f"sample: no draws for {key[0]}")
+            continue
+        if min(len(a.tokens), len(b.tokens), len(c.tokens)) < SAMPLE_MIN_DRAWS:
+            reasons.append(f"sample: only {min(len(a.tokens), len(c.tokens))} draws for {key[0]}; at least {SAMPLE_MIN_DRAWS} are needed to resolve a difference")
+            continue
+        ftv, fp = _counts_test(a.tokens, b.tokens)
+        tv, p = _counts_test(c.tokens, b.tokens)
+        floor_tvs.append(ftv)
+        tvs.append(tv)
+        if fp * m < SAMPLE_ALPHA:
+            reasons.append(f"sample: the baseline disagrees with itself at {key[0]} (p={fp:.2g}); the sampler is not reproducible enough to judge")
+        if p < worst[0]:
+            worst = (p, key[0])
+        if p * m < SAMPLE_ALPHA:
+            reasons.append(f"sample: sampled-token frequencies differ at {key[0]}: TV {tv:.3f} vs noise floor {ftv:.3f} (chi-square p={p:.2g}, {m} contexts x settings)")
+    stats = {
+        "contexts": m, "tv_max": max(tvs) if tvs else None, "tv_mean": float(np.mean(tvs)) if tvs else None,
+        "floor_tv_mean": float(np.mean(floor_tvs)) if floor_tvs else None, "min_p": worst[0],
+        "draws": len(base_a[keys[0]].tokens),
+    }
+    return PathVerdict("sample", not reasons, tuple(reasons), stats)

@@ -70,5 +70,13 @@ class VllmLogprobs:
         except ValueError as exc:
             raise LogprobError(str(exc)) from None
 
+    def samples(self, prompts: Path, out: Path, settings: list[dict], n: int, seed: int, contexts: int) -> dict[tuple[str, str], Record]:
+        cmd = {"cmd": "samples", "prompts": str(prompts), "out": str(out), "settings": settings, "n": n, "seed": seed, "contexts": contexts}
+        try:
+            self.session.request(cmd, self.timeout_s)
+            return read_dump(out)
+        except (WorkerError, ValueError) as exc:
+            raise LogprobError(str(exc)) from None
+
     def close(self) -> None:
         self.session.close()

@@ -152,11 +152,16 @@ def test_distribution_checks_on_the_real_engine(tmp_path):
     old = "self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)"
     assert old in llama
     commit(fork, {"vllm/model_executor/models/llama.py": llama.replace(old, "self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps * 10)")}, "eps x10", branch="eps")
+    sampler = (fork / "vllm" / "v1" / "sample" / "ops" / "topk_topp_sampler.py").read_text()
+    old_p = "top_p_mask = probs_sum <= 1 - p.unsqueeze(dim=1)"
+    assert old_p in sampler
+    commit(fork, {"vllm/v1/sample/ops/topk_topp_sampler.py": sampler.replace(old_p, "top_p_mask = probs_sum <= 1 - 0.8 * p.unsqueeze(dim=1)")}, "top-p", branch="topp")
 
     proc = run_cli("verify", "-C", str(fork), "same", "--json", timeout=900)
     out = json.loads(proc.stdout)
     assert proc.returncode == 0 and out["verdict"] == "pass", out["reasons"]
     assert out["public"]["prefill"]["positions"] > 1000 and out["public"]["decode"]["positions"] > 100
+    assert out["sample"]["passed"] and out["sample"]["draws"] >= 200
 
     proc = run_cli("verify", "-C", str(fork), "eps", "--json", timeout=900)
     out = json.loads(proc.stdout)
@@ -165,4 +170,12 @@ def test_distribution_checks_on_the_real_engine(tmp_path):
     decode = [r for r in out["reasons"] if "decode" in r]
     assert prefill and decode
     assert any("dlogprob_max" in r and "exceeds" in r for r in prefill), prefill
+
+    # a sampler change never shows in raw logprobs: the sample path must catch it
+    proc = run_cli("verify", "-C", str(fork), "topp", "--json", timeout=900)
+    out = json.loads(proc.stdout)
+    assert proc.returncode == 1 and out["verdict"] == "fail"
+    assert out["public"]["prefill"]["passed"] and out["public"]["decode"]["passed"]
+    assert not out["sample"]["passed"]
+    assert all(r.startswith("sample:") for r in out["reasons"]), out["reasons"]
     assert not workers_alive(fork)

@@ -38,11 +38,17 @@ def show(ref: str, r: VerifyResult) -> None:
     for col in ("set", "path", "positions", "mean KL", "p99 KL", "max KL", "max |Δ logprob|", "top-1 agree", "divergences", "first div. (median)", "pass"):
         t.add_column(col)
     for set_name, paths in r.sets.items():
+        if set_name == "sample":
+            continue
         for path, s in paths.items():
             t.add_row(set_name, path, str(s["positions"]), _fmt(s["kl_mean"]), _fmt(s["kl_p99"]), _fmt(s["kl_max"]),
                       _fmt(s["dlogprob_max"]), _fmt(s["top1_agreement"], ".4f"), str(s["divergences"]),
                       _fmt(s["first_divergence_median"], ".0f"), "yes" if s["passed"] else "NO")
     out.print(t)
+    smp = (r.sets.get("sample") or {}).get("sample")
+    if smp:
+        out.print(f"sample path: {smp['contexts']} contexts x settings, {smp['draws']} draws each: max TV {_fmt(smp['tv_max'], '.3f')} "
+                  f"(noise floor mean {_fmt(smp['floor_tv_mean'], '.3f')}), min p {_fmt(smp['min_p'])}: {'pass' if smp['passed'] else 'FAIL'}")
     if r.floor:
         out.print("noise floor (baseline vs itself, shuffled batch): " + ", ".join(
             f"{p}: max KL {_fmt(s['kl_max'])}, max |Δ logprob| {_fmt(s['dlogprob_max'])}" for p, s in r.floor.items()))

@@ -154,6 +154,22 @@ class Engine:
                 out.write(json.dumps({"id": it["id"], "path": "decode", "tokens": list(o.token_ids), "topk": [top(d) for d in o.logprobs]}) + "\n")
 
 
+def samples(llm, cmd: dict) -> None:
+    """The sample path: many seeded draws of the next token at fixed contexts, per sampling setting."""
+    from vllm import SamplingParams
+
+    with open(cmd["prompts"]) as fh:
+        items = [json.loads(line) for line in fh if line.strip()][: int(cmd.get("contexts", 6))]
+    texts = [it["text"] for it in items]
+    n, seed = int(cmd.get("n", 300)), int(cmd.get("seed", 0))
+    with open(cmd["out"], "w") as out:
+        for si, setting in enumerate(cmd["settings"]):
+            sp = SamplingParams(n=n, max_tokens=1, seed=seed + 1000 * si, **setting)
+            for it, r in zip(items, llm.generate(texts, sp, use_tqdm=False)):
+                drawn = [int(o.token_ids[0]) for o in r.outputs]
+                out.write(json.dumps({"id": f"{it['id']}#s{si}", "path": "sample", "tokens": drawn, "topk": []}) + "\n")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--fd", type=int, required=True)
@@ -180,6 +196,9 @@ def main() -> int:
                 send({"event": "result", "metrics": eng.measure(int(cmd["seed"]), cmd.get("kind"), cmd.get("params"))})
             elif cmd["cmd"] == "logprobs":
                 eng.logprobs(cmd)
+                send({"event": "done"})
+            elif cmd["cmd"] == "samples":
+                samples(eng.llm, cmd)
                 send({"event": "done"})
             else:
                 raise ValueError(f"unknown command {cmd['cmd']!r}")
