@@ -288,16 +288,23 @@ def _measure_with(ws: Workspace, config: Config, worktrees: dict[str, Path], scr
             st.summaries[w.name] = summary
         return r
 
+    def judged(r: WorkloadRun | None, check: str, name: str, wanted: str) -> bool:
+        """Record a failed check (no run, a failed trial, the wrong decision); True if it may go on."""
+        if r is None:
+            return False
+        if r.failure:
+            st.add(check, Status.FAIL, r.failure)
+            return False
+        assert r.decision is not None
+        if r.decision.action != wanted:
+            st.add(check, Status.FAIL, f"{name}: {r.decision.reason}")
+            return False
+        return True
+
     r = run(objective, "objective")
-    if r is None:
+    if not judged(r, "objective", objective.name, WIN):
         return
-    if r.failure:
-        st.add("objective", Status.FAIL, r.failure)
-        return
-    assert r.decision is not None
-    if r.decision.action != WIN:
-        st.add("objective", Status.FAIL, f"{objective.name}: {r.decision.reason}")
-        return
+    assert r is not None and r.decision is not None
     st.add("objective", Status.PASS, f"{objective.name}: {r.decision.reason}")
 
     guard_notes = []
@@ -305,15 +312,9 @@ def _measure_with(ws: Workspace, config: Config, worktrees: dict[str, Path], scr
         if w.name == objective.name:
             continue
         g = run(w, "guard")
-        if g is None:
+        if not judged(g, "guard-workloads", w.name, OK):
             return
-        if g.failure:
-            st.add("guard-workloads", Status.FAIL, g.failure)
-            return
-        assert g.decision is not None
-        if g.decision.action == REGRESSED:
-            st.add("guard-workloads", Status.FAIL, f"{w.name}: {g.decision.reason}")
-            return
+        assert g is not None and g.decision is not None
         guard_notes.append(f"{w.name}: {g.decision.reason}")
     st.add("guard-workloads", Status.PASS, "; ".join(guard_notes) or "no other workloads")
 
@@ -321,15 +322,9 @@ def _measure_with(ws: Workspace, config: Config, worktrees: dict[str, Path], scr
         st.add("confirmation", Status.SKIPPED, "disabled by [gate] confirm_pairs = 0")
     else:
         c = run(objective, "confirmation")
-        if c is None:
+        if not judged(c, "confirmation", objective.name, OK):
             return
-        if c.failure:
-            st.add("confirmation", Status.FAIL, c.failure)
-            return
-        assert c.decision is not None
-        if c.decision.action != OK:
-            st.add("confirmation", Status.FAIL, f"{objective.name}: {c.decision.reason}")
-            return
+        assert c is not None and c.decision is not None
         st.add("confirmation", Status.PASS, f"{objective.name}: {c.decision.reason}")
 
     speedup = r.decision.estimate.speedup

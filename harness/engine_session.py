@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from .trials import TrialOutcome, child_env, kill_group, metric_error, tail
+from .trials import TrialOutcome, child_env, kill_group, log_error_line, log_tail, metric_error
 
 WORKER = Path(__file__).with_name("workers") / "vllm_worker.py"
 # candidate-controlled environment (the fork's serving.json) may only set these
@@ -174,19 +174,10 @@ class WorkerSession:
 
     # -------------------------------------------------------------- plumbing
     def log_tail(self, lines: int = 25) -> str:
-        try:
-            return tail(self.log_path.read_text(errors="replace"), lines, 4000)
-        except OSError:
-            return ""
+        return log_tail(self.log_path, lines)
 
     def _engine_error(self) -> str:
-        """The most telling line of the log: the last exception line, if any."""
-        lines = [l for l in self.log_tail(200).splitlines() if l.strip()]
-        for line in reversed(lines):
-            core = line.split("] ", 1)[-1].strip()
-            if any(k in core for k in ("Error", "Exception", "error:")) and not core.startswith("File "):
-                return core[:500]
-        return lines[-1][:500] if lines else "no output"
+        return log_error_line(self.log_path)
 
     def _send(self, obj: dict[str, Any]) -> None:
         assert self.proc is not None and self.proc.stdin is not None

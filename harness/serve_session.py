@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .engine_session import WorkerError, serving_env
-from .trials import TrialOutcome, child_env, kill_group, metric_error, run_child, tail
+from .trials import TrialOutcome, child_env, kill_group, log_error_line, log_tail, metric_error, run_child, tail
 
 METRICS = {
     "output_throughput": "output_tok_s", "request_throughput": "requests_s", "total_token_throughput": "total_tok_s",
@@ -119,15 +119,7 @@ class ServeSession:
             self.wait_s += time.perf_counter() - t0
 
     def _error_line(self) -> str:
-        try:
-            lines = [l for l in self.log_path.read_text(errors="replace").splitlines() if l.strip()]
-        except OSError:
-            return "no output"
-        for line in reversed(lines):
-            core = line.split("] ", 1)[-1].strip()
-            if ("Error" in core or "Exception" in core) and not core.startswith("File "):
-                return core[:500]
-        return lines[-1][:500] if lines else "no output"
+        return log_error_line(self.log_path)
 
     def measure(self, seed: int, kind: str | None = None, params: Mapping[str, Any] | None = None, metric: str | None = None) -> TrialOutcome:
         metric = metric or self.metric
@@ -169,10 +161,7 @@ class ServeSession:
         return TrialOutcome(True, float(metrics[metric]), metrics, wall)
 
     def _log_tail(self) -> str:
-        try:
-            return tail(self.log_path.read_text(errors="replace"), 25, 4000)
-        except OSError:
-            return ""
+        return log_tail(self.log_path)
 
     def close(self) -> None:
         proc, self.proc = self.proc, None

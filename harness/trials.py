@@ -121,6 +121,23 @@ def run_child(argv: list[str] | str, cwd: Path, env: Mapping[str, str], timeout_
     return rc, out or "", err or "", time.perf_counter() - t0
 
 
+def log_tail(path: Path, lines: int = 25) -> str:
+    try:
+        return tail(path.read_text(errors="replace"), lines, 4000)
+    except OSError:
+        return ""
+
+
+def log_error_line(path: Path) -> str:
+    """The most telling line of a child's log: its last exception line, else its last line."""
+    lines = [l for l in log_tail(path, 200).splitlines() if l.strip()]
+    for line in reversed(lines):
+        core = line.split("] ", 1)[-1].strip()
+        if any(k in core for k in ("Error", "Exception", "error:")) and not core.startswith("File "):
+            return core[:500]
+    return lines[-1][:500] if lines else "no output"
+
+
 def kill_group(proc: subprocess.Popen) -> None:
     try:
         os.killpg(proc.pid, signal.SIGKILL)
