@@ -124,6 +124,30 @@ def verify(target: Path, as_json: bool, ref: str) -> None:
     run_command(run, target=target, as_json=as_json, ref=ref)
 
 
+@main.group(context_settings=CONTEXT, invoke_without_command=True)
+@target_option
+@json_option
+@click.pass_context
+def history(ctx: click.Context, target: Path, as_json: bool) -> None:
+    """Show what was judged so far (from the append-only history), with verdicts and reasons.
+
+    `history verify` checks the hash chain: exit 1 naming the first bad line.
+    """
+    if ctx.invoked_subcommand is None:
+        from .commands.history import show
+
+        run_command(show, target=target, as_json=as_json)
+
+
+@history.command("verify", context_settings=CONTEXT)
+@target_option
+def history_verify(target: Path) -> None:
+    """Verify the history's hash chain; exit 1 at the first edited, inserted or deleted line."""
+    from .commands.history import verify_chain
+
+    run_command(verify_chain, target=target)
+
+
 @main.group(context_settings=CONTEXT)
 def model() -> None:
     """Models for measuring: the tiny model built offline."""
@@ -170,8 +194,6 @@ def _json_param() -> click.Option:
 
 _register_pending("episode", "Run (or --resume) a search episode: propose, measure, gate, merge.", "episode loop",
                   [_target_param(), _json_param(), click.Option(["--resume"], is_flag=True, help="Continue the latest unfinished episode.")])
-_register_pending("history", "Show the proposals judged so far, with verdicts and reasons.", "episode loop",
-                  [_target_param(), _json_param()])
 _register_pending("insights", "Distill the history into insights for the next proposals.", "proposers and insights",
                   [_target_param(), _json_param()])
 _register_pending("report", "Render the evidence report of a proposal or ref.", "evidence reports",

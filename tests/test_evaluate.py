@@ -105,3 +105,23 @@ def test_calibrate_stores_noise_and_the_gate_uses_it(target):
     assert rc == 0 and out["workloads"]["speed"]["calibrated"] is True
     human = run_cli("calibrate", "-C", str(target), "--pairs", "6")
     assert human.returncode == 0 and "pairs for 90% power" in human.stdout
+
+
+def test_evaluations_are_recorded_in_the_history(target):
+    commit(target, {"speed.txt": "1.3\n"}, "fast", branch="fast")
+    commit(target, {"speed.txt": "0.7\n"}, "slow", branch="slow")
+    evaluate(target, "fast")
+    evaluate(target, "slow")
+    proc = run_cli("history", "-C", str(target), "--json")
+    rows = json.loads(proc.stdout)
+    assert [(r["proposal"], r["branch"], r["verdict"]) for r in rows] == [("fast", "fast", "merge"), ("slow", "slow", "reject")]
+    assert rows[1]["reasons"] and rows[0]["reasons"] == []
+    table = run_cli("history", "-C", str(target))
+    assert "fast" in table.stdout and "merge" in table.stdout
+    ok = run_cli("history", "verify", "-C", str(target))
+    assert ok.returncode == 0 and "2 records" in ok.stdout
+    path = target / ".git" / "agentsearch" / "history.jsonl"
+    text = path.read_text()
+    path.write_text(text.replace('"verdict": "reject"', '"verdict": "merge!"', 1))
+    bad = run_cli("history", "verify", "-C", str(target))
+    assert bad.returncode == 1 and "line 2" in bad.stderr

@@ -11,6 +11,7 @@ from ..errors import EXIT_GATE_REJECT
 from ..evaluation import Evaluation, evaluate
 from ..gate import MERGE
 from ..workspace import Workspace
+from .history import record_evaluation
 from .output import out, print_json, progress
 
 
@@ -19,6 +20,9 @@ def run(target: Path, as_json: bool, ref: str, seed: int | None, keep_worktrees:
     ws.resolve(ref)  # bad refs are bad input, before any work
     with ws.lock(), progress() as say:
         result = evaluate(ws, ref, seed=seed, progress=say, keep_worktrees=keep_worktrees)
+        data = result.to_json()
+        data["objective"] = ws.config().objective.name
+        record_evaluation(ws, data)
     if as_json:
         print_json(result.to_json())
     else:

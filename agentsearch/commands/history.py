@@ -1,0 +1,75 @@
+"""`agentsearch history [verify]`: the judged proposals and evaluations, and the chain check."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+import pandas as pd
+
+from history import HistoryError, HistoryLog, verify
+
+from ..errors import EXIT_FAIL, AgentsearchError
+from ..workspace import Workspace
+from .output import out, print_json
+
+HISTORY_FILE = "history.jsonl"
+
+
+def history_path(ws: Workspace) -> Path:
+    return ws.state / HISTORY_FILE
+
+
+def rows(ws: Workspace) -> list[dict]:
+    try:
+        entries = list(HistoryLog(history_path(ws)).entries())
+    except HistoryError as exc:
+        raise AgentsearchError(f"{exc}; run `agentsearch history verify`") from None
+    out_rows = []
+    for e in entries:
+        if e.kind != "evaluation":
+            continue
+        d = e.data
+        obj = d.get("workloads", {}).get(d.get("objective", ""), {})
+        out_rows.append({
+            "seq": e.seq, "proposal": e.proposal or d.get("ref"), "branch": d.get("ref"), "candidate": d.get("candidate", "")[:12],
+            "baseline": d.get("baseline", "")[:12], "verdict": d.get("verdict"), "speedup": obj.get("speedup"),
+            "pairs": obj.get("pairs"), "reasons": list(d.get("reasons", [])),
+        })
+    return out_rows
+
+
+def show(target: Path, as_json: bool) -> int:
+    ws = Workspace.open(target)
+    data = rows(ws)
+    if as_json:
+        print_json(data)
+        return 0
+    if not data:
+        out.print("no evaluations recorded yet")
+        return 0
+    df = pd.DataFrame(data)
+    df["speedup"] = df["speedup"].map(lambda x: "—" if x is None or pd.isna(x) else f"{x - 1:+.2%}")
+    df["reasons"] = df["reasons"].map(lambda r: "; ".join(r)[:100] or "—")
+    with pd.option_context("display.max_colwidth", 100, "display.width", 200):
+        click.echo(df.drop(columns=["seq"]).to_string(index=False))
+    return 0
+
+
+def verify_chain(target: Path) -> int:
+    ws = Workspace.open(target)
+    rep = verify(history_path(ws))
+    if not rep.ok:
+        click.echo(f"history verify: FAILED at line {rep.bad_line}: {rep.reason}", err=True)
+        return EXIT_FAIL
+    extra = " (a torn last line from an interrupted write will be repaired on the next write)" if rep.torn_tail else ""
+    click.echo(f"history verify: ok, {rep.records} records{extra}")
+    return 0
+
+
+def record_evaluation(ws: Workspace, data: dict, proposal: str | None = None, episode: str | None = None) -> None:
+    try:
+        with HistoryLog(history_path(ws)) as log:
+            log.append("evaluation", episode, proposal, data)
+    except HistoryError as exc:
+        raise AgentsearchError(f"{exc}") from None

@@ -1,0 +1,189 @@
+"""The append-only, hash-chained history log (JSON lines). No git, no vllm.
+
+Each line: ``{"v": 1, "seq": n, "ts": ..., "kind": ..., "episode": ..., "proposal": ...,
+"data": {...}, "prev": <hash of the previous line>, "hash": <sha256 of this line without it>}``.
+
+- one ``write`` + ``fsync`` per record; an exclusive lock against a second writer;
+- opening for append repairs a torn last line (a crash mid-write) and reports it;
+- ``verify`` detects an edited, inserted or deleted line anywhere and names the first bad one.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+SCHEMA_VERSION = 1
+GENESIS = "0" * 64
+KINDS = (
+    "episode-started", "episode-finished", "proposal-created", "trial", "statistic", "distribution",
+    "evaluation", "verdict", "merge", "revert", "insight", "profile", "repair",
+)
+
+
+class HistoryError(Exception):
+    """The log is corrupt or locked; the message names the file and line."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    seq: int
+    ts: float
+    kind: str
+    episode: str | None
+    proposal: str | None
+    data: Mapping[str, Any] = field(default_factory=dict)
+    prev: str = GENESIS
+    hash: str = ""
+    v: int = SCHEMA_VERSION
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"unknown record kind {self.kind!r}")
+        if self.seq < 1:
+            raise ValueError("seq starts at 1")
+
+    def body(self) -> dict[str, Any]:
+        return {"v": self.v, "seq": self.seq, "ts": self.ts, "kind": self.kind, "episode": self.episode,
+                "proposal": self.proposal, "data": self.data, "prev": self.prev}
+
+
+def _digest(body: Mapping[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str).encode()).hexdigest()
+
+
+def _line(entry: Entry) -> str:
+    body = entry.body()
+    return json.dumps({**body, "hash": _digest(body)}, sort_keys=True, ensure_ascii=False, default=str) + "\n"
+
+
+def _parse(raw: str, where: str) -> Entry:
+    try:
+        d = json.loads(raw)
+        e = Entry(seq=d["seq"], ts=d["ts"], kind=d["kind"], episode=d["episode"], proposal=d["proposal"],
+                  data=d["data"], prev=d["prev"], hash=d["hash"], v=d["v"])
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+        raise HistoryError(f"{where}: not a history record ({exc})") from None
+    if e.v != SCHEMA_VERSION:
+        raise HistoryError(f"{where}: unsupported schema version {e.v}")
+    return e
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    ok: bool
+    records: int
+    bad_line: int | None = None
+    reason: str = ""
+    torn_tail: bool = False
+
+
+def verify(path: Path) -> VerifyReport:
+    """Check every line's hash and the chain; a torn last line is reported (not an error)."""
+    if not path.exists():
+        return VerifyReport(True, 0)
+    raw = path.read_bytes()
+    lines = raw.split(b"\n")
+    torn = bool(lines[-1])  # text after the last newline: an interrupted write
+    complete = lines[:-1]
+    prev, n = GENESIS, 0
+    for i, b in enumerate(complete, 1):
+        where = f"{path}:{i}"
+        try:
+            e = _parse(b.decode("utf-8"), where)
+        except (HistoryError, UnicodeDecodeError) as exc:
+            return VerifyReport(False, n, i, str(exc))
+        if _digest(e.body()) != e.hash:
+            return VerifyReport(False, n, i, f"{where}: hash mismatch (the line was edited)")
+        if e.prev != prev:
+            return VerifyReport(False, n, i, f"{where}: chain broken (a line before it was edited, inserted or deleted)")
+        if e.seq != i:
+            return VerifyReport(False, n, i, f"{where}: sequence number {e.seq}, expected {i} (a line was deleted or inserted)")
+        prev, n = e.hash, n + 1
+    return VerifyReport(True, n, None, "", torn)
+
+
+class HistoryLog:
+    """Append to (and read) a history file, holding its lock while open for writing."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._lock_fd: int | None = None
+        self._prev = GENESIS
+        self._seq = 0
+        self.repaired: str = ""
+
+    # ----------------------------------------------------------------- writing
+    def open(self) -> "HistoryLog":
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(str(self.path) + ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise HistoryError(f"{self.path} is being written by another process") from None
+        self._lock_fd = fd
+        rep = verify(self.path)
+        if not rep.ok:
+            self.close()
+            raise HistoryError(f"corrupt history: {rep.reason}; restore it from a backup (agentsearch never rewrites history)")
+        if rep.torn_tail:
+            self._repair()
+        entries = list(self.entries())
+        if entries:
+            self._prev, self._seq = entries[-1].hash, entries[-1].seq
+        if self.repaired:
+            self.append("repair", None, None, {"note": self.repaired})
+        return self
+
+    def _repair(self) -> None:
+        raw = self.path.read_bytes()
+        keep = raw[: raw.rfind(b"\n") + 1]
+        dropped = len(raw) - len(keep)
+        with open(self.path, "r+b") as fh:
+            fh.truncate(len(keep))
+            fh.flush()
+            os.fsync(fh.fileno())
+        self.repaired = f"removed a torn last line ({dropped} bytes) left by an interrupted write"
+
+    def append(self, kind: str, episode: str | None, proposal: str | None, data: Mapping[str, Any]) -> Entry:
+        if self._lock_fd is None:
+            raise HistoryError("history is not open for writing")
+        entry = Entry(self._seq + 1, time.time(), kind, episode, proposal, dict(data), self._prev)
+        line = _line(entry)
+        entry = Entry(entry.seq, entry.ts, kind, episode, proposal, dict(data), self._prev, json.loads(line)["hash"])
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, line.encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        self._prev, self._seq = entry.hash, entry.seq
+        return entry
+
+    def close(self) -> None:
+        if self._lock_fd is not None:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def __enter__(self) -> "HistoryLog":
+        return self.open()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ----------------------------------------------------------------- reading
+    def entries(self) -> Iterator[Entry]:
+        """Complete records in order (a torn last line is skipped; verify() reports it)."""
+        if not self.path.exists():
+            return
+        raw = self.path.read_bytes()
+        for i, b in enumerate(raw.split(b"\n")[:-1], 1):
+            yield _parse(b.decode("utf-8"), f"{self.path}:{i}")
