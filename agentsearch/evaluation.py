@@ -14,6 +14,7 @@ import math
 import secrets
 import shutil
 import statistics as pystats
+import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -224,7 +225,7 @@ def _run_checks(ws: Workspace, config: Config, base: str, cand: str, master: int
         for side, commit in ((BASELINE, base), (CANDIDATE, cand)):
             try:
                 worktrees[side] = ws.checkout(commit, f"{tag}-{side}")
-            except AgentsearchError as exc:
+            except (AgentsearchError, OSError, subprocess.SubprocessError) as exc:
                 st.add("build", Status.FAIL, f"{side}: {exc}")
                 return
         st.add("build", Status.PASS, "both sides installed")
@@ -276,10 +277,14 @@ def _measure_with(ws: Workspace, config: Config, worktrees: dict[str, Path], scr
             say(f"{w.name} ({role})", f"pair {r.pairs}/{wdesign.max_pairs}, running estimate {est:+.2%}")
 
         prior = prior_for(w)
-        r = run_interleaved(
-            w.name, factory, wdesign, decide, seeds, w.higher_is_better,
-            prior=prior, restarts=restarts_for(w), on_pair=on_pair,
-        )
+        try:
+            r = run_interleaved(
+                w.name, factory, wdesign, decide, seeds, w.higher_is_better,
+                prior=prior, restarts=restarts_for(w), on_pair=on_pair,
+            )
+        except (OSError, ValueError, RuntimeError) as exc:  # fail closed: an error is a rejection
+            st.add(check_of[role], Status.FAIL, f"{w.name}: measurement error: {type(exc).__name__}: {exc}")
+            return None
         st.trials.extend(dataclasses.replace(t, phase=role) for t in r.trials)
         summary = summarize(r, role, w, wdesign, prior is not None)
         if role == "confirmation":
@@ -340,6 +345,9 @@ def _measure_with(ws: Workspace, config: Config, worktrees: dict[str, Path], scr
         res = run_verify(ws, config, worktrees, scratch / "verify", say)
     except LogprobError as exc:
         st.add("distribution", Status.FAIL, f"logprob collection failed: {exc}")
+        return
+    except AgentsearchError as exc:  # e.g. an unreadable corpus
+        st.add("distribution", Status.FAIL, str(exc))
         return
     st.distribution = res
     if res.verdict != "pass":

@@ -125,3 +125,15 @@ def test_evaluations_are_recorded_in_the_history(target):
     path.write_text(text.replace('"verdict": "reject"', '"verdict": "merge!"', 1))
     bad = run_cli("history", "verify", "-C", str(target))
     assert bad.returncode == 1 and "line 2" in bad.stderr
+
+
+def test_build_failure_is_a_rejection(tmp_path):
+    import sys
+
+    cfg = toy_config(timeout=4).replace('protected = ["bench/**"]', 'protected = ["bench/**"]\ninstall = "command"\nbuild = "sh build.sh"')
+    repo = make_repo(tmp_path / "b", {"agentsearch.toml": cfg, "bench/bench.py": TOY_BENCH, "speed.txt": "1.0\n", "build.sh": "exit 0\n"})
+    assert run_cli("init", "-C", str(repo)).returncode == 0
+    commit(repo, {"build.sh": "echo 'cc: error: missing header' >&2; exit 1\n", "speed.txt": "1.3\n"}, "broken build", branch="nobuild")
+    rc, out = evaluate(repo, "nobuild")
+    assert rc == 4 and out["reasons"][0].startswith("build: candidate") and "missing header" in out["reasons"][0]
+    assert out["trials"] == []
