@@ -166,6 +166,30 @@ def model_tiny(directory: Path | None) -> None:
     run_command(run, directory=directory)
 
 
+@main.command(context_settings=CONTEXT)
+@target_option
+@json_option
+@click.option("--resume", is_flag=True, help="Continue the latest unfinished episode from the history.")
+@click.option("--abandon", is_flag=True, help="Close the latest unfinished episode without running it.")
+@click.option("--proposer", type=click.Choice(["patches"]), default="patches", show_default=True, help="Where proposals come from.")
+@click.option("--patches", type=click.Path(path_type=Path), help="Directory of *.patch / *.diff files (git format-patch or plain diff).")
+@click.option("--branches", metavar="GLOB", help="Existing branches to judge, e.g. 'feature/*'.")
+@click.option("--budget", type=int, help="Proposals to judge at most (default: [gate] episode_budget).")
+@click.option("--time-budget", metavar="DURATION", help="Stop starting proposals after this long (900, 30m, 2h).")
+@click.option("--seed", type=int, help="Master seed of the episode (default: random, recorded).")
+def episode(target: Path, as_json: bool, resume: bool, abandon: bool, proposer: str, patches: Path | None,
+            branches: str | None, budget: int | None, time_budget: str | None, seed: int | None) -> None:
+    """Run a search episode: propose, apply on the baseline, measure, gate, merge or reject, record.
+
+    Every step goes to the append-only history; after a crash or Ctrl-C, `--resume` continues
+    from the history alone (judged proposals are not re-run). Exit 0 when the episode ends.
+    """
+    from .commands.episode import run
+
+    run_command(run, target=target, as_json=as_json, resume=resume, abandon=abandon, proposer=proposer, patches=patches,
+                branches=branches, budget=budget, time_budget=time_budget, seed=seed)
+
+
 def _not_built(name: str, issue: str) -> Callable[..., None]:
     def cmd(**_: Any) -> None:
         def fail() -> int:
@@ -192,8 +216,6 @@ def _json_param() -> click.Option:
     return click.Option(["--json", "as_json"], is_flag=True, help="Print one JSON document instead of tables.")
 
 
-_register_pending("episode", "Run (or --resume) a search episode: propose, measure, gate, merge.", "episode loop",
-                  [_target_param(), _json_param(), click.Option(["--resume"], is_flag=True, help="Continue the latest unfinished episode.")])
 _register_pending("insights", "Distill the history into insights for the next proposals.", "proposers and insights",
                   [_target_param(), _json_param()])
 _register_pending("report", "Render the evidence report of a proposal or ref.", "evidence reports",

@@ -122,9 +122,17 @@ class GateConfig:
         "Pairs of the confirmation run with fresh seeds before a merge (0 disables).", 6
     )
     plausibility: float = doc("A speedup beyond this factor is held for manual review.", 10.0)
+    sandbox: str = doc(
+        "auto | required | off: run both sides in bubblewrap (no network; state, history and harness hidden). "
+        "auto skips it, saying so in the verdict, where the machine does not allow it.", "auto"
+    )
+    coverage: bool = doc(
+        "Python patches: require that changed lines ran (one untimed, traced candidate trial).", True
+    )
 
     def __post_init__(self) -> None:
         checks = [
+            (self.sandbox in ("auto", "required", "off"), "sandbox", "one of auto, required, off"),
             (0 < self.alpha < 1, "alpha", "a number strictly between 0 and 1"),
             (0 < self.regression_alpha < 1, "regression_alpha", "a number strictly between 0 and 1"),
             (0 < self.futility < 0.5, "futility", "a number strictly between 0 and 0.5"),

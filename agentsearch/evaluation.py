@@ -15,12 +15,13 @@ import secrets
 import shutil
 import statistics as pystats
 import subprocess
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from harness import environment
+from harness import coverage, environment, sandbox
 from harness.interleave import WorkloadRun, run_interleaved
 from harness.sequential import LOSE, OK, REGRESSED, WIN, SequentialDesign, confirmation_design, decide_confirmation, decide_guard, decide_objective
 from harness.statistics import NoisePrior
@@ -40,6 +41,7 @@ from .workspace import Workspace
 
 EVALUATION_SCHEMA = 1
 Progress = Callable[[str, str], None]
+OnTrial = Callable[[TrialRecord], None]
 
 
 def design_for(gate: GateConfig, alpha: float | None = None) -> SequentialDesign:
@@ -107,6 +109,7 @@ class Evaluation:
     wall_s: float
     engine_wait_s: float = 0.0  # wall time spent waiting for engines to start and stop
     distribution: Any = None  # VerifyResult when [verify] ran
+    coverage: Any = None  # CoverageReport when the coverage pass ran
     schema_version: int = EVALUATION_SCHEMA
 
     def timing(self) -> dict[str, float]:
@@ -132,6 +135,7 @@ class Evaluation:
             "workloads": {k: v.to_json() for k, v in self.workloads.items()},
             "confirmation": self.confirmation.to_json() if self.confirmation else None,
             "distribution": self.distribution.to_json() if self.distribution else None,
+            "coverage": dataclasses.asdict(self.coverage) if self.coverage else None,
             "checks": [{"name": c.name, "status": c.status.value, "detail": c.detail} for c in self.verdict.checks],
             "config_fingerprint": self.config_fingerprint,
             "environment": self.environment,
@@ -167,6 +171,13 @@ class _State:
     engine_wait_s: float = 0.0
     distribution: Any = None
     trials: list[TrialRecord] = field(default_factory=list)
+    coverage: Any = None  # CoverageReport when the coverage pass ran
+    on_trial: OnTrial | None = None
+
+    def record(self, t: TrialRecord) -> None:
+        self.trials.append(t)
+        if self.on_trial is not None:
+            self.on_trial(t)
 
     def add(self, name: str, status: Status, detail: str = "") -> None:
         self.checks.append(Check(name, status, detail))
@@ -180,6 +191,7 @@ def evaluate(
     alpha: float | None = None,
     progress: Progress | None = None,
     keep_worktrees: bool = False,
+    on_trial: OnTrial | None = None,
 ) -> Evaluation:
     """Measure ``ref`` against the current baseline and judge it. Never merges."""
     t0 = time.perf_counter()
@@ -188,7 +200,7 @@ def evaluate(
     base = ws.baseline_commit()
     cand = ws.resolve(ref)
     master = seed if seed is not None else secrets.randbits(31)
-    st = _State()
+    st = _State(on_trial=on_trial)
     env = environment.describe()
     try:
         _run_checks(ws, config, base, cand, master, alpha, st, say, keep_worktrees)
@@ -199,7 +211,7 @@ def evaluate(
         ref=ref, baseline=base, candidate=cand, seed=master, verdict=verdict, workloads=st.summaries,
         confirmation=st.confirmation,
         trials=tuple(st.trials), config_fingerprint=config.fingerprint(), environment=env,
-        wall_s=time.perf_counter() - t0, engine_wait_s=st.engine_wait_s, distribution=st.distribution,
+        wall_s=time.perf_counter() - t0, engine_wait_s=st.engine_wait_s, distribution=st.distribution, coverage=st.coverage,
     )
 
 
@@ -220,6 +232,16 @@ def _run_checks(ws: Workspace, config: Config, base: str, cand: str, master: int
     tag = f"eval-{cand[:10]}-{master % 100000:05d}"
     worktrees: dict[str, Path] = {}
     scratch = ws.state / "tmp" / tag
+    shutil.rmtree(scratch, ignore_errors=True)  # a crashed earlier attempt of the same evaluation
+    policy = config.gate.sandbox
+    available, why = sandbox.probe() if policy != "off" else (False, "")
+    if policy == "off":
+        st.add("sandbox", Status.SKIPPED, "disabled by [gate] sandbox = off: candidate code ran with network and could read the state directory")
+    elif not available and policy == "required":
+        st.add("sandbox", Status.FAIL, f"[gate] sandbox = required but {why}")
+        return
+    elif not available:
+        st.add("sandbox", Status.SKIPPED, f"not sandboxed: {why}")
     try:
         say("build", "preparing worktrees")
         for side, commit in ((BASELINE, base), (CANDIDATE, cand)):
@@ -229,7 +251,16 @@ def _run_checks(ws: Workspace, config: Config, base: str, cand: str, master: int
                 st.add("build", Status.FAIL, f"{side}: {exc}")
                 return
         st.add("build", Status.PASS, "both sides installed")
-        _measure(ws, config, worktrees, scratch, master, alpha, st, say)
+        sb = sandbox_for(ws, worktrees, scratch) if available and policy != "off" else None
+        if sb is not None:
+            st.add("sandbox", Status.PASS, f"bubblewrap: no network (serving: loopback), read-only system, {len(sb.hide)} paths hidden (state, history, harness)")
+        changed = git.changed_lines(ws.repo_dir, base, cand)
+        try:
+            with sandbox.use(sb):
+                _measure(ws, config, worktrees, scratch, master, alpha, st, say, changed)
+        finally:
+            if sb is not None:
+                shutil.rmtree(sb.home, ignore_errors=True)
     finally:
         if not keep:
             for path in worktrees.values():
@@ -237,16 +268,33 @@ def _run_checks(ws: Workspace, config: Config, base: str, cand: str, master: int
             shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _measure(ws: Workspace, config: Config, worktrees: dict[str, Path], scratch: Path, master: int, alpha: float | None, st: _State, say: Progress) -> None:
+def sandbox_for(ws: Workspace, worktrees: dict[str, Path], scratch: Path) -> sandbox.Sandbox:
+    """Both sides run with the state directory, history and harness (with its corpus) hidden."""
+    import agentsearch
+    import harness
+    import history
+    from harness.engine_session import WORKER
+
+    hide = [str(ws.state)] + [str(Path(m.__file__).resolve().parent) for m in (agentsearch, harness, history)]
+    return sandbox.Sandbox(
+        hide=tuple(dict.fromkeys(hide)), writable=(*map(str, worktrees.values()), str(scratch)),
+        # HOME/TMPDIR: short (unix socket paths, e.g. vLLM's ZMQ ipc sockets, allow 107 bytes)
+        expose=(str(WORKER), str(coverage.TRACER_DIR)), home=tempfile.mkdtemp(prefix="agentsearch-"),
+    )
+
+
+def _measure(ws: Workspace, config: Config, worktrees: dict[str, Path], scratch: Path, master: int, alpha: float | None, st: _State, say: Progress,
+             changed: dict[str, set[int]]) -> None:
     pool = EnginePool()
     try:
-        _measure_with(ws, config, worktrees, scratch, master, alpha, st, say, pool)
+        _measure_with(ws, config, worktrees, scratch, master, alpha, st, say, pool, changed)
     finally:
         pool.close()
         st.engine_wait_s += pool.wait_s
 
 
-def _measure_with(ws: Workspace, config: Config, worktrees: dict[str, Path], scratch: Path, master: int, alpha: float | None, st: _State, say: Progress, pool: EnginePool) -> None:
+def _measure_with(ws: Workspace, config: Config, worktrees: dict[str, Path], scratch: Path, master: int, alpha: float | None, st: _State, say: Progress,
+                  pool: EnginePool, changed: dict[str, set[int]]) -> None:
     design = design_for(config.gate, alpha)
     objective = config.objective
     cal = calibration.load(ws)
@@ -272,7 +320,16 @@ def _measure_with(ws: Workspace, config: Config, worktrees: dict[str, Path], scr
             wdesign = design
         seeds = seed_sequence(master ^ 0x5EED, w.name) if role == "confirmation" else seed_sequence(master, w.name)
 
+        emitted = 0
+
+        def emit(r: WorkloadRun) -> None:
+            nonlocal emitted
+            for t in r.trials[emitted:]:
+                st.record(dataclasses.replace(t, phase=role))
+            emitted = len(r.trials)
+
         def on_pair(r: WorkloadRun) -> None:
+            emit(r)
             est = math.exp(sum(r.log_ratios) / len(r.log_ratios)) - 1
             say(f"{w.name} ({role})", f"pair {r.pairs}/{wdesign.max_pairs}, running estimate {est:+.2%}")
 
@@ -285,7 +342,7 @@ def _measure_with(ws: Workspace, config: Config, worktrees: dict[str, Path], scr
         except (OSError, ValueError, RuntimeError) as exc:  # fail closed: an error is a rejection
             st.add(check_of[role], Status.FAIL, f"{w.name}: measurement error: {type(exc).__name__}: {exc}")
             return None
-        st.trials.extend(dataclasses.replace(t, phase=role) for t in r.trials)
+        emit(r)
         summary = summarize(r, role, w, wdesign, prior is not None)
         if role == "confirmation":
             st.confirmation = summary
@@ -311,6 +368,8 @@ def _measure_with(ws: Workspace, config: Config, worktrees: dict[str, Path], scr
         return
     assert r is not None and r.decision is not None
     st.add("objective", Status.PASS, f"{objective.name}: {r.decision.reason}")
+    if not _coverage_check(config, objective, worktrees, scratch, master, st, say, pool, changed):
+        return
 
     guard_notes = []
     for w in config.workloads:
@@ -355,3 +414,41 @@ def _measure_with(ws: Workspace, config: Config, worktrees: dict[str, Path], scr
     else:
         kl = max((v.get("kl_max") or 0.0) for s_ in res.sets.values() for v in s_.values())
         st.add("distribution", Status.PASS, f"{res.mode}: public {res.public_size} + holdout {res.holdout_size} prompts, prefill and decode within tolerance (max KL {kl:.2g})")
+
+
+def _coverage_check(config: Config, w: WorkloadConfig, worktrees: dict[str, Path], scratch: Path, master: int, st: _State,
+                    say: Progress, pool: EnginePool, changed: dict[str, set[int]]) -> bool:
+    """Untimed pass: one traced candidate trial of the objective; did the changed Python lines run?"""
+    if not config.gate.coverage:
+        st.add("coverage", Status.SKIPPED, "disabled by [gate] coverage = false")
+        return True
+    watch = coverage.watch_list(worktrees[CANDIDATE], changed)
+    if not watch:
+        st.add("coverage", Status.SKIPPED, "no changed executable Python lines (not a Python patch)")
+        return True
+    say("coverage", f"tracing {sum(map(len, watch.values()))} changed lines in one untimed candidate trial")
+    work = scratch / "coverage"
+    traced = dataclasses.replace(w, env={**w.env, **coverage.tracing_env(watch, work)})
+    own = EnginePool()  # the traced engine is not reused: close it right after
+    try:
+        session = session_factory(config, traced, worktrees, scratch / "coverage-run", own)(CANDIDATE, 0)
+        session.start()
+        try:
+            outcome = session.measure(seed_sequence(master ^ 0xC0DE, w.name)(0))
+        finally:
+            session.close()
+            own.close()
+            st.engine_wait_s += own.wait_s
+    except (AgentsearchError, OSError, RuntimeError, ValueError) as exc:
+        st.add("coverage", Status.FAIL, f"coverage pass failed: {type(exc).__name__}: {exc}")
+        return False
+    if not outcome.ok:
+        st.add("coverage", Status.FAIL, f"coverage pass: the traced candidate trial failed: {outcome.error}")
+        return False
+    rep = coverage.report(worktrees[CANDIDATE], watch, coverage.read_hits(work))
+    st.coverage = rep
+    if rep.ran == 0:
+        st.add("coverage", Status.FAIL, f"none of the {rep.changed} changed executable lines ran during {w.name}: the measured difference cannot come from this change ({rep.summary()})")
+        return False
+    st.add("coverage", Status.PASS, rep.summary())
+    return True

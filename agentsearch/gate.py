@@ -28,14 +28,17 @@ class Status(str, Enum):
 REQUIRED_CHECKS = (
     "based-on-baseline",
     "protected-paths",
+    "sandbox",
     "build",
     "objective",
+    "coverage",
     "guard-workloads",
     "confirmation",
     "plausibility",
     "distribution",
 )
-SKIPPABLE = {"distribution", "confirmation"}
+# skipped only with the reason in its detail: the target opted out, the machine cannot, or it does not apply
+SKIPPABLE = {"distribution", "confirmation", "sandbox", "coverage"}
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from . import lengths, sandbox
 from .trials import TrialOutcome, child_env, kill_group, log_error_line, log_tail, metric_error
 
 WORKER = Path(__file__).with_name("workers") / "vllm_worker.py"
@@ -79,13 +80,14 @@ class WorkerSession:
             self.start_error = str(exc)
             return
         env = child_env({**self.env, **extra}, self.worktree, None, self.log_path)
-        env["PYTHONPATH"] = str(self.worktree)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(self.worktree), self.env.get("PYTHONPATH", "")) if p)
         env.setdefault("PYTHONUNBUFFERED", "1")
         rfd, wfd = os.pipe()
+        argv, _ = sandbox.wrap([self.python, str(WORKER), "--fd", str(wfd), json.dumps(self.spec)])
         log = open(self.log_path, "ab")
         try:
             self.proc = subprocess.Popen(
-                [self.python, str(WORKER), "--fd", str(wfd), json.dumps(self.spec)],
+                argv,
                 cwd=str(self.worktree), env=env, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
                 pass_fds=(wfd,), start_new_session=True,
             )
@@ -258,7 +260,7 @@ class EngineLease:
             eng.start()
 
     def measure(self, seed: int) -> TrialOutcome:
-        return self.engine.measure(seed, self.kind, self.params, self.metric)
+        return self.engine.measure(seed, self.kind, lengths.vary(self.params, seed), self.metric)
 
     def close(self) -> None:
         pass

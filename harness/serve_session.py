@@ -20,6 +20,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Mapping
 
+from . import sandbox
 from .engine_session import WorkerError, serving_env
 from .trials import TrialOutcome, child_env, kill_group, log_error_line, log_tail, metric_error, run_child, tail
 
@@ -84,12 +85,13 @@ class ServeSession:
             self.start_error = f"bad serving.json: {exc}"
             return
         env = child_env({**self.env, **extra}, self.worktree, None, self.log_path)
-        env["PYTHONPATH"] = str(self.worktree)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(self.worktree), self.env.get("PYTHONPATH", "")) if p)
         self.port = free_port()
         argv = [self.python, "-m", "vllm.entrypoints.cli.main", "serve", self.spec["model"], "--host", "127.0.0.1",
                 "--port", str(self.port), *engine_flags(engine)]
         self.started_at = time.perf_counter()
         with open(self.log_path, "ab") as log:
+            argv, _ = sandbox.wrap(argv, network=True)  # the load generator reaches it over loopback
             self.proc = subprocess.Popen(argv, cwd=str(self.worktree), env=env, stdin=subprocess.DEVNULL, stdout=log,
                                          stderr=subprocess.STDOUT, start_new_session=True)
 
@@ -140,7 +142,7 @@ class ServeSession:
         ]
         env = child_env(self.env, self.client_path, seed, result_dir)
         env["PYTHONPATH"] = str(self.client_path)
-        rc, _out, err, wall = run_child(argv, result_dir, env, self.timeout_s)
+        rc, _out, err, wall = run_child(argv, result_dir, env, self.timeout_s, sandboxed=False)
         if rc is None:
             return TrialOutcome(False, None, {}, wall, f"bench serve timed out after {self.timeout_s:g} s", tail(err))
         if rc != 0:

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from . import lengths, sandbox
+
 TRIAL_SCHEMA = 1
 BASELINE = "baseline"
 CANDIDATE = "candidate"
@@ -100,9 +102,13 @@ def substitute(command: str, values: Mapping[str, str]) -> str:
     return out
 
 
-def run_child(argv: list[str] | str, cwd: Path, env: Mapping[str, str], timeout_s: float, shell: bool = False) -> tuple[int | None, str, str, float]:
-    """Run a child in its own process group; kill the group on timeout. rc None = timed out."""
+def run_child(argv: list[str] | str, cwd: Path, env: Mapping[str, str], timeout_s: float, shell: bool = False,
+              sandboxed: bool = True) -> tuple[int | None, str, str, float]:
+    """Run a child in its own process group (inside the active sandbox unless ``sandboxed`` is
+    False: the measuring instrument itself); kill the group on timeout. rc None = timed out."""
     t0 = time.perf_counter()
+    if sandboxed:
+        argv, shell = sandbox.wrap(argv, shell)
     proc = subprocess.Popen(
         argv, cwd=str(cwd), env=dict(env), shell=shell, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         stdin=subprocess.DEVNULL, text=True, start_new_session=True,
@@ -173,7 +179,7 @@ def run_command_trial(spec: CommandSpec, seed: int, out_dir: Path) -> TrialOutco
     out = out_dir / f"metrics-{os.getpid()}-{time.monotonic_ns()}.json"
     values = {"worktree": str(spec.worktree), "seed": str(seed), "out": str(out), **spec.extra}
     cmd = substitute(spec.command, values)
-    env = child_env(spec.env, spec.worktree, seed, out)
+    env = child_env({**lengths.env(seed), **spec.env}, spec.worktree, seed, out)
     rc, _stdout, stderr, wall = run_child(cmd, spec.worktree, env, spec.timeout_s, shell=True)
     try:
         if rc is None:

@@ -22,7 +22,7 @@ from typing import Any, Iterator, Mapping
 SCHEMA_VERSION = 1
 GENESIS = "0" * 64
 KINDS = (
-    "episode-started", "episode-finished", "proposal-created", "trial", "statistic", "distribution",
+    "episode-started", "episode-resumed", "episode-finished", "proposal-created", "trial", "statistic", "distribution",
     "evaluation", "verdict", "merge", "revert", "insight", "profile", "repair",
 )
 

@@ -144,7 +144,7 @@ def test_special_casing_public_prompts_fails_on_the_holdout(lm_target):
 def test_evaluate_includes_the_distribution_check(lm_target):
     import sys
 
-    cfg = CONFIG.format(python=sys.executable).replace('command = "true"\nmetric = "x"', f'command = "{sys.executable} speed.py {{out}}"\nmetric = "x"')
+    cfg = CONFIG.format(python=sys.executable).replace('command = "true"\nmetric = "x"', f'command = "{sys.executable} speed.py {{out}}"\nmetric = "x"') + "\n[gate]\ncoverage = false  # lm.py does not run in the speed workload\n"
     speed = "import json, sys, random\njson.dump({'x': float(open('f.txt').read()) * random.gauss(1, 0.01)}, open(sys.argv[1], 'w'))\n"
     commit(lm_target, {"agentsearch.toml": cfg, "speed.py": speed, "f.txt": "1.0"}, "bench")
     commit(lm_target, {"f.txt": "1.5", "lm.py": LM.replace("EPS = np.float32(1e-5)", "EPS = np.float32(1e-3)")}, "fast but wrong", branch="fastwrong")

@@ -25,16 +25,19 @@ def rows(ws: Workspace) -> list[dict]:
         entries = list(HistoryLog(history_path(ws)).entries())
     except HistoryError as exc:
         raise AgentsearchError(f"{exc}; run `agentsearch history verify`") from None
+    merged = {e.proposal for e in entries if e.kind == "merge" and e.data.get("ok")}
     out_rows = []
     for e in entries:
-        if e.kind != "evaluation":
+        if e.kind not in ("evaluation", "verdict"):
             continue
         d = e.data
-        obj = d.get("workloads", {}).get(d.get("objective", ""), {})
+        obj = (d.get("workloads") or {}).get(d.get("objective", ""), {})
         out_rows.append({
-            "seq": e.seq, "proposal": e.proposal or d.get("ref"), "branch": d.get("ref"), "candidate": d.get("candidate", "")[:12],
-            "baseline": d.get("baseline", "")[:12], "verdict": d.get("verdict"), "speedup": obj.get("speedup"),
+            "seq": e.seq, "proposal": e.proposal or d.get("ref"), "title": d.get("title") or d.get("ref"),
+            "branch": d.get("branch") or d.get("ref"), "candidate": (d.get("candidate") or "")[:12],
+            "baseline": (d.get("baseline") or "")[:12], "verdict": d.get("verdict"), "speedup": obj.get("speedup"),
             "pairs": obj.get("pairs"), "reasons": list(d.get("reasons", [])),
+            "merged": e.kind == "verdict" and e.proposal in merged,
         })
     return out_rows
 

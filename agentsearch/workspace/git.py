@@ -144,13 +144,18 @@ def is_clean(worktree: Path) -> bool:
 def add_worktree(repo_dir: Path, path: Path, commit: str, branch: str | None = None) -> None:
     """Check out ``commit`` at ``path``: on a new ``branch``, or detached when branch is None."""
     if branch:
-        run_git("worktree", "add", "--quiet", "-b", branch, str(path), commit, cwd=repo_dir)
+        run_git("worktree", "add", "--quiet", "-B", branch, str(path), commit, cwd=repo_dir)
     else:
         run_git("worktree", "add", "--quiet", "--detach", str(path), commit, cwd=repo_dir)
 
 
 def remove_worktree(repo_dir: Path, path: Path) -> None:
-    run_git("worktree", "remove", "--force", str(path), cwd=repo_dir, check=False)
+    if path.exists():
+        run_git("worktree", "remove", "--force", "--force", str(path), cwd=repo_dir, check=False)
+        if path.exists():  # not a registered worktree (a crash mid-add): plain files
+            import shutil
+
+            shutil.rmtree(path, ignore_errors=True)
     run_git("worktree", "prune", cwd=repo_dir, check=False)
 
 
@@ -203,3 +208,59 @@ def add_note(repo_dir: Path, commit: str, text: str, ref: str = "agentsearch") -
 
 def init_repo(path: Path, branch: str = "main") -> None:
     run_git("init", "--quiet", "-b", branch, str(path), cwd=path.parent)
+
+
+def show_note(repo_dir: Path, commit: str, ref: str = "agentsearch") -> str | None:
+    proc = subprocess.run(["git", "notes", f"--ref={ref}", "show", commit], cwd=str(repo_dir), env=_clean_env(),
+                          capture_output=True, text=True)
+    return proc.stdout if proc.returncode == 0 else None
+
+
+def changed_lines(repo_dir: Path, old: str, new: str) -> dict[str, set[int]]:
+    """{path: line numbers in ``new``} of the lines added or modified between two commits."""
+    out = run_git("diff", "-U0", "--no-ext-diff", "--no-color", "-M", old, new, cwd=repo_dir)
+    result: dict[str, set[int]] = {}
+    path: str | None = None
+    for line in out.splitlines():
+        if line.startswith("+++ "):
+            target = line[4:].strip()
+            path = target[2:] if target.startswith("b/") else None
+        elif line.startswith("@@") and path is not None:
+            # @@ -a,b +c,d @@
+            plus = line.split("+", 1)[1].split(" ", 1)[0]
+            start, _, count = plus.partition(",")
+            n = int(count) if count else 1
+            if n:
+                result.setdefault(path, set()).update(range(int(start), int(start) + n))
+    return result
+
+
+def apply_patch(worktree: Path, patch: str) -> str:
+    """Apply a plain or format-patch diff to ``worktree`` (three-way where possible).
+
+    Returns '' on success, else the reason it does not apply (worktree left clean)."""
+    proc = subprocess.run(["git", "apply", "--3way", "--whitespace=nowarn", "-"], cwd=str(worktree), env=_clean_env(),
+                          input=patch, capture_output=True, text=True)
+    if proc.returncode == 0 and "conflict" not in proc.stderr.lower():
+        return ""
+    lines = [l.strip() for l in (proc.stderr or proc.stdout).splitlines() if l.strip()]
+    errors = [l for l in lines if l.startswith("error:") or "conflict" in l.lower()] or lines or ["git apply failed"]
+    run_git("reset", "--hard", "--quiet", cwd=worktree, check=False)
+    run_git("clean", "-fdq", cwd=worktree, check=False)
+    return "; ".join(dict.fromkeys(errors))[:400]
+
+
+def merge_base(repo_dir: Path, a: str, b: str) -> str | None:
+    out = run_git("merge-base", a, b, cwd=repo_dir, check=False).strip()
+    return out or None
+
+
+def branches_matching(repo_dir: Path, pattern: str) -> list[tuple[str, str]]:
+    """[(branch, sha)] of local branches whose name matches the fnmatch-style ``pattern``."""
+    out = run_git("for-each-ref", "--format=%(refname:short) %(objectname)", f"refs/heads/{pattern}", cwd=repo_dir)
+    rows = [l.split(" ", 1) for l in out.splitlines() if l.strip()]
+    return sorted((name, sha) for name, sha in rows)
+
+
+def commit_message(repo_dir: Path, commit: str) -> str:
+    return run_git("log", "-1", "--format=%B", commit, cwd=repo_dir)

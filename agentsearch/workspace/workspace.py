@@ -142,10 +142,8 @@ class Workspace:
         slug = slugify(title)
         branch = f"agentsearch/{episode}/{number:03d}-{slug}"
         path = self.worktrees / f"{episode}-{number:03d}"
-        if path.exists():
-            git.remove_worktree(self.repo_dir, path)
-        if git.branch_exists(self.repo_dir, branch):
-            git.delete_branch(self.repo_dir, branch)
+        # idempotent: a crash may have left this proposal's worktree or branch half made
+        git.remove_worktree(self.repo_dir, path)
         git.add_worktree(self.repo_dir, path, base, branch=branch)
         return Proposal(episode, number, slug, branch, path, base)
 

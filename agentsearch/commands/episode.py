@@ -1,0 +1,115 @@
+"""`agentsearch episode`: run (or --resume) a search episode and print what it judged."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from rich.markup import escape
+from rich.table import Table
+
+from history import HistoryError, HistoryLog
+
+from .. import episode as ep
+from ..errors import AgentsearchError
+from ..workspace import Workspace
+from ..workspace.workspace import new_episode_id
+from .history import history_path
+from .output import err, out, print_json
+
+DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*$")
+
+
+def parse_duration(text: str | None) -> float | None:
+    if text is None:
+        return None
+    m = DURATION.match(text)
+    if not m:
+        raise AgentsearchError(f"--time-budget {text!r}: expected seconds or a number with s, m or h (e.g. 900, 30m, 2h)")
+    return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[m.group(2)]
+
+
+def run(target: Path, as_json: bool, resume: bool, abandon: bool, proposer: str, patches: Path | None, branches: str | None,
+        budget: int | None, time_budget: str | None, seed: int | None) -> int:
+    ws = Workspace.open(target)
+    seconds = parse_duration(time_budget)
+    with ws.lock(), _open_log(ws) as log, _live(not as_json) as say:
+        entries = list(log.entries())
+        pending = ep.latest_unfinished(entries)
+        if abandon:
+            if pending is None:
+                raise AgentsearchError("no unfinished episode to abandon")
+            log.append("episode-finished", pending, None, {"episode": pending, "reason": "abandoned"})
+            out.print(f"abandoned episode {pending}")
+            return 0
+        if resume:
+            if pending is None:
+                raise AgentsearchError("no unfinished episode to resume; start one with `agentsearch episode --patches DIR`")
+            episode = ep.resume(ws, log, pending, entries)
+        else:
+            if pending is not None:
+                raise AgentsearchError(f"episode {pending} is unfinished: continue it with `agentsearch episode --resume` (or close it with --abandon)")
+            options = {"patches": str(patches) if patches else None, "branches": branches}
+            episode = ep.start(ws, log, proposer, options, budget, seconds, seed, new_episode_id())
+        episode.say = say
+        summary = episode.run()
+    if as_json:
+        print_json(summary)
+    else:
+        show(summary)
+    return 0
+
+
+class _open_log:
+    def __init__(self, ws: Workspace):
+        self.log = HistoryLog(history_path(ws))
+
+    def __enter__(self) -> HistoryLog:
+        try:
+            self.log.open()
+        except HistoryError as exc:
+            raise AgentsearchError(f"{exc}") from None
+        if self.log.repaired:
+            err.print(f"history: {self.log.repaired} (recorded)")
+        return self.log
+
+    def __exit__(self, *exc: object) -> None:
+        self.log.close()
+
+
+class _live:
+    """Status line for stages; a permanent line per proposal milestone (stage == proposal id)."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+        self.status: Any = None
+
+    def __enter__(self) -> Any:
+        if self.enabled and err.is_terminal:
+            self.status = err.status("starting")
+            self.status.__enter__()
+
+        def say(stage: str, detail: str) -> None:
+            if " " not in stage:  # a milestone of one proposal
+                err.print(f"[bold]{escape(stage)}[/bold] {escape(detail)}")
+            elif self.status is not None:
+                self.status.update(f"[bold]{escape(stage)}[/bold] {escape(detail)}")
+        return say
+
+    def __exit__(self, *exc: object) -> None:
+        if self.status is not None:
+            self.status.__exit__(*exc)
+
+
+def show(summary: dict[str, Any]) -> None:
+    t = Table(title=f"episode {summary['episode']}: {summary['reason']}")
+    for col in ("proposal", "title", "verdict", "speedup", "reason"):
+        t.add_column(col)
+    for r in summary["proposals"]:
+        sp = r.get("speedup")
+        t.add_row(r["proposal"].split("/")[-1], escape(r.get("title") or ""), (r.get("verdict") or "—") + (" (merged)" if r.get("merged") else ""),
+                  "—" if sp is None else f"{sp - 1:+.2%}", escape("; ".join(r.get("reasons") or [])[:120] or "—"))
+    out.print(t)
+    out.print(f"{summary['judged']} judged, {summary['merged']} merged; baseline {summary['baseline_before'][:12]} -> "
+              f"{summary['baseline_after'][:12]}; {summary['elapsed_s']:.0f} s")

@@ -1,0 +1,386 @@
+"""The episode loop: propose -> apply on the current baseline -> commit -> evaluate -> gate ->
+merge (CAS, evidence in the merge message and a git note) or reject -> record.
+
+Everything an episode did is in the history, and ``--resume`` rebuilds its state from the
+history alone: judged proposals are not re-run, an in-flight one is judged again from
+scratch, a merge whose verdict was recorded but whose ref update (or note, or merge record)
+was cut off is completed, nothing is recorded twice, and the budgets continue.
+
+Record order for one proposal (each one write + fsync):
+proposal-created -> trial* -> statistic* -> distribution? -> verdict -> [git merge, note] -> merge.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Mapping
+
+from harness import environment
+from harness.trials import BASELINE, TrialRecord
+
+from . import proposers
+from .errors import AgentsearchError, CasError
+from .evaluation import Evaluation, evaluate
+from .gate import MERGE, REJECT, Check, Status, judge
+from .proposers.base import Candidate, Proposer
+from .workspace import Workspace, git
+
+EPISODE_SCHEMA = 1
+Say = Callable[[str, str], None]
+
+
+class EpisodeError(AgentsearchError):
+    pass
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What an episode was started with; recorded in its episode-started record."""
+
+    episode: str
+    proposer: str
+    manifest: Mapping[str, Any]
+    budget: int  # proposals
+    time_budget_s: float | None
+    seed: int
+    alpha: float  # false-merge level per proposal (Bonferroni over the episode)
+    baseline: str  # baseline commit at the start
+    config_fingerprint: str
+    schema_version: int = EPISODE_SCHEMA
+
+
+@dataclass
+class ProposalState:
+    number: int
+    key: str
+    created: dict[str, Any]
+    verdict: dict[str, Any] | None = None
+    merge: dict[str, Any] | None = None
+
+    @property
+    def id(self) -> str:
+        return self.created["proposal"]
+
+
+@dataclass
+class EpisodeState:
+    plan: Plan
+    proposals: dict[int, ProposalState] = field(default_factory=dict)
+    finished: dict[str, Any] | None = None
+    used_s: float = 0.0  # wall time of earlier sessions
+    sessions: int = 0
+
+    @property
+    def judged_keys(self) -> set[str]:
+        return {p.key for p in self.proposals.values()}
+
+    def by_content(self) -> dict[str, ProposalState]:
+        return {p.verdict["content_key"]: p for p in self.proposals.values() if p.verdict and p.verdict.get("content_key")}
+
+
+def derive_seed(master: int, number: int) -> int:
+    h = hashlib.sha256(f"episode:{master}:{number}".encode()).digest()
+    return int.from_bytes(h[:4], "big") & 0x7FFFFFFF
+
+
+# ---------------------------------------------------------------------------- reading the history
+def load_state(entries: list[Any], episode: str) -> EpisodeState:
+    """Rebuild one episode's state from its records (no other source)."""
+    state: EpisodeState | None = None
+    seg_start = seg_last = None
+    for e in entries:
+        if e.episode != episode:
+            continue
+        if e.kind in ("episode-started", "episode-resumed"):
+            if state is not None and seg_start is not None:
+                state.used_s += seg_last - seg_start
+            if e.kind == "episode-started":
+                state = EpisodeState(Plan(**{k: v for k, v in e.data.items() if k in Plan.__dataclass_fields__}))
+            seg_start = seg_last = e.ts
+            if state is not None:
+                state.sessions += 1
+            continue
+        if state is None:
+            continue
+        seg_last = e.ts
+        d = dict(e.data)
+        if e.kind == "proposal-created":
+            state.proposals[d["number"]] = ProposalState(d["number"], d["key"], d)
+        elif e.kind == "verdict" and d.get("number") in state.proposals:
+            state.proposals[d["number"]].verdict = d
+        elif e.kind == "merge" and d.get("number") in state.proposals:
+            state.proposals[d["number"]].merge = d
+        elif e.kind == "episode-finished":
+            state.finished = d
+    if state is None:
+        raise EpisodeError(f"episode {episode} has no episode-started record in the history")
+    if seg_start is not None:
+        state.used_s += seg_last - seg_start
+    return state
+
+
+def latest_unfinished(entries: list[Any]) -> str | None:
+    started = [e.episode for e in entries if e.kind == "episode-started"]
+    finished = {e.episode for e in entries if e.kind == "episode-finished"}
+    for ep in reversed(started):
+        if ep not in finished:
+            return ep
+    return None
+
+
+# ---------------------------------------------------------------------------- the loop
+class Episode:
+    def __init__(self, ws: Workspace, log: Any, state: EpisodeState, proposer: Proposer, say: Say | None = None):
+        self.ws, self.log, self.state, self.proposer = ws, log, state, proposer
+        self.say = say or (lambda stage, detail: None)
+        self.t0 = time.time()
+        self.plan = state.plan
+
+    # -------------------------------------------------------------- records
+    def record(self, kind: str, proposal: str | None, data: Mapping[str, Any]) -> None:
+        self.log.append(kind, self.plan.episode, proposal, data)
+
+    def elapsed(self) -> float:
+        return self.state.used_s + (time.time() - self.t0)
+
+    # -------------------------------------------------------------- run
+    def run(self) -> dict[str, Any]:
+        # 1. finish what a crash cut off: merges whose verdict is recorded, then an in-flight proposal
+        for p in sorted(self.state.proposals.values(), key=lambda p: p.number):
+            if p.verdict and p.verdict["verdict"] == MERGE and p.merge is None:
+                self._merge(p)
+        for p in sorted(self.state.proposals.values(), key=lambda p: p.number):
+            if p.verdict is None:
+                self.say(p.id, "resuming: judging the in-flight proposal again from scratch")
+                cand = self._candidate_of(p)
+                self._judge(p, cand)
+        # 2. new proposals until the queue or a budget runs out
+        reason = "queue empty"
+        while True:
+            if len(self.state.proposals) >= self.plan.budget:
+                reason = f"proposal budget reached ({self.plan.budget})"
+                break
+            if self.plan.time_budget_s is not None and self.elapsed() >= self.plan.time_budget_s:
+                reason = f"time budget reached ({self.plan.time_budget_s:g} s)"
+                break
+            cand = self.proposer.next(self.state.judged_keys)
+            if cand is None:
+                break
+            p = self._create(cand)
+            self._judge(p, cand)
+        summary = self.summary(reason)
+        self.record("episode-finished", None, {k: v for k, v in summary.items() if k != "proposals"})
+        self.state.finished = summary
+        return summary
+
+    def summary(self, reason: str) -> dict[str, Any]:
+        rows = []
+        for p in sorted(self.state.proposals.values(), key=lambda p: p.number):
+            v = p.verdict or {}
+            rows.append({"proposal": p.id, "title": p.created.get("title"), "branch": p.created.get("branch"),
+                         "verdict": v.get("verdict"), "speedup": v.get("speedup"), "reasons": v.get("reasons", []),
+                         "merged": bool(p.merge and p.merge.get("ok"))})
+        return {
+            "episode": self.plan.episode, "reason": reason, "proposals": rows,
+            "judged": len(rows), "merged": sum(r["merged"] for r in rows),
+            "baseline_before": self.plan.baseline, "baseline_after": self.ws.baseline_commit(),
+            "elapsed_s": round(self.elapsed(), 1),
+        }
+
+    # -------------------------------------------------------------- one proposal
+    def _candidate_of(self, p: ProposalState) -> Candidate:
+        c = p.created
+        return Candidate(p.key, c["title"], c.get("rationale", ""), c.get("category", "other"), c.get("proposer", self.proposer.name), c["patch"])
+
+    def _create(self, cand: Candidate) -> ProposalState:
+        number = len(self.state.proposals) + 1
+        pid = f"{self.plan.episode}/{number:03d}"
+        self.say(pid, f"applying {cand.title!r}")
+        prop = self.ws.create_proposal(self.plan.episode, number, cand.title)
+        error = git.apply_patch(prop.worktree, cand.patch)
+        commit = None
+        if not error:
+            commit = self.ws.commit_proposal(prop, cand.title, cand.rationale, cand.proposer)
+        files = [c.paths[-1] for c in git.diff_changes(self.ws.repo_dir, prop.base, commit)] if commit else []
+        data = {
+            "number": number, "proposal": pid, "key": cand.key, "title": cand.title, "rationale": cand.rationale,
+            "category": cand.category, "proposer": cand.proposer, "branch": prop.branch, "base": prop.base,
+            "commit": commit, "applied": not error, "apply_error": error, "files": files,
+            "diff_hash": hashlib.sha256(cand.patch.encode()).hexdigest(), "patch": cand.patch,
+        }
+        self.record("proposal-created", pid, data)
+        p = ProposalState(number, cand.key, data)
+        self.state.proposals[number] = p
+        return p
+
+    def _fresh_commit(self, p: ProposalState, cand: Candidate) -> tuple[str | None, str]:
+        """The commit to judge: the recorded one if it is still on the current baseline, else re-applied."""
+        base = self.ws.baseline_commit()
+        recorded = p.created.get("commit")
+        if recorded and p.created.get("base") == base:
+            try:
+                self.ws.resolve(recorded)
+                return recorded, ""
+            except AgentsearchError:
+                pass
+        if not p.created.get("applied", True) and p.created.get("base") == base:
+            return None, p.created.get("apply_error") or "the patch does not apply"
+        prop = self.ws.create_proposal(self.plan.episode, p.number, cand.title, base=base)
+        error = git.apply_patch(prop.worktree, cand.patch)
+        if error:
+            return None, error
+        return self.ws.commit_proposal(prop, cand.title, cand.rationale, cand.proposer), ""
+
+    def _judge(self, p: ProposalState, cand: Candidate) -> None:
+        base = self.ws.baseline_commit()
+        config = self.ws.config()
+        commit, error = self._fresh_commit(p, cand)
+        if commit is None:
+            reason = f"does not apply to the current baseline {base[:12]}: {error}" if error else "the patch makes no change"
+            self._verdict(p, _static_verdict("patch-applies", reason), base, None, None)
+            return
+        content_key = _content_key(self.ws, base, commit, config.fingerprint())
+        if git.tree_of(self.ws.repo_dir, commit) == git.tree_of(self.ws.repo_dir, base):
+            self._verdict(p, _static_verdict("patch-applies", "the patch makes no change to the baseline"), base, commit, None, content_key)
+            return
+        twin = self.state.by_content().get(content_key)
+        if twin is not None and twin.number != p.number:
+            reason = (f"identical to {twin.id} (same code, baseline, workloads and environment), judged "
+                      f"{twin.verdict['verdict']}; not re-measured")
+            self._verdict(p, _static_verdict("not-a-duplicate", reason), base, commit, None, content_key)
+            return
+
+        trees = {BASELINE: git.tree_of(self.ws.repo_dir, base), "candidate": git.tree_of(self.ws.repo_dir, commit)}
+        env_fp = environment.fingerprint()
+
+        def on_trial(t: TrialRecord) -> None:
+            key = hashlib.sha256(json.dumps([trees[t.side], t.workload, t.seed, env_fp]).encode()).hexdigest()[:20]
+            self.record("trial", p.id, {"number": p.number, "measurement": key, **asdict(t)})
+
+        def say(stage: str, detail: str) -> None:
+            self.say(f"{p.id} {stage}", detail)
+
+        ev = evaluate(self.ws, commit, seed=derive_seed(self.plan.seed, p.number), alpha=self.plan.alpha,
+                      progress=say, on_trial=on_trial)
+        for w in [*ev.workloads.values(), *([ev.confirmation] if ev.confirmation else [])]:
+            self.record("statistic", p.id, {"number": p.number, **w.to_json()})
+        if ev.distribution is not None:
+            self.record("distribution", p.id, {"number": p.number, **ev.distribution.to_json()})
+        self._verdict(p, ev.verdict, base, commit, ev, content_key)
+
+    def _verdict(self, p: ProposalState, verdict: Any, base: str, commit: str | None, ev: Evaluation | None,
+                 content_key: str | None = None) -> None:
+        data: dict[str, Any] = {
+            "number": p.number, "proposal": p.id, "title": p.created.get("title"), "branch": p.created.get("branch"),
+            "verdict": verdict.verdict, "reasons": list(verdict.reasons),
+            "checks": [{"name": c.name, "status": c.status.value, "detail": c.detail} for c in verdict.checks],
+            "baseline": base, "candidate": commit, "content_key": content_key, "speedup": None,
+        }
+        if ev is not None:
+            full = ev.to_json()
+            full.pop("trials", None)
+            obj = self.ws.config().objective.name
+            data.update({k: v for k, v in full.items() if k not in data or k in ("baseline", "candidate")})
+            data["objective"] = obj
+            w = ev.workloads.get(obj)
+            data["speedup"] = w.speedup if w else None
+        self.record("verdict", p.id, data)
+        p.verdict = data
+        self.say(p.id, f"{verdict.verdict.upper()}" + (f": {verdict.reasons[0]}" if verdict.reasons else ""))
+        prop_path = self.ws.worktrees / f"{self.plan.episode}-{p.number:03d}"
+        if prop_path.exists():
+            self.ws.remove_worktree(prop_path)
+        if verdict.verdict == MERGE:
+            self._merge(p)
+
+    def _merge(self, p: ProposalState) -> None:
+        v = p.verdict
+        assert v is not None
+        cand, expected = v["candidate"], v["baseline"]
+        now = self.ws.baseline_commit()
+        note = evidence_text(v)
+        try:
+            if git.is_ancestor(self.ws.repo_dir, cand, now) and now != expected:
+                merged = now  # the ref moved before a crash cut the record off
+            else:
+                merged = self.ws.merge(cand, expected, merge_message(v))
+        except CasError as exc:
+            data = {"number": p.number, "ok": False, "old": expected, "new": now, "candidate": cand, "error": str(exc)}
+            self.record("merge", p.id, data)
+            p.merge = data
+            self.say(p.id, f"not merged: {exc}")
+            return
+        git.add_note(self.ws.repo_dir, merged, note)
+        data = {"number": p.number, "ok": True, "old": expected, "new": merged, "candidate": cand}
+        self.record("merge", p.id, data)
+        p.merge = data
+        self.say(p.id, f"merged: baseline {expected[:12]} -> {merged[:12]}")
+
+
+def _static_verdict(check: str, reason: str) -> Any:
+    return judge([Check(check, Status.FAIL, reason)])
+
+
+def _content_key(ws: Workspace, base: str, commit: str, config_fp: str) -> str:
+    parts = [git.tree_of(ws.repo_dir, base), git.tree_of(ws.repo_dir, commit), config_fp, environment.fingerprint()]
+    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()
+
+
+def merge_message(v: Mapping[str, Any]) -> str:
+    sp = v.get("speedup")
+    head = f"agentsearch: merge {v.get('title') or v['proposal']}"
+    if sp:
+        head += f" ({sp - 1:+.1%} {v.get('objective', '')})".rstrip()
+    return f"{head}\n\n{evidence_text(v)}\nAgentsearch-Proposal: {v['proposal']}\nAgentsearch-Candidate: {v['candidate']}\n"
+
+
+def evidence_text(v: Mapping[str, Any]) -> str:
+    """The evidence of a verdict in a few lines: for the merge message and the git note."""
+    lines = [f"Verdict: {v['verdict']} ({v['proposal']}, branch {v.get('branch')})"]
+    for name, w in (v.get("workloads") or {}).items():
+        sp, ci = w.get("speedup"), w.get("ci")
+        if sp is None:
+            continue
+        ci_s = f" [{ci[0] - 1:+.1%}, {ci[1] - 1:+.1%}]" if ci else ""
+        p = w.get("p_value")
+        lines.append(f"- {name} ({w['role']}): {sp - 1:+.2%}{ci_s}, p={p:.2g}, {w['pairs']} pairs" if p is not None
+                     else f"- {name} ({w['role']}): {sp - 1:+.2%}{ci_s}, {w['pairs']} pairs")
+    for c in v.get("checks", []):
+        lines.append(f"- check {c['name']}: {c['status']}" + (f" ({c['detail']})" if c.get("detail") else ""))
+    lines.append(f"Reproduce: agentsearch evaluate {v['candidate'][:12] if v.get('candidate') else '?'} --seed {v.get('seed', '?')}")
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------- entry points
+def start(ws: Workspace, log: Any, proposer_name: str, options: Mapping[str, Any], budget: int | None,
+          time_budget_s: float | None, seed: int | None, episode: str) -> Episode:
+    config = ws.config()
+    proposer = proposers.build(proposer_name, {**options, "baseline": config.target.baseline}, ws.repo_dir)
+    n = budget if budget is not None else config.gate.episode_budget
+    if n < 1:
+        raise EpisodeError(f"--budget must be at least 1, got {n}")
+    plan = Plan(
+        episode=episode, proposer=proposer_name, manifest=proposer.manifest(), budget=n, time_budget_s=time_budget_s,
+        seed=seed if seed is not None else secrets.randbits(31),
+        alpha=config.gate.alpha / max(n, config.gate.episode_budget), baseline=ws.baseline_commit(),
+        config_fingerprint=config.fingerprint(),
+    )
+    log.append("episode-started", episode, None, asdict(plan))
+    state = EpisodeState(plan, sessions=1)
+    return Episode(ws, log, state, proposer)
+
+
+def resume(ws: Workspace, log: Any, episode: str, entries: list[Any]) -> Episode:
+    state = load_state(entries, episode)
+    proposer = proposers.base.rebuild(state.plan.proposer, state.plan.manifest)
+    log.append("episode-resumed", episode, None, {"session": state.sessions + 1, "used_s": round(state.used_s, 3),
+                                                  "judged": sum(1 for p in state.proposals.values() if p.verdict)})
+    state.sessions += 1
+    return Episode(ws, log, state, proposer)
+
+
+__all__ = ["Episode", "EpisodeError", "Plan", "start", "resume", "latest_unfinished", "load_state", "REJECT"]

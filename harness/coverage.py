@@ -1,0 +1,95 @@
+"""Did the changed lines run? The gate's untimed coverage pass for Python patches.
+
+``watch_list`` keeps the changed lines that are executable (a comment, a blank line or a
+docstring cannot run); the tracer in ``tracer/sitecustomize.py`` is put on the candidate's
+PYTHONPATH for one extra, untimed trial and writes the watched lines it saw; ``read_hits``
+collects them from every process of that trial.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import types
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping
+
+TRACER_DIR = Path(__file__).with_name("tracer")
+COVERAGE_SCHEMA = 1
+
+
+def executable_lines(source: str, filename: str = "<patch>") -> set[int]:
+    """Line numbers that carry bytecode (module level and every nested function/class)."""
+    try:
+        code = compile(source, filename, "exec", dont_inherit=True)
+    except (SyntaxError, ValueError):
+        return set()
+    lines: set[int] = set()
+    stack = [code]
+    while stack:
+        co = stack.pop()
+        for _start, _end, line in co.co_lines():
+            if line is not None:
+                lines.add(line)
+        stack.extend(c for c in co.co_consts if isinstance(c, types.CodeType))
+    # a docstring is a constant load on its first line; it does not prove anything ran
+    return lines
+
+
+def watch_list(worktree: Path, changed: Mapping[str, set[int]]) -> dict[str, list[int]]:
+    """{absolute path: executable changed lines} for the changed Python files of ``worktree``."""
+    out: dict[str, list[int]] = {}
+    for rel, lines in changed.items():
+        if not rel.endswith(".py"):
+            continue
+        path = worktree / rel
+        try:
+            source = path.read_text()
+        except (OSError, UnicodeDecodeError):
+            continue
+        keep = sorted(lines & executable_lines(source, str(path)))
+        if keep:
+            out[os.path.realpath(path)] = keep
+    return out
+
+
+def tracing_env(watch: Mapping[str, list[int]], work_dir: Path) -> dict[str, str]:
+    """Environment for the traced trial (the tracer's directory goes on PYTHONPATH)."""
+    work_dir.mkdir(parents=True, exist_ok=True)
+    spec = work_dir / "watch.json"
+    spec.write_text(json.dumps(watch))
+    hits = work_dir / "hits"
+    hits.mkdir(exist_ok=True)
+    return {"PYTHONPATH": str(TRACER_DIR), "AGENTSEARCH_TRACE_FILES": str(spec), "AGENTSEARCH_TRACE_OUT": str(hits)}
+
+
+def read_hits(work_dir: Path) -> dict[str, set[int]]:
+    hits: dict[str, set[int]] = {}
+    for f in sorted((work_dir / "hits").glob("hits-*.txt")):
+        for line in f.read_text(errors="replace").splitlines():
+            path, _, num = line.rpartition("\t")
+            if path and num.isdigit():
+                hits.setdefault(path, set()).add(int(num))
+    return hits
+
+
+@dataclass(frozen=True)
+class CoverageReport:
+    changed: int  # executable changed lines
+    ran: int
+    files: Mapping[str, tuple[int, int]] = field(default_factory=dict)  # relative path -> (changed, ran)
+    schema_version: int = COVERAGE_SCHEMA
+
+    def summary(self) -> str:
+        per = ", ".join(f"{p} {r}/{c}" for p, (c, r) in sorted(self.files.items()))
+        return f"{self.ran}/{self.changed} changed executable lines ran ({per})"
+
+
+def report(worktree: Path, watch: Mapping[str, list[int]], hits: Mapping[str, set[int]]) -> CoverageReport:
+    root = os.path.realpath(worktree)
+    files = {}
+    for path, lines in watch.items():
+        ran = len(set(lines) & hits.get(path, set()))
+        files[os.path.relpath(path, root)] = (len(lines), ran)
+    return CoverageReport(sum(c for c, _ in files.values()), sum(r for _, r in files.values()), files)

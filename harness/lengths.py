@@ -1,0 +1,38 @@
+"""Varied input-length distributions: each pair's seed picks a length profile.
+
+A candidate tuned to one request shape would win on it and lose elsewhere; the gate measures
+every workload over a spread of shapes instead. Both sides of a pair share the seed, so they
+see the same shape. For built-in vLLM workloads the profile rewrites the workload's
+``length_dist`` and scales ``input_len``/``output_len``; command workloads get it as
+AGENTSEARCH_LENGTH_DIST and AGENTSEARCH_LENGTH_SCALE to use if their inputs have lengths.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any, Mapping
+
+DISTS = ("fixed", "uniform", "zipf")
+SCALES = (0.5, 1.0, 1.5, 2.0)
+
+
+def profile(seed: int) -> tuple[str, float]:
+    h = hashlib.sha256(f"lengths:{seed}".encode()).digest()
+    return DISTS[h[0] % len(DISTS)], SCALES[h[1] % len(SCALES)]
+
+
+def vary(params: Mapping[str, Any], seed: int) -> dict[str, Any]:
+    """``params`` with this seed's length profile, unless the workload sets vary_lengths = false."""
+    out = dict(params)
+    if not out.pop("vary_lengths", True):
+        return out
+    dist, scale = profile(seed)
+    out["length_dist"] = dist
+    for key, default in (("input_len", 64), ("output_len", 64)):
+        out[key] = max(4, int(round(int(out.get(key, default)) * scale)))
+    return out
+
+
+def env(seed: int) -> dict[str, str]:
+    dist, scale = profile(seed)
+    return {"AGENTSEARCH_LENGTH_DIST": dist, "AGENTSEARCH_LENGTH_SCALE": f"{scale:g}"}

@@ -1,0 +1,260 @@
+"""Acceptance of the episode loop on a toy command target with a patch queue.
+
+The toy engine (src/engine.py) sets the bench's speed and the toy LM's precision, so a
+patch can be faster, faster-but-different, or neither; the bench and the config are
+protected. Everything is real: git repositories, child processes, statistics, sandbox.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from agentsearch.workspace import Workspace
+from history import HistoryLog
+
+from .conftest import ROOT, commit, git, make_repo, run_cli
+
+ENGINE = """\
+# the toy serving engine: how fast it runs and how precise its normalization is
+VERSION = "1"
+
+
+SPEED = 1.0
+
+
+EPS = 1e-5
+"""
+
+BENCH = """\
+import json, os, random, sys, time
+sys.path.insert(0, os.getcwd())
+seed, out = int(sys.argv[1]), sys.argv[2]
+if os.path.exists("mode.txt") and open("mode.txt").read().strip() == "hang":
+    time.sleep(3600)
+from src import engine
+cv = float(os.environ.get("TOY_CV", "0.02"))
+json.dump({"ops_s": 1000.0 * engine.SPEED * random.gauss(1.0, cv), "seed": seed}, open(out, "w"))
+"""
+
+LM = (ROOT / "tests" / "toy_lm.py").read_text().replace(
+    "EPS = np.float32(1e-5)",
+    "import os\nsys.path.insert(0, os.getcwd())\nfrom src import engine\nEPS = np.float32(engine.EPS)",
+)
+
+CONFIG = """\
+[target]
+baseline = "main"
+protected = ["bench/**", "lm.py"]
+
+[target.env]
+TOY_CV = "0.02"
+
+[[workload]]
+name = "speed"
+command = "{python} bench/bench.py {{seed}} {{out}}"
+metric = "ops_s"
+timeout_s = 4
+
+[gate]
+episode_budget = 10
+max_pairs = 12
+confirm_pairs = 4
+
+[verify]
+logprobs = "{python} lm.py {{prompts}} {{out}}"
+timeout_s = 120
+"""
+
+
+def make_target(path: Path) -> Path:
+    repo = make_repo(path, {
+        "agentsearch.toml": CONFIG.format(python=sys.executable), "bench/bench.py": BENCH, "lm.py": LM,
+        "src/__init__.py": "", "src/engine.py": ENGINE,
+    })
+    assert run_cli("init", "-C", str(repo)).returncode == 0
+    return repo
+
+
+def patch_from(repo: Path, files: dict[str, str], name: str, subject: str) -> str:
+    """A real `git format-patch` of a change to the toy target (made on a scratch branch)."""
+    commit(repo, files, f"{subject}\n\nCategory: other", branch=f"scratch/{name}")
+    text = git(repo, "format-patch", "--stdout", f"main..scratch/{name}")
+    git(repo, "branch", "-D", f"scratch/{name}")
+    return text
+
+
+def write_queue(repo: Path, queue: Path, with_hang: bool = True, full: bool = True) -> None:
+    """The acceptance queue, in order (full) or its first three kinds (for the crash test)."""
+    queue.mkdir()
+    if full:
+        lossy = patch_from(repo, {"src/engine.py": ENGINE.replace("SPEED = 1.0", "SPEED = 1.3").replace("EPS = 1e-5", "EPS = 3e-1")},
+                           "lossy", "Faster with a coarser normalization")
+        (queue / "01-lossy.patch").write_text(lossy)
+    fast = patch_from(repo, {"src/engine.py": ENGINE.replace("SPEED = 1.0", "SPEED = 1.3")}, "fast", "Make the engine 30% faster")
+    (queue / "02-fast.patch").write_text(fast)
+    noop = patch_from(repo, {"src/engine.py": ENGINE.replace("# the toy", "# the tiny toy")}, "noop", "Reword a comment")
+    (queue / "03-noop.patch").write_text(noop)
+    cheat = patch_from(repo, {"bench/bench.py": BENCH.replace("1000.0", "2000.0")}, "cheat", "Speed up the benchmark")
+    (queue / "04-protected.patch").write_text(cheat)
+    if not full:
+        return
+    (queue / "05-stale.diff").write_text(
+        "--- a/src/engine.py\n+++ b/src/engine.py\n@@ -1,2 +1,2 @@\n-# an engine that never was\n-SPEED = 7.0\n+# nope\n+SPEED = 9.0\n")
+    if with_hang:
+        hang = patch_from(repo, {"mode.txt": "hang\n", "VERSION.txt": "2\n"}, "hang", "Hang the bench")
+        (queue / "06-hang.patch").write_text(hang)
+
+
+def episode_json(repo: Path, *args: str, timeout: float = 900) -> tuple[int, dict]:
+    proc = run_cli("episode", "-C", str(repo), "--json", *args, timeout=timeout)
+    assert proc.stdout, proc.stderr
+    return proc.returncode, json.loads(proc.stdout)
+
+
+def test_patch_queue_episode_merges_only_the_real_win(tmp_path):
+    repo = make_target(tmp_path / "toy")
+    write_queue(repo, tmp_path / "queue")
+    before = Workspace.open(repo).baseline_commit()
+    rc, out = episode_json(repo, "--patches", str(tmp_path / "queue"), "--seed", "7")
+    assert rc == 0, out
+    by_title = {r["title"]: r for r in out["proposals"]}
+    assert len(by_title) == 6
+    fast = by_title["Make the engine 30% faster"]
+    assert fast["verdict"] == "merge" and fast["merged"] and 1.2 < fast["speedup"] < 1.4
+    for title, needle in [
+        ("Reword a comment", "objective"),
+        ("Speed up the benchmark", "protected"),
+        ("Faster with a coarser normalization", "distribution"),
+        ("05-stale", "does not apply"),
+        ("Hang the bench", "timed out"),
+    ]:
+        r = by_title[title]
+        assert r["verdict"] == "reject" and not r["merged"], (title, r)
+        assert any(needle in reason for reason in r["reasons"]), (title, r["reasons"])
+    assert out["merged"] == 1
+
+    ws = Workspace.open(repo)
+    after = ws.baseline_commit()
+    assert after == out["baseline_after"] != before
+    assert "SPEED = 1.3" in (repo / "src" / "engine.py").read_text()  # the checked-out baseline follows
+    # evidence: the merge message and a git note on the merge commit
+    msg = git(repo, "log", "-1", "--format=%B", after)
+    assert "Make the engine 30% faster" in msg and "Agentsearch-Proposal:" in msg and "check objective: pass" in msg
+    note = git(repo, "notes", "--ref=agentsearch", "show", after)
+    assert "Verdict: merge" in note and "Reproduce: agentsearch evaluate" in note
+    # the fast proposal was judged with the sandbox and its changed line ran
+    fast_v = [e.data for e in HistoryLog(ws.state / "history.jsonl").entries() if e.kind == "verdict" and e.data["title"] == fast["title"]][0]
+    checks = {c["name"]: c for c in fast_v["checks"]}
+    assert checks["sandbox"]["status"] == "pass" and checks["coverage"]["status"] == "pass"
+    assert "1/1 changed executable lines ran" in checks["coverage"]["detail"]
+    # every event is in the history, and the history command shows one row per proposal
+    kinds = [e.kind for e in HistoryLog(ws.state / "history.jsonl").entries()]
+    for kind in ("episode-started", "proposal-created", "trial", "statistic", "distribution", "verdict", "merge", "episode-finished"):
+        assert kind in kinds, kind
+    proc = run_cli("history", "-C", str(repo), "--json")
+    rows = json.loads(proc.stdout)
+    assert len(rows) == 6 and all({"proposal", "branch", "verdict", "reasons"} <= set(r) for r in rows)
+    assert run_cli("history", "verify", "-C", str(repo)).returncode == 0
+    # nothing to resume now
+    proc = run_cli("episode", "-C", str(repo), "--resume")
+    assert proc.returncode == 2 and "no unfinished episode" in proc.stderr
+
+
+def test_identical_proposal_is_not_measured_twice_and_branches_queue(tmp_path):
+    repo = make_target(tmp_path / "toy")
+    commit(repo, {"src/engine.py": ENGINE.replace("# the toy", "# the toy, v2")}, "comment A", branch="try/a")
+    commit(repo, {"src/engine.py": ENGINE.replace("# the toy", "# the toy, v2")}, "comment B (same tree)", branch="try/b")
+    rc, out = episode_json(repo, "--branches", "try/*", "--seed", "3")
+    assert rc == 0
+    a, b = out["proposals"]
+    assert a["verdict"] == "reject" and any("objective" in r for r in a["reasons"])
+    assert b["verdict"] == "reject" and "not re-measured" in b["reasons"][0] and a["proposal"] in b["reasons"][0]
+    ws = Workspace.open(repo)
+    trials = [e for e in HistoryLog(ws.state / "history.jsonl").entries() if e.kind == "trial"]
+    assert trials and {e.proposal for e in trials} == {a["proposal"]}
+
+
+def test_bad_input_is_one_line(tmp_path):
+    repo = make_target(tmp_path / "toy")
+    proc = run_cli("episode", "-C", str(repo), "--patches", str(tmp_path / "nope"))
+    assert proc.returncode == 2 and "no such patch directory" in proc.stderr and "Traceback" not in proc.stderr
+    proc = run_cli("episode", "-C", str(repo), "--branches", "zzz/*")
+    assert proc.returncode == 2 and "no branch matches" in proc.stderr
+    proc = run_cli("episode", "-C", str(repo), "--patches", str(tmp_path), "--time-budget", "soon")
+    assert proc.returncode == 2 and "--time-budget" in proc.stderr
+
+
+def _final(repo: Path) -> tuple[dict[str, str], str]:
+    ws = Workspace.open(repo)
+    verdicts = {e.data["title"]: e.data["verdict"] for e in HistoryLog(ws.state / "history.jsonl").entries() if e.kind == "verdict"}
+    tree = git(repo, "rev-parse", f"{ws.baseline_commit()}^{{tree}}").strip()
+    return verdicts, tree
+
+
+def test_sigkill_at_random_points_then_resume_matches_an_uninterrupted_run(tmp_path):
+    ref = make_target(tmp_path / "ref")
+    write_queue(ref, tmp_path / "queue-ref", full=False)
+    t0 = time.monotonic()
+    rc, out = episode_json(ref, "--patches", str(tmp_path / "queue-ref"), "--seed", "11")
+    duration = time.monotonic() - t0
+    assert rc == 0
+    want = _final(ref)
+    assert list(want[0].values()).count("merge") == 1
+
+    repo = make_target(tmp_path / "crash")
+    write_queue(repo, tmp_path / "queue", full=False)
+    ws = Workspace.open(repo)
+    rng = random.Random(2026)
+    kills = 0
+    env = {**os.environ}
+    for attempt in range(60):
+        entries = list(HistoryLog(ws.state / "history.jsonl").entries()) if (ws.state / "history.jsonl").exists() else []
+        started = any(e.kind == "episode-started" for e in entries)
+        args = ["--resume"] if started else ["--patches", str(tmp_path / "queue"), "--seed", "11"]
+        proc = subprocess.Popen([sys.executable, "-m", "agentsearch.cli", "episode", "-C", str(repo), "--json", *args],
+                                cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        if kills < 10:
+            time.sleep(rng.uniform(0.3, max(1.0, duration / 4)))
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGKILL)
+                proc.communicate()
+                kills += 1
+                continue
+        stdout, stderr = proc.communicate(timeout=900)
+        assert proc.returncode == 0, stderr
+        break
+    assert kills == 10
+    got = _final(repo)
+    assert got == want
+    assert run_cli("history", "verify", "-C", str(repo)).returncode == 0
+    entries = list(HistoryLog(ws.state / "history.jsonl").entries())
+    for kind in ("proposal-created", "verdict", "merge", "episode-started", "episode-finished"):
+        keys = [(e.proposal, e.data.get("number")) for e in entries if e.kind == kind]
+        assert len(keys) == len(set(keys)), f"{kind} recorded twice: {keys}"
+    assert sum(1 for e in entries if e.kind == "episode-resumed") >= 1
+
+
+def test_one_edited_byte_is_found_by_history_verify(tmp_path):
+    repo = make_target(tmp_path / "toy")
+    write_queue(repo, tmp_path / "queue", full=False)
+    rc, _ = episode_json(repo, "--patches", str(tmp_path / "queue"), "--budget", "1", "--seed", "5")
+    assert rc == 0
+    path = Workspace.open(repo).state / "history.jsonl"
+    lines = path.read_bytes().split(b"\n")
+    target_line = 3
+    raw = bytearray(lines[target_line - 1])
+    i = raw.index(b'"kind"') + 9
+    raw[i] = raw[i] ^ 0x01
+    lines[target_line - 1] = bytes(raw)
+    path.write_bytes(b"\n".join(lines))
+    proc = run_cli("history", "verify", "-C", str(repo))
+    assert proc.returncode == 1 and f"line {target_line}" in proc.stderr
