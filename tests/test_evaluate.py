@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 import pytest
 
@@ -137,3 +139,75 @@ def test_build_failure_is_a_rejection(tmp_path):
     rc, out = evaluate(repo, "nobuild")
     assert rc == 4 and out["reasons"][0].startswith("build: candidate") and "missing header" in out["reasons"][0]
     assert out["trials"] == []
+
+
+PROBE_BENCH = """
+import json, os, socket, sys
+seed, out, state, harness_dir, port = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])
+def net():
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+        return True
+    except OSError:
+        return False
+probe = {
+    "state_files": sorted(os.listdir(state)) if os.path.isdir(state) else None,
+    "harness_files": sorted(os.listdir(harness_dir)) if os.path.isdir(harness_dir) else None,
+    "network": net(),
+    "can_write_home": os.access(os.environ.get("HOME", "/"), os.W_OK),
+}
+factor = float(open("speed.txt").read())
+json.dump({"ops_s": 1000.0 * factor, **probe}, open(out, "w"))
+"""
+
+
+def test_both_sides_run_sandboxed_without_state_harness_or_network(tmp_path):
+    import socket
+    import sys
+
+    import harness
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    port = server.getsockname()[1]
+    repo = make_repo(tmp_path / "toy", {"bench/bench.py": PROBE_BENCH, "speed.txt": "1.0\n", "src/model.py": "X = 1\n"})
+    state = repo / ".git" / "agentsearch"
+    hdir = Path(harness.__file__).parent
+    cfg = toy_config(timeout=10).replace("bench/bench.py {seed} {out}", f"bench/bench.py {{seed}} {{out}} {state} {hdir} {port}")
+    commit(repo, {"agentsearch.toml": cfg}, "config")
+    assert run_cli("init", "-C", str(repo)).returncode == 0
+    commit(repo, {"speed.txt": "1.3\n"}, "faster", branch="fast")
+    assert len(os.listdir(state)) > 0 and len(os.listdir(hdir)) > 0  # outside the sandbox they are there
+    rc, out = evaluate(repo, "fast")
+    server.close()
+    checks = {c["name"]: c for c in out["checks"]}
+    assert checks["sandbox"]["status"] == "pass", checks["sandbox"]
+    assert out["trials"]
+    for t in out["trials"]:
+        m = t["metrics"]
+        assert t["ok"], (t["error"], t["stderr_tail"])
+        # only the mount points leading to the evaluation's scratch dir, the worker and the tracer remain
+        assert set(m["state_files"]) <= {"tmp"}, m
+        assert set(m["harness_files"]) <= {"workers", "tracer"}, m
+        assert m["network"] is False and m["can_write_home"] is True, m
+
+
+def test_sandbox_off_is_said_in_the_verdict(target):
+    commit(target, {"agentsearch.toml": toy_config(timeout=4, extra="\n[gate]\nsandbox = \"off\"\n")}, "no sandbox")
+    commit(target, {"speed.txt": "1.3\n"}, "faster", branch="fast2")
+    rc, out = evaluate(target, "fast2")
+    checks = {c["name"]: c for c in out["checks"]}
+    assert rc == 0 and checks["sandbox"]["status"] == "skipped" and "disabled" in checks["sandbox"]["detail"]
+
+
+def test_a_win_from_code_that_never_ran_is_rejected(target):
+    # the speed comes from a data file; the Python change is never imported by the bench
+    commit(target, {"speed.txt": "1.3\n", "src/model.py": "X = 2\n"}, "faster + dead code", branch="dead")
+    rc, out = evaluate(target, "dead")
+    assert rc == 4
+    assert any(r.startswith("coverage: none of the 1 changed executable lines ran") for r in out["reasons"]), out["reasons"]
+    commit(target, {"speed.txt": "1.3\n", "src/model.py": "X = 1\n# only a comment\n"}, "faster + comment", branch="comment")
+    rc, out = evaluate(target, "comment")
+    checks = {c["name"]: c for c in out["checks"]}
+    assert rc == 0 and checks["coverage"]["status"] == "skipped", checks["coverage"]
