@@ -99,14 +99,16 @@ def calibrate(target: Path, as_json: bool, pairs: int) -> None:
 @click.argument("ref")
 @click.option("--seed", type=int, default=None, help="Master input seed (default: fresh).")
 @click.option("--keep-worktrees", is_flag=True, help="Keep the measurement worktrees for inspection.")
-def evaluate(target: Path, as_json: bool, ref: str, seed: int | None, keep_worktrees: bool) -> None:
+@click.option("--baseline", "baseline", metavar="REF", help="Measure against this commit instead of the baseline branch (reproducing a past verdict).")
+@click.option("--alpha", type=float, help="False-merge level of this one evaluation (default: [gate] alpha / episode_budget).")
+def evaluate(target: Path, as_json: bool, ref: str, seed: int | None, keep_worktrees: bool, baseline: str | None, alpha: float | None) -> None:
     """Measure REF against the baseline and print the gate's verdict (never merges).
 
     Exit status: 0 merge, 4 reject or held for review, 2 bad input.
     """
     from .commands.evaluate import run
 
-    run_command(run, target=target, as_json=as_json, ref=ref, seed=seed, keep_worktrees=keep_worktrees)
+    run_command(run, target=target, as_json=as_json, ref=ref, seed=seed, keep_worktrees=keep_worktrees, baseline=baseline, alpha=alpha)
 
 
 @main.command(context_settings=CONTEXT)
@@ -190,6 +192,62 @@ def episode(target: Path, as_json: bool, resume: bool, abandon: bool, proposer: 
                 branches=branches, budget=budget, time_budget=time_budget, seed=seed)
 
 
+@main.command(context_settings=CONTEXT)
+@target_option
+@click.argument("what", metavar="PROPOSAL|REF")
+@click.option("--format", "fmt", type=click.Choice(["md", "html"]), default="md", show_default=True)
+@click.option("-o", "--output", type=click.Path(path_type=Path), help="Write to FILE (Markdown plots go to FILE-plots/).")
+def report(target: Path, what: str, fmt: str, output: Path | None) -> None:
+    """Render the evidence report of a verdict: a proposal id (or its number), a branch or a commit.
+
+    Verdict and every reason, per-workload table and paired-trial plots, distribution checks
+    with divergence against the noise floor, anti-cheat checks, the change, the environment and
+    the one command that reproduces the verdict.
+    """
+    from .commands.report import run
+
+    run_command(run, target=target, what=what, fmt=fmt, output=output)
+
+
+@main.command(context_settings=CONTEXT)
+@target_option
+@click.argument("proposal")
+@click.option("--remote", default="origin", show_default=True, help="Git remote to push the proposal branch to.")
+@click.option("--dry-run", is_flag=True, help="Write the PR body and print the push and `gh` commands instead of running them.")
+@click.option("-o", "--output", type=click.Path(path_type=Path), help="Where to write the PR body (default: the state dir).")
+def pr(target: Path, proposal: str, remote: str, dry_run: bool, output: Path | None) -> None:
+    """Push a proposal's branch and open a pull request whose body is its evidence report (`gh`)."""
+    from .commands.report import pr as run
+
+    run_command(run, target=target, what=proposal, remote=remote, dry_run=dry_run, output=output)
+
+
+@main.command(context_settings=CONTEXT)
+@target_option
+@json_option
+@click.argument("merge", required=False)
+@click.option("--recheck", is_flag=True, help="Re-measure MERGE against its parent with fresh seeds and the holdout.")
+@click.option("--seed", type=int, help="Master seed of the recheck (default: fresh).")
+def review(target: Path, as_json: bool, merge: str | None, recheck: bool, seed: int | None) -> None:
+    """List merges on the baseline with their evidence; MERGE shows one; --recheck re-measures it.
+
+    With --recheck, exit 0 when the win still holds, 1 when it does not.
+    """
+    from .commands.review import run
+
+    run_command(run, target=target, as_json=as_json, what=merge, recheck=recheck, seed=seed)
+
+
+@main.command(context_settings=CONTEXT)
+@target_option
+@click.argument("merge")
+def revert(target: Path, merge: str) -> None:
+    """Revert a merge (commit or proposal id) on the baseline with a new commit (compare-and-swap), recorded."""
+    from .commands.review import revert as run
+
+    run_command(run, target=target, what=merge)
+
+
 def _not_built(name: str, issue: str) -> Callable[..., None]:
     def cmd(**_: Any) -> None:
         def fail() -> int:
@@ -218,14 +276,6 @@ def _json_param() -> click.Option:
 
 _register_pending("insights", "Distill the history into insights for the next proposals.", "proposers and insights",
                   [_target_param(), _json_param()])
-_register_pending("report", "Render the evidence report of a proposal or ref.", "evidence reports",
-                  [_target_param(), click.Argument(["proposal"])])
-_register_pending("pr", "Open a pull request whose body is the evidence report.", "evidence reports",
-                  [_target_param(), click.Argument(["proposal"])])
-_register_pending("review", "List merges on the baseline with their evidence; --recheck re-measures one.", "evidence reports",
-                  [_target_param(), _json_param(), click.Argument(["merge"], required=False)])
-_register_pending("revert", "Revert a merge on the baseline (compare-and-swap).", "evidence reports",
-                  [_target_param(), click.Argument(["merge"])])
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -259,7 +259,7 @@ class Episode:
 
         def on_trial(t: TrialRecord) -> None:
             key = hashlib.sha256(json.dumps([trees[t.side], t.workload, t.seed, env_fp]).encode()).hexdigest()[:20]
-            self.record("trial", p.id, {"number": p.number, "measurement": key, **asdict(t)})
+            self.record("trial", p.id, {"number": p.number, "candidate": commit, "baseline": base, "measurement": key, **asdict(t)})
 
         def say(stage: str, detail: str) -> None:
             self.say(f"{p.id} {stage}", detail)

@@ -110,6 +110,7 @@ class Evaluation:
     engine_wait_s: float = 0.0  # wall time spent waiting for engines to start and stop
     distribution: Any = None  # VerifyResult when [verify] ran
     coverage: Any = None  # CoverageReport when the coverage pass ran
+    alpha: float | None = None  # the false-merge level this evaluation spent
     schema_version: int = EVALUATION_SCHEMA
 
     def timing(self) -> dict[str, float]:
@@ -132,6 +133,7 @@ class Evaluation:
             "baseline": self.baseline,
             "candidate": self.candidate,
             "seed": self.seed,
+            "alpha": self.alpha,
             "workloads": {k: v.to_json() for k, v in self.workloads.items()},
             "confirmation": self.confirmation.to_json() if self.confirmation else None,
             "distribution": self.distribution.to_json() if self.distribution else None,
@@ -192,12 +194,13 @@ def evaluate(
     progress: Progress | None = None,
     keep_worktrees: bool = False,
     on_trial: OnTrial | None = None,
+    baseline: str | None = None,
 ) -> Evaluation:
-    """Measure ``ref`` against the current baseline and judge it. Never merges."""
+    """Measure ``ref`` against the current baseline (or the commit ``baseline``) and judge it. Never merges."""
     t0 = time.perf_counter()
     say = progress or (lambda stage, detail: None)
-    config = ws.config()
-    base = ws.baseline_commit()
+    base = ws.resolve(baseline) if baseline else ws.baseline_commit()
+    config = ws.config(base)
     cand = ws.resolve(ref)
     master = seed if seed is not None else secrets.randbits(31)
     st = _State(on_trial=on_trial)
@@ -212,6 +215,7 @@ def evaluate(
         confirmation=st.confirmation,
         trials=tuple(st.trials), config_fingerprint=config.fingerprint(), environment=env,
         wall_s=time.perf_counter() - t0, engine_wait_s=st.engine_wait_s, distribution=st.distribution, coverage=st.coverage,
+        alpha=alpha if alpha is not None else config.gate.proposal_alpha,
     )
 
 

@@ -115,6 +115,7 @@ class PathStats:
     dlp: list[float] = field(default_factory=list)
     signed: list[float] = field(default_factory=list)
     agree: list[bool] = field(default_factory=list)
+    pos: list[int] = field(default_factory=list)  # position of each compared entry
     exact: bool = True
     sequences: int = 0
     divergences: int = 0
@@ -135,7 +136,20 @@ class PathStats:
             "top1_agreement": float(np.mean(self.agree)) if self.agree else None,
             "exact": self.exact, "divergences": self.divergences,
             "first_divergence_median": float(np.median(self.first_divergence)) if self.first_divergence else None,
+            "kl_by_position": self.profile(),
         }
+
+    def profile(self, positions: int = 48) -> list[float]:
+        """Mean KL at each position 0..positions-1 (the last bin holds every later position)."""
+        if not self.kl or len(self.pos) != len(self.kl):
+            return []
+        sums = np.zeros(positions)
+        counts = np.zeros(positions)
+        idx = np.minimum(np.asarray(self.pos), positions - 1)
+        np.add.at(sums, idx, np.asarray(self.kl))
+        np.add.at(counts, idx, 1)
+        last = int(idx.max()) + 1
+        return [float(f"{v:.4g}") for v in (sums[:last] / np.maximum(counts[:last], 1))]
 
 
 def compare(base: Mapping[tuple[str, str], Record], cand: Mapping[tuple[str, str], Record], ids: Iterable[str],
@@ -165,6 +179,7 @@ def compare(base: Mapping[tuple[str, str], Record], cand: Mapping[tuple[str, str
                 st.dlp.append(dlp)
                 st.signed.append(signed)
                 st.agree.append(agree)
+                st.pos.append(i)
                 if ea != eb:
                     st.exact = False
                 if path == "decode" and i < len(b.tokens) and a.tokens[i] != b.tokens[i]:

@@ -7,7 +7,7 @@ from pathlib import Path
 from rich.markup import escape
 from rich.table import Table
 
-from ..errors import EXIT_GATE_REJECT
+from ..errors import EXIT_GATE_REJECT, AgentsearchError
 from ..evaluation import Evaluation, evaluate
 from ..gate import MERGE
 from ..workspace import Workspace
@@ -15,13 +15,18 @@ from .history import record_evaluation
 from .output import out, print_json, progress
 
 
-def run(target: Path, as_json: bool, ref: str, seed: int | None, keep_worktrees: bool) -> int:
+def run(target: Path, as_json: bool, ref: str, seed: int | None, keep_worktrees: bool, baseline: str | None = None,
+        alpha: float | None = None) -> int:
     ws = Workspace.open(target)
     ws.resolve(ref)  # bad refs are bad input, before any work
+    if baseline is not None:
+        ws.resolve(baseline)
+    if alpha is not None and not 0 < alpha < 1:
+        raise AgentsearchError(f"--alpha {alpha}: expected a number strictly between 0 and 1")
     with ws.lock(), progress() as say:
-        result = evaluate(ws, ref, seed=seed, progress=say, keep_worktrees=keep_worktrees)
+        result = evaluate(ws, ref, seed=seed, progress=say, keep_worktrees=keep_worktrees, baseline=baseline, alpha=alpha)
         data = result.to_json()
-        data["objective"] = ws.config().objective.name
+        data["objective"] = ws.config(result.baseline).objective.name
         record_evaluation(ws, data)
     if as_json:
         print_json(result.to_json())

@@ -264,3 +264,33 @@ def branches_matching(repo_dir: Path, pattern: str) -> list[tuple[str, str]]:
 
 def commit_message(repo_dir: Path, commit: str) -> str:
     return run_git("log", "-1", "--format=%B", commit, cwd=repo_dir)
+
+
+def remote_url(repo_dir: Path, remote: str) -> str | None:
+    out = run_git("remote", "get-url", remote, cwd=repo_dir, check=False).strip()
+    return out or None
+
+
+def push(repo_dir: Path, remote: str, branch: str) -> str:
+    """Push ``branch`` to ``remote``; '' on success, else git's last error line."""
+    proc = subprocess.run(["git", "push", "--quiet", remote, f"refs/heads/{branch}:refs/heads/{branch}"], cwd=str(repo_dir),
+                          env=_clean_env(), capture_output=True, text=True)
+    if proc.returncode == 0:
+        return ""
+    lines = [l for l in proc.stderr.strip().splitlines() if l.strip()]
+    return lines[-1] if lines else f"exit {proc.returncode}"
+
+
+def revert_merge(repo_dir: Path, worktree: Path, merge: str, message: str) -> str:
+    """In ``worktree`` (checked out at the baseline tip), commit the revert of ``merge``; returns the commit.
+
+    Raises GitError when the revert does not apply cleanly."""
+    parents = run_git("rev-list", "--parents", "-n", "1", merge, cwd=repo_dir).split()
+    args = ["revert", "--no-edit", "--no-commit"] + (["-m", "1"] if len(parents) > 2 else []) + [merge]
+    run_git(*args, cwd=worktree)
+    run_git("commit", "--quiet", "--no-verify", "-F", "-", cwd=worktree, input=message)
+    return run_git("rev-parse", "HEAD", cwd=worktree).strip()
+
+
+def first_parent(repo_dir: Path, commit: str) -> str:
+    return run_git("rev-parse", f"{commit}^1", cwd=repo_dir).strip()

@@ -202,6 +202,29 @@ class Workspace:
         self._sync_checkout(branch, expected_base, merge_commit)
         return merge_commit
 
+    def revert(self, merge: str, message: str) -> tuple[str, str]:
+        """Revert ``merge`` on the baseline with a new commit (CAS); returns (old tip, new tip)."""
+        from ..errors import GitError
+
+        branch = self.baseline_branch
+        tip = self.baseline_commit()
+        if not git.is_ancestor(self.repo_dir, merge, tip):
+            raise TargetError(f"{merge[:12]} is not on the baseline {branch!r}; nothing to revert")
+        path = self.worktrees / f"revert-{merge[:12]}"
+        git.remove_worktree(self.repo_dir, path)
+        git.add_worktree(self.repo_dir, path, tip)
+        try:
+            try:
+                new = git.revert_merge(self.repo_dir, path, merge, message)
+            except GitError as exc:
+                raise TargetError(f"the revert of {merge[:12]} does not apply cleanly on the baseline {tip[:12]} ({exc}); revert it by hand") from None
+        finally:
+            git.remove_worktree(self.repo_dir, path)
+        if not git.update_ref_cas(self.repo_dir, f"refs/heads/{branch}", new, tip, f"agentsearch: revert {merge[:12]}"):
+            raise CasError(f"baseline {branch!r} moved during the revert; run it again")
+        self._sync_checkout(branch, tip, new)
+        return tip, new
+
     def _sync_checkout(self, branch: str, old: str, new: str) -> None:
         """If the main checkout sits on the baseline branch, bring its files along (safe two-tree merge)."""
         if git.checked_out_branch(self.repo_dir) == branch:

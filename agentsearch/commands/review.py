@@ -1,0 +1,140 @@
+"""`agentsearch review [MERGE [--recheck]]` and `agentsearch revert MERGE`: merged branches, later."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rich.markup import escape
+from rich.table import Table
+
+from history import HistoryError, HistoryLog
+
+from ..errors import EXIT_FAIL, AgentsearchError
+from ..evaluation import evaluate
+from ..gate import MERGE
+from ..workspace import Workspace, git
+from .evaluate import show as show_evaluation
+from .history import history_path
+from .output import out, print_json, progress
+
+
+def _entries(ws: Workspace) -> list[Any]:
+    try:
+        return list(HistoryLog(history_path(ws)).entries())
+    except HistoryError as exc:
+        raise AgentsearchError(f"{exc}; run `agentsearch history verify`") from None
+
+
+def merges(ws: Workspace) -> list[dict[str, Any]]:
+    """Every merge agentsearch made on the baseline, with its evidence and current state."""
+    entries = _entries(ws)
+    verdicts = {e.proposal: e.data for e in entries if e.kind == "verdict"}
+    reverted = {e.data.get("merge"): e.data for e in entries if e.kind == "revert"}
+    rechecks: dict[str, dict] = {}
+    for e in entries:
+        if e.kind == "recheck":
+            rechecks[e.data.get("merge")] = e.data
+    tip = ws.baseline_commit()
+    rows = []
+    for e in entries:
+        if e.kind != "merge" or not e.data.get("ok"):
+            continue
+        m = e.data["new"]
+        v = verdicts.get(e.proposal, {})
+        try:
+            on_baseline = git.is_ancestor(ws.repo_dir, m, tip)
+        except AgentsearchError:
+            on_baseline = False
+        rc = rechecks.get(m)
+        rows.append({
+            "merge": m, "proposal": e.proposal, "title": v.get("title"), "speedup": v.get("speedup"),
+            "objective": v.get("objective"), "old": e.data.get("old"), "candidate": e.data.get("candidate"),
+            "on_baseline": on_baseline, "reverted": m in reverted, "revert_commit": (reverted.get(m) or {}).get("new"),
+            "evidence": git.show_note(ws.repo_dir, m) or "", "recheck": (rc or {}).get("holds"),
+        })
+    return rows
+
+
+def resolve_merge(ws: Workspace, what: str) -> dict[str, Any]:
+    rows = merges(ws)
+    for r in rows:
+        if what == r["proposal"] or (r["proposal"] or "").endswith("/" + what.zfill(3)):
+            return r
+    try:
+        sha = ws.resolve(what)
+    except AgentsearchError:
+        raise AgentsearchError(f"{what!r} is neither a merge commit nor a merged proposal; list them with `agentsearch review`") from None
+    for r in rows:
+        if r["merge"] == sha:
+            return r
+    raise AgentsearchError(f"{sha[:12]} is not a merge recorded by agentsearch; list them with `agentsearch review`")
+
+
+def run(target: Path, as_json: bool, what: str | None, recheck: bool, seed: int | None) -> int:
+    ws = Workspace.open(target)
+    if what is None:
+        if recheck:
+            raise AgentsearchError("--recheck needs a MERGE (a merge commit or proposal id from `agentsearch review`)")
+        rows = merges(ws)
+        if as_json:
+            print_json(rows)
+            return 0
+        if not rows:
+            out.print("no merges recorded yet")
+            return 0
+        t = Table(title=f"merges on {ws.baseline_branch}")
+        for col in ("merge", "proposal", "title", "speedup", "state", "recheck"):
+            t.add_column(col)
+        for r in rows:
+            state = "reverted" if r["reverted"] else ("on baseline" if r["on_baseline"] else "not on baseline")
+            sp = r["speedup"]
+            t.add_row(r["merge"][:12], r["proposal"] or "—", escape(r["title"] or ""), "—" if sp is None else f"{sp - 1:+.2%}",
+                      state, {True: "holds", False: "does not hold", None: "—"}[r["recheck"]])
+        out.print(t)
+        return 0
+    row = resolve_merge(ws, what)
+    if not recheck:
+        if as_json:
+            print_json(row)
+        else:
+            out.print(f"[bold]{row['merge'][:12]}[/] {escape(row['title'] or '')} ({row['proposal']})")
+            out.print(escape(row["evidence"] or "(no git note)"))
+        return 0
+    parent = git.first_parent(ws.repo_dir, row["merge"])
+    with ws.lock(), progress() as say:
+        ev = evaluate(ws, row["merge"], seed=seed, progress=say, baseline=parent)
+        holds = ev.verdict.verdict == MERGE
+        data = {"merge": row["merge"], "parent": parent, "proposal": row["proposal"], "holds": holds,
+                "verdict": ev.verdict.verdict, "reasons": list(ev.verdict.reasons), "seed": ev.seed,
+                "speedup": (ev.workloads.get(ws.config().objective.name).speedup if ev.workloads.get(ws.config().objective.name) else None)}
+        try:
+            with HistoryLog(history_path(ws)) as log:
+                log.append("recheck", None, row["proposal"], data)
+        except HistoryError as exc:
+            raise AgentsearchError(str(exc)) from None
+    if as_json:
+        print_json({**data, "evaluation": ev.to_json()})
+    else:
+        show_evaluation(ev)
+        out.print(f"recheck of {row['merge'][:12]} against its parent {parent[:12]} with fresh seeds (seed {ev.seed}): "
+                  + ("[green]the win still holds[/]" if holds else "[red]the win does NOT hold[/]"))
+    return 0 if holds else EXIT_FAIL
+
+
+def revert(target: Path, what: str) -> int:
+    ws = Workspace.open(target)
+    row = resolve_merge(ws, what)
+    if row["reverted"]:
+        raise AgentsearchError(f"{row['merge'][:12]} was already reverted by {str(row['revert_commit'])[:12]}")
+    message = (f"agentsearch: revert {row['title'] or row['proposal']}\n\nReverts merge {row['merge']} ({row['proposal']}).\n\n"
+               f"Agentsearch-Revert: {row['merge']}\n")
+    with ws.lock():
+        old, new = ws.revert(row["merge"], message)
+        try:
+            with HistoryLog(history_path(ws)) as log:
+                log.append("revert", None, row["proposal"], {"merge": row["merge"], "old": old, "new": new})
+        except HistoryError as exc:
+            raise AgentsearchError(str(exc)) from None
+    out.print(f"reverted {row['merge'][:12]} ({row['proposal']}): baseline {old[:12]} -> {new[:12]}")
+    return 0
