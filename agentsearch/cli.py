@@ -173,14 +173,19 @@ def model_tiny(directory: Path | None) -> None:
 @json_option
 @click.option("--resume", is_flag=True, help="Continue the latest unfinished episode from the history.")
 @click.option("--abandon", is_flag=True, help="Close the latest unfinished episode without running it.")
-@click.option("--proposer", type=click.Choice(["patches"]), default="patches", show_default=True, help="Where proposals come from.")
+@click.option("--proposer", type=click.Choice(["patches", "sweep", "claude"]), default="patches", show_default=True,
+              help="Where proposals come from: a patch queue, the [[sweep.knob]] space, or a Claude agent.")
 @click.option("--patches", type=click.Path(path_type=Path), help="Directory of *.patch / *.diff files (git format-patch or plain diff).")
 @click.option("--branches", metavar="GLOB", help="Existing branches to judge, e.g. 'feature/*'.")
 @click.option("--budget", type=int, help="Proposals to judge at most (default: [gate] episode_budget).")
 @click.option("--time-budget", metavar="DURATION", help="Stop starting proposals after this long (900, 30m, 2h).")
 @click.option("--seed", type=int, help="Master seed of the episode (default: random, recorded).")
+@click.option("--insights", "insights_file", type=click.Path(path_type=Path), help="Insights JSON to steer the proposer (default: the history's latest).")
+@click.option("--cost-budget", type=float, help="Agent proposers: stop after this many USD.")
+@click.option("--model", "agent_model", help="Claude proposer: the model to ask for.")
 def episode(target: Path, as_json: bool, resume: bool, abandon: bool, proposer: str, patches: Path | None,
-            branches: str | None, budget: int | None, time_budget: str | None, seed: int | None) -> None:
+            branches: str | None, budget: int | None, time_budget: str | None, seed: int | None,
+            insights_file: Path | None, cost_budget: float | None, agent_model: str | None) -> None:
     """Run a search episode: propose, apply on the baseline, measure, gate, merge or reject, record.
 
     Every step goes to the append-only history; after a crash or Ctrl-C, `--resume` continues
@@ -189,7 +194,8 @@ def episode(target: Path, as_json: bool, resume: bool, abandon: bool, proposer: 
     from .commands.episode import run
 
     run_command(run, target=target, as_json=as_json, resume=resume, abandon=abandon, proposer=proposer, patches=patches,
-                branches=branches, budget=budget, time_budget=time_budget, seed=seed)
+                branches=branches, budget=budget, time_budget=time_budget, seed=seed, insights_file=insights_file,
+                cost_budget=cost_budget, agent_model=agent_model)
 
 
 @main.command(context_settings=CONTEXT)
@@ -248,6 +254,20 @@ def revert(target: Path, merge: str) -> None:
     run_command(run, target=target, what=merge)
 
 
+@main.command(context_settings=CONTEXT)
+@target_option
+@json_option
+@click.option("-o", "--output", type=click.Path(path_type=Path), help="Also write them to FILE (.json: the JSON document; else Markdown).")
+def insights(target: Path, as_json: bool, output: Path | None) -> None:
+    """Distill the history into insights: win rate, effects and failure reasons by category,
+    file, knob and workload, and lessons (worked / ineffective / avoid). Recorded in the history
+    and written to <state>/insights.md; proposers read them.
+    """
+    from .commands.insights import run
+
+    run_command(run, target=target, as_json=as_json, output=output)
+
+
 def _not_built(name: str, issue: str) -> Callable[..., None]:
     def cmd(**_: Any) -> None:
         def fail() -> int:
@@ -274,8 +294,11 @@ def _json_param() -> click.Option:
     return click.Option(["--json", "as_json"], is_flag=True, help="Print one JSON document instead of tables.")
 
 
-_register_pending("insights", "Distill the history into insights for the next proposals.", "proposers and insights",
-                  [_target_param(), _json_param()])
+
+
+
+_register_pending("profile", "Profile a workload of the baseline (or REF): where the time goes.", "profiling",
+                  [_target_param(), _json_param(), click.Argument(["ref"], required=False)])
 
 
 if __name__ == "__main__":  # pragma: no cover

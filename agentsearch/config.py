@@ -199,12 +199,44 @@ class VerifyConfig:
             raise ValueError(f"unknown cap {bad[0]!r} (kl_mean, kl_p99, kl_max, dlogprob_max, min_top1)|caps")
 
 
+KNOB_WHERE = ("engine", "env", "json")
+
+
+@dataclass(frozen=True)
+class KnobConfig:
+    name: str = doc("Knob name (an engine argument, an environment variable, or a label for a JSON key).")
+    values: tuple[Any, ...] = doc("Allowed values (one TOML type), in order; the sweep proposes values other than the current one.")
+    where: str = doc(
+        "engine: a key of `engine` in the serving file; env: a key of its `env`; json: the dotted `key` in `file`.", "engine"
+    )
+    key: str | None = doc("where = \"json\": dotted key path in the file (default: name).", None)
+    file: str | None = doc("File holding the knob (default: [sweep] file).", None)
+    category: str = doc("config, scheduling, kernel, graph/launch, memory or other.", "config")
+    rationale: str = doc("Why this knob may matter (goes into the proposal's rationale).", "")
+    gpu_only: bool = doc("Only proposed on machines with a GPU (e.g. CUDA-graph settings).", False)
+
+    def __post_init__(self) -> None:
+        if self.where not in KNOB_WHERE:
+            raise ValueError(f"expected one of {', '.join(KNOB_WHERE)}, got {self.where!r}|where")
+        if len({type(v) for v in self.values}) > 1:
+            raise ValueError(f"expected values of one type, got {list(self.values)!r}|values")
+        if self.category not in ("config", "scheduling", "kernel", "graph/launch", "memory", "other"):
+            raise ValueError(f"expected one of config, scheduling, kernel, graph/launch, memory, other, got {self.category!r}|category")
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    file: str = doc("The serving-config file that engine/env knobs live in (JSON: {\"engine\": {...}, \"env\": {...}}).", "serving.json")
+    knobs: tuple[KnobConfig, ...] = doc("[[sweep.knob]] tables: the bounded search space (one knob per proposal).", ())
+
+
 @dataclass(frozen=True)
 class Config:
     target: TargetConfig = doc("[target]", factory=TargetConfig)
     workloads: tuple[WorkloadConfig, ...] = doc("[[workload]] tables", ())
     gate: GateConfig = doc("[gate]", factory=GateConfig)
     verify: VerifyConfig | None = doc("[verify]", None)
+    sweep: SweepConfig = doc("[sweep]", factory=SweepConfig)
 
     @property
     def objective(self) -> WorkloadConfig:
@@ -257,6 +289,11 @@ def _coerce(value: Any, tp: Any) -> tuple[bool, Any]:
                 return True, v
         return False, None
     if origin is tuple:
+        args = typing.get_args(tp)
+        if args and args[0] is Any:  # knob values: scalars of one TOML type
+            if isinstance(value, list) and value and all(isinstance(v, (str, int, float, bool)) for v in value):
+                return True, tuple(value)
+            return False, None
         if isinstance(value, list) and all(isinstance(v, str) for v in value):
             return True, tuple(value)
         return False, None
@@ -340,14 +377,35 @@ def load_config_text(text: str, source: str = CONFIG_FILE) -> Config:
         raise ConfigError(
             f"{source}: [gate] objective: expected one of the workload names ({', '.join(names)}), got {gate.objective!r}"
         )
-    return Config(target=sections["target"], workloads=workloads, gate=gate, verify=verify)
+    return Config(target=sections["target"], workloads=workloads, gate=gate, verify=verify, sweep=_sweep(data.get("sweep"), source))
+
+
+def _sweep(raw: Any, source: str) -> SweepConfig:
+    if raw is None:
+        return SweepConfig()
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: [sweep]: expected a table")
+    raw = dict(raw)
+    knobs_raw = raw.pop("knob", [])
+    if not isinstance(knobs_raw, list):
+        raise ConfigError(f"{source}: sweep.knob: expected [[sweep.knob]] tables")
+    knobs = tuple(_build(KnobConfig, k, f"[[sweep.knob]] #{i + 1}", source) for i, k in enumerate(knobs_raw))
+    names = [k.name for k in knobs]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ConfigError(f"{source}: [[sweep.knob]] name: duplicate knob {dupes[0]!r}")
+    base = _build(SweepConfig, raw, "[sweep]", source)
+    return dataclasses.replace(base, knobs=knobs)
 
 
 def reference_rows() -> list[tuple[str, str, str, str]]:
     """(section, key, default, doc) for every key: the README's config reference."""
     rows = []
-    for section, cls in (("[target]", TargetConfig), ("[[workload]]", WorkloadConfig), ("[gate]", GateConfig), ("[verify]", VerifyConfig)):
+    for section, cls in (("[target]", TargetConfig), ("[[workload]]", WorkloadConfig), ("[gate]", GateConfig), ("[verify]", VerifyConfig),
+                         ("[sweep]", SweepConfig), ("[[sweep.knob]]", KnobConfig)):
         for f in dataclasses.fields(cls):
+            if cls is SweepConfig and f.name == "knobs":
+                continue
             if f.default is not dataclasses.MISSING:
                 default = repr(f.default)
             elif f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]

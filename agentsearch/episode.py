@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Mapping
 
 from harness import environment
+from history.insights import proposal_rows
 from harness.trials import BASELINE, TrialRecord
 
 from . import proposers
@@ -50,6 +51,8 @@ class Plan:
     alpha: float  # false-merge level per proposal (Bonferroni over the episode)
     baseline: str  # baseline commit at the start
     config_fingerprint: str
+    insights: Mapping[str, Any] | None = None  # imported with --insights (else the history's latest)
+    cost_budget_usd: float | None = None  # agent proposers: stop when spent
     schema_version: int = EPISODE_SCHEMA
 
 
@@ -167,15 +170,46 @@ class Episode:
             if self.plan.time_budget_s is not None and self.elapsed() >= self.plan.time_budget_s:
                 reason = f"time budget reached ({self.plan.time_budget_s:g} s)"
                 break
-            cand = self.proposer.next(self.state.judged_keys)
+            spent = self.cost()
+            if self.plan.cost_budget_usd is not None and spent >= self.plan.cost_budget_usd:
+                reason = f"cost budget reached (${spent:.2f} of ${self.plan.cost_budget_usd:.2f})"
+                break
+            self.say(f"{self.plan.episode}/{len(self.state.proposals) + 1:03d} propose", f"asking the {self.proposer.name} proposer")
+            cand = self.proposer.next(self.state.judged_keys, self.context())
             if cand is None:
                 break
             p = self._create(cand)
             self._judge(p, cand)
         summary = self.summary(reason)
-        self.record("episode-finished", None, {k: v for k, v in summary.items() if k != "proposals"})
+        from .insights import refresh
+
+        last = list(self.log.entries())[-1:]
+        if last and last[0].kind == "insight" and last[0].episode == self.plan.episode:  # a crash cut off the finish
+            data, path = dict(last[0].data), self.ws.state / "insights.md"
+        else:
+            data, path = refresh(self.ws, self.log, self.plan.episode)
+        summary["insights"] = str(path)
+        summary["lessons"] = data["lessons"]
+        self.record("episode-finished", None, {k: v for k, v in summary.items() if k not in ("proposals", "lessons")})
         self.state.finished = summary
         return summary
+
+    def cost(self) -> float:
+        return sum(float((p.created.get("meta") or {}).get("cost_usd") or 0) for p in self.state.proposals.values())
+
+    def context(self) -> proposers.Context:
+        """What the proposer may know: baseline files, the target's history, insights."""
+        base = self.ws.baseline_commit()
+        entries = list(self.log.entries())
+        return proposers.Context(
+            read_file=lambda path: git.show_file(self.ws.repo_dir, base, path),
+            history=proposal_rows(entries),
+            insights=self.plan.insights or latest_insights(entries),
+            number=len(self.state.proposals) + 1,
+            seed=self.plan.seed,
+            extra={"config": self.ws.config(), "worktrees": self.ws.worktrees, "episode": self.plan.episode,
+                   "profiles": [e.data for e in entries if e.kind == "profile"][-2:]},
+        )
 
     def summary(self, reason: str) -> dict[str, Any]:
         rows = []
@@ -194,7 +228,8 @@ class Episode:
     # -------------------------------------------------------------- one proposal
     def _candidate_of(self, p: ProposalState) -> Candidate:
         c = p.created
-        return Candidate(p.key, c["title"], c.get("rationale", ""), c.get("category", "other"), c.get("proposer", self.proposer.name), c["patch"])
+        return Candidate(p.key, c["title"], c.get("rationale", ""), c.get("category", "other"), c.get("proposer", self.proposer.name), c["patch"],
+                         c.get("meta") or {})
 
     def _create(self, cand: Candidate) -> ProposalState:
         number = len(self.state.proposals) + 1
@@ -210,7 +245,7 @@ class Episode:
             "number": number, "proposal": pid, "key": cand.key, "title": cand.title, "rationale": cand.rationale,
             "category": cand.category, "proposer": cand.proposer, "branch": prop.branch, "base": prop.base,
             "commit": commit, "applied": not error, "apply_error": error, "files": files,
-            "diff_hash": hashlib.sha256(cand.patch.encode()).hexdigest(), "patch": cand.patch,
+            "diff_hash": hashlib.sha256(cand.patch.encode()).hexdigest(), "patch": cand.patch, "meta": dict(cand.meta),
         }
         self.record("proposal-created", pid, data)
         p = ProposalState(number, cand.key, data)
@@ -321,6 +356,11 @@ class Episode:
         self.say(p.id, f"merged: baseline {expected[:12]} -> {merged[:12]}")
 
 
+def latest_insights(entries: list[Any]) -> Mapping[str, Any] | None:
+    found = [e.data for e in entries if e.kind == "insight"]
+    return found[-1] if found else None
+
+
 def _static_verdict(check: str, reason: str) -> Any:
     return judge([Check(check, Status.FAIL, reason)])
 
@@ -357,9 +397,12 @@ def evidence_text(v: Mapping[str, Any]) -> str:
 
 # ---------------------------------------------------------------------------- entry points
 def start(ws: Workspace, log: Any, proposer_name: str, options: Mapping[str, Any], budget: int | None,
-          time_budget_s: float | None, seed: int | None, episode: str) -> Episode:
+          time_budget_s: float | None, seed: int | None, episode: str, insights: Mapping[str, Any] | None = None,
+          cost_budget_usd: float | None = None) -> Episode:
     config = ws.config()
-    proposer = proposers.build(proposer_name, {**options, "baseline": config.target.baseline}, ws.repo_dir)
+    gpu = environment.describe().get("gpu", "none") != "none"
+    proposer = proposers.build(proposer_name, {**options, "baseline": config.target.baseline, "config": config, "gpu": gpu,
+                                               "episode": episode}, ws.repo_dir)
     n = budget if budget is not None else config.gate.episode_budget
     if n < 1:
         raise EpisodeError(f"--budget must be at least 1, got {n}")
@@ -367,7 +410,7 @@ def start(ws: Workspace, log: Any, proposer_name: str, options: Mapping[str, Any
         episode=episode, proposer=proposer_name, manifest=proposer.manifest(), budget=n, time_budget_s=time_budget_s,
         seed=seed if seed is not None else secrets.randbits(31),
         alpha=config.gate.alpha / max(n, config.gate.episode_budget), baseline=ws.baseline_commit(),
-        config_fingerprint=config.fingerprint(),
+        config_fingerprint=config.fingerprint(), insights=insights, cost_budget_usd=cost_budget_usd,
     )
     log.append("episode-started", episode, None, asdict(plan))
     state = EpisodeState(plan, sessions=1)

@@ -7,7 +7,7 @@ from agentsearch.cli import main
 
 from .conftest import run_cli
 
-ALL = ["init", "calibrate", "evaluate", "verify", "episode", "history", "insights", "report", "pr", "review", "revert"]
+ALL = ["init", "calibrate", "evaluate", "verify", "episode", "history", "insights", "report", "pr", "review", "revert", "profile"]
 
 
 def test_help_lists_every_command():
@@ -24,7 +24,7 @@ def test_every_command_has_target_and_help(name):
     assert "-C, --target" in res.output
 
 
-@pytest.mark.parametrize("args", [["insights"]])
+@pytest.mark.parametrize("args", [["profile"]])
 def test_pending_commands_say_so_in_one_line(args):
     proc = run_cli(*args)
     assert proc.returncode == 2

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -30,10 +31,24 @@ def parse_duration(text: str | None) -> float | None:
     return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[m.group(2)]
 
 
+def load_insights(path: Path | None) -> dict[str, Any] | None:
+    if path is None:
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise AgentsearchError(f"--insights {path}: not a readable insights JSON ({exc}); write one with `agentsearch insights --json`") from None
+    if not isinstance(data, dict) or "knobs" not in data:
+        raise AgentsearchError(f"--insights {path}: not an insights document (no 'knobs'); write one with `agentsearch insights --json`")
+    return data
+
+
 def run(target: Path, as_json: bool, resume: bool, abandon: bool, proposer: str, patches: Path | None, branches: str | None,
-        budget: int | None, time_budget: str | None, seed: int | None) -> int:
+        budget: int | None, time_budget: str | None, seed: int | None, insights_file: Path | None = None,
+        cost_budget: float | None = None, agent_model: str | None = None) -> int:
     ws = Workspace.open(target)
     seconds = parse_duration(time_budget)
+    insights = load_insights(insights_file)
     with ws.lock(), _open_log(ws) as log, _live(not as_json) as say:
         entries = list(log.entries())
         pending = ep.latest_unfinished(entries)
@@ -50,8 +65,8 @@ def run(target: Path, as_json: bool, resume: bool, abandon: bool, proposer: str,
         else:
             if pending is not None:
                 raise AgentsearchError(f"episode {pending} is unfinished: continue it with `agentsearch episode --resume` (or close it with --abandon)")
-            options = {"patches": str(patches) if patches else None, "branches": branches}
-            episode = ep.start(ws, log, proposer, options, budget, seconds, seed, new_episode_id())
+            options = {"patches": str(patches) if patches else None, "branches": branches, "model": agent_model}
+            episode = ep.start(ws, log, proposer, options, budget, seconds, seed, new_episode_id(), insights, cost_budget)
         episode.say = say
         summary = episode.run()
     if as_json:

@@ -7,6 +7,6 @@ manifest recorded when the episode started, so its queue never depends on the fi
 after that.
 """
 
-from .base import Candidate, Proposer, ProposerError, build
+from .base import Candidate, Context, Proposer, ProposerError, build, rebuild
 
-__all__ = ["Candidate", "Proposer", "ProposerError", "build"]
+__all__ = ["Candidate", "Context", "Proposer", "ProposerError", "build", "rebuild"]

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Protocol
+from typing import Any, Callable, Mapping, Protocol
 
 from ..errors import AgentsearchError
 
@@ -26,11 +26,25 @@ class Candidate:
     category: str
     proposer: str
     patch: str  # unified diff applied (three-way) on the current baseline
+    meta: Mapping[str, Any] = field(default_factory=dict)  # proposer-specific facts (knobs, tokens, cost)
     schema_version: int = CANDIDATE_SCHEMA
 
     def __post_init__(self) -> None:
         if self.category not in CATEGORIES:
             raise ValueError(f"category must be one of {', '.join(CATEGORIES)}, got {self.category!r}")
+
+
+@dataclass(frozen=True)
+class Context:
+    """What a proposer may know when it proposes: the current baseline's files (read-only),
+    the target's history of proposals (all episodes), the distilled insights, and where it is."""
+
+    read_file: Callable[[str], str | None]
+    history: list[Mapping[str, Any]]  # {key, title, category, proposer, meta, verdict, speedup, reasons}
+    insights: Mapping[str, Any] | None
+    number: int  # the proposal about to be created
+    seed: int  # the episode's master seed
+    extra: Mapping[str, Any] = field(default_factory=dict)  # e.g. profiles, workload descriptions
 
 
 class Proposer(Protocol):
@@ -40,17 +54,32 @@ class Proposer(Protocol):
         """Everything needed to rebuild this proposer on resume (recorded in the history)."""
         ...
 
-    def next(self, judged: set[str]) -> Candidate | None:
+    def next(self, judged: set[str], ctx: Context) -> Candidate | None:
         """The next candidate whose key is not in ``judged``; None when the queue is empty."""
         ...
 
 
+PROPOSERS = ("patches", "sweep", "claude")
+
+
 def build(name: str, options: Mapping[str, Any], repo_dir: Path) -> Proposer:
+    """A proposer from command-line options (``options["config"]`` is the baseline's Config)."""
     if name == "patches":
         from .patches import PatchQueue
 
         return PatchQueue.from_options(options, repo_dir)
-    raise ProposerError(f"unknown proposer {name!r}; use --proposer patches")
+    if name == "sweep":
+        from .sweep import Sweep
+
+        config = options["config"]
+        if not config.sweep.knobs:
+            raise ProposerError("the target's agentsearch.toml declares no [[sweep.knob]]; add knobs (see the README) to sweep")
+        return Sweep(config.sweep, gpu=bool(options.get("gpu")))
+    if name == "claude":
+        from .claude import ClaudeProposer
+
+        return ClaudeProposer.from_options(options)
+    raise ProposerError(f"unknown proposer {name!r}; use one of {', '.join(PROPOSERS)}")
 
 
 def rebuild(name: str, manifest: Mapping[str, Any]) -> Proposer:
@@ -58,4 +87,12 @@ def rebuild(name: str, manifest: Mapping[str, Any]) -> Proposer:
         from .patches import PatchQueue
 
         return PatchQueue.from_manifest(manifest)
+    if name == "sweep":
+        from .sweep import Sweep
+
+        return Sweep.from_manifest(manifest)
+    if name == "claude":
+        from .claude import ClaudeProposer
+
+        return ClaudeProposer.from_manifest(manifest)
     raise ProposerError(f"the history names proposer {name!r}, which this version cannot resume")

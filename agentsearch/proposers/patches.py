@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..workspace import git
-from .base import CATEGORIES, Candidate, ProposerError
+from .base import CATEGORIES, Candidate, Context, ProposerError
 
 SUFFIXES = (".patch", ".diff")
 
@@ -109,7 +109,7 @@ class PatchQueue:
         return {"source": self.source, "items": [i.__dict__ for i in self.items]}
 
     # ------------------------------------------------------------------ proposing
-    def next(self, judged: set[str]) -> Candidate | None:
+    def next(self, judged: set[str], ctx: Context | None = None) -> Candidate | None:
         for i in self.items:
             if i.key not in judged:
                 return Candidate(i.key, i.title, i.rationale, i.category, self.name, i.patch)

@@ -1,0 +1,34 @@
+"""Distill the target's history into insights, record them, and write insights.md.
+
+The statistics and lessons come from ``history.insights``; this module adds what only the
+orchestrator knows (the knobs' value order from the config) and where the result goes: an
+``insight`` record in the history and ``<state>/insights.md``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from history import HistoryLog
+from history.insights import distill, markdown
+
+from .workspace import Workspace
+
+INSIGHTS_MD = "insights.md"
+
+
+def knob_order(ws: Workspace) -> dict[str, list[Any]]:
+    try:
+        return {k.name: list(k.values) for k in ws.config().sweep.knobs}
+    except Exception:  # noqa: BLE001 - a broken config must not block reading the history
+        return {}
+
+
+def refresh(ws: Workspace, log: HistoryLog, episode: str | None = None) -> tuple[dict[str, Any], Path]:
+    """Distill, append an ``insight`` record (through the open ``log``) and write the Markdown."""
+    data = distill(log.entries(), knob_order(ws))
+    log.append("insight", episode, None, data)
+    path = ws.state / INSIGHTS_MD
+    path.write_text(markdown(data))
+    return data, path

@@ -1,0 +1,165 @@
+"""The bounded configuration sweep: one proposal = one (or a few) knobs set to a new value.
+
+The search space is typed and declared in the target's config (``[[sweep.knob]]``): an engine
+argument or environment variable in the serving-config file, or a key of any JSON file.
+Order: a Thompson-sampling bandit over knobs — Beta(1 + wins, 1 + non-wins + 2 x failures),
+counting this target's history and, as a prior, the distilled insights — then, within the
+chosen knob, the value the insights name as best, else the nearest untried value in the
+direction that won before. A configuration already judged (same file contents, in any episode)
+is never proposed again. Deterministic given the history and the episode seed, so ``--resume``
+proposes exactly what the interrupted run would have.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+import random
+from typing import Any, Mapping
+
+from history.insights import knob_table
+
+from ..config import KnobConfig, SweepConfig
+from .base import Candidate, Context
+
+EMPTY: Mapping[str, Any] = {"tries": 0, "wins": 0, "failures": 0, "mean_effect": None, "up_wins": 0, "down_wins": 0}
+
+
+def _get(data: Any, dotted: str) -> Any:
+    cur = data
+    for part in dotted.split("."):
+        if not isinstance(cur, dict) or part not in cur:
+            return None
+        cur = cur[part]
+    return cur
+
+
+def _set(data: dict, dotted: str, value: Any) -> None:
+    parts = dotted.split(".")
+    cur = data
+    for part in parts[:-1]:
+        cur = cur.setdefault(part, {})
+    cur[parts[-1]] = value
+
+
+def unified_diff(path: str, old: str | None, new: str) -> str:
+    a = [] if old is None else old.splitlines(keepends=True)
+    b = new.splitlines(keepends=True)
+    lines = list(difflib.unified_diff(a, b, "/dev/null" if old is None else f"a/{path}", f"b/{path}", n=3))
+    if old is None:
+        return f"diff --git a/{path} b/{path}\nnew file mode 100644\n" + "".join(lines)
+    return f"diff --git a/{path} b/{path}\n" + "".join(lines)
+
+
+class Sweep:
+    name = "sweep"
+
+    def __init__(self, sweep: SweepConfig, gpu: bool = False):
+        self.sweep = sweep
+        self.knobs = {k.name: k for k in sweep.knobs if gpu or not k.gpu_only}
+
+    @classmethod
+    def from_manifest(cls, manifest: Mapping[str, Any]) -> "Sweep":
+        knobs = tuple(KnobConfig(**{**k, "values": tuple(k["values"])}) for k in manifest["knobs"])
+        return cls(SweepConfig(file=manifest["file"], knobs=knobs), gpu=True)
+
+    def manifest(self) -> dict[str, Any]:
+        return {"file": self.sweep.file,
+                "knobs": [{**k.__dict__, "values": list(k.values)} for k in self.knobs.values()]}
+
+    # ------------------------------------------------------------------ files
+    def _file_of(self, k: KnobConfig) -> str:
+        return k.file or self.sweep.file
+
+    def _path_of(self, k: KnobConfig) -> str:
+        if k.where == "engine":
+            return f"engine.{k.name}"
+        if k.where == "env":
+            return f"env.{k.name}"
+        return k.key or k.name
+
+    def current(self, k: KnobConfig, ctx: Context) -> Any:
+        text = ctx.read_file(self._file_of(k))
+        if text is None:
+            return None
+        try:
+            v = _get(json.loads(text), self._path_of(k))
+        except json.JSONDecodeError:
+            return None
+        if k.where == "env" and v is not None and k.values and not isinstance(k.values[0], str):
+            for cand in k.values:
+                if str(cand) == str(v):
+                    return cand
+        return v
+
+    def candidate(self, k: KnobConfig, value: Any, ctx: Context, stats: Mapping[str, Any]) -> Candidate | None:
+        path = self._file_of(k)
+        old_text = ctx.read_file(path)
+        try:
+            data = json.loads(old_text) if old_text else {}
+        except json.JSONDecodeError:
+            return None
+        if not isinstance(data, dict):
+            return None
+        cur = self.current(k, ctx)
+        _set(data, self._path_of(k), str(value) if k.where == "env" else value)
+        new_text = json.dumps(data, indent=2) + "\n"
+        key = "sweep:" + hashlib.sha256(f"{path}\0{json.dumps(data, sort_keys=True)}".encode()).hexdigest()[:20]
+        shown = "default" if cur is None else json.dumps(cur)
+        why = [f"Set {k.name} {shown} -> {json.dumps(value)} ({k.where} in {path})."]
+        if k.rationale:
+            why.append(k.rationale)
+        if stats["tries"]:
+            me = stats["mean_effect"]
+            why.append(f"History: {stats['tries']} proposals changed {k.name}, {stats['wins']} merged, {stats['failures']} failed"
+                       + (f", mean effect {me:+.1%}." if me is not None else "."))
+        return Candidate(key, f"{k.name}: {shown} -> {json.dumps(value)}", " ".join(why), k.category, self.name,
+                         unified_diff(path, old_text, new_text), {"knobs": {k.name: [cur, value]}, "file": path})
+
+    # ------------------------------------------------------------------ ordering
+    def _prior(self, ctx: Context) -> dict[str, Mapping[str, Any]]:
+        return dict(((ctx.insights or {}).get("knobs") or {}))
+
+    def stats(self, ctx: Context) -> dict[str, Mapping[str, Any]]:
+        return knob_table(ctx.history, {n: list(k.values) for n, k in self.knobs.items()})
+
+    def order(self, ctx: Context) -> list[str]:
+        stats = self.stats(ctx)
+        prior = self._prior(ctx)
+        rng = random.Random(f"{ctx.seed}:{ctx.number}")
+        scored = []
+        for name in self.knobs:
+            st, p = stats.get(name, EMPTY), prior.get(name, EMPTY)
+            wins = st["wins"] + float(p.get("wins", 0))
+            losses = (st["tries"] - st["wins"]) + float(p.get("tries", 0)) - float(p.get("wins", 0))
+            failures = st["failures"] + float(p.get("failures", 0))
+            scored.append((rng.betavariate(1 + wins, max(1 + losses + 2 * failures, 1e-3)), name))
+        return [n for _, n in sorted(scored, reverse=True)]
+
+    def values_for(self, k: KnobConfig, cur: Any, st: Mapping[str, Any], prior: Mapping[str, Any]) -> list[Any]:
+        vals = [v for v in k.values if v != cur]
+        idx = k.values.index(cur) if cur in k.values else None
+        up = (st.get("up_wins", 0) + float(prior.get("up_wins", 0))) >= (st.get("down_wins", 0) + float(prior.get("down_wins", 0)))
+        best = prior.get("best_value") if prior.get("best_value") is not None else st.get("best_value")
+
+        def rank(v: Any) -> tuple:
+            i = k.values.index(v)
+            dist = abs(i - idx) if idx is not None else i
+            direction = 0 if idx is None else (0 if (i > idx) == up else 1)
+            return (0 if best is not None and v == best else 1, direction, dist, i)
+
+        return sorted(vals, key=rank)
+
+    def next(self, judged: set[str], ctx: Context) -> Candidate | None:
+        seen = set(judged) | {h["key"] for h in ctx.history if h.get("key")}
+        stats = self.stats(ctx)
+        prior = self._prior(ctx)
+        for name in self.order(ctx):
+            k = self.knobs[name]
+            cur = self.current(k, ctx)
+            for v in self.values_for(k, cur, stats.get(name, EMPTY), prior.get(name, EMPTY)):
+                c = self.candidate(k, v, ctx, stats.get(name, EMPTY))
+                if c is not None and c.key not in seen:
+                    return c
+        return None

@@ -1,0 +1,199 @@
+"""Insight distillation: what the history says worked, what did not, and what to avoid.
+
+A statistical summary (pandas) of every judged proposal — win rate, effect sizes and failure
+reasons by category, file, knob and workload — plus short rule-based lessons. Proposers read
+it: the sweep uses the per-knob numbers as a prior, the agent gets the Markdown. No git, no vllm.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, Iterable, Mapping
+
+import pandas as pd
+
+INSIGHTS_SCHEMA = 1
+FAILURE_MARKERS = ("trial failed", "timed out", "measurement error", "build:", "engine error", "exited with status", "start-up")
+
+
+def reason_class(reasons: Iterable[str]) -> str:
+    """One word for why a proposal was rejected (the first failed check's name)."""
+    for r in reasons:
+        head = r.split(":", 1)[0].strip()
+        if head:
+            return head
+    return "none"
+
+
+def is_failure(reasons: Iterable[str]) -> bool:
+    """Did the candidate break (crash, hang, failed build) rather than just not win?"""
+    return any(m in r for r in reasons for m in FAILURE_MARKERS)
+
+
+def proposal_rows(entries: Iterable[Any]) -> list[dict[str, Any]]:
+    """Every proposal with its verdict (all episodes), from history entries."""
+    rows: dict[str, dict[str, Any]] = {}
+    for e in entries:
+        if e.kind == "proposal-created":
+            d = e.data
+            rows[e.proposal] = {"proposal": e.proposal, "episode": e.episode, "key": d.get("key"), "title": d.get("title"),
+                                "category": d.get("category") or "other", "proposer": d.get("proposer"),
+                                "meta": d.get("meta") or {}, "files": d.get("files") or [],
+                                "verdict": None, "speedup": None, "reasons": [], "workloads": {}}
+        elif e.kind == "verdict" and e.proposal in rows:
+            rows[e.proposal].update(verdict=e.data.get("verdict"), speedup=e.data.get("speedup"),
+                                    reasons=list(e.data.get("reasons") or []), workloads=e.data.get("workloads") or {})
+    return list(rows.values())
+
+
+def _frame(rows: list[Mapping[str, Any]]) -> pd.DataFrame:
+    judged = [r for r in rows if r.get("verdict")]
+    df = pd.DataFrame([{
+        "proposal": r["proposal"], "title": r.get("title"), "category": r.get("category") or "other",
+        "win": r["verdict"] == "merge", "failure": is_failure(r.get("reasons") or []),
+        "effect": (r["speedup"] - 1) if r.get("speedup") is not None else math.nan,
+        "reason": reason_class(r.get("reasons") or []) if r["verdict"] != "merge" else "merged",
+    } for r in judged])
+    return df
+
+
+def _group(df: pd.DataFrame, col: str) -> dict[str, dict[str, Any]]:
+    if df.empty:
+        return {}
+    out = {}
+    for key, g in df.groupby(col):
+        eff = g["effect"].dropna()
+        out[str(key)] = {
+            "tries": int(len(g)), "wins": int(g["win"].sum()), "win_rate": round(float(g["win"].mean()), 3),
+            "failures": int(g["failure"].sum()),
+            "mean_effect": round(float(eff.mean()), 4) if len(eff) else None,
+            "best_effect": round(float(eff.max()), 4) if len(eff) else None,
+            "reasons": {str(k): int(v) for k, v in g.loc[~g["win"], "reason"].value_counts().items()},
+        }
+    return out
+
+
+def knob_table(rows: list[Mapping[str, Any]], order: Mapping[str, list[Any]] | None = None) -> dict[str, dict[str, Any]]:
+    """Per knob: tries, wins, failures, mean effect, per-value results, best value, winning directions."""
+    order = order or {}
+    out: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        if not r.get("verdict"):
+            continue
+        for name, change in ((r.get("meta") or {}).get("knobs") or {}).items():
+            old, new = change
+            k = out.setdefault(name, {"tries": 0, "wins": 0, "failures": 0, "effects": [], "up_wins": 0, "down_wins": 0, "values": {}})
+            k["tries"] += 1
+            win = r["verdict"] == "merge"
+            fail = is_failure(r.get("reasons") or [])
+            eff = (r["speedup"] - 1) if r.get("speedup") is not None else None
+            if eff is not None:
+                k["effects"].append(eff)
+            k["wins"] += int(win)
+            k["failures"] += int(fail)
+            vals = order.get(name) or []
+            if win and old in vals and new in vals:
+                k["up_wins" if vals.index(new) > vals.index(old) else "down_wins"] += 1
+            v = k["values"].setdefault(str(new), {"value": new, "tries": 0, "wins": 0, "failures": 0, "effects": []})
+            v["tries"] += 1
+            v["wins"] += int(win)
+            v["failures"] += int(fail)
+            if eff is not None:
+                v["effects"].append(eff)
+    for k in out.values():
+        effects = k.pop("effects")
+        k["mean_effect"] = round(sum(effects) / len(effects), 4) if effects else None
+        best = None
+        for v in k["values"].values():
+            e = v.pop("effects")
+            v["mean_effect"] = round(sum(e) / len(e), 4) if e else None
+            if v["wins"] and (best is None or (v["mean_effect"] or 0) > (best["mean_effect"] or 0)):
+                best = v
+        k["best_value"] = best["value"] if best else None
+    return out
+
+
+def lessons(rows: list[Mapping[str, Any]], knobs: Mapping[str, Mapping[str, Any]]) -> dict[str, list[str]]:
+    worked, ineffective, avoid = [], [], []
+    for r in rows:
+        if r.get("verdict") == "merge":
+            eff = f"{r['speedup'] - 1:+.1%}" if r.get("speedup") is not None else "win"
+            worked.append(f"{r.get('title')} ({r.get('category')}): {eff}")
+        elif r.get("verdict") and is_failure(r.get("reasons") or []):
+            avoid.append(f"{r.get('title')}: broke the workload — {(r.get('reasons') or ['?'])[0][:160]}")
+        elif r.get("verdict") and any(x.startswith(("distribution", "protected-paths", "coverage")) for x in r.get("reasons") or []):
+            avoid.append(f"{r.get('title')}: {(r.get('reasons') or ['?'])[0][:160]}")
+    for name, k in knobs.items():
+        if k["tries"] >= 2 and k["wins"] == 0 and k["failures"] == 0:
+            me = k.get("mean_effect")
+            ineffective.append(f"knob {name}: {k['tries']} values tried, no significant win" + (f" (mean effect {me:+.1%})" if me is not None else ""))
+    return {"worked": worked, "ineffective": ineffective, "avoid": avoid}
+
+
+def distill(entries: Iterable[Any], knob_order: Mapping[str, list[Any]] | None = None) -> dict[str, Any]:
+    """The insights document: statistics by category, file, knob, workload, reason; and lessons."""
+    entries = list(entries)
+    rows = proposal_rows(entries)
+    df = _frame(rows)
+    by_file: dict[str, dict[str, Any]] = {}
+    if not df.empty:
+        files = pd.DataFrame([{"file": f, **df.loc[df["proposal"] == r["proposal"]].iloc[0].to_dict()}
+                              for r in rows if r.get("verdict") for f in (r.get("files") or ["(none)"])])
+        by_file = _group(files, "file")
+    by_workload: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        for name, w in (r.get("workloads") or {}).items():
+            s = by_workload.setdefault(name, {"measured": 0, "wins": 0, "regressions": 0, "failures": 0})
+            s["measured"] += 1
+            s["wins"] += int(w.get("decision") == "win")
+            s["regressions"] += int(w.get("decision") == "regressed")
+            s["failures"] += int(w.get("decision") == "failed")
+    knobs = knob_table(rows, knob_order)
+    judged = int(len(df))
+    return {
+        "schema_version": INSIGHTS_SCHEMA, "generated_ts": time.time(), "proposals": judged,
+        "merged": int(df["win"].sum()) if judged else 0,
+        "win_rate": round(float(df["win"].mean()), 3) if judged else None,
+        "by_category": _group(df, "category"), "by_file": by_file, "by_workload": by_workload,
+        "reasons": {str(k): int(v) for k, v in df.loc[~df["win"], "reason"].value_counts().items()} if judged else {},
+        "knobs": knobs, "lessons": lessons(rows, knobs), "notes": [],
+    }
+
+
+def markdown(ins: Mapping[str, Any]) -> str:
+    """The insights as Markdown (for people and for the agent's prompt)."""
+    lines = [f"# Insights ({ins['proposals']} proposals judged, {ins['merged']} merged)", ""]
+    for title, key in (("What worked", "worked"), ("What was ineffective", "ineffective"), ("What to avoid", "avoid")):
+        items = ins["lessons"].get(key) or []
+        lines += [f"## {title}", ""] + ([f"- {x}" for x in items] or ["- (nothing yet)"]) + [""]
+    if ins.get("notes"):
+        lines += ["## Notes", ""] + [f"- {n}" for n in ins["notes"]] + [""]
+
+    def table(name: str, data: Mapping[str, Mapping[str, Any]]) -> None:
+        nonlocal lines
+        if not data:
+            return
+        lines += [f"## By {name}", "", f"| {name} | tries | wins | failures | mean effect | best effect |", "|---|---|---|---|---|---|"]
+        for k, v in sorted(data.items(), key=lambda kv: -kv[1]["tries"]):
+            me, be = v.get("mean_effect"), v.get("best_effect")
+            lines.append(f"| {k} | {v['tries']} | {v['wins']} | {v.get('failures', 0)} | {'—' if me is None else f'{me:+.1%}'} | {'—' if be is None else f'{be:+.1%}'} |")
+        lines.append("")
+
+    table("category", ins.get("by_category") or {})
+    table("file", ins.get("by_file") or {})
+    knobs = ins.get("knobs") or {}
+    if knobs:
+        lines += ["## By knob", "", "| knob | tries | wins | failures | mean effect | best value |", "|---|---|---|---|---|---|"]
+        for k, v in sorted(knobs.items()):
+            me = v.get("mean_effect")
+            lines.append(f"| {k} | {v['tries']} | {v['wins']} | {v['failures']} | {'—' if me is None else f'{me:+.1%}'} | {v.get('best_value')} |")
+        lines.append("")
+    if ins.get("by_workload"):
+        lines += ["## By workload", "", "| workload | measured | wins | regressions | failures |", "|---|---|---|---|---|"]
+        for k, v in ins["by_workload"].items():
+            lines.append(f"| {k} | {v['measured']} | {v['wins']} | {v['regressions']} | {v['failures']} |")
+        lines.append("")
+    if ins.get("reasons"):
+        lines += ["## Rejection reasons", ""] + [f"- {k}: {v}" for k, v in ins["reasons"].items()] + [""]
+    return "\n".join(lines)
