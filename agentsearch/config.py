@@ -214,6 +214,7 @@ class KnobConfig:
     category: str = doc("config, scheduling, kernel, graph/launch, memory or other.", "config")
     rationale: str = doc("Why this knob may matter (goes into the proposal's rationale).", "")
     gpu_only: bool = doc("Only proposed on machines with a GPU (e.g. CUDA-graph settings).", False)
+    prior_wins: float = doc("Prior evidence that the knob matters: pseudo-wins for the sweep's bandit (0 = no opinion).", 0.0)
 
     def __post_init__(self) -> None:
         if self.where not in KNOB_WHERE:

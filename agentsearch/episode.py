@@ -207,8 +207,11 @@ class Episode:
             insights=self.plan.insights or latest_insights(entries),
             number=len(self.state.proposals) + 1,
             seed=self.plan.seed,
-            extra={"config": self.ws.config(), "worktrees": self.ws.worktrees, "episode": self.plan.episode,
-                   "profiles": [e.data for e in entries if e.kind == "profile"][-2:]},
+            extra={"config": self.ws.config(), "episode": self.plan.episode,
+                   "profiles": [e.data for e in entries if e.kind == "profile"][-2:],
+                   # agent proposers edit a scratch worktree of the baseline; the orchestrator takes its diff
+                   "scratch_worktree": lambda name: self.ws.checkout(base, f"{self.plan.episode}-{name}"),
+                   "worktree_diff": git.worktree_diff, "remove_worktree": self.ws.remove_worktree},
         )
 
     def summary(self, reason: str) -> dict[str, Any]:
@@ -236,7 +239,7 @@ class Episode:
         pid = f"{self.plan.episode}/{number:03d}"
         self.say(pid, f"applying {cand.title!r}")
         prop = self.ws.create_proposal(self.plan.episode, number, cand.title)
-        error = git.apply_patch(prop.worktree, cand.patch)
+        error = git.apply_patch(prop.worktree, cand.patch) if cand.patch.strip() else ""
         commit = None
         if not error:
             commit = self.ws.commit_proposal(prop, cand.title, cand.rationale, cand.proposer)
@@ -262,6 +265,8 @@ class Episode:
                 return recorded, ""
             except AgentsearchError:
                 pass
+        if not cand.patch.strip():
+            return None, ""
         if not p.created.get("applied", True) and p.created.get("base") == base:
             return None, p.created.get("apply_error") or "the patch does not apply"
         prop = self.ws.create_proposal(self.plan.episode, p.number, cand.title, base=base)
@@ -275,7 +280,10 @@ class Episode:
         config = self.ws.config()
         commit, error = self._fresh_commit(p, cand)
         if commit is None:
-            reason = f"does not apply to the current baseline {base[:12]}: {error}" if error else "the patch makes no change"
+            reason = f"does not apply to the current baseline {base[:12]}: {error}" if error else "the proposal makes no change"
+            agent_error = (cand.meta or {}).get("error")
+            if agent_error and not error:
+                reason += f" (the agent session ended with an error: {agent_error})"
             self._verdict(p, _static_verdict("patch-applies", reason), base, None, None)
             return
         content_key = _content_key(self.ws, base, commit, config.fingerprint())

@@ -64,4 +64,67 @@ min_effect = 0.02
 max_pairs = 12
 min_pairs = 3
 confirm_pairs = 4
+
+# The sweep's search space (agentsearch episode --proposer sweep): engine arguments and
+# environment in serving.json. prior_wins = what is known before any measurement.
+[sweep]
+file = "serving.json"
+
+[[sweep.knob]]
+name = "max_num_seqs"
+values = [8, 16, 32, 64]
+category = "scheduling"
+prior_wins = 2.0
+rationale = "The batch limit: with a tiny model the engine is launch-bound and larger batches amortize each step."
+
+[[sweep.knob]]
+name = "max_num_batched_tokens"
+values = [1024, 4096, 8192]
+category = "scheduling"
+rationale = "Tokens per scheduler step: bounds prefill chunking and how many sequences run together."
+
+[[sweep.knob]]
+name = "block_size"
+values = [32, 64, 128]
+category = "memory"
+rationale = "KV-cache block size: fewer, larger blocks mean less paging bookkeeping per step."
+
+[[sweep.knob]]
+name = "enable_chunked_prefill"
+values = [false, true]
+category = "scheduling"
+rationale = "Mixing prefill chunks into decode steps changes batching of short requests."
+
+[[sweep.knob]]
+name = "enable_prefix_caching"
+values = [false, true]
+category = "memory"
+rationale = "Hashing blocks for prefix reuse costs time when prompts share no prefix."
+
+[[sweep.knob]]
+name = "VLLM_CPU_KVCACHE_SPACE"
+where = "env"
+values = ["2", "4"]
+category = "memory"
+rationale = "KV-cache space in GiB on CPU: more space admits more concurrent sequences."
+
+[[sweep.knob]]
+name = "VLLM_CPU_OMP_THREADS_BIND"
+where = "env"
+values = ["nobind", "all"]
+category = "other"
+rationale = "OpenMP thread binding: auto uses one logical CPU per physical core on x86."
+
+[[sweep.knob]]
+name = "enforce_eager"
+values = [false]
+category = "graph/launch"
+rationale = "torch.compile the model (slower start-up, possibly faster steps)."
+
+[[sweep.knob]]
+name = "compilation_config"
+values = [0, 3]
+category = "graph/launch"
+gpu_only = true
+rationale = "Compilation mode (0: none, 3: vLLM's torch.compile with CUDA graphs; GPU only)."
 '''

@@ -131,7 +131,7 @@ class Sweep:
         scored = []
         for name in self.knobs:
             st, p = stats.get(name, EMPTY), prior.get(name, EMPTY)
-            wins = st["wins"] + float(p.get("wins", 0))
+            wins = st["wins"] + float(p.get("wins", 0)) + self.knobs[name].prior_wins
             losses = (st["tries"] - st["wins"]) + float(p.get("tries", 0)) - float(p.get("wins", 0))
             failures = st["failures"] + float(p.get("failures", 0))
             scored.append((rng.betavariate(1 + wins, max(1 + losses + 2 * failures, 1e-3)), name))

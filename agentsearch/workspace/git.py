@@ -294,3 +294,9 @@ def revert_merge(repo_dir: Path, worktree: Path, merge: str, message: str) -> st
 
 def first_parent(repo_dir: Path, commit: str) -> str:
     return run_git("rev-parse", f"{commit}^1", cwd=repo_dir).strip()
+
+
+def worktree_diff(worktree: Path) -> str:
+    """Everything changed in ``worktree`` against its HEAD (new files included), as a patch."""
+    run_git("add", "-A", cwd=worktree)
+    return run_git("diff", "--cached", "--binary", "--no-ext-diff", "--no-color", "HEAD", cwd=worktree)
