@@ -14,7 +14,7 @@ from typing import Any, Callable
 import click
 
 from . import __version__
-from .errors import EXIT_INTERRUPTED, EXIT_UNEXPECTED, AgentsearchError, NotBuiltError
+from .errors import EXIT_INTERRUPTED, EXIT_UNEXPECTED, AgentsearchError
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -268,38 +268,21 @@ def insights(target: Path, as_json: bool, output: Path | None) -> None:
     run_command(run, target=target, as_json=as_json, output=output)
 
 
-def _not_built(name: str, issue: str) -> Callable[..., None]:
-    def cmd(**_: Any) -> None:
-        def fail() -> int:
-            raise NotBuiltError(f"`agentsearch {name}` is not built yet ({issue})")
+@main.command(context_settings=CONTEXT)
+@target_option
+@json_option
+@click.argument("ref", required=False)
+@click.option("--workload", help="Workload to profile (default: the objective).")
+@click.option("--seed", type=int, help="Input seed of the profiled round.")
+def profile(target: Path, as_json: bool, ref: str | None, workload: str | None, seed: int | None) -> None:
+    """Profile a workload of the baseline (or REF): where the time goes, by engine phase, op and module.
 
-        run_command(fail)
+    Runs one warm-up and one profiled round (cProfile + the PyTorch profiler) in REF's environment;
+    the ranking is recorded in the history, where the proposers read it.
+    """
+    from .commands.profile import run
 
-    return cmd
-
-
-def _register_pending(name: str, help_text: str, issue: str, params: list[click.Parameter]) -> None:
-    cmd = click.Command(
-        name, callback=_not_built(name, issue), help=f"{help_text}\n\nNot built yet ({issue}).", params=params,
-        context_settings=CONTEXT,
-    )
-    main.add_command(cmd)
-
-
-def _target_param() -> click.Option:
-    return click.Option(["-C", "--target"], type=click.Path(path_type=Path), default=Path("."), show_default=True, help="Target repository (like `git -C`).")
-
-
-def _json_param() -> click.Option:
-    return click.Option(["--json", "as_json"], is_flag=True, help="Print one JSON document instead of tables.")
-
-
-
-
-
-_register_pending("profile", "Profile a workload of the baseline (or REF): where the time goes.", "profiling",
-                  [_target_param(), _json_param(), click.Argument(["ref"], required=False)])
-
+    run_command(run, target=target, as_json=as_json, ref=ref, workload=workload, seed=seed)
 
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -44,10 +44,6 @@ class LockedError(AgentsearchError):
     """Another agentsearch process holds the workspace lock."""
 
 
-class NotBuiltError(AgentsearchError):
-    """A command registered in the CLI whose implementation has not landed yet."""
-
-
 class CasError(AgentsearchError):
     """The baseline ref moved between measurement and merge."""
 

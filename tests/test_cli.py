@@ -24,12 +24,11 @@ def test_every_command_has_target_and_help(name):
     assert "-C, --target" in res.output
 
 
-@pytest.mark.parametrize("args", [["profile"]])
-def test_pending_commands_say_so_in_one_line(args):
-    proc = run_cli(*args)
-    assert proc.returncode == 2
-    assert proc.stderr.strip().count("\n") == 0
-    assert "is not built yet" in proc.stderr
+def test_profile_of_a_command_workload_is_refused_in_one_line(toy_target):
+    assert run_cli("init", "-C", str(toy_target)).returncode == 0
+    proc = run_cli("profile", "-C", str(toy_target))
+    assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0
+    assert "vllm-throughput" in proc.stderr
 
 
 def test_unexpected_errors_exit_3_with_log(tmp_path, monkeypatch):

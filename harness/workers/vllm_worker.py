@@ -88,6 +88,10 @@ class Engine:
         from vllm.inputs import TokensPrompt
 
         prompts, outs = make_prompts(seed, int(p.get("prompts", 64)), int(p.get("input_len", 64)), int(p.get("output_len", 64)), p.get("length_dist", "fixed"), self.vocab)
+        # every request must fit the context: heavy-tailed lengths are clipped to max_model_len
+        limit = int(self.engine_args.get("max_model_len") or 1024)
+        prompts = [x[: max(1, limit // 2)] for x in prompts]
+        outs = [max(1, min(o, limit - len(x))) for x, o in zip(prompts, outs)]
         reqs = [TokensPrompt(prompt_token_ids=x) for x in prompts]
         sps = [self._sampling(o, p) for o in outs]
         t0 = time.perf_counter()
@@ -170,6 +174,34 @@ def samples(llm, cmd: dict) -> None:
                 out.write(json.dumps({"id": f"{it['id']}#s{si}", "path": "sample", "tokens": drawn, "topk": []}) + "\n")
 
 
+def profile(eng, cmd: dict) -> dict:
+    """One measurement under cProfile (dumped to cmd["out"] for the harness) and the PyTorch
+    profiler (ops by self time, summarized here). The engine must run in-process
+    (VLLM_ENABLE_V1_MULTIPROCESSING=0) for the model's work to be seen."""
+    import cProfile
+
+    import torch
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    prof = cProfile.Profile()
+    t0 = time.perf_counter()
+    with torch_profile(activities=acts) as tp:
+        prof.enable()
+        metrics = eng.measure(int(cmd["seed"]), cmd.get("kind"), cmd.get("params"))
+        prof.disable()
+    wall = time.perf_counter() - t0
+    prof.dump_stats(cmd["out"])
+    ops = []
+    for e in tp.key_averages():
+        dev = getattr(e, "self_device_time_total", 0) or getattr(e, "self_cuda_time_total", 0) or 0
+        ops.append({"name": e.key, "seconds": (e.self_cpu_time_total + dev) / 1e6, "calls": e.count,
+                    "device_s": dev / 1e6})
+    ops.sort(key=lambda o: -o["seconds"])
+    return {"wall_s": wall, "metrics": metrics, "ops": ops[:40], "device": "cuda" if torch.cuda.is_available() else "cpu"}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--fd", type=int, required=True)
@@ -200,6 +232,8 @@ def main() -> int:
             elif cmd["cmd"] == "samples":
                 samples(eng.llm, cmd)
                 send({"event": "done"})
+            elif cmd["cmd"] == "profile":
+                send({"event": "result", "metrics": profile(eng, cmd)})
             else:
                 raise ValueError(f"unknown command {cmd['cmd']!r}")
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, then exit 1

@@ -1,0 +1,69 @@
+"""`agentsearch profile`: where the time of a workload goes, on the baseline or any ref.
+
+One warm vLLM worker in the ref's worktree (in-process engine, sandboxed like a measurement)
+runs one warm-up round and then one round under cProfile and the PyTorch profiler (CUDA
+activities too on a GPU); ``harness.profiling`` ranks the time by op, module and engine phase.
+The summary is recorded in the history (kind ``profile``): proposers read the latest ones.
+"""
+
+from __future__ import annotations
+
+import shutil
+from typing import Any, Callable
+
+from harness import sandbox
+from harness.engine_session import WorkerError, WorkerSession
+from harness.profiling import summarize
+
+from .errors import AgentsearchError
+from .evaluation import sandbox_for, seed_sequence
+from .workloads import engine_spec
+from .workspace import Workspace
+
+PROFILABLE = ("vllm-throughput", "vllm-latency")
+
+
+def profile(ws: Workspace, ref: str | None, workload: str | None, seed: int | None = None,
+            say: Callable[[str, str], None] | None = None) -> dict[str, Any]:
+    say = say or (lambda stage, detail: None)
+    commit = ws.resolve(ref) if ref else ws.baseline_commit()
+    config = ws.config()
+    try:
+        w = config.workload(workload) if workload else config.objective
+    except KeyError:
+        raise AgentsearchError(f"no workload {workload!r}; the target has {', '.join(x.name for x in config.workloads)}") from None
+    if w.kind not in PROFILABLE:
+        raise AgentsearchError(f"workload {w.name!r} is {w.kind}; profile runs the built-in {' / '.join(PROFILABLE)} workloads (pass --workload)")
+    name = f"profile-{commit[:10]}"
+    scratch = ws.state / "tmp" / name
+    shutil.rmtree(scratch, ignore_errors=True)
+    scratch.mkdir(parents=True)
+    say("build", f"worktree of {commit[:12]}")
+    worktree = ws.checkout(commit, name)
+    ok, _why = sandbox.probe() if config.gate.sandbox != "off" else (False, "")
+    sb = sandbox_for(ws, {"profile": worktree}, scratch) if ok else None
+    env = {**config.target.env, **w.env, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}  # the engine's work in the profiled process
+    s = seed if seed is not None else seed_sequence(0, w.name)(0)
+    try:
+        with sandbox.use(sb):
+            sess = WorkerSession(engine_spec(w), worktree, env, scratch / "engine.log", w.metric, w.timeout_s, w.startup_timeout_s)
+            sess.start()
+            try:
+                say("profile", "engine start-up and a warm-up round")
+                sess.request({"cmd": "measure", "seed": s, "kind": w.kind, "params": dict(w.params)}, w.startup_timeout_s + w.timeout_s)
+                say("profile", "profiled round")
+                ans = sess.request({"cmd": "profile", "seed": s, "kind": w.kind, "params": dict(w.params), "out": str(scratch / "run.pstats")},
+                                   w.timeout_s * 3)
+            finally:
+                sess.close()
+        res = ans["metrics"]
+        summary = summarize(scratch / "run.pstats", res["ops"], float(res["wall_s"]))
+    except WorkerError as exc:
+        raise AgentsearchError(f"profiling {w.name} at {commit[:12]} failed: {exc}") from None
+    finally:
+        ws.remove_worktree(worktree)
+        if sb is not None:
+            shutil.rmtree(sb.home, ignore_errors=True)
+        shutil.rmtree(scratch, ignore_errors=True)
+    return {"ref": ref or config.target.baseline, "commit": commit, "workload": w.name, "kind": w.kind,
+            "device": res.get("device"), "metric": {w.metric: (res.get("metrics") or {}).get(w.metric)}, **summary}
