@@ -179,3 +179,19 @@ def test_distribution_checks_on_the_real_engine(tmp_path):
     assert not out["sample"]["passed"]
     assert all(r.startswith("sample:") for r in out["reasons"]), out["reasons"]
     assert not workers_alive(fork)
+
+
+def test_profile_ranks_where_the_time_goes_and_records_it(fork):
+    proc = run_cli("profile", "-C", str(fork), "--json", timeout=900)
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    phases = {r["name"]: r for r in data["by_phase"]}
+    assert phases["model forward"]["seconds"] > 0 and "scheduling" in phases
+    assert data["by_op"] and all(r["seconds"] >= 0 for r in data["by_op"])
+    assert any(r["name"].startswith("vllm") for r in data["by_module"])
+    assert data["top"][0]["share_pct"] > 0 and data["device"] == "cpu"
+    from agentsearch.workspace import Workspace
+    from history import HistoryLog
+
+    ws = Workspace.open(fork)
+    assert [e for e in HistoryLog(ws.state / "history.jsonl").entries() if e.kind == "profile"]
