@@ -258,14 +258,15 @@ def revert(target: Path, merge: str) -> None:
 @target_option
 @json_option
 @click.option("-o", "--output", type=click.Path(path_type=Path), help="Also write them to FILE (.json: the JSON document; else Markdown).")
-def insights(target: Path, as_json: bool, output: Path | None) -> None:
+@click.option("--llm", is_flag=True, help="Add an LLM pass (claude-agent-sdk) that turns the numbers into short lessons.")
+def insights(target: Path, as_json: bool, output: Path | None, llm: bool) -> None:
     """Distill the history into insights: win rate, effects and failure reasons by category,
     file, knob and workload, and lessons (worked / ineffective / avoid). Recorded in the history
     and written to <state>/insights.md; proposers read them.
     """
     from .commands.insights import run
 
-    run_command(run, target=target, as_json=as_json, output=output)
+    run_command(run, target=target, as_json=as_json, output=output, llm=llm)
 
 
 @main.command(context_settings=CONTEXT)

@@ -187,7 +187,7 @@ class Episode:
         if last and last[0].kind == "insight" and last[0].episode == self.plan.episode:  # a crash cut off the finish
             data, path = dict(last[0].data), self.ws.state / "insights.md"
         else:
-            data, path = refresh(self.ws, self.log, self.plan.episode)
+            data, path = refresh(self.ws, self.log, self.plan.episode, llm=self.proposer.name == "claude")
         summary["insights"] = str(path)
         summary["lessons"] = data["lessons"]
         self.record("episode-finished", None, {k: v for k, v in summary.items() if k not in ("proposals", "lessons")})

@@ -25,9 +25,17 @@ def knob_order(ws: Workspace) -> dict[str, list[Any]]:
         return {}
 
 
-def refresh(ws: Workspace, log: HistoryLog, episode: str | None = None) -> tuple[dict[str, Any], Path]:
-    """Distill, append an ``insight`` record (through the open ``log``) and write the Markdown."""
+def refresh(ws: Workspace, log: HistoryLog, episode: str | None = None, llm: bool = False) -> tuple[dict[str, Any], Path]:
+    """Distill, append an ``insight`` record (through the open ``log``) and write the Markdown.
+
+    With ``llm``, an agent pass adds short lessons in prose (``notes``) when an agent is available."""
     data = distill(log.entries(), knob_order(ws))
+    if llm:
+        from .proposers.claude import llm_lessons
+
+        notes, why = llm_lessons(markdown(data), ws.state / "tmp" / "insights-llm")
+        data["notes"] = notes
+        data["llm"] = "ok" if notes else (why or "no lessons returned")
     log.append("insight", episode, None, data)
     path = ws.state / INSIGHTS_MD
     path.write_text(markdown(data))

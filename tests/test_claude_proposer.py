@@ -52,6 +52,9 @@ SCRIPT = [
         {"tool": "Read", "input": {"file_path": "src/model.py"}},
         {"text": '{"title": "Nothing to do", "rationale": "no opportunity found", "category": "other"}'},
     ],
+    [  # the LLM pass over the insights at the end of the episode
+        {"text": "Lessons:\n- Raising the speed factor was a clear win.\n- Editing the benchmark is refused; do not try."},
+    ],
 ]
 
 
@@ -88,6 +91,10 @@ def test_claude_episode_through_the_sdk_merges_the_win_and_refuses_the_cheat(tmp
     assert "Raise the speed factor" in p1 and "merge" in p1
     p2 = Path(str(script) + ".prompt2").read_text()
     assert "Faster bench" in p2 and "Recent rejections" in p2
+    # the insights got an LLM pass: the statistics went in, short lessons came back
+    assert "What worked" in Path(str(script) + ".prompt3").read_text()
+    md = (ws.state / "insights.md").read_text()
+    assert "## Notes" in md and "- Raising the speed factor was a clear win." in md
 
 
 def test_cost_budget_stops_the_episode(tmp_path):

@@ -17,12 +17,12 @@ from .history import history_path
 from .output import print_json
 
 
-def run(target: Path, as_json: bool, output: Path | None) -> int:
+def run(target: Path, as_json: bool, output: Path | None, llm: bool = False) -> int:
     ws = Workspace.open(target)
     with ws.lock():
         try:
             with HistoryLog(history_path(ws)) as log:
-                data, path = refresh(ws, log)
+                data, path = refresh(ws, log, llm=llm)
         except HistoryError as exc:
             raise AgentsearchError(f"{exc}; run `agentsearch history verify`") from None
     if output is not None:

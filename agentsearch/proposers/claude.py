@@ -180,7 +180,23 @@ class ClaudeProposer:
         return Candidate(key, final["title"], rationale, final["category"], self.name, patch, meta)
 
 
-def run_session(prompt: str, worktree: Path, guard: ToolGuard, model: str | None, max_turns: int, transport: Any) -> dict[str, Any]:
+def llm_lessons(insights_markdown: str, scratch: Path, model: str | None = None) -> tuple[list[str], str]:
+    """An LLM pass over the statistical insights: short lessons, one per line. ([], why) when
+    no agent is available or the session fails — the statistical summary then stands alone."""
+    factory = load_transport_factory()
+    if factory is None and not (os.environ.get("ANTHROPIC_API_KEY") or os.environ.get("CLAUDE_CODE_OAUTH_TOKEN")):
+        return [], "no agent available (set ANTHROPIC_API_KEY)"
+    scratch.mkdir(parents=True, exist_ok=True)
+    prompt = ("Below are statistics of proposals made to speed up an LLM-serving stack, with their verdicts.\n"
+              "Write 3 to 6 short lessons for the next proposals, one per line, each starting with '- ': "
+              "what worked, what was ineffective and why, what to avoid.\n\n" + insights_markdown)
+    out = run_session(prompt, scratch, ToolGuard(scratch, ("**",)), model, 2, factory(worktree=scratch) if factory else None, tools=[])
+    lines = [l[2:].strip() for l in out["text"].splitlines() if l.strip().startswith("- ")]
+    return lines[:8], out["error"]
+
+
+def run_session(prompt: str, worktree: Path, guard: ToolGuard, model: str | None, max_turns: int, transport: Any,
+                tools: list[str] | None = None) -> dict[str, Any]:
     """One agent session through the SDK; never raises (an error is part of the outcome)."""
     import anyio
 
@@ -199,7 +215,7 @@ def run_session(prompt: str, worktree: Path, guard: ToolGuard, model: str | None
 
         options = ClaudeAgentOptions(
             cwd=str(worktree), can_use_tool=can_use_tool, permission_mode="default", max_turns=max_turns, model=model,
-            tools=[*READ_TOOLS[:3], *EDIT_TOOLS[:3], "Bash"], disallowed_tools=["WebFetch", "WebSearch", "Task"],
+            tools=[*READ_TOOLS[:3], *EDIT_TOOLS[:3], "Bash"] if tools is None else tools, disallowed_tools=["WebFetch", "WebSearch", "Task"],
             setting_sources=[],
         )
         texts: list[str] = []
