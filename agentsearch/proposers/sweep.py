@@ -4,8 +4,8 @@ The search space is typed and declared in the target's config (``[[sweep.knob]]`
 argument or environment variable in the serving-config file, or a key of any JSON file.
 Order: a Thompson-sampling bandit over knobs — Beta(1 + wins, 1 + non-wins + 2 x failures),
 counting this target's history and, as a prior, the distilled insights — then, within the
-chosen knob, the value the insights name as best, else the nearest untried value in the
-direction that won before. A configuration already judged (same file contents, in any episode)
+chosen knob, the value the insights name as best, else (coarse to fine) the middle of the
+range for a knob never tried, else the nearest untried value in the direction that won before. A configuration already judged (same file contents, in any episode)
 is never proposed again. Deterministic given the history and the episode seed, so ``--resume``
 proposes exactly what the interrupted run would have.
 """
@@ -143,8 +143,13 @@ class Sweep:
         up = (st.get("up_wins", 0) + float(prior.get("up_wins", 0))) >= (st.get("down_wins", 0) + float(prior.get("down_wins", 0)))
         best = prior.get("best_value") if prior.get("best_value") is not None else st.get("best_value")
 
+        tried = st.get("tries", 0) + float(prior.get("tries", 0))
+        mid = (len(k.values) - 1) / 2
+
         def rank(v: Any) -> tuple:
             i = k.values.index(v)
+            if not tried:  # coarse to fine: an untried knob is probed in the middle of its range first
+                return (1, 0, abs(i - mid), -i)
             dist = abs(i - idx) if idx is not None else i
             direction = 0 if idx is None else (0 if (i > idx) == up else 1)
             return (0 if best is not None and v == best else 1, direction, dist, i)
