@@ -7,6 +7,8 @@ ignored and the report says the evaluation ran uncalibrated).
 
 from __future__ import annotations
 
+import contextlib
+
 import json
 import secrets
 import shutil
@@ -105,11 +107,17 @@ def calibrate(ws: Workspace, pairs: int = 30, progress: Callable[[str, str], Non
     worktrees: dict[str, Path] = {}
     results: dict[str, WorkloadNoise] = {}
     pool = EnginePool()
+    stack = contextlib.ExitStack()
     try:
         for side in (BASELINE, CANDIDATE):
             worktrees[side] = ws.checkout(base, f"{tag}-{side}")
+        from . import containment
         from .evaluation import seed_sequence
 
+        box = containment.decide(config)
+        if box.status == "fail":
+            raise AgentsearchError(box.detail)
+        stack.enter_context(containment.contained(ws, box, worktrees, scratch))
         for w in config.workloads:
             factory = session_factory(config, w, worktrees, scratch, pool)
             run = run_interleaved(
@@ -122,6 +130,7 @@ def calibrate(ws: Workspace, pairs: int = 30, progress: Callable[[str, str], Non
             results[w.name] = analyze(w.name, run.trials, run.log_ratios, config, run.sessions)
     finally:
         pool.close()
+        stack.close()
         for path in worktrees.values():
             ws.remove_worktree(path)
         shutil.rmtree(scratch, ignore_errors=True)

@@ -15,19 +15,18 @@ import secrets
 import shutil
 import statistics as pystats
 import subprocess
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from harness import coverage, environment, sandbox
+from harness import coverage, environment
 from harness.interleave import WorkloadRun, run_interleaved
 from harness.sequential import LOSE, OK, REGRESSED, WIN, SequentialDesign, confirmation_design, decide_confirmation, decide_guard, decide_objective
 from harness.statistics import NoisePrior
 from harness.trials import BASELINE, CANDIDATE, TrialRecord
 
-from . import calibration
+from . import calibration, containment
 from .config import Config, GateConfig, WorkloadConfig
 from .errors import AgentsearchError
 from .gate import Check, Status, Verdict, judge
@@ -237,15 +236,12 @@ def _run_checks(ws: Workspace, config: Config, base: str, cand: str, master: int
     worktrees: dict[str, Path] = {}
     scratch = ws.state / "tmp" / tag
     shutil.rmtree(scratch, ignore_errors=True)  # a crashed earlier attempt of the same evaluation
-    policy = config.gate.sandbox
-    available, why = sandbox.probe() if policy != "off" else (False, "")
-    if policy == "off":
-        st.add("sandbox", Status.SKIPPED, "disabled by [gate] sandbox = off: candidate code ran with network and could read the state directory")
-    elif not available and policy == "required":
-        st.add("sandbox", Status.FAIL, f"[gate] sandbox = required but {why}")
+    box = containment.decide(config)
+    if box.status == "fail":
+        st.add("sandbox", Status.FAIL, box.detail)
         return
-    elif not available:
-        st.add("sandbox", Status.SKIPPED, f"not sandboxed: {why}")
+    if box.status == "skipped":
+        st.add("sandbox", Status.SKIPPED, box.detail)
     try:
         say("build", "preparing worktrees")
         for side, commit in ((BASELINE, base), (CANDIDATE, cand)):
@@ -255,36 +251,16 @@ def _run_checks(ws: Workspace, config: Config, base: str, cand: str, master: int
                 st.add("build", Status.FAIL, f"{side}: {exc}")
                 return
         st.add("build", Status.PASS, "both sides installed")
-        sb = sandbox_for(ws, worktrees, scratch) if available and policy != "off" else None
-        if sb is not None:
-            st.add("sandbox", Status.PASS, f"bubblewrap: no network (serving: loopback), read-only system, {len(sb.hide)} paths hidden (state, history, harness)")
+        if box.use:
+            st.add("sandbox", Status.PASS, box.detail)
         changed = git.changed_lines(ws.repo_dir, base, cand)
-        try:
-            with sandbox.use(sb):
-                _measure(ws, config, worktrees, scratch, master, alpha, st, say, changed)
-        finally:
-            if sb is not None:
-                shutil.rmtree(sb.home, ignore_errors=True)
+        with containment.contained(ws, box, worktrees, scratch):
+            _measure(ws, config, worktrees, scratch, master, alpha, st, say, changed)
     finally:
         if not keep:
             for path in worktrees.values():
                 ws.remove_worktree(path)
             shutil.rmtree(scratch, ignore_errors=True)
-
-
-def sandbox_for(ws: Workspace, worktrees: dict[str, Path], scratch: Path) -> sandbox.Sandbox:
-    """Both sides run with the state directory, history and harness (with its corpus) hidden."""
-    import agentsearch
-    import harness
-    import history
-    from harness.engine_session import WORKER
-
-    hide = [str(ws.state)] + [str(Path(m.__file__).resolve().parent) for m in (agentsearch, harness, history)]
-    return sandbox.Sandbox(
-        hide=tuple(dict.fromkeys(hide)), writable=(*map(str, worktrees.values()), str(scratch)),
-        # HOME/TMPDIR: short (unix socket paths, e.g. vLLM's ZMQ ipc sockets, allow 107 bytes)
-        expose=(str(WORKER), str(coverage.TRACER_DIR)), home=tempfile.mkdtemp(prefix="agentsearch-"),
-    )
 
 
 def _measure(ws: Workspace, config: Config, worktrees: dict[str, Path], scratch: Path, master: int, alpha: float | None, st: _State, say: Progress,

@@ -11,12 +11,12 @@ from __future__ import annotations
 import shutil
 from typing import Any, Callable
 
-from harness import sandbox
 from harness.engine_session import WorkerError, WorkerSession
 from harness.profiling import summarize
 
 from .errors import AgentsearchError
-from .evaluation import sandbox_for, seed_sequence
+from . import containment
+from .evaluation import seed_sequence
 from .workloads import engine_spec
 from .workspace import Workspace
 
@@ -40,12 +40,11 @@ def profile(ws: Workspace, ref: str | None, workload: str | None, seed: int | No
     scratch.mkdir(parents=True)
     say("build", f"worktree of {commit[:12]}")
     worktree = ws.checkout(commit, name)
-    ok, _why = sandbox.probe() if config.gate.sandbox != "off" else (False, "")
-    sb = sandbox_for(ws, {"profile": worktree}, scratch) if ok else None
+    box = containment.decide(config)
     env = {**config.target.env, **w.env, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}  # the engine's work in the profiled process
     s = seed if seed is not None else seed_sequence(0, w.name)(0)
     try:
-        with sandbox.use(sb):
+        with containment.contained(ws, box, {"profile": worktree}, scratch):
             sess = WorkerSession(engine_spec(w), worktree, env, scratch / "engine.log", w.metric, w.timeout_s, w.startup_timeout_s)
             sess.start()
             try:
@@ -62,8 +61,6 @@ def profile(ws: Workspace, ref: str | None, workload: str | None, seed: int | No
         raise AgentsearchError(f"profiling {w.name} at {commit[:12]} failed: {exc}") from None
     finally:
         ws.remove_worktree(worktree)
-        if sb is not None:
-            shutil.rmtree(sb.home, ignore_errors=True)
         shutil.rmtree(scratch, ignore_errors=True)
     return {"ref": ref or config.target.baseline, "commit": commit, "workload": w.name, "kind": w.kind,
             "device": res.get("device"), "metric": {w.metric: (res.get("metrics") or {}).get(w.metric)}, **summary}

@@ -163,7 +163,9 @@ def run_verify(ws: Workspace, config: Config, worktrees: dict[str, Path], scratc
 
 
 def verify(ws: Workspace, ref: str, say: Callable[[str, str], None] | None = None) -> VerifyResult:
-    """``agentsearch verify REF``: check out both sides and run the distribution checks."""
+    """``agentsearch verify REF``: check out both sides and run the distribution checks (sandboxed)."""
+    from . import containment
+
     config = ws.config()
     if config.verify is None:
         raise AgentsearchError("the target has no [verify] section; add one (see the README's config reference)")
@@ -174,8 +176,12 @@ def verify(ws: Workspace, ref: str, say: Callable[[str, str], None] | None = Non
     try:
         for side, commit in ((BASELINE, base), (CANDIDATE, cand)):
             worktrees[side] = ws.checkout(commit, f"{tag}-{side}")
+        box = containment.decide(config)
+        if box.status == "fail":
+            raise AgentsearchError(box.detail)
         try:
-            return run_verify(ws, config, worktrees, scratch, say)
+            with containment.contained(ws, box, worktrees, scratch):
+                return run_verify(ws, config, worktrees, scratch, say)
         except LogprobError as exc:
             return VerifyResult("fail", (f"logprob collection failed: {exc}",), {}, {}, {}, 0, 0, config.verify.mode, 0.0)
     finally:
