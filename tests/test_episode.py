@@ -258,3 +258,26 @@ def test_one_edited_byte_is_found_by_history_verify(tmp_path):
     path.write_bytes(b"\n".join(lines))
     proc = run_cli("history", "verify", "-C", str(repo))
     assert proc.returncode == 1 and f"line {target_line}" in proc.stderr
+
+
+def test_time_budget_and_abandon(tmp_path):
+    repo = make_target(tmp_path / "toy")
+    write_queue(repo, tmp_path / "queue", full=False)
+    rc, out = episode_json(repo, "--patches", str(tmp_path / "queue"), "--time-budget", "1s", "--seed", "1")
+    assert rc == 0 and out["judged"] == 1 and out["reason"].startswith("time budget reached")
+    # an interrupted episode blocks a new one until it is resumed or abandoned
+    proc = subprocess.Popen([sys.executable, "-m", "agentsearch.cli", "episode", "-C", str(repo), "--patches", str(tmp_path / "queue")],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    ws = Workspace.open(repo)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if sum(1 for e in HistoryLog(ws.state / "history.jsonl").entries() if e.kind == "episode-started") == 2:
+            break
+        time.sleep(0.1)
+    proc.kill()
+    proc.communicate()
+    again = run_cli("episode", "-C", str(repo), "--patches", str(tmp_path / "queue"))
+    assert again.returncode == 2 and "is unfinished" in again.stderr and "--resume" in again.stderr
+    assert run_cli("episode", "-C", str(repo), "--abandon").returncode == 0
+    proc2 = run_cli("episode", "-C", str(repo), "--resume")
+    assert proc2.returncode == 2 and "no unfinished episode" in proc2.stderr
