@@ -13,7 +13,9 @@ import hashlib
 from typing import Any, Mapping
 
 DISTS = ("fixed", "uniform", "zipf")
-SCALES = (0.5, 1.0, 1.5, 2.0)
+# moderate on purpose: enough that no exact shape can be special-cased, not so wide that the
+# effect's heterogeneity across shapes drowns a real win (a 4x range did, on the tiny model)
+SCALES = (0.75, 1.0, 1.25)
 
 
 def profile(seed: int) -> tuple[str, float]:
