@@ -49,6 +49,10 @@ class TargetConfig:
         "For install = \"overlay\": directory whose compiled files (*.so) are linked into each worktree.",
         None,
     )
+    test: str | None = doc(
+        "Functional tests: a command run in the candidate's worktree (sandboxed) before any measurement; a non-zero exit rejects.", None
+    )
+    test_timeout_s: float = doc("Timeout of the functional tests in seconds.", 900.0)
 
     def __post_init__(self) -> None:
         if self.install not in INSTALL_MODES:

@@ -24,7 +24,7 @@ from harness import coverage, environment
 from harness.interleave import WorkloadRun, run_interleaved
 from harness.sequential import LOSE, OK, REGRESSED, WIN, SequentialDesign, confirmation_design, decide_confirmation, decide_guard, decide_objective
 from harness.statistics import NoisePrior
-from harness.trials import BASELINE, CANDIDATE, TrialRecord
+from harness.trials import BASELINE, CANDIDATE, TrialRecord, child_env, run_child, tail
 
 from . import calibration, containment
 from .config import Config, GateConfig, WorkloadConfig
@@ -255,6 +255,8 @@ def _run_checks(ws: Workspace, config: Config, base: str, cand: str, master: int
             st.add("sandbox", Status.PASS, box.detail)
         changed = git.changed_lines(ws.repo_dir, base, cand)
         with containment.contained(ws, box, worktrees, scratch):
+            if not _functional_tests(config, worktrees[CANDIDATE], st, say):
+                return
             _measure(ws, config, worktrees, scratch, master, alpha, st, say, changed)
     finally:
         if not keep:
@@ -431,4 +433,23 @@ def _coverage_check(config: Config, w: WorkloadConfig, worktrees: dict[str, Path
         st.add("coverage", Status.FAIL, f"none of the {rep.changed} changed executable lines ran during {w.name}: the measured difference cannot come from this change ({rep.summary()})")
         return False
     st.add("coverage", Status.PASS, rep.summary())
+    return True
+
+
+def _functional_tests(config: Config, worktree: Path, st: _State, say: Progress) -> bool:
+    """The target's own tests on the candidate, before anything is measured."""
+    cmd = config.target.test
+    if not cmd:
+        st.add("functional-tests", Status.SKIPPED, "the target declares no [target] test command")
+        return True
+    say("functional-tests", cmd)
+    env = child_env(dict(config.target.env), worktree, None, worktree / ".agentsearch-test-out")
+    rc, _out, err, wall = run_child(cmd, worktree, env, config.target.test_timeout_s, shell=True)
+    if rc is None:
+        st.add("functional-tests", Status.FAIL, f"`{cmd}` timed out after {config.target.test_timeout_s:g} s")
+        return False
+    if rc != 0:
+        st.add("functional-tests", Status.FAIL, f"`{cmd}` exited with status {rc}: {tail(err, 1) or 'no stderr'}")
+        return False
+    st.add("functional-tests", Status.PASS, f"`{cmd}` passed in {wall:.1f} s")
     return True

@@ -30,6 +30,7 @@ REQUIRED_CHECKS = (
     "protected-paths",
     "sandbox",
     "build",
+    "functional-tests",
     "objective",
     "coverage",
     "guard-workloads",
@@ -38,7 +39,7 @@ REQUIRED_CHECKS = (
     "distribution",
 )
 # skipped only with the reason in its detail: the target opted out, the machine cannot, or it does not apply
-SKIPPABLE = {"distribution", "confirmation", "sandbox", "coverage"}
+SKIPPABLE = {"distribution", "confirmation", "sandbox", "coverage", "functional-tests"}
 
 
 @dataclass(frozen=True)

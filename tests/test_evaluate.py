@@ -211,3 +211,20 @@ def test_a_win_from_code_that_never_ran_is_rejected(target):
     rc, out = evaluate(target, "comment")
     checks = {c["name"]: c for c in out["checks"]}
     assert rc == 0 and checks["coverage"]["status"] == "skipped", checks["coverage"]
+
+
+def test_functional_tests_run_before_measuring(tmp_path):
+    import sys
+
+    tests = "import sys\nsys.path.insert(0, '.')\nfrom src.model import X\nassert X == 1, f'X is {X}'\n"
+    repo = make_repo(tmp_path / "toy", {"agentsearch.toml": toy_config(timeout=4).replace('protected = ["bench/**"]', f'protected = ["bench/**", "tests/**"]\ntest = "{sys.executable} tests/check.py"'),
+                                        "bench/bench.py": TOY_BENCH, "speed.txt": "1.0\n", "src/model.py": "X = 1\n", "tests/check.py": tests})
+    assert run_cli("init", "-C", str(repo)).returncode == 0
+    commit(repo, {"speed.txt": "1.3\n", "src/model.py": "X = 2\n"}, "faster but broken", branch="broken")
+    rc, out = evaluate(repo, "broken")
+    assert rc == 4 and out["reasons"][0].startswith("functional-tests:") and "X is 2" in out["reasons"][0]
+    assert out["trials"] == []  # nothing was measured
+    commit(repo, {"speed.txt": "1.3\n"}, "faster", branch="ok")
+    rc, out = evaluate(repo, "ok")
+    checks = {c["name"]: c for c in out["checks"]}
+    assert rc == 0 and checks["functional-tests"]["status"] == "pass"
