@@ -35,6 +35,7 @@ CHECK_NOTES = {
     "protected-paths": "no protected file (bench, config, harness inputs) was touched",
     "sandbox": "both sides ran without network, with state, history and harness hidden",
     "build": "both worktrees built and installed",
+    "functional-tests": "the target's own tests pass on the candidate",
     "objective": "significant win on the objective (interleaved pairs, sequential test)",
     "coverage": "the changed Python lines ran during the measurement",
     "guard-workloads": "no other workload regressed significantly",
