@@ -111,7 +111,7 @@ rationale = "KV-cache space in GiB on CPU: more space admits more concurrent seq
 [[sweep.knob]]
 name = "VLLM_CPU_OMP_THREADS_BIND"
 where = "env"
-values = ["nobind", "all"]
+values = ["nobind"]
 category = "other"
 rationale = "OpenMP thread binding: auto uses one logical CPU per physical core on x86."
 
