@@ -157,7 +157,8 @@ def plots(ev: Evidence) -> dict[str, bytes]:
     for t in ev.trials:
         if t.get("ok") and t.get("value") is not None:
             groups.setdefault((t["workload"], t.get("phase", "objective")), {}).setdefault(t["pair"], {})[t["side"]] = t["value"]
-    for (workload, phase), pairs in sorted(groups.items()):
+    rank = {"objective": 0, "guard": 1, "confirmation": 2}
+    for (workload, phase), pairs in sorted(groups.items(), key=lambda kv: (rank.get(kv[0][1], 3), kv[0][0])):
         full = sorted((i, p) for i, p in pairs.items() if "baseline" in p and "candidate" in p)
         if not full:
             continue
@@ -221,7 +222,8 @@ def _num(x: Any) -> str:
 
 def context(ev: Evidence, images: Mapping[str, str]) -> dict[str, Any]:
     v = ev.verdict
-    workloads = list((v.get("workloads") or {}).values())
+    order = {"objective": 0, "guard": 1, "confirmation": 2}
+    workloads = sorted((v.get("workloads") or {}).values(), key=lambda w: order.get(w.get("role"), 3))
     if v.get("confirmation"):
         workloads.append(v["confirmation"])
     checks = [{**c, "note": CHECK_NOTES.get(c["name"], "")} for c in v.get("checks", [])]

@@ -4,8 +4,9 @@ the insights distilled from an earlier episode on another copy of the same targe
 
     .venv/bin/python benchmarks/self_improvement.py [--repeats 4] [--budget 10]
 
-Each repeat: episode A (no insights) on copy 1 -> its insights; then on fresh copies 2 and 3,
-episode B with A's insights and episode C without (different seeds). Everything is real:
+Each repeat: episode A (no insights, an exploring first episode with twice the budget) on
+copy 1 -> its insights; then on fresh copies 2 and 3, episode B with A's insights and episode
+C without (different seeds), both with the same budget. Everything is real:
 git repositories, the gate, the statistics; only the target is a toy (a bench whose speed
 depends on 8 JSON knobs: two have one good value each, one has a value that crashes).
 """
@@ -74,7 +75,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.repeats):
             a = make_target(Path(tmp) / f"a{r}")
-            episode(a, args.budget, 100 + r)
+            episode(a, 2 * args.budget, 100 + r)
             ins = Path(tmp) / f"insights{r}.json"
             assert cli("insights", "-C", str(a), "-o", str(ins)).returncode == 0
             b = episode(make_target(Path(tmp) / f"b{r}"), args.budget, 200 + r, ins)
