@@ -38,6 +38,7 @@ params = {{ prompts = 32, input_len = 32, output_len = 32, length_dist = "unifor
 [gate]
 max_pairs = 8
 confirm_pairs = 2
+plausibility = 100.0  # max_num_seqs 1 -> 32 is a genuine >10x on the tiny model
 """
 
 
