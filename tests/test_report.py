@@ -93,6 +93,12 @@ def test_reports_of_rejections_name_the_reason_and_reproduce(judged, tmp_path):
     proc = subprocess.run(reproduce_command(md), cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 4 and "distribution" in proc.stdout
 
+    html = run_cli("report", "-C", str(repo), "001", "--format", "html").stdout
+    assert 'class="verdict reject"' in html and "distribution:" in html and 'id="distribution"' in html
+    for section in ("Verdict", "Workloads", "Distribution checks", "Gate and anti-cheat checks", "Change", "Environment", "Reproduce"):
+        assert f"<h2>{section}</h2>" in html, section
+    assert html.count("data:image/png;base64,") >= 3  # objective trials + divergence by position
+
     md = run_cli("report", "-C", str(repo), "003").stdout
     assert md.startswith("# REJECT: Speed up the benchmark") and "bench/bench.py" in md and "protected" in md
     proc = subprocess.run(reproduce_command(md), cwd=ROOT, capture_output=True, text=True, timeout=600)
