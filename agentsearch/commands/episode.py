@@ -16,7 +16,7 @@ from .. import episode as ep
 from ..errors import AgentsearchError
 from ..workspace import Workspace
 from ..workspace.workspace import new_episode_id
-from .history import history_path
+from ..records import history_path
 from .output import err, out, print_json
 
 DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*$")

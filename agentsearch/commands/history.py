@@ -7,24 +7,15 @@ from pathlib import Path
 import click
 import pandas as pd
 
-from history import HistoryError, HistoryLog, verify
+from history import verify
 
-from ..errors import EXIT_FAIL, AgentsearchError
+from ..errors import EXIT_FAIL
+from ..records import append, history_path, read_entries
 from ..workspace import Workspace
 from .output import out, print_json
 
-HISTORY_FILE = "history.jsonl"
-
-
-def history_path(ws: Workspace) -> Path:
-    return ws.state / HISTORY_FILE
-
-
 def rows(ws: Workspace) -> list[dict]:
-    try:
-        entries = list(HistoryLog(history_path(ws)).entries())
-    except HistoryError as exc:
-        raise AgentsearchError(f"{exc}; run `agentsearch history verify`") from None
+    entries = read_entries(ws)
     merged = {e.proposal for e in entries if e.kind == "merge" and e.data.get("ok")}
     out_rows = []
     for e in entries:
@@ -71,8 +62,4 @@ def verify_chain(target: Path) -> int:
 
 
 def record_evaluation(ws: Workspace, data: dict, proposal: str | None = None, episode: str | None = None) -> None:
-    try:
-        with HistoryLog(history_path(ws)) as log:
-            log.append("evaluation", episode, proposal, data)
-    except HistoryError as exc:
-        raise AgentsearchError(f"{exc}") from None
+    append(ws, "evaluation", episode, proposal, data)

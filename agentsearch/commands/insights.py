@@ -13,7 +13,7 @@ from history.insights import markdown
 from ..errors import AgentsearchError
 from ..insights import refresh
 from ..workspace import Workspace
-from .history import history_path
+from ..records import history_path
 from .output import print_json
 
 

@@ -7,12 +7,9 @@ from pathlib import Path
 from rich.markup import escape
 from rich.table import Table
 
-from history import HistoryError, HistoryLog
-
-from ..errors import AgentsearchError
 from ..profiling import profile
+from ..records import append
 from ..workspace import Workspace
-from .history import history_path
 from .output import out, print_json, progress
 
 
@@ -22,11 +19,7 @@ def run(target: Path, as_json: bool, ref: str | None, workload: str | None, seed
         ws.resolve(ref)
     with ws.lock(), progress() as say:
         data = profile(ws, ref, workload, seed, say)
-        try:
-            with HistoryLog(history_path(ws)) as log:
-                log.append("profile", None, None, data)
-        except HistoryError as exc:
-            raise AgentsearchError(str(exc)) from None
+        append(ws, "profile", None, None, data)
     if as_json:
         print_json(data)
         return 0

@@ -8,27 +8,18 @@ from typing import Any
 from rich.markup import escape
 from rich.table import Table
 
-from history import HistoryError, HistoryLog
-
 from ..errors import EXIT_FAIL, AgentsearchError
 from ..evaluation import evaluate
 from ..gate import MERGE
+from ..records import append, read_entries
 from ..workspace import Workspace, git
 from .evaluate import show as show_evaluation
-from .history import history_path
 from .output import out, print_json, progress
-
-
-def _entries(ws: Workspace) -> list[Any]:
-    try:
-        return list(HistoryLog(history_path(ws)).entries())
-    except HistoryError as exc:
-        raise AgentsearchError(f"{exc}; run `agentsearch history verify`") from None
 
 
 def merges(ws: Workspace) -> list[dict[str, Any]]:
     """Every merge agentsearch made on the baseline, with its evidence and current state."""
-    entries = _entries(ws)
+    entries = read_entries(ws)
     verdicts = {e.proposal: e.data for e in entries if e.kind == "verdict"}
     reverted = {e.data.get("merge"): e.data for e in entries if e.kind == "revert"}
     rechecks: dict[str, dict] = {}
@@ -108,11 +99,7 @@ def run(target: Path, as_json: bool, what: str | None, recheck: bool, seed: int 
         data = {"merge": row["merge"], "parent": parent, "proposal": row["proposal"], "holds": holds,
                 "verdict": ev.verdict.verdict, "reasons": list(ev.verdict.reasons), "seed": ev.seed,
                 "speedup": (ev.workloads.get(ws.config().objective.name).speedup if ev.workloads.get(ws.config().objective.name) else None)}
-        try:
-            with HistoryLog(history_path(ws)) as log:
-                log.append("recheck", None, row["proposal"], data)
-        except HistoryError as exc:
-            raise AgentsearchError(str(exc)) from None
+        append(ws, "recheck", None, row["proposal"], data)
     if as_json:
         print_json({**data, "evaluation": ev.to_json()})
     else:
@@ -131,10 +118,6 @@ def revert(target: Path, what: str) -> int:
                f"Agentsearch-Revert: {row['merge']}\n")
     with ws.lock():
         old, new = ws.revert(row["merge"], message)
-        try:
-            with HistoryLog(history_path(ws)) as log:
-                log.append("revert", None, row["proposal"], {"merge": row["merge"], "old": old, "new": new})
-        except HistoryError as exc:
-            raise AgentsearchError(str(exc)) from None
+        append(ws, "revert", None, row["proposal"], {"merge": row["merge"], "old": old, "new": new})
     out.print(f"reverted {row['merge'][:12]} ({row['proposal']}): baseline {old[:12]} -> {new[:12]}")
     return 0
