@@ -7,11 +7,9 @@ ignored and the report says the evaluation ran uncalibrated).
 
 from __future__ import annotations
 
-import contextlib
 
 import json
 import secrets
-import shutil
 import statistics as pystats
 import time
 from dataclasses import asdict, dataclass
@@ -103,37 +101,37 @@ def calibrate(ws: Workspace, pairs: int = 30, progress: Callable[[str, str], Non
     base = ws.baseline_commit()
     master = secrets.randbits(31)
     tag = f"calibrate-{master % 100000:05d}"
-    scratch = ws.state / "tmp" / tag
-    worktrees: dict[str, Path] = {}
     results: dict[str, WorkloadNoise] = {}
     pool = EnginePool()
-    stack = contextlib.ExitStack()
-    try:
-        for side in (BASELINE, CANDIDATE):
-            worktrees[side] = ws.checkout(base, f"{tag}-{side}")
-        from . import containment
-        from .evaluation import seed_sequence
+    from . import containment
+    from .evaluation import seed_sequence
+    from .sides import BuildError, sides
 
-        box = containment.decide(config)
-        if box.status == "fail":
-            raise AgentsearchError(box.detail)
-        stack.enter_context(containment.contained(ws, box, worktrees, scratch))
-        for w in config.workloads:
-            factory = session_factory(config, w, worktrees, scratch, pool)
-            run = run_interleaved(
-                w.name, factory, _fixed_design(pairs), _done, seed_sequence(master, w.name), w.higher_is_better,
-                restarts=restarts_for(w),
-                on_pair=lambda r, w=w: say(w.name, f"A/A pair {r.pairs}/{pairs}"),
-            )
-            if run.failure:
-                raise AgentsearchError(f"calibration of {w.name!r} failed: {run.failure}")
-            results[w.name] = analyze(w.name, run.trials, run.log_ratios, config, run.sessions)
+    box = containment.decide(config)
+    if box.status == "fail":
+        raise AgentsearchError(box.detail)
+    try:
+        # A/A: both sides are the baseline, each in its own worktree and sandbox
+        with sides(ws, config, {BASELINE: base, CANDIDATE: base}, tag, box) as sd:
+            try:
+                sd.build()
+            except BuildError as exc:
+                raise AgentsearchError(f"calibration: the baseline does not build: {exc}") from None
+            try:
+                for w in config.workloads:
+                    factory = session_factory(config, w, sd, pool)
+                    run = run_interleaved(
+                        w.name, factory, _fixed_design(pairs), _done, seed_sequence(master, w.name), w.higher_is_better,
+                        restarts=restarts_for(w),
+                        on_pair=lambda r, w=w: say(w.name, f"A/A pair {r.pairs}/{pairs}"),
+                    )
+                    if run.failure:
+                        raise AgentsearchError(f"calibration of {w.name!r} failed: {run.failure}")
+                    results[w.name] = analyze(w.name, run.trials, run.log_ratios, config, run.sessions)
+            finally:
+                pool.close()
     finally:
         pool.close()
-        stack.close()
-        for path in worktrees.values():
-            ws.remove_worktree(path)
-        shutil.rmtree(scratch, ignore_errors=True)
     cal = Calibration(
         baseline=base, config_fingerprint=config.fingerprint(),
         environment_fingerprint=environment.fingerprint(), created=time.time(), workloads=results,

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import functools
 import os
+import signal
 import sys
+import threading
 import tempfile
 import traceback
 from pathlib import Path
@@ -65,6 +67,17 @@ def main() -> None:
     the same run (interleaved pairs), checks the model's output distributions, and a
     fail-closed gate merges only significant, verified wins.
     """
+    install_sigterm()
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt  # clean up (engines, worktrees, the lock) exactly as on Ctrl-C
+
+
+def install_sigterm() -> None:
+    """SIGTERM (a supervisor, `timeout`, `kill`) cleans up like Ctrl-C."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _on_sigterm)
 
 
 @main.command(context_settings=CONTEXT)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import tomllib
 import collections.abc
 import types
@@ -61,6 +62,16 @@ class TargetConfig:
             raise ValueError("install = \"command\" needs a build command|build")
         if self.install == "overlay" and not self.overlay_from:
             raise ValueError("install = \"overlay\" needs overlay_from|overlay_from")
+        _check_seconds(self.test_timeout_s, "test_timeout_s")
+        from .workspace.glob import normalize as normalize_glob  # not at the top: workspace imports config
+
+        globs = []
+        for pattern in self.protected:
+            try:
+                globs.append(normalize_glob(pattern))
+            except ValueError as exc:
+                raise ValueError(f"{exc}|protected") from None
+        object.__setattr__(self, "protected", tuple(dict.fromkeys(globs)))
 
 
 @dataclass(frozen=True)
@@ -98,8 +109,16 @@ class WorkloadConfig:
             raise ValueError("a command workload needs `command`|command")
         if not self.name or any(c in self.name for c in "/ \t"):
             raise ValueError(f"expected a name without spaces or '/', got {self.name!r}|name")
-        if self.timeout_s <= 0:
-            raise ValueError(f"expected a positive number of seconds, got {self.timeout_s}|timeout_s")
+        _check_seconds(self.timeout_s, "timeout_s")
+        _check_seconds(self.startup_timeout_s, "startup_timeout_s")
+
+
+MAX_SECONDS = 1e6  # a timeout beyond ~11 days is a typo
+
+
+def _check_seconds(value: float, key: str) -> None:
+    if not (math.isfinite(value) and 0 < value <= MAX_SECONDS):
+        raise ValueError(f"expected a positive number of seconds (at most {MAX_SECONDS:g}), got {value}|{key}")
 
 
 @dataclass(frozen=True)
@@ -201,6 +220,10 @@ class VerifyConfig:
         bad = [key for key in self.caps if key not in ("kl_mean", "kl_p99", "kl_max", "dlogprob_max", "min_top1")]
         if bad:
             raise ValueError(f"unknown cap {bad[0]!r} (kl_mean, kl_p99, kl_max, dlogprob_max, min_top1)|caps")
+        for key, v in self.caps.items():
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0 or (key == "min_top1" and v > 1):
+                raise ValueError(f"cap {key!r}: expected a positive finite number{' <= 1' if key == 'min_top1' else ''}, got {v!r}|caps")
+        _check_seconds(self.timeout_s, "timeout_s")
 
 
 KNOB_WHERE = ("engine", "env", "json")
@@ -225,6 +248,8 @@ class KnobConfig:
             raise ValueError(f"expected one of {', '.join(KNOB_WHERE)}, got {self.where!r}|where")
         if len({type(v) for v in self.values}) > 1:
             raise ValueError(f"expected values of one type, got {list(self.values)!r}|values")
+        if not (math.isfinite(self.prior_wins) and self.prior_wins >= 0):
+            raise ValueError(f"expected a finite number >= 0, got {self.prior_wins}|prior_wins")
         if self.category not in ("config", "scheduling", "kernel", "graph/launch", "memory", "other"):
             raise ValueError(f"expected one of config, scheduling, kernel, graph/launch, memory, other, got {self.category!r}|category")
 
@@ -340,6 +365,8 @@ def _build(cls: type, table: Any, where: str, source: str) -> Any:
             raise ConfigError(
                 f"{source}: {where} {key}: expected {_type_name(hints[key])}, got {value!r}"
             )
+        if isinstance(coerced, float) and not math.isfinite(coerced):
+            raise ConfigError(f"{source}: {where} {key}: expected a finite number, got {value!r}")
         kwargs[key] = coerced
     for name, f in fields.items():
         if name not in kwargs and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:  # type: ignore[misc]

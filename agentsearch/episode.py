@@ -21,21 +21,33 @@ from typing import Any, Callable, Mapping
 
 from harness import environment
 from history.insights import proposal_rows
-from harness.trials import BASELINE, TrialRecord
+from harness.trials import BASELINE, TrialRecord, tail
+from history import HistoryError
 
 from . import proposers
-from .errors import AgentsearchError, CasError
+from .errors import AgentsearchError, CasError, ConfigError, LockedError, TargetError
 from .evaluation import Evaluation, evaluate
 from .gate import MERGE, REJECT, Check, Status, judge
 from .proposers.base import Candidate, Proposer
 from .workspace import Workspace, git
+from .workspace.history_head import trailers as history_trailers
 
 EPISODE_SCHEMA = 1
 Say = Callable[[str, str], None]
+INTERNAL = "internal error:"
 
 
 class EpisodeError(AgentsearchError):
     pass
+
+
+# errors of the run itself (the history, the lock, a broken baseline or config): they stop the
+# episode (resumable); any other error while judging one proposal is that proposal's REJECT
+RUN_ERRORS = (HistoryError, LockedError, ConfigError, TargetError, EpisodeError)
+
+
+def internal_reason(exc: BaseException) -> str:
+    return f"internal error: {type(exc).__name__}: {tail(str(exc), 1) or 'no detail'}"
 
 
 @dataclass(frozen=True)
@@ -160,7 +172,7 @@ class Episode:
             if p.verdict is None:
                 self.say(p.id, "resuming: judging the in-flight proposal again from scratch")
                 cand = self._candidate_of(p)
-                self._judge(p, cand)
+                self._judge_safely(p, cand)
         # 2. new proposals until the queue or a budget runs out
         reason = "queue empty"
         while True:
@@ -179,7 +191,7 @@ class Episode:
             if cand is None:
                 break
             p = self._create(cand)
-            self._judge(p, cand)
+            self._judge_safely(p, cand)
         summary = self.summary(reason)
         from .insights import refresh
 
@@ -210,7 +222,7 @@ class Episode:
             extra={"config": self.ws.config(), "episode": self.plan.episode,
                    "profiles": [e.data for e in entries if e.kind == "profile"][-2:],
                    # agent proposers edit a scratch worktree of the baseline; the orchestrator takes its diff
-                   "scratch_worktree": lambda name: self.ws.checkout(base, f"{self.plan.episode}-{name}"),
+                   "scratch_worktree": lambda name: self.ws.add_measurement_worktree(base, f"{self.plan.episode}-{name}"),
                    "worktree_diff": git.worktree_diff, "remove_worktree": self.ws.remove_worktree},
         )
 
@@ -238,15 +250,23 @@ class Episode:
         number = len(self.state.proposals) + 1
         pid = f"{self.plan.episode}/{number:03d}"
         self.say(pid, f"applying {cand.title!r}")
-        prop = self.ws.create_proposal(self.plan.episode, number, cand.title)
-        error = git.apply_patch(prop.worktree, cand.patch) if cand.patch.strip() else ""
-        commit = None
-        if not error:
-            commit = self.ws.commit_proposal(prop, cand.title, cand.rationale, cand.proposer)
-        files = [c.paths[-1] for c in git.diff_changes(self.ws.repo_dir, prop.base, commit)] if commit else []
+        branch, base = None, None
+        try:
+            prop = self.ws.create_proposal(self.plan.episode, number, cand.title)
+            branch, base = prop.branch, prop.base
+            error = git.apply_patch(prop.worktree, cand.patch) if cand.patch.strip() else ""
+            commit = None
+            if not error:
+                commit = self.ws.commit_proposal(prop, cand.title, cand.rationale, cand.proposer)
+            files = [c.paths[-1] for c in git.diff_changes(self.ws.repo_dir, prop.base, commit)] if commit else []
+        except RUN_ERRORS:
+            raise
+        except Exception as exc:  # noqa: BLE001 - adversarial input: this proposal is rejected, the queue goes on
+            error, commit, files = internal_reason(exc), None, []
+            base = base or self.ws.baseline_commit()
         data = {
             "number": number, "proposal": pid, "key": cand.key, "title": cand.title, "rationale": cand.rationale,
-            "category": cand.category, "proposer": cand.proposer, "branch": prop.branch, "base": prop.base,
+            "category": cand.category, "proposer": cand.proposer, "branch": branch, "base": base,
             "commit": commit, "applied": not error, "apply_error": error, "files": files,
             "diff_hash": hashlib.sha256(cand.patch.encode()).hexdigest(), "patch": cand.patch, "meta": dict(cand.meta),
         }
@@ -275,12 +295,28 @@ class Episode:
             return None, error
         return self.ws.commit_proposal(prop, cand.title, cand.rationale, cand.proposer), ""
 
+    def _judge_safely(self, p: ProposalState, cand: Candidate) -> None:
+        """Judge one proposal; an unexpected error while doing so is its REJECT ("internal
+        error: ..."), recorded like any verdict, and the queue moves on. Errors of the run
+        itself (RUN_ERRORS), Ctrl-C and SIGTERM still stop the episode."""
+        try:
+            self._judge(p, cand)
+        except RUN_ERRORS:
+            raise
+        except Exception as exc:  # noqa: BLE001 - adversarial code must not stop the episode
+            if p.verdict is not None:  # the verdict is recorded; what failed came after it (the merge)
+                raise
+            base = self.ws.baseline_commit()
+            self._verdict(p, _static_verdict("judging", internal_reason(exc)), base, p.created.get("commit"), None)
+
     def _judge(self, p: ProposalState, cand: Candidate) -> None:
         base = self.ws.baseline_commit()
         config = self.ws.config()
         commit, error = self._fresh_commit(p, cand)
         if commit is None:
             reason = f"does not apply to the current baseline {base[:12]}: {error}" if error else "the proposal makes no change"
+            if error.startswith(INTERNAL):
+                reason = error
             agent_error = (cand.meta or {}).get("error")
             if agent_error and not error:
                 reason += f" (the agent session ended with an error: {agent_error})"
@@ -349,8 +385,9 @@ class Episode:
         try:
             if git.is_ancestor(self.ws.repo_dir, cand, now) and now != expected:
                 merged = now  # the ref moved before a crash cut the record off
+                self.ws.sync_checkouts()  # ... and maybe the checkout's update too
             else:
-                merged = self.ws.merge(cand, expected, merge_message(v))
+                merged = self.ws.merge(cand, expected, merge_message(v, self.log.head))
         except CasError as exc:
             data = {"number": p.number, "ok": False, "old": expected, "new": now, "candidate": cand, "error": str(exc)}
             self.record("merge", p.id, data)
@@ -378,12 +415,14 @@ def _content_key(ws: Workspace, base: str, commit: str, config_fp: str) -> str:
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()
 
 
-def merge_message(v: Mapping[str, Any]) -> str:
+def merge_message(v: Mapping[str, Any], history: tuple[int, str] | None = None) -> str:
+    """Subject, evidence and trailers; ``history``: the history head (seq, hash) the merge is made after."""
     sp = v.get("speedup")
     head = f"agentsearch: merge {v.get('title') or v['proposal']}"
     if sp:
         head += f" ({sp - 1:+.1%} {v.get('objective', '')})".rstrip()
-    return f"{head}\n\n{evidence_text(v)}\nAgentsearch-Proposal: {v['proposal']}\nAgentsearch-Candidate: {v['candidate']}\n"
+    extra = history_trailers(history) if history else ""
+    return f"{head}\n\n{evidence_text(v)}\nAgentsearch-Proposal: {v['proposal']}\nAgentsearch-Candidate: {v['candidate']}\n{extra}"
 
 
 def evidence_text(v: Mapping[str, Any]) -> str:

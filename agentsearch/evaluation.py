@@ -12,9 +12,7 @@ import dataclasses
 import hashlib
 import math
 import secrets
-import shutil
 import statistics as pystats
-import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +25,8 @@ from harness.statistics import NoisePrior
 from harness.trials import BASELINE, CANDIDATE, TrialRecord, child_env, run_child, tail
 
 from . import calibration, containment
+from . import sides as sides_mod
+from .sides import Sides
 from .config import Config, GateConfig, WorkloadConfig
 from .errors import AgentsearchError
 from .gate import Check, Status, Verdict, judge
@@ -225,57 +225,41 @@ def _run_checks(ws: Workspace, config: Config, base: str, cand: str, master: int
         st.add("based-on-baseline", Status.FAIL, f"{cand[:12]} is not based on the current baseline {base[:12]}; rebase it onto {config.target.baseline}")
         return
     st.add("based-on-baseline", Status.PASS, f"contains {base[:12]}")
-    violations = ws.protected_violations(base, cand, config)
-    if violations:
-        listed = ", ".join(f"{v.path} ({v.status}, matches {v.pattern!r})" for v in violations[:5])
-        st.add("protected-paths", Status.FAIL, f"touches protected paths: {listed}")
-        return
-    st.add("protected-paths", Status.PASS, "no protected path touched")
-
-    tag = f"eval-{cand[:10]}-{master % 100000:05d}"
-    worktrees: dict[str, Path] = {}
-    scratch = ws.state / "tmp" / tag
-    shutil.rmtree(scratch, ignore_errors=True)  # a crashed earlier attempt of the same evaluation
     box = containment.decide(config)
-    if box.status == "fail":
-        st.add("sandbox", Status.FAIL, box.detail)
-        return
-    if box.status == "skipped":
-        st.add("sandbox", Status.SKIPPED, box.detail)
+    tag = f"eval-{cand[:10]}-{master % 100000:05d}"
     try:
-        say("build", "preparing worktrees")
-        for side, commit in ((BASELINE, base), (CANDIDATE, cand)):
+        with sides_mod.sides(ws, config, {BASELINE: base, CANDIDATE: cand}, tag, box, keep=keep) as sd:
+            st.add("protected-paths", Status.PASS, "no protected path touched")
+            if box.status == "fail":
+                st.add("sandbox", Status.FAIL, box.detail)
+                return
+            say("build", "preparing worktrees")
             try:
-                worktrees[side] = ws.checkout(commit, f"{tag}-{side}")
-            except (AgentsearchError, OSError, subprocess.SubprocessError) as exc:
-                st.add("build", Status.FAIL, f"{side}: {exc}")
+                sd.build()
+            except sides_mod.BuildError as exc:
+                st.add("build", Status.FAIL, str(exc))
                 return
-        st.add("build", Status.PASS, "both sides installed")
-        if box.use:
-            st.add("sandbox", Status.PASS, box.detail)
-        changed = git.changed_lines(ws.repo_dir, base, cand)
-        with containment.contained(ws, box, worktrees, scratch):
-            if not _functional_tests(config, worktrees[CANDIDATE], st, say):
+            st.add("build", Status.PASS, "both sides installed" + (", each in its own sandbox" if box.use else ""))
+            st.add("sandbox", Status(box.status), box.detail)
+            changed = git.changed_lines(ws.repo_dir, base, cand)
+            if not _functional_tests(config, sd, st, say):
                 return
-            _measure(ws, config, worktrees, scratch, master, alpha, st, say, changed)
-    finally:
-        if not keep:
-            for path in worktrees.values():
-                ws.remove_worktree(path)
-            shutil.rmtree(scratch, ignore_errors=True)
+            _measure(ws, config, sd, master, alpha, st, say, changed)
+    except sides_mod.ProtectedPathError as exc:
+        st.add("protected-paths", Status.FAIL, str(exc))
 
 
-def _measure(ws: Workspace, config: Config, worktrees: dict[str, Path], scratch: Path, master: int, alpha: float | None, st: _State, say: Progress,
+def _measure(ws: Workspace, config: Config, sd: Sides, master: int, alpha: float | None, st: _State, say: Progress,
              changed: dict[str, set[int]]) -> None:
     pool = EnginePool()
     try:
-        _measure_with(ws, config, worktrees, scratch, master, alpha, st, say, pool, changed)
+        _measure_with(ws, config, sd, master, alpha, st, say, pool, changed)
     finally:
         pool.close()
         st.engine_wait_s += pool.wait_s
 
 
-def _measure_with(ws: Workspace, config: Config, worktrees: dict[str, Path], scratch: Path, master: int, alpha: float | None, st: _State, say: Progress,
+def _measure_with(ws: Workspace, config: Config, sd: Sides, master: int, alpha: float | None, st: _State, say: Progress,
                   pool: EnginePool, changed: dict[str, set[int]]) -> None:
     design = design_for(config.gate, alpha)
     objective = config.objective
@@ -289,7 +273,7 @@ def _measure_with(ws: Workspace, config: Config, worktrees: dict[str, Path], scr
 
     def run(w: WorkloadConfig, role: str) -> WorkloadRun | None:
         try:
-            factory = session_factory(config, w, worktrees, scratch, pool)
+            factory = session_factory(config, w, sd, pool)
         except AgentsearchError as exc:
             st.add(check_of[role], Status.FAIL, str(exc))
             return None
@@ -350,7 +334,7 @@ def _measure_with(ws: Workspace, config: Config, worktrees: dict[str, Path], scr
         return
     assert r is not None and r.decision is not None
     st.add("objective", Status.PASS, f"{objective.name}: {r.decision.reason}")
-    if not _coverage_check(config, objective, worktrees, scratch, master, st, say, pool, changed):
+    if not _coverage_check(config, objective, sd, master, st, say, changed):
         return
 
     guard_notes = []
@@ -383,7 +367,7 @@ def _measure_with(ws: Workspace, config: Config, worktrees: dict[str, Path], scr
         st.add("distribution", Status.SKIPPED, "target has no [verify] section (opted out)")
         return
     try:
-        res = run_verify(ws, config, worktrees, scratch / "verify", say)
+        res = run_verify(ws, config, sd, say)
     except LogprobError as exc:
         st.add("distribution", Status.FAIL, f"logprob collection failed: {exc}")
         return
@@ -391,6 +375,10 @@ def _measure_with(ws: Workspace, config: Config, worktrees: dict[str, Path], scr
         st.add("distribution", Status.FAIL, str(exc))
         return
     st.distribution = res
+    moved = sd.check()
+    if moved:
+        st.add("distribution", Status.FAIL, moved)
+        return
     if res.verdict != "pass":
         st.add("distribution", Status.FAIL, "; ".join(res.reasons[:4]) + (f" (+{len(res.reasons) - 4} more)" if len(res.reasons) > 4 else ""))
     else:
@@ -398,22 +386,22 @@ def _measure_with(ws: Workspace, config: Config, worktrees: dict[str, Path], scr
         st.add("distribution", Status.PASS, f"{res.mode}: public {res.public_size} + holdout {res.holdout_size} prompts, prefill and decode within tolerance (max KL {kl:.2g})")
 
 
-def _coverage_check(config: Config, w: WorkloadConfig, worktrees: dict[str, Path], scratch: Path, master: int, st: _State,
-                    say: Progress, pool: EnginePool, changed: dict[str, set[int]]) -> bool:
+def _coverage_check(config: Config, w: WorkloadConfig, sd: Sides, master: int, st: _State,
+                    say: Progress, changed: dict[str, set[int]]) -> bool:
     """Untimed pass: one traced candidate trial of the objective; did the changed Python lines run?"""
     if not config.gate.coverage:
         st.add("coverage", Status.SKIPPED, "disabled by [gate] coverage = false")
         return True
-    watch = coverage.watch_list(worktrees[CANDIDATE], changed)
+    watch = coverage.watch_list(sd.worktrees[CANDIDATE], changed)
     if not watch:
         st.add("coverage", Status.SKIPPED, "no changed executable Python lines (not a Python patch)")
         return True
     say("coverage", f"tracing {sum(map(len, watch.values()))} changed lines in one untimed candidate trial")
-    work = scratch / "coverage"
+    work = sd.out(CANDIDATE) / "coverage"
     traced = dataclasses.replace(w, env={**w.env, **coverage.tracing_env(watch, work)})
     own = EnginePool()  # the traced engine is not reused: close it right after
     try:
-        session = session_factory(config, traced, worktrees, scratch / "coverage-run", own)(CANDIDATE, 0)
+        session = session_factory(config, traced, sd, own, out="coverage-run")(CANDIDATE, 0)
         session.start()
         try:
             outcome = session.measure(seed_sequence(master ^ 0xC0DE, w.name)(0))
@@ -427,7 +415,7 @@ def _coverage_check(config: Config, w: WorkloadConfig, worktrees: dict[str, Path
     if not outcome.ok:
         st.add("coverage", Status.FAIL, f"coverage pass: the traced candidate trial failed: {outcome.error}")
         return False
-    rep = coverage.report(worktrees[CANDIDATE], watch, coverage.read_hits(work))
+    rep = coverage.report(sd.worktrees[CANDIDATE], watch, coverage.read_hits(work))
     st.coverage = rep
     if rep.ran == 0:
         st.add("coverage", Status.FAIL, f"none of the {rep.changed} changed executable lines ran during {w.name}: the measured difference cannot come from this change ({rep.summary()})")
@@ -436,20 +424,28 @@ def _coverage_check(config: Config, w: WorkloadConfig, worktrees: dict[str, Path
     return True
 
 
-def _functional_tests(config: Config, worktree: Path, st: _State, say: Progress) -> bool:
-    """The target's own tests on the candidate, before anything is measured."""
+def _functional_tests(config: Config, sd: Sides, st: _State, say: Progress) -> bool:
+    """The target's own tests on the candidate (in its sandbox), before anything is measured.
+
+    Whatever the tests leave in the worktree is undone before measuring (a run must not prepare
+    state for the timed trials); a leftover that cannot be undone rejects."""
     cmd = config.target.test
     if not cmd:
         st.add("functional-tests", Status.SKIPPED, "the target declares no [target] test command")
         return True
     say("functional-tests", cmd)
-    env = child_env(dict(config.target.env), worktree, None, worktree / ".agentsearch-test-out")
+    worktree = sd.worktrees[CANDIDATE]
+    env = child_env(dict(config.target.env), worktree, None, sd.out(CANDIDATE) / "test-out")
     rc, _out, err, wall = run_child(cmd, worktree, env, config.target.test_timeout_s, shell=True)
+    left = sd.restore(CANDIDATE)
     if rc is None:
         st.add("functional-tests", Status.FAIL, f"`{cmd}` timed out after {config.target.test_timeout_s:g} s")
         return False
     if rc != 0:
         st.add("functional-tests", Status.FAIL, f"`{cmd}` exited with status {rc}: {tail(err, 1) or 'no stderr'}")
+        return False
+    if left or sd.check():
+        st.add("functional-tests", Status.FAIL, f"the tests left changes in a worktree that could not be undone: {left or sd.check()}")
         return False
     st.add("functional-tests", Status.PASS, f"`{cmd}` passed in {wall:.1f} s")
     return True

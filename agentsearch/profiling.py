@@ -8,15 +8,16 @@ The summary is recorded in the history (kind ``profile``): proposers read the la
 
 from __future__ import annotations
 
-import shutil
 from typing import Any, Callable
 
 from harness.engine_session import WorkerError, WorkerSession
 from harness.profiling import summarize
+from harness.trials import BASELINE, CANDIDATE
 
 from .errors import AgentsearchError
 from . import containment
 from .evaluation import seed_sequence
+from .sides import BuildError, sides
 from .workloads import engine_spec
 from .workspace import Workspace
 
@@ -35,32 +36,36 @@ def profile(ws: Workspace, ref: str | None, workload: str | None, seed: int | No
     if w.kind not in PROFILABLE:
         raise AgentsearchError(f"workload {w.name!r} is {w.kind}; profile runs the built-in {' / '.join(PROFILABLE)} workloads (pass --workload)")
     name = f"profile-{commit[:10]}"
-    scratch = ws.state / "tmp" / name
-    shutil.rmtree(scratch, ignore_errors=True)
-    scratch.mkdir(parents=True)
-    say("build", f"worktree of {commit[:12]}")
-    worktree = ws.checkout(commit, name)
     box = containment.decide(config)
+    if box.status == "fail":
+        raise AgentsearchError(box.detail)
     env = {**config.target.env, **w.env, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}  # the engine's work in the profiled process
     s = seed if seed is not None else seed_sequence(0, w.name)(0)
-    try:
-        with containment.contained(ws, box, {"profile": worktree}, scratch):
-            sess = WorkerSession(engine_spec(w), worktree, env, scratch / "engine.log", w.metric, w.timeout_s, w.startup_timeout_s)
+    base = ws.baseline_commit()
+    commits = {BASELINE: base} if commit == base else {BASELINE: base, CANDIDATE: commit}
+    side = BASELINE if commit == base else CANDIDATE
+    say("build", f"worktree of {commit[:12]}")
+    # checked against the protected paths and built with the baseline's config, in its own sandbox
+    with sides(ws, config, commits, name, box) as sd:
+        try:
+            sd.build()
+        except BuildError as exc:
+            raise AgentsearchError(f"profiling {commit[:12]}: {exc}") from None
+        out = sd.out(side)
+        try:
+            sess = WorkerSession(engine_spec(w), sd.worktrees[side], env, sd.logs / "engine.log", w.metric, w.timeout_s, w.startup_timeout_s)
             sess.start()
             try:
                 say("profile", "engine start-up and a warm-up round")
                 sess.request({"cmd": "measure", "seed": s, "kind": w.kind, "params": dict(w.params)}, w.startup_timeout_s + w.timeout_s)
                 say("profile", "profiled round")
-                ans = sess.request({"cmd": "profile", "seed": s, "kind": w.kind, "params": dict(w.params), "out": str(scratch / "run.pstats")},
+                ans = sess.request({"cmd": "profile", "seed": s, "kind": w.kind, "params": dict(w.params), "out": str(out / "run.pstats")},
                                    w.timeout_s * 3)
             finally:
                 sess.close()
-        res = ans["metrics"]
-        summary = summarize(scratch / "run.pstats", res["ops"], float(res["wall_s"]))
-    except WorkerError as exc:
-        raise AgentsearchError(f"profiling {w.name} at {commit[:12]} failed: {exc}") from None
-    finally:
-        ws.remove_worktree(worktree)
-        shutil.rmtree(scratch, ignore_errors=True)
+            res = ans["metrics"]
+            summary = summarize(out / "run.pstats", res["ops"], float(res["wall_s"]))
+        except WorkerError as exc:
+            raise AgentsearchError(f"profiling {w.name} at {commit[:12]} failed: {exc}") from None
     return {"ref": ref or config.target.baseline, "commit": commit, "workload": w.name, "kind": w.kind,
             "device": res.get("device"), "metric": {w.metric: (res.get("metrics") or {}).get(w.metric)}, **summary}

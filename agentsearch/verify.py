@@ -7,13 +7,13 @@ the noise floor) and the candidate once, compares per path (prefill, decode), pe
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import secrets
-import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from harness import corpus as corpus_mod
 from harness import tiny_model
@@ -24,6 +24,9 @@ from harness.trials import BASELINE, CANDIDATE
 from .config import Config, VerifyConfig
 from .errors import AgentsearchError
 from .workspace import Workspace
+
+if TYPE_CHECKING:
+    from .sides import Sides
 
 VERIFY_SCHEMA = 1
 SECRET_FILE = "holdout.key"
@@ -86,27 +89,33 @@ def _runner(vc: VerifyConfig, config: Config, worktree: Path, log: Path):
     return VllmLogprobs({"kind": "vllm-logprobs", "model": model, "engine": engine}, worktree, env, log, vc.timeout_s)
 
 
-def run_verify(ws: Workspace, config: Config, worktrees: dict[str, Path], scratch: Path,
-               say: Callable[[str, str], None] | None = None) -> VerifyResult:
-    """Collect both sides' logprobs in ``worktrees`` and judge them. Raises LogprobError on failure."""
+def run_verify(ws: Workspace, config: Config, sd: "Sides", say: Callable[[str, str], None] | None = None) -> VerifyResult:
+    """Collect both sides' logprobs (each in its own sandbox) and judge them. Raises LogprobError on failure.
+
+    The prompts are an input both sides read; each side's dumps go to its own output directory,
+    so the candidate never runs where the baseline's dumps are."""
     t0 = time.perf_counter()
     vc = config.verify
     assert vc is not None
     say = say or (lambda s, d: None)
+    worktrees = sd.worktrees
     prompts = load_prompts(vc, worktrees[BASELINE])
     secret = holdout_secret(ws)
     public, hold = corpus_mod.split(prompts, secret, vc.holdout)
-    scratch.mkdir(parents=True, exist_ok=True)
-    ordered = write_prompts(scratch / "prompts.jsonl", prompts)
-    shuffled = write_prompts(scratch / "prompts-shuffled.jsonl", prompts, shuffle_seed=int.from_bytes(secret[:4], "big"))
+    inputs = sd.inputs / "verify"
+    outs = {side: sd.out(side) / "verify" for side in (BASELINE, CANDIDATE)}
+    for d in (inputs, sd.logs, *outs.values()):
+        d.mkdir(parents=True, exist_ok=True)
+    ordered = write_prompts(inputs / "prompts.jsonl", prompts)
+    shuffled = write_prompts(inputs / "prompts-shuffled.jsonl", prompts, shuffle_seed=int.from_bytes(secret[:4], "big"))
     runners = {}
     try:
         for side in (BASELINE, CANDIDATE):
-            runners[side] = _runner(vc, config, worktrees[side], scratch / f"logprobs-{side}.log")
+            runners[side] = _runner(vc, config, worktrees[side], sd.logs / f"logprobs-{side}.log")
         def collect(side: str, prompts_file: Path, out: str, what: str):
             say("verify", what)
             try:
-                return runners[side].run(prompts_file, scratch / out, vc.k, vc.max_tokens)
+                return runners[side].run(prompts_file, outs[side] / out, vc.k, vc.max_tokens)
             except LogprobError as exc:
                 raise LogprobError(f"{side}: {exc}") from None
 
@@ -117,12 +126,12 @@ def run_verify(ws: Workspace, config: Config, worktrees: dict[str, Path], scratc
         if vc.kind == "vllm" and vc.sample_draws:
             seen: set[str] = set()
             contexts = [p for p in public if not (p.lang in seen or seen.add(p.lang))][: vc.sample_contexts]
-            ctx_file = write_prompts(scratch / "sample-contexts.jsonl", contexts)
+            ctx_file = write_prompts(inputs / "sample-contexts.jsonl", contexts)
             draws = []
             for side, seed, name in ((BASELINE, 11, "sample-base-a.jsonl"), (BASELINE, 22, "sample-base-b.jsonl"), (CANDIDATE, 11, "sample-cand.jsonl")):
                 say("verify", f"sample path: {side} draws (seed {seed})")
                 try:
-                    draws.append(runners[side].samples(ctx_file, scratch / name, SAMPLE_SETTINGS, vc.sample_draws, seed, len(contexts)))
+                    draws.append(runners[side].samples(ctx_file, outs[side] / name, SAMPLE_SETTINGS, vc.sample_draws, seed, len(contexts)))
                 except LogprobError as exc:
                     raise LogprobError(f"{side}: {exc}") from None
             samples = draws
@@ -163,31 +172,32 @@ def run_verify(ws: Workspace, config: Config, worktrees: dict[str, Path], scratc
 
 
 def verify(ws: Workspace, ref: str, say: Callable[[str, str], None] | None = None) -> VerifyResult:
-    """``agentsearch verify REF``: check out both sides and run the distribution checks (sandboxed)."""
+    """``agentsearch verify REF``: both sides checked out with the baseline's config (a REF that touches a
+    protected path is refused before anything is checked out), each in its own sandbox."""
     from . import containment
+    from .sides import BuildError, sides
 
     config = ws.config()
     if config.verify is None:
         raise AgentsearchError("the target has no [verify] section; add one (see the README's config reference)")
     base, cand = ws.baseline_commit(), ws.resolve(ref)
+    box = containment.decide(config)
+    if box.status == "fail":
+        raise AgentsearchError(box.detail)
     tag = f"verify-{cand[:10]}-{secrets.randbelow(100000):05d}"
-    worktrees: dict[str, Path] = {}
-    scratch = ws.state / "tmp" / tag
-    try:
-        for side, commit in ((BASELINE, base), (CANDIDATE, cand)):
-            worktrees[side] = ws.checkout(commit, f"{tag}-{side}")
-        box = containment.decide(config)
-        if box.status == "fail":
-            raise AgentsearchError(box.detail)
+    with sides(ws, config, {BASELINE: base, CANDIDATE: cand}, tag, box) as sd:
         try:
-            with containment.contained(ws, box, worktrees, scratch):
-                return run_verify(ws, config, worktrees, scratch, say)
+            sd.build()
+        except BuildError as exc:
+            raise AgentsearchError(f"build failed: {exc}") from None
+        try:
+            res = run_verify(ws, config, sd, say)
         except LogprobError as exc:
             return VerifyResult("fail", (f"logprob collection failed: {exc}",), {}, {}, {}, 0, 0, config.verify.mode, 0.0)
-    finally:
-        for path in worktrees.values():
-            ws.remove_worktree(path)
-        shutil.rmtree(scratch, ignore_errors=True)
+        moved = sd.check()
+        if moved:
+            return dataclasses.replace(res, verdict="fail", reasons=(*res.reasons, moved))
+        return res
 
 
 __all__ = ["VerifyResult", "run_verify", "verify", "holdout_secret", "PathStats"]

@@ -9,6 +9,7 @@ error message when something fails). ``close()`` always ends the whole process g
 from __future__ import annotations
 
 import json
+import math
 import os
 import select
 import signal
@@ -16,12 +17,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, NoReturn
 
 from . import lengths, sandbox
-from .trials import TrialOutcome, child_env, kill_group, log_error_line, log_tail, metric_error
+from .trials import TrialOutcome, check_metrics, child_env, kill_group, log_error_line, log_tail, metric_error, safe_json_loads, tail
 
 WORKER = Path(__file__).with_name("workers") / "vllm_worker.py"
+MAX_MESSAGE_BYTES = 4 << 20  # one line on the result pipe
 # candidate-controlled environment (the fork's serving.json) may only set these
 SERVING_ENV_PREFIXES = ("VLLM_", "OMP_", "KMP_", "MKL_", "ONEDNN_", "DNNL_", "TORCHINDUCTOR_")
 
@@ -46,6 +48,52 @@ def serving_env(worktree: Path) -> dict[str, str]:
     if bad:
         raise WorkerError(f"serving.json: env {bad[0]!r} is not allowed (allowed prefixes: {', '.join(SERVING_ENV_PREFIXES)})")
     return {str(k): str(v) for k, v in env.items()}
+
+
+MAX_OUTPUT_TOKENS = 1_000_000  # generated tokens one measurement may report
+
+
+def parse_outputs(raw: Any) -> tuple[tuple[tuple[int, ...], ...] | None, str]:
+    """(outputs, error): the token ids a measurement generated, validated (None when not reported)."""
+    if raw is None:
+        return None, ""
+    if not isinstance(raw, list) or not all(isinstance(o, list) for o in raw):
+        return None, "the worker reported malformed outputs (expected lists of token ids)"
+    if sum(len(o) for o in raw) > MAX_OUTPUT_TOKENS:
+        return None, "the worker reported more generated tokens than any measurement makes"
+    if not all(type(t) is int and 0 <= t < 2**31 for o in raw for t in o):
+        return None, "the worker reported token ids that are not small non-negative integers"
+    return tuple(tuple(o) for o in raw), ""
+
+
+def on_orchestrator_clock(metrics: dict[str, Any], outputs: tuple[tuple[int, ...], ...] | None, wall: float) -> str:
+    """Rates on the orchestrator's clock, counted from the outputs: a clock or a counter inside the
+    candidate's process (which it could patch) never decides a number. '' or why the round is invalid.
+
+    Throughput rounds: tokens and requests are counted from ``outputs`` and divided by the round
+    trip of the measure command (prompt building and the answer included, the same on both sides).
+    Latency rounds: the reported latencies must fit in the round trip (warm-up included)."""
+    if wall <= 0:
+        return "the measurement took no time on the orchestrator's clock"
+    if "output_tok_s" in metrics and "elapsed_s" in metrics:
+        if outputs is None:
+            return "the worker reported a throughput without the outputs it generated"
+        out_tokens, n = sum(len(o) for o in outputs), len(outputs)
+        in_tokens = metrics.get("input_tokens")
+        if type(in_tokens) is not int or in_tokens < 0:
+            return "the worker reported no input token count"
+        metrics["worker_elapsed_s"] = metrics.get("elapsed_s")
+        metrics.update(elapsed_s=wall, output_tokens=out_tokens, output_tok_s=out_tokens / wall,
+                       total_tok_s=(out_tokens + in_tokens) / wall, requests_s=n / wall)
+    elif "latency_mean_s" in metrics:
+        iters, mean = metrics.get("iterations"), metrics.get("latency_mean_s")
+        if type(iters) is not int or iters < 1 or not isinstance(mean, (int, float)) or not mean > 0:
+            return "the worker reported malformed latencies"
+        # iters timed runs + one warm-up of the same batch happened inside this round trip
+        if iters * mean > wall or iters * mean < 0.5 * wall * iters / (iters + 1):
+            return (f"the reported latencies ({iters} x {mean:.3g} s) do not fit the orchestrator's round trip "
+                    f"of {wall:.3g} s: a clock inside the candidate's process disagrees with the orchestrator's")
+    return ""
 
 
 class WorkerSession:
@@ -83,7 +131,7 @@ class WorkerSession:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(self.worktree), self.env.get("PYTHONPATH", "")) if p)
         env.setdefault("PYTHONUNBUFFERED", "1")
         rfd, wfd = os.pipe()
-        argv, _ = sandbox.wrap([self.python, str(WORKER), "--fd", str(wfd), json.dumps(self.spec)])
+        argv, _ = sandbox.wrap([self.python, str(WORKER), "--fd", str(wfd), json.dumps(self.spec)], cwd=self.worktree)
         log = open(self.log_path, "ab")
         try:
             self.proc = subprocess.Popen(
@@ -128,12 +176,17 @@ class WorkerSession:
             msg = self._read(self.timeout_s, "measurement")
         except WorkerError as exc:
             return TrialOutcome(False, None, {}, time.perf_counter() - t0, str(exc), self.log_tail())
+        wall = time.perf_counter() - t0
         metrics = dict(msg.get("metrics", {}))
         metrics["engine_startup_s"] = self.ready.get("startup_s")
+        outputs, why = parse_outputs(msg.get("outputs"))
+        why = why or on_orchestrator_clock(metrics, outputs, wall)
+        if why:
+            return TrialOutcome(False, None, metrics, wall, why, self.log_tail())
         err = metric_error(metrics, metric)
         if err:
-            return TrialOutcome(False, None, metrics, time.perf_counter() - t0, err, self.log_tail())
-        return TrialOutcome(True, float(metrics[metric]), metrics, time.perf_counter() - t0)
+            return TrialOutcome(False, None, metrics, wall, err, self.log_tail())
+        return TrialOutcome(True, float(metrics[metric]), metrics, wall, outputs=outputs)
 
     def request(self, cmd: dict[str, Any], timeout_s: float) -> dict[str, Any]:
         """Send any command (e.g. logprobs) and wait for its answer."""
@@ -190,9 +243,17 @@ class WorkerSession:
             raise WorkerError(f"engine process died: {self._engine_error()}") from None
 
     def _read(self, timeout_s: float, what: str) -> dict[str, Any]:
+        """The next message on the result pipe, which candidate code can write to: a line of at
+        most MAX_MESSAGE_BYTES, safe JSON (no NaN, infinities or unbounded integers), one object,
+        and for a measurement a metrics object that ``check_metrics`` accepts. A violation is a
+        WorkerError and ends the session (the pipe can no longer be trusted)."""
         assert self._rfd is not None and self.proc is not None
         deadline = time.monotonic() + timeout_s
-        while b"\n" not in self._buf:
+        scanned = 0
+        while b"\n" not in self._buf[scanned:]:
+            scanned = len(self._buf)
+            if scanned > MAX_MESSAGE_BYTES:
+                self._poisoned(f"worker sent an oversized message (over {MAX_MESSAGE_BYTES} bytes) during {what}")
             left = deadline - time.monotonic()
             if left <= 0:
                 raise WorkerError(f"{what} timed out after {timeout_s:g} s")
@@ -200,14 +261,40 @@ class WorkerSession:
             if ready:
                 chunk = os.read(self._rfd, 65536)
                 if not chunk:
-                    self.proc.wait(timeout=30)
-                    raise WorkerError(f"engine exited with status {self.proc.returncode} during {what}: {self._engine_error()}")
+                    try:
+                        self.proc.wait(timeout=30)
+                        status = f"exited with status {self.proc.returncode}"
+                    except subprocess.TimeoutExpired:
+                        status = "closed its result pipe"
+                    raise WorkerError(f"engine {status} during {what}: {self._engine_error()}")
                 self._buf += chunk
         line, self._buf = self._buf.split(b"\n", 1)
-        msg = json.loads(line)
+        if len(line) > MAX_MESSAGE_BYTES:
+            self._poisoned(f"worker sent an oversized message ({len(line)} bytes) during {what}")
+        try:
+            msg = safe_json_loads(line.decode("utf-8"))
+        except ValueError as exc:
+            self._poisoned(f"worker sent a malformed message during {what} ({exc.__class__.__name__}: {tail(str(exc), 1, 120)})")
+        if not isinstance(msg, dict):
+            self._poisoned(f"worker sent a malformed message during {what} (not a JSON object)")
         if msg.get("event") == "error":
-            raise WorkerError(f"engine error during {what}: {msg.get('error')}")
+            raise WorkerError(f"engine error during {what}: {tail(str(msg.get('error')), 1) or 'no detail'}")
+        if msg.get("event") == "ready":
+            s = msg.get("startup_s")
+            if not (s is None or (isinstance(s, (int, float)) and not isinstance(s, bool) and math.isfinite(s) and 0 <= s < 1e7)):
+                msg["startup_s"] = None
+        if what == "measurement":
+            metrics, err = check_metrics(msg.get("metrics", {}))
+            if metrics is None:
+                self._poisoned(f"worker sent unusable metrics: {err}")
+            msg["metrics"] = metrics
         return msg
+
+    def _poisoned(self, reason: str) -> NoReturn:
+        """The result pipe broke its protocol: drop what is buffered, fail this and every later request."""
+        self._buf = b""
+        self.start_error = reason
+        raise WorkerError(reason)
 
 
 class EnginePool:

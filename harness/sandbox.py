@@ -1,88 +1,158 @@
-"""Run candidate (and baseline) code in a bubblewrap sandbox.
+"""Run one side's code (baseline or candidate) in its own bubblewrap sandbox.
 
-Inside: the whole file system read-only; the directories in ``hide`` replaced by empty
-tmpfs mounts (the orchestrator's state directory, history, the harness and its corpus);
-only ``writable`` paths (the worktree, the evaluation's scratch) can be written; no
-network (a private network namespace with loopback only) unless ``network`` is set; a
-private PID namespace that dies with its parent, so a killed orchestrator takes every
-process it started with it. Files listed in ``expose`` (e.g. the vLLM worker script) are
-bound read-only at their own path even when they sit inside a hidden directory.
+A sandbox is made per side and started afresh for every child (every trial, warm engine, build,
+test, logprob or profile run). Inside:
 
-The active sandbox is process-wide (``use``), so every place that starts a child wraps it
-the same way; when none is active, ``wrap`` returns argv unchanged.
+- an empty root: only what the code needs is mounted, read-only — the system (``/usr``, ``/etc``,
+  the ``/bin``-style links), the Python installation and virtual environment, the model and the
+  read-only inputs the orchestrator names (``read_only``); never ``/`` as a whole, so other
+  workspaces, the state directory, the history, the harness, its corpus and the other side's
+  worktree do not exist in there;
+- this side's worktree, writable, with files in ``pinned`` bound read-only over it (protected files
+  from the baseline's copy; compiled files hard-linked from site-packages);
+- this side's private output directory, writable (results leave through it; only the orchestrator
+  reads it, and the other side's is not mounted);
+- fresh, private ``/tmp``, ``/dev/shm`` and ``$HOME`` (tmpfs: nothing survives the child), a minimal
+  ``/dev`` (GPU device nodes bound explicitly when present), ``/proc`` of its own PID namespace;
+- no network (a private network namespace with loopback only) unless ``network`` is set (serving:
+  the load generator reaches the server over the host's loopback);
+- a PID namespace that dies with its parent: no process outlives the child.
+
+``use(containment)`` makes a set of per-side sandboxes the one every child started in the block
+runs in; ``wrap(argv, cwd=worktree)`` picks the sandbox whose worktree is ``cwd`` and refuses
+(fail closed) to run anything else while a containment is active.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import glob
+import os
 import shutil
 import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Iterator, Mapping, Sequence
 
-SANDBOX_SCHEMA = 1
+SANDBOX_SCHEMA = 2
+INNER_HOME = "/tmp/home"
+# the system, read-only; symlinked top-level directories (merged /usr) are recreated as links
+SYSTEM_DIRS = ("/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/sys")
+# device nodes an accelerator needs, bound when the machine has them
+DEVICE_GLOBS = ("/dev/nvidia*", "/dev/dri", "/dev/kfd", "/dev/accel*")
+
+
+class SandboxError(RuntimeError):
+    """A child was about to run outside its side's sandbox (fail closed)."""
+
+
+def python_dirs() -> tuple[str, ...]:
+    """The Python installation and environment the children run with (read-only inside)."""
+    dirs = {sys.prefix, sys.base_prefix, sys.exec_prefix, str(Path(os.path.realpath(sys.executable)).parents[1])}
+    return tuple(sorted(d for d in dirs if d and d != "/"))
 
 
 @dataclass(frozen=True)
 class Sandbox:
-    hide: tuple[str, ...]
-    writable: tuple[str, ...]
-    expose: tuple[str, ...] = ()
+    """One side's sandbox: what its children see."""
+
+    worktree: str  # this side's worktree (writable)
+    outputs: str  # this side's private output directory (writable)
+    read_only: tuple[str, ...] = ()  # more paths mounted read-only at their own place (model, inputs, worker)
+    pinned: tuple[tuple[str, str], ...] = ()  # (source, path in the worktree) bound read-only over the worktree
     network: bool = False
-    home: str = ""  # a writable directory used as HOME and TMPDIR inside
+    devices: tuple[str, ...] = field(default_factory=lambda: tuple(p for g in DEVICE_GLOBS for p in sorted(glob.glob(g))))
     schema_version: int = SANDBOX_SCHEMA
 
-    def argv(self, inner: Sequence[str], network: bool | None = None) -> list[str]:
+    def argv(self, inner: Sequence[str], cwd: str | None = None, network: bool | None = None,
+             info_fd: int | None = None) -> list[str]:
         bw = shutil.which("bwrap") or "bwrap"
-        args = [bw, "--ro-bind", "/", "/", "--dev-bind", "/dev", "/dev", "--proc", "/proc",
-                "--unshare-pid", "--die-with-parent", "--new-session"]
+        args = [bw, "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--die-with-parent", "--new-session",
+                "--proc", "/proc", "--dev", "/dev"]
+        if info_fd is not None:  # bubblewrap writes {"child-pid": N} there (to join its network namespace)
+            args += ["--info-fd", str(info_fd)]
         if not (self.network if network is None else network):
             args.append("--unshare-net")
-        for h in self.hide:
-            if Path(h).exists():
-                args += ["--tmpfs", h]
-        for w in self.writable:
+        for d in SYSTEM_DIRS:
+            if os.path.islink(d):
+                args += ["--symlink", os.readlink(d), d]
+            elif os.path.isdir(d):
+                args += ["--ro-bind", d, d]
+        for dev in self.devices:
+            args += ["--dev-bind", dev, dev]
+        args += ["--tmpfs", "/tmp", "--tmpfs", "/dev/shm", "--dir", INNER_HOME]
+        for p in (*python_dirs(), *self.read_only):
+            if os.path.exists(p):
+                args += ["--ro-bind", p, p]
+        for w in (self.worktree, self.outputs):
             Path(w).mkdir(parents=True, exist_ok=True)
             args += ["--bind", w, w]
-        for e in self.expose:
-            if Path(e).exists():
-                args += ["--ro-bind", e, e]
-        if self.home:
-            Path(self.home).mkdir(parents=True, exist_ok=True)
-            args += ["--bind", self.home, self.home, "--setenv", "HOME", self.home, "--setenv", "TMPDIR", self.home]
+        for src, dst in self.pinned:
+            if os.path.lexists(dst) and os.path.exists(src):
+                args += ["--ro-bind", src, dst]
+        args += ["--setenv", "HOME", INNER_HOME, "--setenv", "TMPDIR", "/tmp",
+                 "--chdir", cwd or self.worktree]
         return [*args, "--", *inner]
 
 
-_active: list[Sandbox] = []
+@dataclass(frozen=True)
+class Containment:
+    """The sandboxes of one evaluation, one per worktree."""
+
+    sides: Mapping[str, Sandbox]  # worktree path (resolved) -> its sandbox
+
+    def for_cwd(self, cwd: str | os.PathLike[str] | None) -> Sandbox:
+        if cwd is None:
+            raise SandboxError("refusing to run a child without a working directory inside a sandboxed evaluation")
+        real = os.path.realpath(cwd)
+        for root, sb in self.sides.items():
+            if real == root or real.startswith(root.rstrip("/") + "/"):
+                return sb
+        raise SandboxError(f"refusing to run a child in {cwd}: it is not a sandboxed side's worktree")
+
+
+_active: list[Containment] = []
 
 
 @contextlib.contextmanager
-def use(sandbox: Sandbox | None) -> Iterator[None]:
-    """Make ``sandbox`` the one every child started in this block runs in (None: no sandbox)."""
-    if sandbox is None:
+def use(containment: Containment | None) -> Iterator[None]:
+    """Make ``containment`` the one every child started in this block runs in (None: no sandbox)."""
+    if containment is None:
         yield
         return
-    _active.append(sandbox)
+    _active.append(containment)
     try:
         yield
     finally:
         _active.pop()
 
 
-def active() -> Sandbox | None:
+def active() -> Containment | None:
     return _active[-1] if _active else None
 
 
-def wrap(argv: Sequence[str] | str, shell: bool = False, network: bool | None = None) -> tuple[list[str] | str, bool]:
-    """(argv, shell) to pass to Popen: inside the active sandbox, or unchanged."""
-    sb = active()
-    if sb is None:
+def wrap(argv: Sequence[str] | str, shell: bool = False, network: bool | None = None,
+         cwd: str | os.PathLike[str] | None = None, info_fd: int | None = None) -> tuple[list[str] | str, bool]:
+    """(argv, shell) to pass to Popen: inside the sandbox of the side whose worktree is ``cwd``, or unchanged."""
+    box = active()
+    if box is None:
         return (argv if isinstance(argv, str) else list(argv)), shell
+    sb = box.for_cwd(cwd)
     inner = ["/bin/sh", "-c", argv] if shell else list(argv)
     assert not isinstance(inner, str)
-    return sb.argv(inner, network), False
+    return sb.argv(inner, str(cwd), network, info_fd), False
+
+
+def can_join_network() -> bool:
+    """Can the orchestrator run its load generator inside a sandbox's own network namespace?"""
+    return os.geteuid() == 0 and shutil.which("nsenter") is not None
+
+
+def join_network(pid: int) -> list[str]:
+    """Argv prefix that runs a command in the network namespace of process ``pid`` (and nothing else of it)."""
+    return [shutil.which("nsenter") or "nsenter", f"--net=/proc/{pid}/ns/net", "--"]
 
 
 @functools.lru_cache(maxsize=1)
@@ -91,10 +161,9 @@ def probe() -> tuple[bool, str]:
     bw = shutil.which("bwrap")
     if bw is None:
         return False, "bubblewrap (bwrap) is not installed; install Debian's bubblewrap package"
+    argv = Sandbox(worktree="/tmp", outputs="/tmp", devices=()).argv(["/bin/true"], cwd="/")
     try:
-        p = subprocess.run([bw, "--ro-bind", "/", "/", "--dev-bind", "/dev", "/dev", "--proc", "/proc", "--unshare-pid",
-                            "--unshare-net", "--die-with-parent", "--tmpfs", "/mnt", "--", "/bin/true"],
-                           capture_output=True, text=True, timeout=30)
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.SubprocessError) as exc:
         return False, f"bubblewrap failed to start: {exc}"
     if p.returncode != 0:

@@ -62,6 +62,25 @@ def serving_engine(worktree: Path) -> dict[str, Any]:
     return engine
 
 
+def read_child_pid(fd: int, timeout_s: float) -> int:
+    """The sandboxed child's pid from bubblewrap's ``--info-fd`` JSON."""
+    import select
+
+    buf, deadline = b"", time.monotonic() + timeout_s
+    while b"}" not in buf:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            raise WorkerError("the sandbox did not report the server's process in time")
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            break
+        buf += chunk
+    try:
+        return int(json.loads(buf[: buf.index(b"}") + 1])["child-pid"])
+    except (ValueError, KeyError, json.JSONDecodeError):
+        raise WorkerError(f"the sandbox reported no server process ({buf[:200]!r})") from None
+
+
 class ServeSession:
     def __init__(self, spec: Mapping[str, Any], worktree: Path, client_path: Path, env: Mapping[str, str],
                  log_dir: Path, metric: str, timeout_s: float, startup_timeout_s: float = 600.0, python: str = sys.executable):
@@ -75,6 +94,7 @@ class ServeSession:
         self.startup_s: float | None = None
         self.wait_s = 0.0
         self.log_path = log_dir / f"serve-{os.getpid()}-{time.monotonic_ns()}.log"
+        self.netns_pid: int | None = None  # the sandboxed server's process, whose network namespace the client joins
 
     def start(self) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -90,12 +110,36 @@ class ServeSession:
         argv = [self.python, "-m", "vllm.entrypoints.cli.main", "serve", self.spec["model"], "--host", "127.0.0.1",
                 "--port", str(self.port), *engine_flags(engine)]
         self.started_at = time.perf_counter()
-        with open(self.log_path, "ab") as log:
-            argv, _ = sandbox.wrap(argv, network=True)  # the load generator reaches it over loopback
-            self.proc = subprocess.Popen(argv, cwd=str(self.worktree), env=env, stdin=subprocess.DEVNULL, stdout=log,
-                                         stderr=subprocess.STDOUT, start_new_session=True)
+        own_net = sandbox.active() is not None and sandbox.can_join_network()
+        rfd, wfd = os.pipe() if own_net else (-1, -1)
+        try:
+            with open(self.log_path, "ab") as log:
+                # sandboxed: the server gets a network namespace of its own (loopback only) and the load
+                # generator and health checks join it; otherwise it shares the host's loopback
+                argv, _ = sandbox.wrap(argv, network=not own_net, cwd=self.worktree, info_fd=wfd if own_net else None)
+                self.proc = subprocess.Popen(argv, cwd=str(self.worktree), env=env, stdin=subprocess.DEVNULL, stdout=log,
+                                             stderr=subprocess.STDOUT, start_new_session=True, pass_fds=(wfd,) if own_net else ())
+        finally:
+            if own_net:
+                os.close(wfd)
+        if own_net:
+            try:
+                self.netns_pid = read_child_pid(rfd, 30.0)
+            except WorkerError as exc:
+                self.start_error = str(exc)
+            finally:
+                os.close(rfd)
+
+    def _in_net(self, argv: list[str]) -> list[str]:
+        return [*sandbox.join_network(self.netns_pid), *argv] if self.netns_pid else argv
 
     def _healthy(self) -> bool:
+        if self.netns_pid:
+            probe = f"import urllib.request; urllib.request.urlopen('http://127.0.0.1:{self.port}/health', timeout=2)"
+            try:
+                return subprocess.run(self._in_net([self.python, "-c", probe]), capture_output=True, timeout=10).returncode == 0
+            except (OSError, subprocess.TimeoutExpired):
+                return False
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2) as r:
                 return r.status == 200
@@ -142,7 +186,7 @@ class ServeSession:
         ]
         env = child_env(self.env, self.client_path, seed, result_dir)
         env["PYTHONPATH"] = str(self.client_path)
-        rc, _out, err, wall = run_child(argv, result_dir, env, self.timeout_s, sandboxed=False)
+        rc, _out, err, wall = run_child(self._in_net(argv), result_dir, env, self.timeout_s, sandboxed=False)
         if rc is None:
             return TrialOutcome(False, None, {}, wall, f"bench serve timed out after {self.timeout_s:g} s", tail(err))
         if rc != 0:

@@ -12,9 +12,13 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
+import secrets
 import shlex
 import signal
+import stat
 import subprocess
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +32,17 @@ CANDIDATE = "candidate"
 
 # what a child inherits from the orchestrator; everything else comes from the target's config
 ENV_WHITELIST = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "USER", "VIRTUAL_ENV", "PYTHONHASHSEED", "TZ")
+# every trial child gets a random marker in its environment; whatever still carries it (or
+# still holds the trial's output files) after the trial is killed
+TRIAL_MARKER = "AGENTSEARCH_TRIAL"
+# what candidate code can make the orchestrator read or record is bounded
+OUTPUT_TAIL_BYTES = 64 * 1024  # of a child's stdout / stderr / log
+METRICS_MAX_BYTES = 1 << 20  # the {out} metrics file
+MAX_METRIC_KEYS = 64
+MAX_METRIC_KEY_CHARS = 64
+MAX_METRIC_STR_CHARS = 200
+TAIL_CHARS = 2000  # a stderr / log tail
+REASON_CHARS = 300  # an excerpt inside a verdict reason
 
 
 @dataclass(frozen=True)
@@ -40,6 +55,9 @@ class TrialOutcome:
     wall_s: float
     error: str = ""
     stderr_tail: str = ""
+    # what the timed run produced (e.g. the generated token ids per request), for the outputs check;
+    # never recorded in the history
+    outputs: tuple[tuple[int, ...], ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -81,8 +99,31 @@ class CommandSpec:
     extra: Mapping[str, str] = field(default_factory=dict)  # more {placeholders}
 
 
-def tail(text: str, lines: int = 15, chars: int = 2000) -> str:
-    return "\n".join(text.strip().splitlines()[-lines:])[-chars:]
+_ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[@-Z\\-_])")
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
+
+
+def sanitize(text: str | bytes) -> str:
+    """Text fit for a reason, a record or a terminal: undecodable bytes replaced, ANSI escapes
+    and control characters dropped (newlines and tabs kept)."""
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", "replace")
+    elif not isinstance(text, str):
+        text = str(text)
+    text = text.replace("\r\n", "\n").replace("\r", "\n").replace("\t", "    ")
+    return _CONTROL.sub("", _ANSI.sub("", text))
+
+
+def tail(text: str | bytes, lines: int = 15, chars: int | None = None) -> str:
+    """The last ``lines`` lines of a child's output, sanitized and capped: at most ``chars``
+    characters (default: REASON_CHARS for one line, the excerpt of a reason; else TAIL_CHARS)."""
+    if chars is None:
+        chars = REASON_CHARS if lines <= 1 else TAIL_CHARS
+    if not text:
+        return ""
+    text = text[-(chars + 1) * max(lines, 1) * 8:]  # bound the work on huge input
+    kept = [l.rstrip() for l in sanitize(text).strip().splitlines() if l.strip()]
+    return "\n".join(kept[-lines:])[-chars:]
 
 
 def child_env(spec_env: Mapping[str, str], worktree: Path, seed: int | None, out: Path) -> dict[str, str]:
@@ -105,31 +146,117 @@ def substitute(command: str, values: Mapping[str, str]) -> str:
 def run_child(argv: list[str] | str, cwd: Path, env: Mapping[str, str], timeout_s: float, shell: bool = False,
               sandboxed: bool = True) -> tuple[int | None, str, str, float]:
     """Run a child in its own process group (inside the active sandbox unless ``sandboxed`` is
-    False: the measuring instrument itself); kill the group on timeout. rc None = timed out."""
+    False: the measuring instrument itself); kill the group on timeout. rc None = timed out.
+
+    stdout and stderr go to unlinked temporary files of the orchestrator (never into its
+    memory); only their last OUTPUT_TAIL_BYTES come back, decoded with replacement. Every
+    wait is bounded, and when the child ends (or is killed) whatever is left of the trial is
+    killed too: its process group, every process carrying its AGENTSEARCH_TRIAL marker and
+    every process still holding its output files (a ``setsid`` daemon included)."""
     t0 = time.perf_counter()
     if sandboxed:
-        argv, shell = sandbox.wrap(argv, shell)
-    proc = subprocess.Popen(
-        argv, cwd=str(cwd), env=dict(env), shell=shell, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        stdin=subprocess.DEVNULL, text=True, start_new_session=True,
-    )
+        argv, shell = sandbox.wrap(argv, shell, cwd=cwd)
+    token = secrets.token_hex(16)
+    env = {**env, TRIAL_MARKER: token}
+    with tempfile.TemporaryFile(prefix="agentsearch-out-") as fo, tempfile.TemporaryFile(prefix="agentsearch-err-") as fe:
+        proc = subprocess.Popen(
+            argv, cwd=str(cwd), env=env, shell=shell, stdout=fo, stderr=fe,
+            stdin=subprocess.DEVNULL, start_new_session=True,
+        )
+        rc: int | None = None
+        try:
+            try:
+                rc = proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                rc = None
+            wall = time.perf_counter() - t0
+        finally:
+            kill_group(proc)
+            kill_leftovers(token, (fo, fe))
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:  # unkillable (D state): do not wait for it
+                pass
+        out, err = read_tail(fo), read_tail(fe)
+    return rc, out, err, wall
+
+
+def read_tail(fh: Any, limit: int = OUTPUT_TAIL_BYTES) -> str:
+    """The last ``limit`` bytes of an open file, decoded with replacement."""
     try:
-        out, err = proc.communicate(timeout=timeout_s)
-        rc: int | None = proc.returncode
-    except subprocess.TimeoutExpired:
-        kill_group(proc)
-        out, err = proc.communicate()
-        rc = None
-    except BaseException:
-        kill_group(proc)
-        proc.wait()
-        raise
-    return rc, out or "", err or "", time.perf_counter() - t0
+        size = os.fstat(fh.fileno()).st_size
+        fh.seek(max(0, size - limit))
+        return fh.read(limit).decode("utf-8", "replace")
+    except (OSError, ValueError):
+        return ""
+
+
+def _marked_or_holding(pid: int, marker: bytes, files: set[tuple[int, int]]) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as fh:
+            if marker in fh.read(1 << 20).split(b"\0"):
+                return True
+    except OSError:
+        pass
+    if files:
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            return False
+        for fd in fds:
+            try:
+                st = os.stat(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if (st.st_dev, st.st_ino) in files:
+                return True
+    return False
+
+
+def kill_leftovers(token: str, held: tuple[Any, ...] = ()) -> int:
+    """SIGKILL every process (but this one) whose environment carries ``AGENTSEARCH_TRIAL=token``
+    or that still holds one of the files ``held``; returns how many were killed."""
+    marker = f"{TRIAL_MARKER}={token}".encode()
+    files = set()
+    for fh in held:
+        try:
+            st = os.fstat(fh.fileno())
+            files.add((st.st_dev, st.st_ino))
+        except (OSError, ValueError):
+            pass
+    me, killed = os.getpid(), 0
+    for _ in range(20):  # a process may fork while it is being hunted: repeat until none is left
+        found = 0
+        try:
+            pids = [int(d) for d in os.listdir("/proc") if d.isdigit()]
+        except OSError:
+            return killed
+        for pid in pids:
+            if pid == me or not _marked_or_holding(pid, marker, files):
+                continue
+            try:
+                with open(f"/proc/{pid}/stat", "rb") as fh:
+                    if fh.read().rsplit(b")", 1)[-1].split()[0] == b"Z":
+                        continue  # a zombie holds nothing; its parent reaps it
+            except (OSError, IndexError):
+                continue
+            try:
+                os.kill(pid, signal.SIGKILL)
+                found += 1
+            except (ProcessLookupError, PermissionError):
+                pass
+        killed += found
+        if not found:
+            break
+        time.sleep(0.02)
+    return killed
 
 
 def log_tail(path: Path, lines: int = 25) -> str:
+    """The sanitized tail of a log file (only its last OUTPUT_TAIL_BYTES are read)."""
     try:
-        return tail(path.read_text(errors="replace"), lines, 4000)
+        with open(path, "rb") as fh:
+            return tail(read_tail(fh), lines, 4000)
     except OSError:
         return ""
 
@@ -140,8 +267,8 @@ def log_error_line(path: Path) -> str:
     for line in reversed(lines):
         core = line.split("] ", 1)[-1].strip()
         if any(k in core for k in ("Error", "Exception", "error:")) and not core.startswith("File "):
-            return core[:500]
-    return lines[-1][:500] if lines else "no output"
+            return core[:REASON_CHARS]
+    return lines[-1][:REASON_CHARS] if lines else "no output"
 
 
 def kill_group(proc: subprocess.Popen) -> None:
@@ -151,27 +278,146 @@ def kill_group(proc: subprocess.Popen) -> None:
         pass
 
 
-def read_metrics(out: Path, metric: str) -> tuple[dict[str, Any] | None, str]:
-    """(metrics, error): the JSON object at ``out`` and whether ``metric`` is usable."""
-    if not out.exists():
-        return None, f"no metrics file written to {out.name}"
+class UnsafeJSON(ValueError):
+    """JSON that parses but holds a number no float can hold (NaN, Infinity, 1e999, 400 digits)."""
+
+
+def _json_int(text: str) -> int | float:
+    if len(text) <= 18:
+        return int(text)
+    value = float(text)  # beyond 64 bits: a float, refused when even that overflows
+    if not math.isfinite(value):
+        raise UnsafeJSON(f"integer out of range ({len(text.lstrip('-'))} digits)")
+    return value
+
+
+def _json_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise UnsafeJSON(f"number out of range ({text[:20]}{'...' if len(text) > 20 else ''})")
+    return value
+
+
+def _json_constant(name: str) -> Any:
+    raise UnsafeJSON(f"{name} is not a number a metric may hold")
+
+
+def safe_json_loads(text: str | bytes) -> Any:
+    """``json.loads`` that never yields NaN, infinities or unbounded integers and raises only
+    ValueError (UnsafeJSON, JSONDecodeError, UnicodeDecodeError) for any bad input."""
     try:
-        data = json.loads(out.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        return None, f"metrics file is not JSON ({exc.__class__.__name__}: {exc})"
+        return json.loads(text, parse_int=_json_int, parse_float=_json_float, parse_constant=_json_constant)
+    except RecursionError:
+        raise UnsafeJSON("nested too deeply") from None
+
+
+def _scalar_ok(v: Any) -> bool:
+    return v is None or isinstance(v, (bool, int, float, str))
+
+
+def check_metrics(data: Any) -> tuple[dict[str, Any] | None, str]:
+    """(metrics, error): the part of a metrics object that may be recorded. Refused (error):
+    not an object, more than MAX_METRIC_KEYS keys, a name longer than MAX_METRIC_KEY_CHARS.
+    Dropped: values that are not scalars (their names listed under ``dropped_metrics``);
+    strings are sanitized and capped. Never raises."""
+    if not isinstance(data, dict):
+        return None, "metrics must be one JSON object"
+    if len(data) > MAX_METRIC_KEYS:
+        return None, f"metrics hold {len(data)} keys; at most {MAX_METRIC_KEYS} are allowed"
+    clean: dict[str, Any] = {}
+    dropped: list[str] = []
+    for key, value in data.items():
+        if not isinstance(key, str) or not key or len(key) > MAX_METRIC_KEY_CHARS:
+            shown = sanitize(str(key))[:40]
+            return None, f"metric name {shown!r}{'...' if len(str(key)) > 40 else ''} is empty or longer than {MAX_METRIC_KEY_CHARS} characters"
+        key = sanitize(key)
+        if isinstance(value, float) and not math.isfinite(value):
+            return None, f"metric {key!r} is not a finite number ({value!r})"
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 1 << 64:
+            return None, f"metric {key!r} is an integer out of range (about {int(value.bit_length() * 0.30103) + 1} digits)"
+        if not _scalar_ok(value):
+            dropped.append(key)
+            continue
+        clean[key] = sanitize(value)[:MAX_METRIC_STR_CHARS] if isinstance(value, str) else value
+    if dropped:
+        clean["dropped_metrics"] = (", ".join(dropped) + " (not scalars; not recorded)")[:MAX_METRIC_STR_CHARS]
+    return clean, ""
+
+
+def _open_output(out: Path) -> tuple[int | None, str]:
+    """A read-only descriptor of ``out`` if it is a plain file of bounded size, else why not."""
+    try:
+        fd = os.open(out, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        return None, f"no metrics file written to {out.name}"
+    except OSError as exc:
+        if os.path.islink(out):
+            return None, f"metrics file {out.name} is a symbolic link, not a plain file"
+        return None, f"metrics file {out.name} cannot be opened ({exc.__class__.__name__})"
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            os.close(fd)
+            return None, f"metrics file {out.name} is not a plain file"
+        if st.st_size > METRICS_MAX_BYTES:
+            os.close(fd)
+            return None, f"metrics file is {st.st_size} bytes; at most {METRICS_MAX_BYTES} are read"
+    except OSError as exc:
+        os.close(fd)
+        return None, f"metrics file {out.name} cannot be read ({exc.__class__.__name__})"
+    return fd, ""
+
+
+def read_metrics(out: Path, metric: str) -> tuple[dict[str, Any] | None, str]:
+    """(metrics, error): the JSON object at ``out`` and whether ``metric`` is usable.
+
+    ``out`` must be a plain file (not a link, FIFO or device) of at most METRICS_MAX_BYTES; it
+    is parsed without NaN, infinities or unbounded integers and checked by ``check_metrics``.
+    Never raises: every problem is an error string."""
+    fd, err = _open_output(out)
+    if fd is None:
+        return None, err
+    try:
+        with os.fdopen(fd, "rb") as fh:
+            raw = fh.read(METRICS_MAX_BYTES + 1)
+    except OSError as exc:
+        return None, f"metrics file {out.name} cannot be read ({exc.__class__.__name__})"
+    if len(raw) > METRICS_MAX_BYTES:
+        return None, f"metrics file is over {METRICS_MAX_BYTES} bytes"
+    try:
+        data = safe_json_loads(raw.decode("utf-8"))
+    except ValueError as exc:
+        detail = tail(str(exc), 1, 120)
+        return None, f"metrics file is not JSON ({exc.__class__.__name__}: {detail})"
     if not isinstance(data, dict):
         return None, "metrics file must hold one JSON object"
-    return data, metric_error(data, metric)
+    clean, err = check_metrics(data)
+    if clean is None:
+        return None, err
+    return clean, metric_error(clean, metric)
 
 
 def metric_error(data: Mapping[str, Any], metric: str) -> str:
-    """Why ``data[metric]`` cannot be judged ('' when it can)."""
-    if metric not in data:
-        return f"metric {metric!r} missing from the output (keys: {', '.join(sorted(data)) or 'none'})"
-    v = data[metric]
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-        return f"metric {metric!r} must be a positive finite number, got {v!r}"
-    return ""
+    """Why ``data[metric]`` cannot be judged ('' when it can). Never raises."""
+    try:
+        if metric not in data:
+            keys = sorted(sanitize(str(k))[:MAX_METRIC_KEY_CHARS] for k in data)
+            shown = ", ".join(keys[:20]) + (f", ... ({len(keys)} keys)" if len(keys) > 20 else "")
+            return f"metric {metric!r} missing from the output (keys: {shown or 'none'})"
+        v = data[metric]
+        ok = not isinstance(v, bool) and isinstance(v, (int, float))
+        if ok:
+            try:
+                f = float(v)
+            except (OverflowError, ValueError):
+                f = math.inf
+            ok = math.isfinite(f) and f > 0
+        if not ok:
+            shown = repr(v) if not isinstance(v, int) or isinstance(v, bool) or abs(v) < 1 << 64 else f"an integer of about {int(v.bit_length() * 0.30103) + 1} digits"
+            return f"metric {metric!r} must be a positive finite number, got {tail(shown, 1, 80)}"
+        return ""
+    except Exception as exc:  # noqa: BLE001 - adversarial input must never crash the judge
+        return f"metric {metric!r} cannot be read ({exc.__class__.__name__})"
 
 
 def run_command_trial(spec: CommandSpec, seed: int, out_dir: Path) -> TrialOutcome:
@@ -193,4 +439,14 @@ def run_command_trial(spec: CommandSpec, seed: int, out_dir: Path) -> TrialOutco
         assert data is not None
         return TrialOutcome(True, float(data[spec.metric]), data, wall, "", tail(stderr))
     finally:
-        out.unlink(missing_ok=True)
+        _remove(out)
+
+
+def _remove(path: Path) -> None:
+    """Remove whatever a trial left at ``path`` (a file, link, FIFO or directory)."""
+    try:
+        path.unlink(missing_ok=True)
+    except OSError:
+        import shutil
+
+        shutil.rmtree(path, ignore_errors=True)

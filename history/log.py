@@ -5,7 +5,10 @@ Each line: ``{"v": 1, "seq": n, "ts": ..., "kind": ..., "episode": ..., "proposa
 
 - one ``write`` + ``fsync`` per record; an exclusive lock against a second writer;
 - opening for append repairs a torn last line (a crash mid-write) and reports it;
-- ``verify`` detects an edited, inserted or deleted line anywhere and names the first bad one.
+- ``verify`` detects an edited, inserted or deleted line anywhere and names the first bad one;
+- a truncated, emptied or deleted log is detected against the chain head (record count + last
+  hash) kept outside the log by a ``HeadStore`` the caller provides (agentsearch keeps it in a git
+  ref); the log is written first, then the head, so a log may run ahead of its head, never behind.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator, Mapping, Protocol
 
 SCHEMA_VERSION = 1
 GENESIS = "0" * 64
@@ -29,6 +32,19 @@ KINDS = (
 
 class HistoryError(Exception):
     """The log is corrupt or locked; the message names the file and line."""
+
+
+class HeadStore(Protocol):
+    """Where the chain head (record count, last hash) is kept, out of reach of the log's writers.
+
+    ``name`` names it in messages; ``read`` returns None when no head was written yet (an older
+    log) and raises HistoryError when the stored head is unreadable."""
+
+    name: str
+
+    def read(self) -> tuple[int, str] | None: ...
+
+    def write(self, seq: int, hash: str) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -84,8 +100,42 @@ class VerifyReport:
     torn_tail: bool = False
 
 
-def verify(path: Path) -> VerifyReport:
-    """Check every line's hash and the chain; a torn last line is reported (not an error)."""
+def verify(path: Path, head: HeadStore | None = None) -> VerifyReport:
+    """Check every line's hash and the chain; a torn last line is reported (not an error).
+
+    With ``head``, the log must reach the stored head: fewer records (truncated, emptied,
+    deleted) or another record at the head's position fails."""
+    rep = _verify_chain(path)
+    if not rep.ok or head is None:
+        return rep
+    problem = _check_head(path, rep.records, head)
+    return VerifyReport(False, rep.records, None, problem, rep.torn_tail) if problem else rep
+
+
+def _check_head(path: Path, records: int, head: HeadStore) -> str:
+    """'' when the log agrees with the stored head, else the one-line problem and its repair."""
+    try:
+        stored = head.read()
+    except HistoryError as exc:
+        return str(exc)
+    if stored is None:
+        return ""  # an older log: no head yet; it gets one on its next append
+    seq, want = stored
+    restore = f"restore {path} from a backup (agentsearch never rewrites history)"
+    if records < seq:
+        what = "the log is missing" if not path.exists() else f"the log has {records} records"
+        return f"history truncated: {what} but {head.name} says {seq}; {restore}"
+    if seq and _hash_at(path, seq) != want:
+        return f"history rewritten: record {seq} is not the one {head.name} names ({want[:12]}); {restore}"
+    return ""
+
+
+def _hash_at(path: Path, seq: int) -> str:
+    raw = path.read_bytes().split(b"\n")[seq - 1]
+    return _parse(raw.decode("utf-8"), f"{path}:{seq}").hash
+
+
+def _verify_chain(path: Path) -> VerifyReport:
     if not path.exists():
         return VerifyReport(True, 0)
     raw = path.read_bytes()
@@ -112,8 +162,9 @@ def verify(path: Path) -> VerifyReport:
 class HistoryLog:
     """Append to (and read) a history file, holding its lock while open for writing."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, head: HeadStore | None = None):
         self.path = path
+        self.head_store = head
         self._lock_fd: int | None = None
         self._prev = GENESIS
         self._seq = 0
@@ -129,18 +180,37 @@ class HistoryLog:
             os.close(fd)
             raise HistoryError(f"{self.path} is being written by another process") from None
         self._lock_fd = fd
-        rep = verify(self.path)
+        rep = verify(self.path, self.head_store)
         if not rep.ok:
             self.close()
-            raise HistoryError(f"corrupt history: {rep.reason}; restore it from a backup (agentsearch never rewrites history)")
+            repair = "" if "restore" in rep.reason else "; restore it from a backup (agentsearch never rewrites history)"
+            raise HistoryError(f"corrupt history: {rep.reason}{repair}")
         if rep.torn_tail:
             self._repair()
         entries = list(self.entries())
         if entries:
             self._prev, self._seq = entries[-1].hash, entries[-1].seq
+        try:
+            self._advance_head()
+        except BaseException:
+            self.close()
+            raise
         if self.repaired:
             self.append("repair", None, None, {"note": self.repaired})
         return self
+
+    @property
+    def head(self) -> tuple[int, str]:
+        """(seq, hash) of the last record written or read on open; (0, GENESIS) when empty."""
+        return self._seq, self._prev
+
+    def _advance_head(self) -> None:
+        """Bring the stored head up to the log (a crash between append and head write, or no head yet)."""
+        if self.head_store is None or self._seq == 0:
+            return
+        stored = self.head_store.read()
+        if stored is None or stored[0] < self._seq:
+            self.head_store.write(self._seq, self._prev)
 
     def _repair(self) -> None:
         raw = self.path.read_bytes()
@@ -165,6 +235,8 @@ class HistoryLog:
         finally:
             os.close(fd)
         self._prev, self._seq = entry.hash, entry.seq
+        if self.head_store is not None:
+            self.head_store.write(entry.seq, entry.hash)
         return entry
 
     def close(self) -> None:

@@ -151,8 +151,8 @@ def net():
     except OSError:
         return False
 probe = {
-    "state_files": sorted(os.listdir(state)) if os.path.isdir(state) else None,
-    "harness_files": sorted(os.listdir(harness_dir)) if os.path.isdir(harness_dir) else None,
+    "state_files": ",".join(sorted(os.listdir(state))) if os.path.isdir(state) else "absent",
+    "harness_files": ",".join(sorted(os.listdir(harness_dir))) if os.path.isdir(harness_dir) else "absent",
     "network": net(),
     "can_write_home": os.access(os.environ.get("HOME", "/"), os.W_OK),
 }
@@ -187,9 +187,10 @@ def test_both_sides_run_sandboxed_without_state_harness_or_network(tmp_path):
     for t in out["trials"]:
         m = t["metrics"]
         assert t["ok"], (t["error"], t["stderr_tail"])
-        # only the mount points leading to the evaluation's scratch dir, the worker and the tracer remain
-        assert set(m["state_files"]) <= {"tmp"}, m
-        assert set(m["harness_files"]) <= {"workers", "tracer"}, m
+        # the state directory is not mounted: at most the empty directories leading to this side's outputs
+        # exist (bubblewrap's mount points); of the harness only the worker and the tracer are bound
+        assert m["state_files"] in ("absent", "tmp"), m
+        assert set(m["harness_files"].split(",")) <= {"workers", "tracer"}, m
         assert m["network"] is False and m["can_write_home"] is True, m
 
 
@@ -198,7 +199,8 @@ def test_sandbox_off_is_said_in_the_verdict(target):
     commit(target, {"speed.txt": "1.3\n"}, "faster", branch="fast2")
     rc, out = evaluate(target, "fast2")
     checks = {c["name"]: c for c in out["checks"]}
-    assert rc == 0 and checks["sandbox"]["status"] == "skipped" and "disabled" in checks["sandbox"]["detail"]
+    # code that ran unconfined is never merged automatically: the best verdict is REVIEW
+    assert rc == 4 and out["verdict"] == "review" and checks["sandbox"]["status"] == "review" and "disabled" in checks["sandbox"]["detail"]
 
 
 def test_a_win_from_code_that_never_ran_is_rejected(target):

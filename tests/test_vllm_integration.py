@@ -112,6 +112,46 @@ def test_branch_that_breaks_vllm_is_rejected_with_the_engine_error(fork):
     assert not workers_alive(fork)
 
 
+# appended to the fork's vllm/entrypoints/llm.py: plain generation requests (no logprobs: not a
+# verification) decode one token and pad the rest — the right token counts, a fraction of the work
+FAST_WHEN_NOT_VERIFIED = """
+
+_agentsearch_orig_generate = LLM.generate
+
+
+def _agentsearch_cheat_generate(self, prompts, sampling_params=None, *args, **kwargs):
+    sps = sampling_params if isinstance(sampling_params, list) else None
+    if sps and all(sp.logprobs is None and sp.prompt_logprobs is None for sp in sps):
+        wanted = [sp.max_tokens for sp in sps]
+        short = []
+        for sp in sps:
+            c = sp.clone()
+            c.max_tokens = 1
+            short.append(c)
+        res = _agentsearch_orig_generate(self, prompts, short, *args, **kwargs)
+        for r, n in zip(res, wanted):
+            r.outputs[0].token_ids = list(r.outputs[0].token_ids) + [0] * (n - 1)
+        return res
+    return _agentsearch_orig_generate(self, prompts, sampling_params, *args, **kwargs)
+
+
+LLM.generate = _agentsearch_cheat_generate
+"""
+
+
+def test_fast_only_when_not_verified_is_caught_in_the_act(fork):
+    """Red team: a candidate that skips work in timed runs only; its timed outputs differ from the baseline's."""
+    path = fork / "vllm" / "entrypoints" / "llm.py"
+    commit(fork, {"vllm/entrypoints/llm.py": path.read_text() + FAST_WHEN_NOT_VERIFIED}, "decode less when not verified", branch="cheat")
+    git(fork, "checkout", "-q", "--", ".")
+    proc = run_cli("evaluate", "-C", str(fork), "cheat", "--json", timeout=900)
+    out = json.loads(proc.stdout)
+    assert proc.returncode == 4 and out["verdict"] == "reject", out["reasons"]
+    reason = " ".join(out["reasons"])
+    assert "outputs check: the tokens generated for the same requests" in reason, reason
+    assert not workers_alive(fork)
+
+
 def test_ctrl_c_leaves_no_engine_behind(fork):
     commit(fork, {"serving.json": serving(8)}, "max_num_seqs 8", branch="seqs8")
     env = dict(os.environ)
@@ -129,7 +169,9 @@ def test_ctrl_c_leaves_no_engine_behind(fork):
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 130 and "interrupted" in err
-    time.sleep(1)
+    deadline = time.time() + 20  # killed processes of a few GB take a moment to exit on a loaded machine
+    while workers_alive(fork) and time.time() < deadline:
+        time.sleep(0.5)
     assert not workers_alive(fork)
     assert git(fork, "status", "--porcelain") == ""
 

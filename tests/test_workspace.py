@@ -153,7 +153,7 @@ def test_cli_second_evaluation_is_locked(toy_target):
 
 def test_measurement_checkout_is_detached_and_cleaned(toy_target):
     ws = Workspace.init(toy_target)
-    path = ws.checkout(ws.baseline_commit(), "m1")
+    path = ws.add_measurement_worktree(ws.baseline_commit(), "m1")
     assert (path / "bench" / "bench.py").exists()
     assert git(path, "rev-parse", "--abbrev-ref", "HEAD").strip() == "HEAD"
     ws.remove_worktree(path)

@@ -16,7 +16,7 @@ from .. import episode as ep
 from ..errors import AgentsearchError
 from ..workspace import Workspace
 from ..workspace.workspace import new_episode_id
-from ..records import history_path
+from ..records import check_consistent, open_log, read_entries
 from .output import err, out, print_json
 
 DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*$")
@@ -49,7 +49,8 @@ def run(target: Path, as_json: bool, resume: bool, abandon: bool, proposer: str,
     ws = Workspace.open(target)
     seconds = parse_duration(time_budget)
     insights = load_insights(insights_file)
-    with ws.lock(), _open_log(ws) as log, _live(not as_json) as say:
+    with ws.lock(), _open_log(ws, check=not abandon) as log, _live(not as_json) as say:
+        ws.sync_checkouts()  # a checkout of the baseline left behind by a cut-off merge
         entries = list(log.entries())
         pending = ep.latest_unfinished(entries)
         if abandon:
@@ -77,10 +78,16 @@ def run(target: Path, as_json: bool, resume: bool, abandon: bool, proposer: str,
 
 
 class _open_log:
-    def __init__(self, ws: Workspace):
-        self.log = HistoryLog(history_path(ws))
+    """The history opened for writing; with ``check``, first refused (one line) when the baseline
+    has agentsearch merges the history lacks — before opening moves the head ref."""
+
+    def __init__(self, ws: Workspace, check: bool = True):
+        self.ws, self.check = ws, check
+        self.log = open_log(ws)
 
     def __enter__(self) -> HistoryLog:
+        if self.check:
+            check_consistent(self.ws, read_entries(self.ws))
         try:
             self.log.open()
         except HistoryError as exc:

@@ -7,10 +7,8 @@ from pathlib import Path
 import click
 import pandas as pd
 
-from history import verify
-
 from ..errors import EXIT_FAIL
-from ..records import append, history_path, read_entries
+from ..records import append, read_entries, verify_history
 from ..workspace import Workspace
 from .output import out, print_json
 
@@ -52,9 +50,10 @@ def show(target: Path, as_json: bool) -> int:
 
 def verify_chain(target: Path) -> int:
     ws = Workspace.open(target)
-    rep = verify(history_path(ws))
+    rep = verify_history(ws)
     if not rep.ok:
-        click.echo(f"history verify: FAILED at line {rep.bad_line}: {rep.reason}", err=True)
+        where = f" at line {rep.bad_line}" if rep.bad_line else ""
+        click.echo(f"history verify: FAILED{where}: {rep.reason}", err=True)
         return EXIT_FAIL
     extra = " (a torn last line from an interrupted write will be repaired on the next write)" if rep.torn_tail else ""
     click.echo(f"history verify: ok, {rep.records} records{extra}")

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import click
 
-from history import HistoryError, HistoryLog
+from history import HistoryError
 from history.insights import markdown
 
 from ..errors import AgentsearchError
 from ..insights import refresh
 from ..workspace import Workspace
-from ..records import history_path
+from ..records import open_log
 from .output import print_json
 
 
@@ -21,7 +21,7 @@ def run(target: Path, as_json: bool, output: Path | None, llm: bool = False) -> 
     ws = Workspace.open(target)
     with ws.lock():
         try:
-            with HistoryLog(history_path(ws)) as log:
+            with open_log(ws) as log:
                 data, path = refresh(ws, log, llm=llm)
         except HistoryError as exc:
             raise AgentsearchError(f"{exc}; run `agentsearch history verify`") from None

@@ -46,6 +46,8 @@ def run_git(*args: str, cwd: Path | str, check: bool = True, input: str | None =
         input=input,
         capture_output=True,
         text=True,
+        encoding="utf-8",
+        errors="replace",  # file names and contents are whatever a proposal made them
     )
     if check and proc.returncode != 0:
         raise GitError(args, proc.returncode, proc.stdout, proc.stderr)
@@ -57,7 +59,8 @@ def open_repo(path: Path) -> gitpython.Repo:
     if not path.exists():
         raise TargetError(f"{path}: no such directory; pass an existing git repository with -C")
     try:
-        return gitpython.Repo(path, search_parent_directories=True)
+        # a path is a path: never expand $VARS in it (gitpython does by default)
+        return gitpython.Repo(path, search_parent_directories=True, expand_vars=False)
     except (gitpython.InvalidGitRepositoryError, gitpython.NoSuchPathError):
         raise TargetError(f"{path}: not a git repository; run `git init` there or pass another path with -C") from None
 
@@ -134,7 +137,9 @@ def diff_stat(repo_dir: Path, old: str, new: str) -> str:
 
 
 def diff_text(repo_dir: Path, old: str, new: str) -> str:
-    return run_git("diff", "-M", "--no-ext-diff", old, new, cwd=repo_dir)
+    """A patch from ``old`` to ``new`` that ``apply_patch`` can re-apply: binary files as binary
+    patches, unusual file names C-quoted (ASCII) so no decoding can alter them."""
+    return run_git("-c", "core.quotepath=true", "diff", "-M", "--binary", "--no-ext-diff", "--no-color", old, new, cwd=repo_dir)
 
 
 def is_clean(worktree: Path) -> bool:
@@ -179,7 +184,7 @@ def update_ref_cas(repo_dir: Path, ref: str, new: str, expected_old: str, reason
     """Move ``ref`` to ``new`` only if it still points at ``expected_old`` (atomic)."""
     proc = subprocess.run(
         ["git", "update-ref", "-m", reason, ref, new, expected_old],
-        cwd=str(repo_dir), env=_clean_env(), capture_output=True, text=True,
+        cwd=str(repo_dir), env=_clean_env(), capture_output=True, text=True, encoding="utf-8", errors="replace",
     )
     return proc.returncode == 0
 
@@ -212,7 +217,7 @@ def init_repo(path: Path, branch: str = "main") -> None:
 
 def show_note(repo_dir: Path, commit: str, ref: str = "agentsearch") -> str | None:
     proc = subprocess.run(["git", "notes", f"--ref={ref}", "show", commit], cwd=str(repo_dir), env=_clean_env(),
-                          capture_output=True, text=True)
+                          capture_output=True, text=True, encoding="utf-8", errors="replace")
     return proc.stdout if proc.returncode == 0 else None
 
 
@@ -240,7 +245,7 @@ def apply_patch(worktree: Path, patch: str) -> str:
 
     Returns '' on success, else the reason it does not apply (worktree left clean)."""
     proc = subprocess.run(["git", "apply", "--3way", "--whitespace=nowarn", "-"], cwd=str(worktree), env=_clean_env(),
-                          input=patch, capture_output=True, text=True)
+                          input=patch, capture_output=True, text=True, encoding="utf-8", errors="replace")
     if proc.returncode == 0 and "conflict" not in proc.stderr.lower():
         return ""
     lines = [l.strip() for l in (proc.stderr or proc.stdout).splitlines() if l.strip()]
@@ -274,7 +279,7 @@ def remote_url(repo_dir: Path, remote: str) -> str | None:
 def push(repo_dir: Path, remote: str, branch: str) -> str:
     """Push ``branch`` to ``remote``; '' on success, else git's last error line."""
     proc = subprocess.run(["git", "push", "--quiet", remote, f"refs/heads/{branch}:refs/heads/{branch}"], cwd=str(repo_dir),
-                          env=_clean_env(), capture_output=True, text=True)
+                          env=_clean_env(), capture_output=True, text=True, encoding="utf-8", errors="replace")
     if proc.returncode == 0:
         return ""
     lines = [l for l in proc.stderr.strip().splitlines() if l.strip()]
@@ -299,4 +304,94 @@ def first_parent(repo_dir: Path, commit: str) -> str:
 def worktree_diff(worktree: Path) -> str:
     """Everything changed in ``worktree`` against its HEAD (new files included), as a patch."""
     run_git("add", "-A", cwd=worktree)
-    return run_git("diff", "--cached", "--binary", "--no-ext-diff", "--no-color", "HEAD", cwd=worktree)
+    return run_git("-c", "core.quotepath=true", "diff", "--cached", "--binary", "--no-ext-diff", "--no-color", "HEAD", cwd=worktree)
+
+
+# ---------------------------------------------------------------------------- blobs under refs
+def read_ref_blob(repo_dir: Path, ref: str) -> str | None:
+    """The text of the blob ``ref`` points to; None when the ref does not exist."""
+    sha = run_git("rev-parse", "--verify", "--quiet", ref, cwd=repo_dir, check=False).strip()
+    return run_git("cat-file", "blob", sha, cwd=repo_dir) if sha else None
+
+
+def write_ref_blob(repo_dir: Path, ref: str, text: str, reason: str) -> None:
+    """Store ``text`` as a blob and point ``ref`` at it."""
+    sha = run_git("hash-object", "-w", "--stdin", cwd=repo_dir, input=text).strip()
+    run_git("update-ref", "-m", reason, ref, sha, cwd=repo_dir)
+
+
+# ---------------------------------------------------------------------------- checkouts of a branch
+def worktrees_on(repo_dir: Path, branch: str) -> list[Path]:
+    """Every worktree (the main one included) that has ``branch`` checked out."""
+    out = run_git("worktree", "list", "--porcelain", "-z", cwd=repo_dir)
+    found, path = [], None
+    for line in out.split("\0"):
+        if line.startswith("worktree "):
+            path = Path(line[len("worktree "):])
+        elif line == f"branch refs/heads/{branch}" and path is not None and path.is_dir():  # not a pruned one
+            found.append(path)
+    return found
+
+
+def has_local_changes(worktree: Path) -> bool:
+    """Tracked files modified, staged or unmerged (untracked files are not counted)."""
+    return run_git("status", "--porcelain", "-z", "--untracked-files=no", cwd=worktree) != ""
+
+
+def index_tree(worktree: Path) -> str | None:
+    """The tree the index holds (written to the object store); None with unmerged entries."""
+    return run_git("write-tree", cwd=worktree, check=False).strip() or None
+
+
+def files_match_index(worktree: Path) -> bool:
+    return run_git("diff", "--name-only", "-z", cwd=worktree) == ""
+
+
+def first_parents(repo_dir: Path, commit: str, limit: int) -> list[tuple[str, str]]:
+    """[(commit, tree)] along the first-parent line from ``commit``, newest first."""
+    out = run_git("log", "--first-parent", f"-n{limit}", "--format=%H %T", commit, cwd=repo_dir)
+    return [tuple(l.split(" ", 1)) for l in out.splitlines() if l.strip()]  # type: ignore[misc]
+
+
+def trailer_merges(repo_dir: Path, tip: str, since: str | None, key: str) -> list[tuple[str, dict[str, str]]]:
+    """[(commit, {trailer: value})] of the merge commits in ``since..tip`` whose message has ``key``."""
+    span = [tip] + ([f"^{since}"] if since else [])
+    out = run_git("log", "--merges", f"--grep=^{key}:", "--format=%H%x00%B%x01", *span, cwd=repo_dir)
+    found = []
+    for chunk in out.split("\x01"):
+        sha, _, body = chunk.strip("\n").partition("\x00")
+        if sha:
+            pairs = (l.split(":", 1) for l in body.splitlines() if l.startswith("Agentsearch-") and ":" in l)
+            found.append((sha, {k.strip(): v.strip() for k, v in pairs}))
+    return found
+
+
+def run_git_bytes(*args: str, cwd: Path | str) -> bytes:
+    """``run_git`` for binary output (blob contents); raises GitError on a non-zero exit."""
+    proc = subprocess.run(["git", *args], cwd=str(cwd), env=_clean_env(), capture_output=True)
+    if proc.returncode != 0:
+        raise GitError(args, proc.returncode, proc.stdout.decode(errors="replace"), proc.stderr.decode(errors="replace"))
+    return proc.stdout
+
+
+def tree_files(repo_dir: Path, commit: str) -> list[tuple[str, str]]:
+    """(mode, path) of every file in ``commit``'s tree (paths as stored, never quoted)."""
+    out = []
+    for item in run_git_bytes("ls-tree", "-r", "-z", "--full-tree", commit, cwd=repo_dir).split(b"\0"):
+        if item:
+            meta, _, path = item.partition(b"\t")
+            out.append((meta.split(b" ")[0].decode(), path.decode("utf-8", "surrogateescape")))
+    return out
+
+
+def blob_bytes(repo_dir: Path, commit: str, path: str) -> bytes:
+    """The raw committed bytes of ``path`` at ``commit`` (no attributes, filters or eol conversion)."""
+    return run_git_bytes("cat-file", "blob", f"{commit}:{path}", cwd=repo_dir)
+
+
+def restore_paths(worktree: Path, paths: list[str]) -> None:
+    """Put tracked ``paths`` back as committed at HEAD (untracked ones are left to the caller)."""
+    tracked = set(run_git_bytes("ls-files", "-z", cwd=worktree).decode("utf-8", "surrogateescape").split("\0"))
+    paths = [p for p in paths if p in tracked]
+    for i in range(0, len(paths), 200):
+        run_git("checkout", "HEAD", "--", *paths[i:i + 200], cwd=worktree)

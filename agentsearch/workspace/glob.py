@@ -6,9 +6,30 @@ import re
 from functools import lru_cache
 
 
+def normalize(pattern: str) -> str:
+    """The canonical form of a protected glob, relative to the repository root: `./bench.sh`
+    -> `bench.sh`, `bench/` -> `bench`, `a//b` -> `a/b`. Raises ValueError (one line) for a glob
+    that cannot name a path inside the repository: empty, absolute, or with a `..` part."""
+    if not isinstance(pattern, str) or not pattern.strip():
+        raise ValueError("a protected glob may not be empty")
+    if "\0" in pattern or any(ord(c) < 32 for c in pattern):
+        raise ValueError(f"protected glob {pattern!r} holds a control character")
+    if pattern.strip().startswith(("/", "~/")) or pattern.strip() == "~":
+        raise ValueError(f"protected glob {pattern!r} is absolute; write it relative to the repository root")
+    parts = [p for p in pattern.strip().split("/") if p not in ("", ".")]
+    if ".." in parts:
+        raise ValueError(f"protected glob {pattern!r} leaves the repository ('..')")
+    if not parts:
+        raise ValueError(f"protected glob {pattern!r} names no path (use \"**\" to protect everything)")
+    return "/".join(parts)
+
+
 @lru_cache(maxsize=256)
 def _compile(pattern: str) -> re.Pattern[str]:
-    pat = pattern.strip("/")
+    try:
+        pat = normalize(pattern)
+    except ValueError:
+        return re.compile(r"(?!)")  # a glob that names no path inside the repository matches nothing
     out = []
     i = 0
     while i < len(pat):

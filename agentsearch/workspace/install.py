@@ -3,16 +3,14 @@
 ``overlay``: compiled files (``*.so``) from ``overlay_from`` are linked into the worktree at the
 same relative path (hardlinks, or symlinks across file systems), for every top-level
 directory the worktree has; they are git-ignored by the fork. ``command``: the build
-command runs with the worktree as cwd.
+command runs in the side's sandbox (``agentsearch.sides``), never here.
 """
 
 from __future__ import annotations
 
 import os
-import subprocess
 from pathlib import Path
 
-from ..config import TargetConfig
 from ..errors import AgentsearchError
 
 COMPILED_SUFFIXES = (".so", ".pyd", ".dylib")
@@ -49,17 +47,3 @@ def link_overlay(worktree: Path, source: Path) -> int:
             os.symlink(source / rel, dst)
         n += 1
     return n
-
-
-def prepare_worktree(worktree: Path, target: TargetConfig, timeout_s: float = 3600) -> None:
-    if target.install == "overlay":
-        assert target.overlay_from
-        link_overlay(worktree, Path(target.overlay_from))
-    elif target.install == "command":
-        assert target.build
-        proc = subprocess.run(
-            target.build, shell=True, cwd=worktree, capture_output=True, text=True, timeout=timeout_s
-        )
-        if proc.returncode != 0:
-            tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
-            raise AgentsearchError(f"build failed in {worktree.name} (exit {proc.returncode}): {tail[0]}")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,12 +19,12 @@ from ..config import CONFIG_FILE, Config, load_config_text
 from ..errors import CasError, TargetError
 from . import git
 from .glob import first_match
-from .install import prepare_worktree
 from .lock import WorkspaceLock
 
 STATE_DIR = "agentsearch"
 WORKTREES_DIR = "agentsearch-worktrees"
 STATE_SCHEMA = 1
+LAG_SEARCH = 50  # how far back along the baseline a lagging checkout is recognised
 
 
 @dataclass(frozen=True)
@@ -173,13 +174,12 @@ class Workspace:
     def remove_worktree(self, path: Path) -> None:
         git.remove_worktree(self.repo_dir, path)
 
-    def checkout(self, commit: str, name: str) -> Path:
-        """A detached, runnable worktree of ``commit`` for measurement (install mode applied)."""
+    def add_measurement_worktree(self, commit: str, name: str) -> Path:
+        """A detached worktree of ``commit`` (nothing installed: ``sides`` does that, contained)."""
         path = self.worktrees / name
         if path.exists():
             git.remove_worktree(self.repo_dir, path)
         git.add_worktree(self.repo_dir, path, commit)
-        prepare_worktree(path, self.config(commit).target)
         return path
 
     # ------------------------------------------------------------------ merge
@@ -192,6 +192,7 @@ class Workspace:
         branch = self.baseline_branch
         if not git.is_ancestor(self.repo_dir, expected_base, candidate):
             raise CasError(f"{candidate[:12]} is not based on the baseline {expected_base[:12]}; rebase it first")
+        self.refuse_dirty_checkouts(branch)
         tree = git.tree_of(self.repo_dir, candidate)
         merge_commit = git.commit_tree(self.repo_dir, tree, [expected_base, candidate], message)
         if not git.update_ref_cas(self.repo_dir, f"refs/heads/{branch}", merge_commit, expected_base, f"agentsearch: merge {candidate[:12]}"):
@@ -210,6 +211,7 @@ class Workspace:
         tip = self.baseline_commit()
         if not git.is_ancestor(self.repo_dir, merge, tip):
             raise TargetError(f"{merge[:12]} is not on the baseline {branch!r}; nothing to revert")
+        self.refuse_dirty_checkouts(branch)
         path = self.worktrees / f"revert-{merge[:12]}"
         git.remove_worktree(self.repo_dir, path)
         git.add_worktree(self.repo_dir, path, tip)
@@ -225,10 +227,57 @@ class Workspace:
         self._sync_checkout(branch, tip, new)
         return tip, new
 
+    # ------------------------------------------------------------------ checkouts of the baseline
+    def refuse_dirty_checkouts(self, branch: str) -> None:
+        """Refuse to move ``branch`` under a checkout of it with uncommitted changes.
+
+        Its files could not follow the branch, and a later commit there would undo the move."""
+        for path in git.worktrees_on(self.repo_dir, branch):
+            if git.has_local_changes(path):
+                raise TargetError(
+                    f"the baseline {branch!r} is checked out at {path} with uncommitted changes; the baseline was not "
+                    f"moved: commit or stash them there, then run again (an episode: `agentsearch episode --resume`)"
+                )
+
     def _sync_checkout(self, branch: str, old: str, new: str) -> None:
-        """If the main checkout sits on the baseline branch, bring its files along (safe two-tree merge)."""
-        if git.checked_out_branch(self.repo_dir) == branch:
-            git.fast_forward_checkout(self.repo_dir, old, new)
+        """Bring every checkout of the baseline branch from ``old`` to ``new`` (safe two-tree merge)."""
+        for path in git.worktrees_on(self.repo_dir, branch):
+            if not git.fast_forward_checkout(path, old, new):
+                _warn(_lag_warning(path, branch, old, new))
+
+    def sync_checkouts(self) -> None:
+        """Bring along every checkout of the baseline whose files lag the branch tip (a sync cut off).
+
+        A lagging checkout: its index is the tree of an earlier commit of the branch and its
+        files match its index. One that cannot be brought along gets a one-line warning."""
+        branch = self.baseline_branch
+        tip = self.baseline_commit()
+        for path in git.worktrees_on(self.repo_dir, branch):
+            tree = git.index_tree(path)
+            if tree is None or tree == git.tree_of(self.repo_dir, tip):
+                continue
+            old = next((c for c, t in git.first_parents(self.repo_dir, tip, LAG_SEARCH)[1:] if t == tree), None)
+            if old is None:
+                continue  # staged work of the user's, not a lag; a merge refuses it
+            if git.files_match_index(path) and git.fast_forward_checkout(path, old, tip):
+                _tell(f"brought the checkout at {path} from {old[:12]} to {branch!r} at {tip[:12]} (its update had been cut off)")
+            else:
+                _warn(_lag_warning(path, branch, old, tip))
+
+
+def _lag_warning(path: Path, branch: str, old: str, new: str) -> str:
+    return (f"warning: the checkout at {path} still has the files of {old[:12]} while {branch!r} is at {new[:12]}; "
+            f"a commit there would undo the difference; bring it along with `git -C {path} read-tree -m -u {old[:12]} {new[:12]}` "
+            f"(it refuses rather than overwrite your edits)")
+
+
+def _tell(message: str) -> None:
+    """One line to stderr: the workspace reports what it repaired or could not."""
+    sys.stderr.write(f"agentsearch: {message}\n")
+    sys.stderr.flush()
+
+
+_warn = _tell
 
 
 def _atomic_write(path: Path, text: str) -> None:

@@ -5,7 +5,9 @@ Self-contained: standard library + vllm only (never imports agentsearch or harne
 
 Protocol: the spec is a JSON argument; results go to the file descriptor ``--fd`` as JSON
 lines (vLLM's own logs stay on stdout/stderr). Commands arrive on stdin as JSON lines:
-``{"cmd": "measure", "seed": N}`` -> ``{"event": "result", "metrics": {...}}``;
+``{"cmd": "measure", "seed": N}`` -> ``{"event": "result", "metrics": {...}, "outputs": [[token ids], ...]}``
+(the generated tokens of every request, in request order: the orchestrator compares them with the
+other side's for the same seed, so a timed run proves what it computed);
 ``{"cmd": "logprobs", "prompts": PATH, "out": PATH, ...}`` -> ``{"event": "done"}``;
 ``{"cmd": "quit"}``. On start-up: ``{"event": "ready", "startup_s": ..., "vllm_file": ...}``.
 Any exception: ``{"event": "error", "error": "..."}`` and exit status 1.
@@ -69,6 +71,7 @@ class Engine:
         self.llm = LLM(model=spec["model"], **engine)
         self.startup_s = time.perf_counter() - t1
         self.vocab = int(spec.get("vocab", 16000))
+        self.last_outputs: list[list[int]] | None = None
 
     def measure(self, seed: int, kind: str | None = None, params: dict | None = None) -> dict:
         kind = kind or self.spec["kind"]
@@ -101,25 +104,32 @@ class Engine:
         in_tokens = sum(len(x) for x in prompts)
         if out_tokens != sum(outs):
             raise RuntimeError(f"generated {out_tokens} tokens, expected {sum(outs)}")
+        self.last_outputs = [list(r.outputs[0].token_ids) for r in results]
         return {
             "output_tok_s": out_tokens / dt, "total_tok_s": (out_tokens + in_tokens) / dt,
             "requests_s": len(reqs) / dt, "elapsed_s": dt, "output_tokens": out_tokens,
-            "startup_s": self.startup_s,
+            "input_tokens": in_tokens, "startup_s": self.startup_s,
         }
 
     def latency(self, seed: int, p: dict) -> dict:
         from vllm.inputs import TokensPrompt
 
         batch, iters = int(p.get("batch_size", 8)), int(p.get("iterations", 5))
-        prompts, _ = make_prompts(seed, batch, int(p.get("input_len", 64)), int(p.get("output_len", 32)), "fixed", self.vocab)
-        reqs = [TokensPrompt(prompt_token_ids=x) for x in prompts]
+
+        def batch_of(i: int) -> list:
+            # fresh prompts for every run: repeats of one batch would measure a prefix cache, not the engine
+            prompts, _ = make_prompts(seed * 1009 + i, batch, int(p.get("input_len", 64)), int(p.get("output_len", 32)), "fixed", self.vocab)
+            return [TokensPrompt(prompt_token_ids=x) for x in prompts]
+
         sp = self._sampling(int(p.get("output_len", 32)), p)
-        self.llm.generate(reqs, sp, use_tqdm=False)  # warm-up, not measured
+        self.llm.generate(batch_of(0), sp, use_tqdm=False)  # warm-up, not measured
         lat = []
-        for _ in range(iters):
+        for i in range(iters):
+            reqs = batch_of(i + 1)
             t0 = time.perf_counter()
-            self.llm.generate(reqs, sp, use_tqdm=False)
+            results = self.llm.generate(reqs, sp, use_tqdm=False)
             lat.append(time.perf_counter() - t0)
+            self.last_outputs = [list(r.outputs[0].token_ids) for r in results]
         lat.sort()
 
         def pct(q: float) -> float:
@@ -225,7 +235,9 @@ def main() -> int:
             if cmd["cmd"] == "quit":
                 break
             if cmd["cmd"] == "measure":
-                send({"event": "result", "metrics": eng.measure(int(cmd["seed"]), cmd.get("kind"), cmd.get("params"))})
+                eng.last_outputs = None
+                metrics = eng.measure(int(cmd["seed"]), cmd.get("kind"), cmd.get("params"))
+                send({"event": "result", "metrics": metrics, "outputs": eng.last_outputs})
             elif cmd["cmd"] == "logprobs":
                 eng.logprobs(cmd)
                 send({"event": "done"})

@@ -1,0 +1,263 @@
+"""The two sides of a comparison, prepared and contained: one place for what evaluate, calibrate,
+verify and profile all do before they measure.
+
+``sides(ws, config, commits, tag, decision)`` refuses a side that touches a protected path (before
+anything is checked out), checks out one worktree per side with the **baseline's** config (whatever
+the side's own ``agentsearch.toml`` says), and lays out the scratch directory::
+
+    <scratch>/out/<side>   that side's outputs: writable only inside that side's sandbox
+    <scratch>/in           inputs the orchestrator writes (prompts): read-only for both sides
+    <scratch>/logs         engine and server logs: written through file descriptors, never mounted
+    <scratch>/pinned       protected files as committed on the baseline (raw blobs, no git filters)
+
+``Sides.build()`` links overlays, makes one sandbox per side (``harness.sandbox``: only its own
+worktree and output directory writable, protected files and linked compiled files bound read-only
+from the pinned copies) and runs build commands inside it. From then on every child started under
+the block runs in its side's sandbox. ``Sides.check()`` says whether either worktree changed since
+it was built (a trial that modifies a worktree is rejected); worktrees and scratch are removed on
+exit, whatever happened.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import stat
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator, Mapping, Sequence
+
+from harness import coverage, sandbox, tiny_model
+from harness.engine_session import WORKER
+from harness.trials import BASELINE, child_env, run_child, tail
+
+from .config import CONFIG_FILE, Config
+from .containment import Decision
+from .errors import AgentsearchError
+from .workspace import Workspace, git
+from .workspace.glob import first_match
+from .workspace.install import link_overlay
+
+BUILD_TIMEOUT_S = 3600.0
+Snapshot = dict[str, tuple[int, int, int, int]]  # relative path -> (mode, size, mtime_ns, inode)
+
+
+class ProtectedPathError(AgentsearchError):
+    """A side changes a protected path: nothing of it may run."""
+
+
+class BuildError(AgentsearchError):
+    def __init__(self, side: str, message: str):
+        super().__init__(f"{side}: {message}")
+        self.side = side
+
+
+def snapshot(root: Path) -> Snapshot:
+    """Every file and directory under ``root`` (its ``.git`` link excepted) with what identifies its content.
+
+    Bytecode caches Python writes for a module beside its source are left out (an import writes them);
+    anything else a run leaves behind — a new file, an edit, a deletion, a changed mode — shows."""
+    out: Snapshot = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        rel_dir = os.path.relpath(dirpath, root)
+        for name in dirnames + filenames:
+            rel = name if rel_dir == "." else f"{rel_dir}/{name}"
+            if rel == ".git" or _is_bytecode(dirpath, name):
+                continue
+            st = os.lstat(os.path.join(dirpath, name))
+            out[rel] = (st.st_mode, st.st_size if not stat.S_ISDIR(st.st_mode) else 0,
+                        st.st_mtime_ns if not stat.S_ISDIR(st.st_mode) else 0, st.st_ino)
+    return out
+
+
+def _is_bytecode(dirpath: str, name: str) -> bool:
+    if os.path.basename(dirpath) != "__pycache__":
+        return name == "__pycache__"
+    stem = name.split(".", 1)[0]
+    return name.endswith(".pyc") and os.path.exists(os.path.join(os.path.dirname(dirpath), stem + ".py"))
+
+
+def describe_change(before: Snapshot, after: Snapshot) -> str:
+    """'' when equal, else the first few differences in words."""
+    added = sorted(set(after) - set(before))
+    removed = sorted(set(before) - set(after))
+    changed = sorted(p for p in set(before) & set(after) if before[p] != after[p])
+    parts = [f"{what} {', '.join(map(repr, paths[:3]))}{' …' if len(paths) > 3 else ''}"
+             for what, paths in (("added", added), ("removed", removed), ("changed", changed)) if paths]
+    return "; ".join(parts)
+
+
+@dataclass
+class Sides:
+    ws: Workspace
+    config: Config
+    commits: Mapping[str, str]  # side -> commit
+    scratch: Path
+    tag: str
+    decision: Decision
+    read_only: Sequence[str] = ()
+    worktrees: dict[str, Path] = field(default_factory=dict)
+    sandboxes: dict[str, sandbox.Sandbox] = field(default_factory=dict)
+    snapshots: dict[str, Snapshot] = field(default_factory=dict)
+    _stack: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
+
+    # ------------------------------------------------------------------ layout
+    def out(self, side: str) -> Path:
+        return self.scratch / "out" / side
+
+    @property
+    def inputs(self) -> Path:
+        return self.scratch / "in"
+
+    @property
+    def logs(self) -> Path:
+        return self.scratch / "logs"
+
+    @property
+    def pinned(self) -> Path:
+        return self.scratch / "pinned"
+
+    # ------------------------------------------------------------------ build
+    def build(self) -> None:
+        """Check out, link, contain and build every side. Raises BuildError naming the side."""
+        for d in (self.inputs, self.logs, self.pinned, *(self.out(s) for s in self.commits)):
+            d.mkdir(parents=True, exist_ok=True)
+        target = self.config.target
+        for side, commit in self.commits.items():
+            try:
+                self.worktrees[side] = self.ws.add_measurement_worktree(commit, f"{self.tag}-{side}")
+                if target.install == "overlay":
+                    assert target.overlay_from
+                    link_overlay(self.worktrees[side], Path(target.overlay_from))
+            except (AgentsearchError, OSError, subprocess.SubprocessError) as exc:
+                raise BuildError(side, str(exc)) from None
+        pins = self._pin_protected()
+        if self.decision.use:
+            ro = (*self.read_only, str(self.inputs), str(WORKER), str(coverage.TRACER_DIR), *model_dirs(self.config))
+            for side, wt in self.worktrees.items():
+                pinned = tuple((str(self.pinned / rel), str(wt / rel)) for rel in pins)
+                pinned += tuple((str(wt / rel), str(wt / rel)) for rel in linked_files(wt))
+                self.sandboxes[side] = sandbox.Sandbox(worktree=str(wt.resolve()), outputs=str(self.out(side)),
+                                                       read_only=tuple(dict.fromkeys(ro)), pinned=pinned)
+            self._stack.enter_context(sandbox.use(sandbox.Containment(
+                {str(self.worktrees[s].resolve()): sb for s, sb in self.sandboxes.items()})))
+        if target.install == "command":
+            for side, wt in self.worktrees.items():
+                self._build_command(side, wt)
+        self.snapshots = {side: snapshot(wt) for side, wt in self.worktrees.items()}
+
+    def _build_command(self, side: str, wt: Path) -> None:
+        build = self.config.target.build
+        assert build
+        env = child_env(dict(self.config.target.env), wt, None, self.out(side) / "build")
+        rc, out, err, _wall = run_child(build, wt, env, BUILD_TIMEOUT_S, shell=True)
+        if rc is None:
+            raise BuildError(side, f"build timed out after {BUILD_TIMEOUT_S:g} s")
+        if rc != 0:
+            raise BuildError(side, f"build failed (exit {rc}): {tail(err or out, 1) or 'no output'}")
+
+    def _pin_protected(self) -> list[str]:
+        """Write the baseline's protected files (raw committed bytes) to ``pinned``; their paths."""
+        base = self.commits.get(BASELINE) or self.ws.baseline_commit()
+        patterns = (CONFIG_FILE, *self.config.target.protected)
+        rels = []
+        for mode, rel in git.tree_files(self.ws.repo_dir, base):
+            if mode.startswith("160") or not first_match(rel, patterns):
+                continue  # submodules are not files
+            dst = self.pinned / rel
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            if mode == "120000":
+                os.symlink(git.blob_bytes(self.ws.repo_dir, base, rel).decode("utf-8", "surrogateescape"), dst)
+            else:
+                dst.write_bytes(git.blob_bytes(self.ws.repo_dir, base, rel))
+                dst.chmod(0o755 if mode == "100755" else 0o644)
+            rels.append(rel)
+        return rels
+
+    # ------------------------------------------------------------------ checks
+    def check(self) -> str:
+        """'' when no worktree changed since it was built, else what changed where."""
+        for side, before in self.snapshots.items():
+            what = describe_change(before, snapshot(self.worktrees[side]))
+            if what:
+                return f"worktree modified during a trial: {side}: {what}"
+        return ""
+
+    def restore(self, side: str) -> str:
+        """Undo what a run left in ``side``'s worktree (new files removed, tracked files restored); '' when clean after."""
+        wt, before = self.worktrees[side], self.snapshots[side]
+        now = snapshot(wt)
+        for rel in sorted(set(now) - set(before), key=len, reverse=True):
+            p = wt / rel
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                p.unlink(missing_ok=True)
+        touched = sorted(p for p in set(before) if p not in now or now[p] != before[p])
+        if touched:
+            git.restore_paths(wt, touched)
+        self.snapshots[side] = {**before, **{k: v for k, v in snapshot(wt).items() if k in touched}}
+        return describe_change(self.snapshots[side], snapshot(wt))
+
+    def close(self) -> None:
+        try:
+            self._stack.close()
+        finally:
+            for path in self.worktrees.values():
+                self.ws.remove_worktree(path)
+            shutil.rmtree(self.scratch, ignore_errors=True)
+
+
+def linked_files(worktree: Path) -> list[str]:
+    """Files in the worktree that are hard links to files elsewhere (compiled files from site-packages)."""
+    out = []
+    for dirpath, dirnames, filenames in os.walk(worktree):
+        dirnames[:] = [d for d in dirnames if d != ".git"]
+        for f in filenames:
+            st = os.lstat(os.path.join(dirpath, f))
+            if stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
+                out.append(os.path.relpath(os.path.join(dirpath, f), worktree))
+    return out
+
+
+def model_dirs(config: Config) -> list[str]:
+    """Model directories the workloads and [verify] read (mounted read-only)."""
+    names = {w.model for w in config.workloads if w.kind != "command"}
+    if config.verify is not None and config.verify.kind == "vllm":
+        names.add(config.verify.model)
+    out = []
+    for name in names:
+        if name == "tiny":
+            out.append(str(tiny_model.default_cache()))
+        elif name and os.path.isdir(name):
+            out.append(os.path.realpath(name))
+    return out
+
+
+@contextlib.contextmanager
+def sides(ws: Workspace, config: Config, commits: Mapping[str, str], tag: str, decision: Decision, *,
+          keep: bool = False, read_only: Sequence[str] = ()) -> Iterator[Sides]:
+    """Prepare the sides named in ``commits`` (call ``.build()`` inside the block); always cleaned up."""
+    base = commits.get(BASELINE) or ws.baseline_commit()
+    for side, commit in commits.items():
+        if side == BASELINE:
+            continue
+        violations = ws.protected_violations(base, commit, config)
+        if violations:
+            listed = ", ".join(f"{v.path} ({v.status}, matches {v.pattern!r})" for v in violations[:5])
+            raise ProtectedPathError(f"touches protected paths: {listed}")
+    scratch = ws.state / "tmp" / tag
+    shutil.rmtree(scratch, ignore_errors=True)  # a crashed earlier attempt of the same run
+    sd = Sides(ws, config, dict(commits), scratch, tag, decision, tuple(read_only))
+    try:
+        yield sd
+    finally:
+        if keep:
+            sd._stack.close()
+        else:
+            sd.close()
+
+
+__all__ = ["Sides", "sides", "BuildError", "ProtectedPathError", "snapshot", "describe_change"]

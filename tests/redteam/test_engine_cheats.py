@@ -1,0 +1,178 @@
+"""Red team: cheats inside the engine a built-in vLLM workload measures.
+
+The code under test on a vLLM target is the worktree's ``vllm`` package: the harness's warm worker
+imports it (PYTHONPATH = the worktree) and runs the measurement inside its process. A proposal can
+therefore replace anything in there. These tests use a target whose ``vllm`` is a small package
+with the same API (``LLM.generate`` doing sleep-timed "work" and deterministic greedy tokens), so
+the real worker, protocol, sandbox and gate are exercised in seconds; the same attack on the real
+engine is in tests/test_vllm_integration.py (fast only when not verified).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from agentsearch.workspace import Workspace
+
+from ..conftest import commit, make_repo, run_cli
+
+pytestmark = pytest.mark.timeout(300)
+
+TOY_VLLM = '''
+import os, time
+__version__ = "0.0+toy"
+
+
+class SamplingParams:
+    def __init__(self, max_tokens=16, ignore_eos=False, temperature=0.0, seed=None, **kw):
+        self.max_tokens, self.temperature = max_tokens, temperature
+
+
+class _Completion:
+    def __init__(self, token_ids):
+        self.token_ids = token_ids
+
+
+class _Result:
+    def __init__(self, prompt_token_ids, token_ids):
+        self.prompt_token_ids, self.outputs = prompt_token_ids, [_Completion(token_ids)]
+
+
+def greedy(ids, n):
+    h, out = sum(ids) % 9973, []
+    for _ in range(n):
+        h = (h * 31 + 7) % 9973
+        out.append(h)
+    return out
+
+
+class LLM:
+    def __init__(self, model=None, **engine):
+        self.cost = float(open("cost.txt").read())  # seconds of "work" per generated token
+
+    def generate(self, prompts, sampling_params=None, use_tqdm=False):
+        sps = sampling_params if isinstance(sampling_params, list) else [sampling_params] * len(prompts)
+        out = []
+        for p, sp in zip(prompts, sps):
+            ids = list(p["prompt_token_ids"])
+            time.sleep(self.cost * sp.max_tokens)
+            out.append(_Result(ids, greedy(ids, sp.max_tokens)))
+        return out
+'''
+
+TOY_INPUTS = '''
+def TokensPrompt(**kw):
+    return dict(kw)
+'''
+
+CONFIG = """
+[target]
+baseline = "main"
+protected = ["bench/**"]
+
+[[workload]]
+name = "{name}"
+kind = "{kind}"
+model = "toy"
+metric = "{metric}"
+higher_is_better = {hib}
+timeout_s = 60
+restarts = 1
+params = {{ prompts = 16, input_len = 16, output_len = 16, batch_size = 4, iterations = 3, vary_lengths = false }}
+
+[gate]
+max_pairs = 8
+confirm_pairs = 3
+coverage = false
+"""
+
+THROUGHPUT = dict(name="throughput", kind="vllm-throughput", metric="output_tok_s", hib="true")
+LATENCY = dict(name="latency", kind="vllm-latency", metric="latency_mean_s", hib="false")
+
+
+def target(tmp_path, workload=THROUGHPUT):
+    repo = make_repo(tmp_path / "fork", {"agentsearch.toml": CONFIG.format(**workload), "vllm/__init__.py": TOY_VLLM,
+                                         "vllm/inputs.py": TOY_INPUTS, "cost.txt": "0.0008\n"})
+    proc = run_cli("init", "-C", str(repo))
+    assert proc.returncode == 0, proc.stderr
+    return repo
+
+
+def evaluate(repo, ref):
+    proc = run_cli("evaluate", "-C", str(repo), ref, "--json", timeout=280)
+    assert proc.stdout, proc.stderr
+    return proc.returncode, json.loads(proc.stdout)
+
+
+def test_honest_engine_speedup_merges_with_matching_outputs(tmp_path):
+    """The control: a real (sleep-timed) 30% speedup passes the outputs and clock checks."""
+    repo = target(tmp_path)
+    commit(repo, {"cost.txt": "0.0006\n"}, "less work per token", branch="faster")
+    rc, out = evaluate(repo, "faster")
+    assert rc == 0 and out["verdict"] == "merge", out["reasons"]
+    assert 1.15 < out["workloads"]["throughput"]["speedup"] < 1.5
+    for t in out["trials"]:
+        m = t["metrics"]
+        assert m["output_tokens"] == 16 * 16 and abs(m["worker_elapsed_s"] - m["elapsed_s"]) < 0.25 * m["elapsed_s"]
+
+
+SLOW_CLOCK = '''
+_real = time.perf_counter
+_t0 = _real()
+time.perf_counter = lambda: _t0 + (_real() - _t0) * 0.5  # the worker's stopwatch now runs at half speed
+'''
+
+
+def test_a_patched_clock_does_not_decide_the_number(tmp_path):
+    repo = target(tmp_path)
+    main = Workspace.open(repo).baseline_commit()
+    commit(repo, {"vllm/__init__.py": TOY_VLLM + SLOW_CLOCK}, "patch the timer", branch="clock")
+    rc, out = evaluate(repo, "clock")
+    assert rc == 4 and out["verdict"] == "reject", out["reasons"]
+    cand = [t for t in out["trials"] if t["side"] == "candidate" and t["ok"]]
+    assert cand and all(t["metrics"]["worker_elapsed_s"] < 0.6 * t["metrics"]["elapsed_s"] for t in cand)  # the cheat was active
+    assert abs(out["workloads"]["throughput"]["speedup"] - 1.0) < 0.1  # and changed nothing
+    assert Workspace.open(repo).baseline_commit() == main
+
+
+def test_a_patched_clock_on_latency_is_refused(tmp_path):
+    repo = target(tmp_path, LATENCY)
+    commit(repo, {"vllm/__init__.py": TOY_VLLM + SLOW_CLOCK}, "patch the timer", branch="clock")
+    rc, out = evaluate(repo, "clock")
+    assert rc == 4
+    assert any("do not fit the orchestrator's round trip" in r for r in out["reasons"]), out["reasons"]
+
+
+SKIP_WORK = '''
+_generate = LLM.generate
+
+
+def _lazy(self, prompts, sampling_params=None, use_tqdm=False):
+    sps = sampling_params if isinstance(sampling_params, list) else [sampling_params] * len(prompts)
+    return [_Result(list(p["prompt_token_ids"]), [0] * sp.max_tokens) for p, sp in zip(prompts, sps)]
+
+
+LLM.generate = _lazy  # the right number of tokens, none of the work
+'''
+
+
+def test_skipping_the_work_is_caught_by_the_outputs_check(tmp_path):
+    repo = target(tmp_path)
+    commit(repo, {"vllm/__init__.py": TOY_VLLM + SKIP_WORK}, "skip the work", branch="lazy")
+    rc, out = evaluate(repo, "lazy")
+    assert rc == 4
+    assert any("outputs check: the tokens generated for the same requests" in r for r in out["reasons"]), out["reasons"]
+
+
+def test_a_changed_decoding_default_is_caught(tmp_path):
+    """Sampling defaults / max_tokens changed to do less work: fewer tokens than asked for."""
+    repo = target(tmp_path)
+    cheat = TOY_VLLM.replace("self.max_tokens, self.temperature = max_tokens, temperature",
+                             "self.max_tokens, self.temperature = max(1, max_tokens // 2), temperature")
+    commit(repo, {"vllm/__init__.py": cheat}, "stop early", branch="short")
+    rc, out = evaluate(repo, "short")
+    assert rc == 4 and out["verdict"] == "reject"
+    assert any("generated" in r or "outputs check" in r for r in out["reasons"]), out["reasons"]

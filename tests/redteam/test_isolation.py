@@ -1,0 +1,322 @@
+"""Red team: proposals written to win without being faster, against the per-side sandbox.
+
+Each attack is a real branch of a real git target; the bench (protected) imports the candidate's
+``model.py``, so the attack runs as candidate code at the start of every trial. Each test asserts
+the verdict, that no win was manufactured, and that nothing outside the candidate's worktree
+changed: main, the baseline's files, the host's /tmp and /dev/shm.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from agentsearch.workspace import Workspace
+
+from ..conftest import ROOT, commit, git, make_repo, run_cli
+
+pytestmark = pytest.mark.timeout(300)
+
+# protected: the bench, its guard file and agentsearch.toml; the candidate's code is model.py
+BENCH = """
+import json, os, random, sys
+seed, out = int(sys.argv[1]), sys.argv[2]
+sys.path.insert(0, os.getcwd())
+import model  # the code under test runs here, first
+factor = float(open("speed.txt").read()) * getattr(model, "FACTOR", 1.0)
+if open("bench/guard.txt", "rb").read() != b"ok\\n":
+    factor *= 2.0  # a protected input the attacks try to alter
+json.dump({"ops_s": 1000.0 * factor * random.gauss(1.0, 0.02)}, open(out, "w"))
+"""
+
+CONFIG = """
+[target]
+baseline = "main"
+protected = ["bench/**"]
+{target_extra}
+
+[[workload]]
+name = "speed"
+command = "{python} bench/bench.py {{seed}} {{out}}"
+metric = "ops_s"
+higher_is_better = true
+timeout_s = 20
+
+[gate]
+max_pairs = 8
+confirm_pairs = 3
+{extra}
+"""
+
+
+def make_target(tmp_path: Path, target_extra: str = "", extra: str = "", files: dict[str, str] | None = None) -> Path:
+    cfg = CONFIG.format(python=sys.executable, target_extra=target_extra, extra=extra)
+    repo = make_repo(tmp_path / "t", {"agentsearch.toml": cfg, "bench/bench.py": BENCH, "bench/guard.txt": "ok\n",
+                                      "speed.txt": "1.0\n", "model.py": "FACTOR = 1.0\n", **(files or {})})
+    proc = run_cli("init", "-C", str(repo))
+    assert proc.returncode == 0, proc.stderr
+    return repo
+
+
+def evaluate(repo: Path, ref: str) -> tuple[int, dict]:
+    proc = run_cli("evaluate", "-C", str(repo), ref, "--json", timeout=280)
+    assert proc.stdout, proc.stderr
+    return proc.returncode, json.loads(proc.stdout)
+
+
+def medians(out: dict) -> tuple[float, float]:
+    w = out["workloads"]["speed"]
+    return w["baseline_median"], w["candidate_median"]
+
+
+def assert_no_win(repo: Path, out: dict, main_before: str) -> None:
+    assert out["verdict"] != "merge", out["reasons"]
+    assert Workspace.open(repo).baseline_commit() == main_before
+    assert (repo / "bench" / "guard.txt").read_text() == "ok\n" and (repo / "speed.txt").read_text() == "1.0\n"
+
+
+def checks(out: dict) -> dict[str, dict]:
+    return {c["name"]: c for c in out["checks"]}
+
+
+def test_candidate_cannot_write_the_baselines_worktree(tmp_path):
+    repo = make_target(tmp_path)
+    main = Workspace.open(repo).baseline_commit()
+    attack = """
+import glob, os
+FACTOR = 1.0
+here = os.getcwd()
+hits = glob.glob(os.path.join(os.path.dirname(here), "*-baseline")) + glob.glob("/tmp/**/*-baseline", recursive=True)
+for d in hits:
+    try:
+        open(os.path.join(d, "speed.txt"), "w").write("0.5\\n")  # slow the other side down
+    except OSError:
+        pass
+"""
+    commit(repo, {"model.py": attack}, "slow the baseline", branch="attack")
+    rc, out = evaluate(repo, "attack")
+    assert rc == 4
+    assert_no_win(repo, out, main)
+    assert checks(out)["sandbox"]["status"] == "pass"
+    base, cand = medians(out)
+    assert 900 < base < 1100 and 900 < cand < 1100  # the baseline ran at its own speed
+
+
+def test_protected_file_rewritten_at_run_time_is_pinned(tmp_path):
+    repo = make_target(tmp_path)
+    main = Workspace.open(repo).baseline_commit()
+    attack = """
+FACTOR = 1.0
+try:
+    open("bench/guard.txt", "w").write("cheat\\n")
+except OSError:
+    pass
+"""
+    commit(repo, {"model.py": attack}, "rewrite the protected guard", branch="attack")
+    rc, out = evaluate(repo, "attack")
+    assert rc == 4
+    assert_no_win(repo, out, main)
+    base, cand = medians(out)
+    assert cand < 1.1 * base
+
+
+def test_git_attributes_cannot_change_a_protected_file(tmp_path):
+    repo = make_target(tmp_path)
+    main = Workspace.open(repo).baseline_commit()
+    # eol=crlf would check out bench/guard.txt as b"ok\r\n": the bench would double its number
+    commit(repo, {".gitattributes": "bench/guard.txt eol=crlf\n", "model.py": "FACTOR = 1.0  # same\n"}, "attributes", branch="attack")
+    rc, out = evaluate(repo, "attack")
+    assert rc == 4
+    assert_no_win(repo, out, main)
+    base, cand = medians(out)
+    assert cand < 1.1 * base
+
+
+@pytest.mark.parametrize("channel", ["tmp", "shm", "home"])
+def test_nothing_persists_between_trials_outside_the_worktree(tmp_path, channel):
+    """A response cache kept across trials (prompt-keyed caching): the second trial onwards would be 'faster'."""
+    repo = make_target(tmp_path)
+    main = Workspace.open(repo).baseline_commit()
+    where = {"tmp": "/tmp/agentsearch-attack-cache", "shm": "/dev/shm/agentsearch-attack-cache",
+             "home": "os.path.expanduser('~/.agentsearch-attack-cache')"}[channel]
+    path = where if channel == "home" else repr(where)
+    attack = f"""
+import os
+p = {path}
+FACTOR = 1.5 if os.path.exists(p) else 1.0
+try:
+    open(p, "w").write("cached")
+except OSError:
+    pass
+"""
+    commit(repo, {"model.py": attack}, f"cache in {channel}", branch="attack")
+    rc, out = evaluate(repo, "attack")
+    assert rc == 4
+    assert_no_win(repo, out, main)
+    base, cand = medians(out)
+    assert cand < 1.1 * base
+    assert not Path("/tmp/agentsearch-attack-cache").exists() and not Path("/dev/shm/agentsearch-attack-cache").exists()
+
+
+def test_a_trial_that_modifies_its_worktree_is_rejected(tmp_path):
+    repo = make_target(tmp_path)
+    main = Workspace.open(repo).baseline_commit()
+    attack = """
+import os
+FACTOR = 1.5 if os.path.exists("cache.json") else 1.0
+open("cache.json", "w").write("{}")
+"""
+    commit(repo, {"model.py": attack}, "cache in the worktree", branch="attack")
+    rc, out = evaluate(repo, "attack")
+    assert rc == 4
+    assert_no_win(repo, out, main)
+    assert any("worktree modified during a trial: candidate: added 'cache.json'" in r for r in out["reasons"]), out["reasons"]
+
+
+def test_secrets_outside_the_sandbox_cannot_be_read_or_exfiltrated(tmp_path):
+    secret = tmp_path / "token"
+    secret.write_text("TOPSECRET-42\n")
+    secret.chmod(0o600)
+    repo = make_target(tmp_path)
+    main = Workspace.open(repo).baseline_commit()
+    key = repo / ".git" / "agentsearch" / "holdout.key"
+    key.write_bytes(b"HOLDOUT-KEY-BYTES")
+    attack = f"""
+import os, sys
+found = []
+for p in ({str(secret)!r}, {str(key)!r}, "/root/.bash_history", "/work/main/.git/config"):
+    try:
+        found.append(open(p, errors="replace").read())
+    except OSError as exc:
+        found.append(type(exc).__name__)
+sys.stderr.write("LEAK " + " | ".join(found) + "\\n")
+if any("TOPSECRET" in f or "HOLDOUT" in f for f in found):
+    raise SystemExit(3)  # its stderr tail becomes the reason
+FACTOR = 1.0
+"""
+    commit(repo, {"model.py": attack}, "exfiltrate", branch="attack")
+    rc, out = evaluate(repo, "attack")
+    assert rc == 4
+    assert_no_win(repo, out, main)
+    text = json.dumps(out)
+    assert "TOPSECRET" not in text and "HOLDOUT-KEY" not in text
+    tails = " ".join(t.get("stderr_tail", "") for t in out["trials"])
+    assert "LEAK FileNotFoundError | FileNotFoundError" in tails or "LEAK" not in tails
+
+
+def test_build_step_runs_in_the_sandbox_with_the_baselines_config(tmp_path):
+    repo = make_target(tmp_path, target_extra='install = "command"\nbuild = "sh build.sh"', files={"build.sh": "exit 0\n"})
+    main = Workspace.open(repo).baseline_commit()
+    state = repo / ".git" / "agentsearch"
+    attack = f"""
+git -C {repo} update-ref refs/heads/main HEAD 2>/dev/null
+git update-ref refs/heads/main HEAD 2>/dev/null
+ls {state} > listing.txt 2>&1
+ls {state} >&2 || true
+exit 0
+"""
+    commit(repo, {"build.sh": attack, "speed.txt": "1.0\n"}, "build attack", branch="attack")
+    rc, out = evaluate(repo, "attack")
+    assert rc == 4
+    assert Workspace.open(repo).baseline_commit() == main  # the build could not move main
+    assert "holdout" not in json.dumps(out) and "state.json" not in json.dumps(out)
+
+
+def test_verify_refuses_a_ref_that_edits_its_own_config_before_checking_out(tmp_path):
+    verify = f'\n[verify]\nlogprobs = "{sys.executable} lm.py {{prompts}} {{out}}"\ntimeout_s = 60\n'
+    repo = make_target(tmp_path, files={"lm.py": (ROOT / "tests" / "toy_lm.py").read_text()})
+    commit(repo, {"agentsearch.toml": (repo / "agentsearch.toml").read_text() + verify}, "verify section")
+    main = Workspace.open(repo).baseline_commit()
+    worktrees = repo / ".git" / "agentsearch-worktrees"
+    before = sorted(os.listdir(worktrees)) if worktrees.exists() else []
+    cfg = (repo / "agentsearch.toml").read_text().replace('protected = ["bench/**"]', 'protected = []\ninstall = "command"\nbuild = "git update-ref refs/heads/main HEAD"')
+    commit(repo, {"agentsearch.toml": cfg}, "own config", branch="attack")
+    proc = run_cli("verify", "-C", str(repo), "attack")
+    assert proc.returncode != 0
+    assert "touches protected paths: agentsearch.toml" in proc.stderr and "Traceback" not in proc.stderr
+    assert Workspace.open(repo).baseline_commit() == main
+    assert (sorted(os.listdir(worktrees)) if worktrees.exists() else []) == before
+
+
+LOSSY_LM = """
+import glob, json, os, shutil, sys
+prompts, out = sys.argv[1], sys.argv[2]
+# copy the baseline's dump if it can be found anywhere
+for pattern in ("/tmp/**/base.jsonl", os.path.join(os.path.dirname(out), "..", "..", "**", "base.jsonl"),
+                os.path.join(os.getcwd(), "..", "**", "base.jsonl")):
+    for hit in glob.glob(pattern, recursive=True):
+        shutil.copy(hit, out)
+        sys.exit(0)
+import runpy
+sys.argv = ["lm.py", prompts, out]
+src = open("lm_real.py").read().replace("EPS = np.float32(1e-5)", "EPS = np.float32(1e-1)")  # lossy
+exec(compile(src, "lm_real.py", "exec"), {"__name__": "__main__"})
+"""
+
+
+def test_candidate_cannot_copy_the_baselines_logprob_dump(tmp_path):
+    lm = (ROOT / "tests" / "toy_lm.py").read_text()
+    verify = f'\n[verify]\nlogprobs = "{sys.executable} lm.py {{prompts}} {{out}}"\ntimeout_s = 120\n'
+    repo = make_target(tmp_path, files={"lm.py": lm, "lm_real.py": lm})
+    commit(repo, {"agentsearch.toml": (repo / "agentsearch.toml").read_text() + verify}, "verify section")
+    commit(repo, {"lm.py": LOSSY_LM}, "lossy but copies", branch="attack")
+    proc = run_cli("verify", "-C", str(repo), "attack", "--json", timeout=280)
+    res = json.loads(proc.stdout)
+    assert res["verdict"] == "fail", res["reasons"]
+    # the control: the honest branch passes
+    proc = run_cli("verify", "-C", str(repo), "main", "--json", timeout=280)
+    assert json.loads(proc.stdout)["verdict"] == "pass"
+
+
+def test_episode_with_attacks_and_a_real_win_merges_only_the_real_win(tmp_path):
+    """End to end through `episode`: the attacks above queued as branches beside one honest 30% win."""
+    repo = make_target(tmp_path)
+    slow_baseline = """
+import glob, os
+FACTOR = 1.0
+for d in glob.glob(os.path.join(os.path.dirname(os.getcwd()), "*baseline*")):
+    try:
+        open(os.path.join(d, "speed.txt"), "w").write("0.5\\n")
+    except OSError:
+        pass
+"""
+    commit(repo, {"model.py": slow_baseline}, "slow the baseline", branch="try/a-slow-baseline")
+    commit(repo, {".gitattributes": "bench/guard.txt eol=crlf\n", "model.py": "FACTOR = 1.0  # same\n"}, "attributes", branch="try/b-attributes")
+    commit(repo, {"model.py": "import os\nFACTOR = 1.5 if os.path.exists('/dev/shm/agentsearch-ep') else 1.0\nopen('/dev/shm/agentsearch-ep', 'w').write('x')\n"},
+           "shm cache", branch="try/c-shm")
+    commit(repo, {"speed.txt": "1.3\n"}, "a real win", branch="try/d-real")
+    proc = run_cli("episode", "-C", str(repo), "--json", "--branches", "try/*", "--seed", "5", timeout=900)
+    out = json.loads(proc.stdout)
+    verdicts = {row["title"]: row for row in out["proposals"]}
+    merged = [t for t, row in verdicts.items() if row["merged"]]
+    assert merged == ["a real win"], {t: (r["verdict"], r["reasons"][:2]) for t, r in verdicts.items()}
+    assert (repo / "speed.txt").read_text() == "1.0\n" or git(repo, "show", "main:speed.txt") == "1.3\n"
+    assert git(repo, "show", "main:bench/guard.txt") == "ok\n" and git(repo, "show", "main:model.py") == "FACTOR = 1.0\n"
+    assert not Path("/dev/shm/agentsearch-ep").exists()
+    assert run_cli("history", "verify", "-C", str(repo)).returncode == 0
+
+
+def test_without_bubblewrap_the_best_verdict_is_review(tmp_path):
+    """sandbox = "auto" on a machine that cannot sandbox: a real win is held for review, never merged."""
+    import shutil
+    import subprocess
+
+    repo = make_target(tmp_path)
+    commit(repo, {"speed.txt": "1.3\n"}, "a real win", branch="fast")
+    bin_dir = tmp_path / "bin"  # a PATH with git and the shell tools, but no bwrap
+    bin_dir.mkdir()
+    for tool in ("git", "sh", "ls", "cat", "env"):
+        found = shutil.which(tool)
+        if found:
+            (bin_dir / tool).symlink_to(found)
+    env = {**os.environ, "PATH": str(bin_dir)}
+    proc = subprocess.run([sys.executable, "-m", "agentsearch.cli", "evaluate", "-C", str(repo), "fast", "--json"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=280)
+    out = json.loads(proc.stdout)
+    assert proc.returncode == 4 and out["verdict"] == "review", out["reasons"]
+    assert checks(out)["sandbox"]["status"] == "review" and "not sandboxed" in checks(out)["sandbox"]["detail"]
+    assert checks(out)["objective"]["status"] == "pass"
