@@ -97,8 +97,15 @@ class WorkloadConfig:
     restarts: int = doc("vLLM kinds: engine starts per side per evaluation (second level of replication).", 2)
     max_pairs: int | None = doc("Pairs for this workload at most (default: [gate] max_pairs); useful for slow guards.", None)
     startup_timeout_s: float = doc("vLLM kinds: timeout of one engine start-up in seconds.", 600.0)
+    outputs: str | None = doc(
+        "Command workloads: a key of the output JSON holding a digest of what the run computed (e.g. a hash of its "
+        "results); both sides must report the same value for the same seed, or the trial fails (vLLM kinds compare "
+        "their generated tokens always).", None
+    )
 
     def __post_init__(self) -> None:
+        if self.outputs is not None and (not self.outputs or self.outputs == self.metric):
+            raise ValueError(f"expected a key other than the metric, got {self.outputs!r}|outputs")
         if self.restarts < 1:
             raise ValueError(f"expected an integer >= 1, got {self.restarts}|restarts")
         if self.max_pairs is not None and self.max_pairs < 2:

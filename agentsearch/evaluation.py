@@ -334,6 +334,7 @@ def _measure_with(ws: Workspace, config: Config, sd: Sides, master: int, alpha: 
         return
     assert r is not None and r.decision is not None
     st.add("objective", Status.PASS, f"{objective.name}: {r.decision.reason}")
+    pool.park_all()  # the warm engines wait stopped while the coverage pass runs
     if not _coverage_check(config, objective, sd, master, st, say, changed):
         return
 
@@ -366,6 +367,7 @@ def _measure_with(ws: Workspace, config: Config, sd: Sides, master: int, alpha: 
     if config.verify is None:
         st.add("distribution", Status.SKIPPED, "target has no [verify] section (opted out)")
         return
+    pool.park_all()  # and while the distribution checks run their own engines
     try:
         res = run_verify(ws, config, sd, say)
     except LogprobError as exc:
@@ -397,8 +399,8 @@ def _coverage_check(config: Config, w: WorkloadConfig, sd: Sides, master: int, s
         st.add("coverage", Status.SKIPPED, "no changed executable Python lines (not a Python patch)")
         return True
     say("coverage", f"tracing {sum(map(len, watch.values()))} changed lines in one untimed candidate trial")
-    work = sd.out(CANDIDATE) / "coverage"
-    traced = dataclasses.replace(w, env={**w.env, **coverage.tracing_env(watch, work)})
+    hits_dir = sd.out(CANDIDATE) / "coverage"
+    traced = dataclasses.replace(w, env={**w.env, **coverage.tracing_env(watch, sd.inputs / "coverage", hits_dir)})
     own = EnginePool()  # the traced engine is not reused: close it right after
     try:
         session = session_factory(config, traced, sd, own, out="coverage-run")(CANDIDATE, 0)
@@ -415,7 +417,12 @@ def _coverage_check(config: Config, w: WorkloadConfig, sd: Sides, master: int, s
     if not outcome.ok:
         st.add("coverage", Status.FAIL, f"coverage pass: the traced candidate trial failed: {outcome.error}")
         return False
-    rep = coverage.report(sd.worktrees[CANDIDATE], watch, coverage.read_hits(work))
+    try:
+        hits = coverage.read_hits(sd.out(CANDIDATE), hits_dir)
+    except (ValueError, OSError) as exc:
+        st.add("coverage", Status.FAIL, f"coverage pass: unreadable hits: {exc}")
+        return False
+    rep = coverage.report(sd.worktrees[CANDIDATE], watch, hits)
     st.coverage = rep
     if rep.ran == 0:
         st.add("coverage", Status.FAIL, f"none of the {rep.changed} changed executable lines ran during {w.name}: the measured difference cannot come from this change ({rep.summary()})")

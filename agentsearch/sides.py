@@ -41,7 +41,7 @@ from .workspace.glob import first_match
 from .workspace.install import link_overlay
 
 BUILD_TIMEOUT_S = 3600.0
-Snapshot = dict[str, tuple[int, int, int, int]]  # relative path -> (mode, size, mtime_ns, inode)
+Snapshot = dict[str, tuple[int, int, int, int, int]]  # relative path -> (mode, size, mtime_ns, ctime_ns, inode)
 
 
 class ProtectedPathError(AgentsearchError):
@@ -55,28 +55,20 @@ class BuildError(AgentsearchError):
 
 
 def snapshot(root: Path) -> Snapshot:
-    """Every file and directory under ``root`` (its ``.git`` link excepted) with what identifies its content.
-
-    Bytecode caches Python writes for a module beside its source are left out (an import writes them);
-    anything else a run leaves behind — a new file, an edit, a deletion, a changed mode — shows."""
+    """Every file, link and directory under ``root`` — its ``.git`` link included — with what identifies
+    its content and metadata. The change time (ctime) moves with every write, rename, chmod, utime or
+    extended attribute and cannot be set back, so an edit disguised by restoring size and mtime still
+    shows. Bytecode is never written there (PYTHONDONTWRITEBYTECODE): a new ``.pyc`` is a change too."""
     out: Snapshot = {}
     for dirpath, dirnames, filenames in os.walk(root):
         rel_dir = os.path.relpath(dirpath, root)
         for name in dirnames + filenames:
             rel = name if rel_dir == "." else f"{rel_dir}/{name}"
-            if rel == ".git" or _is_bytecode(dirpath, name):
-                continue
             st = os.lstat(os.path.join(dirpath, name))
-            out[rel] = (st.st_mode, st.st_size if not stat.S_ISDIR(st.st_mode) else 0,
-                        st.st_mtime_ns if not stat.S_ISDIR(st.st_mode) else 0, st.st_ino)
+            out[rel] = (st.st_mode, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+    st = os.lstat(root)
+    out["."] = (st.st_mode, 0, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
     return out
-
-
-def _is_bytecode(dirpath: str, name: str) -> bool:
-    if os.path.basename(dirpath) != "__pycache__":
-        return name == "__pycache__"
-    stem = name.split(".", 1)[0]
-    return name.endswith(".pyc") and os.path.exists(os.path.join(os.path.dirname(dirpath), stem + ".py"))
 
 
 def describe_change(before: Snapshot, after: Snapshot) -> str:
@@ -101,6 +93,7 @@ class Sides:
     worktrees: dict[str, Path] = field(default_factory=dict)
     sandboxes: dict[str, sandbox.Sandbox] = field(default_factory=dict)
     snapshots: dict[str, Snapshot] = field(default_factory=dict)
+    git_links: dict[str, str] = field(default_factory=dict)  # side -> its worktree's .git file as created
     _stack: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
 
     # ------------------------------------------------------------------ layout
@@ -128,6 +121,7 @@ class Sides:
         for side, commit in self.commits.items():
             try:
                 self.worktrees[side] = self.ws.add_measurement_worktree(commit, f"{self.tag}-{side}")
+                self.git_links[side] = (self.worktrees[side] / ".git").read_text()
                 if target.install == "overlay":
                     assert target.overlay_from
                     link_overlay(self.worktrees[side], Path(target.overlay_from))
@@ -186,7 +180,11 @@ class Sides:
         return ""
 
     def restore(self, side: str) -> str:
-        """Undo what a run left in ``side``'s worktree (new files removed, tracked files restored); '' when clean after."""
+        """Undo what a run left in ``side``'s worktree; '' when it is as built afterwards, else what is left.
+
+        New files are removed and changed tracked files rewritten from the committed blobs, by the
+        orchestrator, without running git in the worktree (whose ``.git`` link a run could have
+        redirected to a repository of its own, with hooks and filters)."""
         wt, before = self.worktrees[side], self.snapshots[side]
         now = snapshot(wt)
         for rel in sorted(set(now) - set(before), key=len, reverse=True):
@@ -195,18 +193,37 @@ class Sides:
                 shutil.rmtree(p, ignore_errors=True)
             else:
                 p.unlink(missing_ok=True)
-        touched = sorted(p for p in set(before) if p not in now or now[p] != before[p])
-        if touched:
-            git.restore_paths(wt, touched)
-        self.snapshots[side] = {**before, **{k: v for k, v in snapshot(wt).items() if k in touched}}
-        return describe_change(self.snapshots[side], snapshot(wt))
+        commit = self.commits[side]
+        modes = {path: mode for mode, path in git.tree_files(self.ws.repo_dir, commit)}
+        for rel in [p for p in before if p not in now or now[p] != before[p]]:
+            dst = wt / rel
+            if rel == ".git":
+                dst.unlink(missing_ok=True)
+                dst.write_text(self.git_links[side])
+            elif rel in modes and not modes[rel].startswith(("120", "160")):
+                if dst.is_dir() and not dst.is_symlink():
+                    shutil.rmtree(dst)
+                elif dst.is_symlink():
+                    dst.unlink()
+                dst.write_bytes(git.blob_bytes(self.ws.repo_dir, commit, rel))
+                dst.chmod(0o755 if modes[rel] == "100755" else 0o644)
+        # rewritten files and their directories now carry new times: the state the trials start from
+        after = snapshot(wt)
+        left = sorted(set(before) ^ set(after))
+        left += sorted(p for p in set(before) & set(after) if stat.S_IFMT(before[p][0]) != stat.S_IFMT(after[p][0]))
+        self.snapshots[side] = after
+        return f"could not undo {', '.join(map(repr, left[:3]))}" if left else ""
 
     def close(self) -> None:
         try:
             self._stack.close()
         finally:
             for path in self.worktrees.values():
-                self.ws.remove_worktree(path)
+                # removed as plain files, then pruned from the repository: git never runs inside a
+                # worktree a side could have tampered with
+                shutil.rmtree(path, ignore_errors=True)
+            if self.worktrees:
+                git.prune_worktrees(self.ws.repo_dir)
             shutil.rmtree(self.scratch, ignore_errors=True)
 
 

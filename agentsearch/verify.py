@@ -79,14 +79,14 @@ def load_prompts(vc: VerifyConfig, worktree: Path) -> list[corpus_mod.Prompt]:
         raise AgentsearchError(f"[verify] corpus: {exc}") from None
 
 
-def _runner(vc: VerifyConfig, config: Config, worktree: Path, log: Path):
+def _runner(vc: VerifyConfig, config: Config, worktree: Path, log: Path, out_root: Path):
     env = dict(config.target.env)
     if vc.kind == "command":
         assert vc.logprobs
-        return CommandLogprobs(vc.logprobs, worktree, env, vc.timeout_s)
+        return CommandLogprobs(vc.logprobs, worktree, env, vc.timeout_s, out_root)
     model = str(tiny_model.ensure_in_child()) if vc.model == "tiny" else vc.model
     engine = {"enforce_eager": True, "max_model_len": 2048, "seed": 0, "dtype": vc.dtype, **vc.engine}
-    return VllmLogprobs({"kind": "vllm-logprobs", "model": model, "engine": engine}, worktree, env, log, vc.timeout_s)
+    return VllmLogprobs({"kind": "vllm-logprobs", "model": model, "engine": engine}, worktree, env, log, vc.timeout_s, out_root)
 
 
 def run_verify(ws: Workspace, config: Config, sd: "Sides", say: Callable[[str, str], None] | None = None) -> VerifyResult:
@@ -111,7 +111,7 @@ def run_verify(ws: Workspace, config: Config, sd: "Sides", say: Callable[[str, s
     runners = {}
     try:
         for side in (BASELINE, CANDIDATE):
-            runners[side] = _runner(vc, config, worktrees[side], sd.logs / f"logprobs-{side}.log")
+            runners[side] = _runner(vc, config, worktrees[side], sd.logs / f"logprobs-{side}.log", sd.out(side))
         def collect(side: str, prompts_file: Path, out: str, what: str):
             say("verify", what)
             try:

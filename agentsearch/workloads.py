@@ -29,14 +29,19 @@ class UnsupportedWorkload(AgentsearchError):
     pass
 
 
-# share of generated tokens (greedy, same requests) a timed round must agree on with the other side
-OUTPUT_AGREEMENT = 0.9
+# how closely a timed round's generated tokens (greedy, same requests) must match the other side's:
+# the mean share of each request's tokens before the first difference, and the share of requests
+# identical in full (a near-tie may flip one request from that point on; less work never hides in there)
+OUTPUT_AGREEMENT = 0.99
+OUTPUT_IDENTICAL = 0.95
 
 
-def agreement(a: tuple[tuple[int, ...], ...], b: tuple[tuple[int, ...], ...]) -> float:
-    """Mean over requests of the common prefix of both sides' token ids, over the longer of the two."""
+def agreement(a: tuple[tuple[int, ...], ...], b: tuple[tuple[int, ...], ...]) -> tuple[float, float]:
+    """(mean over requests of the common prefix over the longer answer, share of identical answers)."""
     if len(a) != len(b):
-        return 0.0
+        return 0.0, 0.0
+    if not a:
+        return 1.0, 1.0
     shares = []
     for x, y in zip(a, b):
         n = 0
@@ -45,7 +50,7 @@ def agreement(a: tuple[tuple[int, ...], ...], b: tuple[tuple[int, ...], ...]) ->
                 break
             n += 1
         shares.append(n / max(len(x), len(y)) if (x or y) else 1.0)
-    return sum(shares) / len(shares) if shares else 1.0
+    return sum(shares) / len(shares), sum(1 for x, y in zip(a, b) if x == y) / len(a)
 
 
 class OutputsMatch:
@@ -54,13 +59,16 @@ class OutputsMatch:
     tokens are equal; a side that does less work — skips requests, stops early, answers from a cache
     it could not have, or is fast only when it is not being verified — fails the trial in the act."""
 
-    def __init__(self, threshold: float = OUTPUT_AGREEMENT):
-        self.threshold = threshold
+    def __init__(self, threshold: float = OUTPUT_AGREEMENT, identical: float = OUTPUT_IDENTICAL, digest_key: str | None = None):
+        self.threshold, self.identical, self.digest_key = threshold, identical, digest_key
+        self.last: tuple[float, float] | None = None  # (agreement, identical) of the latest completed pair
         self.seen: dict[int, tuple[str, tuple[tuple[int, ...], ...] | None, object]] = {}
 
     def check(self, side: str, seed: int, outcome: TrialOutcome) -> str:
         if not outcome.ok:
             return ""
+        if self.digest_key is not None:
+            return self._check_digest(side, seed, outcome)
         mine = (side, outcome.outputs, outcome.metrics.get("input_tokens"))
         other = self.seen.pop(seed, None)
         if other is None or other[0] == side:
@@ -72,10 +80,28 @@ class OutputsMatch:
             return ""  # a workload without outputs (command workloads declare none)
         if other[2] != mine[2]:
             return f"outputs check: the two sides processed different inputs for seed {seed} ({other[2]} vs {mine[2]} input tokens)"
-        share = agreement(other[1], mine[1])
-        if share < self.threshold:
+        share, same = agreement(other[1], mine[1])
+        self.last = (share, same)
+        if share < self.threshold or same < self.identical:
             return (f"outputs check: the tokens generated for the same requests (seed {seed}) differ between the sides: "
-                    f"{share:.1%} agree, at least {self.threshold:.0%} required (greedy decoding)")
+                    f"{share:.1%} of tokens and {same:.0%} of requests agree, at least {self.threshold:.0%} and "
+                    f"{self.identical:.0%} required (greedy decoding)")
+        return ""
+
+
+    def _check_digest(self, side: str, seed: int, outcome: TrialOutcome) -> str:
+        """Command workloads declare ``outputs = KEY``: the digest both sides report must be equal."""
+        assert self.digest_key is not None
+        value = outcome.metrics.get(self.digest_key)
+        if not isinstance(value, (str, int)) or isinstance(value, bool) or value == "":
+            return f"outputs check: the run reported no {self.digest_key!r} (the workload declares it as its outputs)"
+        other = self.seen.pop(seed, None)
+        if other is None or other[0] == side:
+            self.seen[seed] = (side, None, value)
+            return ""
+        if other[2] != value:
+            return (f"outputs check: the two sides computed different {self.digest_key!r} for the same inputs "
+                    f"(seed {seed}): {str(other[2])[:24]!r} vs {str(value)[:24]!r}")
         return ""
 
 
@@ -90,7 +116,14 @@ class GuardedSession:
 
     def measure(self, seed: int) -> TrialOutcome:
         outcome = self.inner.measure(seed)
-        why = self.check() or (self.match.check(self.side, seed, outcome) if self.match else "")
+        why = self.check()
+        if not why and self.match is not None:
+            self.match.last = None
+            why = self.match.check(self.side, seed, outcome)
+            if self.match.last is not None:  # the pair is complete: say how closely the outputs agreed
+                share, same = self.match.last
+                outcome = dataclasses.replace(outcome, metrics={**outcome.metrics, "outputs_agreement": round(share, 6),
+                                                                "outputs_identical": round(same, 6)})
         if why:
             return dataclasses.replace(outcome, ok=False, value=None, error=why)
         return outcome
@@ -125,7 +158,7 @@ def session_factory(config: Config, workload: WorkloadConfig, sd: "Sides", pool:
             )
             return CommandSession(spec, sd.out(side) / (out or "trials") / f"{workload.name}-{restart}")
 
-    match = OutputsMatch()
+    match = OutputsMatch(digest_key=workload.outputs if workload.kind == "command" else None)
 
     def make(side: str, restart: int) -> Session:
         return GuardedSession(raw(side, restart), sd.check, side, match)

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
+from .safe_io import list_beneath, read_beneath
+
 TRACER_DIR = Path(__file__).with_name("tracer")
 COVERAGE_SCHEMA = 1
 
@@ -54,22 +56,30 @@ def watch_list(worktree: Path, changed: Mapping[str, set[int]]) -> dict[str, lis
     return out
 
 
-def tracing_env(watch: Mapping[str, list[int]], work_dir: Path) -> dict[str, str]:
-    """Environment for the traced trial (the tracer's directory goes on PYTHONPATH)."""
-    work_dir.mkdir(parents=True, exist_ok=True)
-    spec = work_dir / "watch.json"
+def tracing_env(watch: Mapping[str, list[int]], spec_dir: Path, hits_dir: Path) -> dict[str, str]:
+    """Environment for the traced trial (the tracer's directory goes on PYTHONPATH).
+
+    The watch list is written where the orchestrator alone writes (``spec_dir``: read-only inside the
+    sandbox); the tracer appends its hits to ``hits_dir``, in the candidate's output directory."""
+    spec_dir.mkdir(parents=True, exist_ok=True)
+    spec = spec_dir / "watch.json"
     spec.write_text(json.dumps(watch))
-    hits = work_dir / "hits"
-    hits.mkdir(exist_ok=True)
-    return {"PYTHONPATH": str(TRACER_DIR), "AGENTSEARCH_TRACE_FILES": str(spec), "AGENTSEARCH_TRACE_OUT": str(hits)}
+    hits_dir.mkdir(parents=True, exist_ok=True)
+    return {"PYTHONPATH": str(TRACER_DIR), "AGENTSEARCH_TRACE_FILES": str(spec), "AGENTSEARCH_TRACE_OUT": str(hits_dir)}
 
 
-def read_hits(work_dir: Path) -> dict[str, set[int]]:
+def read_hits(root: Path, hits_dir: Path, limit: int = 16 * 1024 * 1024) -> dict[str, set[int]]:
+    """The hits the traced processes wrote below ``root`` (no links followed, regular files, capped)."""
     hits: dict[str, set[int]] = {}
-    for f in sorted((work_dir / "hits").glob("hits-*.txt")):
-        for line in f.read_text(errors="replace").splitlines():
+    total = 0
+    for name in list_beneath(root, hits_dir):
+        if not (name.startswith("hits-") and name.endswith(".txt")):
+            continue
+        data = read_beneath(root, hits_dir / name, limit - total)
+        total += len(data)
+        for line in data.decode(errors="replace").splitlines():
             path, _, num = line.rpartition("\t")
-            if path and num.isdigit():
+            if path and num.isdigit() and len(num) < 9:
                 hits.setdefault(path, set()).add(int(num))
     return hits
 

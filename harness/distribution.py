@@ -49,10 +49,17 @@ class Record:
     topk: tuple[tuple[tuple[int, float], ...] | None, ...]
 
 
-def read_dump(path: Path) -> dict[tuple[str, str], Record]:
-    """Parse a logprob dump; ValueError naming the line on any contract violation."""
+MAX_DUMP_BYTES = 512 * 1024 * 1024
+
+
+def read_dump(path: Path, root: Path | None = None) -> dict[tuple[str, str], Record]:
+    """Parse a logprob dump; ValueError naming the line on any contract violation. With ``root`` (the
+    side's output directory) the file is read without following links, regular and size-capped."""
+    from .safe_io import read_beneath
+
+    raw = read_beneath(root, path, MAX_DUMP_BYTES) if root is not None else path.read_bytes()
     out: dict[tuple[str, str], Record] = {}
-    for n, line in enumerate(path.read_text().splitlines(), 1):
+    for n, line in enumerate(raw.decode("utf-8", errors="replace").splitlines(), 1):
         if not line.strip():
             continue
         try:

@@ -28,19 +28,75 @@ MAX_MESSAGE_BYTES = 4 << 20  # one line on the result pipe
 SERVING_ENV_PREFIXES = ("VLLM_", "OMP_", "KMP_", "MKL_", "ONEDNN_", "DNNL_", "TORCHINDUCTOR_")
 
 
+def descendants(pid: int) -> list[int]:
+    """``pid`` and every live process below it (a sandbox's daemons included: they are reparented to
+    its PID namespace's init, itself below the sandbox's bubblewrap process)."""
+    children: dict[int, list[int]] = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat", "rb") as fh:
+                stat = fh.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(b")") + 2:].split()
+        children.setdefault(int(fields[1]), []).append(int(d))
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(children.get(p, []))
+    return out
+
+
+def signal_tree(pid: int, sig: int) -> None:
+    """Send ``sig`` to ``pid`` and all its descendants (those that vanish meanwhile are skipped)."""
+    for p in descendants(pid):
+        try:
+            os.kill(p, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+class Parkable:
+    """An engine whose processes can be stopped while the other side is measured: an idle side must
+    not compete for the cores (noise), nor run a hog that slows the other side (a fake win)."""
+
+    proc: subprocess.Popen | None
+    parked: bool = False
+
+    def park(self) -> None:
+        if self.proc is not None and not self.parked and self.proc.poll() is None:
+            signal_tree(self.proc.pid, signal.SIGSTOP)
+            self.parked = True
+
+    def unpark(self) -> None:
+        if self.proc is not None and self.parked:
+            signal_tree(self.proc.pid, signal.SIGCONT)
+        self.parked = False
+
+
 class WorkerError(RuntimeError):
     pass
 
 
-def serving_env(worktree: Path) -> dict[str, str]:
-    """Environment variables from the worktree's serving.json (whitelisted prefixes only)."""
+def read_serving(worktree: Path) -> Any:
+    """The worktree's serving.json ({} when absent), read without following links and size-capped."""
+    from .safe_io import read_beneath
+
     path = worktree / "serving.json"
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():
         return {}
     try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise WorkerError(f"serving.json is not valid JSON: {exc}") from None
+        return json.loads(read_beneath(worktree, path, 1024 * 1024))
+    except (ValueError, OSError, RecursionError) as exc:
+        raise WorkerError(f"serving.json is not usable: {exc}") from None
+
+
+def serving_env(worktree: Path) -> dict[str, str]:
+    """Environment variables from the worktree's serving.json (whitelisted prefixes only)."""
+    data = read_serving(worktree)
     env = data.get("env", {}) if isinstance(data, dict) else {}
     if not isinstance(env, dict):
         raise WorkerError("serving.json: env must be an object of strings")
@@ -72,7 +128,7 @@ def on_orchestrator_clock(metrics: dict[str, Any], outputs: tuple[tuple[int, ...
 
     Throughput rounds: tokens and requests are counted from ``outputs`` and divided by the round
     trip of the measure command (prompt building and the answer included, the same on both sides).
-    Latency rounds: the reported latencies must fit in the round trip (warm-up included)."""
+    Latency rounds are timed batch by batch by the orchestrator (``_measure_latency``)."""
     if wall <= 0:
         return "the measurement took no time on the orchestrator's clock"
     if "output_tok_s" in metrics and "elapsed_s" in metrics:
@@ -85,18 +141,10 @@ def on_orchestrator_clock(metrics: dict[str, Any], outputs: tuple[tuple[int, ...
         metrics["worker_elapsed_s"] = metrics.get("elapsed_s")
         metrics.update(elapsed_s=wall, output_tokens=out_tokens, output_tok_s=out_tokens / wall,
                        total_tok_s=(out_tokens + in_tokens) / wall, requests_s=n / wall)
-    elif "latency_mean_s" in metrics:
-        iters, mean = metrics.get("iterations"), metrics.get("latency_mean_s")
-        if type(iters) is not int or iters < 1 or not isinstance(mean, (int, float)) or not mean > 0:
-            return "the worker reported malformed latencies"
-        # iters timed runs + one warm-up of the same batch happened inside this round trip
-        if iters * mean > wall or iters * mean < 0.5 * wall * iters / (iters + 1):
-            return (f"the reported latencies ({iters} x {mean:.3g} s) do not fit the orchestrator's round trip "
-                    f"of {wall:.3g} s: a clock inside the candidate's process disagrees with the orchestrator's")
     return ""
 
 
-class WorkerSession:
+class WorkerSession(Parkable):
     """A warm vLLM engine for one side; ``measure(seed)`` runs one measurement round."""
 
     def __init__(self, spec: Mapping[str, Any], worktree: Path, env: Mapping[str, str], log_path: Path,
@@ -160,6 +208,8 @@ class WorkerSession:
 
     def measure(self, seed: int, kind: str | None = None, params: Mapping[str, Any] | None = None, metric: str | None = None) -> TrialOutcome:
         metric = metric or self.metric
+        if (kind or self.spec.get("kind")) == "vllm-latency":
+            return self._measure_latency(seed, dict(self.spec.get("params", {}) if params is None else params), metric)
         self.wait_ready()
         t0 = time.perf_counter()
         if self.proc is None and not self.start_error:
@@ -188,6 +238,48 @@ class WorkerSession:
             return TrialOutcome(False, None, metrics, wall, err, self.log_tail())
         return TrialOutcome(True, float(metrics[metric]), metrics, wall, outputs=outputs)
 
+    def _measure_latency(self, seed: int, params: dict[str, Any], metric: str) -> TrialOutcome:
+        """The latency workload, timed here: one warm-up batch, then ``iterations`` batches, each its own
+        round trip on the orchestrator's clock (a clock inside the candidate's process never decides)
+        and each one's generated tokens kept for the outputs check."""
+        self.wait_ready()
+        t_all = time.perf_counter()
+        if self.proc is None and not self.start_error:
+            self.start_error = "engine was not started"
+        if self.start_error:
+            return TrialOutcome(False, None, {}, 0.0, self.start_error, self.log_tail())
+        iters = int(params.get("iterations", 5))
+        lat: list[float] = []
+        outputs: list[tuple[int, ...]] = []
+        try:
+            for i in range(iters + 1):
+                t0 = time.perf_counter()
+                self._send({"cmd": "generate", "seed": seed, "index": i, "params": params})
+                msg = self._read(self.timeout_s, "measurement")
+                dt = time.perf_counter() - t0
+                got, why = parse_outputs(msg.get("outputs"))
+                if why or got is None:
+                    return TrialOutcome(False, None, {}, time.perf_counter() - t_all, why or "the worker reported no outputs", self.log_tail())
+                if i:  # index 0 is the warm-up
+                    lat.append(dt)
+                    outputs.extend(got)
+        except WorkerError as exc:
+            return TrialOutcome(False, None, {}, time.perf_counter() - t_all, str(exc), self.log_tail())
+        lat.sort()
+
+        def pct(q: float) -> float:
+            return lat[min(len(lat) - 1, max(0, math.ceil(q * len(lat)) - 1))]
+
+        metrics: dict[str, Any] = {
+            "latency_mean_s": sum(lat) / len(lat), "latency_p50_s": pct(0.5), "latency_p90_s": pct(0.9),
+            "latency_p99_s": pct(0.99), "iterations": iters, "engine_startup_s": self.ready.get("startup_s"),
+        }
+        wall = time.perf_counter() - t_all
+        err = metric_error(metrics, metric)
+        if err:
+            return TrialOutcome(False, None, metrics, wall, err, self.log_tail())
+        return TrialOutcome(True, float(metrics[metric]), metrics, wall, outputs=tuple(outputs))
+
     def request(self, cmd: dict[str, Any], timeout_s: float) -> dict[str, Any]:
         """Send any command (e.g. logprobs) and wait for its answer."""
         self.wait_ready()
@@ -197,6 +289,7 @@ class WorkerSession:
         return self._read(timeout_s, cmd.get("cmd", "request"))
 
     def close(self) -> None:
+        self.unpark()
         proc, self.proc = self.proc, None
         if proc is None:
             return
@@ -318,6 +411,22 @@ class EnginePool:
     def __len__(self) -> int:
         return len(self.engines)
 
+    def activate(self, key: str) -> None:
+        """Only engine ``key`` runs: every other engine of the pool is parked (stopped) until its turn.
+
+        Engines still booting finish first (both sides boot concurrently; nothing is measured meanwhile)."""
+        for eng in self.engines.values():
+            if not eng.parked and eng.proc is not None:
+                eng.wait_ready()
+        for k, eng in self.engines.items():
+            if k != key:
+                eng.park()
+        self.engines[key].unpark()
+
+    def park_all(self) -> None:
+        for eng in self.engines.values():
+            eng.park()
+
     def close(self) -> None:
         first: BaseException | None = None
         for eng in self.engines.values():
@@ -347,6 +456,7 @@ class EngineLease:
             eng.start()
 
     def measure(self, seed: int) -> TrialOutcome:
+        self.pool.activate(self.key)
         return self.engine.measure(seed, self.kind, lengths.vary(self.params, seed), self.metric)
 
     def close(self) -> None:

@@ -29,8 +29,9 @@ def write_prompts(path: Path, prompts: Sequence[Prompt], shuffle_seed: int | Non
 class CommandLogprobs:
     """The target's ``[verify] logprobs`` command, run in a worktree."""
 
-    def __init__(self, command: str, worktree: Path, env: Mapping[str, str], timeout_s: float):
+    def __init__(self, command: str, worktree: Path, env: Mapping[str, str], timeout_s: float, out_root: Path | None = None):
         self.command, self.worktree, self.env, self.timeout_s = command, worktree, dict(env), timeout_s
+        self.out_root = out_root  # the side's output directory: dumps are read below it, no links followed
 
     def run(self, prompts: Path, out: Path, k: int, max_tokens: int) -> dict[tuple[str, str], Record]:
         values = {"worktree": str(self.worktree), "prompts": str(prompts), "out": str(out), "k": str(k), "max_tokens": str(max_tokens)}
@@ -41,11 +42,11 @@ class CommandLogprobs:
             raise LogprobError(f"logprob command timed out after {self.timeout_s:g} s")
         if rc != 0:
             raise LogprobError(f"logprob command exited with status {rc}: {tail(err, 1) or 'no stderr'}")
-        if not out.exists():
+        if not out.exists() and not out.is_symlink():
             raise LogprobError("logprob command wrote no output")
         try:
-            return read_dump(out)
-        except ValueError as exc:
+            return read_dump(out, self.out_root)
+        except (ValueError, OSError) as exc:
             raise LogprobError(str(exc)) from None
 
     def close(self) -> None:
@@ -55,9 +56,11 @@ class CommandLogprobs:
 class VllmLogprobs:
     """The built-in vLLM logprob worker (a warm engine in the side's worktree)."""
 
-    def __init__(self, spec: Mapping[str, Any], worktree: Path, env: Mapping[str, str], log_path: Path, timeout_s: float):
+    def __init__(self, spec: Mapping[str, Any], worktree: Path, env: Mapping[str, str], log_path: Path, timeout_s: float,
+                 out_root: Path | None = None):
         self.session = WorkerSession(spec, worktree, env, log_path, metric="unused", timeout_s=timeout_s)
         self.timeout_s = timeout_s
+        self.out_root = out_root
         self.session.start()
 
     def run(self, prompts: Path, out: Path, k: int, max_tokens: int) -> dict[tuple[str, str], Record]:
@@ -66,16 +69,16 @@ class VllmLogprobs:
         except WorkerError as exc:
             raise LogprobError(str(exc)) from None
         try:
-            return read_dump(out)
-        except ValueError as exc:
+            return read_dump(out, self.out_root)
+        except (ValueError, OSError) as exc:
             raise LogprobError(str(exc)) from None
 
     def samples(self, prompts: Path, out: Path, settings: list[dict], n: int, seed: int, contexts: int) -> dict[tuple[str, str], Record]:
         cmd = {"cmd": "samples", "prompts": str(prompts), "out": str(out), "settings": settings, "n": n, "seed": seed, "contexts": contexts}
         try:
             self.session.request(cmd, self.timeout_s)
-            return read_dump(out)
-        except (WorkerError, ValueError) as exc:
+            return read_dump(out, self.out_root)
+        except (WorkerError, ValueError, OSError) as exc:
             raise LogprobError(str(exc)) from None
 
     def close(self) -> None:

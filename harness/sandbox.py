@@ -40,6 +40,8 @@ SANDBOX_SCHEMA = 2
 INNER_HOME = "/tmp/home"
 # the system, read-only; symlinked top-level directories (merged /usr) are recreated as links
 SYSTEM_DIRS = ("/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/sys")
+# kernel knobs under the sandbox's own /proc, bound read-only over themselves (core_pattern, sysrq, ...)
+PROC_READ_ONLY = ("/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus", "/proc/fs", "/proc/acpi", "/proc/scsi")
 # device nodes an accelerator needs, bound when the machine has them
 DEVICE_GLOBS = ("/dev/nvidia*", "/dev/dri", "/dev/kfd", "/dev/accel*")
 
@@ -69,8 +71,14 @@ class Sandbox:
     def argv(self, inner: Sequence[str], cwd: str | None = None, network: bool | None = None,
              info_fd: int | None = None) -> list[str]:
         bw = shutil.which("bwrap") or "bwrap"
-        args = [bw, "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--die-with-parent", "--new-session",
-                "--proc", "/proc", "--dev", "/dev"]
+        args = [bw, "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--die-with-parent",
+                "--new-session", "--proc", "/proc", "--dev", "/dev"]
+        for p in PROC_READ_ONLY:  # a root process could write these even without capabilities
+            args += ["--ro-bind-try", p, p]
+        if os.geteuid() == 0:
+            # as root bubblewrap keeps every capability: without this a side could remount its read-only
+            # binds, mknod the host's disk, mount it, or write /proc/sys
+            args += ["--cap-drop", "ALL"]
         if info_fd is not None:  # bubblewrap writes {"child-pid": N} there (to join its network namespace)
             args += ["--info-fd", str(info_fd)]
         if not (self.network if network is None else network):
@@ -93,7 +101,8 @@ class Sandbox:
             if os.path.lexists(dst) and os.path.exists(src):
                 args += ["--ro-bind", src, dst]
         args += ["--setenv", "HOME", INNER_HOME, "--setenv", "TMPDIR", "/tmp",
-                 "--chdir", cwd or self.worktree]
+                 # bytecode is never written into a worktree: every file written there is a change
+                 "--setenv", "PYTHONDONTWRITEBYTECODE", "1", "--chdir", cwd or self.worktree]
         return [*args, "--", *inner]
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from . import sandbox
-from .engine_session import WorkerError, serving_env
+from .engine_session import Parkable, WorkerError, read_serving, serving_env
 from .trials import TrialOutcome, child_env, kill_group, log_error_line, log_tail, metric_error, run_child, tail
 
 METRICS = {
@@ -52,10 +52,7 @@ def engine_flags(engine: Mapping[str, Any]) -> list[str]:
 
 
 def serving_engine(worktree: Path) -> dict[str, Any]:
-    path = worktree / "serving.json"
-    if not path.exists():
-        return {}
-    data = json.loads(path.read_text())
+    data = read_serving(worktree)
     engine = data.get("engine", {}) if isinstance(data, dict) else {}
     if not isinstance(engine, dict):
         raise WorkerError("serving.json: engine must be an object")
@@ -81,7 +78,7 @@ def read_child_pid(fd: int, timeout_s: float) -> int:
         raise WorkerError(f"the sandbox reported no server process ({buf[:200]!r})") from None
 
 
-class ServeSession:
+class ServeSession(Parkable):
     def __init__(self, spec: Mapping[str, Any], worktree: Path, client_path: Path, env: Mapping[str, str],
                  log_dir: Path, metric: str, timeout_s: float, startup_timeout_s: float = 600.0, python: str = sys.executable):
         self.spec, self.worktree, self.client_path = dict(spec), worktree, client_path
@@ -210,6 +207,7 @@ class ServeSession:
         return log_tail(self.log_path)
 
     def close(self) -> None:
+        self.unpark()
         proc, self.proc = self.proc, None
         if proc is None:
             return

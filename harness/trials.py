@@ -5,6 +5,12 @@ process group) with an explicit, minimal environment, the command contract of DE
 (``{worktree}``, ``{seed}``, ``{out}`` substituted and exported as AGENTSEARCH_*), and return
 one validated result. A non-zero exit, a timeout, unreadable JSON or a missing/non-positive
 metric is a failed trial with its reason and the tail of stderr.
+
+Everything a child controls is treated as hostile input: stdout/stderr go to temporary files
+of which only a capped tail is read; ``{out}`` must be a plain file of bounded size, parsed
+without NaN, infinities or unbounded integers, with at most MAX_METRIC_KEYS short keys and
+scalar values; every text that reaches a reason or a record goes through ``tail`` (sanitized
+and capped); and when a trial ends, every process left from it is killed.
 """
 
 from __future__ import annotations
@@ -131,6 +137,7 @@ def child_env(spec_env: Mapping[str, str], worktree: Path, seed: int | None, out
     env.update(spec_env)
     env["AGENTSEARCH_WORKTREE"] = str(worktree)
     env["AGENTSEARCH_OUT"] = str(out)
+    env["PYTHONDONTWRITEBYTECODE"] = "1"  # nothing is written into a worktree by importing it
     if seed is not None:
         env["AGENTSEARCH_SEED"] = str(seed)
     return env
@@ -252,18 +259,18 @@ def kill_leftovers(token: str, held: tuple[Any, ...] = ()) -> int:
     return killed
 
 
-def log_tail(path: Path, lines: int = 25) -> str:
+def log_tail(path: Path, lines: int = 25, chars: int = TAIL_CHARS) -> str:
     """The sanitized tail of a log file (only its last OUTPUT_TAIL_BYTES are read)."""
     try:
         with open(path, "rb") as fh:
-            return tail(read_tail(fh), lines, 4000)
+            return tail(read_tail(fh), lines, chars)
     except OSError:
         return ""
 
 
 def log_error_line(path: Path) -> str:
     """The most telling line of a child's log: its last exception line, else its last line."""
-    lines = [l for l in log_tail(path, 200).splitlines() if l.strip()]
+    lines = [l for l in log_tail(path, 200, 16000).splitlines() if l.strip()]
     for line in reversed(lines):
         core = line.split("] ", 1)[-1].strip()
         if any(k in core for k in ("Error", "Exception", "error:")) and not core.startswith("File "):

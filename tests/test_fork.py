@@ -24,9 +24,11 @@ def test_from_installed_vllm_fork_worktree_imports_from_worktree(tmp_path):
     ws = Workspace.open(fork)
     assert ws.config().target.install == "overlay"
     p = ws.create_proposal("e1", 1, "try something")
-    from agentsearch.workspace.install import prepare_worktree
+    from pathlib import Path as _P
 
-    prepare_worktree(p.worktree, ws.config().target)
+    from agentsearch.workspace.install import link_overlay
+
+    link_overlay(p.worktree, _P(ws.config().target.overlay_from or ""))
     assert (p.worktree / "vllm" / "_C.abi3.so").exists()
     assert git(p.worktree, "status", "--porcelain") == ""  # linked .so files are git-ignored
 

@@ -389,9 +389,6 @@ def blob_bytes(repo_dir: Path, commit: str, path: str) -> bytes:
     return run_git_bytes("cat-file", "blob", f"{commit}:{path}", cwd=repo_dir)
 
 
-def restore_paths(worktree: Path, paths: list[str]) -> None:
-    """Put tracked ``paths`` back as committed at HEAD (untracked ones are left to the caller)."""
-    tracked = set(run_git_bytes("ls-files", "-z", cwd=worktree).decode("utf-8", "surrogateescape").split("\0"))
-    paths = [p for p in paths if p in tracked]
-    for i in range(0, len(paths), 200):
-        run_git("checkout", "HEAD", "--", *paths[i:i + 200], cwd=worktree)
+def prune_worktrees(repo_dir: Path) -> None:
+    """Forget worktrees whose directories are gone (run in the repository, never in a worktree)."""
+    run_git("worktree", "prune", cwd=repo_dir, check=False)

@@ -8,6 +8,8 @@ lines (vLLM's own logs stay on stdout/stderr). Commands arrive on stdin as JSON 
 ``{"cmd": "measure", "seed": N}`` -> ``{"event": "result", "metrics": {...}, "outputs": [[token ids], ...]}``
 (the generated tokens of every request, in request order: the orchestrator compares them with the
 other side's for the same seed, so a timed run proves what it computed);
+``{"cmd": "generate", "seed": N, "index": I, "params": {...}}`` -> ``{"event": "result", "outputs": [...]}`` (one
+batch of the latency workload: the orchestrator times each round trip itself);
 ``{"cmd": "logprobs", "prompts": PATH, "out": PATH, ...}`` -> ``{"event": "done"}``;
 ``{"cmd": "quit"}``. On start-up: ``{"event": "ready", "startup_s": ..., "vllm_file": ...}``.
 Any exception: ``{"event": "error", "error": "..."}`` and exit status 1.
@@ -141,6 +143,17 @@ class Engine:
             "latency_p99_s": pct(0.99), "iterations": iters, "startup_s": self.startup_s,
         }
 
+    def generate_batch(self, seed: int, index: int, p: dict) -> list[list[int]]:
+        """One batch of the latency workload (the orchestrator times the round trip); its generated tokens."""
+        from vllm.inputs import TokensPrompt
+
+        batch = int(p.get("batch_size", 8))
+        # fresh prompts for every run: repeats of one batch would measure a prefix cache, not the engine
+        prompts, _ = make_prompts(seed * 1009 + index, batch, int(p.get("input_len", 64)), int(p.get("output_len", 32)), "fixed", self.vocab)
+        reqs = [TokensPrompt(prompt_token_ids=x) for x in prompts]
+        results = self.llm.generate(reqs, self._sampling(int(p.get("output_len", 32)), p), use_tqdm=False)
+        return [list(r.outputs[0].token_ids) for r in results]
+
     def logprobs(self, cmd: dict) -> None:
         """The logprob contract of DESIGN.md: prefill (teacher-forced) and greedy decode paths."""
         from vllm import SamplingParams
@@ -238,6 +251,8 @@ def main() -> int:
                 eng.last_outputs = None
                 metrics = eng.measure(int(cmd["seed"]), cmd.get("kind"), cmd.get("params"))
                 send({"event": "result", "metrics": metrics, "outputs": eng.last_outputs})
+            elif cmd["cmd"] == "generate":
+                send({"event": "result", "outputs": eng.generate_batch(int(cmd["seed"]), int(cmd["index"]), cmd.get("params") or {})})
             elif cmd["cmd"] == "logprobs":
                 eng.logprobs(cmd)
                 send({"event": "done"})

@@ -138,12 +138,67 @@ def test_a_patched_clock_does_not_decide_the_number(tmp_path):
     assert Workspace.open(repo).baseline_commit() == main
 
 
-def test_a_patched_clock_on_latency_is_refused(tmp_path):
-    repo = target(tmp_path, LATENCY)
-    commit(repo, {"vllm/__init__.py": TOY_VLLM + SLOW_CLOCK}, "patch the timer", branch="clock")
+@pytest.mark.parametrize("objective", ["latency_mean_s", "latency_p50_s"])
+def test_latency_is_timed_by_the_orchestrator(tmp_path, objective):
+    """A slowed (or skewed) stopwatch in the worker decides nothing: each batch is a round trip timed outside."""
+    repo = target(tmp_path, {**LATENCY, "metric": objective})
+    commit(repo, {"vllm/__init__.py": TOY_VLLM + SLOW_CLOCK.replace("0.5", "0.65")}, "patch the timer", branch="clock")
     rc, out = evaluate(repo, "clock")
+    assert rc == 4 and out["verdict"] == "reject", out["reasons"]
+    assert abs(out["workloads"]["latency"]["speedup"] - 1.0) < 0.1, out["workloads"]["latency"]
+
+
+SOMETIMES_LAZY = '''
+_gen, _n = LLM.generate, [0]
+
+
+def _generate(self, prompts, sampling_params=None, use_tqdm=False):
+    _n[0] += 1
+    if _n[0] % 4:  # three batches in four answer at once; one does the work
+        sps = sampling_params if isinstance(sampling_params, list) else [sampling_params] * len(prompts)
+        return [_Result(list(p["prompt_token_ids"]), [0] * sp.max_tokens) for p, sp in zip(prompts, sps)]
+    return _gen(self, prompts, sampling_params, use_tqdm)
+
+
+LLM.generate = _generate
+'''
+
+
+def test_every_timed_latency_batch_is_checked(tmp_path):
+    repo = target(tmp_path, LATENCY)
+    commit(repo, {"vllm/__init__.py": TOY_VLLM + SOMETIMES_LAZY}, "lazy most of the time", branch="lazy")
+    rc, out = evaluate(repo, "lazy")
     assert rc == 4
-    assert any("do not fit the orchestrator's round trip" in r for r in out["reasons"]), out["reasons"]
+    assert any("outputs check: the tokens generated for the same requests" in r for r in out["reasons"]), out["reasons"]
+
+
+PAD_THE_TAIL = '''
+_gen = LLM.generate
+
+
+def _generate(self, prompts, sampling_params=None, use_tqdm=False):
+    sps = sampling_params if isinstance(sampling_params, list) else [sampling_params] * len(prompts)
+    res = []
+    for p, sp in zip(prompts, sps):
+        real = max(1, int(sp.max_tokens * 0.92))  # 92% of each answer computed, the rest padded for free
+        short = SamplingParams(max_tokens=real)
+        r = _gen(self, [p], [short], use_tqdm)[0]
+        r.outputs[0].token_ids = list(r.outputs[0].token_ids) + [0] * (sp.max_tokens - real)
+        res.append(r)
+    return res
+
+
+LLM.generate = _generate
+'''
+
+
+def test_the_outputs_check_has_no_slack_to_spend(tmp_path):
+    """Generating most of every answer and padding the tail: every request differs, so it is caught."""
+    repo = target(tmp_path)
+    commit(repo, {"vllm/__init__.py": TOY_VLLM + PAD_THE_TAIL}, "pad the tail", branch="pad")
+    rc, out = evaluate(repo, "pad")
+    assert rc == 4
+    assert any("outputs check" in r for r in out["reasons"]), out["reasons"]
 
 
 SKIP_WORK = '''
@@ -176,3 +231,54 @@ def test_a_changed_decoding_default_is_caught(tmp_path):
     rc, out = evaluate(repo, "short")
     assert rc == 4 and out["verdict"] == "reject"
     assert any("generated" in r or "outputs check" in r for r in out["reasons"]), out["reasons"]
+
+
+CPU_VLLM = TOY_VLLM.replace(
+    "            time.sleep(self.cost * sp.max_tokens)\n",
+    "            for _ in range(int(self.cost * 2.5e7 * sp.max_tokens)):  # CPU-bound work: slowed by competition\n                pass\n")
+
+# the candidate's engine starts hogs that burn both cores exactly while it is idle, i.e. while the
+# baseline is being measured; its own rounds run on a quiet machine
+IDLE_HOG = '''
+import multiprocessing as _mp
+
+_idle = _mp.Value("b", 1)
+
+
+def _hog(flag):
+    while True:
+        if flag.value:
+            for _ in range(200000):
+                pass
+        else:
+            time.sleep(0.001)
+
+
+for _ in range(2):
+    _mp.Process(target=_hog, args=(_idle,), daemon=True).start()
+_real_generate = LLM.generate
+
+
+def _generate(self, *a, **k):
+    _idle.value = 0
+    try:
+        return _real_generate(self, *a, **k)
+    finally:
+        _idle.value = 1
+
+
+LLM.generate = _generate
+'''
+
+
+def test_an_idle_side_cannot_slow_the_other_side_down(tmp_path):
+    """The idle side's engine is parked (stopped) while the other side is measured."""
+    repo = make_repo(tmp_path / "fork", {"agentsearch.toml": CONFIG.format(**THROUGHPUT), "vllm/__init__.py": CPU_VLLM,
+                                         "vllm/inputs.py": TOY_INPUTS, "cost.txt": "0.0008\n"})
+    assert run_cli("init", "-C", str(repo)).returncode == 0
+    main = Workspace.open(repo).baseline_commit()
+    commit(repo, {"vllm/__init__.py": CPU_VLLM + IDLE_HOG}, "hog the cores while idle", branch="hog")
+    rc, out = evaluate(repo, "hog")
+    assert rc == 4 and out["verdict"] == "reject", out["reasons"]
+    assert out["workloads"]["throughput"]["speedup"] < 1.15, out["workloads"]["throughput"]
+    assert Workspace.open(repo).baseline_commit() == main

@@ -320,3 +320,34 @@ def test_without_bubblewrap_the_best_verdict_is_review(tmp_path):
     assert proc.returncode == 4 and out["verdict"] == "review", out["reasons"]
     assert checks(out)["sandbox"]["status"] == "review" and "not sandboxed" in checks(out)["sandbox"]["detail"]
     assert checks(out)["objective"]["status"] == "pass"
+
+
+# a bench that computes something (a checksum over seeded work) and declares it as its outputs
+OUTPUT_BENCH = """
+import hashlib, json, os, random, sys, time
+seed, out = int(sys.argv[1]), sys.argv[2]
+sys.path.insert(0, os.getcwd())
+import model
+rng = random.Random(seed)
+items = [rng.random() for _ in range(2000)]
+t0 = time.perf_counter()
+result = model.compute(items)
+dt = time.perf_counter() - t0
+json.dump({"ops_s": len(items) / max(dt, 1e-9), "digest": hashlib.sha256(repr(result).encode()).hexdigest()}, open(out, "w"))
+"""
+HONEST_MODEL = "import time\ndef compute(items):\n    time.sleep(0.02)\n    return [round(x * 2, 9) for x in items]\n"
+
+
+def test_command_target_declares_its_outputs_and_a_lossy_shortcut_is_caught(tmp_path):
+    repo = make_target(tmp_path, files={"bench/bench.py": OUTPUT_BENCH, "model.py": HONEST_MODEL})
+    cfg = (repo / "agentsearch.toml").read_text().replace('timeout_s = 20', 'timeout_s = 20\noutputs = "digest"')
+    commit(repo, {"agentsearch.toml": cfg}, "declare outputs")
+    faster = "import time\ndef compute(items):\n    time.sleep(0.014)\n    return [round(x * 2, 9) for x in items]\n"
+    lossy = "import time\ndef compute(items):\n    time.sleep(0.014)\n    return [round(x * 2, 3) for x in items]  # less precise, less work\n"
+    commit(repo, {"model.py": faster}, "honest speedup", branch="faster")
+    commit(repo, {"model.py": lossy}, "lossy speedup", branch="lossy")
+    rc, out = evaluate(repo, "faster")
+    assert rc == 0 and out["verdict"] == "merge", out["reasons"]
+    rc, out = evaluate(repo, "lossy")
+    assert rc == 4
+    assert any("outputs check: the two sides computed different 'digest'" in r for r in out["reasons"]), out["reasons"]
