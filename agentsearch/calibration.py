@@ -103,20 +103,12 @@ def calibrate(ws: Workspace, pairs: int = 30, progress: Callable[[str, str], Non
     tag = f"calibrate-{master % 100000:05d}"
     results: dict[str, WorkloadNoise] = {}
     pool = EnginePool()
-    from . import containment
     from .evaluation import seed_sequence
-    from .sides import BuildError, sides
+    from .sides import built_sides
 
-    box = containment.decide(config)
-    if box.status == "fail":
-        raise AgentsearchError(box.detail)
     try:
         # A/A: both sides are the baseline, each in its own worktree and sandbox
-        with sides(ws, config, {BASELINE: base, CANDIDATE: base}, tag, box) as sd:
-            try:
-                sd.build()
-            except BuildError as exc:
-                raise AgentsearchError(f"calibration: the baseline does not build: {exc}") from None
+        with built_sides(ws, config, {BASELINE: base, CANDIDATE: base}, tag, "calibration") as sd:
             try:
                 for w in config.workloads:
                     factory = session_factory(config, w, sd, pool)

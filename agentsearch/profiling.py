@@ -15,9 +15,8 @@ from harness.profiling import summarize
 from harness.trials import BASELINE, CANDIDATE
 
 from .errors import AgentsearchError
-from . import containment
 from .evaluation import seed_sequence
-from .sides import BuildError, sides
+from .sides import built_sides
 from .workloads import engine_spec
 from .workspace import Workspace
 
@@ -36,9 +35,6 @@ def profile(ws: Workspace, ref: str | None, workload: str | None, seed: int | No
     if w.kind not in PROFILABLE:
         raise AgentsearchError(f"workload {w.name!r} is {w.kind}; profile runs the built-in {' / '.join(PROFILABLE)} workloads (pass --workload)")
     name = f"profile-{commit[:10]}"
-    box = containment.decide(config)
-    if box.status == "fail":
-        raise AgentsearchError(box.detail)
     env = {**config.target.env, **w.env, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}  # the engine's work in the profiled process
     s = seed if seed is not None else seed_sequence(0, w.name)(0)
     base = ws.baseline_commit()
@@ -46,11 +42,7 @@ def profile(ws: Workspace, ref: str | None, workload: str | None, seed: int | No
     side = BASELINE if commit == base else CANDIDATE
     say("build", f"worktree of {commit[:12]}")
     # checked against the protected paths and built with the baseline's config, in its own sandbox
-    with sides(ws, config, commits, name, box) as sd:
-        try:
-            sd.build()
-        except BuildError as exc:
-            raise AgentsearchError(f"profiling {commit[:12]}: {exc}") from None
+    with built_sides(ws, config, commits, name, f"profiling {commit[:12]}") as sd:
         out = sd.out(side)
         try:
             sess = WorkerSession(engine_spec(w), sd.worktrees[side], env, sd.logs / "engine.log", w.metric, w.timeout_s, w.startup_timeout_s)

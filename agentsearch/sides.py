@@ -277,4 +277,22 @@ def sides(ws: Workspace, config: Config, commits: Mapping[str, str], tag: str, d
             sd.close()
 
 
-__all__ = ["Sides", "sides", "BuildError", "ProtectedPathError", "snapshot", "describe_change"]
+@contextlib.contextmanager
+def built_sides(ws: Workspace, config: Config, commits: Mapping[str, str], tag: str, what: str) -> Iterator[Sides]:
+    """``sides`` for the commands that are not a gate (verify, calibrate, profile): the sandbox policy
+    decided, the sides built, and every refusal (a policy the machine cannot meet, a protected path,
+    a failed build) an AgentsearchError naming ``what`` was being done."""
+    from . import containment
+
+    box = containment.decide(config)
+    if box.status == "fail":
+        raise AgentsearchError(box.detail)
+    with sides(ws, config, commits, tag, box) as sd:
+        try:
+            sd.build()
+        except BuildError as exc:
+            raise AgentsearchError(f"{what}: build failed: {exc}") from None
+        yield sd
+
+
+__all__ = ["Sides", "sides", "built_sides", "BuildError", "ProtectedPathError", "snapshot", "describe_change"]

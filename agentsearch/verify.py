@@ -174,22 +174,14 @@ def run_verify(ws: Workspace, config: Config, sd: "Sides", say: Callable[[str, s
 def verify(ws: Workspace, ref: str, say: Callable[[str, str], None] | None = None) -> VerifyResult:
     """``agentsearch verify REF``: both sides checked out with the baseline's config (a REF that touches a
     protected path is refused before anything is checked out), each in its own sandbox."""
-    from . import containment
-    from .sides import BuildError, sides
+    from .sides import built_sides
 
     config = ws.config()
     if config.verify is None:
         raise AgentsearchError("the target has no [verify] section; add one (see the README's config reference)")
     base, cand = ws.baseline_commit(), ws.resolve(ref)
-    box = containment.decide(config)
-    if box.status == "fail":
-        raise AgentsearchError(box.detail)
     tag = f"verify-{cand[:10]}-{secrets.randbelow(100000):05d}"
-    with sides(ws, config, {BASELINE: base, CANDIDATE: cand}, tag, box) as sd:
-        try:
-            sd.build()
-        except BuildError as exc:
-            raise AgentsearchError(f"build failed: {exc}") from None
+    with built_sides(ws, config, {BASELINE: base, CANDIDATE: cand}, tag, "verify") as sd:
         try:
             res = run_verify(ws, config, sd, say)
         except LogprobError as exc:

@@ -210,12 +210,10 @@ class WorkerSession(Parkable):
         metric = metric or self.metric
         if (kind or self.spec.get("kind")) == "vllm-latency":
             return self._measure_latency(seed, dict(self.spec.get("params", {}) if params is None else params), metric)
-        self.wait_ready()
+        not_ready = self._not_ready()
+        if not_ready is not None:
+            return not_ready
         t0 = time.perf_counter()
-        if self.proc is None and not self.start_error:
-            self.start_error = "engine was not started"
-        if self.start_error:
-            return TrialOutcome(False, None, {}, 0.0, self.start_error, self.log_tail())
         try:
             cmd: dict[str, Any] = {"cmd": "measure", "seed": seed}
             if kind:
@@ -238,16 +236,23 @@ class WorkerSession(Parkable):
             return TrialOutcome(False, None, metrics, wall, err, self.log_tail())
         return TrialOutcome(True, float(metrics[metric]), metrics, wall, outputs=outputs)
 
-    def _measure_latency(self, seed: int, params: dict[str, Any], metric: str) -> TrialOutcome:
-        """The latency workload, timed here: one warm-up batch, then ``iterations`` batches, each its own
-        round trip on the orchestrator's clock (a clock inside the candidate's process never decides)
-        and each one's generated tokens kept for the outputs check."""
+    def _not_ready(self) -> TrialOutcome | None:
+        """Wait for start-up; the failed trial to report when the engine is not there."""
         self.wait_ready()
-        t_all = time.perf_counter()
         if self.proc is None and not self.start_error:
             self.start_error = "engine was not started"
         if self.start_error:
             return TrialOutcome(False, None, {}, 0.0, self.start_error, self.log_tail())
+        return None
+
+    def _measure_latency(self, seed: int, params: dict[str, Any], metric: str) -> TrialOutcome:
+        """The latency workload, timed here: one warm-up batch, then ``iterations`` batches, each its own
+        round trip on the orchestrator's clock (a clock inside the candidate's process never decides)
+        and each one's generated tokens kept for the outputs check."""
+        not_ready = self._not_ready()
+        if not_ready is not None:
+            return not_ready
+        t_all = time.perf_counter()
         iters = int(params.get("iterations", 5))
         lat: list[float] = []
         outputs: list[tuple[int, ...]] = []

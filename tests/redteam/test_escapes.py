@@ -19,7 +19,7 @@ import pytest
 from agentsearch.workspace import Workspace
 
 from ..conftest import ROOT, commit, git, make_repo, run_cli
-from .test_isolation import assert_no_win, evaluate, make_target, medians
+from .test_isolation import assert_no_win, evaluate, make_target, medians, verify_attack
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -229,12 +229,6 @@ exec(compile(src, "lm_real.py", "exec"), {"__name__": "__main__"})
 
 
 def test_a_link_to_the_baselines_dump_is_not_followed(tmp_path):
-    lm = (ROOT / "tests" / "toy_lm.py").read_text()
-    verify = f'\n[verify]\nlogprobs = "{sys.executable} lm.py {{prompts}} {{out}}"\ntimeout_s = 120\n'
-    repo = make_target(tmp_path, files={"lm.py": lm, "lm_real.py": lm})
-    commit(repo, {"agentsearch.toml": (repo / "agentsearch.toml").read_text() + verify}, "verify section")
-    commit(repo, {"lm.py": LINK_LM}, "lossy, links", branch="attack")
-    proc = run_cli("verify", "-C", str(repo), "attack", "--json", timeout=280)
-    res = json.loads(proc.stdout)
+    res = verify_attack(tmp_path, LINK_LM)
     assert res["verdict"] == "fail", res
     assert any("symbolic link" in r for r in res["reasons"]), res["reasons"]

@@ -258,14 +258,22 @@ exec(compile(src, "lm_real.py", "exec"), {"__name__": "__main__"})
 """
 
 
-def test_candidate_cannot_copy_the_baselines_logprob_dump(tmp_path):
+def verify_attack(tmp_path: Path, attack_lm: str) -> dict:
+    """`verify` of a branch whose logprob command is ``attack_lm`` (the toy LM is lm_real.py); its JSON."""
     lm = (ROOT / "tests" / "toy_lm.py").read_text()
     verify = f'\n[verify]\nlogprobs = "{sys.executable} lm.py {{prompts}} {{out}}"\ntimeout_s = 120\n'
     repo = make_target(tmp_path, files={"lm.py": lm, "lm_real.py": lm})
     commit(repo, {"agentsearch.toml": (repo / "agentsearch.toml").read_text() + verify}, "verify section")
-    commit(repo, {"lm.py": LOSSY_LM}, "lossy but copies", branch="attack")
+    commit(repo, {"lm.py": attack_lm}, "lossy, with a shortcut", branch="attack")
     proc = run_cli("verify", "-C", str(repo), "attack", "--json", timeout=280)
     res = json.loads(proc.stdout)
+    res["repo"] = str(repo)
+    return res
+
+
+def test_candidate_cannot_copy_the_baselines_logprob_dump(tmp_path):
+    res = verify_attack(tmp_path, LOSSY_LM)
+    repo = Path(res["repo"])
     assert res["verdict"] == "fail", res["reasons"]
     # the control: the honest branch passes
     proc = run_cli("verify", "-C", str(repo), "main", "--json", timeout=280)
@@ -351,3 +359,33 @@ def test_command_target_declares_its_outputs_and_a_lossy_shortcut_is_caught(tmp_
     rc, out = evaluate(repo, "lossy")
     assert rc == 4
     assert any("outputs check: the two sides computed different 'digest'" in r for r in out["reasons"]), out["reasons"]
+
+
+CLOCK_BENCH = """
+import json, os, sys, time
+seed, out = int(sys.argv[1]), sys.argv[2]
+sys.path.insert(0, os.getcwd())
+import model
+t0 = time.perf_counter()
+model.work()
+json.dump({"ops_s": 1.0 / (time.perf_counter() - t0)}, open(out, "w"))
+"""
+
+
+def test_a_patched_timer_in_a_command_bench_cannot_win_on_wall_s(tmp_path):
+    """A bench that times itself runs the candidate's code in its process: the candidate can slow its clock.
+    ``metric = "wall_s"`` judges the orchestrator's clock instead."""
+    repo = make_target(tmp_path, files={"bench/bench.py": CLOCK_BENCH, "model.py": "import time\ndef work():\n    time.sleep(0.25)\n"})
+    cfg = (repo / "agentsearch.toml").read_text().replace('metric = "ops_s"\nhigher_is_better = true', 'metric = "wall_s"\nhigher_is_better = false')
+    commit(repo, {"agentsearch.toml": cfg}, "judge the wall clock")
+    main = Workspace.open(repo).baseline_commit()
+    cheat = "import time\n_r = time.perf_counter\ntime.perf_counter = lambda: _r() * 0.5\ndef work():\n    time.sleep(0.25)\n"
+    commit(repo, {"model.py": cheat}, "slow clock", branch="clock")
+    commit(repo, {"model.py": "import time\ndef work():\n    time.sleep(0.15)\n"}, "less work", branch="faster")
+    rc, out = evaluate(repo, "clock")
+    assert rc == 4 and out["verdict"] == "reject", out["reasons"]
+    assert Workspace.open(repo).baseline_commit() == main
+    assert all(t["metrics"]["ops_s"] > 0 for t in out["trials"] if t["ok"])  # the bench's own number is kept as context
+    rc, out = evaluate(repo, "faster")
+    assert rc == 0 and out["verdict"] == "merge", out["reasons"]
+    assert out["workloads"]["speed"]["speedup"] > 1.2
