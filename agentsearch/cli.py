@@ -47,11 +47,80 @@ def run_command(fn: Callable[..., int], *args: Any, **kwargs: Any) -> None:
     sys.exit(code)
 
 
+def _options(ctx: click.Context) -> dict[str, Any]:
+    """Options shared down the command tree (-C, --strict-config, --quiet), in ``ctx.obj``."""
+    return ctx.ensure_object(dict)
+
+
+def _record_target(ctx: click.Context, param: click.Parameter, value: Path | None) -> Path | None:
+    """Every -C given (on the group, a nested group or the verb) is recorded; none is dropped."""
+    if value is not None:
+        where = "agentsearch" if ctx.parent is None else ctx.info_name
+        _options(ctx).setdefault("targets", []).append((where, value))
+    return value
+
+
+def _set_flag(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    if value:
+        _options(ctx)[param.name] = True
+
+
 def target_option(f: Callable[..., Any]) -> Callable[..., Any]:
     return click.option(
-        "-C", "--target", "target", type=click.Path(path_type=Path), default=Path("."), show_default=True,
-        help="Target repository (like `git -C`).",
+        "-C", "--target", "target", type=click.Path(path_type=Path), default=None, callback=_record_target,
+        help="Target repository (like `git -C`; default: the current directory; may also be given before the command).",
     )(f)
+
+
+def strict_option(f: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option(
+        "--strict-config", "strict_config", is_flag=True, expose_value=False, callback=_set_flag,
+        help="Refuse (exit 2) when the working copy of agentsearch.toml differs from the committed one in use (also AGENTSEARCH_STRICT_CONFIG=1).",
+    )(f)
+
+
+def quiet_option(f: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option("-q", "--quiet", "quiet", is_flag=True, expose_value=False, callback=_set_flag,
+                        help="No progress on stderr.")(f)
+
+
+def chosen_target(targets: list[tuple[str, Path]]) -> Path:
+    """The target of all -C given: the innermost (the verb's) when they all name the same
+    directory; a one-line error when they disagree; the current directory when none is given."""
+    if not targets:
+        return Path(".")
+    if len({p.resolve() for _, p in targets}) > 1:
+        given = ", ".join(f"`{where} -C {p}`" for where, p in targets)
+        raise AgentsearchError(f"-C given more than once and the directories disagree: {given}; give it once")
+    return targets[-1][1]
+
+
+def _refuse(message: str) -> int:
+    raise AgentsearchError(message)
+
+
+def dispatch(fn: Callable[..., int], *, config: bool = False, **kwargs: Any) -> None:
+    """Run a command with the shared options applied: the -C target resolved (kwargs["target"]),
+    --quiet, and, for commands that read the config, the working-copy check (--strict-config)."""
+    opts = _options(click.get_current_context())
+
+    def go() -> int:
+        from .progress import set_quiet
+
+        set_quiet(bool(opts.get("quiet")))
+        targets = opts.get("targets", [])
+        if "target" in kwargs:
+            kwargs["target"] = chosen_target(targets)
+            if config:
+                from .commands.config_drift import check
+
+                check(kwargs["target"], bool(opts.get("strict_config")))
+        elif targets:
+            where, p = targets[0]
+            raise AgentsearchError(f"`{where} -C {p}`: this command takes no target; drop -C")
+        return fn(**kwargs)
+
+    run_command(go)
 
 
 def json_option(f: Callable[..., Any]) -> Callable[..., Any]:
@@ -60,12 +129,18 @@ def json_option(f: Callable[..., Any]) -> Callable[..., Any]:
 
 @click.group(context_settings=CONTEXT)
 @click.version_option(__version__, prog_name="agentsearch")
-def main() -> None:
+@target_option
+@strict_option
+@quiet_option
+def main(target: Path | None) -> None:
     """agentsearch: git-native patch search for faster LLM inference.
 
     Every proposal lives on its own branch; the harness measures it against the baseline in
     the same run (interleaved pairs), checks the model's output distributions, and a
     fail-closed gate merges only significant, verified wins.
+
+    Options before the command apply to it (and to nested commands): `agentsearch -C DIR
+    evaluate REF` is `agentsearch evaluate -C DIR REF`.
     """
     install_sigterm()
 
@@ -92,22 +167,28 @@ def init(target: Path, from_installed: str | None, directory: Path | None) -> No
     """
     from .commands.init import run
 
-    run_command(run, target=target, from_installed=from_installed, directory=directory)
+    if from_installed and _options(click.get_current_context()).get("targets"):
+        run_command(_refuse, "--from-installed creates and initializes DIR; -C is not used with it (give DIR only)")
+    dispatch(run, target=target, from_installed=from_installed, directory=directory)
 
 
 @main.command(context_settings=CONTEXT)
 @target_option
+@strict_option
+@quiet_option
 @json_option
 @click.option("--pairs", default=30, show_default=True, type=click.IntRange(4, 10_000), help="A/A pairs per workload.")
 def calibrate(target: Path, as_json: bool, pairs: int) -> None:
     """Measure the baseline against itself (A/A): noise, drift, outliers, pairs needed."""
     from .commands.calibrate import run
 
-    run_command(run, target=target, as_json=as_json, pairs=pairs)
+    dispatch(run, config=True, target=target, as_json=as_json, pairs=pairs)
 
 
 @main.command(context_settings=CONTEXT)
 @target_option
+@strict_option
+@quiet_option
 @json_option
 @click.argument("ref")
 @click.option("--seed", type=int, default=None, help="Master input seed (default: fresh).")
@@ -121,11 +202,13 @@ def evaluate(target: Path, as_json: bool, ref: str, seed: int | None, keep_workt
     """
     from .commands.evaluate import run
 
-    run_command(run, target=target, as_json=as_json, ref=ref, seed=seed, keep_worktrees=keep_worktrees, baseline=baseline, alpha=alpha)
+    dispatch(run, config=True, target=target, as_json=as_json, ref=ref, seed=seed, keep_worktrees=keep_worktrees, baseline=baseline, alpha=alpha)
 
 
 @main.command(context_settings=CONTEXT)
 @target_option
+@strict_option
+@quiet_option
 @json_option
 @click.argument("ref")
 def verify(target: Path, as_json: bool, ref: str) -> None:
@@ -136,7 +219,7 @@ def verify(target: Path, as_json: bool, ref: str) -> None:
     """
     from .commands.verify import run
 
-    run_command(run, target=target, as_json=as_json, ref=ref)
+    dispatch(run, config=True, target=target, as_json=as_json, ref=ref)
 
 
 @main.group(context_settings=CONTEXT, invoke_without_command=True)
@@ -151,7 +234,7 @@ def history(ctx: click.Context, target: Path, as_json: bool) -> None:
     if ctx.invoked_subcommand is None:
         from .commands.history import show
 
-        run_command(show, target=target, as_json=as_json)
+        dispatch(show, target=target, as_json=as_json)
 
 
 @history.command("verify", context_settings=CONTEXT)
@@ -160,7 +243,7 @@ def history_verify(target: Path) -> None:
     """Verify the history's hash chain; exit 1 at the first edited, inserted or deleted line."""
     from .commands.history import verify_chain
 
-    run_command(verify_chain, target=target)
+    dispatch(verify_chain, target=target)
 
 
 @main.group(context_settings=CONTEXT)
@@ -178,11 +261,13 @@ def model_tiny(directory: Path | None) -> None:
     """
     from .commands.model import run
 
-    run_command(run, directory=directory)
+    dispatch(run, directory=directory)
 
 
 @main.command(context_settings=CONTEXT)
 @target_option
+@strict_option
+@quiet_option
 @json_option
 @click.option("--resume", is_flag=True, help="Continue the latest unfinished episode from the history.")
 @click.option("--abandon", is_flag=True, help="Close the latest unfinished episode without running it.")
@@ -206,7 +291,7 @@ def episode(target: Path, as_json: bool, resume: bool, abandon: bool, proposer: 
     """
     from .commands.episode import run
 
-    run_command(run, target=target, as_json=as_json, resume=resume, abandon=abandon, proposer=proposer, patches=patches,
+    dispatch(run, config=True, target=target, as_json=as_json, resume=resume, abandon=abandon, proposer=proposer, patches=patches,
                 branches=branches, budget=budget, time_budget=time_budget, seed=seed, insights_file=insights_file,
                 cost_budget=cost_budget, agent_model=agent_model)
 
@@ -225,11 +310,12 @@ def report(target: Path, what: str, fmt: str, output: Path | None) -> None:
     """
     from .commands.report import run
 
-    run_command(run, target=target, what=what, fmt=fmt, output=output)
+    dispatch(run, target=target, what=what, fmt=fmt, output=output)
 
 
 @main.command(context_settings=CONTEXT)
 @target_option
+@strict_option
 @click.argument("proposal")
 @click.option("--remote", default="origin", show_default=True, help="Git remote to push the proposal branch to.")
 @click.option("--dry-run", is_flag=True, help="Write the PR body and print the push and `gh` commands instead of running them.")
@@ -238,11 +324,13 @@ def pr(target: Path, proposal: str, remote: str, dry_run: bool, output: Path | N
     """Push a proposal's branch and open a pull request whose body is its evidence report (`gh`)."""
     from .commands.report import pr as run
 
-    run_command(run, target=target, what=proposal, remote=remote, dry_run=dry_run, output=output)
+    dispatch(run, config=True, target=target, what=proposal, remote=remote, dry_run=dry_run, output=output)
 
 
 @main.command(context_settings=CONTEXT)
 @target_option
+@strict_option
+@quiet_option
 @json_option
 @click.argument("merge", required=False)
 @click.option("--recheck", is_flag=True, help="Re-measure MERGE against its parent with fresh seeds and the holdout.")
@@ -254,21 +342,23 @@ def review(target: Path, as_json: bool, merge: str | None, recheck: bool, seed: 
     """
     from .commands.review import run
 
-    run_command(run, target=target, as_json=as_json, what=merge, recheck=recheck, seed=seed)
+    dispatch(run, config=True, target=target, as_json=as_json, what=merge, recheck=recheck, seed=seed)
 
 
 @main.command(context_settings=CONTEXT)
 @target_option
+@strict_option
 @click.argument("merge")
 def revert(target: Path, merge: str) -> None:
     """Revert a merge (commit or proposal id) on the baseline with a new commit (compare-and-swap), recorded."""
     from .commands.review import revert as run
 
-    run_command(run, target=target, what=merge)
+    dispatch(run, config=True, target=target, what=merge)
 
 
 @main.command(context_settings=CONTEXT)
 @target_option
+@strict_option
 @json_option
 @click.option("-o", "--output", type=click.Path(path_type=Path), help="Also write them to FILE (.json: the JSON document; else Markdown).")
 @click.option("--llm", is_flag=True, help="Add an LLM pass (claude-agent-sdk) that turns the numbers into short lessons.")
@@ -279,11 +369,13 @@ def insights(target: Path, as_json: bool, output: Path | None, llm: bool) -> Non
     """
     from .commands.insights import run
 
-    run_command(run, target=target, as_json=as_json, output=output, llm=llm)
+    dispatch(run, config=True, target=target, as_json=as_json, output=output, llm=llm)
 
 
 @main.command(context_settings=CONTEXT)
 @target_option
+@strict_option
+@quiet_option
 @json_option
 @click.argument("ref", required=False)
 @click.option("--workload", help="Workload to profile (default: the objective).")
@@ -296,7 +388,7 @@ def profile(target: Path, as_json: bool, ref: str | None, workload: str | None, 
     """
     from .commands.profile import run
 
-    run_command(run, target=target, as_json=as_json, ref=ref, workload=workload, seed=seed)
+    dispatch(run, config=True, target=target, as_json=as_json, ref=ref, workload=workload, seed=seed)
 
 if __name__ == "__main__":  # pragma: no cover
     main()

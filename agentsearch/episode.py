@@ -99,7 +99,7 @@ class EpisodeState:
 
 def derive_seed(master: int, number: int) -> int:
     h = hashlib.sha256(f"episode:{master}:{number}".encode()).digest()
-    return int.from_bytes(h[:4], "big") & 0x7FFFFFFF
+    return int.from_bytes(h[:8], "big") & 0x7FFFFFFFFFFFFFFF  # 63 bits: not recoverable from the pair seeds
 
 
 # ---------------------------------------------------------------------------- reading the history
@@ -455,7 +455,7 @@ def start(ws: Workspace, log: Any, proposer_name: str, options: Mapping[str, Any
         raise EpisodeError(f"--budget must be at least 1, got {n}")
     plan = Plan(
         episode=episode, proposer=proposer_name, manifest=proposer.manifest(), budget=n, time_budget_s=time_budget_s,
-        seed=seed if seed is not None else secrets.randbits(31),
+        seed=seed if seed is not None else secrets.randbits(63),
         alpha=config.gate.alpha / max(n, config.gate.episode_budget), baseline=ws.baseline_commit(),
         config_fingerprint=config.fingerprint(), insights=insights, cost_budget_usd=cost_budget_usd,
     )

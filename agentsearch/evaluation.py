@@ -201,7 +201,8 @@ def evaluate(
     base = ws.resolve(baseline) if baseline else ws.baseline_commit()
     config = ws.config(base)
     cand = ws.resolve(ref)
-    master = seed if seed is not None else secrets.randbits(31)
+    # 63 bits: the pair seeds a worker sees must not give away the master (and with it the confirmation seeds)
+    master = seed if seed is not None else secrets.randbits(63)
     st = _State(on_trial=on_trial)
     env = environment.describe()
     try:
@@ -394,12 +395,16 @@ def _coverage_check(config: Config, w: WorkloadConfig, sd: Sides, master: int, s
     if not config.gate.coverage:
         st.add("coverage", Status.SKIPPED, "disabled by [gate] coverage = false")
         return True
-    watch = coverage.watch_list(sd.worktrees[CANDIDATE], changed)
+    try:
+        watch = coverage.watch_list(sd.worktrees[CANDIDATE], changed)
+    except (ValueError, OSError) as exc:
+        st.add("coverage", Status.FAIL, f"coverage pass: {exc}")
+        return False
     if not watch:
         st.add("coverage", Status.SKIPPED, "no changed executable Python lines (not a Python patch)")
         return True
     say("coverage", f"tracing {sum(map(len, watch.values()))} changed lines in one untimed candidate trial")
-    hits_dir = sd.out(CANDIDATE) / "coverage"
+    hits_dir = sd.out(CANDIDATE) / "coverage-run" / "hits"
     traced = dataclasses.replace(w, env={**w.env, **coverage.tracing_env(watch, sd.inputs / "coverage", hits_dir)})
     own = EnginePool()  # the traced engine is not reused: close it right after
     try:

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Iterator, Mapping, Sequence
 
 from harness import coverage, sandbox, tiny_model
+from harness.safe_io import UnsafeFile, write_beneath
 from harness.engine_session import WORKER
 from harness.trials import BASELINE, child_env, run_child, tail
 
@@ -65,7 +66,10 @@ def snapshot(root: Path) -> Snapshot:
         for name in dirnames + filenames:
             rel = name if rel_dir == "." else f"{rel_dir}/{name}"
             st = os.lstat(os.path.join(dirpath, name))
-            out[rel] = (st.st_mode, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+            # a file hard-linked from elsewhere (compiled files from site-packages; bound read-only in the
+            # sandbox) changes ctime whenever anyone links or unlinks it: its ctime says nothing here
+            ctime = 0 if stat.S_ISREG(st.st_mode) and st.st_nlink > 1 else st.st_ctime_ns
+            out[rel] = (st.st_mode, st.st_size, st.st_mtime_ns, ctime, st.st_ino)
     st = os.lstat(root)
     out["."] = (st.st_mode, 0, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
     return out
@@ -187,32 +191,45 @@ class Sides:
         redirected to a repository of its own, with hooks and filters)."""
         wt, before = self.worktrees[side], self.snapshots[side]
         now = snapshot(wt)
+        # a directory swapped for a link (or any other change of kind) is not undone: the run fails
+        swapped = sorted(p for p in set(before) & set(now) if stat.S_IFMT(before[p][0]) != stat.S_IFMT(now[p][0]))
+        if swapped:
+            return f"could not undo {', '.join(map(repr, swapped[:3]))} (changed kind)"
         for rel in sorted(set(now) - set(before), key=len, reverse=True):
             p = wt / rel
             if p.is_dir() and not p.is_symlink():
-                shutil.rmtree(p, ignore_errors=True)
+                shutil.rmtree(p, ignore_errors=True)  # never follows links inside
             else:
                 p.unlink(missing_ok=True)
         commit = self.commits[side]
         modes = {path: mode for mode, path in git.tree_files(self.ws.repo_dir, commit)}
-        for rel in [p for p in before if p not in now or now[p] != before[p]]:
-            dst = wt / rel
-            if rel == ".git":
-                dst.unlink(missing_ok=True)
-                dst.write_text(self.git_links[side])
-            elif rel in modes and not modes[rel].startswith(("120", "160")):
-                if dst.is_dir() and not dst.is_symlink():
-                    shutil.rmtree(dst)
-                elif dst.is_symlink():
-                    dst.unlink()
-                dst.write_bytes(git.blob_bytes(self.ws.repo_dir, commit, rel))
-                dst.chmod(0o755 if modes[rel] == "100755" else 0o644)
+        try:
+            for rel in [p for p in before if p not in now or now[p] != before[p]]:
+                if rel == ".git":
+                    write_beneath(wt, wt / ".git", self.git_links[side].encode())
+                elif rel in modes and not modes[rel].startswith(("120", "160")):
+                    # written through no link: a side cannot aim the orchestrator's write elsewhere
+                    write_beneath(wt, wt / rel, git.blob_bytes(self.ws.repo_dir, commit, rel), 0o755 if modes[rel] == "100755" else 0o644)
+        except (UnsafeFile, OSError) as exc:
+            return f"could not undo the changes: {exc}"
         # rewritten files and their directories now carry new times: the state the trials start from
         after = snapshot(wt)
         left = sorted(set(before) ^ set(after))
         left += sorted(p for p in set(before) & set(after) if stat.S_IFMT(before[p][0]) != stat.S_IFMT(after[p][0]))
         self.snapshots[side] = after
         return f"could not undo {', '.join(map(repr, left[:3]))}" if left else ""
+
+    def fresh_outputs(self, side: str, keep: str = "") -> None:
+        """Empty ``side``'s output directory (but its entry ``keep``) before a trial: nothing a run left
+        there — a cache, a precomputed table — is there for the next one."""
+        root = self.out(side)
+        for entry in os.scandir(root) if root.is_dir() else ():
+            if entry.name == keep:
+                continue
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path, ignore_errors=True)
+            else:
+                os.unlink(entry.path)
 
     def close(self) -> None:
         try:

@@ -103,6 +103,8 @@ def run_verify(ws: Workspace, config: Config, sd: "Sides", say: Callable[[str, s
     secret = holdout_secret(ws)
     public, hold = corpus_mod.split(prompts, secret, vc.holdout)
     inputs = sd.inputs / "verify"
+    for side in (BASELINE, CANDIDATE):
+        sd.fresh_outputs(side)  # nothing the timed trials left is there for the logprob runs
     outs = {side: sd.out(side) / "verify" for side in (BASELINE, CANDIDATE)}
     for d in (inputs, sd.logs, *outs.values()):
         d.mkdir(parents=True, exist_ok=True)

@@ -108,13 +108,18 @@ class OutputsMatch:
 class GuardedSession:
     """A session whose every measurement is followed by the worktree check and the outputs check."""
 
-    def __init__(self, inner: Session, check: Callable[[], str], side: str = "", match: OutputsMatch | None = None):
-        self.inner, self.check, self.side, self.match = inner, check, side, match
+    def __init__(self, inner: Session, check: Callable[[], str], side: str = "", match: OutputsMatch | None = None,
+                 fresh: Callable[[], None] | None = None):
+        self.inner, self.check, self.side, self.match, self.fresh = inner, check, side, match, fresh
 
     def start(self) -> None:
+        if self.fresh is not None:
+            self.fresh()
         self.inner.start()
 
     def measure(self, seed: int) -> TrialOutcome:
+        if self.fresh is not None:
+            self.fresh()  # every trial starts with an empty output directory
         outcome = self.inner.measure(seed)
         why = self.check()
         if not why and self.match is not None:
@@ -161,7 +166,7 @@ def session_factory(config: Config, workload: WorkloadConfig, sd: "Sides", pool:
     match = OutputsMatch(digest_key=workload.outputs if workload.kind == "command" else None)
 
     def make(side: str, restart: int) -> Session:
-        return GuardedSession(raw(side, restart), sd.check, side, match)
+        return GuardedSession(raw(side, restart), sd.check, side, match, fresh=lambda: sd.fresh_outputs(side, keep=out))
 
     return make
 

@@ -21,12 +21,16 @@ TRACER_DIR = Path(__file__).with_name("tracer")
 COVERAGE_SCHEMA = 1
 
 
-def executable_lines(source: str, filename: str = "<patch>") -> set[int]:
+def executable_lines(source: str | bytes, filename: str = "<patch>") -> set[int]:
     """Line numbers that carry bytecode (module level and every nested function/class)."""
     try:
         code = compile(source, filename, "exec", dont_inherit=True)
     except (SyntaxError, ValueError):
         return set()
+    return _lines_of(code)
+
+
+def _lines_of(code: types.CodeType) -> set[int]:
     lines: set[int] = set()
     stack = [code]
     while stack:
@@ -40,17 +44,24 @@ def executable_lines(source: str, filename: str = "<patch>") -> set[int]:
 
 
 def watch_list(worktree: Path, changed: Mapping[str, set[int]]) -> dict[str, list[int]]:
-    """{absolute path: executable changed lines} for the changed Python files of ``worktree``."""
+    """{absolute path: executable changed lines} for the changed Python files of ``worktree``.
+
+    Files are read without following links (regular files, size-capped) and compiled from bytes, so a
+    coding declaration is honoured; a changed ``.py`` that cannot be read or compiled raises ValueError
+    (the check fails: it must not be skipped as "not a Python patch")."""
     out: dict[str, list[int]] = {}
     for rel, lines in changed.items():
         if not rel.endswith(".py"):
             continue
         path = worktree / rel
+        if not path.exists() and not path.is_symlink():
+            continue  # deleted by the patch
+        source = read_beneath(worktree, path, 16 * 1024 * 1024)
         try:
-            source = path.read_text()
-        except (OSError, UnicodeDecodeError):
-            continue
-        keep = sorted(lines & executable_lines(source, str(path)))
+            code = compile(source, str(path), "exec", dont_inherit=True)
+        except (SyntaxError, ValueError) as exc:
+            raise ValueError(f"changed file {rel} does not compile ({type(exc).__name__}: {exc})") from None
+        keep = sorted(lines & _lines_of(code))
         if keep:
             out[os.path.realpath(path)] = keep
     return out

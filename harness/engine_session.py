@@ -8,9 +8,11 @@ error message when something fails). ``close()`` always ends the whole process g
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
+import secrets
 import select
 import signal
 import subprocess
@@ -20,6 +22,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, NoReturn
 
 from . import lengths, sandbox
+from .cgroups import Group
 from .trials import TrialOutcome, check_metrics, child_env, kill_group, log_error_line, log_tail, metric_error, safe_json_loads, tail
 
 WORKER = Path(__file__).with_name("workers") / "vllm_worker.py"
@@ -59,22 +62,59 @@ def signal_tree(pid: int, sig: int) -> None:
             pass
 
 
+_BATCH_SALT = secrets.token_bytes(16)  # per orchestrator process: the same for both sides of a comparison
+
+
+def batch_seed(seed: int, index: int) -> int:
+    """The input seed of batch ``index`` of a latency round (unpredictable from the others)."""
+    return int.from_bytes(hashlib.sha256(_BATCH_SALT + f"{seed}:{index}".encode()).digest()[:4], "big") & 0x7FFFFFFF
+
+
 class Parkable:
     """An engine whose processes can be stopped while the other side is measured: an idle side must
-    not compete for the cores (noise), nor run a hog that slows the other side (a fake win)."""
+    not compete for the cores (noise), nor run a hog that slows the other side (a fake win).
+
+    With a cgroup (``harness.cgroups``: every process the engine ever starts is in it) parking is a
+    freeze of the whole group, atomic; without one, SIGSTOP of its process tree, repeated until a scan
+    finds nothing new (a side can fork faster than one scan)."""
 
     proc: subprocess.Popen | None
     parked: bool = False
+    group: Group | None = None
+
+    def _new_group(self) -> Callable[[], None] | None:
+        """Make this engine's cgroup; the ``preexec_fn`` that puts the child in it (None: no cgroup)."""
+        self.group = Group.create("engine")
+        return self.group.join_self if self.group is not None else None
 
     def park(self) -> None:
-        if self.proc is not None and not self.parked and self.proc.poll() is None:
-            signal_tree(self.proc.pid, signal.SIGSTOP)
+        if self.proc is None or self.parked or self.proc.poll() is not None:
+            return
+        if self.group is not None and self.group.freeze():
             self.parked = True
+            return
+        seen: set[int] = set()
+        for _ in range(50):
+            tree = set(descendants(self.proc.pid))
+            if tree <= seen:
+                break
+            signal_tree(self.proc.pid, signal.SIGSTOP)
+            seen |= tree
+        self.parked = True
 
     def unpark(self) -> None:
         if self.proc is not None and self.parked:
+            if self.group is not None:
+                self.group.thaw()
             signal_tree(self.proc.pid, signal.SIGCONT)
         self.parked = False
+
+    def _end_group(self) -> None:
+        """Kill whatever is left in the cgroup (a process that left the process group too) and remove it."""
+        if self.group is not None:
+            self.group.kill()
+            self.group.remove()
+            self.group = None
 
 
 class WorkerError(RuntimeError):
@@ -185,7 +225,7 @@ class WorkerSession(Parkable):
             self.proc = subprocess.Popen(
                 argv,
                 cwd=str(self.worktree), env=env, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
-                pass_fds=(wfd,), start_new_session=True,
+                pass_fds=(wfd,), start_new_session=True, preexec_fn=self._new_group(),
             )
         finally:
             os.close(wfd)
@@ -259,7 +299,9 @@ class WorkerSession(Parkable):
         try:
             for i in range(iters + 1):
                 t0 = time.perf_counter()
-                self._send({"cmd": "generate", "seed": seed, "index": i, "params": params})
+                # each batch's prompts come from a seed the worker sees only with that batch: the warm-up
+                # cannot reveal (and precompute) the timed batches
+                self._send({"cmd": "generate", "seed": batch_seed(seed, i), "index": 0, "params": params})
                 msg = self._read(self.timeout_s, "measurement")
                 dt = time.perf_counter() - t0
                 got, why = parse_outputs(msg.get("outputs"))
@@ -320,6 +362,7 @@ class WorkerSession(Parkable):
                 pass
             kill_group(proc)
             proc.wait()
+            self._end_group()
             if self._rfd is not None:
                 os.close(self._rfd)
                 self._rfd = None

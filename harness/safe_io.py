@@ -83,3 +83,38 @@ def exists_beneath(root: Path, path: Path) -> bool:
         return True
     except (UnsafeFile, OSError):
         return False
+
+
+def write_beneath(root: Path, path: Path, data: bytes, mode: int = 0o644) -> None:
+    """Write ``data`` to ``path`` below ``root``, creating missing directories, never through a link:
+    a symbolic link anywhere on the way (a side may have swapped a directory for one) refuses."""
+    rel = Path(os.path.abspath(path)).relative_to(os.path.abspath(root))
+    parts = [p for p in rel.parts if p not in ("", ".")]
+    if not parts or any(p == ".." for p in parts):
+        raise UnsafeFile(f"{path}: not a path below {root}")
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for part in parts[:-1]:
+            try:
+                nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            except FileNotFoundError:
+                os.mkdir(part, 0o755, dir_fd=fd)
+                nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            except OSError as exc:
+                raise UnsafeFile(f"{rel}: {part!r} is not a directory ({exc.strerror})") from None
+            os.close(fd)
+            fd = nxt
+        try:
+            os.unlink(parts[-1], dir_fd=fd)  # whatever is there (a link, a FIFO) is replaced, not followed
+        except FileNotFoundError:
+            pass
+        except IsADirectoryError:
+            raise UnsafeFile(f"{rel}: is a directory") from None
+        out = os.open(parts[-1], os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=fd)
+        try:
+            os.write(out, data)
+            os.fchmod(out, mode)
+        finally:
+            os.close(out)
+    finally:
+        os.close(fd)

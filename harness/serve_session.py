@@ -115,7 +115,8 @@ class ServeSession(Parkable):
                 # generator and health checks join it; otherwise it shares the host's loopback
                 argv, _ = sandbox.wrap(argv, network=not own_net, cwd=self.worktree, info_fd=wfd if own_net else None)
                 self.proc = subprocess.Popen(argv, cwd=str(self.worktree), env=env, stdin=subprocess.DEVNULL, stdout=log,
-                                             stderr=subprocess.STDOUT, start_new_session=True, pass_fds=(wfd,) if own_net else ())
+                                             stderr=subprocess.STDOUT, start_new_session=True, pass_fds=(wfd,) if own_net else (),
+                                             preexec_fn=self._new_group())
         finally:
             if own_net:
                 os.close(wfd)
@@ -221,4 +222,5 @@ class ServeSession(Parkable):
         finally:
             kill_group(proc)
             proc.wait()
+            self._end_group()
             self.wait_s += time.perf_counter() - t0

@@ -17,7 +17,7 @@ from ..errors import AgentsearchError
 from ..workspace import Workspace
 from ..workspace.workspace import new_episode_id
 from ..records import check_consistent, open_log, read_entries
-from .output import err, out, print_json
+from .output import err, out, print_json, progress
 
 DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*$")
 
@@ -49,7 +49,7 @@ def run(target: Path, as_json: bool, resume: bool, abandon: bool, proposer: str,
     ws = Workspace.open(target)
     seconds = parse_duration(time_budget)
     insights = load_insights(insights_file)
-    with ws.lock(), _open_log(ws, check=not abandon) as log, _live(not as_json) as say:
+    with ws.lock(), _open_log(ws, check=not abandon) as log, progress(milestones=True) as say:
         ws.sync_checkouts()  # a checkout of the baseline left behind by a cut-off merge
         entries = list(log.entries())
         pending = ep.latest_unfinished(entries)
@@ -98,30 +98,6 @@ class _open_log:
 
     def __exit__(self, *exc: object) -> None:
         self.log.close()
-
-
-class _live:
-    """Status line for stages; a permanent line per proposal milestone (stage == proposal id)."""
-
-    def __init__(self, enabled: bool):
-        self.enabled = enabled
-        self.status: Any = None
-
-    def __enter__(self) -> Any:
-        if self.enabled and err.is_terminal:
-            self.status = err.status("starting")
-            self.status.__enter__()
-
-        def say(stage: str, detail: str) -> None:
-            if " " not in stage:  # a milestone of one proposal
-                err.print(f"[bold]{escape(stage)}[/bold] {escape(detail)}")
-            elif self.status is not None:
-                self.status.update(f"[bold]{escape(stage)}[/bold] {escape(detail)}")
-        return say
-
-    def __exit__(self, *exc: object) -> None:
-        if self.status is not None:
-            self.status.__exit__(*exc)
 
 
 def show(summary: dict[str, Any]) -> None:

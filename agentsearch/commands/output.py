@@ -9,8 +9,11 @@ from typing import Any, Iterator
 
 from rich.console import Console
 
+from .. import progress as _progress
+
 out = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 160)
-err = Console(stderr=True, highlight=False)
+# soft_wrap: messages on stderr are never hard-wrapped at 80 columns when it is not a terminal
+err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 def print_json(data: Any) -> None:
@@ -18,14 +21,8 @@ def print_json(data: Any) -> None:
 
 
 @contextmanager
-def progress(enabled: bool = True) -> Iterator[Any]:
-    """A live status line: yields ``say(stage, detail)``."""
-    if not enabled or not err.is_terminal:
-        def quiet(stage: str, detail: str) -> None:
-            return None
-        yield quiet
-        return
-    with err.status("starting") as status:
-        def say(stage: str, detail: str) -> None:
-            status.update(f"[bold]{stage}[/bold] {detail}")
+def progress(enabled: bool = True, milestones: bool = False) -> Iterator[Any]:
+    """Progress on stderr: yields ``say(stage, detail)`` (see ``agentsearch.progress``): a live
+    line with elapsed time on a terminal, plain timestamped lines elsewhere, nothing with --quiet."""
+    with _progress.progress(err, enabled=enabled, milestones=milestones) as say:
         yield say

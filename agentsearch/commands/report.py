@@ -10,13 +10,16 @@ from pathlib import Path
 import click
 
 from ..errors import AgentsearchError
+from ..records import read_entries
 from ..report import gather, render
 from ..workspace import Workspace, git
 from .output import out
+from .proposal_ids import refuse_ambiguous_verdict
 
 
 def run(target: Path, what: str, fmt: str, output: Path | None) -> int:
     ws = Workspace.open(target)
+    refuse_ambiguous_verdict(read_entries(ws), what)
     ev = gather(ws, what)
     image_dir = output.with_name(output.stem + "-plots") if (output and fmt == "md") else None
     text, files = render(ev, fmt, image_dir)
@@ -35,6 +38,7 @@ def run(target: Path, what: str, fmt: str, output: Path | None) -> int:
 
 def pr(target: Path, what: str, remote: str, dry_run: bool, output: Path | None) -> int:
     ws = Workspace.open(target)
+    refuse_ambiguous_verdict(read_entries(ws), what)
     ev = gather(ws, what)
     branch = ev.verdict.get("branch") or ev.proposal.get("branch")
     if not branch or ev.kind != "proposal":

@@ -15,6 +15,7 @@ from ..records import append, read_entries
 from ..workspace import Workspace, git
 from .evaluate import show as show_evaluation
 from .output import out, print_json, progress
+from .proposal_ids import refuse_ambiguous
 
 
 def merges(ws: Workspace) -> list[dict[str, Any]]:
@@ -49,6 +50,7 @@ def merges(ws: Workspace) -> list[dict[str, Any]]:
 
 def resolve_merge(ws: Workspace, what: str) -> dict[str, Any]:
     rows = merges(ws)
+    refuse_ambiguous(what, [r["proposal"] for r in rows])
     for r in rows:
         if what == r["proposal"] or (r["proposal"] or "").endswith("/" + what.zfill(3)):
             return r

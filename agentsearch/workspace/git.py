@@ -29,6 +29,9 @@ def _clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
             "GIT_COMMITTER_NAME": AGENT_NAME,
             "GIT_COMMITTER_EMAIL": AGENT_EMAIL,
             "GIT_TERMINAL_PROMPT": "0",
+            # every git call: no repository hook, no fsmonitor (nothing a proposal wrote runs as us)
+            "GIT_CONFIG_COUNT": "2", "GIT_CONFIG_KEY_0": "core.hooksPath", "GIT_CONFIG_VALUE_0": "/dev/null",
+            "GIT_CONFIG_KEY_1": "core.fsmonitor", "GIT_CONFIG_VALUE_1": "false",
             "LC_ALL": "C",
         }
     )
@@ -40,7 +43,9 @@ def _clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 def run_git(*args: str, cwd: Path | str, check: bool = True, input: str | None = None, env: dict[str, str] | None = None) -> str:
     """Run ``git args`` in ``cwd``; return stdout. Raise GitError on a non-zero exit."""
     proc = subprocess.run(
-        ["git", "-c", "commit.gpgsign=false", "-c", "core.quotepath=false", *args],
+        # never a repository hook or fsmonitor: nothing a proposal wrote runs as the orchestrator
+        ["git", "-c", "commit.gpgsign=false", "-c", "core.quotepath=false", "-c", "core.hooksPath=/dev/null",
+         "-c", "core.fsmonitor=false", *args],
         cwd=str(cwd),
         env=_clean_env(env),
         input=input,
@@ -368,7 +373,8 @@ def trailer_merges(repo_dir: Path, tip: str, since: str | None, key: str) -> lis
 
 def run_git_bytes(*args: str, cwd: Path | str) -> bytes:
     """``run_git`` for binary output (blob contents); raises GitError on a non-zero exit."""
-    proc = subprocess.run(["git", *args], cwd=str(cwd), env=_clean_env(), capture_output=True)
+    proc = subprocess.run(["git", "-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false", *args], cwd=str(cwd),
+                          env=_clean_env(), capture_output=True)
     if proc.returncode != 0:
         raise GitError(args, proc.returncode, proc.stdout.decode(errors="replace"), proc.stderr.decode(errors="replace"))
     return proc.stdout

@@ -375,17 +375,17 @@ json.dump({"ops_s": 1.0 / (time.perf_counter() - t0)}, open(out, "w"))
 def test_a_patched_timer_in_a_command_bench_cannot_win_on_wall_s(tmp_path):
     """A bench that times itself runs the candidate's code in its process: the candidate can slow its clock.
     ``metric = "wall_s"`` judges the orchestrator's clock instead."""
-    repo = make_target(tmp_path, files={"bench/bench.py": CLOCK_BENCH, "model.py": "import time\ndef work():\n    time.sleep(0.25)\n"})
+    repo = make_target(tmp_path, files={"bench/bench.py": CLOCK_BENCH, "model.py": "import time\ndef work():\n    time.sleep(0.3)\n"})
     cfg = (repo / "agentsearch.toml").read_text().replace('metric = "ops_s"\nhigher_is_better = true', 'metric = "wall_s"\nhigher_is_better = false')
     commit(repo, {"agentsearch.toml": cfg}, "judge the wall clock")
     main = Workspace.open(repo).baseline_commit()
-    cheat = "import time\n_r = time.perf_counter\ntime.perf_counter = lambda: _r() * 0.5\ndef work():\n    time.sleep(0.25)\n"
+    cheat = "import time\n_r = time.perf_counter\ntime.perf_counter = lambda: _r() * 0.5\ndef work():\n    time.sleep(0.3)\n"
     commit(repo, {"model.py": cheat}, "slow clock", branch="clock")
-    commit(repo, {"model.py": "import time\ndef work():\n    time.sleep(0.15)\n"}, "less work", branch="faster")
+    commit(repo, {"model.py": "import time\ndef work():\n    time.sleep(0.1)\n"}, "less work", branch="faster")
     rc, out = evaluate(repo, "clock")
     assert rc == 4 and out["verdict"] == "reject", out["reasons"]
     assert Workspace.open(repo).baseline_commit() == main
     assert all(t["metrics"]["ops_s"] > 0 for t in out["trials"] if t["ok"])  # the bench's own number is kept as context
     rc, out = evaluate(repo, "faster")
     assert rc == 0 and out["verdict"] == "merge", out["reasons"]
-    assert out["workloads"]["speed"]["speedup"] > 1.2
+    assert out["workloads"]["speed"]["speedup"] > 1.3

@@ -1,0 +1,123 @@
+"""Progress on stderr for long commands (evaluate, calibrate, episode, verify, profile, review).
+
+Every stage reports through one callback, ``say(stage, detail)``. Where it goes depends on
+stderr: on a terminal a live line (spinner, elapsed time, the latest stage) with permanent
+lines for milestones; anywhere else (CI, ``| tee``, nohup, a log file) one plain line per
+stage change and per pair, ``[06:41:07 +12.3s] stage: detail``, never wrapped. ``--quiet``
+(``set_quiet``) turns it off. Progress never goes to stdout, so ``--json`` stays valid.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
+
+Say = Callable[[str, str], None]
+
+_quiet = False
+
+
+def set_quiet(quiet: bool) -> None:
+    """Process-wide switch: the CLI sets it from --quiet before running a command."""
+    global _quiet
+    _quiet = quiet
+
+
+def is_quiet() -> bool:
+    return _quiet
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def stamp(start: float, now: float | None = None) -> str:
+    """``[HH:MM:SS +12.3s]``: wall clock (local) and seconds since ``start`` (monotonic)."""
+    elapsed = (time.monotonic() if now is None else now) - start
+    return f"[{time.strftime('%H:%M:%S')} +{elapsed:.1f}s]"
+
+
+def is_milestone(stage: str) -> bool:
+    """Episode convention: a stage without a space (a proposal id) is a milestone worth a
+    permanent line; ``"<proposal> <stage>"`` is a step inside it."""
+    return " " not in stage
+
+
+class PlainProgress:
+    """One plain, timestamped line per call (consecutive repeats dropped), written straight to
+    the stream so nothing wraps it."""
+
+    def __init__(self, stream: Any = None):
+        self.stream = stream
+        self.start = time.monotonic()
+        self.last: tuple[str, str] | None = None
+
+    def __call__(self, stage: str, detail: str) -> None:
+        stage, detail = _one_line(stage), _one_line(detail)
+        if (stage, detail) == self.last:
+            return
+        self.last = (stage, detail)
+        stream = self.stream or sys.stderr
+        text = f"{stage}: {detail}" if detail else stage
+        try:
+            stream.write(f"{stamp(self.start)} {text}\n")
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe must not fail the measurement
+            pass
+
+
+class LiveProgress:
+    """A rich live line on a terminal: spinner, elapsed time, the latest stage and detail;
+    milestones (see ``is_milestone``) also print a permanent line with their time."""
+
+    def __init__(self, console: Any, milestones: bool):
+        from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+        self.console = console
+        self.milestones = milestones
+        self.start = time.monotonic()
+        self.bar = Progress(SpinnerColumn(), TimeElapsedColumn(), TextColumn("{task.description}"),
+                            console=console, transient=True)
+        self.task = self.bar.add_task("starting", total=None)
+
+    def __enter__(self) -> "LiveProgress":
+        self.bar.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.bar.__exit__(*exc)
+
+    def __call__(self, stage: str, detail: str) -> None:
+        from rich.markup import escape
+
+        stage, detail = _one_line(stage), _one_line(detail)
+        text = f"[bold]{escape(stage)}[/bold] {escape(detail)}"
+        if self.milestones and is_milestone(stage):
+            self.bar.console.print(f"[dim]{stamp(self.start)}[/dim] {text}", soft_wrap=True)
+        else:
+            self.bar.update(self.task, description=text)
+
+
+def _quiet_say(stage: str, detail: str) -> None:
+    return None
+
+
+@contextmanager
+def progress(console: Any = None, enabled: bool = True, milestones: bool = False) -> Iterator[Say]:
+    """Yields ``say(stage, detail)``: live on a terminal, plain timestamped lines elsewhere,
+    nothing when quiet or not ``enabled``. Plain lines start with the first ``say``, so an error
+    before any work stays the only line on stderr."""
+    if not enabled or _quiet:
+        yield _quiet_say
+        return
+    if console is None:
+        from rich.console import Console
+
+        console = Console(stderr=True, highlight=False, soft_wrap=True)
+    if not console.is_terminal:
+        yield PlainProgress(console.file)
+        return
+    with LiveProgress(console, milestones) as live:
+        yield live

@@ -1,0 +1,108 @@
+"""A cgroup (v2) per warm engine: freeze it while the other side is measured, kill all of it at the end.
+
+Freezing a cgroup is atomic and covers processes created later, where signalling a process tree is
+not (a side can fork relays faster than a scan of /proc sees them). Where the machine has no
+writable cgroup v2 hierarchy with ``cgroup.freeze`` (not root, cgroup v1 only), ``Group.create``
+returns None and callers fall back to signals.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+from pathlib import Path
+
+ROOTS = (Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/unified"))
+_counter = itertools.count()
+
+
+def _v2_root() -> Path | None:
+    for root in ROOTS:
+        if (root / "cgroup.procs").exists() and (root / "cgroup.subtree_control").exists() and os.access(root, os.W_OK):
+            return root
+    return None
+
+
+class Group:
+    def __init__(self, path: Path):
+        self.path = path
+
+    @classmethod
+    def create(cls, label: str) -> "Group | None":
+        root = _v2_root()
+        if root is None:
+            return None
+        path = root / f"agentsearch-{os.getpid()}-{next(_counter)}-{label}"
+        try:
+            path.mkdir()
+        except OSError:
+            return None
+        if not (path / "cgroup.freeze").exists():
+            path.rmdir()
+            return None
+        return cls(path)
+
+    def join_self(self) -> None:
+        """For ``preexec_fn``: the starting child (and so everything it starts) joins the group."""
+        with open(self.path / "cgroup.procs", "w") as fh:
+            fh.write("0")
+
+    def _events(self) -> dict[str, str]:
+        try:
+            return dict(line.split() for line in (self.path / "cgroup.events").read_text().splitlines() if line.strip())
+        except (OSError, ValueError):
+            return {}
+
+    def freeze(self, timeout_s: float = 10.0) -> bool:
+        try:
+            (self.path / "cgroup.freeze").write_text("1")
+        except OSError:
+            return False
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self._events().get("frozen") == "1":
+                return True
+            time.sleep(0.005)
+        return False
+
+    def thaw(self) -> None:
+        try:
+            (self.path / "cgroup.freeze").write_text("0")
+        except OSError:
+            pass
+
+    def pids(self) -> list[int]:
+        try:
+            return [int(p) for p in (self.path / "cgroup.procs").read_text().split()]
+        except OSError:
+            return []
+
+    def kill(self) -> None:
+        """Every process in the group, at once (cgroup.kill), or one by one where that is missing."""
+        self.thaw()
+        if (self.path / "cgroup.kill").exists():
+            try:
+                (self.path / "cgroup.kill").write_text("1")
+                return
+            except OSError:
+                pass
+        import signal
+
+        for pid in self.pids():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+    def remove(self, timeout_s: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                self.path.rmdir()
+                return
+            except OSError:
+                if time.monotonic() > deadline:
+                    return
+                self.kill()
+                time.sleep(0.05)

@@ -1,0 +1,187 @@
+"""CLI usability (issue 13): git-style -C on the group, progress without a terminal, the working
+copy of agentsearch.toml said out loud, and ambiguous short proposal ids refused."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from agentsearch.cli import main
+from agentsearch.progress import PlainProgress
+
+from .conftest import ROOT, TOY_BENCH, commit, make_repo, run_cli, toy_config
+from .test_episode import BENCH, make_target, patch_from
+
+STAMP = re.compile(r"^\[\d\d:\d\d:\d\d \+\d+\.\ds\] ")
+# a functional-test command longer than 80 columns: its progress line must come out whole
+LONG_TEST = "tests/check.py --this-is-a-deliberately-long-argument-list --so-that-the-progress-line-is-wider-than-eighty-columns"
+
+
+def toy(path: Path, extra: str = "") -> Path:
+    config = toy_config(timeout=4, extra=extra).replace(
+        'protected = ["bench/**"]', f'protected = ["bench/**", "tests/**"]\ntest = "{sys.executable} {LONG_TEST}"')
+    repo = make_repo(path, {"agentsearch.toml": config, "bench/bench.py": TOY_BENCH, "speed.txt": "1.0\n",
+                            "src/model.py": "X = 1\n", "tests/check.py": "import sys\nsys.exit(0)\n"})
+    assert run_cli("init", "-C", str(repo)).returncode == 0
+    return repo
+
+
+FAST_GATE = "\n[gate]\nmin_pairs = 3\nmax_pairs = 6\nconfirm_pairs = 0\n"
+
+
+def run_env(*args: str, env: dict[str, str], cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "agentsearch.cli", *args], cwd=cwd or ROOT, env={**os.environ, **env},
+                          capture_output=True, text=True, timeout=600)
+
+
+def records(proc: subprocess.CompletedProcess) -> int:
+    m = re.search(r"ok, (\d+) records", proc.stdout)
+    assert m, proc.stdout + proc.stderr
+    return int(m.group(1))
+
+
+# ------------------------------------------------------------------ 1. -C on the group
+
+
+def test_group_C_evaluates_with_plain_progress_and_json_stays_valid(tmp_path):
+    repo = toy(tmp_path / "toy", FAST_GATE)
+    commit(repo, {"speed.txt": "1.3\n"}, "faster", branch="fast")
+    proc = run_cli("-C", str(repo), "evaluate", "fast", "--json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)  # progress never reaches stdout
+    assert data["verdict"] == "merge"
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    stamped = [ln for ln in lines if STAMP.match(ln)]
+    assert len(stamped) >= 4, proc.stderr
+    # every line is whole: a timestamped progress line or an agentsearch message, none a wrapped tail
+    assert all(STAMP.match(ln) or ln.startswith("agentsearch: ") for ln in lines), proc.stderr
+    assert any("speed (objective): pair 3/" in ln and "running estimate" in ln for ln in stamped), proc.stderr
+    long = [ln for ln in stamped if "functional-tests" in ln]
+    assert long and long[0].endswith(LONG_TEST) and len(long[0]) > 120, proc.stderr
+    # times go forward
+    elapsed = [float(re.search(r"\+(\d+\.\d)s\]", ln).group(1)) for ln in stamped]
+    assert elapsed == sorted(elapsed)
+
+
+def test_quiet_suppresses_progress(tmp_path):
+    repo = toy(tmp_path / "toy", FAST_GATE)
+    for args in (("-C", str(repo), "--quiet", "evaluate", "main", "--json"), ("evaluate", "-C", str(repo), "-q", "main", "--json")):
+        proc = run_cli(*args)
+        json.loads(proc.stdout)
+        assert not any(STAMP.match(ln) for ln in proc.stderr.splitlines()), proc.stderr
+
+
+def test_plain_progress_is_one_unwrapped_line_per_change():
+    buf = io.StringIO()
+    say = PlainProgress(buf)
+    detail = "pair 3/12, running estimate +4.1% " + "x" * 200
+    say("throughput (objective)", detail)
+    say("throughput (objective)", detail)  # a repeat is not a change
+    say("verify", "prefill\npath")  # never more than one line
+    lines = buf.getvalue().splitlines()
+    assert len(lines) == 2
+    assert STAMP.match(lines[0]) and lines[0].endswith("throughput (objective): " + detail)
+    assert lines[1].endswith("verify: prefill path")
+
+
+def test_group_C_reaches_history_and_nested_verify(tmp_path):
+    repo = toy(tmp_path / "toy", FAST_GATE)
+    other = toy(tmp_path / "other")  # the current directory: a different workspace
+    assert run_cli("-C", str(repo), "evaluate", "main", "--json").stdout
+    want = records(run_cli("history", "verify", "-C", str(repo)))
+    assert want > records(run_cli("history", "verify", cwd=other))
+    assert records(run_cli("history", "-C", str(repo), "verify", cwd=other)) == want
+    assert records(run_cli("-C", str(repo), "history", "verify", cwd=other)) == want
+    shown = run_cli("-C", str(repo), "history", "--json", cwd=other)
+    assert shown.returncode == 0 and json.loads(shown.stdout)[0]["branch"] == "main"
+    # the same directory twice is fine; two different ones are one line, exit 2
+    assert records(run_cli("-C", str(repo), "history", "-C", str(repo), "verify", cwd=other)) == want
+    proc = run_cli("-C", str(repo), "history", "verify", "-C", str(other), cwd=other)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "disagree" in proc.stderr
+    proc = run_cli("-C", str(repo), "evaluate", "-C", str(other), "main")
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and str(other) in proc.stderr
+
+
+def test_C_is_never_dropped_silently(tmp_path):
+    proc = run_cli("-C", str(tmp_path), "model", "tiny")
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "takes no target" in proc.stderr
+    proc = run_cli("-C", str(tmp_path), "init", "--from-installed", "vllm", str(tmp_path / "fork"))
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and not (tmp_path / "fork").exists()
+
+
+def test_group_options_in_help():
+    res = CliRunner().invoke(main, ["--help"])
+    assert "-C, --target" in res.output and "--strict-config" in res.output and "--quiet" in res.output
+
+
+# ------------------------------------------------------------------ 3. the working copy of the config
+
+
+def test_edited_working_config_is_said_and_strict_refuses(tmp_path):
+    repo = toy(tmp_path / "toy")
+    clean = run_cli("review", "-C", str(repo), "--json")
+    assert clean.returncode == 0 and clean.stderr == ""
+    cfg = repo / "agentsearch.toml"
+    cfg.write_text(cfg.read_text().replace('TOY_CV = "0.02"', 'TOY_CV = "0.05"'))
+
+    proc = run_cli("review", "-C", str(repo), "--json")
+    assert proc.returncode == 0 and json.loads(proc.stdout) == []
+    assert proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.startswith("agentsearch: warning: using the committed agentsearch.toml of main; your working copy differs")
+    assert "commit them to use them" in proc.stderr
+
+    for args, env in ((("review", "-C", str(repo), "--strict-config"), {}), (("-C", str(repo), "--strict-config", "review"), {}),
+                      (("review", "-C", str(repo)), {"AGENTSEARCH_STRICT_CONFIG": "1"})):
+        proc = run_env(*args, env=env)
+        assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+        assert "working copy differs" in proc.stderr and "refusing" in proc.stderr
+
+    # reading the history needs no config: no warning there
+    assert run_cli("history", "-C", str(repo), "verify").stderr == ""
+    # committed: nothing to say any more
+    commit(repo, None, "use the new noise level")
+    assert run_env("review", "-C", str(repo), env={"AGENTSEARCH_STRICT_CONFIG": "1"}).returncode == 0
+
+
+# ------------------------------------------------------------------ 4. ambiguous short ids
+
+
+def test_short_id_of_several_episodes_is_refused(tmp_path):
+    repo = make_target(tmp_path / "toy")
+    ids = []
+    for n in range(2):
+        queue = tmp_path / f"queue{n}"
+        queue.mkdir()
+        (queue / "01-cheat.patch").write_text(patch_from(repo, {"bench/bench.py": BENCH.replace("1000.0", f"{2000 + n}.0")}, f"cheat{n}", "Speed up the benchmark"))
+        proc = run_cli("episode", "-C", str(repo), "--patches", str(queue), "--json")
+        assert proc.returncode == 0, proc.stderr
+        ids.append(json.loads(proc.stdout)["proposals"][0]["proposal"])
+    assert ids[0] != ids[1] and all(i.endswith("/001") for i in ids)
+    for what in ("001", "1"):
+        proc = run_cli("report", "-C", str(repo), what)
+        assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+        assert f"ambiguous proposal '{what}': {ids[0]}, {ids[1]}; give the episode too" in proc.stderr
+    proc = run_cli("pr", "-C", str(repo), "001", "--dry-run")
+    assert proc.returncode == 2 and "ambiguous proposal" in proc.stderr
+    for full in ids:
+        proc = run_cli("report", "-C", str(repo), full)
+        assert proc.returncode == 0 and proc.stdout.startswith("# REJECT"), proc.stderr
+
+
+def test_refuse_ambiguous_only_when_more_than_one_matches():
+    from agentsearch.commands.proposal_ids import refuse_ambiguous
+    from agentsearch.errors import AgentsearchError
+
+    refuse_ambiguous("001", ["e1/001", "e1/002"])
+    refuse_ambiguous("e1/001", ["e1/001", "e2/001"])
+    refuse_ambiguous("001", ["e1/001", "e2/001"], exact=["001"])  # a branch named 001 is not ambiguous
+    with pytest.raises(AgentsearchError, match=r"ambiguous proposal '2': e1/002, e2/002; give the episode too"):
+        refuse_ambiguous("2", ["e1/002", "e2/002", "e2/002", None])
