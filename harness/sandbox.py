@@ -38,6 +38,8 @@ from typing import Iterator, Mapping, Sequence
 
 SANDBOX_SCHEMA = 2
 INNER_HOME = "/tmp/home"
+TMP_BYTES = 4 << 30  # the sandbox's /tmp (tmpfs: memory)
+SHM_BYTES = 2 << 30  # its /dev/shm
 # the system, read-only; symlinked top-level directories (merged /usr) are recreated as links
 SYSTEM_DIRS = ("/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/sys")
 # kernel knobs under the sandbox's own /proc, bound read-only over themselves (core_pattern, sysrq, ...)
@@ -90,7 +92,8 @@ class Sandbox:
                 args += ["--ro-bind", d, d]
         for dev in self.devices:
             args += ["--dev-bind", dev, dev]
-        args += ["--tmpfs", "/tmp", "--tmpfs", "/dev/shm", "--dir", INNER_HOME]
+        # private and size-capped: a side cannot fill the machine's memory through them
+        args += ["--size", str(TMP_BYTES), "--tmpfs", "/tmp", "--size", str(SHM_BYTES), "--tmpfs", "/dev/shm", "--dir", INNER_HOME]
         for p in (*python_dirs(), *self.read_only):
             if os.path.exists(p):
                 args += ["--ro-bind", p, p]
