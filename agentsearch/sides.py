@@ -235,12 +235,20 @@ class Sides:
         try:
             self._stack.close()
         finally:
-            for path in self.worktrees.values():
-                # removed as plain files, then pruned from the repository: git never runs inside a
-                # worktree a side could have tampered with
+            admin_root = (self.ws.common / "worktrees").resolve()
+            for side in self.commits:
+                path = self.worktrees.get(side)
+                if path is None:  # interrupted while git was still making it: no side code ever ran there
+                    self.ws.remove_worktree(self.ws.worktrees / f"{self.tag}-{side}")
+                    continue
+                # removed as plain files, its administrative directory too, then pruned from the repository:
+                # git never runs inside a worktree a side could have tampered with
                 shutil.rmtree(path, ignore_errors=True)
-            if self.worktrees:
-                git.prune_worktrees(self.ws.repo_dir)
+                link = self.git_links.get(side, "")
+                admin = Path(link.split("gitdir:", 1)[1].strip()).resolve() if "gitdir:" in link else None
+                if admin is not None and admin.parent == admin_root:
+                    shutil.rmtree(admin, ignore_errors=True)
+            git.prune_worktrees(self.ws.repo_dir)
             shutil.rmtree(self.scratch, ignore_errors=True)
 
 

@@ -342,7 +342,7 @@ class WorkerSession(Parkable):
             return
         t0 = time.perf_counter()
         try:
-            if proc.poll() is None and proc.stdin:
+            if proc.poll() is None and proc.stdin and self.ready:  # a graceful quit only for an engine that is up
                 try:
                     proc.stdin.write(b'{"cmd": "quit"}\n')
                     proc.stdin.flush()

@@ -215,6 +215,8 @@ class ServeSession(Parkable):
         t0 = time.perf_counter()
         try:
             try:
+                if self.startup_s is None:  # never came up: nothing to shut down cleanly
+                    raise ProcessLookupError
                 os.killpg(proc.pid, signal.SIGINT)  # let uvicorn and the engine shut down cleanly
                 proc.wait(timeout=20)
             except (ProcessLookupError, PermissionError, subprocess.TimeoutExpired):
