@@ -73,7 +73,8 @@ def test_fork_relays_cannot_escape_the_parking(tmp_path):
     commit(repo, {"vllm/__init__.py": CPU_VLLM + RELAY}, "relay hogs", branch="relay")
     rc, out = evaluate_engine(repo, "relay")
     assert rc == 4 and out["verdict"] == "reject", out["reasons"]
-    assert out["workloads"]["throughput"]["speedup"] < 1.15, out["workloads"]["throughput"]
+    # unparked, the relays made the candidate look ~2x faster; parked, only noise is left
+    assert out["workloads"]["throughput"]["speedup"] < 1.3, out["workloads"]["throughput"]
 
 
 PRECOMPUTE = '''
