@@ -43,9 +43,7 @@ def _clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 def run_git(*args: str, cwd: Path | str, check: bool = True, input: str | None = None, env: dict[str, str] | None = None) -> str:
     """Run ``git args`` in ``cwd``; return stdout. Raise GitError on a non-zero exit."""
     proc = subprocess.run(
-        # never a repository hook or fsmonitor: nothing a proposal wrote runs as the orchestrator
-        ["git", "-c", "commit.gpgsign=false", "-c", "core.quotepath=false", "-c", "core.hooksPath=/dev/null",
-         "-c", "core.fsmonitor=false", *args],
+        ["git", "-c", "commit.gpgsign=false", "-c", "core.quotepath=false", *args],
         cwd=str(cwd),
         env=_clean_env(env),
         input=input,
@@ -373,8 +371,7 @@ def trailer_merges(repo_dir: Path, tip: str, since: str | None, key: str) -> lis
 
 def run_git_bytes(*args: str, cwd: Path | str) -> bytes:
     """``run_git`` for binary output (blob contents); raises GitError on a non-zero exit."""
-    proc = subprocess.run(["git", "-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false", *args], cwd=str(cwd),
-                          env=_clean_env(), capture_output=True)
+    proc = subprocess.run(["git", *args], cwd=str(cwd), env=_clean_env(), capture_output=True)
     if proc.returncode != 0:
         raise GitError(args, proc.returncode, proc.stdout.decode(errors="replace"), proc.stderr.decode(errors="replace"))
     return proc.stdout
