@@ -28,6 +28,7 @@ from . import proposers
 from .errors import AgentsearchError, CasError, ConfigError, LockedError, TargetError
 from .evaluation import Evaluation, evaluate
 from .gate import MERGE, REJECT, Check, Status, judge
+from .headline import headline
 from .proposers.base import Candidate, Proposer
 from .workspace import Workspace, git
 from .workspace.history_head import trailers as history_trailers
@@ -92,9 +93,6 @@ class EpisodeState:
     @property
     def judged_keys(self) -> set[str]:
         return {p.key for p in self.proposals.values()}
-
-    def by_content(self) -> dict[str, ProposalState]:
-        return {p.verdict["content_key"]: p for p in self.proposals.values() if p.verdict and p.verdict.get("content_key")}
 
 
 def derive_seed(master: int, number: int) -> int:
@@ -230,8 +228,10 @@ class Episode:
         rows = []
         for p in sorted(self.state.proposals.values(), key=lambda p: p.number):
             v = p.verdict or {}
+            obj = (v.get("workloads") or {}).get(v.get("objective") or "", {})
             rows.append({"proposal": p.id, "title": p.created.get("title"), "branch": p.created.get("branch"),
                          "verdict": v.get("verdict"), "speedup": v.get("speedup"), "reasons": v.get("reasons", []),
+                         "pairs": obj.get("pairs"), "headline": headline(v) if v else None,
                          "merged": bool(p.merge and p.merge.get("ok"))})
         return {
             "episode": self.plan.episode, "reason": reason, "proposals": rows,
@@ -326,10 +326,10 @@ class Episode:
         if git.tree_of(self.ws.repo_dir, commit) == git.tree_of(self.ws.repo_dir, base):
             self._verdict(p, _static_verdict("patch-applies", "the patch makes no change to the baseline"), base, commit, None, content_key)
             return
-        twin = self.state.by_content().get(content_key)
-        if twin is not None and twin.number != p.number:
-            reason = (f"identical to {twin.id} (same code, baseline, workloads and environment), judged "
-                      f"{twin.verdict['verdict']}; not re-measured")
+        twin = self._twin(content_key, p)
+        if twin is not None:
+            reason = (f"identical to {twin['proposal']} (same code, baseline, workloads and environment), judged "
+                      f"{twin['verdict']}; not re-measured")
             self._verdict(p, _static_verdict("not-a-duplicate", reason), base, commit, None, content_key)
             return
 
@@ -351,6 +351,14 @@ class Episode:
             self.record("distribution", p.id, {"number": p.number, **ev.distribution.to_json()})
         self._verdict(p, ev.verdict, base, commit, ev, content_key)
 
+    def _twin(self, content_key: str, p: ProposalState) -> Mapping[str, Any] | None:
+        """The first verdict on the same content key in any episode of the history (the same
+        candidate tree on the same baseline tree, config and environment), other than ``p``'s."""
+        for e in self.log.entries():
+            if e.kind == "verdict" and e.proposal != p.id and e.data.get("content_key") == content_key:
+                return e.data
+        return None
+
     def _verdict(self, p: ProposalState, verdict: Any, base: str, commit: str | None, ev: Evaluation | None,
                  content_key: str | None = None) -> None:
         data: dict[str, Any] = {
@@ -369,7 +377,7 @@ class Episode:
             data["speedup"] = w.speedup if w else None
         self.record("verdict", p.id, data)
         p.verdict = data
-        self.say(p.id, f"{verdict.verdict.upper()}" + (f": {verdict.reasons[0]}" if verdict.reasons else ""))
+        self.say(p.id, headline(data))
         prop_path = self.ws.worktrees / f"{self.plan.episode}-{p.number:03d}"
         if prop_path.exists():
             self.ws.remove_worktree(prop_path)
@@ -425,9 +433,22 @@ def merge_message(v: Mapping[str, Any], history: tuple[int, str] | None = None) 
     return f"{head}\n\n{evidence_text(v)}\nAgentsearch-Proposal: {v['proposal']}\nAgentsearch-Candidate: {v['candidate']}\n{extra}"
 
 
+def reproduce_command(v: Mapping[str, Any]) -> str:
+    """The `agentsearch evaluate` that re-measures this verdict: same candidate, baseline commit, seed and alpha."""
+    if not v.get("candidate") or v.get("seed") is None:
+        return "(reached before any measurement: nothing to reproduce)"
+    cmd = f"agentsearch evaluate {v['candidate'][:12]}"
+    if v.get("baseline"):
+        cmd += f" --baseline {v['baseline'][:12]}"
+    cmd += f" --seed {v['seed']}"
+    if v.get("alpha") is not None:
+        cmd += f" --alpha {v['alpha']!r}"
+    return cmd
+
+
 def evidence_text(v: Mapping[str, Any]) -> str:
     """The evidence of a verdict in a few lines: for the merge message and the git note."""
-    lines = [f"Verdict: {v['verdict']} ({v['proposal']}, branch {v.get('branch')})"]
+    lines = [f"Verdict: {v['verdict']} ({v['proposal']}, branch {v.get('branch')})", headline(v)]
     for name, w in (v.get("workloads") or {}).items():
         sp, ci = w.get("speedup"), w.get("ci")
         if sp is None:
@@ -438,7 +459,7 @@ def evidence_text(v: Mapping[str, Any]) -> str:
                      else f"- {name} ({w['role']}): {sp - 1:+.2%}{ci_s}, {w['pairs']} pairs")
     for c in v.get("checks", []):
         lines.append(f"- check {c['name']}: {c['status']}" + (f" ({c['detail']})" if c.get("detail") else ""))
-    lines.append(f"Reproduce: agentsearch evaluate {v['candidate'][:12] if v.get('candidate') else '?'} --seed {v.get('seed', '?')}")
+    lines.append(f"Reproduce: {reproduce_command(v)}")
     return "\n".join(lines) + "\n"
 
 

@@ -101,7 +101,7 @@ def test_group_C_reaches_history_and_nested_verify(tmp_path):
     assert records(run_cli("history", "-C", str(repo), "verify", cwd=other)) == want
     assert records(run_cli("-C", str(repo), "history", "verify", cwd=other)) == want
     shown = run_cli("-C", str(repo), "history", "--json", cwd=other)
-    assert shown.returncode == 0 and json.loads(shown.stdout)[0]["branch"] == "main"
+    assert shown.returncode == 0 and json.loads(shown.stdout)["evaluations"][0]["branch"] == "main"
     # the same directory twice is fine; two different ones are one line, exit 2
     assert records(run_cli("-C", str(repo), "history", "-C", str(repo), "verify", cwd=other)) == want
     proc = run_cli("-C", str(repo), "history", "verify", "-C", str(other), cwd=other)
@@ -133,7 +133,7 @@ def test_edited_working_config_is_said_and_strict_refuses(tmp_path):
     cfg.write_text(cfg.read_text().replace('TOY_CV = "0.02"', 'TOY_CV = "0.05"'))
 
     proc = run_cli("review", "-C", str(repo), "--json")
-    assert proc.returncode == 0 and json.loads(proc.stdout) == []
+    assert proc.returncode == 0 and json.loads(proc.stdout) == {"schema_version": 1, "merges": []}
     assert proc.stderr.count("\n") == 1, proc.stderr
     assert proc.stderr.startswith("agentsearch: warning: using the committed agentsearch.toml of main; your working copy differs")
     assert "commit them to use them" in proc.stderr
