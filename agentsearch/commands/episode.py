@@ -111,8 +111,8 @@ def show(summary: dict[str, Any]) -> None:
     t.add_column("verdict", no_wrap=True)
     t.add_column("Δ obj.", justify="right", no_wrap=True)
     t.add_column("pairs", justify="right", no_wrap=True)
-    t.add_column("title", no_wrap=True, overflow="ellipsis", ratio=1, min_width=8)
-    t.add_column("reason", no_wrap=True, overflow="ellipsis", ratio=2, min_width=10)
+    t.add_column("title", no_wrap=True, overflow="ellipsis", max_width=40)
+    t.add_column("reason", no_wrap=True, overflow="ellipsis", min_width=12)
     for r in summary["proposals"]:
         verdict = (r.get("verdict") or "—") + (" (merged)" if r.get("merged") else (" (NOT merged)" if r.get("verdict") == "merge" else ""))
         pairs = r.get("pairs")

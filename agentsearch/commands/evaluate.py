@@ -72,7 +72,7 @@ def show(result: Evaluation, ref_is_branch: bool | None = None, no_change: bool 
                 pct(w.speedup), "—" if w.ci is None else ci_text(w.ci), p_text(w.p_value),
                 str(w.pairs), decision_label(w.to_json()),
             )
-        t.caption = "* objective; confirm: the objective again on fresh seeds"
+        t.caption = "* objective" + ("; confirm: the objective again on fresh seeds" if result.confirmation else "")
         out.print(t)
     c = Table(title="gate checks", box=None, pad_edge=False, padding=(0, 1, 0, 0), header_style="bold")
     c.add_column("check", no_wrap=True)

@@ -61,11 +61,11 @@ def _units(ws: Workspace) -> dict[str, str]:
 def state(r: dict[str, Any]) -> str:
     """What became of a verdict: merged / reverted / not merged, and the last recheck."""
     if r["kind"] == "evaluate":
-        return "—"  # evaluate never merges
+        return "evaluate"  # evaluate never merges
     if r["merged"]:
         base = "reverted" if r["reverted"] else "merged"
         return f"{base}, {RECHECK[r['recheck']]}" if r["recheck"] is not None else base
-    return "NOT merged" if r["verdict"] == "merge" else "—"
+    return "NOT merged" if r["verdict"] == "merge" else ""
 
 
 def show(target: Path, as_json: bool) -> int:
@@ -77,37 +77,46 @@ def show(target: Path, as_json: bool) -> int:
     if not data:
         out.print("no evaluations recorded yet")
         return 0
-    out.print(table(data))
+    out.print(table(data, out.width))
     return 0
 
 
-def table(data: list[dict[str, Any]]) -> Any:
-    """A compact table that fits the terminal: long titles and reasons are ellipsized, never wrapped."""
-    from rich import box
+def fit(text: str, width: int) -> str:
+    """One line of at most ``width`` characters, ellipsized."""
+    text = " ".join(str(text).split())
+    return text if len(text) <= width else text[: max(0, width - 1)] + "…"
+
+
+def table(data: list[dict[str, Any]], width: int = 100) -> Any:
+    """A compact table that fits ``width`` columns: one line per verdict, the title and the
+    reason ellipsized to what is left; each episode under its own heading row."""
     from rich.markup import escape
     from rich.table import Table
 
-    t = Table(box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1), title="history (agentsearch history --json: everything)")
-    t.add_column("#", no_wrap=True, max_width=24, overflow="ellipsis")
-    t.add_column("verdict", no_wrap=True)
-    t.add_column("state", no_wrap=True)
-    t.add_column("Δ obj.", justify="right", no_wrap=True)
-    t.add_column("pairs", justify="right", no_wrap=True)
-    t.add_column("title", no_wrap=True, overflow="ellipsis", ratio=1, min_width=8)
-    t.add_column("reason", no_wrap=True, overflow="ellipsis", ratio=2, min_width=10)
-    episode = None
+    cells = []
     for r in data:
-        if r["kind"] == "episode" and r["episode"] != episode and episode is not None:
-            t.add_section()
+        ident = (r["proposal"] or "?").rsplit("/", 1)[-1] if r["kind"] == "episode" else (r["proposal"] or "?")
+        reason = "; ".join(r["reasons"]) or (r["headline"].split(" — ", 1)[-1] if r["verdict"] == "merge" else "—")
+        cells.append([fit(ident, 14), r["verdict"] or "—", state(r), pct(r["speedup"]),
+                      "—" if r["pairs"] is None else str(r["pairs"]), r["title"] or "", reason])
+    heads = ["#", "verdict", "state", "Δ obj.", "pairs", "title", "reason"]
+    fixed = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(heads[:5])]
+    left = max(24, width - sum(fixed) - len(heads) + 1)
+    title_w = min(max(len(heads[5]), *(len(c[5]) for c in cells)), max(8, left // 3))
+    reason_w = max(10, left - title_w - 1)
+    t = Table(box=None, pad_edge=False, padding=(0, 1, 0, 0), header_style="bold", title_justify="left",
+              title="history (every record: agentsearch history --json)")
+    for i, h in enumerate(heads):
+        t.add_column(h, no_wrap=True, justify="right" if i in (3, 4) else "left")
+    color = {"merge": "green", "reject": "red", "review": "yellow"}
+    episode = None
+    for r, c in zip(data, cells):
+        if r["kind"] == "episode" and r["episode"] != episode:
+            t.add_row("", "", "", "", "", "", f"[bold]episode {escape(fit(str(r['episode']), reason_w - 8))}[/]")
         episode = r["episode"] if r["kind"] == "episode" else None
-        ident = r["proposal"] or "?"
-        if r["kind"] == "episode" and "/" in ident:
-            ident = ident.split("/", 1)[0][-12:] + "/" + ident.rsplit("/", 1)[-1]  # the episode's time and the number
-        color = {"merge": "green", "reject": "red", "review": "yellow"}.get(r["verdict"] or "", "")
-        verdict = f"[{color}]{r['verdict']}[/]" if color else str(r["verdict"])
-        reason = "; ".join(r["reasons"]) or ("—" if r["verdict"] != "merge" else r["headline"].split(" — ", 1)[-1])
-        t.add_row(escape(ident), verdict, state(r), pct(r["speedup"]), "—" if r["pairs"] is None else str(r["pairs"]),
-                  escape(r["title"] or ""), escape(reason))
+        v = c[1]
+        t.add_row(escape(c[0]), f"[{color[v]}]{v}[/]" if v in color else escape(v), escape(c[2]), c[3], c[4],
+                  escape(fit(c[5], title_w)), escape(fit(c[6], reason_w)))
     return t
 
 
