@@ -211,13 +211,18 @@ def test_read_commands_with_C_from_another_repository_and_one_json_shape(tmp_pat
     repo = toy(tmp_path / "toy", FAST_GATE)
     other = toy(tmp_path / "other")
     assert run_cli("-C", str(repo), "evaluate", "main", "--json", "-q").returncode == 4
+    from agentsearch.workspace import Workspace
+
     docs = {}
-    for verb in (["history"], ["history", "verify"], ["review"], ["insights"], ["report", "main"], ["init"]):
-        proc = run_cli("-C", str(repo), *verb, "--json", cwd=other)
-        assert proc.returncode == 0, (verb, proc.stderr)
-        doc = json.loads(proc.stdout)
+    with Workspace.open(repo).lock():  # as a running episode holds it: reading is not blocked
+        for verb in (["history"], ["history", "verify"], ["review"], ["insights"], ["report", "main"]):
+            proc = run_cli("-C", str(repo), *verb, "--json", cwd=other)
+            assert proc.returncode == 0, (verb, proc.stderr)
+            docs[" ".join(verb)] = json.loads(proc.stdout)
+    proc = run_cli("-C", str(repo), "init", "--json", cwd=other)
+    docs["init"] = json.loads(proc.stdout)
+    for verb, doc in docs.items():
         assert isinstance(doc, dict) and doc["schema_version"] == 1, (verb, doc)
-        docs[" ".join(verb)] = doc
     assert [r["branch"] for r in docs["history"]["evaluations"]] == ["main"]
     assert docs["history verify"] == {"schema_version": 1, "ok": True, "records": 1, "bad_line": None, "reason": None, "torn_tail": False}
     assert docs["review"]["merges"] == [] and docs["insights"]["proposals"] == 0

@@ -40,8 +40,6 @@ def run(target: Path, as_json: bool, ref: str, seed: int | None, keep_worktrees:
 def show(result: Evaluation, ref_is_branch: bool | None = None, no_change: bool = False, advice: bool = True) -> None:
     """The verdict in one line (number and unit), what evaluate did not do, reasons, the
     per-workload table (fits 80 columns: the CI is never cut), the gate checks and the time."""
-    from rich import box
-
     v = result.verdict
     data = result.to_json()
     color = {"merge": "green", "reject": "red", "review": "yellow"}[v.verdict]
