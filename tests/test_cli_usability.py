@@ -280,3 +280,31 @@ def test_history_table_fits_the_terminal(tmp_path):
         assert " reject " in row and " evaluate " in row and re.search(rf" [+-]\d+\.\d% +{pairs} ", row) and row.rstrip().endswith("…"), row
     shown = run_cli("history", "-C", str(repo)).stdout
     assert "lose" not in shown and "NaN" not in shown and "noop" in shown
+
+
+def test_evaluate_tables_keep_the_ci_on_80_columns(monkeypatch):
+    from rich.console import Console
+
+    import agentsearch.commands.evaluate as evaluate_cmd
+    from agentsearch.evaluation import Evaluation, WorkloadSummary
+    from agentsearch.gate import REQUIRED_CHECKS, Check, Status, judge
+
+    console = Console(width=80, record=True, highlight=False)
+    monkeypatch.setattr(evaluate_cmd, "out", console)
+
+    def summary(name, role, decision, speedup, ci, base, cand, reason=""):
+        return WorkloadSummary(name, role, 12, 12, decision, reason, speedup, ci, 0.0035, base, cand, 0, True, "output_tok_s", "tok/s")
+
+    objective = summary("throughput", "objective", "lose", 1.004, (0.93, 1.08), 780.6, 783.7, "no worthwhile speedup: ...")
+    guard = summary("a-guard-with-a-rather-long-name", "guard", "regressed", 0.9, (0.85, 0.95), 20.1, 18.1)
+    checks = [Check(n, Status.PASS, "detail " * 20) for n in REQUIRED_CHECKS]
+    result = Evaluation("perf/x", "a" * 40, "b" * 40, 5, judge(checks), {"throughput": objective, "g": guard}, None, (), "fp", {}, 0.02)
+    evaluate_cmd.show(result, ref_is_branch=True)
+    text = console.export_text()
+    assert max(map(len, text.splitlines())) <= 80, text
+    row = [ln for ln in text.splitlines() if ln.startswith("throughput*")][0]
+    assert "780.6" in row and "783.7 tok/s" in row and "+0.4%" in row and "-7.0…+8.0%" in row and "no gain" in row, text
+    assert "lose" not in text
+    assert "-15.0…-5.0%" in text and "regressed" in text
+    assert "time: 0.0 s, nothing measured" in text
+    assert "not merged: evaluate never merges; `agentsearch episode --branches perf/x`" in text.replace("\n", " ")

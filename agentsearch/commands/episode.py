@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 from rich.markup import escape
-from rich.table import Table
 
 from history import HistoryError, HistoryLog
 
@@ -18,7 +17,7 @@ from ..headline import pct
 from ..workspace import Workspace
 from ..workspace.workspace import new_episode_id
 from ..records import check_consistent, open_log, read_entries
-from .output import err, out, print_json, progress
+from .output import compact_table, err, out, print_json, progress
 
 DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*$")
 
@@ -102,23 +101,18 @@ class _open_log:
 
 
 def show(summary: dict[str, Any]) -> None:
-    """One compact row per proposal (fits the terminal: titles and reasons ellipsized), then the
+    """One line per proposal that fits the terminal (titles and reasons ellipsized), then the
     one-line verdict of every merge and the totals."""
-    from rich import box
-
-    t = Table(title=f"episode {summary['episode']}: {summary['reason']}", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
-    t.add_column("#", no_wrap=True)
-    t.add_column("verdict", no_wrap=True)
-    t.add_column("Δ obj.", justify="right", no_wrap=True)
-    t.add_column("pairs", justify="right", no_wrap=True)
-    t.add_column("title", no_wrap=True, overflow="ellipsis", max_width=40)
-    t.add_column("reason", no_wrap=True, overflow="ellipsis", min_width=12)
+    rows, styles = [], []
     for r in summary["proposals"]:
-        verdict = (r.get("verdict") or "—") + (" (merged)" if r.get("merged") else (" (NOT merged)" if r.get("verdict") == "merge" else ""))
+        verdict = r.get("verdict") or "—"
+        state = "merged" if r.get("merged") else ("NOT merged" if verdict == "merge" else "")
         pairs = r.get("pairs")
-        t.add_row(r["proposal"].split("/")[-1], verdict, pct(r.get("speedup")), "—" if pairs is None else str(int(pairs)),
-                  escape(r.get("title") or ""), escape("; ".join(r.get("reasons") or []) or "—"))
-    out.print(t)
+        rows.append([r["proposal"].split("/")[-1], verdict, state, pct(r.get("speedup")), "—" if pairs is None else str(int(pairs)),
+                     r.get("title") or "", "; ".join(r.get("reasons") or []) or (r.get("headline") or "—").split(" — ", 1)[-1]])
+        styles.append(["", {"merge": "green", "reject": "red", "review": "yellow"}.get(verdict, "")])
+    out.print(compact_table(f"episode {summary['episode']}: {summary['reason']}",
+                            ["#", "verdict", "state", "Δ obj.", "pairs", "title", "reason"], rows, out.width, right=(3, 4), styles=styles))
     for r in summary["proposals"]:
         if r.get("merged") and r.get("headline"):
             out.print(f"{r['proposal'].split('/')[-1]}: {escape(r['headline'])}")

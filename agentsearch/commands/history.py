@@ -13,7 +13,7 @@ from ..errors import EXIT_FAIL, AgentsearchError
 from ..headline import headline, pct, unit
 from ..records import append, read_entries, verify_history
 from ..workspace import Workspace
-from .output import out, print_json
+from .output import compact_table, fit, out, print_json
 
 RECHECK = {True: "recheck holds", False: "recheck FAILED", None: ""}
 
@@ -81,43 +81,24 @@ def show(target: Path, as_json: bool) -> int:
     return 0
 
 
-def fit(text: str, width: int) -> str:
-    """One line of at most ``width`` characters, ellipsized."""
-    text = " ".join(str(text).split())
-    return text if len(text) <= width else text[: max(0, width - 1)] + "…"
-
-
 def table(data: list[dict[str, Any]], width: int = 100) -> Any:
-    """A compact table that fits ``width`` columns: one line per verdict, the title and the
-    reason ellipsized to what is left; each episode under its own heading row."""
-    from rich.markup import escape
-    from rich.table import Table
-
-    cells = []
+    """One line per verdict that fits ``width`` columns, the title and the reason ellipsized to
+    what is left; each episode under its own heading row."""
+    color = {"merge": "green", "reject": "red", "review": "yellow"}
+    rows, styles = [], []
+    episode = None
     for r in data:
+        if r["kind"] == "episode" and r["episode"] != episode:
+            rows.append(["", "", "", "", "", "", f"episode {r['episode']}"])
+            styles.append(["", "", "", "", "", "", "bold"])
+        episode = r["episode"] if r["kind"] == "episode" else None
         ident = (r["proposal"] or "?").rsplit("/", 1)[-1] if r["kind"] == "episode" else (r["proposal"] or "?")
         reason = "; ".join(r["reasons"]) or (r["headline"].split(" — ", 1)[-1] if r["verdict"] == "merge" else "—")
-        cells.append([fit(ident, 14), r["verdict"] or "—", state(r), pct(r["speedup"]),
-                      "—" if r["pairs"] is None else str(r["pairs"]), r["title"] or "", reason])
-    heads = ["#", "verdict", "state", "Δ obj.", "pairs", "title", "reason"]
-    fixed = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(heads[:5])]
-    left = max(24, width - sum(fixed) - len(heads) + 1)
-    title_w = min(max(len(heads[5]), *(len(c[5]) for c in cells)), max(8, left // 3))
-    reason_w = max(10, left - title_w - 1)
-    t = Table(box=None, pad_edge=False, padding=(0, 1, 0, 0), header_style="bold", title_justify="left",
-              title="history (every record: agentsearch history --json)")
-    for i, h in enumerate(heads):
-        t.add_column(h, no_wrap=True, justify="right" if i in (3, 4) else "left")
-    color = {"merge": "green", "reject": "red", "review": "yellow"}
-    episode = None
-    for r, c in zip(data, cells):
-        if r["kind"] == "episode" and r["episode"] != episode:
-            t.add_row("", "", "", "", "", "", f"[bold]episode {escape(fit(str(r['episode']), reason_w - 8))}[/]")
-        episode = r["episode"] if r["kind"] == "episode" else None
-        v = c[1]
-        t.add_row(escape(c[0]), f"[{color[v]}]{v}[/]" if v in color else escape(v), escape(c[2]), c[3], c[4],
-                  escape(fit(c[5], title_w)), escape(fit(c[6], reason_w)))
-    return t
+        rows.append([fit(ident, 14), r["verdict"] or "—", state(r), pct(r["speedup"]),
+                     "—" if r["pairs"] is None else str(r["pairs"]), r["title"] or "", reason])
+        styles.append(["", color.get(r["verdict"] or "", "")])
+    return compact_table("history (every record: agentsearch history --json)",
+                         ["#", "verdict", "state", "Δ obj.", "pairs", "title", "reason"], rows, width, right=(3, 4), styles=styles)
 
 
 def verify_chain(target: Path, as_json: bool = False) -> int:

@@ -37,6 +37,34 @@ def print_json(data: Mapping[str, Any] | Iterable[Any], key: str | None = None) 
     sys.stdout.write(json.dumps(document(data, key), indent=2, default=str) + "\n")
 
 
+def fit(text: str, width: int) -> str:
+    """One line of at most ``width`` characters, ellipsized."""
+    text = " ".join(str(text).split())
+    return text if len(text) <= width else text[: max(0, width - 1)] + "…"
+
+
+def compact_table(title: str, heads: list[str], rows: list[list[str]], width: int, right: tuple[int, ...] = (),
+                  styles: list[list[str]] | None = None) -> Any:
+    """A table of one line per row that fits ``width`` columns (rich only shrinks by wrapping or
+    cutting every column): all columns keep their width but the last two (say title and reason),
+    which share what is left, a third and two thirds, ellipsized. ``styles``: rich style per cell."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    fixed = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(heads[:-2])]
+    left = max(24, width - sum(fixed) - len(heads) + 1)
+    first = min(max([len(heads[-2])] + [len(r[-2]) for r in rows]), max(8, left // 3))
+    last = max(10, left - first - 1)
+    t = Table(box=None, pad_edge=False, padding=(0, 1, 0, 0), header_style="bold", title=title, title_justify="left")
+    for i, h in enumerate(heads):
+        t.add_column(h, no_wrap=True, justify="right" if i in right else "left")
+    for n, r in enumerate(rows):
+        cells = [*r[:-2], fit(r[-2], first), fit(r[-1], last)]
+        style = (styles or [[]] * len(rows))[n]
+        t.add_row(*[f"[{style[i]}]{escape(c)}[/]" if i < len(style) and style[i] else escape(c) for i, c in enumerate(cells)])
+    return t
+
+
 @contextmanager
 def progress(enabled: bool = True, milestones: bool = False) -> Iterator[Any]:
     """Progress on stderr: yields ``say(stage, detail)`` (see ``agentsearch.progress``): a live
