@@ -57,7 +57,7 @@ def test_group_C_evaluates_with_plain_progress_and_json_stays_valid(tmp_path):
     proc = run_cli("-C", str(repo), "evaluate", "fast", "--json", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)  # progress never reaches stdout
-    assert data["verdict"] == "merge"
+    assert data["verdict"] == "merge" and data["headline"].startswith("MERGE — ops_s ") and data["workloads"]["speed"]["unit"] == "ops/s"
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     stamped = [ln for ln in lines if STAMP.match(ln)]
     assert len(stamped) >= 4, proc.stderr

@@ -30,7 +30,7 @@ def run(target: Path, as_json: bool, ref: str, seed: int | None, keep_worktrees:
         data["objective"] = ws.config(result.baseline).objective.name
         record_evaluation(ws, data)
     if as_json:
-        print_json(result.to_json())
+        print_json({**data, "headline": headline(data)})
     else:
         same = git.tree_of(ws.repo_dir, result.candidate) == git.tree_of(ws.repo_dir, result.baseline)
         show(result, git.branch_exists(ws.repo_dir, ref), no_change=same)
