@@ -6,14 +6,13 @@ from pathlib import Path
 from typing import Any
 
 from rich.markup import escape
-from rich.table import Table
 
 from ..errors import EXIT_FAIL, AgentsearchError
 from ..gate import MERGE
 from ..headline import pct
 from ..records import append, read_entries
 from ..workspace import Workspace, git
-from .output import out, print_json, progress
+from .output import compact_table, out, print_json, progress
 from .proposal_ids import refuse_ambiguous
 
 
@@ -75,15 +74,12 @@ def run(target: Path, as_json: bool, what: str | None, recheck: bool, seed: int 
         if not rows:
             out.print("no merges recorded yet")
             return 0
-        t = Table(title=f"merges on {ws.baseline_branch}")
-        for col in ("merge", "proposal", "title", "speedup", "state", "recheck"):
-            t.add_column(col)
-        for r in rows:
-            state = "reverted" if r["reverted"] else ("on baseline" if r["on_baseline"] else "not on baseline")
-            sp = r["speedup"]
-            t.add_row(r["merge"][:12], r["proposal"] or "—", escape(r["title"] or ""), pct(sp),
-                      state, {True: "holds", False: "does not hold", None: "—"}[r["recheck"]])
-        out.print(t)
+        table = [[r["merge"][:12], pct(r["speedup"]),
+                  "reverted" if r["reverted"] else ("on baseline" if r["on_baseline"] else "not on baseline"),
+                  {True: "holds", False: "does not hold", None: "—"}[r["recheck"]], r["proposal"] or "—", r["title"] or ""]
+                 for r in rows]
+        out.print(compact_table(f"merges on {ws.baseline_branch}", ["merge", "Δ obj.", "state", "recheck", "proposal", "title"],
+                                table, out.width, right=(1,)))
         return 0
     row = resolve_merge(ws, what)
     if not recheck:
