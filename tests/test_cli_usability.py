@@ -194,11 +194,15 @@ VERBS = [["init"], ["calibrate"], ["evaluate", "main"], ["verify", "main"], ["ep
          ["insights"], ["report", "001"], ["pr", "001"], ["review"], ["revert", "001"], ["profile"]]
 
 
+@pytest.fixture(scope="module")
+def here(tmp_path_factory):
+    return toy(tmp_path_factory.mktemp("here") / "toy")
+
+
 @pytest.mark.parametrize("verb", VERBS, ids=lambda v: " ".join(v))
-def test_C_before_the_verb_reaches_every_command(verb, tmp_path, monkeypatch):
+def test_C_before_the_verb_reaches_every_command(verb, here, tmp_path, monkeypatch):
     """`agentsearch -C DIR VERB` works on DIR, not on the current directory: with DIR a plain
     directory every command fails on it, naming it, although the current directory is a target."""
-    here = toy(tmp_path / "here")
     monkeypatch.chdir(here)
     elsewhere = tmp_path / "not-a-repo"
     elsewhere.mkdir()
