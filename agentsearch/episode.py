@@ -29,6 +29,7 @@ from .errors import AgentsearchError, CasError, ConfigError, LockedError, Target
 from .evaluation import Evaluation, evaluate
 from .gate import MERGE, REJECT, Check, Status, judge
 from .proposers.base import Candidate, Proposer
+from .report import reproduce_command
 from .workspace import Workspace, git
 from .workspace.history_head import trailers as history_trailers
 
@@ -438,7 +439,8 @@ def evidence_text(v: Mapping[str, Any]) -> str:
                      else f"- {name} ({w['role']}): {sp - 1:+.2%}{ci_s}, {w['pairs']} pairs")
     for c in v.get("checks", []):
         lines.append(f"- check {c['name']}: {c['status']}" + (f" ({c['detail']})" if c.get("detail") else ""))
-    lines.append(f"Reproduce: agentsearch evaluate {v['candidate'][:12] if v.get('candidate') else '?'} --seed {v.get('seed', '?')}")
+    cmd = reproduce_command(v)  # from a checkout of the target: the same commits, seed and alpha
+    lines.append(f"Reproduce: {cmd}" if cmd else "Reproduce: (decided before any measurement)")
     return "\n".join(lines) + "\n"
 
 
