@@ -83,6 +83,7 @@ class WorkloadConfig:
         "Shell command for kind = \"command\"; `{worktree}`, `{seed}`, `{out}` are substituted.", None
     )
     higher_is_better: bool = doc("True for throughput-like metrics, false for latencies.", True)
+    unit: str | None = doc("Unit of the metric in verdicts and reports (default: from its name: tok/s, req/s, ms, s, ops/s).", None)
     timeout_s: float = doc("Per-trial timeout in seconds; a timeout fails the evaluation.", 600.0)
     env: Mapping[str, str] = doc("Extra environment for this workload's trials.", factory=dict)
     model: str = doc("vLLM kinds: model directory, or \"tiny\" for the tiny model built offline.", "tiny")
@@ -292,7 +293,8 @@ class Config:
             "target_env": dict(self.target.env),
             "install": self.target.install,
             "build": self.target.build,
-            "workloads": [dataclasses.asdict(w) for w in self.workloads],
+            # the unit only labels numbers: changing it measures nothing differently
+            "workloads": [{k: v for k, v in dataclasses.asdict(w).items() if k != "unit"} for w in self.workloads],
         }
         blob = json.dumps(payload, sort_keys=True, default=str).encode()
         return hashlib.sha256(blob).hexdigest()[:16]

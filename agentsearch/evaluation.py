@@ -30,6 +30,7 @@ from .sides import Sides
 from .config import Config, GateConfig, WorkloadConfig
 from .errors import AgentsearchError
 from .gate import Check, Status, Verdict, judge
+from .headline import unit as metric_unit
 from harness.engine_session import EnginePool
 
 from harness.logprobs import LogprobError
@@ -81,6 +82,8 @@ class WorkloadSummary:
     candidate_median: float | None
     winsorized: int
     calibrated: bool
+    metric: str = ""  # the measured metric (its name and unit for headlines and tables)
+    unit: str = ""
 
     @property
     def early_stop(self) -> bool:
@@ -161,6 +164,7 @@ def summarize(run: WorkloadRun, role: str, w: WorkloadConfig, design: Sequential
         baseline_median=pystats.median(base) if base else None,
         candidate_median=pystats.median(cand) if cand else None,
         winsorized=est.winsorized if est else 0, calibrated=calibrated,
+        metric=w.metric, unit=metric_unit(w.metric, w.unit),
     )
 
 
