@@ -103,7 +103,9 @@ class Evidence:
         return cmd or "(this verdict was reached before any measurement: re-run the episode's proposal to reproduce it)"
 
     def headline(self) -> str:
-        line = headline(self.verdict, self.units)
+        v = dict(self.verdict)  # old records do not carry their metric: fill it in from the config
+        v["workloads"] = {n: {**w, "metric": self.label(n, w)[0], "unit": self.label(n, w)[1]} for n, w in (v.get("workloads") or {}).items()}
+        line = headline(v, self.units)
         if self.revert:
             line += f"; reverted since by {str(self.revert.get('new') or '?')[:12]}"
         return line
@@ -170,7 +172,7 @@ def gather(ws: Workspace, what: str) -> Evidence:
     try:  # the config the verdict was reached under (old records do not carry their metric)
         for w in ws.config(d.get("baseline")).workloads:
             metrics[w.name] = w.metric
-            units[w.name] = unit(w.metric, getattr(w, "unit", None))
+            units[w.name] = unit(w.metric, w.unit)
     except AgentsearchError:
         pass
     return Evidence(what, kind, d, trials, created, merge, diffstat, versions(), str(ws.repo_dir), chosen.seq,
@@ -224,7 +226,7 @@ def plots(ev: Evidence, fmt: str = "png") -> dict[str, bytes]:
         fig, (a1, a2) = plt.subplots(1, 2, figsize=(9.5, 3.4), layout="constrained")  # no label runs into the next panel
         a1.plot(xs, base, "o-", label="baseline", color="#555555")
         a1.plot(xs, cand, "s-", label="candidate", color="#1f77b4")
-        _axes(a1, "pair (number)", f"{metric} ({u or 'as reported'})")
+        _axes(a1, "pair (index)", f"{metric} ({u or 'as reported'})")
         a1.set_title(f"{workload} ({phase}): paired trials")
         a1.legend(fontsize=8)
         ratios = [c / b for b, c in zip(base, cand)]
@@ -234,7 +236,7 @@ def plots(ev: Evidence, fmt: str = "png") -> dict[str, bytes]:
             lo, hi = w["ci"][0] - 1, w["ci"][1] - 1
             a2.axhspan(lo, hi, color="#1f77b4", alpha=0.15, label="95% CI of the speedup")
             a2.legend(fontsize=8)
-        _axes(a2, "pair (number)", "candidate vs baseline (%)")
+        _axes(a2, "pair (index)", "candidate vs baseline (%)")
         a2.yaxis.set_major_formatter(PercentFormatter(xmax=1, decimals=0))  # as in the tables
         a2.set_title(f"{metric}: change per pair")
         for ax in (a1, a2):
