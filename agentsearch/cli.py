@@ -157,9 +157,10 @@ def install_sigterm() -> None:
 
 @main.command(context_settings=CONTEXT)
 @target_option
+@json_option
 @click.option("--from-installed", "from_installed", metavar="PACKAGE", help="Create a fork of an installed package (vllm) in DIR and initialize it.")
 @click.argument("directory", required=False, type=click.Path(path_type=Path))
-def init(target: Path, from_installed: str | None, directory: Path | None) -> None:
+def init(target: Path, as_json: bool, from_installed: str | None, directory: Path | None) -> None:
     """Validate a target and create its state directory.
 
     With --from-installed vllm DIR: turn the installed vLLM into a git repository at DIR
@@ -169,7 +170,7 @@ def init(target: Path, from_installed: str | None, directory: Path | None) -> No
 
     if from_installed and _options(click.get_current_context()).get("targets"):
         run_command(_refuse, "--from-installed creates and initializes DIR; -C is not used with it (give DIR only)")
-    dispatch(run, target=target, from_installed=from_installed, directory=directory)
+    dispatch(run, target=target, as_json=as_json, from_installed=from_installed, directory=directory)
 
 
 @main.command(context_settings=CONTEXT)
@@ -239,11 +240,12 @@ def history(ctx: click.Context, target: Path, as_json: bool) -> None:
 
 @history.command("verify", context_settings=CONTEXT)
 @target_option
-def history_verify(target: Path) -> None:
+@json_option
+def history_verify(target: Path, as_json: bool) -> None:
     """Verify the history's hash chain; exit 1 at the first edited, inserted or deleted line."""
     from .commands.history import verify_chain
 
-    dispatch(verify_chain, target=target)
+    dispatch(verify_chain, target=target, as_json=as_json)
 
 
 @main.group(context_settings=CONTEXT)
@@ -298,10 +300,10 @@ def episode(target: Path, as_json: bool, resume: bool, abandon: bool, proposer: 
 
 @main.command(context_settings=CONTEXT)
 @target_option
+@json_option
 @click.argument("what", metavar="PROPOSAL|REF")
 @click.option("--format", "fmt", type=click.Choice(["md", "html"]), default="md", show_default=True)
 @click.option("-o", "--output", type=click.Path(path_type=Path), help="Write to FILE (Markdown plots go to FILE-plots/).")
-@json_option
 def report(target: Path, what: str, fmt: str, output: Path | None, as_json: bool) -> None:
     """Render the evidence report of a verdict: a proposal id (or its number), a branch or a commit.
 
@@ -317,6 +319,7 @@ def report(target: Path, what: str, fmt: str, output: Path | None, as_json: bool
 @main.command(context_settings=CONTEXT)
 @target_option
 @strict_option
+@json_option
 @click.argument("proposal")
 @click.option("--remote", default="origin", show_default=True, help="Git remote to push the proposal branch to.")
 @click.option("--dry-run", is_flag=True, help="Write the PR body (and the local plots branch) and print the push and `gh` commands instead of running them.")
@@ -325,7 +328,6 @@ def report(target: Path, what: str, fmt: str, output: Path | None, as_json: bool
 @click.option("--force", is_flag=True, help="Open it even for a rejected, review or reverted proposal.")
 @click.option("--plots/--no-plots", "with_plots", default=True, show_default=True,
               help="Push the plots on their own branch agentsearch-evidence/<proposal> and show them in the body.")
-@json_option
 def pr(target: Path, proposal: str, remote: str, dry_run: bool, output: Path | None, draft: bool, force: bool, with_plots: bool,
        as_json: bool) -> None:
     """Push a proposal's branch and open a pull request (`gh`) with its evidence: the one-line
@@ -359,12 +361,13 @@ def review(target: Path, as_json: bool, merge: str | None, recheck: bool, seed: 
 @main.command(context_settings=CONTEXT)
 @target_option
 @strict_option
+@json_option
 @click.argument("merge")
-def revert(target: Path, merge: str) -> None:
+def revert(target: Path, as_json: bool, merge: str) -> None:
     """Revert a merge (commit or proposal id) on the baseline with a new commit (compare-and-swap), recorded."""
     from .commands.review import revert as run
 
-    dispatch(run, config=True, target=target, what=merge)
+    dispatch(run, config=True, target=target, as_json=as_json, what=merge)
 
 
 @main.command(context_settings=CONTEXT)
@@ -373,14 +376,15 @@ def revert(target: Path, merge: str) -> None:
 @json_option
 @click.option("-o", "--output", type=click.Path(path_type=Path), help="Also write them to FILE (.json: the JSON document; else Markdown).")
 @click.option("--llm", is_flag=True, help="Add an LLM pass (claude-agent-sdk) that turns the numbers into short lessons.")
-def insights(target: Path, as_json: bool, output: Path | None, llm: bool) -> None:
+@click.option("--record", is_flag=True, help="Also record them in the history and <state>/insights.md, where the proposers read them (takes the lock).")
+def insights(target: Path, as_json: bool, output: Path | None, llm: bool, record: bool) -> None:
     """Distill the history into insights: win rate, effects and failure reasons by category,
-    file, knob and workload, and lessons (worked / ineffective / avoid). Recorded in the history
-    and written to <state>/insights.md; proposers read them.
+    file, knob and workload, and lessons (worked / ineffective / avoid). A reverted merge is not
+    a win. Read-only (runs beside an episode) unless --record; every episode records its own.
     """
     from .commands.insights import run
 
-    dispatch(run, config=True, target=target, as_json=as_json, output=output, llm=llm)
+    dispatch(run, config=True, target=target, as_json=as_json, output=output, llm=llm, record=record)
 
 
 @main.command(context_settings=CONTEXT)

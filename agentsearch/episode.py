@@ -28,6 +28,7 @@ from . import proposers
 from .errors import AgentsearchError, CasError, ConfigError, LockedError, TargetError
 from .evaluation import Evaluation, evaluate
 from .gate import MERGE, REJECT, Check, Status, judge
+from .headline import headline
 from .proposers.base import Candidate, Proposer
 from .report import reproduce_command
 from .workspace import Workspace, git
@@ -93,9 +94,6 @@ class EpisodeState:
     @property
     def judged_keys(self) -> set[str]:
         return {p.key for p in self.proposals.values()}
-
-    def by_content(self) -> dict[str, ProposalState]:
-        return {p.verdict["content_key"]: p for p in self.proposals.values() if p.verdict and p.verdict.get("content_key")}
 
 
 def derive_seed(master: int, number: int) -> int:
@@ -231,8 +229,10 @@ class Episode:
         rows = []
         for p in sorted(self.state.proposals.values(), key=lambda p: p.number):
             v = p.verdict or {}
+            obj = (v.get("workloads") or {}).get(v.get("objective") or "", {})
             rows.append({"proposal": p.id, "title": p.created.get("title"), "branch": p.created.get("branch"),
                          "verdict": v.get("verdict"), "speedup": v.get("speedup"), "reasons": v.get("reasons", []),
+                         "pairs": obj.get("pairs"), "headline": headline(v) if v else None,
                          "merged": bool(p.merge and p.merge.get("ok"))})
         return {
             "episode": self.plan.episode, "reason": reason, "proposals": rows,
@@ -327,10 +327,10 @@ class Episode:
         if git.tree_of(self.ws.repo_dir, commit) == git.tree_of(self.ws.repo_dir, base):
             self._verdict(p, _static_verdict("patch-applies", "the patch makes no change to the baseline"), base, commit, None, content_key)
             return
-        twin = self.state.by_content().get(content_key)
-        if twin is not None and twin.number != p.number:
-            reason = (f"identical to {twin.id} (same code, baseline, workloads and environment), judged "
-                      f"{twin.verdict['verdict']}; not re-measured")
+        twin = self._twin(content_key, p)
+        if twin is not None:
+            reason = (f"identical to {twin['proposal']} (same code, baseline, workloads and environment), judged "
+                      f"{twin['verdict']}; not re-measured")
             self._verdict(p, _static_verdict("not-a-duplicate", reason), base, commit, None, content_key)
             return
 
@@ -352,6 +352,14 @@ class Episode:
             self.record("distribution", p.id, {"number": p.number, **ev.distribution.to_json()})
         self._verdict(p, ev.verdict, base, commit, ev, content_key)
 
+    def _twin(self, content_key: str, p: ProposalState) -> Mapping[str, Any] | None:
+        """The first verdict on the same content key in any episode of the history (the same
+        candidate tree on the same baseline tree, config and environment), other than ``p``'s."""
+        for e in self.log.entries():
+            if e.kind == "verdict" and e.proposal != p.id and e.data.get("content_key") == content_key:
+                return e.data
+        return None
+
     def _verdict(self, p: ProposalState, verdict: Any, base: str, commit: str | None, ev: Evaluation | None,
                  content_key: str | None = None) -> None:
         data: dict[str, Any] = {
@@ -370,7 +378,7 @@ class Episode:
             data["speedup"] = w.speedup if w else None
         self.record("verdict", p.id, data)
         p.verdict = data
-        self.say(p.id, f"{verdict.verdict.upper()}" + (f": {verdict.reasons[0]}" if verdict.reasons else ""))
+        self.say(p.id, headline(data))
         prop_path = self.ws.worktrees / f"{self.plan.episode}-{p.number:03d}"
         if prop_path.exists():
             self.ws.remove_worktree(prop_path)
@@ -428,7 +436,7 @@ def merge_message(v: Mapping[str, Any], history: tuple[int, str] | None = None) 
 
 def evidence_text(v: Mapping[str, Any]) -> str:
     """The evidence of a verdict in a few lines: for the merge message and the git note."""
-    lines = [f"Verdict: {v['verdict']} ({v['proposal']}, branch {v.get('branch')})"]
+    lines = [f"Verdict: {v['verdict']} ({v['proposal']}, branch {v.get('branch')})", headline(v)]
     for name, w in (v.get("workloads") or {}).items():
         sp, ci = w.get("speedup"), w.get("ci")
         if sp is None:

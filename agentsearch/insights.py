@@ -25,17 +25,27 @@ def knob_order(ws: Workspace) -> dict[str, list[Any]]:
         return {}
 
 
-def refresh(ws: Workspace, log: HistoryLog, episode: str | None = None, llm: bool = False) -> tuple[dict[str, Any], Path]:
-    """Distill, append an ``insight`` record (through the open ``log``) and write the Markdown.
+def current(ws: Workspace, entries: list[Any]) -> dict[str, Any]:
+    """The insights of ``entries``, recording nothing (``agentsearch insights`` without --record)."""
+    return distill(entries, knob_order(ws))
 
-    With ``llm``, an agent pass adds short lessons in prose (``notes``) when an agent is available."""
-    data = distill(log.entries(), knob_order(ws))
+
+def with_llm(ws: Workspace, data: dict[str, Any], llm: bool) -> dict[str, Any]:
+    """With ``llm``, an agent pass adds short lessons in prose (``notes``) when an agent is available."""
     if llm:
         from .proposers.claude import llm_lessons
 
         notes, why = llm_lessons(markdown(data), ws.state / "tmp" / "insights-llm")
         data["notes"] = notes
         data["llm"] = "ok" if notes else (why or "no lessons returned")
+    return data
+
+
+def refresh(ws: Workspace, log: HistoryLog, episode: str | None = None, llm: bool = False) -> tuple[dict[str, Any], Path]:
+    """Distill, append an ``insight`` record (through the open ``log``) and write the Markdown.
+
+    With ``llm``, an agent pass adds short lessons in prose (``notes``) when an agent is available."""
+    data = with_llm(ws, distill(log.entries(), knob_order(ws)), llm)
     log.append("insight", episode, None, data)
     path = ws.state / INSIGHTS_MD
     path.write_text(markdown(data))

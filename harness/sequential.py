@@ -93,9 +93,11 @@ def decide_objective(design: SequentialDesign, d: Sequence[float], prior: NoiseP
         return Decision(WIN, f"faster by {est.speedup - 1:+.2%} (p={p:.2g} < {level:.2g}) after {n} pairs", est, level)
     if sprt_llr(design, d, prior) < math.log(design.futility / (1 - design.alpha)):
         why = "slower" if est.p_worse() < design.regression_alpha else "no worthwhile speedup"
+        alt = design.min_effect * design.futility_factor
         return Decision(
             LOSE,
-            f"{why}: speedup {est.speedup - 1:+.2%} after {n} of {design.max_pairs} pairs, futility boundary crossed (cannot reach min_effect {design.min_effect:.0%})",
+            f"{why}: speedup {est.speedup - 1:+.2%} after {n} of {design.max_pairs} pairs; stopped early: the sequential "
+            f"futility test favours no speedup over {alt:+.1%} (it stops a real {alt:+.1%} this way at most ~{design.futility:.0%} of the time)",
             est, level,
         )
     if n >= design.max_pairs:

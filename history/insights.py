@@ -32,28 +32,44 @@ def is_failure(reasons: Iterable[str]) -> bool:
 
 
 def proposal_rows(entries: Iterable[Any]) -> list[dict[str, Any]]:
-    """Every proposal with its verdict (all episodes), from history entries."""
+    """Every proposal with its verdict (all episodes), from history entries. A merge that was
+    later reverted counts as no win (``reverted``: True, its reason "reverted")."""
     rows: dict[str, dict[str, Any]] = {}
+    merged: dict[str, str] = {}
+    reverted: set[str] = set()
     for e in entries:
         if e.kind == "proposal-created":
             d = e.data
             rows[e.proposal] = {"proposal": e.proposal, "episode": e.episode, "key": d.get("key"), "title": d.get("title"),
                                 "category": d.get("category") or "other", "proposer": d.get("proposer"),
                                 "meta": d.get("meta") or {}, "files": d.get("files") or [],
-                                "verdict": None, "speedup": None, "reasons": [], "workloads": {}}
+                                "verdict": None, "speedup": None, "reasons": [], "workloads": {}, "reverted": False}
         elif e.kind == "verdict" and e.proposal in rows:
             rows[e.proposal].update(verdict=e.data.get("verdict"), speedup=e.data.get("speedup"),
                                     reasons=list(e.data.get("reasons") or []), workloads=e.data.get("workloads") or {})
+        elif e.kind == "merge" and e.data.get("ok"):
+            merged[e.data.get("new")] = e.proposal
+        elif e.kind == "revert":
+            reverted.add(e.data.get("merge"))
+    for sha in reverted:
+        row = rows.get(merged.get(sha, ""))
+        if row is not None:
+            row["reverted"] = True
     return list(rows.values())
+
+
+def is_win(r: Mapping[str, Any]) -> bool:
+    """Merged and still merged: a reverted merge is not a win."""
+    return r.get("verdict") == "merge" and not r.get("reverted")
 
 
 def _frame(rows: list[Mapping[str, Any]]) -> pd.DataFrame:
     judged = [r for r in rows if r.get("verdict")]
     df = pd.DataFrame([{
         "proposal": r["proposal"], "title": r.get("title"), "category": r.get("category") or "other",
-        "win": r["verdict"] == "merge", "failure": is_failure(r.get("reasons") or []),
+        "win": is_win(r), "failure": is_failure(r.get("reasons") or []),
         "effect": (r["speedup"] - 1) if r.get("speedup") is not None else math.nan,
-        "reason": reason_class(r.get("reasons") or []) if r["verdict"] != "merge" else "merged",
+        "reason": "reverted" if r.get("reverted") else (reason_class(r.get("reasons") or []) if r["verdict"] != "merge" else "merged"),
     } for r in judged])
     return df
 
@@ -85,7 +101,7 @@ def knob_table(rows: list[Mapping[str, Any]], order: Mapping[str, list[Any]] | N
             old, new = change
             k = out.setdefault(name, {"tries": 0, "wins": 0, "failures": 0, "effects": [], "up_wins": 0, "down_wins": 0, "values": {}})
             k["tries"] += 1
-            win = r["verdict"] == "merge"
+            win = is_win(r)
             fail = is_failure(r.get("reasons") or [])
             eff = (r["speedup"] - 1) if r.get("speedup") is not None else None
             if eff is not None:
@@ -117,7 +133,10 @@ def knob_table(rows: list[Mapping[str, Any]], order: Mapping[str, list[Any]] | N
 def lessons(rows: list[Mapping[str, Any]], knobs: Mapping[str, Mapping[str, Any]]) -> dict[str, list[str]]:
     worked, ineffective, avoid = [], [], []
     for r in rows:
-        if r.get("verdict") == "merge":
+        if r.get("reverted"):
+            eff = f" (measured {r['speedup'] - 1:+.1%})" if r.get("speedup") is not None else ""
+            avoid.append(f"{r.get('title')}: merged{eff}, then reverted")
+        elif r.get("verdict") == "merge":
             eff = f"{r['speedup'] - 1:+.1%}" if r.get("speedup") is not None else "win"
             worked.append(f"{r.get('title')} ({r.get('category')}): {eff}")
         elif r.get("verdict") and is_failure(r.get("reasons") or []):
@@ -146,14 +165,15 @@ def distill(entries: Iterable[Any], knob_order: Mapping[str, list[Any]] | None =
         for name, w in (r.get("workloads") or {}).items():
             s = by_workload.setdefault(name, {"measured": 0, "wins": 0, "regressions": 0, "failures": 0})
             s["measured"] += 1
-            s["wins"] += int(w.get("decision") == "win")
+            s["wins"] += int(w.get("decision") == "win" and not r.get("reverted"))
             s["regressions"] += int(w.get("decision") == "regressed")
             s["failures"] += int(w.get("decision") == "failed")
     knobs = knob_table(rows, knob_order)
     judged = int(len(df))
     return {
         "schema_version": INSIGHTS_SCHEMA, "generated_ts": time.time(), "proposals": judged,
-        "merged": int(df["win"].sum()) if judged else 0,
+        "merged": int(df["win"].sum()) if judged else 0,  # still merged: reverted merges are not counted
+        "reverted": sum(1 for r in rows if r.get("reverted")),
         "win_rate": round(float(df["win"].mean()), 3) if judged else None,
         "by_category": _group(df, "category"), "by_file": by_file, "by_workload": by_workload,
         "reasons": {str(k): int(v) for k, v in df.loc[~df["win"], "reason"].value_counts().items()} if judged else {},
@@ -163,7 +183,8 @@ def distill(entries: Iterable[Any], knob_order: Mapping[str, list[Any]] | None =
 
 def markdown(ins: Mapping[str, Any]) -> str:
     """The insights as Markdown (for people and for the agent's prompt)."""
-    lines = [f"# Insights ({ins['proposals']} proposals judged, {ins['merged']} merged)", ""]
+    rev = ins.get("reverted") or 0
+    lines = [f"# Insights ({ins['proposals']} proposals judged, {ins['merged']} merged" + (f" and kept, {rev} merged then reverted)" if rev else ")"), ""]
     for title, key in (("What worked", "worked"), ("What was ineffective", "ineffective"), ("What to avoid", "avoid")):
         items = ins["lessons"].get(key) or []
         lines += [f"## {title}", ""] + ([f"- {x}" for x in items] or ["- (nothing yet)"]) + [""]

@@ -101,7 +101,7 @@ def test_group_C_reaches_history_and_nested_verify(tmp_path):
     assert records(run_cli("history", "-C", str(repo), "verify", cwd=other)) == want
     assert records(run_cli("-C", str(repo), "history", "verify", cwd=other)) == want
     shown = run_cli("-C", str(repo), "history", "--json", cwd=other)
-    assert shown.returncode == 0 and json.loads(shown.stdout)[0]["branch"] == "main"
+    assert shown.returncode == 0 and json.loads(shown.stdout)["evaluations"][0]["branch"] == "main"
     # the same directory twice is fine; two different ones are one line, exit 2
     assert records(run_cli("-C", str(repo), "history", "-C", str(repo), "verify", cwd=other)) == want
     proc = run_cli("-C", str(repo), "history", "verify", "-C", str(other), cwd=other)
@@ -133,7 +133,7 @@ def test_edited_working_config_is_said_and_strict_refuses(tmp_path):
     cfg.write_text(cfg.read_text().replace('TOY_CV = "0.02"', 'TOY_CV = "0.05"'))
 
     proc = run_cli("review", "-C", str(repo), "--json")
-    assert proc.returncode == 0 and json.loads(proc.stdout) == []
+    assert proc.returncode == 0 and json.loads(proc.stdout) == {"schema_version": 1, "merges": []}
     assert proc.stderr.count("\n") == 1, proc.stderr
     assert proc.stderr.startswith("agentsearch: warning: using the committed agentsearch.toml of main; your working copy differs")
     assert "commit them to use them" in proc.stderr
@@ -185,3 +185,93 @@ def test_refuse_ambiguous_only_when_more_than_one_matches():
     refuse_ambiguous("001", ["e1/001", "e2/001"], exact=["001"])  # a branch named 001 is not ambiguous
     with pytest.raises(AgentsearchError, match=r"ambiguous proposal '2': e1/002, e2/002; give the episode too"):
         refuse_ambiguous("2", ["e1/002", "e2/002", "e2/002", None])
+
+
+# ------------------------------------------------------------------ -C before every verb, --json shape, verdict lines
+
+# every command with the least arguments it needs; the -C given before the verb must reach it
+VERBS = [["init"], ["calibrate"], ["evaluate", "main"], ["verify", "main"], ["episode"], ["history"], ["history", "verify"],
+         ["insights"], ["report", "001"], ["pr", "001"], ["review"], ["revert", "001"], ["profile"]]
+
+
+@pytest.mark.parametrize("verb", VERBS, ids=lambda v: " ".join(v))
+def test_C_before_the_verb_reaches_every_command(verb, tmp_path, monkeypatch):
+    """`agentsearch -C DIR VERB` works on DIR, not on the current directory: with DIR a plain
+    directory every command fails on it, naming it, although the current directory is a target."""
+    here = toy(tmp_path / "here")
+    monkeypatch.chdir(here)
+    elsewhere = tmp_path / "not-a-repo"
+    elsewhere.mkdir()
+    res = CliRunner().invoke(main, ["-C", str(elsewhere), *verb])
+    assert res.exit_code == 2, res.output
+    assert f"{elsewhere}: not a git repository" in res.output and res.output.count("\n") == 1, res.output
+
+
+def test_read_commands_with_C_from_another_repository_and_one_json_shape(tmp_path):
+    repo = toy(tmp_path / "toy", FAST_GATE)
+    other = toy(tmp_path / "other")
+    assert run_cli("-C", str(repo), "evaluate", "main", "--json", "-q").returncode == 4
+    docs = {}
+    for verb in (["history"], ["history", "verify"], ["review"], ["insights"], ["report", "main"], ["init"]):
+        proc = run_cli("-C", str(repo), *verb, "--json", cwd=other)
+        assert proc.returncode == 0, (verb, proc.stderr)
+        doc = json.loads(proc.stdout)
+        assert isinstance(doc, dict) and doc["schema_version"] == 1, (verb, doc)
+        docs[" ".join(verb)] = doc
+    assert [r["branch"] for r in docs["history"]["evaluations"]] == ["main"]
+    assert docs["history verify"] == {"schema_version": 1, "ok": True, "records": 1, "bad_line": None, "reason": None, "torn_tail": False}
+    assert docs["review"]["merges"] == [] and docs["insights"]["proposals"] == 0
+    assert docs["report main"]["verdict"] == "reject" and docs["report main"]["headline"].startswith("REJECT — ops_s ")
+    assert docs["init"]["repo"] == str(repo.resolve()) and docs["init"]["workloads"] == ["speed"]
+    # and the read commands wrote nothing: the history still has its one record
+    assert records(run_cli("history", "verify", "-C", str(repo))) == 1
+
+
+def test_evaluate_to_a_log_file_headline_progress_per_pair_and_how_to_merge(tmp_path):
+    repo = toy(tmp_path / "toy", FAST_GATE)
+    commit(repo, {"speed.txt": "1.3\n"}, "faster", branch="fast")
+    log = tmp_path / "stderr.log"
+    with log.open("w") as err:
+        proc = subprocess.run([sys.executable, "-m", "agentsearch.cli", "-C", str(repo), "evaluate", "fast"], cwd=ROOT,
+                              stdout=subprocess.PIPE, stderr=err, text=True, timeout=600)
+    assert proc.returncode == 0, log.read_text()
+    first = proc.stdout.splitlines()[0]
+    m = re.fullmatch(r"MERGE — ops_s [\d,.]+ → [\d,.]+ ops/s \(\+[\d.]+%, 95% CI \+[\d.]+…\+[\d.]+%, p=\S+, (\d+) pairs\)", first)
+    assert m, proc.stdout
+    pairs = int(m.group(1))
+    lines = log.read_text().splitlines()
+    assert lines and all(STAMP.match(ln) for ln in lines), lines
+    for i in range(1, pairs + 1):  # one timestamped line for every pair
+        assert any(f"speed (objective): pair {i}/6, running estimate " in ln for ln in lines), (i, lines)
+    assert "not merged: evaluate never merges; `agentsearch episode --branches fast` judges it again and merges on a win" in proc.stdout
+    t = re.search(r"time: ([\d.]+) s = engines ([\d.]+) s \+ measurement ([\d.]+) s \+ build, tests and orchestration ([\d.]+) s", proc.stdout)
+    assert t and abs(float(t.group(1)) - sum(map(float, t.group(2, 3, 4)))) <= 0.25, proc.stdout
+    # an instant reject measured nothing and says so (no "overhead 100%")
+    commit(repo, {"bench/bench.py": TOY_BENCH + "\n# touched\n"}, "touch the bench", branch="cheat")
+    proc = run_cli("-C", str(repo), "evaluate", "cheat")
+    assert proc.returncode == 4 and proc.stdout.startswith("REJECT — protected-paths: "), proc.stdout
+    assert "nothing measured" in proc.stdout and "%)" not in proc.stdout.split("time: ")[1] and "not merged (rejected)" in proc.stdout
+
+
+def test_history_table_fits_the_terminal(tmp_path):
+    from rich.console import Console
+
+    from agentsearch.commands.history import rows, table
+    from agentsearch.workspace import Workspace
+
+    repo = toy(tmp_path / "toy", FAST_GATE)
+    commit(repo, {"speed.txt": "1.0\n", "src/model.py": "X = 2\n"}, "a change with a title far longer than any terminal " * 3, branch="noop")
+    proc = run_cli("-C", str(repo), "evaluate", "noop", "-q")
+    assert proc.returncode == 4
+    data = rows(Workspace.open(repo))
+    pairs = data[0]["pairs"]
+    assert isinstance(pairs, int) and pairs >= 3 and data[0]["headline"].startswith("REJECT — ops_s ")
+    for width in (80, 120):
+        console = Console(width=width, record=True, highlight=False)
+        console.print(table(data, width))
+        text = console.export_text()
+        assert max(map(len, text.splitlines())) <= width, text
+        row = [ln for ln in text.splitlines() if ln.startswith("noop")][0]
+        assert " reject " in row and " evaluate " in row and re.search(rf" [+-]\d+\.\d% +{pairs} ", row) and row.rstrip().endswith("…"), row
+    shown = run_cli("history", "-C", str(repo)).stdout
+    assert "lose" not in shown and "NaN" not in shown and "noop" in shown

@@ -150,7 +150,9 @@ def test_patch_queue_episode_merges_only_the_real_win(tmp_path):
     msg = git(repo, "log", "-1", "--format=%B", after)
     assert "Make the engine 30% faster" in msg and "Agentsearch-Proposal:" in msg and "check objective: pass" in msg
     note = git(repo, "notes", "--ref=agentsearch", "show", after)
-    assert "Verdict: merge" in note and "Reproduce: agentsearch evaluate" in note
+    assert "Verdict: merge" in note and "\nMERGE — ops_s " in note and " ops/s (+" in note
+    v = [e.data for e in HistoryLog(Workspace.open(repo).state / "history.jsonl").entries() if e.kind == "verdict" and e.data["verdict"] == "merge"][0]
+    assert f"Reproduce: agentsearch evaluate {v['candidate']} --baseline {before} --seed {v['seed']} --alpha {v['alpha']!r}" in note
     # the fast proposal was judged with the sandbox and its changed line ran
     fast_v = [e.data for e in HistoryLog(ws.state / "history.jsonl").entries() if e.kind == "verdict" and e.data["title"] == fast["title"]][0]
     checks = {c["name"]: c for c in fast_v["checks"]}
@@ -161,7 +163,7 @@ def test_patch_queue_episode_merges_only_the_real_win(tmp_path):
     for kind in ("episode-started", "proposal-created", "trial", "statistic", "distribution", "verdict", "merge", "episode-finished"):
         assert kind in kinds, kind
     proc = run_cli("history", "-C", str(repo), "--json")
-    rows = json.loads(proc.stdout)
+    rows = json.loads(proc.stdout)["evaluations"]
     assert len(rows) == 6 and all({"proposal", "branch", "verdict", "reasons"} <= set(r) for r in rows)
     assert run_cli("history", "verify", "-C", str(repo)).returncode == 0
     # nothing to resume now
@@ -181,6 +183,14 @@ def test_identical_proposal_is_not_measured_twice_and_branches_queue(tmp_path):
     ws = Workspace.open(repo)
     trials = [e for e in HistoryLog(ws.state / "history.jsonl").entries() if e.kind == "trial"]
     assert trials and {e.proposal for e in trials} == {a["proposal"]}
+    # a later episode does not measure the same tree on the same baseline again either
+    commit(repo, {"src/engine.py": ENGINE.replace("# the toy", "# the toy, v2")}, "comment C (same tree)", branch="again/c")
+    rc, out2 = episode_json(repo, "--branches", "again/*", "--seed", "4")
+    assert rc == 0 and out2["episode"] != out["episode"]
+    (c,) = out2["proposals"]
+    assert c["verdict"] == "reject" and "not re-measured" in c["reasons"][0] and a["proposal"] in c["reasons"][0], c
+    trials = [e for e in HistoryLog(ws.state / "history.jsonl").entries() if e.kind == "trial"]
+    assert {e.proposal for e in trials} == {a["proposal"]}
 
 
 def test_bad_input_is_one_line(tmp_path):

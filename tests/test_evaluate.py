@@ -115,7 +115,9 @@ def test_evaluations_are_recorded_in_the_history(target):
     evaluate(target, "fast")
     evaluate(target, "slow")
     proc = run_cli("history", "-C", str(target), "--json")
-    rows = json.loads(proc.stdout)
+    doc = json.loads(proc.stdout)
+    assert doc["schema_version"] == 1
+    rows = doc["evaluations"]
     assert [(r["proposal"], r["branch"], r["verdict"]) for r in rows] == [("fast", "fast", "merge"), ("slow", "slow", "reject")]
     assert rows[1]["reasons"] and rows[0]["reasons"] == []
     table = run_cli("history", "-C", str(target))

@@ -245,7 +245,7 @@ def test_pr_links_plots_by_commit_on_github_remotes():
 def test_review_recheck_and_revert_a_real_merge(judged):
     repo, out = judged
     proc = run_cli("review", "-C", str(repo), "--json")
-    rows = json.loads(proc.stdout)
+    rows = json.loads(proc.stdout)["merges"]
     assert len(rows) == 1 and rows[0]["proposal"] == out["proposals"][1]["proposal"]
     merge = rows[0]["merge"]
     assert rows[0]["on_baseline"] and not rows[0]["reverted"] and "Verdict: merge" in rows[0]["evidence"]
@@ -263,8 +263,14 @@ def test_review_recheck_and_revert_a_real_merge(judged):
     assert after != before and git(repo, "rev-parse", f"{after}^") .strip() == before
     assert "SPEED = 1.0" in git(repo, "show", f"{after}:src/engine.py")
     assert "SPEED = 1.0" in (repo / "src" / "engine.py").read_text()  # the checkout follows
-    rows = json.loads(run_cli("review", "-C", str(repo), "--json").stdout)
+    rows = json.loads(run_cli("review", "-C", str(repo), "--json").stdout)["merges"]
     assert rows[0]["reverted"] and rows[0]["recheck"] is True
+    # history and insights know: a reverted merge is not a win
+    hist = [r for r in json.loads(run_cli("history", "-C", str(repo), "--json").stdout)["evaluations"] if r["merged"]]
+    assert len(hist) == 1 and hist[0]["reverted"] and hist[0]["recheck"] is True and hist[0]["revert"] == after
+    assert "reverted, recheck holds" in run_cli("history", "-C", str(repo)).stdout
+    ins = json.loads(run_cli("insights", "-C", str(repo), "--json").stdout)
+    assert ins["merged"] == 0 and ins["reverted"] == 1 and any("then reverted" in x for x in ins["lessons"]["avoid"])
     kinds = [e.kind for e in HistoryLog(ws.state / "history.jsonl").entries()]
     assert "revert" in kinds and "recheck" in kinds
     proc = run_cli("revert", "-C", str(repo), "002")

@@ -110,6 +110,9 @@ def test_sequential_error_rates_by_simulation():
     assert sum(d.action == WIN for d in wins) / 300 >= 0.98
     losers = [_run(des, math.log(0.7), sd, rng) for _ in range(100)]
     assert all(d.action == LOSE and d.estimate.n == des.min_pairs for d in losers)
+    # a statistical stop says what it is, not that the speedup "cannot" be reached
+    assert losers[0].reason.startswith("slower: ") and "stopped early: the sequential futility test favours no speedup over +3.0%" in losers[0].reason
+    assert "cannot" not in losers[0].reason
 
 
 def test_final_look_without_win_is_inconclusive():

@@ -14,6 +14,7 @@ from history import HistoryError, HistoryLog
 
 from .. import episode as ep
 from ..errors import AgentsearchError
+from ..headline import pct
 from ..workspace import Workspace
 from ..workspace.workspace import new_episode_id
 from ..records import check_consistent, open_log, read_entries
@@ -101,13 +102,25 @@ class _open_log:
 
 
 def show(summary: dict[str, Any]) -> None:
-    t = Table(title=f"episode {summary['episode']}: {summary['reason']}")
-    for col in ("proposal", "title", "verdict", "speedup", "reason"):
-        t.add_column(col)
+    """One compact row per proposal (fits the terminal: titles and reasons ellipsized), then the
+    one-line verdict of every merge and the totals."""
+    from rich import box
+
+    t = Table(title=f"episode {summary['episode']}: {summary['reason']}", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    t.add_column("#", no_wrap=True)
+    t.add_column("verdict", no_wrap=True)
+    t.add_column("Δ obj.", justify="right", no_wrap=True)
+    t.add_column("pairs", justify="right", no_wrap=True)
+    t.add_column("title", no_wrap=True, overflow="ellipsis", max_width=40)
+    t.add_column("reason", no_wrap=True, overflow="ellipsis", min_width=12)
     for r in summary["proposals"]:
-        sp = r.get("speedup")
-        t.add_row(r["proposal"].split("/")[-1], escape(r.get("title") or ""), (r.get("verdict") or "—") + (" (merged)" if r.get("merged") else ""),
-                  "—" if sp is None else f"{sp - 1:+.2%}", escape("; ".join(r.get("reasons") or [])[:120] or "—"))
+        verdict = (r.get("verdict") or "—") + (" (merged)" if r.get("merged") else (" (NOT merged)" if r.get("verdict") == "merge" else ""))
+        pairs = r.get("pairs")
+        t.add_row(r["proposal"].split("/")[-1], verdict, pct(r.get("speedup")), "—" if pairs is None else str(int(pairs)),
+                  escape(r.get("title") or ""), escape("; ".join(r.get("reasons") or []) or "—"))
     out.print(t)
+    for r in summary["proposals"]:
+        if r.get("merged") and r.get("headline"):
+            out.print(f"{r['proposal'].split('/')[-1]}: {escape(r['headline'])}")
     out.print(f"{summary['judged']} judged, {summary['merged']} merged; baseline {summary['baseline_before'][:12]} -> "
               f"{summary['baseline_after'][:12]}; {summary['elapsed_s']:.0f} s")

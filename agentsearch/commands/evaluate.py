@@ -9,8 +9,9 @@ from rich.table import Table
 
 from ..errors import EXIT_GATE_REJECT, AgentsearchError
 from ..evaluation import Evaluation, evaluate
-from ..gate import MERGE
-from ..workspace import Workspace
+from ..gate import MERGE, REVIEW
+from ..headline import ci_text, decision_label, headline, number, p_text, pct
+from ..workspace import Workspace, git
 from .history import record_evaluation
 from .output import out, print_json, progress
 
@@ -31,45 +32,82 @@ def run(target: Path, as_json: bool, ref: str, seed: int | None, keep_worktrees:
     if as_json:
         print_json(result.to_json())
     else:
-        show(result)
+        same = git.tree_of(ws.repo_dir, result.candidate) == git.tree_of(ws.repo_dir, result.baseline)
+        show(result, git.branch_exists(ws.repo_dir, ref), no_change=same)
     return 0 if result.verdict.verdict == MERGE else EXIT_GATE_REJECT
 
 
-def fmt_pct(x: float | None) -> str:
-    return "—" if x is None else f"{x - 1:+.2%}"
+def show(result: Evaluation, ref_is_branch: bool | None = None, no_change: bool = False, advice: bool = True) -> None:
+    """The verdict in one line (number and unit), what evaluate did not do, reasons, the
+    per-workload table (fits 80 columns: the CI is never cut), the gate checks and the time."""
+    from rich import box
 
-
-def show(result: Evaluation) -> None:
     v = result.verdict
+    data = result.to_json()
     color = {"merge": "green", "reject": "red", "review": "yellow"}[v.verdict]
-    out.print(f"[bold {color}]{v.verdict.upper()}[/] {escape(result.ref)} ({result.candidate[:12]}) vs baseline {result.baseline[:12]}")
+    line = headline(data)
+    word, _, rest = line.partition(" — ")
+    out.print(f"[bold {color}]{word}[/]" + (f" — {escape(rest)}" if rest else ""))
+    out.print(f"  {escape(result.ref)} ({result.candidate[:12]}) against baseline {result.baseline[:12]}, seed {result.seed}")
+    if no_change:
+        out.print("  REF changes nothing (the same tree as the baseline): this was an A/A measurement of the baseline against itself")
     for reason in v.reasons:
         out.print(f"  - {escape(reason)}")
-    if result.workloads:
-        t = Table(title="workloads")
-        for col in ("workload", "role", "baseline", "candidate", "speedup", "95% CI", "p", "pairs", "decision"):
-            t.add_column(col)
-        for w in result.workloads.values():
+    if result.workloads or result.confirmation:
+        t = Table(title="workloads", box=None, pad_edge=False, padding=(0, 1, 0, 0), header_style="bold")
+        t.add_column("workload", no_wrap=True, overflow="ellipsis", max_width=14)
+        t.add_column("baseline", justify="right", no_wrap=True)
+        t.add_column("candidate", justify="right", no_wrap=True)
+        t.add_column("Δ", justify="right", no_wrap=True)
+        t.add_column("95% CI", justify="right", no_wrap=True)
+        t.add_column("p", justify="right", no_wrap=True)
+        t.add_column("pairs", justify="right", no_wrap=True)
+        t.add_column("decision", overflow="fold")
+        rows = [*result.workloads.values(), *([result.confirmation] if result.confirmation else [])]
+        for w in rows:
+            u = f" {w.unit}" if w.unit else ""
+            name = "confirm" if w.role == "confirmation" else w.name + ("*" if w.role == "objective" else "")
             t.add_row(
-                w.name, w.role,
-                "—" if w.baseline_median is None else f"{w.baseline_median:.4g}",
-                "—" if w.candidate_median is None else f"{w.candidate_median:.4g}",
-                fmt_pct(w.speedup),
-                "—" if w.ci is None else f"[{w.ci[0] - 1:+.2%}, {w.ci[1] - 1:+.2%}]",
-                "—" if w.p_value is None else f"{w.p_value:.2g}",
-                f"{w.pairs}/{w.max_pairs}" + (" (early)" if w.early_stop else ""),
-                w.decision,
+                escape(name), number(w.baseline_median), number(w.candidate_median) + u,
+                pct(w.speedup), "—" if w.ci is None else ci_text(w.ci), p_text(w.p_value),
+                str(w.pairs), decision_label(w.to_json()),
             )
+        t.caption = "* objective" + ("; confirm: the objective again on fresh seeds" if result.confirmation else "")
         out.print(t)
-    c = Table(title="gate checks")
-    c.add_column("check")
-    c.add_column("status")
-    c.add_column("detail")
+    c = Table(title="gate checks", box=None, pad_edge=False, padding=(0, 1, 0, 0), header_style="bold")
+    c.add_column("check", no_wrap=True)
+    c.add_column("status", no_wrap=True)
+    c.add_column("detail", overflow="fold")
     for check in v.checks:
         c.add_row(check.name, check.status.value, escape(check.detail))
     out.print(c)
-    t = result.timing()
-    out.print(
-        f"wall {t['wall_s']:.1f} s = engines {t['engine_s']:.1f} s + measurement {t['measurement_s']:.1f} s "
-        f"+ overhead {t['overhead_s']:.1f} s ({t['overhead_pct']:.1f}%); seed {result.seed}"
-    )
+    out.print(timing_line(result.timing()))
+    if advice:
+        out.print(next_step(result, ref_is_branch))
+
+
+def timing_line(t: dict[str, float]) -> str:
+    """Where the wall time went; the parts add up to the wall time. Nothing measured (an
+    instant reject) says so instead of an 'overhead' percentage."""
+    if t["measurement_s"] == 0 and t["engine_s"] == 0 and t["verify_s"] == 0:
+        return f"time: {t['wall_s']:.1f} s, nothing measured (stopped before the first trial)"
+    parts = [f"engines {t['engine_s']:.1f} s", f"measurement {t['measurement_s']:.1f} s"]
+    if t["verify_s"]:
+        parts.append(f"distribution checks {t['verify_s']:.1f} s")
+    parts.append(f"build, tests and orchestration {t['overhead_s']:.1f} s ({t['overhead_pct']:.1f}%)")
+    return f"time: {t['wall_s']:.1f} s = " + " + ".join(parts)
+
+
+def next_step(result: Evaluation, ref_is_branch: bool | None) -> str:
+    """evaluate never merges: say so, and how to."""
+    verdict = result.verdict.verdict
+    if verdict == MERGE:
+        if ref_is_branch:
+            how = f"`agentsearch episode --branches {result.ref}` judges it again and merges on a win"
+        else:
+            how = f"put it on a branch (`git branch NAME {result.candidate[:12]}`), then `agentsearch episode --branches NAME` judges it again and merges on a win"
+        return f"not merged: evaluate never merges; {how}"
+    if verdict == REVIEW:
+        return (f"not merged: held for review (too good to be true); read `agentsearch report {escape(result.ref)}` "
+                "and merge by hand if it holds up")
+    return "not merged (rejected)"

@@ -9,10 +9,11 @@ import click
 from ..errors import AgentsearchError
 from ..workspace import Workspace
 from ..workspace.fork import create_fork, find_installed
+from .output import print_json
 from .starter import starter_config, starter_serving
 
 
-def run(target: Path, from_installed: str | None, directory: Path | None) -> int:
+def run(target: Path, from_installed: str | None, directory: Path | None, as_json: bool = False) -> int:
     if from_installed:
         if from_installed != "vllm":
             raise AgentsearchError(f"--from-installed supports 'vllm', got {from_installed!r}")
@@ -25,6 +26,10 @@ def run(target: Path, from_installed: str | None, directory: Path | None) -> int
         raise AgentsearchError("DIR is only used with --from-installed; use -C to point at an existing target")
     ws = Workspace.init(target)
     config = ws.config()
+    if as_json:
+        print_json({"repo": str(ws.repo_dir), "baseline": config.target.baseline, "baseline_commit": ws.baseline_commit(),
+                    "workloads": [w.name for w in config.workloads], "objective": config.objective.name, "state": str(ws.state)})
+        return 0
     click.echo(f"initialized {ws.repo_dir}")
     click.echo(f"  baseline  {config.target.baseline} @ {ws.baseline_commit()[:12]}")
     click.echo(f"  workloads {', '.join(w.name for w in config.workloads)}")

@@ -9,11 +9,10 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..errors import EXIT_FAIL, AgentsearchError
-from ..evaluation import evaluate
 from ..gate import MERGE
+from ..headline import pct
 from ..records import append, read_entries
 from ..workspace import Workspace, git
-from .evaluate import show as show_evaluation
 from .output import out, print_json, progress
 from .proposal_ids import refuse_ambiguous
 
@@ -71,7 +70,7 @@ def run(target: Path, as_json: bool, what: str | None, recheck: bool, seed: int 
             raise AgentsearchError("--recheck needs a MERGE (a merge commit or proposal id from `agentsearch review`)")
         rows = merges(ws)
         if as_json:
-            print_json(rows)
+            print_json(rows, key="merges")
             return 0
         if not rows:
             out.print("no merges recorded yet")
@@ -82,7 +81,7 @@ def run(target: Path, as_json: bool, what: str | None, recheck: bool, seed: int 
         for r in rows:
             state = "reverted" if r["reverted"] else ("on baseline" if r["on_baseline"] else "not on baseline")
             sp = r["speedup"]
-            t.add_row(r["merge"][:12], r["proposal"] or "—", escape(r["title"] or ""), "—" if sp is None else f"{sp - 1:+.2%}",
+            t.add_row(r["merge"][:12], r["proposal"] or "—", escape(r["title"] or ""), pct(sp),
                       state, {True: "holds", False: "does not hold", None: "—"}[r["recheck"]])
         out.print(t)
         return 0
@@ -94,6 +93,9 @@ def run(target: Path, as_json: bool, what: str | None, recheck: bool, seed: int 
             out.print(f"[bold]{row['merge'][:12]}[/] {escape(row['title'] or '')} ({row['proposal']})")
             out.print(escape(row["evidence"] or "(no git note)"))
         return 0
+    from ..evaluation import evaluate  # the measuring stack (scipy, ...) only when re-measuring
+    from .evaluate import show as show_evaluation
+
     parent = git.first_parent(ws.repo_dir, row["merge"])
     with ws.lock(), progress() as say:
         ev = evaluate(ws, row["merge"], seed=seed, progress=say, baseline=parent)
@@ -105,13 +107,13 @@ def run(target: Path, as_json: bool, what: str | None, recheck: bool, seed: int 
     if as_json:
         print_json({**data, "evaluation": ev.to_json()})
     else:
-        show_evaluation(ev)
+        show_evaluation(ev, advice=False)
         out.print(f"recheck of {row['merge'][:12]} against its parent {parent[:12]} with fresh seeds (seed {ev.seed}): "
                   + ("[green]the win still holds[/]" if holds else "[red]the win does NOT hold[/]"))
     return 0 if holds else EXIT_FAIL
 
 
-def revert(target: Path, what: str) -> int:
+def revert(target: Path, what: str, as_json: bool = False) -> int:
     ws = Workspace.open(target)
     row = resolve_merge(ws, what)
     if row["reverted"]:
@@ -121,5 +123,8 @@ def revert(target: Path, what: str) -> int:
     with ws.lock():
         old, new = ws.revert(row["merge"], message)
         append(ws, "revert", None, row["proposal"], {"merge": row["merge"], "old": old, "new": new})
+    if as_json:
+        print_json({"merge": row["merge"], "proposal": row["proposal"], "title": row["title"], "old": old, "new": new})
+        return 0
     out.print(f"reverted {row['merge'][:12]} ({row['proposal']}): baseline {old[:12]} -> {new[:12]}")
     return 0

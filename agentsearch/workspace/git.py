@@ -2,7 +2,7 @@
 
 ``run_git`` runs one git command without a shell, with inherited ``GIT_*`` variables
 removed, and raises ``GitError`` carrying the command and its output. The verbs below are
-named by intent. gitpython is used to open and inspect repositories.
+named by intent.
 """
 
 from __future__ import annotations
@@ -11,8 +11,6 @@ import os
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-
-import git as gitpython
 
 from ..errors import GitError, TargetError
 
@@ -57,15 +55,19 @@ def run_git(*args: str, cwd: Path | str, check: bool = True, input: str | None =
     return proc.stdout
 
 
-def open_repo(path: Path) -> gitpython.Repo:
-    """Open the repository at (or above) ``path``; a one-line TargetError if there is none."""
+def toplevel_of(path: Path) -> Path:
+    """The top of the work tree at (or above) ``path``; a one-line TargetError if there is none.
+    One ``git rev-parse`` (no gitpython import: read commands start fast)."""
     if not path.exists():
         raise TargetError(f"{path}: no such directory; pass an existing git repository with -C")
-    try:
-        # a path is a path: never expand $VARS in it (gitpython does by default)
-        return gitpython.Repo(path, search_parent_directories=True, expand_vars=False)
-    except (gitpython.InvalidGitRepositoryError, gitpython.NoSuchPathError):
-        raise TargetError(f"{path}: not a git repository; run `git init` there or pass another path with -C") from None
+    cwd = path if path.is_dir() else path.parent
+    proc = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=str(cwd), env=_clean_env(), capture_output=True, text=True)
+    top = proc.stdout.strip()
+    if proc.returncode != 0 or not top:
+        why = (proc.stderr.strip().splitlines() or [""])[-1].removeprefix("fatal: ")
+        extra = "" if not why or "not a git repository" in why else f" ({why})"
+        raise TargetError(f"{path}: not a git repository{extra}; run `git init` there or pass another path with -C")
+    return Path(top)
 
 
 def toplevel(path: Path) -> Path:

@@ -69,8 +69,7 @@ class Workspace:
     # ------------------------------------------------------------------ opening
     @classmethod
     def locate(cls, target: Path) -> "Workspace":
-        repo = git.open_repo(target.resolve())
-        top = Path(repo.working_tree_dir or target).resolve()
+        top = git.toplevel_of(target.resolve()).resolve()
         return cls(top, git.common_dir(top))
 
     @classmethod

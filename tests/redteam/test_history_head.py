@@ -136,7 +136,7 @@ def test_an_older_log_without_a_head_ref_verifies_and_gets_one(repo: Path) -> No
     proc = verify(repo)
     assert proc.returncode == 0 and f"ok, {n} records" in proc.stdout
     assert head(repo) is None  # verify only reads
-    assert run_cli("insights", "-C", str(repo), "--json").returncode == 0  # appends an insight record
+    assert run_cli("insights", "-C", str(repo), "--record", "--json").returncode == 0  # appends an insight record
     recs = records(repo)
     assert len(recs) == n + 1 and head(repo) == {"seq": n + 1, "hash": recs[-1]["hash"]}
 
@@ -157,7 +157,7 @@ def test_a_log_ahead_of_its_head_is_fine_only_if_the_head_record_matches(repo: P
     _set_head(repo, n - 2, recs[n - 3]["hash"])
     proc = verify(repo)
     assert proc.returncode == 0 and f"ok, {n} records" in proc.stdout
-    assert run_cli("insights", "-C", str(repo), "--json").returncode == 0
+    assert run_cli("insights", "-C", str(repo), "--record", "--json").returncode == 0
     recs = records(repo)
     assert head(repo) == {"seq": n + 1, "hash": recs[-1]["hash"]}
     _set_head(repo, n - 2, recs[n - 2]["hash"])  # the hash of another record
