@@ -157,6 +157,12 @@ def test_html_report_loads_in_headless_chromium_with_verdict_and_plots(judged, t
         for _, text in labels:
             m = re.fullmatch(r"\S.* \(([^()]+)\)", text)
             assert m and m.group(1) in AXIS_UNITS, text
+        if 'id="plot-trials-' in fig:  # pairs are counted (integer ticks); the ratio panel is in % as the tables
+            ticks = re.findall(r'<g id="xtick_\d+">.*?<text[^>]*>([^<]*)</text>', fig, re.S)
+            assert ticks and all(re.fullmatch(r"\d+", t) for t in ticks), ticks
+            ratio = fig.split('<g id="axes_')[2]
+            yticks = re.findall(r'<g id="ytick_\d+">.*?<text[^>]*>([^<]*)</text>', ratio, re.S)
+            assert yticks and all(t.endswith("%") for t in yticks), yticks
 
 
 def _env_with(path_dir: Path) -> dict:
@@ -199,7 +205,7 @@ print("https://github.example/pr/1")
     assert doc["schema_version"] == 1 and doc["verdict"] == "reject" and doc["dry_run"] and doc["plots"] == [] and doc["url"] is None
     assert doc["title"].startswith("[agentsearch] Faster with a coarser normalization: REJECT — ops_s ")
 
-    proc = subprocess.run([*cli, "pr", "-C", str(repo), "002", "--remote", "pr-remote", "--dry-run"], cwd=ROOT, capture_output=True, text=True, env=_env_with(bindir))
+    proc = subprocess.run([*cli, "pr", "-C", str(repo), "002", "--remote", "pr-remote", "--dry-run", "--no-plots"], cwd=ROOT, capture_output=True, text=True, env=_env_with(bindir))
     assert proc.returncode == 0 and "git -C" in proc.stdout and "gh pr create" in proc.stdout and not record.exists()
 
     proc = subprocess.run([*cli, "pr", "-C", str(repo), "002", "--remote", "pr-remote", "--draft", "-o", str(tmp_path / "body.md")],
