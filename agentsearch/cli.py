@@ -304,7 +304,7 @@ def episode(target: Path, as_json: bool, resume: bool, abandon: bool, proposer: 
 @click.argument("what", metavar="PROPOSAL|REF")
 @click.option("--format", "fmt", type=click.Choice(["md", "html"]), default="md", show_default=True)
 @click.option("-o", "--output", type=click.Path(path_type=Path), help="Write to FILE (Markdown plots go to FILE-plots/).")
-def report(target: Path, as_json: bool, what: str, fmt: str, output: Path | None) -> None:
+def report(target: Path, what: str, fmt: str, output: Path | None, as_json: bool) -> None:
     """Render the evidence report of a verdict: a proposal id (or its number), a branch or a commit.
 
     Verdict and every reason, per-workload table and paired-trial plots, distribution checks
@@ -313,7 +313,7 @@ def report(target: Path, as_json: bool, what: str, fmt: str, output: Path | None
     """
     from .commands.report import run
 
-    dispatch(run, target=target, as_json=as_json, what=what, fmt=fmt, output=output)
+    dispatch(run, target=target, what=what, fmt=fmt, output=output, as_json=as_json)
 
 
 @main.command(context_settings=CONTEXT)
@@ -322,13 +322,22 @@ def report(target: Path, as_json: bool, what: str, fmt: str, output: Path | None
 @json_option
 @click.argument("proposal")
 @click.option("--remote", default="origin", show_default=True, help="Git remote to push the proposal branch to.")
-@click.option("--dry-run", is_flag=True, help="Write the PR body and print the push and `gh` commands instead of running them.")
-@click.option("-o", "--output", type=click.Path(path_type=Path), help="Where to write the PR body (default: the state dir).")
-def pr(target: Path, as_json: bool, proposal: str, remote: str, dry_run: bool, output: Path | None) -> None:
-    """Push a proposal's branch and open a pull request whose body is its evidence report (`gh`)."""
+@click.option("--dry-run", is_flag=True, help="Write the PR body (and the local plots branch) and print the push and `gh` commands instead of running them.")
+@click.option("-o", "--output", type=click.Path(path_type=Path), help="Where to write the PR body (default: the state dir; plots go to BODY-plots/).")
+@click.option("--draft", is_flag=True, help="Open the pull request as a draft.")
+@click.option("--force", is_flag=True, help="Open it even for a rejected, review or reverted proposal.")
+@click.option("--plots/--no-plots", "with_plots", default=True, show_default=True,
+              help="Push the plots on their own branch agentsearch-evidence/<proposal> and show them in the body.")
+def pr(target: Path, proposal: str, remote: str, dry_run: bool, output: Path | None, draft: bool, force: bool, with_plots: bool,
+       as_json: bool) -> None:
+    """Push a proposal's branch and open a pull request (`gh`) with its evidence: the one-line
+    verdict, a compact table, plots, folded details and the command that reproduces it.
+
+    Only for merges that stand: a rejected or reverted proposal needs --force."""
     from .commands.report import pr as run
 
-    dispatch(run, config=True, target=target, as_json=as_json, what=proposal, remote=remote, dry_run=dry_run, output=output)
+    dispatch(run, config=True, target=target, what=proposal, remote=remote, dry_run=dry_run, output=output, force=force,
+             draft=draft, with_plots=with_plots, as_json=as_json)
 
 
 @main.command(context_settings=CONTEXT)

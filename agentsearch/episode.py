@@ -30,6 +30,7 @@ from .evaluation import Evaluation, evaluate
 from .gate import MERGE, REJECT, Check, Status, judge
 from .headline import headline
 from .proposers.base import Candidate, Proposer
+from .report import reproduce_command
 from .workspace import Workspace, git
 from .workspace.history_head import trailers as history_trailers
 
@@ -433,19 +434,6 @@ def merge_message(v: Mapping[str, Any], history: tuple[int, str] | None = None) 
     return f"{head}\n\n{evidence_text(v)}\nAgentsearch-Proposal: {v['proposal']}\nAgentsearch-Candidate: {v['candidate']}\n{extra}"
 
 
-def reproduce_command(v: Mapping[str, Any]) -> str:
-    """The `agentsearch evaluate` that re-measures this verdict: same candidate, baseline commit, seed and alpha."""
-    if not v.get("candidate") or v.get("seed") is None:
-        return "(reached before any measurement: nothing to reproduce)"
-    cmd = f"agentsearch evaluate {v['candidate'][:12]}"
-    if v.get("baseline"):
-        cmd += f" --baseline {v['baseline'][:12]}"
-    cmd += f" --seed {v['seed']}"
-    if v.get("alpha") is not None:
-        cmd += f" --alpha {v['alpha']!r}"
-    return cmd
-
-
 def evidence_text(v: Mapping[str, Any]) -> str:
     """The evidence of a verdict in a few lines: for the merge message and the git note."""
     lines = [f"Verdict: {v['verdict']} ({v['proposal']}, branch {v.get('branch')})", headline(v)]
@@ -459,7 +447,8 @@ def evidence_text(v: Mapping[str, Any]) -> str:
                      else f"- {name} ({w['role']}): {sp - 1:+.2%}{ci_s}, {w['pairs']} pairs")
     for c in v.get("checks", []):
         lines.append(f"- check {c['name']}: {c['status']}" + (f" ({c['detail']})" if c.get("detail") else ""))
-    lines.append(f"Reproduce: {reproduce_command(v)}")
+    cmd = reproduce_command(v)  # from a checkout of the target: the same commits, seed and alpha
+    lines.append(f"Reproduce: {cmd}" if cmd else "Reproduce: (decided before any measurement)")
     return "\n".join(lines) + "\n"
 
 

@@ -1,15 +1,17 @@
 """Evidence reports: everything behind one verdict, from the history, as Markdown or HTML.
 
 ``gather`` finds the verdict (an episode proposal or a plain ``evaluate``) and its trials in
-the history and adds what git knows (diff stat, commits); ``plots`` draws the paired trials
-and the per-position divergence against the noise floor (matplotlib, PNG); ``render`` fills
-the Jinja2 templates in ``templates/``. The reproduce command is ``agentsearch evaluate`` of
-the same candidate against the same baseline commit with the same seed and alpha.
+the history and adds what git knows (diff stat, the diff, commits, a later revert); ``plots``
+draws the paired trials and the per-position divergence against the noise floor (matplotlib:
+PNG files for Markdown, inline SVG for HTML; every axis names its quantity and unit); ``render``
+fills the Jinja2 templates in ``templates/`` (the report, or the pull-request body in the style
+of benchmark bots: headline, compact table, folded details). The title is the one-line verdict
+of ``headline``. ``reproduce_command`` is ``agentsearch evaluate`` of the same candidate against
+the same baseline commit with the same seed and alpha (also the git note's reproduce line).
 """
 
 from __future__ import annotations
 
-import base64
 import io
 import math
 import shlex
@@ -18,17 +20,24 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Mapping
 
-import jinja2
-
 import templates as _templates
 
 from . import __version__
 from .errors import AgentsearchError
+from .headline import ci_text, decision_label, headline, number, unit
 from .records import read_entries
 from .workspace import Workspace, git
 
 REPORT_SCHEMA = 1
 TEMPLATES = Path(_templates.__file__).resolve().parent
+DIFF_INLINE_LINES = 150  # the PR body shows the diff itself up to this many lines (else the diff stat)
+# what each p-value tests (the gate's statistics: harness.statistics.PairedEstimate)
+P_TESTS = {
+    "objective": "one-sided paired t-test on log(candidate/baseline), H1: the candidate is faster",
+    "guard": "one-sided paired t-test on log(candidate/baseline), H1: the candidate is slower (a small p is a regression)",
+    "confirmation": "one-sided paired t-test on log(candidate/baseline), H1: the candidate is slower (a small p would undo the win)",
+}
+P_SHORT = {"objective": "t-test, H1 faster", "guard": "t-test, H1 slower", "confirmation": "t-test, H1 slower"}
 CHECK_NOTES = {
     "based-on-baseline": "the candidate contains the baseline it was measured against",
     "protected-paths": "no protected file (bench, config, harness inputs) was touched",
@@ -46,6 +55,19 @@ CHECK_NOTES = {
 }
 
 
+def reproduce_command(v: Mapping[str, Any], repo: str | None = None) -> str | None:
+    """The command that reproduces verdict ``v``: the same candidate and baseline commits, seed
+    and alpha. ``repo`` adds ``-C REPO`` (a local report); without it the command is run from a
+    checkout of the target (git notes, PR bodies: no local path). None before any measurement."""
+    if not v.get("candidate") or not v.get("baseline") or v.get("seed") is None:
+        return None
+    cmd = ["agentsearch", "evaluate", *(["-C", repo] if repo else []), v["candidate"], "--baseline", v["baseline"],
+           "--seed", str(v["seed"])]
+    if v.get("alpha") is not None:
+        cmd += ["--alpha", repr(v["alpha"])]
+    return shlex.join(cmd)
+
+
 @dataclass(frozen=True)
 class Evidence:
     what: str
@@ -58,6 +80,10 @@ class Evidence:
     versions: Mapping[str, str] = field(default_factory=dict)
     repo: str = ""
     seq: int = 0
+    revert: Mapping[str, Any] | None = None  # the revert record when the merge was reverted since
+    diff: str = ""  # the change itself (git diff baseline..candidate)
+    metrics: Mapping[str, str] = field(default_factory=dict)  # workload -> metric (from the baseline's config)
+    units: Mapping[str, str] = field(default_factory=dict)  # workload -> unit
     schema_version: int = REPORT_SCHEMA
 
     @property
@@ -68,14 +94,27 @@ class Evidence:
     def baseline(self) -> str | None:
         return self.verdict.get("baseline")
 
-    def reproduce(self) -> str:
-        if not self.candidate or not self.baseline or self.verdict.get("seed") is None:
-            return "(this verdict was reached before any measurement: re-run the episode's proposal to reproduce it)"
-        cmd = ["agentsearch", "evaluate", "-C", self.repo, self.candidate, "--baseline", self.baseline,
-               "--seed", str(self.verdict["seed"])]
-        if self.verdict.get("alpha") is not None:
-            cmd += ["--alpha", repr(self.verdict["alpha"])]
-        return shlex.join(cmd)
+    @property
+    def reverted(self) -> bool:
+        return self.revert is not None
+
+    def reproduce(self, local: bool = True) -> str:
+        cmd = reproduce_command(self.verdict, self.repo if local else None)
+        return cmd or "(this verdict was reached before any measurement: re-run the episode's proposal to reproduce it)"
+
+    def headline(self) -> str:
+        v = dict(self.verdict)  # old records do not carry their metric: fill it in from the config
+        v["workloads"] = {n: {**w, "metric": self.label(n, w)[0], "unit": self.label(n, w)[1]} for n, w in (v.get("workloads") or {}).items()}
+        line = headline(v, self.units)
+        if self.revert:
+            line += f"; reverted since by {str(self.revert.get('new') or '?')[:12]}"
+        return line
+
+    def label(self, workload: str, summary: Mapping[str, Any] | None = None) -> tuple[str, str]:
+        """(metric, unit) of a workload: from its summary (newer records), else the config."""
+        s = summary or {}
+        metric = s.get("metric") or self.metrics.get(workload) or workload
+        return metric, s.get("unit") or self.units.get(workload) or unit(metric)
 
 
 def versions() -> dict[str, str]:
@@ -118,32 +157,57 @@ def gather(ws: Workspace, what: str) -> Evidence:
         kind = "proposal"
     else:
         trials, created, merge, kind = list(d.get("trials", [])), {}, None, "evaluation"
-    diffstat = ""
+    diffstat = diff = ""
     if d.get("baseline") and d.get("candidate"):
         try:
             diffstat = git.diff_stat(ws.repo_dir, d["baseline"], d["candidate"]).rstrip()
+            diff = git.diff_text(ws.repo_dir, d["baseline"], d["candidate"])
         except AgentsearchError:
             diffstat = "(commits no longer in the repository)"
-    return Evidence(what, kind, d, trials, created, merge, diffstat, versions(), str(ws.repo_dir), chosen.seq)
+    revert = None
+    if merge and merge.get("ok"):
+        revert = next((e.data for e in entries if e.kind == "revert" and e.data.get("merge") == merge.get("new")), None)
+    metrics: dict[str, str] = {}
+    units: dict[str, str] = {}
+    try:  # the config the verdict was reached under (old records do not carry their metric)
+        for w in ws.config(d.get("baseline")).workloads:
+            metrics[w.name] = w.metric
+            units[w.name] = unit(w.metric, w.unit)
+    except AgentsearchError:
+        pass
+    return Evidence(what, kind, d, trials, created, merge, diffstat, versions(), str(ws.repo_dir), chosen.seq,
+                    revert=revert, diff=diff, metrics=metrics, units=units)
 
 
 # ---------------------------------------------------------------------------- plots
-def _png(fig: Any) -> bytes:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
+def _axes(ax: Any, xlabel: str, ylabel: str) -> None:
+    """Label both axes ("quantity (unit)"); the SVG carries them as text under ids the report test reads."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.xaxis.label.set_gid("xlabel")
+    ax.yaxis.label.set_gid("ylabel")
+
+
+def _save(fig: Any, fmt: str) -> bytes:
     import matplotlib.pyplot as plt
 
+    buf = io.BytesIO()
+    fig.savefig(buf, format=fmt, dpi=90, bbox_inches="tight", metadata={"Date": None} if fmt == "svg" else None)
     plt.close(fig)
     return buf.getvalue()
 
 
-def plots(ev: Evidence) -> dict[str, bytes]:
-    """{name: PNG}: paired trials per workload and phase; divergence by position per path."""
+def plots(ev: Evidence, fmt: str = "png") -> dict[str, bytes]:
+    """{name: image}: paired trials per workload and phase; divergence by position per path.
+    ``fmt``: "png" (files next to Markdown) or "svg" (inline in HTML, text kept as text)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator, PercentFormatter
 
+    plt.rcParams["svg.fonttype"] = "none"  # axis labels stay text (searchable, checked by the report test)
+    plt.rcParams["svg.hashsalt"] = "agentsearch"  # stable ids
     out: dict[str, bytes] = {}
     groups: dict[tuple[str, str], dict[int, dict[str, float]]] = {}
     for t in ev.trials:
@@ -157,25 +221,27 @@ def plots(ev: Evidence) -> dict[str, bytes]:
         xs = [i + 1 for i, _ in full]
         base = [p["baseline"] for _, p in full]
         cand = [p["candidate"] for _, p in full]
-        fig, (a1, a2) = plt.subplots(1, 2, figsize=(9, 3.2))
+        w = (ev.verdict.get("workloads") or {}).get(workload) if phase != "confirmation" else ev.verdict.get("confirmation")
+        metric, u = ev.label(workload, w)
+        fig, (a1, a2) = plt.subplots(1, 2, figsize=(9.5, 3.4), layout="constrained")  # no label runs into the next panel
         a1.plot(xs, base, "o-", label="baseline", color="#555555")
         a1.plot(xs, cand, "s-", label="candidate", color="#1f77b4")
-        a1.set_xlabel("pair")
-        a1.set_ylabel(workload)
+        _axes(a1, "pair (index)", f"{metric} ({u or 'as reported'})")
         a1.set_title(f"{workload} ({phase}): paired trials")
         a1.legend(fontsize=8)
         ratios = [c / b for b, c in zip(base, cand)]
         a2.bar(xs, [r - 1 for r in ratios], color=["#2ca02c" if r >= 1 else "#d62728" for r in ratios])
         a2.axhline(0, color="black", lw=0.8)
-        w = (ev.verdict.get("workloads") or {}).get(workload) if phase != "confirmation" else ev.verdict.get("confirmation")
         if w and w.get("ci"):
             lo, hi = w["ci"][0] - 1, w["ci"][1] - 1
             a2.axhspan(lo, hi, color="#1f77b4", alpha=0.15, label="95% CI of the speedup")
             a2.legend(fontsize=8)
-        a2.set_xlabel("pair")
-        a2.set_ylabel("candidate / baseline - 1")
-        a2.set_title("per-pair ratio")
-        out[f"trials-{workload}-{phase}"] = _png(fig)
+        _axes(a2, "pair (index)", "candidate vs baseline (%)")
+        a2.yaxis.set_major_formatter(PercentFormatter(xmax=1, decimals=0))  # as in the tables
+        a2.set_title(f"{metric}: change per pair")
+        for ax in (a1, a2):
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # pairs are counted
+        out[f"trials-{workload}-{phase}"] = _save(fig, fmt)
     dist = ev.verdict.get("distribution")
     if dist:
         floor = dist.get("noise_floor") or {}
@@ -184,18 +250,18 @@ def plots(ev: Evidence) -> dict[str, bytes]:
             f = (floor.get(path) or {}).get("kl_by_position")
             if not any(series.values()) and not f:
                 continue
-            fig, ax = plt.subplots(figsize=(7, 3))
+            fig, ax = plt.subplots(figsize=(7, 3), layout="constrained")
             for name, ys in series.items():
                 if ys:
                     ax.plot(range(len(ys)), [max(y, 1e-12) for y in ys], label=f"candidate vs baseline ({name})")
             if f:
                 ax.plot(range(len(f)), [max(y, 1e-12) for y in f], "--", color="gray", label="noise floor (baseline vs itself)")
             ax.set_yscale("log")
-            ax.set_xlabel("position")
-            ax.set_ylabel("mean KL")
+            _axes(ax, "token position (index)", "mean KL divergence (nats)")
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
             ax.set_title(f"{path}: divergence by position")
             ax.legend(fontsize=8)
-            out[f"distribution-{path}"] = _png(fig)
+            out[f"distribution-{path}"] = _save(fig, fmt)
     return out
 
 
@@ -212,47 +278,96 @@ def _num(x: Any) -> str:
     return str(x)
 
 
-def context(ev: Evidence, images: Mapping[str, str]) -> dict[str, Any]:
+def _svg_inline(svg: bytes) -> str:
+    """An SVG document as an element to inline in HTML (no XML declaration or DOCTYPE)."""
+    text = svg.decode()
+    return text[text.index("<svg"):]
+
+
+def context(ev: Evidence, images: Mapping[str, str], local: bool = True) -> dict[str, Any]:
     v = ev.verdict
     order = {"objective": 0, "guard": 1, "confirmation": 2}
-    workloads = sorted((v.get("workloads") or {}).values(), key=lambda w: order.get(w.get("role"), 3))
+    named = sorted((v.get("workloads") or {}).items(), key=lambda kv: order.get(kv[1].get("role"), 3))
     if v.get("confirmation"):
-        workloads.append(v["confirmation"])
+        c = v["confirmation"]
+        named.append((c.get("name") or "", c))
+    workloads = []
+    for name, w in named:
+        metric, u = ev.label(name, w)
+        role = w.get("role") or ""
+        workloads.append({**w, "name": w.get("name") or name, "metric": metric, "unit": u, "label": decision_label(w),
+                          "p_test": P_SHORT.get(role, "t-test"), "ci_text": ci_text(w.get("ci")) + ("%" if w.get("ci") else "")})
+    roles = [w.get("role") for w in workloads if w.get("p_value") is not None]
+    p_tests = {r: P_TESTS[r] for r in order if r in roles and r in P_TESTS}
     checks = [{**c, "note": CHECK_NOTES.get(c["name"], "")} for c in v.get("checks", [])]
+    tally: dict[str, int] = {}
+    for c in checks:
+        tally[c["status"]] = tally.get(c["status"], 0) + 1
     dist = v.get("distribution")
-    dist_rows = []
+    dist_rows, lang_rows = [], []
     if dist:
         for name in ("public", "holdout"):
             for path, st in (dist.get(name) or {}).items():
                 dist_rows.append({"set": name, "path": path, **st})
         for lang, paths in sorted((dist.get("languages") or {}).items()):
             for path, st in paths.items():
-                dist_rows.append({"set": f"language {lang}", "path": path, "passed": None, **st})
+                lang_rows.append({"set": f"language {lang}", "path": path, "passed": None, **st})
     env = dict(v.get("environment") or {})
     title = v.get("title") or ev.proposal.get("title") or v.get("ref") or ev.what
+    diff_lines = ev.diff.count("\n")
+    small = bool(ev.diff) and diff_lines <= DIFF_INLINE_LINES and "GIT binary patch" not in ev.diff
+    verdict = (v.get("verdict") or "?").upper()
     return {
-        "ev": ev, "v": v, "title": title, "verdict": (v.get("verdict") or "?").upper(), "reasons": v.get("reasons", []),
-        "workloads": workloads, "checks": checks, "dist": dist, "dist_rows": dist_rows, "images": images,
-        "coverage": v.get("coverage"), "environment": env, "versions": ev.versions, "reproduce": ev.reproduce(),
+        "ev": ev, "v": v, "title": title, "headline": ev.headline(), "verdict": verdict,
+        "badge": f"{verdict}, REVERTED" if ev.revert else verdict, "revert": ev.revert, "reasons": v.get("reasons", []),
+        "workloads": workloads, "p_tests": p_tests, "checks": checks,
+        "checks_summary": ", ".join(f"{n} {s}" for s, n in sorted(tally.items(), key=lambda kv: -kv[1])),
+        "dist": dist, "dist_rows": dist_rows, "lang_rows": lang_rows, "images": images,
+        "coverage": v.get("coverage"), "environment": env, "versions": ev.versions, "reproduce": ev.reproduce(local),
         "rationale": ev.proposal.get("rationale") or "", "category": ev.proposal.get("category") or "",
         "proposer": ev.proposal.get("proposer") or "human (agentsearch evaluate)",
-        "pct": _pct, "num": _num, "timing": v.get("timing") or {},
+        "pct": _pct, "num": _num, "number": number, "timing": v.get("timing") or {},
+        "diff": ev.diff if small else "", "diff_lines": diff_lines,
     }
 
 
+def _env() -> Any:
+    import jinja2
+
+    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=jinja2.select_autoescape(["html", "html.j2"]),
+                              undefined=jinja2.ChainableUndefined, trim_blocks=True, lstrip_blocks=True)
+
+
 def render(ev: Evidence, fmt: str, image_dir: Path | None = None) -> tuple[str, dict[str, bytes]]:
-    """(text, files): HTML embeds its plots; Markdown links them as files (written by the caller)."""
-    pngs = plots(ev)
+    """(text, files): HTML inlines its plots (SVG); Markdown links them as PNG files (written by the caller)."""
     files: dict[str, bytes] = {}
     if fmt == "html":
-        images = {k: "data:image/png;base64," + base64.b64encode(b).decode() for k, b in pngs.items()}
+        images = {k: _svg_inline(b) for k, b in plots(ev, "svg").items()}
     else:
         images = {}
         if image_dir is not None:
-            for k, b in pngs.items():
+            for k, b in plots(ev, "png").items():
                 files[f"{image_dir.name}/{k}.png"] = b
                 images[k] = f"{image_dir.name}/{k}.png"
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=jinja2.select_autoescape(["html"]),
-                             undefined=jinja2.ChainableUndefined, trim_blocks=True, lstrip_blocks=True)
-    tpl = env.get_template("report.html.j2" if fmt == "html" else "report.md.j2")
+    tpl = _env().get_template("report.html.j2" if fmt == "html" else "report.md.j2")
     return tpl.render(**context(ev, images)), files
+
+
+def render_pr(ev: Evidence, images: Mapping[str, str], plots_note: str = "") -> str:
+    """The pull-request body: headline, compact table, plots (``images``: name -> URL), folded
+    details (checks, distribution, environment, the diff when small) and the reproduce command
+    with no local path. ``plots_note`` says where the plots are when they cannot be linked."""
+    tpl = _env().get_template("pr.md.j2")
+    return tpl.render(**context(ev, images, local=False), plots_note=plots_note)
+
+
+def to_json(ev: Evidence, **extra: Any) -> dict[str, Any]:
+    """The machine-readable form of a report (``report --json``, ``pr --json``)."""
+    v = ev.verdict
+    return {
+        "schema_version": REPORT_SCHEMA, "what": ev.what, "kind": ev.kind, "proposal": v.get("proposal"),
+        "verdict": v.get("verdict"), "headline": ev.headline(), "title": v.get("title") or ev.proposal.get("title") or v.get("ref"),
+        "reasons": list(v.get("reasons") or []), "candidate": ev.candidate, "baseline": ev.baseline,
+        "branch": v.get("branch") or ev.proposal.get("branch"), "merged": bool(ev.merge and ev.merge.get("ok")),
+        "reverted": ev.reverted, "revert_commit": (ev.revert or {}).get("new"), "reproduce": reproduce_command(v), **extra,
+    }

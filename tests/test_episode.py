@@ -152,7 +152,7 @@ def test_patch_queue_episode_merges_only_the_real_win(tmp_path):
     note = git(repo, "notes", "--ref=agentsearch", "show", after)
     assert "Verdict: merge" in note and "\nMERGE — ops_s " in note and " ops/s (+" in note
     v = [e.data for e in HistoryLog(Workspace.open(repo).state / "history.jsonl").entries() if e.kind == "verdict" and e.data["verdict"] == "merge"][0]
-    assert f"Reproduce: agentsearch evaluate {v['candidate'][:12]} --baseline {before[:12]} --seed {v['seed']} --alpha {v['alpha']!r}" in note
+    assert f"Reproduce: agentsearch evaluate {v['candidate']} --baseline {before} --seed {v['seed']} --alpha {v['alpha']!r}" in note
     # the fast proposal was judged with the sandbox and its changed line ran
     fast_v = [e.data for e in HistoryLog(ws.state / "history.jsonl").entries() if e.kind == "verdict" and e.data["title"] == fast["title"]][0]
     checks = {c["name"]: c for c in fast_v["checks"]}

@@ -20,6 +20,9 @@ from history import HistoryLog
 from .conftest import ROOT, git, run_cli
 from .test_episode import BENCH, ENGINE, episode_json, make_target, patch_from
 
+# the one-line verdict: metric, both medians with the unit, change, CI, p and pairs
+HEADLINE = re.compile(r"^(MERGE|REJECT) — ops_s [\d,.]+ → [\d,.]+ ops/s \([+-]\d+\.\d%, 95% CI [+-][\d.]+…[+-][\d.]+%, p=[\d.e+-]+, \d+ pairs\)")
+AXIS_UNITS = {"ops/s", "%", "index", "nats"}  # every plot axis of the toy target's report says one of these
 SECTIONS_MD = ["## Verdict", "## Workloads", "## Distribution checks", "## Gate and anti-cheat checks", "## Change", "## Environment", "## Reproduce"]
 
 
@@ -60,9 +63,17 @@ def test_markdown_and_html_reports_of_a_merge_carry_every_section_and_reproduce(
     md = md_path.read_text()
     for s in SECTIONS_MD:
         assert s in md, s
-    assert md.startswith("# MERGE: Make the engine 30% faster")
+    title = md.splitlines()[0]
+    assert title.startswith("# ") and HEADLINE.match(title[2:]) and "confirmed +" in title, title
+    assert "**Make the engine 30% faster**" in md
     w = v["workloads"]["speed"]
     assert f"{w['speedup'] - 1:+.2%}" in md and f"{w['pairs']}/{w['max_pairs']}" in md
+    # medians with their unit; every p-value names its test
+    assert re.search(r"\| speed \| objective \| ops_s \| [\d,.]+ ops/s \| [\d,.]+ ops/s \|", md)
+    assert re.search(r"\| [\d.e-]+ \(t-test, H1 faster\) \|", md) and re.search(r"\| [\d.e-]+ \(t-test, H1 slower\) \|", md)
+    assert "p of the confirmation row: one-sided paired t-test" in md
+    assert "<details><summary>Per language (" in md  # the per-language rows are folded
+    assert "+SPEED = 1.3" in md  # a small diff is shown
     assert v["candidate"] in md and v["baseline"] in md and "src/engine.py" in md
     for check in ("sandbox", "coverage", "confirmation", "plausibility", "distribution", "protected-paths"):
         assert f"| {check} | pass |" in md, check
@@ -71,9 +82,14 @@ def test_markdown_and_html_reports_of_a_merge_carry_every_section_and_reproduce(
     assert {"trials-speed-objective", "trials-speed-confirmation", "distribution-prefill", "distribution-decode"} <= names
     assert all(p.read_bytes()[:4] == b"\x89PNG" for p in plots)
     assert "](merge-plots/trials-speed-objective.png)" in md
+    # the git note on the merge commit reproduces it with the same baseline, seed and alpha (no local path)
+    merge = [e.data for e in HistoryLog(Workspace.open(repo).state / "history.jsonl").entries() if e.kind == "merge"][0]
+    note = git(repo, "notes", "--ref=agentsearch", "show", merge["new"])
+    assert f"Reproduce: agentsearch evaluate {v['candidate']} --baseline {v['baseline']} --seed {v['seed']} --alpha " in note
+    assert str(repo) not in note
 
     html = run_cli("report", "-C", str(repo), "002", "--format", "html").stdout
-    assert 'class="verdict merge"' in html and html.count("data:image/png;base64,") >= 4
+    assert 'class="verdict merge"' in html and len(re.findall(r'<figure class="plot"[^>]*><svg', html)) >= 4
     assert f"{w['speedup'] - 1:+.2%}" in html
 
     # the printed command reproduces the verdict
@@ -87,7 +103,7 @@ def test_reports_of_rejections_name_the_reason_and_reproduce(judged, tmp_path):
     md = run_cli("report", "-C", str(repo), "001").stdout
     for s in SECTIONS_MD:
         assert s in md, s
-    assert md.startswith("# REJECT: Faster with a coarser normalization")
+    assert HEADLINE.match(md.splitlines()[0][2:]) and "**Faster with a coarser normalization**" in md
     assert "- distribution:" in md and "| distribution | fail |" in md
     assert "| public | prefill | no |" in md  # the per-path table with the real numbers
     proc = subprocess.run(reproduce_command(md), cwd=ROOT, capture_output=True, text=True, timeout=600)
@@ -97,10 +113,10 @@ def test_reports_of_rejections_name_the_reason_and_reproduce(judged, tmp_path):
     assert 'class="verdict reject"' in html and "distribution:" in html and 'id="distribution"' in html
     for section in ("Verdict", "Workloads", "Distribution checks", "Gate and anti-cheat checks", "Change", "Environment", "Reproduce"):
         assert f"<h2>{section}</h2>" in html, section
-    assert html.count("data:image/png;base64,") >= 3  # objective trials + divergence by position
+    assert len(re.findall(r'<figure class="plot"[^>]*><svg', html)) >= 3  # objective trials + divergence by position
 
     md = run_cli("report", "-C", str(repo), "003").stdout
-    assert md.startswith("# REJECT: Speed up the benchmark") and "bench/bench.py" in md and "protected" in md
+    assert md.startswith("# REJECT — ") and "**Speed up the benchmark**" in md and "bench/bench.py" in md and "protected" in md
     proc = subprocess.run(reproduce_command(md), cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 4 and "protected" in proc.stdout
 
@@ -109,6 +125,8 @@ def test_reports_of_rejections_name_the_reason_and_reproduce(judged, tmp_path):
 
 
 def test_html_report_loads_in_headless_chromium_with_verdict_and_plots(judged, tmp_path):
+    """The page as a browser builds it: the headline with number and unit, every plot drawn, and
+    every axis of every plot labelled "quantity (unit)" (inline SVG keeps the labels as text)."""
     repo, _ = judged
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     assert chromium, "chromium is installed by .ci/setup (Debian package chromium)"
@@ -127,6 +145,24 @@ def test_html_report_loads_in_headless_chromium_with_verdict_and_plots(judged, t
     loaded = int(re.search(r'data-plots-loaded="(\d+)"', dom).group(1))
     assert plots >= 4 and loaded == plots
     assert not re.search(r"<html[^>]*data-errors=", dom)
+    head = re.search(r'<h1 id="headline">([^<]*)</h1>', dom).group(1)
+    assert HEADLINE.match(head) and head.startswith("MERGE — ") and "confirmed +" in head, head
+    assert re.search(r"<title>MERGE — ops_s [^<]* ops/s", dom)
+    figures = re.findall(r'<figure class="plot".*?</figure>', dom, re.S)
+    assert len(figures) == plots
+    for fig in figures:
+        axes = len(re.findall(r'<g id="axes_\d+"', fig))
+        labels = re.findall(r'<g id="([xy])label">\s*<text[^>]*>([^<]*)</text>', fig)
+        assert axes >= 1 and sorted(k for k, _ in labels) == sorted("xy" * axes), (axes, labels)
+        for _, text in labels:
+            m = re.fullmatch(r"\S.* \(([^()]+)\)", text)
+            assert m and m.group(1) in AXIS_UNITS, text
+        if 'id="plot-trials-' in fig:  # pairs are counted (integer ticks); the ratio panel is in % as the tables
+            ticks = re.findall(r'<g id="xtick_\d+">.*?<text[^>]*>([^<]*)</text>', fig, re.S)
+            assert ticks and all(re.fullmatch(r"\d+", t) for t in ticks), ticks
+            ratio = fig.split('<g id="axes_')[2]
+            yticks = re.findall(r'<g id="ytick_\d+">.*?<text[^>]*>([^<]*)</text>', ratio, re.S)
+            assert yticks and all(t.endswith("%") for t in yticks), yticks
 
 
 def _env_with(path_dir: Path) -> dict:
@@ -159,18 +195,57 @@ print("https://github.example/pr/1")
     proc = subprocess.run([*cli, "pr", "-C", str(repo), "002", "--remote", "pr-remote"], cwd=ROOT, capture_output=True, text=True, env=no_gh)
     assert proc.returncode == 2 and "`gh` not found" in proc.stderr
 
-    proc = subprocess.run([*cli, "pr", "-C", str(repo), "002", "--remote", "pr-remote", "--dry-run"], cwd=ROOT, capture_output=True, text=True, env=_env_with(bindir))
+    # a rejected proposal gets no PR unless forced
+    proc = subprocess.run([*cli, "pr", "-C", str(repo), "001", "--remote", "pr-remote", "--dry-run"], cwd=ROOT, capture_output=True, text=True, env=_env_with(bindir))
+    assert proc.returncode == 2 and "not a win (verdict reject" in proc.stderr and "--force" in proc.stderr and proc.stderr.count("\n") == 1
+    proc = subprocess.run([*cli, "pr", "-C", str(repo), "001", "--remote", "pr-remote", "--dry-run", "--force", "--no-plots", "--json"],
+                          cwd=ROOT, capture_output=True, text=True, env=_env_with(bindir))
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["schema_version"] == 1 and doc["verdict"] == "reject" and doc["dry_run"] and doc["plots"] == [] and doc["url"] is None
+    assert doc["title"].startswith("[agentsearch] Faster with a coarser normalization: REJECT — ops_s ")
+
+    proc = subprocess.run([*cli, "pr", "-C", str(repo), "002", "--remote", "pr-remote", "--dry-run", "--no-plots"], cwd=ROOT, capture_output=True, text=True, env=_env_with(bindir))
     assert proc.returncode == 0 and "git -C" in proc.stdout and "gh pr create" in proc.stdout and not record.exists()
 
-    proc = subprocess.run([*cli, "pr", "-C", str(repo), "002", "--remote", "pr-remote"], cwd=ROOT, capture_output=True, text=True, env=_env_with(bindir))
+    proc = subprocess.run([*cli, "pr", "-C", str(repo), "002", "--remote", "pr-remote", "--draft", "-o", str(tmp_path / "body.md")],
+                          cwd=ROOT, capture_output=True, text=True, env=_env_with(bindir))
     assert proc.returncode == 0, proc.stderr
     assert "https://github.example/pr/1" in proc.stdout
     branch = out["proposals"][1]["branch"]
-    assert branch in subprocess.run(["git", "--git-dir", str(remote), "branch", "--list", "agentsearch/*"], capture_output=True, text=True).stdout
+    pushed = subprocess.run(["git", "--git-dir", str(remote), "branch", "--list", "agentsearch*"], capture_output=True, text=True).stdout
+    assert branch in pushed
+    # the plots travel on their own parentless branch, named in the body
+    evidence = "agentsearch-evidence/" + out["proposals"][1]["proposal"]
+    assert evidence in pushed
+    files = subprocess.run(["git", "--git-dir", str(remote), "ls-tree", "--name-only", evidence], capture_output=True, text=True).stdout.split()
+    assert "trials-speed-objective.png" in files and "trials-speed-confirmation.png" in files
+    assert sorted(files) == sorted(p.name for p in (tmp_path / "body-plots").glob("*.png"))
     call = json.loads(record.read_text())
-    assert call["args"][:2] == ["pr", "create"] and call["args"][call["args"].index("--head") + 1] == branch
-    assert call["args"][call["args"].index("--base") + 1] == "main"
-    assert call["body"].startswith("# MERGE: Make the engine 30% faster") and "## Reproduce" in call["body"]
+    args = call["args"]
+    assert args[:2] == ["pr", "create"] and args[args.index("--head") + 1] == branch and "--draft" in args
+    assert args[args.index("--base") + 1] == "main"
+    assert args[args.index("--title") + 1].startswith("[agentsearch] Make the engine 30% faster: MERGE — ops_s ")
+    body = call["body"]
+    assert body.startswith("### ") and HEADLINE.match(body[4:]), body[:200]
+    assert "| speed (objective) |" in body and "ops/s" in body and "(t-test, H1 faster)" in body
+    for fold in ("Gate and anti-cheat checks: ", "Distribution checks: pass", "Environment", "Diff ("):
+        assert f"<details><summary>{fold}" in body, fold
+    assert f"`{evidence}`" in body and "`trials-speed-objective.png`" in body
+    assert "+SPEED = 1.3" in body  # the diff itself, it is small
+    # no local path: the reproduce command is run from a checkout of the target
+    assert str(repo) not in body and str(tmp_path) not in body and str(Path.home()) not in body
+    v = verdict_of(repo, 2)
+    assert f"agentsearch evaluate {v['candidate']} --baseline {v['baseline']} --seed {v['seed']} --alpha " in body
+
+
+def test_pr_links_plots_by_commit_on_github_remotes():
+    from agentsearch.commands.report import github_repo
+
+    for url in ("https://github.com/acme/vllm.git", "git@github.com:acme/vllm.git", "ssh://git@github.com/acme/vllm", "https://github.com/acme/vllm/"):
+        assert github_repo(url) == "acme/vllm", url
+    for url in ("/srv/git/vllm.git", "https://gitlab.com/acme/vllm.git", "https://github.com.evil.example/acme/vllm", None):
+        assert github_repo(url) is None, url
 
 
 def test_review_recheck_and_revert_a_real_merge(judged):
@@ -207,3 +282,10 @@ def test_review_recheck_and_revert_a_real_merge(judged):
     proc = run_cli("revert", "-C", str(repo), "002")
     assert proc.returncode == 2 and "already reverted" in proc.stderr
     assert run_cli("history", "verify", "-C", str(repo)).returncode == 0
+    # the report says so, and a reverted win gets no pull request unless forced
+    doc = json.loads(run_cli("report", "-C", str(repo), "002", "--json").stdout)
+    assert doc["schema_version"] == 1 and doc["reverted"] is True and doc["revert_commit"] == after and "reverted since" in doc["headline"]
+    md = run_cli("report", "-C", str(repo), "002").stdout
+    assert md.startswith("# MERGE — ") and "**Reverted since**" in md and "**MERGE, REVERTED**" in md
+    proc = run_cli("pr", "-C", str(repo), "002", "--dry-run")
+    assert proc.returncode == 2 and "reverted since" in proc.stderr and "--force" in proc.stderr

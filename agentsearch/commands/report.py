@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shlex
 import shutil
 import subprocess
@@ -12,11 +13,13 @@ import click
 
 from ..errors import AgentsearchError
 from ..records import read_entries
-from ..report import gather, render
+from ..report import gather, plots, render, render_pr, to_json
 from ..workspace import Workspace, git
-from ..headline import headline
 from .output import out, print_json
 from .proposal_ids import refuse_ambiguous_verdict
+
+EVIDENCE_PREFIX = "agentsearch-evidence/"  # + proposal id: a parentless branch holding the PR's plots
+PR_TITLE_CHARS = 250  # GitHub allows 256
 
 
 def run(target: Path, what: str, fmt: str, output: Path | None, as_json: bool = False) -> int:
@@ -25,73 +28,120 @@ def run(target: Path, what: str, fmt: str, output: Path | None, as_json: bool = 
     ev = gather(ws, what)
     image_dir = output.with_name(output.stem + "-plots") if (output and fmt == "md") else None
     text, files = render(ev, fmt, image_dir)
-    if as_json:
-        _report_json(ev, fmt, output, text, files)
     if output is None:
-        if not as_json:
+        if as_json:
+            print_json(to_json(ev, format=fmt, output=None, plots=[], text=text))
+        else:
             click.echo(text)
         return 0
     output.parent.mkdir(parents=True, exist_ok=True)
+    written = []
     for rel, data in files.items():
         path = output.parent / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
+        written.append(str(path))
     output.write_text(text)
     if as_json:
-        return 0
-    out.print(f"wrote {output}" + (f" and {len(files)} plots in {image_dir}" if files else ""))
+        print_json(to_json(ev, format=fmt, output=str(output), plots=written))
+    else:
+        out.print(f"wrote {output}" + (f" and {len(files)} plots in {image_dir}" if files else ""))
     return 0
 
 
-def _report_json(ev: Any, fmt: str, output: Path | None, text: str, files: dict[str, bytes]) -> None:
-    """`report --json`: what was rendered, and where (the text itself when no -o)."""
-    print_json({"what": ev.what, "kind": ev.kind, "proposal": ev.verdict.get("proposal"), "verdict": ev.verdict.get("verdict"),
-                "headline": headline(ev.verdict), "format": fmt, "output": str(output) if output else None,
-                "plots": [str(output.parent / rel) for rel in files] if output else [], "text": None if output else text})
+def github_repo(url: str | None) -> str | None:
+    """``owner/name`` of a GitHub remote URL (https, ssh or scp-like), else None."""
+    m = re.match(r"^(?:https?://(?:[^@/]+@)?github\.com/|ssh://git@github\.com/|git@github\.com:)([\w.-]+)/([\w.-]+?)(?:\.git)?/?$", url or "")
+    return f"{m.group(1)}/{m.group(2)}" if m else None
 
 
-def pr(target: Path, what: str, remote: str, dry_run: bool, output: Path | None, as_json: bool = False) -> int:
+def pr_title(ev: Any) -> str:
+    title = ev.verdict.get("title") or ev.proposal.get("title") or ev.verdict.get("branch") or ev.what
+    text = f"[agentsearch] {title}: {ev.headline()}"
+    return text if len(text) <= PR_TITLE_CHARS else text[: PR_TITLE_CHARS - 1].rstrip() + "…"
+
+
+def refuse_unless_forced(ev: Any, force: bool) -> None:
+    """`pr` is for wins that stand: a rejection, a review verdict or a reverted merge needs --force."""
+    if force:
+        return
+    pid = ev.verdict.get("proposal") or ev.what
+    verdict = ev.verdict.get("verdict")
+    if verdict != "merge":
+        why = str(next(iter(ev.verdict.get("reasons") or []), "no reason recorded"))
+        why = why if len(why) <= 120 else why[:119].rstrip() + "…"
+        raise AgentsearchError(f"{pid} was not a win (verdict {verdict}: {why}); `pr` opens pull requests for merges — pass --force to open one anyway")
+    if ev.reverted:
+        raise AgentsearchError(f"{pid} was merged but reverted since by {str(ev.revert.get('new'))[:12]}; pass --force to open a pull request anyway")
+
+
+def pr(target: Path, what: str, remote: str, dry_run: bool, output: Path | None, force: bool = False, draft: bool = False,
+       with_plots: bool = True, as_json: bool = False) -> int:
     ws = Workspace.open(target)
     refuse_ambiguous_verdict(read_entries(ws), what)
     ev = gather(ws, what)
     branch = ev.verdict.get("branch") or ev.proposal.get("branch")
     if not branch or ev.kind != "proposal":
         raise AgentsearchError(f"{what!r} is not an episode proposal with a branch; `pr` opens a PR for a proposal branch")
+    refuse_unless_forced(ev, force)
     if not git.branch_exists(ws.repo_dir, branch):
         raise AgentsearchError(f"branch {branch!r} no longer exists in {ws.repo_dir}")
-    text, _ = render(ev, "md")
-    body = output or (ws.state / "tmp" / f"pr-{ev.verdict['proposal'].replace('/', '-')}.md")
-    body.parent.mkdir(parents=True, exist_ok=True)
-    body.write_text(text)
-    base = ws.config().target.baseline
-    title = f"[agentsearch {ev.verdict.get('verdict')}] {ev.verdict.get('title') or branch}"
-    push = ["git", "-C", str(ws.repo_dir), "push", remote, f"{branch}:{branch}"]
-    create = ["gh", "pr", "create", "--head", branch, "--base", base, "--title", title, "--body-file", str(body)]
-    doc = {"proposal": ev.verdict.get("proposal"), "branch": branch, "base": base, "title": title, "body_file": str(body),
-           "push": push, "create": create, "dry_run": dry_run, "url": None}
-    if dry_run and as_json:
-        print_json(doc)
-        return 0
-    if dry_run:
-        out.print(f"PR body written to {body}")
-        click.echo(shlex.join(push))
-        click.echo(shlex.join(create))
-        return 0
     url = git.remote_url(ws.repo_dir, remote)
-    if url is None:
+    if url is None and not dry_run:
         raise AgentsearchError(f"the target has no git remote {remote!r}; add one with `git remote add {remote} URL` or pass --remote NAME (or --dry-run)")
     gh = shutil.which("gh")
-    if gh is None:
+    if gh is None and not dry_run:
         raise AgentsearchError("GitHub CLI `gh` not found on PATH; install it (https://cli.github.com) and run `gh auth login`, or use --dry-run")
-    err = git.push(ws.repo_dir, remote, branch)
-    if err:
-        raise AgentsearchError(f"git push {remote} {branch} failed: {err}; check the remote's URL and your access")
+
+    pid = ev.verdict["proposal"]
+    body = output or (ws.state / "tmp" / f"pr-{pid.replace('/', '-')}.md")
+    body.parent.mkdir(parents=True, exist_ok=True)
+    pngs = {f"{k}.png": b for k, b in plots(ev, "png").items()} if with_plots else {}
+    evidence = evidence_commit = None
+    images: dict[str, str] = {}
+    note = ""
+    if pngs:
+        plot_dir = body.with_name(body.stem + "-plots")  # a local copy next to the body
+        plot_dir.mkdir(parents=True, exist_ok=True)
+        for name, data in pngs.items():
+            (plot_dir / name).write_bytes(data)
+        evidence = EVIDENCE_PREFIX + pid
+        evidence_commit = git.commit_files(ws.repo_dir, evidence, pngs, f"agentsearch: plots of {pid}\n\nEvidence for branch {branch}; not code.\n")
+        gh_repo = github_repo(url)
+        if gh_repo:
+            images = {name[:-4]: f"https://github.com/{gh_repo}/raw/{evidence_commit}/{name}" for name in pngs}
+        note = (f"<sub>Plots: branch `{evidence}` (commit `{evidence_commit[:12]}`), files "
+                + ", ".join(f"`{n}`" for n in pngs) + ".</sub>")
+    body.write_text(render_pr(ev, images, note))
+    base = ws.config().target.baseline
+    title = pr_title(ev)
+    pushes = [["git", "push", remote, f"refs/heads/{branch}:refs/heads/{branch}"]]
+    if evidence:
+        pushes.append(["git", "push", remote, f"+refs/heads/{evidence}:refs/heads/{evidence}"])
+    create = ["gh", "pr", "create", "--head", branch, "--base", base, "--title", title, "--body-file", str(body)] + (["--draft"] if draft else [])
+    record = {"branch": branch, "base": base, "title": title, "draft": draft, "dry_run": dry_run, "body_file": str(body),
+              "evidence_branch": evidence, "evidence_commit": evidence_commit, "plots": sorted(pngs),
+              "push": [shlex.join(p) for p in pushes], "create": shlex.join(create), "url": None}
+    if dry_run:
+        if as_json:
+            print_json(to_json(ev, **record))
+        else:
+            out.print(f"PR body written to {body}")
+            for p in pushes:
+                click.echo(shlex.join(["git", "-C", str(ws.repo_dir), *p[1:]]))
+            click.echo(shlex.join(create))
+        return 0
+    for name, force_push in [(branch, False)] + ([(evidence, True)] if evidence else []):
+        err = git.push(ws.repo_dir, remote, name, force=force_push)
+        if err:
+            raise AgentsearchError(f"git push {remote} {name} failed: {err}; check the remote's URL and your access")
     proc = subprocess.run([gh, *create[1:]], cwd=str(ws.repo_dir), capture_output=True, text=True)
     if proc.returncode != 0:
         last = (proc.stderr.strip() or proc.stdout.strip() or "no output").splitlines()[-1]
         raise AgentsearchError(f"gh pr create failed: {last}")
+    link = proc.stdout.strip()
     if as_json:
-        print_json({**doc, "url": proc.stdout.strip() or None})
-        return 0
-    click.echo(proc.stdout.strip() or f"pull request opened for {branch}")
+        print_json(to_json(ev, **{**record, "url": link or None}))
+    else:
+        click.echo(link or f"pull request opened for {branch}")
     return 0

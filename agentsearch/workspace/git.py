@@ -281,9 +281,10 @@ def remote_url(repo_dir: Path, remote: str) -> str | None:
     return out or None
 
 
-def push(repo_dir: Path, remote: str, branch: str) -> str:
-    """Push ``branch`` to ``remote``; '' on success, else git's last error line."""
-    proc = subprocess.run(["git", "push", "--quiet", remote, f"refs/heads/{branch}:refs/heads/{branch}"], cwd=str(repo_dir),
+def push(repo_dir: Path, remote: str, branch: str, force: bool = False) -> str:
+    """Push ``branch`` to ``remote`` (``force``: replace what is there); '' on success, else git's last error line."""
+    spec = ("+" if force else "") + f"refs/heads/{branch}:refs/heads/{branch}"
+    proc = subprocess.run(["git", "push", "--quiet", remote, spec], cwd=str(repo_dir),
                           env=_clean_env(), capture_output=True, text=True, encoding="utf-8", errors="replace")
     if proc.returncode == 0:
         return ""
@@ -377,6 +378,24 @@ def run_git_bytes(*args: str, cwd: Path | str) -> bytes:
     if proc.returncode != 0:
         raise GitError(args, proc.returncode, proc.stdout.decode(errors="replace"), proc.stderr.decode(errors="replace"))
     return proc.stdout
+
+
+def commit_files(repo_dir: Path, branch: str, files: dict[str, bytes], message: str) -> str:
+    """Point ``branch`` at a new parentless commit holding exactly ``files`` (flat names -> bytes,
+    stored as they are); returns the commit. For evidence that travels with a branch (plots)."""
+    entries = []
+    for name, data in sorted(files.items()):
+        if "/" in name or not name or "\n" in name or "\t" in name:
+            raise ValueError(f"flat file name expected, got {name!r}")
+        proc = subprocess.run(["git", "hash-object", "-w", "--no-filters", "--stdin"], cwd=str(repo_dir), env=_clean_env(),
+                              input=data, capture_output=True)
+        if proc.returncode != 0:
+            raise GitError(("hash-object",), proc.returncode, "", proc.stderr.decode(errors="replace"))
+        entries.append(f"100644 blob {proc.stdout.decode().strip()}\t{name}\n")
+    tree = run_git("mktree", cwd=repo_dir, input="".join(entries)).strip()
+    sha = commit_tree(repo_dir, tree, [], message)
+    run_git("update-ref", "-m", "agentsearch: evidence", f"refs/heads/{branch}", sha, cwd=repo_dir)
+    return sha
 
 
 def tree_files(repo_dir: Path, commit: str) -> list[tuple[str, str]]:
