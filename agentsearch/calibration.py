@@ -9,14 +9,13 @@ from __future__ import annotations
 
 
 import json
-import secrets
 import statistics as pystats
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from harness import environment
+from harness import environment, seeds
 from harness.engine_session import EnginePool
 from harness.interleave import run_interleaved
 from harness.sequential import OK, Decision, SequentialDesign
@@ -25,6 +24,7 @@ from harness.trials import BASELINE, CANDIDATE
 
 from .config import Config, WorkloadConfig
 from .errors import AgentsearchError
+from .sides import built_sides
 from .workloads import restarts_for, session_factory
 from .workspace.workspace import Workspace, atomic_write
 
@@ -99,12 +99,10 @@ def calibrate(ws: Workspace, pairs: int = 30, progress: Callable[[str, str], Non
     say = progress or (lambda s, d: None)
     config = ws.config()
     base = ws.baseline_commit()
-    master = secrets.randbits(31)
+    master = seeds.new_master(31)
     tag = f"calibrate-{master % 100000:05d}"
     results: dict[str, WorkloadNoise] = {}
     pool = EnginePool()
-    from .evaluation import seed_sequence
-    from .sides import built_sides
 
     try:
         # A/A: both sides are the baseline, each in its own worktree and sandbox
@@ -113,7 +111,7 @@ def calibrate(ws: Workspace, pairs: int = 30, progress: Callable[[str, str], Non
                 for w in config.workloads:
                     factory = session_factory(config, w, sd, pool)
                     run = run_interleaved(
-                        w.name, factory, _fixed_design(pairs), _done, seed_sequence(master, w.name), w.higher_is_better,
+                        w.name, factory, _fixed_design(pairs), _done, seeds.pair_seeds(master, w.name), w.higher_is_better,
                         restarts=restarts_for(w),
                         on_pair=lambda r, w=w: say(w.name, f"A/A pair {r.pairs}/{pairs}"),
                     )

@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import secrets
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Mapping
 
-from harness import environment
+from harness import environment, seeds
 from history.insights import proposal_rows
 from harness.trials import BASELINE, TrialRecord, tail
 from history import HistoryError
@@ -94,11 +93,6 @@ class EpisodeState:
     @property
     def judged_keys(self) -> set[str]:
         return {p.key for p in self.proposals.values()}
-
-
-def derive_seed(master: int, number: int) -> int:
-    h = hashlib.sha256(f"episode:{master}:{number}".encode()).digest()
-    return int.from_bytes(h[:8], "big") & 0x7FFFFFFFFFFFFFFF  # 63 bits: not recoverable from the pair seeds
 
 
 # ---------------------------------------------------------------------------- reading the history
@@ -344,7 +338,7 @@ class Episode:
         def say(stage: str, detail: str) -> None:
             self.say(f"{p.id} {stage}", detail)
 
-        ev = evaluate(self.ws, commit, seed=derive_seed(self.plan.seed, p.number), alpha=self.plan.alpha,
+        ev = evaluate(self.ws, commit, seed=seeds.proposal_seed(self.plan.seed, p.number), alpha=self.plan.alpha,
                       progress=say, on_trial=on_trial)
         for w in [*ev.workloads.values(), *([ev.confirmation] if ev.confirmation else [])]:
             self.record("statistic", p.id, {"number": p.number, **w.to_json()})
@@ -465,7 +459,7 @@ def start(ws: Workspace, log: Any, proposer_name: str, options: Mapping[str, Any
         raise EpisodeError(f"--budget must be at least 1, got {n}")
     plan = Plan(
         episode=episode, proposer=proposer_name, manifest=proposer.manifest(), budget=n, time_budget_s=time_budget_s,
-        seed=seed if seed is not None else secrets.randbits(63),
+        seed=seed if seed is not None else seeds.new_master(),
         alpha=config.gate.alpha / max(n, config.gate.episode_budget), baseline=ws.baseline_commit(),
         config_fingerprint=config.fingerprint(), insights=insights, cost_budget_usd=cost_budget_usd,
     )

@@ -9,9 +9,7 @@ failed check with its reason; nothing raises past this module except bugs.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import math
-import secrets
 import statistics as pystats
 import time
 from dataclasses import dataclass, field
@@ -19,6 +17,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from harness import coverage, environment
+from harness.seeds import confirmation_seeds, coverage_seed, new_master, pair_seeds
 from harness.interleave import WorkloadRun, run_interleaved
 from harness.sequential import LOSE, OK, REGRESSED, WIN, SequentialDesign, confirmation_design, decide_confirmation, decide_guard, decide_objective
 from harness.statistics import NoisePrior
@@ -55,16 +54,6 @@ def design_for(gate: GateConfig, alpha: float | None = None) -> SequentialDesign
         max_regression=gate.max_regression,
         regression_alpha=gate.regression_alpha,
     )
-
-
-def seed_sequence(master: int, workload: str) -> Callable[[int], int]:
-    """Input seed of pair i: both sides of a pair share it; fresh per master seed."""
-
-    def seed_of(i: int) -> int:
-        h = hashlib.sha256(f"{master}:{workload}:{i}".encode()).digest()
-        return int.from_bytes(h[:4], "big") & 0x7FFFFFFF
-
-    return seed_of
 
 
 @dataclass(frozen=True)
@@ -206,7 +195,7 @@ def evaluate(
     config = ws.config(base)
     cand = ws.resolve(ref)
     # 63 bits: the pair seeds a worker sees must not give away the master (and with it the confirmation seeds)
-    master = seed if seed is not None else secrets.randbits(63)
+    master = seed if seed is not None else new_master()
     st = _State(on_trial=on_trial)
     env = environment.describe()
     try:
@@ -289,7 +278,7 @@ def _measure_with(ws: Workspace, config: Config, sd: Sides, master: int, alpha: 
             wdesign = dataclasses.replace(design, max_pairs=w.max_pairs, min_pairs=min(design.min_pairs, w.max_pairs))
         else:
             wdesign = design
-        seeds = seed_sequence(master ^ 0x5EED, w.name) if role == "confirmation" else seed_sequence(master, w.name)
+        seeds = confirmation_seeds(master, w.name) if role == "confirmation" else pair_seeds(master, w.name)
 
         emitted = 0
 
@@ -415,7 +404,7 @@ def _coverage_check(config: Config, w: WorkloadConfig, sd: Sides, master: int, s
         session = session_factory(config, traced, sd, own, out="coverage-run")(CANDIDATE, 0)
         session.start()
         try:
-            outcome = session.measure(seed_sequence(master ^ 0xC0DE, w.name)(0))
+            outcome = session.measure(coverage_seed(master, w.name))
         finally:
             session.close()
             own.close()

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from harness import seeds
 from harness.engine_session import WorkerError, WorkerSession
 from harness.profiling import summarize
 from harness.trials import BASELINE, CANDIDATE
 
 from .errors import AgentsearchError
-from .evaluation import seed_sequence
 from .sides import built_sides
 from .workloads import engine_spec
 from .workspace import Workspace
@@ -36,7 +36,7 @@ def profile(ws: Workspace, ref: str | None, workload: str | None, seed: int | No
         raise AgentsearchError(f"workload {w.name!r} is {w.kind}; profile runs the built-in {' / '.join(PROFILABLE)} workloads (pass --workload)")
     name = f"profile-{commit[:10]}"
     env = {**config.target.env, **w.env, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}  # the engine's work in the profiled process
-    s = seed if seed is not None else seed_sequence(0, w.name)(0)
+    s = seed if seed is not None else seeds.pair_seeds(0, w.name)(0)
     base = ws.baseline_commit()
     commits = {BASELINE: base} if commit == base else {BASELINE: base, CANDIDATE: commit}
     side = BASELINE if commit == base else CANDIDATE

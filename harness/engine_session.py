@@ -8,11 +8,9 @@ error message when something fails). ``close()`` always ends the whole process g
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
-import secrets
 import select
 import signal
 import subprocess
@@ -22,6 +20,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, NoReturn
 
 from . import lengths, sandbox
+from .seeds import batch_seed
 from .cgroups import Group
 from .trials import TrialOutcome, check_metrics, child_env, kill_group, log_error_line, log_tail, metric_error, safe_json_loads, tail
 
@@ -60,14 +59,6 @@ def signal_tree(pid: int, sig: int) -> None:
             os.kill(p, sig)
         except (ProcessLookupError, PermissionError):
             pass
-
-
-_BATCH_SALT = secrets.token_bytes(16)  # per orchestrator process: the same for both sides of a comparison
-
-
-def batch_seed(seed: int, index: int) -> int:
-    """The input seed of batch ``index`` of a latency round (unpredictable from the others)."""
-    return int.from_bytes(hashlib.sha256(_BATCH_SALT + f"{seed}:{index}".encode()).digest()[:4], "big") & 0x7FFFFFFF
 
 
 class Parkable:

@@ -15,9 +15,9 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
-import random
 from typing import Any, Mapping
 
+from harness import seeds
 from history.insights import knob_table
 
 from ..config import KnobConfig, SweepConfig
@@ -127,7 +127,7 @@ class Sweep:
     def order(self, ctx: Context) -> list[str]:
         stats = self.stats(ctx)
         prior = self._prior(ctx)
-        rng = random.Random(f"{ctx.seed}:{ctx.number}")
+        rng = seeds.proposal_rng(ctx.seed, ctx.number)
         scored = []
         for name in self.knobs:
             st, p = stats.get(name, EMPTY), prior.get(name, EMPTY)
