@@ -470,7 +470,7 @@ def start(ws: Workspace, log: Any, proposer_name: str, options: Mapping[str, Any
 
 def resume(ws: Workspace, log: Any, episode: str, entries: list[Any]) -> Episode:
     state = load_state(entries, episode)
-    proposer = proposers.base.rebuild(state.plan.proposer, state.plan.manifest)
+    proposer = proposers.rebuild(state.plan.proposer, state.plan.manifest)
     log.append("episode-resumed", episode, None, {"session": state.sessions + 1, "used_s": round(state.used_s, 3),
                                                   "judged": sum(1 for p in state.proposals.values() if p.verdict)})
     state.sessions += 1

@@ -7,6 +7,7 @@ manifest recorded when the episode started, so its queue never depends on the fi
 after that.
 """
 
-from .base import Candidate, Context, Proposer, ProposerError, build, rebuild
+from .base import Candidate, Context, Proposer, ProposerError
+from .registry import PROPOSERS, build, rebuild
 
-__all__ = ["Candidate", "Context", "Proposer", "ProposerError", "build", "rebuild"]
+__all__ = ["PROPOSERS", "Candidate", "Context", "Proposer", "ProposerError", "build", "rebuild"]

@@ -1,9 +1,9 @@
-"""The proposer contract and the registry that builds one from options or a manifest."""
+"""The proposer contract: what a proposer offers (``Candidate``), what it may know (``Context``), and
+its interface. The registry that builds a concrete proposer is ``registry``; this module imports none."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol
 
 from ..errors import AgentsearchError
@@ -57,42 +57,3 @@ class Proposer(Protocol):
     def next(self, judged: set[str], ctx: Context) -> Candidate | None:
         """The next candidate whose key is not in ``judged``; None when the queue is empty."""
         ...
-
-
-PROPOSERS = ("patches", "sweep", "claude")
-
-
-def build(name: str, options: Mapping[str, Any], repo_dir: Path) -> Proposer:
-    """A proposer from command-line options (``options["config"]`` is the baseline's Config)."""
-    if name == "patches":
-        from .patches import PatchQueue
-
-        return PatchQueue.from_options(options, repo_dir)
-    if name == "sweep":
-        from .sweep import Sweep
-
-        config = options["config"]
-        if not config.sweep.knobs:
-            raise ProposerError("the target's agentsearch.toml declares no [[sweep.knob]]; add knobs (see the README) to sweep")
-        return Sweep(config.sweep, gpu=bool(options.get("gpu")))
-    if name == "claude":
-        from .claude import ClaudeProposer
-
-        return ClaudeProposer.from_options(options)
-    raise ProposerError(f"unknown proposer {name!r}; use one of {', '.join(PROPOSERS)}")
-
-
-def rebuild(name: str, manifest: Mapping[str, Any]) -> Proposer:
-    if name == "patches":
-        from .patches import PatchQueue
-
-        return PatchQueue.from_manifest(manifest)
-    if name == "sweep":
-        from .sweep import Sweep
-
-        return Sweep.from_manifest(manifest)
-    if name == "claude":
-        from .claude import ClaudeProposer
-
-        return ClaudeProposer.from_manifest(manifest)
-    raise ProposerError(f"the history names proposer {name!r}, which this version cannot resume")

@@ -1,0 +1,51 @@
+"""The proposer registry: the names ``--proposer`` accepts, and building one from command-line
+options or from the manifest recorded when its episode started (``--resume``).
+
+The only module that knows the concrete proposers; each is imported when it is asked for (the
+Claude proposer needs the agent SDK, which the others do not).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping
+
+from .base import Proposer, ProposerError
+
+PROPOSERS = ("patches", "sweep", "claude")
+
+
+def build(name: str, options: Mapping[str, Any], repo_dir: Path) -> Proposer:
+    """A proposer from command-line options (``options["config"]`` is the baseline's Config)."""
+    if name == "patches":
+        from .patches import PatchQueue
+
+        return PatchQueue.from_options(options, repo_dir)
+    if name == "sweep":
+        from .sweep import Sweep
+
+        config = options["config"]
+        if not config.sweep.knobs:
+            raise ProposerError("the target's agentsearch.toml declares no [[sweep.knob]]; add knobs (see the README) to sweep")
+        return Sweep(config.sweep, gpu=bool(options.get("gpu")))
+    if name == "claude":
+        from .claude import ClaudeProposer
+
+        return ClaudeProposer.from_options(options)
+    raise ProposerError(f"unknown proposer {name!r}; use one of {', '.join(PROPOSERS)}")
+
+
+def rebuild(name: str, manifest: Mapping[str, Any]) -> Proposer:
+    if name == "patches":
+        from .patches import PatchQueue
+
+        return PatchQueue.from_manifest(manifest)
+    if name == "sweep":
+        from .sweep import Sweep
+
+        return Sweep.from_manifest(manifest)
+    if name == "claude":
+        from .claude import ClaudeProposer
+
+        return ClaudeProposer.from_manifest(manifest)
+    raise ProposerError(f"the history names proposer {name!r}, which this version cannot resume")
