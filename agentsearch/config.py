@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from .errors import ConfigError
+from .globs import normalize as normalize_glob
 
 CONFIG_FILE = "agentsearch.toml"
 SCHEMA_VERSION = 1
@@ -63,8 +64,6 @@ class TargetConfig:
         if self.install == "overlay" and not self.overlay_from:
             raise ValueError("install = \"overlay\" needs overlay_from|overlay_from")
         _check_seconds(self.test_timeout_s, "test_timeout_s")
-        from .workspace.glob import normalize as normalize_glob  # not at the top: workspace imports config
-
         globs = []
         for pattern in self.protected:
             try:

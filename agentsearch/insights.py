@@ -13,6 +13,7 @@ from typing import Any
 from history import HistoryLog
 from history.insights import distill, markdown
 
+from .agent import ToolGuard, credentials, load_transport_factory, run_session
 from .workspace import Workspace
 
 INSIGHTS_MD = "insights.md"
@@ -33,8 +34,6 @@ def current(ws: Workspace, entries: list[Any]) -> dict[str, Any]:
 def with_llm(ws: Workspace, data: dict[str, Any], llm: bool) -> dict[str, Any]:
     """With ``llm``, an agent pass adds short lessons in prose (``notes``) when an agent is available."""
     if llm:
-        from .proposers.claude import llm_lessons
-
         notes, why = llm_lessons(markdown(data), ws.state / "tmp" / "insights-llm")
         data["notes"] = notes
         data["llm"] = "ok" if notes else (why or "no lessons returned")
@@ -50,3 +49,18 @@ def refresh(ws: Workspace, log: HistoryLog, episode: str | None = None, llm: boo
     path = ws.state / INSIGHTS_MD
     path.write_text(markdown(data))
     return data, path
+
+
+def llm_lessons(insights_markdown: str, scratch: Path, model: str | None = None) -> tuple[list[str], str]:
+    """An LLM pass over the statistical insights: short lessons, one per line. ([], why) when
+    no agent is available or the session fails — the statistical summary then stands alone."""
+    factory = load_transport_factory()
+    if factory is None and not credentials():
+        return [], "no agent available (set ANTHROPIC_API_KEY)"
+    scratch.mkdir(parents=True, exist_ok=True)
+    prompt = ("Below are statistics of proposals made to speed up an LLM-serving stack, with their verdicts.\n"
+              "Write 3 to 6 short lessons for the next proposals, one per line, each starting with '- ': "
+              "what worked, what was ineffective and why, what to avoid.\n\n" + insights_markdown)
+    out = run_session(prompt, scratch, ToolGuard(scratch, ("**",)), model, 2, factory(worktree=scratch) if factory else None, tools=[])
+    lines = [l[2:].strip() for l in out["text"].splitlines() if l.strip().startswith("- ")]
+    return lines[:8], out["error"]

@@ -38,7 +38,7 @@ from .config import CONFIG_FILE, Config
 from .containment import Decision
 from .errors import AgentsearchError
 from .workspace import Workspace, git
-from .workspace.glob import first_match
+from .globs import first_match
 from .workspace.install import link_overlay
 
 BUILD_TIMEOUT_S = 3600.0

@@ -9,7 +9,7 @@ import pytest
 
 from agentsearch.errors import CasError, LockedError, TargetError
 from agentsearch.workspace import Workspace
-from agentsearch.workspace.glob import matches
+from agentsearch.globs import matches
 
 from .conftest import ROOT, commit, git, make_repo, run_cli, toy_config, write
 

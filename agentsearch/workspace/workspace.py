@@ -17,8 +17,8 @@ from pathlib import Path
 
 from ..config import CONFIG_FILE, Config, load_config_text
 from ..errors import CasError, TargetError
+from ..globs import first_match
 from . import git
-from .glob import first_match
 from .lock import WorkspaceLock
 
 STATE_DIR = "agentsearch"
