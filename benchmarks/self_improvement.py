@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -25,30 +24,25 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.toy_knobs import files  # noqa: E402
+from agentsearch.workspace import git  # noqa: E402
+from benchmarks.toy_knobs import files  # noqa: E402
 
 GOOD = {"k2": [3, 0.25], "k5": [1, 0.15]}
 BAD = {"k0": 2}
 KNOBS = 8
-ENV = {**os.environ, "GIT_AUTHOR_NAME": "bench", "GIT_AUTHOR_EMAIL": "b@x", "GIT_COMMITTER_NAME": "bench", "GIT_COMMITTER_EMAIL": "b@x"}
-
-
-def sh(*args: str, cwd: Path) -> str:
-    return subprocess.run(args, cwd=cwd, env=ENV, check=True, capture_output=True, text=True).stdout
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "agentsearch.cli", *args], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=1800)
+    return subprocess.run([sys.executable, "-m", "agentsearch.cli", *args], cwd=ROOT, capture_output=True, text=True, timeout=1800)
 
 
 def make_target(path: Path) -> Path:
     path.mkdir(parents=True)
-    sh("git", "init", "-q", "-b", "main", cwd=path)
+    git.init_repo(path)
     for rel, text in files(KNOBS, GOOD, BAD).items():
         (path / rel).parent.mkdir(parents=True, exist_ok=True)
         (path / rel).write_text(text)
-    sh("git", "add", "-A", cwd=path)
-    sh("git", "-c", "commit.gpgsign=false", "commit", "-qm", "toy", cwd=path)
+    git.commit_all(path, "toy")
     assert cli("init", "-C", str(path)).returncode == 0
     return path
 

@@ -10,8 +10,9 @@ from agentsearch.proposers.sweep import Sweep
 from agentsearch.workspace import Workspace
 from history import HistoryLog
 
+from benchmarks.toy_knobs import files
+
 from .conftest import make_repo, run_cli
-from .toy_knobs import files
 
 GOOD = {"k1": [2, 0.3]}
 BAD = {"k0": 1}

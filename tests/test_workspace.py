@@ -158,3 +158,11 @@ def test_measurement_checkout_is_detached_and_cleaned(toy_target):
     assert git(path, "rev-parse", "--abbrev-ref", "HEAD").strip() == "HEAD"
     ws.remove_worktree(path)
     assert not Path(path).exists()
+
+
+def test_bare_repository_refused_in_one_line(tmp_path):
+    bare = tmp_path / "b.git"
+    subprocess.run(["git", "init", "-q", "--bare", str(bare)], check=True)
+    with pytest.raises(TargetError, match="without a working tree") as err:
+        Workspace.init(bare)
+    assert "\n" not in str(err.value)

@@ -1,8 +1,8 @@
 """The only place that runs git.
 
-``run_git`` runs one git command without a shell, with inherited ``GIT_*`` variables
-removed, and raises ``GitError`` carrying the command and its output. The verbs below are
-named by intent.
+Every git command goes through ``_git``: no shell, inherited ``GIT_*`` variables removed, no
+repository hook or fsmonitor. ``run_git`` raises ``GitError`` carrying the command and its
+output; the verbs below are named by intent.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import os
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ..errors import GitError, TargetError
 
@@ -38,18 +39,17 @@ def _clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+def _git(args: list[str], cwd: Path | str, input: str | bytes | None = None, env: dict[str, str] | None = None,
+         binary: bool = False) -> subprocess.CompletedProcess[Any]:
+    """Run ``git args`` in ``cwd``: the one place a git process starts. Output is text decoded
+    leniently (file names and contents are whatever a proposal made them) unless ``binary``."""
+    decode: dict[str, Any] = {} if binary else {"text": True, "encoding": "utf-8", "errors": "replace"}
+    return subprocess.run(["git", *args], cwd=str(cwd), env=_clean_env(env), input=input, capture_output=True, **decode)
+
+
 def run_git(*args: str, cwd: Path | str, check: bool = True, input: str | None = None, env: dict[str, str] | None = None) -> str:
     """Run ``git args`` in ``cwd``; return stdout. Raise GitError on a non-zero exit."""
-    proc = subprocess.run(
-        ["git", "-c", "commit.gpgsign=false", "-c", "core.quotepath=false", *args],
-        cwd=str(cwd),
-        env=_clean_env(env),
-        input=input,
-        capture_output=True,
-        text=True,
-        encoding="utf-8",
-        errors="replace",  # file names and contents are whatever a proposal made them
-    )
+    proc = _git(["-c", "commit.gpgsign=false", "-c", "core.quotepath=false", *args], cwd, input, env)
     if check and proc.returncode != 0:
         raise GitError(args, proc.returncode, proc.stdout, proc.stderr)
     return proc.stdout
@@ -60,11 +60,12 @@ def toplevel_of(path: Path) -> Path:
     One ``git rev-parse`` (no gitpython import: read commands start fast)."""
     if not path.exists():
         raise TargetError(f"{path}: no such directory; pass an existing git repository with -C")
-    cwd = path if path.is_dir() else path.parent
-    proc = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=str(cwd), env=_clean_env(), capture_output=True, text=True)
+    proc = _git(["rev-parse", "--show-toplevel"], path if path.is_dir() else path.parent)
     top = proc.stdout.strip()
     if proc.returncode != 0 or not top:
         why = (proc.stderr.strip().splitlines() or [""])[-1].removeprefix("fatal: ")
+        if "work tree" in why:  # a bare repository, or inside a .git directory
+            raise TargetError(f"{path}: a git directory without a working tree; pass the repository's working tree with -C")
         extra = "" if not why or "not a git repository" in why else f" ({why})"
         raise TargetError(f"{path}: not a git repository{extra}; run `git init` there or pass another path with -C")
     return Path(top)
@@ -100,11 +101,7 @@ def show_file(repo_dir: Path, commit: str, path: str) -> str | None:
 
 
 def is_ancestor(repo_dir: Path, ancestor: str, descendant: str) -> bool:
-    proc = subprocess.run(
-        ["git", "merge-base", "--is-ancestor", ancestor, descendant],
-        cwd=str(repo_dir), env=_clean_env(), capture_output=True,
-    )
-    return proc.returncode == 0
+    return _git(["merge-base", "--is-ancestor", ancestor, descendant], repo_dir).returncode == 0
 
 
 def tree_of(repo_dir: Path, commit: str) -> str:
@@ -187,11 +184,7 @@ def commit_tree(repo_dir: Path, tree: str, parents: list[str], message: str) -> 
 
 def update_ref_cas(repo_dir: Path, ref: str, new: str, expected_old: str, reason: str) -> bool:
     """Move ``ref`` to ``new`` only if it still points at ``expected_old`` (atomic)."""
-    proc = subprocess.run(
-        ["git", "update-ref", "-m", reason, ref, new, expected_old],
-        cwd=str(repo_dir), env=_clean_env(), capture_output=True, text=True, encoding="utf-8", errors="replace",
-    )
-    return proc.returncode == 0
+    return _git(["update-ref", "-m", reason, ref, new, expected_old], repo_dir).returncode == 0
 
 
 def delete_branch(repo_dir: Path, branch: str) -> None:
@@ -221,8 +214,7 @@ def init_repo(path: Path, branch: str = "main") -> None:
 
 
 def show_note(repo_dir: Path, commit: str, ref: str = "agentsearch") -> str | None:
-    proc = subprocess.run(["git", "notes", f"--ref={ref}", "show", commit], cwd=str(repo_dir), env=_clean_env(),
-                          capture_output=True, text=True, encoding="utf-8", errors="replace")
+    proc = _git(["notes", f"--ref={ref}", "show", commit], repo_dir)
     return proc.stdout if proc.returncode == 0 else None
 
 
@@ -249,8 +241,7 @@ def apply_patch(worktree: Path, patch: str) -> str:
     """Apply a plain or format-patch diff to ``worktree`` (three-way where possible).
 
     Returns '' on success, else the reason it does not apply (worktree left clean)."""
-    proc = subprocess.run(["git", "apply", "--3way", "--whitespace=nowarn", "-"], cwd=str(worktree), env=_clean_env(),
-                          input=patch, capture_output=True, text=True, encoding="utf-8", errors="replace")
+    proc = _git(["apply", "--3way", "--whitespace=nowarn", "-"], worktree, input=patch)
     if proc.returncode == 0 and "conflict" not in proc.stderr.lower():
         return ""
     lines = [l.strip() for l in (proc.stderr or proc.stdout).splitlines() if l.strip()]
@@ -284,8 +275,7 @@ def remote_url(repo_dir: Path, remote: str) -> str | None:
 def push(repo_dir: Path, remote: str, branch: str, force: bool = False) -> str:
     """Push ``branch`` to ``remote`` (``force``: replace what is there); '' on success, else git's last error line."""
     spec = ("+" if force else "") + f"refs/heads/{branch}:refs/heads/{branch}"
-    proc = subprocess.run(["git", "push", "--quiet", remote, spec], cwd=str(repo_dir),
-                          env=_clean_env(), capture_output=True, text=True, encoding="utf-8", errors="replace")
+    proc = _git(["push", "--quiet", remote, spec], repo_dir)
     if proc.returncode == 0:
         return ""
     lines = [l for l in proc.stderr.strip().splitlines() if l.strip()]
@@ -374,7 +364,7 @@ def trailer_merges(repo_dir: Path, tip: str, since: str | None, key: str) -> lis
 
 def run_git_bytes(*args: str, cwd: Path | str) -> bytes:
     """``run_git`` for binary output (blob contents); raises GitError on a non-zero exit."""
-    proc = subprocess.run(["git", *args], cwd=str(cwd), env=_clean_env(), capture_output=True)
+    proc = _git(list(args), cwd, binary=True)
     if proc.returncode != 0:
         raise GitError(args, proc.returncode, proc.stdout.decode(errors="replace"), proc.stderr.decode(errors="replace"))
     return proc.stdout
@@ -387,8 +377,7 @@ def commit_files(repo_dir: Path, branch: str, files: dict[str, bytes], message: 
     for name, data in sorted(files.items()):
         if "/" in name or not name or "\n" in name or "\t" in name:
             raise ValueError(f"flat file name expected, got {name!r}")
-        proc = subprocess.run(["git", "hash-object", "-w", "--no-filters", "--stdin"], cwd=str(repo_dir), env=_clean_env(),
-                              input=data, capture_output=True)
+        proc = _git(["hash-object", "-w", "--no-filters", "--stdin"], repo_dir, input=data, binary=True)
         if proc.returncode != 0:
             raise GitError(("hash-object",), proc.returncode, "", proc.stderr.decode(errors="replace"))
         entries.append(f"100644 blob {proc.stdout.decode().strip()}\t{name}\n")

@@ -1,4 +1,4 @@
-"""A toy command target whose speed depends on hidden settings of JSON knobs (tests + benchmark).
+"""A toy command target whose speed depends on hidden settings of JSON knobs (benchmark + tests).
 
 params.json holds knobs k0..k{N-1}, each 0..3. Hidden: GOOD[k] = (value, gain) — the value that
 speeds the bench up by ``gain``; BAD[k] = value that crashes the bench. Other values: no effect.
