@@ -188,7 +188,7 @@ class GateConfig:
 @dataclass(frozen=True)
 class VerifyConfig:
     logprobs: str | None = doc(
-        "kind = \"command\": command writing logprob JSONL for `{prompts}` to `{out}` (see DESIGN.md).", None
+        "kind = \"command\": command writing logprob JSONL for `{prompts}` to `{out}` (see docs/CONTRACTS.md).", None
     )
     kind: str = doc("command | vllm (the built-in vLLM logprob worker, run in each side's worktree).", "command")
     mode: str = doc("exact | tight | approx.", "tight")

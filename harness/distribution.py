@@ -1,6 +1,6 @@
 """Token-level distribution checks: is the candidate's next-token distribution the baseline's?
 
-Input: two logprob dumps in the contract of DESIGN.md (one JSON line per prompt and path:
+Input: two logprob dumps in the contract of docs/CONTRACTS.md (one JSON line per prompt and path:
 ``{"id", "path", "tokens", "topk"}``). Per compared position: KL divergence and total
 variation on the union of both top-k supports plus a tail bucket, |Δ logprob| of the
 baseline's top token (and its signed value, for the systematic-shift test), top-1 agreement.

@@ -1,7 +1,7 @@
 """One trial = one measurement of one side of one workload with one input seed.
 
 Command trials run in a fresh child process (own session, so a timeout kills the whole
-process group) with an explicit, minimal environment, the command contract of DESIGN.md
+process group) with an explicit, minimal environment, the command contract of docs/CONTRACTS.md
 (``{worktree}``, ``{seed}``, ``{out}`` substituted and exported as AGENTSEARCH_*), and return
 one validated result. A non-zero exit, a timeout, unreadable JSON or a missing/non-positive
 metric is a failed trial with its reason and the tail of stderr.

@@ -1,4 +1,4 @@
-"""Making a worktree runnable: the install modes of DESIGN.md.
+"""Making a worktree runnable: the install modes of docs/CONTRACTS.md.
 
 ``overlay``: compiled files (``*.so``) from ``overlay_from`` are linked into the worktree at the
 same relative path (hardlinks, or symlinks across file systems), for every top-level

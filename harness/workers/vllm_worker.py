@@ -155,7 +155,7 @@ class Engine:
         return [list(r.outputs[0].token_ids) for r in results]
 
     def logprobs(self, cmd: dict) -> None:
-        """The logprob contract of DESIGN.md: prefill (teacher-forced) and greedy decode paths."""
+        """The logprob contract of docs/CONTRACTS.md: prefill (teacher-forced) and greedy decode paths."""
         from vllm import SamplingParams
 
         k = int(cmd.get("k", 20))
