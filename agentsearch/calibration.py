@@ -12,7 +12,6 @@ import json
 import statistics as pystats
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any, Callable
 
 from harness import environment, seeds
@@ -113,7 +112,7 @@ def calibrate(ws: Workspace, pairs: int = 30, progress: Callable[[str, str], Non
                     run = run_interleaved(
                         w.name, factory, _fixed_design(pairs), _done, seeds.pair_seeds(master, w.name), w.higher_is_better,
                         restarts=restarts_for(w),
-                        on_pair=lambda r, w=w: say(w.name, f"A/A pair {r.pairs}/{pairs}"),
+                        on_pair=lambda r: say(w.name, f"A/A pair {r.pairs}/{pairs}"),  # called before the loop moves on
                     )
                     if run.failure:
                         raise AgentsearchError(f"calibration of {w.name!r} failed: {run.failure}")

@@ -3,7 +3,6 @@ takes plain values and returns its exit code; one error handler wraps them all."
 
 from __future__ import annotations
 
-import functools
 import os
 import signal
 import sys

@@ -377,7 +377,7 @@ def _build(cls: type, table: Any, where: str, source: str) -> Any:
             raise ConfigError(f"{source}: {where} {key}: expected a finite number, got {value!r}")
         kwargs[key] = coerced
     for name, f in fields.items():
-        if name not in kwargs and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:  # type: ignore[misc]
+        if name not in kwargs and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             raise ConfigError(f"{source}: {where}: missing required key {name!r} ({f.metadata['doc']})")
     try:
         return cls(**kwargs)
@@ -448,8 +448,8 @@ def reference_rows() -> list[tuple[str, str, str, str]]:
                 continue
             if f.default is not dataclasses.MISSING:
                 default = repr(f.default)
-            elif f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
-                default = repr(f.default_factory())  # type: ignore[misc]
+            elif f.default_factory is not dataclasses.MISSING:
+                default = repr(f.default_factory())
             else:
                 default = "required"
             rows.append((section, f.name, default, f.metadata["doc"]))

@@ -164,8 +164,7 @@ class Episode:
         for p in sorted(self.state.proposals.values(), key=lambda p: p.number):
             if p.verdict is None:
                 self.say(p.id, "resuming: judging the in-flight proposal again from scratch")
-                cand = self._candidate_of(p)
-                self._judge_safely(p, cand)
+                self._judge_safely(p, self._candidate_of(p))
         # 2. new proposals until the queue or a budget runs out
         reason = "queue empty"
         while True:

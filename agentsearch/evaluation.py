@@ -13,7 +13,6 @@ import math
 import statistics as pystats
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable
 
 from harness import coverage, environment
@@ -379,7 +378,8 @@ def _measure_with(ws: Workspace, config: Config, sd: Sides, master: int, alpha: 
         st.add("distribution", Status.FAIL, "; ".join(res.reasons[:4]) + (f" (+{len(res.reasons) - 4} more)" if len(res.reasons) > 4 else ""))
     else:
         kl = max((v.get("kl_max") or 0.0) for s_ in res.sets.values() for v in s_.values())
-        st.add("distribution", Status.PASS, f"{res.mode}: public {res.public_size} + holdout {res.holdout_size} prompts, prefill and decode within tolerance (max KL {kl:.2g})")
+        st.add("distribution", Status.PASS, f"{res.mode}: public {res.public_size} + holdout {res.holdout_size} prompts, "
+                                            f"prefill and decode within tolerance (max KL {kl:.2g})")
 
 
 def _coverage_check(config: Config, w: WorkloadConfig, sd: Sides, master: int, st: _State,
@@ -423,7 +423,8 @@ def _coverage_check(config: Config, w: WorkloadConfig, sd: Sides, master: int, s
     rep = coverage.report(sd.worktrees[CANDIDATE], watch, hits)
     st.coverage = rep
     if rep.ran == 0:
-        st.add("coverage", Status.FAIL, f"none of the {rep.changed} changed executable lines ran during {w.name}: the measured difference cannot come from this change ({rep.summary()})")
+        st.add("coverage", Status.FAIL, f"none of the {rep.changed} changed executable lines ran during {w.name}: "
+                                        f"the measured difference cannot come from this change ({rep.summary()})")
         return False
     st.add("coverage", Status.PASS, rep.summary())
     return True

@@ -79,14 +79,14 @@ def judge(checks: list[Check]) -> Verdict:
         by_name[c.name] = c
     review = False
     for name in REQUIRED_CHECKS:
-        c = by_name.get(name)
-        if c is None:
+        check = by_name.get(name)
+        if check is None:
             reasons.append(f"{name}: did not run")
-        elif c.status == Status.FAIL:
-            reasons.append(f"{name}: {c.detail}")
-        elif c.status == Status.REVIEW:
+        elif check.status == Status.FAIL:
+            reasons.append(f"{name}: {check.detail}")
+        elif check.status == Status.REVIEW:
             review = True
-            reasons.append(f"{name}: {c.detail}")
+            reasons.append(f"{name}: {check.detail}")
     ordered = tuple(by_name[n] for n in REQUIRED_CHECKS if n in by_name) + tuple(
         c for c in checks if c.name not in REQUIRED_CHECKS
     )

@@ -62,5 +62,5 @@ def llm_lessons(insights_markdown: str, scratch: Path, model: str | None = None)
               "Write 3 to 6 short lessons for the next proposals, one per line, each starting with '- ': "
               "what worked, what was ineffective and why, what to avoid.\n\n" + insights_markdown)
     out = run_session(prompt, scratch, ToolGuard(scratch, ("**",)), model, 2, factory(worktree=scratch) if factory else None, tools=[])
-    lines = [l[2:].strip() for l in out["text"].splitlines() if l.strip().startswith("- ")]
+    lines = [ln[2:].strip() for ln in out["text"].splitlines() if ln.strip().startswith("- ")]
     return lines[:8], out["error"]

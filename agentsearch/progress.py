@@ -86,7 +86,7 @@ class LiveProgress:
         self.bar.__enter__()
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, *exc: Any) -> None:
         self.bar.__exit__(*exc)
 
     def __call__(self, stage: str, detail: str) -> None:

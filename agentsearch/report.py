@@ -152,7 +152,7 @@ def gather(ws: Workspace, what: str) -> Evidence:
     d = chosen.data
     if chosen.kind == "verdict":
         trials = [e.data for e in entries if e.kind == "trial" and e.proposal == chosen.proposal and e.data.get("candidate") == d.get("candidate")]
-        created = next((e.data for e in entries if e.kind == "proposal-created" and e.proposal == chosen.proposal), {})
+        created: Mapping[str, Any] = next((e.data for e in entries if e.kind == "proposal-created" and e.proposal == chosen.proposal), {})
         merge = next((e.data for e in entries if e.kind == "merge" and e.proposal == chosen.proposal), None)
         kind = "proposal"
     else:

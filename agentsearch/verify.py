@@ -126,8 +126,10 @@ def run_verify(ws: Workspace, config: Config, sd: "Sides", say: Callable[[str, s
         cand = collect(CANDIDATE, ordered, "cand.jsonl", "candidate logprobs")
         samples = None
         if vc.kind == "vllm" and vc.sample_draws:
-            seen: set[str] = set()
-            contexts = [p for p in public if not (p.lang in seen or seen.add(p.lang))][: vc.sample_contexts]
+            first_of_lang: dict[str, corpus_mod.Prompt] = {}
+            for p in public:
+                first_of_lang.setdefault(p.lang, p)
+            contexts = list(first_of_lang.values())[: vc.sample_contexts]
             ctx_file = write_prompts(inputs / "sample-contexts.jsonl", contexts)
             draws = []
             for side, seed, name in ((BASELINE, 11, "sample-base-a.jsonl"), (BASELINE, 22, "sample-base-b.jsonl"), (CANDIDATE, 11, "sample-cand.jsonl")):
@@ -145,7 +147,8 @@ def run_verify(ws: Workspace, config: Config, sd: "Sides", say: Callable[[str, s
     reasons: list[str] = []
     for name, st in floor.items():
         if st.missing or st.token_mismatch or st.bad_divergences:
-            reasons.append(f"noise floor: the baseline is not self-consistent on {name} (missing {len(st.missing)}, token mismatches {len(st.token_mismatch)}, divergences {len(st.bad_divergences)})")
+            reasons.append(f"noise floor: the baseline is not self-consistent on {name} (missing {len(st.missing)}, "
+                           f"token mismatches {len(st.token_mismatch)}, divergences {len(st.bad_divergences)})")
     sets: dict[str, dict[str, Any]] = {}
     positions: dict[str, list[float]] = {}
     for set_name, group in (("public", public), ("holdout", hold)):

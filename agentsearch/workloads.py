@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from harness import tiny_model

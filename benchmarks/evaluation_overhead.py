@@ -47,7 +47,10 @@ def main() -> int:
     print(f"fork created in {t_fork:.1f} s, tiny model ready in {t_model:.1f} s (one-time costs, not part of an evaluation)")
     print(f"verdict: {result.verdict.verdict} {' / '.join(result.verdict.reasons)}")
     for name, w in result.workloads.items():
-        print(f"  {name}: speedup {w.speedup:.3f} CI [{w.ci[0]:.3f}, {w.ci[1]:.3f}] after {w.pairs} pairs ({w.decision})" if w.speedup else f"  {name}: {w.decision}")
+        if w.speedup:
+            print(f"  {name}: speedup {w.speedup:.3f} CI [{w.ci[0]:.3f}, {w.ci[1]:.3f}] after {w.pairs} pairs ({w.decision})")
+        else:
+            print(f"  {name}: {w.decision}")
     trials = len(result.trials)
     print(f"wall {t['wall_s']:.1f} s = engine start-up/shutdown {t['engine_s']:.1f} s + measurement {t['measurement_s']:.1f} s "
           f"({trials} trials) + orchestration overhead {t['overhead_s']:.2f} s ({t['overhead_pct']:.2f}%)")

@@ -156,7 +156,8 @@ def main() -> int:
     ok = all(r[1] <= 0.01 for r in rows) and main_row[3] >= 0.90 and gate.max_pairs <= 20 and main_row[5] <= 0.25
     print("\n'pairs (wins)' counts objective + confirmation pairs; the objective never uses more than "
           f"{gate.max_pairs} pairs (max_pairs).")
-    print(f"targets (false merges <= 1% everywhere; at CV 2%: power >= 90% with <= 20 objective pairs, rejected cost <= 25% of a full evaluation): {'MET' if ok else 'NOT MET'}")
+    print("targets (false merges <= 1% everywhere; at CV 2%: power >= 90% with <= 20 objective pairs, "
+          f"rejected cost <= 25% of a full evaluation): {'MET' if ok else 'NOT MET'}")
     print(f"wall time {time.perf_counter() - t0:.0f} s")
     return 0
 

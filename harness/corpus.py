@@ -88,7 +88,8 @@ def in_holdout(secret: bytes, prompt_id: str, fraction: float) -> bool:
 
 def split(prompts: list[Prompt], secret: bytes, fraction: float) -> tuple[list[Prompt], list[Prompt]]:
     """(public, holdout) by the workspace's secret."""
-    public, hold = [], []
+    public: list[Prompt] = []
+    hold: list[Prompt] = []
     for p in prompts:
         (hold if in_holdout(secret, p.id, fraction) else public).append(p)
     return public, hold

@@ -224,7 +224,8 @@ def judge_path(path: str, cand: PathStats, floor: PathStats, mode: str, dtype: s
         reasons.append(f"{path}: no positions compared")
     if mode == "exact":
         if not cand.exact:
-            reasons.append(f"{path}: not bit-identical (max |Δ logprob| {s['dlogprob_max']:.3g})" if s["dlogprob_max"] is not None else f"{path}: not bit-identical")
+            reasons.append(f"{path}: not bit-identical (max |Δ logprob| {s['dlogprob_max']:.3g})" if s["dlogprob_max"] is not None
+                           else f"{path}: not bit-identical")
     elif cand.kl:
         if mode == "tight":
             f = floor.summary()
@@ -262,7 +263,8 @@ def systematic_shift(signed: list[float], floor_signed: list[float], dtype: str)
     tiny = DTYPE_FLOOR.get(dtype, DTYPE_FLOOR["float32"])["dlogprob_max"] / 100
     if p < SHIFT_ALPHA and abs(mean) > max(tiny, 3 * floor_mean):
         direction = "up" if mean > 0 else "down"
-        return f"systematic shift: the top token's logprob moved {direction} at {max(pos, len(nonzero) - pos)} of {len(nonzero)} positions (mean {mean:+.3g}, sign test p={p:.2g})"
+        return (f"systematic shift: the top token's logprob moved {direction} at {max(pos, len(nonzero) - pos)} of {len(nonzero)} "
+                f"positions (mean {mean:+.3g}, sign test p={p:.2g})")
     return ""
 
 
@@ -316,7 +318,8 @@ def judge_samples(base_a: Mapping[tuple[str, str], Record], base_b: Mapping[tupl
             reasons.append(f"sample: no draws for {key[0]}")
             continue
         if min(len(a.tokens), len(b.tokens), len(c.tokens)) < SAMPLE_MIN_DRAWS:
-            reasons.append(f"sample: only {min(len(a.tokens), len(c.tokens))} draws for {key[0]}; at least {SAMPLE_MIN_DRAWS} are needed to resolve a difference")
+            reasons.append(f"sample: only {min(len(a.tokens), len(c.tokens))} draws for {key[0]}; "
+                           f"at least {SAMPLE_MIN_DRAWS} are needed to resolve a difference")
             continue
         ftv, fp = _counts_test(a.tokens, b.tokens)
         tv, p = _counts_test(c.tokens, b.tokens)
@@ -327,7 +330,8 @@ def judge_samples(base_a: Mapping[tuple[str, str], Record], base_b: Mapping[tupl
         if p < worst[0]:
             worst = (p, key[0])
         if p * m < SAMPLE_ALPHA:
-            reasons.append(f"sample: sampled-token frequencies differ at {key[0]}: TV {tv:.3f} vs noise floor {ftv:.3f} (chi-square p={p:.2g}, {m} contexts x settings)")
+            reasons.append(f"sample: sampled-token frequencies differ at {key[0]}: TV {tv:.3f} vs noise floor {ftv:.3f} "
+                           f"(chi-square p={p:.2g}, {m} contexts x settings)")
     stats = {
         "contexts": m, "tv_max": max(tvs) if tvs else None, "tv_mean": float(np.mean(tvs)) if tvs else None,
         "floor_tv_mean": float(np.mean(floor_tvs)) if floor_tvs else None, "min_p": worst[0],

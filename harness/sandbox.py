@@ -152,8 +152,11 @@ def wrap(argv: Sequence[str] | str, shell: bool = False, network: bool | None = 
     if box is None:
         return (argv if isinstance(argv, str) else list(argv)), shell
     sb = box.for_cwd(cwd)
-    inner = ["/bin/sh", "-c", argv] if shell else list(argv)
-    assert not isinstance(inner, str)
+    if shell:
+        assert isinstance(argv, str), "a shell command is one string"
+        inner = ["/bin/sh", "-c", argv]
+    else:
+        inner = list(argv)
     return sb.argv(inner, str(cwd), network, info_fd), False
 
 

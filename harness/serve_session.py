@@ -104,7 +104,7 @@ class ServeSession(Parkable):
         env = child_env({**self.env, **extra}, self.worktree, None, self.log_path)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(self.worktree), self.env.get("PYTHONPATH", "")) if p)
         self.port = free_port()
-        argv = [self.python, "-m", "vllm.entrypoints.cli.main", "serve", self.spec["model"], "--host", "127.0.0.1",
+        argv: list[str] | str = [self.python, "-m", "vllm.entrypoints.cli.main", "serve", self.spec["model"], "--host", "127.0.0.1",
                 "--port", str(self.port), *engine_flags(engine)]
         self.started_at = time.perf_counter()
         own_net = sandbox.active() is not None and sandbox.can_join_network()

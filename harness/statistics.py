@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
+from numpy.typing import ArrayLike
 from scipy import stats as sps
 
 MAD_TO_SD = 1.4826
@@ -101,7 +102,7 @@ def log_ratios(baseline: Sequence[float], candidate: Sequence[float], higher_is_
     return out
 
 
-def robust_scale(d: Sequence[float]) -> float:
+def robust_scale(d: ArrayLike) -> float:
     x = np.asarray(d, dtype=float)
     return float(MAD_TO_SD * np.median(np.abs(x - np.median(x))))
 

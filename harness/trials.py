@@ -128,7 +128,7 @@ def tail(text: str | bytes, lines: int = 15, chars: int | None = None) -> str:
     if not text:
         return ""
     text = text[-(chars + 1) * max(lines, 1) * 8:]  # bound the work on huge input
-    kept = [l.rstrip() for l in sanitize(text).strip().splitlines() if l.strip()]
+    kept = [ln.rstrip() for ln in sanitize(text).strip().splitlines() if ln.strip()]
     return "\n".join(kept[-lines:])[-chars:]
 
 
@@ -270,7 +270,7 @@ def log_tail(path: Path, lines: int = 25, chars: int = TAIL_CHARS) -> str:
 
 def log_error_line(path: Path) -> str:
     """The most telling line of a child's log: its last exception line, else its last line."""
-    lines = [l for l in log_tail(path, 200, 16000).splitlines() if l.strip()]
+    lines = [ln for ln in log_tail(path, 200, 16000).splitlines() if ln.strip()]
     for line in reversed(lines):
         core = line.split("] ", 1)[-1].strip()
         if any(k in core for k in ("Error", "Exception", "error:")) and not core.startswith("File "):
@@ -420,7 +420,8 @@ def metric_error(data: Mapping[str, Any], metric: str) -> str:
                 f = math.inf
             ok = math.isfinite(f) and f > 0
         if not ok:
-            shown = repr(v) if not isinstance(v, int) or isinstance(v, bool) or abs(v) < 1 << 64 else f"an integer of about {int(v.bit_length() * 0.30103) + 1} digits"
+            small = not isinstance(v, int) or isinstance(v, bool) or abs(v) < 1 << 64
+            shown = repr(v) if small else f"an integer of about {int(v.bit_length() * 0.30103) + 1} digits"
             return f"metric {metric!r} must be a positive finite number, got {tail(shown, 1, 80)}"
         return ""
     except Exception as exc:  # noqa: BLE001 - adversarial input must never crash the judge

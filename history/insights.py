@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 import pandas as pd
 
@@ -63,7 +63,7 @@ def is_win(r: Mapping[str, Any]) -> bool:
     return r.get("verdict") == "merge" and not r.get("reverted")
 
 
-def _frame(rows: list[Mapping[str, Any]]) -> pd.DataFrame:
+def _frame(rows: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
     judged = [r for r in rows if r.get("verdict")]
     df = pd.DataFrame([{
         "proposal": r["proposal"], "title": r.get("title"), "category": r.get("category") or "other",
@@ -90,7 +90,7 @@ def _group(df: pd.DataFrame, col: str) -> dict[str, dict[str, Any]]:
     return out
 
 
-def knob_table(rows: list[Mapping[str, Any]], order: Mapping[str, list[Any]] | None = None) -> dict[str, dict[str, Any]]:
+def knob_table(rows: Sequence[Mapping[str, Any]], order: Mapping[str, list[Any]] | None = None) -> dict[str, dict[str, Any]]:
     """Per knob: tries, wins, failures, mean effect, per-value results, best value, winning directions."""
     order = order or {}
     out: dict[str, dict[str, Any]] = {}
@@ -130,7 +130,7 @@ def knob_table(rows: list[Mapping[str, Any]], order: Mapping[str, list[Any]] | N
     return out
 
 
-def lessons(rows: list[Mapping[str, Any]], knobs: Mapping[str, Mapping[str, Any]]) -> dict[str, list[str]]:
+def lessons(rows: Sequence[Mapping[str, Any]], knobs: Mapping[str, Mapping[str, Any]]) -> dict[str, list[str]]:
     worked, ineffective, avoid = [], [], []
     for r in rows:
         if r.get("reverted"):
@@ -198,7 +198,9 @@ def markdown(ins: Mapping[str, Any]) -> str:
         lines += [f"## By {name}", "", f"| {name} | tries | wins | failures | mean effect | best effect |", "|---|---|---|---|---|---|"]
         for k, v in sorted(data.items(), key=lambda kv: -kv[1]["tries"]):
             me, be = v.get("mean_effect"), v.get("best_effect")
-            lines.append(f"| {k} | {v['tries']} | {v['wins']} | {v.get('failures', 0)} | {'—' if me is None else f'{me:+.1%}'} | {'—' if be is None else f'{be:+.1%}'} |")
+            mean_effect = "—" if me is None else f"{me:+.1%}"
+            best_effect = "—" if be is None else f"{be:+.1%}"
+            lines.append(f"| {k} | {v['tries']} | {v['wins']} | {v.get('failures', 0)} | {mean_effect} | {best_effect} |")
         lines.append("")
 
     table("category", ins.get("by_category") or {})

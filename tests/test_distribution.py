@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from agentsearch.workspace import Workspace
-from harness.corpus import CORPUS, NATURAL, build, load, split
+from harness.corpus import NATURAL, build, load, split
 from harness.distribution import PathStats, compare_position, judge_path, systematic_shift
 
 from .conftest import ROOT, commit, make_repo, run_cli

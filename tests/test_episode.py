@@ -16,7 +16,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 
 from agentsearch.workspace import Workspace
 from history import HistoryLog

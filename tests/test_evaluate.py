@@ -132,7 +132,6 @@ def test_evaluations_are_recorded_in_the_history(target):
 
 
 def test_build_failure_is_a_rejection(tmp_path):
-    import sys
 
     cfg = toy_config(timeout=4).replace('protected = ["bench/**"]', 'protected = ["bench/**"]\ninstall = "command"\nbuild = "sh build.sh"')
     repo = make_repo(tmp_path / "b", {"agentsearch.toml": cfg, "bench/bench.py": TOY_BENCH, "speed.txt": "1.0\n", "build.sh": "exit 0\n"})
@@ -165,7 +164,6 @@ json.dump({"ops_s": 1000.0 * factor, **probe}, open(out, "w"))
 
 def test_both_sides_run_sandboxed_without_state_harness_or_network(tmp_path):
     import socket
-    import sys
 
     import harness
 

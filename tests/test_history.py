@@ -23,8 +23,8 @@ def test_append_chain_and_verify(tmp_path):
     fill(path)
     rep = verify(path)
     assert rep.ok and rep.records == 5 and not rep.torn_tail
-    lines = [json.loads(l) for l in path.read_text().splitlines()]
-    assert [l["seq"] for l in lines] == [1, 2, 3, 4, 5]
+    lines = [json.loads(ln) for ln in path.read_text().splitlines()]
+    assert [ln["seq"] for ln in lines] == [1, 2, 3, 4, 5]
     assert all(b["prev"] == a["hash"] for a, b in zip(lines, lines[1:]))
     fill(path, 2)  # reopening continues the chain
     assert verify(path).records == 7
@@ -62,7 +62,7 @@ def test_torn_last_line_is_repaired_and_reported(tmp_path):
     with HistoryLog(path) as log:
         assert "torn last line" in log.repaired
         log.append("evaluation", "e1", "e1/003", {"verdict": "merge"})
-    kinds = [json.loads(l)["kind"] for l in path.read_text().splitlines()]
+    kinds = [json.loads(ln)["kind"] for ln in path.read_text().splitlines()]
     assert kinds == ["evaluation"] * 3 + ["repair", "evaluation"]
     assert verify(path).ok and not verify(path).torn_tail
 

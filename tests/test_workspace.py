@@ -2,7 +2,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -65,7 +64,7 @@ def test_proposal_branch_worktree_and_trailers(toy_target):
     (p.worktree / "speed.txt").write_text("1.5\n")
     sha = ws.commit_proposal(p, "Faster decode", "because", proposer="patches")
     msg = git(toy_target, "log", "-1", "--format=%B", sha)
-    assert f"Agentsearch-Proposal: e1/007" in msg
+    assert "Agentsearch-Proposal: e1/007" in msg
     assert "Agentsearch-Episode: e1" in msg
     assert f"Agentsearch-Baseline: {base}" in msg
     assert git(toy_target, "rev-parse", p.branch).strip() == sha

@@ -103,7 +103,8 @@ def next_step(result: Evaluation, ref_is_branch: bool | None) -> str:
         if ref_is_branch:
             how = f"`agentsearch episode --branches {result.ref}` judges it again and merges on a win"
         else:
-            how = f"put it on a branch (`git branch NAME {result.candidate[:12]}`), then `agentsearch episode --branches NAME` judges it again and merges on a win"
+            how = (f"put it on a branch (`git branch NAME {result.candidate[:12]}`), "
+                   "then `agentsearch episode --branches NAME` judges it again and merges on a win")
         return f"not merged: evaluate never merges; {how}"
     if verdict == REVIEW:
         return (f"not merged: held for review (too good to be true); read `agentsearch report {escape(result.ref)}` "

@@ -131,6 +131,7 @@ def pr(target: Path, what: str, remote: str, dry_run: bool, output: Path | None,
                 click.echo(shlex.join(["git", "-C", str(ws.repo_dir), *p[1:]]))
             click.echo(shlex.join(create))
         return 0
+    assert gh is not None  # checked above for every run that is not a dry run
     for name, force_push in [(branch, False)] + ([(evidence, True)] if evidence else []):
         err = git.push(ws.repo_dir, remote, name, force=force_push)
         if err:

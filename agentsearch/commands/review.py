@@ -96,9 +96,10 @@ def run(target: Path, as_json: bool, what: str | None, recheck: bool, seed: int 
     with ws.lock(), progress() as say:
         ev = evaluate(ws, row["merge"], seed=seed, progress=say, baseline=parent)
         holds = ev.verdict.verdict == MERGE
+        objective = ev.workloads.get(ws.config().objective.name)
         data = {"merge": row["merge"], "parent": parent, "proposal": row["proposal"], "holds": holds,
                 "verdict": ev.verdict.verdict, "reasons": list(ev.verdict.reasons), "seed": ev.seed,
-                "speedup": (ev.workloads.get(ws.config().objective.name).speedup if ev.workloads.get(ws.config().objective.name) else None)}
+                "speedup": objective.speedup if objective else None}
         append(ws, "recheck", None, row["proposal"], data)
     if as_json:
         print_json({**data, "evaluation": ev.to_json()})

@@ -4,7 +4,7 @@ its interface. The registry that builds a concrete proposer is ``registry``; thi
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Protocol
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 from ..errors import AgentsearchError
 
@@ -40,7 +40,7 @@ class Context:
     the target's history of proposals (all episodes), the distilled insights, and where it is."""
 
     read_file: Callable[[str], str | None]
-    history: list[Mapping[str, Any]]  # {key, title, category, proposer, meta, verdict, speedup, reasons}
+    history: Sequence[Mapping[str, Any]]  # {key, title, category, proposer, meta, verdict, speedup, reasons}
     insights: Mapping[str, Any] | None
     number: int  # the proposal about to be created
     seed: int  # the episode's master seed

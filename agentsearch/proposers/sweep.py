@@ -5,9 +5,10 @@ argument or environment variable in the serving-config file, or a key of any JSO
 Order: a Thompson-sampling bandit over knobs — Beta(1 + wins, 1 + non-wins + 2 x failures),
 counting this target's history and, as a prior, the distilled insights — then, within the
 chosen knob, the value the insights name as best, else (coarse to fine) the middle of the
-range for a knob never tried, else the nearest untried value in the direction that won before. A configuration already judged (same file contents, in any episode)
-is never proposed again. Deterministic given the history and the episode seed, so ``--resume``
-proposes exactly what the interrupted run would have.
+range for a knob never tried, else the nearest untried value in the direction that won before.
+A configuration already judged (same file contents, in any episode) is never proposed again.
+Deterministic given the history and the episode seed, so ``--resume`` proposes exactly what the
+interrupted run would have.
 """
 
 from __future__ import annotations
@@ -121,7 +122,7 @@ class Sweep:
     def _prior(self, ctx: Context) -> dict[str, Mapping[str, Any]]:
         return dict(((ctx.insights or {}).get("knobs") or {}))
 
-    def stats(self, ctx: Context) -> dict[str, Mapping[str, Any]]:
+    def stats(self, ctx: Context) -> Mapping[str, Mapping[str, Any]]:
         return knob_table(ctx.history, {n: list(k.values) for n, k in self.knobs.items()})
 
     def order(self, ctx: Context) -> list[str]:

@@ -244,8 +244,8 @@ def apply_patch(worktree: Path, patch: str) -> str:
     proc = _git(["apply", "--3way", "--whitespace=nowarn", "-"], worktree, input=patch)
     if proc.returncode == 0 and "conflict" not in proc.stderr.lower():
         return ""
-    lines = [l.strip() for l in (proc.stderr or proc.stdout).splitlines() if l.strip()]
-    errors = [l for l in lines if l.startswith("error:") or "conflict" in l.lower()] or lines or ["git apply failed"]
+    lines = [ln.strip() for ln in (proc.stderr or proc.stdout).splitlines() if ln.strip()]
+    errors = [ln for ln in lines if ln.startswith("error:") or "conflict" in ln.lower()] or lines or ["git apply failed"]
     run_git("reset", "--hard", "--quiet", cwd=worktree, check=False)
     run_git("clean", "-fdq", cwd=worktree, check=False)
     return "; ".join(dict.fromkeys(errors))[:400]
@@ -259,7 +259,7 @@ def merge_base(repo_dir: Path, a: str, b: str) -> str | None:
 def branches_matching(repo_dir: Path, pattern: str) -> list[tuple[str, str]]:
     """[(branch, sha)] of local branches whose name matches the fnmatch-style ``pattern``."""
     out = run_git("for-each-ref", "--format=%(refname:short) %(objectname)", f"refs/heads/{pattern}", cwd=repo_dir)
-    rows = [l.split(" ", 1) for l in out.splitlines() if l.strip()]
+    rows = [ln.split(" ", 1) for ln in out.splitlines() if ln.strip()]
     return sorted((name, sha) for name, sha in rows)
 
 
@@ -278,7 +278,7 @@ def push(repo_dir: Path, remote: str, branch: str, force: bool = False) -> str:
     proc = _git(["push", "--quiet", remote, spec], repo_dir)
     if proc.returncode == 0:
         return ""
-    lines = [l for l in proc.stderr.strip().splitlines() if l.strip()]
+    lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
     return lines[-1] if lines else f"exit {proc.returncode}"
 
 
@@ -346,7 +346,7 @@ def files_match_index(worktree: Path) -> bool:
 def first_parents(repo_dir: Path, commit: str, limit: int) -> list[tuple[str, str]]:
     """[(commit, tree)] along the first-parent line from ``commit``, newest first."""
     out = run_git("log", "--first-parent", f"-n{limit}", "--format=%H %T", commit, cwd=repo_dir)
-    return [tuple(l.split(" ", 1)) for l in out.splitlines() if l.strip()]  # type: ignore[misc]
+    return [tuple(ln.split(" ", 1)) for ln in out.splitlines() if ln.strip()]  # type: ignore[misc]
 
 
 def trailer_merges(repo_dir: Path, tip: str, since: str | None, key: str) -> list[tuple[str, dict[str, str]]]:
@@ -357,7 +357,7 @@ def trailer_merges(repo_dir: Path, tip: str, since: str | None, key: str) -> lis
     for chunk in out.split("\x01"):
         sha, _, body = chunk.strip("\n").partition("\x00")
         if sha:
-            pairs = (l.split(":", 1) for l in body.splitlines() if l.startswith("Agentsearch-") and ":" in l)
+            pairs = (ln.split(":", 1) for ln in body.splitlines() if ln.startswith("Agentsearch-") and ":" in ln)
             found.append((sha, {k.strip(): v.strip() for k, v in pairs}))
     return found
 

@@ -122,10 +122,10 @@ class Workspace:
             if not git.branch_exists(self.repo_dir, branch):
                 raise TargetError(f"baseline branch {branch!r} does not exist in {self.repo_dir}")
             commit = git.resolve_commit(self.repo_dir, branch)
-        text = git.show_file(self.repo_dir, commit, CONFIG_FILE)
-        if text is None:
+        committed = git.show_file(self.repo_dir, commit, CONFIG_FILE)
+        if committed is None:
             raise TargetError(f"{CONFIG_FILE} is missing at {commit[:12]}; the baseline must carry it")
-        return load_config_text(text, f"{CONFIG_FILE}@{commit[:12]}")
+        return load_config_text(committed, f"{CONFIG_FILE}@{commit[:12]}")
 
     def baseline_commit(self) -> str:
         return git.resolve_commit(self.repo_dir, self.baseline_branch)

@@ -92,7 +92,8 @@ class Engine:
     def throughput(self, seed: int, p: dict) -> dict:
         from vllm.inputs import TokensPrompt
 
-        prompts, outs = make_prompts(seed, int(p.get("prompts", 64)), int(p.get("input_len", 64)), int(p.get("output_len", 64)), p.get("length_dist", "fixed"), self.vocab)
+        prompts, outs = make_prompts(seed, int(p.get("prompts", 64)), int(p.get("input_len", 64)), int(p.get("output_len", 64)),
+                                     p.get("length_dist", "fixed"), self.vocab)
         # every request must fit the context: heavy-tailed lengths are clipped to max_model_len
         limit = int(self.engine_args.get("max_model_len") or 1024)
         prompts = [x[: max(1, limit // 2)] for x in prompts]
@@ -176,7 +177,8 @@ class Engine:
 
         with open(cmd["out"], "w") as out:
             for it, a, b in zip(items, r_pre, r_dec):
-                out.write(json.dumps({"id": it["id"], "path": "prefill", "tokens": list(a.prompt_token_ids), "topk": [top(d) for d in a.prompt_logprobs]}) + "\n")
+                prefill = {"id": it["id"], "path": "prefill", "tokens": list(a.prompt_token_ids), "topk": [top(d) for d in a.prompt_logprobs]}
+                out.write(json.dumps(prefill) + "\n")
                 o = b.outputs[0]
                 out.write(json.dumps({"id": it["id"], "path": "decode", "tokens": list(o.token_ids), "topk": [top(d) for d in o.logprobs]}) + "\n")
 

@@ -94,7 +94,7 @@ def test_a_lagging_checkout_with_edits_is_warned_about_not_overwritten(repo: Pat
     (repo / "src" / "__init__.py").write_text(DIRTY)
     proc = episode(repo, "--resume")
     assert proc.returncode == 0, proc.stderr
-    warnings = [l for l in proc.stderr.splitlines() if "warning:" in l]
+    warnings = [ln for ln in proc.stderr.splitlines() if "warning:" in ln]
     assert warnings and "still has the files of" in warnings[0] and "read-tree -m -u" in warnings[0]
     assert "SPEED = 1.0" in (repo / "src" / "engine.py").read_text()  # left alone ...
     assert (repo / "src" / "__init__.py").read_text() == DIRTY  # ... with the user's edit

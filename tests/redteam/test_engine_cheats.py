@@ -11,7 +11,6 @@ engine is in tests/test_vllm_integration.py (fast only when not verified).
 from __future__ import annotations
 
 import json
-import sys
 
 import pytest
 

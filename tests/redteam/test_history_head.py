@@ -40,7 +40,7 @@ def test_head_ref_and_merge_trailers_name_the_chain_head(repo: Path) -> None:
     recs = records(repo)
     assert head(repo) == {"seq": len(recs), "hash": recs[-1]["hash"]}
     msg = git(repo, "log", "-1", "--format=%B", "main")
-    trailers = dict(l.split(": ", 1) for l in msg.splitlines() if l.startswith("Agentsearch-History-"))
+    trailers = dict(ln.split(": ", 1) for ln in msg.splitlines() if ln.startswith("Agentsearch-History-"))
     seq = int(trailers["Agentsearch-History-Seq"])
     assert recs[seq - 1]["hash"] == trailers["Agentsearch-History-Head"]
     assert recs[seq - 1]["kind"] == "verdict" and recs[seq - 1]["data"]["verdict"] == "merge"

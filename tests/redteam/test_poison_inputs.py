@@ -22,9 +22,8 @@ import pytest
 
 from agentsearch.workspace import Workspace
 from harness.engine_session import MAX_MESSAGE_BYTES, WorkerError, WorkerSession
-from harness.trials import (MAX_METRIC_KEYS, OUTPUT_TAIL_BYTES, REASON_CHARS, TAIL_CHARS, CommandSpec, read_metrics,
-                            run_child, run_command_trial, tail)
-from history import HistoryLog
+from harness.trials import (MAX_METRIC_KEYS, REASON_CHARS, TAIL_CHARS, CommandSpec, read_metrics,
+                            run_child, tail)
 
 from ..conftest import ROOT, commit, git, make_repo, run_cli, write
 

@@ -39,7 +39,7 @@ def history_file(repo: Path) -> Path:
 
 def records(repo: Path) -> list[dict]:
     path = history_file(repo)
-    return [json.loads(l) for l in path.read_text().splitlines()] if path.exists() else []
+    return [json.loads(ln) for ln in path.read_text().splitlines()] if path.exists() else []
 
 
 def head(repo: Path) -> dict | None:
@@ -53,7 +53,7 @@ def verify(repo: Path):
 
 
 def one_line(stderr: str) -> str:
-    lines = [l for l in stderr.splitlines() if l.strip()]
+    lines = [ln for ln in stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and "Traceback" not in stderr, stderr
     return lines[0]
 
