@@ -177,6 +177,24 @@ def init(target: Path, as_json: bool, from_installed: str | None, directory: Pat
 @strict_option
 @quiet_option
 @json_option
+@click.option("--run", "dynamic", is_flag=True, help="Also build the baseline alone, start its engines and run each workload once.")
+@click.option("--refresh", is_flag=True, help="Probe the environment again even if a probe of the same environment passed.")
+def preflight(target: Path, as_json: bool, dynamic: bool, refresh: bool) -> None:
+    """Check the set-up before measuring: config, models, overlay, sandbox, the environment's imports.
+
+    Every measuring command runs these first (seconds; the import probe is cached per environment).
+    Exit status: 0 ready, 5 a check failed (the run's error: nothing would be judged).
+    """
+    from .commands.preflight import run
+
+    dispatch(run, config=True, target=target, as_json=as_json, dynamic=dynamic, refresh=refresh)
+
+
+@main.command(context_settings=CONTEXT)
+@target_option
+@strict_option
+@quiet_option
+@json_option
 @click.option("--pairs", default=30, show_default=True, type=click.IntRange(4, 10_000), help="A/A pairs per workload.")
 def calibrate(target: Path, as_json: bool, pairs: int) -> None:
     """Measure the baseline against itself (A/A): noise, drift, outliers, pairs needed."""

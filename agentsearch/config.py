@@ -27,6 +27,9 @@ SCHEMA_VERSION = 1
 WORKLOAD_KINDS = ("command", "vllm-throughput", "vllm-latency", "vllm-serve")
 INSTALL_MODES = ("none", "overlay", "command")
 VERIFY_MODES = ("exact", "tight", "approx")
+# models `agentsearch model NAME` builds offline: a workload or [verify] may name one instead of a
+# directory (the one place their names are listed; the preflight refuses any other non-directory)
+BUILT_IN_MODELS = {"tiny": "the tiny Llama-style model (random weights), built offline"}
 
 
 def doc(text: str, default: Any = dataclasses.MISSING, factory: Any = dataclasses.MISSING) -> Any:

@@ -24,7 +24,7 @@ from harness.trials import BASELINE, TrialRecord, tail
 from history import HistoryError
 
 from . import proposers
-from .errors import AgentsearchError, CasError, ConfigError, LockedError, TargetError
+from .errors import AgentsearchError, CasError, ConfigError, LockedError, RunError, TargetError
 from .evaluation import Evaluation, evaluate
 from .gate import MERGE, REJECT, Check, Status, judge
 from .headline import headline
@@ -44,7 +44,7 @@ class EpisodeError(AgentsearchError):
 
 # errors of the run itself (the history, the lock, a broken baseline or config): they stop the
 # episode (resumable); any other error while judging one proposal is that proposal's REJECT
-RUN_ERRORS = (HistoryError, LockedError, ConfigError, TargetError, EpisodeError)
+RUN_ERRORS = (HistoryError, LockedError, ConfigError, TargetError, EpisodeError, RunError)
 
 
 def internal_reason(exc: BaseException) -> str:
@@ -295,6 +295,12 @@ class Episode:
         itself (RUN_ERRORS), Ctrl-C and SIGTERM still stop the episode."""
         try:
             self._judge(p, cand)
+        except RunError as exc:  # a failed preflight or a broken baseline: recorded, never as this proposal's verdict
+            if p.verdict is None:
+                self.record("run-error", p.id, {"number": p.number, "proposal": p.id, "error": str(exc),
+                                                "kind": type(exc).__name__, "baseline": self.ws.baseline_commit()})
+                raise RunError(f"{exc}; the episode stopped (`agentsearch episode --resume` continues it)") from None
+            raise
         except RUN_ERRORS:
             raise
         except Exception as exc:  # noqa: BLE001 - adversarial code must not stop the episode

@@ -10,6 +10,7 @@ EXIT_FAIL = 1  # a check ran and failed (e.g. `history verify`)
 EXIT_BAD_INPUT = 2  # bad config, bad argument, bad target
 EXIT_UNEXPECTED = 3  # a bug: traceback written to the log
 EXIT_GATE_REJECT = 4  # the gate refused a proposal
+EXIT_RUN_ERROR = 5  # the set-up cannot measure (preflight, a broken baseline or machine): nothing was judged
 EXIT_INTERRUPTED = 130
 
 
@@ -48,3 +49,10 @@ class CasError(AgentsearchError):
     """The baseline ref moved between measurement and merge."""
 
     exit_code = EXIT_FAIL
+
+
+class RunError(AgentsearchError):
+    """The run itself cannot go on: the set-up failed its preflight, or the baseline (or the
+    machine) is broken. Never a candidate's rejection: nothing is judged, an episode stops."""
+
+    exit_code = EXIT_RUN_ERROR

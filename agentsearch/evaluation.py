@@ -3,7 +3,8 @@
 based-on-baseline -> protected paths (before anything runs) -> build/install both sides ->
 objective workload (interleaved pairs, sequential test) -> guard workloads (no significant
 regression) -> plausibility bound -> distribution checks -> gate. Every failure becomes a
-failed check with its reason; nothing raises past this module except bugs.
+failed check with its reason; nothing raises past this module except bugs and run errors
+(``preflight``): a failed static preflight, or a baseline side that failed and fails alone too.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from harness.sequential import LOSE, OK, REGRESSED, WIN, SequentialDesign, confi
 from harness.statistics import NoisePrior
 from harness.trials import BASELINE, CANDIDATE, TrialRecord, child_env, run_child, tail
 
-from . import calibration, containment
+from . import calibration, containment, preflight
 from . import sides as sides_mod
 from .sides import Sides
 from .config import Config, GateConfig, WorkloadConfig
@@ -34,7 +35,7 @@ from harness.engine_session import EnginePool
 from harness.logprobs import LogprobError
 
 from .verify import run_verify
-from .workloads import restarts_for, session_factory
+from .workloads import blames_candidate, restarts_for, session_factory
 from .workspace import Workspace
 
 EVALUATION_SCHEMA = 1
@@ -166,6 +167,8 @@ class _State:
     trials: list[TrialRecord] = field(default_factory=list)
     coverage: Any = None  # CoverageReport when the coverage pass ran
     on_trial: OnTrial | None = None
+    # (workload or None for the build, reason): the baseline side failed; confirmed alone afterwards
+    baseline_failure: tuple[str | None, str] | None = None
 
     def record(self, t: TrialRecord) -> None:
         self.trials.append(t)
@@ -193,6 +196,7 @@ def evaluate(
     base = ws.resolve(baseline) if baseline else ws.baseline_commit()
     config = ws.config(base)
     cand = ws.resolve(ref)
+    preflight.require(ws, config, base, say)  # seconds (the environment probe is cached): a set-up error is the run's
     # 63 bits: the pair seeds a worker sees must not give away the master (and with it the confirmation seeds)
     master = seed if seed is not None else new_master()
     st = _State(on_trial=on_trial)
@@ -201,6 +205,11 @@ def evaluate(
         _run_checks(ws, config, base, cand, master, alpha, st, say, keep_worktrees)
     except KeyboardInterrupt:
         raise
+    if st.baseline_failure is not None:  # the baseline's or the candidate's doing? the baseline alone says
+        workload, failure = st.baseline_failure
+        preflight.confirm_baseline(ws, config, base, workload, failure, say)  # raises BaselineBroken
+        i = max(i for i, c in enumerate(st.checks) if c.status == Status.FAIL)
+        st.checks[i] = dataclasses.replace(st.checks[i], detail=st.checks[i].detail + " (the baseline alone passes: the failure came with this candidate)")
     verdict = judge(st.checks)
     return Evaluation(
         ref=ref, baseline=base, candidate=cand, seed=master, verdict=verdict, workloads=st.summaries,
@@ -231,6 +240,8 @@ def _run_checks(ws: Workspace, config: Config, base: str, cand: str, master: int
                 sd.build()
             except sides_mod.BuildError as exc:
                 st.add("build", Status.FAIL, str(exc))
+                if exc.side == BASELINE:
+                    st.baseline_failure = (None, str(exc))
                 return
             st.add("build", Status.PASS, "both sides installed" + (", each in its own sandbox" if box.use else ""))
             st.add("sandbox", Status(box.status), box.detail)
@@ -267,8 +278,9 @@ def _measure_with(ws: Workspace, config: Config, sd: Sides, master: int, alpha: 
     def run(w: WorkloadConfig, role: str) -> WorkloadRun | None:
         try:
             factory = session_factory(config, w, sd, pool)
-        except AgentsearchError as exc:
+        except AgentsearchError as exc:  # the set-up (e.g. the model): not the candidate's doing
             st.add(check_of[role], Status.FAIL, str(exc))
+            st.baseline_failure = (w.name, str(exc))
             return None
         decide = decide_of[role]
         if role == "confirmation":
@@ -315,6 +327,9 @@ def _measure_with(ws: Workspace, config: Config, sd: Sides, master: int, alpha: 
             return False
         if r.failure:
             st.add(check, Status.FAIL, r.failure)
+            last = r.trials[-1] if r.trials else None
+            if last is not None and not last.ok and last.side == BASELINE and not blames_candidate(last.error):
+                st.baseline_failure = (name, r.failure)
             return False
         assert r.decision is not None
         if r.decision.action != wanted:

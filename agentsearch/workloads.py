@@ -15,7 +15,7 @@ from harness import tiny_model
 from harness.engine_session import EnginePool, WorkerSession
 from harness.serve_session import ServeSession
 from harness.interleave import CommandSession, Session, SessionFactory
-from harness.trials import BASELINE, CommandSpec, TrialOutcome
+from harness.trials import BASELINE, CANDIDATE, CommandSpec, TrialOutcome
 
 from .config import Config, WorkloadConfig
 from .errors import AgentsearchError
@@ -102,6 +102,12 @@ class OutputsMatch:
             return (f"outputs check: the two sides computed different {self.digest_key!r} for the same inputs "
                     f"(seed {seed}): {str(other[2])[:24]!r} vs {str(value)[:24]!r}")
         return ""
+
+
+def blames_candidate(error: str) -> bool:
+    """A failure found by comparing the sides (the outputs check) or in the candidate's worktree is the
+    candidate's, whichever side's trial it was found after (the prefixes are the orchestrator's own)."""
+    return error.startswith(("outputs check:", f"worktree modified during a trial: {CANDIDATE}:"))
 
 
 class GuardedSession:
@@ -214,4 +220,4 @@ def restarts_for(workload: WorkloadConfig) -> int:
     return 1 if workload.kind == "command" else workload.restarts
 
 
-__all__ = ["session_factory", "restarts_for", "UnsupportedWorkload", "BASELINE"]
+__all__ = ["session_factory", "restarts_for", "blames_candidate", "UnsupportedWorkload", "BASELINE"]

@@ -26,7 +26,7 @@ SCHEMA_VERSION = 1
 GENESIS = "0" * 64
 KINDS = (
     "episode-started", "episode-resumed", "episode-finished", "proposal-created", "trial", "statistic", "distribution",
-    "evaluation", "verdict", "merge", "revert", "recheck", "insight", "profile", "repair",
+    "evaluation", "verdict", "merge", "revert", "recheck", "insight", "profile", "repair", "run-error",
 )
 
 

@@ -12,6 +12,7 @@ from rich.markup import escape
 from history import HistoryError, HistoryLog
 
 from .. import episode as ep
+from .. import preflight
 from ..errors import AgentsearchError
 from ..headline import pct
 from ..workspace import Workspace
@@ -59,6 +60,7 @@ def run(target: Path, as_json: bool, resume: bool, abandon: bool, proposer: str,
             log.append("episode-finished", pending, None, {"episode": pending, "reason": "abandoned"})
             out.print(f"abandoned episode {pending}")
             return 0
+        preflight.require(ws, say=say)  # seconds: a set-up error stops here, before anything is started or judged
         if resume:
             if pending is None:
                 raise AgentsearchError("no unfinished episode to resume; start one with `agentsearch episode --patches DIR`")

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from .. import preflight
 from ..errors import AgentsearchError
 from ..workspace import Workspace
 from ..workspace.fork import create_fork, find_installed
@@ -26,6 +27,7 @@ def run(target: Path, from_installed: str | None, directory: Path | None, as_jso
         raise AgentsearchError("DIR is only used with --from-installed; use -C to point at an existing target")
     ws = Workspace.init(target)
     config = ws.config()
+    preflight.require_paths(config)  # a model or overlay_from that is not there is refused now, not at the first evaluation
     if as_json:
         print_json({"repo": str(ws.repo_dir), "baseline": config.target.baseline, "baseline_commit": ws.baseline_commit(),
                     "workloads": [w.name for w in config.workloads], "objective": config.objective.name, "state": str(ws.state)})
@@ -34,4 +36,5 @@ def run(target: Path, from_installed: str | None, directory: Path | None, as_jso
     click.echo(f"  baseline  {config.target.baseline} @ {ws.baseline_commit()[:12]}")
     click.echo(f"  workloads {', '.join(w.name for w in config.workloads)}")
     click.echo(f"  state     {ws.state}")
+    click.echo("  next      `agentsearch preflight` checks the environment (and with --run, the baseline alone)")
     return 0
