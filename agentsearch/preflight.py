@@ -210,8 +210,13 @@ def describe_probe(res: dict) -> Finding:
     pkg = bad["package"]
     cause = f" (caused by {bad['cause']})" if bad.get("cause") and bad["cause"] not in bad["error"] else ""
     torch = res.get("versions", {}).get("torch")
-    fix = (f"the environment is broken at {pkg}: reinstall a {pkg} built for this torch{f' {torch}' if torch and pkg != 'torch' else ''}, "
-           f"or uninstall it if nothing needs it" if pkg != "python" else "check the interpreter and the target's [target] env")
+    if pkg == "python":
+        fix = "check the interpreter and the target's [target] env"
+    elif pkg == "torch":
+        fix = "the environment is broken at torch: reinstall it (`pip install --force-reinstall torch==VERSION`)"
+    else:
+        fix = (f"the environment is broken at {pkg}: reinstall a {pkg} built for torch {torch or '(the installed one)'}, "
+               "or uninstall it if nothing needs it")
     return Finding("environment", FAIL, f"`{bad['statement']}` fails in the baseline's sandbox: {tail(bad['error'], 1)}{cause}"
                    + (f" [{versions}]" if versions else ""), fix)
 
@@ -334,8 +339,8 @@ def confirm_baseline(ws: Workspace, config: Config, base: str, workload: str | N
     _say(say)("baseline alone", "the baseline side failed; re-running it alone to see whose failure it is")
     alone = baseline_alone(ws, config, base, [] if workload is None else [workload], say)
     if alone:
-        raise BaselineBroken(f"the baseline {base[:12]} is broken: {tail(failure, 1)} — and alone too ({tail(alone, 1)}); "
-                             "nothing was judged: fix the baseline (or the machine) and run again")
+        raise BaselineBroken(f"the baseline {base[:12]} is broken: {tail(alone, 1)} (it failed beside the candidate and fails alone "
+                             "too); nothing was judged: fix the baseline (or the machine) and run again")
 
 
 __all__ = ["Finding", "PreflightError", "BaselineBroken", "check", "require", "require_paths", "baseline_alone",
