@@ -117,11 +117,13 @@ def vllm_workloads(config: Config) -> list[WorkloadConfig]:
 
 
 def models(config: Config) -> list[tuple[str, str]]:
-    """(where, model) for every model the measurement will load."""
-    out = [(f"workload {w.name!r}", w.model) for w in vllm_workloads(config)]
+    """(where, model) for every model the measurement will load, each model once."""
+    users: dict[str, list[str]] = {}
+    for w in vllm_workloads(config):
+        users.setdefault(w.model, []).append(repr(w.name))
     if config.verify is not None and config.verify.kind == "vllm":
-        out.append(("[verify]", config.verify.model))
-    return out
+        users.setdefault(config.verify.model, []).append("[verify]")
+    return [(("workload " if not names[0].startswith("[") else "") + ", ".join(names), model) for model, names in users.items()]
 
 
 def check_model(where: str, model: str) -> Finding:

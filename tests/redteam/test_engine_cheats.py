@@ -11,6 +11,7 @@ engine is in tests/test_vllm_integration.py (fast only when not verified).
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -75,7 +76,7 @@ protected = ["bench/**"]
 [[workload]]
 name = "{name}"
 kind = "{kind}"
-model = "toy"
+model = "{model}"
 metric = "{metric}"
 higher_is_better = {hib}
 timeout_s = 60
@@ -88,8 +89,9 @@ confirm_pairs = 3
 coverage = false
 """
 
-THROUGHPUT = dict(name="throughput", kind="vllm-throughput", metric="output_tok_s", hib="true")
-LATENCY = dict(name="latency", kind="vllm-latency", metric="latency_mean_s", hib="false")
+TOY_MODEL = str(Path(__file__).resolve().parent / "toy-model")  # a model directory (the toy engine ignores it)
+THROUGHPUT = dict(name="throughput", kind="vllm-throughput", metric="output_tok_s", hib="true", model=TOY_MODEL)
+LATENCY = dict(name="latency", kind="vllm-latency", metric="latency_mean_s", hib="false", model=TOY_MODEL)
 
 
 def target(tmp_path, workload=THROUGHPUT):
