@@ -191,12 +191,12 @@ def evaluate(
     baseline: str | None = None,
 ) -> Evaluation:
     """Measure ``ref`` against the current baseline (or the commit ``baseline``) and judge it. Never merges."""
-    t0 = time.perf_counter()
     say = progress or (lambda stage, detail: None)
     base = ws.resolve(baseline) if baseline else ws.baseline_commit()
     config = ws.config(base)
     cand = ws.resolve(ref)
     preflight.require(ws, config, base, say)  # seconds (the environment probe is cached): a set-up error is the run's
+    t0 = time.perf_counter()
     # 63 bits: the pair seeds a worker sees must not give away the master (and with it the confirmation seeds)
     master = seed if seed is not None else new_master()
     st = _State(on_trial=on_trial)
