@@ -111,6 +111,17 @@ def test_config_change_is_measured_with_the_right_sign(fork):
     assert not workers_alive(fork)
 
 
+def test_preflight_passes_on_the_real_environment_without_an_engine(fork):
+    """The import probe on the real vLLM, in the baseline's sandbox; no engine starts. Cached per
+    environment: after the first evaluation above it costs a CLI start, else ~30 s once."""
+    proc = run_cli("preflight", "-C", str(fork), "--json", timeout=600)
+    out = json.loads(proc.stdout)
+    env = {c["name"]: c for c in out["checks"]}["environment"]
+    assert proc.returncode == 0 and out["ok"], out
+    assert env["status"] == "ok" and "vllm 0." in env["detail"] and "torch 2." in env["detail"], env
+    assert not workers_alive(fork)
+
+
 def test_branch_that_breaks_vllm_is_rejected_with_the_engine_error(fork):
     path = fork / "vllm" / "sampling_params.py"
     text = path.read_text()
