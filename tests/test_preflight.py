@@ -10,10 +10,13 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+from click.testing import CliRunner
 
 from agentsearch import preflight
+from agentsearch.cli import main
 from agentsearch.config import BUILT_IN_MODELS
 
 from .conftest import TOY_BENCH, commit, git, make_repo, run_cli, toy_config
@@ -47,10 +50,18 @@ def kinds(repo: Path) -> list[str]:
     return [json.loads(l)["kind"] for l in path.read_text().splitlines()] if path.exists() else []
 
 
-def timed(*args: str) -> tuple[object, float]:
-    """A command run quietly (its stderr is then the error line alone) and its wall time."""
+def cli(*args: str) -> SimpleNamespace:
+    """The CLI in this process (the real group, error handler and exit codes; no interpreter start-up)."""
+    res = CliRunner().invoke(main, list(args))
+    return SimpleNamespace(returncode=res.exit_code, stdout=res.stdout, stderr=res.stderr)
+
+
+def timed(*args: str, child: bool = False) -> tuple[SimpleNamespace, float]:
+    """A command run quietly (its stderr is then the error line alone) and its wall time; ``child``:
+    through the real console entry point in a child process."""
     t0 = time.monotonic()
-    proc = run_cli(*args[:1], *([] if args[0] == "init" else ["-q"]), *args[1:])
+    argv = (*args[:1], *([] if args[0] == "init" else ["-q"]), *args[1:])
+    proc = run_cli(*argv) if child else cli(*argv)
     return proc, time.monotonic() - t0
 
 
@@ -95,7 +106,7 @@ def test_static_model_checks_name_the_fix(tmp_path):
 @pytest.mark.parametrize("case", sorted(BAD_SETUPS))
 def test_init_refuses_a_bad_setup(tmp_path, case):
     repo = toy(tmp_path / "t", cfg=bad_config(case))
-    proc, wall = timed("init", "-C", str(repo))
+    proc, wall = timed("init", "-C", str(repo), child=case == "hf-id")  # once through the console entry point
     assert proc.returncode == 5, proc.stderr
     line = one_line(proc.stderr)
     assert line.startswith("agentsearch: error: preflight: ") and BAD_SETUPS[case][1] in line
@@ -104,7 +115,7 @@ def test_init_refuses_a_bad_setup(tmp_path, case):
 
 def test_a_bad_setup_stops_episode_and_evaluate_before_anything_is_judged(tmp_path):
     repo = toy(tmp_path / "t")
-    assert run_cli("init", "-C", str(repo)).returncode == 0
+    assert cli("init", "-C", str(repo)).returncode == 0
     q = queue(repo, tmp_path)
     for case in sorted(BAD_SETUPS):
         commit(repo, {"agentsearch.toml": bad_config(case)}, f"a set-up mistake: {case}")  # on the baseline: what runs read
@@ -118,7 +129,7 @@ def test_a_bad_setup_stops_episode_and_evaluate_before_anything_is_judged(tmp_pa
 
 def test_broken_baseline_stops_the_episode_as_a_run_error_and_resume_judges_after_the_fix(tmp_path):
     repo = toy(tmp_path / "t")
-    assert run_cli("init", "-C", str(repo)).returncode == 0
+    assert cli("init", "-C", str(repo)).returncode == 0
     q = queue(repo, tmp_path)
     commit(repo, {"mode.txt": "crash\n"}, "break the baseline")  # its bench crashes: every proposal would be rejected
     proc, wall = timed("episode", "-C", str(repo), "--patches", str(q), "--seed", "1")
@@ -132,7 +143,7 @@ def test_broken_baseline_stops_the_episode_as_a_run_error_and_resume_judges_afte
     # the baseline fixed, the same episode continues and judges the proposal it could not judge
     git(repo, "rm", "-q", "mode.txt")
     git(repo, "-c", "commit.gpgsign=false", "commit", "-qm", "fix the baseline")
-    proc = run_cli("episode", "-C", str(repo), "--resume", "--json")
+    proc = cli("episode", "-C", str(repo), "-q", "--resume", "--json")
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert out["judged"] == 1 and out["proposals"][0]["verdict"] in ("merge", "reject")
@@ -142,7 +153,7 @@ def test_broken_baseline_stops_the_episode_as_a_run_error_and_resume_judges_afte
 def test_broken_baseline_build_is_a_run_error_for_evaluate(tmp_path):
     cfg = toy_config(timeout=10).replace('protected = ["bench/**"]', 'protected = ["bench/**"]\ninstall = "command"\nbuild = "sh build.sh"')
     repo = toy(tmp_path / "t", {"build.sh": "exit 0\n"}, cfg=cfg)
-    assert run_cli("init", "-C", str(repo)).returncode == 0
+    assert cli("init", "-C", str(repo)).returncode == 0
     commit(repo, {"speed.txt": "1.3\n"}, "faster", branch="fast")
     commit(repo, {"build.sh": "echo 'cc: fatal error: missing.h' >&2; exit 1\n"}, "break the baseline's build")
     git(repo, "checkout", "-q", "fast")
@@ -167,7 +178,7 @@ def vllm_target(root: Path, files: dict[str, str]) -> Path:
     """A toy target with a vLLM guard (never started here) whose imports the probe checks: the
     packages in its worktree come first on the path, as the fork's vllm does."""
     repo = toy(root, files, extra=GEN.format(model="tiny"))
-    assert run_cli("init", "-C", str(repo)).returncode == 0
+    assert cli("init", "-C", str(repo)).returncode == 0
     return repo
 
 
@@ -192,22 +203,22 @@ def test_broken_environment_is_diagnosed_by_name(tmp_path, monkeypatch, files, n
 def test_environment_probe_passes_once_and_is_cached(tmp_path, monkeypatch):
     monkeypatch.setenv("AGENTSEARCH_CACHE", str(tmp_path / "cache"))
     repo = vllm_target(tmp_path / "t", FAKE_OK)
-    proc = run_cli("preflight", "-C", str(repo), "--json")
+    proc = cli("preflight", "-C", str(repo), "--json")
     assert proc.returncode == 0, proc.stderr
     env = {c["name"]: c for c in json.loads(proc.stdout)["checks"]}["environment"]
     assert env["status"] == "ok" and "torch 9.9" in env["detail"] and "cached" not in env["detail"]
     assert len(list((tmp_path / "cache").glob("preflight/environment-*.json"))) == 1
-    again = json.loads(run_cli("preflight", "-C", str(repo), "--json").stdout)
+    again = json.loads(cli("preflight", "-C", str(repo), "--json").stdout)
     assert {c["name"]: c for c in again["checks"]}["environment"]["detail"].endswith("(cached)")
 
 
 def test_preflight_run_builds_the_baseline_alone_and_names_its_failure(tmp_path):
     repo = toy(tmp_path / "t")
-    assert run_cli("init", "-C", str(repo)).returncode == 0
-    proc = run_cli("preflight", "-C", str(repo), "--run")
+    assert cli("init", "-C", str(repo)).returncode == 0
+    proc = cli("preflight", "-C", str(repo), "--run")
     assert proc.returncode == 0 and "builds alone and runs each workload once (speed)" in proc.stdout, proc.stdout + proc.stderr
     commit(repo, {"mode.txt": "crash\n"}, "break the baseline")
-    proc = run_cli("preflight", "-C", str(repo), "--run", "--json")
+    proc = cli("preflight", "-C", str(repo), "--run", "--json")
     out = json.loads(proc.stdout)
     base = {c["name"]: c for c in out["checks"]}["baseline"]
     assert proc.returncode == 5 and out["schema_version"] == 1 and base["status"] == "fail" and "ZeroDivisionError" in base["detail"]

@@ -15,12 +15,15 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+from click.testing import CliRunner
 
+from agentsearch.cli import main
 from agentsearch.evaluation import seed_sequence
 
-from ..conftest import commit, make_repo, run_cli
+from ..conftest import commit, make_repo
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -61,14 +64,15 @@ MODEL = "FACTOR = 1.0\ndef digest(seed):\n    return seed % 9973\n"
 def target(root: Path, extra: str = "") -> Path:
     repo = make_repo(root, {"agentsearch.toml": CONFIG.format(python=sys.executable, extra=extra), "bench/bench.py": BENCH,
                             "speed.txt": "1.0\n", "model.py": MODEL})
-    assert run_cli("init", "-C", str(repo)).returncode == 0
+    assert CliRunner().invoke(main, ["init", "-C", str(repo)]).exit_code == 0
     return repo
 
 
 def evaluate(repo: Path, ref: str, *extra: str):
-    proc = run_cli("evaluate", "-C", str(repo), ref, "--json", *extra, timeout=280)
-    assert proc.stdout, proc.stderr
-    return proc, json.loads(proc.stdout)
+    """`agentsearch evaluate` in this process (the real group and exit codes; progress goes to stderr)."""
+    res = CliRunner().invoke(main, ["evaluate", "-C", str(repo), ref, "--json", *extra])
+    assert res.stdout, res.stderr
+    return SimpleNamespace(returncode=res.exit_code, stderr=res.stderr), json.loads(res.stdout)
 
 
 def kinds(repo: Path) -> list[str]:
