@@ -190,7 +190,7 @@ def test_refuse_ambiguous_only_when_more_than_one_matches():
 # ------------------------------------------------------------------ -C before every verb, --json shape, verdict lines
 
 # every command with the least arguments it needs; the -C given before the verb must reach it
-VERBS = [["init"], ["calibrate"], ["evaluate", "main"], ["verify", "main"], ["episode"], ["history"], ["history", "verify"],
+VERBS = [["init"], ["preflight"], ["calibrate"], ["evaluate", "main"], ["verify", "main"], ["episode"], ["history"], ["history", "verify"],
          ["insights"], ["report", "001"], ["pr", "001"], ["review"], ["revert", "001"], ["profile"]]
 
 
