@@ -307,9 +307,8 @@ def built_sides(ws: Workspace, config: Config, commits: Mapping[str, str], tag: 
     """``sides`` for the commands that are not a gate (verify, calibrate, profile): the sandbox policy
     decided, the sides built, and every refusal (a policy the machine cannot meet, a protected path,
     a failed build) an AgentsearchError naming ``what`` was being done."""
-    from . import containment, preflight
+    from . import containment
 
-    preflight.require(ws, config, commits.get(BASELINE))  # seconds: a set-up error is the run's (exit 5)
     box = containment.decide(config)
     if box.status == "fail":
         raise AgentsearchError(box.detail)

@@ -40,14 +40,14 @@ def toy(root: Path, extra_files: dict[str, str] | None = None, extra: str = "", 
 
 
 def one_line(stderr: str) -> str:
-    lines = [l for l in stderr.splitlines() if l.strip()]
+    lines = [ln for ln in stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and "Traceback (most recent call last)" not in stderr, stderr
     return lines[0]
 
 
 def kinds(repo: Path) -> list[str]:
     path = repo / ".git" / "agentsearch" / "history.jsonl"
-    return [json.loads(l)["kind"] for l in path.read_text().splitlines()] if path.exists() else []
+    return [json.loads(line)["kind"] for line in path.read_text().splitlines()] if path.exists() else []
 
 
 def cli(*args: str) -> SimpleNamespace:
@@ -138,7 +138,7 @@ def test_broken_baseline_stops_the_episode_as_a_run_error_and_resume_judges_afte
     assert "is broken: speed: exited with status 1" in line and "ZeroDivisionError" in line and "alone too" in line and "--resume" in line
     assert wall < SECONDS
     assert "verdict" not in kinds(repo) and kinds(repo).count("run-error") == 1
-    err = [json.loads(l) for l in (repo / ".git" / "agentsearch" / "history.jsonl").read_text().splitlines() if '"run-error"' in l][0]
+    err = [json.loads(line) for line in (repo / ".git" / "agentsearch" / "history.jsonl").read_text().splitlines() if '"run-error"' in line][0]
     assert err["proposal"].endswith("/001") and err["data"]["kind"] == "BaselineBroken"
     # the baseline fixed, the same episode continues and judges the proposal it could not judge
     git(repo, "rm", "-q", "mode.txt")

@@ -7,6 +7,7 @@ from pathlib import Path
 from rich.table import Table
 
 from ..calibration import calibrate
+from .. import preflight
 from ..workspace import Workspace
 from .output import out, print_json, progress
 
@@ -14,6 +15,7 @@ from .output import out, print_json, progress
 def run(target: Path, as_json: bool, pairs: int) -> int:
     ws = Workspace.open(target)
     with ws.lock(), progress() as say:
+        preflight.require(ws, say=say)  # seconds: a set-up error is the run's (exit 5)
         cal = calibrate(ws, pairs=pairs, progress=say)
     if as_json:
         print_json(cal.to_json())

@@ -23,8 +23,9 @@ def run(target: Path, as_json: bool, dynamic: bool, refresh: bool) -> int:
         found = pf.check(ws, config, base, say, refresh=refresh)
         if dynamic and pf.first_failure(found) is None:
             failure = pf.baseline_alone(ws, config, base, say=say)
+            names = ", ".join(w.name for w in config.workloads)
             found.append(pf.Finding("baseline", pf.FAIL, failure, "fix the baseline (or the machine): nothing can be judged against it")
-                         if failure else pf.Finding("baseline", pf.OK, f"builds alone and runs each workload once ({', '.join(w.name for w in config.workloads)})"))
+                         if failure else pf.Finding("baseline", pf.OK, f"builds alone and runs each workload once ({names})"))
         elif not dynamic:
             found.append(pf.Finding("baseline", pf.SKIPPED, "not run (--run builds the baseline alone, starts its engines and runs each workload once)"))
     ok = pf.first_failure(found) is None
@@ -32,5 +33,6 @@ def run(target: Path, as_json: bool, dynamic: bool, refresh: bool) -> int:
         print_json({"schema_version": pf.PREFLIGHT_SCHEMA, "ok": ok, "baseline": base, "checks": [asdict(f) for f in found]})
     else:
         for f in found:
-            out.print(f"[{STYLE[f.status]}]{f.status:>7}[/] {f.name:<11} {escape(f.detail)}" + (f"\n{'':19}fix: {escape(f.fix)}" if f.fix and f.status != pf.OK else ""))
+            fix = f"\n{'':19}fix: {escape(f.fix)}" if f.fix and f.status != pf.OK else ""
+            out.print(f"[{STYLE[f.status]}]{f.status:>7}[/] {f.name:<11} {escape(f.detail)}{fix}")
     return 0 if ok else EXIT_RUN_ERROR

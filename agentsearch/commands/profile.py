@@ -9,6 +9,7 @@ from rich.table import Table
 
 from ..profiling import profile
 from ..records import append
+from .. import preflight
 from ..workspace import Workspace
 from .output import out, print_json, progress
 
@@ -18,6 +19,7 @@ def run(target: Path, as_json: bool, ref: str | None, workload: str | None, seed
     if ref is not None:
         ws.resolve(ref)
     with ws.lock(), progress() as say:
+        preflight.require(ws, say=say)  # seconds: a set-up error is the run's (exit 5)
         data = profile(ws, ref, workload, seed, say)
         append(ws, "profile", None, None, data)
     if as_json:

@@ -21,7 +21,7 @@ import pytest
 from click.testing import CliRunner
 
 from agentsearch.cli import main
-from agentsearch.evaluation import seed_sequence
+from harness.seeds import pair_seeds
 
 from ..conftest import commit, make_repo
 
@@ -76,7 +76,7 @@ def evaluate(repo: Path, ref: str, *extra: str):
 
 
 def kinds(repo: Path) -> list[str]:
-    return [json.loads(l)["kind"] for l in (repo / ".git" / "agentsearch" / "history.jsonl").read_text().splitlines()]
+    return [json.loads(line)["kind"] for line in (repo / ".git" / "agentsearch" / "history.jsonl").read_text().splitlines()]
 
 
 def test_a_candidate_crash_dressed_as_a_broken_baseline_is_its_rejection(tmp_path):
@@ -97,7 +97,7 @@ def test_an_outputs_mismatch_found_after_the_baselines_trial_is_the_candidates(t
     repo = target(tmp_path / "t")
     # a master seed whose first pair (AB) has an even seed and second pair (BA) an odd one: the candidate's
     # wrong digest is found after the *baseline's* trial of the second pair
-    seed = next(m for m in range(1000) if seed_sequence(m, "speed")(0) % 2 == 0 and seed_sequence(m, "speed")(1) % 2 == 1)
+    seed = next(m for m in range(1000) if pair_seeds(m, "speed")(0) % 2 == 0 and pair_seeds(m, "speed")(1) % 2 == 1)
     attack = "FACTOR = 1.3\ndef digest(seed):\n    return seed % 9973 if seed % 2 == 0 else -1  # cuts corners on odd inputs\n"
     commit(repo, {"model.py": attack}, "faster by computing less", branch="attack")
     proc, out = evaluate(repo, "attack", "--seed", str(seed))
