@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from harness import corpus, smollm2, tiny_model  # noqa: E402
 
-V1 = tiny_model.TinySpec(norm_mean=0.0, norm_std=0.08)  # recipe 1's draws: every parameter N(0, 0.08)
+V1 = tiny_model.TinySpec(norm_mean=0.0, norm_std=0.08, lm_head_std=0.08)  # recipe 1's draws: every parameter N(0, 0.08)
 
 
 def model_path(name: str, scratch: Path) -> Path:

@@ -53,20 +53,22 @@ def test_tiny_norm_weights_are_near_one_not_one_and_next_tokens_are_not_flat():
     allw = np.concatenate(list(norms.values()))
     assert abs(allw.mean() - 1.0) < 0.02 and 0.08 < allw.std() < 0.12, (allw.mean(), allw.std())
     assert not np.any(allw == 1.0)  # a reassociation in a norm kernel must still move a logprob
-    mats = np.concatenate([v.ravel() for k, v in weights.items() if k not in norms])
-    assert abs(mats.std() - 0.08) < 0.002
+    mats = np.concatenate([v.ravel() for k, v in weights.items() if k not in norms and k != "lm_head.weight"])
+    assert abs(mats.std() - 0.08) < 0.002 and abs(weights["lm_head.weight"].std() - 0.4) < 0.01
     # the next-token distributions (the benchmark's own measurement, in a child)
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "model_entropy.py"), "--models", "tiny", "--json"],
                           capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 0, proc.stderr[-2000:]
     r = json.loads(proc.stdout)["tiny"]
     assert r["max_entropy"] == pytest.approx(math.log(16384)) and r["positions"] > 1000
-    assert r["entropy_mean"] < r["max_entropy"] - 2.0, r  # recipe 1 was at the maximum (9.70 of 9.70)
-    assert r["top1_prob_mean"] > 0.05, r
+    # recipe 1 was at the maximum (9.70 of 9.70, top-1 p 0.000); SmolLM2 measures 2.5 nats, top-1 p 0.45
+    assert 1.0 < r["entropy_mean"] < 0.6 * r["max_entropy"], r
+    assert r["entropy_p90"] - r["entropy_p10"] > 1.0, r  # it depends on the context
+    assert r["top1_prob_mean"] > 0.2, r
 
 
 def test_tiny_recipe_is_in_the_cache_key():
-    assert tiny_model.TinySpec().key() != tiny_model.TinySpec(norm_mean=0.0, norm_std=0.08).key()
+    assert tiny_model.TinySpec().key() != tiny_model.TinySpec(norm_mean=0.0, norm_std=0.08, lm_head_std=0.08).key()
 
 
 # ------------------------------------------------------------------ smollm2 from its wheel
@@ -161,8 +163,9 @@ GREEDY = textwrap.dedent("""
     if __name__ == "__main__":
         llm = LLM(model=sys.argv[1], dtype="float32", enforce_eager=True, max_model_len=256, seed=0)
         out = llm.generate([sys.argv[2]], SamplingParams(temperature=0.0, max_tokens=8))[0]
-        print(json.dumps({"prompt_ids": list(out.prompt_token_ids), "ids": list(out.outputs[0].token_ids),
-                          "text": out.outputs[0].text}))
+        with open(sys.argv[3], "w") as f:
+            json.dump({"prompt_ids": list(out.prompt_token_ids), "ids": list(out.outputs[0].token_ids),
+                       "text": out.outputs[0].text}, f)
 """)
 
 
@@ -174,10 +177,11 @@ def test_smollm2_greedy_tokens_in_vllm(built, tmp_path):
     script.write_text(GREEDY)
     env = {**offline_env(tmp_path), "VLLM_CPU_KVCACHE_SPACE": "1"}
     t0 = time.perf_counter()
-    proc = subprocess.run(offline([sys.executable, str(script), str(path), PARIS_PROMPT]), cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    result = tmp_path / "greedy.json"
+    proc = subprocess.run(offline([sys.executable, str(script), str(path), PARIS_PROMPT, str(result)]), cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0 and result.is_file(), (proc.stdout[-2000:], proc.stderr[-3000:])
+    out = json.loads(result.read_text())
     assert out["prompt_ids"] == PARIS_PROMPT_IDS
     assert out["ids"][:4] == PARIS_GREEDY_IDS and out["text"].startswith(" Paris."), out
     print(f"smollm2 vLLM run: {time.perf_counter() - t0:.1f} s")
