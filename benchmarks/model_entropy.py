@@ -7,7 +7,7 @@ Models: ``tiny-v1`` (the tiny model's first recipe: every parameter N(0, 0.08), 
 included; built in a temporary directory), ``tiny`` (the current recipe) and ``smollm2`` (the
 trained SmolLM2-135M-Instruct; built from its wheel once, cached).
 
-    python benchmarks/model_entropy.py [--models tiny-v1,tiny,smollm2] [--json]
+    python benchmarks/model_entropy.py [--models tiny-v1,tiny,smollm2] [--every 6] [--json]
 """
 
 from __future__ import annotations
@@ -64,9 +64,10 @@ def measure(path: Path, texts: list[str], max_tokens: int = 256) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default="tiny-v1,tiny,smollm2")
+    ap.add_argument("--every", type=int, default=6, help="take every Nth prompt of the corpus (default 6: 56 prompts)")
     ap.add_argument("--json", action="store_true", help="one JSON object per model instead of the table")
     args = ap.parse_args()
-    texts = [p.text for p in corpus.load()[::6]]
+    texts = [p.text for p in corpus.load()[::args.every]]
     rows = {}
     with tempfile.TemporaryDirectory() as scratch:
         for name in args.models.split(","):

@@ -56,11 +56,11 @@ def test_tiny_norm_weights_are_near_one_not_one_and_next_tokens_are_not_flat():
     mats = np.concatenate([v.ravel() for k, v in weights.items() if k not in norms and k != "lm_head.weight"])
     assert abs(mats.std() - 0.08) < 0.002 and abs(weights["lm_head.weight"].std() - 0.4) < 0.01
     # the next-token distributions (the benchmark's own measurement, in a child)
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "model_entropy.py"), "--models", "tiny", "--json"],
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "model_entropy.py"), "--models", "tiny", "--every", "24", "--json"],
                           capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 0, proc.stderr[-2000:]
     r = json.loads(proc.stdout)["tiny"]
-    assert r["max_entropy"] == pytest.approx(math.log(16384)) and r["positions"] > 1000
+    assert r["max_entropy"] == pytest.approx(math.log(16384)) and r["positions"] > 200
     # recipe 1 was at the maximum (9.70 of 9.70, top-1 p 0.000); SmolLM2 measures 2.5 nats, top-1 p 0.45
     assert 1.0 < r["entropy_mean"] < 0.6 * r["max_entropy"], r
     assert r["entropy_p90"] - r["entropy_p10"] > 1.0, r  # it depends on the context
