@@ -371,7 +371,10 @@ def ensure_in_child(cache: Path | None = None, timeout_s: float = 1800, dest: Pa
             line = line.rstrip("\n")
             if line.strip():
                 last = line.removeprefix("smollm2: ").strip()
-                say(last)
+                if last.startswith("error: "):  # the child's failure: raised below, not relayed twice
+                    last = last.removeprefix("error: ")
+                else:
+                    say(last)
             if time.monotonic() > t_end:
                 proc.kill()
                 break
@@ -388,7 +391,7 @@ def main(argv: list[str]) -> int:
     try:
         path = build(Path(argv[0])) if argv else ensure()
     except (RuntimeError, ValueError, OSError, zipfile.BadZipFile) as exc:
-        print(f"smollm2: {exc}", file=sys.stderr)
+        print(f"smollm2: error: {exc}", file=sys.stderr)
         return 1
     print(path)
     return 0
