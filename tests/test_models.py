@@ -111,15 +111,18 @@ def test_smollm2_builds_offline_from_the_wheel_bit_identical(built):
 
 
 def test_smollm2_tokenizer_and_resolution(built, wheel_cache, monkeypatch):
-    from transformers import AutoTokenizer
+    from tokenizers import Tokenizer
 
     path = built[0]
-    tok = AutoTokenizer.from_pretrained(str(path))
-    assert tok(PARIS_PROMPT)["input_ids"] == PARIS_PROMPT_IDS
-    assert tok("2024")["input_ids"] == [tok.convert_tokens_to_ids(d) for d in "2024"]  # SmolLM splits digits
-    text = "Größe 日本語 😀\n\tdef f(x): return x**2"
-    assert tok.decode(tok(text)["input_ids"]) == text
-    assert tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False).startswith("<|im_start|>system\n")
+    tok = Tokenizer.from_file(str(path / "tokenizer.json"))  # vLLM's own load is checked in the greedy test
+    assert tok.encode(PARIS_PROMPT).ids == PARIS_PROMPT_IDS
+    assert tok.encode("2024").ids == [tok.token_to_id(d) for d in "2024"]  # SmolLM splits digits
+    text = "Größe 日本語 😀\n\tdef f(x): return x**2 <|im_end|>"
+    assert tok.decode(tok.encode(text).ids, skip_special_tokens=False) == text
+    assert tok.encode("<|im_start|>").ids == [1]
+    tcfg = json.loads((path / "tokenizer_config.json").read_text())
+    assert (tcfg["bos_token"], tcfg["eos_token"], tcfg["add_bos_token"]) == ("<|im_start|>", "<|im_end|>", False)
+    assert "<|im_start|>system" in tcfg["chat_template"]
     # model = "smollm2" in a workload or [verify] resolves to the verified cached copy (no rebuild, no child)
     monkeypatch.setenv("AGENTSEARCH_CACHE", str(wheel_cache))
     t0 = time.perf_counter()
