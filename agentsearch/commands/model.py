@@ -1,4 +1,4 @@
-"""`agentsearch model tiny [DIR]`: build (or find) the tiny model, in a child process."""
+"""`agentsearch model tiny|smollm2 [DIR]`: build (or find) a measuring model, in a child process."""
 
 from __future__ import annotations
 
@@ -6,14 +6,15 @@ from pathlib import Path
 
 import click
 
-from harness import tiny_model
+from harness import models
 
 from ..errors import AgentsearchError
 
 
-def run(directory: Path | None) -> int:
+def run(directory: Path | None, name: str = "tiny") -> int:
     try:
-        path = tiny_model.ensure_in_child(dest=directory.resolve() if directory else None)
+        path = models.build(name, directory.resolve() if directory else None,
+                            say=lambda line: click.echo(f"{name}: {line}", err=True))
     except (RuntimeError, OSError) as exc:
         raise AgentsearchError(str(exc)) from None
     click.echo(str(path))
