@@ -11,6 +11,7 @@ The cache key covers every parameter, so a changed recipe builds a new directory
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import importlib.util
 import json
@@ -100,9 +101,17 @@ def build(dest: Path, spec: TinySpec = TinySpec()) -> Path:
                 p.normal_(0.0, spec.weight_std)
     model.save_pretrained(tmp, safe_serialization=True)
     (tmp / "agentsearch-tiny.json").write_text(json.dumps({"recipe": RECIPE_VERSION, **asdict(spec)}, indent=1))
+    if (dest / "agentsearch-tiny.json").exists():  # another process built it meanwhile: theirs may be in use
+        shutil.rmtree(tmp, ignore_errors=True)
+        return dest
     if dest.exists():
-        shutil.rmtree(dest)
-    os.replace(tmp, dest)
+        shutil.rmtree(dest)  # a partial copy without its marker
+    try:
+        os.replace(tmp, dest)
+    except OSError:
+        if not (dest / "agentsearch-tiny.json").exists():
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
     return dest
 
 
@@ -112,7 +121,11 @@ def ensure(cache: Path | None = None, spec: TinySpec = TinySpec()) -> Path:
     if (dest / "agentsearch-tiny.json").exists():
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
-    return build(dest, spec)
+    with open(dest.parent / f".{dest.name}.lock", "w") as lock:  # one build at a time (parallel tests, episodes)
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (dest / "agentsearch-tiny.json").exists():
+            return dest
+        return build(dest, spec)
 
 
 def ensure_in_child(cache: Path | None = None, timeout_s: float = 1800, dest: Path | None = None) -> Path:
