@@ -113,3 +113,16 @@ def _isolate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 def run_cli(*args: str, cwd: Path | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
     """Run the real console entry point in a child process."""
     return subprocess.run([sys.executable, "-m", "agentsearch.cli", *args], cwd=cwd or ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+# the slowest modules first: with `pytest -n 2 --dist loadfile` (what .ci/run does) a module runs on
+# one worker, so the long real-engine modules must start early or they become the run's tail
+SLOW_FIRST = ("test_vllm_integration.py", "test_models.py", "test_report.py", "test_engine_cheats.py", "test_round2.py", "test_escapes.py")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    def rank(item: pytest.Item) -> int:
+        name = item.path.name
+        return SLOW_FIRST.index(name) if name in SLOW_FIRST else len(SLOW_FIRST)
+
+    items.sort(key=rank)  # stable: the order inside a module is kept
