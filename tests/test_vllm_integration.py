@@ -179,7 +179,10 @@ def test_ctrl_c_leaves_no_engine_behind(fork):
     commit(fork, {"serving.json": serving(8)}, "max_num_seqs 8", branch="seqs8")
     env = dict(os.environ)
     proc = subprocess.Popen([sys.executable, "-m", "agentsearch.cli", "evaluate", "-C", str(fork), "seqs8"],
-                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            # a run started in the background (`cmd &`, nohup) inherits SIGINT ignored, and
+                            # Python then never raises KeyboardInterrupt: give the child Ctrl-C as on a terminal
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.time() + 300
         while time.time() < deadline and not engines_alive(fork):  # an engine, not the git of the checkout
