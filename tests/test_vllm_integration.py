@@ -233,7 +233,7 @@ def test_distribution_checks_on_the_real_engine(fork):
                 assert st["same_top_pct"] == 100 and st["divergences"] == 0
         d = out["draws"]
         assert d["status"] == "pass" and d["changed"] == 0 and d["testable"] > 0
-        assert d["unrelated_changed"] > d["draws"] // 2  # the test could see a sampler that ignores its seed
+        assert d["unrelated_changed"] >= 20  # a sampler that ignored its seed would change that many: the test could fail
 
         for branch in ("temp102", "topk1"):
             proc = run_cli("verify", "-C", str(fork), branch, "--json", timeout=900)
