@@ -32,6 +32,8 @@ VERIFY_MODES = ("exact", "tight", "approx")
 # models `agentsearch model NAME` builds offline: a workload or [verify] may name one instead of a
 # directory (the one place their names are listed; the preflight refuses any other non-directory)
 BUILT_IN_MODELS = models.BUILT_IN
+# [verify] profile -> prompts of the corpus checked (0: all of them), chosen evenly from every language
+VERIFY_PROFILES = {"full": 0, "quick": 56}
 
 
 def doc(text: str, default: Any = dataclasses.MISSING, factory: Any = dataclasses.MISSING) -> Any:
@@ -201,6 +203,8 @@ class VerifyConfig:
     k: int = doc("Top-k logprobs per position.", 20)
     max_tokens: int = doc("Greedy decode steps per prompt (the decode path).", 16)
     corpus: str | None = doc("Prompt corpus JSONL in the target (default: the shipped multilingual corpus).", None)
+    profile: str = doc("full (every prompt of the corpus) or quick (56 prompts, 4 per language of the shipped corpus: short to long).", "full")
+    corpus_size: int = doc("Prompts to check, chosen evenly from every language (0: the profile's size).", 0)
     holdout: float = doc("Fraction of the corpus held out by the workspace's secret.", 0.25)
     model: str = doc("kind = \"vllm\": model directory, or \"tiny\" / \"smollm2\" (built offline).", "tiny")
     engine: Mapping[str, Any] = doc("kind = \"vllm\": engine arguments for the logprob engine.", factory=dict)
@@ -209,12 +213,17 @@ class VerifyConfig:
         factory=dict,
     )
     timeout_s: float = doc("Timeout of one logprob run in seconds.", 900.0)
-    sample_draws: int = doc("kind = \"vllm\": seeded draws per context and setting on the sample path (0 disables it).", 400)
-    sample_contexts: int = doc("kind = \"vllm\": contexts (one short prompt per language) on the sample path.", 4)
+    sample: bool = doc("kind = \"vllm\": the sample path (processed logprobs under several sampling settings and the draw test).", True)
+    sample_draws: int = doc("kind = \"vllm\": seeded draws per context and setting in the draw test (0 disables the draw test).", 100)
+    sample_contexts: int = doc("kind = \"vllm\": contexts (one short prompt per language) of the draw test.", 2)
 
     def __post_init__(self) -> None:
         if self.sample_draws < 0 or self.sample_contexts < 1:
             raise ValueError("expected sample_draws >= 0 and sample_contexts >= 1|sample_draws")
+        if self.profile not in VERIFY_PROFILES:
+            raise ValueError(f"expected one of {', '.join(VERIFY_PROFILES)}, got {self.profile!r}|profile")
+        if isinstance(self.corpus_size, bool) or self.corpus_size < 0:
+            raise ValueError(f"expected a number of prompts >= 0, got {self.corpus_size!r}|corpus_size")
         if self.mode not in VERIFY_MODES:
             raise ValueError(f"expected one of {', '.join(VERIFY_MODES)}, got {self.mode!r}|mode")
         if self.kind not in ("command", "vllm"):
@@ -236,6 +245,11 @@ class VerifyConfig:
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0 or (key == "min_top1" and v > 1):
                 raise ValueError(f"cap {key!r}: expected a positive finite number{' <= 1' if key == 'min_top1' else ''}, got {v!r}|caps")
         _check_seconds(self.timeout_s, "timeout_s")
+
+    @property
+    def prompts_wanted(self) -> int:
+        """Prompts to check (0: every prompt of the corpus): ``corpus_size``, else the profile's."""
+        return self.corpus_size or VERIFY_PROFILES[self.profile]
 
 
 KNOB_WHERE = ("engine", "env", "json")

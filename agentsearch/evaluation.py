@@ -393,8 +393,11 @@ def _measure_with(ws: Workspace, config: Config, sd: Sides, master: int, alpha: 
         st.add("distribution", Status.FAIL, "; ".join(res.reasons[:4]) + (f" (+{len(res.reasons) - 4} more)" if len(res.reasons) > 4 else ""))
     else:
         kl = max((v.get("kl_max") or 0.0) for s_ in res.sets.values() for v in s_.values())
+        paths = list((res.sets.get("public") or {}))
+        named = ", ".join(paths[:-1]) + f" and {paths[-1]}" if len(paths) > 1 else "".join(paths)
+        draws = f"; draw test {res.draws['status']}" if res.draws else ""
         st.add("distribution", Status.PASS, f"{res.mode}: public {res.public_size} + holdout {res.holdout_size} prompts, "
-                                            f"prefill and decode within tolerance (max KL {kl:.2g})")
+                                            f"{named} within tolerance (max KL {kl:.2g}){draws}")
 
 
 def _coverage_check(config: Config, w: WorkloadConfig, sd: Sides, master: int, st: _State,

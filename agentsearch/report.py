@@ -245,7 +245,7 @@ def plots(ev: Evidence, fmt: str = "png") -> dict[str, bytes]:
     dist = ev.verdict.get("distribution")
     if dist:
         floor = dist.get("noise_floor") or {}
-        for path in ("prefill", "decode"):
+        for path in ("prefill", "decode", "sample"):
             series = {name: ((dist.get(name) or {}).get(path) or {}).get("kl_by_position") for name in ("public", "holdout")}
             f = (floor.get(path) or {}).get("kl_by_position")
             if not any(series.values()) and not f:
@@ -284,6 +284,36 @@ def _svg_inline(svg: bytes) -> str:
     return text[text.index("<svg"):]
 
 
+def _dist_row(set_name: str, path: str, st: Mapping[str, Any]) -> dict[str, Any]:
+    """One row of the distribution table, llama.cpp's --kl-divergence numbers formatted (records
+    before verify schema 2 have no SE, percentiles, Δp or same-top share: shown as —)."""
+    pc = st.get("kl_percentiles") or {}
+    se = st.get("kl_mean_se")
+    same = st.get("same_top_pct")
+    if same is None and st.get("top1_agreement") is not None:
+        same = 100 * st["top1_agreement"]
+    same_se = st.get("same_top_pct_se")
+    return {
+        **st, "set": set_name, "path": path,
+        "kl_mean_pm": _num(st.get("kl_mean")) + ("" if se is None else f" ± {se:.2g}"),
+        "kl_pct": [_num(pc.get(k)) for k in ("99.9", "99", "95", "90", "50")],
+        "dp_rms": _num(st.get("dp_rms")),
+        "same_top": "—" if same is None else f"{same:.2f}" + ("" if same_se is None else f" ± {same_se:.2f}") + " %",
+    }
+
+
+def _draws_line(dist: Mapping[str, Any]) -> str:
+    """The draw test in one sentence (verify schema 2); empty when it did not run."""
+    d = dist.get("draws") or {}
+    if not d:
+        return ""
+    if not d.get("draws"):
+        return f"Draw test: {d.get('status', '?')} ({len(d.get('not_testable') or [])} of {d.get('contexts', 0)} contexts x settings have a single category)."
+    return (f"Draw test (same seeds on both sides): {d['changed']} of {d['draws']} draws changed (noise floor {d['floor_changed']}, "
+            f"unrelated seeds {d['unrelated_changed']}; Fisher p {_num(d.get('p'))}); {d['testable']} of {d['contexts']} contexts x settings "
+            f"testable: **{d['status']}**.")
+
+
 def context(ev: Evidence, images: Mapping[str, str], local: bool = True) -> dict[str, Any]:
     v = ev.verdict
     order = {"objective": 0, "guard": 1, "confirmation": 2}
@@ -308,10 +338,10 @@ def context(ev: Evidence, images: Mapping[str, str], local: bool = True) -> dict
     if dist:
         for name in ("public", "holdout"):
             for path, st in (dist.get(name) or {}).items():
-                dist_rows.append({"set": name, "path": path, **st})
+                dist_rows.append(_dist_row(name, path, st))
         for lang, paths in sorted((dist.get("languages") or {}).items()):
             for path, st in paths.items():
-                lang_rows.append({"set": f"language {lang}", "path": path, "passed": None, **st})
+                lang_rows.append(_dist_row(f"language {lang}", path, {**st, "passed": None}))
     env = dict(v.get("environment") or {})
     title = v.get("title") or ev.proposal.get("title") or v.get("ref") or ev.what
     diff_lines = ev.diff.count("\n")
@@ -323,6 +353,7 @@ def context(ev: Evidence, images: Mapping[str, str], local: bool = True) -> dict
         "workloads": workloads, "p_tests": p_tests, "checks": checks,
         "checks_summary": ", ".join(f"{n} {s}" for s, n in sorted(tally.items(), key=lambda kv: -kv[1])),
         "dist": dist, "dist_rows": dist_rows, "lang_rows": lang_rows, "images": images,
+        "draws_line": _draws_line(dist) if dist else "",
         "coverage": v.get("coverage"), "environment": env, "versions": ev.versions, "reproduce": ev.reproduce(local),
         "rationale": ev.proposal.get("rationale") or "", "category": ev.proposal.get("category") or "",
         "proposer": ev.proposal.get("proposer") or "human (agentsearch evaluate)",

@@ -1,8 +1,11 @@
 """Distribution checks of a candidate against the baseline: public corpus and hidden holdout.
 
 Runs the baseline twice (corpus order, then shuffled: a different batch composition and order —
-the noise floor) and the candidate once, compares per path (prefill, decode), per set
-(public, holdout) and per language, and passes only if every path passes on both sets.
+the noise floor) and the candidate once, compares per path (prefill, decode and, with the vLLM
+worker, sample: the sampler's processed logprobs under several sampling settings), per set
+(public, holdout) and per language, and passes only if every path passes on both sets. With the
+vLLM worker a paired draw test (same seeds on both sides) checks the sampler's use of its random
+numbers end to end.
 """
 
 from __future__ import annotations
@@ -16,9 +19,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from harness import corpus as corpus_mod
-from harness import tiny_model
-from harness.distribution import DTYPE_FLOOR, PathStats, compare, judge_path, judge_samples
-from harness.logprobs import CommandLogprobs, LogprobError, VllmLogprobs, write_prompts
+from harness import models
+from harness.distribution import DTYPE_FLOOR, PathStats, compare, judge_draws, judge_path
+from harness.logprobs import CommandLogprobs, LogprobError, VllmLogprobs, write_prompts, write_sample_prompts
 from harness.trials import BASELINE, CANDIDATE
 
 from .config import Config, VerifyConfig
@@ -28,11 +31,27 @@ from .workspace import Workspace
 if TYPE_CHECKING:
     from .sides import Sides
 
-VERIFY_SCHEMA = 1
+# 2: the sample path is processed logprobs per set (public/holdout "sample"), the draw test is "draws";
+# every path has kl_mean_se, kl_percentiles, dp_rms, same_top_pct (version 1 records still load: the
+# report shows what they have)
+VERIFY_SCHEMA = 2
 SECRET_FILE = "holdout.key"
 PATHS = ("prefill", "decode")
-# sampling settings of the sample path: the sampler's temperature, top-k and top-p processing
-SAMPLE_SETTINGS = [{"temperature": 0.7, "top_p": 0.8}, {"temperature": 1.0, "top_k": 40, "top_p": 0.9}]
+# The sample path: each prompt is sampled under one of these settings (in turn), and the sampler's
+# processed logprobs are compared: temperature, top-k, top-p, min-p and the penalties each move them.
+SAMPLE_SETTINGS = [
+    {"temperature": 0.7},
+    {"temperature": 1.0, "top_k": 40},
+    {"temperature": 0.9, "top_p": 0.9},
+    {"temperature": 1.0, "min_p": 0.05},
+    {"temperature": 0.8, "repetition_penalty": 1.3},
+    {"temperature": 0.8, "top_k": 50, "top_p": 0.95, "presence_penalty": 0.5, "frequency_penalty": 0.3},
+]
+# The draw test's settings, and its seed ranges: setting j of a run with base seed s and n draws uses
+# the seeds s + j*n ... s + (j+1)*n - 1 (vLLM gives child i of n = N, seed = s the seed s + i); the
+# "unrelated" baseline run starts past every seed the paired runs use.
+DRAW_SETTINGS = [{"temperature": 0.7, "top_p": 0.8}, {"temperature": 1.0, "top_k": 40, "top_p": 0.9}]
+DRAW_SEED = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -47,15 +66,16 @@ class VerifyResult:
     mode: str
     wall_s: float
     positions: dict[str, list[float]] = field(default_factory=dict)  # per-position KL for plots
+    draws: dict[str, Any] = field(default_factory=dict)  # the paired draw test (vLLM worker)
+    corpus_size: int = 0  # prompts in the corpus before the profile's selection
     schema_version: int = VERIFY_SCHEMA
 
     def to_json(self) -> dict[str, Any]:
         return {
             "schema_version": self.schema_version, "verdict": self.verdict, "reasons": list(self.reasons),
             "mode": self.mode, "public": self.sets.get("public"), "holdout": self.sets.get("holdout"),
-            "sample": (self.sets.get("sample") or {}).get("sample"),
-            "holdout_size": self.holdout_size, "public_size": self.public_size, "languages": self.languages,
-            "noise_floor": self.floor, "wall_s": round(self.wall_s, 3),
+            "draws": self.draws or None, "holdout_size": self.holdout_size, "public_size": self.public_size,
+            "corpus_size": self.corpus_size, "languages": self.languages, "noise_floor": self.floor, "wall_s": round(self.wall_s, 3),
         }
 
 
@@ -84,8 +104,9 @@ def _runner(vc: VerifyConfig, config: Config, worktree: Path, log: Path, out_roo
     if vc.kind == "command":
         assert vc.logprobs
         return CommandLogprobs(vc.logprobs, worktree, env, vc.timeout_s, out_root)
-    model = str(tiny_model.ensure_in_child()) if vc.model == "tiny" else vc.model
-    engine = {"enforce_eager": True, "max_model_len": 2048, "seed": 0, "dtype": vc.dtype, **vc.engine}
+    model = models.resolve(vc.model)
+    # processed logprobs: what the sampler draws from (greedy requests without penalties get the raw ones)
+    engine = {"enforce_eager": True, "max_model_len": 2048, "seed": 0, "dtype": vc.dtype, **vc.engine, "logprobs_mode": "processed_logprobs"}
     return VllmLogprobs({"kind": "vllm-logprobs", "model": model, "engine": engine}, worktree, env, log, vc.timeout_s, out_root)
 
 
@@ -99,7 +120,8 @@ def run_verify(ws: Workspace, config: Config, sd: "Sides", say: Callable[[str, s
     assert vc is not None
     say = say or (lambda s, d: None)
     worktrees = sd.worktrees
-    prompts = load_prompts(vc, worktrees[BASELINE])
+    every = load_prompts(vc, worktrees[BASELINE])
+    prompts = corpus_mod.select(every, vc.prompts_wanted)
     secret = holdout_secret(ws)
     public, hold = corpus_mod.split(prompts, secret, vc.holdout)
     inputs = sd.inputs / "verify"
@@ -108,42 +130,65 @@ def run_verify(ws: Workspace, config: Config, sd: "Sides", say: Callable[[str, s
     outs = {side: sd.out(side) / "verify" for side in (BASELINE, CANDIDATE)}
     for d in (inputs, sd.logs, *outs.values()):
         d.mkdir(parents=True, exist_ok=True)
+    shuffle_seed = int.from_bytes(secret[:4], "big")
     ordered = write_prompts(inputs / "prompts.jsonl", prompts)
-    shuffled = write_prompts(inputs / "prompts-shuffled.jsonl", prompts, shuffle_seed=int.from_bytes(secret[:4], "big"))
+    shuffled = write_prompts(inputs / "prompts-shuffled.jsonl", prompts, shuffle_seed=shuffle_seed)
+    sampling = vc.kind == "vllm" and vc.sample
+    paths = (*PATHS, "sample") if sampling else PATHS
     runners = {}
+    draws: list[dict] | None = None
     try:
         for side in (BASELINE, CANDIDATE):
             runners[side] = _runner(vc, config, worktrees[side], sd.logs / f"logprobs-{side}.log", sd.out(side))
-        def collect(side: str, prompts_file: Path, out: str, what: str):
+
+        def collect(side: str, what: str, fn: Callable[[], dict]) -> dict:
             say("verify", what)
             try:
-                return runners[side].run(prompts_file, outs[side] / out, vc.k, vc.max_tokens)
+                return fn()
             except LogprobError as exc:
                 raise LogprobError(f"{side}: {exc}") from None
 
-        base = collect(BASELINE, ordered, "base.jsonl", f"baseline logprobs for {len(prompts)} prompts")
-        base2 = collect(BASELINE, shuffled, "base-shuffled.jsonl", "baseline again, shuffled (noise floor)")
-        cand = collect(CANDIDATE, ordered, "cand.jsonl", "candidate logprobs")
-        samples = None
-        if vc.kind == "vllm" and vc.sample_draws:
+        def logprobs(side: str, prompts_file: Path, out: str) -> Callable[[], dict]:
+            return lambda: runners[side].run(prompts_file, outs[side] / out, vc.k, vc.max_tokens)
+
+        base = collect(BASELINE, f"baseline logprobs for {len(prompts)} prompts", logprobs(BASELINE, ordered, "base.jsonl"))
+        base2 = collect(BASELINE, "baseline again, shuffled (noise floor)", logprobs(BASELINE, shuffled, "base-shuffled.jsonl"))
+        cand = collect(CANDIDATE, "candidate logprobs", logprobs(CANDIDATE, ordered, "cand.jsonl"))
+        if sampling:
+            s_ordered = write_sample_prompts(inputs / "sample.jsonl", prompts, len(SAMPLE_SETTINGS))
+            s_shuffled = write_sample_prompts(inputs / "sample-shuffled.jsonl", prompts, len(SAMPLE_SETTINGS), shuffle_seed=shuffle_seed)
+
+            def processed(side: str, prompts_file: Path, out: str) -> Callable[[], dict]:
+                return lambda: runners[side].processed(prompts_file, outs[side] / out, SAMPLE_SETTINGS, vc.k, vc.max_tokens)
+
+            base.update(collect(BASELINE, "sample path: baseline processed logprobs", processed(BASELINE, s_ordered, "sample-base.jsonl")))
+            base2.update(collect(BASELINE, "sample path: baseline again, shuffled", processed(BASELINE, s_shuffled, "sample-base-shuffled.jsonl")))
+            cand.update(collect(CANDIDATE, "sample path: candidate processed logprobs", processed(CANDIDATE, s_ordered, "sample-cand.jsonl")))
+        if sampling and vc.sample_draws:
             first_of_lang: dict[str, corpus_mod.Prompt] = {}
             for p in public:
                 first_of_lang.setdefault(p.lang, p)
-            contexts = list(first_of_lang.values())[: vc.sample_contexts]
-            ctx_file = write_prompts(inputs / "sample-contexts.jsonl", contexts)
-            draws = []
-            for side, seed, name in ((BASELINE, 11, "sample-base-a.jsonl"), (BASELINE, 22, "sample-base-b.jsonl"), (CANDIDATE, 11, "sample-cand.jsonl")):
-                say("verify", f"sample path: {side} draws (seed {seed})")
-                try:
-                    draws.append(runners[side].samples(ctx_file, outs[side] / name, SAMPLE_SETTINGS, vc.sample_draws, seed, len(contexts)))
-                except LogprobError as exc:
-                    raise LogprobError(f"{side}: {exc}") from None
-            samples = draws
+            contexts = sorted(first_of_lang.values(), key=lambda p: len(p.text))[: vc.sample_contexts]
+            ctx = write_prompts(inputs / "draw-contexts.jsonl", contexts)
+            ctx_shuffled = write_prompts(inputs / "draw-contexts-shuffled.jsonl", contexts[::-1])
+            n = vc.sample_draws
+            unrelated_seed = DRAW_SEED + n * len(DRAW_SETTINGS)  # past every seed of the paired runs
+
+            def drawn(side: str, file: Path, seed: int, out: str) -> Callable[[], dict]:
+                return lambda: runners[side].samples(file, outs[side] / out, DRAW_SETTINGS, n, seed)
+
+            draws = [
+                collect(BASELINE, "draw test: baseline", drawn(BASELINE, ctx, DRAW_SEED, "draws-base.jsonl")),
+                collect(BASELINE, "draw test: baseline again, same seeds, another batch (noise floor)",
+                        drawn(BASELINE, ctx_shuffled, DRAW_SEED, "draws-floor.jsonl")),
+                collect(BASELINE, "draw test: baseline with unrelated seeds", drawn(BASELINE, ctx, unrelated_seed, "draws-unrelated.jsonl")),
+                collect(CANDIDATE, "draw test: candidate, same seeds", drawn(CANDIDATE, ctx, DRAW_SEED, "draws-cand.jsonl")),
+            ]
     finally:
         for r in runners.values():
             r.close()
     tie = DTYPE_FLOOR[vc.dtype]["tie"]
-    floor = compare(base, base2, [p.id for p in prompts], tie, PATHS)
+    floor = compare(base, base2, [p.id for p in prompts], tie, paths)
     reasons: list[str] = []
     for name, st in floor.items():
         if st.missing or st.token_mismatch or st.bad_divergences:
@@ -152,7 +197,7 @@ def run_verify(ws: Workspace, config: Config, sd: "Sides", say: Callable[[str, s
     sets: dict[str, dict[str, Any]] = {}
     positions: dict[str, list[float]] = {}
     for set_name, group in (("public", public), ("holdout", hold)):
-        stats = compare(base, cand, [p.id for p in group], tie, PATHS)
+        stats = compare(base, cand, [p.id for p in group], tie, paths)
         sets[set_name] = {}
         for path, st in stats.items():
             v = judge_path(path, st, floor[path], vc.mode, vc.dtype, dict(vc.caps))
@@ -160,19 +205,19 @@ def run_verify(ws: Workspace, config: Config, sd: "Sides", say: Callable[[str, s
             reasons += [f"{set_name} {r}" for r in v.reasons]
             if set_name == "public":
                 positions[path] = list(st.kl)
-    sample_dumps = samples if samples is not None else (base, base2, cand)
-    sv = judge_samples(*sample_dumps)
-    if sv.stats.get("contexts"):
-        sets["sample"] = {"sample": {"passed": sv.passed, **sv.stats}}
-        reasons += list(sv.reasons)
+    draw_stats: dict[str, Any] = {}
+    if draws is not None:
+        dv = judge_draws(*draws)
+        draw_stats = {"passed": dv.passed, **dv.stats}
+        reasons += list(dv.reasons)
     languages: dict[str, dict[str, Any]] = {}
     for lang in sorted({p.lang for p in public}):
         ids = [p.id for p in public if p.lang == lang]
-        languages[lang] = {path: st.summary() for path, st in compare(base, cand, ids, tie, PATHS).items()}
+        languages[lang] = {path: st.summary() for path, st in compare(base, cand, ids, tie, paths).items()}
     return VerifyResult(
         verdict="fail" if reasons else "pass", reasons=tuple(reasons), sets=sets, languages=languages,
         floor={path: st.summary() for path, st in floor.items()}, holdout_size=len(hold), public_size=len(public),
-        mode=vc.mode, wall_s=time.perf_counter() - t0, positions=positions,
+        mode=vc.mode, wall_s=time.perf_counter() - t0, positions=positions, draws=draw_stats, corpus_size=len(every),
     )
 
 

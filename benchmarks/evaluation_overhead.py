@@ -55,6 +55,11 @@ def main() -> int:
     print(f"wall {t['wall_s']:.1f} s = engine start-up/shutdown {t['engine_s']:.1f} s + measurement {t['measurement_s']:.1f} s "
           f"({trials} trials) + orchestration overhead {t['overhead_s']:.2f} s ({t['overhead_pct']:.2f}%)")
     print(f"target overhead <= 2%: {'MET' if t['overhead_pct'] <= 2 else 'NOT MET'}")
+    if t.get("verify_s"):
+        rest = t["wall_s"] - t["verify_s"]
+        share = 100 * t["verify_s"] / rest if rest > 0 else float("inf")
+        print(f"distribution checks (verify, the last check) {t['verify_s']:.1f} s: +{share:.0f}% on the rest of the evaluation "
+              f"({rest:.1f} s); target <= 25%: {'MET' if share <= 25 else 'NOT MET'}")
     return 0
 
 

@@ -81,6 +81,26 @@ def load(path: Path | None = None) -> list[Prompt]:
     return prompts
 
 
+def select(prompts: list[Prompt], size: int) -> list[Prompt]:
+    """``size`` prompts (0 or more than there are: all of them) spread evenly over every language and,
+    within a language, evenly over its prompts in corpus order (the shipped corpus runs short to long)."""
+    if size <= 0 or size >= len(prompts):
+        return list(prompts)
+    by_lang: dict[str, list[Prompt]] = {}
+    for p in prompts:
+        by_lang.setdefault(p.lang, []).append(p)
+    langs = sorted(by_lang)
+    share = {lang: size // len(langs) + (1 if i < size % len(langs) else 0) for i, lang in enumerate(langs)}
+    chosen: set[str] = set()
+    for lang, group in by_lang.items():
+        m = min(share[lang], len(group))
+        if m == 1:
+            chosen.add(group[len(group) // 2].id)
+        elif m > 1:
+            chosen.update(group[round(j * (len(group) - 1) / (m - 1))].id for j in range(m))
+    return [p for p in prompts if p.id in chosen]
+
+
 def in_holdout(secret: bytes, prompt_id: str, fraction: float) -> bool:
     digest = hmac.new(secret, prompt_id.encode(), hashlib.sha256).digest()
     return int.from_bytes(digest[:8], "big") / 2**64 < fraction

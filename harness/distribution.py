@@ -8,6 +8,13 @@ baseline's top token (and its signed value, for the systematic-shift test), top-
 ``prefill`` positions are teacher-forced on the same tokens (different tokens = the
 tokenization changed = failure). ``decode`` sequences are aligned step by step until they
 diverge; a divergence is acceptable only where the baseline's top two tokens are a near tie.
+``sample`` sequences are seeded sampled continuations with the sampler's *processed* logprobs
+(after temperature, top-k/top-p/min-p and penalties); both sides use the same seed per prompt,
+so they are aligned step by step until a draw differs (the draw test judges the draws).
+
+The statistics people already read (llama.cpp's ``--kl-divergence``): mean KL with its standard
+error, KL percentiles, the RMS of Δp (the change of the probability of the baseline's top token)
+and the share of positions with the same top token.
 
 The verdict compares the candidate against the **noise floor** — the baseline against itself
 under a different batch composition and order — in one of three modes:
@@ -28,7 +35,8 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 from scipy import stats as sps
 
-PATHS = ("prefill", "decode", "sample")
+PATHS = ("prefill", "decode", "sample", "draws")
+KL_PERCENTILES = (99.9, 99, 95, 90, 50)
 
 # Smallest differences "tight" mode always tolerates, per dtype (reassociation of fused or
 # reordered matmuls moves float32 logprobs by about 1e-6; bf16/fp16 by far more).
@@ -69,7 +77,7 @@ def read_dump(path: Path, root: Path | None = None) -> dict[tuple[str, str], Rec
                 raise ValueError(f"path must be one of {PATHS}, got {p!r}")
             tokens = tuple(int(t) for t in d["tokens"])
             topk = tuple(None if e is None else tuple((int(t), float(lp)) for t, lp in e) for e in d.get("topk") or [])
-            if p != "sample" and len(topk) != len(tokens):
+            if p != "draws" and len(topk) != len(tokens):
                 raise ValueError(f"{len(tokens)} tokens but {len(topk)} topk entries")
             rec = Record(str(d["id"]), p, tokens, topk)
         except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
@@ -121,6 +129,7 @@ class PathStats:
     tv: list[float] = field(default_factory=list)
     dlp: list[float] = field(default_factory=list)
     signed: list[float] = field(default_factory=list)
+    dp: list[float] = field(default_factory=list)  # p_cand(top) - p_base(top), top = the baseline's top token
     agree: list[bool] = field(default_factory=list)
     pos: list[int] = field(default_factory=list)  # position of each compared entry
     exact: bool = True
@@ -135,12 +144,19 @@ class PathStats:
         def q(xs: list[float], p: float) -> float | None:
             return float(np.quantile(xs, p)) if xs else None
 
+        n = len(self.kl)
+        se = float(np.std(self.kl, ddof=1) / math.sqrt(n)) if n > 1 else None
+        agree = float(np.mean(self.agree)) if self.agree else None
         return {
-            "positions": len(self.kl), "sequences": self.sequences,
-            "kl_mean": float(np.mean(self.kl)) if self.kl else None, "kl_p99": q(self.kl, 0.99),
+            "positions": n, "sequences": self.sequences,
+            "kl_mean": float(np.mean(self.kl)) if self.kl else None, "kl_mean_se": se, "kl_p99": q(self.kl, 0.99),
+            "kl_percentiles": {f"{p:g}": q(self.kl, p / 100) for p in KL_PERCENTILES} if self.kl else {},
             "kl_max": max(self.kl) if self.kl else None, "tv_max": max(self.tv) if self.tv else None,
             "dlogprob_max": max(self.dlp) if self.dlp else None,
-            "top1_agreement": float(np.mean(self.agree)) if self.agree else None,
+            "dp_rms": float(np.sqrt(np.mean(np.square(self.dp)))) if self.dp else None,
+            "top1_agreement": agree,
+            "same_top_pct": None if agree is None else 100 * agree,
+            "same_top_pct_se": None if agree is None or n < 2 else 100 * math.sqrt(agree * (1 - agree) / (n - 1)),
             "exact": self.exact, "divergences": self.divergences,
             "first_divergence_median": float(np.median(self.first_divergence)) if self.first_divergence else None,
             "kl_by_position": self.profile(),
@@ -161,45 +177,61 @@ class PathStats:
 
 def compare(base: Mapping[tuple[str, str], Record], cand: Mapping[tuple[str, str], Record], ids: Iterable[str],
             tie: float, paths: Iterable[str] = ("prefill", "decode")) -> dict[str, PathStats]:
-    """Per-path statistics of ``cand`` against ``base`` over the prompts ``ids``."""
+    """Per-path statistics of ``cand`` against ``base`` over the prompts ``ids`` (the ids of the
+    ``sample`` path carry a setting suffix, ``<prompt id>#s<n>``: every record of a prompt counts)."""
     out = {p: PathStats() for p in paths}
+    wanted = set(ids)
+    by_prompt: dict[str, list[str]] = {}
+    for rid, path in base:
+        if path == "sample" and rid.split("#", 1)[0] in wanted:
+            by_prompt.setdefault(rid.split("#", 1)[0], []).append(rid)
     for pid in ids:
         for path, st in out.items():
-            a, b = base.get((pid, path)), cand.get((pid, path))
-            if a is None:
-                continue
-            if b is None:
-                st.missing.append(pid)
-                continue
-            st.sequences += 1
-            if path == "prefill" and a.tokens != b.tokens:
-                st.token_mismatch.append(pid)
-                st.exact = False
-                continue
-            for i, (ea, eb) in enumerate(zip(a.topk, b.topk)):
-                if ea is None or eb is None:
-                    continue
-                da, db = _dist(ea), _dist(eb)
-                kl, tv, dlp, signed, agree = compare_position(da, db)
-                st.kl.append(kl)
-                st.tv.append(tv)
-                st.dlp.append(dlp)
-                st.signed.append(signed)
-                st.agree.append(agree)
-                st.pos.append(i)
-                if ea != eb:
-                    st.exact = False
-                if path == "decode" and i < len(b.tokens) and a.tokens[i] != b.tokens[i]:
-                    st.divergences += 1
-                    st.first_divergence.append(i)
-                    top2 = sorted(da.values(), reverse=True)[:2]
-                    gap = top2[0] - top2[1] if len(top2) == 2 else float("inf")
-                    if gap > tie:
-                        st.bad_divergences.append(f"{pid}@{i} (top-2 gap {gap:.2g})")
-                    break  # after a divergence the contexts differ: stop comparing
-            if path == "decode" and len(a.tokens) != len(b.tokens) and not st.first_divergence:
-                st.exact = False
+            for rid in (sorted(by_prompt.get(pid, [])) if path == "sample" else [pid]):
+                _compare_record(base.get((rid, path)), cand.get((rid, path)), rid, path, st, tie)
     return out
+
+
+def _compare_record(a: Record | None, b: Record | None, pid: str, path: str, st: PathStats, tie: float) -> None:
+    if a is None:
+        return
+    if b is None:
+        st.missing.append(pid)
+        return
+    st.sequences += 1
+    if path == "prefill" and a.tokens != b.tokens:
+        st.token_mismatch.append(pid)
+        st.exact = False
+        return
+    diverged = False
+    for i, (ea, eb) in enumerate(zip(a.topk, b.topk)):
+        if ea is None or eb is None or not ea or not eb:
+            continue
+        da, db = _dist(ea), _dist(eb)
+        kl, tv, dlp, signed, agree = compare_position(da, db)
+        st.kl.append(kl)
+        st.tv.append(tv)
+        st.dlp.append(dlp)
+        st.signed.append(signed)
+        top_lp = max(da.values())
+        st.dp.append(math.exp(top_lp) * math.expm1(signed) if math.isfinite(signed) else -math.exp(top_lp))
+        st.agree.append(agree)
+        st.pos.append(i)
+        if ea != eb:
+            st.exact = False
+        if path in ("decode", "sample") and i < len(b.tokens) and a.tokens[i] != b.tokens[i]:
+            st.divergences += 1
+            st.first_divergence.append(i)
+            diverged = True
+            if path == "decode":
+                top2 = sorted(da.values(), reverse=True)[:2]
+                gap = top2[0] - top2[1] if len(top2) == 2 else float("inf")
+                if gap > tie:
+                    st.bad_divergences.append(f"{pid}@{i} (top-2 gap {gap:.2g})")
+            # sample: a different draw with the same seed is the draw test's to judge
+            break  # after a divergence the contexts differ: stop comparing
+    if path in ("decode", "sample") and len(a.tokens) != len(b.tokens) and not diverged:
+        st.exact = False
 
 
 @dataclass(frozen=True)
@@ -268,73 +300,62 @@ def systematic_shift(signed: list[float], floor_signed: list[float], dtype: str)
     return ""
 
 
-SAMPLE_ALPHA = 1e-3  # family-wise level of the sampled-token frequency tests
-SAMPLE_MIN_DRAWS = 200
+DRAW_ALPHA = 1e-3  # level of the paired draw test
+DRAW_MIN = 100  # draws per context and setting below which the draw test cannot resolve anything
 
 
-def _counts_test(a: Iterable[int], b: Iterable[int]) -> tuple[float, float]:
-    """(TV distance, chi-square p-value) between two samples of token ids."""
-    ca: dict[int, int] = {}
-    cb: dict[int, int] = {}
-    for t in a:
-        ca[t] = ca.get(t, 0) + 1
-    for t in b:
-        cb[t] = cb.get(t, 0) + 1
-    na, nb = sum(ca.values()), sum(cb.values())
-    tokens = sorted(set(ca) | set(cb))
-    tv = 0.5 * sum(abs(ca.get(t, 0) / na - cb.get(t, 0) / nb) for t in tokens)
-    # merge rare categories so every expected count is >= 5
-    rows = [[ca.get(t, 0), cb.get(t, 0)] for t in tokens]
-    big, other = [], [0, 0]
-    for r in rows:
-        if (r[0] + r[1]) * min(na, nb) / (na + nb) >= 5:
-            big.append(r)
-        else:
-            other = [other[0] + r[0], other[1] + r[1]]
-    if sum(other):
-        big.append(other)
-    if len(big) < 2:
-        return tv, 1.0
-    p = float(sps.chi2_contingency(np.array(big).T)[1])
-    return tv, p
+def judge_draws(base: Mapping[tuple[str, str], Record], floor: Mapping[tuple[str, str], Record],
+                unrelated: Mapping[tuple[str, str], Record], cand: Mapping[tuple[str, str], Record]) -> PathVerdict:
+    """The end-to-end check of the sampler itself (its use of the random numbers), paired.
 
-
-def judge_samples(base_a: Mapping[tuple[str, str], Record], base_b: Mapping[tuple[str, str], Record],
-                  cand: Mapping[tuple[str, str], Record]) -> PathVerdict:
-    """Sampled-token frequencies: the candidate's draws against the baseline's (other seeds).
-
-    The baseline against itself with other seeds is the floor; it must pass, and the sample
-    size must be large enough to resolve a difference (``SAMPLE_MIN_DRAWS`` per context).
+    ``base`` and ``cand`` drew with the same seeds: a correct sampler makes the same draw from the
+    same distribution, so the statistic is the share of draws that changed. ``floor`` is the
+    baseline again with the same seeds in another batch (how many change by themselves);
+    ``unrelated`` is the baseline with seeds from a range that overlaps neither (how many change
+    when the seeds have nothing to do with each other: what a sampler that ignores or misuses its
+    seed looks like). A context whose draws are all one token under unrelated seeds cannot show a
+    change: it is *not testable* and reported as such; if no context is testable the draw test is
+    ``not testable`` (the processed logprobs of the sample path still judge the sampler's maths).
     """
-    keys = sorted(k for k in base_a if k[1] == "sample")
+    keys = sorted(k for k in base if k[1] == "draws")
     reasons: list[str] = []
     if not keys:
-        return PathVerdict("sample", True, (), {"contexts": 0})
-    m = len(keys)
-    tvs, floor_tvs, worst = [], [], (1.0, "")
+        return PathVerdict("draws", True, (), {"contexts": 0, "status": "not run"})
+    total = changed = floor_changed = unrelated_changed = 0
+    testable, untestable = 0, []
     for key in keys:
-        a, b, c = base_a[key], base_b.get(key), cand.get(key)
-        if b is None or c is None:
-            reasons.append(f"sample: no draws for {key[0]}")
+        a, f, u, c = base[key], floor.get(key), unrelated.get(key), cand.get(key)
+        if f is None or u is None or c is None:
+            reasons.append(f"draws: no draws for {key[0]}")
             continue
-        if min(len(a.tokens), len(b.tokens), len(c.tokens)) < SAMPLE_MIN_DRAWS:
-            reasons.append(f"sample: only {min(len(a.tokens), len(c.tokens))} draws for {key[0]}; "
-                           f"at least {SAMPLE_MIN_DRAWS} are needed to resolve a difference")
+        n = min(len(a.tokens), len(f.tokens), len(u.tokens), len(c.tokens))
+        if n < DRAW_MIN:
+            reasons.append(f"draws: only {n} draws for {key[0]}; at least {DRAW_MIN} are needed to resolve a difference")
             continue
-        ftv, fp = _counts_test(a.tokens, b.tokens)
-        tv, p = _counts_test(c.tokens, b.tokens)
-        floor_tvs.append(ftv)
-        tvs.append(tv)
-        if fp * m < SAMPLE_ALPHA:
-            reasons.append(f"sample: the baseline disagrees with itself at {key[0]} (p={fp:.2g}); the sampler is not reproducible enough to judge")
-        if p < worst[0]:
-            worst = (p, key[0])
-        if p * m < SAMPLE_ALPHA:
-            reasons.append(f"sample: sampled-token frequencies differ at {key[0]}: TV {tv:.3f} vs noise floor {ftv:.3f} "
-                           f"(chi-square p={p:.2g}, {m} contexts x settings)")
-    stats = {
-        "contexts": m, "tv_max": max(tvs) if tvs else None, "tv_mean": float(np.mean(tvs)) if tvs else None,
-        "floor_tv_mean": float(np.mean(floor_tvs)) if floor_tvs else None, "min_p": worst[0],
-        "draws": len(base_a[keys[0]].tokens),
+        if len(set(a.tokens[:n]) | set(u.tokens[:n])) < 2:
+            untestable.append(key[0])  # a single category: no draw can change
+            continue
+        testable += 1
+        total += n
+        changed += sum(x != y for x, y in zip(a.tokens[:n], c.tokens[:n]))
+        floor_changed += sum(x != y for x, y in zip(a.tokens[:n], f.tokens[:n]))
+        unrelated_changed += sum(x != y for x, y in zip(a.tokens[:n], u.tokens[:n]))
+    stats: dict[str, Any] = {
+        "contexts": len(keys), "testable": testable, "not_testable": untestable, "draws": total,
+        "changed": changed, "floor_changed": floor_changed, "unrelated_changed": unrelated_changed,
+        "changed_share": changed / total if total else None,
+        "floor_share": floor_changed / total if total else None,
+        "unrelated_share": unrelated_changed / total if total else None, "p": None,
     }
-    return PathVerdict("sample", not reasons, tuple(reasons), stats)
+    if total and not reasons:
+        if floor_changed * 2 > unrelated_changed:
+            reasons.append(f"draws: the baseline does not reproduce its own draws with the same seeds ({floor_changed} of {total} changed, "
+                           f"{unrelated_changed} with unrelated seeds); the sampler cannot be judged by draws")
+        else:
+            p = float(sps.fisher_exact([[changed, total - changed], [floor_changed, total - floor_changed]], alternative="greater")[1])
+            stats["p"] = p
+            if p < DRAW_ALPHA:
+                reasons.append(f"draws: {changed} of {total} draws changed with the same seeds (noise floor {floor_changed}, "
+                               f"unrelated seeds {unrelated_changed}; Fisher p={p:.2g}): the sampler draws differently")
+    stats["status"] = "fail" if reasons else ("pass" if testable else "not testable")
+    return PathVerdict("draws", not reasons, tuple(reasons), stats)

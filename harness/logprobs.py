@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 from pathlib import Path
@@ -23,6 +24,22 @@ def write_prompts(path: Path, prompts: Sequence[Prompt], shuffle_seed: int | Non
         random.Random(shuffle_seed).shuffle(items)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps({"id": p.id, "text": p.text}, ensure_ascii=False) + "\n" for p in items))
+    return path
+
+
+def write_sample_prompts(path: Path, prompts: Sequence[Prompt], settings: int, shuffle_seed: int | None = None) -> Path:
+    """The sample path's input: the prompts' sampling settings in turn (by their order in ``prompts``,
+    so every setting gets its share of every language) and a seed that is a function of the id alone;
+    shuffling reorders the requests, never what a prompt gets, so every run samples a prompt the same way."""
+    items = []
+    for i, p in enumerate(prompts):
+        seed = int.from_bytes(hashlib.sha256(p.id.encode()).digest()[:4], "big") % (2**31 - 1)
+        items.append(json.dumps({"id": p.id, "text": p.text, "setting": i % settings, "seed": seed}, ensure_ascii=False) + "\n")
+    if shuffle_seed is not None:
+        random.Random(shuffle_seed).shuffle(items)
+    lines = items
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(lines))
     return path
 
 
@@ -73,8 +90,17 @@ class VllmLogprobs:
         except (ValueError, OSError) as exc:
             raise LogprobError(str(exc)) from None
 
-    def samples(self, prompts: Path, out: Path, settings: list[dict], n: int, seed: int, contexts: int) -> dict[tuple[str, str], Record]:
-        cmd = {"cmd": "samples", "prompts": str(prompts), "out": str(out), "settings": settings, "n": n, "seed": seed, "contexts": contexts}
+    def samples(self, prompts: Path, out: Path, settings: list[dict], n: int, seed: int) -> dict[tuple[str, str], Record]:
+        """The draw test: ``n`` one-token draws per context and setting; setting j uses the seeds
+        ``seed + j*n`` to ``seed + (j+1)*n - 1``."""
+        return self._dump({"cmd": "samples", "prompts": str(prompts), "out": str(out), "settings": settings, "n": n, "seed": seed})
+
+    def processed(self, prompts: Path, out: Path, settings: list[dict], k: int, max_tokens: int) -> dict[tuple[str, str], Record]:
+        """The sample path: seeded sampled continuations with processed logprobs (see write_sample_prompts)."""
+        return self._dump({"cmd": "processed", "prompts": str(prompts), "out": str(out), "settings": settings, "k": k, "max_tokens": max_tokens})
+
+    def _dump(self, cmd: dict) -> dict[tuple[str, str], Record]:
+        out = Path(cmd["out"])
         try:
             self.session.request(cmd, self.timeout_s)
             return read_dump(out, self.out_root)

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from agentsearch.workspace import Workspace
-from harness.corpus import NATURAL, build, load, split
-from harness.distribution import PathStats, compare_position, judge_path, systematic_shift
+from harness.corpus import NATURAL, build, load, select, split
+from harness.distribution import PathStats, Record, compare, compare_position, judge_draws, judge_path, systematic_shift
 
 from .conftest import ROOT, commit, make_repo, run_cli
 
@@ -74,6 +74,93 @@ def test_exact_mode_needs_bit_identity():
     st = PathStats(kl=[0.0], tv=[0.0], dlp=[1e-9], signed=[1e-9], agree=[True], exact=False, sequences=1)
     assert not judge_path("prefill", st, PathStats(), "exact", "float32").passed
     assert judge_path("prefill", st, PathStats(), "tight", "float32").passed
+
+
+def _rec(pid, path, tokens, topk):
+    return Record(pid, path, tuple(tokens), tuple(None if e is None else tuple((t, lp) for t, lp in e) for e in topk))
+
+
+def test_statistics_people_read():
+    """llama.cpp's --kl-divergence numbers: mean KL ± SE, percentiles, RMS Δp, same top token %."""
+    rng = np.random.default_rng(1)
+    base, cand = {}, {}
+    for i in range(40):
+        pos_a, pos_b = [], []
+        for _ in range(10):
+            z = rng.normal(0, 2, 6)
+            za = z - np.log(np.exp(z).sum())
+            zb = z + rng.normal(0, 0.05, 6)
+            zb = zb - np.log(np.exp(zb).sum())
+            pos_a.append([(t, float(za[t])) for t in range(6)])
+            pos_b.append([(t, float(zb[t])) for t in range(6)])
+        base[(f"p{i}", "prefill")] = _rec(f"p{i}", "prefill", range(10), pos_a)
+        cand[(f"p{i}", "prefill")] = _rec(f"p{i}", "prefill", range(10), pos_b)
+    s = compare(base, cand, [f"p{i}" for i in range(40)], 1e-4)["prefill"].summary()
+    kl = compare(base, cand, [f"p{i}" for i in range(40)], 1e-4)["prefill"].kl
+    assert s["positions"] == 400
+    assert s["kl_mean"] == pytest.approx(np.mean(kl)) and s["kl_mean_se"] == pytest.approx(np.std(kl, ddof=1) / 20)
+    pc = s["kl_percentiles"]
+    assert list(pc) == ["99.9", "99", "95", "90", "50"]
+    assert pc["50"] < pc["90"] < pc["95"] < pc["99"] <= pc["99.9"] <= s["kl_max"]
+    assert 0 < s["dp_rms"] < 0.05
+    assert 90 < s["same_top_pct"] <= 100 and s["same_top_pct"] == pytest.approx(100 * s["top1_agreement"])
+    same = compare(base, dict(base), [f"p{i}" for i in range(40)], 1e-4)["prefill"].summary()
+    assert same["kl_mean"] == 0 and same["dp_rms"] == 0 and same["same_top_pct"] == 100 and same["exact"]
+
+
+def test_sample_path_aligns_until_a_draw_differs():
+    """The sample path compares every setting of a prompt, step by step, until the sampled tokens differ."""
+    a = {(f"x#s{j}", "sample"): _rec(f"x#s{j}", "sample", [1, 2, 3], [[(1, -0.1), (2, -2.4)]] * 3) for j in range(2)}
+    b = dict(a)
+    b[("x#s1", "sample")] = _rec("x#s1", "sample", [1, 9, 3], [[(1, -0.1), (2, -2.4)], [(9, -0.2), (2, -1.7)], [(1, -0.1), (2, -2.4)]])
+    st = compare(a, b, ["x"], 1e-4, ("sample",))["sample"]
+    assert st.sequences == 2 and len(st.kl) == 5  # 3 positions of s0, 2 of s1 (stopped after the divergence)
+    assert st.divergences == 1 and not st.bad_divergences and not st.exact
+    assert compare(a, {}, ["x"], 1e-4, ("sample",))["sample"].missing == ["x#s0", "x#s1"]
+
+
+def _draws(seed, n=400, contexts=3, tokens=50, shift=None):
+    out = {}
+    for c in range(contexts):
+        rng = np.random.default_rng(seed * 100 + c)
+        drawn = rng.integers(0, tokens, n).tolist()
+        if shift:
+            drawn = [t if i % shift else (t + 1) % tokens for i, t in enumerate(drawn)]
+        out[(f"c{c}#s0", "draws")] = _rec(f"c{c}#s0", "draws", drawn, [])
+    return out
+
+
+def test_draw_test_is_paired_and_can_fail():
+    base = _draws(1)
+    ok = judge_draws(base, _draws(1), _draws(2), _draws(1))
+    assert ok.passed and ok.stats["status"] == "pass" and ok.stats["changed"] == 0
+    assert ok.stats["unrelated_changed"] > 0.9 * ok.stats["draws"]
+    # a sampler that changes one draw in 20 with the same seeds: far below what a frequency test resolves
+    bad = judge_draws(base, _draws(1), _draws(2), _draws(1, shift=20))
+    assert not bad.passed and bad.stats["changed"] == 60 and "same seeds" in bad.reasons[0]
+    # a sampler that ignores its seed
+    assert not judge_draws(base, _draws(1), _draws(2), _draws(3)).passed
+    # a baseline that does not reproduce its own draws cannot judge anything
+    noisy = judge_draws(base, _draws(4), _draws(2), _draws(1))
+    assert not noisy.passed and "does not reproduce" in noisy.reasons[0]
+
+
+def test_a_single_category_is_not_testable_not_a_pass():
+    one = {(f"c{c}#s0", "draws"): _rec(f"c{c}#s0", "draws", [7] * 300, []) for c in range(2)}
+    v = judge_draws(one, dict(one), dict(one), dict(one))
+    assert v.stats["status"] == "not testable" and v.stats["testable"] == 0 and v.stats["p"] is None
+    assert len(v.stats["not_testable"]) == 2
+    few = {k: _rec(k[0], "draws", r.tokens[:50], []) for k, r in _draws(1).items()}
+    assert not judge_draws(few, few, few, few).passed  # too few draws to resolve anything: said, not passed
+
+
+def test_quick_profile_selects_every_language_short_to_long():
+    prompts = load()
+    quick = select(prompts, 56)
+    assert len(quick) == 56 and {p.lang for p in quick} == {p.lang for p in prompts}
+    sizes = sorted(len(p.text.encode()) for p in quick)
+    assert sizes[0] < 60 and sizes[-1] > 400
+    assert select(prompts, 0) == prompts and select(prompts, 10_000) == prompts
 
 
 @pytest.fixture
@@ -156,3 +243,46 @@ def test_evaluate_includes_the_distribution_check(lm_target):
     out = json.loads(proc.stdout)
     assert proc.returncode == 0, out["reasons"]
     assert out["distribution"]["verdict"] == "pass"
+
+
+def _v2_stats(kl_mean, same):
+    return {"passed": True, "positions": 312, "sequences": 39, "kl_mean": kl_mean, "kl_mean_se": kl_mean / 20,
+            "kl_percentiles": {"99.9": 3.2e-7, "99": 2.5e-7, "95": 1.7e-7, "90": 1.5e-7, "50": 3.7e-8}, "kl_p99": 2.5e-7,
+            "kl_max": 3.4e-7, "dp_rms": 2.4e-5, "dlogprob_max": 0.01, "top1_agreement": same / 100, "same_top_pct": same,
+            "same_top_pct_se": 0.1, "divergences": 0, "kl_by_position": [kl_mean] * 8}
+
+
+@pytest.mark.parametrize("fmt", ["md", "html"])
+def test_report_distribution_section_shows_the_statistics(fmt):
+    """The evidence report's distribution section: llama.cpp's numbers per set and path, the draw
+    test; a record from before verify schema 2 still renders (what it lacks shows as —)."""
+    from agentsearch.report import Evidence, render
+
+    paths = {p: _v2_stats(6.28e-8, 99.5) for p in ("prefill", "decode", "sample")}
+    dist = {"schema_version": 2, "verdict": "pass", "reasons": [], "mode": "tight", "public": paths, "holdout": paths,
+            "draws": {"passed": True, "contexts": 4, "testable": 4, "not_testable": [], "draws": 400, "changed": 0,
+                      "floor_changed": 0, "unrelated_changed": 392, "p": 1.0, "status": "pass"},
+            "public_size": 42, "holdout_size": 14, "corpus_size": 336, "languages": {}, "noise_floor": {}}
+    text, _ = render(Evidence("x", "evaluation", {"ref": "b", "verdict": "merge", "distribution": dist, "checks": []}, []), fmt)
+    assert "6.28e-08 ± 3.1e-09" in text and "99.50 ± 0.10 %" in text and "2.4e-05" in text
+    assert "3.2e-07" in text and "3.7e-08" in text  # percentiles 99.9 and 50
+    assert "(chosen from 336)" in text and "0 of 400 draws changed" in text and "unrelated seeds 392" in text
+    for path in ("prefill", "decode", "sample"):
+        assert f"public | {path}" in text if fmt == "md" else f"<td>public</td><td>{path}</td>" in text
+    old = {"verdict": "pass", "reasons": [], "mode": "tight", "public_size": 42, "holdout_size": 14,
+           "public": {"prefill": {"passed": True, "positions": 10, "kl_mean": 1e-9, "kl_p99": 1e-9, "kl_max": 1e-9,
+                                  "dlogprob_max": 1e-5, "top1_agreement": 1.0, "divergences": 0}},
+           "sample": {"passed": True, "contexts": 8, "tv_max": 0.1}}
+    text, _ = render(Evidence("x", "evaluation", {"ref": "b", "verdict": "merge", "distribution": old, "checks": []}, []), fmt)
+    assert "100.00 %" in text and "Draw test" not in text
+
+
+def test_sample_prompts_get_the_same_setting_and_seed_in_any_order(tmp_path):
+    from harness.logprobs import write_sample_prompts
+
+    prompts = select(load(), 28)
+    a = [json.loads(x) for x in write_sample_prompts(tmp_path / "a.jsonl", prompts, 6).read_text().splitlines()]
+    b = [json.loads(x) for x in write_sample_prompts(tmp_path / "b.jsonl", prompts, 6, shuffle_seed=3).read_text().splitlines()]
+    assert [x["id"] for x in a] != [x["id"] for x in b]  # another order (the noise floor's batches)
+    assert {x["id"]: (x["setting"], x["seed"]) for x in a} == {x["id"]: (x["setting"], x["seed"]) for x in b}
+    assert sorted({x["setting"] for x in a}) == list(range(6)) and len({x["seed"] for x in a}) == len(a)

@@ -23,6 +23,8 @@ def test_from_installed_vllm_fork_worktree_imports_from_worktree(tmp_path):
 
     ws = Workspace.open(fork)
     assert ws.config().target.install == "overlay"
+    vc = ws.config().verify  # distribution checks are on by default, on all three paths
+    assert vc is not None and vc.kind == "vllm" and vc.sample and vc.prompts_wanted == 56
     p = ws.create_proposal("e1", 1, "try something")
     from pathlib import Path as _P
 

@@ -65,6 +65,16 @@ max_pairs = 12
 min_pairs = 3
 confirm_pairs = 4
 
+# Distribution checks (the last check, for survivors only): the baseline's and the candidate's
+# token distributions on a multilingual corpus and a hidden holdout, on three paths: prefill,
+# greedy decode, and sample (the sampler's processed logprobs under temperature / top-k / top-p /
+# min-p / penalties, plus a paired draw test). profile "quick" = 56 prompts (4 per language);
+# "full" = all 336 (see the README for what each costs).
+[verify]
+kind = "vllm"
+profile = "quick"
+max_tokens = 8
+
 # The sweep's search space (agentsearch episode --proposer sweep): engine arguments and
 # environment in serving.json. prior_wins = what is known before any measurement.
 [sweep]

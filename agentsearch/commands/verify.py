@@ -7,6 +7,7 @@ from pathlib import Path
 from rich.markup import escape
 from rich.table import Table
 
+from .. import preflight
 from ..errors import EXIT_FAIL
 from ..verify import VerifyResult, verify
 from ..workspace import Workspace
@@ -17,6 +18,7 @@ def run(target: Path, as_json: bool, ref: str) -> int:
     ws = Workspace.open(target)
     ws.resolve(ref)
     with ws.lock(), progress() as say:
+        preflight.require(ws, say=say)  # a set-up error (model, overlay, environment) is the run's: exit 5
         result = verify(ws, ref, say)
     if as_json:
         print_json(result.to_json())
@@ -29,34 +31,62 @@ def _fmt(x: float | None, spec: str = ".2g") -> str:
     return "—" if x is None else format(x, spec)
 
 
+def _kl(s: dict) -> str:
+    """Mean KL with its standard error, as llama.cpp prints it."""
+    if s.get("kl_mean") is None:
+        return "—"
+    se = s.get("kl_mean_se")
+    return _fmt(s["kl_mean"]) + ("" if se is None else f" ± {se:.2g}")
+
+
+def _same_top(s: dict) -> str:
+    pct = s.get("same_top_pct")
+    if pct is None:
+        return _fmt(s.get("top1_agreement"), ".4f")
+    se = s.get("same_top_pct_se")
+    return f"{pct:.2f}" + ("" if se is None else f" ± {se:.2f}") + " %"
+
+
 def show(ref: str, r: VerifyResult) -> None:
     color = "green" if r.verdict == "pass" else "red"
-    out.print(f"[bold {color}]{r.verdict.upper()}[/] {escape(ref)}: mode {r.mode}, public {r.public_size} prompts, holdout {r.holdout_size} prompts")
+    sel = f" (of {r.corpus_size})" if r.corpus_size and r.corpus_size != r.public_size + r.holdout_size else ""
+    out.print(f"[bold {color}]{r.verdict.upper()}[/] {escape(ref)}: mode {r.mode}, public {r.public_size} prompts, holdout {r.holdout_size} prompts{sel}")
     for reason in r.reasons:
         out.print(f"  - {escape(reason)}")
-    t = Table(title="per set and path")
-    for col in ("set", "path", "positions", "mean KL", "p99 KL", "max KL", "max |Δ logprob|", "top-1 agree", "divergences", "first div. (median)", "pass"):
+    t = Table(title="per set and path (KL in nats; Δp: probability of the baseline's top token)")
+    for col in ("set", "path", "positions", "mean KL ± SE", "KL p99.9", "KL p99", "KL p95", "KL p90", "KL p50", "max KL",
+                "RMS Δp", "max |Δ logprob|", "same top", "div.", "pass"):
         t.add_column(col)
     for set_name, paths in r.sets.items():
-        if set_name == "sample":
-            continue
         for path, s in paths.items():
-            t.add_row(set_name, path, str(s["positions"]), _fmt(s["kl_mean"]), _fmt(s["kl_p99"]), _fmt(s["kl_max"]),
-                      _fmt(s["dlogprob_max"]), _fmt(s["top1_agreement"], ".4f"), str(s["divergences"]),
-                      _fmt(s["first_divergence_median"], ".0f"), "yes" if s["passed"] else "NO")
+            pc = s.get("kl_percentiles") or {}
+            t.add_row(set_name, path, str(s["positions"]), _kl(s), *(_fmt(pc.get(k)) for k in ("99.9", "99", "95", "90", "50")),
+                      _fmt(s["kl_max"]), _fmt(s.get("dp_rms")), _fmt(s["dlogprob_max"]), _same_top(s), str(s["divergences"]),
+                      "yes" if s["passed"] else "NO")
     out.print(t)
-    smp = (r.sets.get("sample") or {}).get("sample")
-    if smp:
-        out.print(f"sample path: {smp['contexts']} contexts x settings, {smp['draws']} draws each: max TV {_fmt(smp['tv_max'], '.3f')} "
-                  f"(noise floor mean {_fmt(smp['floor_tv_mean'], '.3f')}), min p {_fmt(smp['min_p'])}: {'pass' if smp['passed'] else 'FAIL'}")
+    d = r.draws
+    if d:
+        if d.get("draws"):
+            out.print(f"draw test (same seeds on both sides): {d['changed']} of {d['draws']} draws changed; noise floor {d['floor_changed']}, "
+                      f"unrelated seeds {d['unrelated_changed']}; Fisher p {_fmt(d.get('p'))}; {d['testable']} of {d['contexts']} contexts x settings "
+                      f"testable: {d['status'].upper() if d['status'] == 'fail' else d['status']}")
+        else:
+            out.print(f"draw test: {d['status']} ({len(d.get('not_testable') or [])} of {d['contexts']} contexts x settings have a single category)")
     if r.floor:
         out.print("noise floor (baseline vs itself, shuffled batch): " + ", ".join(
             f"{p}: max KL {_fmt(s['kl_max'])}, max |Δ logprob| {_fmt(s['dlogprob_max'])}" for p, s in r.floor.items()))
     if r.languages:
         lt = Table(title="public prompts per language")
-        for col in ("language", "prefill max KL", "prefill top-1", "decode max KL", "decode divergences"):
+        cols = ["language"]
+        lang_paths = sorted({p for v in r.languages.values() for p in v}, key=["prefill", "decode", "sample"].index)
+        for p in lang_paths:
+            cols += [f"{p} mean KL", f"{p} same top"]
+        for col in cols:
             lt.add_column(col)
-        for lang, paths in r.languages.items():
-            pre, dec = paths.get("prefill", {}), paths.get("decode", {})
-            lt.add_row(lang, _fmt(pre.get("kl_max")), _fmt(pre.get("top1_agreement"), ".4f"), _fmt(dec.get("kl_max")), str(dec.get("divergences", "—")))
+        for lang, per in r.languages.items():
+            row = [lang]
+            for p in lang_paths:
+                ps = per.get(p, {})
+                row += [_fmt(ps.get("kl_mean")), _same_top(ps) if ps else "—"]
+            lt.add_row(*row)
         out.print(lt)

@@ -11,6 +11,9 @@ other side's for the same seed, so a timed run proves what it computed);
 ``{"cmd": "generate", "seed": N, "index": I, "params": {...}}`` -> ``{"event": "result", "outputs": [...]}`` (one
 batch of the latency workload: the orchestrator times each round trip itself);
 ``{"cmd": "logprobs", "prompts": PATH, "out": PATH, ...}`` -> ``{"event": "done"}``;
+``{"cmd": "processed", "prompts": PATH, "out": PATH, "settings": [...], ...}`` -> ``{"event": "done"}`` (the
+sample path: seeded sampled continuations with the engine's processed logprobs);
+``{"cmd": "samples", ...}`` -> ``{"event": "done"}`` (seeded one-token draws for the draw test);
 ``{"cmd": "quit"}``. On start-up: ``{"event": "ready", "startup_s": ..., "vllm_file": ...}``.
 Any exception: ``{"event": "error", "error": "..."}`` and exit status 1.
 
@@ -169,34 +172,61 @@ class Engine:
         r_pre = self.llm.generate(texts, pre, use_tqdm=False)
         r_dec = self.llm.generate(texts, dec, use_tqdm=False)
 
-        def top(d):
-            if d is None:
-                return None
-            pairs = sorted(((int(t), float(lp.logprob)) for t, lp in d.items()), key=lambda x: -x[1])
-            return [[t, lp] for t, lp in pairs[:k]]
-
         with open(cmd["out"], "w") as out:
             for it, a, b in zip(items, r_pre, r_dec):
-                prefill = {"id": it["id"], "path": "prefill", "tokens": list(a.prompt_token_ids), "topk": [top(d) for d in a.prompt_logprobs]}
+                prefill = {"id": it["id"], "path": "prefill", "tokens": list(a.prompt_token_ids), "topk": [top(d, k) for d in a.prompt_logprobs]}
                 out.write(json.dumps(prefill) + "\n")
                 o = b.outputs[0]
-                out.write(json.dumps({"id": it["id"], "path": "decode", "tokens": list(o.token_ids), "topk": [top(d) for d in o.logprobs]}) + "\n")
+                out.write(json.dumps({"id": it["id"], "path": "decode", "tokens": list(o.token_ids), "topk": [top(d, k) for d in o.logprobs]}) + "\n")
+
+
+def top(d, k: int):
+    """The k most likely tokens of one position's logprob dict; tokens the sampler masked (-inf) carry
+    no probability and are left out."""
+    if d is None:
+        return None
+    pairs = sorted(((int(t), float(lp.logprob)) for t, lp in d.items() if lp.logprob > -math.inf), key=lambda x: -x[1])
+    return [[t, lp] for t, lp in pairs[:k]]
+
+
+def processed(llm, cmd: dict) -> None:
+    """The sample path: for every prompt, a seeded sampled continuation under its sampling setting,
+    with the logprobs the sampler drew from (the engine runs with logprobs_mode = processed_logprobs:
+    after penalties, temperature, min-p, top-k and top-p). Both sides get the same seed per prompt."""
+    from vllm import SamplingParams
+
+    mode = getattr(llm.llm_engine.model_config, "logprobs_mode", None)
+    if mode != "processed_logprobs":
+        raise RuntimeError(f"the sample path needs logprobs_mode = processed_logprobs; the engine runs with {mode!r}")
+    k, max_tokens = int(cmd.get("k", 20)), int(cmd.get("max_tokens", 8))
+    settings = cmd["settings"]
+    with open(cmd["prompts"]) as fh:
+        items = [json.loads(line) for line in fh if line.strip()]
+    sps = [SamplingParams(max_tokens=max_tokens, logprobs=k, seed=int(it["seed"]), **settings[int(it["setting"])]) for it in items]
+    results = llm.generate([it["text"] for it in items], sps, use_tqdm=False)
+    with open(cmd["out"], "w") as out:
+        for it, r in zip(items, results):
+            o = r.outputs[0]
+            out.write(json.dumps({"id": f"{it['id']}#s{it['setting']}", "path": "sample", "tokens": list(o.token_ids),
+                                  "topk": [top(d, k) for d in o.logprobs]}) + "\n")
 
 
 def samples(llm, cmd: dict) -> None:
-    """The sample path: many seeded draws of the next token at fixed contexts, per sampling setting."""
+    """The draw test: n seeded draws of the next token at fixed contexts, per sampling setting. vLLM
+    gives child i of ``n = N, seed = s`` the seed s + i: setting j draws with the seeds
+    ``seed + j*n ... seed + (j+1)*n - 1``, so the orchestrator can choose ranges that do not overlap."""
     from vllm import SamplingParams
 
     with open(cmd["prompts"]) as fh:
-        items = [json.loads(line) for line in fh if line.strip()][: int(cmd.get("contexts", 6))]
+        items = [json.loads(line) for line in fh if line.strip()]
     texts = [it["text"] for it in items]
-    n, seed = int(cmd.get("n", 300)), int(cmd.get("seed", 0))
+    n, seed = int(cmd["n"]), int(cmd["seed"])
     with open(cmd["out"], "w") as out:
         for si, setting in enumerate(cmd["settings"]):
-            sp = SamplingParams(n=n, max_tokens=1, seed=seed + 1000 * si, **setting)
+            sp = SamplingParams(n=n, max_tokens=1, seed=seed + n * si, **setting)
             for it, r in zip(items, llm.generate(texts, sp, use_tqdm=False)):
-                drawn = [int(o.token_ids[0]) for o in r.outputs]
-                out.write(json.dumps({"id": f"{it['id']}#s{si}", "path": "sample", "tokens": drawn, "topk": []}) + "\n")
+                drawn = [int(o.token_ids[0]) for o in sorted(r.outputs, key=lambda o: o.index)]
+                out.write(json.dumps({"id": f"{it['id']}#s{si}", "path": "draws", "tokens": drawn, "topk": []}) + "\n")
 
 
 def profile(eng, cmd: dict) -> dict:
@@ -260,6 +290,9 @@ def main() -> int:
                 send({"event": "done"})
             elif cmd["cmd"] == "samples":
                 samples(eng.llm, cmd)
+                send({"event": "done"})
+            elif cmd["cmd"] == "processed":
+                processed(eng.llm, cmd)
                 send({"event": "done"})
             elif cmd["cmd"] == "profile":
                 send({"event": "result", "metrics": profile(eng, cmd)})
