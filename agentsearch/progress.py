@@ -9,6 +9,7 @@ stage change and per pair, ``[06:41:07 +12.3s] stage: detail``, never wrapped. `
 
 from __future__ import annotations
 
+import re
 import sys
 import time
 from contextlib import contextmanager
@@ -39,6 +40,37 @@ def stamp(start: float, now: float | None = None) -> str:
     return f"[{time.strftime('%H:%M:%S')} +{elapsed:.1f}s]"
 
 
+_PAIR = re.compile(r"\bpair (\d+)/(\d+)\b")
+
+
+def _duration(seconds: float) -> str:
+    seconds = max(0, round(seconds))
+    return f"{seconds // 60} min {seconds % 60:02d} s" if seconds >= 60 else f"{seconds} s"
+
+
+class PairClock:
+    """The ETA of a stage that reports ``pair i/n``: the mean time per pair since the stage's first
+    pair line, times the pairs left. An upper bound (the sequential test may stop early), said so."""
+
+    def __init__(self) -> None:
+        self.first: dict[str, tuple[float, int]] = {}
+
+    def annotate(self, stage: str, detail: str, now: float | None = None) -> str:
+        m = _PAIR.search(detail)
+        if not m:
+            return detail
+        now = time.monotonic() if now is None else now
+        i, n = int(m.group(1)), int(m.group(2))
+        first = self.first.get(stage)
+        if first is None or i <= first[1]:
+            self.first[stage] = (now, i)
+            return detail
+        if i >= n:
+            return detail
+        per_pair = (now - first[0]) / (i - first[1])
+        return f"{detail}, at most ~{_duration(per_pair * (n - i))} left"
+
+
 def is_milestone(stage: str) -> bool:
     """Episode convention: a stage without a space (a proposal id) is a milestone worth a
     permanent line; ``"<proposal> <stage>"`` is a step inside it."""
@@ -53,12 +85,14 @@ class PlainProgress:
         self.stream = stream
         self.start = time.monotonic()
         self.last: tuple[str, str] | None = None
+        self.clock = PairClock()
 
     def __call__(self, stage: str, detail: str) -> None:
         stage, detail = _one_line(stage), _one_line(detail)
         if (stage, detail) == self.last:
             return
         self.last = (stage, detail)
+        detail = self.clock.annotate(stage, detail)
         stream = self.stream or sys.stderr
         text = f"{stage}: {detail}" if detail else stage
         try:
@@ -81,6 +115,7 @@ class LiveProgress:
         self.bar = Progress(SpinnerColumn(), TimeElapsedColumn(), TextColumn("{task.description}"),
                             console=console, transient=True)
         self.task = self.bar.add_task("starting", total=None)
+        self.clock = PairClock()
 
     def __enter__(self) -> "LiveProgress":
         self.bar.__enter__()
@@ -93,6 +128,7 @@ class LiveProgress:
         from rich.markup import escape
 
         stage, detail = _one_line(stage), _one_line(detail)
+        detail = self.clock.annotate(stage, detail)
         text = f"[bold]{escape(stage)}[/bold] {escape(detail)}"
         if self.milestones and is_milestone(stage):
             self.bar.console.print(f"[dim]{stamp(self.start)}[/dim] {text}", soft_wrap=True)

@@ -312,3 +312,20 @@ def test_evaluate_tables_keep_the_ci_on_80_columns(monkeypatch):
     assert "-15.0…-5.0%" in text and "regressed" in text
     assert "time: 0.0 s, nothing measured" in text
     assert "not merged: evaluate never merges; `agentsearch episode --branches perf/x`" in text.replace("\n", " ")
+
+
+def test_pair_lines_carry_an_eta_that_is_said_to_be_an_upper_bound():
+    from agentsearch.progress import PairClock
+
+    clock = PairClock()
+    assert clock.annotate("speed (objective)", "pair 1/12, running estimate +1.0%", now=100.0) == "pair 1/12, running estimate +1.0%"
+    assert clock.annotate("speed (objective)", "pair 3/12, running estimate +2.0%", now=120.0).endswith("at most ~1 min 30 s left")
+    assert clock.annotate("speed (guard)", "pair 2/3", now=121.0) == "pair 2/3"  # each stage has its own clock
+    assert clock.annotate("speed (guard)", "pair 3/3", now=130.0) == "pair 3/3"  # nothing left: no ETA
+    assert clock.annotate("verify", "prefill", now=131.0) == "prefill"
+    buf = io.StringIO()
+    say = PlainProgress(buf)
+    say("speed (objective)", "pair 1/4, running estimate +1.0%")
+    say("speed (objective)", "pair 2/4, running estimate +1.0%")
+    last = buf.getvalue().splitlines()[-1]
+    assert STAMP.match(last) and re.search(r"pair 2/4, running estimate \+1\.0%, at most ~\d+ s left$", last), last
