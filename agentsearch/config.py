@@ -18,6 +18,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from harness import gate_defaults as D
 from harness import models
 
 from .errors import ConfigError
@@ -144,17 +145,17 @@ class GateConfig:
     episode_budget: int = doc(
         "Proposals one episode may judge; alpha is split evenly over them (Bonferroni).", 10
     )
-    min_effect: float = doc("Smallest speedup worth merging (0.02 = 2%).", 0.02)
+    min_effect: float = doc("Smallest speedup worth merging (0.02 = 2%).", D.MIN_EFFECT)
     max_regression: float = doc(
-        "A non-objective workload may not be significantly slower than this fraction.", 0.01
+        "A non-objective workload may not be significantly slower than this fraction.", D.MAX_REGRESSION
     )
-    regression_alpha: float = doc("Level of the one-sided test for regressions.", 0.05)
+    regression_alpha: float = doc("Level of the one-sided test for regressions.", D.REGRESSION_ALPHA)
     futility: float = doc(
-        "Type II level of the SPRT futility boundary (1.5 x min_effect against no speedup).", 0.1
+        "Type II level of the SPRT futility boundary (1.5 x min_effect against no speedup).", D.FUTILITY
     )
-    min_pairs: int = doc("Pairs measured before the first look.", 3)
-    look_every: int = doc("Pairs between two looks of the sequential test.", 1)
-    max_pairs: int = doc("Pairs per workload at most (the full budget).", 20)
+    min_pairs: int = doc("Pairs measured before the first look.", D.MIN_PAIRS)
+    look_every: int = doc("Pairs between two looks of the sequential test.", D.LOOK_EVERY)
+    max_pairs: int = doc("Pairs per workload at most (the full budget).", D.MAX_PAIRS)
     confirm_pairs: int = doc(
         "Pairs of the confirmation run with fresh seeds before a merge (0 disables).", 6
     )

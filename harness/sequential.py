@@ -24,6 +24,7 @@ from typing import Sequence
 
 import numpy as np
 
+from . import gate_defaults as D
 from .statistics import NoisePrior, PairedEstimate, paired_estimate, winsorize
 
 CONTINUE = "continue"
@@ -38,15 +39,15 @@ NOT_CONFIRMED = "not-confirmed"
 @dataclass(frozen=True)
 class SequentialDesign:
     alpha: float
-    min_effect: float = 0.02
-    futility: float = 0.1
+    min_effect: float = D.MIN_EFFECT
+    futility: float = D.FUTILITY
     futility_factor: float = 1.5
-    min_pairs: int = 3
-    look_every: int = 1
-    max_pairs: int = 20
+    min_pairs: int = D.MIN_PAIRS
+    look_every: int = D.LOOK_EVERY
+    max_pairs: int = D.MAX_PAIRS
     interim_share: float = 0.2
-    max_regression: float = 0.01
-    regression_alpha: float = 0.05
+    max_regression: float = D.MAX_REGRESSION
+    regression_alpha: float = D.REGRESSION_ALPHA
 
     def __post_init__(self) -> None:
         if not (0 < self.alpha < 1) or self.min_pairs < 2 or self.max_pairs < self.min_pairs or self.look_every < 1:

@@ -1,0 +1,11 @@
+"""The sequential design's defaults, in one place: ``harness.sequential.SequentialDesign`` and the
+``[gate]`` config (``agentsearch.config.GateConfig``) both take them from here. No imports, so reading
+a config (``history``, ``review``) never loads the statistics."""
+
+MIN_EFFECT = 0.02  # smallest speedup worth merging
+FUTILITY = 0.1  # type II level of the SPRT futility boundary
+MIN_PAIRS = 3  # pairs before the first look
+LOOK_EVERY = 1  # pairs between two looks
+MAX_PAIRS = 20  # pairs per workload at most
+MAX_REGRESSION = 0.01  # a guard may not be significantly slower than this fraction
+REGRESSION_ALPHA = 0.05  # level of the one-sided regression test
