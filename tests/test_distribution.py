@@ -286,3 +286,16 @@ def test_sample_prompts_get_the_same_setting_and_seed_in_any_order(tmp_path):
     assert [x["id"] for x in a] != [x["id"] for x in b]  # another order (the noise floor's batches)
     assert {x["id"]: (x["setting"], x["seed"]) for x in a} == {x["id"]: (x["setting"], x["seed"]) for x in b}
     assert sorted({x["setting"] for x in a}) == list(range(6)) and len({x["seed"] for x in a}) == len(a)
+
+
+def test_seeded_requests_are_grouped_to_fit_one_step():
+    """The worker's grouping (seeded requests must never be prefilled in chunks on CPU): groups keep
+    order, stay within the token budget, and a request heavier than the budget goes alone."""
+    from harness.workers.vllm_worker import fit_groups
+
+    weights = [300, 500, 300, 1200, 100, 100, 2000, 50]
+    groups = fit_groups(weights, 1024)
+    assert [i for g in groups for i in g] == list(range(len(weights)))
+    assert groups == [[0, 1], [2], [3], [4, 5], [6], [7]]
+    assert all(sum(weights[i] for i in g) <= 1024 or len(g) == 1 for g in groups)
+    assert fit_groups([], 1024) == []

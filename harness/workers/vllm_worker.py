@@ -203,7 +203,11 @@ def processed(llm, cmd: dict) -> None:
     with open(cmd["prompts"]) as fh:
         items = [json.loads(line) for line in fh if line.strip()]
     sps = [SamplingParams(max_tokens=max_tokens, logprobs=k, seed=int(it["seed"]), **settings[int(it["setting"])]) for it in items]
-    results = llm.generate([it["text"] for it in items], sps, use_tqdm=False)
+    texts = [it["text"] for it in items]
+    budget = token_budget(llm)
+    results = []
+    for group in fit_groups([prompt_tokens(llm, t) + 1 for t in texts], budget):
+        results += llm.generate([texts[i] for i in group], [sps[i] for i in group], use_tqdm=False)
     with open(cmd["out"], "w") as out:
         for it, r in zip(items, results):
             o = r.outputs[0]
@@ -221,12 +225,52 @@ def samples(llm, cmd: dict) -> None:
         items = [json.loads(line) for line in fh if line.strip()]
     texts = [it["text"] for it in items]
     n, seed = int(cmd["n"]), int(cmd["seed"])
+    budget = token_budget(llm)
+    lengths = [prompt_tokens(llm, t) for t in texts]
     with open(cmd["out"], "w") as out:
         for si, setting in enumerate(cmd["settings"]):
-            sp = SamplingParams(n=n, max_tokens=1, seed=seed + n * si, **setting)
-            for it, r in zip(items, llm.generate(texts, sp, use_tqdm=False)):
-                drawn = [int(o.token_ids[0]) for o in sorted(r.outputs, key=lambda o: o.index)]
-                out.write(json.dumps({"id": f"{it['id']}#s{si}", "path": "draws", "tokens": drawn, "topk": []}) + "\n")
+            # the n children of each seeded request, in slices that never need a chunked prefill: child i
+            # of the slice starting at `start` gets seed + n*si + start + i, as it would in one request
+            reqs: list[tuple[int, int, int]] = []  # (item, start, children)
+            for j, length in enumerate(lengths):
+                per_call = max(1, budget // (length + 1))
+                reqs += [(j, start, min(per_call, n - start)) for start in range(0, n, per_call)]
+            drawn: dict[int, list[int]] = {j: [] for j in range(len(items))}
+            for group in fit_groups([m * (lengths[j] + 1) for j, _, m in reqs], budget):
+                sps = [SamplingParams(n=reqs[g][2], max_tokens=1, seed=seed + n * si + reqs[g][1], **setting) for g in group]
+                for g, r in zip(group, llm.generate([texts[reqs[g][0]] for g in group], sps, use_tqdm=False)):
+                    drawn[reqs[g][0]] += [int(o.token_ids[0]) for o in sorted(r.outputs, key=lambda o: o.index)]
+            for j, it in enumerate(items):
+                out.write(json.dumps({"id": f"{it['id']}#s{si}", "path": "draws", "tokens": drawn[j], "topk": []}) + "\n")
+
+
+# Seeded requests must never be prefilled in chunks: vLLM 0.32's model runner rewinds the per-request
+# generator of a request whose sampled token it discards (a partial prefill) with Generator.set_offset,
+# which a CPU generator does not support ("CPU Generator does not use offset"): the engine dies. A
+# generate() call whose prompts (plus one token each for a decode step) fit the engine's token budget is
+# prefilled whole, whatever max_num_seqs is; seeded requests are therefore submitted in such groups.
+# Each request keeps its own seed, so the grouping does not change what is drawn.
+def token_budget(llm) -> int:
+    return int(llm.llm_engine.vllm_config.scheduler_config.max_num_batched_tokens)
+
+
+def prompt_tokens(llm, text: str) -> int:
+    return len(llm.get_tokenizer()(text)["input_ids"])
+
+
+def fit_groups(weights: list[int], budget: int) -> list[list[int]]:
+    """Consecutive index groups whose weights (a request's prompt tokens plus one per sequence it
+    decodes) sum to at most ``budget``; a heavier request goes alone."""
+    groups: list[list[int]] = []
+    used = 0
+    for i, w in enumerate(weights):
+        if groups and used + w <= budget:
+            groups[-1].append(i)
+            used += w
+        else:
+            groups.append([i])
+            used = w
+    return groups
 
 
 def profile(eng, cmd: dict) -> dict:
