@@ -1,4 +1,4 @@
-"""The append-only, hash-chained record log and its queries. No git, no vllm."""
+"""The append-only, hash-chained record log, its typed records and its queries. No git, no vllm."""
 
 from .log import Entry, HeadStore, HistoryError, HistoryLog, VerifyReport, verify
 

@@ -1,10 +1,13 @@
 """The append-only, hash-chained history log (JSON lines). No git, no vllm.
 
-Each line: ``{"v": 1, "seq": n, "ts": ..., "kind": ..., "episode": ..., "proposal": ...,
+Each line: ``{"v": 2, "seq": n, "ts": ..., "kind": ..., "episode": ..., "proposal": ...,
 "data": {...}, "prev": <hash of the previous line>, "hash": <sha256 of this line without it>}``.
 
 - one ``write`` + ``fsync`` per record; an exclusive lock against a second writer;
 - opening for append repairs a torn last line (a crash mid-write) and reports it;
+- every line's ``data`` is validated into its typed record (``history.records``; ``v`` is the schema
+  version it was written with, older versions are upgraded on reading, never rewritten) and a
+  line that does not fit is an error naming file:line;
 - ``verify`` detects an edited, inserted or deleted line anywhere and names the first bad one;
 - a truncated, emptied or deleted log is detected against the chain head (record count + last
   hash) kept outside the log by a ``HeadStore`` the caller provides (agentsearch keeps it in a git
@@ -22,12 +25,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Protocol
 
-SCHEMA_VERSION = 1
+from . import records
+from .records import KINDS, SCHEMA_VERSION, Record, RecordError, Repair
+
 GENESIS = "0" * 64
-KINDS = (
-    "episode-started", "episode-resumed", "episode-finished", "proposal-created", "trial", "statistic", "distribution",
-    "evaluation", "verdict", "merge", "revert", "recheck", "insight", "profile", "repair", "run-error",
-)
 
 
 class HistoryError(Exception):
@@ -58,12 +59,17 @@ class Entry:
     prev: str = GENESIS
     hash: str = ""
     v: int = SCHEMA_VERSION
+    # ``data`` validated into its class (upgraded to the current schema); ``data`` itself stays as
+    # written, since the hash covers it
+    record: Record = field(default=None, compare=False, repr=False)  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"unknown record kind {self.kind!r}")
         if self.seq < 1:
             raise ValueError("seq starts at 1")
+        if self.record is None:
+            object.__setattr__(self, "record", records.load(self.kind, self.data, self.v))
 
     def body(self) -> dict[str, Any]:
         return {"v": self.v, "seq": self.seq, "ts": self.ts, "kind": self.kind, "episode": self.episode,
@@ -80,14 +86,17 @@ def _line(entry: Entry) -> str:
 
 
 def _parse(raw: str, where: str) -> Entry:
+    d: dict[str, Any] = {}
     try:
         d = json.loads(raw)
+        if not isinstance(d.get("v"), int) or not 1 <= d["v"] <= SCHEMA_VERSION:
+            raise HistoryError(f"{where}: unsupported schema version {d.get('v')!r} (this agentsearch reads 1 to {SCHEMA_VERSION})")
         e = Entry(seq=d["seq"], ts=d["ts"], kind=d["kind"], episode=d["episode"], proposal=d["proposal"],
                   data=d["data"], prev=d["prev"], hash=d["hash"], v=d["v"])
-    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+    except RecordError as exc:
+        raise HistoryError(f"{where}: invalid {d.get('kind')} record: {exc}") from None
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
         raise HistoryError(f"{where}: not a history record ({exc})") from None
-    if e.v != SCHEMA_VERSION:
-        raise HistoryError(f"{where}: unsupported schema version {e.v}")
     return e
 
 
@@ -196,7 +205,7 @@ class HistoryLog:
             self.close()
             raise
         if self.repaired:
-            self.append("repair", None, None, {"note": self.repaired})
+            self.append(Repair(note=self.repaired), None, None)
         return self
 
     @property
@@ -222,12 +231,20 @@ class HistoryLog:
             os.fsync(fh.fileno())
         self.repaired = f"removed a torn last line ({dropped} bytes) left by an interrupted write"
 
-    def append(self, kind: str, episode: str | None, proposal: str | None, data: Mapping[str, Any]) -> Entry:
+    def append(self, record: Record | str, episode: str | None, proposal: str | None,
+               data: Mapping[str, Any] | None = None) -> Entry:
+        """Write ``record`` (a typed record; or a kind and its ``data``, validated into its class)."""
         if self._lock_fd is None:
             raise HistoryError("history is not open for writing")
-        entry = Entry(self._seq + 1, time.time(), kind, episode, proposal, dict(data), self._prev)
+        if isinstance(record, str):
+            try:
+                record = records.load(record, {**(data or {}), "schema_version": SCHEMA_VERSION}, SCHEMA_VERSION)
+            except RecordError as exc:
+                raise HistoryError(f"refusing to write an invalid record: {exc}") from None
+        kind, data = record.KIND, record.to_json()
+        entry = Entry(self._seq + 1, time.time(), kind, episode, proposal, data, self._prev, record=record)
         line = _line(entry)
-        entry = Entry(entry.seq, entry.ts, kind, episode, proposal, dict(data), self._prev, json.loads(line)["hash"])
+        entry = Entry(entry.seq, entry.ts, kind, episode, proposal, data, self._prev, json.loads(line)["hash"], record=record)
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
             os.write(fd, line.encode())

@@ -12,10 +12,14 @@ from history import HistoryError, HistoryLog, verify
 from .conftest import ROOT
 
 
+# a valid evaluation record (records are validated on write); extra keys are kept
+EV = {"reasons": [], "ref": "r", "baseline": "b", "candidate": "c", "seed": 0, "checks": []}
+
+
 def fill(path, n=5):
     with HistoryLog(path) as log:
         for i in range(n):
-            log.append("evaluation", "e1", f"e1/{i:03d}", {"verdict": "reject", "i": i})
+            log.append("evaluation", "e1", f"e1/{i:03d}", {**EV, "verdict": "reject", "i": i})
 
 
 def test_append_chain_and_verify(tmp_path):
@@ -61,7 +65,7 @@ def test_torn_last_line_is_repaired_and_reported(tmp_path):
     assert rep.ok and rep.torn_tail and rep.records == 3
     with HistoryLog(path) as log:
         assert "torn last line" in log.repaired
-        log.append("evaluation", "e1", "e1/003", {"verdict": "merge"})
+        log.append("evaluation", "e1", "e1/003", {**EV, "verdict": "merge"})
     kinds = [json.loads(ln)["kind"] for ln in path.read_text().splitlines()]
     assert kinds == ["evaluation"] * 3 + ["repair", "evaluation"]
     assert verify(path).ok and not verify(path).torn_tail
@@ -92,10 +96,11 @@ def test_second_writer_is_refused(tmp_path):
 def test_kill_9_mid_stream_leaves_a_verifiable_log(tmp_path):
     path = tmp_path / "history.jsonl"
     code = ("import sys; sys.path.insert(0, sys.argv[1]); from history import HistoryLog; from pathlib import Path\n"
+            f"EV = {EV!r}\n"
             "with HistoryLog(Path(sys.argv[2])) as l:\n"
             "    i = 0\n"
             "    while True:\n"
-            "        l.append('trial', 'e1', 'e1/001', {'i': i, 'pad': 'x' * 500}); i += 1\n")
+            "        l.append('evaluation', 'e1', 'e1/001', {**EV, 'verdict': 'reject', 'i': i, 'pad': 'x' * 500}); i += 1\n")
     proc = subprocess.Popen([sys.executable, "-c", code, str(ROOT), str(path)])
     import time
 
@@ -106,5 +111,5 @@ def test_kill_9_mid_stream_leaves_a_verifiable_log(tmp_path):
     rep = verify(path)
     assert rep.ok and rep.records > 10
     with HistoryLog(path) as log:
-        log.append("evaluation", "e1", None, {})
+        log.append("evaluation", "e1", None, {**EV, "verdict": "merge"})
     assert verify(path).ok

@@ -1,0 +1,57 @@
+"""Typed history records: one module per kind, each a frozen, validated dataclass.
+
+``load(kind, data, version)`` upgrades a line's data to the current schema and validates it
+into its class; writers build the class and pass it to ``HistoryLog.append``. The vocabulary
+of verdicts (check names, failure kinds) is in ``checks``. No git, no vllm.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from .base import SCHEMA_VERSION, Part, Record, RecordError
+from .checks import AVOID, BREAKING, GATE_ORDER, CheckName, FailureKind, decision_failure, default_failure
+from .distribution import Distribution
+from .episode_finished import EpisodeFinished
+from .episode_resumed import EpisodeResumed
+from .episode_started import EpisodeStarted
+from .evaluation import Evaluation
+from .insight import Insight
+from .merge import Merge
+from .profile import Profile
+from .proposal_created import ProposalCreated
+from .recheck import Recheck
+from .repair import Repair
+from .revert import Revert
+from .run_error import RunError
+from .statistic import Statistic
+from .trial import Trial
+from .upgrade import UPGRADERS, upgrade
+from .verdict import CheckResult, Verdict
+
+CLASSES: tuple[type[Record], ...] = (
+    EpisodeStarted, EpisodeResumed, EpisodeFinished, ProposalCreated, Trial, Statistic, Distribution,
+    Evaluation, Verdict, Merge, Revert, Recheck, Insight, Profile, Repair, RunError,
+)
+BY_KIND: dict[str, type[Record]] = {c.KIND: c for c in CLASSES}
+KINDS = tuple(BY_KIND)
+
+
+def load(kind: str, data: Mapping[str, Any], version: int) -> Record:
+    """The record of one line (upgraded from ``version``); RecordError says what does not fit."""
+    cls = BY_KIND.get(kind)
+    if cls is None:
+        raise RecordError(f"unknown record kind {kind!r}")
+    try:
+        current = upgrade(kind, data, version)
+    except ValueError as exc:
+        raise RecordError(str(exc)) from None
+    return cls.from_json(current, kind)
+
+
+__all__ = [
+    "AVOID", "BREAKING", "BY_KIND", "CLASSES", "GATE_ORDER", "KINDS", "SCHEMA_VERSION", "UPGRADERS",
+    "CheckName", "CheckResult", "Distribution", "EpisodeFinished", "EpisodeResumed", "EpisodeStarted", "Evaluation",
+    "FailureKind", "Insight", "Merge", "Part", "Profile", "ProposalCreated", "Recheck", "Record", "RecordError", "Repair",
+    "Revert", "RunError", "Statistic", "Trial", "Verdict", "decision_failure", "default_failure", "load", "upgrade",
+]

@@ -1,0 +1,105 @@
+"""The vocabulary of verdicts: check names and failure kinds, in one place.
+
+A failed check carries a ``FailureKind``: what went wrong, as a word a program can count
+(insights, the sweep bandit, reports). The check's ``detail`` is the English for people;
+nothing reads it back. ``agentsearch.gate`` orders the checks; this module only names them.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Sequence
+
+
+class CheckName(str, Enum):
+    """Every check an evaluation or the episode can report, in the order they run."""
+
+    PATCH_APPLIES = "patch-applies"  # the episode: the proposal applies and changes something
+    NOT_A_DUPLICATE = "not-a-duplicate"  # the episode: not judged before under the same content key
+    JUDGING = "judging"  # the episode: judging the proposal raised an unexpected error
+    BASED_ON_BASELINE = "based-on-baseline"
+    PROTECTED_PATHS = "protected-paths"
+    SANDBOX = "sandbox"
+    BUILD = "build"
+    FUNCTIONAL_TESTS = "functional-tests"
+    OBJECTIVE = "objective"
+    COVERAGE = "coverage"
+    GUARD_WORKLOADS = "guard-workloads"
+    CONFIRMATION = "confirmation"
+    PLAUSIBILITY = "plausibility"
+    DISTRIBUTION = "distribution"
+
+
+class FailureKind(str, Enum):
+    """Why a check failed. The values are what records store."""
+
+    PATCH_FAILED = "patch-failed"  # does not apply to the baseline
+    NO_CHANGE = "no-change"  # applies but changes nothing
+    DUPLICATE = "duplicate"  # the same content was judged before
+    INTERNAL_ERROR = "internal-error"  # agentsearch itself failed while judging
+    STALE_BASE = "stale-base"  # not based on the current baseline
+    PROTECTED_PATH = "protected-path"  # touches a protected file
+    SANDBOX = "sandbox"  # the sandbox could not be set up or was escaped
+    BUILD_FAILED = "build-failed"
+    TESTS_FAILED = "tests-failed"
+    CRASH = "crash"  # a trial (or the candidate's process) failed
+    TIMEOUT = "timeout"  # a trial or the tests ran past their limit
+    CHANGED_OUTPUTS = "changed-outputs"  # the candidate produced other outputs than the baseline
+    MEASUREMENT_ERROR = "measurement-error"  # the measuring machinery failed on this candidate
+    SETUP_ERROR = "setup-error"  # the workload's set-up (model, engine) could not start
+    NO_EFFECT = "no-effect"  # no worthwhile speedup (or the changed code never ran)
+    SLOWER = "slower"  # the objective got slower, or a guard workload regressed
+    INCONCLUSIVE = "inconclusive"  # the pairs ran out before a decision
+    NOT_CONFIRMED = "not-confirmed"  # the win did not hold on fresh seeds
+    DISTRIBUTION = "distribution"  # the output distribution moved
+    COVERAGE = "coverage"  # the coverage pass itself failed
+    WORKTREE_CHANGED = "worktree-changed"  # a run changed a worktree it must not
+    MISSING = "missing"  # a required check did not run
+
+
+# the order the gate runs (and reports) the checks of an evaluation; agentsearch.gate requires them all
+GATE_ORDER = (CheckName.BASED_ON_BASELINE, CheckName.PROTECTED_PATHS, CheckName.SANDBOX, CheckName.BUILD,
+              CheckName.FUNCTIONAL_TESTS, CheckName.OBJECTIVE, CheckName.COVERAGE, CheckName.GUARD_WORKLOADS,
+              CheckName.CONFIRMATION, CheckName.PLAUSIBILITY, CheckName.DISTRIBUTION)
+
+# the candidate broke the workload (as opposed to not winning): the sweep bandit penalises these
+BREAKING = frozenset({FailureKind.CRASH, FailureKind.TIMEOUT, FailureKind.BUILD_FAILED, FailureKind.MEASUREMENT_ERROR,
+                      FailureKind.SETUP_ERROR})
+# rejected for a reason worth telling the next proposer to avoid (besides breaking)
+AVOID = frozenset({FailureKind.DISTRIBUTION, FailureKind.PROTECTED_PATH, FailureKind.CHANGED_OUTPUTS,
+                   FailureKind.NO_EFFECT, FailureKind.COVERAGE})
+
+# the kind a failed check has when its site says nothing more specific
+DEFAULT_FAILURE: dict[CheckName, FailureKind] = {
+    CheckName.PATCH_APPLIES: FailureKind.PATCH_FAILED,
+    CheckName.NOT_A_DUPLICATE: FailureKind.DUPLICATE,
+    CheckName.JUDGING: FailureKind.INTERNAL_ERROR,
+    CheckName.BASED_ON_BASELINE: FailureKind.STALE_BASE,
+    CheckName.PROTECTED_PATHS: FailureKind.PROTECTED_PATH,
+    CheckName.SANDBOX: FailureKind.SANDBOX,
+    CheckName.BUILD: FailureKind.BUILD_FAILED,
+    CheckName.FUNCTIONAL_TESTS: FailureKind.TESTS_FAILED,
+    CheckName.OBJECTIVE: FailureKind.CRASH,
+    CheckName.COVERAGE: FailureKind.COVERAGE,
+    CheckName.GUARD_WORKLOADS: FailureKind.CRASH,
+    CheckName.CONFIRMATION: FailureKind.CRASH,
+    CheckName.PLAUSIBILITY: FailureKind.INCONCLUSIVE,
+    CheckName.DISTRIBUTION: FailureKind.DISTRIBUTION,
+}
+
+
+def default_failure(check: str) -> FailureKind:
+    """The failure kind of a failed ``check`` whose site named none (unknown checks: crash)."""
+    try:
+        return DEFAULT_FAILURE[CheckName(check)]
+    except ValueError:
+        return FailureKind.CRASH
+
+
+def decision_failure(action: str, ci: Sequence[float] | None = None) -> FailureKind:
+    """The failure kind of a statistical decision that is not the wanted one (see harness.sequential);
+    ``ci``: the speedup's confidence interval (an objective whose whole interval is below 1 is slower)."""
+    if action == "lose":
+        return FailureKind.SLOWER if ci and ci[-1] < 1 else FailureKind.NO_EFFECT
+    return {"inconclusive": FailureKind.INCONCLUSIVE, "regressed": FailureKind.SLOWER,
+            "not-confirmed": FailureKind.NOT_CONFIRMED, "failed": FailureKind.CRASH}.get(action, FailureKind.INCONCLUSIVE)

@@ -1,0 +1,34 @@
+"""``evaluation``: `agentsearch evaluate REF` judged a ref (agentsearch.evaluation.Evaluation)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Mapping
+
+from .base import Record
+from .checks import FailureKind
+from .verdict import CheckResult, failures_of
+
+
+@dataclass(frozen=True)
+class Evaluation(Record):
+    KIND: ClassVar[str] = "evaluation"
+    OPEN: ClassVar[bool] = True  # distribution, coverage, environment, timing, trials, ... are kept in ``extra``
+
+    verdict: str  # merge | reject | review
+    reasons: tuple[str, ...]
+    ref: str
+    baseline: str
+    candidate: str
+    seed: int
+    checks: tuple[CheckResult, ...]
+    alpha: float | None = None
+    objective: str | None = None
+    failed_check: str | None = None
+    failure: FailureKind | None = None
+    workloads: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    extra: Mapping[str, Any] = field(default_factory=dict, kw_only=True)
+
+    @property
+    def failures(self) -> tuple[FailureKind, ...]:
+        return failures_of(self.checks)

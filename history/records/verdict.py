@@ -1,0 +1,61 @@
+"""``verdict``: the gate's decision on one proposal, with the evaluation it was made from.
+
+A static verdict (the patch does not apply, a duplicate, an internal error) has no evaluation
+fields; a measured one carries the evaluation's (workloads, confirmation, distribution, ...).
+``failed_check`` and ``failure`` say structurally why a rejection happened; ``reasons`` say it
+in English for people.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Mapping
+
+from .base import Part, Record
+from .checks import FailureKind
+
+
+@dataclass(frozen=True)
+class CheckResult(Part):
+    """One check as recorded: its name (a CheckName value), status, detail and failure kind."""
+
+    name: str
+    status: str  # pass | fail | skipped | review
+    detail: str
+    failure: FailureKind | None = None  # set when status is fail
+
+    def __post_init__(self) -> None:
+        if self.status not in ("pass", "fail", "skipped", "review"):
+            raise ValueError(f"check {self.name!r}: unknown status {self.status!r}")
+
+
+def failures_of(checks: tuple[CheckResult, ...]) -> tuple[FailureKind, ...]:
+    """The failure kinds of the failed checks, in their order."""
+    return tuple(c.failure for c in checks if c.status == "fail" and c.failure is not None)
+
+
+@dataclass(frozen=True)
+class Verdict(Record):
+    KIND: ClassVar[str] = "verdict"
+    OPEN: ClassVar[bool] = True  # the evaluation's fields (workloads, distribution, timing, ...) are kept in ``extra``
+
+    number: int
+    proposal: str
+    title: str | None
+    branch: str | None
+    verdict: str  # merge | reject | review
+    reasons: tuple[str, ...]  # for people: "<check>: <detail>"
+    checks: tuple[CheckResult, ...]
+    baseline: str  # the baseline commit it was judged on
+    candidate: str | None  # None when nothing was committed
+    content_key: str | None  # same code, baseline, config and environment: judged once
+    speedup: float | None  # of the objective
+    objective: str | None = None  # the objective workload's name (measured verdicts)
+    failed_check: str | None = None  # the first failed check (a CheckName value); None for a merge
+    failure: FailureKind | None = None  # its failure kind
+    workloads: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # per workload: a statistic's fields
+    extra: Mapping[str, Any] = field(default_factory=dict, kw_only=True)
+
+    @property
+    def failures(self) -> tuple[FailureKind, ...]:
+        return failures_of(self.checks)
