@@ -22,6 +22,7 @@ from harness import environment, seeds
 from history.insights import proposal_rows
 from harness.trials import BASELINE, TrialRecord, tail
 from history import HistoryError
+from history import records as rec
 
 from . import proposers
 from .errors import AgentsearchError, CasError, ConfigError, LockedError, RunError, TargetError
@@ -149,8 +150,8 @@ class Episode:
         self.plan = state.plan
 
     # -------------------------------------------------------------- records
-    def record(self, kind: str, proposal: str | None, data: Mapping[str, Any]) -> None:
-        self.log.append(kind, self.plan.episode, proposal, data)
+    def record(self, record: rec.Record, proposal: str | None) -> None:
+        self.log.append(record, self.plan.episode, proposal)
 
     def elapsed(self) -> float:
         return self.state.used_s + (time.time() - self.t0)
@@ -194,7 +195,7 @@ class Episode:
             data, path = refresh(self.ws, self.log, self.plan.episode, llm=self.proposer.name == "claude")
         summary["insights"] = str(path)
         summary["lessons"] = data["lessons"]
-        self.record("episode-finished", None, {k: v for k, v in summary.items() if k not in ("proposals", "lessons")})
+        self.record(rec.EpisodeFinished.of({k: v for k, v in summary.items() if k not in ("proposals", "lessons")}), None)
         self.state.finished = summary
         return summary
 
@@ -258,13 +259,14 @@ class Episode:
         except Exception as exc:  # noqa: BLE001 - adversarial input: this proposal is rejected, the queue goes on
             error, commit, files = internal_reason(exc), None, []
             base = base or self.ws.baseline_commit()
-        data = {
-            "number": number, "proposal": pid, "key": cand.key, "title": cand.title, "rationale": cand.rationale,
-            "category": cand.category, "proposer": cand.proposer, "branch": branch, "base": base,
-            "commit": commit, "applied": not error, "apply_error": error, "files": files,
-            "diff_hash": hashlib.sha256(cand.patch.encode()).hexdigest(), "patch": cand.patch, "meta": dict(cand.meta),
-        }
-        self.record("proposal-created", pid, data)
+        created = rec.ProposalCreated(
+            number=number, proposal=pid, key=cand.key, title=cand.title, rationale=cand.rationale,
+            category=cand.category, proposer=cand.proposer, branch=branch, base=base,
+            commit=commit, applied=not error, apply_error=error, files=tuple(files),
+            diff_hash=hashlib.sha256(cand.patch.encode()).hexdigest(), patch=cand.patch, meta=dict(cand.meta),
+        )
+        self.record(created, pid)
+        data = created.to_json()
         p = ProposalState(number, cand.key, data)
         self.state.proposals[number] = p
         return p
@@ -297,8 +299,8 @@ class Episode:
             self._judge(p, cand)
         except RunError as exc:  # a failed preflight or a broken baseline: recorded, never as this proposal's verdict
             if p.verdict is None:
-                self.record("run-error", p.id, {"number": p.number, "proposal": p.id, "error": str(exc),
-                                                "kind": type(exc).__name__, "baseline": self.ws.baseline_commit()})
+                self.record(rec.RunError(number=p.number, proposal=p.id, error=str(exc), kind=type(exc).__name__,
+                                         baseline=self.ws.baseline_commit()), p.id)
                 raise RunError(f"{exc}; the episode stopped (`agentsearch episode --resume` continues it)") from None
             raise
         except RUN_ERRORS:
@@ -307,7 +309,7 @@ class Episode:
             if p.verdict is not None:  # the verdict is recorded; what failed came after it (the merge)
                 raise
             base = self.ws.baseline_commit()
-            self._verdict(p, _static_verdict("judging", internal_reason(exc)), base, p.created.get("commit"), None)
+            self._verdict(p, _static_verdict(rec.CheckName.JUDGING, internal_reason(exc)), base, p.created.get("commit"), None)
 
     def _judge(self, p: ProposalState, cand: Candidate) -> None:
         base = self.ws.baseline_commit()
@@ -315,22 +317,24 @@ class Episode:
         commit, error = self._fresh_commit(p, cand)
         if commit is None:
             reason = f"does not apply to the current baseline {base[:12]}: {error}" if error else "the proposal makes no change"
+            failure = rec.FailureKind.PATCH_FAILED if error else rec.FailureKind.NO_CHANGE
             if error.startswith(INTERNAL):
-                reason = error
+                reason, failure = error, rec.FailureKind.INTERNAL_ERROR
             agent_error = (cand.meta or {}).get("error")
             if agent_error and not error:
                 reason += f" (the agent session ended with an error: {agent_error})"
-            self._verdict(p, _static_verdict("patch-applies", reason), base, None, None)
+            self._verdict(p, _static_verdict(rec.CheckName.PATCH_APPLIES, reason, failure), base, None, None)
             return
         content_key = _content_key(self.ws, base, commit, config.fingerprint())
         if git.tree_of(self.ws.repo_dir, commit) == git.tree_of(self.ws.repo_dir, base):
-            self._verdict(p, _static_verdict("patch-applies", "the patch makes no change to the baseline"), base, commit, None, content_key)
+            self._verdict(p, _static_verdict(rec.CheckName.PATCH_APPLIES, "the patch makes no change to the baseline", rec.FailureKind.NO_CHANGE),
+                          base, commit, None, content_key)
             return
         twin = self._twin(content_key, p)
         if twin is not None:
             reason = (f"identical to {twin['proposal']} (same code, baseline, workloads and environment), judged "
                       f"{twin['verdict']}; not re-measured")
-            self._verdict(p, _static_verdict("not-a-duplicate", reason), base, commit, None, content_key)
+            self._verdict(p, _static_verdict(rec.CheckName.NOT_A_DUPLICATE, reason), base, commit, None, content_key)
             return
 
         trees = {BASELINE: git.tree_of(self.ws.repo_dir, base), "candidate": git.tree_of(self.ws.repo_dir, commit)}
@@ -338,7 +342,7 @@ class Episode:
 
         def on_trial(t: TrialRecord) -> None:
             key = hashlib.sha256(json.dumps([trees[t.side], t.workload, t.seed, env_fp]).encode()).hexdigest()[:20]
-            self.record("trial", p.id, {"number": p.number, "candidate": commit, "baseline": base, "measurement": key, **asdict(t)})
+            self.record(rec.Trial.of({"number": p.number, "candidate": commit, "baseline": base, "measurement": key, **asdict(t)}), p.id)
 
         def say(stage: str, detail: str) -> None:
             self.say(f"{p.id} {stage}", detail)
@@ -346,9 +350,9 @@ class Episode:
         ev = evaluate(self.ws, commit, seed=seeds.proposal_seed(self.plan.seed, p.number), alpha=self.plan.alpha,
                       progress=say, on_trial=on_trial)
         for w in [*ev.workloads.values(), *([ev.confirmation] if ev.confirmation else [])]:
-            self.record("statistic", p.id, {"number": p.number, **w.to_json()})
+            self.record(rec.Statistic.of({"number": p.number, **w.to_json()}), p.id)
         if ev.distribution is not None:
-            self.record("distribution", p.id, {"number": p.number, **ev.distribution.to_json()})
+            self.record(rec.Distribution.of({"number": p.number, **ev.distribution.to_json()}), p.id)
         self._verdict(p, ev.verdict, base, commit, ev, content_key)
 
     def _twin(self, content_key: str, p: ProposalState) -> Mapping[str, Any] | None:
@@ -364,8 +368,9 @@ class Episode:
         data: dict[str, Any] = {
             "number": p.number, "proposal": p.id, "title": p.created.get("title"), "branch": p.created.get("branch"),
             "verdict": verdict.verdict, "reasons": list(verdict.reasons),
-            "checks": [{"name": c.name, "status": c.status.value, "detail": c.detail} for c in verdict.checks],
+            "checks": [c.to_json() for c in verdict.checks],
             "baseline": base, "candidate": commit, "content_key": content_key, "speedup": None,
+            "failed_check": verdict.failed_check, "failure": verdict.failure.value if verdict.failure else None,
         }
         if ev is not None:
             full = ev.to_json()
@@ -375,8 +380,9 @@ class Episode:
             data["objective"] = obj
             w = ev.workloads.get(obj)
             data["speedup"] = w.speedup if w else None
-        self.record("verdict", p.id, data)
-        p.verdict = data
+        record = rec.Verdict.of(data)
+        self.record(record, p.id)
+        p.verdict = record.to_json()
         self.say(p.id, headline(data))
         prop_path = self.ws.worktrees / f"{self.plan.episode}-{p.number:03d}"
         if prop_path.exists():
@@ -397,15 +403,15 @@ class Episode:
             else:
                 merged = self.ws.merge(cand, expected, merge_message(v, self.log.head))
         except CasError as exc:
-            data = {"number": p.number, "ok": False, "old": expected, "new": now, "candidate": cand, "error": str(exc)}
-            self.record("merge", p.id, data)
-            p.merge = data
+            record = rec.Merge(number=p.number, ok=False, old=expected, new=now, candidate=cand, error=str(exc))
+            self.record(record, p.id)
+            p.merge = record.to_json()
             self.say(p.id, f"not merged: {exc}")
             return
         git.add_note(self.ws.repo_dir, merged, note)
-        data = {"number": p.number, "ok": True, "old": expected, "new": merged, "candidate": cand}
-        self.record("merge", p.id, data)
-        p.merge = data
+        record = rec.Merge(number=p.number, ok=True, old=expected, new=merged, candidate=cand)
+        self.record(record, p.id)
+        p.merge = record.to_json()
         self.say(p.id, f"merged: baseline {expected[:12]} -> {merged[:12]}")
 
 
@@ -414,8 +420,8 @@ def latest_insights(entries: list[Any]) -> Mapping[str, Any] | None:
     return found[-1] if found else None
 
 
-def _static_verdict(check: str, reason: str) -> Any:
-    return judge([Check(check, Status.FAIL, reason)])
+def _static_verdict(check: str, reason: str, failure: rec.FailureKind | None = None) -> Any:
+    return judge([Check(check, Status.FAIL, reason, failure)])
 
 
 def _content_key(ws: Workspace, base: str, commit: str, config_fp: str) -> str:
@@ -468,7 +474,7 @@ def start(ws: Workspace, log: Any, proposer_name: str, options: Mapping[str, Any
         alpha=config.gate.alpha / max(n, config.gate.episode_budget), baseline=ws.baseline_commit(),
         config_fingerprint=config.fingerprint(), insights=insights, cost_budget_usd=cost_budget_usd,
     )
-    log.append("episode-started", episode, None, asdict(plan))
+    log.append(rec.EpisodeStarted.of(asdict(plan)), episode, None)
     state = EpisodeState(plan, sessions=1)
     return Episode(ws, log, state, proposer)
 
@@ -476,8 +482,8 @@ def start(ws: Workspace, log: Any, proposer_name: str, options: Mapping[str, Any
 def resume(ws: Workspace, log: Any, episode: str, entries: list[Any]) -> Episode:
     state = load_state(entries, episode)
     proposer = proposers.rebuild(state.plan.proposer, state.plan.manifest)
-    log.append("episode-resumed", episode, None, {"session": state.sessions + 1, "used_s": round(state.used_s, 3),
-                                                  "judged": sum(1 for p in state.proposals.values() if p.verdict)})
+    log.append(rec.EpisodeResumed(session=state.sessions + 1, used_s=round(state.used_s, 3),
+                                  judged=sum(1 for p in state.proposals.values() if p.verdict)), episode, None)
     state.sessions += 1
     return Episode(ws, log, state, proposer)
 

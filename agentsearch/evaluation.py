@@ -22,6 +22,7 @@ from harness.interleave import WorkloadRun, run_interleaved
 from harness.sequential import LOSE, OK, REGRESSED, WIN, SequentialDesign, confirmation_design, decide_confirmation, decide_guard, decide_objective
 from harness.statistics import NoisePrior
 from harness.trials import BASELINE, CANDIDATE, TrialRecord, child_env, run_child, tail
+from history.records import FailureKind, decision_failure
 
 from . import calibration, containment, preflight
 from . import sides as sides_mod
@@ -129,7 +130,8 @@ class Evaluation:
             "confirmation": self.confirmation.to_json() if self.confirmation else None,
             "distribution": self.distribution.to_json() if self.distribution else None,
             "coverage": dataclasses.asdict(self.coverage) if self.coverage else None,
-            "checks": [{"name": c.name, "status": c.status.value, "detail": c.detail} for c in self.verdict.checks],
+            "checks": [c.to_json() for c in self.verdict.checks],
+            "failed_check": self.verdict.failed_check, "failure": self.verdict.failure.value if self.verdict.failure else None,
             "config_fingerprint": self.config_fingerprint,
             "environment": self.environment,
             "wall_s": round(self.wall_s, 3),
@@ -175,8 +177,8 @@ class _State:
         if self.on_trial is not None:
             self.on_trial(t)
 
-    def add(self, name: str, status: Status, detail: str = "") -> None:
-        self.checks.append(Check(name, status, detail))
+    def add(self, name: str, status: Status, detail: str = "", failure: FailureKind | None = None) -> None:
+        self.checks.append(Check(name, status, detail, failure))
 
 
 def evaluate(
@@ -279,7 +281,7 @@ def _measure_with(ws: Workspace, config: Config, sd: Sides, master: int, alpha: 
         try:
             factory = session_factory(config, w, sd, pool)
         except AgentsearchError as exc:  # the set-up (e.g. the model): not the candidate's doing
-            st.add(check_of[role], Status.FAIL, str(exc))
+            st.add(check_of[role], Status.FAIL, str(exc), FailureKind.SETUP_ERROR)
             st.baseline_failure = (w.name, str(exc))
             return None
         decide = decide_of[role]
@@ -311,7 +313,7 @@ def _measure_with(ws: Workspace, config: Config, sd: Sides, master: int, alpha: 
                 prior=prior, restarts=restarts_for(w), on_pair=on_pair,
             )
         except (OSError, ValueError, RuntimeError) as exc:  # fail closed: an error is a rejection
-            st.add(check_of[role], Status.FAIL, f"{w.name}: measurement error: {type(exc).__name__}: {exc}")
+            st.add(check_of[role], Status.FAIL, f"{w.name}: measurement error: {type(exc).__name__}: {exc}", FailureKind.MEASUREMENT_ERROR)
             return None
         emit(r)
         summary = summarize(r, role, w, wdesign, prior is not None)
@@ -326,14 +328,15 @@ def _measure_with(ws: Workspace, config: Config, sd: Sides, master: int, alpha: 
         if r is None:
             return False
         if r.failure:
-            st.add(check, Status.FAIL, r.failure)
+            st.add(check, Status.FAIL, r.failure, FailureKind(r.failure_kind or FailureKind.CRASH))
             last = r.trials[-1] if r.trials else None
             if last is not None and not last.ok and last.side == BASELINE and not blames_candidate(last.error):
                 st.baseline_failure = (name, r.failure)
             return False
         assert r.decision is not None
         if r.decision.action != wanted:
-            st.add(check, Status.FAIL, f"{name}: {r.decision.reason}")
+            summary = st.confirmation if check == "confirmation" else st.summaries.get(name)
+            st.add(check, Status.FAIL, f"{name}: {r.decision.reason}", decision_failure(r.decision.action, summary.ci if summary else None))
             return False
         return True
 
@@ -387,7 +390,7 @@ def _measure_with(ws: Workspace, config: Config, sd: Sides, master: int, alpha: 
     st.distribution = res
     moved = sd.check()
     if moved:
-        st.add("distribution", Status.FAIL, moved)
+        st.add("distribution", Status.FAIL, moved, FailureKind.WORKTREE_CHANGED)
         return
     if res.verdict != "pass":
         st.add("distribution", Status.FAIL, "; ".join(res.reasons[:4]) + (f" (+{len(res.reasons) - 4} more)" if len(res.reasons) > 4 else ""))
@@ -442,7 +445,7 @@ def _coverage_check(config: Config, w: WorkloadConfig, sd: Sides, master: int, s
     st.coverage = rep
     if rep.ran == 0:
         st.add("coverage", Status.FAIL, f"none of the {rep.changed} changed executable lines ran during {w.name}: "
-                                        f"the measured difference cannot come from this change ({rep.summary()})")
+                                        f"the measured difference cannot come from this change ({rep.summary()})", FailureKind.NO_EFFECT)
         return False
     st.add("coverage", Status.PASS, rep.summary())
     return True
@@ -463,13 +466,14 @@ def _functional_tests(config: Config, sd: Sides, st: _State, say: Progress) -> b
     rc, _out, err, wall = run_child(cmd, worktree, env, config.target.test_timeout_s, shell=True)
     left = sd.restore(CANDIDATE)
     if rc is None:
-        st.add("functional-tests", Status.FAIL, f"`{cmd}` timed out after {config.target.test_timeout_s:g} s")
+        st.add("functional-tests", Status.FAIL, f"`{cmd}` timed out after {config.target.test_timeout_s:g} s", FailureKind.TIMEOUT)
         return False
     if rc != 0:
         st.add("functional-tests", Status.FAIL, f"`{cmd}` exited with status {rc}: {tail(err, 1) or 'no stderr'}")
         return False
     if left or sd.check():
-        st.add("functional-tests", Status.FAIL, f"the tests left changes in a worktree that could not be undone: {left or sd.check()}")
+        st.add("functional-tests", Status.FAIL, f"the tests left changes in a worktree that could not be undone: {left or sd.check()}",
+               FailureKind.WORKTREE_CHANGED)
         return False
     st.add("functional-tests", Status.PASS, f"`{cmd}` passed in {wall:.1f} s")
     return True

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
+from history.records import GATE_ORDER, CheckName, FailureKind, default_failure
+
 MERGE = "merge"
 REJECT = "reject"
 REVIEW = "review"
@@ -24,22 +26,11 @@ class Status(str, Enum):
     REVIEW = "review"  # passed, but needs a person (plausibility bound)
 
 
-# in the order an evaluation runs them
-REQUIRED_CHECKS = (
-    "based-on-baseline",
-    "protected-paths",
-    "sandbox",
-    "build",
-    "functional-tests",
-    "objective",
-    "coverage",
-    "guard-workloads",
-    "confirmation",
-    "plausibility",
-    "distribution",
-)
+# in the order an evaluation runs them (the names and their order: history.records.checks)
+REQUIRED_CHECKS = tuple(c.value for c in GATE_ORDER)
 # skipped only with the reason in its detail: the target opted out, the machine cannot, or it does not apply
-SKIPPABLE = {"distribution", "confirmation", "sandbox", "coverage", "functional-tests"}
+SKIPPABLE = {c.value for c in (CheckName.DISTRIBUTION, CheckName.CONFIRMATION, CheckName.SANDBOX, CheckName.COVERAGE,
+                               CheckName.FUNCTIONAL_TESTS)}
 
 
 @dataclass(frozen=True)
@@ -47,12 +38,21 @@ class Check:
     name: str
     status: Status
     detail: str
+    failure: FailureKind | None = None  # a failed check's kind; None: the check's default kind
 
     def __post_init__(self) -> None:
         if self.status == Status.SKIPPED and self.name not in SKIPPABLE:
             raise ValueError(f"check {self.name!r} cannot be skipped")
         if self.status == Status.FAIL and not self.detail:
             raise ValueError("a failed check needs a reason")
+        if self.status == Status.FAIL and self.failure is None:
+            object.__setattr__(self, "failure", default_failure(self.name))
+        if self.status != Status.FAIL:
+            object.__setattr__(self, "failure", None)
+
+    def to_json(self) -> dict[str, str | None]:
+        return {"name": self.name, "status": self.status.value, "detail": self.detail,
+                "failure": self.failure.value if self.failure else None}
 
 
 @dataclass(frozen=True)
@@ -61,6 +61,8 @@ class Verdict:
     reasons: tuple[str, ...]
     checks: tuple[Check, ...]
     schema_version: int = VERDICT_SCHEMA
+    failed_check: str | None = None  # the check whose reason comes first (a rejection's cause)
+    failure: FailureKind | None = None  # its kind (MISSING when a required check did not run)
 
     def __post_init__(self) -> None:
         if self.verdict not in (MERGE, REJECT, REVIEW):
@@ -97,7 +99,12 @@ def judge(checks: list[Check]) -> Verdict:
         c.status == Status.FAIL for c in checks
     ):
         # the first failure is the cause; 'did not run' entries after it are consequences
-        return Verdict(REJECT, tuple(_trim(reasons)), ordered)
+        failed = [by_name[n] for n in REQUIRED_CHECKS if n in by_name and by_name[n].status == Status.FAIL] + [
+            c for c in checks if c.name not in REQUIRED_CHECKS and c.status == Status.FAIL]
+        if failed:
+            return Verdict(REJECT, tuple(_trim(reasons)), ordered, failed_check=failed[0].name, failure=failed[0].failure)
+        missing = next(n for n in REQUIRED_CHECKS if n not in by_name)
+        return Verdict(REJECT, tuple(_trim(reasons)), ordered, failed_check=missing, failure=FailureKind.MISSING)
     if review:
         return Verdict(REVIEW, tuple(reasons), ordered)
     return Verdict(MERGE, (), ordered)

@@ -12,6 +12,7 @@ from typing import Any
 
 from history import HistoryLog
 from history.insights import distill, markdown
+from history.records import Insight
 
 from .agent import ToolGuard, credentials, load_transport_factory, run_session
 from .workspace import Workspace
@@ -45,7 +46,7 @@ def refresh(ws: Workspace, log: HistoryLog, episode: str | None = None, llm: boo
 
     With ``llm``, an agent pass adds short lessons in prose (``notes``) when an agent is available."""
     data = with_llm(ws, distill(log.entries(), knob_order(ws)), llm)
-    log.append("insight", episode, None, data)
+    log.append(Insight.of(data), episode, None)
     path = ws.state / INSIGHTS_MD
     path.write_text(markdown(data))
     return data, path

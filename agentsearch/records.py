@@ -9,9 +9,10 @@ deleted log is caught.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from history import HistoryError, HistoryLog, VerifyReport, verify
+from history.records import Record
 
 from .errors import AgentsearchError
 from .workspace import Workspace
@@ -57,9 +58,9 @@ def read_entries(ws: Workspace) -> list[Any]:
         raise AgentsearchError(f"{exc}; run `agentsearch history verify`") from None
 
 
-def append(ws: Workspace, kind: str, episode: str | None, proposal: str | None, data: Mapping[str, Any]) -> None:
+def append(ws: Workspace, record: Record, episode: str | None, proposal: str | None) -> None:
     try:
         with open_log(ws) as log:
-            log.append(kind, episode, proposal, data)
+            log.append(record, episode, proposal)
     except HistoryError as exc:
         raise AgentsearchError(str(exc)) from None

@@ -15,7 +15,7 @@ from harness import models
 from harness.engine_session import EnginePool, WorkerSession
 from harness.serve_session import ServeSession
 from harness.interleave import CommandSession, Session, SessionFactory
-from harness.trials import BASELINE, CANDIDATE, CommandSpec, TrialOutcome
+from harness.trials import BASELINE, CANDIDATE, CHANGED_OUTPUTS, WORKTREE_CHANGED, CommandSpec, TrialOutcome
 
 from .config import Config, WorkloadConfig
 from .errors import AgentsearchError
@@ -126,8 +126,9 @@ class GuardedSession:
         if self.fresh is not None:
             self.fresh()  # every trial starts with an empty output directory
         outcome = self.inner.measure(seed)
-        why = self.check()
+        why, kind = self.check(), WORKTREE_CHANGED
         if not why and self.match is not None:
+            kind = CHANGED_OUTPUTS
             self.match.last = None
             why = self.match.check(self.side, seed, outcome)
             if self.match.last is not None:  # the pair is complete: say how closely the outputs agreed
@@ -135,7 +136,7 @@ class GuardedSession:
                 outcome = dataclasses.replace(outcome, metrics={**outcome.metrics, "outputs_agreement": round(share, 6),
                                                                 "outputs_identical": round(same, 6)})
         if why:
-            return dataclasses.replace(outcome, ok=False, value=None, error=why)
+            return dataclasses.replace(outcome, ok=False, value=None, error=why, failure=kind)
         return outcome
 
     def close(self) -> None:

@@ -17,7 +17,7 @@ from typing import Callable, Protocol
 
 from .sequential import CONTINUE, Decision, SequentialDesign
 from .statistics import NoisePrior
-from .trials import BASELINE, CANDIDATE, CommandSpec, TrialOutcome, TrialRecord, run_command_trial
+from .trials import BASELINE, CANDIDATE, CRASH, CommandSpec, TrialOutcome, TrialRecord, run_command_trial
 
 
 class Session(Protocol):
@@ -59,6 +59,7 @@ class WorkloadRun:
     sessions: list[int] = field(default_factory=list)  # engine session of each pair
     decision: Decision | None = None
     failure: str | None = None
+    failure_kind: str = ""  # one of harness.trials.TRIAL_FAILURES when failure is set
 
     @property
     def pairs(self) -> int:
@@ -111,11 +112,12 @@ def run_interleaved(
                             workload=workload, side=side, seed=seed, pair=pair, position=position,
                             order=order, session=idx, ok=outcome.ok, value=outcome.value,
                             metrics=outcome.metrics, wall_s=outcome.wall_s, error=outcome.error,
-                            stderr_tail=outcome.stderr_tail,
+                            stderr_tail=outcome.stderr_tail, failure="" if outcome.ok else (outcome.failure or CRASH),
                         )
                     )
                     if not outcome.ok:
                         run.failure = f"{side} trial failed ({workload}, pair {pair + 1}, seed {seed}): {outcome.error}"
+                        run.failure_kind = outcome.failure or CRASH
                         return run
                     got[side] = outcome
                 b, c = got[BASELINE].value, got[CANDIDATE].value

@@ -22,7 +22,7 @@ from typing import Any, Mapping
 
 from . import sandbox
 from .engine_session import Parkable, WorkerError, read_serving, serving_env
-from .trials import TrialOutcome, child_env, kill_group, log_error_line, log_tail, metric_error, run_child, tail
+from .trials import TIMEOUT, TrialOutcome, child_env, kill_group, log_error_line, log_tail, metric_error, run_child, tail
 
 METRICS = {
     "output_throughput": "output_tok_s", "request_throughput": "requests_s", "total_token_throughput": "total_tok_s",
@@ -186,7 +186,7 @@ class ServeSession(Parkable):
         env["PYTHONPATH"] = str(self.client_path)
         rc, _out, err, wall = run_child(self._in_net(argv), result_dir, env, self.timeout_s, sandboxed=False)
         if rc is None:
-            return TrialOutcome(False, None, {}, wall, f"bench serve timed out after {self.timeout_s:g} s", tail(err))
+            return TrialOutcome(False, None, {}, wall, f"bench serve timed out after {self.timeout_s:g} s", tail(err), failure=TIMEOUT)
         if rc != 0:
             return TrialOutcome(False, None, {}, wall, f"bench serve exited with status {rc}: {tail(err, 1)}", tail(err))
         try:

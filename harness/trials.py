@@ -33,6 +33,9 @@ from typing import Any, Mapping
 from . import lengths, sandbox
 
 TRIAL_SCHEMA = 1
+# why a trial failed, as a word (the values of history.records.FailureKind a trial can have)
+CRASH, TIMEOUT, CHANGED_OUTPUTS, WORKTREE_CHANGED = "crash", "timeout", "changed-outputs", "worktree-changed"
+TRIAL_FAILURES = (CRASH, TIMEOUT, CHANGED_OUTPUTS, WORKTREE_CHANGED)
 BASELINE = "baseline"
 CANDIDATE = "candidate"
 
@@ -64,6 +67,7 @@ class TrialOutcome:
     # what the timed run produced (e.g. the generated token ids per request), for the outputs check;
     # never recorded in the history
     outputs: tuple[tuple[int, ...], ...] | None = None
+    failure: str = ""  # when not ok: one of TRIAL_FAILURES ('' = crash); history.records.FailureKind values
 
 
 @dataclass(frozen=True)
@@ -85,6 +89,7 @@ class TrialRecord:
     stderr_tail: str = ""
     phase: str = "objective"  # objective | guard | confirmation | calibration
     schema_version: int = TRIAL_SCHEMA
+    failure: str = ""  # when not ok: one of TRIAL_FAILURES
 
     def __post_init__(self) -> None:
         if self.side not in (BASELINE, CANDIDATE):
@@ -442,7 +447,7 @@ def run_command_trial(spec: CommandSpec, seed: int, out_dir: Path) -> TrialOutco
     rc, _stdout, stderr, wall = run_child(cmd, spec.worktree, env, spec.timeout_s, shell=True)
     try:
         if rc is None:
-            return TrialOutcome(False, None, {}, wall, f"timed out after {spec.timeout_s:g} s", tail(stderr))
+            return TrialOutcome(False, None, {}, wall, f"timed out after {spec.timeout_s:g} s", tail(stderr), failure=TIMEOUT)
         if rc != 0:
             last = tail(stderr, 1) or "no stderr"
             return TrialOutcome(False, None, {}, wall, f"exited with status {rc}: {last}", tail(stderr))

@@ -17,6 +17,8 @@ from ..errors import AgentsearchError
 from ..headline import pct
 from ..workspace import Workspace
 from ..workspace.workspace import new_episode_id
+from history.records import EpisodeFinished
+
 from ..records import check_consistent, open_log, read_entries
 from .output import compact_table, err, out, print_json, progress
 
@@ -57,7 +59,7 @@ def run(target: Path, as_json: bool, resume: bool, abandon: bool, proposer: str,
         if abandon:
             if pending is None:
                 raise AgentsearchError("no unfinished episode to abandon")
-            log.append("episode-finished", pending, None, {"episode": pending, "reason": "abandoned"})
+            log.append(EpisodeFinished(episode=pending, reason="abandoned"), pending, None)
             out.print(f"abandoned episode {pending}")
             return 0
         preflight.require(ws, say=say)  # seconds: a set-up error stops here, before anything is started or judged

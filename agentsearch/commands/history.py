@@ -9,6 +9,8 @@ from typing import Any
 
 import click
 
+from history.records import Evaluation as EvaluationRecord
+
 from ..errors import EXIT_FAIL, AgentsearchError
 from ..headline import headline, pct, unit
 from ..records import append, read_entries, verify_history
@@ -118,4 +120,4 @@ def verify_chain(target: Path, as_json: bool = False) -> int:
 
 
 def record_evaluation(ws: Workspace, data: dict, proposal: str | None = None, episode: str | None = None) -> None:
-    append(ws, "evaluation", episode, proposal, data)
+    append(ws, EvaluationRecord.of(data), episode, proposal)

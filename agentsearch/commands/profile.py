@@ -7,6 +7,8 @@ from pathlib import Path
 from rich.markup import escape
 from rich.table import Table
 
+from history.records import Profile
+
 from ..profiling import profile
 from ..records import append
 from .. import preflight
@@ -21,7 +23,7 @@ def run(target: Path, as_json: bool, ref: str | None, workload: str | None, seed
     with ws.lock(), progress() as say:
         preflight.require(ws, say=say)  # seconds: a set-up error is the run's (exit 5)
         data = profile(ws, ref, workload, seed, say)
-        append(ws, "profile", None, None, data)
+        append(ws, Profile.of(data), None, None)
     if as_json:
         print_json(data)
         return 0

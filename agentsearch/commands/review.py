@@ -7,6 +7,8 @@ from typing import Any
 
 from rich.markup import escape
 
+from history.records import Recheck, Revert
+
 from ..errors import EXIT_FAIL, AgentsearchError
 from ..gate import MERGE
 from ..headline import pct
@@ -97,10 +99,12 @@ def run(target: Path, as_json: bool, what: str | None, recheck: bool, seed: int 
         ev = evaluate(ws, row["merge"], seed=seed, progress=say, baseline=parent)
         holds = ev.verdict.verdict == MERGE
         objective = ev.workloads.get(ws.config().objective.name)
-        data = {"merge": row["merge"], "parent": parent, "proposal": row["proposal"], "holds": holds,
-                "verdict": ev.verdict.verdict, "reasons": list(ev.verdict.reasons), "seed": ev.seed,
-                "speedup": objective.speedup if objective else None}
-        append(ws, "recheck", None, row["proposal"], data)
+        record = Recheck(merge=row["merge"], parent=parent, proposal=row["proposal"], holds=holds,
+                         verdict=ev.verdict.verdict, reasons=tuple(ev.verdict.reasons), seed=ev.seed,
+                         speedup=objective.speedup if objective else None, failed_check=ev.verdict.failed_check,
+                         failure=ev.verdict.failure)
+        append(ws, record, None, row["proposal"])
+        data = record.to_json()
     if as_json:
         print_json({**data, "evaluation": ev.to_json()})
     else:
@@ -119,7 +123,7 @@ def revert(target: Path, what: str, as_json: bool = False) -> int:
                f"Agentsearch-Revert: {row['merge']}\n")
     with ws.lock():
         old, new = ws.revert(row["merge"], message)
-        append(ws, "revert", None, row["proposal"], {"merge": row["merge"], "old": old, "new": new})
+        append(ws, Revert(merge=row["merge"], old=old, new=new), None, row["proposal"])
     if as_json:
         print_json({"merge": row["merge"], "proposal": row["proposal"], "title": row["title"], "old": old, "new": new})
         return 0

@@ -155,3 +155,9 @@ class Record(Part):
 
     KIND: ClassVar[str] = ""
     schema_version: int = dataclasses.field(default=SCHEMA_VERSION, kw_only=True)
+
+    @classmethod
+    def of(cls: type[R], data: Mapping[str, Any]) -> R:  # type: ignore[misc]
+        """A record of today's schema from a writer's dict (an inner ``schema_version`` of the
+        object it came from, e.g. a TrialRecord's, is replaced by the record's)."""
+        return cls.from_json({**data, "schema_version": SCHEMA_VERSION})
