@@ -309,7 +309,7 @@ class Episode:
             if p.verdict is not None:  # the verdict is recorded; what failed came after it (the merge)
                 raise
             base = self.ws.baseline_commit()
-            self._verdict(p, _static_verdict(rec.CheckName.JUDGING, internal_reason(exc)), base, p.created.get("commit"), None)
+            self._verdict(p, _static_verdict(rec.CheckName.JUDGING.value, internal_reason(exc)), base, p.created.get("commit"), None)
 
     def _judge(self, p: ProposalState, cand: Candidate) -> None:
         base = self.ws.baseline_commit()
@@ -323,18 +323,18 @@ class Episode:
             agent_error = (cand.meta or {}).get("error")
             if agent_error and not error:
                 reason += f" (the agent session ended with an error: {agent_error})"
-            self._verdict(p, _static_verdict(rec.CheckName.PATCH_APPLIES, reason, failure), base, None, None)
+            self._verdict(p, _static_verdict(rec.CheckName.PATCH_APPLIES.value, reason, failure), base, None, None)
             return
         content_key = _content_key(self.ws, base, commit, config.fingerprint())
         if git.tree_of(self.ws.repo_dir, commit) == git.tree_of(self.ws.repo_dir, base):
-            self._verdict(p, _static_verdict(rec.CheckName.PATCH_APPLIES, "the patch makes no change to the baseline", rec.FailureKind.NO_CHANGE),
+            self._verdict(p, _static_verdict(rec.CheckName.PATCH_APPLIES.value, "the patch makes no change to the baseline", rec.FailureKind.NO_CHANGE),
                           base, commit, None, content_key)
             return
         twin = self._twin(content_key, p)
         if twin is not None:
             reason = (f"identical to {twin['proposal']} (same code, baseline, workloads and environment), judged "
                       f"{twin['verdict']}; not re-measured")
-            self._verdict(p, _static_verdict(rec.CheckName.NOT_A_DUPLICATE, reason), base, commit, None, content_key)
+            self._verdict(p, _static_verdict(rec.CheckName.NOT_A_DUPLICATE.value, reason), base, commit, None, content_key)
             return
 
         trees = {BASELINE: git.tree_of(self.ws.repo_dir, base), "candidate": git.tree_of(self.ws.repo_dir, commit)}

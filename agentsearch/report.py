@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import templates as _templates
+from history.records import Evaluation as EvaluationRecord
+from history.records import Merge, ProposalCreated, Revert, Trial, Verdict
 
 from . import __version__
 from .errors import AgentsearchError
@@ -130,11 +132,13 @@ def versions() -> dict[str, str]:
 def gather(ws: Workspace, what: str) -> Evidence:
     """The latest verdict about ``what``: a proposal id (or its number), a branch, a commit or a merge."""
     entries = read_entries(ws)
-    verdicts = [e for e in entries if e.kind in ("verdict", "evaluation")]
+    verdicts = [e for e in entries if isinstance(e.record, (Verdict, EvaluationRecord))]
     chosen = None
     for e in reversed(verdicts):
         pid = e.proposal or ""
-        if what in (pid, e.data.get("branch"), e.data.get("ref")) or (pid and pid.endswith("/" + what.zfill(3))):
+        r = e.record
+        named = r.branch if isinstance(r, Verdict) else r.ref
+        if what in (pid, named) or (pid and pid.endswith("/" + what.zfill(3))):
             chosen = e
             break
     if chosen is None:
@@ -142,18 +146,20 @@ def gather(ws: Workspace, what: str) -> Evidence:
             sha = ws.resolve(what)
         except AgentsearchError:
             raise AgentsearchError(f"{what!r} is neither a proposal, a branch nor a commit with a recorded verdict; see `agentsearch history`") from None
-        merged = {e.data.get("new"): e.proposal for e in entries if e.kind == "merge" and e.data.get("ok")}
+        merged = {e.record.new: e.proposal for e in entries if isinstance(e.record, Merge) and e.record.ok}
         for e in reversed(verdicts):
-            if e.data.get("candidate") == sha or (sha in merged and e.proposal == merged[sha] and e.kind == "verdict"):
+            if e.record.candidate == sha or (sha in merged and e.proposal == merged[sha] and isinstance(e.record, Verdict)):
                 chosen = e
                 break
     if chosen is None:
         raise AgentsearchError(f"no verdict recorded for {what!r}; run `agentsearch evaluate {what}` first")
-    d = chosen.data
-    if chosen.kind == "verdict":
-        trials = [e.data for e in entries if e.kind == "trial" and e.proposal == chosen.proposal and e.data.get("candidate") == d.get("candidate")]
-        created: Mapping[str, Any] = next((e.data for e in entries if e.kind == "proposal-created" and e.proposal == chosen.proposal), {})
-        merge = next((e.data for e in entries if e.kind == "merge" and e.proposal == chosen.proposal), None)
+    d = chosen.record.to_json()  # upgraded to today's schema (failure kinds on older records too)
+    if isinstance(chosen.record, Verdict):
+        cand = chosen.record.candidate
+        trials = [e.record.to_json() for e in entries if isinstance(e.record, Trial) and e.proposal == chosen.proposal and e.record.candidate == cand]
+        created: Mapping[str, Any] = next((e.record.to_json() for e in entries
+                                           if isinstance(e.record, ProposalCreated) and e.proposal == chosen.proposal), {})
+        merge = next((e.record.to_json() for e in entries if isinstance(e.record, Merge) and e.proposal == chosen.proposal), None)
         kind = "proposal"
     else:
         trials, created, merge, kind = list(d.get("trials", [])), {}, None, "evaluation"
@@ -166,7 +172,7 @@ def gather(ws: Workspace, what: str) -> Evidence:
             diffstat = "(commits no longer in the repository)"
     revert = None
     if merge and merge.get("ok"):
-        revert = next((e.data for e in entries if e.kind == "revert" and e.data.get("merge") == merge.get("new")), None)
+        revert = next((e.record.to_json() for e in entries if isinstance(e.record, Revert) and e.record.merge == merge.get("new")), None)
     metrics: dict[str, str] = {}
     units: dict[str, str] = {}
     try:  # the config the verdict was reached under (old records do not carry their metric)

@@ -3,6 +3,9 @@
 A statistical summary (pandas) of every judged proposal — win rate, effect sizes and failure
 reasons by category, file, knob and workload — plus short rule-based lessons. Proposers read
 it: the sweep uses the per-knob numbers as a prior, the agent gets the Markdown. No git, no vllm.
+
+Why a proposal failed comes from its verdict record's structure (the first failed check and
+the failure kinds of history.records.checks), never from the English of its reasons.
 """
 
 from __future__ import annotations
@@ -13,22 +16,23 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import pandas as pd
 
-INSIGHTS_SCHEMA = 1
-FAILURE_MARKERS = ("trial failed", "timed out", "measurement error", "build:", "engine error", "exited with status", "start-up")
+from .records import BREAKING, CheckName, FailureKind, Merge, ProposalCreated, Revert, Verdict
+
+INSIGHTS_SCHEMA = 2  # 2: reasons and failures from failure kinds (history.records)
+# the candidate broke the workload (crash, hang, failed build or tests, other outputs) rather than just not winning
+BROKE = BREAKING | {FailureKind.TESTS_FAILED, FailureKind.CHANGED_OUTPUTS}
+# rejections worth a lesson to avoid: by the check that failed
+AVOID_CHECKS = (CheckName.DISTRIBUTION.value, CheckName.PROTECTED_PATHS.value, CheckName.COVERAGE.value)
 
 
-def reason_class(reasons: Iterable[str]) -> str:
-    """One word for why a proposal was rejected (the first failed check's name)."""
-    for r in reasons:
-        head = r.split(":", 1)[0].strip()
-        if head:
-            return head
-    return "none"
+def reason_class(row: Mapping[str, Any]) -> str:
+    """One word for why a proposal was rejected: its first failed check's name."""
+    return row.get("failed_check") or "none"
 
 
-def is_failure(reasons: Iterable[str]) -> bool:
+def is_failure(row: Mapping[str, Any]) -> bool:
     """Did the candidate break (crash, hang, failed build) rather than just not win?"""
-    return any(m in r for r in reasons for m in FAILURE_MARKERS)
+    return any(FailureKind(f) in BROKE for f in row.get("failures") or ())
 
 
 def proposal_rows(entries: Iterable[Any]) -> list[dict[str, Any]]:
@@ -38,19 +42,21 @@ def proposal_rows(entries: Iterable[Any]) -> list[dict[str, Any]]:
     merged: dict[str, str] = {}
     reverted: set[str] = set()
     for e in entries:
-        if e.kind == "proposal-created":
-            d = e.data
-            rows[e.proposal] = {"proposal": e.proposal, "episode": e.episode, "key": d.get("key"), "title": d.get("title"),
-                                "category": d.get("category") or "other", "proposer": d.get("proposer"),
-                                "meta": d.get("meta") or {}, "files": d.get("files") or [],
-                                "verdict": None, "speedup": None, "reasons": [], "workloads": {}, "reverted": False}
-        elif e.kind == "verdict" and e.proposal in rows:
-            rows[e.proposal].update(verdict=e.data.get("verdict"), speedup=e.data.get("speedup"),
-                                    reasons=list(e.data.get("reasons") or []), workloads=e.data.get("workloads") or {})
-        elif e.kind == "merge" and e.data.get("ok"):
-            merged[e.data.get("new")] = e.proposal
-        elif e.kind == "revert":
-            reverted.add(e.data.get("merge"))
+        r = e.record
+        if isinstance(r, ProposalCreated):
+            rows[e.proposal] = {"proposal": e.proposal, "episode": e.episode, "key": r.key, "title": r.title,
+                                "category": r.category or "other", "proposer": r.proposer,
+                                "meta": dict(r.meta), "files": list(r.files),
+                                "verdict": None, "speedup": None, "reasons": [], "workloads": {}, "reverted": False,
+                                "failed_check": None, "failed_checks": [], "failures": []}
+        elif isinstance(r, Verdict) and e.proposal in rows:
+            rows[e.proposal].update(verdict=r.verdict, speedup=r.speedup, reasons=list(r.reasons), workloads=dict(r.workloads),
+                                    failed_check=r.failed_check, failures=[f.value for f in r.failures],
+                                    failed_checks=[c.name for c in r.checks if c.status == "fail"])
+        elif isinstance(r, Merge) and r.ok:
+            merged[r.new] = e.proposal
+        elif isinstance(r, Revert):
+            reverted.add(r.merge)
     for sha in reverted:
         row = rows.get(merged.get(sha, ""))
         if row is not None:
@@ -67,9 +73,9 @@ def _frame(rows: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
     judged = [r for r in rows if r.get("verdict")]
     df = pd.DataFrame([{
         "proposal": r["proposal"], "title": r.get("title"), "category": r.get("category") or "other",
-        "win": is_win(r), "failure": is_failure(r.get("reasons") or []),
+        "win": is_win(r), "failure": is_failure(r),
         "effect": (r["speedup"] - 1) if r.get("speedup") is not None else math.nan,
-        "reason": "reverted" if r.get("reverted") else (reason_class(r.get("reasons") or []) if r["verdict"] != "merge" else "merged"),
+        "reason": "reverted" if r.get("reverted") else (reason_class(r) if r["verdict"] != "merge" else "merged"),
     } for r in judged])
     return df
 
@@ -102,7 +108,7 @@ def knob_table(rows: Sequence[Mapping[str, Any]], order: Mapping[str, list[Any]]
             k = out.setdefault(name, {"tries": 0, "wins": 0, "failures": 0, "effects": [], "up_wins": 0, "down_wins": 0, "values": {}})
             k["tries"] += 1
             win = is_win(r)
-            fail = is_failure(r.get("reasons") or [])
+            fail = is_failure(r)
             eff = (r["speedup"] - 1) if r.get("speedup") is not None else None
             if eff is not None:
                 k["effects"].append(eff)
@@ -139,9 +145,9 @@ def lessons(rows: Sequence[Mapping[str, Any]], knobs: Mapping[str, Mapping[str, 
         elif r.get("verdict") == "merge":
             eff = f"{r['speedup'] - 1:+.1%}" if r.get("speedup") is not None else "win"
             worked.append(f"{r.get('title')} ({r.get('category')}): {eff}")
-        elif r.get("verdict") and is_failure(r.get("reasons") or []):
+        elif r.get("verdict") and is_failure(r):
             avoid.append(f"{r.get('title')}: broke the workload — {(r.get('reasons') or ['?'])[0][:160]}")
-        elif r.get("verdict") and any(x.startswith(("distribution", "protected-paths", "coverage")) for x in r.get("reasons") or []):
+        elif r.get("verdict") and any(c in AVOID_CHECKS for c in r.get("failed_checks") or ()):
             avoid.append(f"{r.get('title')}: {(r.get('reasons') or ['?'])[0][:160]}")
     for name, k in knobs.items():
         if k["tries"] >= 2 and k["wins"] == 0 and k["failures"] == 0:

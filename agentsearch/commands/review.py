@@ -7,7 +7,7 @@ from typing import Any
 
 from rich.markup import escape
 
-from history.records import Recheck, Revert
+from history.records import Merge, Recheck, Revert, Verdict
 
 from ..errors import EXIT_FAIL, AgentsearchError
 from ..gate import MERGE
@@ -21,29 +21,27 @@ from .proposal_ids import refuse_ambiguous
 def merges(ws: Workspace) -> list[dict[str, Any]]:
     """Every merge agentsearch made on the baseline, with its evidence and current state."""
     entries = read_entries(ws)
-    verdicts = {e.proposal: e.data for e in entries if e.kind == "verdict"}
-    reverted = {e.data.get("merge"): e.data for e in entries if e.kind == "revert"}
-    rechecks: dict[str, dict] = {}
-    for e in entries:
-        if e.kind == "recheck":
-            rechecks[e.data.get("merge")] = e.data
+    verdicts = {e.proposal: e.record for e in entries if isinstance(e.record, Verdict)}
+    reverted = {e.record.merge: e.record for e in entries if isinstance(e.record, Revert)}
+    rechecks = {e.record.merge: e.record for e in entries if isinstance(e.record, Recheck)}  # the latest of each
     tip = ws.baseline_commit()
     rows = []
     for e in entries:
-        if e.kind != "merge" or not e.data.get("ok"):
+        merge = e.record
+        if not isinstance(merge, Merge) or not merge.ok:
             continue
-        m = e.data["new"]
-        v = verdicts.get(e.proposal, {})
+        m = merge.new
+        v = verdicts.get(e.proposal)
         try:
             on_baseline = git.is_ancestor(ws.repo_dir, m, tip)
         except AgentsearchError:
             on_baseline = False
-        rc = rechecks.get(m)
+        rc, rv = rechecks.get(m), reverted.get(m)
         rows.append({
-            "merge": m, "proposal": e.proposal, "title": v.get("title"), "speedup": v.get("speedup"),
-            "objective": v.get("objective"), "old": e.data.get("old"), "candidate": e.data.get("candidate"),
-            "on_baseline": on_baseline, "reverted": m in reverted, "revert_commit": (reverted.get(m) or {}).get("new"),
-            "evidence": git.show_note(ws.repo_dir, m) or "", "recheck": (rc or {}).get("holds"),
+            "merge": m, "proposal": e.proposal, "title": v.title if v else None, "speedup": v.speedup if v else None,
+            "objective": v.objective if v else None, "old": merge.old, "candidate": merge.candidate,
+            "on_baseline": on_baseline, "reverted": rv is not None, "revert_commit": rv.new if rv else None,
+            "evidence": git.show_note(ws.repo_dir, m) or "", "recheck": rc.holds if rc else None,
         })
     return rows
 

@@ -14,6 +14,9 @@ from typing import Sequence
 class CheckName(str, Enum):
     """Every check an evaluation or the episode can report, in the order they run."""
 
+    def __str__(self) -> str:
+        return self.value
+
     PATCH_APPLIES = "patch-applies"  # the episode: the proposal applies and changes something
     NOT_A_DUPLICATE = "not-a-duplicate"  # the episode: not judged before under the same content key
     JUDGING = "judging"  # the episode: judging the proposal raised an unexpected error
@@ -32,6 +35,9 @@ class CheckName(str, Enum):
 
 class FailureKind(str, Enum):
     """Why a check failed. The values are what records store."""
+
+    def __str__(self) -> str:
+        return self.value
 
     PATCH_FAILED = "patch-failed"  # does not apply to the baseline
     NO_CHANGE = "no-change"  # applies but changes nothing
