@@ -1,0 +1,184 @@
+"""Typed history records: validation on load (file:line), the schema-1 upgrade against a log
+written by the code before typed records, and failure kinds instead of English."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from history import HistoryError, HistoryLog, verify
+from history import records as rec
+from history.insights import distill, knob_table, proposal_rows
+from harness.trials import TRIAL_FAILURES
+
+from .conftest import ROOT, run_cli
+
+FIXTURE = ROOT / "tests" / "fixtures" / "schema1-target.tar.gz"
+
+
+@pytest.fixture
+def schema1(tmp_path: Path) -> Path:
+    """A copy of the toy target whose history the schema-1 code wrote (tests/fixtures/make_schema1_history.py)."""
+    with tarfile.open(FIXTURE) as tar:
+        tar.extractall(tmp_path, filter="data")
+    return tmp_path / "toy"
+
+
+def history_file(repo: Path) -> Path:
+    return repo / ".git" / "agentsearch" / "history.jsonl"
+
+
+def test_every_kind_has_one_class_and_trial_failures_are_failure_kinds():
+    assert set(rec.KINDS) == {c.KIND for c in rec.CLASSES} and len(rec.KINDS) == len(rec.CLASSES)
+    assert {rec.FailureKind(f) for f in TRIAL_FAILURES}  # the harness's words are record words
+    from history.records.checks import DEFAULT_FAILURE
+
+    assert all(c in DEFAULT_FAILURE for c in rec.CheckName)  # every check has a failure kind
+    from agentsearch.gate import REQUIRED_CHECKS
+
+    assert set(REQUIRED_CHECKS) <= {c.value for c in rec.CheckName}
+
+
+def test_schema1_fixture_loads_verifies_reports_and_resumes(schema1: Path):
+    lines = [json.loads(ln) for ln in history_file(schema1).read_text().splitlines()]
+    assert {ln["v"] for ln in lines} == {1}  # written by the old code, never rewritten
+    entries = list(HistoryLog(history_file(schema1)).entries())
+    kinds = {e.kind for e in entries}
+    assert {"episode-started", "proposal-created", "trial", "statistic", "verdict", "merge", "insight", "episode-finished",
+            "evaluation", "recheck", "revert"} <= kinds
+    assert all(isinstance(e.record, rec.BY_KIND[e.kind]) for e in entries)
+    by_title = {r["title"]: r for r in proposal_rows(entries)}
+    # the upgrader derived the failure kinds from the check names and recorded decisions
+    assert by_title["Speed up the benchmark"]["failures"] == ["protected-path"]
+    assert by_title["03-stale"]["failed_check"] == "patch-applies" and by_title["03-stale"]["failures"] == ["patch-failed"]
+    assert by_title["Reword a comment"]["failures"] == ["no-effect"]
+    assert by_title["Make it 50% faster"]["reverted"]
+
+    proc = run_cli("history", "verify", "-C", str(schema1))
+    assert proc.returncode == 0 and f"ok, {len(lines)} records" in proc.stdout, proc.stderr
+    proc = run_cli("history", "-C", str(schema1), "--json")
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(proc.stdout)["evaluations"]
+    assert [r["verdict"] for r in rows] == ["merge", "reject", "reject", "reject", "reject"]
+    proc = run_cli("report", "-C", str(schema1), "001", "--json")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["verdict"] == "merge" and report["reverted"] and "Make it 50% faster" in report["text"]
+    proc = run_cli("review", "-C", str(schema1), "--json")
+    assert proc.returncode == 0 and json.loads(proc.stdout)["merges"][0]["reverted"] is True, proc.stderr
+
+    proc = run_cli("episode", "-C", str(schema1), "--resume", "--json", timeout=300)
+    assert proc.returncode in (0, 4), proc.stderr
+    summary = json.loads(proc.stdout)
+    assert summary["judged"] == 1 and summary["proposals"][0]["verdict"] == "reject"
+    assert summary["proposals"][0]["reasons"][0].startswith("patch-applies: does not apply")
+    after = [json.loads(ln) for ln in history_file(schema1).read_text().splitlines()]
+    assert after[: len(lines)] == lines  # the old lines are kept as written
+    assert [ln["v"] for ln in after[len(lines):]] == [rec.SCHEMA_VERSION] * (len(after) - len(lines))
+    assert [ln["kind"] for ln in after[len(lines):]] == ["episode-resumed", "proposal-created", "verdict", "insight", "episode-finished"]
+    assert verify(history_file(schema1)).ok
+    assert run_cli("history", "verify", "-C", str(schema1)).returncode == 0
+
+
+def _rewrite(path: Path, line: int, change) -> None:
+    """Edit one record's data and re-seal the chain from there (a well-formed log with a bad record)."""
+    from history.log import _digest
+
+    rows = [json.loads(ln) for ln in path.read_text().splitlines()]
+    change(rows[line - 1]["data"])
+    prev = rows[line - 2]["hash"] if line > 1 else "0" * 64
+    for r in rows[line - 1:]:
+        r["prev"] = prev
+        body = {k: v for k, v in r.items() if k != "hash"}
+        r["hash"] = prev = _digest(body)
+    path.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
+
+
+@pytest.mark.parametrize("change, says", [
+    (lambda d: d.pop("merge"), "missing field 'merge'"),
+    (lambda d: d.update(new=7), "revert.new: expected str, got 7"),
+    (lambda d: d.update(surprise=1), "unknown field surprise"),
+])
+def test_a_record_that_does_not_fit_its_class_is_one_line_naming_file_and_line(schema1: Path, change, says):
+    path = history_file(schema1)
+    n = next(i for i, ln in enumerate(path.read_text().splitlines(), 1) if json.loads(ln)["kind"] == "revert")
+    _rewrite(path, n, change)
+    with pytest.raises(HistoryError) as info:
+        list(HistoryLog(path).entries())
+    msg = str(info.value)
+    assert f"history.jsonl:{n}: invalid revert record" in msg and says in msg and "\n" not in msg
+    rep = verify(path)
+    assert not rep.ok and rep.bad_line == n and says in rep.reason
+    proc = run_cli("history", "-C", str(schema1))
+    assert proc.returncode != 0 and f"history.jsonl:{n}" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_a_newer_schema_is_refused_with_the_version(tmp_path: Path):
+    path = tmp_path / "h.jsonl"
+    with HistoryLog(path) as log:
+        log.append(rec.Repair(note="x"), None, None)
+    _rewrite_v = [json.loads(ln) for ln in path.read_text().splitlines()]
+    _rewrite_v[0]["v"] = rec.SCHEMA_VERSION + 1
+    path.write_text(json.dumps(_rewrite_v[0]) + "\n")
+    with pytest.raises(HistoryError, match=r"h.jsonl:1: unsupported schema version 3"):
+        list(HistoryLog(path).entries())
+
+
+def test_writing_an_invalid_record_is_refused(tmp_path: Path):
+    with HistoryLog(tmp_path / "h.jsonl") as log:
+        with pytest.raises(HistoryError, match="missing field 'old'"):
+            log.append("revert", None, None, {"merge": "a", "new": "b"})
+        with pytest.raises(rec.RecordError, match="expected a number"):
+            rec.Trial.of({"number": 1, "candidate": "c", "baseline": "b", "measurement": "m", "workload": "w", "side": "candidate",
+                          "seed": 1, "pair": 0, "position": 0, "order": "AB", "session": 0, "ok": True, "value": "fast"})
+    rt = rec.Revert(merge="a", old="b", new="c")
+    assert rec.Revert.from_json(rt.to_json()) == rt and rt.to_json()["schema_version"] == rec.SCHEMA_VERSION
+
+
+def _reworded(entries: list, word: str) -> list:
+    """The same entries with every English reason and check detail replaced (the structure kept)."""
+    out = []
+    for e in entries:
+        r = e.record
+        if isinstance(r, rec.Verdict):
+            r = dataclasses.replace(r, reasons=tuple(f"{word} {i}" for i, _ in enumerate(r.reasons)),
+                                    checks=tuple(dataclasses.replace(c, detail=f"{word}") for c in r.checks))
+            e = dataclasses.replace(e, data=r.to_json(), record=r)
+        out.append(e)
+    return out
+
+
+def _without_quotes(ins: dict) -> dict:
+    """Insights minus the time stamp and the reasons quoted for people in the lessons."""
+    ins = {k: v for k, v in ins.items() if k != "generated_ts"}
+    ins["lessons"] = {k: [x.split(":", 1)[0] for x in v] for k, v in ins["lessons"].items()}
+    return ins
+
+
+def test_insights_and_the_bandit_read_failure_kinds_not_english(schema1: Path):
+    entries = list(HistoryLog(history_file(schema1)).entries())
+    # knobs on the fixture's proposals, so the bandit's table has something to count
+    knobbed = []
+    for i, e in enumerate(entries):
+        if isinstance(e.record, rec.ProposalCreated):
+            r = dataclasses.replace(e.record, meta={"knobs": {"k": [1, 1 + i]}})
+            e = dataclasses.replace(e, data=r.to_json(), record=r)
+        knobbed.append(e)
+    # and one crashed candidate, to count as a failure
+    crash = next(e for e in knobbed if isinstance(e.record, rec.Verdict) and e.record.failed_check == "protected-paths")
+    crashed = dataclasses.replace(crash.record, failed_check="objective", failure=rec.FailureKind.CRASH,
+                                  checks=(rec.CheckResult("objective", "fail", "it fell over", rec.FailureKind.CRASH),))
+    knobbed = [dataclasses.replace(e, record=crashed, data=crashed.to_json()) if e is crash else e for e in knobbed]
+
+    before = distill(knobbed)
+    for word in ("Traceback: timed out, exited with status 1; build: engine error", "all fine"):
+        after = distill(_reworded(knobbed, word))
+        assert _without_quotes(after) == _without_quotes(before)
+        assert knob_table(proposal_rows(_reworded(knobbed, word))) == knob_table(proposal_rows(knobbed))
+    assert before["reasons"] == {"objective": 2, "patch-applies": 1, "reverted": 1}
+    assert before["knobs"]["k"]["failures"] == 1 and before["by_category"]["other"]["failures"] == 1
+    assert any("broke the workload" in x for x in before["lessons"]["avoid"])
