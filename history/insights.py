@@ -18,7 +18,7 @@ import pandas as pd
 
 from .records import BREAKING, CheckName, FailureKind, Merge, ProposalCreated, Revert, Verdict
 
-INSIGHTS_SCHEMA = 2  # 2: reasons and failures from failure kinds (history.records)
+INSIGHTS_SCHEMA = 1
 # the candidate broke the workload (crash, hang, failed build or tests, other outputs) rather than just not winning
 BROKE = BREAKING | {FailureKind.TESTS_FAILED, FailureKind.CHANGED_OUTPUTS}
 # rejections worth a lesson to avoid: by the check that failed
