@@ -19,6 +19,7 @@ from harness.engine_session import EnginePool
 from harness.interleave import run_interleaved
 from harness.sequential import OK, Decision, SequentialDesign
 from harness.statistics import NoisePrior, between_variance, cv, drift, noise_prior, outliers, paired_estimate, pairs_for_power
+from harness.gate_defaults import CALIBRATION_PAIRS
 from harness.trials import BASELINE, CANDIDATE
 
 from .config import Config, WorkloadConfig
@@ -94,7 +95,7 @@ def analyze(name: str, run_trials: list, d: list[float], config: Config, session
     )
 
 
-def calibrate(ws: Workspace, pairs: int = 30, progress: Callable[[str, str], None] | None = None) -> Calibration:
+def calibrate(ws: Workspace, pairs: int = CALIBRATION_PAIRS, progress: Callable[[str, str], None] | None = None) -> Calibration:
     say = progress or (lambda s, d: None)
     config = ws.config()
     base = ws.baseline_commit()

@@ -15,7 +15,10 @@ from typing import Any, Callable
 import click
 
 from . import __version__
+from harness import gate_defaults
+
 from .errors import EXIT_INTERRUPTED, EXIT_UNEXPECTED, AgentsearchError
+from .proposers.registry import DEFAULT_PROPOSER, PROPOSERS  # names only: the proposers load when built
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -195,7 +198,7 @@ def preflight(target: Path, as_json: bool, dynamic: bool, refresh: bool) -> None
 @strict_option
 @quiet_option
 @json_option
-@click.option("--pairs", default=30, show_default=True, type=click.IntRange(4, 10_000), help="A/A pairs per workload.")
+@click.option("--pairs", default=gate_defaults.CALIBRATION_PAIRS, show_default=True, type=click.IntRange(4, 10_000), help="A/A pairs per workload.")
 def calibrate(target: Path, as_json: bool, pairs: int) -> None:
     """Measure the baseline against itself (A/A): noise, drift, outliers, pairs needed."""
     from .commands.calibrate import run
@@ -305,7 +308,7 @@ def model_smollm2(directory: Path | None) -> None:
 @json_option
 @click.option("--resume", is_flag=True, help="Continue the latest unfinished episode from the history.")
 @click.option("--abandon", is_flag=True, help="Close the latest unfinished episode without running it.")
-@click.option("--proposer", type=click.Choice(["patches", "sweep", "claude"]), default="patches", show_default=True,
+@click.option("--proposer", type=click.Choice(PROPOSERS), default=DEFAULT_PROPOSER, show_default=True,
               help="Where proposals come from: a patch queue, the [[sweep.knob]] space, or a Claude agent.")
 @click.option("--patches", type=click.Path(path_type=Path), help="Directory of *.patch / *.diff files (git format-patch or plain diff).")
 @click.option("--branches", metavar="GLOB", help="Existing branches to judge, e.g. 'feature/*'.")

@@ -20,6 +20,7 @@ from typing import Any, Mapping
 
 from harness import gate_defaults as D
 from harness import models
+from history.records import CATEGORIES
 
 from .errors import ConfigError
 from .globs import normalize as normalize_glob
@@ -277,8 +278,8 @@ class KnobConfig:
             raise ValueError(f"expected values of one type, got {list(self.values)!r}|values")
         if not (math.isfinite(self.prior_wins) and self.prior_wins >= 0):
             raise ValueError(f"expected a finite number >= 0, got {self.prior_wins}|prior_wins")
-        if self.category not in ("config", "scheduling", "kernel", "graph/launch", "memory", "other"):
-            raise ValueError(f"expected one of config, scheduling, kernel, graph/launch, memory, other, got {self.category!r}|category")
+        if self.category not in CATEGORIES:
+            raise ValueError(f"expected one of {', '.join(CATEGORIES)}, got {self.category!r}|category")
 
 
 @dataclass(frozen=True)

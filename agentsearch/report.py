@@ -156,7 +156,8 @@ def gather(ws: Workspace, what: str) -> Evidence:
     d = chosen.record.to_json()  # upgraded to today's schema (failure kinds on older records too)
     if isinstance(chosen.record, Verdict):
         cand = chosen.record.candidate
-        trials: list[Mapping[str, Any]] = [e.record.to_json() for e in entries if isinstance(e.record, Trial) and e.proposal == chosen.proposal and e.record.candidate == cand]
+        trials: list[Mapping[str, Any]] = [e.record.to_json() for e in entries
+                                           if isinstance(e.record, Trial) and e.proposal == chosen.proposal and e.record.candidate == cand]
         created: Mapping[str, Any] = next((e.record.to_json() for e in entries
                                            if isinstance(e.record, ProposalCreated) and e.proposal == chosen.proposal), {})
         merge = next((e.record.to_json() for e in entries if isinstance(e.record, Merge) and e.proposal == chosen.proposal), None)

@@ -9,3 +9,4 @@ LOOK_EVERY = 1  # pairs between two looks
 MAX_PAIRS = 20  # pairs per workload at most
 MAX_REGRESSION = 0.01  # a guard may not be significantly slower than this fraction
 REGRESSION_ALPHA = 0.05  # level of the one-sided regression test
+CALIBRATION_PAIRS = 30  # A/A pairs per workload of `agentsearch calibrate` (its --pairs default)

@@ -6,10 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
+from history.records import CATEGORIES
+
 from ..errors import AgentsearchError
 
 CANDIDATE_SCHEMA = 1
-CATEGORIES = ("config", "scheduling", "kernel", "graph/launch", "memory", "other")
 
 
 class ProposerError(AgentsearchError):

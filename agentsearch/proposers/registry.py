@@ -12,7 +12,8 @@ from typing import Any, Mapping
 
 from .base import Proposer, ProposerError
 
-PROPOSERS = ("patches", "sweep", "claude")
+PROPOSERS = ("patches", "sweep", "claude")  # what --proposer accepts
+DEFAULT_PROPOSER = PROPOSERS[0]
 
 
 def build(name: str, options: Mapping[str, Any], repo_dir: Path) -> Proposer:

@@ -19,7 +19,7 @@ from .evaluation import Evaluation
 from .insight import Insight
 from .merge import Merge
 from .profile import Profile
-from .proposal_created import ProposalCreated
+from .proposal_created import CATEGORIES, ProposalCreated
 from .recheck import Recheck
 from .repair import Repair
 from .revert import Revert
@@ -50,7 +50,7 @@ def load(kind: str, data: Mapping[str, Any], version: int) -> Record:
 
 
 __all__ = [
-    "AVOID", "BREAKING", "BY_KIND", "CLASSES", "GATE_ORDER", "KINDS", "SCHEMA_VERSION", "UPGRADERS",
+    "AVOID", "BREAKING", "BY_KIND", "CATEGORIES", "CLASSES", "GATE_ORDER", "KINDS", "SCHEMA_VERSION", "UPGRADERS",
     "CheckName", "CheckResult", "Distribution", "EpisodeFinished", "EpisodeResumed", "EpisodeStarted", "Evaluation",
     "FailureKind", "Insight", "Merge", "Part", "Profile", "ProposalCreated", "Recheck", "Record", "RecordError", "Repair",
     "Revert", "RunError", "Statistic", "Trial", "Verdict", "decision_failure", "default_failure", "load", "upgrade",

@@ -7,6 +7,9 @@ from typing import Any, ClassVar, Mapping
 
 from .base import Record
 
+# what a proposal is about (a proposer's and a [[sweep.knob]]'s ``category``)
+CATEGORIES = ("config", "scheduling", "kernel", "graph/launch", "memory", "other")
+
 
 @dataclass(frozen=True)
 class ProposalCreated(Record):
@@ -28,3 +31,7 @@ class ProposalCreated(Record):
     diff_hash: str  # sha256 of the patch
     patch: str  # the full patch text (resume re-applies it)
     meta: Mapping[str, Any] = field(default_factory=dict)  # the proposer's extras (knobs, cost_usd, error, ...)
+
+    def __post_init__(self) -> None:
+        if self.category not in CATEGORIES:
+            raise ValueError(f"category must be one of {', '.join(CATEGORIES)}, got {self.category!r}")
