@@ -178,6 +178,8 @@ class HistoryLog:
         self._prev = GENESIS
         self._seq = 0
         self.repaired: str = ""
+        # the complete lines read last time and their entries: an append-only log is re-read from there
+        self._read: tuple[bytes, list[Entry]] = (b"", [])
 
     # ----------------------------------------------------------------- writing
     def open(self) -> "HistoryLog":
@@ -274,5 +276,12 @@ class HistoryLog:
         if not self.path.exists():
             return
         raw = self.path.read_bytes()
-        for i, b in enumerate(raw.split(b"\n")[:-1], 1):
-            yield _parse(b.decode("utf-8"), f"{self.path}:{i}")
+        raw = raw[: raw.rfind(b"\n") + 1]
+        seen, parsed = self._read
+        if not raw.startswith(seen):  # rewritten under us: read it all again
+            seen, parsed = b"", []
+        entries = list(parsed)
+        for i, b in enumerate(raw[len(seen):].split(b"\n")[:-1], len(parsed) + 1):
+            entries.append(_parse(b.decode("utf-8"), f"{self.path}:{i}"))
+        self._read = (raw, entries)
+        yield from entries

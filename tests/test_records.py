@@ -117,6 +117,18 @@ def test_a_record_that_does_not_fit_its_class_is_one_line_naming_file_and_line(s
     assert proc.returncode != 0 and f"history.jsonl:{n}" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
 
+def test_entries_are_read_again_from_where_the_file_changed(schema1: Path):
+    path = history_file(schema1)
+    log = HistoryLog(path)
+    first = list(log.entries())
+    again = list(log.entries())
+    assert [e.hash for e in again] == [e.hash for e in first] and again[0] is first[0]  # parsed once
+    _rewrite(path, 3, lambda d: d.update(value=-1.0))  # rewritten under the reader: read again, validated again
+    assert [e.record.value for e in log.entries() if e.seq == 3] == [-1.0]
+    path.write_text("".join(path.read_text().splitlines(keepends=True)[:5]))
+    assert len(list(log.entries())) == 5
+
+
 def test_a_newer_schema_is_refused_with_the_version(tmp_path: Path):
     path = tmp_path / "h.jsonl"
     with HistoryLog(path) as log:

@@ -11,6 +11,7 @@ from .base import Record
 @dataclass(frozen=True)
 class Trial(Record):
     KIND: ClassVar[str] = "trial"
+    OPEN: ClassVar[bool] = True  # harness.trials.TrialRecord may grow fields; they are kept in ``extra``
 
     number: int  # the proposal's number in its episode
     candidate: str  # commits of the two sides
@@ -31,3 +32,4 @@ class Trial(Record):
     stderr_tail: str = ""
     phase: str = "objective"  # objective | guard | confirmation | calibration
     failure: str = ""  # a FailureKind value when it failed (crash, timeout, changed-outputs); '' when ok or older
+    extra: Mapping[str, Any] = field(default_factory=dict, kw_only=True)
