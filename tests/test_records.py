@@ -80,6 +80,9 @@ def test_schema1_fixture_loads_verifies_reports_and_resumes(schema1: Path):
     assert after[: len(lines)] == lines  # the old lines are kept as written
     assert [ln["v"] for ln in after[len(lines):]] == [rec.SCHEMA_VERSION] * (len(after) - len(lines))
     assert [ln["kind"] for ln in after[len(lines):]] == ["episode-resumed", "proposal-created", "verdict", "insight", "episode-finished"]
+    verdict = after[len(lines) + 2]["data"]
+    assert verdict["failed_check"] == "patch-applies" and verdict["failure"] == "patch-failed"
+    assert verdict["checks"][0]["failure"] == "patch-failed" and verdict["schema_version"] == rec.SCHEMA_VERSION
     assert verify(history_file(schema1)).ok
     assert run_cli("history", "verify", "-C", str(schema1)).returncode == 0
 
