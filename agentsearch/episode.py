@@ -116,7 +116,7 @@ def load_state(entries: list[Any], episode: str) -> EpisodeState:
         if state is None:
             continue
         seg_last = e.ts
-        d = dict(e.data)
+        d = e.record.to_json()  # upgraded to the current schema (older records too)
         if e.kind == "proposal-created":
             state.proposals[d["number"]] = ProposalState(d["number"], d["key"], d)
         elif e.kind == "verdict" and d.get("number") in state.proposals:
