@@ -318,9 +318,13 @@ def model_smollm2(directory: Path | None) -> None:
 @click.option("--insights", "insights_file", type=click.Path(path_type=Path), help="Insights JSON to steer the proposer (default: the history's latest).")
 @click.option("--cost-budget", type=float, help="Agent proposers: stop after this many USD.")
 @click.option("--model", "agent_model", help="Claude proposer: the model to ask for.")
+@click.option("--executor", type=click.Choice(["local", "ray"]), help="Where evaluations run (default: [executor] kind, local).")
+@click.option("--parallel", type=int, help="Ray: evaluations in flight at once (default: [executor] parallel).")
+@click.option("--address", help="Ray: the cluster to join (default: [executor] address, auto).")
 def episode(target: Path, as_json: bool, resume: bool, abandon: bool, proposer: str, patches: Path | None,
             branches: str | None, budget: int | None, time_budget: str | None, seed: int | None,
-            insights_file: Path | None, cost_budget: float | None, agent_model: str | None) -> None:
+            insights_file: Path | None, cost_budget: float | None, agent_model: str | None,
+            executor: str | None, parallel: int | None, address: str | None) -> None:
     """Run a search episode: propose, apply on the baseline, measure, gate, merge or reject, record.
 
     Every step goes to the append-only history; after a crash or Ctrl-C, `--resume` continues
@@ -330,7 +334,7 @@ def episode(target: Path, as_json: bool, resume: bool, abandon: bool, proposer: 
 
     dispatch(run, config=True, target=target, as_json=as_json, resume=resume, abandon=abandon, proposer=proposer, patches=patches,
                 branches=branches, budget=budget, time_budget=time_budget, seed=seed, insights_file=insights_file,
-                cost_budget=cost_budget, agent_model=agent_model)
+                cost_budget=cost_budget, agent_model=agent_model, executor=executor, parallel=parallel, address=address)
 
 
 @main.command(context_settings=CONTEXT)

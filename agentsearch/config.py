@@ -288,6 +288,34 @@ class SweepConfig:
     knobs: tuple[KnobConfig, ...] = doc("[[sweep.knob]] tables: the bounded search space (one knob per proposal).", ())
 
 
+EXECUTOR_KINDS = ("local", "ray")
+
+
+@dataclass(frozen=True)
+class ExecutorConfig:
+    kind: str = doc(
+        "local | ray: where evaluations run. local: one after another in this process (the default); ray: "
+        "in parallel on a Ray cluster, each evaluation whole on one node (`agentsearch episode --executor`).", "local"
+    )
+    address: str = doc("Ray: the cluster to join (`auto`: the one `ray start` made on this machine; `host:port`).", "auto")
+    parallel: int = doc("Ray: evaluations in flight at once (`--parallel`).", 2)
+    cpus: float = doc("Ray: CPUs one evaluation reserves on its node (both sides, all pairs, in one placement group).", 1.0)
+    gpus: float = doc("Ray: GPUs one evaluation reserves on its node (0: none; vLLM engines use the ones Ray assigns).", 0.0)
+    drain_after: int = doc("Ray: a node whose evaluations died this many times gets no more work in the episode.", 2)
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.kind in EXECUTOR_KINDS, "kind", "one of " + ", ".join(EXECUTOR_KINDS)),
+            (self.parallel >= 1, "parallel", "an integer >= 1"),
+            (self.cpus > 0, "cpus", "a number > 0"),
+            (self.gpus >= 0, "gpus", "a number >= 0"),
+            (self.drain_after >= 1, "drain_after", "an integer >= 1"),
+        ]
+        for ok, key, expected in checks:
+            if not ok:
+                raise ValueError(f"expected {expected}, got {getattr(self, key)!r}|{key}")
+
+
 @dataclass(frozen=True)
 class Config:
     target: TargetConfig = doc("[target]", factory=TargetConfig)
@@ -295,6 +323,7 @@ class Config:
     gate: GateConfig = doc("[gate]", factory=GateConfig)
     verify: VerifyConfig | None = doc("[verify]", None)
     sweep: SweepConfig = doc("[sweep]", factory=SweepConfig)
+    executor: ExecutorConfig = doc("[executor]", factory=ExecutorConfig)
 
     @property
     def objective(self) -> WorkloadConfig:
@@ -322,7 +351,7 @@ class Config:
 
 # ----------------------------------------------------------------------------- loading
 
-_SECTIONS = {"target": TargetConfig, "gate": GateConfig, "verify": VerifyConfig}
+_SECTIONS = {"target": TargetConfig, "gate": GateConfig, "verify": VerifyConfig, "executor": ExecutorConfig}
 
 
 def _type_name(tp: Any) -> str:
@@ -438,7 +467,8 @@ def load_config_text(text: str, source: str = CONFIG_FILE) -> Config:
         raise ConfigError(
             f"{source}: [gate] objective: expected one of the workload names ({', '.join(names)}), got {gate.objective!r}"
         )
-    return Config(target=sections["target"], workloads=workloads, gate=gate, verify=verify, sweep=_sweep(data.get("sweep"), source))
+    return Config(target=sections["target"], workloads=workloads, gate=gate, verify=verify, sweep=_sweep(data.get("sweep"), source),
+                  executor=sections["executor"])
 
 
 def _sweep(raw: Any, source: str) -> SweepConfig:
@@ -463,7 +493,7 @@ def reference_rows() -> list[tuple[str, str, str, str]]:
     """(section, key, default, doc) for every key: the README's config reference."""
     rows = []
     for section, cls in (("[target]", TargetConfig), ("[[workload]]", WorkloadConfig), ("[gate]", GateConfig), ("[verify]", VerifyConfig),
-                         ("[sweep]", SweepConfig), ("[[sweep.knob]]", KnobConfig)):
+                         ("[sweep]", SweepConfig), ("[[sweep.knob]]", KnobConfig), ("[executor]", ExecutorConfig)):
         for f in dataclasses.fields(cls):
             if cls is SweepConfig and f.name == "knobs":
                 continue

@@ -157,11 +157,26 @@ class Episode:
         return self.state.used_s + (time.time() - self.t0)
 
     # -------------------------------------------------------------- run
-    def run(self) -> dict[str, Any]:
-        # 1. finish what a crash cut off: merges whose verdict is recorded, then an in-flight proposal
+    def complete_merges(self) -> None:
+        """Finish the merges a crash cut off (their verdict is recorded, their merge is not)."""
         for p in sorted(self.state.proposals.values(), key=lambda p: p.number):
             if p.verdict and p.verdict["verdict"] == MERGE and p.merge is None:
                 self._merge(p)
+
+    def stop_reason(self) -> str | None:
+        """Why no further proposal may start (a budget ran out), or None."""
+        if len(self.state.proposals) >= self.plan.budget:
+            return f"proposal budget reached ({self.plan.budget})"
+        if self.plan.time_budget_s is not None and self.elapsed() >= self.plan.time_budget_s:
+            return f"time budget reached ({self.plan.time_budget_s:g} s)"
+        spent = self.cost()
+        if self.plan.cost_budget_usd is not None and spent >= self.plan.cost_budget_usd:
+            return f"cost budget reached (${spent:.2f} of ${self.plan.cost_budget_usd:.2f})"
+        return None
+
+    def run(self) -> dict[str, Any]:
+        # 1. finish what a crash cut off: merges whose verdict is recorded, then an in-flight proposal
+        self.complete_merges()
         for p in sorted(self.state.proposals.values(), key=lambda p: p.number):
             if p.verdict is None:
                 self.say(p.id, "resuming: judging the in-flight proposal again from scratch")
@@ -169,15 +184,9 @@ class Episode:
         # 2. new proposals until the queue or a budget runs out
         reason = "queue empty"
         while True:
-            if len(self.state.proposals) >= self.plan.budget:
-                reason = f"proposal budget reached ({self.plan.budget})"
-                break
-            if self.plan.time_budget_s is not None and self.elapsed() >= self.plan.time_budget_s:
-                reason = f"time budget reached ({self.plan.time_budget_s:g} s)"
-                break
-            spent = self.cost()
-            if self.plan.cost_budget_usd is not None and spent >= self.plan.cost_budget_usd:
-                reason = f"cost budget reached (${spent:.2f} of ${self.plan.cost_budget_usd:.2f})"
+            stop = self.stop_reason()
+            if stop is not None:
+                reason = stop
                 break
             self.say(f"{self.plan.episode}/{len(self.state.proposals) + 1:03d} propose", f"asking the {self.proposer.name} proposer")
             cand = self.proposer.next(self.state.judged_keys, self.context())
@@ -185,6 +194,10 @@ class Episode:
                 break
             p = self._create(cand)
             self._judge_safely(p, cand)
+        return self.finish(reason)
+
+    def finish(self, reason: str, **extra: Any) -> dict[str, Any]:
+        """Distill the insights and record episode-finished; the summary (``extra`` added to it, not recorded)."""
         summary = self.summary(reason)
         from .insights import refresh
 
@@ -196,6 +209,7 @@ class Episode:
         summary["insights"] = str(path)
         summary["lessons"] = data["lessons"]
         self.record(rec.EpisodeFinished.of({k: v for k, v in summary.items() if k not in ("proposals", "lessons")}), None)
+        summary.update(extra)
         self.state.finished = summary
         return summary
 
@@ -312,6 +326,42 @@ class Episode:
             self._verdict(p, _static_verdict(rec.CheckName.JUDGING.value, internal_reason(exc)), base, p.created.get("commit"), None)
 
     def _judge(self, p: ProposalState, cand: Candidate) -> None:
+        ready = self.prepare(p, cand)
+        if ready is None:
+            return
+        base, commit, content_key = ready
+        trees = {BASELINE: git.tree_of(self.ws.repo_dir, base), "candidate": git.tree_of(self.ws.repo_dir, commit)}
+        env_fp = environment.fingerprint()
+
+        def on_trial(t: TrialRecord) -> None:
+            self.record_trial(p, base, commit, t, trees, env_fp)
+
+        def say(stage: str, detail: str) -> None:
+            self.say(f"{p.id} {stage}", detail)
+
+        ev = evaluate(self.ws, commit, seed=seeds.proposal_seed(self.plan.seed, p.number), alpha=self.plan.alpha,
+                      progress=say, on_trial=on_trial)
+        self.record_evaluation(p, base, commit, ev, content_key)
+
+    def record_trial(self, p: ProposalState, base: str, commit: str, t: TrialRecord, trees: Mapping[str, str], env_fp: str,
+                     extra: Mapping[str, Any] | None = None) -> None:
+        key = hashlib.sha256(json.dumps([trees[t.side], t.workload, t.seed, env_fp]).encode()).hexdigest()[:20]
+        self.record(rec.Trial.of({"number": p.number, "candidate": commit, "baseline": base, "measurement": key, **asdict(t),
+                                  **(extra or {})}), p.id)
+
+    def record_evaluation(self, p: ProposalState, base: str, commit: str, ev: Evaluation, content_key: str,
+                          extra: Mapping[str, Any] | None = None) -> None:
+        """The statistics, the distribution checks and the verdict of a finished evaluation (then the merge)."""
+        for w in [*ev.workloads.values(), *([ev.confirmation] if ev.confirmation else [])]:
+            self.record(rec.Statistic.of({"number": p.number, **w.to_json()}), p.id)
+        if ev.distribution is not None:
+            self.record(rec.Distribution.of({"number": p.number, **ev.distribution.to_json()}), p.id)
+        self._verdict(p, ev.verdict, base, commit, ev, content_key, extra)
+
+    def prepare(self, p: ProposalState, cand: Candidate, twins: bool = True) -> tuple[str, str, str] | None:
+        """The cheap refusals (does not apply, no change, already judged: a verdict at once, None),
+        else (baseline, candidate commit, content key) to measure. ``twins=False``: the duplicate
+        check is left for later (a parallel episode makes it when the proposal's turn comes)."""
         base = self.ws.baseline_commit()
         config = self.ws.config()
         commit, error = self._fresh_commit(p, cand)
@@ -324,36 +374,19 @@ class Episode:
             if agent_error and not error:
                 reason += f" (the agent session ended with an error: {agent_error})"
             self._verdict(p, _static_verdict(rec.CheckName.PATCH_APPLIES.value, reason, failure), base, None, None)
-            return
+            return None
         content_key = _content_key(self.ws, base, commit, config.fingerprint())
         if git.tree_of(self.ws.repo_dir, commit) == git.tree_of(self.ws.repo_dir, base):
             self._verdict(p, _static_verdict(rec.CheckName.PATCH_APPLIES.value, "the patch makes no change to the baseline", rec.FailureKind.NO_CHANGE),
                           base, commit, None, content_key)
-            return
-        twin = self._twin(content_key, p)
+            return None
+        twin = self._twin(content_key, p) if twins else None
         if twin is not None:
             reason = (f"identical to {twin['proposal']} (same code, baseline, workloads and environment), judged "
                       f"{twin['verdict']}; not re-measured")
             self._verdict(p, _static_verdict(rec.CheckName.NOT_A_DUPLICATE.value, reason), base, commit, None, content_key)
-            return
-
-        trees = {BASELINE: git.tree_of(self.ws.repo_dir, base), "candidate": git.tree_of(self.ws.repo_dir, commit)}
-        env_fp = environment.fingerprint()
-
-        def on_trial(t: TrialRecord) -> None:
-            key = hashlib.sha256(json.dumps([trees[t.side], t.workload, t.seed, env_fp]).encode()).hexdigest()[:20]
-            self.record(rec.Trial.of({"number": p.number, "candidate": commit, "baseline": base, "measurement": key, **asdict(t)}), p.id)
-
-        def say(stage: str, detail: str) -> None:
-            self.say(f"{p.id} {stage}", detail)
-
-        ev = evaluate(self.ws, commit, seed=seeds.proposal_seed(self.plan.seed, p.number), alpha=self.plan.alpha,
-                      progress=say, on_trial=on_trial)
-        for w in [*ev.workloads.values(), *([ev.confirmation] if ev.confirmation else [])]:
-            self.record(rec.Statistic.of({"number": p.number, **w.to_json()}), p.id)
-        if ev.distribution is not None:
-            self.record(rec.Distribution.of({"number": p.number, **ev.distribution.to_json()}), p.id)
-        self._verdict(p, ev.verdict, base, commit, ev, content_key)
+            return None
+        return base, commit, content_key
 
     def _twin(self, content_key: str, p: ProposalState) -> Mapping[str, Any] | None:
         """The first verdict on the same content key in any episode of the history (the same
@@ -364,7 +397,7 @@ class Episode:
         return None
 
     def _verdict(self, p: ProposalState, verdict: Any, base: str, commit: str | None, ev: Evaluation | None,
-                 content_key: str | None = None) -> None:
+                 content_key: str | None = None, extra: Mapping[str, Any] | None = None) -> None:
         data: dict[str, Any] = {
             "number": p.number, "proposal": p.id, "title": p.created.get("title"), "branch": p.created.get("branch"),
             "verdict": verdict.verdict, "reasons": list(verdict.reasons),
@@ -380,6 +413,7 @@ class Episode:
             data["objective"] = obj
             w = ev.workloads.get(obj)
             data["speedup"] = w.speedup if w else None
+        data.update(extra or {})
         record = rec.Verdict.of(data)
         self.record(record, p.id)
         p.verdict = record.to_json()

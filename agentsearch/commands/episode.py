@@ -12,7 +12,8 @@ from rich.markup import escape
 from history import HistoryError, HistoryLog
 
 from .. import episode as ep
-from .. import preflight
+from .. import executors, preflight
+from ..parallel import ParallelEpisode
 from ..errors import AgentsearchError
 from ..headline import pct
 from ..workspace import Workspace
@@ -48,8 +49,10 @@ def load_insights(path: Path | None) -> dict[str, Any] | None:
 
 def run(target: Path, as_json: bool, resume: bool, abandon: bool, proposer: str, patches: Path | None, branches: str | None,
         budget: int | None, time_budget: str | None, seed: int | None, insights_file: Path | None = None,
-        cost_budget: float | None = None, agent_model: str | None = None) -> int:
+        cost_budget: float | None = None, agent_model: str | None = None, executor: str | None = None,
+        parallel: int | None = None, address: str | None = None) -> int:
     ws = Workspace.open(target)
+    placement = executors.settings(ws.config().executor, executor, parallel, address)
     seconds = parse_duration(time_budget)
     insights = load_insights(insights_file)
     with ws.lock(), _open_log(ws, check=not abandon) as log, progress(milestones=True) as say:
@@ -63,6 +66,7 @@ def run(target: Path, as_json: bool, resume: bool, abandon: bool, proposer: str,
             out.print(f"abandoned episode {pending}")
             return 0
         preflight.require(ws, say=say)  # seconds: a set-up error stops here, before anything is started or judged
+        runner = executors.build(placement, ep.RUN_ERRORS, say) if placement.kind == "ray" else None  # joins the cluster
         if resume:
             if pending is None:
                 raise AgentsearchError("no unfinished episode to resume; start one with `agentsearch episode --patches DIR`")
@@ -73,7 +77,7 @@ def run(target: Path, as_json: bool, resume: bool, abandon: bool, proposer: str,
             options = {"patches": str(patches) if patches else None, "branches": branches, "model": agent_model}
             episode = ep.start(ws, log, proposer, options, budget, seconds, seed, new_episode_id(), insights, cost_budget)
         episode.say = say
-        summary = episode.run()
+        summary = ParallelEpisode(episode, runner).run() if runner is not None else episode.run()
     if as_json:
         print_json(summary)
     else:

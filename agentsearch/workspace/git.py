@@ -405,3 +405,51 @@ def blob_bytes(repo_dir: Path, commit: str, path: str) -> bytes:
 def prune_worktrees(repo_dir: Path) -> None:
     """Forget worktrees whose directories are gone (run in the repository, never in a worktree)."""
     run_git("worktree", "prune", cwd=repo_dir, check=False)
+
+
+# ------------------------------------------------------------------ shipping commits to a node (git bundles)
+SHIP_REFS = "refs/agentsearch/ship"
+
+
+def bundle(repo_dir: Path, commits: dict[str, str], exclude: tuple[str, ...] = ()) -> bytes:
+    """A git bundle (bytes) holding ``commits`` (name -> commit) under ``refs/agentsearch/ship/<name>``
+    and everything they need that ``exclude`` (commits the receiver has) does not already hold."""
+    tag = f"{SHIP_REFS}/{os.getpid()}"
+    refs = {f"{tag}/{name}": sha for name, sha in commits.items()}
+    for ref, sha in refs.items():
+        run_git("update-ref", ref, sha, cwd=repo_dir)
+    try:
+        excluded = [f"^{x}" for x in exclude if x not in commits.values()]
+        return run_git_bytes("bundle", "create", "-q", "-", *refs, *excluded, cwd=repo_dir)
+    finally:
+        for ref in refs:
+            run_git("update-ref", "-d", ref, cwd=repo_dir, check=False)
+
+
+def has_commit(repo_dir: Path, commit: str) -> bool:
+    return _git(["cat-file", "-e", f"{commit}^{{commit}}"], repo_dir).returncode == 0
+
+
+def fetch_bundle(repo_dir: Path, data: bytes, scratch: Path) -> None:
+    """Fetch every commit of the bundle ``data`` into ``repo_dir`` (kept under ``refs/agentsearch/ship/``);
+    a GitError if the bundle needs commits the repository lacks."""
+    scratch.mkdir(parents=True, exist_ok=True)
+    path = scratch / f"ship-{os.getpid()}.bundle"
+    path.write_bytes(data)
+    try:
+        run_git("fetch", "-q", "--no-tags", str(path), f"+{SHIP_REFS}/*:{SHIP_REFS}/received/*", cwd=repo_dir)
+    finally:
+        path.unlink(missing_ok=True)
+
+
+def init_cache_clone(path: Path, branch: str) -> None:
+    """An empty repository (no checkout needed) whose HEAD names ``branch``: a node's cache of the target."""
+    path.mkdir(parents=True, exist_ok=True)
+    if not (path / ".git").exists():
+        run_git("init", "-q", "-b", branch, cwd=path)
+
+
+def point_branch(repo_dir: Path, branch: str, commit: str) -> None:
+    """Set ``branch`` to ``commit`` and make it HEAD (a node's cache clone follows the judged baseline)."""
+    run_git("update-ref", f"refs/heads/{branch}", commit, cwd=repo_dir)
+    run_git("symbolic-ref", "HEAD", f"refs/heads/{branch}", cwd=repo_dir)

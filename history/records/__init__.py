@@ -18,6 +18,7 @@ from .episode_started import EpisodeStarted
 from .evaluation import Evaluation
 from .insight import Insight
 from .merge import Merge
+from .node_fault import NodeFault
 from .profile import Profile
 from .proposal_created import CATEGORIES, ProposalCreated
 from .recheck import Recheck
@@ -25,13 +26,14 @@ from .repair import Repair
 from .revert import Revert
 from .run_error import RunError
 from .statistic import Statistic
+from .superseded import Superseded
 from .trial import Trial
 from .upgrade import UPGRADERS, upgrade
 from .verdict import CheckResult, Verdict
 
 CLASSES: tuple[type[Record], ...] = (
     EpisodeStarted, EpisodeResumed, EpisodeFinished, ProposalCreated, Trial, Statistic, Distribution,
-    Evaluation, Verdict, Merge, Revert, Recheck, Insight, Profile, Repair, RunError,
+    Evaluation, Verdict, Merge, Revert, Recheck, Insight, Profile, Repair, RunError, Superseded, NodeFault,
 )
 BY_KIND: dict[str, type[Record]] = {c.KIND: c for c in CLASSES}
 KINDS = tuple(BY_KIND)
@@ -52,6 +54,6 @@ def load(kind: str, data: Mapping[str, Any], version: int) -> Record:
 __all__ = [
     "AVOID", "BREAKING", "BY_KIND", "CATEGORIES", "CLASSES", "GATE_ORDER", "KINDS", "SCHEMA_VERSION", "UPGRADERS",
     "CheckName", "CheckResult", "Distribution", "EpisodeFinished", "EpisodeResumed", "EpisodeStarted", "Evaluation",
-    "FailureKind", "Insight", "Merge", "Part", "Profile", "ProposalCreated", "Recheck", "Record", "RecordError", "Repair",
-    "Revert", "RunError", "Statistic", "Trial", "Verdict", "decision_failure", "default_failure", "load", "upgrade",
+    "FailureKind", "Insight", "Merge", "NodeFault", "Part", "Profile", "ProposalCreated", "Recheck", "Record", "RecordError", "Repair",
+    "Revert", "RunError", "Statistic", "Superseded", "Trial", "Verdict", "decision_failure", "default_failure", "load", "upgrade",
 ]

@@ -1,0 +1,240 @@
+"""A parallel episode: proposals judged at once on a Ray cluster, committed in proposal order.
+
+The orchestrator (this process) is the one writer: nodes return an ``Evaluation`` per proposal,
+and only here are records appended and the baseline moved (CAS). Evaluations run speculatively
+against the baseline of the moment; their results are taken in proposal order, like a reorder
+buffer, so the episode decides exactly what the local loop would have decided:
+
+- a result measured against the current baseline is validated (commits, seed) and recorded —
+  trials, statistics, distribution, verdict with the node and its environment — then merged if
+  its verdict says so;
+- a result measured against a baseline that has moved since (an earlier proposal merged) is
+  kept as a ``superseded`` record (its measurements, never merged on) and the proposal is
+  re-applied on the new baseline and judged again;
+- a task lost with its node (a ``Fault``) is recorded as ``node-fault`` and the same job (same
+  seeds) goes to another node; nothing it measured was recorded, so nothing is recorded twice.
+
+False merges: one proposal merges only on its one in-order verdict at alpha / episode budget,
+whatever the parallelism (superseded verdicts never merge), so the Bonferroni bound of the
+local loop holds unchanged. ``--resume`` after a crash re-submits every proposal without a
+verdict, in order, with the same seeds.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from harness import seeds
+from harness.trials import BASELINE
+from history import records as rec
+
+from .episode import RUN_ERRORS, Episode, ProposalState, _static_verdict
+from .errors import RunError
+from .executors import Job, NodeResult
+from .executors.node import SHIPPED_STATE
+from .executors.ray_executor import Fault
+from .proposers.base import Candidate
+from .workspace import git
+
+MAX_ATTEMPTS = 4  # a proposal whose evaluation was lost this often stops the run (resumable)
+LOOKAHEAD = 2  # proposals created ahead of the first unjudged one: at most LOOKAHEAD x parallel
+NO_NODE_GRACE_S = 120.0  # how long an episode waits for a node that can take an evaluation
+
+
+@dataclass
+class _Slot:
+    p: ProposalState
+    cand: Candidate
+    job: Job | None = None  # in flight (or finished) against job.baseline
+    result: NodeResult | None = None
+    attempts: int = 0
+    avoid: str | None = None  # the node that lost the last attempt
+
+
+class ParallelEpisode:
+    def __init__(self, episode: Episode, executor: Any, poll_s: float = 0.5):
+        self.e, self.x, self.poll_s = episode, executor, poll_s
+        self.ws = episode.ws
+        self.rejudged = 0
+        self.faults = 0
+        self.repo_key = git.run_git("rev-list", "--max-parents=0", "--first-parent", episode.plan.baseline, cwd=self.ws.repo_dir).split()[0]
+
+    # ------------------------------------------------------------------ the loop
+    def run(self) -> dict[str, Any]:
+        e = self.e
+        e.complete_merges()
+        self.x.set_full_bundle(git.bundle(self.ws.repo_dir, {"start": e.plan.baseline}))
+        order: list[_Slot] = []
+        for p in sorted(e.state.proposals.values(), key=lambda p: p.number):
+            if p.verdict is None:
+                e.say(p.id, "resuming: judging the in-flight proposal again from scratch")
+                order.append(_Slot(p, e._candidate_of(p)))
+        stop: str | None = None
+        idle_since: float | None = None
+        try:
+            while True:
+                if self._commit_head(order):
+                    continue
+                for s in order[1:]:  # speculative launches, in order, while nodes have room
+                    if s.job is None and s.result is None and self.x.free() > 0:
+                        self._launch(s)
+                while stop is None and self.x.free() > 0 and len(order) < LOOKAHEAD * self.x.parallel:
+                    stop = e.stop_reason()
+                    if stop is not None:
+                        break
+                    e.say(f"{e.plan.episode}/{len(e.state.proposals) + 1:03d} propose", f"asking the {e.proposer.name} proposer")
+                    cand = e.proposer.next(e.state.judged_keys, e.context())
+                    if cand is None:
+                        stop = "queue empty"
+                        break
+                    s = _Slot(e._create(cand), cand)
+                    order.append(s)
+                    if len(order) == 1:  # first in line: prepared (and maybe decided) at once, launched first
+                        self._commit_head(order)
+                    else:
+                        self._launch(s)
+                if self._commit_head(order):
+                    continue
+                if not order:
+                    break
+                if self.x.capacity() == 0:  # no node can take an evaluation: a broken set-up, after a grace period
+                    idle_since = idle_since or time.monotonic()
+                    if time.monotonic() - idle_since > NO_NODE_GRACE_S:
+                        raise RunError(f"no node of the Ray cluster can take an evaluation ({self.x.cpus:g} CPUs, {self.x.gpus:g} GPUs "
+                                       "each, drained nodes excluded); the episode stopped (`agentsearch episode --resume` continues it)")
+                else:
+                    idle_since = None
+                results = self.x.poll(self.poll_s)
+                if not results and not self.x.flights:
+                    time.sleep(self.poll_s)
+                for r in results:
+                    self._received(order, r)
+        finally:
+            self.x.close()
+        return e.finish(stop or "queue empty", rejudged=self.rejudged, node_faults=self.faults)
+
+    # ------------------------------------------------------------------ launching
+    def _launch(self, s: _Slot, ready: tuple[str, str] | None = None) -> None:
+        """Submit ``s`` against the current baseline (``ready``: the prepared baseline and commit).
+        One that does not apply (or changes nothing) there waits for its turn, when
+        ``Episode.prepare`` records why: nothing is recorded out of order."""
+        e, p = self.e, s.p
+        if ready is None:
+            base = self.ws.baseline_commit()
+            commit, _error = e._fresh_commit(p, s.cand)
+            if commit is None or git.tree_of(self.ws.repo_dir, commit) == git.tree_of(self.ws.repo_dir, base):
+                return
+        else:
+            base, commit = ready
+        p.created = {**p.created, "base": base, "commit": commit}  # in memory: a re-applied commit is the one judged
+        s.attempts += 1
+        state_files = {n: (self.ws.state / n).read_bytes() for n in SHIPPED_STATE if (self.ws.state / n).exists()}
+        s.job = Job(e.plan.episode, p.id, p.number, base, commit, self.ws.baseline_branch,
+                    seeds.proposal_seed(e.plan.seed, p.number), e.plan.alpha, self.repo_key, state_files, s.attempts)
+        thin = git.bundle(self.ws.repo_dir, {"base": base, "cand": commit}, exclude=(e.plan.baseline,))
+        if not self.x.submit(s.job, thin, s.avoid):
+            s.job, s.attempts = None, s.attempts - 1  # no node has room: launched later
+
+    def _prepared(self, s: _Slot) -> tuple[str, str, str] | None:
+        """``Episode.prepare`` with the proposal's errors as its REJECT (like the local loop)."""
+        try:
+            return self.e.prepare(s.p, s.cand)
+        except RUN_ERRORS:
+            raise
+        except Exception as exc:  # noqa: BLE001 - adversarial input: this proposal is rejected
+            from .episode import internal_reason
+
+            if s.p.verdict is None:
+                self.e._verdict(s.p, _static_verdict(rec.CheckName.JUDGING.value, internal_reason(exc)), self.ws.baseline_commit(),
+                                s.p.created.get("commit"), None)
+            return None
+
+    def _received(self, order: list[_Slot], r: NodeResult | Fault) -> None:
+        s = next((s for s in order if s.job is not None and s.job.number == r.job.number and s.job.attempt == r.job.attempt), None)
+        if s is None:
+            return
+        if isinstance(r, Fault):
+            self.faults += 1
+            self.e.record(rec.NodeFault(number=s.p.number, proposal=s.p.id, node=r.node_id, error=r.error, attempt=r.job.attempt,
+                                        drained=r.node_id in self.x.drained), s.p.id)
+            self.e.say(s.p.id, f"node {r.node_id[:12]} lost the evaluation ({r.error}); judging it again elsewhere, same seeds")
+            if s.attempts >= MAX_ATTEMPTS:
+                raise RunError(f"{s.p.id}: its evaluation was lost {s.attempts} times ({r.error}); the episode stopped "
+                               "(`agentsearch episode --resume` continues it)")
+            s.job, s.avoid = None, r.node_id
+            return
+        s.result = r
+
+    # ------------------------------------------------------------------ committing, in order
+    def _commit_head(self, order: list[_Slot]) -> bool:
+        """Take the first proposal's result if it is there; True if anything changed."""
+        if not order:
+            return False
+        s = order[0]
+        if s.job is None and s.result is None:  # not launched: it did not apply, or no node had room
+            ready = self._prepared(s)
+            if ready is None:  # decided at once (recorded)
+                order.pop(0)
+                return True
+            if self.x.free() > 0:
+                self._launch(s, ready[:2])
+            return False
+        if s.result is None:
+            return False
+        r, job = s.result, s.job
+        assert job is not None
+        base = self.ws.baseline_commit()
+        if job.baseline != base:
+            self._supersede(s, base)
+            s.job, s.result = None, None  # judged again on the new baseline at once (it is first in line)
+            return True
+        ready = self._prepared(s)  # the duplicate check, now that every earlier proposal is judged
+        if ready is None:
+            order.pop(0)
+            return True
+        if ready[1] != job.candidate:
+            raise RunError(f"{s.p.id}: the judged commit {job.candidate[:12]} is not the proposal's commit {ready[1][:12]}")
+        self._record(s, r, ready[2])
+        order.pop(0)
+        return True
+
+    def _record(self, s: _Slot, r: NodeResult, content_key: str) -> None:
+        e, p, job = self.e, s.p, r.job
+        node = {**r.node.to_json(), "attempt": job.attempt, "wall_s": round(r.wall_s, 3)}
+        if r.error_kind == "run":
+            e.record(rec.RunError(number=p.number, proposal=p.id, error=f"{r.error} (on node {r.node.hostname} {r.node.node_id[:12]})",
+                                  kind="RunError", baseline=job.baseline), p.id)
+            raise RunError(f"{r.error} (on node {r.node.hostname}); the episode stopped (`agentsearch episode --resume` continues it)")
+        if r.evaluation is None:
+            e._verdict(p, _static_verdict(rec.CheckName.JUDGING.value, f"internal error: {r.error or 'the node returned no evaluation'}"),
+                       job.baseline, job.candidate, None, content_key, {"node": node})
+            return
+        ev = r.evaluation
+        bad = [f"{name} {got!r} != {want!r}" for name, got, want in (
+            ("baseline", ev.baseline, job.baseline), ("candidate", ev.candidate, job.candidate), ("seed", ev.seed, job.seed))
+            if got != want]
+        if bad:
+            raise RunError(f"{p.id}: node {r.node.hostname} returned an evaluation of something else ({'; '.join(bad)})")
+        trees = {BASELINE: git.tree_of(self.ws.repo_dir, job.baseline), "candidate": git.tree_of(self.ws.repo_dir, job.candidate)}
+        for t in ev.trials:
+            e.record_trial(p, job.baseline, job.candidate, t, trees, r.node.environment_fingerprint, {"node": r.node.node_id})
+        e.record_evaluation(p, job.baseline, job.candidate, ev, content_key, {"node": node})
+
+    def _supersede(self, s: _Slot, new_base: str) -> None:
+        """Keep the measurements made against an old baseline (never merged on)."""
+        r = s.result
+        assert r is not None and s.job is not None
+        ev = r.evaluation
+        data: dict[str, Any] = {
+            "number": s.p.number, "proposal": s.p.id, "baseline": s.job.baseline, "new_baseline": new_base,
+            "candidate": s.job.candidate, "seed": s.job.seed, "node": {**r.node.to_json(), "attempt": s.job.attempt},
+            "verdict": ev.verdict.verdict if ev else None, "reasons": list(ev.verdict.reasons) if ev else [r.error],
+            "statistics": [w.to_json() for w in ev.workloads.values()] if ev else [],
+            "trials": [{"side": t.side, "workload": t.workload, "seed": t.seed, "value": t.value, "ok": t.ok} for t in ev.trials] if ev else [],
+        }
+        self.e.record(rec.Superseded.of(data), s.p.id)
+        self.rejudged += 1
+        self.e.say(s.p.id, f"the baseline moved ({s.job.baseline[:12]} -> {new_base[:12]}) while it was judged: judging it again")
+

@@ -1,0 +1,229 @@
+"""Parallel episodes on a real local Ray cluster (a head without CPUs and two 1-CPU worker nodes,
+``ray.cluster_utils.Cluster``), on the toy command target of test_episode.py: the same verdicts
+and final baseline tree as the local loop with the same seed; a worker node killed in the middle
+of an evaluation; the orchestrator killed with SIGKILL, then `--resume`.
+
+One cluster for the module (starting one takes ~25 s on two cores); the object stores are 100 MB.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from agentsearch.workspace import Workspace
+from history import HistoryLog
+
+from .conftest import ROOT, run_cli
+from .conftest import make_repo
+from .test_episode import BENCH, CONFIG, ENGINE, LM, _final, write_queue
+
+STORE = 100 * 2**20
+
+
+def make_target(path: Path) -> Path:
+    """test_episode's toy target with a 30 s trial timeout: several episodes at once on two loaded
+    cores must not turn a slow trial into a verdict (the timeout is not what these tests check)."""
+    config = CONFIG.format(python=sys.executable).replace("timeout_s = 4\n", "timeout_s = 30\n")
+    assert "timeout_s = 30" in config
+    repo = make_repo(path, {"agentsearch.toml": config, "bench/bench.py": BENCH, "lm.py": LM, "src/__init__.py": "", "src/engine.py": ENGINE})
+    assert run_cli("init", "-C", str(repo)).returncode == 0
+    return repo
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    from ray.cluster_utils import Cluster
+
+    cache = tmp_path_factory.mktemp("node-cache")
+    saved = {k: os.environ.get(k) for k in ("AGENTSEARCH_NODE_CACHE", "PYTHONPATH", "RAY_ADDRESS")}
+    os.environ["AGENTSEARCH_NODE_CACHE"] = str(cache)  # the nodes (and their workers) inherit it
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), saved["PYTHONPATH"]) if p)
+    os.environ.pop("RAY_ADDRESS", None)
+    t0 = time.monotonic()
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "object_store_memory": STORE, "include_dashboard": False})
+    workers = [c.add_node(num_cpus=1, object_store_memory=STORE) for _ in range(2)]
+    c.wait_for_nodes()
+    c.start_s = time.monotonic() - t0  # type: ignore[attr-defined]
+    c.cache = cache  # type: ignore[attr-defined]
+    c.workers = workers  # type: ignore[attr-defined]
+    try:
+        yield c
+    finally:
+        c.shutdown()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The local loop's verdicts and final baseline tree for the queue (seed 11)."""
+    base = tmp_path_factory.mktemp("reference")
+    repo = make_target(base / "toy")
+    write_queue(repo, base / "queue", full=False)
+    proc = run_cli("episode", "-C", str(repo), "--json", "--patches", str(base / "queue"), "--seed", "11", timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    print(f"local episode: {json.loads(proc.stdout)['elapsed_s']} s")
+    verdicts, tree = _final(repo)
+    assert sorted(verdicts.values()) == ["merge", "reject", "reject"], verdicts
+    return verdicts, tree
+
+
+def _episode(repo: Path, cluster, *args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "agentsearch.cli", "episode", "-C", str(repo), "--json", "--executor", "ray",
+                             "--address", cluster.address, *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _entries(repo: Path) -> list:
+    path = Workspace.open(repo).state / "history.jsonl"
+    return list(HistoryLog(path).entries()) if path.exists() else []
+
+
+def _judged_once(repo: Path) -> list:
+    entries = _entries(repo)
+    for kind in ("proposal-created", "verdict", "merge"):
+        keys = [e.data.get("number") for e in entries if e.kind == kind]
+        assert len(keys) == len(set(keys)), f"{kind} recorded twice: {keys}"
+    assert run_cli("history", "verify", "-C", str(repo)).returncode == 0
+    return entries
+
+
+def _running(cluster) -> dict | None:
+    for f in Path(cluster.cache).glob("*/slot-*.running.json"):
+        try:
+            return json.loads(f.read_text())
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def test_executor_settings_are_validated_in_one_line(tmp_path):
+    from agentsearch.config import load_config_text
+    from agentsearch.errors import ConfigError
+
+    text = CONFIG.format(python=sys.executable)
+    assert load_config_text(text).executor.kind == "local"  # the default: the local loop
+    cfg = load_config_text(text + '\n[executor]\nkind = "ray"\nparallel = 4\ngpus = 1\n').executor
+    assert (cfg.kind, cfg.parallel, cfg.gpus, cfg.address) == ("ray", 4, 1.0, "auto")
+    with pytest.raises(ConfigError, match=r"\[executor\] kind: expected one of local, ray"):
+        load_config_text(text + '\n[executor]\nkind = "slurm"\n')
+    repo = make_target(tmp_path / "toy")
+    proc = run_cli("episode", "-C", str(repo), "--patches", str(tmp_path), "--executor", "ray", "--parallel", "0")
+    assert proc.returncode == 2 and "--parallel: expected an integer >= 1" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert not _entries(repo)  # refused before anything was recorded
+    proc = run_cli("episode", "-C", str(repo), "--patches", str(tmp_path), "--executor", "ray", "--address", "127.0.0.1:9")
+    assert proc.returncode == 5 and "cannot join the Ray cluster at '127.0.0.1:9'" in proc.stderr, proc.stderr
+    assert not _entries(repo)
+
+
+def test_a_node_that_keeps_losing_evaluations_is_drained():
+    """The executor's node choice, without a cluster: a node's resources as Ray reports them."""
+    from agentsearch.executors.node import Job
+    from agentsearch.executors.ray_executor import RayExecutor, _Flight
+
+    x = RayExecutor.__new__(RayExecutor)  # no ray.init: node choice and draining are plain bookkeeping
+    x.parallel, x.cpus, x.gpus, x.drain_after = 4, 1.0, 0.0, 2
+    x.flights, x.failures, x.drained, x.say = {}, {}, set(), lambda *a: None
+    x._nodes = (time.monotonic() + 3600, {"a": {"CPU": 2.0}, "b": {"CPU": 1.0}, "head": {"CPU": 0.0}})
+    job = Job("e", "e/001", 1, "base", "cand", "main", 7, 0.005, "root")
+    assert x.capacity() == 3 and x._pick(None) == "a"
+    assert x._pick("a") == "b"  # judged again elsewhere when elsewhere has room
+    x._fault(_Flight(job, "a", None, None), "NodeDiedError")
+    assert "a" not in x.drained and x.capacity() == 3
+    x._fault(_Flight(job, "a", None, None), "NodeDiedError")
+    assert x.drained == {"a"} and x.capacity() == 1 and x._pick(None) == "b" and x._pick("b") == "b"
+    x.flights[1] = _Flight(job, "b", None, None)
+    assert x._pick(None) is None and x.free() == 0  # the drained node gets nothing, even with room
+
+
+def test_parallel_episode_matches_the_local_loop(tmp_path, cluster, reference):
+    print(f"ray cluster start: {cluster.start_s:.1f} s")
+    repo = make_target(tmp_path / "toy")
+    write_queue(repo, tmp_path / "queue", full=False)
+    t0 = time.monotonic()
+    proc = _episode(repo, cluster, "--patches", str(tmp_path / "queue"), "--seed", "11", "--parallel", "2")
+    out, err = proc.communicate(timeout=600)
+    print(f"parallel episode: {time.monotonic() - t0:.1f} s")
+    assert proc.returncode == 0, err
+    summary = json.loads(out)
+    assert _final(repo) == reference
+    entries = _judged_once(repo)
+    verdicts = [e.data for e in entries if e.kind == "verdict"]
+    # every verdict names the node it was measured on (with its environment), and the measured
+    # ones ran on a worker node, never on the head (it has no CPUs)
+    measured = [v for v in verdicts if v.get("workloads")]
+    assert measured and all(v["node"]["node_id"] in {w.node_id for w in cluster.workers} and v["node"]["environment_fingerprint"] for v in measured)
+    trials = [e.data for e in entries if e.kind == "trial"]
+    assert trials and all(t["node"] for t in trials)
+    # in order: every verdict was made against the baseline of its turn (merges before it applied)
+    base = summary["baseline_before"]
+    merges = {e.data["number"]: e.data for e in entries if e.kind == "merge" and e.data["ok"]}
+    for v in sorted(verdicts, key=lambda v: v["number"]):
+        assert v["baseline"] == base, v
+        if v["number"] in merges:
+            base = merges[v["number"]]["new"]
+    # results measured against a baseline that moved were kept, not merged on, and judged again
+    superseded = [e.data for e in entries if e.kind == "superseded"]
+    assert summary["rejudged"] == len(superseded)
+    for s in superseded:
+        assert s["baseline"] != s["new_baseline"] and s["verdict"] in ("merge", "reject", "review")
+        again = next(v for v in verdicts if v["number"] == s["number"])
+        assert again["baseline"] == s["new_baseline"]
+
+
+def test_orchestrator_sigkill_then_resume_reaches_the_same_end(tmp_path, cluster, reference):
+    repo = make_target(tmp_path / "toy")
+    write_queue(repo, tmp_path / "queue", full=False)
+    proc = _episode(repo, cluster, "--patches", str(tmp_path / "queue"), "--seed", "11", "--parallel", "2")
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and _running(cluster) is None and proc.poll() is None:
+        time.sleep(0.1)
+    assert proc.poll() is None, "the episode ended before an evaluation was seen in flight"
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate()
+    assert not any(e.kind == "episode-finished" for e in _entries(repo))
+    resumed = _episode(repo, cluster, "--resume", "--parallel", "2")
+    out, err = resumed.communicate(timeout=600)
+    assert resumed.returncode == 0, err
+    assert _final(repo) == reference
+    entries = _judged_once(repo)
+    assert sum(1 for e in entries if e.kind == "episode-resumed") == 1
+
+
+def test_worker_node_killed_mid_evaluation_is_judged_again_elsewhere(tmp_path, cluster, reference):
+    repo = make_target(tmp_path / "toy")
+    write_queue(repo, tmp_path / "queue", full=False)
+    proc = _episode(repo, cluster, "--patches", str(tmp_path / "queue"), "--seed", "11", "--parallel", "2")
+    deadline = time.monotonic() + 300
+    running = None
+    while time.monotonic() < deadline and proc.poll() is None:
+        running = _running(cluster)
+        if running and any(w.node_id == running["node_id"] for w in cluster.workers):
+            break
+        time.sleep(0.1)
+    assert running is not None and proc.poll() is None
+    victim = next(w for w in cluster.workers if w.node_id == running["node_id"])
+    time.sleep(1.0)  # in the middle of its measurements
+    cluster.remove_node(victim)
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err
+    assert _final(repo) == reference
+    entries = _judged_once(repo)
+    faults = [e.data for e in entries if e.kind == "node-fault"]
+    assert faults and faults[0]["node"] == victim.node_id and faults[0]["proposal"] == running["proposal"]
+    lost = next(e.data for e in entries if e.kind == "verdict" and e.data["proposal"] == running["proposal"])
+    if lost.get("workloads"):  # measured again: elsewhere, with the same seed
+        assert lost["node"]["node_id"] != victim.node_id and lost["node"]["attempt"] >= 2
+    # nothing measured on the lost attempt reached the history
+    assert not [e for e in entries if e.kind == "trial" and e.data.get("node") == victim.node_id
+                and e.data["number"] == faults[0]["number"]]
