@@ -24,7 +24,7 @@ from harness.statistics import NoisePrior
 from harness.trials import BASELINE, CANDIDATE, TrialRecord, child_env, run_child, tail
 from history.records import FailureKind, decision_failure
 
-from . import calibration, containment, preflight
+from . import calibration, containment, micro, preflight
 from . import sides as sides_mod
 from .sides import Sides
 from .config import Config, GateConfig, WorkloadConfig
@@ -103,6 +103,7 @@ class Evaluation:
     distribution: Any = None  # VerifyResult when [verify] ran
     coverage: Any = None  # CoverageReport when the coverage pass ran
     alpha: float | None = None  # the false-merge level this evaluation spent
+    micro: Any = None  # micro.MicroResult: the op-level stage of a kernel proposal
     schema_version: int = EVALUATION_SCHEMA
 
     def timing(self) -> dict[str, float]:
@@ -130,6 +131,7 @@ class Evaluation:
             "confirmation": self.confirmation.to_json() if self.confirmation else None,
             "distribution": self.distribution.to_json() if self.distribution else None,
             "coverage": dataclasses.asdict(self.coverage) if self.coverage else None,
+            "micro": self.micro.to_json() if self.micro else None,
             "checks": [c.to_json() for c in self.verdict.checks],
             "failed_check": self.verdict.failed_check, "failure": self.verdict.failure.value if self.verdict.failure else None,
             "config_fingerprint": self.config_fingerprint,
@@ -168,6 +170,7 @@ class _State:
     distribution: Any = None
     trials: list[TrialRecord] = field(default_factory=list)
     coverage: Any = None  # CoverageReport when the coverage pass ran
+    micro: Any = None  # micro.MicroResult when the micro stage ran (kernel proposals)
     on_trial: OnTrial | None = None
     # (workload or None for the build, reason): the baseline side failed; confirmed alone afterwards
     baseline_failure: tuple[str | None, str] | None = None
@@ -218,7 +221,7 @@ def evaluate(
         confirmation=st.confirmation,
         trials=tuple(st.trials), config_fingerprint=config.fingerprint(), environment=env,
         wall_s=time.perf_counter() - t0, engine_wait_s=st.engine_wait_s, distribution=st.distribution, coverage=st.coverage,
-        alpha=alpha if alpha is not None else config.gate.proposal_alpha,
+        alpha=alpha if alpha is not None else config.gate.proposal_alpha, micro=st.micro,
     )
 
 
@@ -249,6 +252,8 @@ def _run_checks(ws: Workspace, config: Config, base: str, cand: str, master: int
             st.add("sandbox", Status(box.status), box.detail)
             changed = git.changed_lines(ws.repo_dir, base, cand)
             if not _functional_tests(config, sd, st, say):
+                return
+            if not _micro_stage(ws, config, base, cand, sd, master, alpha, st, say):
                 return
             _measure(ws, config, sd, master, alpha, st, say, changed)
     except sides_mod.ProtectedPathError as exc:
@@ -449,6 +454,18 @@ def _coverage_check(config: Config, w: WorkloadConfig, sd: Sides, master: int, s
         return False
     st.add("coverage", Status.PASS, rep.summary())
     return True
+
+
+def _micro_stage(ws: Workspace, config: Config, base: str, cand: str, sd: Sides, master: int, alpha: float | None,
+                 st: _State, say: Progress) -> bool:
+    """A kernel proposal's op-level checks (``agentsearch.micro``) before any engine starts; True: go on."""
+    targets = micro.scope(ws.repo_dir, base, cand)
+    if not targets:
+        return True
+    check, result = micro.run(config, sd, targets, master, alpha if alpha is not None else config.gate.proposal_alpha, say, record=st.record)
+    st.micro = result
+    st.checks.append(check)
+    return check.status != Status.FAIL
 
 
 def _functional_tests(config: Config, sd: Sides, st: _State, say: Progress) -> bool:

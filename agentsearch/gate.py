@@ -93,8 +93,9 @@ def judge(checks: list[Check]) -> Verdict:
         c for c in checks if c.name not in REQUIRED_CHECKS
     )
     for c in checks:
-        if c.name not in REQUIRED_CHECKS and c.status == Status.FAIL:
+        if c.name not in REQUIRED_CHECKS and c.status in (Status.FAIL, Status.REVIEW):
             reasons.append(f"{c.name}: {c.detail}")
+            review = review or c.status == Status.REVIEW  # e.g. an implausible op-level speedup (micro)
     if any(by_name.get(n) is None or by_name[n].status == Status.FAIL for n in REQUIRED_CHECKS) or any(
         c.status == Status.FAIL for c in checks
     ):

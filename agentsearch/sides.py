@@ -33,6 +33,7 @@ from harness import coverage, models, sandbox
 from harness.safe_io import UnsafeFile, write_beneath
 from harness.engine_session import WORKER
 from harness.trials import BASELINE, child_env, run_child, tail
+from kernels.catalog import ROOT as KERNELS_DIR
 
 from .config import CONFIG_FILE, Config
 from .containment import Decision
@@ -133,7 +134,7 @@ class Sides:
                 raise BuildError(side, str(exc)) from None
         pins = self._pin_protected()
         if self.decision.use:
-            ro = (*self.read_only, str(self.inputs), str(WORKER), str(coverage.TRACER_DIR), *model_dirs(self.config))
+            ro = (*self.read_only, str(self.inputs), str(WORKER), str(coverage.TRACER_DIR), str(KERNELS_DIR), *model_dirs(self.config))
             for side, wt in self.worktrees.items():
                 pinned = tuple((str(self.pinned / rel), str(wt / rel)) for rel in pins)
                 pinned += tuple((str(wt / rel), str(wt / rel)) for rel in linked_files(wt))

@@ -1,0 +1,290 @@
+"""The micro stage: op-level checks of a kernel proposal, before any engine starts.
+
+A proposal is a kernel proposal when it changes the fork's IR-op code (``vllm/ir/``, ``vllm/kernels/``)
+or an op's ``ir_op_priority`` in ``serving.json``. For each op in scope, in the sides' sandboxes:
+
+1. **correctness** (one fresh candidate process): the op, dispatched by the candidate's own priority
+   list exactly as the engine does, on every generated case (the model's hidden size, Zipf token
+   counts, odd sizes, non-contiguous inputs, ``variance_size``, every dtype) and a hidden set (its
+   seed derives from the evaluation's secret master); the outputs and the inputs after each call are
+   written out and checked by ``kernels/check.py`` — a separate process with the trusted references and
+   tolerances and no side code in it. Wrong values, a changed input or an output aliasing an input
+   reject here.
+2. **timing** (fresh processes, interleaved pairs, the gate's paired statistics): the summed wall
+   time of a Zipf mix of calls, each on fresh inputs, baseline priority against candidate priority;
+   every timed output is checked too (nothing cached or skipped can pass). A significant slowdown
+   rejects; a speedup beyond ``[gate] plausibility`` is held for review.
+
+The result is one recorded check, ``micro``, with its numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics as pystats
+import subprocess
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from harness.interleave import WorkloadRun, run_interleaved
+from harness.seeds import pair_seeds
+from harness.sequential import OK, SequentialDesign, decide_guard
+from harness.trials import BASELINE, CANDIDATE, CommandSpec, TrialOutcome, TrialRecord, run_command_trial, tail
+from kernels import catalog
+from kernels import fork as kfork
+
+from .config import Config
+from .gate import Check, Status
+from .sides import Sides
+from .workspace import git
+
+MICRO_SCHEMA = 1
+SERVING_FILE = "serving.json"
+CODE_PREFIXES = ("vllm/ir/", "vllm/kernels/")
+TRIAL_TIMEOUT_S = 300.0
+CHECK_TIMEOUT_S = 300.0
+MICRO_PAIRS = (4, 8)  # (min_pairs = look_every, max_pairs) of the timing stage
+Say = Callable[[str, str], None]
+
+
+@dataclass(frozen=True)
+class Target:
+    op: str
+    baseline: tuple[str, ...]  # the baseline's priority list for the op (() = platform default)
+    candidate: tuple[str, ...]
+    why: str
+
+
+@dataclass
+class OpResult:
+    op: str
+    baseline: list[str]
+    candidate: list[str]
+    cases: int = 0
+    hidden_cases: int = 0
+    correct: bool = False
+    failures: list[str] = field(default_factory=list)
+    pairs: int = 0
+    speedup: float | None = None
+    ci: tuple[float, float] | None = None
+    p_slower: float | None = None
+    baseline_us: float | None = None
+    candidate_us: float | None = None
+    decision: str = ""
+    providers: str = ""
+
+
+@dataclass
+class MicroResult:
+    ops: list[OpResult] = field(default_factory=list)
+    wall_s: float = 0.0
+    schema_version: int = MICRO_SCHEMA
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def scope(repo_dir: Path, base: str, cand: str) -> list[Target]:
+    """The ops a proposal changes (none: not a kernel proposal)."""
+    bp = kfork.priorities(git.show_file(repo_dir, base, SERVING_FILE))
+    cp = kfork.priorities(git.show_file(repo_dir, cand, SERVING_FILE))
+    code = sorted(p for p in git.changed_lines(repo_dir, base, cand) if p.startswith(CODE_PREFIXES))
+    out = []
+    for op in catalog.OPS:
+        b, c = tuple(bp.get(op, ())), tuple(cp.get(op, ()))
+        if b != c:
+            out.append(Target(op, b, c, f"ir_op_priority {list(b) or ['native']} -> {list(c) or ['native']}"))
+        elif code:
+            out.append(Target(op, b, c, f"changes {code[0]}" + (f" (+{len(code) - 1} more files)" if len(code) > 1 else "")))
+    return out
+
+
+def read_only() -> tuple[str, ...]:
+    """What the sides' sandboxes mount for the micro stage: the kernel library (worker, specs)."""
+    return (str(catalog.ROOT),)
+
+
+def _hidden(config: Config) -> int:
+    from harness import models
+
+    w = config.objective
+    if w.kind == "command":
+        return 128
+    try:
+        return catalog.hidden_size(models.resolve(w.model))
+    except (RuntimeError, OSError):
+        return 128
+
+
+def _check(cases_path: Path, samples: list[Path]) -> tuple[int, list[str], str]:
+    """Run the trusted checker on ``samples``: (cases checked, failures, error)."""
+    argv = [sys.executable, str(catalog.CHECKER), str(cases_path), *map(str, samples)]
+    try:
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=CHECK_TIMEOUT_S, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return 0, [], f"the checker timed out after {CHECK_TIMEOUT_S:g} s"
+    if p.returncode != 0:
+        return 0, [], f"the checker failed: {tail(p.stderr, 1)}"
+    try:
+        res = json.loads(p.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return 0, [], "the checker printed no result"
+    return int(res["checked"]), [str(f) for f in res["failures"]], ""
+
+
+class _Session:
+    """One side's timing trials: every measurement a fresh worker process; its outputs kept aside."""
+
+    def __init__(self, sd: Sides, side: str, spec: CommandSpec, keep: Path, on_check: Callable[[str, Path], None]):
+        self.sd, self.side, self.spec, self.keep, self.on_check = sd, side, spec, keep, on_check
+        self.n = 0
+
+    def start(self) -> None:
+        pass
+
+    def measure(self, seed: int) -> TrialOutcome:
+        self.sd.fresh_outputs(self.side)
+        out_dir = self.sd.out(self.side) / "micro"
+        out_dir.mkdir(parents=True, exist_ok=True)
+        outcome = run_command_trial(self.spec, seed, out_dir)
+        moved = self.sd.check()
+        if moved:
+            return TrialOutcome(False, None, outcome.metrics, outcome.wall_s, moved, outcome.stderr_tail)
+        if outcome.ok and outcome.metrics.get("aliased"):
+            return TrialOutcome(False, None, outcome.metrics, outcome.wall_s, "an output is a view of an input", outcome.stderr_tail)
+        samples = out_dir / "samples.npz"
+        kept = self.keep / f"{self.side}-{self.n}.npz"
+        self.n += 1
+        if outcome.ok:
+            if samples.is_symlink() or not samples.is_file():
+                return TrialOutcome(False, None, outcome.metrics, outcome.wall_s, "the worker wrote no outputs", outcome.stderr_tail)
+            samples.replace(kept)
+            self.on_check(f"{seed}", kept)
+        return outcome
+
+    def close(self) -> None:
+        pass
+
+
+def _spec(sd: Sides, config: Config, side: str, mode: str, op: str, priority: tuple[str, ...], cases: Path) -> CommandSpec:
+    wt = sd.worktrees[side]
+    prio = ",".join(priority) or "native"
+    cmd = (f"{sys.executable} {catalog.WORKER} {mode} --op {op} --priority {prio} --cases {cases} "
+           f"--samples {{out_dir}}/samples.npz --out {{out}}")
+    return CommandSpec(command=cmd, worktree=wt, metric="us" if mode == "time" else "cases", timeout_s=TRIAL_TIMEOUT_S,
+                       env={**config.target.env, "PYTHONPATH": str(wt), "OMP_NUM_THREADS": "1"},
+                       extra={"out_dir": str(sd.out(side) / "micro")})
+
+
+def run(config: Config, sd: Sides, targets: list[Target], master: int, alpha: float, say: Say,
+        record: Callable[[TrialRecord], None] | None = None, pairs: tuple[int, int] = MICRO_PAIRS,
+        timing: bool = True) -> tuple[Check, MicroResult]:
+    """Run the micro stage for ``targets``; the ``micro`` check and its numbers."""
+    import time
+
+    t0 = time.perf_counter()
+    res = MicroResult()
+    hidden = _hidden(config)
+    work = sd.inputs / "micro"
+    work.mkdir(parents=True, exist_ok=True)
+    keep = sd.scratch / "micro-samples"  # the orchestrator's: no side can see or change what is checked
+    keep.mkdir(parents=True, exist_ok=True)
+    notes = []
+    for t in targets:
+        r = OpResult(t.op, list(t.baseline), list(t.candidate))
+        res.ops.append(r)
+        # public cases (seed fixed per op) + a hidden set from the evaluation's secret master
+        public = catalog.cases(t.op, hidden, seed=1)
+        hidden_set = catalog.cases(t.op, hidden, seed=pair_seeds(master, f"micro-hidden-{t.op}")(0), n_zipf=4)
+        cases = public + hidden_set
+        r.cases, r.hidden_cases = len(public), len(hidden_set)
+        cpath = work / f"{t.op}-correct.json"
+        cpath.write_text(json.dumps(cases))
+        say("micro", f"{t.op}: correctness of {list(t.candidate) or ['native']} on {len(cases)} cases")
+        spec = _spec(sd, config, CANDIDATE, "correct", t.op, t.candidate, cpath)
+        sd.fresh_outputs(CANDIDATE)
+        (sd.out(CANDIDATE) / "micro").mkdir(parents=True, exist_ok=True)
+        out = run_command_trial(spec, 0, sd.out(CANDIDATE) / "micro")
+        moved = sd.check()
+        if not out.ok or moved:
+            r.failures = [moved or f"the candidate's worker failed: {out.error}"]
+            return _fail(res, t0, f"{t.op}: {r.failures[0]}")
+        r.providers = str(out.metrics.get("providers", ""))
+        if out.metrics.get("aliased"):
+            r.failures = [f"{out.metrics['aliased']} outputs are views of an input"]
+            return _fail(res, t0, f"{t.op}: {r.failures[0]}")
+        samples = sd.out(CANDIDATE) / "micro" / "samples.npz"
+        kept = keep / f"{t.op}-correct.npz"
+        if samples.is_symlink() or not samples.is_file():
+            return _fail(res, t0, f"{t.op}: the candidate's worker wrote no outputs")
+        samples.replace(kept)
+        checked, failures, err = _check(cpath, [kept])
+        if err:  # the instrument failed: fail closed
+            return _fail(res, t0, f"{t.op}: {err}")
+        r.failures = failures
+        if failures or checked != len(cases):
+            return _fail(res, t0, f"{t.op} with {list(t.candidate)}: wrong result on {len(failures)} of {len(cases)} cases "
+                                  f"(first: {failures[0] if failures else 'cases missing'})")
+        r.correct = True
+        if not timing:
+            notes.append(f"{t.op}: {len(cases)} cases correct ({r.providers})")
+            continue
+
+        # timing: baseline priority vs candidate priority, interleaved, fresh processes
+        bpath = work / f"{t.op}-bench.json"
+        bench = catalog.bench_cases(t.op, hidden, seed=pair_seeds(master, f"micro-bench-{t.op}")(0))
+        bpath.write_text(json.dumps(bench))
+        to_check: list[Path] = []
+        specs_ = {s: _spec(sd, config, s, "time", t.op, t.baseline if s == BASELINE else t.candidate, bpath) for s in (BASELINE, CANDIDATE)}
+        design = SequentialDesign(alpha=alpha, min_pairs=pairs[0], look_every=pairs[0], max_pairs=pairs[1],
+                                  max_regression=config.gate.max_regression, regression_alpha=config.gate.regression_alpha)
+
+        def factory(side: str, restart: int) -> _Session:
+            return _Session(sd, side, specs_[side], keep, lambda _s, p: to_check.append(p))
+
+        def on_pair(run_: WorkloadRun) -> None:
+            est = math.exp(sum(run_.log_ratios) / len(run_.log_ratios)) - 1
+            say("micro", f"{t.op}: pair {run_.pairs}/{design.max_pairs}, running estimate {est:+.2%}")
+
+        try:
+            wr = run_interleaved(f"micro:{t.op}", factory, design, decide_guard,
+                                 pair_seeds(master, f"micro-{t.op}"), False, on_pair=on_pair)
+        except (OSError, ValueError, RuntimeError) as exc:
+            return _fail(res, t0, f"{t.op}: measurement error: {type(exc).__name__}: {exc}")
+        for tr in wr.trials:
+            if record is not None:
+                record(tr)
+        if wr.failure:
+            return _fail(res, t0, f"{t.op}: {wr.failure}")
+        assert wr.decision is not None
+        checked, failures, err = _check(bpath, to_check)
+        if err:
+            return _fail(res, t0, f"{t.op}: {err}")
+        if failures or checked != len(bench) * len(to_check):
+            r.failures = failures
+            return _fail(res, t0, f"{t.op}: a timed call returned a wrong result ({failures[0] if failures else 'outputs missing'})")
+        est = wr.decision.estimate
+        r.pairs, r.speedup, r.ci, r.p_slower = wr.pairs, est.speedup, est.ci(), est.p_worse()
+        r.baseline_us = pystats.median(wr.values(BASELINE))
+        r.candidate_us = pystats.median(wr.values(CANDIDATE))
+        r.decision = wr.decision.action
+        nums = (f"{t.op}: {r.baseline_us:.0f} -> {r.candidate_us:.0f} us per mix of {len(bench)} calls, "
+                f"{est.speedup:.2f}x [{r.ci[0]:.2f}, {r.ci[1]:.2f}] over {wr.pairs} pairs, {len(cases)} cases correct")
+        if wr.decision.action != OK:
+            return _fail(res, t0, f"{t.op}: micro-slowdown: {wr.decision.reason} ({nums})")
+        if est.speedup > config.gate.plausibility:
+            res.wall_s = time.perf_counter() - t0
+            return Check("micro", Status.REVIEW, f"{nums}: beyond the plausibility bound {config.gate.plausibility:g}x, held for review"), res
+        notes.append(nums)
+    res.wall_s = time.perf_counter() - t0
+    return Check("micro", Status.PASS, "; ".join(notes) + f" ({res.wall_s:.0f} s)"), res
+
+
+def _fail(res: MicroResult, t0: float, detail: str) -> tuple[Check, MicroResult]:
+    import time
+
+    res.wall_s = time.perf_counter() - t0
+    return Check("micro", Status.FAIL, f"{detail} ({res.wall_s:.0f} s, no engine started)"), res

@@ -1,0 +1,77 @@
+"""Check what a side's worker wrote against the trusted references (a script; no side code runs here).
+
+    python kernels/check.py CASES.json SAMPLES.npz [SAMPLES.npz ...]
+
+Each samples file holds ``out{i}_{j}`` (output j of case i) and, from a correctness run, ``in{i}_{j}``
+(argument j after the call). The inputs are rebuilt from the cases' seeds; the reference runs on
+them; the outputs must match within the op's tolerance and the inputs must be unchanged. Prints one
+JSON object: ``{"ok": bool, "checked": n, "failures": [...]}``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import zipfile
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from kernels import specs  # noqa: E402
+
+MAX_BYTES = 1 << 30
+
+
+def check_file(cases: list, path: str) -> tuple[int, list[str]]:
+    if os.path.islink(path) or not os.path.isfile(path):
+        return 0, [f"{os.path.basename(path)}: missing (the worker wrote no samples)"]
+    with zipfile.ZipFile(path) as z:  # sizes before loading: a side cannot make the checker load gigabytes
+        if sum(i.file_size for i in z.infolist()) > MAX_BYTES:
+            return 0, [f"{os.path.basename(path)}: larger than {MAX_BYTES} bytes"]
+    data = np.load(path, allow_pickle=False)
+    failures: list[str] = []
+    checked = 0
+    for i, case in enumerate(cases):
+        args = specs.make_inputs(case)
+        want = specs.outputs_of(specs.REFERENCES[case["op"]](*args))
+        got = []
+        for j in range(len(want)):
+            key = f"out{i}_{j}"
+            if key not in data.files:
+                got = None
+                break
+            got.append(torch.from_numpy(data[key]).to(want[j].dtype))
+        if got is None:
+            failures.append(f"{specs.describe(case)}: output missing")
+            continue
+        why = specs.compare(case, got, want)
+        if not why and f"in{i}_0" in data.files:
+            for j, a in enumerate(args):
+                if isinstance(a, torch.Tensor):
+                    after = data.get(f"in{i}_{j}")
+                    if after is None or not np.array_equal(after, a.to(torch.float32).numpy()):
+                        why = f"argument {j} changed by the call (inputs must not be modified)"
+                        break
+        if why:
+            failures.append(f"{specs.describe(case)}: {why}")
+        checked += 1
+    return checked, failures
+
+
+def main() -> int:
+    with open(sys.argv[1]) as f:
+        cases = json.load(f)
+    checked, failures = 0, []
+    for path in sys.argv[2:]:
+        n, fails = check_file(cases, path)
+        checked += n
+        failures += [f"{os.path.basename(path)}: {x}" if len(sys.argv) > 3 else x for x in fails]
+    print(json.dumps({"ok": not failures, "checked": checked, "failures": failures[:20], "failed": len(failures)}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
