@@ -444,5 +444,60 @@ def profile(target: Path, as_json: bool, ref: str | None, workload: str | None, 
 
     dispatch(run, config=True, target=target, as_json=as_json, ref=ref, workload=workload, seed=seed)
 
+
+@main.group(context_settings=CONTEXT)
+def kernels() -> None:
+    """The kernel level: the library of IR-op implementations, op-level benchmarks, kernel proposals."""
+
+
+@kernels.command("list", context_settings=CONTEXT)
+@json_option
+def kernels_list(as_json: bool) -> None:
+    """The fork's IR ops (signature, dtypes, tolerances) and the library's implementations of each."""
+    from .commands.kernels import list_
+
+    dispatch(list_, as_json=as_json)
+
+
+@kernels.command("bench", context_settings=CONTEXT)
+@target_option
+@strict_option
+@quiet_option
+@json_option
+@click.argument("op")
+@click.option("--baseline-provider", default="native", show_default=True, help="Provider measured on the baseline side.")
+@click.option("--candidate-provider", required=True, help="Provider measured on the candidate side (registered in the candidate's fork).")
+@click.option("--baseline", "baseline", metavar="REF", help="The baseline side's commit (default: the baseline branch).")
+@click.option("--candidate", "candidate", metavar="REF", help="The candidate side's commit (default: the baseline).")
+@click.option("--pairs", default=8, show_default=True, type=click.IntRange(4, 200), help="Timing pairs at most (a look halfway).")
+@click.option("--seed", type=int, default=None, help="Master seed (hidden cases, timed inputs; default: fresh).")
+def kernels_bench(target: Path, as_json: bool, op: str, baseline_provider: str, candidate_provider: str,
+                  baseline: str | None, candidate: str | None, pairs: int, seed: int | None) -> None:
+    """Measure OP with one provider against another, each side in its own sandbox and fresh processes.
+
+    Correctness first (every generated and hidden case against the trusted reference, with the op's
+    tolerances), then interleaved timing with the gate's paired statistics. Exit status: 0 correct
+    and no significant slowdown, 4 otherwise, 2 bad input.
+    """
+    from .commands.kernels import bench
+
+    dispatch(bench, config=True, target=target, as_json=as_json, op=op, baseline_provider=baseline_provider,
+             candidate_provider=candidate_provider, baseline=baseline, candidate=candidate, pairs=pairs, seed=seed)
+
+
+@kernels.command("propose", context_settings=CONTEXT)
+@target_option
+@json_option
+@click.argument("op")
+@click.option("--impl", required=True, help="The library implementation (see `kernels list`), e.g. agentsearch_cpu.")
+@click.option("--branch", help="Branch to create (default: kernels/<impl>-<op>).")
+def kernels_propose(target: Path, as_json: bool, op: str, impl: str, branch: str | None) -> None:
+    """Write a kernel proposal: a commit on a new branch adding IMPL as a provider of OP in the fork's
+    registry (vllm/kernels/) and selecting it in serving.json's ir_op_priority."""
+    from .commands.kernels import propose
+
+    dispatch(propose, target=target, as_json=as_json, op=op, impl=impl, branch=branch)
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()

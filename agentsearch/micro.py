@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+import shlex
 import statistics as pystats
 import subprocess
 import sys
@@ -46,6 +47,7 @@ SERVING_FILE = "serving.json"
 CODE_PREFIXES = ("vllm/ir/", "vllm/kernels/")
 TRIAL_TIMEOUT_S = 300.0
 CHECK_TIMEOUT_S = 300.0
+ROUNDS = 5  # timing rounds of the mix in one process (each on fresh inputs; the median round counts)
 MICRO_PAIRS = (4, 8)  # (min_pairs = look_every, max_pairs) of the timing stage
 Say = Callable[[str, str], None]
 
@@ -119,9 +121,9 @@ def _hidden(config: Config) -> int:
         return 128
 
 
-def _check(cases_path: Path, samples: list[Path]) -> tuple[int, list[str], str]:
+def _check(cases_path: Path, samples: list[Path], rounds: int = 1) -> tuple[int, list[str], str]:
     """Run the trusted checker on ``samples``: (cases checked, failures, error)."""
-    argv = [sys.executable, str(catalog.CHECKER), str(cases_path), *map(str, samples)]
+    argv = [sys.executable, str(catalog.CHECKER), "--rounds", str(rounds), str(cases_path), *map(str, samples)]
     try:
         p = subprocess.run(argv, capture_output=True, text=True, timeout=CHECK_TIMEOUT_S, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
@@ -133,6 +135,10 @@ def _check(cases_path: Path, samples: list[Path]) -> tuple[int, list[str], str]:
     except (ValueError, IndexError):
         return 0, [], "the checker printed no result"
     return int(res["checked"]), [str(f) for f in res["failures"]], ""
+
+
+class _WrongTimed(Exception):
+    """A timed call's output did not match the reference."""
 
 
 class _Session:
@@ -162,7 +168,7 @@ class _Session:
             if samples.is_symlink() or not samples.is_file():
                 return TrialOutcome(False, None, outcome.metrics, outcome.wall_s, "the worker wrote no outputs", outcome.stderr_tail)
             samples.replace(kept)
-            self.on_check(f"{seed}", kept)
+            self.on_check(self.side, kept)
         return outcome
 
     def close(self) -> None:
@@ -172,7 +178,8 @@ class _Session:
 def _spec(sd: Sides, config: Config, side: str, mode: str, op: str, priority: tuple[str, ...], cases: Path) -> CommandSpec:
     wt = sd.worktrees[side]
     prio = ",".join(priority) or "native"
-    cmd = (f"{sys.executable} {catalog.WORKER} {mode} --op {op} --priority {prio} --cases {cases} "
+    # the priority list comes from the side's serving.json: quoted, it is only ever an argument
+    cmd = (f"{sys.executable} {catalog.WORKER} {mode} --op {shlex.quote(op)} --priority {shlex.quote(prio)} --cases {cases} --rounds {ROUNDS} "
            f"--samples {{out_dir}}/samples.npz --out {{out}}")
     return CommandSpec(command=cmd, worktree=wt, metric="us" if mode == "time" else "cases", timeout_s=TRIAL_TIMEOUT_S,
                        env={**config.target.env, "PYTHONPATH": str(wt), "OMP_NUM_THREADS": "1"},
@@ -242,8 +249,19 @@ def run(config: Config, sd: Sides, targets: list[Target], master: int, alpha: fl
         design = SequentialDesign(alpha=alpha, min_pairs=pairs[0], look_every=pairs[0], max_pairs=pairs[1],
                                   max_regression=config.gate.max_regression, regression_alpha=config.gate.regression_alpha)
 
+        first: list[str] = []  # the candidate's first timed outputs are checked at once: a cheat stops early
+
+        def on_check(side: str, path: Path) -> None:
+            if side == CANDIDATE and not first:
+                n, fails, err = _check(bpath, [path], ROUNDS)
+                first.append(err or (fails[0] if fails else "") or ("" if n == len(bench) * ROUNDS else "outputs missing"))
+                if first[0]:
+                    raise _WrongTimed(first[0])
+            else:
+                to_check.append(path)
+
         def factory(side: str, restart: int) -> _Session:
-            return _Session(sd, side, specs_[side], keep, lambda _s, p: to_check.append(p))
+            return _Session(sd, side, specs_[side], keep, on_check)
 
         def on_pair(run_: WorkloadRun) -> None:
             est = math.exp(sum(run_.log_ratios) / len(run_.log_ratios)) - 1
@@ -252,6 +270,8 @@ def run(config: Config, sd: Sides, targets: list[Target], master: int, alpha: fl
         try:
             wr = run_interleaved(f"micro:{t.op}", factory, design, decide_guard,
                                  pair_seeds(master, f"micro-{t.op}"), False, on_pair=on_pair)
+        except _WrongTimed as exc:
+            return _fail(res, t0, f"{t.op}: a timed call returned a wrong result ({exc})")
         except (OSError, ValueError, RuntimeError) as exc:
             return _fail(res, t0, f"{t.op}: measurement error: {type(exc).__name__}: {exc}")
         for tr in wr.trials:
@@ -260,10 +280,10 @@ def run(config: Config, sd: Sides, targets: list[Target], master: int, alpha: fl
         if wr.failure:
             return _fail(res, t0, f"{t.op}: {wr.failure}")
         assert wr.decision is not None
-        checked, failures, err = _check(bpath, to_check)
+        checked, failures, err = _check(bpath, to_check, ROUNDS)
         if err:
             return _fail(res, t0, f"{t.op}: {err}")
-        if failures or checked != len(bench) * len(to_check):
+        if failures or checked != len(bench) * ROUNDS * len(to_check) or not first:
             r.failures = failures
             return _fail(res, t0, f"{t.op}: a timed call returned a wrong result ({failures[0] if failures else 'outputs missing'})")
         est = wr.decision.estimate

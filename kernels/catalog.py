@@ -130,7 +130,8 @@ def zipf_tokens(rng: random.Random, n: int, a: float = 1.2, top: int = 2048) -> 
 def cases(op: str, hidden: int, seed: int, *, n_zipf: int = 6, dtypes: tuple[str, ...] | None = None,
           max_tokens: int = 512, small: bool = False) -> list[dict[str, Any]]:
     """The input cases for ``op`` at the model's ``hidden`` size: every dtype of the op, Zipf token
-    counts, an odd hidden size, a non-contiguous input, a ``variance_size`` case (rms ops). ``small``
+    counts, odd hidden sizes, a non-contiguous input, small-magnitude rows (where epsilon matters), a
+    ``variance_size`` case (rms ops). ``small``
     keeps every case tiny (the Triton interpreter is slow). Each case carries its own data seed."""
     info = OPS[op]
     rng = random.Random(seed)
@@ -140,9 +141,9 @@ def cases(op: str, hidden: int, seed: int, *, n_zipf: int = 6, dtypes: tuple[str
     tokens = [1, *zipf_tokens(rng, n_zipf, top=top), top]
     out: list[dict[str, Any]] = []
 
-    def add(t: int, h: int, dtype: str, contiguous: bool = True, variance_size: int | None = None) -> None:
+    def add(t: int, h: int, dtype: str, contiguous: bool = True, variance_size: int | None = None, scale: float = 1.0) -> None:
         out.append({"op": op, "tokens": int(t), "hidden": int(h), "dtype": dtype, "contiguous": contiguous,
-                    "variance_size": variance_size, "seed": rng.randrange(1 << 62)})
+                    "variance_size": variance_size, "scale": scale, "seed": rng.randrange(1 << 62)})
 
     for dtype in dtypes or info.dtypes:
         for t in tokens:
@@ -150,6 +151,7 @@ def cases(op: str, hidden: int, seed: int, *, n_zipf: int = 6, dtypes: tuple[str
         for h in odd:
             add(rng.choice(tokens), h, dtype)
         add(rng.choice(tokens), hid, dtype, contiguous=False)
+        add(rng.choice(tokens), hid, dtype, scale=1e-3)  # rows whose mean square is near epsilon: epsilon matters
         if op in ("rms_norm", "fused_add_rms_norm"):
             add(rng.choice(tokens), hid, dtype, variance_size=max(1, hid // 2))
     return out

@@ -1,6 +1,6 @@
 """Check what a side's worker wrote against the trusted references (a script; no side code runs here).
 
-    python kernels/check.py CASES.json SAMPLES.npz [SAMPLES.npz ...]
+    python kernels/check.py [--rounds R] CASES.json SAMPLES.npz [SAMPLES.npz ...]
 
 Each samples file holds ``out{i}_{j}`` (output j of case i) and, from a correctness run, ``in{i}_{j}``
 (argument j after the call). The inputs are rebuilt from the cases' seeds; the reference runs on
@@ -62,13 +62,17 @@ def check_file(cases: list, path: str) -> tuple[int, list[str]]:
 
 
 def main() -> int:
-    with open(sys.argv[1]) as f:
-        cases = json.load(f)
+    argv = sys.argv[1:]
+    rounds = 1
+    if argv[:1] == ["--rounds"]:
+        rounds, argv = int(argv[1]), argv[2:]
+    with open(argv[0]) as f:
+        cases = specs.expand_rounds(json.load(f), rounds)
     checked, failures = 0, []
-    for path in sys.argv[2:]:
+    for path in argv[1:]:
         n, fails = check_file(cases, path)
         checked += n
-        failures += [f"{os.path.basename(path)}: {x}" if len(sys.argv) > 3 else x for x in fails]
+        failures += [f"{os.path.basename(path)}: {x}" if len(argv) > 2 else x for x in fails]
     print(json.dumps({"ok": not failures, "checked": checked, "failures": failures[:20], "failed": len(failures)}))
     return 0
 

@@ -59,11 +59,11 @@ REFERENCES: dict[str, Callable[..., Any]] = {
 }
 
 
-def _randn(gen: torch.Generator, shape: Sequence[int], dtype: torch.dtype, contiguous: bool, device: str) -> Tensor:
+def _randn(gen: torch.Generator, shape: Sequence[int], dtype: torch.dtype, contiguous: bool, device: str, scale: float = 1.0) -> Tensor:
     if contiguous:
-        return torch.randn(*shape, generator=gen, dtype=torch.float32).to(dtype).to(device)
+        return (scale * torch.randn(*shape, generator=gen, dtype=torch.float32)).to(dtype).to(device)
     # a strided view: every row of a wider buffer (what a q/k split hands a norm)
-    wide = torch.randn(shape[0], shape[-1] + 8, generator=gen, dtype=torch.float32).to(dtype).to(device)
+    wide = (scale * torch.randn(shape[0], shape[-1] + 8, generator=gen, dtype=torch.float32)).to(dtype).to(device)
     return wide[:, 4:4 + shape[-1]]
 
 
@@ -74,19 +74,30 @@ def make_inputs(case: dict[str, Any], device: str = "cpu") -> tuple[Any, ...]:
     gen = torch.Generator().manual_seed(int(case["seed"]))
     contiguous = bool(case.get("contiguous", True))
     eps = float(case.get("epsilon", EPSILON))
+    scale = float(case.get("scale", 1.0))
     if op == "rms_norm":
-        x = _randn(gen, (t, h), dtype, contiguous, device)
+        x = _randn(gen, (t, h), dtype, contiguous, device, scale)
         w = (1 + 0.1 * torch.randn(h, generator=gen)).to(dtype).to(device)
         return x, w, eps, case.get("variance_size")
     if op == "fused_add_rms_norm":
-        x = _randn(gen, (t, h), dtype, contiguous, device)
-        r = _randn(gen, (t, h), dtype, contiguous, device)
+        x = _randn(gen, (t, h), dtype, contiguous, device, scale)
+        r = _randn(gen, (t, h), dtype, contiguous, device, scale)
         w = (1 + 0.1 * torch.randn(h, generator=gen)).to(dtype).to(device)
         return x, r, w, eps, case.get("variance_size")
     if op == "gelu_and_mul_sparse":
         x = _randn(gen, (t, 2 * h), dtype, contiguous, device)
         return x, 1.6448536269514722, "tanh"
     raise KeyError(f"unknown op {op!r}")
+
+
+def round_seed(seed: int, r: int) -> int:
+    """The data seed of a case in timing round ``r`` (round 0: the case's own)."""
+    return seed if r == 0 else (seed * 1000003 + r * 7919) % (1 << 62)
+
+
+def expand_rounds(cases: list[dict[str, Any]], rounds: int) -> list[dict[str, Any]]:
+    """The cases of ``rounds`` timing rounds, in call order (what the worker ran)."""
+    return [c if r == 0 else {**c, "seed": round_seed(int(c["seed"]), r)} for r in range(rounds) for c in cases]
 
 
 def outputs_of(result: Any) -> list[Tensor]:
@@ -122,6 +133,8 @@ def describe(case: dict[str, Any]) -> str:
     bits = [f"{case['tokens']}x{case['hidden']}", case["dtype"]]
     if not case.get("contiguous", True):
         bits.append("non-contiguous")
+    if case.get("scale", 1.0) != 1.0:
+        bits.append(f"scale {case['scale']:g}")
     if case.get("variance_size") is not None:
         bits.append(f"variance_size={case['variance_size']}")
     return " ".join(bits)
@@ -169,3 +182,18 @@ def check_fn(fn: Callable[..., Any], cases: Sequence[dict[str, Any]], device: st
             if why:
                 failures.append(f"{describe(case)}: {why}")
     return failures
+
+
+def check_impl(fn: Callable[..., Any], supports: Callable[..., bool] | None, cases: Sequence[dict[str, Any]],
+               inplace: bool = False, device: str = "cpu") -> tuple[int, list[str]]:
+    """(cases covered, failures) of a library implementation on ``cases``, dispatched as the fork does:
+    a case its ``supports`` refuses goes to the next provider (not this one's to get right); an in-place
+    implementation gets copies of the activations (what the fork's functional path passes)."""
+    covered = [c for c in cases if supports is None or supports(*make_inputs(c, device))]
+
+    def call(*args: Any) -> Any:
+        if inplace:
+            args = tuple(a.clone() if isinstance(a, Tensor) and i in (0, 1) else a for i, a in enumerate(args))
+        return fn(*args)
+
+    return len(covered), check_fn(call, covered, device)

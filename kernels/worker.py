@@ -9,7 +9,8 @@ writes every output (and, in ``correct`` mode, every input after the call) to ``
 checker (``kernels/check.py``, no side code in it) rebuilds the inputs from their seeds and compares.
 
 ``time``: every timed call gets its own fresh inputs (built before the clock runs, none reused),
-after a warm-up on other inputs; the metric ``us`` is the summed wall time of the calls (CPU:
+after a warm-up on other inputs; the mix runs ``--rounds`` times (each round on fresh inputs) and the
+metric ``us`` is the median round's summed wall time of the calls (CPU:
 ``perf_counter`` bound before the side's code is imported; GPU: CUDA events around each call with
 the L2 flushed before it and a device-wide synchronize after it, so work on a side stream counts).
 """
@@ -38,6 +39,11 @@ def _arrays(prefix: str, tensors: list, store: dict) -> None:
             store[f"{prefix}_{j}"] = t.detach().to("cpu", torch.float32).contiguous().numpy()
 
 
+def _round_seed(seed: int, r: int) -> int:
+    """The data seed of a case in timing round ``r`` > 0 (the checker derives the same)."""
+    return specs.round_seed(seed, r)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("mode", choices=("correct", "time"))
@@ -48,6 +54,7 @@ def main() -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--warmup", type=int, default=8)
+    ap.add_argument("--rounds", type=int, default=5, help="time: rounds of the mix (each on its own fresh inputs); the median counts")
     a = ap.parse_args()
     with open(a.cases) as f:
         cases = json.load(f)
@@ -57,7 +64,8 @@ def main() -> int:
         priority.append("native")
 
     # build every input before the side's code is imported: it cannot see or prepare them
-    inputs = [specs.make_inputs(c, device) for c in cases]
+    rounds = a.rounds if a.mode == "time" else 1
+    inputs = [specs.make_inputs(c if r == 0 else {**c, "seed": _round_seed(c["seed"], r)}, device) for r in range(rounds) for c in cases]
     warm = [specs.make_inputs({**c, "seed": c["seed"] ^ 0x5A5A5A5A}, device) for c in cases[: a.warmup]]
 
     from vllm import ir  # noqa: E402  (the side's vLLM)
@@ -88,7 +96,7 @@ def main() -> int:
             flush = torch.empty(256 << 20, dtype=torch.int8, device=device) if cuda else None
             for args in warm:
                 op._inner_call(*args)
-            total = 0.0
+            totals = [0.0] * rounds
             for i, args in enumerate(inputs):
                 used[op.dispatch(*args).provider] = used.get(op.dispatch(*args).provider, 0) + 1
                 if cuda:
@@ -100,15 +108,16 @@ def main() -> int:
                     res = op._inner_call(*args)
                     end.record()
                     torch.cuda.synchronize()  # device-wide: a side stream's work is waited for too
-                    total += start.elapsed_time(end) * 1e3
+                    totals[i // len(cases)] += start.elapsed_time(end) * 1e3
                 else:
                     t0 = _clock()
                     res = op._inner_call(*args)
-                    total += (_clock() - t0) * 1e6
+                    totals[i // len(cases)] += (_clock() - t0) * 1e6
                 outs = specs.outputs_of(res)
                 aliased += specs.aliases(outs, specs.storages(args))
                 _arrays(f"out{i}", outs, store)
-            metrics = {"us": total, "calls": len(inputs), "aliased": aliased}
+            totals.sort()
+            metrics = {"us": totals[len(totals) // 2], "rounds": rounds, "calls": len(inputs), "aliased": aliased}
     metrics["providers"] = ",".join(f"{k}:{v}" for k, v in sorted(used.items()))[:200]
     np.savez(a.samples, **store)
     with open(a.out, "w") as f:

@@ -1,7 +1,8 @@
 """CPU providers for the RMS-norm IR ops through vLLM's own compiled CPU kernels (``torch.ops._C``).
 
 The fork registers its C kernels as the ``vllm_c`` provider only on GPUs; the CPU extension has the
-same ops (vectorised, one pass per row). Contiguous 2-D float32/bfloat16 inputs only; anything else
+same ops (vectorised, one pass per row). Contiguous 2-D float32/bfloat16 inputs with a hidden size divisible by 16 only (the
+kernels assert whole vectors); anything else
 falls back to the next provider (``supports_args``).
 """
 
@@ -10,7 +11,8 @@ from torch import Tensor
 
 
 def _plain(x: Tensor) -> bool:
-    return x.dim() == 2 and x.is_contiguous() and x.dtype in (torch.float32, torch.bfloat16)
+    # the kernels work in whole vectors: the hidden size must be a multiple of the vector width
+    return x.dim() == 2 and x.is_contiguous() and x.dtype in (torch.float32, torch.bfloat16) and x.shape[-1] % 16 == 0
 
 
 def rms_norm_supports(x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None) -> bool:
