@@ -140,3 +140,39 @@ def test_micro_scope_finds_kernel_proposals_only(tmp_path):
     assert [(t.op, t.baseline, t.candidate) for t in targets] == [("rms_norm", (), ("agentsearch_cpu", "native"))]
     assert [t.op for t in micro.scope(repo, base, code)] == list(catalog.OPS)
     assert micro.scope(repo, base, other) == []
+
+
+def test_cheating_implementations_fail_the_checks_in_process():
+    """The checks the micro stage runs (values against the trusted reference with the op's tolerance,
+    inputs unchanged, no output aliasing an input) on cheats, in seconds; the sandboxed pipeline runs
+    them on the real fork in tests/redteam/test_kernel_cheats.py."""
+    import torch
+    import torch.nn.functional as F
+
+    from kernels import specs
+
+    cases = [c for c in catalog.cases("rms_norm", 128, seed=9) if c["dtype"] == "float32" and c["variance_size"] is None]
+    cache: dict = {}
+
+    def cached(x, w, e, v=None):  # outputs cached across calls, per shape: work skipped for repeated shapes
+        key = (tuple(x.shape), x.dtype)
+        if key not in cache:
+            cache[key] = F.rms_norm(x, (x.shape[-1],), w, e)
+        return cache[key].clone()
+
+    def mutate(x, w, e, v=None):
+        x.copy_(F.rms_norm(x, (x.shape[-1],), w, e))
+        return x.clone()
+
+    def view(x, w, e, v=None):
+        return x.copy_(F.rms_norm(x, (x.shape[-1],), w, e))
+
+    def honest(x, w, e, v=None):
+        return F.rms_norm(x, (x.shape[-1],), w, e)
+
+    assert specs.check_fn(honest, cases) == []
+    assert any("outside atol" in f for f in specs.check_fn(cached, cases))
+    assert all("changed its inputs" in f for f in specs.check_fn(mutate, cases))
+    assert all("changed its inputs" in f or "view of an input" in f for f in specs.check_fn(view, cases))
+    x = torch.randn(4, 8)
+    assert specs.aliases([x[1:]], specs.storages([x])) and not specs.aliases([x.clone()], specs.storages([x]))

@@ -27,7 +27,9 @@ def rms_norm(x: Tensor, weight: Tensor | None, epsilon: float, variance_size: in
 
 def fused_add_rms_norm_supports(x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float,
                                 variance_size: int | None = None) -> bool:
-    return (variance_size is None and _plain(x) and _plain(x_residual) and x_residual.dtype == x.dtype
+    # float32 only: in bfloat16 the C kernel normalises the rounded sum, not the float32 one, and misses
+    # the native result by an ulp now and then (1 element of 65,536 at 512x128, beyond the tolerance)
+    return (variance_size is None and _plain(x) and _plain(x_residual) and x.dtype == torch.float32 and x_residual.dtype == x.dtype
             and weight is not None and weight.dtype == x.dtype and weight.is_contiguous())
 
 

@@ -1,0 +1,113 @@
+"""Kernel proposals on the real vLLM fork: the micro stage (sandboxed worker processes, a separate
+checker) rejects wrong and cheating kernels before any engine starts, and holds an implausible
+op-level speedup for review.
+
+Cost (2 cores): no engine ever starts; each correctness run is one fresh candidate process importing
+vLLM plus one checker process (~20-30 s); the timing tests run a few fresh processes per side
+(~1-2 min each). Module total about 4-6 min; listed in tests/conftest.py SLOW_FIRST.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from ..conftest import commit, git, run_cli
+
+CHEATS = {
+    # the input normalised in place (a copy returned): the caller's activations are destroyed
+    "mutate": """
+def rms_norm(x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None) -> Tensor:
+    x.copy_(F.rms_norm(x, (x.shape[-1],), weight, epsilon))
+    return x.clone()
+""",
+    # the output is the input's own memory
+    "view": """
+def rms_norm(x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None) -> Tensor:
+    x.copy_(F.rms_norm(x, (x.shape[-1],), weight, epsilon))
+    return x
+""",
+}
+WRONG_EPS = """
+def rms_norm(x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None) -> Tensor:
+    return F.rms_norm(x, (x.shape[-1],), weight, epsilon * 10)
+"""
+# correct whenever it is checked in the correctness run; skips the work when timed
+TIMED_ONLY = """
+import sys
+
+
+def rms_norm(x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None) -> Tensor:
+    if "time" in sys.argv:
+        return torch.empty_like(x)
+    return F.rms_norm(x, (x.shape[-1],), weight, epsilon)
+"""
+MODULE = "vllm/kernels/agentsearch_cpu_rms_norm.py"
+DEF = re.compile(r"\ndef rms_norm\(.*?\n    return F\.rms_norm\(x, \(x\.shape\[-1\],\), weight, epsilon\)\n", re.S)
+
+
+@pytest.fixture(scope="module")
+def fork(tmp_path_factory):
+    path = tmp_path_factory.mktemp("kfork") / "fork"
+    assert run_cli("init", "--from-installed", "vllm", str(path)).returncode == 0
+    for impl in ("agentsearch_cpu", "agentsearch_cpu_c"):
+        proc = run_cli("kernels", "propose", "-C", str(path), "rms_norm", "--impl", impl, "--json")
+        assert proc.returncode == 0, proc.stderr
+    git(path, "checkout", "-q", "kernels/agentsearch_cpu-rms_norm")
+    honest = (path / MODULE).read_text()
+    git(path, "checkout", "-q", "main")
+    for name, body in {**CHEATS, "wrong-eps": WRONG_EPS, "timed-only": TIMED_ONLY}.items():
+        text, n = DEF.subn("\n" + body, honest)
+        assert n == 1
+        commit(path, {MODULE: text}, f"cheat: {name}", branch=f"cheat-{name}", start="kernels/agentsearch_cpu-rms_norm")
+    return path
+
+
+def bench(fork: Path, *args: str) -> tuple[int, dict]:
+    proc = run_cli("kernels", "bench", "-C", str(fork), "rms_norm", "--candidate-provider", "agentsearch_cpu", "--json",
+                   "--seed", "7", *args, timeout=1200)
+    assert proc.returncode in (0, 4), proc.stderr[-2000:]
+    return proc.returncode, json.loads(proc.stdout)
+
+
+def test_wrong_kernel_proposal_is_rejected_at_the_micro_stage_without_an_engine(fork):
+    proc = run_cli("evaluate", "-C", str(fork), "cheat-wrong-eps", "--json", timeout=1200)
+    out = json.loads(proc.stdout)
+    assert proc.returncode == 4 and out["verdict"] == "reject"
+    checks = {c["name"]: c for c in out["checks"]}
+    assert checks["micro"]["status"] == "fail" and "wrong result" in checks["micro"]["detail"]
+    assert "no engine started" in checks["micro"]["detail"]
+    assert "objective" not in checks and out["timing"]["engine_s"] == 0 and out["trials"] == []
+    assert out["reasons"][0].startswith("micro: rms_norm with ['agentsearch_cpu', 'native']: wrong result")
+    assert out["wall_s"] < 300  # seconds to a couple of minutes on a loaded 2-core machine; engines never start
+
+
+# (outputs cached per shape fail the same value check as the wrong epsilon above; tests/test_kernels.py
+# runs every cheat through the same checks in-process, in seconds)
+@pytest.mark.parametrize("cheat,why", [("mutate", "changed by the call"), ("view", "views of an input")])
+def test_cheating_kernels_fail_correctness(fork, cheat, why):
+    rc, out = bench(fork, "--candidate", f"cheat-{cheat}")
+    assert rc == 4 and out["status"] == "fail", out
+    assert why in out["detail"], out["detail"]
+    assert out["micro"]["ops"][0]["pairs"] == 0  # rejected before any timing
+
+
+def test_timed_calls_are_checked_too(fork):
+    rc, out = bench(fork, "--candidate", "cheat-timed-only", "--pairs", "4")
+    assert rc == 4 and out["status"] == "fail"
+    assert "a timed call returned a wrong result" in out["detail"], out["detail"]
+    assert out["micro"]["ops"][0]["correct"] is True  # it passed the correctness run: only the timed check sees it
+
+
+def test_cpu_kernel_measured_at_op_level_and_an_implausible_speedup_held_for_review(fork):
+    cfg = (fork / "agentsearch.toml").read_text()
+    commit(fork, {"agentsearch.toml": cfg.replace("[gate]\n", "[gate]\nplausibility = 1.5\n", 1)}, "plausibility 1.5")
+    rc, out = bench(fork, "--candidate", "kernels/agentsearch_cpu_c-rms_norm", "--candidate-provider", "agentsearch_cpu_c", "--pairs", "4")
+    r = out["micro"]["ops"][0]
+    assert r["correct"] and r["pairs"] >= 2 and "agentsearch_cpu_c:" in r["providers"]
+    # vLLM's compiled CPU kernel against the native chain of eager ops: several times faster
+    assert r["speedup"] > 1.5 and r["candidate_us"] < r["baseline_us"], r
+    assert rc == 4 and out["status"] == "review" and "held for review" in out["detail"], out
