@@ -176,3 +176,27 @@ def test_cheating_implementations_fail_the_checks_in_process():
     assert all("changed its inputs" in f or "view of an input" in f for f in specs.check_fn(view, cases))
     x = torch.randn(4, 8)
     assert specs.aliases([x[1:]], specs.storages([x])) and not specs.aliases([x.clone()], specs.storages([x]))
+
+
+def test_sweep_proposes_ir_op_priority_over_the_providers_the_baseline_registers():
+    from agentsearch.config import SweepConfig
+    from agentsearch.proposers import Context
+    from agentsearch.proposers.sweep import Sweep
+
+    cpu = catalog.provider("rms_norm", "agentsearch_cpu")
+    tri = catalog.provider("rms_norm", "agentsearch_triton")
+    files = {"serving.json": '{"engine": {"max_num_seqs": 4}, "env": {}}\n',
+             kfork.KERNELS_INIT: kfork.kernels_init(kfork.kernels_init("from . import vllm_c\n", cpu), tri),
+             kfork.module_path(cpu): kfork.module_text(cpu), kfork.module_path(tri): kfork.module_text(tri),
+             "vllm/kernels/vllm_c.py": '@ir.ops.rms_norm.register_impl(\n    "vllm_c", supported=GPGPU_DEVICE)\n'}
+    ctx = Context(read_file=files.get, history=[], insights=None, number=1, seed=3)
+    sweep = Sweep(SweepConfig(file="serving.json", knobs=()))
+    c = sweep.next(set(), ctx)
+    assert c is not None and c.category == "kernel" and c.meta["knobs"] == {"ir_op_priority.rms_norm": [["native"], ["agentsearch_cpu", "native"]]}
+    assert '"agentsearch_cpu"' in c.patch and "agentsearch_triton" not in c.patch  # no GPU here: CPU providers only
+    assert sweep.next({c.key}, ctx) is None  # nothing else registered: vllm_c is not the library's
+    again = Sweep.from_manifest(json.loads(json.dumps(sweep.manifest())))
+    assert again.next(set(), ctx).key == c.key  # --resume proposes the same
+    gpu = Sweep(SweepConfig(file="serving.json", knobs=()), gpu=True)
+    assert [v for v in gpu.next(set(), ctx).meta["knobs"].values()][0][1][0] in ("agentsearch_cpu", "agentsearch_triton")
+    assert Sweep(SweepConfig(file="serving.json", knobs=())).next(set(), Context(read_file={}.get, history=[], insights=None, number=1, seed=3)) is None

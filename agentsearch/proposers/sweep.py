@@ -22,6 +22,7 @@ from harness import seeds
 from history.insights import knob_table
 
 from ..config import KnobConfig, SweepConfig
+from . import kernel_knobs
 from .base import Candidate, Context
 
 EMPTY: Mapping[str, Any] = {"tries": 0, "wins": 0, "failures": 0, "mean_effect": None, "up_wins": 0, "down_wins": 0}
@@ -56,18 +57,25 @@ def unified_diff(path: str, old: str | None, new: str) -> str:
 class Sweep:
     name = "sweep"
 
-    def __init__(self, sweep: SweepConfig, gpu: bool = False):
+    def __init__(self, sweep: SweepConfig, gpu: bool = False, kernel_gpu: bool | None = None):
         self.sweep = sweep
         self.knobs = {k.name: k for k in sweep.knobs if gpu or not k.gpu_only}
+        self.kernel_gpu = gpu if kernel_gpu is None else kernel_gpu  # Triton providers in the kernel knobs
 
     @classmethod
     def from_manifest(cls, manifest: Mapping[str, Any]) -> "Sweep":
-        knobs = tuple(KnobConfig(**{**k, "values": tuple(k["values"])}) for k in manifest["knobs"])
-        return cls(SweepConfig(file=manifest["file"], knobs=knobs), gpu=True)
+        knobs = tuple(KnobConfig(**{**k, "values": tuple(k["values"])}) for k in manifest["knobs"]
+                      if not k["name"].startswith(kernel_knobs.PREFIX))  # derived from the baseline again
+        return cls(SweepConfig(file=manifest["file"], knobs=knobs), gpu=True, kernel_gpu=bool(manifest.get("kernel_gpu", False)))
 
     def manifest(self) -> dict[str, Any]:
-        return {"file": self.sweep.file,
+        return {"file": self.sweep.file, "kernel_gpu": self.kernel_gpu,
                 "knobs": [{**k.__dict__, "values": list(k.values)} for k in self.knobs.values()]}
+
+    def _kernel_knobs(self, ctx: Context) -> None:
+        """Add the ``ir_op_priority`` knobs over the providers the current baseline registers."""
+        for k in kernel_knobs.knobs(ctx.read_file, self.sweep.file, self.kernel_gpu):
+            self.knobs.setdefault(k.name, k)
 
     # ------------------------------------------------------------------ files
     def _file_of(self, k: KnobConfig) -> str:
@@ -88,6 +96,8 @@ class Sweep:
             v = _get(json.loads(text), self._path_of(k))
         except json.JSONDecodeError:
             return None
+        if v is None and k.name.startswith(kernel_knobs.PREFIX):
+            return list(kernel_knobs.DEFAULT)  # unset: the platform default
         if k.where == "env" and v is not None and k.values and not isinstance(k.values[0], str):
             for cand in k.values:
                 if str(cand) == str(v):
@@ -158,6 +168,7 @@ class Sweep:
         return sorted(vals, key=rank)
 
     def next(self, judged: set[str], ctx: Context) -> Candidate | None:
+        self._kernel_knobs(ctx)
         seen = set(judged) | {h["key"] for h in ctx.history if h.get("key")}
         stats = self.stats(ctx)
         prior = self._prior(ctx)
