@@ -54,6 +54,7 @@ CHECK_NOTES = {
     "distribution": "token distributions match on the public corpus and the hidden holdout",
     "patch-applies": "the patch applies to the current baseline",
     "not-a-duplicate": "the same code was not judged before",
+    "micro": "kernel proposals: the op is right on every generated and hidden case and not slower at op level (before any engine)",
 }
 
 

@@ -200,3 +200,13 @@ def test_sweep_proposes_ir_op_priority_over_the_providers_the_baseline_registers
     gpu = Sweep(SweepConfig(file="serving.json", knobs=()), gpu=True)
     assert [v for v in gpu.next(set(), ctx).meta["knobs"].values()][0][1][0] in ("agentsearch_cpu", "agentsearch_triton")
     assert Sweep(SweepConfig(file="serving.json", knobs=())).next(set(), Context(read_file={}.get, history=[], insights=None, number=1, seed=3)) is None
+
+
+def test_the_gate_holds_an_implausible_micro_speedup_for_review_and_rejects_a_failed_micro():
+    from agentsearch.gate import REQUIRED_CHECKS, REVIEW, REJECT, MERGE, Check, Status, judge
+
+    passed = [Check(n, Status.PASS, "ok") for n in REQUIRED_CHECKS]
+    assert judge(passed + [Check("micro", Status.PASS, "rms_norm: 1.2x")]).verdict == MERGE
+    held = judge(passed + [Check("micro", Status.REVIEW, "rms_norm: 40x beyond the plausibility bound")])
+    assert held.verdict == REVIEW and held.reasons == ("micro: rms_norm: 40x beyond the plausibility bound",)
+    assert judge(passed + [Check("micro", Status.FAIL, "wrong result")]).verdict == REJECT

@@ -104,8 +104,11 @@ def test_timed_calls_are_checked_too(fork):
 
 def test_cpu_kernel_measured_at_op_level_and_an_implausible_speedup_held_for_review(fork):
     cfg = (fork / "agentsearch.toml").read_text()
+    before = git(fork, "rev-parse", "main").strip()
     commit(fork, {"agentsearch.toml": cfg.replace("[gate]\n", "[gate]\nplausibility = 1.5\n", 1)}, "plausibility 1.5")
-    rc, out = bench(fork, "--candidate", "kernels/agentsearch_cpu_c-rms_norm", "--candidate-provider", "agentsearch_cpu_c", "--pairs", "4")
+    # the sides: the proposal and the commit it is based on; the bound: the current baseline's config
+    rc, out = bench(fork, "--baseline", before, "--candidate", "kernels/agentsearch_cpu_c-rms_norm",
+                    "--candidate-provider", "agentsearch_cpu_c", "--pairs", "4")
     r = out["micro"]["ops"][0]
     assert r["correct"] and r["pairs"] >= 2 and "agentsearch_cpu_c:" in r["providers"]
     # vLLM's compiled CPU kernel against the native chain of eager ops: several times faster
