@@ -210,3 +210,15 @@ def test_the_gate_holds_an_implausible_micro_speedup_for_review_and_rejects_a_fa
     held = judge(passed + [Check("micro", Status.REVIEW, "rms_norm: 40x beyond the plausibility bound")])
     assert held.verdict == REVIEW and held.reasons == ("micro: rms_norm: 40x beyond the plausibility bound",)
     assert judge(passed + [Check("micro", Status.FAIL, "wrong result")]).verdict == REJECT
+
+
+def test_the_claude_prompt_carries_the_op_specs_and_a_library_example_on_a_fork_only():
+    from agentsearch.proposers import Context
+    from agentsearch.proposers.claude import render_prompt
+
+    fork_files = {kfork.KERNELS_INIT: "from . import vllm_c\n"}
+    text = render_prompt(Context(read_file=fork_files.get, history=[], insights=None, number=1, seed=1), ())
+    assert "## Kernels: the fork's IR ops" in text and "fused_add_rms_norm(x: Tensor, x_residual: Tensor" in text
+    assert 'ir.ops.rms_norm.register_impl(\n    "agentsearch_cpu"' in text  # the example, as a proposal adds it
+    other = render_prompt(Context(read_file={}.get, history=[], insights=None, number=1, seed=1), ())
+    assert "## Kernels" not in other

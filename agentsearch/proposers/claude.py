@@ -65,7 +65,20 @@ def render_prompt(ctx: Context, protected: tuple[str, ...]) -> str:
         config=config, workloads=list(config.workloads) if config else [], objective=config.objective.name if config else "",
         protected=protected, recent=recent, rejections=[h for h in recent if h["verdict"] != "merge"][-6:],
         insights=insights_md, profiles=ctx.extra.get("profiles") or [], categories=CATEGORIES, commands=ALLOWED_COMMANDS,
+        kernels=kernel_context(ctx),
     )
+
+
+def kernel_context(ctx: Context) -> dict | None:
+    """The fork's IR ops and an example from the kernel library, when the target has the IR-op seam."""
+    from kernels import catalog
+    from kernels import fork as kfork
+
+    if ctx.read_file(kfork.KERNELS_INIT) is None:
+        return None
+    example = catalog.provider("rms_norm", "agentsearch_cpu")
+    return {"ops": list(catalog.OPS.values()), "library": catalog.PROVIDERS,
+            "example_path": kfork.module_path(example), "example": kfork.module_text(example)}
 
 
 class ClaudeProposer:

@@ -110,7 +110,7 @@ def test_cpu_kernel_measured_at_op_level_and_an_implausible_speedup_held_for_rev
     rc, out = bench(fork, "--baseline", before, "--candidate", "kernels/agentsearch_cpu_c-rms_norm",
                     "--candidate-provider", "agentsearch_cpu_c", "--pairs", "4")
     r = out["micro"]["ops"][0]
-    assert r["correct"] and r["pairs"] >= 2 and "agentsearch_cpu_c:" in r["providers"]
+    assert r["correct"] and r["pairs"] >= 2 and "agentsearch_cpu_c:" in r["providers"], out
     # vLLM's compiled CPU kernel against the native chain of eager ops: several times faster
     assert r["speedup"] > 1.5 and r["candidate_us"] < r["baseline_us"], r
     assert rc == 4 and out["status"] == "review" and "held for review" in out["detail"], out
