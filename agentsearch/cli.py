@@ -469,7 +469,7 @@ def kernels_list(as_json: bool) -> None:
 @click.option("--candidate-provider", required=True, help="Provider measured on the candidate side (registered in the candidate's fork).")
 @click.option("--baseline", "baseline", metavar="REF", help="The baseline side's commit (default: the baseline branch).")
 @click.option("--candidate", "candidate", metavar="REF", help="The candidate side's commit (default: the baseline).")
-@click.option("--pairs", default=8, show_default=True, type=click.IntRange(4, 200), help="Timing pairs at most (a look halfway).")
+@click.option("--pairs", default=8, show_default=True, type=click.IntRange(2, 200), help="Timing pairs at most (a look halfway).")
 @click.option("--seed", type=int, default=None, help="Master seed (hidden cases, timed inputs; default: fresh).")
 def kernels_bench(target: Path, as_json: bool, op: str, baseline_provider: str, candidate_provider: str,
                   baseline: str | None, candidate: str | None, pairs: int, seed: int | None) -> None:

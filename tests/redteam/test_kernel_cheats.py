@@ -3,8 +3,9 @@ checker) rejects wrong and cheating kernels before any engine starts, and holds 
 op-level speedup for review.
 
 Cost (2 cores): no engine ever starts; each correctness run is one fresh candidate process importing
-vLLM plus one checker process (~20-30 s); the timing tests run a few fresh processes per side
-(~1-2 min each). Module total about 4-6 min; listed in tests/conftest.py SLOW_FIRST.
+vLLM plus one checker process (~20-30 s idle); the timing tests run two pairs of fresh processes
+(~1-2 min each). Module total about 5 min idle (about 15 min with the machine at load 7-9); listed in
+tests/conftest.py SLOW_FIRST so the other xdist worker starts it early.
 """
 
 from __future__ import annotations
@@ -96,7 +97,7 @@ def test_cheating_kernels_fail_correctness(fork, cheat, why):
 
 
 def test_timed_calls_are_checked_too(fork):
-    rc, out = bench(fork, "--candidate", "cheat-timed-only", "--pairs", "4")
+    rc, out = bench(fork, "--candidate", "cheat-timed-only", "--pairs", "2")
     assert rc == 4 and out["status"] == "fail"
     assert "a timed call returned a wrong result" in out["detail"], out["detail"]
     assert out["micro"]["ops"][0]["correct"] is True  # it passed the correctness run: only the timed check sees it
@@ -108,7 +109,7 @@ def test_cpu_kernel_measured_at_op_level_and_an_implausible_speedup_held_for_rev
     commit(fork, {"agentsearch.toml": cfg.replace("[gate]\n", "[gate]\nplausibility = 1.5\n", 1)}, "plausibility 1.5")
     # the sides: the proposal and the commit it is based on; the bound: the current baseline's config
     rc, out = bench(fork, "--baseline", before, "--candidate", "kernels/agentsearch_cpu_c-rms_norm",
-                    "--candidate-provider", "agentsearch_cpu_c", "--pairs", "4")
+                    "--candidate-provider", "agentsearch_cpu_c", "--pairs", "2")
     r = out["micro"]["ops"][0]
     assert r["correct"] and r["pairs"] >= 2 and "agentsearch_cpu_c:" in r["providers"], out
     # vLLM's compiled CPU kernel against the native chain of eager ops: several times faster
