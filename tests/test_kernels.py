@@ -137,8 +137,10 @@ def test_micro_scope_finds_kernel_proposals_only(tmp_path):
     code = commit(repo, {"vllm/kernels/mine.py": "Y = 2\n"}, "code", branch="code")
     other = commit(repo, {"vllm/other.py": "X = 2\n"}, "other", branch="other")
     targets = micro.scope(repo, base, prio)
-    assert [(t.op, t.baseline, t.candidate) for t in targets] == [("rms_norm", (), ("agentsearch_cpu", "native"))]
-    assert [t.op for t in micro.scope(repo, base, code)] == list(catalog.OPS)
+    assert [(t.op, t.baseline, t.candidate, t.timed) for t in targets] == [("rms_norm", (), ("agentsearch_cpu", "native"), True)]
+    assert [(t.op, t.timed) for t in micro.scope(repo, base, code)] == [(op, True) for op in catalog.OPS]
+    both = commit(repo, {"vllm/kernels/mine.py": "Y = 3\n"}, "code + prio", branch="prio")
+    assert [(t.op, t.timed) for t in micro.scope(repo, base, both)] == [(op, op == "rms_norm") for op in catalog.OPS]
     assert micro.scope(repo, base, other) == []
 
 
