@@ -34,6 +34,7 @@ from harness.interleave import WorkloadRun, run_interleaved
 from harness.seeds import pair_seeds
 from harness.sequential import OK, SequentialDesign, decide_guard
 from harness.trials import BASELINE, CANDIDATE, CommandSpec, TrialOutcome, TrialRecord, run_command_trial, tail
+from history.records import FailureKind
 from kernels import catalog
 from kernels import fork as kfork
 
@@ -222,7 +223,7 @@ def run(config: Config, sd: Sides, targets: list[Target], master: int, alpha: fl
         moved = sd.check()
         if not out.ok or moved:
             r.failures = [moved or f"the candidate's worker failed: {out.error}"]
-            return _fail(res, t0, f"{t.op}: {r.failures[0]}")
+            return _fail(res, t0, f"{t.op}: {r.failures[0]}", FailureKind.WORKTREE_CHANGED if moved else FailureKind.CRASH)
         r.providers = str(out.metrics.get("providers", ""))
         if out.metrics.get("aliased"):
             r.failures = [f"{out.metrics['aliased']} outputs are views of an input"]
@@ -230,11 +231,11 @@ def run(config: Config, sd: Sides, targets: list[Target], master: int, alpha: fl
         samples = sd.out(CANDIDATE) / "micro" / "samples.npz"
         kept = keep / f"{t.op}-correct.npz"
         if samples.is_symlink() or not samples.is_file():
-            return _fail(res, t0, f"{t.op}: the candidate's worker wrote no outputs")
+            return _fail(res, t0, f"{t.op}: the candidate's worker wrote no outputs", FailureKind.CRASH)
         samples.replace(kept)
         checked, failures, err = _check(cpath, [kept])
         if err:  # the instrument failed: fail closed
-            return _fail(res, t0, f"{t.op}: {err}")
+            return _fail(res, t0, f"{t.op}: {err}", FailureKind.MEASUREMENT_ERROR)
         r.failures = failures
         if failures or checked != len(cases):
             return _fail(res, t0, f"{t.op} with {list(t.candidate)}: wrong result on {len(failures)} of {len(cases)} cases "
@@ -277,16 +278,16 @@ def run(config: Config, sd: Sides, targets: list[Target], master: int, alpha: fl
         except _WrongTimed as exc:
             return _fail(res, t0, f"{t.op}: a timed call returned a wrong result ({exc})")
         except (OSError, ValueError, RuntimeError) as exc:
-            return _fail(res, t0, f"{t.op}: measurement error: {type(exc).__name__}: {exc}")
+            return _fail(res, t0, f"{t.op}: measurement error: {type(exc).__name__}: {exc}", FailureKind.MEASUREMENT_ERROR)
         for tr in wr.trials:
             if record is not None:
                 record(tr)
         if wr.failure:
-            return _fail(res, t0, f"{t.op}: {wr.failure}")
+            return _fail(res, t0, f"{t.op}: {wr.failure}", FailureKind.CRASH)
         assert wr.decision is not None
         checked, failures, err = _check(bpath, to_check, ROUNDS)
         if err:
-            return _fail(res, t0, f"{t.op}: {err}")
+            return _fail(res, t0, f"{t.op}: {err}", FailureKind.MEASUREMENT_ERROR)
         if failures or checked != len(bench) * ROUNDS * len(to_check) or not first:
             r.failures = failures
             return _fail(res, t0, f"{t.op}: a timed call returned a wrong result ({failures[0] if failures else 'outputs missing'})")
@@ -298,7 +299,7 @@ def run(config: Config, sd: Sides, targets: list[Target], master: int, alpha: fl
         nums = (f"{t.op}: {r.baseline_us:.0f} -> {r.candidate_us:.0f} us per mix of {len(bench)} calls, "
                 f"{est.speedup:.2f}x [{r.ci[0]:.2f}, {r.ci[1]:.2f}] over {wr.pairs} pairs, {len(cases)} cases correct")
         if wr.decision.action != OK:
-            return _fail(res, t0, f"{t.op}: micro-slowdown: {wr.decision.reason} ({nums})")
+            return _fail(res, t0, f"{t.op}: micro-slowdown: {wr.decision.reason} ({nums})", FailureKind.SLOWER)
         if est.speedup > config.gate.plausibility:
             res.wall_s = time.perf_counter() - t0
             return Check("micro", Status.REVIEW, f"{nums}: beyond the plausibility bound {config.gate.plausibility:g}x, held for review"), res
@@ -307,8 +308,8 @@ def run(config: Config, sd: Sides, targets: list[Target], master: int, alpha: fl
     return Check("micro", Status.PASS, "; ".join(notes) + f" ({res.wall_s:.0f} s)"), res
 
 
-def _fail(res: MicroResult, t0: float, detail: str) -> tuple[Check, MicroResult]:
+def _fail(res: MicroResult, t0: float, detail: str, kind: FailureKind = FailureKind.CHANGED_OUTPUTS) -> tuple[Check, MicroResult]:
     import time
 
     res.wall_s = time.perf_counter() - t0
-    return Check("micro", Status.FAIL, f"{detail} ({res.wall_s:.0f} s, no engine started)"), res
+    return Check("micro", Status.FAIL, f"{detail} ({res.wall_s:.0f} s, no engine started)", kind), res

@@ -31,6 +31,7 @@ class CheckName(str, Enum):
     CONFIRMATION = "confirmation"
     PLAUSIBILITY = "plausibility"
     DISTRIBUTION = "distribution"
+    MICRO = "micro"  # kernel proposals: the op-level stage before any engine (agentsearch.micro)
 
 
 class FailureKind(str, Enum):
@@ -91,6 +92,7 @@ DEFAULT_FAILURE: dict[CheckName, FailureKind] = {
     CheckName.CONFIRMATION: FailureKind.CRASH,
     CheckName.PLAUSIBILITY: FailureKind.INCONCLUSIVE,
     CheckName.DISTRIBUTION: FailureKind.DISTRIBUTION,
+    CheckName.MICRO: FailureKind.CHANGED_OUTPUTS,  # a wrong result at op level; a slowdown says SLOWER
 }
 
 

@@ -80,6 +80,7 @@ def test_wrong_kernel_proposal_is_rejected_at_the_micro_stage_without_an_engine(
     assert proc.returncode == 4 and out["verdict"] == "reject"
     checks = {c["name"]: c for c in out["checks"]}
     assert checks["micro"]["status"] == "fail" and "wrong result" in checks["micro"]["detail"]
+    assert out["failed_check"] == "micro" and out["failure"] == "changed-outputs"
     assert "no engine started" in checks["micro"]["detail"]
     assert "objective" not in checks and out["timing"]["engine_s"] == 0 and out["trials"] == []
     assert out["reasons"][0].startswith("micro: rms_norm with ['agentsearch_cpu', 'native']: wrong result")
