@@ -36,7 +36,7 @@ from harness.engine_session import EnginePool
 from harness.logprobs import LogprobError
 
 from .verify import run_verify
-from .workloads import blames_candidate, restarts_for, session_factory
+from .workloads import blames_candidate, measure_options, session_factory
 from .workspace import Workspace
 
 EVALUATION_SCHEMA = 1
@@ -280,7 +280,8 @@ def _measure_with(ws: Workspace, config: Config, sd: Sides, master: int, alpha: 
     def run(w: WorkloadConfig, role: str) -> WorkloadRun | None:
         try:
             factory = session_factory(config, w, sd, pool)
-        except AgentsearchError as exc:  # the set-up (e.g. the model): not the candidate's doing
+            options = measure_options(config, w)  # placement, warm-up, the quiet probe
+        except AgentsearchError as exc:  # the set-up (e.g. the model, the placement): not the candidate's doing
             st.add(check_of[role], Status.FAIL, str(exc), FailureKind.SETUP_ERROR)
             st.baseline_failure = (w.name, str(exc))
             return None
@@ -310,7 +311,7 @@ def _measure_with(ws: Workspace, config: Config, sd: Sides, master: int, alpha: 
         try:
             r = run_interleaved(
                 w.name, factory, wdesign, decide, seeds, w.higher_is_better,
-                prior=prior, restarts=restarts_for(w), on_pair=on_pair,
+                prior=prior, on_pair=on_pair, **options,
             )
         except (OSError, ValueError, RuntimeError) as exc:  # fail closed: an error is a rejection
             st.add(check_of[role], Status.FAIL, f"{w.name}: measurement error: {type(exc).__name__}: {exc}", FailureKind.MEASUREMENT_ERROR)
