@@ -202,7 +202,7 @@ def evaluate(
     # 63 bits: the pair seeds a worker sees must not give away the master (and with it the confirmation seeds)
     master = seed if seed is not None else new_master()
     st = _State(on_trial=on_trial)
-    env = environment.describe()
+    env = environment.record()  # the fingerprinted facts and this run's conditions (clocks, load)
     try:
         _run_checks(ws, config, base, cand, master, alpha, st, say, keep_worktrees)
     except KeyboardInterrupt:

@@ -12,7 +12,7 @@ import json
 import os
 from typing import TYPE_CHECKING, Any, Callable
 
-from harness import models, placement as placement_mod
+from harness import environment, models, placement as placement_mod
 from harness.quiet import Probe
 
 from harness.engine_session import EnginePool, WorkerSession
@@ -202,10 +202,15 @@ def placement_for(config: Config) -> placement_mod.Placement:
     """The concrete placement of this machine for ``[engine] placement`` (a machine that cannot give it
     — split with fewer than two GPUs — is a set-up error, the run's)."""
     try:
-        return placement_mod.resolve(config.engine.placement, _devices(os.environ.get("CUDA_VISIBLE_DEVICES")),
-                                     config.engine.memory_split)
+        place = placement_mod.resolve(config.engine.placement, _devices(os.environ.get("CUDA_VISIBLE_DEVICES")),
+                                      config.engine.memory_split)
     except placement_mod.PlacementError as exc:
         raise AgentsearchError(f"[engine] placement: {exc}") from None
+    if place.mode == placement_mod.SPLIT:  # a side on each device: only comparable when the devices are the same
+        differ = environment.same_devices(list(place.devices))
+        if differ:
+            raise AgentsearchError(f"[engine] placement split: {differ}; use \"alternate\" or \"shared\" on one of them")
+    return place
 
 
 def measure_options(config: Config, workload: WorkloadConfig) -> dict[str, Any]:

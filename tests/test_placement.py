@@ -210,3 +210,22 @@ def test_min_detectable_inverts_pairs_for_power():
         e = min_detectable(sd, 20, 0.004)
         assert pairs_for_power(sd, e * 1.001, 0.004) <= 20 < pairs_for_power(sd, e * 0.95, 0.004)
     assert min_detectable(0.03, 20, 0.004) < 0.04 < min_detectable(0.094, 20, 0.004)
+
+
+def test_split_on_a_machine_without_two_gpus_is_a_preflight_error_in_one_line(tmp_path):
+    from .conftest import make_repo, run_cli
+
+    cfg = ('[[workload]]\nname = "t"\nkind = "vllm-throughput"\nmetric = "output_tok_s"\n'
+           '[engine]\nplacement = "split"\n')
+    repo = make_repo(tmp_path / "t", {"agentsearch.toml": cfg})
+    assert run_cli("init", "-C", str(repo)).returncode == 0
+    env_gpus = P.cuda_devices()
+    proc = run_cli("preflight", "-C", str(repo))
+    if len(env_gpus) >= 2:
+        pytest.fail("this test expects a machine with fewer than two GPUs")  # the GPU check covers split there
+    assert proc.returncode == 5 and "Traceback" not in proc.stderr + proc.stdout
+    line = next(x for x in proc.stdout.splitlines() if "placement" in x)  # `preflight` lists every finding
+    assert "fail" in line and "two GPUs" in line, proc.stdout
+    # the measuring commands refuse before anything runs, in one line
+    ev = run_cli("evaluate", "-C", str(repo), "main")
+    assert ev.returncode == 5 and len(ev.stderr.strip().splitlines()) == 1 and "two GPUs" in ev.stderr, ev.stderr
