@@ -202,7 +202,9 @@ class EngineConfig:
         "auto | shared | alternate | split: where and when the two sides' engines run (see the README's Placement). "
         "auto: CPU -> the lower-noise mode measured there, one GPU -> alternate, two or more -> split.", P.AUTO
     )
-    memory_split: float = doc("placement shared on one GPU: gpu_memory_utilization of each side's engine.", P.MEMORY_SPLIT)
+    memory_split: float = doc(
+        "One GPU: gpu_memory_utilization of each engine that shares it (placement shared; the distribution checks' engines).", P.MEMORY_SPLIT
+    )
     warmup: int = doc("Unmeasured rounds at the start of every engine session, per side.", 1)
     foreign_load: float = doc(
         "Flag a trial (`foreign_load`) when processes outside the comparison used more than this share of the cores during it.",

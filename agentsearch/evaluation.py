@@ -379,7 +379,7 @@ def _measure_with(ws: Workspace, config: Config, sd: Sides, master: int, alpha: 
     if config.verify is None:
         st.add("distribution", Status.SKIPPED, "target has no [verify] section (opted out)")
         return
-    pool.park_all()  # and while the distribution checks run their own engines
+    pool.close()  # nothing is measured after this: the distribution checks' engines get the memory (a parked GPU engine keeps its)
     try:
         res = run_verify(ws, config, sd, say)
     except LogprobError as exc:

@@ -25,7 +25,9 @@ from .trials import BASELINE, CANDIDATE
 AUTO, SHARED, ALTERNATE, SPLIT = "auto", "shared", "alternate", "split"
 PLACEMENTS = (AUTO, SHARED, ALTERNATE, SPLIT)
 CPU_DEFAULT = ALTERNATE  # measured: see the README's "Placement" section
-MEMORY_SPLIT = 0.4  # gpu_memory_utilization per side when both share one GPU
+# gpu_memory_utilization per engine when engines share one GPU: three fit (both sides' warm engines and
+# the coverage pass's traced one; the distribution checks' two start after the measuring engines are shut down)
+MEMORY_SPLIT = 0.3
 
 
 class PlacementError(ValueError):
@@ -64,6 +66,15 @@ class Placement:
             share = self.memory_split if not isinstance(cur, (int, float)) else min(float(cur), self.memory_split)
             return {**engine, "gpu_memory_utilization": share}
         return dict(engine)
+
+    def logprob_engine(self, side: str, engine: dict) -> tuple[dict, dict[str, str]]:
+        """(engine arguments, environment) of a side's logprob engine (the distribution checks keep both
+        sides' engines up): split -> each side on its own device; one GPU -> both on it, memory split."""
+        if not self.devices:
+            return dict(engine), {}
+        if self.mode == SPLIT:
+            return dict(engine), self.env(side, 0)
+        return {**engine, "gpu_memory_utilization": min(float(engine.get("gpu_memory_utilization", 1.0)), self.memory_split)}, self.env(side, 0)
 
     def describe(self) -> str:
         where = f"{len(self.devices)} GPU(s) {','.join(self.devices)}" if self.devices else "CPU"
