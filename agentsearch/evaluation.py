@@ -74,6 +74,8 @@ class WorkloadSummary:
     calibrated: bool
     metric: str = ""  # the measured metric (its name and unit for headlines and tables)
     unit: str = ""
+    foreign_load: int = 0  # timed trials taken while processes outside the comparison used the machine (harness.quiet)
+    trial_s: float | None = None  # median duration of one timed trial
 
     @property
     def early_stop(self) -> bool:
@@ -156,6 +158,8 @@ def summarize(run: WorkloadRun, role: str, w: WorkloadConfig, design: Sequential
         candidate_median=pystats.median(cand) if cand else None,
         winsorized=est.winsorized if est else 0, calibrated=calibrated,
         metric=w.metric, unit=metric_unit(w.metric, w.unit),
+        foreign_load=sum(1 for t in run.trials if t.metrics.get("foreign_load")),
+        trial_s=round(pystats.median(t.wall_s for t in run.trials if t.ok), 3) if base else None,
     )
 
 
