@@ -21,21 +21,21 @@ def run(target: Path, as_json: bool, pairs: int) -> int:
         print_json(cal.to_json())
         return 0
     t = Table(title=f"A/A calibration of {cal.baseline[:12]} ({pairs} pairs per workload)")
-    for col in ("workload", "CV", "sd log-ratio", "drift /100 trials", "outliers", "order effect", "A/A speedup", "pairs for 90% power",
-                "detectable (90%)", "trial", "load", "foreign"):
+    for col in ("workload", "CV", "sd log-ratio", "drift /100 trials", "outliers", "order effect", "A/A speedup", "pairs for 90% power"):
         t.add_column(col)
     for w in cal.workloads.values():
         t.add_row(
             w.workload, f"{w.cv:.2%}", f"{w.sd_log_ratio:.4f}", f"{w.drift_per_100:+.2%} (p={w.drift_p:.2g})",
             str(w.outliers), f"{w.order_effect:+.3%}", f"{w.aa_speedup - 1:+.2%} [{w.aa_ci[0] - 1:+.2%}, {w.aa_ci[1] - 1:+.2%}]",
             str(w.pairs_needed),
-            f"{w.detectable:+.1%} in {w.budget_pairs} pairs" if w.detectable is not None else "-",
-            f"{w.trial_s:.2f} s" if w.trial_s is not None else "-",
-            f"{w.load_avg:.2f}" if w.load_avg is not None else "-", f"{w.foreign_trials} trials",
         )
     out.print(t)
     for w in cal.workloads.values():
-        if w.placement:
-            out.print(f"{w.workload}: placement {w.placement}")
+        if w.detectable is not None:
+            out.print(f"{w.workload}: detectable with 90% power within {w.budget_pairs} pairs: {w.detectable:+.1%}")
+        quiet = [f"trials {w.trial_s:.2f} s each (median)" if w.trial_s is not None else "",
+                 f"load average {w.load_avg:.2f}" if w.load_avg is not None else "",
+                 f"{w.foreign_trials} under foreign load", f"placement {w.placement}" if w.placement else ""]
+        out.print(f"{w.workload}: " + "; ".join(q for q in quiet if q))
     out.print(f"stored in {ws.state / 'calibration.json'}; the gate uses it while the config and machine stay the same")
     return 0
