@@ -17,6 +17,8 @@ import time
 from dataclasses import dataclass
 
 FOREIGN_LOAD = 0.25  # flag a trial when other processes used more than this share of the cores
+# a timed trial shorter than this is dominated by timer, GC and scheduling jitter (calibrate says so)
+SHORT_TRIAL_S = 5.0
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
@@ -121,4 +123,4 @@ class Probe:
         return out
 
 
-__all__ = ["Probe", "FOREIGN_LOAD", "cpu_mhz", "load1"]
+__all__ = ["Probe", "FOREIGN_LOAD", "SHORT_TRIAL_S", "cpu_mhz", "load1"]
