@@ -341,7 +341,7 @@ def _measure_with(ws: Workspace, config: Config, sd: Sides, master: int, alpha: 
         assert r.decision is not None
         if r.decision.action != wanted:
             summary = st.confirmation if check == "confirmation" else st.summaries.get(name)
-            st.add(check, Status.FAIL, f"{name}: {r.decision.reason}", decision_failure(r.decision.action, summary.ci if summary else None))
+            st.add(check, Status.FAIL, f"{name}: {r.decision.reason}{_under_load(r)}", decision_failure(r.decision.action, summary.ci if summary else None))
             return False
         return True
 
@@ -349,7 +349,7 @@ def _measure_with(ws: Workspace, config: Config, sd: Sides, master: int, alpha: 
     if not judged(r, "objective", objective.name, WIN):
         return
     assert r is not None and r.decision is not None
-    st.add("objective", Status.PASS, f"{objective.name}: {r.decision.reason}")
+    st.add("objective", Status.PASS, f"{objective.name}: {r.decision.reason}{_under_load(r)}")
     pool.park_all()  # the warm engines wait stopped while the coverage pass runs
     if not _coverage_check(config, objective, sd, master, st, say, changed):
         return
@@ -406,6 +406,13 @@ def _measure_with(ws: Workspace, config: Config, sd: Sides, master: int, alpha: 
         draws = f"; draw test {res.draws['status']}" if res.draws else ""
         st.add("distribution", Status.PASS, f"{res.mode}: public {res.public_size} + holdout {res.holdout_size} prompts, "
                                             f"{named} within tolerance (max KL {kl:.2g}){draws}")
+
+
+def _under_load(r: WorkloadRun) -> str:
+    """' (N of M trials under foreign load)' when the quiet-machine probe flagged any (harness.quiet)."""
+    timed = [t for t in r.trials if t.pair >= 0]
+    n = sum(1 for t in timed if t.metrics.get("foreign_load"))
+    return f" ({n} of {len(timed)} trials under foreign load)" if n else ""
 
 
 def _coverage_check(config: Config, w: WorkloadConfig, sd: Sides, master: int, st: _State,
