@@ -52,10 +52,10 @@ def cli(*args: str, timeout: float = 7200) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "agentsearch.cli", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
 
 
-def objective_only(config: str, placement: str, max_pairs: int, budget: int) -> str:
+def objective_only(config: str, placement: str, max_pairs: int, budget: int, restarts: int = 2) -> str:
     """The starter config with its first workload (the throughput objective) and a small [gate]."""
     head, rest = config.split("[[workload]]", 1)
-    first = "[[workload]]" + rest.split("[[workload]]", 1)[0]
+    first = re.sub(r"\nrestarts = \d+\n", f"\nrestarts = {restarts}\n", "[[workload]]" + rest.split("[[workload]]", 1)[0])
     return (head + first + f"\n[gate]\nmin_effect = 0.02\nmin_pairs = 3\nmax_pairs = {max_pairs}\nconfirm_pairs = 4\n"
             f"episode_budget = {budget}\n\n[engine]\nplacement = \"{placement}\"\n")
 
@@ -71,12 +71,13 @@ def with_sleep(source: str, ms: float) -> str:
     return source[:m.end()] + f"        time.sleep({ms / 1000!r})  {SLEEP_MARK}\n" + source[m.end():]
 
 
-def make_fork(path: Path, placement: str, max_pairs: int, budget: int, sleep_ms: float, slow_ms: float, aa: int) -> None:
+def make_fork(path: Path, placement: str, max_pairs: int, budget: int, sleep_ms: float, slow_ms: float, aa: int,
+              only: set[str], restarts: int) -> None:
     proc = cli("init", "--from-installed", "vllm", str(path))
     if proc.returncode != 0:
         raise SystemExit(proc.stderr)
     site = next(line.split('"')[1] for line in (path / "agentsearch.toml").read_text().splitlines() if line.startswith("overlay_from"))
-    (path / "agentsearch.toml").write_text(objective_only(starter_config(Path(site)), placement, max_pairs, budget))
+    (path / "agentsearch.toml").write_text(objective_only(starter_config(Path(site)), placement, max_pairs, budget, restarts))
     sched = path / SCHEDULER
     original = sched.read_text()
     if "import time\n" not in original:
@@ -85,6 +86,8 @@ def make_fork(path: Path, placement: str, max_pairs: int, budget: int, sleep_ms:
     git.commit_all(path, f"benchmark baseline: throughput objective only, {sleep_ms} ms sleep per scheduler step")
 
     def branch(name: str, change) -> None:
+        if re.sub(r"^gate/\d-|-\d+$", "", name) not in only:
+            return
         run = lambda *a: subprocess.run(["git", "-c", "commit.gpgsign=false", *a], cwd=path, check=True, capture_output=True)  # noqa: E731
         run("checkout", "-q", "-b", name, "main")
         change()
@@ -117,9 +120,13 @@ def main() -> int:
     ap.add_argument("--slow-ms", type=float, default=1.5, help="the 'slow' proposal's sleep per scheduler step")
     ap.add_argument("--max-pairs", type=int, default=12)
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--restarts", type=int, default=2, help="engine sessions per side per evaluation (the starter's 2)")
+    ap.add_argument("--only", default="aa,slow,batch,fast", help="which proposals (comma-separated kinds)")
+    ap.add_argument("--dry-run", action="store_true", help="build the fork and its branches, print their diffs, run nothing")
     ap.add_argument("--keep", type=Path, help="create the fork here and keep it")
     args = ap.parse_args()
-    proposals = args.aa + 3
+    only = set(args.only.split(","))
+    proposals = (args.aa if "aa" in only else 0) + len(only & {"slow", "batch", "fast"})
     loads: list[float] = []
     stop = threading.Event()
 
@@ -131,8 +138,16 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         fork = args.keep or Path(tmp) / "fork"
         t0 = time.time()
-        make_fork(fork, args.placement, args.max_pairs, proposals, args.sleep_ms, args.slow_ms, args.aa)
+        make_fork(fork, args.placement, args.max_pairs, proposals, args.sleep_ms, args.slow_ms, args.aa, only, args.restarts)
         print(f"fork ready in {time.time() - t0:.0f} s: {fork}", flush=True)
+        if args.dry_run:
+            for b in subprocess.run(["git", "branch", "--list", "gate/*", "--format=%(refname:short)"], cwd=fork, capture_output=True,
+                                    text=True, check=True).stdout.split():
+                stat = subprocess.run(["git", "diff", "--stat", "main", b], cwd=fork, capture_output=True, text=True, check=True).stdout
+                diff = subprocess.run(["git", "diff", "-U0", "main", b], cwd=fork, capture_output=True, text=True, check=True).stdout
+                print(f"{b}: {stat.strip().splitlines()[-1]}")
+                print("\n".join(x for x in diff.splitlines() if x[:1] in "+-" and x[:3] not in ("+++", "---")))
+            return 0
         threading.Thread(target=sample, daemon=True).start()
         t1 = time.time()
         proc = cli("episode", "-C", str(fork), "--branches", "gate/*", "--budget", str(proposals), "--seed", str(args.seed), "--json")
