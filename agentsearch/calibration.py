@@ -85,7 +85,7 @@ def analyze(name: str, run_trials: list, d: list[float], config: Config, session
     base_values = [t.value for t in run_trials if t.side == BASELINE]
     cand_values = [t.value for t in run_trials if t.side == CANDIDATE]
     prior = noise_prior(d)
-    est = paired_estimate(d)
+    est = paired_estimate(d, clusters=sessions if sessions and len(set(sessions)) > 1 else None)  # sessions: engine restarts / rounds
     ab = [x for i, x in enumerate(d) if i % 2 == 0]
     ba = [x for i, x in enumerate(d) if i % 2 == 1]
     order_effect = (pystats.mean(ab) - pystats.mean(ba)) / 2 if ab and ba else 0.0
