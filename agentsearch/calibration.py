@@ -18,14 +18,14 @@ from harness import environment, seeds
 from harness.engine_session import EnginePool
 from harness.interleave import run_interleaved
 from harness.sequential import OK, Decision, SequentialDesign
-from harness.statistics import NoisePrior, between_variance, cv, drift, noise_prior, outliers, paired_estimate, pairs_for_power
+from harness.statistics import NoisePrior, between_variance, cv, drift, min_detectable, noise_prior, outliers, paired_estimate, pairs_for_power
 from harness.gate_defaults import CALIBRATION_PAIRS
 from harness.trials import BASELINE, CANDIDATE
 
 from .config import Config, WorkloadConfig
 from .errors import AgentsearchError
 from .sides import built_sides
-from .workloads import restarts_for, session_factory
+from .workloads import measure_options, placement_for, session_factory
 from .workspace.workspace import Workspace, atomic_write
 
 CALIBRATION_SCHEMA = 1
@@ -49,6 +49,12 @@ class WorkloadNoise:
     pairs_needed: int
     sessions: int = 1
     between_var: float = 0.0
+    budget_pairs: int = 0  # [gate] max_pairs (or the workload's)
+    detectable: float | None = None  # smallest speedup found with 90% power within budget_pairs
+    trial_s: float | None = None  # median duration of one timed trial
+    load_avg: float | None = None  # mean 1-minute load average over the trials
+    foreign_trials: int = 0  # trials flagged: other processes used the machine meanwhile
+    placement: str = ""
 
 
 @dataclass(frozen=True)
@@ -73,12 +79,13 @@ def _done(design: SequentialDesign, d: list[float], prior: NoisePrior | None, cl
     return Decision(OK, "calibration complete", paired_estimate(d), 0.0)
 
 
-def analyze(name: str, run_trials: list, d: list[float], config: Config, sessions: list[int] | None = None) -> WorkloadNoise:
+def analyze(name: str, run_trials: list, d: list[float], config: Config, sessions: list[int] | None = None,
+            placement: str = "") -> WorkloadNoise:
     values = [t.value for t in sorted(run_trials, key=lambda t: (t.pair, t.position))]
     base_values = [t.value for t in run_trials if t.side == BASELINE]
     cand_values = [t.value for t in run_trials if t.side == CANDIDATE]
     prior = noise_prior(d)
-    est = paired_estimate(d)
+    est = paired_estimate(d, clusters=sessions if sessions and len(set(sessions)) > 1 else None)  # sessions: engine restarts / rounds
     ab = [x for i, x in enumerate(d) if i % 2 == 0]
     ba = [x for i, x in enumerate(d) if i % 2 == 1]
     order_effect = (pystats.mean(ab) - pystats.mean(ba)) / 2 if ab and ba else 0.0
@@ -86,12 +93,18 @@ def analyze(name: str, run_trials: list, d: list[float], config: Config, session
     level = config.gate.proposal_alpha * 0.8  # the final look's share (harness.sequential)
     sd = prior.var**0.5
     tau2, r = between_variance(d, sessions) if sessions else (0.0, 1)
+    w = config.workload(name) if name in {x.name for x in config.workloads} else None
+    budget = (w.max_pairs if w is not None and w.max_pairs else None) or config.gate.max_pairs
+    walls = [t.wall_s for t in run_trials if t.ok]
+    loads = [t.metrics["load_avg_1m"] for t in run_trials if isinstance(t.metrics.get("load_avg_1m"), (int, float))]
     return WorkloadNoise(
         workload=name, pairs=len(d), cv=pystats.mean([cv(base_values), cv(cand_values)]),
         sd_log_ratio=sd, var=prior.var, df=prior.df, drift_per_100=dr.slope_per_100, drift_p=dr.p_value,
         outliers=outliers(d), order_effect=order_effect, aa_speedup=est.speedup, aa_ci=est.ci(),
         pairs_needed=pairs_for_power(sd, config.gate.min_effect, level, 0.9, df_prior=prior.df),
-        sessions=r, between_var=tau2,
+        sessions=r, between_var=tau2, budget_pairs=budget, detectable=min_detectable(sd, budget, level, 0.9, prior.df),
+        trial_s=pystats.median(walls) if walls else None, load_avg=round(pystats.mean(loads), 2) if loads else None,
+        foreign_trials=sum(1 for t in run_trials if t.metrics.get("foreign_load")), placement=placement,
     )
 
 
@@ -112,12 +125,13 @@ def calibrate(ws: Workspace, pairs: int = CALIBRATION_PAIRS, progress: Callable[
                     factory = session_factory(config, w, sd, pool)
                     run = run_interleaved(
                         w.name, factory, _fixed_design(pairs), _done, seeds.pair_seeds(master, w.name), w.higher_is_better,
-                        restarts=restarts_for(w),
+                        **measure_options(config, w),
                         on_pair=lambda r: say(w.name, f"A/A pair {r.pairs}/{pairs}"),  # called before the loop moves on
                     )
                     if run.failure:
                         raise AgentsearchError(f"calibration of {w.name!r} failed: {run.failure}")
-                    results[w.name] = analyze(w.name, run.trials, run.log_ratios, config, run.sessions)
+                    results[w.name] = analyze(w.name, run.trials, run.log_ratios, config, run.sessions,
+                                              placement_for(config).describe() if w.kind != "command" else "")
             finally:
                 pool.close()
     finally:

@@ -20,6 +20,8 @@ from typing import Any, Mapping
 
 from harness import gate_defaults as D
 from harness import models
+from harness import placement as P
+from harness import quiet
 from history.records import CATEGORIES
 
 from .errors import ConfigError
@@ -195,6 +197,32 @@ class GateConfig:
 
 
 @dataclass(frozen=True)
+class EngineConfig:
+    placement: str = doc(
+        "auto | shared | alternate | split: where and when the two sides' engines run (see the README's Placement). "
+        "auto: CPU -> the lower-noise mode measured there, one GPU -> alternate, two or more -> split.", P.AUTO
+    )
+    memory_split: float = doc(
+        "One GPU: gpu_memory_utilization of each engine that shares it (placement shared; the distribution checks' engines).", P.MEMORY_SPLIT
+    )
+    warmup: int = doc("Unmeasured rounds at the start of every engine session, per side.", 1)
+    foreign_load: float = doc(
+        "Flag a trial (`foreign_load`) when processes outside the comparison used more than this share of the cores during it.",
+        quiet.FOREIGN_LOAD,
+    )
+
+    def __post_init__(self) -> None:
+        if self.placement not in P.PLACEMENTS:
+            raise ValueError(f"expected one of {', '.join(P.PLACEMENTS)}, got {self.placement!r}|placement")
+        if not (0 < self.memory_split <= 0.5):
+            raise ValueError(f"expected a fraction in (0, 0.5] (two engines share the device), got {self.memory_split}|memory_split")
+        if isinstance(self.warmup, bool) or not (0 <= self.warmup <= 10):
+            raise ValueError(f"expected an integer from 0 to 10, got {self.warmup!r}|warmup")
+        if not (0 < self.foreign_load <= 1):
+            raise ValueError(f"expected a fraction in (0, 1], got {self.foreign_load}|foreign_load")
+
+
+@dataclass(frozen=True)
 class VerifyConfig:
     logprobs: str | None = doc(
         "kind = \"command\": command writing logprob JSONL for `{prompts}` to `{out}` (see docs/CONTRACTS.md).", None
@@ -324,6 +352,7 @@ class Config:
     verify: VerifyConfig | None = doc("[verify]", None)
     sweep: SweepConfig = doc("[sweep]", factory=SweepConfig)
     executor: ExecutorConfig = doc("[executor]", factory=ExecutorConfig)
+    engine: EngineConfig = doc("[engine]", factory=EngineConfig)
 
     @property
     def objective(self) -> WorkloadConfig:
@@ -345,13 +374,15 @@ class Config:
             # the unit only labels numbers: changing it measures nothing differently
             "workloads": [{k: v for k, v in dataclasses.asdict(w).items() if k != "unit"} for w in self.workloads],
         }
+        if self.engine != EngineConfig():  # how the sides are placed changes the noise (a calibration's too)
+            payload["engine"] = dataclasses.asdict(self.engine)
         blob = json.dumps(payload, sort_keys=True, default=str).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 
 
 # ----------------------------------------------------------------------------- loading
 
-_SECTIONS = {"target": TargetConfig, "gate": GateConfig, "verify": VerifyConfig, "executor": ExecutorConfig}
+_SECTIONS = {"target": TargetConfig, "gate": GateConfig, "verify": VerifyConfig, "executor": ExecutorConfig, "engine": EngineConfig}
 
 
 def _type_name(tp: Any) -> str:
@@ -468,7 +499,7 @@ def load_config_text(text: str, source: str = CONFIG_FILE) -> Config:
             f"{source}: [gate] objective: expected one of the workload names ({', '.join(names)}), got {gate.objective!r}"
         )
     return Config(target=sections["target"], workloads=workloads, gate=gate, verify=verify, sweep=_sweep(data.get("sweep"), source),
-                  executor=sections["executor"])
+                  executor=sections["executor"], engine=sections["engine"])
 
 
 def _sweep(raw: Any, source: str) -> SweepConfig:
@@ -492,8 +523,8 @@ def _sweep(raw: Any, source: str) -> SweepConfig:
 def reference_rows() -> list[tuple[str, str, str, str]]:
     """(section, key, default, doc) for every key: the README's config reference."""
     rows = []
-    for section, cls in (("[target]", TargetConfig), ("[[workload]]", WorkloadConfig), ("[gate]", GateConfig), ("[verify]", VerifyConfig),
-                         ("[sweep]", SweepConfig), ("[[sweep.knob]]", KnobConfig), ("[executor]", ExecutorConfig)):
+    for section, cls in (("[target]", TargetConfig), ("[[workload]]", WorkloadConfig), ("[gate]", GateConfig), ("[engine]", EngineConfig),
+                         ("[verify]", VerifyConfig), ("[sweep]", SweepConfig), ("[[sweep.knob]]", KnobConfig), ("[executor]", ExecutorConfig)):
         for f in dataclasses.fields(cls):
             if cls is SweepConfig and f.name == "knobs":
                 continue

@@ -36,7 +36,7 @@ from harness.engine_session import EnginePool
 from harness.logprobs import LogprobError
 
 from .verify import run_verify
-from .workloads import blames_candidate, restarts_for, session_factory
+from .workloads import blames_candidate, measure_options, session_factory
 from .workspace import Workspace
 
 EVALUATION_SCHEMA = 1
@@ -74,6 +74,8 @@ class WorkloadSummary:
     calibrated: bool
     metric: str = ""  # the measured metric (its name and unit for headlines and tables)
     unit: str = ""
+    foreign_load: int = 0  # timed trials taken while processes outside the comparison used the machine (harness.quiet)
+    trial_s: float | None = None  # median duration of one timed trial
 
     @property
     def early_stop(self) -> bool:
@@ -158,6 +160,8 @@ def summarize(run: WorkloadRun, role: str, w: WorkloadConfig, design: Sequential
         candidate_median=pystats.median(cand) if cand else None,
         winsorized=est.winsorized if est else 0, calibrated=calibrated,
         metric=w.metric, unit=metric_unit(w.metric, w.unit),
+        foreign_load=sum(1 for t in run.trials if t.metrics.get("foreign_load")),
+        trial_s=round(pystats.median(t.wall_s for t in run.trials if t.ok), 3) if base else None,
     )
 
 
@@ -205,7 +209,7 @@ def evaluate(
     # 63 bits: the pair seeds a worker sees must not give away the master (and with it the confirmation seeds)
     master = seed if seed is not None else new_master()
     st = _State(on_trial=on_trial)
-    env = environment.describe()
+    env = environment.record()  # the fingerprinted facts and this run's conditions (clocks, load)
     try:
         _run_checks(ws, config, base, cand, master, alpha, st, say, keep_worktrees)
     except KeyboardInterrupt:
@@ -285,7 +289,8 @@ def _measure_with(ws: Workspace, config: Config, sd: Sides, master: int, alpha: 
     def run(w: WorkloadConfig, role: str) -> WorkloadRun | None:
         try:
             factory = session_factory(config, w, sd, pool)
-        except AgentsearchError as exc:  # the set-up (e.g. the model): not the candidate's doing
+            options = measure_options(config, w)  # placement, warm-up, the quiet probe
+        except AgentsearchError as exc:  # the set-up (e.g. the model, the placement): not the candidate's doing
             st.add(check_of[role], Status.FAIL, str(exc), FailureKind.SETUP_ERROR)
             st.baseline_failure = (w.name, str(exc))
             return None
@@ -315,7 +320,7 @@ def _measure_with(ws: Workspace, config: Config, sd: Sides, master: int, alpha: 
         try:
             r = run_interleaved(
                 w.name, factory, wdesign, decide, seeds, w.higher_is_better,
-                prior=prior, restarts=restarts_for(w), on_pair=on_pair,
+                prior=prior, on_pair=on_pair, **options,
             )
         except (OSError, ValueError, RuntimeError) as exc:  # fail closed: an error is a rejection
             st.add(check_of[role], Status.FAIL, f"{w.name}: measurement error: {type(exc).__name__}: {exc}", FailureKind.MEASUREMENT_ERROR)
@@ -341,7 +346,7 @@ def _measure_with(ws: Workspace, config: Config, sd: Sides, master: int, alpha: 
         assert r.decision is not None
         if r.decision.action != wanted:
             summary = st.confirmation if check == "confirmation" else st.summaries.get(name)
-            st.add(check, Status.FAIL, f"{name}: {r.decision.reason}", decision_failure(r.decision.action, summary.ci if summary else None))
+            st.add(check, Status.FAIL, f"{name}: {r.decision.reason}{_under_load(r)}", decision_failure(r.decision.action, summary.ci if summary else None))
             return False
         return True
 
@@ -349,7 +354,7 @@ def _measure_with(ws: Workspace, config: Config, sd: Sides, master: int, alpha: 
     if not judged(r, "objective", objective.name, WIN):
         return
     assert r is not None and r.decision is not None
-    st.add("objective", Status.PASS, f"{objective.name}: {r.decision.reason}")
+    st.add("objective", Status.PASS, f"{objective.name}: {r.decision.reason}{_under_load(r)}")
     pool.park_all()  # the warm engines wait stopped while the coverage pass runs
     if not _coverage_check(config, objective, sd, master, st, say, changed):
         return
@@ -383,7 +388,7 @@ def _measure_with(ws: Workspace, config: Config, sd: Sides, master: int, alpha: 
     if config.verify is None:
         st.add("distribution", Status.SKIPPED, "target has no [verify] section (opted out)")
         return
-    pool.park_all()  # and while the distribution checks run their own engines
+    pool.close()  # nothing is measured after this: the distribution checks' engines get the memory (a parked GPU engine keeps its)
     try:
         res = run_verify(ws, config, sd, say)
     except LogprobError as exc:
@@ -406,6 +411,13 @@ def _measure_with(ws: Workspace, config: Config, sd: Sides, master: int, alpha: 
         draws = f"; draw test {res.draws['status']}" if res.draws else ""
         st.add("distribution", Status.PASS, f"{res.mode}: public {res.public_size} + holdout {res.holdout_size} prompts, "
                                             f"{named} within tolerance (max KL {kl:.2g}){draws}")
+
+
+def _under_load(r: WorkloadRun) -> str:
+    """' (N of M trials under foreign load)' when the quiet-machine probe flagged any (harness.quiet)."""
+    timed = [t for t in r.trials if t.pair >= 0]
+    n = sum(1 for t in timed if t.metrics.get("foreign_load"))
+    return f" ({n} of {len(timed)} trials under foreign load)" if n else ""
 
 
 def _coverage_check(config: Config, w: WorkloadConfig, sd: Sides, master: int, st: _State,

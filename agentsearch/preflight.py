@@ -39,7 +39,7 @@ from . import containment
 from . import sides as sides_mod
 from .config import BUILT_IN_MODELS, Config, WorkloadConfig
 from .errors import AgentsearchError, RunError
-from .workloads import session_factory
+from .workloads import placement_for, session_factory
 from .workspace import Workspace
 
 PREFLIGHT_SCHEMA = 1
@@ -168,6 +168,17 @@ def check_sandbox(config: Config) -> Finding:
     return Finding("sandbox", OK, "bubblewrap works: each side runs in its own sandbox")
 
 
+def check_placement(config: Config) -> Finding:
+    """[engine] placement on this machine's devices (split needs two GPUs): refused before anything runs."""
+    if not vllm_workloads(config):
+        return Finding("placement", SKIPPED, "no engine workloads")
+    try:
+        place = placement_for(config)
+    except AgentsearchError as exc:
+        return Finding("placement", FAIL, str(exc), "set [engine] placement = \"auto\"")
+    return Finding("placement", OK, place.describe())
+
+
 # ----------------------------------------------------------------------------- the environment probe
 def site_dirs() -> list[str]:
     return sorted({p for p in sys.path if p.endswith(("site-packages", "dist-packages")) and os.path.isdir(p)})
@@ -261,7 +272,7 @@ def check(ws: Workspace, config: Config | None = None, base: str | None = None, 
     base = base or ws.baseline_commit()
     config = config or ws.config(base)
     found = [Finding("config", OK, f"{len(config.workloads)} workload(s), baseline {config.target.baseline} @ {base[:12]}")]
-    for f in (*check_paths(config), check_sandbox(config)):
+    for f in (*check_paths(config), check_sandbox(config), check_placement(config)):
         found.append(f)
     if any(f.status == FAIL for f in found):
         return found

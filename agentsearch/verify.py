@@ -26,6 +26,7 @@ from harness.trials import BASELINE, CANDIDATE
 
 from .config import Config, VerifyConfig
 from .errors import AgentsearchError
+from .workloads import placement_for
 from .workspace import Workspace
 
 if TYPE_CHECKING:
@@ -99,7 +100,7 @@ def load_prompts(vc: VerifyConfig, worktree: Path) -> list[corpus_mod.Prompt]:
         raise AgentsearchError(f"[verify] corpus: {exc}") from None
 
 
-def _runner(vc: VerifyConfig, config: Config, worktree: Path, log: Path, out_root: Path):
+def _runner(vc: VerifyConfig, config: Config, worktree: Path, log: Path, out_root: Path, side: str = BASELINE):
     env = dict(config.target.env)
     if vc.kind == "command":
         assert vc.logprobs
@@ -107,6 +108,8 @@ def _runner(vc: VerifyConfig, config: Config, worktree: Path, log: Path, out_roo
     model = models.resolve(vc.model)
     # processed logprobs: what the sampler draws from (greedy requests without penalties get the raw ones)
     engine = {"enforce_eager": True, "max_model_len": 2048, "seed": 0, "dtype": vc.dtype, **vc.engine, "logprobs_mode": "processed_logprobs"}
+    engine, device = placement_for(config).logprob_engine(side, engine)  # on a GPU: the side's device, its memory share
+    env.update(device)
     return VllmLogprobs({"kind": "vllm-logprobs", "model": model, "engine": engine}, worktree, env, log, vc.timeout_s, out_root)
 
 
@@ -139,7 +142,7 @@ def run_verify(ws: Workspace, config: Config, sd: "Sides", say: Callable[[str, s
     draws: list[dict] | None = None
     try:
         for side in (BASELINE, CANDIDATE):
-            runners[side] = _runner(vc, config, worktrees[side], sd.logs / f"logprobs-{side}.log", sd.out(side))
+            runners[side] = _runner(vc, config, worktrees[side], sd.logs / f"logprobs-{side}.log", sd.out(side), side)
 
         def collect(side: str, what: str, fn: Callable[[], dict]) -> dict:
             say("verify", what)

@@ -7,10 +7,13 @@ Every session is guarded: after each measurement both worktrees must be as they 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
-from typing import TYPE_CHECKING, Callable
+import os
+from typing import TYPE_CHECKING, Any, Callable
 
-from harness import models
+from harness import environment, models, placement as placement_mod
+from harness.quiet import Probe
 
 from harness.engine_session import EnginePool, WorkerSession
 from harness.serve_session import ServeSession
@@ -190,8 +193,39 @@ def engine_spec(workload: WorkloadConfig) -> dict:
     return {"kind": workload.kind, "model": model_path(workload), "engine": engine, "params": dict(workload.params)}
 
 
+@functools.lru_cache(maxsize=8)
+def _devices(visible: str | None) -> tuple[str, ...]:
+    return placement_mod.cuda_devices({} if visible is None else {"CUDA_VISIBLE_DEVICES": visible})
+
+
+def placement_for(config: Config) -> placement_mod.Placement:
+    """The concrete placement of this machine for ``[engine] placement`` (a machine that cannot give it
+    — split with fewer than two GPUs — is a set-up error, the run's)."""
+    try:
+        place = placement_mod.resolve(config.engine.placement, _devices(os.environ.get("CUDA_VISIBLE_DEVICES")),
+                                      config.engine.memory_split)
+    except placement_mod.PlacementError as exc:
+        raise AgentsearchError(f"[engine] placement: {exc}") from None
+    if place.mode == placement_mod.SPLIT:  # a side on each device: only comparable when the devices are the same
+        differ = environment.same_devices(list(place.devices))
+        if differ:
+            raise AgentsearchError(f"[engine] placement split: {differ}; use \"alternate\" or \"shared\" on one of them")
+    return place
+
+
+def measure_options(config: Config, workload: WorkloadConfig) -> dict[str, Any]:
+    """How ``run_interleaved`` measures ``workload``: restarts, warm-up, alternate sessions, the quiet probe."""
+    warm = workload.kind != "command"
+    alternate = warm and placement_for(config).exclusive
+    threshold = config.engine.foreign_load
+    return {"restarts": restarts_for(workload), "warmup": config.engine.warmup if warm else 0, "alternate": alternate,
+            "probe": lambda: Probe(threshold)}
+
+
 def engine_factory(config: Config, workload: WorkloadConfig, sd: "Sides", pool: EnginePool, out: str = "") -> SessionFactory:
+    place = placement_for(config)
     spec = engine_spec(workload)
+    spec["engine"] = place.engine_args(spec["engine"])
     worktrees, logs = sd.worktrees, sd.logs / (out or "engines")
 
     env = {**config.target.env, **workload.env}
@@ -201,15 +235,16 @@ def engine_factory(config: Config, workload: WorkloadConfig, sd: "Sides", pool: 
     def make(side: str, restart: int) -> Session:
         key = f"{side}/{restart}/{ident}"
         n = len(pool)
+        side_env = {**env, **place.env(side, restart)}  # split: the side's device this session
         if serve:
             def engine() -> ServeSession:
-                return ServeSession(spec, worktrees[side], worktrees[BASELINE], env, logs / f"serve-{side}-{restart}-{n}",
+                return ServeSession(spec, worktrees[side], worktrees[BASELINE], side_env, logs / f"serve-{side}-{restart}-{n}",
                                     workload.metric, workload.timeout_s, workload.startup_timeout_s)
         else:
             def engine() -> WorkerSession:  # type: ignore[misc]
-                return WorkerSession(spec, worktrees[side], env, logs / f"engine-{side}-{restart}-{n}.log",
+                return WorkerSession(spec, worktrees[side], side_env, logs / f"engine-{side}-{restart}-{n}.log",
                                      workload.metric, workload.timeout_s, workload.startup_timeout_s)
-        return pool.lease(key, engine, workload.kind, spec["params"], workload.metric)
+        return pool.lease(key, engine, workload.kind, spec["params"], workload.metric, exclusive=place.exclusive)
 
     return make
 
@@ -219,4 +254,4 @@ def restarts_for(workload: WorkloadConfig) -> int:
     return 1 if workload.kind == "command" else workload.restarts
 
 
-__all__ = ["session_factory", "restarts_for", "blames_candidate", "UnsupportedWorkload", "BASELINE"]
+__all__ = ["session_factory", "restarts_for", "measure_options", "placement_for", "blames_candidate", "UnsupportedWorkload", "BASELINE"]

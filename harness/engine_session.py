@@ -441,11 +441,33 @@ class EnginePool:
         self.engines: dict[str, Any] = {}  # WorkerSession or ServeSession
         self.wait_s = 0.0
 
-    def lease(self, key: str, make: Callable[[], Any], kind: str, params: Mapping[str, Any], metric: str) -> "EngineLease":
-        """A lease on the engine ``key`` (made by ``make()`` the first time it is asked for)."""
+    def lease(self, key: str, make: Callable[[], Any], kind: str, params: Mapping[str, Any], metric: str,
+              exclusive: bool = False) -> "EngineLease":
+        """A lease on the engine ``key`` (made by ``make()`` the first time it is asked for). An
+        ``exclusive`` lease (placement ``alternate``) shuts every other engine down before its engine
+        starts, and its own engine when the session closes: one engine at a time, each session fresh."""
         if key not in self.engines:
             self.engines[key] = make()
-        return EngineLease(self, key, kind, params, metric)
+        return EngineLease(self, key, kind, params, metric, exclusive)
+
+    def retire(self, key: str) -> None:
+        """Shut engine ``key`` down now (its wait time counted) and forget it."""
+        eng = self.engines.pop(key, None)
+        if eng is not None:
+            try:
+                eng.close()
+            finally:
+                self.wait_s += eng.wait_s
+
+    def retire_others(self, key: str) -> None:
+        first: BaseException | None = None
+        for k in [k for k in self.engines if k != key]:
+            try:
+                self.retire(k)
+            except BaseException as exc:  # noqa: BLE001 - retire the others too
+                first = first or exc
+        if first is not None:
+            raise first
 
     def __len__(self) -> int:
         return len(self.engines)
@@ -482,14 +504,17 @@ class EnginePool:
 class EngineLease:
     """A Session view of a pooled engine: start() boots it once, close() leaves it warm."""
 
-    def __init__(self, pool: EnginePool, key: str, kind: str, params: Mapping[str, Any], metric: str):
+    def __init__(self, pool: EnginePool, key: str, kind: str, params: Mapping[str, Any], metric: str, exclusive: bool = False):
         self.pool, self.key, self.kind, self.params, self.metric = pool, key, kind, params, metric
+        self.exclusive = exclusive
 
     @property
     def engine(self) -> Any:
         return self.pool.engines[self.key]
 
     def start(self) -> None:
+        if self.exclusive:
+            self.pool.retire_others(self.key)
         eng = self.engine
         if eng.proc is None and not eng.start_error:
             eng.start()
@@ -499,4 +524,5 @@ class EngineLease:
         return self.engine.measure(seed, self.kind, lengths.vary(self.params, seed), self.metric)
 
     def close(self) -> None:
-        pass
+        if self.exclusive:
+            self.pool.retire(self.key)

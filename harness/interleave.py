@@ -10,12 +10,14 @@ A failed trial ends the workload at once with its reason; nothing is retried.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Protocol
 
 from .sequential import CONTINUE, Decision, SequentialDesign
+from .quiet import Probe
 from .statistics import NoisePrior
 from .trials import BASELINE, CANDIDATE, CRASH, CommandSpec, TrialOutcome, TrialRecord, run_command_trial
 
@@ -83,9 +85,19 @@ def run_interleaved(
     prior: NoisePrior | None = None,
     restarts: int = 1,
     on_pair: Callable[[WorkloadRun], None] | None = None,
+    warmup: int = 0,
+    alternate: bool = False,
+    probe: Callable[[], Probe] | None = None,
 ) -> WorkloadRun:
-    """Measure pairs until the sequential decision stops (or a trial fails)."""
+    """Measure pairs until the sequential decision stops (or a trial fails).
+
+    ``warmup``: unmeasured rounds at the start of every session (seeds ``seed_of(-1)``, ``seed_of(-2)``,
+    ...: never a pair's). ``alternate``: one session at a time (``harness.placement``), see
+    ``_alternating``. ``probe``: a quiet-machine probe around every timed trial (``harness.quiet``)."""
     run = WorkloadRun(workload)
+    if alternate:
+        _alternating(run, factory, design, decide, seed_of, higher_is_better, prior, restarts, on_pair, warmup, probe)
+        return run
     per_session = math.ceil(design.max_pairs / max(1, restarts))
     sessions: dict[str, Session] = {}
     current = -1
@@ -101,30 +113,22 @@ def run_interleaved(
                     for side in (BASELINE, CANDIDATE):
                         sessions[side] = factory(side, idx)
                         sessions[side].start()
+                    for side in (BASELINE, CANDIDATE):
+                        if not _warm_up(run, sessions[side], side, idx, seed_of, warmup):
+                            return run
                 seed = seed_of(pair)
                 order = order_of(pair)
                 sides = (BASELINE, CANDIDATE) if order == "AB" else (CANDIDATE, BASELINE)
                 got: dict[str, TrialOutcome] = {}
                 for position, side in enumerate(sides):
-                    outcome = sessions[side].measure(seed)
-                    run.trials.append(
-                        TrialRecord(
-                            workload=workload, side=side, seed=seed, pair=pair, position=position,
-                            order=order, session=idx, ok=outcome.ok, value=outcome.value,
-                            metrics=outcome.metrics, wall_s=outcome.wall_s, error=outcome.error,
-                            stderr_tail=outcome.stderr_tail, failure="" if outcome.ok else (outcome.failure or CRASH),
-                        )
-                    )
+                    outcome = _timed(sessions[side], seed, probe)
+                    run.trials.append(_record(workload, side, seed, pair, position, order, idx, outcome))
                     if not outcome.ok:
                         run.failure = f"{side} trial failed ({workload}, pair {pair + 1}, seed {seed}): {outcome.error}"
                         run.failure_kind = outcome.failure or CRASH
                         return run
                     got[side] = outcome
-                b, c = got[BASELINE].value, got[CANDIDATE].value
-                assert b is not None and c is not None
-                r = math.log(c / b)
-                run.log_ratios.append(r if higher_is_better else -r)
-                run.sessions.append(idx)
+                _pair_done(run, got, higher_is_better, idx)
                 pair += 1
                 if on_pair:
                     on_pair(run)
@@ -134,6 +138,117 @@ def run_interleaved(
                 return run
     finally:
         _close_all(sessions)
+
+
+def alternate_rounds(restarts: int) -> int:
+    """Rounds of an alternating run: at least two (A B | B A), so a drift between sessions cancels."""
+    return max(2, restarts)
+
+
+def _alternating(run: WorkloadRun, factory: SessionFactory, design: SequentialDesign, decide: Decide,
+                 seed_of: Callable[[int], int], higher_is_better: bool, prior: NoisePrior | None, restarts: int,
+                 on_pair: Callable[[WorkloadRun], None] | None, warmup: int, probe: Callable[[], Probe] | None) -> None:
+    """One engine at a time. Round r has two sessions, each a fresh engine: A then B when r is even, B then A
+    when odd (sessions A B | B A | A B ...: a drift over the run cancels like ABBA's). The first session
+    of a round measures the round's seeds in order; the second measures the same seeds in the same order,
+    and each of its trials completes a pair (the sequential looks run as pairs complete, so the second
+    session can stop early). The round is the cluster of its pairs (its two engines): the decision always
+    counts the between-round variance. Only the first session of a round may measure pairs a stop leaves
+    unused."""
+    rounds = alternate_rounds(restarts)
+    per_round = math.ceil(design.max_pairs / rounds)
+    pair = 0
+    look = design.next_look(0)
+    for r in range(rounds):
+        n = min(per_round, design.max_pairs - pair)
+        if n <= 0:
+            break
+        order = "AB" if r % 2 == 0 else "BA"
+        first, second = (BASELINE, CANDIDATE) if order == "AB" else (CANDIDATE, BASELINE)
+        held: list[TrialOutcome] = []
+        with _one_session(factory, first, r) as s:
+            if not _warm_up(run, s, first, r, seed_of, warmup, order):
+                return
+            for j in range(n):
+                seed = seed_of(pair + j)
+                outcome = _timed(s, seed, probe)
+                run.trials.append(_record(run.workload, first, seed, pair + j, 0, order, r, outcome))
+                if not outcome.ok:
+                    run.failure = f"{first} trial failed ({run.workload}, pair {pair + j + 1}, seed {seed}): {outcome.error}"
+                    run.failure_kind = outcome.failure or CRASH
+                    return
+                held.append(outcome)
+        with _one_session(factory, second, r) as s:
+            if not _warm_up(run, s, second, r, seed_of, warmup, order):
+                return
+            for j in range(n):
+                seed = seed_of(pair)
+                outcome = _timed(s, seed, probe)
+                run.trials.append(_record(run.workload, second, seed, pair, 1, order, r, outcome))
+                if not outcome.ok:
+                    run.failure = f"{second} trial failed ({run.workload}, pair {pair + 1}, seed {seed}): {outcome.error}"
+                    run.failure_kind = outcome.failure or CRASH
+                    return
+                _pair_done(run, {first: held[j], second: outcome}, higher_is_better, r)
+                pair += 1
+                if on_pair:
+                    on_pair(run)
+                if pair == look:
+                    run.decision = decide(design, run.log_ratios, prior, clusters=run.sessions)
+                    if run.decision.action != CONTINUE:
+                        return
+                    look = design.next_look(pair)
+
+
+class _one_session:
+    """A session started for a with-block and always closed at its end (the engine gone before the next)."""
+
+    def __init__(self, factory: SessionFactory, side: str, idx: int):
+        self.session = factory(side, idx)
+
+    def __enter__(self) -> Session:
+        self.session.start()
+        return self.session
+
+    def __exit__(self, *exc: object) -> None:
+        self.session.close()
+
+
+def _warm_up(run: WorkloadRun, session: Session, side: str, idx: int, seed_of: Callable[[int], int], warmup: int,
+             order: str = "AB") -> bool:
+    """Unmeasured rounds at the start of a session; a failed one fails the workload (False) and is
+    recorded as that side's failed trial (pair -1), so a failure is blamed on the side it happened to."""
+    for i in range(warmup):
+        outcome = session.measure(seed_of(-1 - i))
+        if not outcome.ok:
+            run.trials.append(_record(run.workload, side, seed_of(-1 - i), -1, 0, order, idx, outcome))
+            run.failure = f"{side} warm-up failed ({run.workload}, session {idx + 1}): {outcome.error}"
+            run.failure_kind = outcome.failure or CRASH
+            return False
+    return True
+
+
+def _timed(session: Session, seed: int, probe: Callable[[], Probe] | None) -> TrialOutcome:
+    if probe is None:
+        return session.measure(seed)
+    p = probe()
+    p.start()
+    outcome = session.measure(seed)
+    return dataclasses.replace(outcome, metrics={**outcome.metrics, **p.stop()})
+
+
+def _record(workload: str, side: str, seed: int, pair: int, position: int, order: str, idx: int, o: TrialOutcome) -> TrialRecord:
+    return TrialRecord(workload=workload, side=side, seed=seed, pair=pair, position=position, order=order, session=idx,
+                       ok=o.ok, value=o.value, metrics=o.metrics, wall_s=o.wall_s, error=o.error, stderr_tail=o.stderr_tail,
+                       failure="" if o.ok else (o.failure or CRASH))
+
+
+def _pair_done(run: WorkloadRun, got: dict[str, TrialOutcome], higher_is_better: bool, idx: int) -> None:
+    b, c = got[BASELINE].value, got[CANDIDATE].value
+    assert b is not None and c is not None
+    r = math.log(c / b)
+    run.log_ratios.append(r if higher_is_better else -r)
+    run.sessions.append(idx)
 
 
 def _close_all(sessions: dict[str, Session]) -> None:

@@ -225,3 +225,12 @@ def pairs_for_power(sd: float, effect: float, alpha: float, power: float = 0.9, 
         if delta / (sd / math.sqrt(n)) >= _t_q(1 - alpha, df) + _t_q(power, df):
             return n
     return limit
+
+
+def min_detectable(sd: float, pairs: int, alpha: float, power: float = 0.9, df_prior: int = 0) -> float:
+    """Smallest speedup (0.03 = 3%) a one-sided level-``alpha`` t-test detects with ``power`` in ``pairs``
+    pairs at per-pair log-ratio SD ``sd`` (the inverse of ``pairs_for_power``)."""
+    if sd < 0 or pairs < 2 or not (0 < alpha < 1):
+        raise ValueError("need sd >= 0, pairs >= 2 and 0 < alpha < 1")
+    df = pairs - 1 + df_prior
+    return math.expm1((_t_q(1 - alpha, df) + _t_q(power, df)) * sd / math.sqrt(pairs))

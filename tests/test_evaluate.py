@@ -107,6 +107,10 @@ def test_calibrate_stores_noise_and_the_gate_uses_it(target):
     assert rc == 0 and out["workloads"]["speed"]["calibrated"] is True
     human = run_cli("calibrate", "-C", str(target), "--pairs", "6")
     assert human.returncode == 0 and "pairs for 90% power" in human.stdout
+    assert "detectable with 90% power within 20 pairs" in human.stdout and "under foreign load" in human.stdout
+    assert "are short" in human.stdout  # a toy bench trial takes a fraction of a second
+    stored = json.loads((target / ".git" / "agentsearch" / "calibration.json").read_text())["workloads"]["speed"]
+    assert stored["budget_pairs"] == 20 and 0 < stored["detectable"] < 0.2 and stored["trial_s"] > 0
 
 
 def test_evaluations_are_recorded_in_the_history(target):

@@ -6,6 +6,8 @@ from pathlib import Path
 
 from rich.table import Table
 
+from harness.quiet import SHORT_TRIAL_S
+
 from ..calibration import calibrate
 from .. import preflight
 from ..workspace import Workspace
@@ -30,5 +32,15 @@ def run(target: Path, as_json: bool, pairs: int) -> int:
             str(w.pairs_needed),
         )
     out.print(t)
+    for w in cal.workloads.values():
+        if w.detectable is not None:
+            out.print(f"{w.workload}: detectable with 90% power within {w.budget_pairs} pairs: {w.detectable:+.1%}")
+        quiet = [f"trials {w.trial_s:.2f} s each (median)" if w.trial_s is not None else "",
+                 f"load average {w.load_avg:.2f}" if w.load_avg is not None else "",
+                 f"{w.foreign_trials} under foreign load", f"placement {w.placement}" if w.placement else ""]
+        out.print(f"{w.workload}: " + "; ".join(q for q in quiet if q))
+        if w.trial_s is not None and w.trial_s < SHORT_TRIAL_S:
+            out.print(f"{w.workload}: trials of {w.trial_s:.1f} s are short (jitter weighs more than in trials of {SHORT_TRIAL_S:g} s or more): "
+                      "give each more work (vLLM workloads: params.prompts; commands: more iterations)")
     out.print(f"stored in {ws.state / 'calibration.json'}; the gate uses it while the config and machine stay the same")
     return 0

@@ -1,0 +1,204 @@
+"""The gate on the real engine: false merges, detections, noise and cost through the real episode loop.
+
+    flock /tmp/agentsearch-engine.lock .venv/bin/python benchmarks/engine_gate.py [--aa 3] [--placement auto]
+        [--sleep-ms 0.1] [--slow-ms 1.5] [--max-pairs 12] [--keep DIR]
+
+Creates the embedded vLLM fork (the installed vLLM as a git repository, tiny model, CPU or GPU) with the
+starter's throughput objective alone (no serving guards, no distribution checks: they measure other
+things and would multiply the cost), and a **baseline with a deliberate sleep of ``--sleep-ms`` in every
+scheduler step** (``Scheduler.schedule``). Then one episode (``agentsearch episode --branches``) judges,
+in this order:
+
+- ``--aa`` A/A proposals: a different comment appended to the scheduler each time (the code that runs is
+  the baseline's): any merge is a false merge;
+- ``slow``: the sleep raised to ``--slow-ms`` (a large slowdown): must be rejected, the pairs it took say
+  how fast a loser stops;
+- ``batch``: ``max_num_seqs`` 4 -> 8 in serving.json (a real engine setting): should merge;
+- ``fast``: the sleep removed — a true engine-level speedup of a few % (its size is what the gate
+  estimates; compare with the A/A noise): a detection if it merges.
+
+It prints, per proposal, the verdict, estimate, pairs and wall time; then the per-pair SD of the A/A
+proposals' objective pairs, false merges, detections, proposals per hour, the load average during the
+run and the placement. Warm-baseline reuse across proposals is not built yet: every proposal starts its
+baseline afresh (printed as "warm reuse: off").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from agentsearch.commands.starter import starter_config  # noqa: E402
+from agentsearch.workspace import git  # noqa: E402
+
+SCHEDULER = "vllm/v1/core/sched/scheduler.py"
+SLEEP_MARK = "# engine_gate: deliberate sleep"
+
+
+def cli(*args: str, timeout: float = 7200) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "agentsearch.cli", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+def objective_only(config: str, placement: str, max_pairs: int, budget: int, restarts: int = 2) -> str:
+    """The starter config with its first workload (the throughput objective) and a small [gate]."""
+    head, rest = config.split("[[workload]]", 1)
+    first = re.sub(r"\nrestarts = \d+\n", f"\nrestarts = {restarts}\n", "[[workload]]" + rest.split("[[workload]]", 1)[0])
+    return (head + first + f"\n[gate]\nmin_effect = 0.02\nmin_pairs = 3\nmax_pairs = {max_pairs}\nconfirm_pairs = 4\n"
+            f"episode_budget = {budget}\n\n[engine]\nplacement = \"{placement}\"\n")
+
+
+def with_sleep(source: str, ms: float) -> str:
+    """``Scheduler.schedule`` with ``time.sleep(ms / 1000)`` as its first statement (``ms`` 0: none)."""
+    source = re.sub(rf"\n[ ]*time\.sleep\([^)]*\)  {re.escape(SLEEP_MARK)}", "", source)
+    if ms <= 0:
+        return source
+    m = re.search(r"\n    def schedule\(self[^)]*\)[^:]*:\n", source)
+    if m is None:
+        raise SystemExit(f"{SCHEDULER}: no `def schedule(self)` found; this vLLM version is not supported by the benchmark")
+    return source[:m.end()] + f"        time.sleep({ms / 1000!r})  {SLEEP_MARK}\n" + source[m.end():]
+
+
+def make_fork(path: Path, placement: str, max_pairs: int, budget: int, sleep_ms: float, slow_ms: float, aa: int,
+              only: set[str], restarts: int) -> None:
+    proc = cli("init", "--from-installed", "vllm", str(path))
+    if proc.returncode != 0:
+        raise SystemExit(proc.stderr)
+    site = next(line.split('"')[1] for line in (path / "agentsearch.toml").read_text().splitlines() if line.startswith("overlay_from"))
+    (path / "agentsearch.toml").write_text(objective_only(starter_config(Path(site)), placement, max_pairs, budget, restarts))
+    sched = path / SCHEDULER
+    original = sched.read_text()
+    if "import time\n" not in original:
+        raise SystemExit(f"{SCHEDULER} does not import time; this vLLM version is not supported by the benchmark")
+    sched.write_text(with_sleep(original, sleep_ms))
+    git.commit_all(path, f"benchmark baseline: throughput objective only, {sleep_ms} ms sleep per scheduler step")
+
+    def branch(name: str, change) -> None:
+        if re.sub(r"^gate/\d-|-\d+$", "", name) not in only:
+            return
+        run = lambda *a: subprocess.run(["git", "-c", "commit.gpgsign=false", *a], cwd=path, check=True, capture_output=True)  # noqa: E731
+        run("checkout", "-q", "-b", name, "main")
+        change()
+        run("commit", "-qam", name)
+        run("checkout", "-q", "main")
+
+    base = sched.read_text()
+    for i in range(aa):
+        branch(f"gate/1-aa-{i + 1}", lambda i=i: sched.write_text(base + f"\n# A/A proposal {i + 1}: a comment, nothing else\n"))
+    branch("gate/2-slow", lambda: sched.write_text(with_sleep(base, slow_ms)))
+    serving = json.loads((path / "serving.json").read_text())
+    branch("gate/3-batch", lambda: (path / "serving.json").write_text(
+        json.dumps({**serving, "engine": {**serving["engine"], "max_num_seqs": 2 * serving["engine"]["max_num_seqs"]}}, indent=2) + "\n"))
+    branch("gate/4-fast", lambda: sched.write_text(with_sleep(base, 0)))
+    if cli("init", "-C", str(path)).returncode != 0:
+        raise SystemExit("init failed")
+
+
+def history(path: Path) -> list[dict]:
+    common = subprocess.run(["git", "rev-parse", "--git-common-dir"], cwd=path, capture_output=True, text=True, check=True).stdout.strip()
+    hist = (path / common / "agentsearch" / "history.jsonl") if not os.path.isabs(common) else Path(common) / "agentsearch" / "history.jsonl"
+    return [json.loads(line) for line in hist.read_text().splitlines() if line.strip()]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--aa", type=int, default=3, help="A/A proposals")
+    ap.add_argument("--placement", default="auto")
+    ap.add_argument("--sleep-ms", type=float, default=0.1, help="the baseline's sleep per scheduler step (the 'fast' proposal removes it)")
+    ap.add_argument("--slow-ms", type=float, default=1.5, help="the 'slow' proposal's sleep per scheduler step")
+    ap.add_argument("--max-pairs", type=int, default=12)
+    ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--restarts", type=int, default=2, help="engine sessions per side per evaluation (the starter's 2)")
+    ap.add_argument("--only", default="aa,slow,batch,fast", help="which proposals (comma-separated kinds)")
+    ap.add_argument("--dry-run", action="store_true", help="build the fork and its branches, print their diffs, run nothing")
+    ap.add_argument("--keep", type=Path, help="create the fork here and keep it")
+    args = ap.parse_args()
+    only = set(args.only.split(","))
+    proposals = (args.aa if "aa" in only else 0) + len(only & {"slow", "batch", "fast"})
+    loads: list[float] = []
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set():
+            loads.append(os.getloadavg()[0])
+            stop.wait(5)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        fork = args.keep or Path(tmp) / "fork"
+        t0 = time.time()
+        make_fork(fork, args.placement, args.max_pairs, proposals, args.sleep_ms, args.slow_ms, args.aa, only, args.restarts)
+        print(f"fork ready in {time.time() - t0:.0f} s: {fork}", flush=True)
+        if args.dry_run:
+            for b in subprocess.run(["git", "branch", "--list", "gate/*", "--format=%(refname:short)"], cwd=fork, capture_output=True,
+                                    text=True, check=True).stdout.split():
+                stat = subprocess.run(["git", "diff", "--stat", "main", b], cwd=fork, capture_output=True, text=True, check=True).stdout
+                diff = subprocess.run(["git", "diff", "-U0", "main", b], cwd=fork, capture_output=True, text=True, check=True).stdout
+                print(f"{b}: {stat.strip().splitlines()[-1]}")
+                print("\n".join(x for x in diff.splitlines() if x[:1] in "+-" and x[:3] not in ("+++", "---")))
+            return 0
+        threading.Thread(target=sample, daemon=True).start()
+        t1 = time.time()
+        proc = cli("episode", "-C", str(fork), "--branches", "gate/*", "--budget", str(proposals), "--seed", str(args.seed), "--json")
+        wall = time.time() - t1
+        stop.set()
+        if proc.returncode not in (0, 1, 4):
+            print(proc.stderr[-3000:])
+            return proc.returncode
+        summary = json.loads(proc.stdout)
+        entries = history(fork)
+    verdicts = {e["proposal"]: e["data"] for e in entries if e["kind"] == "verdict"}
+    trials = [e["data"] for e in entries if e["kind"] == "trial"]
+    rows = []
+    for r in summary["proposals"]:
+        v = verdicts.get(r["proposal"], {})
+        kind = re.sub(r"^gate/\d-|-\d+$", "", r["branch"] or r["title"] or "")
+        rows.append({"proposal": r["proposal"], "kind": kind, "verdict": r["verdict"], "speedup": r["speedup"], "pairs": r["pairs"],
+                     "wall_s": (v.get("timing") or {}).get("wall_s"), "engine_s": (v.get("timing") or {}).get("engine_s"),
+                     "reason": (r["reasons"] or [""])[0][:110]})
+    print(f"\n{'proposal':<10}{'kind':<7}{'verdict':<9}{'estimate':>10}{'pairs':>7}{'wall s':>8}{'engine s':>10}  reason")
+    for r in rows:
+        est = f"{r['speedup'] - 1:+.1%}" if r["speedup"] else "-"
+        print(f"{r['proposal']:<10}{r['kind']:<7}{r['verdict'] or '-':<9}{est:>10}{r['pairs'] or '-':>7}{r['wall_s'] or 0:>8.0f}"
+              f"{r['engine_s'] or 0:>10.0f}  {r['reason']}")
+    # per-pair SD of the A/A proposals' objective pairs (the engine's noise as the gate sees it)
+    aa_ids = {r["proposal"] for r in rows if r["kind"] == "aa"}
+    d: list[float] = []
+    for pid in aa_ids:
+        by_pair: dict[int, dict[str, float]] = {}
+        for t in trials:
+            if t.get("proposal") == pid and t.get("phase") == "objective" and t.get("ok") and t.get("pair", -1) >= 0:
+                by_pair.setdefault(t["pair"], {})[t["side"]] = t["value"]
+        d += [math.log(p["candidate"] / p["baseline"]) for p in by_pair.values() if len(p) == 2]
+    trial_s = [t["wall_s"] for t in trials if t.get("ok") and t.get("pair", -1) >= 0]
+    foreign = sum(1 for t in trials if (t.get("metrics") or {}).get("foreign_load"))
+    sd = statistics.stdev(d) if len(d) > 1 else float("nan")
+    false_merges = sum(1 for r in rows if r["kind"] == "aa" and r["verdict"] == "merge")
+    by_kind = {r["kind"]: r for r in rows}
+    print(f"\nplacement {args.placement}; warm reuse: off (not built); {proposals} proposals in {wall:.0f} s = "
+          f"{3600 * len(rows) / wall:.1f} proposals/hour; mean wall per proposal {wall / max(1, len(rows)):.0f} s")
+    print(f"A/A: per-pair SD {sd:.4f} over {len(d)} pairs; false merges {false_merges}/{args.aa}")
+    for k, want in (("slow", "reject"), ("batch", "merge"), ("fast", "merge")):
+        r = by_kind.get(k)
+        if r:
+            ok = "detected" if r["verdict"] == want else "missed"
+            print(f"{k}: {ok} ({r['verdict']}, estimate {(r['speedup'] or 1) - 1:+.1%}, {r['pairs']} pairs)")
+    print(f"trials: median {statistics.median(trial_s) if trial_s else float('nan'):.2f} s each, {foreign} flagged foreign_load; "
+          f"load average during the run: mean {statistics.mean(loads) if loads else float('nan'):.2f}, max {max(loads, default=float('nan')):.2f} "
+          f"({os.cpu_count()} CPUs)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,89 @@
+"""Placement `alternate` on the real vLLM CPU fork: one engine at a time, sessions A B | B A, fresh engines.
+
+Cost: one fork (about 12 s) and one evaluation with 4 engine starts one after the other (2 rounds x 2
+sides, enforce_eager, tiny model) plus 4 warm-up rounds and 8 timed rounds: about 3-4 minutes on the
+2-core machine (more under load). Listed in tests/conftest.py SLOW_FIRST so it runs beside
+test_vllm_integration.py on the other worker."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from .conftest import ROOT, commit
+from .test_vllm_integration import FAST_CONFIG, engines_alive, run_cli, serving, workers_alive
+
+
+def engine_workers(fork) -> list[int]:
+    """One pid per live engine: its worker process (the sandbox's bubblewrap processes carry the worker's
+    command line too, and are not counted)."""
+    out = []
+    for pid in engines_alive(fork):
+        try:
+            argv0 = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")[0]
+        except OSError:
+            continue
+        if not argv0.endswith(b"bwrap"):
+            out.append(pid)
+    return out
+
+pytestmark = pytest.mark.vllm
+
+ALTERNATE = FAST_CONFIG.replace("max_pairs = 8\nconfirm_pairs = 2", "max_pairs = 4\nmin_pairs = 4\nconfirm_pairs = 0") + """
+[engine]
+placement = "alternate"
+warmup = 1
+"""
+
+
+@pytest.fixture(scope="module")
+def fork(tmp_path_factory):
+    path = tmp_path_factory.mktemp("vllm-alt") / "fork"
+    proc = run_cli("init", "--from-installed", "vllm", str(path))
+    assert proc.returncode == 0, proc.stderr
+    site = next(line.split('"')[1] for line in (path / "agentsearch.toml").read_text().splitlines() if line.startswith("overlay_from"))
+    config = ALTERNATE.format(site=site)
+    assert "placement = \"alternate\"" in config and "min_pairs = 4" in config
+    commit(path, {"agentsearch.toml": config, "serving.json": serving(1)}, "alternate placement, max_num_seqs 1")
+    return path
+
+
+def test_alternate_runs_one_engine_at_a_time_and_finds_the_real_effect(fork):
+    commit(fork, {"serving.json": serving(32)}, "max_num_seqs 32", branch="seqs32")
+    most, stop = [0], threading.Event()
+
+    def watch() -> None:  # the real process table, twice a second: never two engines at once
+        while not stop.is_set():
+            most[0] = max(most[0], len(engine_workers(fork)))
+            time.sleep(0.5)
+
+    t = threading.Thread(target=watch, daemon=True)
+    t.start()
+    try:
+        proc = subprocess.run([sys.executable, "-m", "agentsearch.cli", "evaluate", "-C", str(fork), "seqs32", "--json"],
+                              cwd=ROOT, capture_output=True, text=True, timeout=1500)
+    finally:
+        stop.set()
+        t.join()
+    out = json.loads(proc.stdout)
+    assert proc.returncode == 0, out["reasons"]
+    assert out["verdict"] == "merge" and out["workloads"]["throughput"]["speedup"] > 1.5
+    assert most[0] == 1, f"{most[0]} engines were alive at once"
+    trials = [t for t in out["trials"] if t["phase"] == "objective"]
+    # A B | B A: round 0 measures the baseline's session first, round 1 the candidate's; the same seeds on both sides
+    first = {s: {t["side"] for t in trials if t["session"] == s and t["position"] == 0} for s in (0, 1)}
+    assert first == {0: {"baseline"}, 1: {"candidate"}}
+    for s in (0, 1):
+        seeds = {side: [t["seed"] for t in trials if t["session"] == s and t["side"] == side] for side in ("baseline", "candidate")}
+        assert seeds["baseline"] == seeds["candidate"] and len(seeds["baseline"]) == 2
+    # every engine was started afresh (one start-up per session and side) and every trial says how quiet the machine was
+    startup = {(t["side"], t["session"]): t["metrics"]["engine_startup_s"] for t in trials}
+    assert len(startup) == 4 and startup["candidate", 0] != startup["candidate", 1]  # B B: two engines, not one kept
+    assert all({"load_avg_1m", "foreign_cpu", "foreign_load"} <= set(t["metrics"]) for t in trials)
+    assert out["environment"]["packages"] and "load_avg_1m" in out["environment"]
+    assert not workers_alive(fork)
