@@ -36,6 +36,7 @@ from .executors import Job, NodeResult
 from .executors.node import SHIPPED_STATE
 from .executors.ray_executor import Fault
 from .proposers.base import Candidate
+from .verify import holdout_secret
 from .workspace import git
 
 MAX_ATTEMPTS = 4  # a proposal whose evaluation was lost this often stops the run (resumable)
@@ -65,6 +66,7 @@ class ParallelEpisode:
     def run(self) -> dict[str, Any]:
         e = self.e
         e.complete_merges()
+        holdout_secret(self.ws)  # made here, once: every node (and a later recheck) draws the same holdout
         self.x.set_full_bundle(git.bundle(self.ws.repo_dir, {"start": e.plan.baseline}))
         order: list[_Slot] = []
         for p in sorted(e.state.proposals.values(), key=lambda p: p.number):
@@ -201,15 +203,18 @@ class ParallelEpisode:
         return True
 
     def _record(self, s: _Slot, r: NodeResult, content_key: str) -> None:
-        e, p, job = self.e, s.p, r.job
+        e, p, job = self.e, s.p, s.job
+        if job is None or r.job != job:  # the orchestrator's own job is what is recorded and merged, never a node's echo
+            raise RunError(f"{p.id}: node {r.node.hostname} returned the result of another job")
         node = {**r.node.to_json(), "attempt": job.attempt, "wall_s": round(r.wall_s, 3)}
         if r.error_kind == "run":
             e.record(rec.RunError(number=p.number, proposal=p.id, error=f"{r.error} (on node {r.node.hostname} {r.node.node_id[:12]})",
                                   kind="RunError", baseline=job.baseline), p.id)
             raise RunError(f"{r.error} (on node {r.node.hostname}); the episode stopped (`agentsearch episode --resume` continues it)")
         if r.evaluation is None:
+            # no content key: a node's one-off failure must not make the same tree "already judged" later
             e._verdict(p, _static_verdict(rec.CheckName.JUDGING.value, f"internal error: {r.error or 'the node returned no evaluation'}"),
-                       job.baseline, job.candidate, None, content_key, {"node": node})
+                       job.baseline, job.candidate, None, None, {"node": node})
             return
         ev = r.evaluation
         bad = [f"{name} {got!r} != {want!r}" for name, got, want in (

@@ -126,6 +126,28 @@ def test_executor_settings_are_validated_in_one_line(tmp_path):
     assert not _entries(repo)
 
 
+def test_a_node_that_cannot_isolate_serving_is_the_runs_error(tmp_path, monkeypatch):
+    """A served candidate on a node without its own network namespace could reach Ray's control store
+    (no authentication) and run code outside any sandbox: such a node refuses the job as a run error."""
+    from agentsearch.executors import node
+    from harness import sandbox
+
+    serve = '\n[[workload]]\nname = "serve"\nkind = "vllm-serve"\nmodel = "tiny"\nmetric = "output_tok_s"\n'
+    repo = make_repo(tmp_path / "t", {"agentsearch.toml": CONFIG.format(python=sys.executable) + serve, "bench/bench.py": BENCH})
+    assert run_cli("init", "-C", str(repo)).returncode == 0
+    ws = Workspace.open(repo)
+    base = ws.baseline_commit()
+    monkeypatch.setattr(sandbox, "can_join_network", lambda: False)
+    why = node.serving_unisolated(ws, base)
+    assert "cannot isolate the network" in why and "\n" not in why
+    monkeypatch.setattr(sandbox, "can_join_network", lambda: True)
+    assert node.serving_unisolated(ws, base) == ("" if sandbox.probe()[0] else why)
+    plain = make_repo(tmp_path / "p", {"agentsearch.toml": CONFIG.format(python=sys.executable), "bench/bench.py": BENCH})
+    assert run_cli("init", "-C", str(plain)).returncode == 0
+    monkeypatch.setattr(sandbox, "can_join_network", lambda: False)
+    assert node.serving_unisolated(Workspace.open(plain), Workspace.open(plain).baseline_commit()) == ""
+
+
 def test_a_node_that_keeps_losing_evaluations_is_drained():
     """The executor's node choice, without a cluster: a node's resources as Ray reports them."""
     from agentsearch.executors.node import Job

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Iterator
 from contextlib import contextmanager
 
-from harness import environment
+from harness import environment, sandbox
 
 from ..errors import GitError, TargetError
 from ..evaluation import Evaluation, evaluate
@@ -149,6 +149,9 @@ def run_job(job: Job, thin: bytes, full: Any, node_id: str, gpus: tuple[str, ...
                 ws = prepare(clone, job, [full(), thin])
             if not (git.has_commit(ws.repo_dir, job.baseline) and git.has_commit(ws.repo_dir, job.candidate)):
                 return NodeResult(job, info, None, "the shipped bundle lacks the judged commits", "run", wall_s=time.monotonic() - t0)
+            unsafe = serving_unisolated(ws, job.baseline)
+            if unsafe:
+                return NodeResult(job, info, None, unsafe, "run", wall_s=time.monotonic() - t0)
             try:
                 ev = evaluate(ws, job.candidate, seed=job.seed, alpha=job.alpha, baseline=job.baseline)
             except run_errors as exc:
@@ -158,3 +161,19 @@ def run_job(job: Job, thin: bytes, full: Any, node_id: str, gpus: tuple[str, ...
             return NodeResult(job, info, ev, wall_s=time.monotonic() - t0)
         finally:
             running.unlink(missing_ok=True)
+
+
+def serving_unisolated(ws: Workspace, baseline: str) -> str:
+    """'' unless the target has serving workloads this node cannot give a network of their own.
+
+    A served candidate shares the machine's network when the sandbox cannot put it in a namespace
+    of its own (that needs root and nsenter); on a Ray node the cluster's control store listens on
+    that network without authentication, so candidate code could submit a task outside any sandbox.
+    Such a node is the run's problem (a set-up to fix), never a verdict."""
+    if not any(w.kind == "vllm-serve" for w in ws.config(baseline).workloads):
+        return ""
+    if sandbox.probe()[0] and sandbox.can_join_network():
+        return ""
+    return (f"node {socket.gethostname()} cannot isolate the network of the serving workloads (needs bubblewrap, root and "
+            "nsenter); on a Ray cluster candidate code could reach the cluster's control store: run the node as root or "
+            "drop the vllm-serve workloads for Ray episodes")
