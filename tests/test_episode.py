@@ -74,9 +74,10 @@ timeout_s = 120
 """
 
 
-def make_target(path: Path) -> Path:
+def make_target(path: Path, trial_timeout_s: int = 4) -> Path:
+    config = CONFIG.format(python=sys.executable).replace("timeout_s = 4\n", f"timeout_s = {trial_timeout_s}\n")
     repo = make_repo(path, {
-        "agentsearch.toml": CONFIG.format(python=sys.executable), "bench/bench.py": BENCH, "lm.py": LM,
+        "agentsearch.toml": config, "bench/bench.py": BENCH, "lm.py": LM,
         "src/__init__.py": "", "src/engine.py": ENGINE,
     })
     assert run_cli("init", "-C", str(repo)).returncode == 0

@@ -30,7 +30,7 @@ SECTIONS_MD = ["## Verdict", "## Workloads", "## Distribution checks", "## Gate 
 def judged(tmp_path_factory):
     """A toy target after an episode: 001 lossy (rejected by the distribution check), 002 merged, 003 protected."""
     tmp = tmp_path_factory.mktemp("report")
-    repo = make_target(tmp / "toy")
+    repo = make_target(tmp / "toy", trial_timeout_s=30)  # its reports are under test, not the timeout: loaded CI cores
     queue = tmp / "queue"
     queue.mkdir()
     (queue / "01-lossy.patch").write_text(patch_from(repo, {"src/engine.py": ENGINE.replace("SPEED = 1.0", "SPEED = 1.3").replace("EPS = 1e-5", "EPS = 3e-1")},
