@@ -95,7 +95,7 @@ class Group:
             except OSError:
                 pass
 
-    def remove(self, timeout_s: float = 10.0) -> None:
+    def remove(self, timeout_s: float = 30.0) -> None:
         deadline = time.monotonic() + timeout_s
         while True:
             try:

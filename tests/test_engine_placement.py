@@ -19,17 +19,22 @@ from .conftest import ROOT, commit
 from .test_vllm_integration import FAST_CONFIG, engines_alive, run_cli, serving, workers_alive
 
 
-def engine_workers(fork) -> list[int]:
-    """One pid per live engine: its worker process (the sandbox's bubblewrap processes carry the worker's
-    command line too, and are not counted)."""
-    out = []
+def engine_workers(fork) -> set[str]:
+    """One key per live engine. Each engine runs in a cgroup of its own (``harness.cgroups``), so the key
+    is the cgroup of its worker processes: a process vLLM forks (between fork and exec it carries the
+    worker's command line) belongs to the same engine. Without cgroups, the worker's pid (the sandbox's
+    bubblewrap processes carry the worker's command line too, and are not counted)."""
+    out = set()
     for pid in engines_alive(fork):
         try:
             argv0 = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")[0]
+            groups = open(f"/proc/{pid}/cgroup").read().splitlines()
         except OSError:
             continue
-        if not argv0.endswith(b"bwrap"):
-            out.append(pid)
+        if argv0.endswith(b"bwrap"):
+            continue
+        mine = [line.split(":", 2)[2] for line in groups if line.startswith("0::") and "agentsearch-" in line]
+        out.add(mine[0] if mine else str(pid))
     return out
 
 pytestmark = pytest.mark.vllm
