@@ -22,7 +22,7 @@ from typing import Any, Callable, Mapping, NoReturn
 from . import lengths, sandbox
 from .seeds import batch_seed
 from .cgroups import Group
-from .trials import TrialOutcome, check_metrics, child_env, kill_group, log_error_line, log_tail, metric_error, safe_json_loads, tail
+from .trials import CRASH, TIMEOUT, TrialOutcome, check_metrics, child_env, kill_group, log_error_line, log_tail, metric_error, safe_json_loads, tail
 
 WORKER = Path(__file__).with_name("workers") / "vllm_worker.py"
 MAX_MESSAGE_BYTES = 4 << 20  # one line on the result pipe
@@ -112,6 +112,14 @@ class WorkerError(RuntimeError):
     pass
 
 
+class WorkerTimeout(WorkerError):
+    """The worker did not answer within its limit (recorded as a ``timeout``, not a crash)."""
+
+
+def _kind(exc: BaseException) -> str:
+    return TIMEOUT if isinstance(exc, WorkerTimeout) else CRASH
+
+
 def read_serving(worktree: Path) -> Any:
     """The worktree's serving.json ({} when absent), read without following links and size-capped."""
     from .safe_io import read_beneath
@@ -193,13 +201,14 @@ class WorkerSession(Parkable):
         self._rfd: int | None = None
         self._buf = b""
         self.start_error = ""
+        self.start_failure = CRASH  # the failure kind of start_error: a start-up past its limit is a timeout
         self.wait_s = 0.0  # wall time spent waiting for start-up and shutdown
 
     # -------------------------------------------------------------- lifecycle
     def start(self) -> None:
         """Spawn the engine and return at once, so both sides boot concurrently; the first
         ``measure`` waits for it to be ready (and reports a failed start-up as its error)."""
-        self.start_error = ""
+        self.start_error, self.start_failure = "", CRASH
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         try:
             extra = serving_env(self.worktree)
@@ -234,6 +243,7 @@ class WorkerSession(Parkable):
             self.ready = msg
         except WorkerError as exc:
             self.start_error = str(exc)
+            self.start_failure = _kind(exc)
         finally:
             self.wait_s += time.perf_counter() - t0
 
@@ -254,7 +264,7 @@ class WorkerSession(Parkable):
             self._send(cmd)
             msg = self._read(self.timeout_s, "measurement")
         except WorkerError as exc:
-            return TrialOutcome(False, None, {}, time.perf_counter() - t0, str(exc), self.log_tail())
+            return TrialOutcome(False, None, {}, time.perf_counter() - t0, str(exc), self.log_tail(), failure=_kind(exc))
         wall = time.perf_counter() - t0
         metrics = dict(msg.get("metrics", {}))
         metrics["engine_startup_s"] = self.ready.get("startup_s")
@@ -273,7 +283,7 @@ class WorkerSession(Parkable):
         if self.proc is None and not self.start_error:
             self.start_error = "engine was not started"
         if self.start_error:
-            return TrialOutcome(False, None, {}, 0.0, self.start_error, self.log_tail())
+            return TrialOutcome(False, None, {}, 0.0, self.start_error, self.log_tail(), failure=self.start_failure)
         return None
 
     def _measure_latency(self, seed: int, params: dict[str, Any], metric: str) -> TrialOutcome:
@@ -302,7 +312,7 @@ class WorkerSession(Parkable):
                     lat.append(dt)
                     outputs.extend(got)
         except WorkerError as exc:
-            return TrialOutcome(False, None, {}, time.perf_counter() - t_all, str(exc), self.log_tail())
+            return TrialOutcome(False, None, {}, time.perf_counter() - t_all, str(exc), self.log_tail(), failure=_kind(exc))
         lat.sort()
 
         def pct(q: float) -> float:
@@ -388,7 +398,7 @@ class WorkerSession(Parkable):
                 self._poisoned(f"worker sent an oversized message (over {MAX_MESSAGE_BYTES} bytes) during {what}")
             left = deadline - time.monotonic()
             if left <= 0:
-                raise WorkerError(f"{what} timed out after {timeout_s:g} s")
+                raise WorkerTimeout(f"{what} timed out after {timeout_s:g} s")
             ready, _, _ = select.select([self._rfd], [], [], min(left, 1.0))
             if ready:
                 chunk = os.read(self._rfd, 65536)

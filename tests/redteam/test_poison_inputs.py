@@ -314,6 +314,29 @@ def test_worker_oversized_message_ends_the_session(tmp_path):
         pipe.close()
 
 
+def test_a_silent_worker_is_a_timeout_and_a_dead_one_a_crash(tmp_path):
+    """The failure kind the bandit and the insights count: a worker that never answers timed out, one that
+    closed its pipe crashed (the English reason is for people; nothing parses it)."""
+    pipe = _Pipe(tmp_path)
+    try:
+        pipe.s.ready, pipe.s.timeout_s = {"event": "ready"}, 1.0
+        out = pipe.s.measure(1)
+        assert (out.ok, out.failure) == (False, "timeout") and "timed out after 1 s" in out.error, out
+    finally:
+        pipe.close()
+    pipe = _Pipe(tmp_path)
+    try:
+        pipe.s.ready = {"event": "ready"}
+        pipe.s.proc.kill()  # the worker died: its pipes close
+        pipe.s.proc.wait()
+        os.close(pipe.w)
+        pipe.w = os.open(os.devnull, os.O_WRONLY)  # close() closes it again
+        out = pipe.s.measure(1)
+        assert (out.ok, out.failure) == (False, "crash") and "engine process died" in out.error, out
+    finally:
+        pipe.close()
+
+
 # ----------------------------------------------------------------------------- proposals and config
 def test_non_utf8_file_name_and_binary_file_in_a_proposal_are_judged(tmp_path):
     repo = make_target(tmp_path / "toy")
