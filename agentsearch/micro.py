@@ -40,6 +40,7 @@ from kernels import fork as kfork
 
 from .config import Config
 from .gate import Check, Status
+from .preflight import BaselineBroken
 from .sides import Sides
 from .workspace import git
 
@@ -283,6 +284,11 @@ def run(config: Config, sd: Sides, targets: list[Target], master: int, alpha: fl
             if record is not None:
                 record(tr)
         if wr.failure:
+            last = wr.trials[-1] if wr.trials else None
+            if last is not None and last.side == BASELINE:  # the baseline's own provider: whose failure is it?
+                _baseline_alone(sd, specs_[BASELINE], keep, t, wr.failure, say)
+                return _fail(res, t0, f"{t.op}: {wr.failure} (the baseline alone passes: the failure came with this candidate)",
+                             FailureKind.CRASH)
             return _fail(res, t0, f"{t.op}: {wr.failure}", FailureKind.CRASH)
         assert wr.decision is not None
         checked, failures, err = _check(bpath, to_check, ROUNDS)
@@ -306,6 +312,18 @@ def run(config: Config, sd: Sides, targets: list[Target], master: int, alpha: fl
         notes.append(nums)
     res.wall_s = time.perf_counter() - t0
     return Check("micro", Status.PASS, "; ".join(notes) + f" ({res.wall_s:.0f} s)"), res
+
+
+def _baseline_alone(sd: Sides, spec: CommandSpec, keep: Path, t: Target, failure: str, say: Say) -> None:
+    """The baseline's timing trial failed beside the candidate's: run it once more alone, in a fresh process.
+    Failing alone too, it is a broken baseline (or machine): the run's error (BaselineBroken), never the
+    candidate's rejection."""
+    say("micro", f"{t.op}: the baseline's trial failed; re-running it alone to see whose failure it is")
+    alone = _Session(sd, BASELINE, spec, keep, lambda side, path: None).measure(1)
+    if not alone.ok:
+        raise BaselineBroken(f"the baseline's {t.op} provider {list(t.baseline) or ['native']} fails in the micro stage: "
+                             f"{tail(alone.error, 1)} (it failed beside the candidate and fails alone too; first: {tail(failure, 1)}); "
+                             "nothing was judged: fix the baseline (or the machine) and run again")
 
 
 def _fail(res: MicroResult, t0: float, detail: str, kind: FailureKind = FailureKind.CHANGED_OUTPUTS) -> tuple[Check, MicroResult]:

@@ -46,6 +46,16 @@ def rms_norm(x: Tensor, weight: Tensor | None, epsilon: float, variance_size: in
         return torch.empty_like(x)
     return F.rms_norm(x, (x.shape[-1],), weight, epsilon)
 """
+# a broken provider (it fails whenever it is timed): as the *baseline's* choice it is the run's error
+CRASH_TIMED = """
+import sys
+
+
+def rms_norm(x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None) -> Tensor:
+    if "time" in sys.argv:
+        raise RuntimeError("this provider is broken")
+    return F.rms_norm(x, (x.shape[-1],), weight, epsilon)
+"""
 MODULE = "vllm/kernels/agentsearch_cpu_rms_norm.py"
 DEF = re.compile(r"\ndef rms_norm\(.*?\n    return F\.rms_norm\(x, \(x\.shape\[-1\],\), weight, epsilon\)\n", re.S)
 
@@ -60,7 +70,7 @@ def fork(tmp_path_factory):
     git(path, "checkout", "-q", "kernels/agentsearch_cpu-rms_norm")
     honest = (path / MODULE).read_text()
     git(path, "checkout", "-q", "main")
-    for name, body in {**CHEATS, "wrong-eps": WRONG_EPS, "timed-only": TIMED_ONLY}.items():
+    for name, body in {**CHEATS, "wrong-eps": WRONG_EPS, "timed-only": TIMED_ONLY, "crash-timed": CRASH_TIMED}.items():
         text, n = DEF.subn("\n" + body, honest)
         assert n == 1
         commit(path, {MODULE: text}, f"cheat: {name}", branch=f"cheat-{name}", start="kernels/agentsearch_cpu-rms_norm")
@@ -102,6 +112,15 @@ def test_timed_calls_are_checked_too(fork):
     assert rc == 4 and out["status"] == "fail"
     assert "a timed call returned a wrong result" in out["detail"], out["detail"]
     assert out["micro"]["ops"][0]["correct"] is True  # it passed the correctness run: only the timed check sees it
+
+
+def test_a_baseline_provider_that_fails_alone_too_is_the_runs_error_not_a_rejection(fork):
+    proc = run_cli("kernels", "bench", "-C", str(fork), "rms_norm", "--baseline", "cheat-crash-timed", "--baseline-provider",
+                   "agentsearch_cpu", "--candidate", "main", "--candidate-provider", "native", "--seed", "7", "--pairs", "2",
+                   timeout=1200)
+    assert proc.returncode == 5, (proc.returncode, proc.stderr[-2000:])
+    assert "Traceback" not in proc.stderr and proc.stdout.strip() == ""
+    assert "fails in the micro stage" in proc.stderr and "fails alone too" in proc.stderr, proc.stderr[-2000:]
 
 
 def test_cpu_kernel_measured_at_op_level_and_an_implausible_speedup_held_for_review(fork):
