@@ -1,10 +1,12 @@
 """Evaluate one candidate commit against the baseline: everything the gate needs, in order.
 
-based-on-baseline -> protected paths (before anything runs) -> build/install both sides ->
-objective workload (interleaved pairs, sequential test) -> guard workloads (no significant
-regression) -> plausibility bound -> distribution checks -> gate. Every failure becomes a
-failed check with its reason; nothing raises past this module except bugs and run errors
-(``preflight``): a failed static preflight, or a baseline side that failed and fails alone too.
+based-on-baseline -> protected paths (before anything runs) -> sandbox and build of both sides ->
+then ``PIPELINE``, one short step per check, each from the shared context (``_Ctx``) to its recorded
+check: functional tests -> micro stage (kernel proposals) -> objective workload (interleaved pairs,
+sequential test) -> coverage -> guard workloads (no significant regression) -> confirmation ->
+plausibility bound -> distribution checks; then the gate. Every failure becomes a failed check with
+its reason; nothing raises past this module except bugs and run errors (``preflight``): a failed
+static preflight, or a baseline side that failed and fails alone too.
 """
 
 from __future__ import annotations
@@ -20,9 +22,8 @@ from harness import coverage, environment
 from harness.seeds import confirmation_seeds, coverage_seed, new_master, pair_seeds
 from harness.interleave import WorkloadRun, run_interleaved
 from harness.sequential import LOSE, OK, REGRESSED, WIN, SequentialDesign, confirmation_design, decide_confirmation, decide_guard, decide_objective
-from harness.statistics import NoisePrior
 from harness.trials import BASELINE, CANDIDATE, TrialRecord, child_env, run_child, tail
-from history.records import FailureKind, decision_failure
+from history.records import CheckName, FailureKind, decision_failure
 
 from . import calibration, containment, micro, preflight
 from . import sides as sides_mod
@@ -230,6 +231,8 @@ def evaluate(
 
 
 def _run_checks(ws: Workspace, config: Config, base: str, cand: str, master: int, alpha: float | None, st: _State, say: Progress, keep: bool) -> None:
+    """The checks before the sides exist (based-on-baseline), while they are made (protected paths,
+    sandbox, build), then ``PIPELINE`` in order until a step stops it."""
     from .workspace import git
 
     if not git.is_ancestor(ws.repo_dir, base, cand):
@@ -254,163 +257,195 @@ def _run_checks(ws: Workspace, config: Config, base: str, cand: str, master: int
                 return
             st.add("build", Status.PASS, "both sides installed" + (", each in its own sandbox" if box.use else ""))
             st.add("sandbox", Status(box.status), box.detail)
-            changed = git.changed_lines(ws.repo_dir, base, cand)
-            if not _functional_tests(config, sd, st, say):
-                return
-            if not _micro_stage(ws, config, base, cand, sd, master, alpha, st, say):
-                return
-            _measure(ws, config, sd, master, alpha, st, say, changed)
+            ctx = _Ctx(ws, config, base, cand, master, alpha, st, say, sd, EnginePool(), git.changed_lines(ws.repo_dir, base, cand),
+                       design_for(config.gate, alpha), calibration.load(ws))
+            try:
+                for _name, step in PIPELINE:
+                    if not step(ctx):
+                        return
+            finally:
+                ctx.pool.close()
+                st.engine_wait_s += ctx.pool.wait_s
     except sides_mod.ProtectedPathError as exc:
         st.add("protected-paths", Status.FAIL, str(exc))
 
 
-def _measure(ws: Workspace, config: Config, sd: Sides, master: int, alpha: float | None, st: _State, say: Progress,
-             changed: dict[str, set[int]]) -> None:
-    pool = EnginePool()
+@dataclass
+class _Ctx:
+    """What every step of the pipeline sees: the evaluation's inputs, its state, the two sides and the
+    warm engines (one pool for the objective, guard and confirmation rounds)."""
+
+    ws: Workspace
+    config: Config
+    base: str
+    cand: str
+    master: int
+    alpha: float | None
+    st: _State
+    say: Progress
+    sd: Sides
+    pool: EnginePool
+    changed: dict[str, set[int]]  # the candidate's changed lines per file (the coverage pass)
+    design: SequentialDesign
+    cal: Any  # calibration.load(ws): the target's noise calibration, if any
+    objective_run: WorkloadRun | None = None  # the objective's run, once it won
+
+
+_CHECK_OF = {"objective": "objective", "guard": "guard-workloads", "confirmation": "confirmation"}
+_DECIDE_OF = {"objective": decide_objective, "guard": decide_guard, "confirmation": decide_confirmation}
+
+
+def _run_workload(ctx: _Ctx, w: WorkloadConfig, role: str) -> WorkloadRun | None:
+    """Measure ``w`` in ``role`` (interleaved pairs, the sequential test); its trials recorded, its
+    summary kept. None when it could not run (the failed check is recorded)."""
+    config, st, say = ctx.config, ctx.st, ctx.say
     try:
-        _measure_with(ws, config, sd, master, alpha, st, say, pool, changed)
-    finally:
-        pool.close()
-        st.engine_wait_s += pool.wait_s
+        factory = session_factory(config, w, ctx.sd, ctx.pool)
+        options = measure_options(config, w)  # placement, warm-up, the quiet probe
+    except AgentsearchError as exc:  # the set-up (e.g. the model, the placement): not the candidate's doing
+        st.add(_CHECK_OF[role], Status.FAIL, str(exc), FailureKind.SETUP_ERROR)
+        st.baseline_failure = (w.name, str(exc))
+        return None
+    if role == "confirmation":
+        wdesign = confirmation_design(config.gate.confirm_pairs)
+    elif w.max_pairs is not None:
+        wdesign = dataclasses.replace(ctx.design, max_pairs=w.max_pairs, min_pairs=min(ctx.design.min_pairs, w.max_pairs))
+    else:
+        wdesign = ctx.design
+    seeds = confirmation_seeds(ctx.master, w.name) if role == "confirmation" else pair_seeds(ctx.master, w.name)
 
+    emitted = 0
 
-def _measure_with(ws: Workspace, config: Config, sd: Sides, master: int, alpha: float | None, st: _State, say: Progress,
-                  pool: EnginePool, changed: dict[str, set[int]]) -> None:
-    design = design_for(config.gate, alpha)
-    objective = config.objective
-    cal = calibration.load(ws)
+    def emit(r: WorkloadRun) -> None:
+        nonlocal emitted
+        for t in r.trials[emitted:]:
+            st.record(dataclasses.replace(t, phase=role))
+        emitted = len(r.trials)
 
-    def prior_for(w: WorkloadConfig) -> NoisePrior | None:
-        return calibration.prior_for(cal, config, w)
-
-    check_of = {"objective": "objective", "guard": "guard-workloads", "confirmation": "confirmation"}
-    decide_of = {"objective": decide_objective, "guard": decide_guard, "confirmation": decide_confirmation}
-
-    def run(w: WorkloadConfig, role: str) -> WorkloadRun | None:
-        try:
-            factory = session_factory(config, w, sd, pool)
-            options = measure_options(config, w)  # placement, warm-up, the quiet probe
-        except AgentsearchError as exc:  # the set-up (e.g. the model, the placement): not the candidate's doing
-            st.add(check_of[role], Status.FAIL, str(exc), FailureKind.SETUP_ERROR)
-            st.baseline_failure = (w.name, str(exc))
-            return None
-        decide = decide_of[role]
-        if role == "confirmation":
-            wdesign = confirmation_design(config.gate.confirm_pairs)
-        elif w.max_pairs is not None:
-            wdesign = dataclasses.replace(design, max_pairs=w.max_pairs, min_pairs=min(design.min_pairs, w.max_pairs))
-        else:
-            wdesign = design
-        seeds = confirmation_seeds(master, w.name) if role == "confirmation" else pair_seeds(master, w.name)
-
-        emitted = 0
-
-        def emit(r: WorkloadRun) -> None:
-            nonlocal emitted
-            for t in r.trials[emitted:]:
-                st.record(dataclasses.replace(t, phase=role))
-            emitted = len(r.trials)
-
-        def on_pair(r: WorkloadRun) -> None:
-            emit(r)
-            est = math.exp(sum(r.log_ratios) / len(r.log_ratios)) - 1
-            say(f"{w.name} ({role})", f"pair {r.pairs}/{wdesign.max_pairs}, running estimate {est:+.2%}")
-
-        prior = prior_for(w)
-        try:
-            r = run_interleaved(
-                w.name, factory, wdesign, decide, seeds, w.higher_is_better,
-                prior=prior, on_pair=on_pair, **options,
-            )
-        except (OSError, ValueError, RuntimeError) as exc:  # fail closed: an error is a rejection
-            st.add(check_of[role], Status.FAIL, f"{w.name}: measurement error: {type(exc).__name__}: {exc}", FailureKind.MEASUREMENT_ERROR)
-            return None
+    def on_pair(r: WorkloadRun) -> None:
         emit(r)
-        summary = summarize(r, role, w, wdesign, prior is not None)
-        if role == "confirmation":
-            st.confirmation = summary
-        else:
-            st.summaries[w.name] = summary
-        return r
+        est = math.exp(sum(r.log_ratios) / len(r.log_ratios)) - 1
+        say(f"{w.name} ({role})", f"pair {r.pairs}/{wdesign.max_pairs}, running estimate {est:+.2%}")
 
-    def judged(r: WorkloadRun | None, check: str, name: str, wanted: str) -> bool:
-        """Record a failed check (no run, a failed trial, the wrong decision); True if it may go on."""
-        if r is None:
-            return False
-        if r.failure:
-            st.add(check, Status.FAIL, r.failure, FailureKind(r.failure_kind or FailureKind.CRASH))
-            last = r.trials[-1] if r.trials else None
-            if last is not None and not last.ok and last.side == BASELINE and not blames_candidate(last.error):
-                st.baseline_failure = (name, r.failure)
-            return False
-        assert r.decision is not None
-        if r.decision.action != wanted:
-            summary = st.confirmation if check == "confirmation" else st.summaries.get(name)
-            st.add(check, Status.FAIL, f"{name}: {r.decision.reason}{_under_load(r)}", decision_failure(r.decision.action, summary.ci if summary else None))
-            return False
-        return True
-
-    r = run(objective, "objective")
-    if not judged(r, "objective", objective.name, WIN):
-        return
-    assert r is not None and r.decision is not None
-    st.add("objective", Status.PASS, f"{objective.name}: {r.decision.reason}{_under_load(r)}")
-    pool.park_all()  # the warm engines wait stopped while the coverage pass runs
-    if not _coverage_check(config, objective, sd, master, st, say, changed):
-        return
-
-    guard_notes = []
-    for w in config.workloads:
-        if w.name == objective.name:
-            continue
-        g = run(w, "guard")
-        if not judged(g, "guard-workloads", w.name, OK):
-            return
-        assert g is not None and g.decision is not None
-        guard_notes.append(f"{w.name}: {g.decision.reason}")
-    st.add("guard-workloads", Status.PASS, "; ".join(guard_notes) or "no other workloads")
-
-    if config.gate.confirm_pairs == 0:
-        st.add("confirmation", Status.SKIPPED, "disabled by [gate] confirm_pairs = 0")
-    else:
-        c = run(objective, "confirmation")
-        if not judged(c, "confirmation", objective.name, OK):
-            return
-        assert c is not None and c.decision is not None
-        st.add("confirmation", Status.PASS, f"{objective.name}: {c.decision.reason}")
-
-    speedup = r.decision.estimate.speedup
-    if speedup > config.gate.plausibility:
-        st.add("plausibility", Status.REVIEW, f"speedup {speedup:.1f}x exceeds the plausibility bound {config.gate.plausibility:g}x: held for manual review")
-    else:
-        st.add("plausibility", Status.PASS, f"{speedup:.3f}x within {config.gate.plausibility:g}x")
-
-    if config.verify is None:
-        st.add("distribution", Status.SKIPPED, "target has no [verify] section (opted out)")
-        return
-    pool.close()  # nothing is measured after this: the distribution checks' engines get the memory (a parked GPU engine keeps its)
+    prior = calibration.prior_for(ctx.cal, config, w)
     try:
-        res = run_verify(ws, config, sd, say)
+        r = run_interleaved(w.name, factory, wdesign, _DECIDE_OF[role], seeds, w.higher_is_better,
+                            prior=prior, on_pair=on_pair, **options)
+    except (OSError, ValueError, RuntimeError) as exc:  # fail closed: an error is a rejection
+        st.add(_CHECK_OF[role], Status.FAIL, f"{w.name}: measurement error: {type(exc).__name__}: {exc}", FailureKind.MEASUREMENT_ERROR)
+        return None
+    emit(r)
+    summary = summarize(r, role, w, wdesign, prior is not None)
+    if role == "confirmation":
+        st.confirmation = summary
+    else:
+        st.summaries[w.name] = summary
+    return r
+
+
+def _judged(ctx: _Ctx, r: WorkloadRun | None, check: str, name: str, wanted: str) -> bool:
+    """Record a failed check (no run, a failed trial, the wrong decision); True if it may go on."""
+    st = ctx.st
+    if r is None:
+        return False
+    if r.failure:
+        st.add(check, Status.FAIL, r.failure, FailureKind(r.failure_kind or FailureKind.CRASH))
+        last = r.trials[-1] if r.trials else None
+        if last is not None and not last.ok and last.side == BASELINE and not blames_candidate(last.error):
+            st.baseline_failure = (name, r.failure)
+        return False
+    assert r.decision is not None
+    if r.decision.action != wanted:
+        summary = st.confirmation if check == "confirmation" else st.summaries.get(name)
+        st.add(check, Status.FAIL, f"{name}: {r.decision.reason}{_under_load(r)}", decision_failure(r.decision.action, summary.ci if summary else None))
+        return False
+    return True
+
+
+# ---------------------------------------------------------------------------------------- the steps
+def _objective(ctx: _Ctx) -> bool:
+    """The objective workload must win (interleaved pairs, the sequential test)."""
+    w = ctx.config.objective
+    r = _run_workload(ctx, w, "objective")
+    if not _judged(ctx, r, "objective", w.name, WIN):
+        return False
+    assert r is not None and r.decision is not None
+    ctx.st.add("objective", Status.PASS, f"{w.name}: {r.decision.reason}{_under_load(r)}")
+    ctx.objective_run = r
+    ctx.pool.park_all()  # the warm engines wait stopped while the coverage pass runs
+    return True
+
+
+def _guards(ctx: _Ctx) -> bool:
+    """Every other workload must not regress significantly."""
+    notes = []
+    for w in ctx.config.workloads:
+        if w.name == ctx.config.objective.name:
+            continue
+        g = _run_workload(ctx, w, "guard")
+        if not _judged(ctx, g, "guard-workloads", w.name, OK):
+            return False
+        assert g is not None and g.decision is not None
+        notes.append(f"{w.name}: {g.decision.reason}")
+    ctx.st.add("guard-workloads", Status.PASS, "; ".join(notes) or "no other workloads")
+    return True
+
+
+def _confirmation(ctx: _Ctx) -> bool:
+    """The objective's win holds on fresh seeds (``[gate] confirm_pairs``)."""
+    w = ctx.config.objective
+    if ctx.config.gate.confirm_pairs == 0:
+        ctx.st.add("confirmation", Status.SKIPPED, "disabled by [gate] confirm_pairs = 0")
+        return True
+    c = _run_workload(ctx, w, "confirmation")
+    if not _judged(ctx, c, "confirmation", w.name, OK):
+        return False
+    assert c is not None and c.decision is not None
+    ctx.st.add("confirmation", Status.PASS, f"{w.name}: {c.decision.reason}")
+    return True
+
+
+def _plausibility(ctx: _Ctx) -> bool:
+    """A speedup beyond ``[gate] plausibility`` is held for a person (REVIEW), never merged."""
+    assert ctx.objective_run is not None and ctx.objective_run.decision is not None
+    speedup, bound = ctx.objective_run.decision.estimate.speedup, ctx.config.gate.plausibility
+    if speedup > bound:
+        ctx.st.add("plausibility", Status.REVIEW, f"speedup {speedup:.1f}x exceeds the plausibility bound {bound:g}x: held for manual review")
+    else:
+        ctx.st.add("plausibility", Status.PASS, f"{speedup:.3f}x within {bound:g}x")
+    return True
+
+
+def _distribution(ctx: _Ctx) -> bool:
+    """The distribution checks (``agentsearch.verify``), last: they run for survivors only."""
+    st = ctx.st
+    if ctx.config.verify is None:
+        st.add("distribution", Status.SKIPPED, "target has no [verify] section (opted out)")
+        return True
+    ctx.pool.close()  # nothing is measured after this: the distribution checks' engines get the memory (a parked GPU engine keeps its)
+    try:
+        res = run_verify(ctx.ws, ctx.config, ctx.sd, ctx.say)
     except LogprobError as exc:
         st.add("distribution", Status.FAIL, f"logprob collection failed: {exc}")
-        return
+        return False
     except AgentsearchError as exc:  # e.g. an unreadable corpus
         st.add("distribution", Status.FAIL, str(exc))
-        return
+        return False
     st.distribution = res
-    moved = sd.check()
+    moved = ctx.sd.check()
     if moved:
         st.add("distribution", Status.FAIL, moved, FailureKind.WORKTREE_CHANGED)
-        return
+        return False
     if res.verdict != "pass":
         st.add("distribution", Status.FAIL, "; ".join(res.reasons[:4]) + (f" (+{len(res.reasons) - 4} more)" if len(res.reasons) > 4 else ""))
-    else:
-        kl = max((v.get("kl_max") or 0.0) for s_ in res.sets.values() for v in s_.values())
-        paths = list((res.sets.get("public") or {}))
-        named = ", ".join(paths[:-1]) + f" and {paths[-1]}" if len(paths) > 1 else "".join(paths)
-        draws = f"; draw test {res.draws['status']}" if res.draws else ""
-        st.add("distribution", Status.PASS, f"{res.mode}: public {res.public_size} + holdout {res.holdout_size} prompts, "
-                                            f"{named} within tolerance (max KL {kl:.2g}){draws}")
+        return False
+    kl = max((v.get("kl_max") or 0.0) for s_ in res.sets.values() for v in s_.values())
+    paths = list((res.sets.get("public") or {}))
+    named = ", ".join(paths[:-1]) + f" and {paths[-1]}" if len(paths) > 1 else "".join(paths)
+    draws = f"; draw test {res.draws['status']}" if res.draws else ""
+    st.add("distribution", Status.PASS, f"{res.mode}: public {res.public_size} + holdout {res.holdout_size} prompts, "
+                                        f"{named} within tolerance (max KL {kl:.2g}){draws}")
+    return True
 
 
 def _under_load(r: WorkloadRun) -> str:
@@ -420,9 +455,9 @@ def _under_load(r: WorkloadRun) -> str:
     return f" ({n} of {len(timed)} trials under foreign load)" if n else ""
 
 
-def _coverage_check(config: Config, w: WorkloadConfig, sd: Sides, master: int, st: _State,
-                    say: Progress, changed: dict[str, set[int]]) -> bool:
+def _coverage_check(ctx: _Ctx) -> bool:
     """Untimed pass: one traced candidate trial of the objective; did the changed Python lines run?"""
+    config, w, sd, master, st, say, changed = ctx.config, ctx.config.objective, ctx.sd, ctx.master, ctx.st, ctx.say, ctx.changed
     if not config.gate.coverage:
         st.add("coverage", Status.SKIPPED, "disabled by [gate] coverage = false")
         return True
@@ -468,23 +503,25 @@ def _coverage_check(config: Config, w: WorkloadConfig, sd: Sides, master: int, s
     return True
 
 
-def _micro_stage(ws: Workspace, config: Config, base: str, cand: str, sd: Sides, master: int, alpha: float | None,
-                 st: _State, say: Progress) -> bool:
+def _micro_stage(ctx: _Ctx) -> bool:
     """A kernel proposal's op-level checks (``agentsearch.micro``) before any engine starts; True: go on."""
-    targets = micro.scope(ws.repo_dir, base, cand)
+    config, st = ctx.config, ctx.st
+    targets = micro.scope(ctx.ws.repo_dir, ctx.base, ctx.cand)
     if not targets:
         return True
-    check, result = micro.run(config, sd, targets, master, alpha if alpha is not None else config.gate.proposal_alpha, say, record=st.record)
+    alpha = ctx.alpha if ctx.alpha is not None else config.gate.proposal_alpha
+    check, result = micro.run(config, ctx.sd, targets, ctx.master, alpha, ctx.say, record=st.record)
     st.micro = result
     st.checks.append(check)
     return check.status != Status.FAIL
 
 
-def _functional_tests(config: Config, sd: Sides, st: _State, say: Progress) -> bool:
+def _functional_tests(ctx: _Ctx) -> bool:
     """The target's own tests on the candidate (in its sandbox), before anything is measured.
 
     Whatever the tests leave in the worktree is undone before measuring (a run must not prepare
     state for the timed trials); a leftover that cannot be undone rejects."""
+    config, sd, st, say = ctx.config, ctx.sd, ctx.st, ctx.say
     cmd = config.target.test
     if not cmd:
         st.add("functional-tests", Status.SKIPPED, "the target declares no [target] test command")
@@ -506,3 +543,19 @@ def _functional_tests(config: Config, sd: Sides, st: _State, say: Progress) -> b
         return False
     st.add("functional-tests", Status.PASS, f"`{cmd}` passed in {wall:.1f} s")
     return True
+
+
+Step = Callable[[_Ctx], bool]  # adds its check(s) to ctx.st; False: the evaluation stops here
+
+# the evaluation after the build, in the gate's order (history.records.GATE_ORDER; micro is a kernel
+# proposal's extra stage): each step records its check and says whether the next may run
+PIPELINE: tuple[tuple[CheckName, Step], ...] = (
+    (CheckName.FUNCTIONAL_TESTS, _functional_tests),
+    (CheckName.MICRO, _micro_stage),
+    (CheckName.OBJECTIVE, _objective),
+    (CheckName.COVERAGE, _coverage_check),
+    (CheckName.GUARD_WORKLOADS, _guards),
+    (CheckName.CONFIRMATION, _confirmation),
+    (CheckName.PLAUSIBILITY, _plausibility),
+    (CheckName.DISTRIBUTION, _distribution),
+)

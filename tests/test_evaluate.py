@@ -234,3 +234,16 @@ def test_functional_tests_run_before_measuring(tmp_path):
     rc, out = evaluate(repo, "ok")
     checks = {c["name"]: c for c in out["checks"]}
     assert rc == 0 and checks["functional-tests"]["status"] == "pass"
+
+
+def test_the_pipeline_runs_the_checks_in_the_gates_order():
+    """One ordered list of steps after the build; its checks are the gate's, in the gate's order (the
+    micro stage of a kernel proposal comes before any engine starts)."""
+    from agentsearch.evaluation import PIPELINE
+    from history.records import GATE_ORDER, CheckName
+
+    names = [name for name, _ in PIPELINE]
+    assert names.index(CheckName.MICRO) < names.index(CheckName.OBJECTIVE)
+    gated = [n for n in names if n in GATE_ORDER]
+    assert gated == list(GATE_ORDER[GATE_ORDER.index(CheckName.FUNCTIONAL_TESTS):])
+    assert all(callable(step) and step.__doc__ for _, step in PIPELINE)
