@@ -167,6 +167,7 @@ class Engine:
         with open(cmd["prompts"]) as fh:
             items = [json.loads(line) for line in fh if line.strip()]
         texts = [it["text"] for it in items]
+        fresh_cache(self.llm)
         pre = SamplingParams(max_tokens=1, prompt_logprobs=k, temperature=0.0)
         dec = SamplingParams(max_tokens=max_tokens, logprobs=k, temperature=0.0)
         r_pre = self.llm.generate(texts, pre, use_tqdm=False)
@@ -205,6 +206,7 @@ def processed(llm, cmd: dict) -> None:
     sps = [SamplingParams(max_tokens=max_tokens, logprobs=k, seed=int(it["seed"]), **settings[int(it["setting"])]) for it in items]
     texts = [it["text"] for it in items]
     budget = token_budget(llm)
+    fresh_cache(llm)
     results = []
     for group in fit_groups([prompt_tokens(llm, t) + 1 for t in texts], budget):
         results += llm.generate([texts[i] for i in group], [sps[i] for i in group], use_tqdm=False)
@@ -227,6 +229,7 @@ def samples(llm, cmd: dict) -> None:
     n, seed = int(cmd["n"]), int(cmd["seed"])
     budget = token_budget(llm)
     lengths = [prompt_tokens(llm, t) for t in texts]
+    fresh_cache(llm)
     with open(cmd["out"], "w") as out:
         for si, setting in enumerate(cmd["settings"]):
             # the n children of each seeded request, in slices that never need a chunked prefill: child i
@@ -242,6 +245,17 @@ def samples(llm, cmd: dict) -> None:
                     drawn[reqs[g][0]] += [int(o.token_ids[0]) for o in sorted(r.outputs, key=lambda o: o.index)]
             for j, it in enumerate(items):
                 out.write(json.dumps({"id": f"{it['id']}#s{si}", "path": "draws", "tokens": drawn[j], "topk": []}) + "\n")
+
+
+def fresh_cache(llm) -> None:
+    """Every logprob, sample-path and draw run starts from an empty prefix cache. The baseline runs more
+    often than the candidate (its noise-floor runs), so with the cache kept its engine would reuse blocks
+    the candidate's recomputes: a cached prefix is attended by another kernel path than a fresh prefill,
+    and the float results differ in the last bits (an unchanged branch then differed from the baseline on
+    the sample path, KL 6e-8 over a zero floor, in 1,024-token scheduler steps). Emptied, both sides'
+    engines compute each run from the same state."""
+    if not llm.reset_prefix_cache():
+        raise RuntimeError("the engine could not empty its prefix cache before a logprob run")
 
 
 # Seeded requests must never be prefilled in chunks: vLLM 0.32's model runner rewinds the per-request
