@@ -40,7 +40,10 @@ BASELINE = "baseline"
 CANDIDATE = "candidate"
 
 # what a child inherits from the orchestrator; everything else comes from the target's config
-ENV_WHITELIST = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "USER", "VIRTUAL_ENV", "PYTHONHASHSEED", "TZ")
+ENV_WHITELIST = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "USER", "VIRTUAL_ENV", "PYTHONHASHSEED", "TZ",
+                 # the devices this orchestrator may use (a Ray task sets them to the GPUs its bundle reserved,
+                 # "" when it reserved none): a child never sees more; a placement narrows them further
+                 "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
 # every trial child gets a random marker in its environment; whatever still carries it (or
 # still holds the trial's output files) after the trial is killed
 TRIAL_MARKER = "AGENTSEARCH_TRIAL"

@@ -135,3 +135,13 @@ def test_restarts_open_fresh_sessions_and_always_close(tmp_path):
     closes = [e for e in events if e[0] == "close"]
     assert {(s, i) for _, s, i in starts} == {(BASELINE, 0), (CANDIDATE, 0), (BASELINE, 1), (CANDIDATE, 1)}
     assert sorted(starts) == sorted(("start", s, i) for _, s, i in closes)
+
+
+@pytest.mark.parametrize("visible, placed, seen", [("", None, ""), ("2,3", None, "2,3"), ("2,3", "3", "3")])
+def test_a_trial_sees_only_the_devices_its_orchestrator_may_use(tmp_path, monkeypatch, visible, placed, seen):
+    """A Ray task reserved GPUs 2,3 (or none: ""): its trials never see more; a placement narrows it further.
+    (The variable was once dropped by the environment whitelist, so a child saw every GPU of the node.)"""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    code = "import json, os, sys\njson.dump({'v': 1.0, 'dev': os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}, open(sys.argv[2], 'w'))\n"
+    out = run_command_trial(spec(tmp_path, code, env=None if placed is None else {"CUDA_VISIBLE_DEVICES": placed}), 1, tmp_path / "o")
+    assert out.ok and out.metrics["dev"] == seen, out
