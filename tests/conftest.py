@@ -115,10 +115,12 @@ def run_cli(*args: str, cwd: Path | None = None, timeout: float = 600) -> subpro
     return subprocess.run([sys.executable, "-m", "agentsearch.cli", *args], cwd=cwd or ROOT, capture_output=True, text=True, timeout=timeout)
 
 
-# the slowest modules first: with `pytest -n 2 --dist loadfile` (what .ci/run does) a module runs on
-# one worker, so the long real-engine modules must start early or they become the run's tail. xdist hands
-# each worker one module, then the next one when it has at most 2 tests left: the second module here
-# (6 tests) starts at once on the other worker, so it is never queued behind the engine module's tail
+# the slowest modules first: with `pytest -n 2 --dist loadfile --no-loadscope-reorder` (what .ci/run does)
+# a module runs on one worker, so the long real-engine modules must start early or they become the run's
+# tail. xdist hands each worker one module, then the next one when it has at most 2 tests left: the second
+# module here starts at once on the other worker, so it is never queued behind the engine module's tail.
+# Without --no-loadscope-reorder xdist (3.x) ignores this order and queues modules by their number of
+# tests, most first: the engine modules (few, long tests) then ran last and made CI 10 minutes longer.
 SLOW_FIRST = ("test_vllm_integration.py", "test_ray_executor.py", "test_engine_placement.py", "test_kernel_cheats.py", "test_models.py",
               "test_report.py", "test_engine_cheats.py", "test_round2.py",
               "test_escapes.py", "test_kernels.py")
