@@ -33,7 +33,7 @@ from history import records as rec
 from .episode import RUN_ERRORS, Episode, ProposalState, _static_verdict
 from .errors import RunError
 from .executors import Job, NodeResult
-from .executors.node import SHIPPED_STATE
+from .executors.node import SHIPPED_STATE, code_version
 from .executors.ray_executor import Fault
 from .proposers.base import Candidate
 from .verify import holdout_secret
@@ -134,7 +134,8 @@ class ParallelEpisode:
         s.attempts += 1
         state_files = {n: (self.ws.state / n).read_bytes() for n in SHIPPED_STATE if (self.ws.state / n).exists()}
         s.job = Job(e.plan.episode, p.id, p.number, base, commit, self.ws.baseline_branch,
-                    seeds.proposal_seed(e.plan.seed, p.number), e.plan.alpha, self.repo_key, state_files, s.attempts)
+                    seeds.proposal_seed(e.plan.seed, p.number), e.plan.alpha, self.repo_key, state_files, s.attempts,
+                    code_version())
         thin = git.bundle(self.ws.repo_dir, {"base": base, "cand": commit}, exclude=(e.plan.baseline,))
         if not self.x.submit(s.job, thin, s.avoid):
             s.job, s.attempts = None, s.attempts - 1  # no node has room: launched later

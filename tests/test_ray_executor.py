@@ -160,6 +160,50 @@ def test_a_node_that_cannot_isolate_serving_is_the_runs_error(tmp_path, monkeypa
     assert node.serving_unisolated(Workspace.open(plain), Workspace.open(plain).baseline_commit()) == ""
 
 
+def test_an_evaluation_that_never_gets_a_place_is_a_fault_not_a_hang(cluster):
+    """Every worker node's CPU is taken by other work on the cluster: the evaluation's placement group
+    waits, and after the executor's place timeout it comes back as a fault (judged again elsewhere),
+    never an episode that waits forever."""
+    import ray
+
+    from agentsearch.executors.node import Job
+    from agentsearch.executors.ray_executor import Fault, RayExecutor
+
+    x = RayExecutor(cluster.address, parallel=2, cpus=1.0, gpus=0.0, drain_after=99)
+    x.place_timeout_s = 3.0
+    holders: list = []
+    try:
+        hold = ray.remote(num_cpus=1)(time.sleep)
+        holders = [hold.remote(120) for _ in cluster.workers]
+        deadline = time.monotonic() + 60
+        while ray.available_resources().get("CPU", 0) > 0 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert ray.available_resources().get("CPU", 0) == 0, "the other work never started"
+        job = Job("e", "e/001", 1, "0" * 40, "1" * 40, "main", 7, 0.005, "root")
+        assert x.submit(job, b"")
+        got: list = []
+        t0 = time.monotonic()
+        while not got and time.monotonic() - t0 < 60:
+            got = x.poll(0.5)
+        assert len(got) == 1 and isinstance(got[0], Fault) and "got no place" in got[0].error, got
+        assert time.monotonic() - t0 >= 3.0 and not x.flights
+    finally:
+        for h in holders:
+            ray.cancel(h, force=True)
+        x.close()
+
+
+def test_a_node_running_other_code_refuses_the_job_as_the_runs_error():
+    """Version skew: a node whose agentsearch differs from the orchestrator's judges nothing (its verdicts
+    would not be the orchestrator's); the episode stops with the run's error naming both versions."""
+    from agentsearch.executors.node import Job, code_version, run_job
+
+    job = Job("e", "e/001", 1, "0" * 40, "1" * 40, "main", 7, 0.005, "root", code="0.1.0+000000000000")
+    r = run_job(job, b"", lambda: b"", "node-a")
+    assert r.evaluation is None and r.error_kind == "run", r
+    assert code_version() in r.error and "0.1.0+000000000000" in r.error and "same agentsearch" in r.error
+
+
 def test_a_node_that_keeps_losing_evaluations_is_drained():
     """The executor's node choice, without a cluster: a node's resources as Ray reports them."""
     from agentsearch.executors.node import Job

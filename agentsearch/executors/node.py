@@ -11,6 +11,8 @@ result goes back to the orchestrator, the one writer.
 from __future__ import annotations
 
 import fcntl
+import functools
+import hashlib
 import json
 import os
 import shutil
@@ -48,6 +50,7 @@ class Job:
     repo_key: str  # names the target on every machine (its root commit)
     state_files: dict[str, bytes] = field(default_factory=dict)
     attempt: int = 1
+    code: str = ""  # the orchestrator's code_version(): a node running other code refuses the job
     schema_version: int = NODE_SCHEMA
 
 
@@ -76,6 +79,23 @@ class NodeResult:
     need_full_bundle: bool = False
     wall_s: float = 0.0
     schema_version: int = NODE_SCHEMA
+
+
+# the packages whose code decides a verdict: the orchestrator and every node must run the same
+CODE_PACKAGES = ("agentsearch", "harness", "history", "kernels")
+
+
+@functools.lru_cache(maxsize=1)
+def code_version() -> str:
+    """agentsearch's version and a hash of the Python code of ``CODE_PACKAGES`` as installed here."""
+    from .. import __version__
+
+    h = hashlib.sha256()
+    root = Path(__file__).resolve().parents[2]
+    for pkg in CODE_PACKAGES:
+        for path in sorted((root / pkg).rglob("*.py")):
+            h.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return f"{__version__}+{h.hexdigest()[:12]}"
 
 
 def cache_root() -> Path:
@@ -138,6 +158,9 @@ def run_job(job: Job, thin: bytes, full: Any, node_id: str, gpus: tuple[str, ...
     (fetched from the object store only when this node's clone lacks the episode's baseline)."""
     t0 = time.monotonic()
     info = node_info(node_id, gpus)
+    if job.code != code_version():  # verdicts from other code would not be the orchestrator's
+        return NodeResult(job, info, None, f"node {info.hostname} runs agentsearch {code_version()}, the orchestrator {job.code or 'unknown'}: "
+                          "install the same agentsearch (the same commit) on every node of the cluster", "run", wall_s=time.monotonic() - t0)
     with slot(job.repo_key) as clone:
         running = clone.parent / f"{clone.name}.running.json"
         running.write_text(json.dumps({"node_id": node_id, "proposal": job.proposal, "attempt": job.attempt, "pid": os.getpid()}))

@@ -23,6 +23,9 @@ from ..errors import RunError
 from .node import Job, NodeResult, run_job
 
 Say = Callable[[str, str], None]
+# an evaluation whose placement group gets no place on its node within this time (its resources taken by
+# other work on the cluster) is a fault: judged again, on a node with room, instead of waiting forever
+PLACE_TIMEOUT_S = 600.0
 
 
 @dataclass
@@ -41,6 +44,7 @@ class _Flight:
     ref: Any
     pg: Any
     since: float = field(default_factory=time.monotonic)
+    placed: bool = False  # its placement group got its place (the task can start)
 
 
 def _remote_evaluate(job: Job, thin: bytes, full: list[Any], run_errors: tuple[type[BaseException], ...]) -> NodeResult:
@@ -99,6 +103,7 @@ class RayExecutor:
         self.drained: set[str] = set()
         self._full: Any = None
         self._nodes: tuple[float, dict[str, dict[str, float]]] | None = None
+        self.place_timeout_s = PLACE_TIMEOUT_S
 
     # ------------------------------------------------------------------ nodes
     def nodes(self) -> dict[str, dict[str, float]]:
@@ -173,12 +178,26 @@ class RayExecutor:
         self._nodes = None
         alive = set(self.nodes()) | self.drained
         for n, f in list(self.flights.items()):  # a placement group waiting for a node that died never starts
-            if f.node_id not in alive:
+            why = "its node left the cluster" if f.node_id not in alive else self._unplaced(f)
+            if why:
                 self.flights.pop(n)
                 self.ray.cancel(f.ref, force=True)
                 self._release(f)
-                out.append(self._fault(f, "its node left the cluster"))
+                out.append(self._fault(f, why))
         return out
+
+    def _unplaced(self, f: _Flight) -> str:
+        """'' while ``f`` has its place or may still get it; why not, once it waited ``place_timeout_s``."""
+        if f.placed:
+            return ""
+        try:
+            f.placed = bool(f.pg.wait(timeout_seconds=0))
+        except Exception:  # noqa: BLE001 - Ray's own error: treated as not placed yet
+            f.placed = False
+        waited = time.monotonic() - f.since
+        if f.placed or waited < self.place_timeout_s:
+            return ""
+        return f"its placement group got no place on node {f.node_id[:12]} in {waited:.0f} s (the node's resources are taken)"
 
     def _fault(self, f: _Flight, error: str) -> Fault:
         self.failures[f.node_id] = self.failures.get(f.node_id, 0) + 1
