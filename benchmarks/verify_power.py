@@ -39,8 +39,10 @@ CHANGES: dict[str, tuple[str, list[tuple[str, str, str]]]] = {
     "rotary-base": ("caught", [(ROPE, "        inv_freq = 1.0 / (\n            base\n", "        inv_freq = 1.0 / (\n            (base * 1.001)\n")]),
     "activation-approx": ("caught", [(ACT, "        return F.silu(x[..., :d]) * x[..., d:]",
                                       "        return (x[..., :d] * torch.sigmoid(1.702 * x[..., :d])) * x[..., d:]")]),
-    "logits-scale": ("caught", [(LOGITS, "        if self.scale != 1.0:\n            logits = logits * self.scale",
-                                 "        logits = logits * 1.001\n        if self.scale != 1.0:\n            logits = logits * self.scale")]),
+    # in LogitsProcessor.forward (the path every logprob takes; get_top_tokens, a greedy-argmax shortcut, has the
+    # same two lines first in the file: a change planted there never runs and rightly passes)
+    "logits-scale": ("caught", [(LOGITS, "            if self.scale != 1.0:\n                logits *= self.scale",
+                                 "            logits = logits * 1.001\n            if self.scale != 1.0:\n                logits *= self.scale")]),
     "attention-scale": ("caught", [(LLAMA, "self.scaling = self.head_dim**-0.5", "self.scaling = self.head_dim**-0.5 * 1.01")]),
     "temperature-1.02": ("caught", [(SAMPLER, "return logits.div_(temp.unsqueeze(dim=1))", "return logits.div_(temp.unsqueeze(dim=1) * 1.02)")]),
     "top-k-off-by-one": ("caught", [
