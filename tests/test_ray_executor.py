@@ -173,7 +173,10 @@ def test_an_evaluation_that_never_gets_a_place_is_a_fault_not_a_hang(cluster):
     x.place_timeout_s = 3.0
     holders: list = []
     try:
-        hold = ray.remote(num_cpus=1)(time.sleep)
+        def sleep(s: float) -> None:
+            time.sleep(s)
+
+        hold = ray.remote(num_cpus=1)(sleep)
         holders = [hold.remote(120) for _ in cluster.workers]
         deadline = time.monotonic() + 60
         while ray.available_resources().get("CPU", 0) > 0 and time.monotonic() < deadline:
