@@ -39,7 +39,11 @@ def engine_workers(fork) -> set[str]:
 
 pytestmark = pytest.mark.vllm
 
-ALTERNATE = FAST_CONFIG.replace("max_pairs = 8\nconfirm_pairs = 2", "max_pairs = 4\nmin_pairs = 4\nconfirm_pairs = 0") + """
+# the level is alpha 0.05 for this one proposal (episode_budget 1): what is tested here is the placement (one
+# engine at a time, the A B | B A order, a 30x effect found); with 2 rounds the between-round variance of a
+# loaded CI machine once left p = 0.03 at +650% (inconclusive at the default 0.005)
+ALTERNATE = FAST_CONFIG.replace("max_pairs = 8\nconfirm_pairs = 2",
+                                "max_pairs = 4\nmin_pairs = 4\nconfirm_pairs = 0\nepisode_budget = 1") + """
 [engine]
 placement = "alternate"
 warmup = 1
@@ -53,7 +57,7 @@ def fork(tmp_path_factory):
     assert proc.returncode == 0, proc.stderr
     site = next(line.split('"')[1] for line in (path / "agentsearch.toml").read_text().splitlines() if line.startswith("overlay_from"))
     config = ALTERNATE.format(site=site)
-    assert "placement = \"alternate\"" in config and "min_pairs = 4" in config
+    assert "placement = \"alternate\"" in config and "min_pairs = 4" in config and "episode_budget = 1" in config
     commit(path, {"agentsearch.toml": config, "serving.json": serving(1)}, "alternate placement, max_num_seqs 1")
     return path
 

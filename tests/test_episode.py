@@ -19,6 +19,7 @@ from pathlib import Path
 
 from agentsearch.workspace import Workspace
 from history import HistoryLog
+from history.log import HistoryError
 
 from .conftest import ROOT, commit, git, make_repo, run_cli
 
@@ -210,6 +211,19 @@ def _final(repo: Path) -> tuple[dict[str, str], str]:
     return verdicts, tree
 
 
+def _wait_for_start(ws: Workspace, proc: subprocess.Popen, limit_s: float = 300) -> None:
+    """Until the episode's first record is written (or the process ends)."""
+    deadline = time.monotonic() + limit_s
+    log = ws.state / "history.jsonl"
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            if log.exists() and any(e.kind == "episode-started" for e in HistoryLog(log).entries()):
+                return
+        except (HistoryError, ValueError, OSError):  # a line being written: look again
+            pass
+        time.sleep(0.1)
+
+
 def test_sigkill_at_random_points_then_resume_matches_an_uninterrupted_run(tmp_path):
     ref = make_target(tmp_path / "ref")
     write_queue(ref, tmp_path / "queue-ref", full=False)
@@ -233,6 +247,8 @@ def test_sigkill_at_random_points_then_resume_matches_an_uninterrupted_run(tmp_p
         proc = subprocess.Popen([sys.executable, "-m", "agentsearch.cli", "episode", "-C", str(repo), "--json", *args],
                                 cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         if kills < 10:
+            if not started and attempt > 0:  # only the first kill may come before the episode starts: on a
+                _wait_for_start(ws, proc)    # loaded machine every random kill could (and once did), and nothing resumed
             time.sleep(rng.uniform(0.3, max(1.0, duration / 4)))
             if proc.poll() is None:
                 proc.send_signal(signal.SIGKILL)

@@ -1,0 +1,95 @@
+"""Distribution checks (`agentsearch verify`) on the real vLLM CPU engine: an unchanged branch agrees
+exactly on every path; planted sampler bugs fail the sample path.
+
+Cost: one fork (about 12 s) and three verifies (6 engine starts, tiny model): about 10-13 minutes on the
+2-core machine. Its own module (listed second in tests/conftest.py SLOW_FIRST) so it runs beside
+test_vllm_integration.py on the other xdist worker from the start.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from .conftest import commit, git, run_cli
+from .test_vllm_integration import FAST_CONFIG, serving, workers_alive
+
+pytestmark = pytest.mark.vllm
+
+SMALL_STEPS = json.dumps({"engine": {"max_num_seqs": 32, "max_num_batched_tokens": 1024}, "env": {}}, indent=2) + "\n"
+
+
+@pytest.fixture(scope="module")
+def fork(tmp_path_factory):
+    path = tmp_path_factory.mktemp("vllm-dist") / "fork"
+    proc = run_cli("init", "--from-installed", "vllm", str(path))
+    assert proc.returncode == 0, proc.stderr
+    site = next(line.split('"')[1] for line in (path / "agentsearch.toml").read_text().splitlines() if line.startswith("overlay_from"))
+    commit(path, {"agentsearch.toml": FAST_CONFIG.format(site=site), "serving.json": serving(1)}, "fast test config, max_num_seqs 1")
+    return path
+
+
+# planted in the fork's sampler: a temperature 2% off, and top-k keeping one token too few (both the
+# sort-based path and the top-k-only path, whichever a batch takes)
+TEMPERATURE_102 = [("vllm/v1/sample/sampler.py", "return logits.div_(temp.unsqueeze(dim=1))", "return logits.div_(temp.unsqueeze(dim=1) * 1.02)")]
+TOP_K_OFF_BY_ONE = [
+    ("vllm/v1/sample/ops/topk_topp_sampler.py", "top_k_mask = logits_sort.size(1) - k.to(torch.long)  # shape: B",
+     "top_k_mask = logits_sort.size(1) - k.to(torch.long) + 1  # shape: B"),
+    ("vllm/v1/sample/ops/topk_topp_sampler.py", "k_index = k.sub_(1).unsqueeze(1)", "k_index = k.sub_(1).clamp_(min=1).sub_(1).unsqueeze(1)"),
+]
+
+
+def plant(fork: Path, branch: str, edits: list[tuple[str, str, str]]) -> None:
+    files: dict[str, str] = {}
+    for path, old, new in edits:
+        text = files.get(path) or (fork / path).read_text()
+        assert old in text, (path, old)
+        files[path] = text.replace(old, new, 1)
+    commit(fork, files, branch, branch=branch)
+    git(fork, "checkout", "-q", "main")
+
+
+def test_distribution_checks_on_the_real_engine(fork):
+    """An unchanged branch passes `verify` with zero differences on every path; a temperature scaled by
+    1.02 and a top-k off by one in the sampler never show in raw logprobs, and fail on the sample path.
+
+    In small scheduler steps (max_num_seqs 32, 1,024 tokens a step): there an unchanged branch once
+    differed from the baseline on the sample path (KL 6e-8 over a zero floor) because the baseline's extra
+    noise-floor runs left its engine a prefix cache the candidate's lacked; every run now starts from an
+    empty cache (harness/workers/vllm_worker.py fresh_cache), and this checks the sides agree exactly."""
+    cfg_before, serving_before = (fork / "agentsearch.toml").read_text(), (fork / "serving.json").read_text()
+    verify_cfg = '\n[verify]\nkind = "vllm"\ncorpus_size = 28\nmax_tokens = 8\nsample_draws = 100\nsample_contexts = 2\n'
+    commit(fork, {"agentsearch.toml": cfg_before + verify_cfg, "serving.json": SMALL_STEPS}, "verify config, small steps")
+    try:
+        commit(fork, None, "no change", branch="same")
+        plant(fork, "temp102", TEMPERATURE_102)
+        plant(fork, "topk1", TOP_K_OFF_BY_ONE)
+
+        proc = run_cli("verify", "-C", str(fork), "same", "--json", timeout=900)
+        out = json.loads(proc.stdout)
+        assert proc.returncode == 0 and out["verdict"] == "pass", out["reasons"]
+        assert out["schema_version"] == 2 and out["public_size"] + out["holdout_size"] == 28
+        for set_name in ("public", "holdout"):
+            for path in ("prefill", "decode", "sample"):
+                st = out[set_name][path]
+                assert st["positions"] > (20 if set_name == "public" else 5), (set_name, path)
+                assert st["exact"] and st["kl_max"] == 0 and st["dlogprob_max"] == 0 and st["dp_rms"] == 0, (set_name, path, st)
+                assert st["same_top_pct"] == 100 and st["divergences"] == 0
+        d = out["draws"]
+        assert d["status"] == "pass" and d["changed"] == 0 and d["testable"] > 0
+        assert d["unrelated_changed"] >= 20  # a sampler that ignored its seed would change that many: the test could fail
+
+        for branch in ("temp102", "topk1"):
+            proc = run_cli("verify", "-C", str(fork), branch, "--json", timeout=900)
+            out = json.loads(proc.stdout)
+            assert proc.returncode == 1 and out["verdict"] == "fail", (branch, out["reasons"])
+            for set_name in ("public", "holdout"):
+                assert out[set_name]["prefill"]["passed"] and out[set_name]["decode"]["passed"], (branch, out["reasons"])
+            assert not out["public"]["sample"]["passed"] and out["public"]["sample"]["dlogprob_max"] > 1e-4, (branch, out["public"]["sample"])
+            assert all(" sample: " in r or r.startswith("draws:") for r in out["reasons"]), (branch, out["reasons"])
+        assert not workers_alive(fork)
+    finally:
+        git(fork, "checkout", "-q", "main")
+        commit(fork, {"agentsearch.toml": cfg_before, "serving.json": serving_before}, "verify config off again")
