@@ -16,7 +16,7 @@ import time
 import pytest
 
 from .conftest import ROOT, commit
-from .test_vllm_integration import FAST_CONFIG, engines_alive, run_cli, serving, workers_alive
+from .test_vllm_integration import FAST_CONFIG, engines_alive, make_fork, serving, workers_alive
 
 
 def engine_workers(fork) -> set[str]:
@@ -52,14 +52,8 @@ warmup = 1
 
 @pytest.fixture(scope="module")
 def fork(tmp_path_factory):
-    path = tmp_path_factory.mktemp("vllm-alt") / "fork"
-    proc = run_cli("init", "--from-installed", "vllm", str(path))
-    assert proc.returncode == 0, proc.stderr
-    site = next(line.split('"')[1] for line in (path / "agentsearch.toml").read_text().splitlines() if line.startswith("overlay_from"))
-    config = ALTERNATE.format(site=site)
-    assert "placement = \"alternate\"" in config and "min_pairs = 4" in config and "episode_budget = 1" in config
-    commit(path, {"agentsearch.toml": config, "serving.json": serving(1)}, "alternate placement, max_num_seqs 1")
-    return path
+    assert "placement = \"alternate\"" in ALTERNATE and "min_pairs = 4" in ALTERNATE and "episode_budget = 1" in ALTERNATE
+    return make_fork(tmp_path_factory, "vllm-alt", ALTERNATE, "alternate placement, max_num_seqs 1")
 
 
 def test_alternate_runs_one_engine_at_a_time_and_finds_the_real_effect(fork):

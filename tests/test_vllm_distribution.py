@@ -14,18 +14,13 @@ from pathlib import Path
 import pytest
 
 from .conftest import commit, git, run_cli
-from .test_vllm_integration import FAST_CONFIG, serving, workers_alive
+from .test_vllm_integration import make_fork, serving, workers_alive
 
 pytestmark = pytest.mark.vllm
 
 @pytest.fixture(scope="module")
 def fork(tmp_path_factory):
-    path = tmp_path_factory.mktemp("vllm-dist") / "fork"
-    proc = run_cli("init", "--from-installed", "vllm", str(path))
-    assert proc.returncode == 0, proc.stderr
-    site = next(line.split('"')[1] for line in (path / "agentsearch.toml").read_text().splitlines() if line.startswith("overlay_from"))
-    commit(path, {"agentsearch.toml": FAST_CONFIG.format(site=site), "serving.json": serving(1)}, "fast test config, max_num_seqs 1")
-    return path
+    return make_fork(tmp_path_factory, "vllm-dist")
 
 
 # planted in the fork's sampler: a temperature 2% off, and top-k keeping one token too few (both the

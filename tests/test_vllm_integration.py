@@ -74,14 +74,19 @@ def engines_alive(fork: Path) -> list[int]:
     return out
 
 
-@pytest.fixture(scope="module")
-def fork(tmp_path_factory):
-    path = tmp_path_factory.mktemp("vllm") / "fork"
+def make_fork(tmp_path_factory, name: str, config: str = FAST_CONFIG, message: str = "fast test config, max_num_seqs 1") -> Path:
+    """The embedded vLLM fork with ``config`` (formatted with the installed vLLM's site) and max_num_seqs 1."""
+    path = tmp_path_factory.mktemp(name) / "fork"
     proc = run_cli("init", "--from-installed", "vllm", str(path))
     assert proc.returncode == 0, proc.stderr
     site = next(line.split('"')[1] for line in (path / "agentsearch.toml").read_text().splitlines() if line.startswith("overlay_from"))
-    commit(path, {"agentsearch.toml": FAST_CONFIG.format(site=site), "serving.json": serving(1)}, "fast test config, max_num_seqs 1")
+    commit(path, {"agentsearch.toml": config.format(site=site), "serving.json": serving(1)}, message)
     return path
+
+
+@pytest.fixture(scope="module")
+def fork(tmp_path_factory):
+    return make_fork(tmp_path_factory, "vllm")
 
 
 def test_tiny_model_is_built_offline_deterministically(tmp_path):
