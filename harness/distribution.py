@@ -45,6 +45,11 @@ DTYPE_FLOOR = {
     "bfloat16": {"dlogprob_max": 5e-2, "kl_mean": 1e-5, "kl_p99": 1e-4, "kl_max": 1e-3, "tie": 5e-2},
     "float16": {"dlogprob_max": 1e-2, "kl_mean": 1e-6, "kl_p99": 1e-5, "kl_max": 1e-4, "tie": 1e-2},
 }
+# The tail bucket's smallest mass. Logprobs are float32 (vLLM computes them in float32 whatever the model's
+# dtype): a complete listing (the sample path's processed logprobs, where the sampler masked every other token)
+# sums to 1 within ~1e-7. Without a floor, 0.9999999 on one side and 1.00000003 on the other read as a tail of
+# 1e-7 against none: KL 5e-6 at every such position (the benign reassociation's false alarm, measured).
+TAIL_FLOOR = 1e-6
 FLOOR_MULTIPLIER = 3.0  # tight: candidate statistics may be at most 3x the noise floor's
 SHIFT_ALPHA = 1e-4  # systematic-shift test level
 
@@ -93,21 +98,25 @@ def _dist(entries: Iterable[tuple[int, float]]) -> dict[int, float]:
 def compare_position(a: Mapping[int, float], b: Mapping[int, float]) -> tuple[float, float, float, float, bool]:
     """(KL(a||b), TV, |Δ lp top|, signed Δ lp top, top-1 agrees) on the union support + tail.
 
-    A token missing from one side's top-k gets an equal share of that side's tail mass,
-    never more than its smallest listed probability.
+    A token missing from one side's top-k gets an equal share of that side's tail mass (one share
+    stays in the tail), never more than its smallest listed probability; both sides' distributions
+    are normalized, with a tail of at least ``TAIL_FLOOR``.
     """
     union = set(a) | set(b)
 
     def probs(d: Mapping[int, float]) -> tuple[dict[int, float], float]:
         known = {t: math.exp(lp) for t, lp in d.items()}
-        tail = max(0.0, 1.0 - sum(known.values()))
+        # a listing of every token the sampler kept (processed logprobs) sums to 1 only within rounding:
+        # the tail is at least TAIL_FLOOR on both sides, so rounding is never read as a difference
+        tail = max(TAIL_FLOOR, 1.0 - sum(known.values()))
         missing = [t for t in union if t not in known]
         if missing:
-            share = min(tail / len(missing), min(known.values()) if known else tail)
+            share = min(tail / (len(missing) + 1), min(known.values()) if known else tail)
             for t in missing:
                 known[t] = share
-            tail = max(0.0, tail - share * len(missing))
-        return known, tail
+            tail -= share * len(missing)
+        total = sum(known.values()) + tail
+        return {t: p / total for t, p in known.items()}, tail / total
 
     pa, ta = probs(a)
     pb, tb = probs(b)

@@ -62,6 +62,20 @@ def test_compare_position_basics():
     assert compare_position(a, c)[0] >= 0
 
 
+
+def test_a_complete_listing_rounding_is_not_a_difference_but_a_masked_token_is():
+    """The sample path's processed logprobs list every token the sampler kept: they sum to 1 only within
+    float32 rounding. Measured on the real engine (the benign reassociation, min-p 0.05): 0.99999990 on
+    one side, 1.00000003 on the other, which without a tail floor read as KL 5e-6 at every such position."""
+    lp = [math.log(0.7), math.log(0.2), math.log(0.0999999)]  # sums to 0.9999999
+    a = {1: lp[0], 2: lp[1], 3: lp[2]}
+    b = {1: lp[0] + 3e-8, 2: lp[1] + 2e-8, 3: lp[2] + 4e-8}  # an ulp or two each: sums to 1.00000003
+    kl, tv, dlp, _, agree = compare_position(a, b)
+    assert kl < 1e-12 and tv < 1e-7 and dlp < 1e-7 and agree
+    # a token one side's sampler kept and the other's masked (a top-k/top-p boundary moved) is a real difference
+    c = {1: math.log(0.7 / 0.9), 2: math.log(0.2 / 0.9)}
+    assert compare_position(a, c)[0] > 0.05 and compare_position(c, a)[0] > 0.05
+
 def test_systematic_shift_is_caught_even_when_tiny():
     rng = np.random.default_rng(0)
     noise = rng.normal(0, 1e-7, 500).tolist()

@@ -33,7 +33,7 @@ metric = "output_tok_s"
 timeout_s = 240
 restarts = 1
 engine = {{ enforce_eager = true, max_model_len = 512, dtype = "float32" }}
-params = {{ prompts = 32, input_len = 32, output_len = 32, length_dist = "uniform" }}
+params = {{ prompts = 16, input_len = 32, output_len = 16, length_dist = "uniform" }}
 
 [gate]
 max_pairs = 8
@@ -209,7 +209,9 @@ def test_ctrl_c_leaves_no_engine_behind(fork):
 
 
 def test_profile_ranks_where_the_time_goes_and_records_it(fork):
-    proc = run_cli("profile", "-C", str(fork), "--json", timeout=900)
+    # a branch with the batch limit raised: the baseline's max_num_seqs 1 makes the profiled round 10x longer
+    commit(fork, {"serving.json": serving(32)}, "max_num_seqs 32, to profile", branch="profiled")
+    proc = run_cli("profile", "-C", str(fork), "profiled", "--json", timeout=900)
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
     phases = {r["name"]: r for r in data["by_phase"]}
