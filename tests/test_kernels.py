@@ -204,6 +204,24 @@ def test_sweep_proposes_ir_op_priority_over_the_providers_the_baseline_registers
     assert Sweep(SweepConfig(file="serving.json", knobs=())).next(set(), Context(read_file={}.get, history=[], insights=None, number=1, seed=3)) is None
 
 
+def test_a_sweep_of_kernel_knobs_alone_starts_and_one_of_neither_is_refused(tmp_path):
+    """A target whose only search space is the providers its baseline registers (no [[sweep.knob]]) can
+    sweep (benchmarks/kernel_episode.py does); with neither, one line says what to add."""
+    from types import SimpleNamespace
+
+    from agentsearch.config import SweepConfig
+    from agentsearch.proposers import ProposerError, build
+
+    cpu = catalog.provider("rms_norm", "agentsearch_cpu_c")
+    config = SimpleNamespace(sweep=SweepConfig(file="serving.json", knobs=()))
+    fork = make_repo(tmp_path / "fork", {"serving.json": '{"engine": {}, "env": {}}\n', kfork.KERNELS_INIT: kfork.kernels_init("", cpu),
+                                         kfork.module_path(cpu): kfork.module_text(cpu)})
+    assert build("sweep", {"config": config, "baseline": "main"}, fork).name == "sweep"
+    bare = make_repo(tmp_path / "bare", {"serving.json": '{"engine": {}, "env": {}}\n'})
+    with pytest.raises(ProposerError, match=r"no \[\[sweep.knob\]\] and its baseline registers no kernel-library provider"):
+        build("sweep", {"config": config, "baseline": "main"}, bare)
+
+
 def test_the_gate_holds_an_implausible_micro_speedup_for_review_and_rejects_a_failed_micro():
     from agentsearch.gate import REQUIRED_CHECKS, REVIEW, REJECT, MERGE, Check, Status, judge
 

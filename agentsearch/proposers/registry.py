@@ -25,15 +25,26 @@ def build(name: str, options: Mapping[str, Any], repo_dir: Path) -> Proposer:
     if name == "sweep":
         from .sweep import Sweep
 
-        config = options["config"]
-        if not config.sweep.knobs:
-            raise ProposerError("the target's agentsearch.toml declares no [[sweep.knob]]; add knobs (see the README) to sweep")
-        return Sweep(config.sweep, gpu=bool(options.get("gpu")))
+        config, gpu = options["config"], bool(options.get("gpu"))
+        if not config.sweep.knobs and not _kernel_knobs(config, repo_dir, options.get("baseline"), gpu):
+            raise ProposerError("the target's agentsearch.toml declares no [[sweep.knob]] and its baseline registers no kernel-library "
+                                "provider; add knobs (see the README) or a provider (`agentsearch kernels propose`) to sweep")
+        return Sweep(config.sweep, gpu=gpu)
     if name == "claude":
         from .claude import ClaudeProposer
 
         return ClaudeProposer.from_options(options)
     raise ProposerError(f"unknown proposer {name!r}; use one of {', '.join(PROPOSERS)}")
+
+
+def _kernel_knobs(config: Any, repo_dir: Path, baseline: str | None, gpu: bool) -> list[Any]:
+    """The ``ir_op_priority`` knobs the sweep derives from the baseline (none without a baseline)."""
+    from ..workspace import git
+    from .kernel_knobs import knobs
+
+    if not baseline:
+        return []
+    return knobs(lambda path: git.show_file(repo_dir, baseline, path), config.sweep.file, gpu)
 
 
 def rebuild(name: str, manifest: Mapping[str, Any]) -> Proposer:
