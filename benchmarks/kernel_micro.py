@@ -5,7 +5,9 @@ and op (`agentsearch kernels propose`), and measures each with `agentsearch kern
 candidate's provider on every generated and hidden case first, then interleaved pairs of fresh
 processes (each side in its own sandbox), the gate's paired statistics. Prints one row per provider.
 
-    python benchmarks/kernel_micro.py [--pairs 8] [--op rms_norm] [--keep DIR]
+    python benchmarks/kernel_micro.py [--pairs 8] [--op rms_norm] [--kind cpu|triton] [--keep DIR]
+
+`--kind triton` measures the Triton providers instead (a CUDA machine: `.ci/gpu-check` runs it).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ def main() -> int:
     ap.add_argument("--pairs", type=int, default=8, help="timing pairs at most per provider (a look halfway)")
     ap.add_argument("--op", action="append", help="only this op (repeatable)")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--kind", default="cpu", choices=("cpu", "triton"), help="which providers (triton: on a CUDA device)")
     ap.add_argument("--keep", type=Path, help="create the fork here and keep it")
     args = ap.parse_args()
     root = args.keep or Path(tempfile.mkdtemp(prefix="agentsearch-kernels-")) / "fork"
@@ -40,7 +43,7 @@ def main() -> int:
         return 1
     rows = []
     print(f"{'op':20s} {'provider':18s} {'native us':>10s} {'provider us':>12s} {'speedup':>8s} {'95% CI':>16s} {'pairs':>5s} {'s':>5s}  status")
-    for p in catalog.providers(kind="cpu"):
+    for p in catalog.providers(kind=args.kind):
         if args.op and p.op not in args.op:
             continue
         prop = cli("kernels", "propose", "-C", str(root), p.op, "--impl", p.name, "--json")
