@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import io
 import math
+import re
 import shlex
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -249,7 +250,8 @@ def plots(ev: Evidence, fmt: str = "png") -> dict[str, bytes]:
         a2.set_title(f"{metric}: change per pair")
         for ax in (a1, a2):
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # pairs are counted
-        out[f"trials-{workload}-{phase}"] = _save(fig, fmt)
+        # file names: a micro stage's workload is "micro:<op>", and ':' is no character for a file on every system
+        out[re.sub(r"[^A-Za-z0-9_.-]", "-", f"trials-{workload}-{phase}")] = _save(fig, fmt)
     dist = ev.verdict.get("distribution")
     if dist:
         floor = dist.get("noise_floor") or {}
