@@ -194,8 +194,8 @@ def run_verify(ws: Workspace, config: Config, sd: "Sides", say: Callable[[str, s
     floor = compare(base, base2, [p.id for p in prompts], tie, paths)
     reasons: list[str] = []
     for name, st in floor.items():
-        if st.missing or st.token_mismatch or st.bad_divergences:
-            reasons.append(f"noise floor: the baseline is not self-consistent on {name} (missing {len(st.missing)}, "
+        if st.missing or st.dropped or st.token_mismatch or st.bad_divergences:
+            reasons.append(f"noise floor: the baseline is not self-consistent on {name} (missing {len(st.missing) + len(st.dropped)}, "
                            f"token mismatches {len(st.token_mismatch)}, divergences {len(st.bad_divergences)})")
     sets: dict[str, dict[str, Any]] = {}
     positions: dict[str, list[float]] = {}

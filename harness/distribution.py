@@ -148,6 +148,7 @@ class PathStats:
     first_divergence: list[int] = field(default_factory=list)
     token_mismatch: list[str] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
+    dropped: list[str] = field(default_factory=list)  # positions the baseline lists and the candidate does not
 
     def summary(self) -> dict[str, Any]:
         def q(xs: list[float], p: float) -> float | None:
@@ -214,7 +215,11 @@ def _compare_record(a: Record | None, b: Record | None, pid: str, path: str, st:
         return
     diverged = False
     for i, (ea, eb) in enumerate(zip(a.topk, b.topk)):
-        if ea is None or eb is None or not ea or not eb:
+        if not ea:
+            continue  # nothing to compare against (the first prompt position has no logprobs)
+        if not eb:  # a candidate listing nothing (or only NaN, which the worker drops) must not shrink the comparison
+            st.dropped.append(f"{pid}@{i}")
+            st.exact = False
             continue
         da, db = _dist(ea), _dist(eb)
         kl, tv, dlp, signed, agree = compare_position(da, db)
@@ -257,6 +262,8 @@ def judge_path(path: str, cand: PathStats, floor: PathStats, mode: str, dtype: s
     s = cand.summary()
     if cand.missing:
         reasons.append(f"{path}: candidate produced no output for {len(cand.missing)} prompt(s), e.g. {cand.missing[0]}")
+    if cand.dropped:
+        reasons.append(f"{path}: candidate listed no logprobs at {len(cand.dropped)} position(s) the baseline did, e.g. {cand.dropped[0]}")
     if cand.token_mismatch:
         reasons.append(f"{path}: prompt tokens differ for {len(cand.token_mismatch)} prompt(s), e.g. {cand.token_mismatch[0]} (tokenization changed)")
     if cand.bad_divergences:

@@ -122,6 +122,19 @@ def test_statistics_people_read():
     assert same["kl_mean"] == 0 and same["dp_rms"] == 0 and same["same_top_pct"] == 100 and same["exact"]
 
 
+def test_positions_the_candidate_leaves_empty_fail_rather_than_drop_out():
+    """Red team: a candidate whose logprobs are NaN where it differs (the worker drops NaN entries, so the
+    listing is empty) must not shrink the comparison to the positions where it agrees."""
+    entry = [(1, -0.1), (2, -2.4)]
+    base = {("p", "prefill"): _rec("p", "prefill", [5, 6, 7, 8], [None, entry, entry, entry])}
+    cand = {("p", "prefill"): _rec("p", "prefill", [5, 6, 7, 8], [None, entry, [], entry])}
+    st = compare(base, cand, ["p"], 1e-4)["prefill"]
+    assert st.dropped == ["p@2"] and len(st.kl) == 2 and not st.exact
+    v = judge_path("prefill", st, compare(base, dict(base), ["p"], 1e-4)["prefill"], "tight", "float32")
+    assert not v.passed and "listed no logprobs at 1 position(s) the baseline did, e.g. p@2" in v.reasons[0]
+    assert compare(base, dict(base), ["p"], 1e-4)["prefill"].dropped == []  # the first position has none on both sides
+
+
 def test_sample_path_aligns_until_a_draw_differs():
     """The sample path compares every setting of a prompt, step by step, until the sampled tokens differ."""
     a = {(f"x#s{j}", "sample"): _rec(f"x#s{j}", "sample", [1, 2, 3], [[(1, -0.1), (2, -2.4)]] * 3) for j in range(2)}
