@@ -50,7 +50,8 @@ class WorkloadNoise:
     sessions: int = 1
     between_var: float = 0.0
     budget_pairs: int = 0  # [gate] max_pairs (or the workload's)
-    detectable: float | None = None  # smallest speedup found with 90% power within budget_pairs
+    detectable: float | None = None  # smallest speedup (a guard: regression) found with 90% power within budget_pairs
+    guard: bool = False  # a guard workload (judged for regressions), not the objective
     trial_s: float | None = None  # median duration of one timed trial
     load_avg: float | None = None  # mean 1-minute load average over the trials
     foreign_trials: int = 0  # trials flagged: other processes used the machine meanwhile
@@ -95,6 +96,9 @@ def analyze(name: str, run_trials: list, d: list[float], config: Config, session
     tau2, r = between_variance(d, sessions) if sessions else (0.0, 1)
     w = config.workload(name) if name in {x.name for x in config.workloads} else None
     budget = (w.max_pairs if w is not None and w.max_pairs else None) or config.gate.max_pairs
+    guard = w is not None and w.name != config.objective.name
+    # a guard is judged by the one-sided regression test at regression_alpha: its smallest detectable regression
+    detect_level = config.gate.regression_alpha if guard else level
     walls = [t.wall_s for t in run_trials if t.ok]
     loads = [t.metrics["load_avg_1m"] for t in run_trials if isinstance(t.metrics.get("load_avg_1m"), (int, float))]
     return WorkloadNoise(
@@ -102,7 +106,7 @@ def analyze(name: str, run_trials: list, d: list[float], config: Config, session
         sd_log_ratio=sd, var=prior.var, df=prior.df, drift_per_100=dr.slope_per_100, drift_p=dr.p_value,
         outliers=outliers(d), order_effect=order_effect, aa_speedup=est.speedup, aa_ci=est.ci(),
         pairs_needed=pairs_for_power(sd, config.gate.min_effect, level, 0.9, df_prior=prior.df),
-        sessions=r, between_var=tau2, budget_pairs=budget, detectable=min_detectable(sd, budget, level, 0.9, prior.df),
+        sessions=r, between_var=tau2, budget_pairs=budget, detectable=min_detectable(sd, budget, detect_level, 0.9, prior.df), guard=guard,
         trial_s=pystats.median(walls) if walls else None, load_avg=round(pystats.mean(loads), 2) if loads else None,
         foreign_trials=sum(1 for t in run_trials if t.metrics.get("foreign_load")), placement=placement,
     )

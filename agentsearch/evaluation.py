@@ -12,6 +12,7 @@ static preflight, or a baseline side that failed and fails alone too.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import statistics as pystats
 import time
@@ -21,6 +22,7 @@ from typing import Any, Callable
 from harness import coverage, environment
 from harness.seeds import confirmation_seeds, coverage_seed, new_master, pair_seeds
 from harness.interleave import WorkloadRun, run_interleaved
+from harness.gate_defaults import LOADED_SHARE
 from harness.sequential import LOSE, OK, REGRESSED, WIN, SequentialDesign, confirmation_design, decide_confirmation, decide_guard, decide_objective
 from harness.trials import BASELINE, CANDIDATE, TrialRecord, child_env, run_child, tail
 from history.records import CheckName, FailureKind, decision_failure
@@ -295,7 +297,7 @@ _CHECK_OF = {"objective": "objective", "guard": "guard-workloads", "confirmation
 _DECIDE_OF = {"objective": decide_objective, "guard": decide_guard, "confirmation": decide_confirmation}
 
 
-def _run_workload(ctx: _Ctx, w: WorkloadConfig, role: str) -> WorkloadRun | None:
+def _run_workload(ctx: _Ctx, w: WorkloadConfig, role: str, decide: Callable[..., Any] | None = None) -> WorkloadRun | None:
     """Measure ``w`` in ``role`` (interleaved pairs, the sequential test); its trials recorded, its
     summary kept. None when it could not run (the failed check is recorded)."""
     config, st, say = ctx.config, ctx.st, ctx.say
@@ -329,7 +331,7 @@ def _run_workload(ctx: _Ctx, w: WorkloadConfig, role: str) -> WorkloadRun | None
 
     prior = calibration.prior_for(ctx.cal, config, w)
     try:
-        r = run_interleaved(w.name, factory, wdesign, _DECIDE_OF[role], seeds, w.higher_is_better,
+        r = run_interleaved(w.name, factory, wdesign, decide or _DECIDE_OF[role], seeds, w.higher_is_better,
                             prior=prior, on_pair=on_pair, **options)
     except (OSError, ValueError, RuntimeError) as exc:  # fail closed: an error is a rejection
         st.add(_CHECK_OF[role], Status.FAIL, f"{w.name}: measurement error: {type(exc).__name__}: {exc}", FailureKind.MEASUREMENT_ERROR)
@@ -397,7 +399,11 @@ def _confirmation(ctx: _Ctx) -> bool:
     if ctx.config.gate.confirm_pairs == 0:
         ctx.st.add("confirmation", Status.SKIPPED, "disabled by [gate] confirm_pairs = 0")
         return True
-    c = _run_workload(ctx, w, "confirmation")
+    won = ctx.objective_run
+    assert won is not None and won.decision is not None
+    # mostly measured under foreign load: the win must be significant again on the fresh seeds
+    strict = loaded_share(won) > LOADED_SHARE
+    c = _run_workload(ctx, w, "confirmation", functools.partial(decide_confirmation, won=won.decision.estimate, strict=strict))
     if not _judged(ctx, c, "confirmation", w.name, OK):
         return False
     assert c is not None and c.decision is not None
@@ -446,6 +452,12 @@ def _distribution(ctx: _Ctx) -> bool:
     st.add("distribution", Status.PASS, f"{res.mode}: public {res.public_size} + holdout {res.holdout_size} prompts, "
                                         f"{named} within tolerance (max KL {kl:.2g}){draws}")
     return True
+
+
+def loaded_share(r: WorkloadRun) -> float:
+    """The share of ``r``'s timed trials the quiet-machine probe flagged ``foreign_load`` (0 when none ran)."""
+    timed = [t for t in r.trials if t.pair >= 0]
+    return sum(1 for t in timed if t.metrics.get("foreign_load")) / len(timed) if timed else 0.0
 
 
 def _under_load(r: WorkloadRun) -> str:

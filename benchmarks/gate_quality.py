@@ -14,6 +14,7 @@ in today's tools, for contrast.
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import sys
 import time
@@ -41,6 +42,7 @@ class Scenario:
     cv: float
     outlier_rate: float = 0.0  # fraction of trials hit by a stall (x1.5..x3 slower)
     drift: float = 0.0  # relative change of every measurement over 100 trials
+    loaded: bool = False  # every trial flagged foreign_load: the confirmation must be significant by itself
 
 
 class Clock:
@@ -86,7 +88,7 @@ def one(sc: Scenario, effect: float, gate: GateConfig, rng: np.random.Generator,
         return run.decision.action == WIN, run.pairs
     conf = run_interleaved(
         "sim", lambda side, i: SimSession(sc, effect, side, clock, rng), confirmation_design(gate.confirm_pairs),
-        decide_confirmation, lambda i: 10_000 + i, True, prior=prior,
+        functools.partial(decide_confirmation, won=run.decision.estimate, strict=sc.loaded), lambda i: 10_000 + i, True, prior=prior,
     )
     assert conf.decision is not None
     return conf.decision.action == OK, run.pairs + conf.pairs
@@ -128,6 +130,7 @@ def main() -> int:
         Scenario("CV 2% + 2% stalls", 0.02, outlier_rate=0.02),
         Scenario("CV 2% + drift 10%/100 trials", 0.02, drift=0.10),
         Scenario("CV 5% + stalls + drift", 0.05, outlier_rate=0.02, drift=0.10),
+        Scenario("CV 2%, under foreign load", 0.02, loaded=True),
     ]
     full = gate.max_pairs + gate.confirm_pairs
     print(f"cost = pairs used / pairs of a full evaluation ({gate.max_pairs} objective + {gate.confirm_pairs} confirmation = {full}); "

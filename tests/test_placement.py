@@ -259,3 +259,21 @@ def test_gpu_check_stops_in_one_line_without_a_cuda_device(tmp_path):
     again = subprocess.run(["bash", str(ROOT / ".ci" / "gpu-check")], capture_output=True, text=True, timeout=60,
                            env={**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"})
     assert again.returncode == 2 and len(again.stderr.strip().splitlines()) == 1 and "no CUDA device" in again.stderr
+
+
+def test_calibrate_reports_a_guards_smallest_detectable_regression_at_the_regression_level():
+    """A guard is judged by the one-sided regression test at regression_alpha (0.05), not at the objective's
+    per-proposal level: its detectable size is the regression it catches with 90% power."""
+    from agentsearch.calibration import analyze
+    from harness.trials import TrialRecord
+
+    cfg = load_config_text('[[workload]]\nname = "obj"\ncommand = "x {seed} {out}"\nmetric = "v"\n'
+                           '[[workload]]\nname = "serve"\ncommand = "x {seed} {out}"\nmetric = "v"\nmax_pairs = 12\n')
+    d = [0.03 * math.sin(1.7 * i) for i in range(12)]
+    trials = [TrialRecord("w", side, i, i, 0, "AB", 0, True, 100.0 * math.exp(x if side == CANDIDATE else 0.0), {}, 1.0)
+              for i, x in enumerate(d) for side in (BASELINE, CANDIDATE)]
+    obj, guard = analyze("obj", trials, d, cfg), analyze("serve", trials, d, cfg)
+    assert not obj.guard and guard.guard and guard.budget_pairs == 12 and obj.budget_pairs == 20
+    sd = obj.sd_log_ratio
+    assert guard.detectable == pytest.approx(min_detectable(sd, 12, cfg.gate.regression_alpha, 0.9, 11))
+    assert obj.detectable == pytest.approx(min_detectable(sd, 20, cfg.gate.proposal_alpha * 0.8, 0.9, 11))

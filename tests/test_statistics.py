@@ -145,3 +145,41 @@ def test_session_effects_widen_the_interval():
     assert paired_estimate(e, clusters=clusters).se == pytest.approx(paired_estimate(e).se, rel=0.5)
     with pytest.raises(ValueError):
         paired_estimate(e, clusters=[0, 1])
+
+
+def test_confirmation_must_replicate_the_win_not_only_point_its_way():
+    """The false merge a full CI run saw under foreign load: an unchanged bench won on wall_s by 13% over
+    6 pairs (p = 0.0002), and the fresh seeds measured +0.1% over 3 pairs. A positive estimate alone
+    confirmed it; a confirmation significantly below the win is now 'not replicated'."""
+    from harness.sequential import NOT_CONFIRMED, confirmation_design, decide_confirmation, replication_p
+
+    won = paired_estimate([0.14, 0.12, 0.15, 0.11, 0.13, 0.135])
+    fresh = [0.03, -0.025, 0.0]  # +0.1% on fresh seeds
+    design = confirmation_design(3)
+    assert decide_confirmation(design, fresh).action == OK  # the rule before: direction only
+    dec = decide_confirmation(design, fresh, won=won)
+    assert dec.action == NOT_CONFIRMED and "did not replicate" in dec.reason and "+13.98%" in dec.reason
+    # a true win measured again at its size (or above) replicates
+    assert decide_confirmation(design, [0.12, 0.15, 0.13], won=won).action == OK
+    assert decide_confirmation(design, [0.3, 0.25, 0.28], won=won).action == OK
+    # the test is one-sided, its p a proper probability, and it tracks the gap
+    assert replication_p(won, paired_estimate([0.3, 0.25, 0.28])) > 0.9
+    assert replication_p(won, paired_estimate([0.10, 0.12, 0.09])) > replication_p(won, paired_estimate([0.05, 0.07, 0.04]))
+    # a negative confirmation is rejected as before
+    assert decide_confirmation(design, [-0.01, -0.02, 0.005], won=won).action == NOT_CONFIRMED
+
+
+def test_a_win_measured_under_foreign_load_must_be_confirmed_significantly():
+    from harness.gate_defaults import LOADED_CONFIRM_ALPHA
+    from harness.sequential import NOT_CONFIRMED, confirmation_design, decide_confirmation
+
+    design = confirmation_design(3)
+    won = paired_estimate([0.05, 0.08, 0.02, 0.06])
+    weak = [0.04, -0.03, 0.05]  # points the right way, p well above the level
+    assert paired_estimate(weak).p_better() > LOADED_CONFIRM_ALPHA
+    assert decide_confirmation(design, weak, won=won).action == OK
+    dec = decide_confirmation(design, weak, won=won, strict=True)
+    assert dec.action == NOT_CONFIRMED and "foreign load" in dec.reason
+    strong = [0.05, 0.06, 0.045]
+    ok = decide_confirmation(design, strong, won=won, strict=True)
+    assert ok.action == OK and "under foreign load" in ok.reason
