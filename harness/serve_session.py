@@ -2,8 +2,10 @@
 
 The server runs the candidate's code (PYTHONPATH = the candidate worktree, cwd = worktree);
 the load generator is always the *baseline's* ``vllm bench serve`` (the measuring instrument
-must not be something a proposal can change). Every request must succeed: a failed request
-fails the trial. Metrics: output throughput and TTFT / TPOT / ITL p50 and p99.
+must not be something a proposal can change). It is warm too: one long-lived process per server
+(``workers/bench_client.py``) imports the benchmark once and runs it for every trial, so a serving
+trial costs its requests, not a vLLM import (about 10 s here). Every request must succeed: a
+failed request fails the trial. Metrics: output throughput and TTFT / TPOT / ITL p50 and p99.
 """
 
 from __future__ import annotations
@@ -21,8 +23,11 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from . import sandbox
-from .engine_session import Parkable, WorkerError, read_serving, serving_env
-from .trials import TIMEOUT, TrialOutcome, child_env, kill_group, log_error_line, log_tail, metric_error, run_child, tail
+from .engine_session import MAX_MESSAGE_BYTES, Parkable, WorkerError, read_serving, serving_env
+from .trials import CRASH, TIMEOUT, TrialOutcome, child_env, kill_group, log_error_line, log_tail, metric_error, safe_json_loads, tail
+
+CLIENT = Path(__file__).with_name("workers") / "bench_client.py"
+CLIENT_START_S = 300.0  # the load generator's import of vLLM, at most
 
 METRICS = {
     "output_throughput": "output_tok_s", "request_throughput": "requests_s", "total_token_throughput": "total_tok_s",
@@ -92,6 +97,7 @@ class ServeSession(Parkable):
         self.wait_s = 0.0
         self.log_path = log_dir / f"serve-{os.getpid()}-{time.monotonic_ns()}.log"
         self.netns_pid: int | None = None  # the sandboxed server's process, whose network namespace the client joins
+        self.client: BenchClient | None = None  # the warm load generator, started with the first trial
 
     def start(self) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -171,44 +177,54 @@ class ServeSession(Parkable):
         if self.start_error or self.proc is None:
             return TrialOutcome(False, None, {}, 0.0, self.start_error or "server was not started", self._log_tail())
         p = self.spec.get("params", {}) if params is None else params
-        result_dir = self.log_dir / f"bench-{time.monotonic_ns()}"
-        result_dir.mkdir(parents=True)
-        argv = [
-            self.python, "-m", "vllm.entrypoints.cli.main", "bench", "serve", "--backend", "vllm",
+        args = [
+            "--backend", "vllm",
             "--base-url", f"http://127.0.0.1:{self.port}", "--model", self.spec["model"], "--tokenizer", self.spec["model"],
             "--dataset-name", "random", "--random-input-len", str(p.get("input_len", 32)),
             "--random-output-len", str(p.get("output_len", 32)), "--num-prompts", str(p.get("prompts", 32)),
             "--max-concurrency", str(p.get("max_concurrency", 4)), "--request-rate", str(p.get("request_rate", "inf")),
-            "--seed", str(seed), "--ignore-eos", "--disable-tqdm", "--save-result", "--result-dir", str(result_dir),
-            "--result-filename", "result.json",
+            "--seed", str(seed), "--ignore-eos", "--disable-tqdm",
         ]
-        env = child_env(self.env, self.client_path, seed, result_dir)
-        env["PYTHONPATH"] = str(self.client_path)
-        rc, _out, err, wall = run_child(self._in_net(argv), result_dir, env, self.timeout_s, sandboxed=False)
-        if rc is None:
-            return TrialOutcome(False, None, {}, wall, f"bench serve timed out after {self.timeout_s:g} s", tail(err), failure=TIMEOUT)
-        if rc != 0:
-            return TrialOutcome(False, None, {}, wall, f"bench serve exited with status {rc}: {tail(err, 1)}", tail(err))
+        t0 = time.perf_counter()
         try:
-            data = json.loads((result_dir / "result.json").read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            return TrialOutcome(False, None, {}, wall, f"bench serve wrote no readable result ({exc})", tail(err))
+            if self.client is None:
+                self.client = BenchClient(self._in_net, self.python, self.client_path, self.env, self.log_dir, self.timeout_s)
+                self.wait_s += self.client.start()  # its import is start-up, not the trial's time
+                t0 = time.perf_counter()
+            data = self.client.bench(args)
+        except WorkerError as exc:
+            wall = time.perf_counter() - t0
+            timed_out = isinstance(exc, ClientTimeout)
+            if timed_out or self.client is None or not self.client.alive() or self.client.served == 0:
+                self._close_client()  # a hung, dead or never-started generator is replaced at the next trial
+            return TrialOutcome(False, None, {}, wall, f"bench serve: {exc}", self._log_tail(), failure=TIMEOUT if timed_out else CRASH)
+        wall = time.perf_counter() - t0
         failed = int(data.get("failed", 0) or 0)
-        if failed or int(data.get("completed", 0)) != int(data.get("num_prompts", -1)):
-            return TrialOutcome(False, None, {}, wall, f"{failed} of {data.get('num_prompts')} requests failed: {self._error_line()}", self._log_tail())
+        if failed or int(data.get("completed", 0) or 0) != int(p.get("prompts", 32)):
+            return TrialOutcome(False, None, {}, wall, f"{failed} of {p.get('prompts', 32)} requests failed: {self._error_line()}", self._log_tail())
         metrics: dict[str, Any] = {ours: data.get(theirs) for theirs, ours in METRICS.items()}
         metrics["engine_startup_s"] = self.startup_s
         metrics["duration_s"] = data.get("duration")
+        metrics["generator_trial"] = self.client.served if self.client else None  # n-th trial of this warm load generator
+        d = metrics["duration_s"]
+        if not isinstance(d, (int, float)) or isinstance(d, bool) or not 0 < d <= wall:
+            return TrialOutcome(False, None, metrics, wall, f"bench serve reported a duration of {d!r} s in a {wall:.2f} s round trip", self._log_tail())
         err_msg = metric_error(metrics, metric)
         if err_msg:
-            return TrialOutcome(False, None, metrics, wall, err_msg, tail(err))
+            return TrialOutcome(False, None, metrics, wall, err_msg, self._log_tail())
         return TrialOutcome(True, float(metrics[metric]), metrics, wall)
+
+    def _close_client(self) -> None:
+        client, self.client = self.client, None
+        if client is not None:
+            client.close()
 
     def _log_tail(self) -> str:
         return log_tail(self.log_path)
 
     def close(self) -> None:
         self.unpark()
+        self._close_client()
         proc, self.proc = self.proc, None
         if proc is None:
             return
@@ -226,3 +242,97 @@ class ServeSession(Parkable):
             proc.wait()
             self._end_group()
             self.wait_s += time.perf_counter() - t0
+
+
+class ClientTimeout(WorkerError):
+    pass
+
+
+class BenchClient:
+    """The warm load generator: ``workers/bench_client.py`` with the baseline's vLLM on its path, in the
+    server's network namespace (``in_net``), outside every sandbox; one JSON line per trial each way."""
+
+    def __init__(self, in_net: Any, python: str, client_path: Path, env: Mapping[str, str], log_dir: Path, timeout_s: float):
+        self.in_net, self.python, self.client_path = in_net, python, client_path
+        self.env, self.log_dir, self.timeout_s = dict(env), log_dir, timeout_s
+        self.proc: subprocess.Popen | None = None
+        self._rfd: int | None = None
+        self._buf = b""
+        self.served = 0  # benchmarks run by this process
+
+    def start(self) -> float:
+        """Spawn it and wait for its import; the seconds waited. Raises WorkerError when it does not come up."""
+        t0 = time.perf_counter()
+        env = child_env(self.env, self.client_path, None, self.log_dir)
+        env["PYTHONPATH"] = str(self.client_path)
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        rfd, wfd = os.pipe()
+        try:
+            with open(self.log_dir / "bench-client.log", "ab") as log:
+                self.proc = subprocess.Popen(self.in_net([self.python, str(CLIENT), "--fd", str(wfd)]), cwd=str(self.log_dir), env=env,
+                                             stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, pass_fds=(wfd,),
+                                             start_new_session=True)
+        finally:
+            os.close(wfd)
+        self._rfd = rfd
+        msg = self._read(CLIENT_START_S, "the load generator's start-up")
+        if msg.get("event") != "ready":
+            raise WorkerError(f"the load generator did not start: {tail(str(msg.get('error')), 1)}")
+        return time.perf_counter() - t0
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def bench(self, args: list[str]) -> dict[str, Any]:
+        assert self.proc is not None and self.proc.stdin is not None
+        try:
+            self.proc.stdin.write((json.dumps({"cmd": "bench", "argv": args}) + "\n").encode())
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            raise WorkerError("the load generator died") from None
+        msg = self._read(self.timeout_s, "the benchmark")
+        if msg.get("event") != "result" or not isinstance(msg.get("result"), dict):
+            raise WorkerError(tail(str(msg.get("error") or "no result"), 1))
+        self.served += 1
+        return msg["result"]
+
+    def _read(self, timeout_s: float, what: str) -> dict[str, Any]:
+        import select
+
+        assert self._rfd is not None
+        deadline = time.monotonic() + timeout_s
+        while b"\n" not in self._buf:
+            if len(self._buf) > MAX_MESSAGE_BYTES:
+                raise WorkerError(f"oversized message during {what}")
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ClientTimeout(f"{what} timed out after {timeout_s:g} s")
+            if select.select([self._rfd], [], [], min(left, 1.0))[0]:
+                chunk = os.read(self._rfd, 65536)
+                if not chunk:
+                    raise WorkerError(f"the load generator exited during {what}")
+                self._buf += chunk
+        line, self._buf = self._buf.split(b"\n", 1)
+        try:
+            msg = safe_json_loads(line.decode("utf-8", "replace"))
+        except ValueError as exc:
+            raise WorkerError(f"malformed message during {what}: {exc}") from None
+        if not isinstance(msg, dict):
+            raise WorkerError(f"malformed message during {what}")
+        return msg
+
+    def close(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is not None:
+            try:
+                if proc.poll() is None and proc.stdin:
+                    proc.stdin.write(b'{"cmd": "quit"}\n')
+                    proc.stdin.close()
+                    proc.wait(timeout=10)
+            except (BrokenPipeError, OSError, subprocess.TimeoutExpired):
+                pass
+            kill_group(proc)
+            proc.wait()
+        if self._rfd is not None:
+            os.close(self._rfd)
+            self._rfd = None

@@ -1,0 +1,91 @@
+"""A warm load generator for the serving workload: the baseline's ``vllm bench serve``, imported once.
+
+``vllm bench serve`` as a command re-imports vLLM for every trial (about 10 s on these CPUs); this
+process imports ``vllm.benchmarks.serve`` once and runs its ``main`` for every trial it is sent. It is
+the measuring instrument, so it runs the **baseline's** code (PYTHONPATH = the baseline worktree), in
+the orchestrator's hands and outside any side's sandbox; it only joins the measured server's network
+namespace (loopback only) to reach it.
+
+Self-contained: standard library + vllm only (never imports agentsearch or harness).
+
+Protocol: results go to the file descriptor ``--fd`` as JSON lines (vLLM's own output goes to
+stdout/stderr, which the orchestrator sends to a log). Commands arrive on stdin as JSON lines:
+``{"cmd": "bench", "argv": [...the arguments of `vllm bench serve`...]}`` -> ``{"event": "result",
+"result": {...}}`` (the same object ``--save-result`` writes) or ``{"event": "error", "error": "..."}``
+(the process stays up); ``{"cmd": "quit"}``. On start-up: ``{"event": "ready", "import_s": ...}``.
+
+    python bench_client.py --fd 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+import traceback
+
+
+def _clean(obj):
+    """The result without what JSON cannot carry safely (NaN, infinities, non-serializable values)."""
+    if isinstance(obj, dict):
+        return {str(k): _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if obj is None or isinstance(obj, (bool, int, str)):
+        return obj
+    return None
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--fd", type=int, required=True)
+    args = ap.parse_args()
+    out = os.fdopen(args.fd, "w", buffering=1)
+
+    def send(msg: dict) -> None:
+        out.write(json.dumps(msg) + "\n")
+        out.flush()
+
+    t0 = time.perf_counter()
+    try:
+        from vllm.benchmarks import serve
+        from vllm.utils.argparse_utils import FlexibleArgumentParser
+    except Exception:  # noqa: BLE001 - reported to the orchestrator
+        send({"event": "error", "error": traceback.format_exc(limit=3)})
+        return 1
+    send({"event": "ready", "import_s": time.perf_counter() - t0})
+    for line in sys.stdin:
+        try:
+            cmd = json.loads(line)
+        except json.JSONDecodeError:
+            send({"event": "error", "error": "malformed command"})
+            continue
+        if cmd.get("cmd") == "quit":
+            return 0
+        if cmd.get("cmd") != "bench":
+            send({"event": "error", "error": f"unknown command {cmd.get('cmd')!r}"})
+            continue
+        try:
+            parser = FlexibleArgumentParser()
+            serve.add_cli_args(parser)
+
+            def refuse(message: str) -> None:  # argparse would print and exit: report it instead
+                raise ValueError(f"invalid arguments: {message}")
+
+            parser.error = refuse  # type: ignore[method-assign]
+            result = serve.main(parser.parse_args([str(a) for a in cmd["argv"]]))
+            send({"event": "result", "result": _clean(result)})
+        except BaseException as exc:  # noqa: BLE001 - argparse exits, a failed run: report and stay up
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+            send({"event": "error", "error": "".join(traceback.format_exception_only(type(exc), exc)).strip()[-2000:]})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
