@@ -44,7 +44,7 @@ metric = "output_tok_s"
 higher_is_better = true
 timeout_s = 300
 restarts = 1
-max_pairs = 8  # the load generator is warm: a trial costs its requests (seconds), not a vLLM import
+max_pairs = 12  # the load generator is warm: a trial costs its requests (seconds), not a vLLM import
 engine = {{ enforce_eager = true, max_model_len = 1024, dtype = "float32" }}
 params = {{ prompts = 16, input_len = 32, output_len = 32, max_concurrency = 1 }}
 
@@ -55,7 +55,7 @@ metric = "output_tok_s"
 higher_is_better = true
 timeout_s = 300
 restarts = 1
-max_pairs = 12
+max_pairs = 20
 engine = {{ enforce_eager = true, max_model_len = 1024, dtype = "float32" }}
 params = {{ prompts = 32, input_len = 32, output_len = 32, max_concurrency = 8 }}
 
