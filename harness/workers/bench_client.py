@@ -77,7 +77,7 @@ def main() -> int:
             def refuse(message: str) -> None:  # argparse would print and exit: report it instead
                 raise ValueError(f"invalid arguments: {message}")
 
-            parser.error = refuse  # type: ignore[method-assign]
+            parser.error = refuse
             result = serve.main(parser.parse_args([str(a) for a in cmd["argv"]]))
             send({"event": "result", "result": _clean(result)})
         except BaseException as exc:  # noqa: BLE001 - argparse exits, a failed run: report and stay up
