@@ -11,21 +11,11 @@ import json
 import pytest
 
 from .conftest import commit, run_cli
-from .test_vllm_integration import make_fork, serving
+from .test_vllm_integration import FAST_CONFIG, make_fork, serving
 
 pytestmark = pytest.mark.vllm
 
-SERVE_CONFIG = """
-[target]
-baseline = "main"
-protected = ["bench/**", "*.dist-info/**"]
-install = "overlay"
-overlay_from = "{site}"
-
-[target.env]
-VLLM_CPU_KVCACHE_SPACE = "1"
-
-[[workload]]
+SERVE_CONFIG = FAST_CONFIG.split("[[workload]]")[0] + """[[workload]]
 name = "serve"
 kind = "vllm-serve"
 metric = "output_tok_s"
