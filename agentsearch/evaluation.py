@@ -455,9 +455,14 @@ def _distribution(ctx: _Ctx) -> bool:
 
 
 def loaded_share(r: WorkloadRun) -> float:
-    """The share of ``r``'s timed trials the quiet-machine probe flagged ``foreign_load`` (0 when none ran)."""
-    timed = [t for t in r.trials if t.pair >= 0]
-    return sum(1 for t in timed if t.metrics.get("foreign_load")) / len(timed) if timed else 0.0
+    """The share of ``r``'s pairs with a timed trial the quiet-machine probe flagged ``foreign_load`` (0
+    when none ran). A pair counts when either side's trial was flagged: a load on one side only biases
+    the pair's difference as much as a load on both (more), so one side loaded throughout counts fully."""
+    pairs: dict[int, bool] = {}
+    for t in r.trials:
+        if t.pair >= 0:
+            pairs[t.pair] = pairs.get(t.pair, False) or bool(t.metrics.get("foreign_load"))
+    return sum(pairs.values()) / len(pairs) if pairs else 0.0
 
 
 def _under_load(r: WorkloadRun) -> str:

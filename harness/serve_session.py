@@ -184,6 +184,9 @@ class ServeSession(Parkable):
             "--random-output-len", str(p.get("output_len", 32)), "--num-prompts", str(p.get("prompts", 32)),
             "--max-concurrency", str(p.get("max_concurrency", 4)), "--request-rate", str(p.get("request_rate", "inf")),
             "--seed", str(seed), "--ignore-eos", "--disable-tqdm",
+            # greedy, so the two sides' texts for the same requests can be compared (the outputs check);
+            # --save-detailed keeps the per-request lengths and texts in the result
+            "--temperature", "0", "--save-detailed",
         ]
         t0 = time.perf_counter()
         try:
@@ -202,7 +205,11 @@ class ServeSession(Parkable):
         failed = int(data.get("failed", 0) or 0)
         if failed or int(data.get("completed", 0) or 0) != int(p.get("prompts", 32)):
             return TrialOutcome(False, None, {}, wall, f"{failed} of {p.get('prompts', 32)} requests failed: {self._error_line()}", self._log_tail())
+        outputs, why = served_outputs(data, int(p.get("prompts", 32)), int(p.get("output_len", 32)))
+        if why:
+            return TrialOutcome(False, None, {}, wall, f"bench serve: {why}", self._log_tail())
         metrics: dict[str, Any] = {ours: data.get(theirs) for theirs, ours in METRICS.items()}
+        metrics["input_tokens"] = data.get("total_input_tokens")  # the outputs check: both sides got the same requests
         metrics["engine_startup_s"] = self.startup_s
         metrics["duration_s"] = data.get("duration")
         metrics["generator_trial"] = self.client.served if self.client else None  # n-th trial of this warm load generator
@@ -212,7 +219,7 @@ class ServeSession(Parkable):
         err_msg = metric_error(metrics, metric)
         if err_msg:
             return TrialOutcome(False, None, metrics, wall, err_msg, self._log_tail())
-        return TrialOutcome(True, float(metrics[metric]), metrics, wall)
+        return TrialOutcome(True, float(metrics[metric]), metrics, wall, outputs=outputs)
 
     def _close_client(self) -> None:
         client, self.client = self.client, None
@@ -242,6 +249,26 @@ class ServeSession(Parkable):
             proc.wait()
             self._end_group()
             self.wait_s += time.perf_counter() - t0
+
+
+def served_outputs(data: Mapping[str, Any], prompts: int, output_len: int) -> tuple[tuple[tuple[int, ...], ...] | None, str]:
+    """The run's outputs for the outputs check (per request, the hashes of its text's chunks), or why the
+    run cannot be trusted. The token counts come from the server (its ``usage``): each request must report
+    exactly the ``output_len`` it asked for (``--ignore-eos``, fixed lengths), and their sum is what the
+    throughput is computed from; a server that reports more than it generated is caught by the texts,
+    which the outputs check compares with the other side's."""
+    lens, texts = data.get("output_lens"), data.get("outputs")
+    if not isinstance(lens, list) or not isinstance(texts, list) or len(lens) != prompts or len(texts) != prompts:
+        return None, f"the run reported no per-request lengths and outputs for its {prompts} requests"
+    wrong = [n for n in lens if n != output_len]
+    if wrong:
+        return None, (f"{len(wrong)} of {prompts} requests reported {sorted(set(wrong))[:3]} output tokens, "
+                      f"not the {output_len} requested")
+    if data.get("total_output_tokens") != sum(lens):
+        return None, f"total output tokens {data.get('total_output_tokens')!r} is not the sum of the requests' {sum(lens)}"
+    if not all(isinstance(t, list) and all(isinstance(h, int) and not isinstance(h, bool) for h in t) for t in texts):
+        return None, "malformed outputs"
+    return tuple(tuple(t) for t in texts), ""
 
 
 class ClientTimeout(WorkerError):

@@ -5,6 +5,7 @@ up; a hung run times out and the process is replaced; it never runs inside a sid
 from __future__ import annotations
 
 import time
+import zlib
 from pathlib import Path
 
 import pytest
@@ -22,8 +23,11 @@ def main(args):
         time.sleep(3600)  # a run that never ends (a server that never answers)
     if args.seed == 7:
         raise RuntimeError("all connections refused")
-    return {"completed": args.num_prompts, "failed": 0, "duration": 0.01, "output_throughput": 100.0 + args.seed,
-            "pid": os.getpid(), "odd": float("nan")}
+    n = args.num_prompts
+    texts = ["answer %d to request %d " % (args.seed, i) * 40 for i in range(n)]
+    return {"completed": n, "failed": 0, "duration": 0.01, "output_throughput": 100.0 + args.seed,
+            "pid": os.getpid(), "odd": float("nan"), "total_output_tokens": 8 * n, "output_lens": [8] * n,
+            "generated_texts": texts, "itls": [[0.001] * 100000 for _ in range(n)], "ttfts": [0.1] * n}
 '''
 FAKE_ARGPARSE = "import argparse\nclass FlexibleArgumentParser(argparse.ArgumentParser):\n    pass\n"
 
@@ -49,6 +53,12 @@ def test_one_generator_serves_many_trials_and_survives_a_failed_run(fake_vllm, t
         first = c.bench(["--seed", "1", "--num-prompts", "4"])
         assert first["completed"] == 4 and first["output_throughput"] == 101.0
         assert first["odd"] is None  # NaN never crosses the pipe
+        # compact whatever the size: per-token timings (400,000 floats here, MBs of JSON) stay behind;
+        # the texts cross as one hash per 16 characters, the lengths as they are
+        assert "itls" not in first and "ttfts" not in first and "generated_texts" not in first
+        assert first["output_lens"] == [8] * 4 and len(first["outputs"]) == 4
+        text = "answer 1 to request 0 " * 40
+        assert first["outputs"][0] == [zlib.crc32(text[i:i + 16].encode()) for i in range(0, len(text), 16)]
         with pytest.raises(WorkerError, match="all connections refused"):
             c.bench(["--seed", "7"])
         assert c.alive()
@@ -76,3 +86,42 @@ def test_a_hung_run_times_out_at_the_trials_limit(fake_vllm, tmp_path):
     finally:
         c.close()
     assert pid is not None and not Path(f"/proc/{pid}/cmdline").exists() or b"bench_client" not in Path(f"/proc/{pid}/cmdline").read_bytes()
+
+
+def _run(lens: list[int], texts: list[str], total: int | None = None) -> dict:
+    from harness.workers.bench_client import compact
+
+    return compact({"output_lens": lens, "generated_texts": texts, "total_output_tokens": sum(lens) if total is None else total})
+
+
+def test_served_outputs_catch_a_server_that_lies_about_its_work():
+    """Red team: the serving throughput is the server's own token counts (its ``usage``) over the duration.
+    A candidate server that over-reports them, or that stops early and reports the full count, fails the
+    trial or the outputs check; an honest one passes with outputs the check can compare."""
+    from agentsearch.workloads import OutputsMatch
+    from harness.serve_session import served_outputs
+    from harness.trials import TrialOutcome
+
+    texts = [f"request {i}: " + "tok " * 32 for i in range(8)]
+    honest, why = served_outputs(_run([32] * 8, texts), 8, 32)
+    assert why == "" and honest is not None and len(honest) == 8
+
+    _, why = served_outputs(_run([64] * 8, texts), 8, 32)  # usage says twice the tokens it generated
+    assert "reported [64] output tokens, not the 32 requested" in why
+    _, why = served_outputs(_run([32] * 8, texts, total=512), 8, 32)
+    assert "not the sum" in why
+    _, why = served_outputs(_run([32] * 7, texts[:7]), 8, 32)
+    assert "for its 8 requests" in why
+    _, why = served_outputs({"output_lens": [32] * 8, "total_output_tokens": 256}, 8, 32)
+    assert "no per-request lengths and outputs" in why
+
+    # stops after a quarter of the text yet reports 32 tokens: the lengths pass, the other side's texts do not
+    short, why = served_outputs(_run([32] * 8, [t[: len(t) // 4] for t in texts]), 8, 32)
+    assert why == "" and short is not None
+    match = OutputsMatch()
+    assert match.check("baseline", 5, TrialOutcome(True, 1.0, {"input_tokens": 80}, 1.0, outputs=honest)) == ""
+    reason = match.check("candidate", 5, TrialOutcome(True, 2.0, {"input_tokens": 80}, 1.0, outputs=short))
+    assert reason.startswith("outputs check: the tokens generated for the same requests (seed 5) differ"), reason
+    match = OutputsMatch()
+    match.check("baseline", 6, TrialOutcome(True, 1.0, {"input_tokens": 80}, 1.0, outputs=honest))
+    assert match.check("candidate", 6, TrialOutcome(True, 1.0, {"input_tokens": 80}, 1.0, outputs=honest)) == ""

@@ -183,3 +183,40 @@ def test_a_win_measured_under_foreign_load_must_be_confirmed_significantly():
     strong = [0.05, 0.06, 0.045]
     ok = decide_confirmation(design, strong, won=won, strict=True)
     assert ok.action == OK and "under foreign load" in ok.reason
+
+
+def test_the_strict_confirmation_does_not_borrow_a_quiet_calibration():
+    """Under foreign load the fresh pairs must be significant by themselves: a calibration prior measured on
+    a quiet machine (tight, many df) would make three middling pairs look significant."""
+    from harness.gate_defaults import LOADED_CONFIRM_ALPHA
+    from harness.sequential import NOT_CONFIRMED, confirmation_design, decide_confirmation
+    from harness.statistics import NoisePrior
+
+    design = confirmation_design(3)
+    won = paired_estimate([0.05, 0.08, 0.02, 0.06])
+    middling = [0.06, -0.01, 0.05]
+    prior = NoisePrior(var=0.0012, df=200)
+    assert paired_estimate(middling, prior).pooled
+    assert paired_estimate(middling, prior).p_better() < LOADED_CONFIRM_ALPHA < paired_estimate(middling).p_better()
+    assert decide_confirmation(design, middling, prior, won=won).action == OK
+    assert decide_confirmation(design, middling, prior, won=won, strict=True).action == NOT_CONFIRMED
+
+
+def test_a_pair_is_loaded_when_either_of_its_trials_was():
+    """One side measured under foreign load throughout (the other quiet) is a fully loaded run: pooling
+    the trials gave exactly 1/2 and missed the strict confirmation (> 1/2)."""
+    from agentsearch.evaluation import loaded_share
+    from harness.interleave import WorkloadRun
+    from harness.trials import TrialRecord
+
+    def run(flags: list[tuple[bool, bool]]) -> WorkloadRun:
+        r = WorkloadRun("w")
+        for i, (a, b) in enumerate(flags):
+            for pos, (side, loaded) in enumerate((("baseline", a), ("candidate", b))):
+                r.trials.append(TrialRecord("w", side, i, i, pos, "AB", 0, True, 1.0, {"foreign_load": loaded}, 1.0))
+        r.trials.append(TrialRecord("w", "baseline", 99, -1, 0, "AB", 0, True, 1.0, {"foreign_load": True}, 1.0))  # warm-up
+        return r
+
+    assert loaded_share(run([(False, True)] * 6)) == 1.0
+    assert loaded_share(run([(False, False)] * 4 + [(True, True)] * 2)) == pytest.approx(1 / 3)
+    assert loaded_share(run([(False, False)] * 3)) == 0.0 and loaded_share(WorkloadRun("w")) == 0.0

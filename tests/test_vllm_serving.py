@@ -47,6 +47,9 @@ def test_a_serving_change_is_measured_by_one_warm_load_generator_per_server(fork
     assert w["speedup"] > 1.5 and w["ci"][0] > 1.0  # 8 concurrent requests batched instead of one at a time
     trials = [t for t in out["trials"] if t["ok"]]
     assert len(trials) >= 2 * (3 + 2)
+    # the outputs check ran on every pair: the greedy texts of the same requests agree between the servers
+    agreed = [t["metrics"]["outputs_agreement"] for t in trials if "outputs_agreement" in t["metrics"]]
+    assert len(agreed) >= 3 + 2 and min(agreed) >= 0.99, agreed
     for side in ("baseline", "candidate"):
         mine = [t for t in trials if t["side"] == side]
         # one load generator served every trial of the side (and the unrecorded warm-up rounds before each

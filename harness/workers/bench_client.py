@@ -11,8 +11,12 @@ Self-contained: standard library + vllm only (never imports agentsearch or harne
 Protocol: results go to the file descriptor ``--fd`` as JSON lines (vLLM's own output goes to
 stdout/stderr, which the orchestrator sends to a log). Commands arrive on stdin as JSON lines:
 ``{"cmd": "bench", "argv": [...the arguments of `vllm bench serve`...]}`` -> ``{"event": "result",
-"result": {...}}`` (the same object ``--save-result`` writes) or ``{"event": "error", "error": "..."}``
-(the process stays up); ``{"cmd": "quit"}``. On start-up: ``{"event": "ready", "import_s": ...}``.
+"result": {...}}`` or ``{"event": "error", "error": "..."}`` (the process stays up); ``{"cmd": "quit"}``.
+On start-up: ``{"event": "ready", "import_s": ...}``. The result is compact whatever the workload's
+size: the scalar fields of what ``--save-result`` writes, ``output_lens`` (tokens per request, as the
+server reported them) and ``outputs``: per request, the CRC-32 of each successive CHUNK characters of
+its generated text (the outputs check compares them between the sides; the texts themselves, and the
+per-token timings, can run to megabytes).
 
     python bench_client.py --fd 3
 """
@@ -26,6 +30,14 @@ import os
 import sys
 import time
 import traceback
+import zlib
+
+CHUNK = 16  # characters of generated text per hash: about 4 tokens
+
+
+def _chunks(text: object) -> list[int]:
+    t = text if isinstance(text, str) else ""
+    return [zlib.crc32(t[i:i + CHUNK].encode("utf-8", "surrogatepass")) for i in range(0, len(t), CHUNK)]
 
 
 def _clean(obj):
@@ -39,6 +51,16 @@ def _clean(obj):
     if obj is None or isinstance(obj, (bool, int, str)):
         return obj
     return None
+
+
+def compact(result: dict) -> dict:
+    """What the orchestrator needs of a run: its scalars, the tokens per request and the outputs' hashes."""
+    out = {k: v for k, v in _clean(result).items() if not isinstance(v, (list, dict))}
+    lens = result.get("output_lens")
+    out["output_lens"] = [int(n) if isinstance(n, int) and not isinstance(n, bool) else -1 for n in lens] if isinstance(lens, list) else None
+    texts = result.get("generated_texts")
+    out["outputs"] = [_chunks(t) for t in texts] if isinstance(texts, list) else None
+    return out
 
 
 def main() -> int:
@@ -79,7 +101,7 @@ def main() -> int:
 
             parser.error = refuse
             result = serve.main(parser.parse_args([str(a) for a in cmd["argv"]]))
-            send({"event": "result", "result": _clean(result)})
+            send({"event": "result", "result": compact(result)})
         except BaseException as exc:  # noqa: BLE001 - argparse exits, a failed run: report and stay up
             if isinstance(exc, KeyboardInterrupt):
                 raise
