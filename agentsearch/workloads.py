@@ -125,6 +125,10 @@ class GuardedSession:
             self.fresh()
         self.inner.start()
 
+    def boot_failed(self) -> bool | None:
+        probe = getattr(self.inner, "boot_failed", None)
+        return False if probe is None else probe()
+
     def measure(self, seed: int) -> TrialOutcome:
         if self.fresh is not None:
             self.fresh()  # every trial starts with an empty output directory

@@ -232,6 +232,15 @@ class WorkerSession(Parkable):
             log.close()
         self._rfd = rfd
 
+    def boot_failed(self) -> bool | None:
+        """Without waiting: None while the engine is still starting, else whether its start-up failed."""
+        if not (self.ready or self.start_error or self.proc is None or self._rfd is None or self.parked):
+            readable, _, _ = select.select([self._rfd], [], [], 0)
+            if not readable and b"\n" not in self._buf and self.proc.poll() is None:
+                return None
+            self.wait_ready()  # a message (or the end of the pipe) is there: reading it does not wait
+        return bool(self.start_error) or self.proc is None
+
     def wait_ready(self) -> None:
         if self.ready or self.start_error or self.proc is None:
             return
@@ -485,7 +494,10 @@ class EnginePool:
     def activate(self, key: str) -> None:
         """Only engine ``key`` runs: every other engine of the pool is parked (stopped) until its turn.
 
-        Engines still booting finish first (both sides boot concurrently; nothing is measured meanwhile)."""
+        Engines still booting finish first (both sides boot concurrently; nothing is measured meanwhile),
+        unless engine ``key`` failed to start: its measure reports that at once."""
+        if self.engines[key].start_error:
+            return
         for eng in self.engines.values():
             if not eng.parked and eng.proc is not None:
                 eng.wait_ready()
@@ -528,6 +540,9 @@ class EngineLease:
         eng = self.engine
         if eng.proc is None and not eng.start_error:
             eng.start()
+
+    def boot_failed(self) -> bool | None:
+        return self.engine.boot_failed()
 
     def measure(self, seed: int) -> TrialOutcome:
         self.pool.activate(self.key)

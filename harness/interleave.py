@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Protocol
@@ -113,7 +114,7 @@ def run_interleaved(
                     for side in (BASELINE, CANDIDATE):
                         sessions[side] = factory(side, idx)
                         sessions[side].start()
-                    for side in (BASELINE, CANDIDATE):
+                    for side in _warm_up_order(sessions) if warmup else (BASELINE, CANDIDATE):
                         if not _warm_up(run, sessions[side], side, idx, seed_of, warmup):
                             return run
                 seed = seed_of(pair)
@@ -212,6 +213,26 @@ class _one_session:
 
     def __exit__(self, *exc: object) -> None:
         self.session.close()
+
+
+BOOT_POLL_S = 0.25
+
+
+def _warm_up_order(sessions: dict[str, Session]) -> tuple[str, str]:
+    """The sides in the order to warm up, once both sessions' start-ups are over: a side whose engine failed
+    to start goes first (its warm-up reports the failure, blamed on it), as soon as it failed, so a
+    candidate that breaks the engine is rejected without waiting for the other side's engine (45-100 s
+    here). Sessions without engines (``boot_failed`` absent) keep the baseline-first order."""
+    probes = {side: getattr(sessions[side], "boot_failed", None) for side in (CANDIDATE, BASELINE)}
+    while all(probes.values()):
+        states = {side: probe() for side, probe in probes.items()}  # type: ignore[misc]
+        for side, failed in states.items():
+            if failed:
+                return (side, BASELINE if side == CANDIDATE else CANDIDATE)
+        if all(failed is False for failed in states.values()):
+            break
+        time.sleep(BOOT_POLL_S)
+    return (BASELINE, CANDIDATE)
 
 
 def _warm_up(run: WorkloadRun, session: Session, side: str, idx: int, seed_of: Callable[[int], int], warmup: int,

@@ -150,6 +150,14 @@ class ServeSession(Parkable):
         except (urllib.error.URLError, OSError):
             return False
 
+    def boot_failed(self) -> bool | None:
+        """Without waiting: None while the server is still starting, else whether its start-up failed."""
+        if not (self.startup_s is not None or self.start_error or self.proc is None or self.parked):
+            if self.proc.poll() is None and not self._healthy():
+                return None
+            self.wait_ready()
+        return bool(self.start_error) or self.proc is None
+
     def wait_ready(self) -> None:
         if self.startup_s is not None or self.start_error or self.proc is None:
             return

@@ -183,6 +183,52 @@ class _Shared(Recorder):
         self.log.append(("close", self.side, self.idx))
 
 
+class _Booting(_Shared):
+    """An engine that takes ``boot_polls`` polls to come up, or fails its start-up after ``fail_polls``."""
+
+    def __init__(self, log: list, side: str, idx: int, boot_polls: int, fail_polls: int | None = None):
+        super().__init__(log, side, idx)
+        self.polls, self.boot_polls, self.fail_polls = 0, boot_polls, fail_polls
+
+    def boot_failed(self) -> bool | None:
+        self.polls += 1
+        if self.fail_polls is not None and self.polls >= self.fail_polls:
+            return True
+        return False if self.polls >= self.boot_polls else None
+
+    def measure(self, seed: int) -> TrialOutcome:
+        self.log.append(("measure", self.side, self.idx, seed))
+        if self.fail_polls is not None:
+            return TrialOutcome(False, None, {}, 0.0, "engine error during engine start-up: SyntaxError")
+        return TrialOutcome(True, 1.0, {}, 0.01)
+
+
+def test_a_side_whose_engine_fails_to_start_is_judged_without_waiting_for_the_other(monkeypatch):
+    """Both sides boot concurrently; a candidate that breaks the engine fails its start-up in seconds while
+    the baseline's engine still boots (45-100 s here): it is warmed up (and rejected) first, at once."""
+    from harness import interleave
+
+    monkeypatch.setattr(interleave, "BOOT_POLL_S", 0.001)
+    log: list = []
+    sessions: dict = {}
+
+    def factory(side, idx):
+        sessions[side] = _Booting(log, side, idx, boot_polls=10**6 if side == BASELINE else 3,
+                                  fail_polls=3 if side == CANDIDATE else None)
+        return sessions[side]
+
+    design = SequentialDesign(alpha=0.01, min_pairs=4, max_pairs=4)
+    run = run_interleaved("w", factory, design, decide_objective, lambda i: 1000 + i, True, warmup=1)
+    assert run.failure and run.failure.startswith(f"{CANDIDATE} warm-up failed") and "SyntaxError" in run.failure
+    assert [e for e in log if e[0] == "measure"] == [("measure", CANDIDATE, 0, 999)]  # the baseline never waited for
+    assert sessions[BASELINE].polls == 3 and ("close", BASELINE, 0) in log
+    # both up: the baseline warms up first, as always
+    log.clear()
+    run = run_interleaved("w", lambda side, idx: _Booting(log, side, idx, boot_polls=5 if side == BASELINE else 2),
+                          design, decide_objective, lambda i: 1000 + i, True, warmup=1)
+    assert run.failure is None and [e[1] for e in log if e[0] == "measure"][:2] == [BASELINE, CANDIDATE]
+
+
 # ------------------------------------------------------------------ quiet machine, power
 def test_probe_counts_a_detached_spinner_as_foreign_and_its_own_children_not():
     spin = "import time\nt=time.time()\nwhile time.time()-t<3: pass\n"
