@@ -246,6 +246,10 @@ class VerifyConfig:
     sample: bool = doc("kind = \"vllm\": the sample path (processed logprobs under several sampling settings and the draw test).", True)
     sample_draws: int = doc("kind = \"vllm\": seeded draws per context and setting in the draw test (0 disables the draw test).", 100)
     sample_contexts: int = doc("kind = \"vllm\": contexts (one short prompt per language) of the draw test.", 2)
+    reuse_baseline: bool = doc(
+        "Keep the baseline's dumps in the house and reuse them while the baseline commit, this section, the model, the "
+        "environment and agentsearch's logprob code are unchanged: the next check starts no baseline engine.", True
+    )
 
     def __post_init__(self) -> None:
         if self.sample_draws < 0 or self.sample_contexts < 1:

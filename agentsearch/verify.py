@@ -19,11 +19,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from harness import corpus as corpus_mod
-from harness import models
+from harness import environment, models
 from harness.distribution import DTYPE_FLOOR, PathStats, compare, judge_draws, judge_path
 from harness.logprobs import CommandLogprobs, LogprobError, VllmLogprobs, write_prompts, write_sample_prompts
 from harness.trials import BASELINE, CANDIDATE
 
+from . import __version__, baseline_dumps
 from .config import Config, VerifyConfig
 from .errors import AgentsearchError
 from .workloads import placement_for
@@ -69,6 +70,7 @@ class VerifyResult:
     positions: dict[str, list[float]] = field(default_factory=dict)  # per-position KL for plots
     draws: dict[str, Any] = field(default_factory=dict)  # the paired draw test (vLLM worker)
     corpus_size: int = 0  # prompts in the corpus before the profile's selection
+    baseline_reused: int = 0  # the baseline's dumps reused from an earlier check (agentsearch.baseline_dumps)
     schema_version: int = VERIFY_SCHEMA
 
     def to_json(self) -> dict[str, Any]:
@@ -77,6 +79,7 @@ class VerifyResult:
             "mode": self.mode, "public": self.sets.get("public"), "holdout": self.sets.get("holdout"),
             "draws": self.draws or None, "holdout_size": self.holdout_size, "public_size": self.public_size,
             "corpus_size": self.corpus_size, "languages": self.languages, "noise_floor": self.floor, "wall_s": round(self.wall_s, 3),
+            "baseline_reused": self.baseline_reused,
         }
 
 
@@ -100,17 +103,38 @@ def load_prompts(vc: VerifyConfig, worktree: Path) -> list[corpus_mod.Prompt]:
         raise AgentsearchError(f"[verify] corpus: {exc}") from None
 
 
-def _runner(vc: VerifyConfig, config: Config, worktree: Path, log: Path, out_root: Path, side: str = BASELINE):
+def _runner_spec(vc: VerifyConfig, config: Config, side: str) -> tuple[dict[str, Any], dict[str, str]]:
+    """(the vLLM logprob worker's spec, its environment); the spec is empty for a command."""
     env = dict(config.target.env)
     if vc.kind == "command":
-        assert vc.logprobs
-        return CommandLogprobs(vc.logprobs, worktree, env, vc.timeout_s, out_root)
+        return {}, env
     model = models.resolve(vc.model)
     # processed logprobs: what the sampler draws from (greedy requests without penalties get the raw ones)
     engine = {"enforce_eager": True, "max_model_len": 2048, "seed": 0, "dtype": vc.dtype, **vc.engine, "logprobs_mode": "processed_logprobs"}
     engine, device = placement_for(config).logprob_engine(side, engine)  # on a GPU: the side's device, its memory share
     env.update(device)
-    return VllmLogprobs({"kind": "vllm-logprobs", "model": model, "engine": engine}, worktree, env, log, vc.timeout_s, out_root)
+    return {"kind": "vllm-logprobs", "model": model, "engine": engine}, env
+
+
+def _runner(vc: VerifyConfig, config: Config, worktree: Path, log: Path, out_root: Path, side: str = BASELINE):
+    spec, env = _runner_spec(vc, config, side)
+    if vc.kind == "command":
+        assert vc.logprobs
+        return CommandLogprobs(vc.logprobs, worktree, env, vc.timeout_s, out_root)
+    return VllmLogprobs(spec, worktree, env, log, vc.timeout_s, out_root)
+
+
+def kept_dumps(ws: Workspace, config: Config, commit: str) -> baseline_dumps.BaselineDumps:
+    """Where the baseline's dumps for ``commit`` under this config and machine are kept."""
+    vc = config.verify
+    assert vc is not None
+    spec, env = _runner_spec(vc, config, BASELINE)
+    key = baseline_dumps.baseline_key({
+        "commit": commit, "verify": dataclasses.asdict(vc), "spec": spec, "env": env, "install": config.target.install,
+        "overlay_from": config.target.overlay_from, "build": config.target.build, "model": baseline_dumps.model_digest(spec.get("model")),
+        "environment": environment.fingerprint(), "code": baseline_dumps.code_digest(), "version": __version__,
+    })
+    return baseline_dumps.BaselineDumps(ws.state / baseline_dumps.CACHE_DIR, key)
 
 
 def run_verify(ws: Workspace, config: Config, sd: "Sides", say: Callable[[str, str], None] | None = None) -> VerifyResult:
@@ -138,11 +162,20 @@ def run_verify(ws: Workspace, config: Config, sd: "Sides", say: Callable[[str, s
     shuffled = write_prompts(inputs / "prompts-shuffled.jsonl", prompts, shuffle_seed=shuffle_seed)
     sampling = vc.kind == "vllm" and vc.sample
     paths = (*PATHS, "sample") if sampling else PATHS
-    runners = {}
+    runners: dict[str, Any] = {}
     draws: list[dict] | None = None
+    kept = kept_dumps(ws, config, sd.commits[BASELINE]) if vc.reuse_baseline else None
     try:
         for side in (BASELINE, CANDIDATE):
-            runners[side] = _runner(vc, config, worktrees[side], sd.logs / f"logprobs-{side}.log", sd.out(side), side)
+            def make(side: str = side) -> Any:
+                return _runner(vc, config, worktrees[side], sd.logs / f"logprobs-{side}.log", sd.out(side), side)
+
+            if side == BASELINE and kept is not None:
+                runners[side] = baseline_dumps.ReusingRunner(make, kept, sd.out(side), eager=not kept.complete)
+                if kept.complete:
+                    say("verify", f"the baseline's dumps are kept from an earlier check of {sd.commits[BASELINE][:10]}: its engine is not started")
+            else:
+                runners[side] = make()
 
         def collect(side: str, what: str, fn: Callable[[], dict]) -> dict:
             say("verify", what)
@@ -187,9 +220,12 @@ def run_verify(ws: Workspace, config: Config, sd: "Sides", say: Callable[[str, s
                 collect(BASELINE, "draw test: baseline with unrelated seeds", drawn(BASELINE, ctx, unrelated_seed, "draws-unrelated.jsonl")),
                 collect(CANDIDATE, "draw test: candidate, same seeds", drawn(CANDIDATE, ctx, DRAW_SEED, "draws-cand.jsonl")),
             ]
+        if kept is not None:
+            kept.mark_complete()  # every dump of the check is kept: the next one starts no baseline engine
     finally:
         for r in runners.values():
             r.close()
+    reused = runners[BASELINE].reused if isinstance(runners.get(BASELINE), baseline_dumps.ReusingRunner) else 0
     tie = DTYPE_FLOOR[vc.dtype]["tie"]
     floor = compare(base, base2, [p.id for p in prompts], tie, paths)
     reasons: list[str] = []
@@ -221,6 +257,7 @@ def run_verify(ws: Workspace, config: Config, sd: "Sides", say: Callable[[str, s
         verdict="fail" if reasons else "pass", reasons=tuple(reasons), sets=sets, languages=languages,
         floor={path: st.summary() for path, st in floor.items()}, holdout_size=len(hold), public_size=len(public),
         mode=vc.mode, wall_s=time.perf_counter() - t0, positions=positions, draws=draw_stats, corpus_size=len(every),
+        baseline_reused=reused,
     )
 
 

@@ -12,7 +12,7 @@ from agentsearch.workspace import Workspace
 from harness.corpus import NATURAL, build, load, select, split
 from harness.distribution import PathStats, Record, compare, compare_position, judge_draws, judge_path, systematic_shift
 
-from .conftest import ROOT, commit, make_repo, run_cli
+from .conftest import ROOT, commit, git, make_repo, run_cli
 
 LM = (ROOT / "tests" / "toy_lm.py").read_text()
 CONFIG = """
@@ -270,6 +270,41 @@ def test_evaluate_includes_the_distribution_check(lm_target):
     out = json.loads(proc.stdout)
     assert proc.returncode == 0, out["reasons"]
     assert out["distribution"]["verdict"] == "pass"
+    assert out["distribution"]["baseline_reused"] == 2  # the first evaluation's baseline dumps: same baseline
+
+
+def test_the_baselines_dumps_are_reused_until_what_they_depend_on_changes(lm_target):
+    variant(lm_target, "refactor")
+    refactored = git(lm_target, "show", "refactor:lm.py")
+    kept = Workspace.open(lm_target).state / "verify-baseline"
+    rc, first = verify(lm_target, "refactor")
+    assert rc == 0 and first["baseline_reused"] == 0 and len(list(kept.glob("*/*.jsonl"))) == 2
+    rc, again = verify(lm_target, "refactor")
+    assert rc == 0 and again["baseline_reused"] == 2
+    assert again["public"] == first["public"] and again["noise_floor"] == first["noise_floor"]  # the same numbers
+    # a damaged dump is collected again, not trusted
+    dump = next(kept.glob("*/*.jsonl"))
+    dump.write_text(dump.read_text()[: len(dump.read_text()) // 2])
+    rc, out = verify(lm_target, "refactor")
+    assert rc == 0 and out["baseline_reused"] == 1 and out["public"] == first["public"]
+    # what the dumps depend on: the [verify] section, the baseline commit
+    cfg = (lm_target / "agentsearch.toml").read_text()
+    commit(lm_target, {"agentsearch.toml": cfg.replace("[verify]\n", "[verify]\nk = 10\n")}, "top-10")
+    commit(lm_target, {"lm.py": refactored}, "refactor", branch="refactor-2")  # the change again, on the new main
+    rc, out = verify(lm_target, "refactor-2")
+    assert rc == 0 and out["baseline_reused"] == 0
+    commit(lm_target, {"NOTES.md": "a new baseline\n"}, "notes")
+    commit(lm_target, {"lm.py": refactored}, "refactor", branch="refactor-3")
+    rc, out = verify(lm_target, "refactor-3")
+    assert rc == 0 and out["baseline_reused"] == 0
+    assert len([d for d in kept.iterdir() if d.is_dir()]) == 3
+    # opted out: nothing kept, nothing reused
+    commit(lm_target, {"agentsearch.toml": cfg.replace("[verify]\n", "[verify]\nreuse_baseline = false\n")}, "no reuse")
+    commit(lm_target, {"lm.py": refactored}, "refactor", branch="refactor-4")
+    for _ in range(2):
+        rc, out = verify(lm_target, "refactor-4")
+        assert rc == 0 and out["baseline_reused"] == 0
+    assert len([d for d in kept.iterdir() if d.is_dir()]) == 3
 
 
 def _v2_stats(kl_mean, same):

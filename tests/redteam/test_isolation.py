@@ -245,9 +245,10 @@ def test_verify_refuses_a_ref_that_edits_its_own_config_before_checking_out(tmp_
 LOSSY_LM = """
 import glob, json, os, shutil, sys
 prompts, out = sys.argv[1], sys.argv[2]
-# copy the baseline's dump if it can be found anywhere
+# copy the baseline's dump if it can be found anywhere: its output directory, or the house, where the
+# dumps of an earlier check of the same baseline are kept (agentsearch.baseline_dumps)
 for pattern in ("/tmp/**/base.jsonl", os.path.join(os.path.dirname(out), "..", "..", "**", "base.jsonl"),
-                os.path.join(os.getcwd(), "..", "**", "base.jsonl")):
+                os.path.join(os.getcwd(), "..", "**", "base.jsonl"), "HOUSE/verify-baseline/**/*.jsonl"):
     for hit in glob.glob(pattern, recursive=True):
         shutil.copy(hit, out)
         sys.exit(0)
@@ -258,13 +259,18 @@ exec(compile(src, "lm_real.py", "exec"), {"__name__": "__main__"})
 """
 
 
-def verify_attack(tmp_path: Path, attack_lm: str) -> dict:
-    """`verify` of a branch whose logprob command is ``attack_lm`` (the toy LM is lm_real.py); its JSON."""
+def verify_attack(tmp_path: Path, attack_lm: str, control: bool = False) -> dict:
+    """`verify` of a branch whose logprob command is ``attack_lm`` (the toy LM is lm_real.py); its JSON.
+    With ``control`` an honest `verify main` runs first (and must pass): the baseline's dumps are then
+    kept in the house when the attack runs. HOUSE in ``attack_lm`` is the house's path."""
     lm = (ROOT / "tests" / "toy_lm.py").read_text()
     verify = f'\n[verify]\nlogprobs = "{sys.executable} lm.py {{prompts}} {{out}}"\ntimeout_s = 120\n'
     repo = make_target(tmp_path, files={"lm.py": lm, "lm_real.py": lm})
     commit(repo, {"agentsearch.toml": (repo / "agentsearch.toml").read_text() + verify}, "verify section")
-    commit(repo, {"lm.py": attack_lm}, "lossy, with a shortcut", branch="attack")
+    commit(repo, {"lm.py": attack_lm.replace("HOUSE", str(Workspace.open(repo).state))}, "lossy, with a shortcut", branch="attack")
+    if control:
+        proc = run_cli("verify", "-C", str(repo), "main", "--json", timeout=280)
+        assert json.loads(proc.stdout)["verdict"] == "pass", proc.stdout[-2000:]
     proc = run_cli("verify", "-C", str(repo), "attack", "--json", timeout=280)
     res = json.loads(proc.stdout)
     res["repo"] = str(repo)
@@ -272,12 +278,14 @@ def verify_attack(tmp_path: Path, attack_lm: str) -> dict:
 
 
 def test_candidate_cannot_copy_the_baselines_logprob_dump(tmp_path):
-    res = verify_attack(tmp_path, LOSSY_LM)
+    """Neither from the baseline's output directory during the check nor from the house, where the control's
+    check left the baseline's dumps (and from where this check reused all seven)."""
+    res = verify_attack(tmp_path, LOSSY_LM, control=True)
     repo = Path(res["repo"])
     assert res["verdict"] == "fail", res["reasons"]
-    # the control: the honest branch passes
-    proc = run_cli("verify", "-C", str(repo), "main", "--json", timeout=280)
-    assert json.loads(proc.stdout)["verdict"] == "pass"
+    assert res["baseline_reused"] == 2  # corpus and noise floor (a command target has no sample path)
+    kept = list((Workspace.open(repo).state / "verify-baseline").rglob("*.jsonl"))
+    assert len(kept) == 2  # they were there for the attack to find, had it been able to look
 
 
 def test_episode_with_attacks_and_a_real_win_merges_only_the_real_win(tmp_path):
