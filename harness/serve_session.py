@@ -206,8 +206,8 @@ class ServeSession(Parkable):
         except WorkerError as exc:
             wall = time.perf_counter() - t0
             timed_out = isinstance(exc, ClientTimeout)
-            if timed_out or self.client is None or not self.client.alive() or self.client.served == 0:
-                self._close_client()  # a hung, dead or never-started generator is replaced at the next trial
+            if not isinstance(exc, ClientReported) or self.client is None or not self.client.alive():
+                self._close_client()  # hung, dead, never started or off protocol: replaced at the next trial
             return TrialOutcome(False, None, {}, wall, f"bench serve: {exc}", self._log_tail(), failure=TIMEOUT if timed_out else CRASH)
         wall = time.perf_counter() - t0
         failed = int(data.get("failed", 0) or 0)
@@ -283,6 +283,10 @@ class ClientTimeout(WorkerError):
     pass
 
 
+class ClientReported(WorkerError):
+    """The load generator ran the command and reported its failure (it stays usable)."""
+
+
 class BenchClient:
     """The warm load generator: ``workers/bench_client.py`` with the baseline's vLLM on its path, in the
     server's network namespace (``in_net``), outside every sandbox; one JSON line per trial each way."""
@@ -307,6 +311,9 @@ class BenchClient:
                 self.proc = subprocess.Popen(self.in_net([self.python, str(CLIENT), "--fd", str(wfd)]), cwd=str(self.log_dir), env=env,
                                              stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, pass_fds=(wfd,),
                                              start_new_session=True)
+        except OSError as exc:
+            os.close(rfd)
+            raise WorkerError(f"the load generator could not be started: {exc}") from None
         finally:
             os.close(wfd)
         self._rfd = rfd
@@ -326,8 +333,10 @@ class BenchClient:
         except (BrokenPipeError, OSError):
             raise WorkerError("the load generator died") from None
         msg = self._read(self.timeout_s, "the benchmark")
+        if msg.get("event") == "error":
+            raise ClientReported(tail(str(msg.get("error") or "no result"), 1))
         if msg.get("event") != "result" or not isinstance(msg.get("result"), dict):
-            raise WorkerError(tail(str(msg.get("error") or "no result"), 1))
+            raise WorkerError("the load generator answered something other than a result")
         self.served += 1
         return msg["result"]
 
@@ -362,10 +371,16 @@ class BenchClient:
             try:
                 if proc.poll() is None and proc.stdin:
                     proc.stdin.write(b'{"cmd": "quit"}\n')
-                    proc.stdin.close()
+                    proc.stdin.flush()
                     proc.wait(timeout=10)
             except (BrokenPipeError, OSError, subprocess.TimeoutExpired):
                 pass
+            finally:
+                if proc.stdin:
+                    try:
+                        proc.stdin.close()
+                    except OSError:
+                        pass
             kill_group(proc)
             proc.wait()
         if self._rfd is not None:

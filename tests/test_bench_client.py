@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from harness.engine_session import WorkerError
-from harness.serve_session import BenchClient, ClientTimeout
+from harness.serve_session import BenchClient, ClientReported, ClientTimeout
 
 FAKE_SERVE = '''
 import os, time
@@ -23,6 +23,9 @@ def main(args):
         time.sleep(3600)  # a run that never ends (a server that never answers)
     if args.seed == 7:
         raise RuntimeError("all connections refused")
+    if args.seed == 21:  # something writes to the result pipe out of turn: the stream is out of step
+        import sys
+        os.write(int(sys.argv[sys.argv.index("--fd") + 1]), b"not json\\n")
     n = args.num_prompts
     texts = ["answer %d to request %d " % (args.seed, i) * 40 for i in range(n)]
     return {"completed": n, "failed": 0, "duration": 0.01, "output_throughput": 100.0 + args.seed,
@@ -59,14 +62,17 @@ def test_one_generator_serves_many_trials_and_survives_a_failed_run(fake_vllm, t
         assert first["output_lens"] == [8] * 4 and len(first["outputs"]) == 4
         text = "answer 1 to request 0 " * 40
         assert first["outputs"][0] == [zlib.crc32(text[i:i + 16].encode()) for i in range(0, len(text), 16)]
-        with pytest.raises(WorkerError, match="all connections refused"):
-            c.bench(["--seed", "7"])
+        with pytest.raises(ClientReported, match="all connections refused"):
+            c.bench(["--seed", "7"])  # reported by the generator: it stays in use
         assert c.alive()
         again = c.bench(["--seed", "2"])
         assert again["pid"] == first["pid"] and c.served == 2  # the same process: imported once
-        with pytest.raises(WorkerError, match="unrecognized arguments"):
+        with pytest.raises(ClientReported, match="unrecognized arguments"):
             c.bench(["--no-such-flag"])  # argparse's exit is reported, not fatal
         assert c.alive()
+        with pytest.raises(WorkerError, match="malformed message") as off:
+            c.bench(["--seed", "21"])
+        assert not isinstance(off.value, ClientReported)  # off protocol: the session replaces the generator
     finally:
         c.close()
     assert not c.alive()
@@ -125,3 +131,11 @@ def test_served_outputs_catch_a_server_that_lies_about_its_work():
     match = OutputsMatch()
     match.check("baseline", 6, TrialOutcome(True, 1.0, {"input_tokens": 80}, 1.0, outputs=honest))
     assert match.check("candidate", 6, TrialOutcome(True, 1.0, {"input_tokens": 80}, 1.0, outputs=honest)) == ""
+
+
+def test_a_generator_that_cannot_be_spawned_is_a_worker_error(tmp_path):
+    c = BenchClient(lambda argv: argv, str(tmp_path / "no-such-python"), tmp_path, {}, tmp_path, timeout_s=5)
+    with pytest.raises(WorkerError, match="could not be started"):
+        c.start()
+    c.close()
+    assert not c.alive()
