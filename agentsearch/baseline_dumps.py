@@ -16,6 +16,7 @@ the newest ``KEEP`` baselines are kept.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -29,7 +30,7 @@ from harness.safe_io import read_beneath
 CACHE_DIR = "verify-baseline"
 KEEP = 4  # baselines whose dumps are kept (the newest by use)
 COMPLETE = "complete"  # marker: every dump of a full check is there (the baseline's engine need not start)
-CODE = ("harness/workers/vllm_worker.py", "harness/logprobs.py", "harness/corpus.py")
+CODE = ("harness",)  # every file of the harness (the worker, the requests, the sandbox, the engine session)
 
 Dump = dict[tuple[str, str], Record]
 
@@ -40,12 +41,15 @@ class Runner(Protocol):
     def close(self) -> None: ...
 
 
-def code_digest(root: Path | None = None) -> str:
-    """agentsearch's code that makes a dump (the worker, the requests it is sent, the corpus)."""
-    base = root or Path(__file__).resolve().parents[1]
+@functools.lru_cache(maxsize=1)
+def code_digest() -> str:
+    """agentsearch's code that makes a dump: every Python file of the harness (the worker, the requests
+    it is sent, the corpus, the sandbox and the engine session)."""
+    base = Path(__file__).resolve().parents[1]
     h = hashlib.sha256()
-    for rel in CODE:
-        h.update(rel.encode() + b"\0" + (base / rel).read_bytes() + b"\0")
+    for pkg in CODE:
+        for path in sorted((base / pkg).rglob("*.py")):
+            h.update(str(path.relative_to(base)).encode() + b"\0" + path.read_bytes() + b"\0")
     return h.hexdigest()[:16]
 
 
@@ -103,6 +107,10 @@ class BaselineDumps:
             tmp = path.with_suffix(f".{os.getpid()}.tmp")
             tmp.write_bytes(data)
             os.replace(tmp, path)
+
+    def discard(self) -> None:
+        """Forget this key's dumps (a check whose baseline was not self-consistent keeps nothing)."""
+        shutil.rmtree(self.dir, ignore_errors=True)
 
     def mark_complete(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)

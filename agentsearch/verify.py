@@ -220,8 +220,6 @@ def run_verify(ws: Workspace, config: Config, sd: "Sides", say: Callable[[str, s
                 collect(BASELINE, "draw test: baseline with unrelated seeds", drawn(BASELINE, ctx, unrelated_seed, "draws-unrelated.jsonl")),
                 collect(CANDIDATE, "draw test: candidate, same seeds", drawn(CANDIDATE, ctx, DRAW_SEED, "draws-cand.jsonl")),
             ]
-        if kept is not None:
-            kept.mark_complete()  # every dump of the check is kept: the next one starts no baseline engine
     finally:
         for r in runners.values():
             r.close()
@@ -233,6 +231,12 @@ def run_verify(ws: Workspace, config: Config, sd: "Sides", say: Callable[[str, s
         if st.missing or st.dropped or st.token_mismatch or st.bad_divergences:
             reasons.append(f"noise floor: the baseline is not self-consistent on {name} (missing {len(st.missing) + len(st.dropped)}, "
                            f"token mismatches {len(st.token_mismatch)}, divergences {len(st.bad_divergences)})")
+    if kept is not None:
+        # kept for the next check only when this one's baseline was self-consistent and its worktree as built
+        if reasons or sd.check():
+            kept.discard()
+        else:
+            kept.mark_complete()
     sets: dict[str, dict[str, Any]] = {}
     positions: dict[str, list[float]] = {}
     for set_name, group in (("public", public), ("holdout", hold)):

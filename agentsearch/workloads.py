@@ -17,6 +17,7 @@ from harness.quiet import Probe
 
 from harness.engine_session import EnginePool, WorkerSession
 from harness.serve_session import ServeSession
+from harness.serve_session import instrument as serve_instrument
 from harness.interleave import CommandSession, Session, SessionFactory
 from harness.trials import BASELINE, CANDIDATE, CHANGED_OUTPUTS, WORKTREE_CHANGED, CommandSpec, TrialOutcome
 
@@ -128,6 +129,11 @@ class GuardedSession:
     def boot_failed(self) -> bool | None:
         probe = getattr(self.inner, "boot_failed", None)
         return False if probe is None else probe()
+
+    def add_wait(self, seconds: float) -> None:
+        add = getattr(self.inner, "add_wait", None)
+        if add is not None:
+            add(seconds)
 
     def measure(self, seed: int) -> TrialOutcome:
         if self.fresh is not None:
@@ -242,7 +248,7 @@ def engine_factory(config: Config, workload: WorkloadConfig, sd: "Sides", pool: 
         side_env = {**env, **place.env(side, restart)}  # split: the side's device this session
         if serve:
             def engine() -> ServeSession:
-                return ServeSession(spec, worktrees[side], worktrees[BASELINE], side_env, logs / f"serve-{side}-{restart}-{n}",
+                return ServeSession(spec, worktrees[side], serve_instrument(worktrees[BASELINE]), side_env, logs / f"serve-{side}-{restart}-{n}",
                                     workload.metric, workload.timeout_s, workload.startup_timeout_s)
         else:
             def engine() -> WorkerSession:  # type: ignore[misc]

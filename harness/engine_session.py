@@ -203,12 +203,14 @@ class WorkerSession(Parkable):
         self.start_error = ""
         self.start_failure = CRASH  # the failure kind of start_error: a start-up past its limit is a timeout
         self.wait_s = 0.0  # wall time spent waiting for start-up and shutdown
+        self.started_at = 0.0
 
     # -------------------------------------------------------------- lifecycle
     def start(self) -> None:
         """Spawn the engine and return at once, so both sides boot concurrently; the first
         ``measure`` waits for it to be ready (and reports a failed start-up as its error)."""
         self.start_error, self.start_failure = "", CRASH
+        self.started_at = time.perf_counter()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         try:
             extra = serving_env(self.worktree)
@@ -233,11 +235,15 @@ class WorkerSession(Parkable):
         self._rfd = rfd
 
     def boot_failed(self) -> bool | None:
-        """Without waiting: None while the engine is still starting, else whether its start-up failed."""
+        """Without waiting: None while the engine is still starting, else whether its start-up failed
+        (a start-up past ``startup_timeout_s`` has failed)."""
         if not (self.ready or self.start_error or self.proc is None or self._rfd is None or self.parked):
             readable, _, _ = select.select([self._rfd], [], [], 0)
             if not readable and b"\n" not in self._buf and self.proc.poll() is None:
-                return None
+                if time.perf_counter() - self.started_at <= self.startup_timeout_s:
+                    return None
+                self.start_error, self.start_failure = f"engine start-up timed out after {self.startup_timeout_s:g} s", TIMEOUT
+                return True
             self.wait_ready()  # a message (or the end of the pipe) is there: reading it does not wait
         return bool(self.start_error) or self.proc is None
 
@@ -543,6 +549,10 @@ class EngineLease:
 
     def boot_failed(self) -> bool | None:
         return self.engine.boot_failed()
+
+    def add_wait(self, seconds: float) -> None:
+        """Time spent waiting for start-ups outside the engine's own waits (counted as engine time)."""
+        self.engine.wait_s += seconds
 
     def measure(self, seed: int) -> TrialOutcome:
         self.pool.activate(self.key)

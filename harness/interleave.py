@@ -114,7 +114,12 @@ def run_interleaved(
                     for side in (BASELINE, CANDIDATE):
                         sessions[side] = factory(side, idx)
                         sessions[side].start()
-                    for side in _warm_up_order(sessions) if warmup else (BASELINE, CANDIDATE):
+                    t_boot = time.perf_counter()
+                    warm_order = _warm_up_order(sessions) if warmup else (BASELINE, CANDIDATE)
+                    count_wait = getattr(sessions[warm_order[0]], "add_wait", None)
+                    if count_wait is not None:  # the engines' start-up, as when the first warm-up waited for it
+                        count_wait(time.perf_counter() - t_boot)
+                    for side in warm_order:
                         if not _warm_up(run, sessions[side], side, idx, seed_of, warmup):
                             return run
                 seed = seed_of(pair)
@@ -215,20 +220,31 @@ class _one_session:
         self.session.close()
 
 
-BOOT_POLL_S = 0.25
+BOOT_POLL_S = 0.5  # a serving probe is a process in the server's network namespace: not much more often
+BOOT_GRACE_POLLS = 10  # after the candidate's engine failed, how long the baseline's may take to fail too
 
 
 def _warm_up_order(sessions: dict[str, Session]) -> tuple[str, str]:
     """The sides in the order to warm up, once both sessions' start-ups are over: a side whose engine failed
     to start goes first (its warm-up reports the failure, blamed on it), as soon as it failed, so a
     candidate that breaks the engine is rejected without waiting for the other side's engine (45-100 s
-    here). Sessions without engines (``boot_failed`` absent) keep the baseline-first order."""
-    probes = {side: getattr(sessions[side], "boot_failed", None) for side in (CANDIDATE, BASELINE)}
+    here). Both failed: the baseline first (a broken set-up is the run's error, not the candidate's).
+    Every start-up has its limit (``boot_failed`` says True past it). Sessions without engines
+    (``boot_failed`` absent) keep the baseline-first order."""
+    probes = {side: getattr(sessions[side], "boot_failed", None) for side in (BASELINE, CANDIDATE)}
     while all(probes.values()):
         states = {side: probe() for side, probe in probes.items()}  # type: ignore[misc]
-        for side, failed in states.items():
-            if failed:
-                return (side, BASELINE if side == CANDIDATE else CANDIDATE)
+        if states[BASELINE]:
+            break
+        if states[CANDIDATE]:
+            # a broken machine fails both engines at about the same moment: give the baseline's a few
+            # polls to show it before the failure is charged to the candidate
+            for _ in range(BOOT_GRACE_POLLS):
+                if states[BASELINE] is not None:
+                    break
+                time.sleep(BOOT_POLL_S)
+                states[BASELINE] = probes[BASELINE]()  # type: ignore[misc]
+            return (BASELINE, CANDIDATE) if states[BASELINE] else (CANDIDATE, BASELINE)
         if all(failed is False for failed in states.values()):
             break
         time.sleep(BOOT_POLL_S)

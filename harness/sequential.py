@@ -176,8 +176,8 @@ def decide_confirmation(design: SequentialDesign, d: Sequence[float], prior: Noi
                 f"did not replicate on fresh seeds: {won.speedup - 1:+.2%} when it won, {est.speedup - 1:+.2%} over {n} fresh pairs "
                 f"(a gap this large by chance: p={p:.2g} < {D.REPLICATION_ALPHA:g})", est, D.REPLICATION_ALPHA,
             )
-    if strict:  # on the fresh pairs alone: a calibration prior (measured on a quiet machine) would lend them its df
-        p = (paired_estimate(d, None, clusters=clusters) if prior is not None else est).p_better()
+    if strict:  # on the fresh pairs' own variance: a calibration (measured on a quiet machine) must not lend them its df
+        p = paired_estimate(d, prior, clusters=clusters, pool=False).p_better()
         if p >= D.LOADED_CONFIRM_ALPHA:
             return Decision(
                 NOT_CONFIRMED,

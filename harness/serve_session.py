@@ -1,8 +1,9 @@
 """The serving workload: a warm ``vllm serve`` per side, measured with ``vllm bench serve``.
 
 The server runs the candidate's code (PYTHONPATH = the candidate worktree, cwd = worktree);
-the load generator is always the *baseline's* ``vllm bench serve`` (the measuring instrument
-must not be something a proposal can change). It is warm too: one long-lived process per server
+the load generator is ``vllm bench serve`` from the vLLM installed beside the orchestrator (the
+measuring instrument must not be something a proposal can change, not even one merged into the
+baseline; the baseline's worktree only where no vLLM is installed: ``instrument``). It is warm too: one long-lived process per server
 (``workers/bench_client.py``) imports the benchmark once and runs it for every trial, so a serving
 trial costs its requests, not a vLLM import (about 10 s here). Every request must succeed: a
 failed request fails the trial. Metrics: output throughput and TTFT / TPOT / ITL p50 and p99.
@@ -34,6 +35,18 @@ METRICS = {
     "median_ttft_ms": "ttft_p50_ms", "p99_ttft_ms": "ttft_p99_ms", "median_tpot_ms": "tpot_p50_ms",
     "p99_tpot_ms": "tpot_p99_ms", "median_itl_ms": "itl_p50_ms", "p99_itl_ms": "itl_p99_ms",
 }
+
+
+def instrument(baseline: Path) -> Path | None:
+    """Where the load generator imports ``vllm.benchmarks.serve`` from: the vLLM installed beside the
+    orchestrator (None: no PYTHONPATH) when there is one — fixed code no proposal can change, not
+    even one merged into the baseline — else the baseline's worktree."""
+    import importlib.util
+
+    try:
+        return None if importlib.util.find_spec("vllm") is not None else baseline
+    except (ImportError, ValueError):
+        return baseline
 
 
 def free_port() -> int:
@@ -84,7 +97,7 @@ def read_child_pid(fd: int, timeout_s: float) -> int:
 
 
 class ServeSession(Parkable):
-    def __init__(self, spec: Mapping[str, Any], worktree: Path, client_path: Path, env: Mapping[str, str],
+    def __init__(self, spec: Mapping[str, Any], worktree: Path, client_path: Path | None, env: Mapping[str, str],
                  log_dir: Path, metric: str, timeout_s: float, startup_timeout_s: float = 600.0, python: str = sys.executable):
         self.spec, self.worktree, self.client_path = dict(spec), worktree, client_path
         self.env, self.log_dir, self.metric = dict(env), log_dir, metric
@@ -154,7 +167,10 @@ class ServeSession(Parkable):
         """Without waiting: None while the server is still starting, else whether its start-up failed."""
         if not (self.startup_s is not None or self.start_error or self.proc is None or self.parked):
             if self.proc.poll() is None and not self._healthy():
-                return None
+                if time.perf_counter() - self.started_at <= self.startup_timeout_s:
+                    return None
+                self.start_error = f"server start-up timed out after {self.startup_timeout_s:g} s"
+                return True
             self.wait_ready()
         return bool(self.start_error) or self.proc is None
 
@@ -291,7 +307,7 @@ class BenchClient:
     """The warm load generator: ``workers/bench_client.py`` with the baseline's vLLM on its path, in the
     server's network namespace (``in_net``), outside every sandbox; one JSON line per trial each way."""
 
-    def __init__(self, in_net: Any, python: str, client_path: Path, env: Mapping[str, str], log_dir: Path, timeout_s: float):
+    def __init__(self, in_net: Any, python: str, client_path: Path | None, env: Mapping[str, str], log_dir: Path, timeout_s: float):
         self.in_net, self.python, self.client_path = in_net, python, client_path
         self.env, self.log_dir, self.timeout_s = dict(env), log_dir, timeout_s
         self.proc: subprocess.Popen | None = None
@@ -302,8 +318,11 @@ class BenchClient:
     def start(self) -> float:
         """Spawn it and wait for its import; the seconds waited. Raises WorkerError when it does not come up."""
         t0 = time.perf_counter()
-        env = child_env(self.env, self.client_path, None, self.log_dir)
-        env["PYTHONPATH"] = str(self.client_path)
+        env = child_env(self.env, self.log_dir, None, self.log_dir)
+        if self.client_path is not None:
+            env["PYTHONPATH"] = str(self.client_path)
+        else:
+            env.pop("PYTHONPATH", None)
         env.setdefault("PYTHONUNBUFFERED", "1")
         rfd, wfd = os.pipe()
         try:

@@ -135,12 +135,15 @@ def between_variance(x: Sequence[float], clusters: Sequence[int]) -> tuple[float
     return max(0.0, float(means.var(ddof=1)) - noise), r
 
 
-def paired_estimate(d: Sequence[float], prior: NoisePrior | None = None, k: float = WINSOR_K, clusters: Sequence[int] | None = None) -> PairedEstimate:
+def paired_estimate(d: Sequence[float], prior: NoisePrior | None = None, k: float = WINSOR_K, clusters: Sequence[int] | None = None,
+                    pool: bool = True) -> PairedEstimate:
     """Estimate from paired log-ratios (at least 2), optionally pooled with a calibration.
 
     ``clusters`` (the engine session of each pair) adds the second level of replication:
     se² = var/n + tau²/R, with tau² the between-session variance (from these pairs when
-    they span two or more sessions, else from the calibration).
+    they span two or more sessions, else from the calibration). ``pool=False`` keeps what the
+    calibration bounds from below (the winsorizing floor, the between-session variance) but
+    never lends these pairs its variance and degrees of freedom.
     """
     if len(d) < 2:
         raise ValueError("need at least 2 pairs")
@@ -153,7 +156,7 @@ def paired_estimate(d: Sequence[float], prior: NoisePrior | None = None, k: floa
     df: float = n - 1
     var = var_n
     pooled = False
-    if prior is not None and not noisier_than(var_n, n - 1, prior):
+    if pool and prior is not None and not noisier_than(var_n, n - 1, prior):
         var = (prior.df * prior.var + (n - 1) * var_n) / (prior.df + n - 1)
         df, pooled = prior.df + n - 1, True
     se2 = var / n

@@ -298,8 +298,20 @@ def test_the_baselines_dumps_are_reused_until_what_they_depend_on_changes(lm_tar
     rc, out = verify(lm_target, "refactor-3")
     assert rc == 0 and out["baseline_reused"] == 0
     assert len([d for d in kept.iterdir() if d.is_dir()]) == 3
+    # a baseline that is not self-consistent (its output depends on the batch order) keeps nothing: the
+    # next check measures it again instead of failing every candidate on a stale floor
+    flaky = LM.replace("        for line in fh:\n            item = json.loads(line)",
+                       "        for n, line in enumerate(fh):\n            item = json.loads(line)\n            if n % 7 == 3:\n                continue")
+    assert "n % 7" in flaky
+    commit(lm_target, {"lm.py": flaky}, "order-dependent baseline")
+    commit(lm_target, {"NOTES.md": "same model\n"}, "notes", branch="flaky-candidate")
+    before = {d.name for d in kept.iterdir()}
+    rc, out = verify(lm_target, "flaky-candidate")
+    assert rc == 1 and any(r.startswith("noise floor") for r in out["reasons"]), out["reasons"]
+    assert {d.name for d in kept.iterdir()} == before  # nothing of that check was kept
     # opted out: nothing kept, nothing reused
     commit(lm_target, {"agentsearch.toml": cfg.replace("[verify]\n", "[verify]\nreuse_baseline = false\n")}, "no reuse")
+    commit(lm_target, {"lm.py": LM}, "the model again")
     commit(lm_target, {"lm.py": refactored}, "refactor", branch="refactor-4")
     for _ in range(2):
         rc, out = verify(lm_target, "refactor-4")

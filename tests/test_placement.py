@@ -221,7 +221,12 @@ def test_a_side_whose_engine_fails_to_start_is_judged_without_waiting_for_the_ot
     run = run_interleaved("w", factory, design, decide_objective, lambda i: 1000 + i, True, warmup=1)
     assert run.failure and run.failure.startswith(f"{CANDIDATE} warm-up failed") and "SyntaxError" in run.failure
     assert [e for e in log if e[0] == "measure"] == [("measure", CANDIDATE, 0, 999)]  # the baseline never waited for
-    assert sessions[BASELINE].polls == 3 and ("close", BASELINE, 0) in log
+    assert sessions[BASELINE].polls == 3 + interleave.BOOT_GRACE_POLLS and ("close", BASELINE, 0) in log
+    # a broken machine: the baseline's engine fails too, a moment later: the run's error, not the candidate's
+    log.clear()
+    run = run_interleaved("w", lambda side, idx: _Booting(log, side, idx, boot_polls=10**6, fail_polls=3 if side == CANDIDATE else 6),
+                          design, decide_objective, lambda i: 1000 + i, True, warmup=1)
+    assert run.failure and run.failure.startswith(f"{BASELINE} warm-up failed")
     # both up: the baseline warms up first, as always
     log.clear()
     run = run_interleaved("w", lambda side, idx: _Booting(log, side, idx, boot_polls=5 if side == BASELINE else 2),

@@ -200,6 +200,12 @@ def test_the_strict_confirmation_does_not_borrow_a_quiet_calibration():
     assert paired_estimate(middling, prior).p_better() < LOADED_CONFIRM_ALPHA < paired_estimate(middling).p_better()
     assert decide_confirmation(design, middling, prior, won=won).action == OK
     assert decide_confirmation(design, middling, prior, won=won, strict=True).action == NOT_CONFIRMED
+    # ...but it still bounds the winsorizing from below: without it two losing pairs of six would be
+    # clipped to the winners' level (median ± 2.5 MAD of a tight cluster) and "confirm" at p = 3e-7
+    losing = [0.03, 0.031, 0.029, 0.03, -0.04, -0.04]
+    small_win = paired_estimate([0.004, 0.008, 0.006, 0.01])
+    assert paired_estimate(losing).p_better() < 1e-5
+    assert decide_confirmation(confirmation_design(6), losing, NoisePrior(var=0.0009, df=200), won=small_win, strict=True).action == NOT_CONFIRMED
 
 
 def test_a_pair_is_loaded_when_either_of_its_trials_was():

@@ -1,8 +1,9 @@
 """Distribution checks (`agentsearch verify`) on the real vLLM CPU engine: an unchanged branch agrees
 exactly on every path; planted sampler bugs fail the sample path.
 
-Cost: one fork (about 12 s) and three verifies (6 engine starts, tiny model): about 10-13 minutes on the
-2-core machine. Its own module (listed second in tests/conftest.py SLOW_FIRST) so it runs beside
+Cost: one fork (about 12 s) and three verifies of the same baseline: 4 engine starts (the second and third
+reuse the baseline's kept dumps, agentsearch/baseline_dumps.py; it was 6), about 10 minutes on the 2-core
+machine beside another engine test. Its own module (listed second in tests/conftest.py SLOW_FIRST) so it runs beside
 test_vllm_integration.py on the other xdist worker from the start.
 """
 
@@ -70,6 +71,7 @@ def test_distribution_checks_on_the_real_engine(fork):
                 assert st["same_top_pct"] == 100 and st["divergences"] == 0
         d = out["draws"]
         assert d["status"] == "pass" and d["changed"] == 0 and d["testable"] > 0
+        assert out["baseline_reused"] == 0  # the first check of this baseline collects all seven dumps
         assert d["unrelated_changed"] >= 20  # a sampler that ignored its seed would change that many: the test could fail
 
         for branch in ("temp102", "topk1"):
@@ -80,6 +82,7 @@ def test_distribution_checks_on_the_real_engine(fork):
                 assert out[set_name]["prefill"]["passed"] and out[set_name]["decode"]["passed"], (branch, out["reasons"])
             assert not out["public"]["sample"]["passed"] and out["public"]["sample"]["dlogprob_max"] > 1e-4, (branch, out["public"]["sample"])
             assert all(" sample: " in r or r.startswith("draws:") for r in out["reasons"]), (branch, out["reasons"])
+            assert out["baseline_reused"] == 7  # no baseline engine: its dumps are kept from the first check
         assert not workers_alive(fork)
     finally:
         git(fork, "checkout", "-q", "main")

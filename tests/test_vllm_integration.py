@@ -33,7 +33,7 @@ metric = "output_tok_s"
 timeout_s = 240
 restarts = 1
 engine = {{ enforce_eager = true, max_model_len = 512, dtype = "float32" }}
-params = {{ prompts = 32, input_len = 32, output_len = 32, length_dist = "uniform" }}
+params = {{ prompts = 16, input_len = 32, output_len = 32, length_dist = "uniform" }}  # 512 steps at max_num_seqs 1
 
 [gate]
 max_pairs = 8

@@ -1,10 +1,11 @@
-"""A warm load generator for the serving workload: the baseline's ``vllm bench serve``, imported once.
+"""A warm load generator for the serving workload: ``vllm bench serve``, imported once.
 
 ``vllm bench serve`` as a command re-imports vLLM for every trial (about 10 s on these CPUs); this
 process imports ``vllm.benchmarks.serve`` once and runs its ``main`` for every trial it is sent. It is
-the measuring instrument, so it runs the **baseline's** code (PYTHONPATH = the baseline worktree), in
-the orchestrator's hands and outside any side's sandbox; it only joins the measured server's network
-namespace (loopback only) to reach it.
+the measuring instrument, so it runs code no proposal can change: the vLLM installed beside the
+orchestrator (or, where there is none, the baseline's worktree: ``harness.serve_session.instrument``),
+in the orchestrator's hands and outside any side's sandbox; it only joins the measured server's
+network namespace (loopback only) to reach it.
 
 Self-contained: standard library + vllm only (never imports agentsearch or harness).
 
@@ -15,8 +16,9 @@ stdout/stderr, which the orchestrator sends to a log). Commands arrive on stdin 
 On start-up: ``{"event": "ready", "import_s": ...}``. The result is compact whatever the workload's
 size: the scalar fields of what ``--save-result`` writes, ``output_lens`` (tokens per request, as the
 server reported them) and ``outputs``: per request, the CRC-32 of each successive CHUNK characters of
-its generated text (the outputs check compares them between the sides; the texts themselves, and the
-per-token timings, can run to megabytes).
+its generated text, at most MAX_CHUNKS of them and then one of the whole text (the outputs check
+compares them between the sides; the texts themselves, and the per-token timings, can run to
+megabytes): about 700 bytes per request at most, 5,000 requests per trial under the 4 MiB message cap.
 
     python bench_client.py --fd 3
 """
@@ -33,11 +35,14 @@ import traceback
 import zlib
 
 CHUNK = 16  # characters of generated text per hash: about 4 tokens
+MAX_CHUNKS = 64  # hashes per request (its first 1,024 characters), then one of the whole text
 
 
 def _chunks(text: object) -> list[int]:
     t = text if isinstance(text, str) else ""
-    return [zlib.crc32(t[i:i + CHUNK].encode("utf-8", "surrogatepass")) for i in range(0, len(t), CHUNK)]
+    data = t.encode("utf-8", "surrogatepass")
+    head = [zlib.crc32(t[i:i + CHUNK].encode("utf-8", "surrogatepass")) for i in range(0, min(len(t), CHUNK * MAX_CHUNKS), CHUNK)]
+    return head + [zlib.crc32(data)] if len(t) > CHUNK * MAX_CHUNKS else head
 
 
 def _clean(obj):
