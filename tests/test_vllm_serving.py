@@ -21,7 +21,7 @@ kind = "vllm-serve"
 metric = "output_tok_s"
 timeout_s = 240
 restarts = 1
-engine = {{ enforce_eager = true, max_model_len = 512, dtype = "float32" }}
+engine = {{ enforce_eager = true, max_model_len = 512, dtype = "float32", distributed_executor_backend = "uni" }}
 params = {{ prompts = 16, input_len = 32, output_len = 32, max_concurrency = 8 }}
 
 [gate]
