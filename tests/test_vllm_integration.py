@@ -28,6 +28,9 @@ VLLM_CPU_KVCACHE_SPACE = "1"
 # one process per engine (engine core and worker in the trial worker's process): a start-up of about 20 s
 # here instead of 55 (three processes each importing vLLM, one after the other); both sides alike
 VLLM_ENABLE_V1_MULTIPROCESSING = "0"
+# in one process vLLM's default binding ("auto") pins the whole process, scheduler included, to core 0, and
+# CI's two test workers would pile every engine onto that one core: let the scheduler place them
+VLLM_CPU_OMP_THREADS_BIND = "nobind"
 
 [[workload]]
 name = "throughput"
