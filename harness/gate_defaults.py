@@ -11,5 +11,6 @@ MAX_REGRESSION = 0.01  # a guard may not be significantly slower than this fract
 REGRESSION_ALPHA = 0.05  # level of the one-sided regression test
 CALIBRATION_PAIRS = 30  # A/A pairs per workload of `agentsearch calibrate` (its --pairs default)
 REPLICATION_ALPHA = 0.01  # confirmation: fresh seeds measuring significantly less than the win -> not replicated
+REPLICATION_SHARE = 0.5  # ...and only when the fresh pairs measure less than this share of the win (log scale)
 LOADED_SHARE = 0.5  # an objective whose timed trials were more than this share under foreign load ...
 LOADED_CONFIRM_ALPHA = 0.1  # ... must be confirmed significantly at this one-sided level, not only in direction
