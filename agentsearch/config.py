@@ -210,8 +210,14 @@ class EngineConfig:
         "Flag a trial (`foreign_load`) when processes outside the comparison used more than this share of the cores during it.",
         quiet.FOREIGN_LOAD,
     )
+    baseline_reuse: int = doc(
+        "Episodes: how many consecutive evaluations one baseline engine instance (and the baseline's worktree) may serve "
+        "while the baseline, config and environment hold (1: every evaluation starts its baseline afresh).", 2
+    )
 
     def __post_init__(self) -> None:
+        if isinstance(self.baseline_reuse, bool) or not isinstance(self.baseline_reuse, int) or not (1 <= self.baseline_reuse <= 100):
+            raise ValueError(f"expected an integer from 1 to 100, got {self.baseline_reuse!r}|baseline_reuse")
         if self.placement not in P.PLACEMENTS:
             raise ValueError(f"expected one of {', '.join(P.PLACEMENTS)}, got {self.placement!r}|placement")
         if not (0 < self.memory_split <= 0.5):

@@ -31,6 +31,7 @@ from .gate import MERGE, REJECT, Check, Status, judge
 from .headline import headline
 from .proposers.base import Candidate, Proposer
 from .report import reproduce_command
+from .warm_baseline import WarmBaseline
 from .workspace import Workspace, git
 from .workspace.history_head import trailers as history_trailers
 
@@ -148,6 +149,7 @@ class Episode:
         self.say = say or (lambda stage, detail: None)
         self.t0 = time.time()
         self.plan = state.plan
+        self.warm: WarmBaseline | None = None  # the baseline side kept across this run's evaluations
 
     # -------------------------------------------------------------- records
     def record(self, record: rec.Record, proposal: str | None) -> None:
@@ -174,7 +176,28 @@ class Episode:
             return f"cost budget reached (${spent:.2f} of ${self.plan.cost_budget_usd:.2f})"
         return None
 
+    def warm_baseline(self) -> WarmBaseline | None:
+        """The kept baseline side for the next evaluation (``[engine] baseline_reuse`` of the baseline's
+        config; None when it is 1)."""
+        reuse = self.ws.config().engine.baseline_reuse
+        if self.warm is not None and self.warm.reuse != reuse:
+            self.retire_warm()
+        if self.warm is None and reuse > 1:
+            self.warm = WarmBaseline(self.ws, self.plan.episode, reuse)
+        return self.warm
+
+    def retire_warm(self) -> None:
+        warm, self.warm = self.warm, None
+        if warm is not None:
+            warm.retire()
+
     def run(self) -> dict[str, Any]:
+        try:
+            return self._run()
+        finally:
+            self.retire_warm()  # its engines shut down, its worktree removed: also on errors and Ctrl-C
+
+    def _run(self) -> dict[str, Any]:
         # 1. finish what a crash cut off: merges whose verdict is recorded, then an in-flight proposal
         self.complete_merges()
         for p in sorted(self.state.proposals.values(), key=lambda p: p.number):
@@ -340,7 +363,7 @@ class Episode:
             self.say(f"{p.id} {stage}", detail)
 
         ev = evaluate(self.ws, commit, seed=seeds.proposal_seed(self.plan.seed, p.number), alpha=self.plan.alpha,
-                      progress=say, on_trial=on_trial)
+                      progress=say, on_trial=on_trial, warm=self.warm_baseline())
         self.record_evaluation(p, base, commit, ev, content_key)
 
     def record_trial(self, p: ProposalState, base: str, commit: str, t: TrialRecord, trees: Mapping[str, str], env_fp: str,
@@ -422,6 +445,7 @@ class Episode:
         if prop_path.exists():
             self.ws.remove_worktree(prop_path)
         if verdict.verdict == MERGE:
+            self.retire_warm()  # the baseline moves
             self._merge(p)
 
     def _merge(self, p: ProposalState) -> None:

@@ -39,7 +39,8 @@ from harness.engine_session import EnginePool
 from harness.logprobs import LogprobError
 
 from .verify import run_verify
-from .workloads import blames_candidate, measure_options, session_factory
+from .warm_baseline import WarmBaseline, is_baseline_engine
+from .workloads import blames_candidate, measure_options, placement_for, session_factory
 from .workspace import Workspace
 
 EVALUATION_SCHEMA = 1
@@ -109,6 +110,8 @@ class Evaluation:
     coverage: Any = None  # CoverageReport when the coverage pass ran
     alpha: float | None = None  # the false-merge level this evaluation spent
     micro: Any = None  # micro.MicroResult: the op-level stage of a kernel proposal
+    baseline_side: str = "fresh"  # "warm": the baseline's worktree (and engines) came from the episode's previous evaluation
+    baseline_engines_reused: int = 0  # baseline engines kept warm from the previous evaluation (0: all started fresh)
     schema_version: int = EVALUATION_SCHEMA
 
     def timing(self) -> dict[str, float]:
@@ -143,6 +146,7 @@ class Evaluation:
             "environment": self.environment,
             "wall_s": round(self.wall_s, 3),
             "timing": self.timing(),
+            "baseline_side": self.baseline_side, "baseline_engines_reused": self.baseline_engines_reused,
             "trials": [dataclasses.asdict(t) for t in self.trials],
         }
 
@@ -181,6 +185,8 @@ class _State:
     on_trial: OnTrial | None = None
     # (workload or None for the build, reason): the baseline side failed; confirmed alone afterwards
     baseline_failure: tuple[str | None, str] | None = None
+    baseline_side: str = "fresh"  # "warm": kept from the previous evaluation
+    baseline_engines_reused: int = 0  # warm baseline engines this evaluation got from the previous one
 
     def record(self, t: TrialRecord) -> None:
         self.trials.append(t)
@@ -201,8 +207,12 @@ def evaluate(
     keep_worktrees: bool = False,
     on_trial: OnTrial | None = None,
     baseline: str | None = None,
+    warm: WarmBaseline | None = None,
 ) -> Evaluation:
-    """Measure ``ref`` against the current baseline (or the commit ``baseline``) and judge it. Never merges."""
+    """Measure ``ref`` against the current baseline (or the commit ``baseline``) and judge it. Never merges.
+
+    ``warm``: the episode's kept baseline side (``agentsearch.warm_baseline``): reused when it is still
+    this baseline under the same config and environment, and kept again after a clean evaluation."""
     say = progress or (lambda stage, detail: None)
     base = ws.resolve(baseline) if baseline else ws.baseline_commit()
     config = ws.config(base)
@@ -214,7 +224,7 @@ def evaluate(
     st = _State(on_trial=on_trial)
     env = environment.record()  # the fingerprinted facts and this run's conditions (clocks, load)
     try:
-        _run_checks(ws, config, base, cand, master, alpha, st, say, keep_worktrees)
+        _run_checks(ws, config, base, cand, master, alpha, st, say, keep_worktrees, warm if warm is not None and warm.enabled else None)
     except KeyboardInterrupt:
         raise
     if st.baseline_failure is not None:  # the baseline's or the candidate's doing? the baseline alone says
@@ -229,12 +239,16 @@ def evaluate(
         trials=tuple(st.trials), config_fingerprint=config.fingerprint(), environment=env,
         wall_s=time.perf_counter() - t0, engine_wait_s=st.engine_wait_s, distribution=st.distribution, coverage=st.coverage,
         alpha=alpha if alpha is not None else config.gate.proposal_alpha, micro=st.micro,
+        baseline_side=st.baseline_side, baseline_engines_reused=st.baseline_engines_reused,
     )
 
 
-def _run_checks(ws: Workspace, config: Config, base: str, cand: str, master: int, alpha: float | None, st: _State, say: Progress, keep: bool) -> None:
+def _run_checks(ws: Workspace, config: Config, base: str, cand: str, master: int, alpha: float | None, st: _State, say: Progress, keep: bool,
+                warm: WarmBaseline | None = None) -> None:
     """The checks before the sides exist (based-on-baseline), while they are made (protected paths,
-    sandbox, build), then ``PIPELINE`` in order until a step stops it."""
+    sandbox, build), then ``PIPELINE`` in order until a step stops it. With ``warm``, the baseline side
+    (worktree, sandbox, engines) comes from the previous evaluation when it still fits, and is kept
+    for the next after a clean one."""
     from .workspace import git
 
     if not git.is_ancestor(ws.repo_dir, base, cand):
@@ -242,34 +256,66 @@ def _run_checks(ws: Workspace, config: Config, base: str, cand: str, master: int
         return
     st.add("based-on-baseline", Status.PASS, f"contains {base[:12]}")
     box = containment.decide(config)
-    tag = f"eval-{cand[:10]}-{master % 100000:05d}"
+    key = f"{config.fingerprint()}/{environment.fingerprint()}/{box.status}"
+    kept = warm.lend(base, key) if warm is not None and not keep else None
+    tag = warm.tag if warm is not None and not keep else f"eval-{cand[:10]}-{master % 100000:05d}"
+    pool = EnginePool()
     try:
-        with sides_mod.sides(ws, config, {BASELINE: base, CANDIDATE: cand}, tag, box, keep=keep) as sd:
-            st.add("protected-paths", Status.PASS, "no protected path touched")
-            if box.status == "fail":
-                st.add("sandbox", Status.FAIL, box.detail)
-                return
-            say("build", "preparing worktrees")
+        with sides_mod.sides(ws, config, {BASELINE: base, CANDIDATE: cand}, tag, box, keep=keep, kept=kept) as sd:
+            if kept is not None:
+                pool.adopt(kept.engines)
+                st.baseline_side, st.baseline_engines_reused, kept.engines = "warm", len(kept.engines), {}
+                say("build", f"baseline side warm from the previous evaluation ({st.baseline_engines_reused} engine(s))")
             try:
-                sd.build()
-            except sides_mod.BuildError as exc:
-                st.add("build", Status.FAIL, str(exc))
-                if exc.side == BASELINE:
-                    st.baseline_failure = (None, str(exc))
-                return
-            st.add("build", Status.PASS, "both sides installed" + (", each in its own sandbox" if box.use else ""))
-            st.add("sandbox", Status(box.status), box.detail)
-            ctx = _Ctx(ws, config, base, cand, master, alpha, st, say, sd, EnginePool(), git.changed_lines(ws.repo_dir, base, cand),
-                       design_for(config.gate, alpha), calibration.load(ws))
-            try:
-                for _name, step in PIPELINE:
-                    if not step(ctx):
-                        return
-            finally:
-                ctx.pool.close()
-                st.engine_wait_s += ctx.pool.wait_s
+                _build_and_run(ws, config, base, cand, master, alpha, st, say, sd, box, pool, warm is not None and not keep)
+            except BaseException:
+                pool.close()
+                raise
+            if warm is not None and not keep and _may_keep(sd, st):
+                warm.take_back(sd.baseline_side(key), pool)
+                sd.keep_baseline = True
+            else:
+                pool.close()
     except sides_mod.ProtectedPathError as exc:
         st.add("protected-paths", Status.FAIL, str(exc))
+        if kept is not None and warm is not None:  # refused before anything ran: the kept side is as it was
+            warm.kept = kept
+    finally:
+        pool.close()
+        st.engine_wait_s += pool.wait_s
+
+
+def _build_and_run(ws: Workspace, config: Config, base: str, cand: str, master: int, alpha: float | None, st: _State, say: Progress,
+                   sd: Sides, box: Any, pool: EnginePool, warm: bool) -> None:
+    from .workspace import git
+
+    st.add("protected-paths", Status.PASS, "no protected path touched")
+    if box.status == "fail":
+        st.add("sandbox", Status.FAIL, box.detail)
+        return
+    say("build", "preparing worktrees")
+    try:
+        sd.build()
+    except sides_mod.BuildError as exc:
+        st.add("build", Status.FAIL, str(exc))
+        if exc.side == BASELINE:
+            st.baseline_failure = (None, str(exc))
+        return
+    st.add("build", Status.PASS, "both sides installed" + (", each in its own sandbox" if box.use else ""))
+    st.add("sandbox", Status(box.status), box.detail)
+    ctx = _Ctx(ws, config, base, cand, master, alpha, st, say, sd, pool, git.changed_lines(ws.repo_dir, base, cand),
+               design_for(config.gate, alpha), calibration.load(ws), warm=warm)
+    for _name, step in PIPELINE:
+        if not step(ctx):
+            return
+
+
+def _may_keep(sd: Sides, st: _State) -> bool:
+    """Whether the baseline side may serve the next evaluation: built, nothing failed on it, and its
+    worktree exactly as built."""
+    if st.baseline_failure is not None or BASELINE not in sd.snapshots:
+        return False
+    return not sides_mod.describe_change(sd.snapshots[BASELINE], sides_mod.snapshot(sd.worktrees[BASELINE]))
 
 
 @dataclass
@@ -291,6 +337,7 @@ class _Ctx:
     design: SequentialDesign
     cal: Any  # calibration.load(ws): the target's noise calibration, if any
     objective_run: WorkloadRun | None = None  # the objective's run, once it won
+    warm: bool = False  # the baseline's engines may be kept for the next evaluation
 
 
 _CHECK_OF = {"objective": "objective", "guard": "guard-workloads", "confirmation": "confirmation"}
@@ -428,7 +475,12 @@ def _distribution(ctx: _Ctx) -> bool:
     if ctx.config.verify is None:
         st.add("distribution", Status.SKIPPED, "target has no [verify] section (opted out)")
         return True
-    ctx.pool.close()  # nothing is measured after this: the distribution checks' engines get the memory (a parked GPU engine keeps its)
+    # nothing is measured after this: the distribution checks' engines get the memory (a parked GPU engine
+    # keeps its); on a CPU the baseline's engines may wait, parked, for the next evaluation
+    if ctx.warm and not _on_gpu(ctx.config):
+        ctx.pool.adopt(ctx.pool.release(is_baseline_engine))
+    else:
+        ctx.pool.close()
     try:
         res = run_verify(ctx.ws, ctx.config, ctx.sd, ctx.say)
     except LogprobError as exc:
@@ -452,6 +504,13 @@ def _distribution(ctx: _Ctx) -> bool:
     st.add("distribution", Status.PASS, f"{res.mode}: public {res.public_size} + holdout {res.holdout_size} prompts, "
                                         f"{named} within tolerance (max KL {kl:.2g}){draws}")
     return True
+
+
+def _on_gpu(config: Config) -> bool:
+    try:
+        return bool(placement_for(config).devices)
+    except AgentsearchError:  # the measurement resolved it already; an error here keeps nothing warm
+        return True
 
 
 def loaded_share(r: WorkloadRun) -> float:

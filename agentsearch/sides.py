@@ -27,7 +27,7 @@ import stat
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 from harness import coverage, models, sandbox
 from harness.safe_io import UnsafeFile, write_beneath
@@ -87,6 +87,22 @@ def describe_change(before: Snapshot, after: Snapshot) -> str:
 
 
 @dataclass
+class KeptBaseline:
+    """The baseline side as an evaluation built it, kept for the next one (``agentsearch.warm_baseline``)."""
+
+    commit: str
+    key: str  # what it was built under (config, environment, placement): reused only under the same
+    worktree: Path
+    git_link: str
+    snapshot: Snapshot
+    pins: list[str]  # the protected files pinned under <scratch>/pinned
+    sandbox: sandbox.Sandbox | None
+    engines: dict[str, Any] = field(default_factory=dict)  # EnginePool key -> warm engine (parked)
+    uses: dict[str, int] = field(default_factory=dict)  # EnginePool key -> evaluations served
+    evaluations: int = 0
+
+
+@dataclass
 class Sides:
     ws: Workspace
     config: Config
@@ -99,6 +115,9 @@ class Sides:
     sandboxes: dict[str, sandbox.Sandbox] = field(default_factory=dict)
     snapshots: dict[str, Snapshot] = field(default_factory=dict)
     git_links: dict[str, str] = field(default_factory=dict)  # side -> its worktree's .git file as created
+    kept: KeptBaseline | None = None  # the baseline side an earlier evaluation built (reused as is)
+    keep_baseline: bool = False  # close() leaves the baseline side (worktree, scratch) for the next evaluation
+    pins: list[str] = field(default_factory=list)
     _stack: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
 
     # ------------------------------------------------------------------ layout
@@ -123,7 +142,14 @@ class Sides:
         for d in (self.inputs, self.logs, self.pinned, *(self.out(s) for s in self.commits)):
             d.mkdir(parents=True, exist_ok=True)
         target = self.config.target
+        kept = self.kept
+        if kept is not None:  # the baseline side as the last evaluation left it (checked unchanged by the lender)
+            self.worktrees[BASELINE], self.git_links[BASELINE] = kept.worktree, kept.git_link
+            for d in (self.inputs, *(self.out(s) for s in self.commits if s != BASELINE)):
+                _empty(d)  # only what this evaluation writes
         for side, commit in self.commits.items():
+            if kept is not None and side == BASELINE:
+                continue
             try:
                 self.worktrees[side] = self.ws.add_measurement_worktree(commit, f"{self.tag}-{side}")
                 self.git_links[side] = (self.worktrees[side] / ".git").read_text()
@@ -132,10 +158,13 @@ class Sides:
                     link_overlay(self.worktrees[side], Path(target.overlay_from))
             except (AgentsearchError, OSError, subprocess.SubprocessError) as exc:
                 raise BuildError(side, str(exc)) from None
-        pins = self._pin_protected()
+        pins = self.pins = kept.pins if kept is not None else self._pin_protected()
         if self.decision.use:
             ro = (*self.read_only, str(self.inputs), str(WORKER), str(coverage.TRACER_DIR), str(KERNELS_DIR), *model_dirs(self.config))
             for side, wt in self.worktrees.items():
+                if kept is not None and side == BASELINE and kept.sandbox is not None:
+                    self.sandboxes[side] = kept.sandbox
+                    continue
                 pinned = tuple((str(self.pinned / rel), str(wt / rel)) for rel in pins)
                 pinned += tuple((str(wt / rel), str(wt / rel)) for rel in linked_files(wt))
                 self.sandboxes[side] = sandbox.Sandbox(worktree=str(wt.resolve()), outputs=str(self.out(side)),
@@ -144,8 +173,17 @@ class Sides:
                 {str(self.worktrees[s].resolve()): sb for s, sb in self.sandboxes.items()})))
         if target.install == "command":
             for side, wt in self.worktrees.items():
-                self._build_command(side, wt)
+                if kept is None or side != BASELINE:
+                    self._build_command(side, wt)
         self.snapshots = {side: snapshot(wt) for side, wt in self.worktrees.items()}
+
+    def baseline_side(self, key: str) -> KeptBaseline:
+        """The built baseline side, to keep for the next evaluation (its engines added by the caller)."""
+        k = self.kept
+        return KeptBaseline(commit=self.commits[BASELINE], key=key, worktree=self.worktrees[BASELINE],
+                            git_link=self.git_links[BASELINE], snapshot=self.snapshots[BASELINE], pins=list(self.pins),
+                            sandbox=self.sandboxes.get(BASELINE), uses=dict(k.uses) if k else {},
+                            evaluations=k.evaluations if k else 0)
 
     def _build_command(self, side: str, wt: Path) -> None:
         build = self.config.target.build
@@ -233,24 +271,43 @@ class Sides:
                 os.unlink(entry.path)
 
     def close(self) -> None:
+        """Remove the worktrees and the scratch directory (``keep_baseline``: all but the baseline's)."""
         try:
             self._stack.close()
         finally:
-            admin_root = (self.ws.common / "worktrees").resolve()
             for side in self.commits:
+                if self.keep_baseline and side == BASELINE:
+                    continue
                 path = self.worktrees.get(side)
                 if path is None:  # interrupted while git was still making it: no side code ever ran there
                     self.ws.remove_worktree(self.ws.worktrees / f"{self.tag}-{side}")
                     continue
-                # removed as plain files, its administrative directory too, then pruned from the repository:
-                # git never runs inside a worktree a side could have tampered with
-                shutil.rmtree(path, ignore_errors=True)
-                link = self.git_links.get(side, "")
-                admin = Path(link.split("gitdir:", 1)[1].strip()).resolve() if "gitdir:" in link else None
-                if admin is not None and admin.parent == admin_root:
-                    shutil.rmtree(admin, ignore_errors=True)
-            git.prune_worktrees(self.ws.repo_dir)
-            shutil.rmtree(self.scratch, ignore_errors=True)
+                remove_worktree(self.ws, path, self.git_links.get(side, ""))
+            if self.keep_baseline:
+                for side in self.commits:
+                    if side != BASELINE:
+                        shutil.rmtree(self.out(side), ignore_errors=True)
+            else:
+                shutil.rmtree(self.scratch, ignore_errors=True)
+
+
+def remove_worktree(ws: Workspace, path: Path, link: str) -> None:
+    """Remove a measurement worktree as plain files, its administrative directory too, then prune it from
+    the repository: git never runs inside a worktree a side could have tampered with."""
+    admin_root = (ws.common / "worktrees").resolve()
+    shutil.rmtree(path, ignore_errors=True)
+    admin = Path(link.split("gitdir:", 1)[1].strip()).resolve() if "gitdir:" in link else None
+    if admin is not None and admin.parent == admin_root:
+        shutil.rmtree(admin, ignore_errors=True)
+    git.prune_worktrees(ws.repo_dir)
+
+
+def _empty(root: Path) -> None:
+    for entry in os.scandir(root) if root.is_dir() else ():
+        if entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(entry.path, ignore_errors=True)
+        else:
+            os.unlink(entry.path)
 
 
 def linked_files(worktree: Path) -> list[str]:
@@ -281,8 +338,9 @@ def model_dirs(config: Config) -> list[str]:
 
 @contextlib.contextmanager
 def sides(ws: Workspace, config: Config, commits: Mapping[str, str], tag: str, decision: Decision, *,
-          keep: bool = False, read_only: Sequence[str] = ()) -> Iterator[Sides]:
-    """Prepare the sides named in ``commits`` (call ``.build()`` inside the block); always cleaned up."""
+          keep: bool = False, read_only: Sequence[str] = (), kept: KeptBaseline | None = None) -> Iterator[Sides]:
+    """Prepare the sides named in ``commits`` (call ``.build()`` inside the block); always cleaned up.
+    ``kept``: the baseline side an earlier evaluation built under the same ``tag`` (reused, not rebuilt)."""
     base = commits.get(BASELINE) or ws.baseline_commit()
     for side, commit in commits.items():
         if side == BASELINE:
@@ -292,8 +350,9 @@ def sides(ws: Workspace, config: Config, commits: Mapping[str, str], tag: str, d
             listed = ", ".join(f"{v.path} ({v.status}, matches {v.pattern!r})" for v in violations[:5])
             raise ProtectedPathError(f"touches protected paths: {listed}")
     scratch = ws.state / "tmp" / tag
-    shutil.rmtree(scratch, ignore_errors=True)  # a crashed earlier attempt of the same run
-    sd = Sides(ws, config, dict(commits), scratch, tag, decision, tuple(read_only))
+    if kept is None:
+        shutil.rmtree(scratch, ignore_errors=True)  # a crashed earlier attempt of the same run
+    sd = Sides(ws, config, dict(commits), scratch, tag, decision, tuple(read_only), kept=kept)
     try:
         yield sd
     finally:
@@ -321,4 +380,5 @@ def built_sides(ws: Workspace, config: Config, commits: Mapping[str, str], tag: 
         yield sd
 
 
-__all__ = ["Sides", "sides", "built_sides", "BuildError", "ProtectedPathError", "snapshot", "describe_change"]
+__all__ = ["Sides", "KeptBaseline", "sides", "built_sides", "BuildError", "ProtectedPathError", "snapshot", "describe_change",
+           "remove_worktree"]

@@ -19,8 +19,10 @@ in this order:
 
 It prints, per proposal, the verdict, estimate, pairs and wall time; then the per-pair SD of the A/A
 proposals' objective pairs, false merges, detections, proposals per hour, the load average during the
-run and the placement. Warm-baseline reuse across proposals is not built yet: every proposal starts its
-baseline afresh (printed as "warm reuse: off").
+run and the placement. ``--reuse 2,1`` runs the whole episode once per ``[engine] baseline_reuse`` value,
+each on a fresh fork (2: the baseline's worktree and engines kept warm across rejections, one engine
+instance serving at most 2 evaluations; 1: every evaluation starts its baseline afresh), and prints one
+summary line per value at the end.
 """
 
 from __future__ import annotations
@@ -52,12 +54,12 @@ def cli(*args: str, timeout: float = 7200) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "agentsearch.cli", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
 
 
-def objective_only(config: str, placement: str, max_pairs: int, budget: int, restarts: int = 2) -> str:
+def objective_only(config: str, placement: str, max_pairs: int, budget: int, restarts: int = 2, reuse: int = 2) -> str:
     """The starter config with its first workload (the throughput objective) and a small [gate]."""
     head, rest = config.split("[[workload]]", 1)
     first = re.sub(r"\nrestarts = \d+\n", f"\nrestarts = {restarts}\n", "[[workload]]" + rest.split("[[workload]]", 1)[0])
     return (head + first + f"\n[gate]\nmin_effect = 0.02\nmin_pairs = 3\nmax_pairs = {max_pairs}\nconfirm_pairs = 4\n"
-            f"episode_budget = {budget}\n\n[engine]\nplacement = \"{placement}\"\n")
+            f"episode_budget = {budget}\n\n[engine]\nplacement = \"{placement}\"\nbaseline_reuse = {reuse}\n")
 
 
 def with_sleep(source: str, ms: float) -> str:
@@ -72,12 +74,12 @@ def with_sleep(source: str, ms: float) -> str:
 
 
 def make_fork(path: Path, placement: str, max_pairs: int, budget: int, sleep_ms: float, slow_ms: float, aa: int,
-              only: set[str], restarts: int) -> None:
+              only: set[str], restarts: int, reuse: int = 2) -> None:
     proc = cli("init", "--from-installed", "vllm", str(path))
     if proc.returncode != 0:
         raise SystemExit(proc.stderr)
     site = next(line.split('"')[1] for line in (path / "agentsearch.toml").read_text().splitlines() if line.startswith("overlay_from"))
-    (path / "agentsearch.toml").write_text(objective_only(starter_config(Path(site)), placement, max_pairs, budget, restarts))
+    (path / "agentsearch.toml").write_text(objective_only(starter_config(Path(site)), placement, max_pairs, budget, restarts, reuse))
     sched = path / SCHEDULER
     original = sched.read_text()
     if "import time\n" not in original:
@@ -122,9 +124,23 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--restarts", type=int, default=2, help="engine sessions per side per evaluation (the starter's 2)")
     ap.add_argument("--only", default="aa,slow,batch,fast", help="which proposals (comma-separated kinds)")
+    ap.add_argument("--reuse", default="2", help="[engine] baseline_reuse values, one episode each (e.g. 2,1: warm baseline on, off)")
     ap.add_argument("--dry-run", action="store_true", help="build the fork and its branches, print their diffs, run nothing")
-    ap.add_argument("--keep", type=Path, help="create the fork here and keep it")
+    ap.add_argument("--keep", type=Path, help="create the fork here and keep it (one --reuse value)")
     args = ap.parse_args()
+    lines = []
+    for reuse in [int(x) for x in args.reuse.split(",")]:
+        print(f"\n=== [engine] baseline_reuse = {reuse} ===", flush=True)
+        line = run_once(args, reuse)
+        if line is None:
+            return 1
+        lines.append(line)
+    print("\n" + "\n".join(lines))
+    return 0
+
+
+def run_once(args: argparse.Namespace, reuse: int) -> str | None:
+    """One episode on a fresh fork; prints its table; returns its summary line (None: it failed)."""
     only = set(args.only.split(","))
     proposals = (args.aa if "aa" in only else 0) + len(only & {"slow", "batch", "fast"})
     loads: list[float] = []
@@ -138,7 +154,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         fork = args.keep or Path(tmp) / "fork"
         t0 = time.time()
-        make_fork(fork, args.placement, args.max_pairs, proposals, args.sleep_ms, args.slow_ms, args.aa, only, args.restarts)
+        make_fork(fork, args.placement, args.max_pairs, proposals, args.sleep_ms, args.slow_ms, args.aa, only, args.restarts, reuse)
         print(f"fork ready in {time.time() - t0:.0f} s: {fork}", flush=True)
         if args.dry_run:
             for b in subprocess.run(["git", "branch", "--list", "gate/*", "--format=%(refname:short)"], cwd=fork, capture_output=True,
@@ -147,7 +163,7 @@ def main() -> int:
                 diff = subprocess.run(["git", "diff", "-U0", "main", b], cwd=fork, capture_output=True, text=True, check=True).stdout
                 print(f"{b}: {stat.strip().splitlines()[-1]}")
                 print("\n".join(x for x in diff.splitlines() if x[:1] in "+-" and x[:3] not in ("+++", "---")))
-            return 0
+            return "dry run"
         threading.Thread(target=sample, daemon=True).start()
         t1 = time.time()
         proc = cli("episode", "-C", str(fork), "--branches", "gate/*", "--budget", str(proposals), "--seed", str(args.seed), "--json")
@@ -155,7 +171,7 @@ def main() -> int:
         stop.set()
         if proc.returncode not in (0, 1, 4):
             print(proc.stderr[-3000:])
-            return proc.returncode
+            return None
         summary = json.loads(proc.stdout)
         entries = history(fork)
     verdicts = {e["proposal"]: e["data"] for e in entries if e["kind"] == "verdict"}
@@ -166,12 +182,13 @@ def main() -> int:
         kind = re.sub(r"^gate/\d-|-\d+$", "", r["branch"] or r["title"] or "")
         rows.append({"proposal": r["proposal"], "kind": kind, "verdict": r["verdict"], "speedup": r["speedup"], "pairs": r["pairs"],
                      "wall_s": (v.get("timing") or {}).get("wall_s"), "engine_s": (v.get("timing") or {}).get("engine_s"),
-                     "reason": (r["reasons"] or [""])[0][:110]})
-    print(f"\n{'proposal':<10}{'kind':<7}{'verdict':<9}{'estimate':>10}{'pairs':>7}{'wall s':>8}{'engine s':>10}  reason")
+                     "baseline": f"{v.get('baseline_side', '-')}/{v.get('baseline_engines_reused', 0)}",
+                     "reason": (r["reasons"] or [""])[0][:100]})
+    print(f"\n{'proposal':<10}{'kind':<7}{'verdict':<9}{'estimate':>10}{'pairs':>7}{'wall s':>8}{'engine s':>10}{'baseline':>10}  reason")
     for r in rows:
         est = f"{r['speedup'] - 1:+.1%}" if r["speedup"] else "-"
         print(f"{r['proposal']:<10}{r['kind']:<7}{r['verdict'] or '-':<9}{est:>10}{r['pairs'] or '-':>7}{r['wall_s'] or 0:>8.0f}"
-              f"{r['engine_s'] or 0:>10.0f}  {r['reason']}")
+              f"{r['engine_s'] or 0:>10.0f}{r['baseline']:>10}  {r['reason']}")
     # per-pair SD of the A/A proposals' objective pairs (the engine's noise as the gate sees it)
     aa_ids = {r["proposal"] for r in rows if r["kind"] == "aa"}
     d: list[float] = []
@@ -184,11 +201,15 @@ def main() -> int:
     trial_s = [t["wall_s"] for t in trials if t.get("ok") and t.get("pair", -1) >= 0]
     foreign = sum(1 for t in trials if (t.get("metrics") or {}).get("foreign_load"))
     sd = statistics.stdev(d) if len(d) > 1 else float("nan")
+    mean = statistics.mean(d) if d else float("nan")
     false_merges = sum(1 for r in rows if r["kind"] == "aa" and r["verdict"] == "merge")
     by_kind = {r["kind"]: r for r in rows}
-    print(f"\nplacement {args.placement}; warm reuse: off (not built); {proposals} proposals in {wall:.0f} s = "
-          f"{3600 * len(rows) / wall:.1f} proposals/hour; mean wall per proposal {wall / max(1, len(rows)):.0f} s")
-    print(f"A/A: per-pair SD {sd:.4f} over {len(d)} pairs; false merges {false_merges}/{args.aa}")
+    engine = sum(r["engine_s"] or 0 for r in rows)
+    line = (f"baseline_reuse {reuse}: placement {args.placement}; {len(rows)} proposals in {wall:.0f} s = "
+            f"{3600 * len(rows) / wall:.1f} proposals/hour; mean wall per proposal {wall / max(1, len(rows)):.0f} s, "
+            f"engines {engine:.0f} s in all; A/A per-pair SD {sd:.4f}, mean log-ratio {mean:+.4f} over {len(d)} pairs, "
+            f"false merges {false_merges}/{args.aa if 'aa' in only else 0}")
+    print("\n" + line)
     for k, want in (("slow", "reject"), ("batch", "merge"), ("fast", "merge")):
         r = by_kind.get(k)
         if r:
@@ -196,8 +217,8 @@ def main() -> int:
             print(f"{k}: {ok} ({r['verdict']}, estimate {(r['speedup'] or 1) - 1:+.1%}, {r['pairs']} pairs)")
     print(f"trials: median {statistics.median(trial_s) if trial_s else float('nan'):.2f} s each, {foreign} flagged foreign_load; "
           f"load average during the run: mean {statistics.mean(loads) if loads else float('nan'):.2f}, max {max(loads, default=float('nan')):.2f} "
-          f"({os.cpu_count()} CPUs)")
-    return 0
+          f"({os.cpu_count()} CPUs)", flush=True)
+    return line
 
 
 if __name__ == "__main__":

@@ -516,6 +516,38 @@ class EnginePool:
         for eng in self.engines.values():
             eng.park()
 
+    def adopt(self, engines: Mapping[str, Any]) -> None:
+        """Take warm engines over from another pool (a kept baseline): leased like any of this pool's,
+        parked until their turn."""
+        for key, eng in engines.items():
+            self.engines[key] = eng
+            eng.park()
+
+    def release(self, keep: Callable[[str], bool]) -> dict[str, Any]:
+        """Hand the engines whose key ``keep`` accepts back, parked, if they are up and healthy; close
+        every other one (as ``close``). Their wait time so far is counted here."""
+        kept: dict[str, Any] = {}
+        first: BaseException | None = None
+        for key, eng in list(self.engines.items()):
+            healthy = eng.proc is not None and eng.proc.poll() is None and not eng.start_error
+            if keep(key) and healthy:
+                eng.park()
+                self.wait_s += eng.wait_s
+                eng.wait_s = 0.0
+                kept[key] = eng
+                continue
+            try:
+                eng.close()
+            except BaseException as exc:  # noqa: BLE001 - close the others too
+                first = first or exc
+            self.wait_s += eng.wait_s
+        self.engines.clear()
+        if first is not None:
+            for eng in kept.values():  # an error on the way out keeps nothing warm
+                eng.close()
+            raise first
+        return kept
+
     def close(self) -> None:
         first: BaseException | None = None
         for eng in self.engines.values():

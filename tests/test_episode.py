@@ -159,6 +159,11 @@ def test_patch_queue_episode_merges_only_the_real_win(tmp_path):
     checks = {c["name"]: c for c in fast_v["checks"]}
     assert checks["sandbox"]["status"] == "pass" and checks["coverage"]["status"] == "pass"
     assert "1/1 changed executable lines ran" in checks["coverage"]["detail"]
+    # the baseline side is kept across rejections ([engine] baseline_reuse), built afresh after the merge
+    sides = {e.data["title"]: e.data.get("baseline_side") for e in HistoryLog(ws.state / "history.jsonl").entries() if e.kind == "verdict"}
+    assert (sides["Faster with a coarser normalization"], sides["Make the engine 30% faster"], sides["Reword a comment"],
+            sides["Hang the bench"]) == ("fresh", "warm", "fresh", "warm"), sides
+    assert len(git(repo, "worktree", "list").splitlines()) == 1 and not list((ws.state / "tmp").glob("warm-*"))
     # every event is in the history, and the history command shows one row per proposal
     kinds = [e.kind for e in HistoryLog(ws.state / "history.jsonl").entries()]
     for kind in ("episode-started", "proposal-created", "trial", "statistic", "distribution", "verdict", "merge", "episode-finished"):

@@ -25,6 +25,12 @@ def test_from_installed_vllm_fork_worktree_imports_from_worktree(tmp_path):
     assert ws.config().target.install == "overlay"
     vc = ws.config().verify  # distribution checks are on by default, on all three paths
     assert vc is not None and vc.kind == "vllm" and vc.sample and vc.prompts_wanted == 56
+    # one-process engines by default (start-up 54 -> 20 s here), with threads the OS places
+    cfg = ws.config()
+    assert cfg.target.env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0" and cfg.target.env["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
+    assert cfg.target.env["OMP_NUM_THREADS"] == "1"
+    assert all(w.engine["distributed_executor_backend"] == "uni" for w in cfg.workloads)
+    assert vc.engine["distributed_executor_backend"] == "uni"
     p = ws.create_proposal("e1", 1, "try something")
     from pathlib import Path as _P
 

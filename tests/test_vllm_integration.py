@@ -31,6 +31,8 @@ VLLM_ENABLE_V1_MULTIPROCESSING = "0"
 # in one process vLLM's default binding ("auto") pins the whole process, scheduler included, to core 0, and
 # CI's two test workers would pile every engine onto that one core: let the scheduler place them
 VLLM_CPU_OMP_THREADS_BIND = "nobind"
+# one OpenMP thread: two spin-wait against the other test worker's processes (trials 9x noisier under one busy core)
+OMP_NUM_THREADS = "1"
 
 [[workload]]
 name = "throughput"
@@ -235,3 +237,68 @@ def test_profile_ranks_where_the_time_goes_and_records_it(fork):
 
     ws = Workspace.open(fork)
     assert [e for e in HistoryLog(ws.state / "history.jsonl").entries() if e.kind == "profile"]
+
+
+def test_episode_keeps_the_baseline_warm_across_rejections(tmp_path_factory):
+    """Three losers in one episode ([engine] baseline_reuse 2): the second evaluation measures the baseline on
+    the first one's engine (the same instance: its start-up time recorded with every trial is the same),
+    the third on a fresh baseline engine (one instance serves at most 2 evaluations) in the kept worktree;
+    every candidate starts fresh; nothing is left running or on disk after the episode."""
+    from benchmarks.engine_gate import SCHEDULER, with_sleep
+    from agentsearch.workspace import Workspace
+    from history import HistoryLog
+
+    fork = make_fork(tmp_path_factory, "warm")
+    source = (fork / SCHEDULER).read_text()
+    for i, ms in enumerate((6.0, 5.0, 4.0)):  # 512 scheduler steps per trial: each one a clear loser
+        commit(fork, {SCHEDULER: with_sleep(source, ms)}, f"sleep {ms} ms per step", branch=f"slow/{i}")
+    proc = run_cli("episode", "-C", str(fork), "--branches", "slow/*", "--seed", "3", "--json", timeout=1500)
+    out = json.loads(proc.stdout)
+    assert proc.returncode == 0 and out["merged"] == 0, out
+    log = HistoryLog(Workspace.open(fork).state / "history.jsonl")
+    verdicts = sorted((e.data for e in log.entries() if e.kind == "verdict"), key=lambda v: v["number"])
+    assert [v["verdict"] for v in verdicts] == ["reject"] * 3, [v["reasons"] for v in verdicts]
+    assert [(v["baseline_side"], v["baseline_engines_reused"]) for v in verdicts] == [("fresh", 0), ("warm", 1), ("warm", 0)]
+    startup: dict[tuple[int, str], set[float]] = {}
+    for e in log.entries():
+        if e.kind == "trial" and e.data.get("ok"):
+            startup.setdefault((e.data["number"], e.data["side"]), set()).add(e.data["metrics"]["engine_startup_s"])
+    assert all(len(s) == 1 for s in startup.values()), startup  # one engine per side and evaluation
+    assert startup[(1, "baseline")] == startup[(2, "baseline")] != startup[(3, "baseline")]
+    assert len({next(iter(startup[(n, "candidate")])) for n in (1, 2, 3)}) == 3
+    assert not workers_alive(fork)
+    assert len(git(fork, "worktree", "list").splitlines()) == 1
+    assert not list((Workspace.open(fork).state / "tmp").glob("warm-*"))
+
+
+def test_a_kept_baseline_engine_that_died_is_replaced_not_blamed_on_the_next_candidate(fork):
+    """The kept baseline's parked engine dies between two evaluations (killed here): the next evaluation
+    reuses the kept worktree, starts a fresh baseline engine, and judges its candidate as usual."""
+    from benchmarks.engine_gate import SCHEDULER, with_sleep
+    from agentsearch.evaluation import evaluate
+    from agentsearch.warm_baseline import WarmBaseline
+    from agentsearch.workspace import Workspace
+
+    source = git(fork, "show", f"main:{SCHEDULER}")
+    commit(fork, {SCHEDULER: with_sleep(source, 6.0)}, "sleep 6 ms per step", branch="dead/1")
+    commit(fork, {SCHEDULER: with_sleep(source, 5.0)}, "sleep 5 ms per step", branch="dead/2")
+    git(fork, "checkout", "-q", "--", ".")
+    ws = Workspace.open(fork)
+    warm = WarmBaseline(ws, "test", reuse=3)
+    try:
+        first = evaluate(ws, "dead/1", seed=11, warm=warm)
+        assert first.verdict.verdict == "reject" and first.baseline_side == "fresh", first.verdict.reasons
+        assert warm.kept is not None and len(warm.kept.engines) == 1
+        (engine,) = warm.kept.engines.values()
+        engine.unpark()
+        engine.proc.kill()
+        engine.proc.wait(timeout=30)
+        second = evaluate(ws, "dead/2", seed=12, warm=warm)
+        assert (second.baseline_side, second.baseline_engines_reused) == ("warm", 0)
+        assert second.verdict.verdict == "reject" and second.verdict.failed_check == "objective", second.verdict.reasons
+        base = {t.metrics["engine_startup_s"] for t in second.trials if t.side == "baseline" and t.ok}
+        assert len(base) == 1 and base != {t.metrics["engine_startup_s"] for t in first.trials if t.side == "baseline" and t.ok}
+    finally:
+        warm.retire()
+    assert not workers_alive(fork)
+    assert len(git(fork, "worktree", "list").splitlines()) == 1

@@ -24,8 +24,19 @@ protected = ["bench/**", "*.dist-info/**"]
 install = "overlay"
 overlay_from = "{site_packages}"
 
+# One process per engine: the engine core and its worker run in the measuring process
+# (start-up 54 -> 20 s on 2 cores; the same on both sides, so the comparison stays fair). A
+# proposal that changes only the engine core's inter-process path (ZMQ client, serialization)
+# then runs none of its lines and the coverage check rejects it: for such proposals set
+# VLLM_ENABLE_V1_MULTIPROCESSING = "1" and drop distributed_executor_backend below.
+# In one process vLLM's "auto" thread binding pins the scheduler and the model to one core;
+# "nobind" with one OpenMP thread: with two, one busy core elsewhere made trials 9x noisier
+# (benchmarks/engine_noise.py: trial SD 1.80 vs 0.09; quiet 0.07-0.15 vs 0.03-0.05).
 [target.env]
 VLLM_CPU_KVCACHE_SPACE = "1"
+VLLM_ENABLE_V1_MULTIPROCESSING = "0"
+VLLM_CPU_OMP_THREADS_BIND = "nobind"
+OMP_NUM_THREADS = "1"
 
 [[workload]]
 name = "throughput"
@@ -34,7 +45,7 @@ metric = "output_tok_s"
 higher_is_better = true
 timeout_s = 300
 restarts = 2
-engine = {{ enforce_eager = true, max_model_len = 1024, dtype = "float32" }}
+engine = {{ enforce_eager = true, max_model_len = 1024, dtype = "float32", distributed_executor_backend = "uni" }}
 params = {{ prompts = 48, input_len = 48, output_len = 48, length_dist = "uniform" }}
 
 [[workload]]
@@ -45,7 +56,7 @@ higher_is_better = true
 timeout_s = 300
 restarts = 1
 max_pairs = 12  # the load generator is warm: a trial costs its requests (seconds), not a vLLM import
-engine = {{ enforce_eager = true, max_model_len = 1024, dtype = "float32" }}
+engine = {{ enforce_eager = true, max_model_len = 1024, dtype = "float32", distributed_executor_backend = "uni" }}
 params = {{ prompts = 16, input_len = 32, output_len = 32, max_concurrency = 1 }}
 
 [[workload]]
@@ -56,7 +67,7 @@ higher_is_better = true
 timeout_s = 300
 restarts = 1
 max_pairs = 20
-engine = {{ enforce_eager = true, max_model_len = 1024, dtype = "float32" }}
+engine = {{ enforce_eager = true, max_model_len = 1024, dtype = "float32", distributed_executor_backend = "uni" }}
 params = {{ prompts = 32, input_len = 32, output_len = 32, max_concurrency = 8 }}
 
 [gate]
@@ -74,6 +85,7 @@ confirm_pairs = 4
 kind = "vllm"
 profile = "quick"
 max_tokens = 8
+engine = {{ distributed_executor_backend = "uni" }}
 
 # The sweep's search space (agentsearch episode --proposer sweep): engine arguments and
 # environment in serving.json. prior_wins = what is known before any measurement.
@@ -117,13 +129,6 @@ where = "env"
 values = ["2", "4"]
 category = "memory"
 rationale = "KV-cache space in GiB on CPU: more space admits more concurrent sequences."
-
-[[sweep.knob]]
-name = "VLLM_CPU_OMP_THREADS_BIND"
-where = "env"
-values = ["nobind"]
-category = "other"
-rationale = "OpenMP thread binding: auto uses one logical CPU per physical core on x86."
 
 [[sweep.knob]]
 name = "enforce_eager"

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from agentsearch.workspace import Workspace
+from history import HistoryLog
 
 from ..conftest import ROOT, commit, git, make_repo, run_cli
 
@@ -397,3 +398,40 @@ def test_a_patched_timer_in_a_command_bench_cannot_win_on_wall_s(tmp_path):
     rc, out = evaluate(repo, "faster")
     assert rc == 0 and out["verdict"] == "merge", out["reasons"]
     assert out["workloads"]["speed"]["speedup"] > 1.3
+
+
+def test_a_candidate_cannot_poison_the_baseline_kept_for_the_next_proposal(tmp_path):
+    """The baseline side is kept across an episode's rejections ([engine] baseline_reuse): its worktree, pinned
+    files, inputs and output directory outlive the evaluation that built them. The first proposal tries to
+    slow down the kept baseline (every directory it can reach above its worktree: the baseline's speed.txt,
+    the pinned guard file, files in the baseline's output and input directories); the second is an honest
+    no-op that would win if the kept baseline had been slowed. Neither merges; the second measured the kept
+    baseline at its own speed."""
+    repo = make_target(tmp_path)
+    poison = """
+import os
+FACTOR = 1.0
+top = os.path.dirname(os.path.dirname(os.path.dirname(os.getcwd())))
+for dirpath, dirnames, filenames in os.walk(top):
+    dirnames[:] = [d for d in dirnames if d not in ("objects", "refs", "logs")]
+    if os.path.realpath(dirpath).startswith(os.path.realpath(os.getcwd())):
+        continue
+    for name, text in (("speed.txt", "0.5\\n"), ("guard.txt", "no\\n"), ("poison", "x")):
+        try:
+            if name == "poison" or name in filenames:
+                open(os.path.join(dirpath, name), "w").write(text)
+        except OSError:
+            pass
+"""
+    commit(repo, {"model.py": poison}, "poison the kept baseline", branch="try/a-poison")
+    commit(repo, {"model.py": "FACTOR = 1.0  # same\n"}, "a no-op", branch="try/b-noop")
+    proc = run_cli("episode", "-C", str(repo), "--json", "--branches", "try/*", "--seed", "9", timeout=280)
+    out = json.loads(proc.stdout)
+    assert proc.returncode == 0 and out["merged"] == 0, out
+    ws = Workspace.open(repo)
+    entries = [e.data for e in HistoryLog(ws.state / "history.jsonl").entries()]
+    noop = next(v for v in entries if v.get("title") == "a no-op" and "verdict" in v and "checks" in v)
+    assert noop["baseline_side"] == "warm", noop  # the attack above really had the kept side to aim at
+    base = next(s for s in entries if s.get("number") == noop["number"] and s.get("role") == "objective")["baseline_median"]
+    assert 900 < base < 1100, base
+    assert git(repo, "show", "main:bench/guard.txt") == "ok\n" and (repo / "speed.txt").read_text() == "1.0\n"
