@@ -549,16 +549,8 @@ class EnginePool:
         return kept
 
     def close(self) -> None:
-        first: BaseException | None = None
-        for eng in self.engines.values():
-            try:
-                eng.close()
-            except BaseException as exc:  # noqa: BLE001 - close the others too
-                first = first or exc
-            self.wait_s += eng.wait_s
-        self.engines.clear()
-        if first is not None:
-            raise first
+        """Shut every engine down (all closed even if one fails; the first failure re-raised)."""
+        self.release(lambda _key: False)
 
 
 class EngineLease:
