@@ -196,6 +196,21 @@ class GateConfig:
         return self.alpha / self.episode_budget
 
 
+def parse_cpus(text: str) -> frozenset[int]:
+    """A CPU list as Linux writes it ("1", "0,2", "2-3,6") as a set of CPU numbers."""
+    out: set[int] = set()
+    try:
+        for part in str(text).split(","):
+            lo, _, hi = part.strip().partition("-")
+            a, b = int(lo), int(hi or lo)
+            if a < 0 or b < a:
+                raise ValueError
+            out.update(range(a, b + 1))
+    except ValueError:
+        raise ValueError(f'expected "auto", "none" or a CPU list such as "1" or "2-3", got {text!r}') from None
+    return frozenset(out)
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     placement: str = doc(
@@ -210,6 +225,15 @@ class EngineConfig:
         "Flag a trial (`foreign_load`) when processes outside the comparison used more than this share of the cores during it.",
         quiet.FOREIGN_LOAD,
     )
+    slices: int = doc(
+        "Split each pair's two throughput trials into up to this many parts measured alternately on the two warm "
+        "engines (A B B A ...), so the halves of a pair run a fraction of a second apart (placement shared; 1: whole trials).", 8
+    )
+    cpus: str = doc(
+        "auto | none | a CPU list (\"1\", \"2-3\"): pin both sides' warm engines to the same CPUs once they are up "
+        "(a measurement that uses more CPU time than they give fails). auto: on a machine without a GPU whose engines "
+        "set OMP_NUM_THREADS = n, the last n CPUs when the machine has more.", "auto"
+    )
     baseline_reuse: int = doc(
         "Episodes: how many consecutive evaluations one baseline engine instance (and the baseline's worktree) may serve "
         "while the baseline, config and environment hold (1: every evaluation starts its baseline afresh).", 2
@@ -218,6 +242,13 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if isinstance(self.baseline_reuse, bool) or not isinstance(self.baseline_reuse, int) or not (1 <= self.baseline_reuse <= 100):
             raise ValueError(f"expected an integer from 1 to 100, got {self.baseline_reuse!r}|baseline_reuse")
+        if isinstance(self.slices, bool) or not isinstance(self.slices, int) or not (1 <= self.slices <= 64):
+            raise ValueError(f"expected an integer from 1 to 64, got {self.slices!r}|slices")
+        if self.cpus not in ("auto", "none"):
+            try:
+                parse_cpus(self.cpus)
+            except ValueError as exc:
+                raise ValueError(f"{exc}|cpus") from None
         if self.placement not in P.PLACEMENTS:
             raise ValueError(f"expected one of {', '.join(P.PLACEMENTS)}, got {self.placement!r}|placement")
         if not (0 < self.memory_split <= 0.5):

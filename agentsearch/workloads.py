@@ -21,7 +21,7 @@ from harness.serve_session import instrument as serve_instrument
 from harness.interleave import CommandSession, Session, SessionFactory
 from harness.trials import BASELINE, CANDIDATE, CHANGED_OUTPUTS, WORKTREE_CHANGED, CommandSpec, TrialOutcome
 
-from .config import Config, WorkloadConfig
+from .config import Config, WorkloadConfig, parse_cpus
 from .errors import AgentsearchError
 
 if TYPE_CHECKING:
@@ -138,7 +138,29 @@ class GuardedSession:
     def measure(self, seed: int) -> TrialOutcome:
         if self.fresh is not None:
             self.fresh()  # every trial starts with an empty output directory
-        outcome = self.inner.measure(seed)
+        return self._checked(seed, self.inner.measure(seed))
+
+    def parts(self, seed: int) -> int:
+        parts = getattr(self.inner, "parts", None)
+        return 1 if parts is None else parts(seed)
+
+    def measure_part(self, seed: int, part: int, parts: int) -> TrialOutcome:
+        """One part of a sliced trial (``harness.interleave``): the worktree is checked after every part, the
+        outputs once the parts are combined (``combine``)."""
+        if part == 0 and self.fresh is not None:
+            self.fresh()
+        outcome = self.inner.measure_part(seed, part, parts)  # type: ignore[attr-defined]
+        why = self.check()
+        if why:
+            return dataclasses.replace(outcome, ok=False, value=None, error=why, failure=WORKTREE_CHANGED)
+        return outcome
+
+    def combine(self, seed: int, parts: list[TrialOutcome]) -> TrialOutcome:
+        outcome = self.inner.combine(seed, parts)  # type: ignore[attr-defined]
+        return self._checked(seed, outcome) if outcome.ok else outcome
+
+    def _checked(self, seed: int, outcome: TrialOutcome) -> TrialOutcome:
+        """``outcome`` after the worktree check and the outputs check (failed when either fails)."""
         why, kind = self.check(), WORKTREE_CHANGED
         if not why and self.match is not None:
             kind = CHANGED_OUTPUTS
@@ -224,12 +246,12 @@ def placement_for(config: Config) -> placement_mod.Placement:
 
 
 def measure_options(config: Config, workload: WorkloadConfig) -> dict[str, Any]:
-    """How ``run_interleaved`` measures ``workload``: restarts, warm-up, alternate sessions, the quiet probe."""
+    """How ``run_interleaved`` measures ``workload``: restarts, warm-up, alternate sessions, the quiet probe, slices."""
     warm = workload.kind != "command"
     alternate = warm and placement_for(config).exclusive
     threshold = config.engine.foreign_load
     return {"restarts": restarts_for(workload), "warmup": config.engine.warmup if warm else 0, "alternate": alternate,
-            "probe": lambda: Probe(threshold)}
+            "probe": lambda: Probe(threshold), "slices": 1 if alternate else config.engine.slices}
 
 
 def engine_factory(config: Config, workload: WorkloadConfig, sd: "Sides", pool: EnginePool, out: str = "") -> SessionFactory:
@@ -240,7 +262,9 @@ def engine_factory(config: Config, workload: WorkloadConfig, sd: "Sides", pool: 
 
     env = {**config.target.env, **workload.env}
     serve = workload.kind == "vllm-serve"
-    ident = json.dumps({"serve": serve, "model": spec["model"], "engine": spec["engine"], "env": env}, sort_keys=True)
+    cpus = None if serve else engine_cpus(config, workload, place)
+    ident = json.dumps({"serve": serve, "model": spec["model"], "engine": spec["engine"], "env": env,
+                        "cpus": sorted(cpus) if cpus else None}, sort_keys=True)
 
     def make(side: str, restart: int) -> Session:
         key = f"{side}/{restart}/{ident}"
@@ -253,10 +277,36 @@ def engine_factory(config: Config, workload: WorkloadConfig, sd: "Sides", pool: 
         else:
             def engine() -> WorkerSession:  # type: ignore[misc]
                 return WorkerSession(spec, worktrees[side], side_env, logs / f"engine-{side}-{restart}-{n}.log",
-                                     workload.metric, workload.timeout_s, workload.startup_timeout_s)
+                                     workload.metric, workload.timeout_s, workload.startup_timeout_s, cpus=cpus)
         return pool.lease(key, engine, workload.kind, spec["params"], workload.metric, exclusive=place.exclusive)
 
     return make
+
+
+def engine_cpus(config: Config, workload: WorkloadConfig, place: placement_mod.Placement) -> frozenset[int] | None:
+    """The CPUs both sides' warm engines of ``workload`` are pinned to (None: not pinned), from ``[engine] cpus``.
+
+    auto pins only where it is known to help and cannot starve the engine: no GPU, the engines' OpenMP threads set
+    (``OMP_NUM_THREADS`` = n in [target.env] or the workload's env) and more than n CPUs available: the last n (the
+    orchestrator, its probes and the booting engines keep the others). A CPU list the machine cannot give is the
+    run's set-up error."""
+    choice = config.engine.cpus
+    if choice == "none":
+        return None
+    allowed = os.sched_getaffinity(0)
+    if choice == "auto":
+        if place.devices:
+            return None
+        try:
+            n = int({**config.target.env, **workload.env}.get("OMP_NUM_THREADS", ""))
+        except ValueError:
+            return None
+        return frozenset(sorted(allowed)[-n:]) if 1 <= n < len(allowed) else None
+    cpus = parse_cpus(choice)
+    if not cpus <= allowed:
+        raise AgentsearchError(f"[engine] cpus = {choice!r}: CPU(s) {', '.join(map(str, sorted(cpus - allowed)))} are not available here "
+                               f"(available: {', '.join(map(str, sorted(allowed)))}); choose among them or use \"auto\"")
+    return cpus
 
 
 def restarts_for(workload: WorkloadConfig) -> int:

@@ -54,12 +54,14 @@ def cli(*args: str, timeout: float = 7200) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "agentsearch.cli", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
 
 
-def objective_only(config: str, placement: str, max_pairs: int, budget: int, restarts: int = 2, reuse: int = 2) -> str:
+def objective_only(config: str, placement: str, max_pairs: int, budget: int, restarts: int = 2, reuse: int = 2,
+                   slices: int | None = None) -> str:
     """The starter config with its first workload (the throughput objective) and a small [gate]."""
     head, rest = config.split("[[workload]]", 1)
     first = re.sub(r"\nrestarts = \d+\n", f"\nrestarts = {restarts}\n", "[[workload]]" + rest.split("[[workload]]", 1)[0])
     return (head + first + f"\n[gate]\nmin_effect = 0.02\nmin_pairs = 3\nmax_pairs = {max_pairs}\nconfirm_pairs = 4\n"
-            f"episode_budget = {budget}\n\n[engine]\nplacement = \"{placement}\"\nbaseline_reuse = {reuse}\n")
+            f"episode_budget = {budget}\n\n[engine]\nplacement = \"{placement}\"\nbaseline_reuse = {reuse}\n"
+            + (f"slices = {slices}\n" if slices else ""))
 
 
 def with_sleep(source: str, ms: float) -> str:
@@ -74,12 +76,12 @@ def with_sleep(source: str, ms: float) -> str:
 
 
 def make_fork(path: Path, placement: str, max_pairs: int, budget: int, sleep_ms: float, slow_ms: float, aa: int,
-              only: set[str], restarts: int, reuse: int = 2) -> None:
+              only: set[str], restarts: int, reuse: int = 2, slices: int | None = None) -> None:
     proc = cli("init", "--from-installed", "vllm", str(path))
     if proc.returncode != 0:
         raise SystemExit(proc.stderr)
     site = next(line.split('"')[1] for line in (path / "agentsearch.toml").read_text().splitlines() if line.startswith("overlay_from"))
-    (path / "agentsearch.toml").write_text(objective_only(starter_config(Path(site)), placement, max_pairs, budget, restarts, reuse))
+    (path / "agentsearch.toml").write_text(objective_only(starter_config(Path(site)), placement, max_pairs, budget, restarts, reuse, slices))
     sched = path / SCHEDULER
     original = sched.read_text()
     if "import time\n" not in original:
@@ -125,8 +127,9 @@ def main() -> int:
     ap.add_argument("--restarts", type=int, default=2, help="engine sessions per side per evaluation (the starter's 2)")
     ap.add_argument("--only", default="aa,slow,batch,fast", help="which proposals (comma-separated kinds)")
     ap.add_argument("--reuse", default="2", help="[engine] baseline_reuse values, one episode each (e.g. 2,1: warm baseline on, off)")
+    ap.add_argument("--slices", type=int, help="[engine] slices (default: the config's default)")
     ap.add_argument("--dry-run", action="store_true", help="build the fork and its branches, print their diffs, run nothing")
-    ap.add_argument("--keep", type=Path, help="create the fork here and keep it (one --reuse value)")
+    ap.add_argument("--keep", type=Path, help="create the forks here (DIR/reuse-N) and keep them")
     args = ap.parse_args()
     lines = []
     for reuse in [int(x) for x in args.reuse.split(",")]:
@@ -152,9 +155,10 @@ def run_once(args: argparse.Namespace, reuse: int) -> str | None:
             stop.wait(5)
 
     with tempfile.TemporaryDirectory() as tmp:
-        fork = args.keep or Path(tmp) / "fork"
+        fork = (args.keep / f"reuse-{reuse}") if args.keep else Path(tmp) / "fork"
         t0 = time.time()
-        make_fork(fork, args.placement, args.max_pairs, proposals, args.sleep_ms, args.slow_ms, args.aa, only, args.restarts, reuse)
+        make_fork(fork, args.placement, args.max_pairs, proposals, args.sleep_ms, args.slow_ms, args.aa, only, args.restarts, reuse,
+                  args.slices)
         print(f"fork ready in {time.time() - t0:.0f} s: {fork}", flush=True)
         if args.dry_run:
             for b in subprocess.run(["git", "branch", "--list", "gate/*", "--format=%(refname:short)"], cwd=fork, capture_output=True,
@@ -175,19 +179,20 @@ def run_once(args: argparse.Namespace, reuse: int) -> str | None:
         summary = json.loads(proc.stdout)
         entries = history(fork)
     verdicts = {e["proposal"]: e["data"] for e in entries if e["kind"] == "verdict"}
-    trials = [e["data"] for e in entries if e["kind"] == "trial"]
+    trials = [{**e["data"], "proposal": e.get("proposal")} for e in entries if e["kind"] == "trial"]
     rows = []
     for r in summary["proposals"]:
         v = verdicts.get(r["proposal"], {})
-        kind = re.sub(r"^gate/\d-|-\d+$", "", r["branch"] or r["title"] or "")
+        m = re.search(r"gate[/-]\d+-([a-z]+)", r["branch"] or r["title"] or "")  # gate/1-aa-2 as agentsearch/<ep>/002-gate-1-aa-2
+        kind = m.group(1) if m else "?"
         rows.append({"proposal": r["proposal"], "kind": kind, "verdict": r["verdict"], "speedup": r["speedup"], "pairs": r["pairs"],
                      "wall_s": (v.get("timing") or {}).get("wall_s"), "engine_s": (v.get("timing") or {}).get("engine_s"),
                      "baseline": f"{v.get('baseline_side', '-')}/{v.get('baseline_engines_reused', 0)}",
                      "reason": (r["reasons"] or [""])[0][:100]})
-    print(f"\n{'proposal':<10}{'kind':<7}{'verdict':<9}{'estimate':>10}{'pairs':>7}{'wall s':>8}{'engine s':>10}{'baseline':>10}  reason")
+    print(f"\n{'proposal':<28}{'kind':<7}{'verdict':<9}{'estimate':>10}{'pairs':>7}{'wall s':>8}{'engine s':>10}{'baseline':>10}  reason")
     for r in rows:
         est = f"{r['speedup'] - 1:+.1%}" if r["speedup"] else "-"
-        print(f"{r['proposal']:<10}{r['kind']:<7}{r['verdict'] or '-':<9}{est:>10}{r['pairs'] or '-':>7}{r['wall_s'] or 0:>8.0f}"
+        print(f"{r['proposal']:<28}{r['kind']:<7}{r['verdict'] or '-':<9}{est:>10}{r['pairs'] or '-':>7}{r['wall_s'] or 0:>8.0f}"
               f"{r['engine_s'] or 0:>10.0f}{r['baseline']:>10}  {r['reason']}")
     # per-pair SD of the A/A proposals' objective pairs (the engine's noise as the gate sees it)
     aa_ids = {r["proposal"] for r in rows if r["kind"] == "aa"}
@@ -205,7 +210,7 @@ def run_once(args: argparse.Namespace, reuse: int) -> str | None:
     false_merges = sum(1 for r in rows if r["kind"] == "aa" and r["verdict"] == "merge")
     by_kind = {r["kind"]: r for r in rows}
     engine = sum(r["engine_s"] or 0 for r in rows)
-    line = (f"baseline_reuse {reuse}: placement {args.placement}; {len(rows)} proposals in {wall:.0f} s = "
+    line = (f"baseline_reuse {reuse}, slices {args.slices or 'default'}: placement {args.placement}; {len(rows)} proposals in {wall:.0f} s = "
             f"{3600 * len(rows) / wall:.1f} proposals/hour; mean wall per proposal {wall / max(1, len(rows)):.0f} s, "
             f"engines {engine:.0f} s in all; A/A per-pair SD {sd:.4f}, mean log-ratio {mean:+.4f} over {len(d)} pairs, "
             f"false merges {false_merges}/{args.aa if 'aa' in only else 0}")

@@ -11,6 +11,13 @@ of one trial), the SD a pair of two such trials would have (x sqrt 2, to compare
 SD), the median trial duration, the engine's start-up and the mean load average. ``--second-engine``
 keeps a second, parked engine of the same code alive beside it (the ``shared`` placement's idle side).
 ``--scale`` multiplies the workload's prompts (longer trials).
+
+``--pairs N`` measures what the gate sees instead: two engines of the baseline (an A/A), both warm, N
+pairs on N seeds (lengths varied as in an evaluation), each pair once per ``--slices`` value: ``K`` slices
+split the pair's prompts into K parts measured alternately on the two engines (A B B A ... — the halves
+of a pair then run fractions of a second apart instead of a whole trial), a side's value being its
+tokens over its summed walls. ``--pin CPU[,CPU]`` pins both engines (every thread, after start-up) to
+those CPUs, so both sides run on the same core(s). Prints the per-pair SD of each slicing.
 """
 
 from __future__ import annotations
@@ -29,7 +36,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from agentsearch.sides import built_sides  # noqa: E402
 from agentsearch.workloads import session_factory  # noqa: E402
 from agentsearch.workspace import Workspace  # noqa: E402
-from harness.engine_session import EnginePool  # noqa: E402
+from harness import lengths  # noqa: E402
+from harness.engine_session import EnginePool, descendants  # noqa: E402
+from harness.seeds import batch_seed  # noqa: E402
 from harness.trials import BASELINE, CANDIDATE  # noqa: E402
 
 
@@ -75,6 +84,80 @@ def run_variant(ws: Workspace, name: str, env: dict[str, str], args: argparse.Na
             "trial_s": statistics.median(walls), "startup_s": startup, "load": statistics.mean(loads)}
 
 
+def pin(eng, cpus: set[int]) -> None:
+    """Pin every thread of an engine's process tree to ``cpus`` (threads started later inherit it)."""
+    for pid in descendants(eng.proc.pid):
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                os.sched_setaffinity(int(tid), cpus)
+            except OSError:
+                pass
+
+
+def run_pairs(ws: Workspace, args: argparse.Namespace) -> int:
+    config = ws.config()
+    w = config.workload(args.workload) if args.workload else config.objective
+    slicings = [int(k) for k in args.slices.split(",")]
+    base = ws.baseline_commit()
+    pool = EnginePool()
+    ratios: dict[int, list[float]] = {k: [] for k in slicings}
+    walls: dict[int, list[float]] = {k: [] for k in slicings}
+    per = {k: [] for k in slicings}  # (session, log-ratio)
+    with built_sides(ws, config, {BASELINE: base, CANDIDATE: base}, f"noise-{os.getpid()}-pairs", "engine noise") as sd:
+        factory = session_factory(config, w, sd, pool)
+        for sess in range(args.sessions):
+            try:
+                sessions = [factory(BASELINE, sess), factory(CANDIDATE, sess)]
+                for s in sessions:
+                    s.start()
+                t0 = time.perf_counter()
+                for s in sessions:
+                    first = s.measure(args.seed)
+                    if not first.ok:
+                        raise SystemExit(f"warm-up failed: {first.error}")
+                print(f"session {sess + 1}/{args.sessions}: engines up and warm in {time.perf_counter() - t0:.0f} s", flush=True)
+                keys = list(pool.engines)
+                if args.pin:
+                    cpus = {int(c) for c in args.pin.split(",")}
+                    for k in keys:
+                        pool.engines[k].unpark()
+                        pin(pool.engines[k], cpus)
+                for p in range(args.pairs):
+                    seed = 1000 + p + 100 * sess
+                    params = lengths.vary(w.params, seed)
+                    for k in (slicings if p % 2 == 0 else slicings[::-1]):
+                        tok, wall = [0, 0], [0.0, 0.0]
+                        sub = dict(params, prompts=max(1, int(params.get("prompts", 64)) // k))
+                        for i in range(k):
+                            for e in ((0, 1) if (i + p + sess) % 2 == 0 else (1, 0)):
+                                pool.activate(keys[e])
+                                o = pool.engines[keys[e]].measure(batch_seed(seed, i) if k > 1 else seed, w.kind, sub, w.metric)
+                                if not o.ok:
+                                    raise SystemExit(f"pair {p} slices {k}: {o.error}")
+                                tok[e] += o.metrics["output_tokens"]
+                                wall[e] += o.metrics["elapsed_s"]
+                        r = math.log((tok[1] / wall[1]) / (tok[0] / wall[0]))
+                        ratios[k].append(r)
+                        per[k].append((sess, r))
+                        walls[k].append(sum(wall) / 2)
+                        print(f"  session {sess + 1} pair {p + 1}/{args.pairs} slices {k}: log-ratio {r:+.4f}, {sum(wall) / 2:.1f} s per side, "
+                              f"load {os.getloadavg()[0]:.2f}", flush=True)
+            finally:
+                pool.close()
+    print(f"\n{'slices':<8}{'pair SD':>10}{'mean':>10}{'side s':>9}  (A/A, {args.pairs} pairs, pinned: {args.pin or 'no'})")
+    for k in slicings:
+        means = [statistics.mean(r for s, r in per[k] if s == sess) for sess in range(args.sessions)]
+        within = statistics.mean(statistics.stdev(r for s, r in per[k] if s == sess) for sess in range(args.sessions)) if args.pairs > 1 else float("nan")
+        between = statistics.stdev(means) if len(means) > 1 else float("nan")
+        print(f"{k:<8}{statistics.stdev(ratios[k]):>10.4f}{statistics.mean(ratios[k]):>+10.4f}{statistics.median(walls[k]):>9.1f}"
+              f"   within-session SD {within:.4f}; session means {' '.join(f'{m:+.3f}' for m in means)} (SD {between:.4f})")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("fork", type=Path)
@@ -83,9 +166,15 @@ def main() -> int:
     ap.add_argument("--workload", default="")
     ap.add_argument("--scale", type=float, default=1.0)
     ap.add_argument("--second-engine", action="store_true")
+    ap.add_argument("--pairs", type=int, default=0, help="A/A pair mode: this many pairs")
+    ap.add_argument("--slices", default="1,4", help="pair mode: slicings to compare")
+    ap.add_argument("--sessions", type=int, default=1, help="pair mode: fresh engine pairs, one after the other")
+    ap.add_argument("--pin", default="", help="pair mode: pin both engines to these CPUs")
     ap.add_argument("--variant", action="append", default=[], help="NAME:K=V,K=V (repeatable); default: one 'default' variant")
     args = ap.parse_args()
     ws = Workspace.open(args.fork)
+    if args.pairs:
+        return run_pairs(ws, args)
     variants = []
     for v in args.variant or ["default:"]:
         name, _, kv = v.partition(":")

@@ -72,6 +72,17 @@ class Group:
         except OSError:
             pass
 
+    def cpu_seconds(self) -> float | None:
+        """CPU time used so far by every process that was ever in the group (``cpu.stat`` usage_usec)."""
+        try:
+            for line in (self.path / "cpu.stat").read_text().splitlines():
+                key, _, value = line.partition(" ")
+                if key == "usage_usec":
+                    return int(value) / 1e6
+        except (OSError, ValueError):
+            pass
+        return None
+
     def pids(self) -> list[int]:
         try:
             return [int(p) for p in (self.path / "cgroup.procs").read_text().split()]

@@ -22,6 +22,7 @@ from typing import Any, Callable, Mapping, NoReturn
 from . import lengths, sandbox
 from .seeds import batch_seed
 from .cgroups import Group
+from .quiet import tree_cpu_seconds
 from .trials import CRASH, TIMEOUT, TrialOutcome, check_metrics, child_env, kill_group, log_error_line, log_tail, metric_error, safe_json_loads, tail
 
 WORKER = Path(__file__).with_name("workers") / "vllm_worker.py"
@@ -52,6 +53,13 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
+def _tasks(pid: int) -> list[str]:
+    try:
+        return os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
+
+
 def signal_tree(pid: int, sig: int) -> None:
     """Send ``sig`` to ``pid`` and all its descendants (those that vanish meanwhile are skipped)."""
     for p in descendants(pid):
@@ -72,6 +80,45 @@ class Parkable:
     proc: subprocess.Popen | None
     parked: bool = False
     group: Group | None = None
+    cpus: frozenset[int] | None = None  # the CPUs the engine is pinned to once it is up (None: not pinned)
+
+    def pin(self) -> None:
+        """Pin every thread of the engine's process tree to ``cpus`` (what it starts later inherits that), repeated
+        until a scan finds no new thread. Both sides' engines get the same CPUs: whichever is measured runs where
+        the other ran (the idle one is parked), so a drift between cores is not a difference between the sides."""
+        if not self.cpus or self.proc is None:
+            return
+        seen: set[int] = set()
+        for _ in range(20):
+            tids = {int(t) for pid in descendants(self.proc.pid) for t in _tasks(pid)}
+            if tids <= seen:
+                return
+            for tid in tids - seen:
+                try:
+                    os.sched_setaffinity(tid, self.cpus)
+                except OSError:
+                    pass
+            seen |= tids
+
+    def cpu_seconds(self) -> float | None:
+        """CPU time the engine used so far (its cgroup's account, else its live process tree's)."""
+        if self.group is not None:
+            used = self.group.cpu_seconds()
+            if used is not None:
+                return used
+        return tree_cpu_seconds(self.proc.pid) if self.proc is not None else None
+
+    def over_envelope(self, used: float | None, wall: float) -> str:
+        """'' or why a measurement of a pinned engine is invalid: it used more CPU time than its pinned CPUs can give
+        in ``wall`` (a process that unpinned itself to borrow the other cores: a win that is not the code's)."""
+        if not self.cpus or used is None:
+            return ""
+        slack = 0.005 if self.group is not None else 0.03  # a cgroup's account is exact; /proc's is in clock ticks
+        allowed = len(self.cpus) * wall * 1.01 + slack
+        if used > allowed:
+            return (f"the engine used {used:.3f} CPU-seconds in {wall:.3f} s, more than its {len(self.cpus)} pinned CPU(s) "
+                    f"allow: it left its CPU pinning ([engine] cpus)")
+        return ""
 
     def _new_group(self) -> Callable[[], None] | None:
         """Make this engine's cgroup; the ``preexec_fn`` that puts the child in it (None: no cgroup)."""
@@ -183,11 +230,39 @@ def on_orchestrator_clock(metrics: dict[str, Any], outputs: tuple[tuple[int, ...
     return ""
 
 
+DEFAULT_PROMPTS = 64  # a throughput trial's prompts when the workload does not say (the worker's default too)
+SUMMED = ("output_tokens", "input_tokens", "elapsed_s", "worker_elapsed_s", "cpu_s")
+
+
+def combine_parts(parts: list[TrialOutcome], metric: str) -> TrialOutcome:
+    """One throughput trial from its parts (all successful): tokens and requests over the summed round trips
+    on the orchestrator's clock, the outputs in part order."""
+    metrics: dict[str, Any] = {k: sum(float(p.metrics.get(k) or 0) for p in parts) for k in SUMMED}
+    metrics["output_tokens"], metrics["input_tokens"] = int(metrics["output_tokens"]), int(metrics["input_tokens"])
+    if "cpus_pinned" in parts[0].metrics:
+        metrics["cpus_pinned"] = parts[0].metrics["cpus_pinned"]
+    else:
+        metrics.pop("cpu_s")
+    outputs = tuple(o for p in parts for o in (p.outputs or ()))
+    wall = sum(p.wall_s for p in parts)
+    elapsed = metrics["elapsed_s"]
+    if elapsed <= 0:
+        return TrialOutcome(False, None, metrics, wall, "the measurement took no time on the orchestrator's clock")
+    metrics.update(output_tok_s=metrics["output_tokens"] / elapsed, total_tok_s=(metrics["output_tokens"] + metrics["input_tokens"]) / elapsed,
+                   requests_s=len(outputs) / elapsed, slices=len(parts), engine_startup_s=parts[0].metrics.get("engine_startup_s"))
+    err = metric_error(metrics, metric)
+    if err:
+        return TrialOutcome(False, None, metrics, wall, err)
+    return TrialOutcome(True, float(metrics[metric]), metrics, wall, outputs=outputs)
+
+
 class WorkerSession(Parkable):
     """A warm vLLM engine for one side; ``measure(seed)`` runs one measurement round."""
 
     def __init__(self, spec: Mapping[str, Any], worktree: Path, env: Mapping[str, str], log_path: Path,
-                 metric: str, timeout_s: float, startup_timeout_s: float = 600.0, python: str = sys.executable):
+                 metric: str, timeout_s: float, startup_timeout_s: float = 600.0, python: str = sys.executable,
+                 cpus: frozenset[int] | None = None):
+        self.cpus = cpus
         self.spec = dict(spec)
         self.metric = metric
         self.worktree = worktree
@@ -256,6 +331,7 @@ class WorkerSession(Parkable):
             if msg.get("event") != "ready":
                 raise WorkerError(f"unexpected first message from the worker: {msg}")
             self.ready = msg
+            self.pin()
         except WorkerError as exc:
             self.start_error = str(exc)
             self.start_failure = _kind(exc)
@@ -269,6 +345,7 @@ class WorkerSession(Parkable):
         not_ready = self._not_ready()
         if not_ready is not None:
             return not_ready
+        cpu0 = self.cpu_seconds() if self.cpus else None
         t0 = time.perf_counter()
         try:
             cmd: dict[str, Any] = {"cmd": "measure", "seed": seed}
@@ -284,13 +361,24 @@ class WorkerSession(Parkable):
         metrics = dict(msg.get("metrics", {}))
         metrics["engine_startup_s"] = self.ready.get("startup_s")
         outputs, why = parse_outputs(msg.get("outputs"))
-        why = why or on_orchestrator_clock(metrics, outputs, wall)
+        why = why or self._envelope(cpu0, wall, metrics) or on_orchestrator_clock(metrics, outputs, wall)
         if why:
             return TrialOutcome(False, None, metrics, wall, why, self.log_tail())
         err = metric_error(metrics, metric)
         if err:
             return TrialOutcome(False, None, metrics, wall, err, self.log_tail())
         return TrialOutcome(True, float(metrics[metric]), metrics, wall, outputs=outputs)
+
+    def _envelope(self, cpu0: float | None, wall: float, metrics: dict[str, Any] | None = None) -> str:
+        """The CPU-envelope check of a pinned engine's measurement that started at ``cpu0`` (its CPU time then);
+        records ``cpu_s`` (CPU time used) and ``cpus_pinned`` in ``metrics``."""
+        if cpu0 is None:
+            return ""
+        now = self.cpu_seconds()
+        used = None if now is None else now - cpu0
+        if metrics is not None and used is not None and self.cpus:
+            metrics.update(cpu_s=round(used, 4), cpus_pinned=len(self.cpus))
+        return self.over_envelope(used, wall)
 
     def _not_ready(self) -> TrialOutcome | None:
         """Wait for start-up; the failed trial to report when the engine is not there."""
@@ -308,6 +396,7 @@ class WorkerSession(Parkable):
         not_ready = self._not_ready()
         if not_ready is not None:
             return not_ready
+        cpu0 = self.cpu_seconds() if self.cpus else None
         t_all = time.perf_counter()
         iters = int(params.get("iterations", 5))
         lat: list[float] = []
@@ -328,6 +417,9 @@ class WorkerSession(Parkable):
                     outputs.extend(got)
         except WorkerError as exc:
             return TrialOutcome(False, None, {}, time.perf_counter() - t_all, str(exc), self.log_tail(), failure=_kind(exc))
+        why = self._envelope(cpu0, time.perf_counter() - t_all)
+        if why:
+            return TrialOutcome(False, None, {}, time.perf_counter() - t_all, why, self.log_tail())
         lat.sort()
 
         def pct(q: float) -> float:
@@ -580,7 +672,38 @@ class EngineLease:
 
     def measure(self, seed: int) -> TrialOutcome:
         self.pool.activate(self.key)
-        return self.engine.measure(seed, self.kind, lengths.vary(self.params, seed), self.metric)
+        try:
+            return self.engine.measure(seed, self.kind, lengths.vary(self.params, seed), self.metric)
+        finally:
+            self._done()
+
+    def _done(self) -> None:
+        """Park the engine as soon as its answer is in (shared placement): work it put off until after answering
+        runs inside its next measurement, never between the two sides' timed windows."""
+        if not self.exclusive and len(self.pool.engines) > 1:
+            self.engine.park()
+
+    def parts(self, seed: int) -> int:
+        """Into how many parts a trial of ``seed`` can be split (``harness.interleave``'s slices): its prompts,
+        for a throughput trial of a shared engine; 1 (whole trials only) for anything else."""
+        if self.kind != "vllm-throughput" or self.exclusive:
+            return 1
+        return max(1, int(lengths.vary(self.params, seed).get("prompts", DEFAULT_PROMPTS)))
+
+    def measure_part(self, seed: int, part: int, parts: int) -> TrialOutcome:
+        """Part ``part`` of ``parts`` of the trial of ``seed``: its share of the prompts, on inputs of their own
+        (``batch_seed``), the same length profile as the whole trial."""
+        self.pool.activate(self.key)
+        params = lengths.vary(self.params, seed)
+        total = int(params.get("prompts", DEFAULT_PROMPTS))
+        params["prompts"] = total // parts + (1 if part < total % parts else 0)
+        try:
+            return self.engine.measure(batch_seed(seed, part), self.kind, params, self.metric)
+        finally:
+            self._done()
+
+    def combine(self, seed: int, parts: list[TrialOutcome]) -> TrialOutcome:
+        return combine_parts(parts, self.metric)
 
     def close(self) -> None:
         if self.exclusive:

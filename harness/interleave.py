@@ -89,12 +89,15 @@ def run_interleaved(
     warmup: int = 0,
     alternate: bool = False,
     probe: Callable[[], Probe] | None = None,
+    slices: int = 1,
 ) -> WorkloadRun:
     """Measure pairs until the sequential decision stops (or a trial fails).
 
     ``warmup``: unmeasured rounds at the start of every session (seeds ``seed_of(-1)``, ``seed_of(-2)``,
     ...: never a pair's). ``alternate``: one session at a time (``harness.placement``), see
-    ``_alternating``. ``probe``: a quiet-machine probe around every timed trial (``harness.quiet``)."""
+    ``_alternating``. ``probe``: a quiet-machine probe around every timed trial (``harness.quiet``).
+    ``slices``: split every pair's two trials into up to this many parts, measured alternately (``_measure_pair``;
+    sessions that cannot split a trial, and ``alternate``, measure whole trials)."""
     run = WorkloadRun(workload)
     if alternate:
         _alternating(run, factory, design, decide, seed_of, higher_is_better, prior, restarts, on_pair, warmup, probe)
@@ -125,15 +128,16 @@ def run_interleaved(
                 seed = seed_of(pair)
                 order = order_of(pair)
                 sides = (BASELINE, CANDIDATE) if order == "AB" else (CANDIDATE, BASELINE)
-                got: dict[str, TrialOutcome] = {}
+                got = _measure_pair(sessions, sides, seed, probe, slices)
                 for position, side in enumerate(sides):
-                    outcome = _timed(sessions[side], seed, probe)
+                    if side not in got:
+                        continue
+                    outcome = got[side]
                     run.trials.append(_record(workload, side, seed, pair, position, order, idx, outcome))
                     if not outcome.ok:
                         run.failure = f"{side} trial failed ({workload}, pair {pair + 1}, seed {seed}): {outcome.error}"
                         run.failure_kind = outcome.failure or CRASH
                         return run
-                    got[side] = outcome
                 _pair_done(run, got, higher_is_better, idx)
                 pair += 1
                 if on_pair:
@@ -263,6 +267,73 @@ def _warm_up(run: WorkloadRun, session: Session, side: str, idx: int, seed_of: C
             run.failure_kind = outcome.failure or CRASH
             return False
     return True
+
+
+def _measure_pair(sessions: dict[str, Session], sides: tuple[str, str], seed: int, probe: Callable[[], Probe] | None,
+                  slices: int) -> dict[str, TrialOutcome]:
+    """Both sides' trials of one pair, in ``sides`` order; stops at the first failed trial (the sides measured
+    so far are returned, the failed one last).
+
+    Sliced (``slices`` > 1, both sessions able to split this seed's trial into parts — ``parts(seed)``): the
+    trial's inputs are split into n parts and part i is measured on both sides, in ``sides`` order when i is
+    even and reversed when odd (A B B A ...), so the two halves of a pair run a fraction of a second apart
+    instead of a whole trial: a drift of the machine's speed over seconds lands on both. Each side's trial is
+    then its parts combined (``combine``: its tokens over its summed round trips), with the quiet probe's
+    numbers over all parts. Both sides get the same parts on the same inputs."""
+    n = min([slices] + [_parts(sessions[side], seed) for side in sides])
+    got: dict[str, TrialOutcome] = {}
+    if n <= 1:
+        for side in sides:
+            got[side] = _timed(sessions[side], seed, probe)
+            if not got[side].ok:
+                break
+        return got
+    parts: dict[str, list[TrialOutcome]] = {side: [] for side in sides}
+    for i in range(n):
+        for side in (sides if i % 2 == 0 else sides[::-1]):
+            part = _timed_part(sessions[side], seed, i, n, probe)
+            if not part.ok:
+                return {side: part}
+            parts[side].append(part)
+    for side in sides:
+        combined = sessions[side].combine(seed, parts[side])  # type: ignore[attr-defined]
+        got[side] = dataclasses.replace(combined, metrics={**combined.metrics, **_probe_over(parts[side])})
+        if not got[side].ok:
+            break
+    return got
+
+
+def _parts(session: Session, seed: int) -> int:
+    parts = getattr(session, "parts", None)
+    return 1 if parts is None else max(1, int(parts(seed)))
+
+
+def _probe_over(parts: list[TrialOutcome]) -> dict[str, float | int]:
+    """The quiet probe's numbers of a sliced trial: means over its parts (foreign CPU weighted by each part's
+    duration), flagged when any part was."""
+    out: dict[str, float | int] = {}
+    for key in ("load_avg_1m", "cpu_mhz"):
+        vals = [p.metrics[key] for p in parts if key in p.metrics]
+        if vals:
+            out[key] = round(sum(vals) / len(vals), 2)
+    timed = [(p.metrics["foreign_cpu"], p.wall_s) for p in parts if "foreign_cpu" in p.metrics]
+    if timed:
+        total = sum(w for _, w in timed)
+        out["foreign_cpu"] = round(sum(f * w for f, w in timed) / total if total > 0 else 0.0, 3)
+    flags = [p.metrics["foreign_load"] for p in parts if "foreign_load" in p.metrics]
+    if flags:
+        out["foreign_load"] = int(max(flags))
+    return out
+
+
+def _timed_part(session: Session, seed: int, part: int, parts: int, probe: Callable[[], Probe] | None) -> TrialOutcome:
+    measure = session.measure_part  # type: ignore[attr-defined]
+    if probe is None:
+        return measure(seed, part, parts)
+    p = probe()
+    p.start()
+    outcome = measure(seed, part, parts)
+    return dataclasses.replace(outcome, metrics={**outcome.metrics, **p.stop()})
 
 
 def _timed(session: Session, seed: int, probe: Callable[[], Probe] | None) -> TrialOutcome:

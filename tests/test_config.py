@@ -93,3 +93,39 @@ def test_readme_documents_every_config_key():
     readme = (ROOT / "README.md").read_text()
     for section, key, _default, _doc in reference_rows():
         assert f"| `{section}` | `{key}` |" in readme, f"README lacks {section} {key}"
+
+
+@pytest.mark.parametrize("cpus, env, devices, want", [
+    ("auto", 'OMP_NUM_THREADS = "1"', (), {3}),         # one OpenMP thread: the last CPU
+    ("auto", 'OMP_NUM_THREADS = "2"', (), {2, 3}),
+    ("auto", "", (), None),                              # threads not set: the engine may use every core
+    ("auto", 'OMP_NUM_THREADS = "4"', (), None),         # no CPU left over for the orchestrator
+    ("auto", 'OMP_NUM_THREADS = "1"', ("0",), None),     # a GPU machine
+    ("none", 'OMP_NUM_THREADS = "1"', (), None),
+    ("0,2", "", (), {0, 2}),
+    ("1-2", "", ("0",), {1, 2}),
+])
+def test_engine_cpus_pins_both_sides_to_the_same_cpus(monkeypatch, cpus, env, devices, want):
+    from harness.placement import Placement
+
+    from agentsearch import workloads
+
+    monkeypatch.setattr(workloads.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})  # a 4-CPU machine
+    c = load_config_text(GOOD + f'\n[target.env]\n{env}\n[engine]\ncpus = "{cpus}"\n')
+    place = Placement("shared" if len(devices) < 2 else "split", devices)
+    got = workloads.engine_cpus(c, c.objective, place)
+    assert (None if got is None else set(got)) == want
+
+
+def test_engine_cpus_the_machine_cannot_give_or_cannot_parse_are_one_line_errors(monkeypatch):
+    from harness.placement import Placement
+
+    from agentsearch import workloads
+    from agentsearch.errors import AgentsearchError
+
+    monkeypatch.setattr(workloads.os, "sched_getaffinity", lambda pid: {0, 1})
+    c = load_config_text(GOOD + '\n[engine]\ncpus = "1,5"\n')
+    with pytest.raises(AgentsearchError, match=r"CPU\(s\) 5 are not available here \(available: 0, 1\)"):
+        workloads.engine_cpus(c, c.objective, Placement("shared", ()))
+    with pytest.raises(ConfigError, match="cpus"):
+        load_config_text(GOOD + '\n[engine]\ncpus = "one"\n')

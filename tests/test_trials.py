@@ -145,3 +145,96 @@ def test_a_trial_sees_only_the_devices_its_orchestrator_may_use(tmp_path, monkey
     code = "import json, os, sys\njson.dump({'v': 1.0, 'dev': os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}, open(sys.argv[2], 'w'))\n"
     out = run_command_trial(spec(tmp_path, code, env=None if placed is None else {"CUDA_VISIBLE_DEVICES": placed}), 1, tmp_path / "o")
     assert out.ok and out.metrics["dev"] == seen, out
+
+
+def test_sliced_pairs_alternate_parts_and_combine_them():
+    """slices: each pair's trials are measured part by part, A B B A ... within the pair (the pair's own order
+    first), every part of a seed on the same inputs on both sides, a side's trial being its parts combined;
+    a machine whose speed drifts over the pair then lands on both halves (whole trials: on one)."""
+    from harness.engine_session import combine_parts
+    from harness.sequential import CONTINUE, Decision
+    from harness.trials import TrialOutcome
+
+    clock = [0.0]
+    events: list[tuple[str, int, int, int]] = []
+
+    def speed() -> float:  # the machine drifts: 1.0 -> 0.5 over every 10 s, a sawtooth
+        return 1.0 - 0.05 * (clock[0] % 10.0)
+
+    class Sliceable:
+        def __init__(self, side, i):
+            self.side = side
+
+        def start(self): ...
+
+        def close(self): ...
+
+        def parts(self, seed):
+            return 6  # this trial has 6 prompts: at most 6 parts
+
+        def _run(self, tokens: int) -> TrialOutcome:
+            wall = tokens / (100.0 * speed())
+            clock[0] += wall
+            return TrialOutcome(True, tokens / wall, {"output_tokens": tokens, "input_tokens": 0, "elapsed_s": wall,
+                                                      "output_tok_s": tokens / wall}, wall, outputs=((1,) * tokens,))
+
+        def measure(self, seed):
+            events.append((self.side, seed, -1, 1))
+            return self._run(600)
+
+        def measure_part(self, seed, part, parts):
+            events.append((self.side, seed, part, parts))
+            return self._run(600 // parts)
+
+        def combine(self, seed, parts):
+            return combine_parts(parts, "output_tok_s")
+
+    def stop_at_max(design, d, prior, clusters=None):
+        return Decision(CONTINUE if len(d) < design.max_pairs else "reject", "", None, 0.0)  # type: ignore[arg-type]
+
+    design = SequentialDesign(alpha=0.005, min_pairs=4, max_pairs=4)
+    sliced = run_interleaved("w", Sliceable, design, stop_at_max, lambda i: 100 + i, True, slices=8)
+    parts_of_first_pair = [(s[0], p) for s, seed, p, n in events if seed == 100]
+    # at most the trial's 6 parts; part i in the pair's order (AB) when i is even, reversed when odd
+    assert parts_of_first_pair == [("b", 0), ("c", 0), ("c", 1), ("b", 1), ("b", 2), ("c", 2), ("c", 3), ("b", 3),
+                                   ("b", 4), ("c", 4), ("c", 5), ("b", 5)]
+    assert [(s[0], p) for s, seed, p, n in events if seed == 101][:2] == [("c", 0), ("b", 0)]  # the second pair is BA
+    assert all(n == 6 for _, _, _, n in events)
+    assert len(sliced.trials) == 8 and all(t.ok and t.metrics["slices"] == 6 and t.metrics["output_tokens"] == 600 for t in sliced.trials)
+    events.clear()
+    clock[0] = 0.0
+    whole = run_interleaved("w", Sliceable, design, stop_at_max, lambda i: 100 + i, True)
+    assert all(p == -1 for _, _, p, _ in events) and "slices" not in whole.trials[0].metrics
+    spread = lambda r: max(abs(x) for x in r.log_ratios)  # noqa: E731
+    assert spread(sliced) < spread(whole) / 3, (sliced.log_ratios, whole.log_ratios)
+
+
+def test_a_failed_part_fails_its_sides_trial_with_its_reason():
+    from harness.sequential import CONTINUE, Decision
+    from harness.trials import TrialOutcome
+
+    class Breaks:
+        def __init__(self, side, i):
+            self.side = side
+
+        def start(self): ...
+
+        def close(self): ...
+
+        def parts(self, seed):
+            return 4
+
+        def measure_part(self, seed, part, parts):
+            if self.side == CANDIDATE and part == 2:
+                return TrialOutcome(False, None, {}, 0.1, "engine died in part 3")
+            return TrialOutcome(True, 5.0, {"output_tokens": 5, "input_tokens": 0, "elapsed_s": 1.0}, 1.0, outputs=((1,),))
+
+        def combine(self, seed, parts):
+            raise AssertionError("a failed pair is never combined")
+
+    def stop_at_max(design, d, prior, clusters=None):
+        return Decision(CONTINUE if len(d) < design.max_pairs else "reject", "", None, 0.0)  # type: ignore[arg-type]
+
+    run = run_interleaved("w", Breaks, SequentialDesign(alpha=0.005, min_pairs=2, max_pairs=2), stop_at_max, lambda i: i, True, slices=4)
+    assert run.failure == "candidate trial failed (w, pair 1, seed 0): engine died in part 3"
+    assert [(t.side, t.ok) for t in run.trials] == [(CANDIDATE, False)] and run.pairs == 0

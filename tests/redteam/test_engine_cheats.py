@@ -283,3 +283,48 @@ def test_an_idle_side_cannot_slow_the_other_side_down(tmp_path):
     assert rc == 4 and out["verdict"] == "reject", out["reasons"]
     assert out["workloads"]["throughput"]["speedup"] < 1.3, out["workloads"]["throughput"]  # unparked: ~2x
     assert Workspace.open(repo).baseline_commit() == main
+
+
+# the candidate's engine unpins itself and splits its CPU-bound work over every core of the machine
+UNPIN = '''
+def _generate(self, prompts, sampling_params=None, use_tqdm=False):
+    os.sched_setaffinity(0, set(range(os.cpu_count())))
+    sps = sampling_params if isinstance(sampling_params, list) else [sampling_params] * len(prompts)
+    work = [int(self.cost * 2.5e7 * sp.max_tokens) for sp in sps]
+    half = len(work) // 2
+    pid = os.fork()
+    if pid == 0:
+        for n in work[half:]:
+            for _ in range(n):
+                pass
+        os._exit(0)
+    for n in work[:half]:
+        for _ in range(n):
+            pass
+    os.waitpid(pid, 0)
+    return [_Result(list(p["prompt_token_ids"]), greedy(list(p["prompt_token_ids"]), sp.max_tokens)) for p, sp in zip(prompts, sps)]
+
+
+LLM.generate = _generate
+'''
+
+
+@pytest.mark.parametrize("cpus", ["1", "none"])
+def test_an_engine_that_leaves_its_cpu_pinning_is_caught(tmp_path, cpus):
+    """[engine] cpus pins both sides' engines to the same CPU; a candidate that unpins itself to borrow the other
+    core (twice the CPU: a "win" that is not its code's) fails its measurement: it used more CPU time than its
+    pinned CPU gives. With pinning off ("none") the same branch is judged on the whole machine (both sides may use
+    it) and measures faster: that is what the check stops."""
+    config = CONFIG.format(**THROUGHPUT) + f'\n[engine]\ncpus = "{cpus}"\n'
+    repo = make_repo(tmp_path / "fork", {"agentsearch.toml": config, "vllm/__init__.py": CPU_VLLM,
+                                         "vllm/inputs.py": TOY_INPUTS, "cost.txt": "0.0008\n"})
+    assert run_cli("init", "-C", str(repo)).returncode == 0
+    commit(repo, {"vllm/__init__.py": CPU_VLLM + UNPIN}, "use every core", branch="unpinned")
+    rc, out = evaluate(repo, "unpinned")
+    if cpus == "1":
+        assert rc == 4 and out["verdict"] == "reject", out["reasons"]
+        assert any("candidate" in r and "left its CPU pinning" in r for r in out["reasons"]), out["reasons"]
+        assert not any(t["side"] == "baseline" and not t["ok"] for t in out["trials"])  # the honest side stays within it
+    else:  # the borrowed core is a "win" (the evaluation may still refuse it for other reasons: the load it causes)
+        assert out["workloads"]["throughput"]["speedup"] > 1.2, out["workloads"]["throughput"]
+        assert not any("CPU pinning" in r for r in out["reasons"])
