@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 ROOTS = (Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/unified"))
+CPUSET_V1 = Path("/sys/fs/cgroup/cpuset")  # where cpuset is a cgroup-v1 controller (hybrid hierarchies)
 _counter = itertools.count()
 
 
@@ -117,3 +118,69 @@ class Group:
                     return
                 self.kill()
                 time.sleep(0.05)
+
+
+class CpusetGroup:
+    """A cpuset: its processes (and whatever they start) cannot run on other CPUs, whatever affinity they set
+    (``sched_setaffinity`` is intersected with it). The cgroup-v2 group's own ``cpuset.cpus`` where the v2 hierarchy
+    has the controller, else a cgroup-v1 cpuset group; None where neither is writable. The sandbox mounts /sys
+    read-only: code under test cannot leave it."""
+
+    def __init__(self, path: Path, own: bool):
+        self.path, self.own = path, own
+
+    @classmethod
+    def create(cls, cpus: frozenset[int], v2: "Group | None" = None) -> "CpusetGroup | None":
+        text = ",".join(str(c) for c in sorted(cpus))
+        if v2 is not None and (v2.path / "cpuset.cpus").exists():
+            try:
+                (v2.path / "cpuset.cpus").write_text(text)
+                return cls(v2.path, own=False)
+            except OSError:
+                pass
+        root = CPUSET_V1
+        if not ((root / "cpuset.cpus").exists() and os.access(root, os.W_OK)):
+            return None
+        path = root / f"agentsearch-{os.getpid()}-{next(_counter)}-cpus"
+        try:
+            path.mkdir()
+        except OSError:
+            return None
+        try:
+            (path / "cpuset.mems").write_text((root / "cpuset.mems").read_text().strip())
+            (path / "cpuset.cpus").write_text(text)
+        except OSError:
+            path.rmdir()
+            return None
+        return cls(path, own=True)
+
+    def add(self, pid: int) -> bool:
+        try:
+            with open(self.path / "cgroup.procs", "w") as fh:
+                fh.write(str(pid))
+            return True
+        except OSError:
+            return False
+
+    def pids(self) -> list[int]:
+        try:
+            return [int(p) for p in (self.path / "cgroup.procs").read_text().split()]
+        except OSError:
+            return []
+
+    def remove(self, timeout_s: float = 10.0) -> None:
+        """Remove a v1 group once its processes are gone (a v2 group is removed with its ``Group``)."""
+        if not self.own:
+            return
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                self.path.rmdir()
+                return
+            except FileNotFoundError:
+                return
+            except OSError:
+                if time.monotonic() > deadline:
+                    return
+                time.sleep(0.05)
+

@@ -21,7 +21,7 @@ from typing import Any, Callable, Mapping, NoReturn
 
 from . import lengths, sandbox
 from .seeds import batch_seed
-from .cgroups import Group
+from .cgroups import CpusetGroup, Group
 from .quiet import tree_cpu_seconds
 from .trials import CRASH, TIMEOUT, TrialOutcome, check_metrics, child_env, kill_group, log_error_line, log_tail, metric_error, safe_json_loads, tail
 
@@ -81,24 +81,39 @@ class Parkable:
     parked: bool = False
     group: Group | None = None
     cpus: frozenset[int] | None = None  # the CPUs the engine is pinned to once it is up (None: not pinned)
+    cpuset: CpusetGroup | None = None  # where the machine has one: the pinning is enforced, not only set
 
     def pin(self) -> None:
-        """Pin every thread of the engine's process tree to ``cpus`` (what it starts later inherits that), repeated
-        until a scan finds no new thread. Both sides' engines get the same CPUs: whichever is measured runs where
-        the other ran (the idle one is parked), so a drift between cores is not a difference between the sides."""
+        """Pin the engine's process tree to ``cpus``: into a cpuset (enforced: nothing in it can run elsewhere)
+        where the machine gives one, and every thread's affinity set (what it starts later inherits both),
+        repeated until a scan finds nothing new. Both sides' engines get the same CPUs: whichever is measured
+        runs where the other ran (the idle one is parked), so a drift between cores is not a difference between
+        the sides. Without a cpuset an engine could unpin itself: the CPU-envelope check (``over_envelope``)
+        then fails any measurement that used more CPU time than its CPUs give."""
         if not self.cpus or self.proc is None:
             return
+        if self.cpuset is None:
+            self.cpuset = CpusetGroup.create(self.cpus, self.group)
         seen: set[int] = set()
         for _ in range(20):
-            tids = {int(t) for pid in descendants(self.proc.pid) for t in _tasks(pid)}
+            pids = descendants(self.proc.pid)
+            tids = {int(t) for pid in pids for t in _tasks(pid)}
             if tids <= seen:
                 return
+            if self.cpuset is not None:
+                for pid in pids:
+                    self.cpuset.add(pid)
             for tid in tids - seen:
                 try:
                     os.sched_setaffinity(tid, self.cpus)
                 except OSError:
                     pass
             seen |= tids
+
+    def _end_cpuset(self) -> None:
+        if self.cpuset is not None:
+            self.cpuset.remove()
+            self.cpuset = None
 
     def cpu_seconds(self) -> float | None:
         """CPU time the engine used so far (its cgroup's account, else its live process tree's)."""
@@ -148,11 +163,13 @@ class Parkable:
         self.parked = False
 
     def _end_group(self) -> None:
-        """Kill whatever is left in the cgroup (a process that left the process group too) and remove it."""
+        """Kill whatever is left in the cgroup (a process that left the process group too) and remove it (and the
+        cpuset, once its processes are gone)."""
         if self.group is not None:
             self.group.kill()
             self.group.remove()
             self.group = None
+        self._end_cpuset()
 
 
 class WorkerError(RuntimeError):

@@ -238,3 +238,18 @@ def test_a_failed_part_fails_its_sides_trial_with_its_reason():
     run = run_interleaved("w", Breaks, SequentialDesign(alpha=0.005, min_pairs=2, max_pairs=2), stop_at_max, lambda i: i, True, slices=4)
     assert run.failure == "candidate trial failed (w, pair 1, seed 0): engine died in part 3"
     assert [(t.side, t.ok) for t in run.trials] == [(CANDIDATE, False)] and run.pairs == 0
+
+
+def test_the_cpu_envelope_of_a_pinned_engine():
+    """More CPU time than the pinned CPUs give in the measured wall time fails the measurement (an engine that
+    left its pinning); within it, or unpinned, nothing is said."""
+    from harness.engine_session import Parkable
+
+    eng = Parkable()
+    eng.proc = None
+    assert eng.over_envelope(5.0, 1.0) == ""  # not pinned
+    eng.cpus = frozenset({1})
+    assert eng.over_envelope(0.98, 1.0) == "" and eng.over_envelope(None, 1.0) == ""
+    assert "left its CPU pinning" in eng.over_envelope(1.2, 1.0) and "1.200 CPU-seconds in 1.000 s" in eng.over_envelope(1.2, 1.0)
+    eng.cpus = frozenset({2, 3})
+    assert eng.over_envelope(1.9, 1.0) == "" and "2 pinned CPU(s)" in eng.over_envelope(2.5, 1.0)

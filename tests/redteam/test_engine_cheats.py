@@ -309,22 +309,20 @@ LLM.generate = _generate
 '''
 
 
-@pytest.mark.parametrize("cpus", ["1", "none"])
-def test_an_engine_that_leaves_its_cpu_pinning_is_caught(tmp_path, cpus):
+def test_an_engine_that_leaves_its_cpu_pinning_is_caught(tmp_path):
     """[engine] cpus pins both sides' engines to the same CPU; a candidate that unpins itself to borrow the other
-    core (twice the CPU: a "win" that is not its code's) fails its measurement: it used more CPU time than its
-    pinned CPU gives. With pinning off ("none") the same branch is judged on the whole machine (both sides may use
-    it) and measures faster: that is what the check stops."""
-    config = CONFIG.format(**THROUGHPUT) + f'\n[engine]\ncpus = "{cpus}"\n'
+    core (twice the CPU: a "win" that is not its code's) cannot (a cpuset holds it: its second process shares
+    the CPU) or fails its measurement (it used more CPU time than its pinned CPU gives). Unpinned, the same
+    branch measures about 1.3x faster on an idle machine (not asserted: it depends on the other core being free)."""
+    config = CONFIG.format(**THROUGHPUT) + '\n[engine]\ncpus = "1"\n'
     repo = make_repo(tmp_path / "fork", {"agentsearch.toml": config, "vllm/__init__.py": CPU_VLLM,
                                          "vllm/inputs.py": TOY_INPUTS, "cost.txt": "0.0008\n"})
     assert run_cli("init", "-C", str(repo)).returncode == 0
     commit(repo, {"vllm/__init__.py": CPU_VLLM + UNPIN}, "use every core", branch="unpinned")
     rc, out = evaluate(repo, "unpinned")
-    if cpus == "1":
-        assert rc == 4 and out["verdict"] == "reject", out["reasons"]
-        assert any("candidate" in r and "left its CPU pinning" in r for r in out["reasons"]), out["reasons"]
-        assert not any(t["side"] == "baseline" and not t["ok"] for t in out["trials"])  # the honest side stays within it
-    else:  # the borrowed core is a "win" (the evaluation may still refuse it for other reasons: the load it causes)
-        assert out["workloads"]["throughput"]["speedup"] > 1.2, out["workloads"]["throughput"]
-        assert not any("CPU pinning" in r for r in out["reasons"])
+    assert rc == 4 and out["verdict"] == "reject", out["reasons"]
+    caught = any("candidate" in r and "left its CPU pinning" in r for r in out["reasons"])
+    assert caught or out["workloads"]["throughput"]["speedup"] < 1.1, (out["reasons"], out["workloads"]["throughput"])
+    assert not any(t["side"] == "baseline" and not t["ok"] for t in out["trials"])  # the honest side stays within it
+    pinned = [t["metrics"] for t in out["trials"] if t["ok"] and "cpus_pinned" in t["metrics"]]
+    assert pinned and all(m["cpus_pinned"] == 1 and m["cpu_s"] <= m["elapsed_s"] * 1.01 + 0.005 for m in pinned)
