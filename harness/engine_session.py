@@ -22,7 +22,6 @@ from typing import Any, Callable, Mapping, NoReturn
 from . import lengths, sandbox
 from .seeds import batch_seed
 from .cgroups import CpusetGroup, Group
-from .quiet import tree_cpu_seconds
 from .trials import CRASH, TIMEOUT, TrialOutcome, check_metrics, child_env, kill_group, log_error_line, log_tail, metric_error, safe_json_loads, tail
 
 WORKER = Path(__file__).with_name("workers") / "vllm_worker.py"
@@ -51,6 +50,16 @@ def descendants(pid: int) -> list[int]:
         out.append(p)
         todo.extend(children.get(p, []))
     return out
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` exists and is not a zombie (a zombie has left its cgroups)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read()
+    except OSError:
+        return False
+    return stat[stat.rfind(b")") + 2:][:1] != b"Z"
 
 
 def _tasks(pid: int) -> list[str]:
@@ -94,21 +103,29 @@ class Parkable:
             return
         if self.cpuset is None:
             self.cpuset = CpusetGroup.create(self.cpus, self.group)
+        if self.cpuset is None or self.group is None:
+            # nothing would hold an engine to its CPUs, and no exact account would show that it left them:
+            # pinned, a side could borrow the free cores unseen, so neither side is pinned
+            self.cpus = None
+            return
         seen: set[int] = set()
         for _ in range(20):
             pids = descendants(self.proc.pid)
             tids = {int(t) for pid in pids for t in _tasks(pid)}
             if tids <= seen:
-                return
-            if self.cpuset is not None:
-                for pid in pids:
-                    self.cpuset.add(pid)
+                break
+            for pid in pids:
+                self.cpuset.add(pid)
             for tid in tids - seen:
                 try:
                     os.sched_setaffinity(tid, self.cpus)
                 except OSError:
                     pass
             seen |= tids
+        missing = {p for p in descendants(self.proc.pid) if _alive(p)} - set(self.cpuset.pids())
+        if missing:
+            cpus = ",".join(map(str, sorted(self.cpus)))
+            self.start_error = f"could not pin the engine to CPU(s) {cpus}: process(es) {sorted(missing)[:5]} are not in its cpuset"
 
     def _end_cpuset(self) -> None:
         if self.cpuset is not None:
@@ -116,20 +133,16 @@ class Parkable:
             self.cpuset = None
 
     def cpu_seconds(self) -> float | None:
-        """CPU time the engine used so far (its cgroup's account, else its live process tree's)."""
-        if self.group is not None:
-            used = self.group.cpu_seconds()
-            if used is not None:
-                return used
-        return tree_cpu_seconds(self.proc.pid) if self.proc is not None else None
+        """CPU time the engine used so far: its cgroup's exact account (None without one: a process tree's account
+        misses children the kernel reaped on its own)."""
+        return self.group.cpu_seconds() if self.group is not None else None
 
     def over_envelope(self, used: float | None, wall: float) -> str:
         """'' or why a measurement of a pinned engine is invalid: it used more CPU time than its pinned CPUs can give
         in ``wall`` (a process that unpinned itself to borrow the other cores: a win that is not the code's)."""
         if not self.cpus or used is None:
             return ""
-        slack = 0.005 if self.group is not None else 0.03  # a cgroup's account is exact; /proc's is in clock ticks
-        allowed = len(self.cpus) * wall * 1.01 + slack
+        allowed = len(self.cpus) * wall * 1.01 + 0.005  # the cgroup's account is exact; it lags by a scheduler tick
         if used > allowed:
             return (f"the engine used {used:.3f} CPU-seconds in {wall:.3f} s, more than its {len(self.cpus)} pinned CPU(s) "
                     f"allow: it left its CPU pinning ([engine] cpus)")
@@ -229,44 +242,44 @@ def on_orchestrator_clock(metrics: dict[str, Any], outputs: tuple[tuple[int, ...
     """Rates on the orchestrator's clock, counted from the outputs: a clock or a counter inside the
     candidate's process (which it could patch) never decides a number. '' or why the round is invalid.
 
-    Throughput rounds: tokens and requests are counted from ``outputs`` and divided by the round
-    trip of the measure command (prompt building and the answer included, the same on both sides).
-    Latency rounds are timed batch by batch by the orchestrator (``_measure_latency``)."""
+    Throughput rounds (every round ``measure`` times itself): tokens and requests are counted from ``outputs``
+    and divided by the round trip of the measure command (prompt building and the answer included, the same on
+    both sides), whatever the worker reported. Latency rounds are timed batch by batch by the orchestrator
+    (``_measure_latency``)."""
     if wall <= 0:
         return "the measurement took no time on the orchestrator's clock"
-    if "output_tok_s" in metrics and "elapsed_s" in metrics:
-        if outputs is None:
-            return "the worker reported a throughput without the outputs it generated"
-        out_tokens, n = sum(len(o) for o in outputs), len(outputs)
-        in_tokens = metrics.get("input_tokens")
-        if type(in_tokens) is not int or in_tokens < 0:
-            return "the worker reported no input token count"
-        metrics["worker_elapsed_s"] = metrics.get("elapsed_s")
-        metrics.update(elapsed_s=wall, output_tokens=out_tokens, output_tok_s=out_tokens / wall,
-                       total_tok_s=(out_tokens + in_tokens) / wall, requests_s=n / wall)
+    if outputs is None:
+        return "the worker reported a throughput without the outputs it generated"
+    out_tokens, n = sum(len(o) for o in outputs), len(outputs)
+    in_tokens = metrics.get("input_tokens")
+    if type(in_tokens) is not int or in_tokens < 0:
+        return "the worker reported no input token count"
+    metrics["worker_elapsed_s"] = metrics.get("elapsed_s")
+    metrics.update(elapsed_s=wall, output_tokens=out_tokens, output_tok_s=out_tokens / wall,
+                   total_tok_s=(out_tokens + in_tokens) / wall, requests_s=n / wall)
     return ""
 
 
 DEFAULT_PROMPTS = 64  # a throughput trial's prompts when the workload does not say (the worker's default too)
-SUMMED = ("output_tokens", "input_tokens", "elapsed_s", "worker_elapsed_s", "cpu_s")
+SLICEABLE_METRICS = ("output_tok_s", "total_tok_s", "requests_s", "elapsed_s")  # what combine_parts recomputes
+HARNESS_KEYS = ("cpu_s", "cpus_pinned", "slices")  # metrics only the orchestrator writes (a worker's are dropped)
 
 
 def combine_parts(parts: list[TrialOutcome], metric: str) -> TrialOutcome:
-    """One throughput trial from its parts (all successful): tokens and requests over the summed round trips
-    on the orchestrator's clock, the outputs in part order."""
-    metrics: dict[str, Any] = {k: sum(float(p.metrics.get(k) or 0) for p in parts) for k in SUMMED}
-    metrics["output_tokens"], metrics["input_tokens"] = int(metrics["output_tokens"]), int(metrics["input_tokens"])
-    if "cpus_pinned" in parts[0].metrics:
-        metrics["cpus_pinned"] = parts[0].metrics["cpus_pinned"]
-    else:
-        metrics.pop("cpu_s")
+    """One throughput trial from its parts (all successful): the tokens and requests of their outputs over their
+    summed round trips on the orchestrator's clock (never a number the worker reported), outputs in part order."""
     outputs = tuple(o for p in parts for o in (p.outputs or ()))
     wall = sum(p.wall_s for p in parts)
-    elapsed = metrics["elapsed_s"]
-    if elapsed <= 0:
-        return TrialOutcome(False, None, metrics, wall, "the measurement took no time on the orchestrator's clock")
-    metrics.update(output_tok_s=metrics["output_tokens"] / elapsed, total_tok_s=(metrics["output_tokens"] + metrics["input_tokens"]) / elapsed,
-                   requests_s=len(outputs) / elapsed, slices=len(parts), engine_startup_s=parts[0].metrics.get("engine_startup_s"))
+    out_tokens = sum(len(o) for o in outputs)
+    in_tokens = sum(int(p.metrics.get("input_tokens") or 0) for p in parts)  # checked per part (on_orchestrator_clock)
+    metrics: dict[str, Any] = {"elapsed_s": wall, "output_tokens": out_tokens, "input_tokens": in_tokens,
+                               "worker_elapsed_s": sum(float(p.metrics.get("worker_elapsed_s") or 0) for p in parts)}
+    if all("cpus_pinned" in p.metrics for p in parts):
+        metrics.update(cpu_s=round(sum(p.metrics["cpu_s"] for p in parts), 4), cpus_pinned=parts[0].metrics["cpus_pinned"])
+    if wall <= 0 or any(p.outputs is None for p in parts):
+        return TrialOutcome(False, None, metrics, wall, "a part of the trial has no time or no outputs on the orchestrator's clock")
+    metrics.update(output_tok_s=out_tokens / wall, total_tok_s=(out_tokens + in_tokens) / wall,
+                   requests_s=len(outputs) / wall, slices=len(parts), engine_startup_s=parts[0].metrics.get("engine_startup_s"))
     err = metric_error(metrics, metric)
     if err:
         return TrialOutcome(False, None, metrics, wall, err)
@@ -375,7 +388,7 @@ class WorkerSession(Parkable):
         except WorkerError as exc:
             return TrialOutcome(False, None, {}, time.perf_counter() - t0, str(exc), self.log_tail(), failure=_kind(exc))
         wall = time.perf_counter() - t0
-        metrics = dict(msg.get("metrics", {}))
+        metrics = {k: v for k, v in dict(msg.get("metrics", {})).items() if k not in HARNESS_KEYS}
         metrics["engine_startup_s"] = self.ready.get("startup_s")
         outputs, why = parse_outputs(msg.get("outputs"))
         why = why or self._envelope(cpu0, wall, metrics) or on_orchestrator_clock(metrics, outputs, wall)
@@ -703,7 +716,7 @@ class EngineLease:
     def parts(self, seed: int) -> int:
         """Into how many parts a trial of ``seed`` can be split (``harness.interleave``'s slices): its prompts,
         for a throughput trial of a shared engine; 1 (whole trials only) for anything else."""
-        if self.kind != "vllm-throughput" or self.exclusive:
+        if self.kind != "vllm-throughput" or self.exclusive or self.metric not in SLICEABLE_METRICS:
             return 1
         return max(1, int(lengths.vary(self.params, seed).get("prompts", DEFAULT_PROMPTS)))
 

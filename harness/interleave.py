@@ -278,8 +278,8 @@ def _measure_pair(sessions: dict[str, Session], sides: tuple[str, str], seed: in
     trial's inputs are split into n parts and part i is measured on both sides, in ``sides`` order when i is
     even and reversed when odd (A B B A ...), so the two halves of a pair run a fraction of a second apart
     instead of a whole trial: a drift of the machine's speed over seconds lands on both. Each side's trial is
-    then its parts combined (``combine``: its tokens over its summed round trips), with the quiet probe's
-    numbers over all parts. Both sides get the same parts on the same inputs."""
+    then its parts combined (``combine``: its tokens over its summed round trips); the quiet probe spans the
+    whole pair, both sides' trials get its numbers. Both sides get the same parts on the same inputs."""
     n = min([slices] + [_parts(sessions[side], seed) for side in sides])
     got: dict[str, TrialOutcome] = {}
     if n <= 1:
@@ -289,15 +289,19 @@ def _measure_pair(sessions: dict[str, Session], sides: tuple[str, str], seed: in
                 break
         return got
     parts: dict[str, list[TrialOutcome]] = {side: [] for side in sides}
+    p = probe() if probe is not None else None
+    if p is not None:
+        p.start()
     for i in range(n):
         for side in (sides if i % 2 == 0 else sides[::-1]):
-            part = _timed_part(sessions[side], seed, i, n, probe)
+            part = sessions[side].measure_part(seed, i, n)  # type: ignore[attr-defined]
             if not part.ok:
                 return {side: part}
             parts[side].append(part)
+    quiet = p.stop() if p is not None else {}  # one probe over the whole pair: both sides ran inside it
     for side in sides:
         combined = sessions[side].combine(seed, parts[side])  # type: ignore[attr-defined]
-        got[side] = dataclasses.replace(combined, metrics={**combined.metrics, **_probe_over(parts[side])})
+        got[side] = dataclasses.replace(combined, metrics={**combined.metrics, **quiet})
         if not got[side].ok:
             break
     return got
@@ -306,34 +310,6 @@ def _measure_pair(sessions: dict[str, Session], sides: tuple[str, str], seed: in
 def _parts(session: Session, seed: int) -> int:
     parts = getattr(session, "parts", None)
     return 1 if parts is None else max(1, int(parts(seed)))
-
-
-def _probe_over(parts: list[TrialOutcome]) -> dict[str, float | int]:
-    """The quiet probe's numbers of a sliced trial: means over its parts (foreign CPU weighted by each part's
-    duration), flagged when any part was."""
-    out: dict[str, float | int] = {}
-    for key in ("load_avg_1m", "cpu_mhz"):
-        vals = [p.metrics[key] for p in parts if key in p.metrics]
-        if vals:
-            out[key] = round(sum(vals) / len(vals), 2)
-    timed = [(p.metrics["foreign_cpu"], p.wall_s) for p in parts if "foreign_cpu" in p.metrics]
-    if timed:
-        total = sum(w for _, w in timed)
-        out["foreign_cpu"] = round(sum(f * w for f, w in timed) / total if total > 0 else 0.0, 3)
-    flags = [p.metrics["foreign_load"] for p in parts if "foreign_load" in p.metrics]
-    if flags:
-        out["foreign_load"] = int(max(flags))
-    return out
-
-
-def _timed_part(session: Session, seed: int, part: int, parts: int, probe: Callable[[], Probe] | None) -> TrialOutcome:
-    measure = session.measure_part  # type: ignore[attr-defined]
-    if probe is None:
-        return measure(seed, part, parts)
-    p = probe()
-    p.start()
-    outcome = measure(seed, part, parts)
-    return dataclasses.replace(outcome, metrics={**outcome.metrics, **p.stop()})
 
 
 def _timed(session: Session, seed: int, probe: Callable[[], Probe] | None) -> TrialOutcome:

@@ -62,11 +62,6 @@ def _tree_jiffies(root: int) -> int:
     return total
 
 
-def tree_cpu_seconds(root: int) -> float:
-    """CPU time in seconds of ``root`` and its live descendants (reaped children included)."""
-    return _tree_jiffies(root) / _TICK
-
-
 def cpu_mhz() -> float | None:
     """Mean current frequency over the CPUs, in MHz (None where the machine does not say)."""
     freqs: list[float] = []
@@ -128,4 +123,4 @@ class Probe:
         return out
 
 
-__all__ = ["Probe", "FOREIGN_LOAD", "SHORT_TRIAL_S", "cpu_mhz", "load1", "tree_cpu_seconds"]
+__all__ = ["Probe", "FOREIGN_LOAD", "SHORT_TRIAL_S", "cpu_mhz", "load1"]

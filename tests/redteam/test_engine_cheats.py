@@ -326,3 +326,42 @@ def test_an_engine_that_leaves_its_cpu_pinning_is_caught(tmp_path):
     assert not any(t["side"] == "baseline" and not t["ok"] for t in out["trials"])  # the honest side stays within it
     pinned = [t["metrics"] for t in out["trials"] if t["ok"] and "cpus_pinned" in t["metrics"]]
     assert pinned and all(m["cpus_pinned"] == 1 and m["cpu_s"] <= m["elapsed_s"] * 1.01 + 0.005 for m in pinned)
+
+
+# the candidate patches the harness's own worker (it runs in the candidate's process): it reports a tripled
+# throughput and no elapsed time, so that a clock-based recomputation would have nothing to go on
+FORGED_NUMBERS = '''
+import sys as _sys
+
+_worker = _sys.modules.get("__main__")
+if _worker is not None and hasattr(_worker, "Engine"):
+    _real_throughput = _worker.Engine.throughput
+
+    def _throughput(self, seed, p):
+        m = _real_throughput(self, seed, p)
+        m.pop("elapsed_s", None)
+        m["output_tok_s"] *= 3
+        m["output_tokens"] *= 3
+        m["cpu_s"], m["cpus_pinned"] = 0.0, 64
+        return m
+
+    _worker.Engine.throughput = _throughput
+'''
+
+
+@pytest.mark.parametrize("slices", [8, 1])
+def test_a_worker_that_forges_its_numbers_is_measured_on_the_orchestrators_clock(tmp_path, slices):
+    """Whole trials and sliced ones: every throughput number is recomputed from the outputs and the round trip
+    on the orchestrator's clock, whatever keys the worker sends or leaves out."""
+    config = CONFIG.format(**THROUGHPUT) + f"\n[engine]\nslices = {slices}\n"
+    repo = make_repo(tmp_path / "fork", {"agentsearch.toml": config, "vllm/__init__.py": TOY_VLLM,
+                                         "vllm/inputs.py": TOY_INPUTS, "cost.txt": "0.0008\n"})
+    assert run_cli("init", "-C", str(repo)).returncode == 0
+    commit(repo, {"vllm/__init__.py": TOY_VLLM + FORGED_NUMBERS}, "report better numbers", branch="forged")
+    rc, out = evaluate(repo, "forged")
+    assert rc == 4 and out["verdict"] == "reject", out["reasons"]
+    assert out["workloads"]["throughput"]["speedup"] < 1.15, out["workloads"]["throughput"]
+    for t in out["trials"]:
+        if t["ok"] and t["pair"] >= 0:
+            assert t["metrics"]["output_tokens"] == 16 * 16 and t["metrics"].get("cpus_pinned") != 64
+            assert (t["metrics"].get("slices") == slices) if slices > 1 else ("slices" not in t["metrics"])
