@@ -25,6 +25,14 @@ def _v2_root() -> Path | None:
     return None
 
 
+def procs(path: Path) -> list[int]:
+    """The processes in the cgroup at ``path`` ([] when it cannot be read)."""
+    try:
+        return [int(p) for p in (path / "cgroup.procs").read_text().split()]
+    except OSError:
+        return []
+
+
 class Group:
     def __init__(self, path: Path):
         self.path = path
@@ -85,10 +93,7 @@ class Group:
         return None
 
     def pids(self) -> list[int]:
-        try:
-            return [int(p) for p in (self.path / "cgroup.procs").read_text().split()]
-        except OSError:
-            return []
+        return procs(self.path)
 
     def kill(self) -> None:
         """Every process in the group, at once (cgroup.kill), or one by one where that is missing."""
@@ -163,10 +168,7 @@ class CpusetGroup:
             return False
 
     def pids(self) -> list[int]:
-        try:
-            return [int(p) for p in (self.path / "cgroup.procs").read_text().split()]
-        except OSError:
-            return []
+        return procs(self.path)
 
     def remove(self, timeout_s: float = 10.0) -> None:
         """Remove a v1 group once its processes are gone (a v2 group is removed with its ``Group``)."""

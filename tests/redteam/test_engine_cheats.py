@@ -94,8 +94,10 @@ THROUGHPUT = dict(name="throughput", kind="vllm-throughput", metric="output_tok_
 LATENCY = dict(name="latency", kind="vllm-latency", metric="latency_mean_s", hib="false", model=TOY_MODEL)
 
 
-def target(tmp_path, workload=THROUGHPUT):
-    repo = make_repo(tmp_path / "fork", {"agentsearch.toml": CONFIG.format(**workload), "vllm/__init__.py": TOY_VLLM,
+def target(tmp_path, workload=THROUGHPUT, engine: str = "", vllm: str = TOY_VLLM):
+    """A toy vLLM fork (``engine``: lines of an [engine] section to add to its config)."""
+    config = CONFIG.format(**workload) + (f"\n[engine]\n{engine}\n" if engine else "")
+    repo = make_repo(tmp_path / "fork", {"agentsearch.toml": config, "vllm/__init__.py": vllm,
                                          "vllm/inputs.py": TOY_INPUTS, "cost.txt": "0.0008\n"})
     proc = run_cli("init", "-C", str(repo))
     assert proc.returncode == 0, proc.stderr
@@ -314,10 +316,7 @@ def test_an_engine_that_leaves_its_cpu_pinning_is_caught(tmp_path):
     core (twice the CPU: a "win" that is not its code's) cannot (a cpuset holds it: its second process shares
     the CPU) or fails its measurement (it used more CPU time than its pinned CPU gives). Unpinned, the same
     branch measures about 1.3x faster on an idle machine (not asserted: it depends on the other core being free)."""
-    config = CONFIG.format(**THROUGHPUT) + '\n[engine]\ncpus = "1"\n'
-    repo = make_repo(tmp_path / "fork", {"agentsearch.toml": config, "vllm/__init__.py": CPU_VLLM,
-                                         "vllm/inputs.py": TOY_INPUTS, "cost.txt": "0.0008\n"})
-    assert run_cli("init", "-C", str(repo)).returncode == 0
+    repo = target(tmp_path, engine='cpus = "1"', vllm=CPU_VLLM)
     commit(repo, {"vllm/__init__.py": CPU_VLLM + UNPIN}, "use every core", branch="unpinned")
     rc, out = evaluate(repo, "unpinned")
     assert rc == 4 and out["verdict"] == "reject", out["reasons"]
@@ -353,10 +352,7 @@ if _worker is not None and hasattr(_worker, "Engine"):
 def test_a_worker_that_forges_its_numbers_is_measured_on_the_orchestrators_clock(tmp_path, slices):
     """Whole trials and sliced ones: every throughput number is recomputed from the outputs and the round trip
     on the orchestrator's clock, whatever keys the worker sends or leaves out."""
-    config = CONFIG.format(**THROUGHPUT) + f"\n[engine]\nslices = {slices}\n"
-    repo = make_repo(tmp_path / "fork", {"agentsearch.toml": config, "vllm/__init__.py": TOY_VLLM,
-                                         "vllm/inputs.py": TOY_INPUTS, "cost.txt": "0.0008\n"})
-    assert run_cli("init", "-C", str(repo)).returncode == 0
+    repo = target(tmp_path, engine=f"slices = {slices}")
     commit(repo, {"vllm/__init__.py": TOY_VLLM + FORGED_NUMBERS}, "report better numbers", branch="forged")
     rc, out = evaluate(repo, "forged")
     assert rc == 4 and out["verdict"] == "reject", out["reasons"]
