@@ -2,6 +2,7 @@
 
     flock /tmp/agentsearch-engine.lock .venv/bin/python benchmarks/engine_gate.py [--aa 3] [--placement auto]
         [--sleep-ms 0.1] [--slow-ms 1.5] [--max-pairs 12] [--keep DIR]
+        [--only planted --planted 6 --spin-us 55 --budget 10 --max-pairs 20]
 
 Creates the embedded vLLM fork (the installed vLLM as a git repository, tiny model, CPU or GPU) with the
 starter's throughput objective alone (no serving guards, no distribution checks: they measure other
@@ -15,7 +16,14 @@ in this order:
   how fast a loser stops;
 - ``batch``: ``max_num_seqs`` 4 -> 8 in serving.json (a real engine setting): should merge;
 - ``fast``: the sleep removed — a true engine-level speedup of a few % (its size is what the gate
-  estimates; compare with the A/A noise): a detection if it merges.
+  estimates; compare with the A/A noise): a detection if it merges;
+- ``--planted`` N proposals ``planted``: the baseline also busy-waits ``--spin-us`` microseconds in every
+  scheduler step and each of these removes that wait (a different comment each): N independent tries at
+  a planted speedup of about 3% (55 us here); the share that merges is the detection rate, and the mean
+  of their estimates says how large the planted effect really is.
+
+``--budget`` sets ``[gate] episode_budget`` (default: the number of proposals), over which the episode's
+alpha is split: 10 for the level a main job's proposals are judged at.
 
 It prints, per proposal, the verdict, estimate, pairs and wall time; then the per-pair SD of the A/A
 proposals' objective pairs, false merges, detections, proposals per hour, the load average during the
@@ -48,6 +56,7 @@ from agentsearch.workspace import git  # noqa: E402
 
 SCHEDULER = "vllm/v1/core/sched/scheduler.py"
 SLEEP_MARK = "# engine_gate: deliberate sleep"
+SPIN_MARK = "# engine_gate: deliberate busy-wait"
 
 
 def cli(*args: str, timeout: float = 7200) -> subprocess.CompletedProcess:
@@ -75,8 +84,22 @@ def with_sleep(source: str, ms: float) -> str:
     return source[:m.end()] + f"        time.sleep({ms / 1000!r})  {SLEEP_MARK}\n" + source[m.end():]
 
 
+def with_spin(source: str, us: float) -> str:
+    """``Scheduler.schedule`` opening with a busy-wait of ``us`` microseconds (``us`` 0: none): unlike a sleep,
+    exact to a microsecond, so an effect of a few % can be planted."""
+    source = re.sub(rf"\n[ ]*[^\n]*  {re.escape(SPIN_MARK)}", "", source)
+    if us <= 0:
+        return source
+    m = re.search(r"\n    def schedule\(self[^)]*\)[^:]*:\n", source)
+    if m is None:
+        raise SystemExit(f"{SCHEDULER}: no `def schedule(self)` found; this vLLM version is not supported by the benchmark")
+    wait = (f"        _spin_until = time.perf_counter() + {us / 1e6!r}  {SPIN_MARK}\n"
+            f"        while time.perf_counter() < _spin_until: pass  {SPIN_MARK}\n")
+    return source[:m.end()] + wait + source[m.end():]
+
+
 def make_fork(path: Path, placement: str, max_pairs: int, budget: int, sleep_ms: float, slow_ms: float, aa: int,
-              only: set[str], restarts: int, reuse: int = 2, slices: int | None = None) -> None:
+              only: set[str], restarts: int, reuse: int = 2, slices: int | None = None, planted: int = 0, spin_us: float = 0) -> None:
     proc = cli("init", "--from-installed", "vllm", str(path))
     if proc.returncode != 0:
         raise SystemExit(proc.stderr)
@@ -86,8 +109,9 @@ def make_fork(path: Path, placement: str, max_pairs: int, budget: int, sleep_ms:
     original = sched.read_text()
     if "import time\n" not in original:
         raise SystemExit(f"{SCHEDULER} does not import time; this vLLM version is not supported by the benchmark")
-    sched.write_text(with_sleep(original, sleep_ms))
-    git.commit_all(path, f"benchmark baseline: throughput objective only, {sleep_ms} ms sleep per scheduler step")
+    sched.write_text(with_spin(with_sleep(original, sleep_ms), spin_us if planted else 0))
+    git.commit_all(path, f"benchmark baseline: throughput objective only, {sleep_ms} ms sleep"
+                   + (f" and a {spin_us} us busy-wait" if planted else "") + " per scheduler step")
 
     def branch(name: str, change) -> None:
         if re.sub(r"^gate/\d-|-\d+$", "", name) not in only:
@@ -106,6 +130,8 @@ def make_fork(path: Path, placement: str, max_pairs: int, budget: int, sleep_ms:
     branch("gate/3-batch", lambda: (path / "serving.json").write_text(
         json.dumps({**serving, "engine": {**serving["engine"], "max_num_seqs": 2 * serving["engine"]["max_num_seqs"]}}, indent=2) + "\n"))
     branch("gate/4-fast", lambda: sched.write_text(with_sleep(base, 0)))
+    for i in range(planted):
+        branch(f"gate/5-planted-{i + 1}", lambda i=i: sched.write_text(with_spin(base, 0) + f"\n# planted proposal {i + 1}\n"))
     if cli("init", "-C", str(path)).returncode != 0:
         raise SystemExit("init failed")
 
@@ -125,7 +151,10 @@ def main() -> int:
     ap.add_argument("--max-pairs", type=int, default=12)
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--restarts", type=int, default=2, help="engine sessions per side per evaluation (the starter's 2)")
-    ap.add_argument("--only", default="aa,slow,batch,fast", help="which proposals (comma-separated kinds)")
+    ap.add_argument("--only", default="aa,slow,batch,fast", help="which proposals (comma-separated kinds; planted needs --planted)")
+    ap.add_argument("--planted", type=int, default=0, help="proposals that remove the baseline's --spin-us busy-wait (kind planted)")
+    ap.add_argument("--spin-us", type=float, default=55.0, help="the baseline's busy-wait per scheduler step when --planted is set")
+    ap.add_argument("--budget", type=int, help="[gate] episode_budget (default: the number of proposals)")
     ap.add_argument("--reuse", default="2", help="[engine] baseline_reuse values, one episode each (e.g. 2,1: warm baseline on, off)")
     ap.add_argument("--slices", type=int, help="[engine] slices (default: the config's default)")
     ap.add_argument("--dry-run", action="store_true", help="build the fork and its branches, print their diffs, run nothing")
@@ -145,7 +174,9 @@ def main() -> int:
 def run_once(args: argparse.Namespace, reuse: int) -> str | None:
     """One episode on a fresh fork; prints its table; returns its summary line (None: it failed)."""
     only = set(args.only.split(","))
-    proposals = (args.aa if "aa" in only else 0) + len(only & {"slow", "batch", "fast"})
+    planted = args.planted if "planted" in only else 0
+    proposals = (args.aa if "aa" in only else 0) + len(only & {"slow", "batch", "fast"}) + planted
+    budget = max(proposals, args.budget or 0)
     loads: list[float] = []
     stop = threading.Event()
 
@@ -157,8 +188,8 @@ def run_once(args: argparse.Namespace, reuse: int) -> str | None:
     with tempfile.TemporaryDirectory() as tmp:
         fork = (args.keep / f"reuse-{reuse}") if args.keep else Path(tmp) / "fork"
         t0 = time.time()
-        make_fork(fork, args.placement, args.max_pairs, proposals, args.sleep_ms, args.slow_ms, args.aa, only, args.restarts, reuse,
-                  args.slices)
+        make_fork(fork, args.placement, args.max_pairs, budget, args.sleep_ms, args.slow_ms, args.aa, only, args.restarts, reuse,
+                  args.slices, planted, args.spin_us)
         print(f"fork ready in {time.time() - t0:.0f} s: {fork}", flush=True)
         if args.dry_run:
             for b in subprocess.run(["git", "branch", "--list", "gate/*", "--format=%(refname:short)"], cwd=fork, capture_output=True,
@@ -220,10 +251,31 @@ def run_once(args: argparse.Namespace, reuse: int) -> str | None:
         if r:
             ok = "detected" if r["verdict"] == want else "missed"
             print(f"{k}: {ok} ({r['verdict']}, estimate {(r['speedup'] or 1) - 1:+.1%}, {r['pairs']} pairs)")
+    tries = [r for r in rows if r["kind"] == "planted"]
+    if tries:
+        hits = sum(1 for r in tries if r["verdict"] == "merge")
+        est = [math.log(r["speedup"]) for r in tries if r["speedup"]]
+        pooled = planted_effect(trials, {r["proposal"] for r in tries})
+        print(f"planted ({args.spin_us:g} us busy-wait removed): detected {hits}/{len(tries)} within {args.max_pairs} pairs "
+              f"(episode_budget {budget}); estimates {', '.join(f'{math.expm1(x):+.1%}' for x in est)}; the planted effect over all "
+              f"their pairs: {pooled}; pairs {', '.join(str(r['pairs']) for r in tries)}")
     print(f"trials: median {statistics.median(trial_s) if trial_s else float('nan'):.2f} s each, {foreign} flagged foreign_load; "
           f"load average during the run: mean {statistics.mean(loads) if loads else float('nan'):.2f}, max {max(loads, default=float('nan')):.2f} "
           f"({os.cpu_count()} CPUs)", flush=True)
     return line
+
+
+def planted_effect(trials: list[dict], proposals: set[str]) -> str:
+    """The mean log-ratio of all objective pairs of ``proposals`` (the planted effect's best estimate), as a speedup."""
+    by_pair: dict[tuple[str, str, int], dict[str, float]] = {}
+    for t in trials:
+        if t.get("proposal") in proposals and t.get("ok") and t.get("pair", -1) >= 0 and t.get("phase") in ("objective", "confirmation"):
+            by_pair.setdefault((t["proposal"], t["phase"], t["pair"]), {})[t["side"]] = t["value"]
+    d = [math.log(p["candidate"] / p["baseline"]) for p in by_pair.values() if len(p) == 2]
+    if len(d) < 2:
+        return "-"
+    se = statistics.stdev(d) / math.sqrt(len(d))
+    return f"{math.expm1(statistics.mean(d)):+.2%} (± {1.96 * se:.2%}, {len(d)} pairs, per-pair SD {statistics.stdev(d):.4f})"
 
 
 if __name__ == "__main__":
