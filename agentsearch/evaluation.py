@@ -40,7 +40,7 @@ from harness.logprobs import LogprobError
 
 from .verify import run_verify
 from .warm_baseline import WarmBaseline, is_baseline_engine
-from .workloads import blames_candidate, measure_options, placement_for, session_factory
+from .workloads import blames_candidate, measure_options, placement_for, restarts_for, session_factory
 from .workspace import Workspace
 
 EVALUATION_SCHEMA = 1
@@ -357,6 +357,12 @@ def _run_workload(ctx: _Ctx, w: WorkloadConfig, role: str, decide: Callable[...,
         return None
     if role == "confirmation":
         wdesign = confirmation_design(config.gate.confirm_pairs)
+        # on a fresh pair of engines (restart indices after the objective's; the candidate's objective engines
+        # are retired first): a win that was one engine instance's luck (an A/A measured about +3% on one pair of
+        # engines here) must hold on another, not only on fresh seeds of the same instances
+        first, inner = restarts_for(w), factory
+        factory = lambda side, restart: inner(side, first + restart)  # noqa: E731
+        options = {**options, "restarts": 1}
     elif w.max_pairs is not None:
         wdesign = dataclasses.replace(ctx.design, max_pairs=w.max_pairs, min_pairs=min(ctx.design.min_pairs, w.max_pairs))
     else:
@@ -441,7 +447,7 @@ def _guards(ctx: _Ctx) -> bool:
 
 
 def _confirmation(ctx: _Ctx) -> bool:
-    """The objective's win holds on fresh seeds (``[gate] confirm_pairs``)."""
+    """The objective's win holds on fresh seeds and a fresh pair of engines (``[gate] confirm_pairs``)."""
     w = ctx.config.objective
     if ctx.config.gate.confirm_pairs == 0:
         ctx.st.add("confirmation", Status.SKIPPED, "disabled by [gate] confirm_pairs = 0")
@@ -450,6 +456,8 @@ def _confirmation(ctx: _Ctx) -> bool:
     assert won is not None and won.decision is not None
     # mostly measured under foreign load: the win must be significant again on the fresh seeds
     strict = loaded_share(won) > LOADED_SHARE
+    for key in [k for k in ctx.pool.engines if not is_baseline_engine(k)]:
+        ctx.pool.retire(key)  # the candidate's engines are done (guards ran before): memory for the fresh pair
     c = _run_workload(ctx, w, "confirmation", functools.partial(decide_confirmation, won=won.decision.estimate, strict=strict))
     if not _judged(ctx, c, "confirmation", w.name, OK):
         return False

@@ -262,7 +262,7 @@ def engine_factory(config: Config, workload: WorkloadConfig, sd: "Sides", pool: 
 
     env = {**config.target.env, **workload.env}
     serve = workload.kind == "vllm-serve"
-    cpus = None if serve else engine_cpus(config, workload, place)
+    cpus = engine_cpus(config, workload, place)
     ident = json.dumps({"serve": serve, "model": spec["model"], "engine": spec["engine"], "env": env,
                         "cpus": sorted(cpus) if cpus else None}, sort_keys=True)
 
@@ -273,7 +273,7 @@ def engine_factory(config: Config, workload: WorkloadConfig, sd: "Sides", pool: 
         if serve:
             def engine() -> ServeSession:
                 return ServeSession(spec, worktrees[side], serve_instrument(worktrees[BASELINE]), side_env, logs / f"serve-{side}-{restart}-{n}",
-                                    workload.metric, workload.timeout_s, workload.startup_timeout_s)
+                                    workload.metric, workload.timeout_s, workload.startup_timeout_s, cpus=cpus)
         else:
             def engine() -> WorkerSession:  # type: ignore[misc]
                 return WorkerSession(spec, worktrees[side], side_env, logs / f"engine-{side}-{restart}-{n}.log",

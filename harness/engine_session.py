@@ -148,6 +148,17 @@ class Parkable:
                     f"allow: it left its CPU pinning ([engine] cpus)")
         return ""
 
+    def _envelope(self, cpu0: float | None, wall: float, metrics: dict[str, Any] | None = None) -> str:
+        """The CPU-envelope check of a pinned engine's measurement that started at ``cpu0`` (its CPU time then);
+        records ``cpu_s`` (CPU time used) and ``cpus_pinned`` in ``metrics``."""
+        if cpu0 is None:
+            return ""
+        now = self.cpu_seconds()
+        used = None if now is None else now - cpu0
+        if metrics is not None and used is not None and self.cpus:
+            metrics.update(cpu_s=round(used, 4), cpus_pinned=len(self.cpus))
+        return self.over_envelope(used, wall)
+
     def _new_group(self) -> Callable[[], None] | None:
         """Make this engine's cgroup; the ``preexec_fn`` that puts the child in it (None: no cgroup)."""
         self.group = Group.create("engine")
@@ -398,17 +409,6 @@ class WorkerSession(Parkable):
         if err:
             return TrialOutcome(False, None, metrics, wall, err, self.log_tail())
         return TrialOutcome(True, float(metrics[metric]), metrics, wall, outputs=outputs)
-
-    def _envelope(self, cpu0: float | None, wall: float, metrics: dict[str, Any] | None = None) -> str:
-        """The CPU-envelope check of a pinned engine's measurement that started at ``cpu0`` (its CPU time then);
-        records ``cpu_s`` (CPU time used) and ``cpus_pinned`` in ``metrics``."""
-        if cpu0 is None:
-            return ""
-        now = self.cpu_seconds()
-        used = None if now is None else now - cpu0
-        if metrics is not None and used is not None and self.cpus:
-            metrics.update(cpu_s=round(used, 4), cpus_pinned=len(self.cpus))
-        return self.over_envelope(used, wall)
 
     def _not_ready(self) -> TrialOutcome | None:
         """Wait for start-up; the failed trial to report when the engine is not there."""

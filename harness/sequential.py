@@ -9,6 +9,11 @@ Error control (documented in the README):
   "a speedup of ``futility_factor`` x ``min_effect``" (error rates ``alpha`` and
   ``futility``) is checked; crossing it stops the proposal as a loser. Futility stops only
   ever reject, so they cannot add false merges; they cost power, which the benchmark measures.
+  The SPRT's variance of the mean counts the engine-session effect (se² = var/n + tau²/R, as the
+  estimate's): a small true speedup measured on one unlucky engine pair is not "no speedup". While
+  the pairs span one session of several and no calibration gives tau², tau² is unknown: then only
+  a clear loser stops (significantly slower by at least the speedup the SPRT tests for); a no-op
+  waits for the second session.
 - A win also needs a point estimate of at least half of ``min_effect``: a significant but
   negligible speedup is not worth a merge.
 - Reaching ``max_pairs`` without a win is inconclusive, and inconclusive is a rejection.
@@ -30,7 +35,7 @@ import numpy as np
 from scipy import stats as sps
 
 from . import gate_defaults as D
-from .statistics import NoisePrior, PairedEstimate, paired_estimate, winsorize
+from .statistics import NoisePrior, PairedEstimate, paired_estimate, session_variance, winsorize
 
 CONTINUE = "continue"
 WIN = "win"
@@ -97,8 +102,13 @@ def decide_objective(design: SequentialDesign, d: Sequence[float], prior: NoiseP
     p = est.p_better()
     if p < level and est.mean >= target / 2:
         return Decision(WIN, f"faster by {est.speedup - 1:+.2%} (p={p:.2g} < {level:.2g}) after {n} pairs", est, level)
-    if sprt_llr(design, d, prior) < math.log(design.futility / (1 - design.alpha)):
-        why = "slower" if est.p_worse() < design.regression_alpha else "no worthwhile speedup"
+    _, _, known = session_variance(d, clusters, prior)
+    slower = est.p_worse() < design.regression_alpha
+    # tau unknown: stop only a clear loser, one significantly slower by at least the speedup futility tests for
+    # (a true win would need a session effect of twice that size against it to look so)
+    clear = est.upper(1 - design.regression_alpha) < 1 / (1 + design.min_effect * design.futility_factor)
+    if (known or clear) and sprt_llr(design, d, prior, clusters) < math.log(design.futility / (1 - design.alpha)):
+        why = "slower" if slower else "no worthwhile speedup"
         alt = design.min_effect * design.futility_factor
         return Decision(
             LOSE,
@@ -115,11 +125,12 @@ def decide_objective(design: SequentialDesign, d: Sequence[float], prior: NoiseP
     return Decision(CONTINUE, "", est, level)
 
 
-def sprt_llr(design: SequentialDesign, d: Sequence[float], prior: NoisePrior | None) -> float:
+def sprt_llr(design: SequentialDesign, d: Sequence[float], prior: NoisePrior | None, clusters: Sequence[int] | None = None) -> float:
     """Log-likelihood ratio of 'speedup = futility_factor x min_effect' against 'no speedup'.
 
-    Normal model with the variance pooled with the calibration's (not the conservative
-    maximum: here a larger variance would only delay the stop).
+    Normal model of the mean with variance var/n + tau²/R: the pairs' variance pooled with the
+    calibration's (not the conservative maximum: here a larger variance would only delay the stop)
+    and the engine-session effect (``session_variance``).
     """
     n = len(d)
     w, _ = winsorize(d, floor_scale=math.sqrt(prior.var) if prior else 0.0)
@@ -129,8 +140,9 @@ def sprt_llr(design: SequentialDesign, d: Sequence[float], prior: NoisePrior | N
         var = (prior.df * prior.var + (n - 1) * var) / (prior.df + n - 1)
     if var <= 0:
         var = 1e-12
+    tau2, r, _ = session_variance(x.tolist(), clusters, prior)
     d1 = math.log1p(design.min_effect * design.futility_factor)
-    return n * (d1 * float(x.mean()) - d1 * d1 / 2) / var
+    return (d1 * float(x.mean()) - d1 * d1 / 2) / (var / n + tau2 / r)
 
 
 def decide_guard(design: SequentialDesign, d: Sequence[float], prior: NoisePrior | None = None, clusters: Sequence[int] | None = None) -> Decision:

@@ -98,7 +98,9 @@ def read_child_pid(fd: int, timeout_s: float) -> int:
 
 class ServeSession(Parkable):
     def __init__(self, spec: Mapping[str, Any], worktree: Path, client_path: Path | None, env: Mapping[str, str],
-                 log_dir: Path, metric: str, timeout_s: float, startup_timeout_s: float = 600.0, python: str = sys.executable):
+                 log_dir: Path, metric: str, timeout_s: float, startup_timeout_s: float = 600.0, python: str = sys.executable,
+                 cpus: frozenset[int] | None = None):
+        self.cpus = cpus  # the server's processes pinned here once it is healthy (the load generator is not: it is the harness's)
         self.spec, self.worktree, self.client_path = dict(spec), worktree, client_path
         self.env, self.log_dir, self.metric = dict(env), log_dir, metric
         self.timeout_s, self.startup_timeout_s, self.python = timeout_s, startup_timeout_s, python
@@ -186,6 +188,7 @@ class ServeSession(Parkable):
                     return
                 if self._healthy():
                     self.startup_s = time.perf_counter() - self.started_at
+                    self.pin()
                     return
                 time.sleep(0.5)
             self.start_error = f"server start-up timed out after {self.startup_timeout_s:g} s"
@@ -218,6 +221,7 @@ class ServeSession(Parkable):
                 self.client = BenchClient(self._in_net, self.python, self.client_path, self.env, self.log_dir, self.timeout_s)
                 self.wait_s += self.client.start()  # its import is start-up, not the trial's time
                 t0 = time.perf_counter()
+            cpu0 = self.cpu_seconds() if self.cpus else None
             data = self.client.bench(args)
         except WorkerError as exc:
             wall = time.perf_counter() - t0
@@ -237,6 +241,9 @@ class ServeSession(Parkable):
         metrics["engine_startup_s"] = self.startup_s
         metrics["duration_s"] = data.get("duration")
         metrics["generator_trial"] = self.client.served if self.client else None  # n-th trial of this warm load generator
+        over = self._envelope(cpu0, wall, metrics)  # pinned: the server used no more CPU time than its CPUs give
+        if over:
+            return TrialOutcome(False, None, metrics, wall, over, self._log_tail())
         d = metrics["duration_s"]
         if not isinstance(d, (int, float)) or isinstance(d, bool) or not 0 < d <= wall:
             return TrialOutcome(False, None, metrics, wall, f"bench serve reported a duration of {d!r} s in a {wall:.2f} s round trip", self._log_tail())

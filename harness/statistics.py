@@ -135,13 +135,32 @@ def between_variance(x: Sequence[float], clusters: Sequence[int]) -> tuple[float
     return max(0.0, float(means.var(ddof=1)) - noise), r
 
 
+def session_variance(x: Sequence[float], clusters: Sequence[int] | None, prior: NoisePrior | None) -> tuple[float, int, bool]:
+    """(tau², sessions, known): the variance of the engine-session effect on one session's mean, how many
+    sessions the pairs span, and whether tau² is known at all.
+
+    No ``clusters``: one session by design (nothing to count). Two or more sessions: estimated from them,
+    never below a calibration's (``prior.between_var``, measured over more sessions than one evaluation has).
+    One session so far: the calibration's, known only if it measured one (> 0)."""
+    if clusters is None:
+        return 0.0, 1, True
+    if len(clusters) != len(x):
+        raise ValueError("one cluster id per pair")
+    floor = prior.between_var if prior is not None else 0.0
+    tau2, r = between_variance(list(x), clusters)
+    if r >= 2:
+        return max(tau2, floor), r, True
+    return floor, 1, floor > 0
+
+
 def paired_estimate(d: Sequence[float], prior: NoisePrior | None = None, k: float = WINSOR_K, clusters: Sequence[int] | None = None,
                     pool: bool = True) -> PairedEstimate:
     """Estimate from paired log-ratios (at least 2), optionally pooled with a calibration.
 
     ``clusters`` (the engine session of each pair) adds the second level of replication:
-    se² = var/n + tau²/R, with tau² the between-session variance (from these pairs when
-    they span two or more sessions, else from the calibration). ``pool=False`` keeps what the
+    se² = var/n + tau²/R, with tau² the between-session variance (``session_variance``: from these
+    pairs when they span two or more sessions, never below the calibration's, else the calibration's).
+    ``pool=False`` keeps what the
     calibration bounds from below (the winsorizing floor, the between-session variance) but
     never lends these pairs its variance and degrees of freedom.
     """
@@ -159,14 +178,8 @@ def paired_estimate(d: Sequence[float], prior: NoisePrior | None = None, k: floa
     if pool and prior is not None and not noisier_than(var_n, n - 1, prior):
         var = (prior.df * prior.var + (n - 1) * var_n) / (prior.df + n - 1)
         df, pooled = prior.df + n - 1, True
-    se2 = var / n
-    if clusters is not None:
-        if len(clusters) != n:
-            raise ValueError("one cluster id per pair")
-        tau2, r = between_variance(x.tolist(), clusters)
-        if r < 2 and prior is not None:
-            tau2 = prior.between_var
-        se2 += tau2 / max(1, r)
+    tau2, r, _ = session_variance(x.tolist(), clusters, prior)
+    se2 = var / n + tau2 / r
     return PairedEstimate(n=n, mean=mean, se=math.sqrt(se2), df=df, winsorized=clipped, pooled=pooled)
 
 

@@ -147,6 +147,42 @@ def test_session_effects_widen_the_interval():
         paired_estimate(e, clusters=[0, 1])
 
 
+def test_a_calibrated_session_effect_is_a_floor_and_counts_with_one_session():
+    rng = np.random.default_rng(7)
+    d = rng.normal(0.0, 0.01, 12).tolist()
+    agree = [0] * 6 + [1] * 6
+    d = [x - np.mean(d[:6]) if i < 6 else x - np.mean(d[6:]) for i, x in enumerate(d)]  # the two sessions agree exactly
+    prior = NoisePrior(var=1e-4, df=30, between_var=4e-4)  # a calibration over many sessions: tau = 0.02
+    assert paired_estimate(d, clusters=agree).se == pytest.approx(paired_estimate(d).se, rel=0.01)  # two sessions say tau 0
+    floored = paired_estimate(d, prior, clusters=agree)
+    assert floored.se ** 2 >= 4e-4 / 2  # ... the calibration's tau² counts, over the 2 sessions
+    one = paired_estimate(d[:6], prior, clusters=[0] * 6)
+    assert one.se ** 2 >= 4e-4  # one session: the whole session effect
+
+
+def test_futility_counts_the_session_effect_and_waits_for_it():
+    """A true +3% measured on one unlucky engine pair (its session effect -3%) looks like a precise no-op: within
+    one session of several, with no calibration, tau is unknown and only a clear loser (significantly slower by
+    at least the +3% futility tests for) stops; once two sessions
+    show the session effect, the SPRT's variance counts it and the no-op verdict must wait for more sessions."""
+    design = SequentialDesign(alpha=0.005, max_pairs=20)
+    rng = np.random.default_rng(8)
+    unlucky = rng.normal(0.0, 0.01, 5).tolist()  # -1.4% +- 0.3%: significantly slower, but not clearly a loser
+    assert decide_objective(design, unlucky).action == LOSE  # one session by design: nothing to wait for (as before)
+    assert decide_objective(design, unlucky, clusters=[0] * 5).action == CONTINUE  # more sessions to come: wait
+    loser = rng.normal(math.log(0.7), 0.01, 3).tolist()
+    lost = decide_objective(design, loser, clusters=[0] * 3)
+    assert lost.action == LOSE and lost.reason.startswith("slower")  # a clear loser still stops at once
+    # a calibration that measured a negligible session effect lets a no-op stop within the first session
+    assert decide_objective(design, unlucky, NoisePrior(var=1e-4, df=30, between_var=1e-7), clusters=[0] * 5).action == LOSE
+    # two sessions disagreeing by 6%: tau ~0.04 keeps a precise-looking no-op from stopping; agreeing, it stops
+    two = [x - 0.03 for x in rng.normal(0.0, 0.01, 5)] + [x + 0.03 for x in rng.normal(0.0, 0.01, 5)]
+    assert decide_objective(design, two, clusters=[0] * 5 + [1] * 5).action == CONTINUE
+    assert decide_objective(design, two).action == LOSE  # the same pairs, the session effect ignored: a wrong stop
+    same = rng.normal(0.0, 0.01, 10).tolist()
+    assert decide_objective(design, same, clusters=[0] * 5 + [1] * 5).action == LOSE
+
+
 def test_confirmation_must_replicate_the_win_not_only_point_its_way():
     """The false merge a full CI run saw under foreign load: an unchanged bench won on wall_s by 13% over
     6 pairs (p = 0.0002), and the fresh seeds measured +0.1% over 3 pairs. A positive estimate alone

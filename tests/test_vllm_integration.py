@@ -124,6 +124,12 @@ def test_config_change_is_measured_with_the_right_sign(fork):
     # the candidate engine really ran with the candidate's setting, and start-up is its own metric
     cand = [t for t in out["trials"] if t["side"] == "candidate"]
     assert all(t["metrics"]["engine_startup_s"] > 0 for t in cand)
+    # the win was confirmed on a fresh pair of engines (an engine instance's luck must not confirm itself): the
+    # start-up time every trial records differs between the objective's and the confirmation's engines
+    for side in ("baseline", "candidate"):
+        started = {ph: {t["metrics"]["engine_startup_s"] for t in out["trials"] if t["side"] == side and t["ok"] and t["phase"] == ph}
+                   for ph in ("objective", "confirmation")}
+        assert started["objective"] and started["confirmation"] and not started["objective"] & started["confirmation"], started
     timing = out["timing"]
     assert timing["engine_s"] > 0 and timing["measurement_s"] > 0
     assert not workers_alive(fork)
