@@ -17,7 +17,9 @@ pairs on N seeds (lengths varied as in an evaluation), each pair once per ``--sl
 split the pair's prompts into K parts measured alternately on the two engines (A B B A ... — the halves
 of a pair then run fractions of a second apart instead of a whole trial), a side's value being its
 tokens over its summed walls. ``--pin CPU[,CPU]`` pins both engines (every thread, after start-up) to
-those CPUs, so both sides run on the same core(s). Prints the per-pair SD of each slicing.
+those CPUs, so both sides run on the same core(s); ``--sessions S``: S fresh engine pairs one after the
+other (the SD of their means is the engine-instance effect); ``--variant`` (one): extra environment for
+both engines. Prints the per-pair SD of each slicing.
 """
 
 from __future__ import annotations
@@ -98,9 +100,12 @@ def pin(eng, cpus: set[int]) -> None:
                 pass
 
 
-def run_pairs(ws: Workspace, args: argparse.Namespace) -> int:
+def run_pairs(ws: Workspace, args: argparse.Namespace, env: dict[str, str]) -> int:
     config = ws.config()
     w = config.workload(args.workload) if args.workload else config.objective
+    if env:  # the variant's extra environment for both engines
+        w = dataclasses.replace(w, env={**w.env, **env})
+        config = dataclasses.replace(config, workloads=tuple(w if x.name == w.name else x for x in config.workloads))
     slicings = [int(k) for k in args.slices.split(",")]
     base = ws.baseline_commit()
     pool = EnginePool()
@@ -173,12 +178,14 @@ def main() -> int:
     ap.add_argument("--variant", action="append", default=[], help="NAME:K=V,K=V (repeatable); default: one 'default' variant")
     args = ap.parse_args()
     ws = Workspace.open(args.fork)
-    if args.pairs:
-        return run_pairs(ws, args)
     variants = []
     for v in args.variant or ["default:"]:
         name, _, kv = v.partition(":")
         variants.append((name, dict(x.split("=", 1) for x in kv.split(",") if x)))
+    if args.pairs:
+        if len(variants) > 1:
+            raise SystemExit("pair mode: one --variant at a time")
+        return run_pairs(ws, args, variants[0][1])
     rows = [run_variant(ws, name, env, args) for name, env in variants]
     print(f"\n{'variant':<24}{'trial SD':>10}{'pair SD':>10}{'median':>10}{'trial s':>9}{'start s':>9}{'load':>7}")
     for r in rows:

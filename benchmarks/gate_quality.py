@@ -106,7 +106,8 @@ def one(sc: Scenario, effect: float, gate: GateConfig, rng: np.random.Generator,
     if run.decision.action != WIN or gate.confirm_pairs == 0:
         return run.decision.action == WIN, run.pairs
     # a fresh pair of instances, one session (agentsearch evaluate); --same-instances: the objective's, as before
-    again = (lambda side, i: made[(side, i)]) if same_instances else (lambda side, i: SimSession(sc, effect, side, clock, rng))
+    fresh = lambda side, i: SimSession(sc, effect, side, clock, rng)  # noqa: E731
+    again = (lambda side, i: made.get((side, i)) or fresh(side, i)) if same_instances else fresh  # the pool starts a missing one
     conf = run_interleaved(
         "sim", again, confirmation_design(gate.confirm_pairs),
         functools.partial(decide_confirmation, won=run.decision.estimate, strict=sc.loaded), lambda i: 10_000 + i, True, prior=prior,
