@@ -35,12 +35,13 @@ from .errors import AgentsearchError
 from .gate import Check, Status, Verdict, judge
 from .headline import unit as metric_unit
 from harness.engine_session import EnginePool
+from harness.placement import SPLIT
 
 from harness.logprobs import LogprobError
 
 from .verify import run_verify
 from .warm_baseline import WarmBaseline, is_baseline_engine
-from .workloads import blames_candidate, measure_options, placement_for, restarts_for, session_factory
+from .workloads import blames_candidate, measure_options, placement_for, session_factory
 from .workspace import Workspace
 
 EVALUATION_SCHEMA = 1
@@ -340,6 +341,7 @@ class _Ctx:
     warm: bool = False  # the baseline's engines may be kept for the next evaluation
 
 
+CONFIRMATION_SESSION = 1000  # the confirmation's engines: restart indices from here, used by no other round
 _CHECK_OF = {"objective": "objective", "guard": "guard-workloads", "confirmation": "confirmation"}
 _DECIDE_OF = {"objective": decide_objective, "guard": decide_guard, "confirmation": decide_confirmation}
 
@@ -357,12 +359,13 @@ def _run_workload(ctx: _Ctx, w: WorkloadConfig, role: str, decide: Callable[...,
         return None
     if role == "confirmation":
         wdesign = confirmation_design(config.gate.confirm_pairs)
-        # on a fresh pair of engines (restart indices after the objective's; the candidate's objective engines
-        # are retired first): a win that was one engine instance's luck (an A/A measured about +3% on one pair of
-        # engines here) must hold on another, not only on fresh seeds of the same instances
-        first, inner = restarts_for(w), factory
-        factory = lambda side, restart: inner(side, first + restart)  # noqa: E731
-        options = {**options, "restarts": 1}
+        # on fresh engines (restart indices no other round uses; the candidate's objective engines are retired
+        # first, these after it): a win that was one engine instance's luck (an A/A measured about +3% on one
+        # pair of engines here) must hold on another, not only on fresh seeds of the same instances. One
+        # session; two under split placement, so that the sides swap devices as in every other round
+        inner = factory
+        factory = lambda side, restart: inner(side, CONFIRMATION_SESSION + restart)  # noqa: E731
+        options = {**options, "restarts": 2 if placement_for(config).mode == SPLIT else 1}
     elif w.max_pairs is not None:
         wdesign = dataclasses.replace(ctx.design, max_pairs=w.max_pairs, min_pairs=min(ctx.design.min_pairs, w.max_pairs))
     else:
@@ -456,14 +459,33 @@ def _confirmation(ctx: _Ctx) -> bool:
     assert won is not None and won.decision is not None
     # mostly measured under foreign load: the win must be significant again on the fresh seeds
     strict = loaded_share(won) > LOADED_SHARE
-    for key in [k for k in ctx.pool.engines if not is_baseline_engine(k)]:
-        ctx.pool.retire(key)  # the candidate's engines are done (guards ran before): memory for the fresh pair
+    # the candidate's engines are done (guards ran before): memory for the fresh pair
+    if not _retire(ctx, [k for k in ctx.pool.engines if not is_baseline_engine(k)]):
+        return False
+    before = set(ctx.pool.engines)
     c = _run_workload(ctx, w, "confirmation", functools.partial(decide_confirmation, won=won.decision.estimate, strict=strict))
+    # the confirmation's engines are not kept (a kept baseline keeps the objective's: memory stays bounded)
+    if not _retire(ctx, [k for k in ctx.pool.engines if k not in before]):
+        return False
     if not _judged(ctx, c, "confirmation", w.name, OK):
         return False
     assert c is not None and c.decision is not None
     ctx.st.add("confirmation", Status.PASS, f"{w.name}: {c.decision.reason}")
     return True
+
+
+def _retire(ctx: _Ctx, keys: list[str]) -> bool:
+    """Shut the engines ``keys`` down now (all of them, even if one fails); a failure is the confirmation's
+    measurement error (fail closed), not a traceback."""
+    failed = ""
+    for key in keys:
+        try:
+            ctx.pool.retire(key)
+        except (OSError, RuntimeError) as exc:
+            failed = failed or f"{type(exc).__name__}: {exc}"
+    if failed:
+        ctx.st.add("confirmation", Status.FAIL, f"could not shut an engine down: {failed}", FailureKind.MEASUREMENT_ERROR)
+    return not failed
 
 
 def _plausibility(ctx: _Ctx) -> bool:

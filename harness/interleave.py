@@ -19,7 +19,6 @@ from typing import Callable, Protocol
 
 from .sequential import CONTINUE, Decision, SequentialDesign
 from .quiet import Probe
-from .seeds import touch_seed
 from .statistics import NoisePrior
 from .trials import BASELINE, CANDIDATE, CRASH, CommandSpec, TrialOutcome, TrialRecord, run_command_trial
 
@@ -143,7 +142,10 @@ def run_interleaved(
                 pair += 1
                 if on_pair:
                     on_pair(run)
-            decision = decide(design, run.log_ratios, prior, clusters=run.sessions if restarts > 1 else None)
+            # sessions count when there are several, or when a calibration measured their effect (then one session
+            # carries all of it)
+            counted = restarts > 1 or (prior is not None and prior.between_var > 0)
+            decision = decide(design, run.log_ratios, prior, clusters=run.sessions if counted else None)
             run.decision = decision
             if decision.action != CONTINUE:
                 return run
@@ -280,13 +282,7 @@ def _measure_pair(sessions: dict[str, Session], sides: tuple[str, str], seed: in
     even and reversed when odd (A B B A ...), so the two halves of a pair run a fraction of a second apart
     instead of a whole trial: a drift of the machine's speed over seconds lands on both. Each side's trial is
     then its parts combined (``combine``: its tokens over its summed round trips); the quiet probe spans the
-    whole pair, both sides' trials get its numbers. Both sides get the same parts on the same inputs.
-
-    A sliced pair opens with an untimed touch of both engines, in ``sides`` order: half a part each, on inputs
-    of its own (``touch_seed``). After the gap between pairs (the decision, the history) the machine and the
-    engines are cold, and the first timed part paid for waking them: about 3% on its side's trial in one A/A
-    on the engine, cancelled by the ABBA order in the mean but doubling the per-pair SD. A failed touch fails
-    its side's trial like a failed part."""
+    whole pair, both sides' trials get its numbers. Both sides get the same parts on the same inputs."""
     n = min([slices] + [_parts(sessions[side], seed) for side in sides])
     got: dict[str, TrialOutcome] = {}
     if n <= 1:
@@ -295,10 +291,6 @@ def _measure_pair(sessions: dict[str, Session], sides: tuple[str, str], seed: in
             if not got[side].ok:
                 break
         return got
-    for side in sides:
-        touch = sessions[side].measure_part(touch_seed(seed), 0, 2 * n)  # type: ignore[attr-defined]
-        if not touch.ok:
-            return {side: touch}
     parts: dict[str, list[TrialOutcome]] = {side: [] for side in sides}
     p = probe() if probe is not None else None
     if p is not None:

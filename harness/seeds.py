@@ -59,9 +59,3 @@ def proposal_rng(master: int, number: int) -> random.Random:
 def batch_seed(seed: int, index: int) -> int:
     """The input seed of batch ``index`` of a latency round (unpredictable from the others)."""
     return int.from_bytes(hashlib.sha256(_BATCH_SALT + f"{seed}:{index}".encode()).digest()[:4], "big") & 0x7FFFFFFF
-
-
-def touch_seed(seed: int) -> int:
-    """The input seed of the untimed touch that opens a sliced pair of ``seed`` (``harness.interleave``):
-    inputs of their own, the same on both sides."""
-    return batch_seed(seed, -1)

@@ -13,7 +13,8 @@ Error control (documented in the README):
   estimate's): a small true speedup measured on one unlucky engine pair is not "no speedup". While
   the pairs span one session of several and no calibration gives tau², tau² is unknown: then only
   a clear loser stops (significantly slower by at least the speedup the SPRT tests for); a no-op
-  waits for the second session.
+  waits for the second session. Symmetrically, a win on the first session alone must be significant
+  against that margin, not only against zero.
 - A win also needs a point estimate of at least half of ``min_effect``: a significant but
   negligible speedup is not worth a merge.
 - Reaching ``max_pairs`` without a win is inconclusive, and inconclusive is a rejection.
@@ -35,7 +36,7 @@ import numpy as np
 from scipy import stats as sps
 
 from . import gate_defaults as D
-from .statistics import NoisePrior, PairedEstimate, paired_estimate, session_variance, winsorize
+from .statistics import NoisePrior, PairedEstimate, _t_sf, paired_estimate, session_variance, winsorize
 
 CONTINUE = "continue"
 WIN = "win"
@@ -100,13 +101,19 @@ def decide_objective(design: SequentialDesign, d: Sequence[float], prior: NoiseP
     level = design.level(n)
     target = math.log1p(design.min_effect)
     p = est.p_better()
-    if p < level and est.mean >= target / 2:
-        return Decision(WIN, f"faster by {est.speedup - 1:+.2%} (p={p:.2g} < {level:.2g}) after {n} pairs", est, level)
     _, _, known = session_variance(d, clusters, prior)
+    margin = math.log1p(design.min_effect * design.futility_factor)
+    if not known:
+        # tau unknown (one session of several so far, no calibration): one engine pair's luck is not yet told
+        # from the code's effect, so a win must beat the margin the SPRT tests for, not only zero
+        p = _t_sf(est.mean - margin, est.se, est.df)
+    if p < level and est.mean >= target / 2:
+        why = "" if known else f", by more than {math.expm1(margin):+.1%} on the first engine pair"
+        return Decision(WIN, f"faster by {est.speedup - 1:+.2%} (p={p:.2g} < {level:.2g}{why}) after {n} pairs", est, level)
     slower = est.p_worse() < design.regression_alpha
     # tau unknown: stop only a clear loser, one significantly slower by at least the speedup futility tests for
     # (a true win would need a session effect of twice that size against it to look so)
-    clear = est.upper(1 - design.regression_alpha) < 1 / (1 + design.min_effect * design.futility_factor)
+    clear = est.upper(1 - design.regression_alpha) < math.exp(-margin)
     if (known or clear) and sprt_llr(design, d, prior, clusters) < math.log(design.futility / (1 - design.alpha)):
         why = "slower" if slower else "no worthwhile speedup"
         alt = design.min_effect * design.futility_factor

@@ -135,22 +135,25 @@ def between_variance(x: Sequence[float], clusters: Sequence[int]) -> tuple[float
     return max(0.0, float(means.var(ddof=1)) - noise), r
 
 
-def session_variance(x: Sequence[float], clusters: Sequence[int] | None, prior: NoisePrior | None) -> tuple[float, int, bool]:
-    """(tau², sessions, known): the variance of the engine-session effect on one session's mean, how many
-    sessions the pairs span, and whether tau² is known at all.
+def session_variance(x: Sequence[float], clusters: Sequence[int] | None, prior: NoisePrior | None) -> tuple[float, float, bool]:
+    """(tau², R, known): the variance of the engine-session effect on one session's mean; the effective number
+    of sessions the pairs' mean averages it over (n² / sum of n_i², R for balanced sessions: 10 pairs in one
+    session and 1 in the next average it over 1.2 sessions, not 2); whether tau² is known at all.
 
     No ``clusters``: one session by design (nothing to count). Two or more sessions: estimated from them,
     never below a calibration's (``prior.between_var``, measured over more sessions than one evaluation has).
     One session so far: the calibration's, known only if it measured one (> 0)."""
     if clusters is None:
-        return 0.0, 1, True
+        return 0.0, 1.0, True
     if len(clusters) != len(x):
         raise ValueError("one cluster id per pair")
     floor = prior.between_var if prior is not None else 0.0
     tau2, r = between_variance(list(x), clusters)
+    sizes = [list(clusters).count(c) for c in set(clusters)]
+    effective = len(clusters) ** 2 / sum(k * k for k in sizes)
     if r >= 2:
-        return max(tau2, floor), r, True
-    return floor, 1, floor > 0
+        return max(tau2, floor), effective, True
+    return floor, 1.0, floor > 0
 
 
 def paired_estimate(d: Sequence[float], prior: NoisePrior | None = None, k: float = WINSOR_K, clusters: Sequence[int] | None = None,

@@ -183,6 +183,24 @@ def test_futility_counts_the_session_effect_and_waits_for_it():
     assert decide_objective(design, same, clusters=[0] * 5 + [1] * 5).action == LOSE
 
 
+def test_a_win_on_the_first_engine_pair_alone_must_beat_its_luck():
+    """Symmetric to futility: while tau is unknown (one session of several, no calibration) a win must be
+    significant against the +3% margin, not only against zero; a large win still stops early."""
+    from harness.statistics import session_variance
+
+    design = SequentialDesign(alpha=0.005, max_pairs=20)
+    rng = np.random.default_rng(9)
+    lucky = rng.normal(0.025, 0.004, 6).tolist()  # +2.5%, precise: as one lucky pair of engines measures an A/A
+    assert decide_objective(design, lucky).action == WIN  # one session by design (restarts 1): as before
+    assert decide_objective(design, lucky, clusters=[0] * 6).action == CONTINUE
+    big = rng.normal(math.log(1.3), 0.01, 3).tolist()
+    won = decide_objective(design, big, clusters=[0] * 3)
+    assert won.action == WIN and "by more than +3.0% on the first engine pair" in won.reason
+    # with sessions of unequal size the mean averages the session effect over fewer sessions than it spans
+    tau2, r, known = session_variance([0.1] * 10 + [-0.1], [0] * 10 + [1], None)
+    assert known and r == pytest.approx(121 / 101) and tau2 > 0
+
+
 def test_confirmation_must_replicate_the_win_not_only_point_its_way():
     """The false merge a full CI run saw under foreign load: an unchanged bench won on wall_s by 13% over
     6 pairs (p = 0.0002), and the fresh seeds measured +0.1% over 3 pairs. A positive estimate alone
