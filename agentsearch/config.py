@@ -160,7 +160,7 @@ class GateConfig:
     look_every: int = doc("Pairs between two looks of the sequential test.", D.LOOK_EVERY)
     max_pairs: int = doc("Pairs per workload at most (the full budget).", D.MAX_PAIRS)
     confirm_pairs: int = doc(
-        "Pairs of the confirmation run with fresh seeds before a merge (0 disables).", 6
+        "Pairs of the confirmation run with fresh seeds (and, for engine workloads, fresh engines) before a merge (0 disables).", 6
     )
     plausibility: float = doc("A speedup beyond this factor is held for manual review.", 10.0)
     sandbox: str = doc(

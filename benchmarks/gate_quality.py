@@ -160,6 +160,7 @@ def main() -> int:
         Scenario("CV 3% + instance 1.1%, restarts 2", 0.03, instance=0.011, restarts=2),
         Scenario("CV 3% + instance 1.1%, restarts 4", 0.03, instance=0.011, restarts=4),
         Scenario("CV 2% + instance 1.1%, restarts 4", 0.02, instance=0.011, restarts=4),
+        Scenario("CV 2% + instance 1.1%, restarts 10", 0.02, instance=0.011, restarts=10),
     ]
     scenarios = [sc for sc in scenarios if args.only in sc.name]
     full = gate.max_pairs + gate.confirm_pairs

@@ -93,7 +93,8 @@ class Parkable:
     cpuset: CpusetGroup | None = None  # where the machine has one: the pinning is enforced, not only set
 
     def pin(self) -> None:
-        """Pin the engine's process tree to ``cpus``: into a cpuset (enforced: nothing in it can run elsewhere)
+        """Pin the engine's processes (its process tree and any that left it: its cgroup's) to ``cpus``: into a
+        cpuset (enforced: nothing in it can run elsewhere)
         where the machine gives one, and every thread's affinity set (what it starts later inherits both),
         repeated until a scan finds nothing new. Both sides' engines get the same CPUs: whichever is measured
         runs where the other ran (the idle one is parked), so a drift between cores is not a difference between
@@ -109,8 +110,13 @@ class Parkable:
             self.cpus = None
             return
         seen: set[int] = set()
+        group = self.group
+
+        def everything() -> set[int]:  # its process tree and whatever left it (a daemon stays in the cgroup)
+            return set(descendants(self.proc.pid)) | set(group.pids()) if self.proc is not None else set(group.pids())
+
         for _ in range(20):
-            pids = descendants(self.proc.pid)
+            pids = everything()
             tids = {int(t) for pid in pids for t in _tasks(pid)}
             if tids <= seen:
                 break
@@ -122,7 +128,7 @@ class Parkable:
                 except OSError:
                     pass
             seen |= tids
-        missing = {p for p in descendants(self.proc.pid) if _alive(p)} - set(self.cpuset.pids())
+        missing = {p for p in everything() if _alive(p)} - set(self.cpuset.pids())
         if missing:
             cpus = ",".join(map(str, sorted(self.cpus)))
             self.start_error = f"could not pin the engine to CPU(s) {cpus}: process(es) {sorted(missing)[:5]} are not in its cpuset"
