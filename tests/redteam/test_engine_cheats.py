@@ -94,9 +94,10 @@ THROUGHPUT = dict(name="throughput", kind="vllm-throughput", metric="output_tok_
 LATENCY = dict(name="latency", kind="vllm-latency", metric="latency_mean_s", hib="false", model=TOY_MODEL)
 
 
-def target(tmp_path, workload=THROUGHPUT, engine: str = "", vllm: str = TOY_VLLM):
-    """A toy vLLM fork (``engine``: lines of an [engine] section to add to its config)."""
-    config = CONFIG.format(**workload) + (f"\n[engine]\n{engine}\n" if engine else "")
+def target(tmp_path, workload=THROUGHPUT, engine: str = "", vllm: str = TOY_VLLM, gate: str = ""):
+    """A toy vLLM fork (``engine``: lines of an [engine] section to add to its config; ``gate``: of its [gate])."""
+    config = CONFIG.format(**workload).replace("coverage = false\n", f"coverage = false\n{gate}\n" if gate else "coverage = false\n")
+    config += f"\n[engine]\n{engine}\n" if engine else ""
     repo = make_repo(tmp_path / "fork", {"agentsearch.toml": config, "vllm/__init__.py": vllm,
                                          "vllm/inputs.py": TOY_INPUTS, "cost.txt": "0.0008\n"})
     proc = run_cli("init", "-C", str(repo))
@@ -325,6 +326,67 @@ def test_an_engine_that_leaves_its_cpu_pinning_is_caught(tmp_path):
     assert not any(t["side"] == "baseline" and not t["ok"] for t in out["trials"])  # the honest side stays within it
     pinned = [t["metrics"] for t in out["trials"] if t["ok"] and "cpus_pinned" in t["metrics"]]
     assert pinned and all(m["cpus_pinned"] == 1 and m["cpu_s"] <= m["elapsed_s"] * 1.01 + 0.005 for m in pinned)
+
+
+# the candidate's engine starts a daemon while it boots (before it is pinned): double-forked, it is no longer in
+# the engine's process tree; at every measurement it unpins itself and does half of the CPU-bound work
+DAEMON = '''
+def _daemon_start():
+    todo_r, todo_w = os.pipe()
+    done_r, done_w = os.pipe()
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:  # the daemon: reparented away from the engine's tree
+            while True:
+                n = int.from_bytes(os.read(todo_r, 8), "big")
+                try:
+                    os.sched_setaffinity(0, set(range(os.cpu_count())))
+                except OSError:
+                    pass
+                for _ in range(n):
+                    pass
+                os.write(done_w, b"1")
+        os._exit(0)
+    os.wait()
+    return todo_w, done_r
+
+
+_TODO, _DONE = _daemon_start()
+
+
+def _generate(self, prompts, sampling_params=None, use_tqdm=False):
+    os.sched_setaffinity(0, set(range(os.cpu_count())))
+    sps = sampling_params if isinstance(sampling_params, list) else [sampling_params] * len(prompts)
+    work = [int(self.cost * 2.5e7 * sp.max_tokens) for sp in sps]
+    half = len(work) // 2
+    os.write(_TODO, sum(work[half:]).to_bytes(8, "big"))
+    for n in work[:half]:
+        for _ in range(n):
+            pass
+    os.read(_DONE, 1)
+    return [_Result(list(p["prompt_token_ids"]), greedy(list(p["prompt_token_ids"]), sp.max_tokens)) for p, sp in zip(prompts, sps)]
+
+
+LLM.generate = _generate
+'''
+
+
+def test_a_daemon_that_left_the_engines_process_tree_is_pinned_too(tmp_path):
+    """Like the unpinned engine above, through a daemon started before the engine was pinned and no longer among
+    its descendants: it is in the engine's cgroup, so it is pinned with it and its CPU time is the engine's (before
+    the pinning covered the cgroup, it ran on the other core and only the CPU-time check caught it)."""
+    # without the sandbox (whose PID namespace would adopt the daemon: still in the tree) it really leaves the tree
+    repo = target(tmp_path, engine='cpus = "1"', vllm=CPU_VLLM, gate='sandbox = "off"')
+    commit(repo, {"vllm/__init__.py": CPU_VLLM + DAEMON}, "a daemon on the other core", branch="daemon")
+    rc, out = evaluate(repo, "daemon")
+    assert rc == 4 and out["verdict"] == "reject", out["reasons"]
+    assert out["workloads"]["throughput"]["speedup"] < 1.1, (out["reasons"], out["workloads"]["throughput"])
+    # the daemon shared the engine's CPU (it is in the cpuset) and its CPU time was the engine's (the cgroup's
+    # account): every candidate measurement pinned, within what one CPU gives
+    mine = [t for t in out["trials"] if t["side"] == "candidate"]
+    assert mine and all(t["ok"] and t["metrics"]["cpus_pinned"] == 1 and t["metrics"]["cpu_s"] <= t["wall_s"] * 1.01 + 0.005
+                        for t in mine), mine
+    assert not any(t["side"] == "baseline" and not t["ok"] for t in out["trials"])
 
 
 # the candidate patches the harness's own worker (it runs in the candidate's process): it reports a tripled
