@@ -73,29 +73,27 @@ def objective_only(config: str, placement: str, max_pairs: int, budget: int, res
             + (f"slices = {slices}\n" if slices else ""))
 
 
-def with_sleep(source: str, ms: float) -> str:
-    """``Scheduler.schedule`` with ``time.sleep(ms / 1000)`` as its first statement (``ms`` 0: none)."""
-    source = re.sub(rf"\n[ ]*time\.sleep\([^)]*\)  {re.escape(SLEEP_MARK)}", "", source)
-    if ms <= 0:
-        return source
+def _at_schedule_start(source: str, lines: str) -> str:
+    """``source`` with ``lines`` inserted as the first statements of ``Scheduler.schedule``."""
     m = re.search(r"\n    def schedule\(self[^)]*\)[^:]*:\n", source)
     if m is None:
         raise SystemExit(f"{SCHEDULER}: no `def schedule(self)` found; this vLLM version is not supported by the benchmark")
-    return source[:m.end()] + f"        time.sleep({ms / 1000!r})  {SLEEP_MARK}\n" + source[m.end():]
+    return source[:m.end()] + lines + source[m.end():]
+
+
+def with_sleep(source: str, ms: float) -> str:
+    """``Scheduler.schedule`` with ``time.sleep(ms / 1000)`` as its first statement (``ms`` 0: none)."""
+    source = re.sub(rf"\n[ ]*time\.sleep\([^)]*\)  {re.escape(SLEEP_MARK)}", "", source)
+    return _at_schedule_start(source, f"        time.sleep({ms / 1000!r})  {SLEEP_MARK}\n") if ms > 0 else source
 
 
 def with_spin(source: str, us: float) -> str:
     """``Scheduler.schedule`` opening with a busy-wait of ``us`` microseconds (``us`` 0: none): unlike a sleep,
     exact to a microsecond, so an effect of a few % can be planted."""
     source = re.sub(rf"\n[ ]*[^\n]*  {re.escape(SPIN_MARK)}", "", source)
-    if us <= 0:
-        return source
-    m = re.search(r"\n    def schedule\(self[^)]*\)[^:]*:\n", source)
-    if m is None:
-        raise SystemExit(f"{SCHEDULER}: no `def schedule(self)` found; this vLLM version is not supported by the benchmark")
     wait = (f"        _spin_until = time.perf_counter() + {us / 1e6!r}  {SPIN_MARK}\n"
             f"        while time.perf_counter() < _spin_until: pass  {SPIN_MARK}\n")
-    return source[:m.end()] + wait + source[m.end():]
+    return _at_schedule_start(source, wait) if us > 0 else source
 
 
 def make_fork(path: Path, placement: str, max_pairs: int, budget: int, sleep_ms: float, slow_ms: float, aa: int,
