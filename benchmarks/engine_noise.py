@@ -19,13 +19,15 @@ of a pair then run fractions of a second apart instead of a whole trial), a side
 tokens over its summed walls. ``--pin CPU[,CPU]`` pins both engines (every thread, after start-up) to
 those CPUs, so both sides run on the same core(s); ``--sessions S``: S fresh engine pairs one after the
 other (the SD of their means is the engine-instance effect); ``--variant`` (one): extra environment for
-both engines. Prints the per-pair SD of each slicing.
+both engines; ``--parts-log FILE``: every measured part's wall time and tokens as JSON lines (where a pair's
+noise comes from: a stall in one part, or a drift over many). Prints the per-pair SD of each slicing.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import math
 import os
 import statistics
@@ -112,6 +114,7 @@ def run_pairs(ws: Workspace, args: argparse.Namespace, env: dict[str, str]) -> i
     ratios: dict[int, list[float]] = {k: [] for k in slicings}
     walls: dict[int, list[float]] = {k: [] for k in slicings}
     per = {k: [] for k in slicings}  # (session, log-ratio)
+    parts_log = open(args.parts_log, "w") if args.parts_log else None  # one JSON line per measured part
     with built_sides(ws, config, {BASELINE: base, CANDIDATE: base}, f"noise-{os.getpid()}-pairs", "engine noise") as sd:
         factory = session_factory(config, w, sd, pool)
         for sess in range(args.sessions):
@@ -145,6 +148,10 @@ def run_pairs(ws: Workspace, args: argparse.Namespace, env: dict[str, str]) -> i
                                     raise SystemExit(f"pair {p} slices {k}: {o.error}")
                                 tok[e] += o.metrics["output_tokens"]
                                 wall[e] += o.metrics["elapsed_s"]
+                                if parts_log is not None:
+                                    parts_log.write(json.dumps({"session": sess, "pair": p, "slices": k, "part": i, "engine": e,
+                                                                "tokens": o.metrics["output_tokens"], "wall_s": o.metrics["elapsed_s"],
+                                                                "t": time.time()}) + "\n")
                         r = math.log((tok[1] / wall[1]) / (tok[0] / wall[0]))
                         ratios[k].append(r)
                         per[k].append((sess, r))
@@ -175,6 +182,7 @@ def main() -> int:
     ap.add_argument("--slices", default="1,4", help="pair mode: slicings to compare")
     ap.add_argument("--sessions", type=int, default=1, help="pair mode: fresh engine pairs, one after the other")
     ap.add_argument("--pin", default="", help="pair mode: pin both engines to these CPUs")
+    ap.add_argument("--parts-log", default="", help="pair mode: write every measured part (wall, tokens) to this JSON-lines file")
     ap.add_argument("--variant", action="append", default=[], help="NAME:K=V,K=V (repeatable); default: one 'default' variant")
     args = ap.parse_args()
     ws = Workspace.open(args.fork)

@@ -21,6 +21,7 @@ objective's instances instead (the behaviour before 2026-12-01, for comparison).
 from __future__ import annotations
 
 import argparse
+import collections
 import functools
 import math
 import sys
@@ -36,7 +37,7 @@ from agentsearch.calibration import _done, _fixed_design, analyze  # noqa: E402
 from agentsearch.config import GateConfig, load_config_text  # noqa: E402
 from agentsearch.evaluation import design_for  # noqa: E402
 from harness.interleave import run_interleaved  # noqa: E402
-from harness.sequential import OK, WIN, confirmation_design, decide_confirmation, decide_objective  # noqa: E402
+from harness.sequential import LOSE, OK, WIN, confirmation_design, decide_confirmation, decide_objective  # noqa: E402
 from harness.statistics import NoisePrior  # noqa: E402
 from harness.trials import CANDIDATE, TrialOutcome  # noqa: E402
 
@@ -85,7 +86,9 @@ class SimSession:
 
 
 def one(sc: Scenario, effect: float, gate: GateConfig, rng: np.random.Generator, calibrate_pairs: int,
-        same_instances: bool = False) -> tuple[bool, int]:
+        same_instances: bool = False) -> tuple[bool, int, str]:
+    """(merged, pairs used, outcome): ``merge``, ``not confirmed`` (won, then refused on fresh seeds), ``futility``
+    (stopped early as a loser) or ``inconclusive`` (the budget ran out)."""
     design = design_for(gate)
     prior = None
     if calibrate_pairs:
@@ -104,7 +107,8 @@ def one(sc: Scenario, effect: float, gate: GateConfig, rng: np.random.Generator,
     run = run_interleaved("sim", session, design, decide_objective, lambda i: i, True, prior=prior, restarts=sc.restarts)
     assert run.decision is not None
     if run.decision.action != WIN or gate.confirm_pairs == 0:
-        return run.decision.action == WIN, run.pairs
+        won = run.decision.action == WIN
+        return won, run.pairs, "merge" if won else ("futility" if run.decision.action == LOSE else "inconclusive")
     # a fresh pair of instances, one session (agentsearch evaluate); --same-instances: the objective's, as before
     fresh = lambda side, i: SimSession(sc, effect, side, clock, rng)  # noqa: E731
     again = (lambda side, i: made.get((side, i)) or fresh(side, i)) if same_instances else fresh  # the pool starts a missing one
@@ -114,7 +118,8 @@ def one(sc: Scenario, effect: float, gate: GateConfig, rng: np.random.Generator,
         restarts=sc.restarts if same_instances else 1,
     )
     assert conf.decision is not None
-    return conf.decision.action == OK, run.pairs + conf.pairs
+    ok = conf.decision.action == OK
+    return ok, run.pairs + conf.pairs, "merge" if ok else "not confirmed"
 
 
 def naive_rules(sc: Scenario, rng: np.random.Generator, reps: int, gate: GateConfig) -> tuple[float, float]:
@@ -170,18 +175,23 @@ def main() -> int:
     print(header)
     print("-" * len(header))
     rows = []
+    outcomes = []  # where the true wins went
     for sc in scenarios:
         aa = [one(sc, 0.0, gate, rng, args.calibrate_pairs, args.same_instances) for _ in range(args.reps)]
         wins = [one(sc, 0.03, gate, rng, args.calibrate_pairs, args.same_instances) for _ in range(args.reps // 2)]
-        fm = np.mean([m for m, _ in aa])
-        aa_pairs = np.mean([n for m, n in aa if not m])
+        fm = np.mean([m for m, _, _ in aa])
+        aa_pairs = np.mean([n for m, n, _ in aa if not m])
         aa_cost = aa_pairs / full
-        power = np.mean([m for m, _ in wins])
-        win_pairs = np.mean([n for m, n in wins if m]) if any(m for m, _ in wins) else float("nan")  # objective + confirmation
-        rejected = [n for m, n in aa if not m] + [n for m, n in wins if not m]
+        power = np.mean([m for m, _, _ in wins])
+        win_pairs = np.mean([n for m, n, _ in wins if m]) if any(m for m, _, _ in wins) else float("nan")  # objective + confirmation
+        rejected = [n for m, n, _ in aa if not m] + [n for m, n, _ in wins if not m]
+        outcomes.append((sc.name, collections.Counter(o for _, _, o in wins), len(wins)))
         rej_cost = np.mean(rejected) / full
         rows.append((sc, fm, aa_cost, power, win_pairs, rej_cost))
         print(f"{sc.name:32} {fm:>17.2%} {aa_cost:>9.0%} {aa_pairs / gate.max_pairs:>10.0%} {power:>16.1%} {win_pairs:>13.1f} {rej_cost:>14.0%}")
+    print("\nwhere the true 3% wins went (merged / won but refused by the confirmation / stopped by futility / inconclusive at max_pairs):")
+    for name, c, n in outcomes:
+        print(f"  {name:30} " + "  ".join(f"{k} {c[k] / n:6.1%}" for k in ("merge", "not confirmed", "futility", "inconclusive")))
     basic = [sc for sc in scenarios if sc.restarts == 1 and not sc.instance and not sc.outlier_rate and not sc.drift and not sc.loaded]
     if basic:
         print("\nfor contrast, A/A false merges of rules common today (same simulated noise):")
