@@ -8,24 +8,25 @@ ignored and the report says the evaluation ran uncalibrated).
 from __future__ import annotations
 
 
+import dataclasses
 import json
 import statistics as pystats
 import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
-from harness import environment, seeds
+from harness import environment, machine_noise, seeds
 from harness.engine_session import EnginePool
 from harness.interleave import run_interleaved
 from harness.sequential import OK, Decision, SequentialDesign
 from harness.statistics import NoisePrior, between_variance, cv, drift, min_detectable, noise_prior, outliers, paired_estimate, pairs_for_power
-from harness.gate_defaults import CALIBRATION_PAIRS
+from harness.gate_defaults import CALIBRATION_PAIRS, MACHINE_PROBE_S
 from harness.trials import BASELINE, CANDIDATE
 
 from .config import Config, WorkloadConfig
 from .errors import AgentsearchError
 from .sides import built_sides
-from .workloads import measure_options, placement_for, session_factory
+from .workloads import engine_cpus, measure_options, placement_for, session_factory
 from .workspace.workspace import Workspace, atomic_write
 
 CALIBRATION_SCHEMA = 1
@@ -56,6 +57,10 @@ class WorkloadNoise:
     load_avg: float | None = None  # mean 1-minute load average over the trials
     foreign_trials: int = 0  # trials flagged: other processes used the machine meanwhile
     placement: str = ""
+    slices: int = 1  # parts per side of a pair (1: whole trials)
+    machine_floor_sd: float | None = None  # the machine's own per-pair SD at this alternation (harness.machine_noise)
+    machine_speed_sd: float | None = None  # SD of the machine's log-speed over windows of one part
+    machine_floor_pairs: int = 0  # disjoint pairs behind the floor
 
 
 @dataclass(frozen=True)
@@ -66,6 +71,7 @@ class Calibration:
     created: float
     workloads: dict[str, WorkloadNoise]
     schema_version: int = CALIBRATION_SCHEMA
+    machine_probe: str = ""  # where and how long the machine's speed was probed, or why it was not
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
@@ -100,6 +106,7 @@ def analyze(name: str, run_trials: list, d: list[float], config: Config, session
     # a guard is judged by the one-sided regression test at regression_alpha: its smallest detectable regression
     detect_level = config.gate.regression_alpha if guard else level
     walls = [t.wall_s for t in run_trials if t.ok]
+    parts = [int(t.metrics["slices"]) for t in run_trials if t.ok and isinstance(t.metrics.get("slices"), int)]
     loads = [t.metrics["load_avg_1m"] for t in run_trials if isinstance(t.metrics.get("load_avg_1m"), (int, float))]
     return WorkloadNoise(
         workload=name, pairs=len(d), cv=pystats.mean([cv(base_values), cv(cand_values)]),
@@ -109,10 +116,25 @@ def analyze(name: str, run_trials: list, d: list[float], config: Config, session
         sessions=r, between_var=tau2, budget_pairs=budget, detectable=min_detectable(sd, budget, detect_level, 0.9, prior.df), guard=guard,
         trial_s=pystats.median(walls) if walls else None, load_avg=round(pystats.mean(loads), 2) if loads else None,
         foreign_trials=sum(1 for t in run_trials if t.metrics.get("foreign_load")), placement=placement,
+        slices=int(pystats.median(parts)) if parts else 1,
     )
 
 
-def calibrate(ws: Workspace, pairs: int = CALIBRATION_PAIRS, progress: Callable[[str, str], None] | None = None) -> Calibration:
+def with_machine_floor(noise: WorkloadNoise, series: list[float], cpus: frozenset[int] | None) -> WorkloadNoise:
+    """``noise`` with the machine's floor for its alternation (its parts as long as its trials' parts), from a
+    ``machine_noise.speed_series``; unchanged when the series is too short for its pairs."""
+    if noise.trial_s is None or noise.trial_s <= 0:
+        return noise
+    floor = machine_noise.pair_floor(series, noise.trial_s / noise.slices, noise.slices, sorted(cpus or ()))
+    if floor is None:
+        return noise
+    return dataclasses.replace(noise, machine_floor_sd=floor.pair_sd, machine_speed_sd=floor.speed_sd, machine_floor_pairs=floor.pairs)
+
+
+def calibrate(ws: Workspace, pairs: int = CALIBRATION_PAIRS, progress: Callable[[str, str], None] | None = None,
+              machine_probe_s: float = MACHINE_PROBE_S) -> Calibration:
+    """A/A of every workload; then, for warm-engine workloads and ``machine_probe_s`` > 0, the machine's own speed
+    noise on the engines' CPUs (engines closed): the per-pair SD no engine can go below here."""
     say = progress or (lambda s, d: None)
     config = ws.config()
     base = ws.baseline_commit()
@@ -140,12 +162,39 @@ def calibrate(ws: Workspace, pairs: int = CALIBRATION_PAIRS, progress: Callable[
                 pool.close()
     finally:
         pool.close()
+    results, probe = _machine_floors(config, results, machine_probe_s, say)
     cal = Calibration(
         baseline=base, config_fingerprint=config.fingerprint(),
-        environment_fingerprint=environment.fingerprint(), created=time.time(), workloads=results,
+        environment_fingerprint=environment.fingerprint(), created=time.time(), workloads=results, machine_probe=probe,
     )
     atomic_write(ws.state / FILE, json.dumps(cal.to_json(), indent=1))
     return cal
+
+
+def _machine_floors(config: Config, results: dict[str, WorkloadNoise], seconds: float,
+                    say: Callable[[str, str], None]) -> tuple[dict[str, WorkloadNoise], str]:
+    """The warm-engine workloads' results with their machine floors, one probe per set of engine CPUs; and what
+    was probed. A probe that fails leaves the floors out (it judges nothing) and says why."""
+    warm = [w for w in config.workloads if w.kind != "command" and w.name in results]
+    if seconds <= 0 or not warm:
+        return results, "not probed" if seconds <= 0 else "not probed (no warm-engine workload)"
+    place = placement_for(config)
+    out, notes = dict(results), []
+    by_cpus: dict[frozenset[int] | None, list[WorkloadConfig]] = {}
+    for w in warm:
+        by_cpus.setdefault(engine_cpus(config, w, place), []).append(w)
+    for cpus, ws_ in by_cpus.items():
+        where = f"CPUs {','.join(map(str, sorted(cpus)))}" if cpus else "unpinned"
+        say("machine", f"probing the machine's own speed noise ({seconds:g} s, {where})")
+        try:
+            series = machine_noise.speed_series(sorted(cpus) if cpus else None, seconds)
+        except machine_noise.ProbeError as exc:
+            notes.append(f"{where}: {exc}")
+            continue
+        notes.append(f"{seconds:g} s of a pure-CPU loop, {where}")
+        for w in ws_:
+            out[w.name] = with_machine_floor(out[w.name], series, cpus)
+    return out, "; ".join(notes)
 
 
 def load(ws: Workspace) -> Calibration | None:
@@ -163,6 +212,7 @@ def load(ws: Workspace) -> Calibration | None:
         return Calibration(
             baseline=data["baseline"], config_fingerprint=data["config_fingerprint"],
             environment_fingerprint=data["environment_fingerprint"], created=data["created"], workloads=workloads,
+            machine_probe=data.get("machine_probe", ""),  # absent before the probe existed: a calibration without it
         )
     except (ValueError, KeyError, TypeError) as exc:
         raise AgentsearchError(f"{path}: corrupt calibration ({exc}); delete it and run `agentsearch calibrate` again") from None

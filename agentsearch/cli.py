@@ -199,11 +199,14 @@ def preflight(target: Path, as_json: bool, dynamic: bool, refresh: bool) -> None
 @quiet_option
 @json_option
 @click.option("--pairs", default=gate_defaults.CALIBRATION_PAIRS, show_default=True, type=click.IntRange(4, 10_000), help="A/A pairs per workload.")
-def calibrate(target: Path, as_json: bool, pairs: int) -> None:
-    """Measure the baseline against itself (A/A): noise, drift, outliers, pairs needed."""
+@click.option("--machine-probe", "machine_probe_s", default=gate_defaults.MACHINE_PROBE_S, show_default=True, type=click.FloatRange(0, 600),
+              help="Seconds of a pure-CPU loop on the engines' CPUs after the A/A: the per-pair SD this machine alone gives "
+                   "(warm-engine workloads; 0: skip).")
+def calibrate(target: Path, as_json: bool, pairs: int, machine_probe_s: float) -> None:
+    """Measure the baseline against itself (A/A): noise, drift, outliers, pairs needed, the machine's own floor."""
     from .commands.calibrate import run
 
-    dispatch(run, config=True, target=target, as_json=as_json, pairs=pairs)
+    dispatch(run, config=True, target=target, as_json=as_json, pairs=pairs, machine_probe_s=machine_probe_s)
 
 
 @main.command(context_settings=CONTEXT)

@@ -102,6 +102,8 @@ def test_calibrate_stores_noise_and_the_gate_uses_it(target):
     assert 0.005 < noise["cv"] < 0.06  # the bench's CV is 2%
     assert noise["pairs_needed"] >= 2
     assert abs(noise["aa_speedup"] - 1) < 0.03
+    # a command target has no warm engine: no machine floor, and the calibration says so
+    assert cal["machine_probe"] == "not probed (no warm-engine workload)" and noise["machine_floor_sd"] is None
     commit(target, {"speed.txt": "1.3\n"}, "fast", branch="fast")
     rc, out = evaluate(target, "fast")
     assert rc == 0 and out["workloads"]["speed"]["calibrated"] is True

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from rich.table import Table
 
+from harness.gate_defaults import MACHINE_PROBE_S
 from harness.quiet import SHORT_TRIAL_S
 
 from ..calibration import calibrate
@@ -14,11 +15,11 @@ from ..workspace import Workspace
 from .output import out, print_json, progress
 
 
-def run(target: Path, as_json: bool, pairs: int) -> int:
+def run(target: Path, as_json: bool, pairs: int, machine_probe_s: float = MACHINE_PROBE_S) -> int:
     ws = Workspace.open(target)
     with ws.lock(), progress() as say:
         preflight.require(ws, say=say)  # seconds: a set-up error is the run's (exit 5)
-        cal = calibrate(ws, pairs=pairs, progress=say)
+        cal = calibrate(ws, pairs=pairs, progress=say, machine_probe_s=machine_probe_s)
     if as_json:
         print_json(cal.to_json())
         return 0
@@ -44,5 +45,13 @@ def run(target: Path, as_json: bool, pairs: int) -> int:
         if w.trial_s is not None and w.trial_s < SHORT_TRIAL_S:
             out.print(f"{w.workload}: trials of {w.trial_s:.1f} s are short (jitter weighs more than in trials of {SHORT_TRIAL_S:g} s or more): "
                       "give each more work (vLLM workloads: params.prompts; commands: more iterations)")
+    for w in cal.workloads.values():
+        if w.machine_floor_sd is not None:
+            own = (w.sd_log_ratio ** 2 - w.machine_floor_sd ** 2) ** 0.5 if w.sd_log_ratio > w.machine_floor_sd else 0.0
+            out.print(f"{w.workload}: the machine alone (a pure-CPU loop, the same alternation: {w.slices} part(s) per side of "
+                      f"{(w.trial_s or 0) / w.slices:.2f} s) gives a per-pair SD of {w.machine_floor_sd:.4f} (speed SD {w.machine_speed_sd:.1%} "
+                      f"per part, {w.machine_floor_pairs} pairs); the engine's own share of {w.sd_log_ratio:.4f} is about {own:.4f}")
+    if cal.machine_probe:
+        out.print(f"machine probe: {cal.machine_probe}")
     out.print(f"stored in {ws.state / 'calibration.json'}; the gate uses it while the config and machine stay the same")
     return 0
