@@ -19,8 +19,11 @@ in this order:
   estimates; compare with the A/A noise): a detection if it merges;
 - ``--planted`` N proposals ``planted``: the baseline also busy-waits ``--spin-us`` microseconds in every
   scheduler step and each of these removes that wait (a different comment each): N independent tries at
-  a planted speedup of about 3% (55 us here); the share that merges is the detection rate, and the mean
-  of their estimates says how large the planted effect really is.
+  a planted speedup of about 3% (150 us here); the share that merges is the detection rate, and the mean
+  of their estimates says how large the planted effect really is. They are judged after the episode, each
+  by ``agentsearch evaluate`` (which never merges) against the baseline they were cut from, at the
+  episode's per-proposal level: inside the episode the first one to merge would leave the others nothing
+  to remove (their patches no longer apply).
 
 ``--budget`` sets ``[gate] episode_budget`` (default: the number of proposals), over which the episode's
 alpha is split: 10 for the level a main job's proposals are judged at.
@@ -112,7 +115,7 @@ def make_fork(path: Path, placement: str, max_pairs: int, budget: int, sleep_ms:
                    + (f" and a {spin_us} us busy-wait" if planted else "") + " per scheduler step")
 
     def branch(name: str, change) -> None:
-        if re.sub(r"^gate/\d-|-\d+$", "", name) not in only:
+        if re.sub(r"^gate/\d-|^planted/|-\d+$", "", name) not in only:
             return
         run = lambda *a: subprocess.run(["git", "-c", "commit.gpgsign=false", *a], cwd=path, check=True, capture_output=True)  # noqa: E731
         run("checkout", "-q", "-b", name, "main")
@@ -129,7 +132,7 @@ def make_fork(path: Path, placement: str, max_pairs: int, budget: int, sleep_ms:
         json.dumps({**serving, "engine": {**serving["engine"], "max_num_seqs": 2 * serving["engine"]["max_num_seqs"]}}, indent=2) + "\n"))
     branch("gate/4-fast", lambda: sched.write_text(with_sleep(base, 0)))
     for i in range(planted):
-        branch(f"gate/5-planted-{i + 1}", lambda i=i: sched.write_text(with_spin(base, 0) + f"\n# planted proposal {i + 1}\n"))
+        branch(f"planted/planted-{i + 1}", lambda i=i: sched.write_text(with_spin(base, 0) + f"\n# planted proposal {i + 1}\n"))
     if cli("init", "-C", str(path)).returncode != 0:
         raise SystemExit("init failed")
 
@@ -137,7 +140,7 @@ def make_fork(path: Path, placement: str, max_pairs: int, budget: int, sleep_ms:
 def history(path: Path) -> list[dict]:
     common = subprocess.run(["git", "rev-parse", "--git-common-dir"], cwd=path, capture_output=True, text=True, check=True).stdout.strip()
     hist = (path / common / "agentsearch" / "history.jsonl") if not os.path.isabs(common) else Path(common) / "agentsearch" / "history.jsonl"
-    return [json.loads(line) for line in hist.read_text().splitlines() if line.strip()]
+    return [json.loads(line) for line in hist.read_text().splitlines() if line.strip()] if hist.exists() else []
 
 
 def main() -> int:
@@ -190,7 +193,7 @@ def run_once(args: argparse.Namespace, reuse: int) -> str | None:
                   args.slices, planted, args.spin_us)
         print(f"fork ready in {time.time() - t0:.0f} s: {fork}", flush=True)
         if args.dry_run:
-            for b in subprocess.run(["git", "branch", "--list", "gate/*", "--format=%(refname:short)"], cwd=fork, capture_output=True,
+            for b in subprocess.run(["git", "branch", "--list", "gate/*", "planted/*", "--format=%(refname:short)"], cwd=fork, capture_output=True,
                                     text=True, check=True).stdout.split():
                 stat = subprocess.run(["git", "diff", "--stat", "main", b], cwd=fork, capture_output=True, text=True, check=True).stdout
                 diff = subprocess.run(["git", "diff", "-U0", "main", b], cwd=fork, capture_output=True, text=True, check=True).stdout
@@ -198,22 +201,42 @@ def run_once(args: argparse.Namespace, reuse: int) -> str | None:
                 print("\n".join(x for x in diff.splitlines() if x[:1] in "+-" and x[:3] not in ("+++", "---")))
             return "dry run"
         threading.Thread(target=sample, daemon=True).start()
+        start = git.resolve_commit(fork, "main")
         t1 = time.time()
-        proc = cli("episode", "-C", str(fork), "--branches", "gate/*", "--budget", str(proposals), "--seed", str(args.seed), "--json")
+        summary: dict = {"proposals": []}
+        if proposals > planted:
+            proc = cli("episode", "-C", str(fork), "--branches", "gate/*", "--budget", str(proposals - planted), "--seed", str(args.seed), "--json")
+            if proc.returncode not in (0, 1, 4):
+                print(proc.stderr[-3000:])
+                return None
+            summary = json.loads(proc.stdout)
+        entries = history(fork)
+        # planted tries: each judged by `evaluate` (never merges) against the baseline they were cut from, at the
+        # episode's per-proposal level — one of them merging in an episode would leave the others nothing to remove
+        evaluated = []
+        for i in range(planted):
+            name = f"planted/planted-{i + 1}"
+            proc = cli("evaluate", "-C", str(fork), "--json", "--baseline", start, "--alpha", f"{0.05 / budget:.6g}", "--seed", str(args.seed + i), name)
+            if proc.returncode not in (0, 4):
+                print(proc.stderr[-3000:])
+                return None
+            evaluated.append((name, json.loads(proc.stdout)))
+            print(f"  {name}: {evaluated[-1][1]['verdict']}", flush=True)
         wall = time.time() - t1
         stop.set()
-        if proc.returncode not in (0, 1, 4):
-            print(proc.stderr[-3000:])
-            return None
-        summary = json.loads(proc.stdout)
-        entries = history(fork)
     verdicts = {e["proposal"]: e["data"] for e in entries if e["kind"] == "verdict"}
     trials = [{**e["data"], "proposal": e.get("proposal")} for e in entries if e["kind"] == "trial"]
+    for name, ev in evaluated:
+        obj = ev["workloads"].get("throughput") or next(iter(ev["workloads"].values()), {})
+        summary["proposals"].append({"proposal": name, "branch": name, "title": name, "verdict": ev["verdict"], "speedup": obj.get("speedup"),
+                                     "pairs": obj.get("pairs"), "reasons": ev["reasons"]})
+        verdicts[name] = {"timing": ev["timing"], "baseline_side": ev["baseline_side"], "baseline_engines_reused": ev["baseline_engines_reused"]}
+        trials += [{**t, "proposal": name} for t in ev["trials"]]
     rows = []
     for r in summary["proposals"]:
         v = verdicts.get(r["proposal"], {})
         m = re.search(r"gate[/-]\d+-([a-z]+)", r["branch"] or r["title"] or "")  # gate/1-aa-2 as agentsearch/<ep>/002-gate-1-aa-2
-        kind = m.group(1) if m else "?"
+        kind = "planted" if (r["branch"] or "").startswith("planted/") else m.group(1) if m else "?"
         rows.append({"proposal": r["proposal"], "kind": kind, "verdict": r["verdict"], "speedup": r["speedup"], "pairs": r["pairs"],
                      "wall_s": (v.get("timing") or {}).get("wall_s"), "engine_s": (v.get("timing") or {}).get("engine_s"),
                      "baseline": f"{v.get('baseline_side', '-')}/{v.get('baseline_engines_reused', 0)}",
