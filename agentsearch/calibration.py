@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import statistics as pystats
 import time
 from dataclasses import asdict, dataclass
@@ -188,12 +189,16 @@ def _machine_floors(config: Config, results: dict[str, WorkloadNoise], seconds: 
         say("machine", f"probing the machine's own speed noise ({seconds:g} s, {where})")
         try:
             series = machine_noise.speed_series(sorted(cpus) if cpus else None, seconds)
-        except machine_noise.ProbeError as exc:
+            for w in ws_:
+                out[w.name] = with_machine_floor(out[w.name], series, cpus)
+        except Exception as exc:  # the probe judges nothing: whatever goes wrong leaves the floors out, with the reason
             notes.append(f"{where}: {exc}")
             continue
-        notes.append(f"{seconds:g} s of a pure-CPU loop, {where}")
-        for w in ws_:
-            out[w.name] = with_machine_floor(out[w.name], series, cpus)
+        short = [f"{w.name} ({out[w.name].trial_s:.1f} s per side)" for w in ws_
+                 if out[w.name].machine_floor_sd is None and out[w.name].trial_s is not None]
+        notes.append(f"{seconds:g} s of a pure-CPU loop, {where}" + (
+            f"; too short for 3 pairs of {', '.join(short)}: run with --machine-probe {math.ceil(7 * max(out[w.name].trial_s or 0 for w in ws_))}"
+            if short else ""))
     return out, "; ".join(notes)
 
 
@@ -206,9 +211,10 @@ def load(ws: Workspace) -> Calibration | None:
         if data.get("schema_version") != CALIBRATION_SCHEMA:
             return None
         workloads = {}
+        known = {f.name for f in dataclasses.fields(WorkloadNoise)}
         for k, v in data["workloads"].items():
             v["aa_ci"] = tuple(v["aa_ci"])
-            workloads[k] = WorkloadNoise(**v)
+            workloads[k] = WorkloadNoise(**{f: x for f, x in v.items() if f in known})  # a newer version's extra fields: ignored
         return Calibration(
             baseline=data["baseline"], config_fingerprint=data["config_fingerprint"],
             environment_fingerprint=data["environment_fingerprint"], created=data["created"], workloads=workloads,

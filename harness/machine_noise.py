@@ -31,10 +31,12 @@ def unit(n):
     for i in range(n):
         s += i * i % 7
     return s
+def timed(n):
+    t0 = time.perf_counter(); unit(n); return time.perf_counter() - t0
 n, t = 1000, 0.0
-while t < chunk / 4:  # size the unit to about ``chunk`` seconds
+while t < chunk / 4:  # size the unit to about ``chunk`` seconds (the fastest of three: a preempted run would shrink it)
     n *= 2
-    t0 = time.perf_counter(); unit(n); t = time.perf_counter() - t0
+    t = min(timed(n) for _ in range(3))
 n = max(1000, int(n * chunk / t))
 out, end = [], time.perf_counter() + seconds
 while time.perf_counter() < end:
@@ -53,7 +55,7 @@ class MachineFloor:
 
     cpus: tuple[int, ...]  # where the series ran (empty: unpinned)
     seconds: float  # its length
-    speed_sd: float  # SD of log(speed) over consecutive windows of one part's length
+    speed_sd: float  # SD of log(speed) over consecutive windows of one part's length, across the whole series (its drift too)
     slices: int
     part_s: float
     pair_sd: float  # per-pair SD of an A/A with this alternation on a perfectly stable program
@@ -65,14 +67,20 @@ def speed_series(cpus: Sequence[int] | None, seconds: float, chunk_s: float = CH
     if seconds <= 0 or chunk_s <= 0:
         raise ValueError("need seconds > 0 and chunk_s > 0")
     args = [sys.executable, "-I", "-c", _CHILD, json.dumps(sorted(cpus or [])), str(seconds), str(chunk_s)]
+    limit = timeout_s or seconds * 3 + 30
     try:
-        done = subprocess.run(args, capture_output=True, text=True, timeout=timeout_s or seconds * 3 + 30)
+        done = subprocess.run(args, capture_output=True, text=True, timeout=limit)
     except subprocess.TimeoutExpired:
-        raise ProbeError(f"the machine probe did not finish within {timeout_s or seconds * 3 + 30:.0f} s") from None
+        raise ProbeError(f"the machine probe did not finish within {limit:.0f} s") from None
+    except OSError as exc:
+        raise ProbeError(f"the machine probe could not start: {exc}") from None
     if done.returncode != 0:
-        raise ProbeError(f"the machine probe failed: {done.stderr.strip().splitlines()[-1:] or done.returncode}")
-    values = json.loads(done.stdout)
-    if not values or not all(isinstance(v, float) and v > 0 for v in values):
+        raise ProbeError(f"the machine probe failed: {(done.stderr.strip().splitlines() or [f'exit status {done.returncode}'])[-1]}")
+    try:
+        values = json.loads(done.stdout)
+    except ValueError:
+        values = None
+    if not isinstance(values, list) or not values or not all(isinstance(v, float) and v > 0 for v in values):
         raise ProbeError("the machine probe returned no durations")
     return values
 
@@ -103,9 +111,13 @@ def pair_floor(chunks: Sequence[float], part_s: float, slices: int, cpus: Sequen
         raise ValueError("need part_s > 0")
     unit = statistics.median(chunks)
     part_chunks = max(1, round(part_s / unit))
-    if len(ab_pairs(chunks, part_chunks, slices)) < 3:
+    disjoint = len(ab_pairs(chunks, part_chunks, slices))
+    if disjoint < 3:
         return None
-    pairs = ab_pairs(chunks, part_chunks, slices, stride=2 * part_chunks)  # overlapping: every start the series has
+    # overlapping pairs (every start the series has) use all of it; neighbours share parts, so their spread around
+    # their own mean underestimates the SD — around zero, an A/A's true mean here (the same work on both sides), it
+    # does not
+    pairs = ab_pairs(chunks, part_chunks, slices, stride=2 * part_chunks)
     windows = [math.log(sum(chunks[i:i + part_chunks])) for i in range(0, len(chunks) - part_chunks + 1, part_chunks)]
     return MachineFloor(cpus=tuple(sorted(cpus)), seconds=seconds or sum(chunks), speed_sd=statistics.stdev(windows), slices=slices,
-                        part_s=part_chunks * unit, pair_sd=statistics.stdev(pairs), pairs=len(ab_pairs(chunks, part_chunks, slices)))
+                        part_s=part_chunks * unit, pair_sd=math.sqrt(statistics.fmean(r * r for r in pairs)), pairs=disjoint)
