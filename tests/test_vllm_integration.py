@@ -120,7 +120,9 @@ def test_config_change_is_measured_with_the_right_sign(fork):
     assert proc.returncode == 0, out["reasons"]
     w = out["workloads"]["throughput"]
     assert out["verdict"] == "merge"
-    assert w["speedup"] > 1.5 and w["ci"][0] > 1.0 and w["p_value"] < 0.005
+    # sliced pairs (8 parts of a 48-prompt trial: about 6 prompts a part) cap what a larger batch limit can gain at
+    # about 6/4 = 1.5x: CI measured 1.49x once, so the bar is a clear win, not the cap
+    assert w["speedup"] > 1.25 and w["ci"][0] > 1.0 and w["p_value"] < 0.005
     # the candidate engine really ran with the candidate's setting, and start-up is its own metric
     cand = [t for t in out["trials"] if t["side"] == "candidate"]
     assert all(t["metrics"]["engine_startup_s"] > 0 for t in cand)
