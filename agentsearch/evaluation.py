@@ -346,9 +346,11 @@ _CHECK_OF = {"objective": "objective", "guard": "guard-workloads", "confirmation
 _DECIDE_OF = {"objective": decide_objective, "guard": decide_guard, "confirmation": decide_confirmation}
 
 
-def _run_workload(ctx: _Ctx, w: WorkloadConfig, role: str, decide: Callable[..., Any] | None = None) -> WorkloadRun | None:
+def _run_workload(ctx: _Ctx, w: WorkloadConfig, role: str, decide: Callable[..., Any] | None = None,
+                  strict: bool = False) -> WorkloadRun | None:
     """Measure ``w`` in ``role`` (interleaved pairs, the sequential test); its trials recorded, its
-    summary kept. None when it could not run (the failed check is recorded)."""
+    summary kept. None when it could not run (the failed check is recorded). ``strict``: a confirmation
+    that must be significant by itself (the win was measured under foreign load), on enough pairs for that."""
     config, st, say = ctx.config, ctx.st, ctx.say
     try:
         factory = session_factory(config, w, ctx.sd, ctx.pool)
@@ -358,7 +360,7 @@ def _run_workload(ctx: _Ctx, w: WorkloadConfig, role: str, decide: Callable[...,
         st.baseline_failure = (w.name, str(exc))
         return None
     if role == "confirmation":
-        wdesign = confirmation_design(config.gate.confirm_pairs)
+        wdesign = confirmation_design(config.gate.confirm_pairs, strict)
         # on fresh engines (restart indices no other round uses; the candidate's objective engines are retired
         # first, these after it): a win that was one engine instance's luck (an A/A measured about +3% on one
         # pair of engines here) must hold on another, not only on fresh seeds of the same instances. One
@@ -463,7 +465,7 @@ def _confirmation(ctx: _Ctx) -> bool:
     if not _retire(ctx, [k for k in ctx.pool.engines if not is_baseline_engine(k)]):
         return False
     before = set(ctx.pool.engines)
-    c = _run_workload(ctx, w, "confirmation", functools.partial(decide_confirmation, won=won.decision.estimate, strict=strict))
+    c = _run_workload(ctx, w, "confirmation", functools.partial(decide_confirmation, won=won.decision.estimate, strict=strict), strict)
     # the confirmation's engines are not kept (a kept baseline keeps the objective's: memory stays bounded)
     if not _retire(ctx, [k for k in ctx.pool.engines if k not in before]):
         return False

@@ -113,7 +113,7 @@ def one(sc: Scenario, effect: float, gate: GateConfig, rng: np.random.Generator,
     fresh = lambda side, i: SimSession(sc, effect, side, clock, rng)  # noqa: E731
     again = (lambda side, i: made.get((side, i)) or fresh(side, i)) if same_instances else fresh  # the pool starts a missing one
     conf = run_interleaved(
-        "sim", again, confirmation_design(gate.confirm_pairs),
+        "sim", again, confirmation_design(gate.confirm_pairs, sc.loaded),
         functools.partial(decide_confirmation, won=run.decision.estimate, strict=sc.loaded), lambda i: 10_000 + i, True, prior=prior,
         restarts=sc.restarts if same_instances else 1,
     )

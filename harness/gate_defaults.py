@@ -15,3 +15,4 @@ REPLICATION_ALPHA = 0.01  # confirmation: fresh seeds measuring significantly le
 REPLICATION_SHARE = 0.5  # ...and only when the fresh pairs measure less than this share of the win (log scale)
 LOADED_SHARE = 0.5  # an objective whose timed trials were more than this share under foreign load ...
 LOADED_CONFIRM_ALPHA = 0.1  # ... must be confirmed significantly at this one-sided level, not only in direction
+LOADED_CONFIRM_PAIRS = 4  # ... over at least this many fresh pairs: on 2 (t with 1 df) a real +67% win missed p < 0.1

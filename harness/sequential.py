@@ -22,8 +22,8 @@ Error control (documented in the README):
   point the same way again and must not be significantly smaller than the win's estimate
   (``REPLICATION_ALPHA``, a test of the two estimates' difference), or the proposal is rejected.
   A win measured mostly under foreign load must, in addition, be significant on the fresh
-  seeds by itself (``LOADED_CONFIRM_ALPHA``): under a changing foreign load trials are not
-  exchangeable, and a false win can be consistent over a few pairs.
+  seeds by itself (``LOADED_CONFIRM_ALPHA``, over at least ``LOADED_CONFIRM_PAIRS`` fresh pairs): under a
+  changing foreign load trials are not exchangeable, and a false win can be consistent over a few pairs.
 """
 
 from __future__ import annotations
@@ -172,8 +172,13 @@ def decide_guard(design: SequentialDesign, d: Sequence[float], prior: NoisePrior
     return Decision(CONTINUE, "", est, design.regression_alpha)
 
 
-def confirmation_design(pairs: int) -> SequentialDesign:
-    """A fixed-size run (one look) for the confirmation on fresh seeds."""
+def confirmation_design(pairs: int, strict: bool = False) -> SequentialDesign:
+    """A fixed-size run (one look) for the confirmation on fresh seeds; with ``strict`` (the win was measured mostly
+    under foreign load, so the fresh pairs must be significant by themselves) at least ``LOADED_CONFIRM_PAIRS`` of
+    them: a t-test on two pairs has one degree of freedom and needs t > 3.1 for p < 0.1, which a real +67% win
+    whose two pairs read +99% and +40% missed."""
+    if strict:
+        pairs = max(pairs, D.LOADED_CONFIRM_PAIRS)
     return SequentialDesign(alpha=0.5, min_pairs=pairs, max_pairs=pairs, look_every=pairs)
 
 

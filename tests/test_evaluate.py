@@ -249,3 +249,31 @@ def test_the_pipeline_runs_the_checks_in_the_gates_order():
     gated = [n for n in names if n in GATE_ORDER]
     assert gated == list(GATE_ORDER[GATE_ORDER.index(CheckName.FUNCTIONAL_TESTS):])
     assert all(callable(step) and step.__doc__ for _, step in PIPELINE)
+
+
+def test_a_win_measured_under_foreign_load_is_confirmed_on_enough_pairs(tmp_path):
+    """A spinning process outside the comparison flags every trial ``foreign_load``: the win must then be significant
+    on the fresh seeds by itself, over at least LOADED_CONFIRM_PAIRS pairs even where [gate] confirm_pairs is 2 (on 2,
+    a t-test with one degree of freedom, a real +67% engine win once missed p < 0.1)."""
+    import subprocess
+    import sys
+
+    from harness.gate_defaults import LOADED_CONFIRM_PAIRS
+
+    repo = make_repo(tmp_path / "toy", {"agentsearch.toml": toy_config(extra="\n[gate]\nconfirm_pairs = 2\n"), "bench/bench.py": TOY_BENCH,
+                                        "speed.txt": "1.0\n", "src/model.py": "X = 1\n"})
+    assert run_cli("init", "-C", str(repo)).returncode == 0
+    commit(repo, {"speed.txt": "1.3\n"}, "30% faster", branch="fast")
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 1)]
+    try:
+        rc, out = evaluate(repo, "fast")
+    finally:
+        for s in spinners:
+            s.kill()
+            s.wait()
+    w = out["workloads"]["speed"]
+    assert w["foreign_load"] > w["pairs"], w  # most timed trials flagged
+    conf = out["confirmation"]
+    assert conf is not None and conf["pairs"] == LOADED_CONFIRM_PAIRS > 2, conf
+    assert rc == 0 and out["verdict"] == "merge", out["reasons"]
+    assert any("confirmed on fresh seeds under foreign load" in c["detail"] for c in out["checks"] if c["name"] == "confirmation"), out["checks"]

@@ -246,6 +246,25 @@ def test_a_win_measured_under_foreign_load_must_be_confirmed_significantly():
     assert ok.action == OK and "under foreign load" in ok.reason
 
 
+def test_a_strict_confirmation_runs_enough_pairs_to_be_significant():
+    """A full CI run under foreign load rejected a real +67% win (max_num_seqs 4 -> 32) because the strict
+    confirmation had only the configured 2 fresh pairs (+99%, +40%): a t-test with one degree of freedom needs
+    t > 3.1 for p < 0.1. Strict, the confirmation runs at least LOADED_CONFIRM_PAIRS pairs, and the same kind of
+    pairs confirm; a weak win still does not."""
+    from harness.gate_defaults import LOADED_CONFIRM_PAIRS
+    from harness.sequential import NOT_CONFIRMED, confirmation_design, decide_confirmation
+
+    won = paired_estimate([math.log(1.6), math.log(1.5), math.log(1.8), math.log(1.45)])
+    two = [math.log(1.987), math.log(1.40)]
+    assert decide_confirmation(confirmation_design(2), two, won=won, strict=True).action == NOT_CONFIRMED
+    design = confirmation_design(2, strict=True)
+    assert design.max_pairs == design.min_pairs == LOADED_CONFIRM_PAIRS >= 4
+    assert confirmation_design(6, strict=True).max_pairs == 6 and confirmation_design(2).max_pairs == 2
+    four = two + [math.log(1.55), math.log(1.75)]
+    assert decide_confirmation(design, four, won=won, strict=True).action == OK
+    assert decide_confirmation(design, [0.04, -0.03, 0.05, -0.01], won=won, strict=True).action == NOT_CONFIRMED
+
+
 def test_the_strict_confirmation_does_not_borrow_a_quiet_calibration():
     """Under foreign load the fresh pairs must be significant by themselves: a calibration prior measured on
     a quiet machine (tight, many df) would make three middling pairs look significant."""

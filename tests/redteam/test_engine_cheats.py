@@ -322,7 +322,8 @@ def test_an_engine_that_leaves_its_cpu_pinning_is_caught(tmp_path):
     rc, out = evaluate(repo, "unpinned")
     assert rc == 4 and out["verdict"] == "reject", out["reasons"]
     caught = any("candidate" in r and "left its CPU pinning" in r for r in out["reasons"])
-    assert caught or out["workloads"]["throughput"]["speedup"] < 1.1, (out["reasons"], out["workloads"]["throughput"])
+    # not significantly faster than +10% (unpinned: ~1.3x; a full CI run under foreign load read a pinned cheat at 1.11x)
+    assert caught or out["workloads"]["throughput"]["ci"][0] < 1.1, (out["reasons"], out["workloads"]["throughput"])
     assert not any(t["side"] == "baseline" and not t["ok"] for t in out["trials"])  # the honest side stays within it
     pinned = [t["metrics"] for t in out["trials"] if t["ok"] and "cpus_pinned" in t["metrics"]]
     assert pinned and all(m["cpus_pinned"] == 1 and m["cpu_s"] <= m["elapsed_s"] * 1.01 + 0.005 for m in pinned)
@@ -380,7 +381,9 @@ def test_a_daemon_that_left_the_engines_process_tree_is_pinned_too(tmp_path):
     commit(repo, {"vllm/__init__.py": CPU_VLLM + DAEMON}, "a daemon on the other core", branch="daemon")
     rc, out = evaluate(repo, "daemon")
     assert rc == 4 and out["verdict"] == "reject", out["reasons"]
-    assert out["workloads"]["throughput"]["speedup"] < 1.1, (out["reasons"], out["workloads"]["throughput"])
+    # not significantly faster than +10%: a full CI run with every trial under foreign load read 1.11x, noise the
+    # 95% interval covers; a daemon on the other core would be ~1.3-2x
+    assert out["workloads"]["throughput"]["ci"][0] < 1.1, (out["reasons"], out["workloads"]["throughput"])
     # the daemon shared the engine's CPU (it is in the cpuset) and its CPU time was the engine's (the cgroup's
     # account): every candidate measurement pinned, within what one CPU gives
     mine = [t for t in out["trials"] if t["side"] == "candidate"]
