@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from agentsearch.workspace import Workspace
+from harness.gate_defaults import LOADED_CONFIRM_PAIRS
 
 from .conftest import commit, make_repo, run_cli, toy_config, TOY_BENCH
 
@@ -255,11 +258,6 @@ def test_a_win_measured_under_foreign_load_is_confirmed_on_enough_pairs(tmp_path
     """A spinning process outside the comparison flags every trial ``foreign_load``: the win must then be significant
     on the fresh seeds by itself, over at least LOADED_CONFIRM_PAIRS pairs even where [gate] confirm_pairs is 2 (on 2,
     a t-test with one degree of freedom, a real +67% engine win once missed p < 0.1)."""
-    import subprocess
-    import sys
-
-    from harness.gate_defaults import LOADED_CONFIRM_PAIRS
-
     repo = make_repo(tmp_path / "toy", {"agentsearch.toml": toy_config(extra="\n[gate]\nconfirm_pairs = 2\n"), "bench/bench.py": TOY_BENCH,
                                         "speed.txt": "1.0\n", "src/model.py": "X = 1\n"})
     assert run_cli("init", "-C", str(repo)).returncode == 0
