@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 from harness import environment, machine_noise, seeds
 from harness.engine_session import EnginePool
-from harness.interleave import run_interleaved
+from harness.interleave import alternate_rounds, run_interleaved
 from harness.sequential import OK, Decision, SequentialDesign
 from harness.statistics import NoisePrior, between_variance, cv, drift, min_detectable, noise_prior, outliers, paired_estimate, pairs_for_power
 from harness.gate_defaults import CALIBRATION_PAIRS, MACHINE_PROBE_S
@@ -27,7 +27,7 @@ from harness.trials import BASELINE, CANDIDATE
 from .config import Config, WorkloadConfig
 from .errors import AgentsearchError
 from .sides import built_sides
-from .workloads import engine_cpus, measure_options, placement_for, session_factory
+from .workloads import engine_cpus, measure_options, placement_for, restarts_for, session_factory
 from .workspace.workspace import Workspace, atomic_write
 
 CALIBRATION_SCHEMA = 1
@@ -51,6 +51,7 @@ class WorkloadNoise:
     pairs_needed: int
     sessions: int = 1
     between_var: float = 0.0
+    per_session: int = 0  # pairs per engine session in the gate's design (0: one session; tau2 not counted)
     budget_pairs: int = 0  # [gate] max_pairs (or the workload's)
     detectable: float | None = None  # smallest speedup (a guard: regression) found with 90% power within budget_pairs
     guard: bool = False  # a guard workload (judged for regressions), not the objective
@@ -106,6 +107,9 @@ def analyze(name: str, run_trials: list, d: list[float], config: Config, session
     guard = w is not None and w.name != config.objective.name
     # a guard is judged by the one-sided regression test at regression_alpha: its smallest detectable regression
     detect_level = config.gate.regression_alpha if guard else level
+    # the gate's engine sessions (restarts; alternate rounds): a session's effect on the mean (tau2) counts once per session
+    n_sessions = (alternate_rounds(restarts_for(w)) if placement == "alternate" else restarts_for(w)) if w is not None else 1
+    per_session = math.ceil(budget / n_sessions) if n_sessions > 1 else 0
     walls = [t.wall_s for t in run_trials if t.ok]
     parts = [int(t.metrics["slices"]) for t in run_trials if t.ok and isinstance(t.metrics.get("slices"), int)]
     loads = [t.metrics["load_avg_1m"] for t in run_trials if isinstance(t.metrics.get("load_avg_1m"), (int, float))]
@@ -113,8 +117,9 @@ def analyze(name: str, run_trials: list, d: list[float], config: Config, session
         workload=name, pairs=len(d), cv=pystats.mean([cv(base_values), cv(cand_values)]),
         sd_log_ratio=sd, var=prior.var, df=prior.df, drift_per_100=dr.slope_per_100, drift_p=dr.p_value,
         outliers=outliers(d), order_effect=order_effect, aa_speedup=est.speedup, aa_ci=est.ci(),
-        pairs_needed=pairs_for_power(sd, config.gate.min_effect, level, 0.9, df_prior=prior.df),
-        sessions=r, between_var=tau2, budget_pairs=budget, detectable=min_detectable(sd, budget, detect_level, 0.9, prior.df), guard=guard,
+        pairs_needed=pairs_for_power(sd, config.gate.min_effect, level, 0.9, df_prior=prior.df, between_var=tau2, per_session=per_session),
+        sessions=r, between_var=tau2, budget_pairs=budget, guard=guard, per_session=per_session,
+        detectable=min_detectable(sd, budget, detect_level, 0.9, prior.df, between_var=tau2, per_session=per_session),
         trial_s=pystats.median(walls) if walls else None, load_avg=round(pystats.mean(loads), 2) if loads else None,
         foreign_trials=sum(1 for t in run_trials if t.metrics.get("foreign_load")), placement=placement,
         slices=int(pystats.median(parts)) if parts else 1,

@@ -16,7 +16,8 @@ keeps a second, parked engine of the same code alive beside it (the ``shared`` p
 pairs on N seeds (lengths varied as in an evaluation), each pair once per ``--slices`` value: ``K`` slices
 split the pair's prompts into K parts measured alternately on the two engines (A B B A ... — the halves
 of a pair then run fractions of a second apart instead of a whole trial), a side's value being its
-tokens over its summed walls. ``--pin CPU[,CPU]`` pins both engines (every thread, after start-up) to
+tokens over its summed walls. ``KxS`` splits S times the workload's prompts into K parts (more alternations at
+the same part size: ``8,16x2``). ``--pin CPU[,CPU]`` pins both engines (every thread, after start-up) to
 those CPUs, so both sides run on the same core(s); ``--sessions S``: S fresh engine pairs one after the
 other (the SD of their means is the engine-instance effect); ``--variant`` (one): extra environment for
 both engines; ``--parts-log FILE``: every measured part's wall time and tokens as JSON lines (where a pair's
@@ -108,11 +109,11 @@ def run_pairs(ws: Workspace, args: argparse.Namespace, env: dict[str, str]) -> i
     if env:  # the variant's extra environment for both engines
         w = dataclasses.replace(w, env={**w.env, **env})
         config = dataclasses.replace(config, workloads=tuple(w if x.name == w.name else x for x in config.workloads))
-    slicings = [int(k) for k in args.slices.split(",")]
+    slicings = args.slices.split(",")  # "K" or "KxS": K slices over S times the workload's prompts
     base = ws.baseline_commit()
     pool = EnginePool()
-    ratios: dict[int, list[float]] = {k: [] for k in slicings}
-    walls: dict[int, list[float]] = {k: [] for k in slicings}
+    ratios: dict[str, list[float]] = {k: [] for k in slicings}
+    walls: dict[str, list[float]] = {k: [] for k in slicings}
     per = {k: [] for k in slicings}  # (session, log-ratio)
     parts_log = open(args.parts_log, "w") if args.parts_log else None  # one JSON line per measured part
     with built_sides(ws, config, {BASELINE: base, CANDIDATE: base}, f"noise-{os.getpid()}-pairs", "engine noise") as sd:
@@ -137,9 +138,11 @@ def run_pairs(ws: Workspace, args: argparse.Namespace, env: dict[str, str]) -> i
                 for p in range(args.pairs):
                     seed = 1000 + p + 100 * sess
                     params = lengths.vary(w.params, seed)
-                    for k in (slicings if p % 2 == 0 else slicings[::-1]):
+                    for spec in (slicings if p % 2 == 0 else slicings[::-1]):
+                        k, _, scale = spec.partition("x")
+                        k, scale = int(k), float(scale or 1)
                         tok, wall = [0, 0], [0.0, 0.0]
-                        sub = dict(params, prompts=max(1, int(params.get("prompts", 64)) // k))
+                        sub = dict(params, prompts=max(1, round(int(params.get("prompts", 64)) * scale) // k))
                         for i in range(k):
                             for e in ((0, 1) if (i + p + sess) % 2 == 0 else (1, 0)):
                                 pool.activate(keys[e])
@@ -149,14 +152,14 @@ def run_pairs(ws: Workspace, args: argparse.Namespace, env: dict[str, str]) -> i
                                 tok[e] += o.metrics["output_tokens"]
                                 wall[e] += o.metrics["elapsed_s"]
                                 if parts_log is not None:
-                                    parts_log.write(json.dumps({"session": sess, "pair": p, "slices": k, "part": i, "engine": e,
+                                    parts_log.write(json.dumps({"session": sess, "pair": p, "slices": spec, "part": i, "engine": e,
                                                                 "tokens": o.metrics["output_tokens"], "wall_s": o.metrics["elapsed_s"],
                                                                 "t": time.time()}) + "\n")
                         r = math.log((tok[1] / wall[1]) / (tok[0] / wall[0]))
-                        ratios[k].append(r)
-                        per[k].append((sess, r))
-                        walls[k].append(sum(wall) / 2)
-                        print(f"  session {sess + 1} pair {p + 1}/{args.pairs} slices {k}: log-ratio {r:+.4f}, {sum(wall) / 2:.1f} s per side, "
+                        ratios[spec].append(r)
+                        per[spec].append((sess, r))
+                        walls[spec].append(sum(wall) / 2)
+                        print(f"  session {sess + 1} pair {p + 1}/{args.pairs} slices {spec}: log-ratio {r:+.4f}, {sum(wall) / 2:.1f} s per side, "
                               f"load {os.getloadavg()[0]:.2f}", flush=True)
             finally:
                 pool.close()

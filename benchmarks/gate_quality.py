@@ -9,13 +9,16 @@ proposals relative to the full budget; then the same A/A data judged by two rule
 in today's tools, for contrast.
 
     python benchmarks/gate_quality.py [--reps 2000] [--seed 1] [--only instance] [--same-instances]
+        [--scenario CV:INSTANCE:RESTARTS ...]
 
 Scenarios with engine instances (``instance``: the SD of each engine instance's own effect on its
 side's measurements, fixed for its life, as measured on the vLLM CPU engine) run ``restarts``
 sessions per side, each a fresh instance, and judge with the sessions as clusters; their A/A
 calibration runs the same way (its between-session variance is the prior's). The confirmation runs
 on a fresh pair of instances, as ``agentsearch evaluate`` does; ``--same-instances`` confirms on the
-objective's instances instead (the behaviour before 2026-12-01, for comparison).
+objective's instances instead (the behaviour before 2026-12-01, for comparison). ``--scenario`` runs
+scenarios of your own instead of the built-in ones: ``0.021:0.005:4`` is a per-trial log SD of 0.021
+(a per-pair SD of 0.03), an instance SD of 0.005 per side and engine, 4 sessions per side.
 """
 
 from __future__ import annotations
@@ -122,6 +125,19 @@ def one(sc: Scenario, effect: float, gate: GateConfig, rng: np.random.Generator,
     return ok, run.pairs + conf.pairs, "merge" if ok else "not confirmed"
 
 
+def custom_scenario(text: str) -> Scenario:
+    """``CV:INSTANCE:RESTARTS`` (``--scenario``) as a Scenario; a malformed one stops with one line saying so."""
+    try:
+        cv, instance, restarts = text.split(":")
+        sc = Scenario(f"CV {float(cv):.1%} + instance {float(instance):.1%}, restarts {int(restarts)}", float(cv),
+                      instance=float(instance), restarts=int(restarts))
+    except ValueError:
+        raise SystemExit(f"--scenario {text!r}: expected CV:INSTANCE:RESTARTS, e.g. 0.021:0.005:4") from None
+    if sc.cv <= 0 or sc.instance < 0 or sc.restarts < 1:
+        raise SystemExit(f"--scenario {text!r}: CV must be > 0, INSTANCE >= 0 and RESTARTS >= 1")
+    return sc
+
+
 def naive_rules(sc: Scenario, rng: np.random.Generator, reps: int, gate: GateConfig) -> tuple[float, float]:
     """A/A false merges of: mean of two runs beats baseline by min_effect; p < 0.10 on 5 pairs."""
     from scipy import stats
@@ -146,6 +162,8 @@ def main() -> int:
     ap.add_argument("--calibrate-pairs", type=int, default=30)
     ap.add_argument("--only", default="", help="run only the scenarios whose name contains this text")
     ap.add_argument("--same-instances", action="store_true", help="confirm on the objective's engine instances (the old behaviour)")
+    ap.add_argument("--scenario", action="append", default=[], metavar="CV:INSTANCE:RESTARTS",
+                    help="a scenario of your own (repeatable; replaces the built-in ones): per-trial log SD, instance SD per side, sessions")
     args = ap.parse_args()
     rng = np.random.default_rng(args.seed)
     gate = GateConfig()
@@ -167,6 +185,8 @@ def main() -> int:
         Scenario("CV 2% + instance 1.1%, restarts 4", 0.02, instance=0.011, restarts=4),
         Scenario("CV 2% + instance 1.1%, restarts 10", 0.02, instance=0.011, restarts=10),
     ]
+    if args.scenario:
+        scenarios = [custom_scenario(text) for text in args.scenario]
     scenarios = [sc for sc in scenarios if args.only in sc.name]
     full = gate.max_pairs + gate.confirm_pairs
     print(f"cost = pairs used / pairs of a full evaluation ({gate.max_pairs} objective + {gate.confirm_pairs} confirmation = {full}); "

@@ -232,24 +232,38 @@ def outliers(d: Sequence[float], k: float = 3.0) -> int:
     return int(np.sum(np.abs(x - np.median(x)) > k * scale))
 
 
-def pairs_for_power(sd: float, effect: float, alpha: float, power: float = 0.9, df_prior: int = 0, limit: int = 10_000) -> int:
-    """Smallest n with power ``power`` for a one-sided level-``alpha`` t-test of a speedup ``effect``."""
+def mean_sd(sd: float, pairs: int, between_var: float = 0.0, per_session: int = 0) -> float:
+    """SD of the mean of ``pairs`` paired log-ratios of per-pair SD ``sd``: sd²/n, plus ``between_var`` / R when the
+    pairs fall in engine sessions of ``per_session`` pairs each (R: the effective number of sessions, n² / sum of
+    n_i², as ``session_variance`` counts them; 0: one session by design, no session term)."""
+    var = sd * sd / pairs
+    if between_var > 0 and per_session > 0:
+        sizes = [per_session] * (pairs // per_session) + ([pairs % per_session] if pairs % per_session else [])
+        var += between_var * sum(k * k for k in sizes) / pairs**2
+    return math.sqrt(var)
+
+
+def pairs_for_power(sd: float, effect: float, alpha: float, power: float = 0.9, df_prior: int = 0, limit: int = 10_000,
+                    between_var: float = 0.0, per_session: int = 0) -> int:
+    """Smallest n with power ``power`` for a one-sided level-``alpha`` t-test of a speedup ``effect`` (with engine
+    sessions of ``per_session`` pairs whose effects vary by ``between_var``: more pairs bring more sessions)."""
     if sd < 0 or effect <= 0 or not (0 < alpha < 1):
         raise ValueError("need sd >= 0, effect > 0 and 0 < alpha < 1")
     delta = math.log1p(effect)
-    if sd == 0:
+    if sd == 0 and not between_var:
         return 2
     for n in range(2, limit + 1):
         df = n - 1 + df_prior
-        if delta / (sd / math.sqrt(n)) >= _t_q(1 - alpha, df) + _t_q(power, df):
+        if delta >= (_t_q(1 - alpha, df) + _t_q(power, df)) * mean_sd(sd, n, between_var, per_session):
             return n
     return limit
 
 
-def min_detectable(sd: float, pairs: int, alpha: float, power: float = 0.9, df_prior: int = 0) -> float:
+def min_detectable(sd: float, pairs: int, alpha: float, power: float = 0.9, df_prior: int = 0, between_var: float = 0.0,
+                   per_session: int = 0) -> float:
     """Smallest speedup (0.03 = 3%) a one-sided level-``alpha`` t-test detects with ``power`` in ``pairs``
-    pairs at per-pair log-ratio SD ``sd`` (the inverse of ``pairs_for_power``)."""
+    pairs at per-pair log-ratio SD ``sd`` (the inverse of ``pairs_for_power``), engine sessions counted as there."""
     if sd < 0 or pairs < 2 or not (0 < alpha < 1):
         raise ValueError("need sd >= 0, pairs >= 2 and 0 < alpha < 1")
     df = pairs - 1 + df_prior
-    return math.expm1((_t_q(1 - alpha, df) + _t_q(power, df)) * sd / math.sqrt(pairs))
+    return math.expm1((_t_q(1 - alpha, df) + _t_q(power, df)) * mean_sd(sd, pairs, between_var, per_session))

@@ -328,3 +328,34 @@ def test_calibrate_reports_a_guards_smallest_detectable_regression_at_the_regres
     sd = obj.sd_log_ratio
     assert guard.detectable == pytest.approx(min_detectable(sd, 12, cfg.gate.regression_alpha, 0.9, 11))
     assert obj.detectable == pytest.approx(min_detectable(sd, 20, cfg.gate.proposal_alpha * 0.8, 0.9, 11))
+
+
+def test_the_detectable_effect_counts_the_engine_session_effect():
+    """On an engine the mean cannot be more precise than a session's effect over the sessions: sd²/n + tau²/R.
+    calibrate's detectable effect and pairs needed count it for the gate's sessions (restarts), not sd alone."""
+    from harness.statistics import mean_sd
+
+    assert mean_sd(0.03, 20) == pytest.approx(0.03 / math.sqrt(20))
+    assert mean_sd(0.03, 20, 0.02**2, 5) == pytest.approx(math.sqrt(0.03**2 / 20 + 0.02**2 / 4))  # 4 sessions of 5
+    assert mean_sd(0.03, 6, 0.02**2, 5) == pytest.approx(math.sqrt(0.03**2 / 6 + 0.02**2 * 26 / 36))  # 5 + 1: 1.4 sessions
+    flat, clustered = min_detectable(0.03, 20, 0.004), min_detectable(0.03, 20, 0.004, between_var=0.016**2, per_session=5)
+    assert clustered > flat + 0.01  # an instance SD of 1.6% per engine pair, 4 sessions: the 3% target is out of reach
+    assert pairs_for_power(0.03, clustered * 1.001, 0.004, between_var=0.016**2, per_session=5) <= 20
+    assert pairs_for_power(0.03, clustered * 0.95, 0.004, between_var=0.016**2, per_session=5) > 20
+
+    from agentsearch.calibration import analyze
+    from harness.trials import TrialRecord
+
+    cfg = load_config_text('[[workload]]\nname = "obj"\nkind = "vllm-throughput"\nmetric = "output_tok_s"\nrestarts = 4\n')
+    d = [0.03 * math.sin(1.7 * i) + (0.04 if i >= 6 else 0.0) for i in range(12)]  # two sessions, 4% apart
+    sessions = [0] * 6 + [1] * 6
+    trials = [TrialRecord("obj", side, i, i, 0, "AB", 0, True, 100.0 * math.exp(x if side == CANDIDATE else 0.0), {}, 1.0)
+              for i, x in enumerate(d) for side in (BASELINE, CANDIDATE)]
+    obj = analyze("obj", trials, d, cfg, sessions, placement="shared")
+    assert obj.between_var > 0 and obj.per_session == 5  # 20 pairs over 4 sessions
+    assert obj.detectable == pytest.approx(min_detectable(obj.sd_log_ratio, 20, cfg.gate.proposal_alpha * 0.8, 0.9, 11,
+                                                          between_var=obj.between_var, per_session=5))
+    assert obj.detectable > min_detectable(obj.sd_log_ratio, 20, cfg.gate.proposal_alpha * 0.8, 0.9, 11)
+    one = load_config_text('[[workload]]\nname = "obj"\nkind = "vllm-throughput"\nmetric = "output_tok_s"\nrestarts = 1\n')
+    assert analyze("obj", trials, d, one, sessions, placement="alternate").per_session == 10  # alternate: two rounds at least
+    assert analyze("obj", trials, d, one, sessions, placement="shared").per_session == 0  # one session: nothing to count

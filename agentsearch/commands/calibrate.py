@@ -37,7 +37,9 @@ def run(target: Path, as_json: bool, pairs: int, machine_probe_s: float = MACHIN
         if w.detectable is not None:
             what = "regression" if w.guard else "speedup"
             sign = -w.detectable / (1 + w.detectable) if w.guard else w.detectable  # a regression: the slower side at that log-ratio
-            out.print(f"{w.workload}: smallest {what} detectable with 90% power within {w.budget_pairs} pairs: {sign:+.1%}")
+            sessions = (f" in engine sessions of {w.per_session} pairs (a session's effect on the mean: SD {w.between_var ** 0.5:.4f}, "
+                        f"from {w.sessions} sessions)") if w.per_session else ""
+            out.print(f"{w.workload}: smallest {what} detectable with 90% power within {w.budget_pairs} pairs{sessions}: {sign:+.1%}")
         quiet = [f"trials {w.trial_s:.2f} s each (median)" if w.trial_s is not None else "",
                  f"load average {w.load_avg:.2f}" if w.load_avg is not None else "",
                  f"{w.foreign_trials} under foreign load", f"placement {w.placement}" if w.placement else ""]
