@@ -67,10 +67,14 @@ def cli(*args: str, timeout: float = 7200) -> subprocess.CompletedProcess:
 
 
 def objective_only(config: str, placement: str, max_pairs: int, budget: int, restarts: int = 2, reuse: int = 2,
-                   slices: int | None = None) -> str:
+                   slices: int | None = None, prompts: int | None = None) -> str:
     """The starter config with its first workload (the throughput objective) and a small [gate]."""
     head, rest = config.split("[[workload]]", 1)
     first = re.sub(r"\nrestarts = \d+\n", f"\nrestarts = {restarts}\n", "[[workload]]" + rest.split("[[workload]]", 1)[0])
+    if prompts:
+        first, n = re.subn(r"\bprompts = \d+", f"prompts = {prompts}", first)
+        if n != 1:
+            raise SystemExit("--prompts: the starter's objective has no single `prompts = N` to replace")
     return (head + first + f"\n[gate]\nmin_effect = 0.02\nmin_pairs = 3\nmax_pairs = {max_pairs}\nconfirm_pairs = 4\n"
             f"episode_budget = {budget}\n\n[engine]\nplacement = \"{placement}\"\nbaseline_reuse = {reuse}\n"
             + (f"slices = {slices}\n" if slices else ""))
@@ -100,12 +104,14 @@ def with_spin(source: str, us: float) -> str:
 
 
 def make_fork(path: Path, placement: str, max_pairs: int, budget: int, sleep_ms: float, slow_ms: float, aa: int,
-              only: set[str], restarts: int, reuse: int = 2, slices: int | None = None, planted: int = 0, spin_us: float = 0) -> None:
+              only: set[str], restarts: int, reuse: int = 2, slices: int | None = None, planted: int = 0, spin_us: float = 0,
+              prompts: int | None = None) -> None:
     proc = cli("init", "--from-installed", "vllm", str(path))
     if proc.returncode != 0:
         raise SystemExit(proc.stderr)
     site = next(line.split('"')[1] for line in (path / "agentsearch.toml").read_text().splitlines() if line.startswith("overlay_from"))
-    (path / "agentsearch.toml").write_text(objective_only(starter_config(Path(site)), placement, max_pairs, budget, restarts, reuse, slices))
+    (path / "agentsearch.toml").write_text(objective_only(starter_config(Path(site)), placement, max_pairs, budget, restarts, reuse, slices,
+                                                                prompts))
     sched = path / SCHEDULER
     original = sched.read_text()
     if "import time\n" not in original:
@@ -158,6 +164,7 @@ def main() -> int:
     ap.add_argument("--budget", type=int, help="[gate] episode_budget (default: the number of proposals)")
     ap.add_argument("--reuse", default="2", help="[engine] baseline_reuse values, one episode each (e.g. 2,1: warm baseline on, off)")
     ap.add_argument("--slices", type=int, help="[engine] slices (default: the config's default)")
+    ap.add_argument("--prompts", type=int, help="the objective's prompts per trial (default: the starter's; with --slices: larger pairs)")
     ap.add_argument("--dry-run", action="store_true", help="build the fork and its branches, print their diffs, run nothing")
     ap.add_argument("--keep", type=Path, help="create the forks here (DIR/reuse-N) and keep them")
     args = ap.parse_args()
@@ -190,7 +197,7 @@ def run_once(args: argparse.Namespace, reuse: int) -> str | None:
         fork = (args.keep / f"reuse-{reuse}") if args.keep else Path(tmp) / "fork"
         t0 = time.time()
         make_fork(fork, args.placement, args.max_pairs, budget, args.sleep_ms, args.slow_ms, args.aa, only, args.restarts, reuse,
-                  args.slices, planted, args.spin_us)
+                  args.slices, planted, args.spin_us, args.prompts)
         print(f"fork ready in {time.time() - t0:.0f} s: {fork}", flush=True)
         if args.dry_run:
             for b in subprocess.run(["git", "branch", "--list", "gate/*", "planted/*", "--format=%(refname:short)"], cwd=fork, capture_output=True,
@@ -262,7 +269,7 @@ def run_once(args: argparse.Namespace, reuse: int) -> str | None:
     false_merges = sum(1 for r in rows if r["kind"] == "aa" and r["verdict"] == "merge")
     by_kind = {r["kind"]: r for r in rows}
     engine = sum(r["engine_s"] or 0 for r in rows)
-    line = (f"baseline_reuse {reuse}, slices {args.slices or 'default'}: placement {args.placement}; {len(rows)} proposals in {wall:.0f} s = "
+    line = (f"baseline_reuse {reuse}, slices {args.slices or 'default'}, prompts {args.prompts or 'default'}: placement {args.placement}; {len(rows)} proposals in {wall:.0f} s = "
             f"{3600 * len(rows) / wall:.1f} proposals/hour; mean wall per proposal {wall / max(1, len(rows)):.0f} s, "
             f"engines {engine:.0f} s in all; A/A per-pair SD {sd:.4f}, mean log-ratio {mean:+.4f} over {len(d)} pairs, "
             f"false merges {false_merges}/{args.aa if 'aa' in only else 0}")
