@@ -238,8 +238,8 @@ def mean_sd(sd: float, pairs: int, between_var: float = 0.0, per_session: int = 
     n_i², as ``session_variance`` counts them; 0: one session by design, no session term)."""
     var = sd * sd / pairs
     if between_var > 0 and per_session > 0:
-        sizes = [per_session] * (pairs // per_session) + ([pairs % per_session] if pairs % per_session else [])
-        var += between_var * sum(k * k for k in sizes) / pairs**2
+        full, rest = divmod(pairs, per_session)  # full sessions and the last one's pairs
+        var += between_var * (full * per_session**2 + rest**2) / pairs**2
     return math.sqrt(var)
 
 
