@@ -269,7 +269,8 @@ def run_once(args: argparse.Namespace, reuse: int) -> str | None:
     false_merges = sum(1 for r in rows if r["kind"] == "aa" and r["verdict"] == "merge")
     by_kind = {r["kind"]: r for r in rows}
     engine = sum(r["engine_s"] or 0 for r in rows)
-    line = (f"baseline_reuse {reuse}, slices {args.slices or 'default'}, prompts {args.prompts or 'default'}: placement {args.placement}; {len(rows)} proposals in {wall:.0f} s = "
+    line = (f"baseline_reuse {reuse}, slices {args.slices or 'default'}, prompts {args.prompts or 'default'}: placement {args.placement}; "
+            f"{len(rows)} proposals in {wall:.0f} s = "
             f"{3600 * len(rows) / wall:.1f} proposals/hour; mean wall per proposal {wall / max(1, len(rows)):.0f} s, "
             f"engines {engine:.0f} s in all; A/A per-pair SD {sd:.4f}, mean log-ratio {mean:+.4f} over {len(d)} pairs, "
             f"false merges {false_merges}/{args.aa if 'aa' in only else 0}")
