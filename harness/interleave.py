@@ -102,7 +102,7 @@ def run_interleaved(
     if alternate:
         _alternating(run, factory, design, decide, seed_of, higher_is_better, prior, restarts, on_pair, warmup, probe)
         return run
-    per_session = math.ceil(design.max_pairs / max(1, restarts))
+    per_session = pairs_per_session(design.max_pairs, restarts)
     sessions: dict[str, Session] = {}
     current = -1
     try:
@@ -158,6 +158,11 @@ def alternate_rounds(restarts: int) -> int:
     return max(2, restarts)
 
 
+def pairs_per_session(max_pairs: int, restarts: int, alternate: bool = False) -> int:
+    """Pairs each engine session (``alternate``: each round) holds: the pair budget split evenly over them."""
+    return math.ceil(max_pairs / (alternate_rounds(restarts) if alternate else max(1, restarts)))
+
+
 def _alternating(run: WorkloadRun, factory: SessionFactory, design: SequentialDesign, decide: Decide,
                  seed_of: Callable[[int], int], higher_is_better: bool, prior: NoisePrior | None, restarts: int,
                  on_pair: Callable[[WorkloadRun], None] | None, warmup: int, probe: Callable[[], Probe] | None) -> None:
@@ -169,7 +174,7 @@ def _alternating(run: WorkloadRun, factory: SessionFactory, design: SequentialDe
     counts the between-round variance. Only the first session of a round may measure pairs a stop leaves
     unused."""
     rounds = alternate_rounds(restarts)
-    per_round = math.ceil(design.max_pairs / rounds)
+    per_round = pairs_per_session(design.max_pairs, restarts, alternate=True)
     pair = 0
     look = design.next_look(0)
     for r in range(rounds):
