@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 from harness import environment, machine_noise, seeds
 from harness.engine_session import EnginePool
-from harness.interleave import alternate_rounds, run_interleaved
+from harness.interleave import pairs_per_session, run_interleaved
 from harness.sequential import OK, Decision, SequentialDesign
 from harness.statistics import NoisePrior, between_variance, cv, drift, min_detectable, noise_prior, outliers, paired_estimate, pairs_for_power
 from harness.gate_defaults import CALIBRATION_PAIRS, MACHINE_PROBE_S
@@ -89,7 +89,8 @@ def _done(design: SequentialDesign, d: list[float], prior: NoisePrior | None, cl
 
 
 def analyze(name: str, run_trials: list, d: list[float], config: Config, sessions: list[int] | None = None,
-            placement: str = "") -> WorkloadNoise:
+            placement: str = "", alternate: bool = False) -> WorkloadNoise:
+    """One workload's A/A noise; ``alternate``: the gate measures it in alternate rounds (``measure_options``)."""
     values = [t.value for t in sorted(run_trials, key=lambda t: (t.pair, t.position))]
     base_values = [t.value for t in run_trials if t.side == BASELINE]
     cand_values = [t.value for t in run_trials if t.side == CANDIDATE]
@@ -108,8 +109,8 @@ def analyze(name: str, run_trials: list, d: list[float], config: Config, session
     # a guard is judged by the one-sided regression test at regression_alpha: its smallest detectable regression
     detect_level = config.gate.regression_alpha if guard else level
     # the gate's engine sessions (restarts; alternate rounds): a session's effect on the mean (tau2) counts once per session
-    n_sessions = (alternate_rounds(restarts_for(w)) if placement == "alternate" else restarts_for(w)) if w is not None else 1
-    per_session = math.ceil(budget / n_sessions) if n_sessions > 1 else 0
+    restarts = restarts_for(w) if w is not None else 1
+    per_session = pairs_per_session(budget, restarts, alternate) if alternate or restarts > 1 else 0
     walls = [t.wall_s for t in run_trials if t.ok]
     parts = [int(t.metrics["slices"]) for t in run_trials if t.ok and isinstance(t.metrics.get("slices"), int)]
     loads = [t.metrics["load_avg_1m"] for t in run_trials if isinstance(t.metrics.get("load_avg_1m"), (int, float))]
@@ -155,15 +156,16 @@ def calibrate(ws: Workspace, pairs: int = CALIBRATION_PAIRS, progress: Callable[
             try:
                 for w in config.workloads:
                     factory = session_factory(config, w, sd, pool)
+                    options = measure_options(config, w)
                     run = run_interleaved(
                         w.name, factory, _fixed_design(pairs), _done, seeds.pair_seeds(master, w.name), w.higher_is_better,
-                        **measure_options(config, w),
+                        **options,
                         on_pair=lambda r: say(w.name, f"A/A pair {r.pairs}/{pairs}"),  # called before the loop moves on
                     )
                     if run.failure:
                         raise AgentsearchError(f"calibration of {w.name!r} failed: {run.failure}")
                     results[w.name] = analyze(w.name, run.trials, run.log_ratios, config, run.sessions,
-                                              placement_for(config).describe() if w.kind != "command" else "")
+                                              placement_for(config).describe() if w.kind != "command" else "", options["alternate"])
             finally:
                 pool.close()
     finally:

@@ -357,5 +357,5 @@ def test_the_detectable_effect_counts_the_engine_session_effect():
                                                           between_var=obj.between_var, per_session=5))
     assert obj.detectable > min_detectable(obj.sd_log_ratio, 20, cfg.gate.proposal_alpha * 0.8, 0.9, 11)
     one = load_config_text('[[workload]]\nname = "obj"\nkind = "vllm-throughput"\nmetric = "output_tok_s"\nrestarts = 1\n')
-    assert analyze("obj", trials, d, one, sessions, placement="alternate").per_session == 10  # alternate: two rounds at least
+    assert analyze("obj", trials, d, one, sessions, alternate=True).per_session == 10  # alternate: two rounds at least
     assert analyze("obj", trials, d, one, sessions, placement="shared").per_session == 0  # one session: nothing to count
