@@ -110,6 +110,10 @@ def run_pairs(ws: Workspace, args: argparse.Namespace, env: dict[str, str]) -> i
         w = dataclasses.replace(w, env={**w.env, **env})
         config = dataclasses.replace(config, workloads=tuple(w if x.name == w.name else x for x in config.workloads))
     slicings = args.slices.split(",")  # "K" or "KxS": K slices over S times the workload's prompts
+    for spec in slicings:
+        k, _, scale = spec.partition("x")
+        if not (k.isdigit() and int(k) >= 1 and (not scale or scale.replace(".", "", 1).isdigit() and float(scale) > 0)):
+            raise SystemExit(f"--slices {args.slices!r}: expected K or KxS per entry (K slices over S times the prompts), e.g. 8,16x2")
     base = ws.baseline_commit()
     pool = EnginePool()
     ratios: dict[str, list[float]] = {k: [] for k in slicings}
