@@ -9,7 +9,7 @@ proposals relative to the full budget; then the same A/A data judged by two rule
 in today's tools, for contrast.
 
     python benchmarks/gate_quality.py [--reps 2000] [--seed 1] [--only instance] [--same-instances]
-        [--scenario CV:INSTANCE:RESTARTS ...]
+        [--scenario CV:INSTANCE:RESTARTS[:LOTTERY] ...]
 
 Scenarios with engine instances (``instance``: the SD of each engine instance's own effect on its
 side's measurements, fixed for its life, as measured on the vLLM CPU engine) run ``restarts``
@@ -18,7 +18,10 @@ calibration runs the same way (its between-session variance is the prior's). The
 on a fresh pair of instances, as ``agentsearch evaluate`` does; ``--same-instances`` confirms on the
 objective's instances instead (the behaviour before 2026-12-01, for comparison). ``--scenario`` runs
 scenarios of your own instead of the built-in ones: ``0.021:0.005:4`` is a per-trial log SD of 0.021
-(a per-pair SD of 0.03), an instance SD of 0.005 per side and engine, 4 sessions per side.
+(a per-pair SD of 0.03), an instance SD of 0.005 per side and engine, 4 sessions per side; a fourth field adds
+the *lottery* attack: the candidate's code draws its own speed per engine instance (mean zero, that SD), which
+the A/A calibration (baseline code on both sides) cannot see. Without ``--scenario`` the built-in rows end with
+that attack at 1%, 2% and 4%.
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ class Scenario:
     loaded: bool = False  # every trial flagged foreign_load: the confirmation must be significant by itself
     instance: float = 0.0  # SD of an engine instance's own effect on its side's log-measurements (fixed for its life)
     restarts: int = 1  # engine sessions per side and evaluation
+    lottery: float = 0.0  # the attack: SD of an instance effect of the candidate's code alone (mean zero), unseen by the A/A calibration
 
 
 class Clock:
@@ -66,11 +70,13 @@ class Clock:
 
 
 class SimSession:
-    def __init__(self, sc: Scenario, effect: float, side: str, clock: Clock, rng: np.random.Generator):
+    def __init__(self, sc: Scenario, effect: float, side: str, clock: Clock, rng: np.random.Generator, proposal: bool = True):
         self.sc, self.side, self.clock, self.rng = sc, side, clock, rng
         self.mu = math.log1p(effect) if side == CANDIDATE else 0.0
         if sc.instance:
             self.mu += rng.normal(0.0, sc.instance)  # this instance's luck: memory layout and the like
+        if sc.lottery and proposal and side == CANDIDATE:
+            self.mu += rng.normal(0.0, sc.lottery)  # the candidate's code draws its speed per engine instance
 
     def start(self) -> None:
         pass
@@ -96,8 +102,8 @@ def one(sc: Scenario, effect: float, gate: GateConfig, rng: np.random.Generator,
     prior = None
     if calibrate_pairs:
         clock = Clock()
-        cal = run_interleaved("sim", lambda side, i: SimSession(sc, 0.0, side, clock, rng), _fixed_design(calibrate_pairs), _done, lambda i: i, True,
-                              restarts=sc.restarts)
+        aa = lambda side, i: SimSession(sc, 0.0, side, clock, rng, proposal=False)  # noqa: E731  (baseline code on both sides)
+        cal = run_interleaved("sim", aa, _fixed_design(calibrate_pairs), _done, lambda i: i, True, restarts=sc.restarts)
         noise = analyze("sim", cal.trials, cal.log_ratios, CONFIG, cal.sessions)
         prior = NoisePrior(noise.var, noise.df, noise.between_var)
     clock = Clock()
@@ -128,13 +134,16 @@ def one(sc: Scenario, effect: float, gate: GateConfig, rng: np.random.Generator,
 def custom_scenario(text: str) -> Scenario:
     """``CV:INSTANCE:RESTARTS`` (``--scenario``) as a Scenario; a malformed one stops with one line saying so."""
     try:
-        cv, instance, restarts = text.split(":")
-        sc = Scenario(f"CV {float(cv):.1%} + instance {float(instance):.1%}, restarts {int(restarts)}", float(cv),
-                      instance=float(instance), restarts=int(restarts))
+        cv, instance, restarts, *rest = text.split(":")
+        if len(rest) > 1:
+            raise ValueError(text)
+        lottery = float(rest[0]) if rest else 0.0
+        name = f"CV {float(cv):.1%} + instance {float(instance):.1%}, restarts {int(restarts)}" + (f", lottery {lottery:.1%}" if lottery else "")
+        sc = Scenario(name, float(cv), instance=float(instance), restarts=int(restarts), lottery=lottery)
     except ValueError:
-        raise SystemExit(f"--scenario {text!r}: expected CV:INSTANCE:RESTARTS, e.g. 0.021:0.005:4") from None
-    if sc.cv <= 0 or sc.instance < 0 or sc.restarts < 1:
-        raise SystemExit(f"--scenario {text!r}: CV must be > 0, INSTANCE >= 0 and RESTARTS >= 1")
+        raise SystemExit(f"--scenario {text!r}: expected CV:INSTANCE:RESTARTS[:LOTTERY], e.g. 0.021:0.005:4") from None
+    if sc.cv <= 0 or sc.instance < 0 or sc.restarts < 1 or sc.lottery < 0:
+        raise SystemExit(f"--scenario {text!r}: CV must be > 0, INSTANCE and LOTTERY >= 0 and RESTARTS >= 1")
     return sc
 
 
@@ -155,6 +164,21 @@ def naive_rules(sc: Scenario, rng: np.random.Generator, reps: int, gate: GateCon
     return two / reps, ptest / reps
 
 
+def attack(args: argparse.Namespace, gate: GateConfig, rng: np.random.Generator) -> None:
+    """The lottery: a no-op whose code draws its speed per engine instance (mean zero, SD ``lottery``). Its
+    A/A calibration is the baseline's and never sees it; two sessions and a fresh confirmation instance
+    that all drew high look like a real win. The gate's level holds only for candidates whose instances
+    vary as the baseline's do."""
+    rows = [Scenario(f"CV 2.3%, restarts 2, lottery {sd:.0%}", 0.0226, restarts=2, lottery=sd) for sd in (0.01, 0.02, 0.04)]
+    rows = [sc for sc in rows if args.only in sc.name]
+    if not rows:
+        return
+    print(f"\nattack, a per-instance lottery (false merges of no-op candidates; the per-proposal level is {gate.proposal_alpha:.2%}):")
+    for sc in rows:
+        merged = np.mean([one(sc, 0.0, gate, rng, args.calibrate_pairs, args.same_instances)[0] for _ in range(args.reps)])
+        print(f"  {sc.name:36} false merges {merged:6.2%}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--reps", type=int, default=1200, help="A/A proposals per scenario (wins: reps/2)")
@@ -162,8 +186,9 @@ def main() -> int:
     ap.add_argument("--calibrate-pairs", type=int, default=30)
     ap.add_argument("--only", default="", help="run only the scenarios whose name contains this text")
     ap.add_argument("--same-instances", action="store_true", help="confirm on the objective's engine instances (the old behaviour)")
-    ap.add_argument("--scenario", action="append", default=[], metavar="CV:INSTANCE:RESTARTS",
-                    help="a scenario of your own (repeatable; replaces the built-in ones): per-trial log SD, instance SD per side, sessions")
+    ap.add_argument("--scenario", action="append", default=[], metavar="CV:INSTANCE:RESTARTS[:LOTTERY]",
+                    help="a scenario of your own (repeatable; replaces the built-in ones): per-trial log SD, instance SD per side, sessions, "
+                         "and the candidate's own per-instance SD (the lottery attack)")
     args = ap.parse_args()
     rng = np.random.default_rng(args.seed)
     gate = GateConfig()
@@ -218,6 +243,8 @@ def main() -> int:
     for sc in basic:
         two, pt = naive_rules(sc, rng, args.reps, gate)
         print(f"  {sc.name:30} mean of two runs > +{gate.min_effect:.0%}: {two:6.1%}    p < 0.10 on 5 pairs: {pt:6.1%}")
+    if not args.scenario:
+        attack(args, gate, rng)
     print("\n'pairs (wins)' counts objective + confirmation pairs; the objective never uses more than "
           f"{gate.max_pairs} pairs (max_pairs).")
     main_row = next((r for r in rows if r[0].name == "CV 2%"), None)
