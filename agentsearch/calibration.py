@@ -20,12 +20,14 @@ from harness import environment, machine_noise, seeds
 from harness.engine_session import EnginePool
 from harness.interleave import pairs_per_session, run_interleaved
 from harness.sequential import OK, Decision, SequentialDesign
+from harness import power
 from harness.statistics import NoisePrior, between_variance, cv, drift, min_detectable, noise_prior, outliers, paired_estimate, pairs_for_power
 from harness.gate_defaults import CALIBRATION_PAIRS, MACHINE_PROBE_S
 from harness.trials import BASELINE, CANDIDATE
 
 from .config import Config, WorkloadConfig
 from .errors import AgentsearchError
+from .gate_design import design_for, workload_design
 from .sides import built_sides
 from .workloads import engine_cpus, measure_options, placement_for, restarts_for, session_factory
 from .workspace.workspace import Workspace, atomic_write
@@ -54,6 +56,9 @@ class WorkloadNoise:
     per_session: int = 0  # pairs per engine session in the gate's design (0: one session; tau2 not counted)
     budget_pairs: int = 0  # [gate] max_pairs (or the workload's)
     detectable: float | None = None  # smallest speedup (a guard: regression) found with 90% power within budget_pairs
+    # the same, through the gate's own decisions (harness.power: sequential looks, each proposal's session effect,
+    # the confirmation), simulated at this noise; None: not simulated (older calibrations) or not within 100%
+    detectable_gate: float | None = None
     guard: bool = False  # a guard workload (judged for regressions), not the objective
     trial_s: float | None = None  # median duration of one timed trial
     load_avg: float | None = None  # mean 1-minute load average over the trials
@@ -127,6 +132,18 @@ def analyze(name: str, run_trials: list, d: list[float], config: Config, session
     )
 
 
+def with_gate_power(noise: WorkloadNoise, config: Config, w: WorkloadConfig, alternate: bool = False,
+                    reps: int = power.POWER_REPS) -> WorkloadNoise:
+    """``noise`` with the smallest effect the gate's own decisions find with 90% power at this noise
+    (``harness.power.detectable``): the objective's speedup, merged after its confirmation; a guard's regression.
+    Simulated with this calibration as the prior, the workload's pair budget, sessions and placement."""
+    prior = NoisePrior(var=noise.var, df=noise.df, between_var=noise.between_var)
+    sim = power.Noise.from_calibration(noise.sd_log_ratio, noise.between_var, restarts_for(w), alternate)
+    design = workload_design(design_for(config.gate), w)
+    found = power.detectable(design, prior, sim, 0.9, reps, confirm_pairs=0 if noise.guard else config.gate.confirm_pairs, guard=noise.guard)
+    return dataclasses.replace(noise, detectable_gate=found)
+
+
 def with_machine_floor(noise: WorkloadNoise, series: list[float], cpus: frozenset[int] | None) -> WorkloadNoise:
     """``noise`` with the machine's floor for its alternation (its parts as long as its trials' parts), from a
     ``machine_noise.speed_series``; unchanged when the series is too short for its pairs."""
@@ -171,6 +188,9 @@ def calibrate(ws: Workspace, pairs: int = CALIBRATION_PAIRS, progress: Callable[
     finally:
         pool.close()
     results, probe = _machine_floors(config, results, machine_probe_s, say)
+    for w in config.workloads:  # engines closed: the simulation has the CPUs to itself
+        say(w.name, "simulating the gate's decisions at this noise: the smallest effect they find")
+        results[w.name] = with_gate_power(results[w.name], config, w, measure_options(config, w)["alternate"])
     cal = Calibration(
         baseline=base, config_fingerprint=config.fingerprint(),
         environment_fingerprint=environment.fingerprint(), created=time.time(), workloads=results, machine_probe=probe,

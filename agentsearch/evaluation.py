@@ -30,9 +30,10 @@ from history.records import CheckName, FailureKind, decision_failure
 from . import calibration, containment, micro, preflight
 from . import sides as sides_mod
 from .sides import Sides
-from .config import Config, GateConfig, WorkloadConfig
+from .config import Config, WorkloadConfig
 from .errors import AgentsearchError
 from .gate import Check, Status, Verdict, judge
+from .gate_design import design_for, workload_design
 from .headline import unit as metric_unit
 from harness.engine_session import EnginePool
 from harness.placement import SPLIT
@@ -47,19 +48,6 @@ from .workspace import Workspace
 EVALUATION_SCHEMA = 1
 Progress = Callable[[str, str], None]
 OnTrial = Callable[[TrialRecord], None]
-
-
-def design_for(gate: GateConfig, alpha: float | None = None) -> SequentialDesign:
-    return SequentialDesign(
-        alpha=gate.proposal_alpha if alpha is None else alpha,
-        min_effect=gate.min_effect,
-        futility=gate.futility,
-        min_pairs=gate.min_pairs,
-        look_every=gate.look_every,
-        max_pairs=gate.max_pairs,
-        max_regression=gate.max_regression,
-        regression_alpha=gate.regression_alpha,
-    )
 
 
 @dataclass(frozen=True)
@@ -368,10 +356,8 @@ def _run_workload(ctx: _Ctx, w: WorkloadConfig, role: str, decide: Callable[...,
         inner = factory
         factory = lambda side, restart: inner(side, CONFIRMATION_SESSION + restart)  # noqa: E731
         options = {**options, "restarts": 2 if placement_for(config).mode == SPLIT else 1}
-    elif w.max_pairs is not None:
-        wdesign = dataclasses.replace(ctx.design, max_pairs=w.max_pairs, min_pairs=min(ctx.design.min_pairs, w.max_pairs))
     else:
-        wdesign = ctx.design
+        wdesign = workload_design(ctx.design, w)
     seeds = confirmation_seeds(ctx.master, w.name) if role == "confirmation" else pair_seeds(ctx.master, w.name)
 
     emitted = 0

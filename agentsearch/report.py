@@ -88,6 +88,7 @@ class Evidence:
     diff: str = ""  # the change itself (git diff baseline..candidate)
     metrics: Mapping[str, str] = field(default_factory=dict)  # workload -> metric (from the baseline's config)
     units: Mapping[str, str] = field(default_factory=dict)  # workload -> unit
+    directions: Mapping[str, bool] = field(default_factory=dict)  # workload -> higher is better (from the baseline's config)
     schema_version: int = REPORT_SCHEMA
 
     @property
@@ -178,14 +179,74 @@ def gather(ws: Workspace, what: str) -> Evidence:
         revert = next((e.record.to_json() for e in entries if isinstance(e.record, Revert) and e.record.merge == merge.get("new")), None)
     metrics: dict[str, str] = {}
     units: dict[str, str] = {}
+    directions: dict[str, bool] = {}
     try:  # the config the verdict was reached under (old records do not carry their metric)
         for w in ws.config(d.get("baseline")).workloads:
             metrics[w.name] = w.metric
             units[w.name] = unit(w.metric, w.unit)
+            directions[w.name] = w.higher_is_better
     except AgentsearchError:
         pass
     return Evidence(what, kind, d, trials, created, merge, diffstat, versions(), str(ws.repo_dir), chosen.seq,
-                    revert=revert, diff=diff, metrics=metrics, units=units)
+                    revert=revert, diff=diff, metrics=metrics, units=units, directions=directions)
+
+
+# ---------------------------------------------------------------------------- engine sessions
+PHASE_RANK = {"objective": 0, "guard": 1, "confirmation": 2}
+SESSIONS_DIFFER_P = 0.05  # below it, the report says the sessions disagree
+
+
+def _paired(ev: Evidence) -> dict[tuple[str, str], dict[int, dict[str, Any]]]:
+    """{(workload, phase): {pair: {"baseline": value, "candidate": value, "session": index}}} of the ok trials."""
+    groups: dict[tuple[str, str], dict[int, dict[str, Any]]] = {}
+    for t in ev.trials:
+        if t.get("ok") and t.get("value") is not None:
+            p = groups.setdefault((t["workload"], t.get("phase", "objective")), {}).setdefault(t["pair"], {})
+            p[t["side"]] = t["value"]
+            p["session"] = t.get("session", 0)
+    return groups
+
+
+def engine_sessions(ev: Evidence) -> list[dict[str, Any]]:
+    """Per workload measured on two or more engine sessions (``restarts``, the confirmation's fresh engines): each
+    session's pairs and change, and whether the sessions agree (``harness.statistics.sessions_differ``). The gate
+    counts the session effect in its standard error; this table lets a reviewer see a win that rests on instances
+    that disagree (a speed that is a lottery per engine instance: the README's *The lottery attack*). Workloads
+    whose direction the config no longer says are left out rather than shown with a guessed sign."""
+    from harness.statistics import sessions_differ
+
+    by_workload: dict[str, dict[tuple[int, int], list[float]]] = {}
+    for (workload, phase), pairs in _paired(ev).items():
+        if workload not in ev.directions:
+            continue
+        sign = 1.0 if ev.directions[workload] else -1.0
+        for _, p in sorted(pairs.items()):
+            b, c = p.get("baseline"), p.get("candidate")
+            if b and c and b > 0 and c > 0:
+                key = (PHASE_RANK.get(phase, 3), int(p["session"]))
+                by_workload.setdefault(workload, {}).setdefault(key, []).append(sign * math.log(c / b))
+    phases = {v: k for k, v in PHASE_RANK.items()}
+    out = []
+    for workload, groups in sorted(by_workload.items(), key=lambda kv: (min(k for k, _ in kv[1]), kv[0])):
+        if len(groups) < 2:
+            continue
+        rows = []
+        for (rank, session), d in sorted(groups.items()):
+            phase = phases.get(rank, "?")  # the confirmation runs on engines of its own (agentsearch.evaluation)
+            rows.append({"phase": phase, "engines": f"{'fresh ' if phase == 'confirmation' else ''}{session + 1}", "pairs": len(d),
+                         "change": math.exp(sum(d) / len(d))})
+        p_value = sessions_differ(list(groups.values()))
+        changes: list[float] = [math.exp(sum(d) / len(d)) for d in groups.values()]
+        if p_value is None:
+            verdict = "cannot be compared (no session has two pairs)"
+        elif p_value < SESSIONS_DIFFER_P:
+            verdict = (f"**differ** (one-way ANOVA p={p_value:.2g} < {SESSIONS_DIFFER_P:g}): the change depends on the engine instance it was measured "
+                       "on; `agentsearch review --recheck` re-measures a merge on fresh engines")
+        else:
+            verdict = f"agree (one-way ANOVA p={p_value:.2g})"
+        out.append({"workload": workload, "rows": rows, "p": p_value, "differ": p_value is not None and p_value < SESSIONS_DIFFER_P, "verdict": verdict,
+                    "low": min(changes), "high": max(changes)})
+    return out
 
 
 # ---------------------------------------------------------------------------- plots
@@ -218,12 +279,8 @@ def plots(ev: Evidence, fmt: str = "png") -> dict[str, bytes]:
     plt.rcParams["svg.fonttype"] = "none"  # axis labels stay text (searchable, checked by the report test)
     plt.rcParams["svg.hashsalt"] = "agentsearch"  # stable ids
     out: dict[str, bytes] = {}
-    groups: dict[tuple[str, str], dict[int, dict[str, float]]] = {}
-    for t in ev.trials:
-        if t.get("ok") and t.get("value") is not None:
-            groups.setdefault((t["workload"], t.get("phase", "objective")), {}).setdefault(t["pair"], {})[t["side"]] = t["value"]
-    rank = {"objective": 0, "guard": 1, "confirmation": 2}
-    for (workload, phase), pairs in sorted(groups.items(), key=lambda kv: (rank.get(kv[0][1], 3), kv[0][0])):
+    groups = _paired(ev)
+    for (workload, phase), pairs in sorted(groups.items(), key=lambda kv: (PHASE_RANK.get(kv[0][1], 3), kv[0][0])):
         full = sorted((i, p) for i, p in pairs.items() if "baseline" in p and "candidate" in p)
         if not full:
             continue
@@ -245,6 +302,11 @@ def plots(ev: Evidence, fmt: str = "png") -> dict[str, bytes]:
             lo, hi = w["ci"][0] - 1, w["ci"][1] - 1
             a2.axhspan(lo, hi, color="#1f77b4", alpha=0.15, label="95% CI of the speedup")
             a2.legend(fontsize=8)
+        sessions = [p.get("session", 0) for _, p in full]
+        for ax in (a1, a2):  # a new engine session (restart) starts between these pairs
+            for k in range(1, len(full)):
+                if sessions[k] != sessions[k - 1]:
+                    ax.axvline(xs[k] - 0.5, color="gray", ls=":", lw=0.8)
         _axes(a2, "pair (index)", "candidate vs baseline (%)")
         a2.yaxis.set_major_formatter(PercentFormatter(xmax=1, decimals=0))  # as in the tables
         a2.set_title(f"{metric}: change per pair")
@@ -368,7 +430,7 @@ def context(ev: Evidence, images: Mapping[str, str], local: bool = True) -> dict
         "rationale": ev.proposal.get("rationale") or "", "category": ev.proposal.get("category") or "",
         "proposer": ev.proposal.get("proposer") or "human (agentsearch evaluate)",
         "pct": _pct, "num": _num, "number": number, "timing": v.get("timing") or {},
-        "diff": ev.diff if small else "", "diff_lines": diff_lines,
+        "diff": ev.diff if small else "", "diff_lines": diff_lines, "sessions": engine_sessions(ev),
     }
 
 

@@ -41,10 +41,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from agentsearch.calibration import _done, _fixed_design, analyze  # noqa: E402
 from agentsearch.config import GateConfig, load_config_text  # noqa: E402
-from agentsearch.evaluation import design_for  # noqa: E402
+from agentsearch.gate_design import design_for  # noqa: E402
+from agentsearch.report import SESSIONS_DIFFER_P  # noqa: E402
 from harness.interleave import run_interleaved  # noqa: E402
 from harness.sequential import LOSE, OK, WIN, confirmation_design, decide_confirmation, decide_objective  # noqa: E402
-from harness.statistics import NoisePrior  # noqa: E402
+from harness.statistics import NoisePrior, sessions_differ  # noqa: E402
 from harness.trials import CANDIDATE, TrialOutcome  # noqa: E402
 
 CONFIG = load_config_text('[[workload]]\nname = "sim"\ncommand = "true"\nmetric = "v"\n')
@@ -60,6 +61,7 @@ class Scenario:
     instance: float = 0.0  # SD of an engine instance's own effect on its side's log-measurements (fixed for its life)
     restarts: int = 1  # engine sessions per side and evaluation
     lottery: float = 0.0  # the attack: SD of an instance effect of the candidate's code alone (mean zero), unseen by the A/A calibration
+    sabotage: bool = False  # the lottery from slowdowns alone (-|N(0, lottery)|): what a candidate can draw without any real speedup
 
 
 class Clock:
@@ -76,7 +78,8 @@ class SimSession:
         if sc.instance:
             self.mu += rng.normal(0.0, sc.instance)  # this instance's luck: memory layout and the like
         if sc.lottery and proposal and side == CANDIDATE:
-            self.mu += rng.normal(0.0, sc.lottery)  # the candidate's code draws its speed per engine instance
+            draw = rng.normal(0.0, sc.lottery)  # the candidate's code draws its speed per engine instance
+            self.mu += -abs(draw) if sc.sabotage else draw
 
     def start(self) -> None:
         pass
@@ -95,9 +98,10 @@ class SimSession:
 
 
 def one(sc: Scenario, effect: float, gate: GateConfig, rng: np.random.Generator, calibrate_pairs: int,
-        same_instances: bool = False) -> tuple[bool, int, str]:
-    """(merged, pairs used, outcome): ``merge``, ``not confirmed`` (won, then refused on fresh seeds), ``futility``
-    (stopped early as a loser) or ``inconclusive`` (the budget ran out)."""
+        same_instances: bool = False) -> tuple[bool, int, str, bool]:
+    """(merged, pairs used, outcome, sessions differ): ``merge``, ``not confirmed`` (won, then refused on fresh seeds),
+    ``futility`` (stopped early as a loser) or ``inconclusive`` (the budget ran out); for a merge, whether the report's
+    *Sessions* table would say its sessions (the objective's and the confirmation's) differ."""
     design = design_for(gate)
     prior = None
     if calibrate_pairs:
@@ -117,7 +121,7 @@ def one(sc: Scenario, effect: float, gate: GateConfig, rng: np.random.Generator,
     assert run.decision is not None
     if run.decision.action != WIN or gate.confirm_pairs == 0:
         won = run.decision.action == WIN
-        return won, run.pairs, "merge" if won else ("futility" if run.decision.action == LOSE else "inconclusive")
+        return won, run.pairs, "merge" if won else ("futility" if run.decision.action == LOSE else "inconclusive"), False
     # a fresh pair of instances, one session (agentsearch evaluate); --same-instances: the objective's, as before
     fresh = lambda side, i: SimSession(sc, effect, side, clock, rng)  # noqa: E731
     again = (lambda side, i: made.get((side, i)) or fresh(side, i)) if same_instances else fresh  # the pool starts a missing one
@@ -128,7 +132,12 @@ def one(sc: Scenario, effect: float, gate: GateConfig, rng: np.random.Generator,
     )
     assert conf.decision is not None
     ok = conf.decision.action == OK
-    return ok, run.pairs + conf.pairs, "merge" if ok else "not confirmed"
+    groups: dict[tuple[str, int], list[float]] = {}
+    for phase, r in (("objective", run), ("confirmation", conf)):
+        for d, c in zip(r.log_ratios, r.sessions or [0] * len(r.log_ratios)):
+            groups.setdefault((phase, c), []).append(d)
+    p = sessions_differ(list(groups.values()))
+    return ok, run.pairs + conf.pairs, "merge" if ok else "not confirmed", ok and p is not None and p < SESSIONS_DIFFER_P
 
 
 def custom_scenario(text: str) -> Scenario:
@@ -170,13 +179,17 @@ def attack(args: argparse.Namespace, gate: GateConfig, rng: np.random.Generator)
     that all drew high look like a real win. The gate's level holds only for candidates whose instances
     vary as the baseline's do."""
     rows = [Scenario(f"CV 2.3%, restarts 2, lottery {sd:.0%}", 0.0226, restarts=2, lottery=sd) for sd in (0.01, 0.02, 0.04)]
+    # the same draws with every speedup taken away: a candidate with no real speedup on any instance can only slow some down
+    rows += [Scenario(f"CV 2.3%, restarts 2, lottery of slowdowns {sd:.0%}", 0.0226, restarts=2, lottery=sd, sabotage=True) for sd in (0.02, 0.04)]
     rows = [sc for sc in rows if args.only in sc.name]
     if not rows:
         return
     print(f"\nattack, a per-instance lottery (false merges of no-op candidates; the per-proposal level is {gate.proposal_alpha:.2%}):")
     for sc in rows:
-        merged = np.mean([one(sc, 0.0, gate, rng, args.calibrate_pairs, args.same_instances)[0] for _ in range(args.reps)])
-        print(f"  {sc.name:36} false merges {merged:6.2%}")
+        runs = [one(sc, 0.0, gate, rng, args.calibrate_pairs, args.same_instances) for _ in range(args.reps)]
+        merged = [differ for m, _, _, differ in runs if m]
+        flagged = f"; the report's Sessions table says 'differ' for {np.mean(merged):.0%} of them" if merged else ""
+        print(f"  {sc.name:46} false merges {len(merged) / len(runs):6.2%} ({len(merged)} of {len(runs)}{flagged})")
 
 
 def main() -> int:
@@ -225,18 +238,19 @@ def main() -> int:
         aa = [one(sc, 0.0, gate, rng, args.calibrate_pairs, args.same_instances) for _ in range(args.reps)]
         wins = [one(sc, 0.03, gate, rng, args.calibrate_pairs, args.same_instances) for _ in range(args.reps // 2)]
         fm = np.mean([m for m, _, _ in aa])
-        aa_pairs = np.mean([n for m, n, _ in aa if not m])
+        aa_pairs = np.mean([n for m, n, _, _ in aa if not m])
         aa_cost = aa_pairs / full
         power = np.mean([m for m, _, _ in wins])
-        win_pairs = np.mean([n for m, n, _ in wins if m]) if any(m for m, _, _ in wins) else float("nan")  # objective + confirmation
-        rejected = [n for m, n, _ in aa if not m] + [n for m, n, _ in wins if not m]
-        outcomes.append((sc.name, collections.Counter(o for _, _, o in wins), len(wins)))
+        win_pairs = np.mean([n for m, n, _, _ in wins if m]) if any(m for m, _, _, _ in wins) else float("nan")  # objective + confirmation
+        rejected = [n for m, n, _, _ in aa if not m] + [n for m, n, _, _ in wins if not m]
+        outcomes.append((sc.name, collections.Counter(o for _, _, o, _ in wins), len(wins), [d for m, _, _, d in wins if m]))
         rej_cost = np.mean(rejected) / full
         rows.append((sc, fm, aa_cost, power, win_pairs, rej_cost))
         print(f"{sc.name:32} {fm:>17.2%} {aa_cost:>9.0%} {aa_pairs / gate.max_pairs:>10.0%} {power:>16.1%} {win_pairs:>13.1f} {rej_cost:>14.0%}")
     print("\nwhere the true 3% wins went (merged / won but refused by the confirmation / stopped by futility / inconclusive at max_pairs):")
-    for name, c, n in outcomes:
-        print(f"  {name:30} " + "  ".join(f"{k} {c[k] / n:6.1%}" for k in ("merge", "not confirmed", "futility", "inconclusive")))
+    for name, c, n, differ in outcomes:
+        flagged = f"  (Sessions 'differ' for {np.mean(differ):.1%} of the merges)" if differ else ""
+        print(f"  {name:30} " + "  ".join(f"{k} {c[k] / n:6.1%}" for k in ("merge", "not confirmed", "futility", "inconclusive")) + flagged)
     basic = [sc for sc in scenarios if sc.restarts == 1 and not sc.instance and not sc.outlier_rate and not sc.drift and not sc.loaded]
     if basic:
         print("\nfor contrast, A/A false merges of rules common today (same simulated noise):")

@@ -135,6 +135,23 @@ def between_variance(x: Sequence[float], clusters: Sequence[int]) -> tuple[float
     return max(0.0, float(means.var(ddof=1)) - noise), r
 
 
+def sessions_differ(groups: Sequence[Sequence[float]]) -> float | None:
+    """One-way ANOVA p-value of "every engine session measures the same mean" over the sessions' log-ratios
+    (``groups``: one list per session). A small p says the result depends on the engine instance it was
+    measured on. None when it cannot be tested: fewer than two sessions, or no session with two pairs."""
+    sizes = [len(g) for g in groups if len(g)]
+    k, n = len(sizes), sum(sizes)
+    if k < 2 or n - k < 1:
+        return None
+    means = [float(np.mean(g)) for g in groups if len(g)]
+    grand = float(np.mean([v for g in groups for v in g]))
+    between = sum(m_i * (m - grand) ** 2 for m_i, m in zip(sizes, means)) / (k - 1)
+    within = sum(float(np.sum((np.asarray(g, dtype=float) - np.mean(g)) ** 2)) for g in groups if len(g)) / (n - k)
+    if within <= 0:
+        return 0.0 if between > 0 else 1.0
+    return float(sps.f.sf(between / within, k - 1, n - k))
+
+
 def session_variance(x: Sequence[float], clusters: Sequence[int] | None, prior: NoisePrior | None) -> tuple[float, float, bool]:
     """(tau², R, known): the variance of the engine-session effect on one session's mean; the effective number
     of sessions the pairs' mean averages it over (n² / sum of n_i², R for balanced sessions: 10 pairs in one

@@ -116,6 +116,9 @@ def test_calibrate_stores_noise_and_the_gate_uses_it(target):
     assert "are short" in human.stdout  # a toy bench trial takes a fraction of a second
     stored = json.loads((target / ".git" / "agentsearch" / "calibration.json").read_text())["workloads"]["speed"]
     assert stored["budget_pairs"] == 20 and 0 < stored["detectable"] < 0.2 and stored["trial_s"] > 0
+    # and through the gate's own decisions (simulated): never below half of min_effect, the smallest win the gate takes
+    assert "with 90% power by the gate's own decisions (sequential looks, the confirmation; simulated at this noise): +" in human.stdout
+    assert 0.01 <= stored["detectable_gate"] < 0.3
 
 
 def test_evaluations_are_recorded_in_the_history(target):

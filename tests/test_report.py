@@ -82,6 +82,10 @@ def test_markdown_and_html_reports_of_a_merge_carry_every_section_and_reproduce(
     assert {"trials-speed-objective", "trials-speed-confirmation", "distribution-prefill", "distribution-decode"} <= names
     assert all(p.read_bytes()[:4] == b"\x89PNG" for p in plots)
     assert "](merge-plots/trials-speed-objective.png)" in md
+    # the objective's session and the confirmation's fresh one, each with its pairs and change
+    sessions = md.split("### Sessions", 1)[1].split("\n## ", 1)[0]
+    assert re.search(rf"^\| objective \| 1 \| {w['pairs']} \| \+[\d.]+% \|$", sessions, re.M), sessions
+    assert re.search(rf"^\| confirmation \| fresh 1 \| {v['confirmation']['pairs']} \| \+[\d.]+% \|$", sessions, re.M), sessions
     # the git note on the merge commit reproduces it with the same baseline, seed and alpha (no local path)
     merge = [e.data for e in HistoryLog(Workspace.open(repo).state / "history.jsonl").entries() if e.kind == "merge"][0]
     note = git(repo, "notes", "--ref=agentsearch", "show", merge["new"])
@@ -289,3 +293,45 @@ def test_review_recheck_and_revert_a_real_merge(judged):
     assert md.startswith("# MERGE — ") and "**Reverted since**" in md and "**MERGE, REVERTED**" in md
     proc = run_cli("pr", "-C", str(repo), "002", "--dry-run")
     assert proc.returncode == 2 and "reverted since" in proc.stderr and "--force" in proc.stderr
+
+
+def _session_trials(workload: str, changes: list[tuple[str, int, float]], rng, higher: bool = True) -> list[dict]:
+    """Paired trial records of ``workload``: per (phase, session, change) six pairs at 1% noise."""
+    import math
+
+    out, pair = [], {}
+    for phase, session, change in changes:
+        for _ in range(6):
+            i = pair[phase] = pair.get(phase, -1) + 1
+            b = 1000 * math.exp(rng.normal(0, 0.01))
+            c = b * (1 + change) ** (1 if higher else -1) * math.exp(rng.normal(0, 0.01))
+            for side, v in (("baseline", b), ("candidate", c)):
+                out.append({"workload": workload, "side": side, "value": v, "ok": True, "pair": i, "session": session, "phase": phase})
+    return out
+
+
+def test_report_shows_each_engine_session_and_flags_sessions_that_disagree(tmp_path):
+    """Two objective sessions that drew +6% and a fresh confirmation instance at -4%: the win depends on the instance."""
+    import numpy as np
+
+    from agentsearch.report import Evidence, render
+
+    rng = np.random.default_rng(3)
+    trials = (_session_trials("tput", [("objective", 0, 0.06), ("objective", 1, 0.06), ("confirmation", 0, -0.04)], rng)
+              + _session_trials("ttft", [("objective", 0, 0.02), ("objective", 1, 0.02)], rng, higher=False)  # a latency: lower is better
+              + _session_trials("old", [("objective", 0, 0.3), ("objective", 1, -0.3)], rng))  # no direction in the config: left out
+    ev = Evidence("x", "evaluation", {"verdict": "merge", "ref": "x"}, trials, directions={"tput": True, "ttft": False})
+    md, _ = render(ev, "md")
+    section = md.split("### Sessions", 1)[1].split("## Distribution checks", 1)[0]
+    tput, ttft = section.split("**tput**", 1)[1].split("**ttft**", 1)
+    assert "**differ** (one-way ANOVA p=" in tput and "agentsearch review --recheck" in tput
+    rows = re.findall(r"^\| (\w+) \| ([\w ]+) \| (\d+) \| ([+-][\d.]+)% \|$", tput, re.M)
+    assert [(r[0], r[1], r[2]) for r in rows] == [("objective", "1", "6"), ("objective", "2", "6"), ("confirmation", "fresh 1", "6")]
+    assert [round(float(r[3])) for r in rows] == [6, 6, -4]
+    assert "agree (one-way ANOVA p=" in ttft and [round(float(x)) for x in re.findall(r"\| ([+-][\d.]+)% \|$", ttft, re.M)] == [2, 2]
+    assert "**old**" not in section
+    html, _ = render(ev, "html")
+    assert 'id="sessions-tput"' in html and "<b>differ</b>" in html
+    # one session per workload: no section
+    single = Evidence("x", "evaluation", {"verdict": "merge"}, _session_trials("tput", [("objective", 0, 0.06)], rng), directions={"tput": True})
+    assert "### Sessions" not in render(single, "md")[0]

@@ -306,3 +306,17 @@ def test_a_pair_is_loaded_when_either_of_its_trials_was():
     assert loaded_share(run([(False, True)] * 6)) == 1.0
     assert loaded_share(run([(False, False)] * 4 + [(True, True)] * 2)) == pytest.approx(1 / 3)
     assert loaded_share(run([(False, False)] * 3)) == 0.0 and loaded_share(WorkloadRun("w")) == 0.0
+
+
+def test_sessions_differ_is_a_one_way_anova_that_sees_an_instance_lottery():
+    from harness.statistics import sessions_differ
+
+    spread = 0.03 * sps.norm.ppf((np.arange(8) + 0.5) / 8)  # eight pairs at a per-pair SD of 0.03
+    same = [(m + spread).tolist() for m in (0.03, 0.032, 0.028)]  # sessions within their noise of each other
+    lottery = [(m + spread).tolist() for m in (0.06, 0.05, -0.05)]  # two instances drew high, a fresh one low
+    assert sessions_differ(same) == pytest.approx(sps.f_oneway(*same).pvalue, rel=1e-9)
+    assert sessions_differ(same) > 0.05
+    assert sessions_differ(lottery) == pytest.approx(sps.f_oneway(*lottery).pvalue, rel=1e-9) and sessions_differ(lottery) < 1e-4
+    # not testable: one session, or no session with two pairs (no within-session variance)
+    assert sessions_differ([[0.1, 0.2, 0.0]]) is None and sessions_differ([[0.1], [0.2]]) is None
+    assert sessions_differ([[0.1, 0.1], [0.1, 0.1]]) == 1.0 and sessions_differ([[0.1, 0.1], [0.2, 0.2]]) == 0.0

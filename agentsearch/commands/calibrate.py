@@ -39,7 +39,13 @@ def run(target: Path, as_json: bool, pairs: int, machine_probe_s: float = MACHIN
             sign = -w.detectable / (1 + w.detectable) if w.guard else w.detectable  # a regression: the slower side at that log-ratio
             sessions = (f" in engine sessions of {w.per_session} pairs (a session's effect on the mean: SD {w.between_var ** 0.5:.4f}, "
                         f"from {w.sessions} sessions)") if w.per_session else ""
-            out.print(f"{w.workload}: smallest {what} detectable with 90% power within {w.budget_pairs} pairs{sessions}: {sign:+.1%}")
+            out.print(f"{w.workload}: smallest {what} detectable with 90% power within {w.budget_pairs} pairs{sessions}: {sign:+.1%} "
+                      "(one t-test at the last look)")
+        if w.detectable is not None or w.detectable_gate is not None:
+            what = "regression flagged" if w.guard else "speedup merged"
+            steps = "sequential looks" + (", each proposal's session effect" if w.per_session else "") + ("" if w.guard else ", the confirmation")
+            found = "none within 100%" if w.detectable_gate is None else f"{(-w.detectable_gate if w.guard else w.detectable_gate):+.1%}"
+            out.print(f"{w.workload}: smallest {what} with 90% power by the gate's own decisions ({steps}; simulated at this noise): {found}")
         quiet = [f"trials {w.trial_s:.2f} s each (median)" if w.trial_s is not None else "",
                  f"load average {w.load_avg:.2f}" if w.load_avg is not None else "",
                  f"{w.foreign_trials} under foreign load", f"placement {w.placement}" if w.placement else ""]

@@ -1,0 +1,57 @@
+"""The gate's power by simulation (harness.power): the real sequential decisions, not a formula."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from agentsearch.config import GateConfig
+from agentsearch.gate_design import design_for
+from harness.power import Noise, detectable, rate
+from harness.statistics import NoisePrior, min_detectable
+
+GATE = GateConfig()
+DESIGN = design_for(GATE)
+LEVEL = GATE.proposal_alpha * 0.8  # the final look's share: what the formula tests at
+
+
+def test_merge_rate_grows_with_the_effect_and_never_merges_a_no_op():
+    sd = 0.032
+    prior, noise = NoisePrior(sd * sd, 29), Noise.from_calibration(sd, 0.0, 1)
+    rates = [rate(DESIGN, prior, noise, e, reps=100, confirm_pairs=GATE.confirm_pairs) for e in (0.0, 0.015, 0.03, 0.06)]
+    assert rates[0] == 0.0 and rates == sorted(rates) and rates[-1] >= 0.95 and 0.1 < rates[2] < 0.95, rates
+
+
+def test_the_gate_finds_less_than_the_formula_says_once_it_estimates_the_session_effect():
+    """One session: the sequential decisions find about what one t-test at the last look finds. Two engine sessions
+    per side: the proposal's own session effect is estimated (one degree of freedom), and the smallest 3%-scale win
+    merged with 90% power is clearly larger than the formula's, which counts only the calibration's tau² (here 0)."""
+    sd = 0.032
+    prior = NoisePrior(sd * sd, 29)
+    formula = min_detectable(sd, GATE.max_pairs, LEVEL, 0.9, 29)
+    one = detectable(DESIGN, prior, Noise.from_calibration(sd, 0.0, 1), reps=100, confirm_pairs=GATE.confirm_pairs)
+    two = detectable(DESIGN, prior, Noise.from_calibration(sd, 0.0, 2), reps=100, confirm_pairs=GATE.confirm_pairs)
+    assert one is not None and two is not None
+    assert 0.85 * formula < one < 1.25 * formula, (formula, one)
+    assert two > 1.1 * formula and two > one, (formula, one, two)
+
+
+def test_a_quiet_workload_is_bounded_by_min_effect_and_a_noisy_one_by_the_budget():
+    """Nearly no noise: the formula says a tiny effect, but the gate wants a point estimate of half of min_effect.
+    A guard is found at about the formula's regression; noise far beyond the budget finds nothing within 100%."""
+    quiet = detectable(DESIGN, NoisePrior(1e-8, 29), Noise(1e-5), reps=50, confirm_pairs=GATE.confirm_pairs)
+    assert quiet is not None and GATE.min_effect / 2 <= quiet < GATE.min_effect / 2 * 1.1
+    guard_design = dataclasses.replace(DESIGN, max_pairs=16)
+    sd = 0.12
+    guard = detectable(guard_design, NoisePrior(sd * sd, 9), Noise.from_calibration(sd, 0.0, 2), reps=100, guard=True)
+    formula = -math_expm1_neg(min_detectable(sd, 16, GATE.regression_alpha, 0.9, 9, 0.0, 8))
+    assert guard is not None and guard == pytest.approx(formula, rel=0.2), (guard, formula)
+    assert detectable(DESIGN, NoisePrior(4.0, 29), Noise.from_calibration(2.0, 0.0, 1), reps=20, confirm_pairs=GATE.confirm_pairs) is None
+    with pytest.raises(ValueError):
+        Noise(-0.1)
+
+
+def math_expm1_neg(speedup_effect: float) -> float:
+    """The formula's regression (a log-ratio of the same size, downwards) as a negative fraction."""
+    return -speedup_effect / (1 + speedup_effect)
