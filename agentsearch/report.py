@@ -196,10 +196,10 @@ PHASE_RANK = {"objective": 0, "guard": 1, "confirmation": 2}
 SESSIONS_DIFFER_P = 0.05  # below it, the report says the sessions disagree
 
 
-def _paired(ev: Evidence) -> dict[tuple[str, str], dict[int, dict[str, Any]]]:
+def _paired(trials: list[Mapping[str, Any]]) -> dict[tuple[str, str], dict[int, dict[str, Any]]]:
     """{(workload, phase): {pair: {"baseline": value, "candidate": value, "session": index}}} of the ok trials."""
     groups: dict[tuple[str, str], dict[int, dict[str, Any]]] = {}
-    for t in ev.trials:
+    for t in trials:
         if t.get("ok") and t.get("value") is not None:
             p = groups.setdefault((t["workload"], t.get("phase", "objective")), {}).setdefault(t["pair"], {})
             p[t["side"]] = t["value"]
@@ -208,6 +208,11 @@ def _paired(ev: Evidence) -> dict[tuple[str, str], dict[int, dict[str, Any]]]:
 
 
 def engine_sessions(ev: Evidence) -> list[dict[str, Any]]:
+    """``session_table`` of a verdict's evidence."""
+    return session_table(ev.trials, ev.directions)
+
+
+def session_table(trials: list[Mapping[str, Any]], directions: Mapping[str, bool]) -> list[dict[str, Any]]:
     """Per workload measured on two or more engine sessions (``restarts``, the confirmation's fresh engines): each
     session's pairs and change, and whether the sessions agree (``harness.statistics.sessions_differ``). The gate
     counts the session effect in its standard error; this table lets a reviewer see a win that rests on instances
@@ -216,10 +221,10 @@ def engine_sessions(ev: Evidence) -> list[dict[str, Any]]:
     from harness.statistics import sessions_differ
 
     by_workload: dict[str, dict[tuple[int, int], list[float]]] = {}
-    for (workload, phase), pairs in _paired(ev).items():
-        if workload not in ev.directions:
+    for (workload, phase), pairs in _paired(trials).items():
+        if workload not in directions:
             continue
-        sign = 1.0 if ev.directions[workload] else -1.0
+        sign = 1.0 if directions[workload] else -1.0
         for _, p in sorted(pairs.items()):
             b, c = p.get("baseline"), p.get("candidate")
             if b and c and b > 0 and c > 0:
@@ -279,7 +284,7 @@ def plots(ev: Evidence, fmt: str = "png") -> dict[str, bytes]:
     plt.rcParams["svg.fonttype"] = "none"  # axis labels stay text (searchable, checked by the report test)
     plt.rcParams["svg.hashsalt"] = "agentsearch"  # stable ids
     out: dict[str, bytes] = {}
-    groups = _paired(ev)
+    groups = _paired(ev.trials)
     for (workload, phase), pairs in sorted(groups.items(), key=lambda kv: (PHASE_RANK.get(kv[0][1], 3), kv[0][0])):
         full = sorted((i, p) for i, p in pairs.items() if "baseline" in p and "candidate" in p)
         if not full:

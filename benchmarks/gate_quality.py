@@ -237,10 +237,10 @@ def main() -> int:
     for sc in scenarios:
         aa = [one(sc, 0.0, gate, rng, args.calibrate_pairs, args.same_instances) for _ in range(args.reps)]
         wins = [one(sc, 0.03, gate, rng, args.calibrate_pairs, args.same_instances) for _ in range(args.reps // 2)]
-        fm = np.mean([m for m, _, _ in aa])
+        fm = np.mean([m for m, _, _, _ in aa])
         aa_pairs = np.mean([n for m, n, _, _ in aa if not m])
         aa_cost = aa_pairs / full
-        power = np.mean([m for m, _, _ in wins])
+        power = np.mean([m for m, _, _, _ in wins])
         win_pairs = np.mean([n for m, n, _, _ in wins if m]) if any(m for m, _, _, _ in wins) else float("nan")  # objective + confirmation
         rejected = [n for m, n, _, _ in aa if not m] + [n for m, n, _, _ in wins if not m]
         outcomes.append((sc.name, collections.Counter(o for _, _, o, _ in wins), len(wins), [d for m, _, _, d in wins if m]))

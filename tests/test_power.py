@@ -55,3 +55,24 @@ def test_a_quiet_workload_is_bounded_by_min_effect_and_a_noisy_one_by_the_budget
 def math_expm1_neg(speedup_effect: float) -> float:
     """The formula's regression (a log-ratio of the same size, downwards) as a negative fraction."""
     return -speedup_effect / (1 + speedup_effect)
+
+
+def test_gate_quality_benchmark_runs_its_scenarios_and_the_attack():
+    """The benchmark script end to end on a few proposals: its rows, where the wins went (with the Sessions flag),
+    and the lottery of slowdowns, which cannot be merged."""
+    import subprocess
+    import sys
+
+    from .conftest import ROOT
+
+    script = str(ROOT / "benchmarks" / "gate_quality.py")
+    proc = subprocess.run([sys.executable, script, "--reps", "16", "--calibrate-pairs", "10", "--scenario", "0.0226:0.005:2"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "CV 2.3% + instance 0.5%, restarts 2" in proc.stdout and "where the true 3% wins went" in proc.stdout
+    proc = subprocess.run([sys.executable, script, "--reps", "16", "--calibrate-pairs", "10", "--only", "lottery of slowdowns"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.count("false merges  0.00% (0 of 16)") == 2, proc.stdout
+    bad = subprocess.run([sys.executable, script, "--scenario", "0.02:x:2"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode != 0 and "expected CV:INSTANCE:RESTARTS[:LOTTERY]" in bad.stderr

@@ -259,6 +259,10 @@ def test_review_recheck_and_revert_a_real_merge(judged):
     assert len(rows) == 1 and rows[0]["proposal"] == out["proposals"][1]["proposal"]
     merge = rows[0]["merge"]
     assert rows[0]["on_baseline"] and not rows[0]["reverted"] and "Verdict: merge" in rows[0]["evidence"]
+    # the objective's sessions (its own and the confirmation's), as the report's Sessions table judges them
+    assert rows[0]["sessions"] in ("agree", "differ")
+    listing = run_cli("review", "-C", str(repo))
+    assert listing.returncode == 0 and "sessions" in listing.stdout and rows[0]["sessions"] in listing.stdout
 
     proc = run_cli("review", "-C", str(repo), merge[:12], "--recheck", "--json", timeout=600)
     assert proc.returncode == 0, proc.stderr

@@ -7,12 +7,13 @@ from typing import Any
 
 from rich.markup import escape
 
-from history.records import Merge, Recheck, Revert, Verdict
+from history.records import Merge, Recheck, Revert, Trial, Verdict
 
 from ..errors import EXIT_FAIL, AgentsearchError
 from ..gate import MERGE
 from ..headline import pct
 from ..records import append, read_entries
+from ..report import session_table
 from ..workspace import Workspace, git
 from .output import compact_table, out, print_json, progress
 from .proposal_ids import refuse_ambiguous
@@ -22,6 +23,15 @@ def merges(ws: Workspace) -> list[dict[str, Any]]:
     """Every merge agentsearch made on the baseline, with its evidence and current state."""
     entries = read_entries(ws)
     verdicts = {e.proposal: e.record for e in entries if isinstance(e.record, Verdict)}
+    trials: dict[str | None, list[dict[str, Any]]] = {}  # each merged proposal's trials of its merged candidate
+    for e in entries:
+        if isinstance(e.record, Trial):
+            trials.setdefault(e.proposal, []).append(e.record.to_json())
+    try:
+        config = ws.config()
+        directions, objective = {w.name: w.higher_is_better for w in config.workloads}, config.objective.name
+    except AgentsearchError:  # a baseline without a readable config: the sessions are not shown
+        directions, objective = {}, ""
     reverted = {e.record.merge: e.record for e in entries if isinstance(e.record, Revert)}
     rechecks = {e.record.merge: e.record for e in entries if isinstance(e.record, Recheck)}  # the latest of each
     tip = ws.baseline_commit()
@@ -37,11 +47,15 @@ def merges(ws: Workspace) -> list[dict[str, Any]]:
         except AgentsearchError:
             on_baseline = False
         rc, rv = rechecks.get(m), reverted.get(m)
+        mine = [t for t in trials.get(e.proposal, []) if t.get("candidate") == merge.candidate]
+        sessions = next((s for s in session_table(mine, directions) if s["workload"] == objective), None)
         rows.append({
             "merge": m, "proposal": e.proposal, "title": v.title if v else None, "speedup": v.speedup if v else None,
             "objective": v.objective if v else None, "old": merge.old, "candidate": merge.candidate,
             "on_baseline": on_baseline, "reverted": rv is not None, "revert_commit": rv.new if rv else None,
             "evidence": git.show_note(ws.repo_dir, m) or "", "recheck": rc.holds if rc else None,
+            # the objective's engine sessions (report's *Sessions*): "differ" is worth a --recheck on fresh engines
+            "sessions": None if sessions is None or sessions["p"] is None else ("differ" if sessions["differ"] else "agree"),
         })
     return rows
 
@@ -76,10 +90,13 @@ def run(target: Path, as_json: bool, what: str | None, recheck: bool, seed: int 
             return 0
         table = [[r["merge"][:12], pct(r["speedup"]),
                   "reverted" if r["reverted"] else ("on baseline" if r["on_baseline"] else "not on baseline"),
-                  {True: "holds", False: "does not hold", None: "—"}[r["recheck"]], r["proposal"] or "—", r["title"] or ""]
+                  r["sessions"] or "—", {True: "holds", False: "does not hold", None: "—"}[r["recheck"]], r["proposal"] or "—", r["title"] or ""]
                  for r in rows]
-        out.print(compact_table(f"merges on {ws.baseline_branch}", ["merge", "Δ obj.", "state", "recheck", "proposal", "title"],
+        out.print(compact_table(f"merges on {ws.baseline_branch}", ["merge", "Δ obj.", "state", "sessions", "recheck", "proposal", "title"],
                                 table, out.width, right=(1,)))
+        if any(r["sessions"] == "differ" and r["recheck"] is None for r in rows):
+            out.print("sessions 'differ': the win depended on the engine instance it ran on; re-measure it on fresh engines with "
+                      "`agentsearch review MERGE --recheck`")
         return 0
     row = resolve_merge(ws, what)
     if not recheck:
