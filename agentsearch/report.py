@@ -19,7 +19,7 @@ import shlex
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import templates as _templates
 from history.records import Evaluation as EvaluationRecord
@@ -196,7 +196,7 @@ PHASE_RANK = {"objective": 0, "guard": 1, "confirmation": 2}
 SESSIONS_DIFFER_P = 0.05  # below it, the report says the sessions disagree
 
 
-def _paired(trials: list[Mapping[str, Any]]) -> dict[tuple[str, str], dict[int, dict[str, Any]]]:
+def _paired(trials: Sequence[Mapping[str, Any]]) -> dict[tuple[str, str], dict[int, dict[str, Any]]]:
     """{(workload, phase): {pair: {"baseline": value, "candidate": value, "session": index}}} of the ok trials."""
     groups: dict[tuple[str, str], dict[int, dict[str, Any]]] = {}
     for t in trials:
@@ -212,7 +212,7 @@ def engine_sessions(ev: Evidence) -> list[dict[str, Any]]:
     return session_table(ev.trials, ev.directions)
 
 
-def session_table(trials: list[Mapping[str, Any]], directions: Mapping[str, bool]) -> list[dict[str, Any]]:
+def session_table(trials: Sequence[Mapping[str, Any]], directions: Mapping[str, bool]) -> list[dict[str, Any]]:
     """Per workload measured on two or more engine sessions (``restarts``, the confirmation's fresh engines): each
     session's pairs and change, and whether the sessions agree (``harness.statistics.sessions_differ``). The gate
     counts the session effect in its standard error; this table lets a reviewer see a win that rests on instances
