@@ -21,7 +21,8 @@ from harness.engine_session import EnginePool
 from harness.interleave import pairs_per_session, run_interleaved
 from harness.sequential import OK, Decision, SequentialDesign
 from harness import power
-from harness.statistics import NoisePrior, between_variance, cv, drift, min_detectable, noise_prior, outliers, paired_estimate, pairs_for_power
+from harness.statistics import (NoisePrior, between_variance, cv, drift, min_detectable, noise_prior, outliers, paired_estimate, pairs_for_power,
+                                winsorize, within_variance)
 from harness.gate_defaults import CALIBRATION_PAIRS, MACHINE_PROBE_S
 from harness.trials import BASELINE, CANDIDATE
 
@@ -29,7 +30,7 @@ from .config import Config, WorkloadConfig
 from .errors import AgentsearchError
 from .gate_design import design_for, workload_design
 from .sides import built_sides
-from .workloads import engine_cpus, measure_options, placement_for, restarts_for, session_factory
+from .workloads import confirmation_restarts, engine_cpus, measure_options, placement_for, restarts_for, session_factory
 from .workspace.workspace import Workspace, atomic_write
 
 CALIBRATION_SCHEMA = 1
@@ -59,6 +60,7 @@ class WorkloadNoise:
     # the same, through the gate's own decisions (harness.power: sequential looks, each proposal's session effect,
     # the confirmation), simulated at this noise; None: not simulated (older calibrations) or not within 100%
     detectable_gate: float | None = None
+    within_var: float | None = None  # variance of pair log-ratios within an engine session (var: across them, sessions' spread included)
     guard: bool = False  # a guard workload (judged for regressions), not the objective
     trial_s: float | None = None  # median duration of one timed trial
     load_avg: float | None = None  # mean 1-minute load average over the trials
@@ -108,6 +110,7 @@ def analyze(name: str, run_trials: list, d: list[float], config: Config, session
     level = config.gate.proposal_alpha * 0.8  # the final look's share (harness.sequential)
     sd = prior.var**0.5
     tau2, r = between_variance(d, sessions) if sessions else (0.0, 1)
+    within = within_variance(winsorize(d)[0], sessions) if sessions and r > 1 else prior.var
     w = config.workload(name) if name in {x.name for x in config.workloads} else None
     budget = (w.max_pairs if w is not None and w.max_pairs else None) or config.gate.max_pairs
     guard = w is not None and w.name != config.objective.name
@@ -124,12 +127,20 @@ def analyze(name: str, run_trials: list, d: list[float], config: Config, session
         sd_log_ratio=sd, var=prior.var, df=prior.df, drift_per_100=dr.slope_per_100, drift_p=dr.p_value,
         outliers=outliers(d), order_effect=order_effect, aa_speedup=est.speedup, aa_ci=est.ci(),
         pairs_needed=pairs_for_power(sd, config.gate.min_effect, level, 0.9, df_prior=prior.df, between_var=tau2, per_session=per_session),
-        sessions=r, between_var=tau2, budget_pairs=budget, guard=guard, per_session=per_session,
+        sessions=r, between_var=tau2, within_var=within, budget_pairs=budget, guard=guard, per_session=per_session,
         detectable=min_detectable(sd, budget, detect_level, 0.9, prior.df, between_var=tau2, per_session=per_session),
         trial_s=pystats.median(walls) if walls else None, load_avg=round(pystats.mean(loads), 2) if loads else None,
         foreign_trials=sum(1 for t in run_trials if t.metrics.get("foreign_load")), placement=placement,
         slices=int(pystats.median(parts)) if parts else 1,
     )
+
+
+def simulation_noise(noise: WorkloadNoise, config: Config, w: WorkloadConfig, alternate: bool = False) -> power.Noise:
+    """The noise ``harness.power`` simulates ``w`` at: a trial's SD within a session (the calibration's ``var`` counts
+    the sessions' spread too, which the instances add again), each instance's effect, and the gate's sessions and
+    placement for the workload and its confirmation (``agentsearch.evaluation``: one session, two under split)."""
+    within = noise.within_var if noise.within_var is not None else noise.var
+    return power.Noise.from_calibration(math.sqrt(within), noise.between_var, restarts_for(w), alternate, confirmation_restarts(config))
 
 
 def with_gate_power(noise: WorkloadNoise, config: Config, w: WorkloadConfig, alternate: bool = False,
@@ -138,8 +149,8 @@ def with_gate_power(noise: WorkloadNoise, config: Config, w: WorkloadConfig, alt
     (``harness.power.detectable``): the objective's speedup, merged after its confirmation; a guard's regression.
     Simulated with this calibration as the prior, the workload's pair budget, sessions and placement."""
     prior = NoisePrior(var=noise.var, df=noise.df, between_var=noise.between_var)
-    sim = power.Noise.from_calibration(noise.sd_log_ratio, noise.between_var, restarts_for(w), alternate)
     design = workload_design(design_for(config.gate), w)
+    sim = simulation_noise(noise, config, w, alternate)
     found = power.detectable(design, prior, sim, 0.9, reps, confirm_pairs=0 if noise.guard else config.gate.confirm_pairs, guard=noise.guard)
     return dataclasses.replace(noise, detectable_gate=found)
 

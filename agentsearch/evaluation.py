@@ -36,13 +36,12 @@ from .gate import Check, Status, Verdict, judge
 from .gate_design import design_for, workload_design
 from .headline import unit as metric_unit
 from harness.engine_session import EnginePool
-from harness.placement import SPLIT
 
 from harness.logprobs import LogprobError
 
 from .verify import run_verify
 from .warm_baseline import WarmBaseline, is_baseline_engine
-from .workloads import blames_candidate, measure_options, placement_for, session_factory
+from .workloads import blames_candidate, confirmation_restarts, measure_options, placement_for, session_factory
 from .workspace import Workspace
 
 EVALUATION_SCHEMA = 1
@@ -355,7 +354,7 @@ def _run_workload(ctx: _Ctx, w: WorkloadConfig, role: str, decide: Callable[...,
         # session; two under split placement, so that the sides swap devices as in every other round
         inner = factory
         factory = lambda side, restart: inner(side, CONFIRMATION_SESSION + restart)  # noqa: E731
-        options = {**options, "restarts": 2 if placement_for(config).mode == SPLIT else 1}
+        options = {**options, "restarts": confirmation_restarts(config)}
     else:
         wdesign = workload_design(ctx.design, w)
     seeds = confirmation_seeds(ctx.master, w.name) if role == "confirmation" else pair_seeds(ctx.master, w.name)

@@ -197,9 +197,17 @@ SESSIONS_DIFFER_P = 0.05  # below it, the report says the sessions disagree
 
 
 def _paired(trials: Sequence[Mapping[str, Any]]) -> dict[tuple[str, str], dict[int, dict[str, Any]]]:
-    """{(workload, phase): {pair: {"baseline": value, "candidate": value, "session": index}}} of the ok trials."""
+    """{(workload, phase): {pair: {"baseline": value, "candidate": value, "session": index}}} of the ok trials of the
+    last attempt: an evaluation resumed after a crash measures the same commit and seeds again from pair 0, so a trial
+    whose (workload, phase, pair, side) was recorded already starts a new attempt and the earlier one is dropped."""
     groups: dict[tuple[str, str], dict[int, dict[str, Any]]] = {}
+    seen: set[tuple[str, str, int, str]] = set()
     for t in trials:
+        key = (t["workload"], t.get("phase", "objective"), t["pair"], t["side"])
+        if key in seen:
+            groups.clear()
+            seen.clear()
+        seen.add(key)
         if t.get("ok") and t.get("value") is not None:
             p = groups.setdefault((t["workload"], t.get("phase", "objective")), {}).setdefault(t["pair"], {})
             p[t["side"]] = t["value"]
@@ -218,18 +226,18 @@ def session_table(trials: Sequence[Mapping[str, Any]], directions: Mapping[str, 
     counts the session effect in its standard error; this table lets a reviewer see a win that rests on instances
     that disagree (a speed that is a lottery per engine instance: the README's *The lottery attack*). Workloads
     whose direction the config no longer says are left out rather than shown with a guessed sign."""
-    from harness.statistics import sessions_differ
+    from harness.statistics import sessions_differ, winsorize
 
     by_workload: dict[str, dict[tuple[int, int], list[float]]] = {}
     for (workload, phase), pairs in _paired(trials).items():
         if workload not in directions:
             continue
         sign = 1.0 if directions[workload] else -1.0
-        for _, p in sorted(pairs.items()):
-            b, c = p.get("baseline"), p.get("candidate")
-            if b and c and b > 0 and c > 0:
-                key = (PHASE_RANK.get(phase, 3), int(p["session"]))
-                by_workload.setdefault(workload, {}).setdefault(key, []).append(sign * math.log(c / b))
+        full = [(int(p["session"]), sign * math.log(p["candidate"] / p["baseline"])) for _, p in sorted(pairs.items())
+                if (p.get("baseline") or 0) > 0 and (p.get("candidate") or 0) > 0]
+        clipped, _ = winsorize([x for _, x in full])  # as the gate: one stalled trial does not decide it
+        for (session, _), x in zip(full, clipped):
+            by_workload.setdefault(workload, {}).setdefault((PHASE_RANK.get(phase, 3), session), []).append(x)
     phases = {v: k for k, v in PHASE_RANK.items()}
     out = []
     for workload, groups in sorted(by_workload.items(), key=lambda kv: (min(k for k, _ in kv[1]), kv[0])):
@@ -245,8 +253,8 @@ def session_table(trials: Sequence[Mapping[str, Any]], directions: Mapping[str, 
         if p_value is None:
             verdict = "cannot be compared (no session has two pairs)"
         elif p_value < SESSIONS_DIFFER_P:
-            verdict = (f"**differ** (one-way ANOVA p={p_value:.2g} < {SESSIONS_DIFFER_P:g}): the change depends on the engine instance it was measured "
-                       "on; `agentsearch review --recheck` re-measures a merge on fresh engines")
+            verdict = (f"**differ** (one-way ANOVA p={p_value:.2g} < {SESSIONS_DIFFER_P:g}): part of this change is the luck of the engine "
+                       "instances (or seeds) it was measured on; `agentsearch review --recheck` re-measures a merge on fresh ones")
         else:
             verdict = f"agree (one-way ANOVA p={p_value:.2g})"
         out.append({"workload": workload, "rows": rows, "p": p_value, "differ": p_value is not None and p_value < SESSIONS_DIFFER_P, "verdict": verdict,

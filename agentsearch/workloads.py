@@ -314,4 +314,11 @@ def restarts_for(workload: WorkloadConfig) -> int:
     return 1 if workload.kind == "command" else workload.restarts
 
 
-__all__ = ["session_factory", "restarts_for", "measure_options", "placement_for", "blames_candidate", "UnsupportedWorkload", "BASELINE"]
+def confirmation_restarts(config: Config) -> int:
+    """Sessions of the confirmation on fresh engines: one; two under split placement, so that the sides swap devices as
+    in every other round."""
+    return 2 if placement_for(config).mode == placement_mod.SPLIT else 1
+
+
+__all__ = ["session_factory", "restarts_for", "confirmation_restarts",
+           "measure_options", "placement_for", "blames_candidate", "UnsupportedWorkload", "BASELINE"]

@@ -39,15 +39,18 @@ class Noise:
     instance_sd: float = 0.0  # SD of an engine instance's own effect on its side's log-measurements
     restarts: int = 1  # engine sessions per side (the gate's `restarts`)
     alternate: bool = False  # one engine at a time, in rounds (placement `alternate`)
+    confirm_restarts: int = 1  # the confirmation's sessions on fresh engines (two under placement `split`)
 
     def __post_init__(self) -> None:
-        if not (self.trial_sd >= 0 and self.instance_sd >= 0 and self.restarts >= 1):
+        if not (self.trial_sd >= 0 and self.instance_sd >= 0 and self.restarts >= 1 and self.confirm_restarts >= 1):
             raise ValueError(f"bad noise: {self}")
 
     @classmethod
-    def from_calibration(cls, sd_log_ratio: float, between_var: float, restarts: int, alternate: bool = False) -> "Noise":
-        """From a calibration's per-pair SD and between-session variance (of a pair's log-ratio: both sides' instances)."""
-        return cls(sd_log_ratio / math.sqrt(2), math.sqrt(max(between_var, 0.0) / 2), restarts, alternate)
+    def from_calibration(cls, within_sd: float, between_var: float, restarts: int, alternate: bool = False,
+                         confirm_restarts: int = 1) -> "Noise":
+        """From a calibration's per-pair SD *within* an engine session and its between-session variance (of a pair's
+        log-ratio, both sides' instances: each side's instance gets half of it)."""
+        return cls(within_sd / math.sqrt(2), math.sqrt(max(between_var, 0.0) / 2), restarts, alternate, confirm_restarts)
 
 
 class SimulatedSide:
@@ -87,7 +90,7 @@ def found(design: SequentialDesign, prior: NoisePrior | None, noise: Noise, effe
     if confirm_pairs <= 0:
         return True
     conf = run_interleaved("simulated", side, confirmation_design(confirm_pairs), functools.partial(decide_confirmation, won=run.decision.estimate),
-                           lambda i: 10_000 + i, True, prior=prior)
+                           lambda i: 10_000 + i, True, prior=prior, restarts=noise.confirm_restarts, alternate=noise.alternate)
     assert conf.decision is not None
     return conf.decision.action == OK
 

@@ -135,6 +135,18 @@ def between_variance(x: Sequence[float], clusters: Sequence[int]) -> tuple[float
     return max(0.0, float(means.var(ddof=1)) - noise), r
 
 
+def within_variance(x: Sequence[float], clusters: Sequence[int]) -> float:
+    """The pooled variance of ``x`` within its clusters (engine sessions): what the pairs vary by with the sessions'
+    own effects taken out. One cluster, or no cluster with two values: the plain sample variance."""
+    groups: dict[int, list[float]] = {}
+    for v, c in zip(x, clusters):
+        groups.setdefault(c, []).append(v)
+    dof = sum(len(g) - 1 for g in groups.values())
+    if len(groups) < 2 or dof < 1:
+        return float(np.var(np.asarray(x, dtype=float), ddof=1))
+    return sum(float(np.sum((np.asarray(g) - np.mean(g)) ** 2)) for g in groups.values()) / dof
+
+
 def sessions_differ(groups: Sequence[Sequence[float]]) -> float | None:
     """One-way ANOVA p-value of "every engine session measures the same mean" over the sessions' log-ratios
     (``groups``: one list per session). A small p says the result depends on the engine instance it was

@@ -76,3 +76,32 @@ def test_gate_quality_benchmark_runs_its_scenarios_and_the_attack():
     assert proc.stdout.count("false merges  0.00% (0 of 16)") == 2, proc.stdout
     bad = subprocess.run([sys.executable, script, "--scenario", "0.02:x:2"], capture_output=True, text=True, timeout=60)
     assert bad.returncode != 0 and "expected CV:INSTANCE:RESTARTS[:LOTTERY]" in bad.stderr
+
+
+def test_calibrate_simulates_the_noise_it_calibrated():
+    """Round trip: A/A calibrations simulated at a known per-trial SD and instance SD, analysed as `calibrate` analyses
+    them; the noise `calibrate` then simulates the gate at recovers both on average. The calibration's variance counts
+    the sessions' spread, which the simulated instances add again: the trial SD must come from within the sessions
+    (from the variance across them it reads 16% high at these numbers), and the instances from the sessions' spread."""
+    import numpy as np
+
+    from agentsearch.calibration import _done, _fixed_design, analyze, simulation_noise
+    from agentsearch.config import load_config_text
+    from harness.interleave import run_interleaved
+    from harness.power import SimulatedSide
+
+    cfg = load_config_text('[[workload]]\nname = "obj"\nkind = "vllm-throughput"\nmetric = "output_tok_s"\nrestarts = 2\n')
+    w = cfg.workload("obj")
+    trial_sd, instance_sd = 0.02, 0.02
+    got, across = [], []
+    for i in range(300):
+        rng = np.random.default_rng([7, i])
+        side = lambda name, _i: SimulatedSide(rng.normal(0.0, instance_sd), trial_sd, rng)  # noqa: E731
+        run = run_interleaved("obj", side, _fixed_design(20), _done, lambda k: k, True, restarts=2)
+        noise = analyze("obj", run.trials, run.log_ratios, cfg, run.sessions, placement="shared")
+        got.append(simulation_noise(noise, cfg, w))
+        across.append(noise.var / 2)
+    assert all(n.restarts == 2 and n.confirm_restarts == 1 and not n.alternate for n in got)
+    assert np.mean([n.trial_sd ** 2 for n in got]) == pytest.approx(trial_sd ** 2, rel=0.08)
+    assert np.mean([n.instance_sd ** 2 for n in got]) == pytest.approx(instance_sd ** 2, rel=0.35)
+    assert np.mean(across) > 1.1 * trial_sd ** 2  # the variance across sessions: what the simulation used to take

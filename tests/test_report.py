@@ -262,7 +262,8 @@ def test_review_recheck_and_revert_a_real_merge(judged):
     # the objective's sessions (its own and the confirmation's), as the report's Sessions table judges them
     assert rows[0]["sessions"] in ("agree", "differ")
     listing = run_cli("review", "-C", str(repo))
-    assert listing.returncode == 0 and "sessions" in listing.stdout and rows[0]["sessions"] in listing.stdout
+    row = next(line for line in listing.stdout.splitlines() if merge[:12] in line)
+    assert listing.returncode == 0 and "sessions" in listing.stdout and f" {rows[0]['sessions']} " in row, listing.stdout
 
     proc = run_cli("review", "-C", str(repo), merge[:12], "--recheck", "--json", timeout=600)
     assert proc.returncode == 0, proc.stderr
@@ -336,6 +337,16 @@ def test_report_shows_each_engine_session_and_flags_sessions_that_disagree(tmp_p
     assert "**old**" not in section
     html, _ = render(ev, "html")
     assert 'id="sessions-tput"' in html and "<b>differ</b>" in html
+    # an evaluation resumed after a crash measured the same seeds again: only the last attempt counts (the crashed one read -10%
+    # on two sessions of 6 pairs; the resumed one +6% on 6 + 4 pairs and its confirmation)
+    crashed = _session_trials("tput", [("objective", 0, -0.10), ("objective", 1, -0.10)], rng)  # pairs 0..11
+    resumed = _session_trials("tput", [("objective", 0, 0.06), ("objective", 1, 0.06), ("confirmation", 0, 0.06)], rng)
+    resumed = [t for t in resumed if not (t["phase"] == "objective" and t["pair"] >= 10)]  # 6 pairs in session 0, 4 in session 1
+    ev2 = Evidence("x", "evaluation", {"verdict": "merge"}, crashed + resumed, directions={"tput": True})
+    section = render(ev2, "md")[0].split("### Sessions", 1)[1]
+    rows = re.findall(r"^\| (\w+) \| ([\w ]+) \| (\d+) \| ([+-][\d.]+)% \|$", section, re.M)
+    assert [(r[0], r[1], r[2]) for r in rows] == [("objective", "1", "6"), ("objective", "2", "4"), ("confirmation", "fresh 1", "6")], rows
+    assert all(float(r[3]) > 0 for r in rows) and "agree (one-way ANOVA p=" in section, section
     # one session per workload: no section
     single = Evidence("x", "evaluation", {"verdict": "merge"}, _session_trials("tput", [("objective", 0, 0.06)], rng), directions={"tput": True})
     assert "### Sessions" not in render(single, "md")[0]

@@ -27,11 +27,17 @@ def merges(ws: Workspace) -> list[dict[str, Any]]:
     for e in entries:
         if isinstance(e.record, Trial):
             trials.setdefault(e.proposal, []).append(e.record.to_json())
-    try:
-        config = ws.config()
-        directions, objective = {w.name: w.higher_is_better for w in config.workloads}, config.objective.name
-    except AgentsearchError:  # a baseline without a readable config: the sessions are not shown
-        directions, objective = {}, ""
+    configs: dict[str, tuple[dict[str, bool], str]] = {}
+
+    def judged_by(baseline: str) -> tuple[dict[str, bool], str]:
+        """(workload -> higher is better, the objective) of the config a merge was judged under (its baseline's)."""
+        if baseline not in configs:
+            try:
+                config = ws.config(baseline)
+                configs[baseline] = ({w.name: w.higher_is_better for w in config.workloads}, config.objective.name)
+            except AgentsearchError:  # a baseline without a readable config: the sessions are not shown
+                configs[baseline] = ({}, "")
+        return configs[baseline]
     reverted = {e.record.merge: e.record for e in entries if isinstance(e.record, Revert)}
     rechecks = {e.record.merge: e.record for e in entries if isinstance(e.record, Recheck)}  # the latest of each
     tip = ws.baseline_commit()
@@ -48,6 +54,7 @@ def merges(ws: Workspace) -> list[dict[str, Any]]:
             on_baseline = False
         rc, rv = rechecks.get(m), reverted.get(m)
         mine = [t for t in trials.get(e.proposal, []) if t.get("candidate") == merge.candidate]
+        directions, objective = judged_by(merge.old)
         sessions = next((s for s in session_table(mine, directions) if s["workload"] == objective), None)
         rows.append({
             "merge": m, "proposal": e.proposal, "title": v.title if v else None, "speedup": v.speedup if v else None,
@@ -94,9 +101,9 @@ def run(target: Path, as_json: bool, what: str | None, recheck: bool, seed: int 
                  for r in rows]
         out.print(compact_table(f"merges on {ws.baseline_branch}", ["merge", "Δ obj.", "state", "sessions", "recheck", "proposal", "title"],
                                 table, out.width, right=(1,)))
-        if any(r["sessions"] == "differ" and r["recheck"] is None for r in rows):
-            out.print("sessions 'differ': the win depended on the engine instance it ran on; re-measure it on fresh engines with "
-                      "`agentsearch review MERGE --recheck`")
+        if any(r["sessions"] == "differ" and r["recheck"] is None and not r["reverted"] for r in rows):
+            out.print("sessions 'differ': part of that win was the luck of the engine instances (or seeds) it ran on; re-measure it "
+                      "on fresh ones with `agentsearch review MERGE --recheck`")
         return 0
     row = resolve_merge(ws, what)
     if not recheck:
