@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import functools
 import math
 import sys
@@ -42,10 +43,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from agentsearch.calibration import _done, _fixed_design, analyze  # noqa: E402
 from agentsearch.config import GateConfig, load_config_text  # noqa: E402
 from agentsearch.gate_design import design_for  # noqa: E402
-from agentsearch.report import SESSIONS_DIFFER_P  # noqa: E402
+from agentsearch.report import session_table  # noqa: E402
 from harness.interleave import run_interleaved  # noqa: E402
 from harness.sequential import LOSE, OK, WIN, confirmation_design, decide_confirmation, decide_objective  # noqa: E402
-from harness.statistics import NoisePrior, sessions_differ  # noqa: E402
+from harness.statistics import NoisePrior  # noqa: E402
 from harness.trials import CANDIDATE, TrialOutcome  # noqa: E402
 
 CONFIG = load_config_text('[[workload]]\nname = "sim"\ncommand = "true"\nmetric = "v"\n')
@@ -132,12 +133,10 @@ def one(sc: Scenario, effect: float, gate: GateConfig, rng: np.random.Generator,
     )
     assert conf.decision is not None
     ok = conf.decision.action == OK
-    groups: dict[tuple[str, int], list[float]] = {}
-    for phase, r in (("objective", run), ("confirmation", conf)):
-        for d, c in zip(r.log_ratios, r.sessions or [0] * len(r.log_ratios)):
-            groups.setdefault((phase, c), []).append(d)
-    p = sessions_differ(list(groups.values()))
-    return ok, run.pairs + conf.pairs, "merge" if ok else "not confirmed", ok and p is not None and p < SESSIONS_DIFFER_P
+    # the report's Sessions table over the same trials (agentsearch.report.session_table)
+    trials = [{**dataclasses.asdict(t), "phase": phase} for phase, r in (("objective", run), ("confirmation", conf)) for t in r.trials]
+    table = session_table(trials, {"sim": True})
+    return ok, run.pairs + conf.pairs, "merge" if ok else "not confirmed", ok and bool(table) and table[0]["differ"]
 
 
 def custom_scenario(text: str) -> Scenario:
