@@ -22,7 +22,7 @@ from harness.interleave import pairs_per_session, run_interleaved
 from harness.sequential import OK, Decision, SequentialDesign
 from harness import power
 from harness.statistics import (NoisePrior, between_variance, cv, drift, min_detectable, noise_prior, outliers, paired_estimate, pairs_for_power,
-                                winsorize, within_variance)
+                                within_variance)
 from harness.gate_defaults import CALIBRATION_PAIRS, MACHINE_PROBE_S
 from harness.trials import BASELINE, CANDIDATE
 
@@ -110,7 +110,7 @@ def analyze(name: str, run_trials: list, d: list[float], config: Config, session
     level = config.gate.proposal_alpha * 0.8  # the final look's share (harness.sequential)
     sd = prior.var**0.5
     tau2, r = between_variance(d, sessions) if sessions else (0.0, 1)
-    within = within_variance(winsorize(d)[0], sessions) if sessions and r > 1 else prior.var
+    within = within_variance(d, sessions) if sessions and r > 1 else prior.var  # the same pairs as tau2: together they make up d's spread
     w = config.workload(name) if name in {x.name for x in config.workloads} else None
     budget = (w.max_pairs if w is not None and w.max_pairs else None) or config.gate.max_pairs
     guard = w is not None and w.name != config.objective.name

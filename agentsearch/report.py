@@ -235,7 +235,7 @@ def session_table(trials: Sequence[Mapping[str, Any]], directions: Mapping[str, 
         sign = 1.0 if directions[workload] else -1.0
         full = [(int(p["session"]), sign * math.log(p["candidate"] / p["baseline"])) for _, p in sorted(pairs.items())
                 if (p.get("baseline") or 0) > 0 and (p.get("candidate") or 0) > 0]
-        clipped, _ = winsorize([x for _, x in full])  # as the gate: one stalled trial does not decide it
+        clipped, _ = winsorize([x for _, x in full])  # as the gate, less the calibration's floor (not in the evidence): one stall does not decide it
         for (session, _), x in zip(full, clipped):
             by_workload.setdefault(workload, {}).setdefault((PHASE_RANK.get(phase, 3), session), []).append(x)
     phases = {v: k for k, v in PHASE_RANK.items()}

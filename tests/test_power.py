@@ -105,3 +105,24 @@ def test_calibrate_simulates_the_noise_it_calibrated():
     assert np.mean([n.trial_sd ** 2 for n in got]) == pytest.approx(trial_sd ** 2, rel=0.08)
     assert np.mean([n.instance_sd ** 2 for n in got]) == pytest.approx(instance_sd ** 2, rel=0.35)
     assert np.mean(across) > 1.1 * trial_sd ** 2  # the variance across sessions: what the simulation used to take
+
+
+def test_the_simulated_confirmation_runs_on_the_gates_placement(monkeypatch):
+    """The simulated proposal measures its objective with the workload's sessions and placement and its confirmation as
+    agentsearch.evaluation does: fresh engines, `confirm_restarts` sessions (two under split placement), alternate rounds
+    under alternate placement."""
+    import harness.power as P
+
+    calls = []
+    real = P.run_interleaved
+
+    def spy(*args, **kwargs):
+        calls.append({k: kwargs.get(k) for k in ("restarts", "alternate")})
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(P, "run_interleaved", spy)
+    quiet = NoisePrior(1e-6, 29)
+    for noise in (Noise(1e-3, 0.0, 2, False, 2), Noise(1e-3, 0.0, 2, True, 1)):
+        calls.clear()
+        assert P.found(DESIGN, quiet, noise, 0.2, __import__("numpy").random.default_rng(1), confirm_pairs=4)
+        assert calls == [{"restarts": 2, "alternate": noise.alternate}, {"restarts": noise.confirm_restarts, "alternate": noise.alternate}]
