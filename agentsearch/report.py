@@ -243,13 +243,13 @@ def session_table(trials: Sequence[Mapping[str, Any]], directions: Mapping[str, 
     for workload, groups in sorted(by_workload.items(), key=lambda kv: (min(k for k, _ in kv[1]), kv[0])):
         if len(groups) < 2:
             continue
-        rows = []
+        rows: list[dict[str, Any]] = []
         for (rank, session), d in sorted(groups.items()):
             phase = phases.get(rank, "?")  # the confirmation runs on engines of its own (agentsearch.evaluation)
             rows.append({"phase": phase, "engines": f"{'fresh ' if phase == 'confirmation' else ''}{session + 1}", "pairs": len(d),
                          "change": math.exp(sum(d) / len(d))})
         p_value = sessions_differ(list(groups.values()))
-        changes: list[float] = [math.exp(sum(d) / len(d)) for d in groups.values()]
+        changes = [r["change"] for r in rows]
         if p_value is None:
             verdict = "cannot be compared (no session has two pairs)"
         elif p_value < SESSIONS_DIFFER_P:

@@ -121,16 +121,28 @@ def winsorize(d: Sequence[float], k: float = WINSOR_K, floor_scale: float = 0.0,
     return np.clip(x, lo, hi).tolist(), clipped
 
 
-def between_variance(x: Sequence[float], clusters: Sequence[int]) -> tuple[float, int]:
-    """(tau², number of clusters): the variance of the cluster (session) effect, method of moments."""
+def by_cluster(x: Sequence[float], clusters: Sequence[int]) -> list[list[float]]:
+    """The values of ``x`` grouped by cluster (engine session), clusters in order of first appearance."""
     groups: dict[int, list[float]] = {}
     for v, c in zip(x, clusters):
         groups.setdefault(c, []).append(v)
+    return list(groups.values())
+
+
+def _within_ss(groups: Sequence[Sequence[float]]) -> tuple[float, int]:
+    """(sum of squares about each group's own mean, its degrees of freedom) over the non-empty groups."""
+    full = [np.asarray(g, dtype=float) for g in groups if len(g)]
+    return sum(float(np.sum((g - g.mean()) ** 2)) for g in full), sum(len(g) - 1 for g in full)
+
+
+def between_variance(x: Sequence[float], clusters: Sequence[int]) -> tuple[float, int]:
+    """(tau², number of clusters): the variance of the cluster (session) effect, method of moments."""
+    groups = by_cluster(x, clusters)
     r = len(groups)
     if r < 2:
         return 0.0, r
-    means = np.array([np.mean(g) for g in groups.values()])
-    within = [np.var(g, ddof=1) / len(g) for g in groups.values() if len(g) > 1]
+    means = np.array([np.mean(g) for g in groups])
+    within = [np.var(g, ddof=1) / len(g) for g in groups if len(g) > 1]
     noise = float(np.mean(within)) if within else 0.0
     return max(0.0, float(means.var(ddof=1)) - noise), r
 
@@ -138,13 +150,11 @@ def between_variance(x: Sequence[float], clusters: Sequence[int]) -> tuple[float
 def within_variance(x: Sequence[float], clusters: Sequence[int]) -> float:
     """The pooled variance of ``x`` within its clusters (engine sessions): what the pairs vary by with the sessions'
     own effects taken out. One cluster, or no cluster with two values: the plain sample variance."""
-    groups: dict[int, list[float]] = {}
-    for v, c in zip(x, clusters):
-        groups.setdefault(c, []).append(v)
-    dof = sum(len(g) - 1 for g in groups.values())
+    groups = by_cluster(x, clusters)
+    ss, dof = _within_ss(groups)
     if len(groups) < 2 or dof < 1:
         return float(np.var(np.asarray(x, dtype=float), ddof=1))
-    return sum(float(np.sum((np.asarray(g) - np.mean(g)) ** 2)) for g in groups.values()) / dof
+    return ss / dof
 
 
 def sessions_differ(groups: Sequence[Sequence[float]]) -> float | None:
@@ -158,7 +168,8 @@ def sessions_differ(groups: Sequence[Sequence[float]]) -> float | None:
     means = [float(np.mean(g)) for g in groups if len(g)]
     grand = float(np.mean([v for g in groups for v in g]))
     between = sum(m_i * (m - grand) ** 2 for m_i, m in zip(sizes, means)) / (k - 1)
-    within = sum(float(np.sum((np.asarray(g, dtype=float) - np.mean(g)) ** 2)) for g in groups if len(g)) / (n - k)
+    ss, dof = _within_ss(groups)
+    within = ss / dof
     if within <= 0:
         return 0.0 if between > 0 else 1.0
     return float(sps.f.sf(between / within, k - 1, n - k))

@@ -23,9 +23,10 @@ def merges(ws: Workspace) -> list[dict[str, Any]]:
     """Every merge agentsearch made on the baseline, with its evidence and current state."""
     entries = read_entries(ws)
     verdicts = {e.proposal: e.record for e in entries if isinstance(e.record, Verdict)}
-    trials: dict[str | None, list[dict[str, Any]]] = {}  # each merged proposal's trials of its merged candidate
+    merged = {e.proposal for e in entries if isinstance(e.record, Merge) and e.record.ok}
+    trials: dict[str | None, list[dict[str, Any]]] = {}  # each merged proposal's trials (of its merged candidate: below)
     for e in entries:
-        if isinstance(e.record, Trial):
+        if isinstance(e.record, Trial) and e.proposal in merged:
             trials.setdefault(e.proposal, []).append(e.record.to_json())
     configs: dict[str, tuple[dict[str, bool], str]] = {}
 
