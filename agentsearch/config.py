@@ -105,7 +105,10 @@ class WorkloadConfig:
         "vLLM kinds: workload parameters (prompts, input_len, output_len, length_dist, batch_size, iterations, max_concurrency, request_rate).",
         factory=dict,
     )
-    restarts: int = doc("vLLM kinds: engine starts per side per evaluation (second level of replication).", 2)
+    restarts: int = doc(
+        "vLLM kinds: engine starts per side per evaluation (second level of replication). 4: each proposal's engine-session "
+        "effect is estimated on 3 degrees of freedom; with 2 (one) simulated false merges exceed the level under the instance effects measured here.", 4
+    )
     max_pairs: int | None = doc("Pairs for this workload at most (default: [gate] max_pairs); useful for slow guards.", None)
     startup_timeout_s: float = doc("vLLM kinds: timeout of one engine start-up in seconds.", 600.0)
     outputs: str | None = doc(

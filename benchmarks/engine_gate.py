@@ -1,8 +1,8 @@
 """The gate on the real engine: false merges, detections, noise and cost through the real episode loop.
 
     flock /tmp/agentsearch-engine.lock .venv/bin/python benchmarks/engine_gate.py [--aa 3] [--placement auto]
-        [--sleep-ms 0.1] [--slow-ms 1.5] [--max-pairs 12] [--keep DIR]
-        [--only planted --planted 6 --spin-us 55 --budget 10 --max-pairs 20]
+        [--sleep-ms 0.1] [--slow-ms 1.5] [--max-pairs 30] [--restarts 5] [--keep DIR]
+        [--only planted --planted 6 --spin-us 55 --budget 10]
 
 Creates the embedded vLLM fork (the installed vLLM as a git repository, tiny model, CPU or GPU) with the
 starter's throughput objective alone (no serving guards, no distribution checks: they measure other
@@ -66,7 +66,7 @@ def cli(*args: str, timeout: float = 7200) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "agentsearch.cli", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
 
 
-def objective_only(config: str, placement: str, max_pairs: int, budget: int, restarts: int = 2, reuse: int = 2,
+def objective_only(config: str, placement: str, max_pairs: int, budget: int, restarts: int = 5, reuse: int = 2,
                    slices: int | None = None, prompts: int | None = None) -> str:
     """The starter config with its first workload (the throughput objective) and a small [gate]."""
     head, rest = config.split("[[workload]]", 1)
@@ -155,9 +155,9 @@ def main() -> int:
     ap.add_argument("--placement", default="auto")
     ap.add_argument("--sleep-ms", type=float, default=0.1, help="the baseline's sleep per scheduler step (the 'fast' proposal removes it)")
     ap.add_argument("--slow-ms", type=float, default=1.5, help="the 'slow' proposal's sleep per scheduler step")
-    ap.add_argument("--max-pairs", type=int, default=12)
+    ap.add_argument("--max-pairs", type=int, default=30, help="the objective's pair budget (the starter's 30)")
     ap.add_argument("--seed", type=int, default=7)
-    ap.add_argument("--restarts", type=int, default=2, help="engine sessions per side per evaluation (the starter's 2)")
+    ap.add_argument("--restarts", type=int, default=5, help="engine sessions per side per evaluation (the starter's 5)")
     ap.add_argument("--only", default="aa,slow,batch,fast", help="which proposals (comma-separated kinds; planted needs --planted)")
     ap.add_argument("--planted", type=int, default=0, help="proposals that remove the baseline's --spin-us busy-wait (kind planted)")
     ap.add_argument("--spin-us", type=float, default=55.0, help="the baseline's busy-wait per scheduler step when --planted is set")

@@ -9,7 +9,7 @@ proposals relative to the full budget; then the same A/A data judged by two rule
 in today's tools, for contrast.
 
     python benchmarks/gate_quality.py [--reps 2000] [--seed 1] [--only instance] [--same-instances]
-        [--scenario CV:INSTANCE:RESTARTS[:LOTTERY] ...]
+        [--scenario CV:INSTANCE:RESTARTS[:LOTTERY] ...] [--max-pairs N] [--confirm-pairs N]
 
 Scenarios with engine instances (``instance``: the SD of each engine instance's own effect on its
 side's measurements, fixed for its life, as measured on the vLLM CPU engine) run ``restarts``
@@ -21,7 +21,8 @@ scenarios of your own instead of the built-in ones: ``0.021:0.005:4`` is a per-t
 (a per-pair SD of 0.03), an instance SD of 0.005 per side and engine, 4 sessions per side; a fourth field adds
 the *lottery* attack: the candidate's code draws its own speed per engine instance (mean zero, that SD), which
 the A/A calibration (baseline code on both sides) cannot see. Without ``--scenario`` the built-in rows end with
-that attack at 1%, 2% and 4%.
+that attack at 1%, 2% and 4%, with 2 and with 4 sessions per side. ``--max-pairs`` and ``--confirm-pairs`` judge with
+another pair budget and confirmation than the gate's defaults (the starter's objective: 30 and 4, with 5 sessions).
 """
 
 from __future__ import annotations
@@ -177,7 +178,7 @@ def attack(args: argparse.Namespace, gate: GateConfig, rng: np.random.Generator)
     A/A calibration is the baseline's and never sees it; two sessions and a fresh confirmation instance
     that all drew high look like a real win. The gate's level holds only for candidates whose instances
     vary as the baseline's do."""
-    rows = [Scenario(f"CV 2.3%, restarts 2, lottery {sd:.0%}", 0.0226, restarts=2, lottery=sd) for sd in (0.01, 0.02, 0.04)]
+    rows = [Scenario(f"CV 2.3%, restarts {r}, lottery {sd:.0%}", 0.0226, restarts=r, lottery=sd) for r in (2, 4) for sd in (0.01, 0.02, 0.04)]
     # the same draws with every speedup taken away: a candidate with no real speedup on any instance can only slow some down
     rows += [Scenario(f"CV 2.3%, restarts 2, lottery of slowdowns {sd:.0%}", 0.0226, restarts=2, lottery=sd, sabotage=True) for sd in (0.02, 0.04)]
     rows = [sc for sc in rows if args.only in sc.name]
@@ -188,7 +189,7 @@ def attack(args: argparse.Namespace, gate: GateConfig, rng: np.random.Generator)
         runs = [one(sc, 0.0, gate, rng, args.calibrate_pairs, args.same_instances) for _ in range(args.reps)]
         merged = [differ for m, _, _, differ in runs if m]
         flagged = f"; the report's Sessions table says 'differ' for {np.mean(merged):.0%} of them" if merged else ""
-        print(f"  {sc.name:46} false merges {len(merged) / len(runs):6.2%} ({len(merged)} of {len(runs)}{flagged})")
+        print(f"  {sc.name:48} false merges {len(merged) / len(runs):6.2%} ({len(merged)} of {len(runs)}{flagged})")
 
 
 def main() -> int:
@@ -201,9 +202,14 @@ def main() -> int:
     ap.add_argument("--scenario", action="append", default=[], metavar="CV:INSTANCE:RESTARTS[:LOTTERY]",
                     help="a scenario of your own (repeatable; replaces the built-in ones): per-trial log SD, instance SD per side, sessions, "
                          "and the candidate's own per-instance SD (the lottery attack)")
+    ap.add_argument("--max-pairs", type=int, help="the objective's pair budget (default: the gate's, 20)")
+    ap.add_argument("--confirm-pairs", type=int, help="pairs of the confirmation on fresh engines (default: the gate's, 6)")
     args = ap.parse_args()
     rng = np.random.default_rng(args.seed)
-    gate = GateConfig()
+    try:
+        gate = GateConfig(**{k: v for k, v in (("max_pairs", args.max_pairs), ("confirm_pairs", args.confirm_pairs)) if v is not None})
+    except ValueError as exc:
+        raise SystemExit(f"--max-pairs / --confirm-pairs: {str(exc).split('|')[0]}") from None
     t0 = time.perf_counter()
     print(f"gate defaults: episode alpha {gate.alpha}, budget {gate.episode_budget} proposals -> per-proposal alpha {gate.proposal_alpha:.4f}; "
           f"min_effect {gate.min_effect:.0%}, pairs {gate.min_pairs}..{gate.max_pairs}, futility {gate.futility}")
