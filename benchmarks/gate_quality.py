@@ -21,7 +21,7 @@ scenarios of your own instead of the built-in ones: ``0.021:0.005:4`` is a per-t
 (a per-pair SD of 0.03), an instance SD of 0.005 per side and engine, 4 sessions per side; a fourth field adds
 the *lottery* attack: the candidate's code draws its own speed per engine instance (mean zero, that SD), which
 the A/A calibration (baseline code on both sides) cannot see. Without ``--scenario`` the built-in rows end with
-that attack at 1%, 2% and 4%, with 2 and with 4 sessions per side. ``--max-pairs`` and ``--confirm-pairs`` judge with
+that attack at 1%, 2% and 4%, with 2 and with 5 sessions per side. ``--max-pairs`` and ``--confirm-pairs`` judge with
 another pair budget and confirmation than the gate's defaults (the starter's objective: 30 and 4, with 5 sessions).
 """
 
@@ -178,7 +178,7 @@ def attack(args: argparse.Namespace, gate: GateConfig, rng: np.random.Generator)
     A/A calibration is the baseline's and never sees it; two sessions and a fresh confirmation instance
     that all drew high look like a real win. The gate's level holds only for candidates whose instances
     vary as the baseline's do."""
-    rows = [Scenario(f"CV 2.3%, restarts {r}, lottery {sd:.0%}", 0.0226, restarts=r, lottery=sd) for r in (2, 4) for sd in (0.01, 0.02, 0.04)]
+    rows = [Scenario(f"CV 2.3%, restarts {r}, lottery {sd:.0%}", 0.0226, restarts=r, lottery=sd) for r in (2, 5) for sd in (0.01, 0.02, 0.04)]
     # the same draws with every speedup taken away: a candidate with no real speedup on any instance can only slow some down
     rows += [Scenario(f"CV 2.3%, restarts 2, lottery of slowdowns {sd:.0%}", 0.0226, restarts=2, lottery=sd, sabotage=True) for sd in (0.02, 0.04)]
     rows = [sc for sc in rows if args.only in sc.name]

@@ -76,6 +76,8 @@ def test_gate_quality_benchmark_runs_its_scenarios_and_the_attack():
     assert proc.stdout.count("false merges  0.00% (0 of 16)") == 2, proc.stdout
     bad = subprocess.run([sys.executable, script, "--scenario", "0.02:x:2"], capture_output=True, text=True, timeout=60)
     assert bad.returncode != 0 and "expected CV:INSTANCE:RESTARTS[:LOTTERY]" in bad.stderr
+    bad = subprocess.run([sys.executable, script, "--max-pairs", "1"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode != 0 and "--max-pairs / --confirm-pairs: expected an integer >= min_pairs" in bad.stderr, bad.stderr
 
 
 def test_calibrate_simulates_the_noise_it_calibrated():
