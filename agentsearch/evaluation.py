@@ -68,6 +68,7 @@ class WorkloadSummary:
     unit: str = ""
     foreign_load: int = 0  # timed trials taken while processes outside the comparison used the machine (harness.quiet)
     trial_s: float | None = None  # median duration of one timed trial
+    higher_is_better: bool | None = None  # the metric's direction (None in records from before it was kept)
 
     @property
     def early_stop(self) -> bool:
@@ -157,6 +158,7 @@ def summarize(run: WorkloadRun, role: str, w: WorkloadConfig, design: Sequential
         metric=w.metric, unit=metric_unit(w.metric, w.unit),
         foreign_load=sum(1 for t in run.trials if t.metrics.get("foreign_load")),
         trial_s=round(pystats.median(t.wall_s for t in run.trials if t.ok), 3) if base else None,
+        higher_is_better=w.higher_is_better,
     )
 
 

@@ -3,7 +3,7 @@
 ``headline(data)`` reads an evaluation's JSON (``Evaluation.to_json()``) or an episode's verdict
 record and returns, e.g.::
 
-    MERGE — output_tok_s 780.6 → 1,393 tok/s (+62.2%, 95% CI +17.6…+123.8%, p=0.0035, 12 pairs), guards ok, confirmed +114.0%
+    MERGE — output_tok_s 780.6 → 1,266 tok/s (+62.2%, 95% CI +17.6…+123.8%, p=0.0035, 12 pairs), guards ok, confirmed +114.0%
 
 Every terminal view (evaluate, episode, history, review), the report title and the PR title use
 it, so a verdict reads the same everywhere. Pure: no I/O, no heavy imports.
@@ -105,10 +105,17 @@ def objective_of(data: Mapping[str, Any]) -> tuple[str | None, Mapping[str, Any]
 
 
 def measured(w: Mapping[str, Any], units: Mapping[str, str] | None = None, name: str | None = None) -> str:
-    """``output_tok_s 780.6 → 1,393 tok/s (+62.2%, 95% CI +17.6…+123.8%, p=0.0035, 12 pairs)``."""
+    """``output_tok_s 780.6 → 1,266 tok/s (+62.2%, 95% CI +17.6…+123.8%, p=0.0035, 12 pairs)``: the baseline's
+    median, then that median moved by the paired estimate (``speedup``; for a lower-is-better metric divided by it), so
+    the arrow and the percentage always agree. The candidate's own median could point the other way (660.5 → 657.3
+    beside a paired +0.5%): it pairs no trials and no engine sessions; the report's table shows both sides' medians."""
     metric = w.get("metric") or name or w.get("name") or "objective"
     u = w.get("unit") or (units or {}).get(name or w.get("name") or "") or unit(metric)
     base, cand = w.get("baseline_median"), w.get("candidate_median")
+    speedup, higher = w.get("speedup"), w.get("higher_is_better")
+    # (a record from before the direction was kept shows the two medians)
+    if higher is not None and isinstance(base, (int, float)) and isinstance(speedup, (int, float)) and speedup > 0:
+        cand = base * speedup if higher else base / speedup
     values = f"{number(base)} → {number(cand)}" + (f" {u}" if u else "")
     stats = [pct(w.get("speedup"))]
     if w.get("ci"):

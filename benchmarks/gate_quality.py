@@ -204,10 +204,14 @@ def main() -> int:
                          "and the candidate's own per-instance SD (the lottery attack)")
     ap.add_argument("--max-pairs", type=int, help="the objective's pair budget (default: the gate's, 20)")
     ap.add_argument("--confirm-pairs", type=int, help="pairs of the confirmation on fresh engines (default: the gate's, 6)")
+    ap.add_argument("--effect", type=float, default=0.03, help="the true speedup of the win proposals (default 0.03)")
     args = ap.parse_args()
+    if not -1 < args.effect < 10:
+        raise SystemExit(f"--effect: expected a speedup between -1 and 10 (0.03 = 3%), got {args.effect}")
     rng = np.random.default_rng(args.seed)
+    given = (("max_pairs", args.max_pairs), ("confirm_pairs", args.confirm_pairs))
     try:
-        gate = GateConfig(**{k: v for k, v in (("max_pairs", args.max_pairs), ("confirm_pairs", args.confirm_pairs)) if v is not None})
+        gate = GateConfig(**{k: v for k, v in given if v is not None})
     except ValueError as exc:
         raise SystemExit(f"--max-pairs / --confirm-pairs: {str(exc).split('|')[0]}") from None
     t0 = time.perf_counter()
@@ -234,14 +238,15 @@ def main() -> int:
     full = gate.max_pairs + gate.confirm_pairs
     print(f"cost = pairs used / pairs of a full evaluation ({gate.max_pairs} objective + {gate.confirm_pairs} confirmation = {full}); "
           f"'of budget' = / {gate.max_pairs} objective pairs alone\n")
-    header = f"{'scenario':32} {'A/A false merges':>17} {'A/A cost':>9} {'of budget':>10} {'3% win detected':>16} {'pairs (wins)':>13} {'rejected cost':>14}"
+    detected = f"{args.effect:.0%} win detected"
+    header = f"{'scenario':32} {'A/A false merges':>17} {'A/A cost':>9} {'of budget':>10} {detected:>16} {'pairs (wins)':>13} {'rejected cost':>14}"
     print(header)
     print("-" * len(header))
     rows = []
     outcomes = []  # where the true wins went
     for sc in scenarios:
         aa = [one(sc, 0.0, gate, rng, args.calibrate_pairs, args.same_instances) for _ in range(args.reps)]
-        wins = [one(sc, 0.03, gate, rng, args.calibrate_pairs, args.same_instances) for _ in range(args.reps // 2)]
+        wins = [one(sc, args.effect, gate, rng, args.calibrate_pairs, args.same_instances) for _ in range(args.reps // 2)]
         fm = np.mean([m for m, _, _, _ in aa])
         aa_pairs = np.mean([n for m, n, _, _ in aa if not m])
         aa_cost = aa_pairs / full
@@ -252,7 +257,7 @@ def main() -> int:
         rej_cost = np.mean(rejected) / full
         rows.append((sc, fm, aa_cost, power, win_pairs, rej_cost))
         print(f"{sc.name:32} {fm:>17.2%} {aa_cost:>9.0%} {aa_pairs / gate.max_pairs:>10.0%} {power:>16.1%} {win_pairs:>13.1f} {rej_cost:>14.0%}")
-    print("\nwhere the true 3% wins went (merged / won but refused by the confirmation / stopped by futility / inconclusive at max_pairs):")
+    print(f"\nwhere the true {args.effect:.0%} wins went (merged / won but refused by the confirmation / stopped by futility / inconclusive at max_pairs):")
     for name, c, n, differ in outcomes:
         flagged = f"  (Sessions 'differ' for {np.mean(differ):.1%} of the merges)" if differ else ""
         print(f"  {name:30} " + "  ".join(f"{k} {c[k] / n:6.1%}" for k in ("merge", "not confirmed", "futility", "inconclusive")) + flagged)

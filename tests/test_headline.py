@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agentsearch.headline import ci_text, decision_label, headline, number, unit
+from agentsearch.headline import ci_text, decision_label, headline, measured, number, unit
 
 
 @pytest.mark.parametrize("metric, want", [
@@ -46,7 +46,7 @@ def merge_record():
         "verdict": "merge", "reasons": [], "objective": "throughput", "baseline": "a" * 40, "candidate": "b" * 40,
         "workloads": {
             "throughput": workload("objective", 1.622, "win", ci=[1.176, 2.238], p=0.0035, base=780.6, cand=1393.2,
-                                   metric="output_tok_s", unit="tok/s"),
+                                   metric="output_tok_s", unit="tok/s", higher_is_better=True),
             "serve-c1": workload("guard", 0.982, "ok", pairs=3),
         },
         "confirmation": workload("confirmation", 2.14, "ok", pairs=4),
@@ -55,16 +55,28 @@ def merge_record():
 
 def test_merge_headline_has_number_unit_ci_p_pairs_guards_confirmation():
     assert headline(merge_record()) == (
-        "MERGE — output_tok_s 780.6 → 1,393 tok/s (+62.2%, 95% CI +17.6…+123.8%, p=0.0035, 12 pairs), "
+        "MERGE — output_tok_s 780.6 → 1,266 tok/s (+62.2%, 95% CI +17.6…+123.8%, p=0.0035, 12 pairs), "
         "guards ok, confirmed +114.0%")
+
+
+def test_the_arrow_moves_the_baseline_by_the_paired_estimate_so_it_agrees_with_the_percentage():
+    rec = merge_record()
+    rec.update(verdict="reject", confirmation=None)
+    # the main job's KV-cache proposal: side medians 660.5 and 657.3 (-0.5%), the paired estimate +0.5%
+    rec["workloads"]["throughput"].update(decision="lose", speedup=1.005, baseline_median=660.5, candidate_median=657.3)
+    assert headline(rec).startswith("REJECT — output_tok_s 660.5 → 663.8 tok/s (+0.5%")
+    latency = workload("objective", 1.25, "win", base=100.0, cand=81.0, metric="ttft_ms", higher_is_better=False)
+    assert measured(latency).startswith("ttft_ms 100 → 80 ms (+25.0%")  # speedup = base / cand for a latency
+    del rec["workloads"]["throughput"]["higher_is_better"]  # a record from before the direction was kept
+    assert headline(rec).startswith("REJECT — output_tok_s 660.5 → 657.3 tok/s (+0.5%")
 
 
 def test_old_records_without_metric_fall_back_to_the_workload_name_and_given_units():
     rec = merge_record()
     for key in ("metric", "unit"):
         del rec["workloads"]["throughput"][key]
-    assert headline(rec).startswith("MERGE — throughput 780.6 → 1,393 (+62.2%")
-    assert headline(rec, units={"throughput": "tok/s"}).startswith("MERGE — throughput 780.6 → 1,393 tok/s (+62.2%")
+    assert headline(rec).startswith("MERGE — throughput 780.6 → 1,266 (+62.2%")
+    assert headline(rec, units={"throughput": "tok/s"}).startswith("MERGE — throughput 780.6 → 1,266 tok/s (+62.2%")
 
 
 def test_futility_stop_reads_as_no_gain_not_lose():
@@ -93,7 +105,7 @@ def test_later_failures_name_the_check():
     rec = merge_record()
     rec.update(verdict="reject", reasons=["distribution: prefill: max KL 0.4 above the floor " + "x" * 300])
     line = headline(rec)
-    assert line.startswith("REJECT — output_tok_s 780.6 → 1,393 tok/s (+62.2%")
+    assert line.startswith("REJECT — output_tok_s 780.6 → 1,266 tok/s (+62.2%")
     assert ", distribution: prefill: max KL 0.4" in line and line.endswith("…") and len(line) < 260
     rec["workloads"]["serve-c1"].update(decision="regressed", speedup=0.95)
     rec["reasons"] = ["guard-workloads: serve-c1: regressed"]

@@ -66,10 +66,11 @@ def test_gate_quality_benchmark_runs_its_scenarios_and_the_attack():
     from .conftest import ROOT
 
     script = str(ROOT / "benchmarks" / "gate_quality.py")
-    proc = subprocess.run([sys.executable, script, "--reps", "16", "--calibrate-pairs", "10", "--scenario", "0.0226:0.005:2"],
+    proc = subprocess.run([sys.executable, script, "--reps", "16", "--calibrate-pairs", "10", "--scenario", "0.0226:0.005:2", "--effect", "0.1"],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "CV 2.3% + instance 0.5%, restarts 2" in proc.stdout and "where the true 3% wins went" in proc.stdout
+    assert "CV 2.3% + instance 0.5%, restarts 2" in proc.stdout and "where the true 10% wins went" in proc.stdout
+    assert "10% win detected" in proc.stdout
     proc = subprocess.run([sys.executable, script, "--reps", "16", "--calibrate-pairs", "10", "--only", "lottery of slowdowns"],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -78,6 +79,8 @@ def test_gate_quality_benchmark_runs_its_scenarios_and_the_attack():
     assert bad.returncode != 0 and "expected CV:INSTANCE:RESTARTS[:LOTTERY]" in bad.stderr
     bad = subprocess.run([sys.executable, script, "--max-pairs", "1"], capture_output=True, text=True, timeout=60)
     assert bad.returncode != 0 and "--max-pairs / --confirm-pairs: expected an integer >= min_pairs" in bad.stderr, bad.stderr
+    bad = subprocess.run([sys.executable, script, "--effect", "-2"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode != 0 and bad.stderr.strip().splitlines()[-1].startswith("--effect: expected a speedup"), bad.stderr
 
 
 def test_calibrate_simulates_the_noise_it_calibrated():

@@ -261,6 +261,7 @@ def test_review_recheck_and_revert_a_real_merge(judged):
     assert rows[0]["on_baseline"] and not rows[0]["reverted"] and "Verdict: merge" in rows[0]["evidence"]
     # the objective's sessions (its own and the confirmation's), as the report's Sessions table judges them
     assert rows[0]["sessions"] in ("agree", "differ")
+    sessions = rows[0]["sessions"]
     listing = run_cli("review", "-C", str(repo))
     row = next(line for line in listing.stdout.splitlines() if merge[:12] in line)
     assert listing.returncode == 0 and "sessions" in listing.stdout and f" {rows[0]['sessions']} " in row, listing.stdout
@@ -298,6 +299,13 @@ def test_review_recheck_and_revert_a_real_merge(judged):
     assert md.startswith("# MERGE — ") and "**Reverted since**" in md and "**MERGE, REVERTED**" in md
     proc = run_cli("pr", "-C", str(repo), "002", "--dry-run")
     assert proc.returncode == 2 and "reverted since" in proc.stderr and "--force" in proc.stderr
+    # the objective renamed since: review judges a merge's sessions by the config it was judged under, not main's
+    toml = repo / "agentsearch.toml"
+    toml.write_text(toml.read_text().replace('name = "speed"', 'name = "ops"'))
+    git(repo, "commit", "-qam", "Rename the objective workload")
+    assert Workspace.open(repo).config().objective.name == "ops"
+    rows = json.loads(run_cli("review", "-C", str(repo), "--json").stdout)["merges"]
+    assert rows[0]["sessions"] == sessions and rows[0]["objective"] == "speed"
 
 
 def _session_trials(workload: str, changes: list[tuple[str, int, float]], rng, higher: bool = True) -> list[dict]:
