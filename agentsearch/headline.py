@@ -114,7 +114,7 @@ def measured(w: Mapping[str, Any], units: Mapping[str, str] | None = None, name:
     base, cand = w.get("baseline_median"), w.get("candidate_median")
     speedup, higher = w.get("speedup"), w.get("higher_is_better")
     # (a record from before the direction was kept shows the two medians)
-    if higher is not None and isinstance(base, (int, float)) and isinstance(speedup, (int, float)) and speedup > 0:
+    if isinstance(higher, bool) and isinstance(base, (int, float)) and isinstance(speedup, (int, float)) and 0 < speedup < math.inf:
         cand = base * speedup if higher else base / speedup
     values = f"{number(base)} → {number(cand)}" + (f" {u}" if u else "")
     stats = [pct(w.get("speedup"))]

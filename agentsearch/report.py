@@ -108,8 +108,10 @@ class Evidence:
         return cmd or "(this verdict was reached before any measurement: re-run the episode's proposal to reproduce it)"
 
     def headline(self) -> str:
-        v = dict(self.verdict)  # old records do not carry their metric: fill it in from the config
-        v["workloads"] = {n: {**w, "metric": self.label(n, w)[0], "unit": self.label(n, w)[1]} for n, w in (v.get("workloads") or {}).items()}
+        v = dict(self.verdict)  # old records do not carry their metric and direction: fill them in from the config
+        v["workloads"] = {n: {**w, "metric": self.label(n, w)[0], "unit": self.label(n, w)[1],
+                              "higher_is_better": w.get("higher_is_better", self.directions.get(n))}
+                          for n, w in (v.get("workloads") or {}).items()}
         line = headline(v, self.units)
         if self.revert:
             line += f"; reverted since by {str(self.revert.get('new') or '?')[:12]}"

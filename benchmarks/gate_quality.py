@@ -4,12 +4,12 @@ Every simulated proposal runs through ``harness.interleave.run_interleaved`` (th
 scheduling, sequential looks and decisions as ``agentsearch evaluate``) with sessions that
 return simulated measurements instead of running a child process; the A/A calibration runs
 through ``agentsearch.calibration.analyze``. Prints, per scenario: the false-merge rate of A/A
-proposals, the detection rate and mean pairs of true 3% wins, and the mean cost of rejected
+proposals, the detection rate and mean pairs of true 3% wins (``--effect``), and the mean cost of rejected
 proposals relative to the full budget; then the same A/A data judged by two rules common
 in today's tools, for contrast.
 
     python benchmarks/gate_quality.py [--reps 2000] [--seed 1] [--only instance] [--same-instances]
-        [--scenario CV:INSTANCE:RESTARTS[:LOTTERY] ...] [--max-pairs N] [--confirm-pairs N]
+        [--scenario CV:INSTANCE:RESTARTS[:LOTTERY] ...] [--max-pairs N] [--confirm-pairs N] [--effect 0.03]
 
 Scenarios with engine instances (``instance``: the SD of each engine instance's own effect on its
 side's measurements, fixed for its life, as measured on the vLLM CPU engine) run ``restarts``
@@ -238,7 +238,8 @@ def main() -> int:
     full = gate.max_pairs + gate.confirm_pairs
     print(f"cost = pairs used / pairs of a full evaluation ({gate.max_pairs} objective + {gate.confirm_pairs} confirmation = {full}); "
           f"'of budget' = / {gate.max_pairs} objective pairs alone\n")
-    detected = f"{args.effect:.0%} win detected"
+    pct = f"{args.effect * 100:g}%"
+    detected = f"{pct} win detected"
     header = f"{'scenario':32} {'A/A false merges':>17} {'A/A cost':>9} {'of budget':>10} {detected:>16} {'pairs (wins)':>13} {'rejected cost':>14}"
     print(header)
     print("-" * len(header))
@@ -257,7 +258,7 @@ def main() -> int:
         rej_cost = np.mean(rejected) / full
         rows.append((sc, fm, aa_cost, power, win_pairs, rej_cost))
         print(f"{sc.name:32} {fm:>17.2%} {aa_cost:>9.0%} {aa_pairs / gate.max_pairs:>10.0%} {power:>16.1%} {win_pairs:>13.1f} {rej_cost:>14.0%}")
-    print(f"\nwhere the true {args.effect:.0%} wins went (merged / won but refused by the confirmation / stopped by futility / inconclusive at max_pairs):")
+    print(f"\nwhere the true {pct} wins went (merged / won but refused by the confirmation / stopped by futility / inconclusive at max_pairs):")
     for name, c, n, differ in outcomes:
         flagged = f"  (Sessions 'differ' for {np.mean(differ):.1%} of the merges)" if differ else ""
         print(f"  {name:30} " + "  ".join(f"{k} {c[k] / n:6.1%}" for k in ("merge", "not confirmed", "futility", "inconclusive")) + flagged)

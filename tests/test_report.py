@@ -358,3 +358,17 @@ def test_report_shows_each_engine_session_and_flags_sessions_that_disagree(tmp_p
     # one session per workload: no section
     single = Evidence("x", "evaluation", {"verdict": "merge"}, _session_trials("tput", [("objective", 0, 0.06)], rng), directions={"tput": True})
     assert "### Sessions" not in render(single, "md")[0]
+
+
+def test_an_old_records_headline_takes_the_direction_from_the_config():
+    """A verdict recorded before summaries kept their direction: the report's title moves the baseline's median by the
+    paired estimate the way the config says (a latency: divided), like a new record's."""
+    from agentsearch.report import Evidence
+
+    summary = {"role": "objective", "decision": "win", "speedup": 1.25, "ci": [1.1, 1.4], "p_value": 0.001, "pairs": 12,
+               "baseline_median": 100.0, "candidate_median": 81.0, "metric": "ttft_ms", "unit": "ms"}
+    ev = Evidence("x", "evaluation", {"verdict": "merge", "ref": "x", "objective": "ttft", "workloads": {"ttft": summary}}, [],
+                  directions={"ttft": False})
+    assert ev.headline().startswith("MERGE — ttft_ms 100 → 80 ms (+25.0%"), ev.headline()
+    unknown = Evidence("x", "evaluation", {"verdict": "merge", "ref": "x", "objective": "ttft", "workloads": {"ttft": summary}}, [])
+    assert unknown.headline().startswith("MERGE — ttft_ms 100 → 81 ms (+25.0%")  # no direction anywhere: the two medians
