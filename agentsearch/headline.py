@@ -113,11 +113,10 @@ def measured(w: Mapping[str, Any], units: Mapping[str, str] | None = None, name:
     u = w.get("unit") or (units or {}).get(name or w.get("name") or "") or unit(metric)
     base, cand = w.get("baseline_median"), w.get("candidate_median")
     speedup, higher = w.get("speedup"), w.get("higher_is_better")
-    # (a record from before the direction was kept shows the two medians)
     if isinstance(higher, bool) and isinstance(base, (int, float)) and isinstance(speedup, (int, float)) and 0 < speedup < math.inf:
-        cand = base * speedup if higher else base / speedup
+        cand = base * speedup if higher else base / speedup  # (no direction: a record from before it was kept shows the medians)
     values = f"{number(base)} → {number(cand)}" + (f" {u}" if u else "")
-    stats = [pct(w.get("speedup"))]
+    stats = [pct(speedup)]
     if w.get("ci"):
         stats.append(f"95% CI {ci_text(w.get('ci'))}")
     if w.get("p_value") is not None:

@@ -109,7 +109,7 @@ class Evidence:
 
     def headline(self) -> str:
         v = dict(self.verdict)  # old records do not carry their metric and direction: fill them in from the config
-        v["workloads"] = {n: {**w, "metric": self.label(n, w)[0], "unit": self.label(n, w)[1],
+        v["workloads"] = {n: {**w, **dict(zip(("metric", "unit"), self.label(n, w))),
                               "higher_is_better": w.get("higher_is_better", self.directions.get(n))}
                           for n, w in (v.get("workloads") or {}).items()}
         line = headline(v, self.units)
