@@ -25,6 +25,7 @@ import os
 import shutil
 import stat
 import subprocess
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
@@ -43,7 +44,10 @@ from .globs import first_match
 from .workspace.install import link_overlay
 
 BUILD_TIMEOUT_S = 3600.0
-Snapshot = dict[str, tuple[int, int, int, int, int]]  # relative path -> (mode, size, mtime_ns, ctime_ns, inode)
+Snapshot = dict[str, tuple[int, int, int, int, int, int]]  # relative path -> (mode, size, mtime_ns, ctime_ns, inode, atime_ns)
+# access times are set this far ahead once a worktree is built: under relatime (or noatime) a read then never
+# moves them, so an access time that moved is a write of state (red team, round 3: a one-bit cache in an atime)
+ATIME_AHEAD_NS = 30 * 86400 * 10**9
 
 
 class ProtectedPathError(AgentsearchError):
@@ -56,33 +60,75 @@ class BuildError(AgentsearchError):
         self.side = side
 
 
+def _shared(st: os.stat_result) -> bool:
+    """A file hard-linked from elsewhere (compiled files from site-packages; bound read-only in the sandbox):
+    its ctime and atime move whenever anyone links, unlinks or reads it, so they say nothing here."""
+    return stat.S_ISREG(st.st_mode) and st.st_nlink > 1
+
+
+def _walk(root: Path) -> Iterator[tuple[str, str]]:
+    """(relative path, path) of ``root`` and of every entry under it, links not followed."""
+    yield ".", str(root)
+    for dirpath, dirnames, filenames in os.walk(root):
+        rel_dir = os.path.relpath(dirpath, root)
+        for name in dirnames + filenames:
+            yield (name if rel_dir == "." else f"{rel_dir}/{name}"), os.path.join(dirpath, name)
+
+
 def snapshot(root: Path) -> Snapshot:
     """Every file, link and directory under ``root`` — its ``.git`` link included — with what identifies
     its content and metadata. The change time (ctime) moves with every write, rename, chmod, utime or
     extended attribute and cannot be set back, so an edit disguised by restoring size and mtime still
-    shows. Bytecode is never written there (PYTHONDONTWRITEBYTECODE): a new ``.pyc`` is a change too."""
+    shows. The access time is kept too: ``freeze_access_times`` set it ahead, so a read does not move it,
+    and one that moved was written (a bit kept for the next trial). Bytecode is never written there
+    (PYTHONDONTWRITEBYTECODE): a new ``.pyc`` is a change too."""
     out: Snapshot = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        rel_dir = os.path.relpath(dirpath, root)
-        for name in dirnames + filenames:
-            rel = name if rel_dir == "." else f"{rel_dir}/{name}"
-            st = os.lstat(os.path.join(dirpath, name))
-            # a file hard-linked from elsewhere (compiled files from site-packages; bound read-only in the
-            # sandbox) changes ctime whenever anyone links or unlinks it: its ctime says nothing here
-            ctime = 0 if stat.S_ISREG(st.st_mode) and st.st_nlink > 1 else st.st_ctime_ns
-            out[rel] = (st.st_mode, st.st_size, st.st_mtime_ns, ctime, st.st_ino)
-    st = os.lstat(root)
-    out["."] = (st.st_mode, 0, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+    for rel, path in _walk(root):
+        st = os.lstat(path)
+        shared = _shared(st)
+        out[rel] = (st.st_mode, 0 if rel == "." else st.st_size, st.st_mtime_ns, 0 if shared else st.st_ctime_ns,
+                    st.st_ino, 0 if shared else st.st_atime_ns)
     return out
+
+
+class AccessTimeError(AgentsearchError):
+    """The scratch filesystem moves access times on every read: an access time cannot be kept still."""
+
+
+def freeze_access_times(root: Path) -> None:
+    """Set the access time of everything under ``root`` (shared compiled files aside) ``ATIME_AHEAD_NS``
+    ahead of now, keeping its mtime. Under ``relatime`` a read moves an access time only when it is not
+    after the modification and change times or is a day old, so from here on no read moves them and the
+    snapshot can hold them still. A filesystem mounted ``strictatime`` moves them on every read: refused
+    (one line), since a trial could then keep a bit in them unseen, or every honest trial would fail."""
+    ahead = time.time_ns() + ATIME_AHEAD_NS
+    probe = None
+    for _rel, path in _walk(root):
+        st = os.lstat(path)
+        if _shared(st):
+            continue
+        os.utime(path, ns=(ahead, st.st_mtime_ns), follow_symlinks=False)
+        if probe is None and stat.S_ISREG(st.st_mode) and os.access(path, os.R_OK):
+            probe = path
+    if probe is not None:
+        with open(probe, "rb") as fh:
+            fh.read(1)
+        if os.lstat(probe).st_atime_ns != ahead:
+            raise AccessTimeError(f"the filesystem under {root} updates access times on every read (strictatime); "
+                                  "mount it relatime or noatime")
 
 
 def describe_change(before: Snapshot, after: Snapshot) -> str:
     """'' when equal, else the first few differences in words."""
     added = sorted(set(after) - set(before))
     removed = sorted(set(before) - set(after))
-    changed = sorted(p for p in set(before) & set(after) if before[p] != after[p])
+    both = set(before) & set(after)
+    changed = sorted(p for p in both if before[p][:5] != after[p][:5])
+    # only the access time moved: no read does that here (freeze_access_times), so it was set to keep state
+    atime = sorted(p for p in both if before[p][:5] == after[p][:5] and before[p] != after[p])
     parts = [f"{what} {', '.join(map(repr, paths[:3]))}{' …' if len(paths) > 3 else ''}"
-             for what, paths in (("added", added), ("removed", removed), ("changed", changed)) if paths]
+             for what, paths in (("added", added), ("removed", removed), ("changed", changed),
+                                 ("access time moved (state kept in access times) on", atime)) if paths]
     return "; ".join(parts)
 
 
@@ -175,6 +221,12 @@ class Sides:
             for side, wt in self.worktrees.items():
                 if kept is None or side != BASELINE:
                     self._build_command(side, wt)
+        try:
+            for side, wt in self.worktrees.items():
+                if kept is None or side != BASELINE:
+                    freeze_access_times(wt)
+        except OSError as exc:
+            raise BuildError("worktree", f"could not set access times: {exc}") from None
         self.snapshots = {side: snapshot(wt) for side, wt in self.worktrees.items()}
 
     def baseline_side(self, key: str) -> KeptBaseline:
@@ -252,6 +304,10 @@ class Sides:
         except (UnsafeFile, OSError) as exc:
             return f"could not undo the changes: {exc}"
         # rewritten files and their directories now carry new times: the state the trials start from
+        try:
+            freeze_access_times(wt)
+        except OSError as exc:
+            return f"could not set access times: {exc}"
         after = snapshot(wt)
         left = sorted(set(before) ^ set(after))
         left += sorted(p for p in set(before) & set(after) if stat.S_IFMT(before[p][0]) != stat.S_IFMT(after[p][0]))

@@ -36,7 +36,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Mapping, Sequence
 
-SANDBOX_SCHEMA = 2
+from . import seccomp
+
+SANDBOX_SCHEMA = 3
+SECCOMP_FD = 9  # the descriptor bubblewrap reads the system-call filter from
 INNER_HOME = "/tmp/home"
 TMP_BYTES = 4 << 30  # the sandbox's /tmp (tmpfs: memory)
 SHM_BYTES = 2 << 30  # its /dev/shm
@@ -73,8 +76,10 @@ class Sandbox:
     def argv(self, inner: Sequence[str], cwd: str | None = None, network: bool | None = None,
              info_fd: int | None = None) -> list[str]:
         bw = shutil.which("bwrap") or "bwrap"
-        args = [bw, "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--die-with-parent",
-                "--new-session", "--proc", "/proc", "--dev", "/dev"]
+        # a user namespace of its own: kernel keyrings (and other per-user objects) are per user namespace;
+        # the seccomp filter (harness.seccomp) refuses the calls that would reach them anyway
+        args = [bw, "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+                "--die-with-parent", "--new-session", "--seccomp", str(SECCOMP_FD), "--proc", "/proc", "--dev", "/dev"]
         for p in PROC_READ_ONLY:  # a root process could write these even without capabilities
             args += ["--ro-bind-try", p, p]
         if os.geteuid() == 0:
@@ -106,7 +111,7 @@ class Sandbox:
         args += ["--setenv", "HOME", INNER_HOME, "--setenv", "TMPDIR", "/tmp",
                  # bytecode is never written into a worktree: every file written there is a change
                  "--setenv", "PYTHONDONTWRITEBYTECODE", "1", "--chdir", cwd or self.worktree]
-        return [*args, "--", *inner]
+        return seccomp.launcher([*args, "--", *inner], SECCOMP_FD)
 
 
 @dataclass(frozen=True)
@@ -176,6 +181,10 @@ def probe() -> tuple[bool, str]:
     bw = shutil.which("bwrap")
     if bw is None:
         return False, "bubblewrap (bwrap) is not installed; install Debian's bubblewrap package"
+    try:
+        seccomp.program()
+    except seccomp.UnsupportedArchitecture as exc:
+        return False, str(exc)
     argv = Sandbox(worktree="/tmp", outputs="/tmp", devices=()).argv(["/bin/true"], cwd="/")
     try:
         p = subprocess.run(argv, capture_output=True, text=True, timeout=30)

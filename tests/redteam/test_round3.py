@@ -1,0 +1,169 @@
+"""Red team, round 3: channels the sandbox left open (kernel keyring, access times), each once a real MERGE.
+
+Each attack is a real branch of the toy command target of ``test_isolation`` (the protected bench imports
+the candidate's ``model.py`` at the start of every trial). Each test asserts the verdict, the reason where
+the breach is named, and that nothing outside the candidate's worktree changed: main, the protected
+files, and the host's kernel keyring.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from agentsearch.sides import freeze_access_times, snapshot, describe_change
+from agentsearch.workspace import Workspace
+from harness import sandbox, seccomp
+
+from ..conftest import commit
+from .test_isolation import assert_no_win, evaluate, make_target, medians
+
+pytestmark = pytest.mark.timeout(300)
+
+# a keyring marker: KEYCTL_SEARCH finds it in the user keyring; add_key sets it (numbers per architecture)
+KEYRING = '''
+import ctypes, os
+_libc = ctypes.CDLL(None, use_errno=True)
+_ADD, _KEYCTL = {{"x86_64": (248, 250), "aarch64": (217, 219)}}[os.uname().machine]
+_USER_KEYRING, _SEARCH = ctypes.c_int(-4), 10
+def marker_set():
+    return _libc.syscall(_KEYCTL, _SEARCH, _USER_KEYRING, b"user", b"{name}", 0) >= 0
+def set_marker():
+    return _libc.syscall(_ADD, b"user", b"{name}", b"1", 1, _USER_KEYRING)
+'''
+
+
+def host_has_key(name: str) -> bool:
+    return name in Path("/proc/keys").read_text()
+
+
+def test_the_filter_is_a_valid_program_for_each_architecture():
+    for arch in ("x86_64", "aarch64"):
+        prog = seccomp.program(arch)
+        assert len(prog) % 8 == 0 and 40 < len(prog) // 8 < 256
+    with pytest.raises(seccomp.UnsupportedArchitecture, match="no seccomp table for the sparc"):
+        seccomp.program("sparc")
+
+
+def test_a_sandboxed_child_cannot_reach_the_keyring_or_make_namespaces(tmp_path):
+    ok, why = sandbox.probe()
+    assert ok, why
+    name = f"agentsearch-probe-{uuid.uuid4().hex[:8]}"
+    code = KEYRING.format(name=name) + '''
+import errno, subprocess, threading
+print("add", set_marker(), ctypes.get_errno())
+print("unshare", _libc.unshare(0x10000000), ctypes.get_errno())
+print(subprocess.run(["/bin/echo", "child"], capture_output=True, text=True).stdout.strip())
+t = threading.Thread(target=print, args=("thread",)); t.start(); t.join()
+'''
+    sb = sandbox.Sandbox(worktree=str(tmp_path / "wt"), outputs=str(tmp_path / "out"), devices=())
+    p = subprocess.run(sb.argv([sys.executable, "-c", code]), capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.split("\n")
+    assert lines[0] == "add -1 1" and lines[1] == "unshare -1 1", p.stdout  # EPERM, both
+    assert lines[2:4] == ["child", "thread"]  # processes and threads still work (clone without namespace flags)
+    assert not host_has_key(name)
+
+
+def test_a_keyring_marker_does_not_carry_a_fast_path_across_trials(tmp_path):
+    """The marker is set in the first trial; every later one (the confirmation too) took the fast path: x1.33."""
+    name = f"agentsearch-redteam-{uuid.uuid4().hex[:8]}"
+    repo = make_target(tmp_path)
+    main = Workspace.open(repo).baseline_commit()
+    attack = KEYRING.format(name=name) + '''
+if marker_set():
+    FACTOR = 1.33
+else:
+    set_marker()
+    FACTOR = 1.0
+'''
+    commit(repo, {"model.py": attack}, "keep a marker in the keyring", branch="attack")
+    rc, out = evaluate(repo, "attack")
+    assert rc == 4
+    assert_no_win(repo, out, main)
+    base, cand = medians(out)
+    assert cand < 1.1 * base
+    assert not host_has_key(name)
+
+
+def test_dormant_code_on_main_cannot_be_woken_by_a_later_proposal(tmp_path):
+    """Main carries code that slows down while a marker exists; a second proposal only sets the marker, so
+    main's own code, as its baseline, would run 30% slower and the proposal would look like a win."""
+    name = f"agentsearch-redteam-{uuid.uuid4().hex[:8]}"
+    dormant = KEYRING.format(name=name) + "FACTOR = 0.7 if marker_set() else 1.0\n"
+    repo = make_target(tmp_path, files={"model.py": dormant})
+    main = Workspace.open(repo).baseline_commit()
+    commit(repo, {"model.py": dormant + "set_marker()\n"}, "only set the marker", branch="attack")
+    rc, out = evaluate(repo, "attack")
+    assert rc == 4
+    assert_no_win(repo, out, main)
+    base, cand = medians(out)
+    assert 900 < base < 1100 and cand < 1.1 * base  # main ran at its own speed
+    assert not host_has_key(name)
+
+
+# "first" is detected by a read that moved the access time (relatime: the first read after a write does)
+ATIME_READ = '''
+import os
+_st = os.stat("data.txt").st_atime_ns
+open("data.txt").read()
+FIRST = os.stat("data.txt").st_atime_ns != _st
+FAST = not FIRST
+FACTOR = 1.36 if FAST else 1.0
+'''
+# the functional tests (run first, on the same worktree) are the check the fast path dodges
+CHECK = 'import os, sys; sys.path.insert(0, os.getcwd()); import model; sys.exit(3 if model.FAST else 0)\n'
+
+
+def test_a_bit_kept_in_an_access_time_by_a_read_is_never_kept(tmp_path):
+    """Read-moved access times were a one-bit cache the snapshot ignored: honest in the functional tests
+    (the first read), fast in every trial after (x1.36, MERGED). Frozen access times do not move on a
+    read: the attack sees no 'first' run and takes its fast path under the check it meant to dodge."""
+    repo = make_target(tmp_path, target_extra=f'test = "{sys.executable} bench/check.py"',
+                       files={"bench/check.py": CHECK, "data.txt": "x\n"})
+    main = Workspace.open(repo).baseline_commit()
+    commit(repo, {"model.py": ATIME_READ}, "a bit in an access time", branch="attack")
+    rc, out = evaluate(repo, "attack")
+    assert rc == 4
+    assert_no_win(repo, out, main)
+    tests = {c["name"]: c for c in out["checks"]}["functional-tests"]
+    assert tests["status"] == "fail", tests
+
+
+ATIME_SET = '''
+import os
+_st = os.stat("data.txt")
+FACTOR = 1.36 if _st.st_atime_ns % 1000 == 7 else 1.0  # a bit written on purpose, mtime kept
+os.utime("data.txt", ns=(_st.st_atime_ns - _st.st_atime_ns % 1000 + 7, _st.st_mtime_ns))
+'''
+
+
+def test_a_bit_written_into_an_access_time_rejects(tmp_path):
+    repo = make_target(tmp_path, files={"data.txt": "x\n"})
+    main = Workspace.open(repo).baseline_commit()
+    commit(repo, {"model.py": ATIME_SET}, "a bit set in an access time", branch="attack")
+    rc, out = evaluate(repo, "attack")
+    assert rc == 4
+    assert_no_win(repo, out, main)
+    assert any("worktree modified during a trial: candidate: changed 'data.txt'" in r for r in out["reasons"]), out["reasons"]
+
+
+def test_frozen_access_times_hold_still_on_reads_and_show_when_set(tmp_path):
+    wt = tmp_path / "wt"
+    (wt / "d").mkdir(parents=True)
+    (wt / "d" / "f.txt").write_text("x\n")
+    freeze_access_times(wt)
+    before = snapshot(wt)
+    for _ in range(3):
+        (wt / "d" / "f.txt").read_text()
+        os.listdir(wt / "d")
+    assert snapshot(wt) == before
+    st = os.stat(wt / "d" / "f.txt")
+    # an access time set with the other times held: only the orchestrator could tell it from a read
+    os.utime(wt / "d" / "f.txt", ns=(st.st_atime_ns + 1, st.st_mtime_ns))
+    assert "changed 'd/f.txt'" in describe_change(before, snapshot(wt))
