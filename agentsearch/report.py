@@ -25,6 +25,8 @@ import templates as _templates
 from history.records import Evaluation as EvaluationRecord
 from history.records import Merge, ProposalCreated, Revert, Trial, Verdict
 
+from history.records import text
+
 from . import __version__
 from .errors import AgentsearchError
 from .headline import ci_text, decision_label, headline, number, unit
@@ -452,8 +454,13 @@ def context(ev: Evidence, images: Mapping[str, str], local: bool = True) -> dict
 def _env() -> Any:
     import jinja2
 
-    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=jinja2.select_autoescape(["html", "html.j2"]),
-                              undefined=jinja2.ChainableUndefined, trim_blocks=True, lstrip_blocks=True)
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=jinja2.select_autoescape(["html", "html.j2"]),
+                             undefined=jinja2.ChainableUndefined, trim_blocks=True, lstrip_blocks=True)
+    # proposal-controlled text in Markdown: one escaped line, or a fenced block no line of it can close
+    env.filters["md"] = lambda s, limit=text.TEXT_CHARS: text.md_inline("" if s is None else s, limit)
+    env.filters["fence"] = lambda s, info="": text.md_fence("" if s is None else s, info, limit=1 << 22)
+    env.filters["clean"] = lambda s: text.clean("" if s is None else s)
+    return env
 
 
 def render(ev: Evidence, fmt: str, image_dir: Path | None = None) -> tuple[str, dict[str, bytes]]:

@@ -16,7 +16,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import pandas as pd
 
-from .records import BREAKING, CheckName, FailureKind, Merge, ProposalCreated, Revert, Verdict
+from .records import BREAKING, CheckName, FailureKind, Merge, ProposalCreated, Revert, Verdict, text
 
 INSIGHTS_SCHEMA = 1
 # the candidate broke the workload (crash, hang, failed build or tests, other outputs) rather than just not winning
@@ -193,7 +193,8 @@ def markdown(ins: Mapping[str, Any]) -> str:
     lines = [f"# Insights ({ins['proposals']} proposals judged, {ins['merged']} merged" + (f" and kept, {rev} merged then reverted)" if rev else ")"), ""]
     for title, key in (("What worked", "worked"), ("What was ineffective", "ineffective"), ("What to avoid", "avoid")):
         items = ins["lessons"].get(key) or []
-        lines += [f"## {title}", ""] + ([f"- {x}" for x in items] or ["- (nothing yet)"]) + [""]
+        # lessons quote proposals' titles and reasons: escaped, one line each
+        lines += [f"## {title}", ""] + ([f"- {text.md_inline(x)}" for x in items] or ["- (nothing yet)"]) + [""]
     if ins.get("notes"):
         lines += ["## Notes", ""] + [f"- {n}" for n in ins["notes"]] + [""]
 
@@ -206,7 +207,7 @@ def markdown(ins: Mapping[str, Any]) -> str:
             me, be = v.get("mean_effect"), v.get("best_effect")
             mean_effect = "—" if me is None else f"{me:+.1%}"
             best_effect = "—" if be is None else f"{be:+.1%}"
-            lines.append(f"| {k} | {v['tries']} | {v['wins']} | {v.get('failures', 0)} | {mean_effect} | {best_effect} |")
+            lines.append(f"| {text.md_inline(k)} | {v['tries']} | {v['wins']} | {v.get('failures', 0)} | {mean_effect} | {best_effect} |")
         lines.append("")
 
     table("category", ins.get("by_category") or {})
@@ -216,7 +217,8 @@ def markdown(ins: Mapping[str, Any]) -> str:
         lines += ["## By knob", "", "| knob | tries | wins | failures | mean effect | best value |", "|---|---|---|---|---|---|"]
         for k, v in sorted(knobs.items()):
             me = v.get("mean_effect")
-            lines.append(f"| {k} | {v['tries']} | {v['wins']} | {v['failures']} | {'—' if me is None else f'{me:+.1%}'} | {v.get('best_value')} |")
+            lines.append(f"| {text.md_inline(k)} | {v['tries']} | {v['wins']} | {v['failures']} | {'—' if me is None else f'{me:+.1%}'} "
+                         f"| {text.md_inline(v.get('best_value'))} |")
         lines.append("")
     if ins.get("by_workload"):
         lines += ["## By workload", "", "| workload | measured | wins | regressions | failures |", "|---|---|---|---|---|"]
@@ -224,5 +226,5 @@ def markdown(ins: Mapping[str, Any]) -> str:
             lines.append(f"| {k} | {v['measured']} | {v['wins']} | {v['regressions']} | {v['failures']} |")
         lines.append("")
     if ins.get("reasons"):
-        lines += ["## Rejection reasons", ""] + [f"- {k}: {v}" for k, v in ins["reasons"].items()] + [""]
+        lines += ["## Rejection reasons", ""] + [f"- {text.md_inline(k)}: {v}" for k, v in ins["reasons"].items()] + [""]
     return "\n".join(lines)

@@ -7,7 +7,6 @@ import re
 from pathlib import Path
 from typing import Any
 
-from rich.markup import escape
 
 from history import HistoryError, HistoryLog
 
@@ -21,7 +20,7 @@ from ..workspace.workspace import new_episode_id
 from history.records import EpisodeFinished
 
 from ..records import check_consistent, open_log, read_entries
-from .output import compact_table, err, out, print_json, progress
+from .output import compact_table, err, out, print_json, progress, safe
 
 DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*$")
 
@@ -123,6 +122,6 @@ def show(summary: dict[str, Any]) -> None:
                             ["#", "verdict", "state", "Δ obj.", "pairs", "title", "reason"], rows, out.width, right=(3, 4), styles=styles))
     for r in summary["proposals"]:
         if r.get("merged") and r.get("headline"):
-            out.print(f"{r['proposal'].split('/')[-1]}: {escape(r['headline'])}")
+            out.print(f"{r['proposal'].split('/')[-1]}: {safe(r['headline'])}")
     out.print(f"{summary['judged']} judged, {summary['merged']} merged; baseline {summary['baseline_before'][:12]} -> "
               f"{summary['baseline_after'][:12]}; {summary['elapsed_s']:.0f} s")

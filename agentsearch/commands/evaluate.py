@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rich.markup import escape
 from rich.table import Table
 
 from ..errors import EXIT_GATE_REJECT, AgentsearchError
@@ -13,7 +12,7 @@ from ..gate import MERGE, REVIEW
 from ..headline import ci_text, decision_label, headline, number, p_text, pct
 from ..workspace import Workspace, git
 from .history import record_evaluation
-from .output import out, print_json, progress
+from .output import out, print_json, progress, safe
 
 
 def run(target: Path, as_json: bool, ref: str, seed: int | None, keep_worktrees: bool, baseline: str | None = None,
@@ -45,12 +44,12 @@ def show(result: Evaluation, ref_is_branch: bool | None = None, no_change: bool 
     color = {"merge": "green", "reject": "red", "review": "yellow"}[v.verdict]
     line = headline(data)
     word, _, rest = line.partition(" — ")
-    out.print(f"[bold {color}]{word}[/]" + (f" — {escape(rest)}" if rest else ""))
-    out.print(f"  {escape(result.ref)} ({result.candidate[:12]}) against baseline {result.baseline[:12]}, seed {result.seed}")
+    out.print(f"[bold {color}]{word}[/]" + (f" — {safe(rest)}" if rest else ""))
+    out.print(f"  {safe(result.ref)} ({result.candidate[:12]}) against baseline {result.baseline[:12]}, seed {result.seed}")
     if no_change:
         out.print("  REF changes nothing (the same tree as the baseline): this was an A/A measurement of the baseline against itself")
     for reason in v.reasons:
-        out.print(f"  - {escape(reason)}")
+        out.print(f"  - {safe(reason)}")
     if result.workloads or result.confirmation:
         t = Table(title="workloads", box=None, pad_edge=False, padding=(0, 1, 0, 0), header_style="bold")
         t.add_column("workload", no_wrap=True, overflow="ellipsis", max_width=14)
@@ -66,7 +65,7 @@ def show(result: Evaluation, ref_is_branch: bool | None = None, no_change: bool 
             u = f" {w.unit}" if w.unit else ""
             name = "confirm" if w.role == "confirmation" else w.name + ("*" if w.role == "objective" else "")
             t.add_row(
-                escape(name), number(w.baseline_median), number(w.candidate_median) + u,
+                safe(name), number(w.baseline_median), number(w.candidate_median) + u,
                 pct(w.speedup), "—" if w.ci is None else ci_text(w.ci), p_text(w.p_value),
                 str(w.pairs), decision_label(w.to_json()),
             )
@@ -77,7 +76,7 @@ def show(result: Evaluation, ref_is_branch: bool | None = None, no_change: bool 
     c.add_column("status", no_wrap=True)
     c.add_column("detail", overflow="fold")
     for check in v.checks:
-        c.add_row(check.name, check.status.value, escape(check.detail))
+        c.add_row(check.name, check.status.value, safe(check.detail))
     out.print(c)
     out.print(timing_line(result.timing()))
     if advice:
@@ -107,6 +106,6 @@ def next_step(result: Evaluation, ref_is_branch: bool | None) -> str:
                    "then `agentsearch episode --branches NAME` judges it again and merges on a win")
         return f"not merged: evaluate never merges; {how}"
     if verdict == REVIEW:
-        return (f"not merged: held for review (too good to be true); read `agentsearch report {escape(result.ref)}` "
+        return (f"not merged: held for review (too good to be true); read `agentsearch report {safe(result.ref)}` "
                 "and merge by hand if it holds up")
     return "not merged (rejected)"

@@ -8,6 +8,9 @@ from contextlib import contextmanager
 from typing import Any, Iterable, Iterator, Mapping
 
 from rich.console import Console
+from rich.markup import escape
+
+from history.records.text import clean
 
 from .. import progress as _progress
 
@@ -37,10 +40,15 @@ def print_json(data: Mapping[str, Any] | Iterable[Any], key: str | None = None) 
     sys.stdout.write(json.dumps(document(data, key), indent=2, default=str) + "\n")
 
 
+def safe(text: object) -> str:
+    """Text a proposal may control, ready for ``out.print``: no escape sequence or control character (they
+    redrew rows of ``history`` once) and no rich markup tag."""
+    return escape(clean(text))
+
+
 def fit(text: str, width: int) -> str:
-    """One line of at most ``width`` characters, ellipsized."""
-    text = " ".join(str(text).split())
-    return text if len(text) <= width else text[: max(0, width - 1)] + "…"
+    """One line of at most ``width`` characters, ellipsized, control characters removed."""
+    return clean(text, max(1, width), one_line=True)
 
 
 def compact_table(title: str, heads: list[str], rows: list[list[str]], width: int, right: tuple[int, ...] = (),
@@ -48,7 +56,6 @@ def compact_table(title: str, heads: list[str], rows: list[list[str]], width: in
     """A table of one line per row that fits ``width`` columns (rich only shrinks by wrapping or
     cutting every column): all columns keep their width but the last two (say title and reason),
     which share what is left, a third and two thirds, ellipsized. ``styles``: rich style per cell."""
-    from rich.markup import escape
     from rich.table import Table
 
     fixed = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(heads[:-2])]
@@ -61,7 +68,7 @@ def compact_table(title: str, heads: list[str], rows: list[list[str]], width: in
     for n, r in enumerate(rows):
         cells = [*r[:-2], fit(r[-2], first), fit(r[-1], last)]
         style = (styles or [[]] * len(rows))[n]
-        t.add_row(*[f"[{style[i]}]{escape(c)}[/]" if i < len(style) and style[i] else escape(c) for i, c in enumerate(cells)])
+        t.add_row(*[f"[{style[i]}]{safe(c)}[/]" if i < len(style) and style[i] else safe(c) for i, c in enumerate(cells)])
     return t
 
 

@@ -5,12 +5,11 @@ from __future__ import annotations
 from dataclasses import asdict
 from pathlib import Path
 
-from rich.markup import escape
 
 from .. import preflight as pf
 from ..errors import EXIT_RUN_ERROR
 from ..workspace import Workspace
-from .output import out, print_json, progress
+from .output import out, print_json, progress, safe
 
 STYLE = {pf.OK: "green", pf.WARN: "yellow", pf.FAIL: "red", pf.SKIPPED: "dim"}
 
@@ -33,6 +32,6 @@ def run(target: Path, as_json: bool, dynamic: bool, refresh: bool) -> int:
         print_json({"schema_version": pf.PREFLIGHT_SCHEMA, "ok": ok, "baseline": base, "checks": [asdict(f) for f in found]})
     else:
         for f in found:
-            fix = f"\n{'':19}fix: {escape(f.fix)}" if f.fix and f.status != pf.OK else ""
-            out.print(f"[{STYLE[f.status]}]{f.status:>7}[/] {f.name:<11} {escape(f.detail)}{fix}")
+            fix = f"\n{'':19}fix: {safe(f.fix)}" if f.fix and f.status != pf.OK else ""
+            out.print(f"[{STYLE[f.status]}]{f.status:>7}[/] {f.name:<11} {safe(f.detail)}{fix}")
     return 0 if ok else EXIT_RUN_ERROR

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rich.markup import escape
 from rich.table import Table
 
 from history.records import Profile
@@ -13,7 +12,7 @@ from ..profiling import profile
 from ..records import append
 from .. import preflight
 from ..workspace import Workspace
-from .output import out, print_json, progress
+from .output import out, print_json, progress, safe
 
 
 def run(target: Path, as_json: bool, ref: str | None, workload: str | None, seed: int | None) -> int:
@@ -33,6 +32,6 @@ def run(target: Path, as_json: bool, ref: str | None, workload: str | None, seed
         for col in ("name", "seconds", "share"):
             t.add_column(col)
         for r in data[key][:12]:
-            t.add_row(escape(str(r["name"]))[:70], f"{r['seconds']:.3f}", f"{r['share_pct']:.1f}%")
+            t.add_row(safe(str(r["name"]))[:70], f"{r['seconds']:.3f}", f"{r['share_pct']:.1f}%")
         out.print(t)
     return 0

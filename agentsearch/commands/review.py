@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from rich.markup import escape
 
 from history.records import Merge, Recheck, Revert, Trial, Verdict
 
@@ -15,7 +14,7 @@ from ..headline import pct
 from ..records import append, read_entries
 from ..report import session_table
 from ..workspace import Workspace, git
-from .output import compact_table, out, print_json, progress
+from .output import compact_table, out, print_json, progress, safe
 from .proposal_ids import refuse_ambiguous
 
 
@@ -111,8 +110,8 @@ def run(target: Path, as_json: bool, what: str | None, recheck: bool, seed: int 
         if as_json:
             print_json(row)
         else:
-            out.print(f"[bold]{row['merge'][:12]}[/] {escape(row['title'] or '')} ({row['proposal']})")
-            out.print(escape(row["evidence"] or "(no git note)"))
+            out.print(f"[bold]{row['merge'][:12]}[/] {safe(row['title'] or '')} ({row['proposal']})")
+            out.print(safe(row["evidence"] or "(no git note)"))
         return 0
     from ..evaluation import evaluate  # the measuring stack (scipy, ...) only when re-measuring
     from .evaluate import show as show_evaluation

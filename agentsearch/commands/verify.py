@@ -4,14 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rich.markup import escape
 from rich.table import Table
 
 from .. import preflight
 from ..errors import EXIT_FAIL
 from ..verify import VerifyResult, verify
 from ..workspace import Workspace
-from .output import out, print_json, progress
+from .output import out, print_json, progress, safe
 
 
 def run(target: Path, as_json: bool, ref: str) -> int:
@@ -50,9 +49,9 @@ def _same_top(s: dict) -> str:
 def show(ref: str, r: VerifyResult) -> None:
     color = "green" if r.verdict == "pass" else "red"
     sel = f" (of {r.corpus_size})" if r.corpus_size and r.corpus_size != r.public_size + r.holdout_size else ""
-    out.print(f"[bold {color}]{r.verdict.upper()}[/] {escape(ref)}: mode {r.mode}, public {r.public_size} prompts, holdout {r.holdout_size} prompts{sel}")
+    out.print(f"[bold {color}]{r.verdict.upper()}[/] {safe(ref)}: mode {r.mode}, public {r.public_size} prompts, holdout {r.holdout_size} prompts{sel}")
     for reason in r.reasons:
-        out.print(f"  - {escape(reason)}")
+        out.print(f"  - {safe(reason)}")
     t = Table(title="per set and path (KL in nats; Δp: probability of the baseline's top token)")
     for col in ("set", "path", "positions", "mean KL ± SE", "KL p99.9", "KL p99", "KL p95", "KL p90", "KL p50", "max KL",
                 "RMS Δp", "max |Δ logprob|", "same top", "div.", "pass"):

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
-from history.records import CATEGORIES
+from history.records import CATEGORIES, text
 
 from ..errors import AgentsearchError
 
@@ -33,6 +33,9 @@ class Candidate:
     def __post_init__(self) -> None:
         if self.category not in CATEGORIES:
             raise ValueError(f"category must be one of {', '.join(CATEGORIES)}, got {self.category!r}")
+        # proposal-controlled text is data from here on: one line of title, no control characters, capped
+        object.__setattr__(self, "title", text.title(self.title))
+        object.__setattr__(self, "rationale", text.clean(self.rationale))
 
 
 @dataclass(frozen=True)

