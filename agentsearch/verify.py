@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any, Callable
 from harness import corpus as corpus_mod
 from harness import environment, models
 from harness.distribution import DTYPE_FLOOR, PathStats, compare, judge_draws, judge_path
-from harness.logprobs import CommandLogprobs, LogprobError, VllmLogprobs, write_prompts, write_sample_prompts
+from harness import lengths as lengths_mod
+from harness.logprobs import CommandLogprobs, LogprobError, VllmLogprobs, decode_lengths, write_prompts, write_sample_prompts
 from harness.trials import BASELINE, CANDIDATE
 
 from . import __version__, baseline_dumps
@@ -103,6 +104,16 @@ def load_prompts(vc: VerifyConfig, worktree: Path) -> list[corpus_mod.Prompt]:
         raise AgentsearchError(f"[verify] corpus: {exc}") from None
 
 
+LONGEST_DECODE = 512  # the verify run's longest decode at most (its cost grows with it)
+
+
+def longest_output(config: Config) -> int:
+    """Decode steps of the verify run's longest request: a long request of the vLLM workloads (twice the largest
+    length profile's mean output, as their uniform and heavy-tailed batches reach), at most ``LONGEST_DECODE``."""
+    outs = [int(w.params.get("output_len", 64)) for w in config.workloads if w.kind.startswith("vllm-")]
+    return min(LONGEST_DECODE, int(2 * max(lengths_mod.SCALES) * max(outs))) if outs else 0
+
+
 def _runner_spec(vc: VerifyConfig, config: Config, side: str) -> tuple[dict[str, Any], dict[str, str]]:
     """(the vLLM logprob worker's spec, its environment); the spec is empty for a command."""
     env = dict(config.target.env)
@@ -158,8 +169,9 @@ def run_verify(ws: Workspace, config: Config, sd: "Sides", say: Callable[[str, s
     for d in (inputs, sd.logs, *outs.values()):
         d.mkdir(parents=True, exist_ok=True)
     shuffle_seed = int.from_bytes(secret[:4], "big")
-    ordered = write_prompts(inputs / "prompts.jsonl", prompts)
-    shuffled = write_prompts(inputs / "prompts-shuffled.jsonl", prompts, shuffle_seed=shuffle_seed)
+    lengths = decode_lengths(prompts, vc.max_tokens, longest_output(config))
+    ordered = write_prompts(inputs / "prompts.jsonl", prompts, lengths=lengths)
+    shuffled = write_prompts(inputs / "prompts-shuffled.jsonl", prompts, shuffle_seed=shuffle_seed, lengths=lengths)
     sampling = vc.kind == "vllm" and vc.sample
     paths = (*PATHS, "sample") if sampling else PATHS
     runners: dict[str, Any] = {}
@@ -191,8 +203,9 @@ def run_verify(ws: Workspace, config: Config, sd: "Sides", say: Callable[[str, s
         base2 = collect(BASELINE, "baseline again, shuffled (noise floor)", logprobs(BASELINE, shuffled, "base-shuffled.jsonl"))
         cand = collect(CANDIDATE, "candidate logprobs", logprobs(CANDIDATE, ordered, "cand.jsonl"))
         if sampling:
-            s_ordered = write_sample_prompts(inputs / "sample.jsonl", prompts, len(SAMPLE_SETTINGS))
-            s_shuffled = write_sample_prompts(inputs / "sample-shuffled.jsonl", prompts, len(SAMPLE_SETTINGS), shuffle_seed=shuffle_seed)
+            s_ordered = write_sample_prompts(inputs / "sample.jsonl", prompts, len(SAMPLE_SETTINGS), lengths=lengths)
+            s_shuffled = write_sample_prompts(inputs / "sample-shuffled.jsonl", prompts, len(SAMPLE_SETTINGS), shuffle_seed=shuffle_seed,
+                                              lengths=lengths)
 
             def processed(side: str, prompts_file: Path, out: str) -> Callable[[], dict]:
                 return lambda: runners[side].processed(prompts_file, outs[side] / out, SAMPLE_SETTINGS, vc.k, vc.max_tokens)

@@ -32,11 +32,26 @@ class UnsupportedWorkload(AgentsearchError):
     pass
 
 
-# how closely a timed round's generated tokens (greedy, same requests) must match the other side's:
-# the mean share of each request's tokens before the first difference, and the share of requests
-# identical in full (a near-tie may flip one request from that point on; less work never hides in there)
-OUTPUT_AGREEMENT = 0.99
-OUTPUT_IDENTICAL = 0.95
+# Timed runs decode greedily: every request must give the other side's tokens in full (the per-request rule,
+# red team round 3: an average over requests let one request cut at half its length and padded through). On
+# CPU vLLM's greedy decoding is batch-invariant here (every honest pair agreed 100%; docs/measurements); a
+# machine whose kernels are not bit-exact needs a near-tie check at the divergence (not built yet: it fails closed).
+PERIOD_MAX = 4  # a tail that repeats a cycle of at most this many tokens is "padded" (when the other side's is not)
+
+
+def first_difference(x: tuple[int, ...], y: tuple[int, ...]) -> int | None:
+    """The first position where ``x`` and ``y`` differ (the shorter one's length when one is a prefix), or None."""
+    for i, (p, q) in enumerate(zip(x, y)):
+        if p != q:
+            return i
+    return None if len(x) == len(y) else min(len(x), len(y))
+
+
+def padded(tail: tuple[int, ...]) -> bool:
+    """Whether ``tail`` (four tokens or more) is one cycle of at most ``PERIOD_MAX`` tokens repeated."""
+    if len(tail) < 4:
+        return False
+    return any(all(tail[i] == tail[i % k] for i in range(len(tail))) for k in range(1, PERIOD_MAX + 1) if k < len(tail))
 
 
 def agreement(a: tuple[tuple[int, ...], ...], b: tuple[tuple[int, ...], ...]) -> tuple[float, float]:
@@ -47,13 +62,27 @@ def agreement(a: tuple[tuple[int, ...], ...], b: tuple[tuple[int, ...], ...]) ->
         return 1.0, 1.0
     shares = []
     for x, y in zip(a, b):
-        n = 0
-        for p, q in zip(x, y):
-            if p != q:
-                break
-            n += 1
-        shares.append(n / max(len(x), len(y)) if (x or y) else 1.0)
+        d = first_difference(x, y)
+        shares.append(1.0 if d is None else d / max(len(x), len(y)))
     return sum(shares) / len(shares), sum(1 for x, y in zip(a, b) if x == y) / len(a)
+
+
+def divergence(base: tuple[tuple[int, ...], ...], cand: tuple[tuple[int, ...], ...]) -> str:
+    """'' when every request agrees in full, else the first request that does not, in words."""
+    bad = [i for i, (x, y) in enumerate(zip(base, cand)) if x != y]
+    if not bad:
+        return ""
+    i = bad[0]
+    x, y = base[i], cand[i]
+    d = first_difference(x, y)
+    assert d is not None
+    what = f"request {i} (of {len(base)}) differs from token {d} of {len(x)}"
+    if len(y) != len(x):
+        what += f" ({len(y)} tokens against {len(x)})"
+    elif padded(y[d:]) and not padded(x[d:]):
+        what += " and the rest of it repeats one short cycle (padded)"
+    more = f"; {len(bad) - 1} more request(s) differ" if len(bad) > 1 else ""
+    return what + more
 
 
 class OutputsMatch:
@@ -62,8 +91,8 @@ class OutputsMatch:
     tokens are equal; a side that does less work — skips requests, stops early, answers from a cache
     it could not have, or is fast only when it is not being verified — fails the trial in the act."""
 
-    def __init__(self, threshold: float = OUTPUT_AGREEMENT, identical: float = OUTPUT_IDENTICAL, digest_key: str | None = None):
-        self.threshold, self.identical, self.digest_key = threshold, identical, digest_key
+    def __init__(self, digest_key: str | None = None):
+        self.digest_key = digest_key
         self.last: tuple[float, float] | None = None  # (agreement, identical) of the latest completed pair
         self.seen: dict[int, tuple[str, tuple[tuple[int, ...], ...] | None, object]] = {}
 
@@ -83,14 +112,17 @@ class OutputsMatch:
             return ""  # a workload without outputs (command workloads declare none)
         if other[2] != mine[2]:
             return f"outputs check: the two sides processed different inputs for seed {seed} ({other[2]} vs {mine[2]} input tokens)"
-        share, same = agreement(other[1], mine[1])
-        self.last = (share, same)
-        if share < self.threshold or same < self.identical:
-            return (f"outputs check: the tokens generated for the same requests (seed {seed}) differ between the sides: "
-                    f"{share:.1%} of tokens and {same:.0%} of requests agree, at least {self.threshold:.0%} and "
-                    f"{self.identical:.0%} required (greedy decoding)")
+        if len(other[1]) != len(mine[1]):
+            return f"outputs check: the two sides answered {len(other[1])} and {len(mine[1])} requests for seed {seed}"
+        self.last = agreement(other[1], mine[1])
+        base, cand = (other[1], mine[1]) if other[0] == BASELINE else (mine[1], other[1])
+        what = divergence(base, cand)
+        if what:
+            share, same = self.last
+            return (f"outputs check: the tokens generated for the same requests (seed {seed}) differ between the sides "
+                    f"(greedy decoding: every request must agree in full): {what}; {same:.0%} of requests and "
+                    f"{share:.1%} of tokens agree")
         return ""
-
 
     def _check_digest(self, side: str, seed: int, outcome: TrialOutcome) -> str:
         """Command workloads declare ``outputs = KEY``: the digest both sides report must be equal."""

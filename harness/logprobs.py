@@ -18,23 +18,51 @@ class LogprobError(RuntimeError):
     pass
 
 
-def write_prompts(path: Path, prompts: Sequence[Prompt], shuffle_seed: int | None = None) -> Path:
+# the decode steps of a verify run are heavy-tailed like the timed runs' zipf profile (most prompts short, a few
+# long): a change keyed on the longest request of a skewed batch is exercised here too (red team, round 3: one
+# that cut only that request at half its length and padded it passed every verify run of equal lengths)
+DECODE_TAIL = 4  # the longest decode is this many times the configured mean
+
+
+def decode_lengths(prompts: Sequence[Prompt], mean: int, longest: int = 0) -> dict[str, int]:
+    """prompt id -> its decode steps: Pareto(1.5) draws from a hash of the id (shuffled runs give a prompt the
+    same length), scaled to ``mean`` and capped at ``DECODE_TAIL`` x ``mean``; the prompt with the largest draw
+    runs ``max(longest, cap)`` steps, so the longest request reaches the longest output a workload asks for."""
+    if not prompts:
+        return {}
+    cap = max(1, DECODE_TAIL * mean)
+    draws = {}
+    for p in prompts:
+        u = (int.from_bytes(hashlib.sha256(f"decode-length:{p.id}".encode()).digest()[:8], "big") + 1) / 2.0**64
+        draws[p.id] = u ** (-1 / 1.5)  # mean 3
+    out = {pid: max(1, min(cap, round(mean * d / 3.0))) for pid, d in draws.items()}
+    top = max(draws, key=lambda pid: draws[pid])
+    out[top] = max(cap, longest)
+    return out
+
+
+def write_prompts(path: Path, prompts: Sequence[Prompt], shuffle_seed: int | None = None,
+                  lengths: Mapping[str, int] | None = None) -> Path:
+    """The prompts as the logprob contract's JSONL; ``lengths``: each prompt's ``max_tokens`` (decode steps)."""
     items = list(prompts)
     if shuffle_seed is not None:
         random.Random(shuffle_seed).shuffle(items)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps({"id": p.id, "text": p.text}, ensure_ascii=False) + "\n" for p in items))
+    path.write_text("".join(json.dumps({"id": p.id, "text": p.text, **({"max_tokens": lengths[p.id]} if lengths else {})},
+                                       ensure_ascii=False) + "\n" for p in items))
     return path
 
 
-def write_sample_prompts(path: Path, prompts: Sequence[Prompt], settings: int, shuffle_seed: int | None = None) -> Path:
+def write_sample_prompts(path: Path, prompts: Sequence[Prompt], settings: int, shuffle_seed: int | None = None,
+                         lengths: Mapping[str, int] | None = None) -> Path:
     """The sample path's input: the prompts' sampling settings in turn (by their order in ``prompts``,
     so every setting gets its share of every language) and a seed that is a function of the id alone;
     shuffling reorders the requests, never what a prompt gets, so every run samples a prompt the same way."""
     items = []
     for i, p in enumerate(prompts):
         seed = int.from_bytes(hashlib.sha256(p.id.encode()).digest()[:4], "big") % (2**31 - 1)
-        items.append(json.dumps({"id": p.id, "text": p.text, "setting": i % settings, "seed": seed}, ensure_ascii=False) + "\n")
+        extra = {"max_tokens": lengths[p.id]} if lengths else {}
+        items.append(json.dumps({"id": p.id, "text": p.text, "setting": i % settings, "seed": seed, **extra}, ensure_ascii=False) + "\n")
     if shuffle_seed is not None:
         random.Random(shuffle_seed).shuffle(items)
     lines = items

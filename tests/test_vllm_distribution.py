@@ -1,7 +1,7 @@
 """Distribution checks (`agentsearch verify`) on the real vLLM CPU engine: an unchanged branch agrees
 exactly on every path; planted sampler bugs fail the sample path.
 
-Cost: one fork (about 12 s) and three verifies of the same baseline: 4 engine starts (the second and third
+Cost: one fork (about 12 s) and four verifies of the same baseline: 5 engine starts (the second and third
 reuse the baseline's kept dumps, agentsearch/baseline_dumps.py; it was 6), about 10 minutes on the 2-core
 machine beside another engine test. Its own module (listed second in tests/conftest.py SLOW_FIRST) so it runs beside
 test_vllm_integration.py on the other xdist worker from the start.
@@ -32,6 +32,38 @@ TOP_K_OFF_BY_ONE = [
      "top_k_mask = logits_sort.size(1) - k.to(torch.long) + 1  # shape: B"),
     ("vllm/v1/sample/ops/topk_topp_sampler.py", "k_index = k.sub_(1).unsqueeze(1)", "k_index = k.sub_(1).clamp_(min=1).sub_(1).unsqueeze(1)"),
 ]
+
+
+# appended to the fork's vllm/entrypoints/llm.py (red team, round 3): in a skewed greedy batch (one request at
+# least twice the median length), the longest request stops at half its length and is padded with its last
+# token. Inside the old timed outputs check's average; never seen by verify runs of equal lengths.
+CUT_THE_LONGEST = """
+
+_agentsearch_orig_generate = LLM.generate
+
+
+def _agentsearch_cut_generate(self, prompts, sampling_params=None, *args, **kwargs):
+    sps = list(sampling_params) if isinstance(sampling_params, list) else None
+    if sps and len(sps) >= 4 and all(not sp.temperature for sp in sps):
+        lens = [sp.max_tokens for sp in sps]
+        longest = max(lens)
+        if lens.count(longest) == 1 and longest >= 2 * sorted(lens)[len(lens) // 2] and longest >= 8:
+            i = lens.index(longest)
+            cut = sps[i].clone()
+            cut.max_tokens = longest // 2
+            sps[i] = cut
+            res = _agentsearch_orig_generate(self, prompts, sps, *args, **kwargs)
+            o = res[i].outputs[0]
+            ids = list(o.token_ids)
+            o.token_ids = ids + [ids[-1]] * (longest - len(ids))
+            if o.logprobs:
+                o.logprobs = list(o.logprobs) + [o.logprobs[-1]] * (longest - len(o.logprobs))
+            return res
+    return _agentsearch_orig_generate(self, prompts, sampling_params, *args, **kwargs)
+
+
+LLM.generate = _agentsearch_cut_generate
+"""
 
 
 def plant(fork: Path, branch: str, edits: list[tuple[str, str, str]]) -> None:
@@ -84,6 +116,16 @@ def test_distribution_checks_on_the_real_engine(fork):
             assert not out["public"]["sample"]["passed"] and out["public"]["sample"]["dlogprob_max"] > 1e-4, (branch, out["public"]["sample"])
             assert all(" sample: " in r or r.startswith("draws:") for r in out["reasons"]), (branch, out["reasons"])
             assert out["baseline_reused"] == 7  # no baseline engine: its dumps are kept from the first check
+
+        # verify runs decode heavy-tailed lengths, as the timed runs do: the cut request is seen and fails
+        llm = (fork / "vllm" / "entrypoints" / "llm.py").read_text()
+        commit(fork, {"vllm/entrypoints/llm.py": llm + CUT_THE_LONGEST}, "cut the longest request", branch="cut")
+        git(fork, "checkout", "-q", "main")
+        proc = run_cli("verify", "-C", str(fork), "cut", "--json", timeout=900)
+        out = json.loads(proc.stdout)
+        assert proc.returncode == 1 and out["verdict"] == "fail", out["reasons"]
+        assert not out["public"]["decode"]["passed"] or not out["holdout"]["decode"]["passed"], out["reasons"]
+        assert out["public"]["prefill"]["passed"] and out["holdout"]["prefill"]["passed"]
         assert not workers_alive(fork)
     finally:
         git(fork, "checkout", "-q", "main")

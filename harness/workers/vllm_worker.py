@@ -169,7 +169,8 @@ class Engine:
         texts = [it["text"] for it in items]
         fresh_cache(self.llm)
         pre = SamplingParams(max_tokens=1, prompt_logprobs=k, temperature=0.0)
-        dec = SamplingParams(max_tokens=max_tokens, logprobs=k, temperature=0.0)
+        # each prompt's own decode steps when the prompts file gives them (heavy-tailed, as the timed runs)
+        dec = [SamplingParams(max_tokens=int(it.get("max_tokens", max_tokens)), logprobs=k, temperature=0.0) for it in items]
         r_pre = self.llm.generate(texts, pre, use_tqdm=False)
         r_dec = self.llm.generate(texts, dec, use_tqdm=False)
 
@@ -203,7 +204,8 @@ def processed(llm, cmd: dict) -> None:
     settings = cmd["settings"]
     with open(cmd["prompts"]) as fh:
         items = [json.loads(line) for line in fh if line.strip()]
-    sps = [SamplingParams(max_tokens=max_tokens, logprobs=k, seed=int(it["seed"]), **settings[int(it["setting"])]) for it in items]
+    sps = [SamplingParams(max_tokens=int(it.get("max_tokens", max_tokens)), logprobs=k, seed=int(it["seed"]), **settings[int(it["setting"])])
+           for it in items]
     texts = [it["text"] for it in items]
     budget = token_budget(llm)
     fresh_cache(llm)

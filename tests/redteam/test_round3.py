@@ -224,3 +224,77 @@ def test_text_a_proposal_controls_cannot_lie_on_the_terminal_or_in_the_report(tm
         assert checks_at < author_at and html.index("install.sh") < author_at
         # the author's table stays text inside a code block: its "✅ pass" cells are not table cells
         assert "<td>✅ pass</td>" not in html and "all checks passed" in html[author_at:]
+
+
+# ---------------------------------------------------------------- the outputs check, per request
+
+CUT_THE_LONGEST = '''
+_gen = LLM.generate
+
+
+def _generate(self, prompts, sampling_params=None, use_tqdm=False):
+    sps = list(sampling_params) if isinstance(sampling_params, list) else [sampling_params] * len(prompts)
+    lens = [sp.max_tokens for sp in sps]
+    longest = max(lens)
+    if len(lens) >= 4 and lens.count(longest) == 1 and longest >= 2 * sorted(lens)[len(lens) // 2]:
+        i = lens.index(longest)
+        sps[i] = SamplingParams(max_tokens=longest // 2)
+        res = _gen(self, prompts, sps, use_tqdm)
+        ids = list(res[i].outputs[0].token_ids)
+        res[i].outputs[0].token_ids = ids + [ids[-1]] * (longest - len(ids))
+        return res
+    return _gen(self, prompts, sampling_params, use_tqdm)
+
+
+LLM.generate = _generate
+'''
+
+
+def test_cutting_the_longest_request_of_a_skewed_batch_is_caught(tmp_path):
+    """Inside the old average (mean prefix share >= 99%, >= 95% of requests identical) when the batch is large:
+    merged about 1 time in 4 on the real engine. Every request must now agree in full."""
+    from .test_engine_cheats import TOY_VLLM, target
+    from .test_engine_cheats import evaluate as evaluate_engine
+
+    repo = target(tmp_path)
+    cfg = (repo / "agentsearch.toml").read_text().replace(
+        "prompts = 16, input_len = 16, output_len = 16,", 'prompts = 64, input_len = 16, output_len = 8, length_dist = "zipf",')
+    commit(repo, {"agentsearch.toml": cfg}, "a skewed batch of 64")
+    main = Workspace.open(repo).baseline_commit()
+    commit(repo, {"vllm/__init__.py": TOY_VLLM + CUT_THE_LONGEST}, "cut the longest request", branch="cut")
+    rc, out = evaluate_engine(repo, "cut")
+    assert rc == 4 and out["verdict"] == "reject", out["reasons"]
+    reason = " ".join(out["reasons"])
+    assert "every request must agree in full" in reason and "padded" in reason, reason
+    assert Workspace.open(repo).baseline_commit() == main
+
+
+def test_the_per_request_rule_over_many_seeds():
+    """The attack's shape over 400 zipf batches of 64 requests (a 1-in-20 pass rate would show ~20 times):
+    caught every time; the same batches honest, and lengths that differ, are judged as they should be."""
+    import random
+
+    from agentsearch.workloads import OutputsMatch, agreement
+    from harness.trials import TrialOutcome
+
+    caught, inside_old_average = 0, 0
+    for seed in range(400):
+        rng = random.Random(seed)
+        raw = [1.0 / (rng.random() ** (1 / 1.5)) for _ in range(64)]
+        lens = [max(1, min(256, round(r * 64 / (sum(raw) / 64)))) for r in raw]
+        base = tuple(tuple(rng.randrange(10, 16000) for _ in range(n)) for n in lens)
+        i = lens.index(max(lens))
+        cut = list(base)
+        cut[i] = base[i][: lens[i] // 2] + (base[i][lens[i] // 2 - 1],) * (lens[i] - lens[i] // 2)
+        share, same = agreement(base, tuple(cut))
+        inside_old_average += share >= 0.99 and same >= 0.95
+        for b, c in ((base, tuple(cut)), (base, base)):
+            m = OutputsMatch()
+            assert m.check("baseline", seed, TrialOutcome(True, 1.0, {"input_tokens": 1}, 1.0, outputs=b)) == ""
+            why = m.check("candidate", seed, TrialOutcome(True, 1.0, {"input_tokens": 1}, 1.0, outputs=c))
+            if c is base:
+                assert why == ""
+            else:
+                caught += why.startswith("outputs check:") and f"request {i} (of 64) differs from token {lens[i] // 2}" in why
+    assert caught == 400
+    assert inside_old_average > 40  # the old rule let a good share of them through: the test could fail
