@@ -310,3 +310,31 @@ def test_worker_node_killed_mid_evaluation_is_judged_again_elsewhere(tmp_path, c
     # nothing measured on the lost attempt reached the history
     assert not [e for e in entries if e.kind == "trial" and e.data.get("node") == victim.node_id
                 and e.data["number"] == faults[0]["number"]]
+
+
+def test_round3_channels_stay_closed_on_a_ray_node(tmp_path, cluster):
+    """Red team, round 3, on the Ray executor: a keyring marker and a bit written into an access time, judged on
+    a worker node, are rejected as on the local executor; main and the host's keyring stay untouched."""
+    import uuid
+
+    from .conftest import commit
+    from .redteam.test_isolation import make_target as make_isolation_target
+    from .redteam.test_round3 import ATIME_SET, KEYRING, host_has_key
+
+    name = f"agentsearch-redteam-{uuid.uuid4().hex[:8]}"
+    repo = make_isolation_target(tmp_path, files={"data.txt": "x\n"})
+    main = Workspace.open(repo).baseline_commit()
+    marker = KEYRING.format(name=name) + "FACTOR = 1.33 if marker_set() else 1.0\nset_marker()\n"
+    commit(repo, {"model.py": marker}, "keep a marker in the keyring", branch="attack/keyring")
+    commit(repo, {"model.py": ATIME_SET}, "a bit set in an access time", branch="attack/atime", start="main")
+    proc = _episode(repo, cluster, "--branches", "attack/*", "--seed", "7")
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err
+    verdicts = {p["title"]: p for p in json.loads(out)["proposals"]}
+    assert {v["verdict"] for v in verdicts.values()} == {"reject"}, verdicts
+    atime = verdicts["a bit set in an access time"]
+    assert any("worktree modified during a trial: candidate: changed 'data.txt'" in r for r in atime["reasons"]), atime["reasons"]
+    assert Workspace.open(repo).baseline_commit() == main
+    assert not host_has_key(name)
+    entries = _entries(repo)
+    assert any(e.kind == "verdict" and e.data.get("node") for e in entries)  # judged on a node
