@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import json
 import re
+import secrets
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
 import jinja2
 
 import templates as _templates
+from history.records import text
 
 from ..agent import ALLOWED_COMMANDS, ToolGuard, credentials, load_transport_factory, run_session
 from .base import CATEGORIES, Candidate, Context, ProposerError
@@ -51,6 +53,11 @@ def parse_final(text: str) -> dict[str, str]:
 def render_prompt(ctx: Context, protected: tuple[str, ...]) -> str:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(Path(_templates.__file__).parent)), undefined=jinja2.ChainableUndefined,
                              trim_blocks=True, lstrip_blocks=True)
+    # what earlier proposals wrote reaches the agent only cleaned, capped and inside a block whose markers carry
+    # a nonce drawn now: no text in it can close the block or pose as the tool's own instructions
+    nonce = secrets.token_hex(8)
+    env.filters["untrusted"] = lambda s, limit=200: text.clean("" if s is None else s, limit, one_line=True).replace(nonce, "")
+    env.filters["untrusted_block"] = lambda s, limit=6000: text.clean("" if s is None else s, limit).replace(nonce, "")
     config = ctx.extra.get("config")
     recent = [h for h in ctx.history if h.get("verdict")][-12:]
     insights_md = ""
@@ -65,7 +72,7 @@ def render_prompt(ctx: Context, protected: tuple[str, ...]) -> str:
         config=config, workloads=list(config.workloads) if config else [], objective=config.objective.name if config else "",
         protected=protected, recent=recent, rejections=[h for h in recent if h["verdict"] != "merge"][-6:],
         insights=insights_md, profiles=ctx.extra.get("profiles") or [], categories=CATEGORIES, commands=ALLOWED_COMMANDS,
-        kernels=kernel_context(ctx),
+        kernels=kernel_context(ctx), nonce=nonce,
     )
 
 
