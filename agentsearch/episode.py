@@ -15,13 +15,14 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 from harness import environment, seeds
 from history.insights import proposal_rows
 from harness.trials import BASELINE, TrialRecord, tail
-from history import HistoryError
+from history import HistoryChanged, HistoryError
 from history import records as rec
 
 from . import proposers
@@ -47,6 +48,18 @@ class EpisodeError(AgentsearchError):
 # errors of the run itself (the history, the lock, a broken baseline or config): they stop the
 # episode (resumable); any other error while judging one proposal is that proposal's REJECT
 RUN_ERRORS = (HistoryError, LockedError, ConfigError, TargetError, EpisodeError, RunError)
+
+
+@contextmanager
+def history_stops_the_episode() -> Iterator[None]:
+    """A history error while an episode runs (its file changed under it, a corrupt line) stops it with
+    one line; the log refuses every later write, so nothing more is recorded."""
+    try:
+        yield
+    except HistoryChanged as exc:
+        raise EpisodeError(exc.under("the episode")) from None
+    except HistoryError as exc:
+        raise EpisodeError(f"{exc}; the episode stopped") from None
 
 
 def internal_reason(exc: BaseException) -> str:
@@ -193,7 +206,8 @@ class Episode:
 
     def run(self) -> dict[str, Any]:
         try:
-            return self._run()
+            with history_stops_the_episode():
+                return self._run()
         finally:
             self.retire_warm()  # its engines shut down, its worktree removed: also on errors and Ctrl-C
 
@@ -532,7 +546,8 @@ def start(ws: Workspace, log: Any, proposer_name: str, options: Mapping[str, Any
         alpha=config.gate.alpha / max(n, config.gate.episode_budget), baseline=ws.baseline_commit(),
         config_fingerprint=config.fingerprint(), insights=insights, cost_budget_usd=cost_budget_usd,
     )
-    log.append(rec.EpisodeStarted.of(asdict(plan)), episode, None)
+    with history_stops_the_episode():
+        log.append(rec.EpisodeStarted.of(asdict(plan)), episode, None)
     state = EpisodeState(plan, sessions=1)
     return Episode(ws, log, state, proposer)
 
@@ -540,8 +555,9 @@ def start(ws: Workspace, log: Any, proposer_name: str, options: Mapping[str, Any
 def resume(ws: Workspace, log: Any, episode: str, entries: list[Any]) -> Episode:
     state = load_state(entries, episode)
     proposer = proposers.rebuild(state.plan.proposer, state.plan.manifest)
-    log.append(rec.EpisodeResumed(session=state.sessions + 1, used_s=round(state.used_s, 3),
-                                  judged=sum(1 for p in state.proposals.values() if p.verdict)), episode, None)
+    with history_stops_the_episode():
+        log.append(rec.EpisodeResumed(session=state.sessions + 1, used_s=round(state.used_s, 3),
+                                      judged=sum(1 for p in state.proposals.values() if p.verdict)), episode, None)
     state.sessions += 1
     return Episode(ws, log, state, proposer)
 

@@ -30,7 +30,7 @@ from harness import seeds
 from harness.trials import BASELINE
 from history import records as rec
 
-from .episode import RUN_ERRORS, Episode, ProposalState, _static_verdict
+from .episode import RUN_ERRORS, Episode, ProposalState, _static_verdict, history_stops_the_episode
 from .errors import RunError
 from .executors import Job, NodeResult
 from .executors.node import SHIPPED_STATE, code_version
@@ -64,6 +64,10 @@ class ParallelEpisode:
 
     # ------------------------------------------------------------------ the loop
     def run(self) -> dict[str, Any]:
+        with history_stops_the_episode():
+            return self._run()
+
+    def _run(self) -> dict[str, Any]:
         e = self.e
         e.complete_merges()
         holdout_secret(self.ws)  # made here, once: every node (and a later recheck) draws the same holdout

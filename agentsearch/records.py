@@ -16,7 +16,7 @@ from history.records import Record
 
 from .errors import AgentsearchError
 from .workspace import Workspace
-from .workspace.history_head import GitHeadStore, baseline_disagreement
+from .workspace.history_head import GitHeadStore, baseline_disagreement, unjudged_commit
 
 HISTORY_FILE = "history.jsonl"
 
@@ -31,11 +31,13 @@ def open_log(ws: Workspace) -> HistoryLog:
 
 
 def verify_history(ws: Workspace) -> VerifyReport:
-    """The chain, the head ref and the merges on the baseline, checked against the log."""
+    """The chain, the head ref, the merges on the baseline, and every commit on the baseline since
+    the first episode started (each a recorded merge or revert), checked against the log."""
     rep = verify(history_path(ws), GitHeadStore(ws.repo_dir))
     if not rep.ok:
         return rep
-    problem = disagreement(ws, read_entries(ws))
+    entries = read_entries(ws)
+    problem = disagreement(ws, entries) or unjudged_commit(ws.repo_dir, ws.baseline_branch, entries)
     return VerifyReport(False, rep.records, None, problem, rep.torn_tail) if problem else rep
 
 

@@ -11,7 +11,11 @@ Each line: ``{"v": 2, "seq": n, "ts": ..., "kind": ..., "episode": ..., "proposa
 - ``verify`` detects an edited, inserted or deleted line anywhere and names the first bad one;
 - a truncated, emptied or deleted log is detected against the chain head (record count + last
   hash) kept outside the log by a ``HeadStore`` the caller provides (agentsearch keeps it in a git
-  ref); the log is written first, then the head, so a log may run ahead of its head, never behind.
+  ref); the log is written first, then the head, so a log may run ahead of its head, never behind;
+- a log open for writing remembers the file it last wrote (or read on open: device, inode, size and
+  its last line) and checks it before every write: a file emptied, truncated, rewritten, appended to
+  by someone else, deleted or replaced under a running writer refuses the write (``HistoryChanged``),
+  and every later one, so nothing more is written to it.
 """
 
 from __future__ import annotations
@@ -33,6 +37,21 @@ GENESIS = "0" * 64
 
 class HistoryError(Exception):
     """The log is corrupt or locked; the message names the file and line."""
+
+
+class HistoryChanged(HistoryError):
+    """The file on disk is no longer what this log last wrote or read on open (``what`` says how).
+
+    Raised by ``append`` before anything is written; the log then refuses every later append."""
+
+    def __init__(self, path: Path, what: str):
+        self.path, self.what = path, what
+        super().__init__(self.under("its writer"))
+
+    def under(self, writer: str) -> str:
+        """The one-line message, naming who was writing (``the episode``)."""
+        return (f"history {self.path} changed under {writer} ({self.what}); {writer} stopped and wrote nothing more "
+                "to it: restore it from a backup (agentsearch never rewrites history)")
 
 
 class HeadStore(Protocol):
@@ -178,6 +197,11 @@ class HistoryLog:
         self._prev = GENESIS
         self._seq = 0
         self.repaired: str = ""
+        # the file as this log last left it: (device, inode, size) — None while there is no file — and its
+        # last line; checked before every write (``_open_unchanged``)
+        self._disk: tuple[int, int, int] | None = None
+        self._tail = b""
+        self._changed: HistoryChanged | None = None  # once refused, always refused
         # the complete lines read last time and their entries: an append-only log is re-read from there
         self._read: tuple[bytes, list[Entry]] = (b"", [])
 
@@ -191,6 +215,7 @@ class HistoryLog:
             os.close(fd)
             raise HistoryError(f"{self.path} is being written by another process") from None
         self._lock_fd = fd
+        self._changed = None
         rep = verify(self.path, self.head_store)
         if not rep.ok:
             self.close()
@@ -201,6 +226,7 @@ class HistoryLog:
         entries = list(self.entries())
         if entries:
             self._prev, self._seq = entries[-1].hash, entries[-1].seq
+        self._remember(self._read[0] if entries else b"")
         try:
             self._advance_head()
         except BaseException:
@@ -222,6 +248,53 @@ class HistoryLog:
         stored = self.head_store.read()
         if stored is None or stored[0] < self._seq:
             self.head_store.write(self._seq, self._prev)
+
+    def _remember(self, raw: bytes) -> None:
+        """The file as read on open (``raw``, its complete lines): what every write checks against."""
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            self._disk, self._tail = None, b""
+            return
+        self._disk = (st.st_dev, st.st_ino, len(raw))
+        self._tail = raw[raw.rfind(b"\n", 0, len(raw) - 1) + 1:] if raw else b""
+
+    def _open_unchanged(self) -> int:
+        """The file opened for appending, once it is checked to be the one this log last wrote: the same
+        inode, size and last line (only the tail is read). Otherwise HistoryChanged, now and ever after."""
+        if self._changed is not None:
+            raise self._changed
+        flags = os.O_RDWR | os.O_APPEND | (os.O_CREAT if self._disk is None else 0)
+        try:
+            fd = os.open(self.path, flags, 0o644)
+        except FileNotFoundError:
+            self._changed = HistoryChanged(self.path, "deleted")
+            raise self._changed from None
+        try:
+            what = self._difference(fd)
+        except OSError as exc:
+            what = f"unreadable: {exc}"
+        if what:
+            os.close(fd)
+            self._changed = HistoryChanged(self.path, what)
+            raise self._changed
+        return fd
+
+    def _difference(self, fd: int) -> str:
+        """'' when the open file is the one this log last left, else how it differs."""
+        st = os.fstat(fd)
+        if self._disk is None:
+            return f"it had no records, now it has {st.st_size} bytes" if st.st_size else ""
+        dev, ino, size = self._disk
+        if (st.st_dev, st.st_ino) != (dev, ino):
+            return "replaced by another file"
+        if st.st_size < size:
+            return f"emptied: 0 of the {size} bytes left" if st.st_size == 0 else f"truncated to {st.st_size} of {size} bytes"
+        if st.st_size > size:
+            return f"{st.st_size - size} bytes written by someone else"
+        if self._tail and os.pread(fd, len(self._tail), size - len(self._tail)) != self._tail:
+            return f"rewritten: its last line is not record {self._seq} as written"
+        return ""
 
     def _repair(self) -> None:
         raw = self.path.read_bytes()
@@ -247,12 +320,16 @@ class HistoryLog:
         entry = Entry(self._seq + 1, time.time(), kind, episode, proposal, data, self._prev, record=record)
         line = _line(entry)
         entry = Entry(entry.seq, entry.ts, kind, episode, proposal, data, self._prev, json.loads(line)["hash"], record=record)
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        raw = line.encode()
+        fd = self._open_unchanged()
         try:
-            os.write(fd, line.encode())
+            st = os.fstat(fd)
+            size = self._disk[2] if self._disk is not None else st.st_size
+            os.write(fd, raw)
             os.fsync(fd)
         finally:
             os.close(fd)
+        self._disk, self._tail = (st.st_dev, st.st_ino, size + len(raw)), raw
         self._prev, self._seq = entry.hash, entry.seq
         if self.head_store is not None:
             self.head_store.write(entry.seq, entry.hash)

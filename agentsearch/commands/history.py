@@ -15,6 +15,7 @@ from ..errors import EXIT_FAIL, AgentsearchError
 from ..headline import headline, pct, unit
 from ..records import append, read_entries, verify_history
 from ..workspace import Workspace
+from ..workspace.history_head import episode_start
 from .output import compact_table, fit, out, print_json
 
 RECHECK = {True: "recheck holds", False: "recheck FAILED", None: ""}
@@ -115,7 +116,10 @@ def verify_chain(target: Path, as_json: bool = False) -> int:
         click.echo(f"history verify: FAILED{where}: {rep.reason}", err=True)
         return EXIT_FAIL
     extra = " (a torn last line from an interrupted write will be repaired on the next write)" if rep.torn_tail else ""
-    click.echo(f"history verify: ok, {rep.records} records{extra}")
+    start = episode_start(read_entries(ws))
+    vouched = (f"; every commit on {ws.baseline_branch!r} since {start[:12]} is a recorded merge or revert" if start else
+               f"; no episode recorded, so no commit on {ws.baseline_branch!r} was checked")
+    click.echo(f"history verify: ok, {rep.records} records{extra}{vouched}")
     return 0
 
 

@@ -349,6 +349,18 @@ def first_parents(repo_dir: Path, commit: str, limit: int) -> list[tuple[str, st
     return [tuple(ln.split(" ", 1)) for ln in out.splitlines() if ln.strip()]  # type: ignore[misc]
 
 
+def first_parent_line(repo_dir: Path, tip: str, since: str) -> list[tuple[str, str, tuple[str, ...]]]:
+    """[(commit, tree, parents)] along ``tip``'s first-parent line, leaving out what ``since`` reaches, oldest first."""
+    out = run_git("log", "--first-parent", "--reverse", "--format=%H %T %P", tip, f"^{since}", cwd=repo_dir)
+    rows = [ln.split() for ln in out.splitlines() if ln.strip()]
+    return [(r[0], r[1], tuple(r[2:])) for r in rows]
+
+
+def subject(repo_dir: Path, commit: str) -> str:
+    """The first line of ``commit``'s message, as written (untrusted text: clean it before showing it)."""
+    return run_git("log", "-1", "--format=%B", commit, cwd=repo_dir).strip("\n").split("\n", 1)[0]
+
+
 def trailer_merges(repo_dir: Path, tip: str, since: str | None, key: str) -> list[tuple[str, dict[str, str]]]:
     """[(commit, {trailer: value})] of the merge commits in ``since..tip`` whose message has ``key``."""
     span = [tip] + ([f"^{since}"] if since else [])

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from history import HistoryError
+from history.records.text import clean
 
 from ..errors import GitError
 from . import git
@@ -22,6 +23,7 @@ HEAD_REF = "refs/agentsearch/history-head"
 SEQ_TRAILER = "Agentsearch-History-Seq"
 HASH_TRAILER = "Agentsearch-History-Head"
 PROPOSAL_TRAILER = "Agentsearch-Proposal"
+SUBJECT_CHARS = 72  # of an unjudged commit's subject, in verify's one line
 
 
 class GitHeadStore:
@@ -60,7 +62,7 @@ def baseline_disagreement(repo_dir: Path, branch: str, entries: Sequence[Any], p
     Otherwise one line naming the first merge that the history lacks: one made after a record
     the log no longer has (truncated or rewritten), or one whose proposal has no merge verdict.
     """
-    start = next((e.data.get("baseline") for e in entries if e.kind == "episode-started"), None)
+    start = episode_start(entries)
     if not start:
         return ""  # nothing recorded yet (a missing log is the head ref's concern)
     merged = {e.proposal for e in entries if (e.kind == "verdict" and e.data.get("verdict") == "merge") or
@@ -76,3 +78,47 @@ def baseline_disagreement(repo_dir: Path, branch: str, entries: Sequence[Any], p
         if tr.get(PROPOSAL_TRAILER) not in merged:
             return f"history disagrees with the baseline: {where} ({tr.get(PROPOSAL_TRAILER)}) has no merge verdict in the history; {restore}"
     return ""
+
+
+def episode_start(entries: Sequence[Any]) -> str | None:
+    """The baseline commit the first recorded episode started on: from there on the history vouches for
+    the baseline branch. None for a history without episodes (``evaluate`` only, or empty)."""
+    return next((e.data.get("baseline") for e in entries if e.kind == "episode-started"), None)
+
+
+def unjudged_commit(repo_dir: Path, branch: str, entries: Sequence[Any]) -> str:
+    """'' when every commit on ``branch`` since the first recorded episode's start is vouched for by the
+    history, else one line naming the first that is not (its short sha and cleaned subject).
+
+    The branch's first-parent line from the recorded start to its tip must be made of recorded merges
+    (``merge`` records that moved the baseline) and reverts (``revert`` records of `agentsearch revert`);
+    what a merge brings in through its second parent (the judged candidate and its own commits) is inside
+    it. A merge whose verdict is recorded but whose merge record a crash cut off (``--resume`` records it)
+    counts when it is exactly the merge the orchestrator makes: parents (the verdict's baseline, its
+    candidate) and the candidate's tree. Anything else — a person's commit, a hook's, a forged merge, the
+    branch reset or rewritten past the start — is not. A history without episodes vouches for nothing and
+    checks nothing here."""
+    start = episode_start(entries)
+    if not start:
+        return ""
+    tip = git.resolve_commit(repo_dir, f"refs/heads/{branch}")
+    if not git.is_ancestor(repo_dir, start, tip):
+        return (f"history does not vouch for {branch!r}: its tip {tip[:12]} does not descend from {start[:12]}, the baseline "
+                "the first recorded episode started on (the branch was reset or rewritten)")
+    vouched = {e.data.get("new") for e in entries if (e.kind == "merge" and e.data.get("ok")) or e.kind == "revert"}
+    judged = {(e.data.get("baseline"), e.data.get("candidate")) for e in entries
+              if e.kind == "verdict" and e.data.get("verdict") == "merge" and e.data.get("candidate")}
+    bad = []
+    for sha, tree, parents in git.first_parent_line(repo_dir, tip, start):
+        if sha in vouched:
+            continue
+        if len(parents) == 2 and parents in judged and tree == git.tree_of(repo_dir, parents[1]):
+            continue  # the merge of a recorded MERGE verdict whose merge record was cut off
+        bad.append(sha)
+    if not bad:
+        return ""
+    sha = bad[0]
+    subject = clean(git.subject(repo_dir, sha), SUBJECT_CHARS, one_line=True)
+    more = f" (and {len(bad) - 1} more after it)" if len(bad) > 1 else ""
+    return (f"history does not vouch for {branch!r}: commit {sha[:12]} \"{subject}\" was judged by no verdict (neither a merge "
+            f"nor a revert the history records){more}; everything on {branch!r} since {start[:12]} must come from agentsearch")

@@ -1,0 +1,290 @@
+"""Red team, round 3: the history vouches for the baseline branch, and a running writer notices its log change.
+
+1. A commit on the baseline that no verdict judged (a person's, a hook's, one hidden behind a merge, a forged
+   merge) fails `history verify` with one line naming it: since the first recorded episode started, the
+   branch's first-parent line is only recorded merges and `agentsearch revert` reverts.
+2. A history log emptied, truncated, rewritten, appended to, deleted or replaced under an open writer: its
+   next append is refused (``HistoryChanged``) and nothing is written; a real episode stops with one line.
+
+Everything is real: toy targets in real git repositories, episodes and `history verify` in child processes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from history import HistoryChanged, HistoryLog
+from history import records as rec
+
+from ..conftest import ROOT, commit, git, run_cli
+from ..test_episode import make_target
+from .test_head_store import MemoryHead
+from .test_checkout_sync import refused  # noqa: F401 - the fixture: a MERGE verdict whose merge was refused
+from .toy import copy_target, fast_queue, head, history_file, isolated_env, merged_target, one_line, records, verify
+
+pytestmark = pytest.mark.timeout(600)
+
+
+@pytest.fixture(scope="module")
+def merged(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("merged")
+    with pytest.MonkeyPatch.context() as mp:
+        isolated_env(mp, root)
+        return merged_target(root)
+
+
+@pytest.fixture
+def repo(merged: Path, tmp_path: Path) -> Path:
+    return copy_target(merged, tmp_path / "toy")
+
+
+def start_of(repo: Path) -> str:
+    return next(r["data"]["baseline"] for r in records(repo) if r["kind"] == "episode-started")
+
+
+def failed(repo: Path) -> str:
+    proc = verify(repo)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    return one_line(proc.stderr)
+
+
+# ----------------------------------------------------------------------------- 1. the history vouches for main
+def test_a_clean_episode_with_a_merge_verifies(repo: Path) -> None:
+    proc = verify(repo)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    assert f"ok, {len(records(repo))} records" in proc.stdout
+    assert f"every commit on 'main' since {start_of(repo)[:12]} is a recorded merge or revert" in proc.stdout
+    merge = next(r["data"] for r in records(repo) if r["kind"] == "merge")
+    assert merge["ok"] and git(repo, "rev-parse", "main").strip() == merge["new"]
+
+
+def test_a_commit_nobody_judged_fails_verify_naming_it(repo: Path) -> None:
+    subject = "\x1b[31mquick fix\x1b[0m\x07 by hand " + "x" * 200
+    sha = commit(repo, {"src/engine.py": "SPEED = 9.0\n"}, subject)
+    assert git(repo, "rev-parse", "main").strip() == sha
+    line = failed(repo)
+    assert f"commit {sha[:12]} \"quick fix by hand xxx" in line and "judged by no verdict" in line, line
+    assert "'main'" in line and start_of(repo)[:12] in line
+    assert "\x1b" not in line and "\x07" not in line and "x" * 80 not in line and "…" in line  # cleaned and capped
+
+
+def test_an_unjudged_commit_is_named_first_even_under_later_ones(repo: Path) -> None:
+    first = commit(repo, {"src/engine.py": "SPEED = 2.0\n"}, "first unjudged")
+    commit(repo, {"src/engine.py": "SPEED = 3.0\n"}, "second unjudged")
+    line = failed(repo)
+    assert f"commit {first[:12]} \"first unjudged\"" in line and "(and 1 more after it)" in line
+
+
+def test_a_commit_hidden_behind_a_merge_fails_verify(repo: Path) -> None:
+    """A person's commit brought in by a plain merge: the merge itself is on the first-parent line."""
+    commit(repo, {"src/engine.py": "SPEED = 5.0\n"}, "side work", branch="side")
+    git(repo, "merge", "-q", "--no-ff", "-m", "Merge side", "side")
+    tip = git(repo, "rev-parse", "main").strip()
+    line = failed(repo)
+    assert f"commit {tip[:12]} \"Merge side\"" in line
+
+
+def test_a_forged_merge_of_the_judged_candidate_with_another_tree_fails(repo: Path) -> None:
+    """Same parents as the recorded merge (the judged baseline and candidate), another tree, moved onto main."""
+    m = next(r["data"] for r in records(repo) if r["kind"] == "merge")
+    tree = git(repo, "rev-parse", f"{m['old']}^{{tree}}").strip()
+    forged = git(repo, "commit-tree", tree, "-p", m["old"], "-p", m["candidate"], "-m", "agentsearch: merge").strip()
+    git(repo, "update-ref", "refs/heads/main", forged)
+    line = failed(repo)
+    assert f"commit {forged[:12]}" in line and "judged by no verdict" in line
+
+
+def test_a_branch_reset_off_the_recorded_start_fails(repo: Path) -> None:
+    tree = git(repo, "rev-parse", "main^{tree}").strip()
+    orphan = git(repo, "commit-tree", tree, "-m", "a new root").strip()
+    git(repo, "update-ref", "refs/heads/main", orphan)
+    line = failed(repo)
+    assert f"its tip {orphan[:12]} does not descend from {start_of(repo)[:12]}" in line
+
+
+def test_an_agentsearch_revert_is_vouched_for_and_a_commit_after_it_is_not(repo: Path) -> None:
+    proc = run_cli("revert", "-C", str(repo), "001")
+    assert proc.returncode == 0, proc.stderr
+    rv = next(r["data"] for r in records(repo) if r["kind"] == "revert")
+    assert git(repo, "rev-parse", "main").strip() == rv["new"]
+    assert verify(repo).returncode == 0
+    sha = commit(repo, {"src/engine.py": "SPEED = 4.0\n"}, "after the revert")
+    assert f"commit {sha[:12]} \"after the revert\"" in failed(repo)
+
+
+def test_a_merge_whose_record_a_crash_cut_off_is_vouched_only_as_the_orchestrator_makes_it(refused: Path, tmp_path: Path) -> None:  # noqa: F811
+    """A MERGE verdict is recorded, its merge record is not (a crash, or a refused merge that --resume completes)."""
+    repo = copy_target(refused, tmp_path / "toy")
+    v = next(r["data"] for r in records(repo) if r["kind"] == "verdict")
+    assert v["verdict"] == "merge" and not [r for r in records(repo) if r["kind"] == "merge"]
+    cand, base = v["candidate"], v["baseline"]
+    assert verify(repo).returncode == 0
+    right = git(repo, "commit-tree", f"{cand}^{{tree}}", "-p", base, "-p", cand, "-m", "agentsearch: merge (cut off)").strip()
+    git(repo, "update-ref", "refs/heads/main", right, base)
+    assert verify(repo).returncode == 0
+    wrong = git(repo, "commit-tree", f"{base}^{{tree}}", "-p", base, "-p", cand, "-m", "agentsearch: merge (another tree)").strip()
+    git(repo, "update-ref", "refs/heads/main", wrong, right)
+    assert f"commit {wrong[:12]}" in failed(repo)
+
+
+def test_an_old_history_with_merges_and_reverts_still_verifies(tmp_path: Path) -> None:
+    """The schema-1 fixture (written by the code before typed records): its merge and revert are recorded."""
+    with tarfile.open(ROOT / "tests" / "fixtures" / "schema1-target.tar.gz") as tar:
+        tar.extractall(tmp_path, filter="data")
+    repo = tmp_path / "toy"
+    proc = verify(repo)
+    assert proc.returncode == 0 and f"since {start_of(repo)[:12]} is a recorded merge or revert" in proc.stdout, proc.stderr
+    sha = commit(repo, {"src/engine.py": "SPEED = 8.0\n"}, "unjudged on an old history")
+    assert f"commit {sha[:12]}" in failed(repo)
+
+
+def test_a_history_without_episodes_checks_no_commit_and_says_so(tmp_path: Path) -> None:
+    """Only `evaluate` records (no episode-started): nothing says where the history began to vouch for main."""
+    from agentsearch.records import open_log
+    from agentsearch.workspace import Workspace
+
+    repo = make_target(tmp_path / "toy")
+    with open_log(Workspace.open(repo)) as log:
+        log.append(rec.Evaluation.of({"ref": "main", "baseline": "b", "candidate": "c", "verdict": "reject", "reasons": [],
+                                      "seed": 1, "checks": []}), None, None)
+    commit(repo, {"src/engine.py": "SPEED = 7.0\n"}, "a person's commit")
+    proc = verify(repo)
+    assert proc.returncode == 0, proc.stderr
+    assert "ok, 1 records; no episode recorded, so no commit on 'main' was checked" in proc.stdout
+
+
+# ----------------------------------------------------------------------------- 2. the log changed under its writer
+def _empty(p: Path) -> None:
+    with open(p, "r+b") as fh:
+        fh.truncate(0)
+
+
+def _truncate(p: Path) -> None:
+    lines = p.read_bytes().splitlines(keepends=True)
+    p.write_bytes(b"".join(lines[:-1]))
+
+
+def _rewrite_last(p: Path) -> None:
+    """The last line replaced by one of the same length (a digit of its hash changed), in place."""
+    raw = bytearray(p.read_bytes())
+    i = raw.rindex(b'"hash": "') + 9
+    raw[i] = ord("0") if raw[i] != ord("0") else ord("1")
+    with open(p, "r+b") as fh:
+        fh.write(bytes(raw))
+
+
+def _append_foreign(p: Path) -> None:
+    with open(p, "ab") as fh:
+        fh.write(b'{"forged": true}\n')
+
+
+def _replace(p: Path) -> None:
+    """Another file with the very same bytes renamed over it (a new inode)."""
+    tmp = p.with_suffix(".new")
+    shutil.copyfile(p, tmp)
+    os.replace(tmp, p)
+
+
+def _delete(p: Path) -> None:
+    p.unlink()
+
+
+TAMPER: dict[str, tuple[Callable[[Path], None], str]] = {
+    "emptied": (_empty, "emptied: 0 of the"), "truncated": (_truncate, "truncated to"),
+    "rewritten": (_rewrite_last, "rewritten: its last line is not record 3"), "appended": (_append_foreign, "written by someone else"),
+    "replaced": (_replace, "replaced by another file"), "deleted": (_delete, "(deleted)"),
+}
+
+
+def _record(i: int) -> rec.Record:
+    return rec.Repair(note=f"record {i}")
+
+
+@pytest.mark.parametrize("how", list(TAMPER))
+def test_a_log_changed_between_two_appends_refuses_the_second(tmp_path: Path, how: str) -> None:
+    path, store = tmp_path / "history.jsonl", MemoryHead()
+    tamper, what = TAMPER[how]
+    with HistoryLog(path, head=store) as log:
+        for i in range(3):
+            log.append(_record(i), "e1", None)
+        original, stored, head_before = path.read_bytes(), store.value, log.head
+        tamper(path)
+        left = path.read_bytes() if path.exists() else None
+        with pytest.raises(HistoryChanged) as exc:
+            log.append(_record(3), "e1", None)
+        msg = str(exc.value)
+        assert str(path) in msg and "changed under" in msg and what in msg and "\n" not in msg, msg
+        assert (path.read_bytes() if path.exists() else None) == left  # nothing written, no file made
+        assert store.value == stored and log.head == head_before  # the head moved neither in the store nor in the log
+        path.write_bytes(original)  # put back (a new file where it was deleted): still refused, nothing written
+        with pytest.raises(HistoryChanged):
+            log.append(_record(4), "e1", None)
+        assert path.read_bytes() == original and store.value == stored
+
+
+def test_an_unchanged_log_keeps_appending_and_a_new_log_is_created(tmp_path: Path) -> None:
+    path = tmp_path / "history.jsonl"
+    with HistoryLog(path, head=MemoryHead()) as log:
+        for i in range(3):
+            log.append(_record(i), "e1", None)
+    with HistoryLog(path, head=MemoryHead()) as log:  # reopened: checked against the file as read on open
+        log.append(_record(3), "e1", None)
+        assert log.head[0] == 4
+    assert len(path.read_bytes().splitlines()) == 4
+
+
+def test_a_log_filled_by_someone_else_before_the_first_append_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "history.jsonl"
+    with HistoryLog(path, head=MemoryHead()) as log:
+        path.write_bytes(b'{"forged": true}\n')
+        with pytest.raises(HistoryChanged, match="it had no records, now it has 17 bytes"):
+            log.append(_record(0), "e1", None)
+    assert path.read_bytes() == b'{"forged": true}\n'
+
+
+# ----------------------------------------------------------------------------- 2. end to end: a real episode
+def test_an_episode_whose_history_is_emptied_while_it_runs_stops_with_one_line(tmp_path: Path) -> None:
+    repo = make_target(tmp_path / "toy")
+    queue = fast_queue(repo, tmp_path / "queue")
+    before = git(repo, "rev-parse", "main").strip()
+    path = history_file(repo)
+    proc = subprocess.Popen([sys.executable, "-m", "agentsearch.cli", "episode", "-C", str(repo), "--patches", str(queue), "--seed", "7"],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen = 0
+    deadline = time.monotonic() + 300
+    try:
+        while proc.poll() is None and time.monotonic() < deadline:  # until the first trial is recorded: mid-evaluation
+            try:
+                kinds = [json.loads(ln)["kind"] for ln in path.read_text().splitlines()] if path.exists() else []
+            except (ValueError, KeyError):  # a line being written: look again
+                kinds = []
+            if "trial" in kinds:
+                seen = len(kinds)
+                _empty(path)
+                break
+            time.sleep(0.02)
+        assert seen, "the episode recorded no trial"
+        stdout, stderr = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    errors = [ln for ln in stderr.splitlines() if ln.startswith("agentsearch:")]
+    assert proc.returncode == 2 and "Traceback" not in stderr and len(errors) == 1, stderr[-3000:]
+    line = errors[0]
+    assert line.startswith("agentsearch: error: ") and stderr.strip().splitlines()[-1] == line
+    assert f"history {path} changed under the episode (emptied" in line and "wrote nothing more" in line, line
+    assert path.read_bytes() == b""  # nothing appended after the refusal
+    assert git(repo, "rev-parse", "main").strip() == before  # nothing merged
+    assert head(repo)["seq"] >= seen  # the head ref was not moved back (nor on)
+    assert "history truncated" in one_line(verify(repo).stderr)
