@@ -10,10 +10,14 @@ or an op's ``ir_op_priority`` in ``serving.json``. For each op in scope, in the 
    written out and checked by ``kernels/check.py`` — a separate process with the trusted references and
    tolerances and no side code in it. Wrong values, a changed input or an output aliasing an input
    reject here.
-2. **timing** (fresh processes, interleaved pairs, the gate's paired statistics): the summed wall
-   time of a Zipf mix of calls, each on fresh inputs, baseline priority against candidate priority;
-   every timed output is checked too (nothing cached or skipped can pass). A significant slowdown
-   rejects; a speedup beyond ``[gate] plausibility`` is held for review.
+2. **timing** (fresh processes, interleaved pairs, the gate's paired statistics): the wall time of a
+   Zipf mix of calls, each on fresh inputs, baseline priority against candidate priority, on the
+   **orchestrator's** clock: each round is the round trip of a ``go`` sent to the worker and its
+   ``done`` (``_timed_trial``); no clock inside the candidate's process decides a number, and its own
+   readings must agree with that round trip (``_clock_breach``). Every timed output is checked too,
+   as copied inside the round when the call returned (nothing cached, skipped or deferred can pass),
+   once the worker's processes are gone. A significant slowdown rejects; a speedup beyond
+   ``[gate] plausibility`` is held for review.
 
 The result is one recorded check, ``micro``, with its numbers.
 """
@@ -22,18 +26,26 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import secrets
+import select
 import shlex
 import statistics as pystats
 import subprocess
 import sys
+import tempfile
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from harness import sandbox
+from harness.engine_session import clock_disagrees
 from harness.interleave import WorkloadRun, run_interleaved
 from harness.seeds import pair_seeds
 from harness.sequential import OK, SequentialDesign, decide_guard
-from harness.trials import BASELINE, CANDIDATE, CommandSpec, TrialOutcome, TrialRecord, run_command_trial, tail
+from harness.trials import (BASELINE, CANDIDATE, TIMEOUT, TRIAL_MARKER, CommandSpec, TrialOutcome, TrialRecord, child_env, kill_group,
+                            kill_leftovers, read_metrics, read_tail, run_command_trial, safe_json_loads, substitute, tail)
 from history.records import FailureKind
 from kernels import catalog
 from kernels import fork as kfork
@@ -51,6 +63,9 @@ TRIAL_TIMEOUT_S = 300.0
 CHECK_TIMEOUT_S = 300.0
 ROUNDS = 5  # timing rounds of the mix in one process (each on fresh inputs; the median round counts)
 MICRO_PAIRS = (4, 8)  # (min_pairs = look_every, max_pairs) of the timing stage
+# what a timing round's round trip adds to the worker's own round (harness.engine_session.clock_disagrees): two
+# pipe hand-offs; a slowed clock must show in *every* round (a late wake-up of a loaded machine shows in one)
+CLOCK_IPC_S = 0.002
 Say = Callable[[str, str], None]
 
 
@@ -161,7 +176,7 @@ class _Session:
         self.sd.fresh_outputs(self.side)
         out_dir = self.sd.out(self.side) / "micro"
         out_dir.mkdir(parents=True, exist_ok=True)
-        outcome = run_command_trial(self.spec, seed, out_dir)
+        outcome = _timed_trial(self.spec, out_dir)
         moved = self.sd.check()
         if moved:
             return TrialOutcome(False, None, outcome.metrics, outcome.wall_s, moved, outcome.stderr_tail)
@@ -181,6 +196,126 @@ class _Session:
         pass
 
 
+def _clock_breach(walls: list[float], spans: list[float], calls: list[float]) -> str:
+    """'' or how the worker's readings (µs per round: its round, its summed calls) disagree with the
+    orchestrator's round trips ``walls`` (µs): longer than a round trip in any round, slow in every round."""
+    for r, (w, s_, c) in enumerate(zip(walls, spans, calls)):
+        why = clock_disagrees(w / 1e6, max(s_, c) / 1e6, math.inf)
+        if why:
+            return f"{why} (round {r + 1}{', its calls' if c > s_ else ''})"
+    slow = [clock_disagrees(w / 1e6, s_ / 1e6, CLOCK_IPC_S) for w, s_ in zip(walls, spans)]
+    return f"{slow[len(slow) // 2]} (every round)" if all(slow) else ""
+
+
+def _number(msg: dict[str, Any], key: str) -> float:
+    v = msg.get(key)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+        raise ValueError(f"the worker's {key} is not a time")
+    return float(v)
+
+
+def _timed_trial(spec: CommandSpec, out_dir: Path) -> TrialOutcome:
+    """One timing trial in a fresh worker process (in its side's sandbox): ROUNDS rounds, each timed here as
+    the round trip of ``go r`` (the worker's stdin) and its ``done`` (a dedicated pipe); the value ``us`` is
+    the median round trip. The worker's own readings only ever fail the trial (``_clock_breach``). Its
+    outputs are read by the caller once this returns: every process of the trial is gone by then."""
+    out = out_dir / f"metrics-{os.getpid()}-{time.monotonic_ns()}.json"
+    rfd, wfd = os.pipe()
+    argv, _ = sandbox.wrap(shlex.split(substitute(spec.command, {"out": str(out), **spec.extra})) + ["--fd", str(wfd)],
+                           cwd=spec.worktree)
+    token = secrets.token_hex(16)
+    env = {**child_env(spec.env, spec.worktree, None, out), TRIAL_MARKER: token}
+    t_all = time.perf_counter()
+    deadline = time.monotonic() + spec.timeout_s
+    walls: list[float] = []
+    spans: list[float] = []
+    calls: list[float] = []
+    buf = b""
+
+    def message(what: str) -> dict[str, Any]:
+        nonlocal buf
+        while b"\n" not in buf:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"timed out after {spec.timeout_s:g} s waiting for {what}")
+            if select.select([rfd], [], [], min(left, 1.0))[0]:
+                chunk = os.read(rfd, 4096)
+                if not chunk:
+                    raise EOFError(f"the worker exited before {what}")
+                buf += chunk
+            if len(buf) > 4096:
+                raise ValueError(f"the worker sent an oversized message before {what}")
+        line, buf = buf.split(b"\n", 1)
+        msg = safe_json_loads(line.decode("utf-8", "replace"))
+        if not isinstance(msg, dict):
+            raise ValueError(f"the worker sent a malformed message before {what}")
+        return msg
+
+    with tempfile.TemporaryFile(prefix="agentsearch-err-") as fe:
+        try:
+            proc = subprocess.Popen(argv, cwd=str(spec.worktree), env=env, stdin=subprocess.PIPE, stdout=fe, stderr=fe,
+                                    pass_fds=(wfd,), start_new_session=True)
+        finally:
+            os.close(wfd)
+        error, failure, rc = "", "", None
+        try:
+            assert proc.stdin is not None
+            if message("its warm-up").get("event") != "ready":
+                raise ValueError("the worker's first message is not ready")
+            for r in range(ROUNDS):
+                t0 = time.perf_counter()
+                proc.stdin.write(f"go {r}\n".encode())
+                proc.stdin.flush()
+                msg = message(f"round {r + 1}")
+                walls.append((time.perf_counter() - t0) * 1e6)
+                if msg.get("event") != "done" or msg.get("round") != r:
+                    raise ValueError(f"the worker did not answer round {r + 1}")
+                spans.append(_number(msg, "span_us"))
+                calls.append(_number(msg, "calls_us"))
+            proc.stdin.close()
+            rc = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            error, failure = f"timed out after {spec.timeout_s:g} s", TIMEOUT
+        except TimeoutError as exc:
+            error, failure = str(exc), TIMEOUT
+        except ValueError as exc:  # it broke the protocol
+            error = str(exc)
+        except (OSError, EOFError) as exc:  # it died (a broken pipe): its exit status and last words say why
+            try:
+                rc = proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                rc = None
+            error = str(exc) if rc is None or rc == 0 else ""
+        finally:
+            kill_group(proc)
+            kill_leftovers(token, (fe,))
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:  # unkillable (D state): do not wait for it
+                pass
+            os.close(rfd)
+        stderr = tail(read_tail(fe))
+    wall = time.perf_counter() - t_all
+    try:
+        if not error and rc != 0:
+            error = f"exited with status {rc}: {tail(stderr, 1) or 'no stderr'}"
+        if error:
+            return TrialOutcome(False, None, {}, wall, error, stderr, failure=failure)
+        data, err = read_metrics(out, "worker_us")
+        if data is None or err:
+            return TrialOutcome(False, None, data or {}, wall, err, stderr)
+        metrics = {**data, "us": pystats.median(walls), "worker_us": pystats.median(calls)}
+        breach = _clock_breach(walls, spans, calls)
+        if breach:
+            return TrialOutcome(False, None, metrics, wall, breach, stderr)
+        return TrialOutcome(True, metrics["us"], metrics, wall, "", stderr)
+    finally:
+        try:
+            out.unlink(missing_ok=True)
+        except OSError:  # not a file: the side's out dir is emptied before its next trial
+            pass
+
+
 def _spec(sd: Sides, config: Config, side: str, mode: str, op: str, priority: tuple[str, ...], cases: Path) -> CommandSpec:
     wt = sd.worktrees[side]
     prio = ",".join(priority) or "native"
@@ -196,8 +331,6 @@ def run(config: Config, sd: Sides, targets: list[Target], master: int, alpha: fl
         record: Callable[[TrialRecord], None] | None = None, pairs: tuple[int, int] = MICRO_PAIRS,
         timing: bool = True) -> tuple[Check, MicroResult]:
     """Run the micro stage for ``targets``; the ``micro`` check and its numbers."""
-    import time
-
     t0 = time.perf_counter()
     res = MicroResult()
     hidden = _hidden(config)
@@ -220,7 +353,7 @@ def run(config: Config, sd: Sides, targets: list[Target], master: int, alpha: fl
         spec = _spec(sd, config, CANDIDATE, "correct", t.op, t.candidate, cpath)
         sd.fresh_outputs(CANDIDATE)
         (sd.out(CANDIDATE) / "micro").mkdir(parents=True, exist_ok=True)
-        out = run_command_trial(spec, 0, sd.out(CANDIDATE) / "micro")
+        out = run_command_trial(spec, 0, sd.out(CANDIDATE) / "micro")  # (untimed)
         moved = sd.check()
         if not out.ok or moved:
             r.failures = [moved or f"the candidate's worker failed: {out.error}"]
@@ -327,7 +460,5 @@ def _baseline_alone(sd: Sides, spec: CommandSpec, keep: Path, t: Target, failure
 
 
 def _fail(res: MicroResult, t0: float, detail: str, kind: FailureKind = FailureKind.CHANGED_OUTPUTS) -> tuple[Check, MicroResult]:
-    import time
-
     res.wall_s = time.perf_counter() - t0
     return Check("micro", Status.FAIL, f"{detail} ({res.wall_s:.0f} s, no engine started)", kind), res

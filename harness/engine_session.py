@@ -240,6 +240,22 @@ def serving_env(worktree: Path) -> dict[str, str]:
 
 
 MAX_OUTPUT_TOKENS = 1_000_000  # generated tokens one measurement may report
+CLOCK_BREACH = "the worker's clock disagrees with the orchestrator's"
+CLOCK_SLACK_S = 50e-6  # a worker's span lies inside the orchestrator's round trip around it: the clocks' granularity
+# what a throughput round trip adds to the worker's timed generate besides the pipe (building the prompts and
+# sampling parameters, the answer with every output): a worker's elapsed_s under half the round trip less this
+# is a slowed clock
+ENGINE_CLOCK_ALLOWANCE_S = 0.05
+
+
+def clock_disagrees(wall_s: float, worker_s: float, allowance_s: float) -> str:
+    """'' or how a worker's own reading of a span (``worker_s``) disagrees with the orchestrator's round trip
+    around it (``wall_s``): longer than the round trip, or under half of it less ``allowance_s`` (it runs slow)."""
+    if worker_s > wall_s + CLOCK_SLACK_S:
+        return f"{CLOCK_BREACH}: {worker_s * 1e3:.3f} ms on its clock in a round trip of {wall_s * 1e3:.3f} ms on the orchestrator's"
+    if worker_s < wall_s / 2 - allowance_s:
+        return f"{CLOCK_BREACH}: {worker_s * 1e3:.3f} ms on its clock, {wall_s * 1e3:.3f} ms on the orchestrator's: it runs slow"
+    return ""
 
 
 def parse_outputs(raw: Any) -> tuple[tuple[tuple[int, ...], ...] | None, str]:
@@ -261,8 +277,9 @@ def on_orchestrator_clock(metrics: dict[str, Any], outputs: tuple[tuple[int, ...
 
     Throughput rounds (every round ``measure`` times itself): tokens and requests are counted from ``outputs``
     and divided by the round trip of the measure command (prompt building and the answer included, the same on
-    both sides), whatever the worker reported. Latency rounds are timed batch by batch by the orchestrator
-    (``_measure_latency``)."""
+    both sides), whatever the worker reported; the worker's own ``elapsed_s`` is kept as ``worker_elapsed_s``
+    and must agree with the round trip (``clock_disagrees``). Latency rounds are timed batch by batch by the
+    orchestrator (``_measure_latency``)."""
     if wall <= 0:
         return "the measurement took no time on the orchestrator's clock"
     if outputs is None:
@@ -271,7 +288,12 @@ def on_orchestrator_clock(metrics: dict[str, Any], outputs: tuple[tuple[int, ...
     in_tokens = metrics.get("input_tokens")
     if type(in_tokens) is not int or in_tokens < 0:
         return "the worker reported no input token count"
-    metrics["worker_elapsed_s"] = metrics.get("elapsed_s")
+    worker = metrics.get("elapsed_s")
+    if isinstance(worker, (int, float)) and not isinstance(worker, bool):
+        why = clock_disagrees(wall, float(worker), ENGINE_CLOCK_ALLOWANCE_S)
+        if why:
+            return why
+    metrics["worker_elapsed_s"] = worker
     metrics.update(elapsed_s=wall, output_tokens=out_tokens, output_tok_s=out_tokens / wall,
                    total_tok_s=(out_tokens + in_tokens) / wall, requests_s=n / wall)
     return ""

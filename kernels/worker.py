@@ -1,6 +1,6 @@
 """Run one side's IR-op providers, in that side's sandbox, in a fresh process (a script, not imported).
 
-    python kernels/worker.py {correct|time} --op OP --priority P1,P2 --cases CASES.json --samples OUT.npz --out METRICS.json
+    python kernels/worker.py {correct|time} --op OP --priority P1,P2 --cases CASES.json --samples OUT.npz --out METRICS.json [--fd N]
 
 The side's own vLLM is imported (``PYTHONPATH`` = its worktree): its ``vllm.kernels`` registers its
 providers, and the op is called the way the engine calls it — ``set_priority`` then dispatch per call
@@ -8,11 +8,17 @@ providers, and the op is called the way the engine calls it — ``set_priority``
 writes every output (and, in ``correct`` mode, every input after the call) to ``--samples``; the
 checker (``kernels/check.py``, no side code in it) rebuilds the inputs from their seeds and compares.
 
-``time``: every timed call gets its own fresh inputs (built before the clock runs, none reused),
-after a warm-up on other inputs; the mix runs ``--rounds`` times (each round on fresh inputs) and the
-metric ``us`` is the median round's summed wall time of the calls (CPU:
-``perf_counter`` bound before the side's code is imported; GPU: CUDA events around each call with
-the L2 flushed before it and a device-wide synchronize after it, so work on a side stream counts).
+``time`` (``--fd``: the orchestrator's result pipe; its commands on stdin): no number this process
+reports is a timing. Every timed call gets its own fresh inputs (built before the side's code is
+imported, none reused), after a warm-up on other inputs. The mix runs ``--rounds`` times, each on its
+own fresh inputs, each on the orchestrator's word: it sends ``go``, this process runs the round's calls
+back to back (the engine's way: GPU launches queue, one device-wide synchronize ends the round, so work
+on a side stream counts) and answers ``done``; the orchestrator times that round trip on its own clock
+(``agentsearch/micro.py``). Each call's outputs are copied the moment it returns, inside the round: work
+a kernel defers past its return (a thread, a side stream that fills the output later) is missing from
+what is checked. ``done`` carries this process's own readings only for the orchestrator to check against
+its clock (the round on ``perf_counter``, bound before any side code; the summed calls on it, or on CUDA
+events on a GPU): a clock that disagrees fails the trial. The L2 is flushed before each round (GPU).
 """
 
 from __future__ import annotations
@@ -34,9 +40,64 @@ from kernels import specs  # noqa: E402
 
 
 def _arrays(prefix: str, tensors: list, store: dict) -> None:
+    """Copies (never views: what the caller got when the call returned) of ``tensors`` into ``store``."""
     for j, t in enumerate(tensors):
         if isinstance(t, torch.Tensor):
-            store[f"{prefix}_{j}"] = t.detach().to("cpu", torch.float32).contiguous().numpy()
+            store[f"{prefix}_{j}"] = t.detach().to("cpu", torch.float32, copy=True).contiguous().numpy()
+
+
+def _timed(a: argparse.Namespace, op, inputs: list, warm: list, per_round: int, rounds: int, device: str, used: dict,
+           store: dict) -> dict | None:
+    """The timed rounds, each on the orchestrator's ``go`` (stdin) and answered ``done`` on ``--fd``; the
+    metrics (None: the orchestrator stopped asking)."""
+    cuda = device.startswith("cuda")
+    flush = torch.empty(256 << 20, dtype=torch.int8, device=device) if cuda else None
+    for args in warm:
+        op._inner_call(*args)
+    results: list = []
+    calls_us: list[float] = []
+
+    def send(obj: dict) -> None:
+        os.write(a.fd, (json.dumps(obj) + "\n").encode())
+
+    send({"event": "ready"})
+    for r in range(rounds):
+        batch = inputs[r * per_round:(r + 1) * per_round]
+        for args in batch:
+            used[op.dispatch(*args).provider] = used.get(op.dispatch(*args).provider, 0) + 1
+        if flush is not None:
+            flush.zero_()
+            torch.cuda.synchronize()
+        if sys.stdin.readline().strip() != f"go {r}":
+            return None
+        events = []
+        total = 0.0
+        t0 = _clock()
+        for args in batch:
+            if cuda:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                res = op._inner_call(*args)
+                end.record()
+                events.append((start, end))
+            else:
+                c0 = _clock()
+                res = op._inner_call(*args)
+                total += _clock() - c0
+            outs = specs.outputs_of(res)
+            results.append((outs, [o.detach().clone() for o in outs], args))  # the outputs as the call left them
+        if cuda:
+            torch.cuda.synchronize()  # device-wide: a side stream's work is waited for too
+            total = sum(s.elapsed_time(e) for s, e in events) / 1e3
+        t1 = _clock()
+        calls_us.append(total * 1e6)
+        send({"event": "done", "round": r, "span_us": (t1 - t0) * 1e6, "calls_us": total * 1e6})
+    aliased = 0
+    for i, (outs, copies, args) in enumerate(results):
+        aliased += specs.aliases(outs, specs.storages(args))
+        _arrays(f"out{i}", copies, store)
+    calls_us.sort()
+    return {"worker_us": calls_us[len(calls_us) // 2], "rounds": rounds, "calls": len(inputs), "aliased": aliased}
 
 
 def _round_seed(seed: int, r: int) -> int:
@@ -55,6 +116,7 @@ def main() -> int:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--warmup", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=5, help="time: rounds of the mix (each on its own fresh inputs); the median counts")
+    ap.add_argument("--fd", type=int, default=-1, help="time: the orchestrator's result pipe")
     a = ap.parse_args()
     with open(a.cases) as f:
         cases = json.load(f)
@@ -92,32 +154,9 @@ def main() -> int:
                 _arrays(f"in{i}", list(args), store)  # the inputs after the call: were they changed?
             metrics = {"cases": len(inputs), "aliased": aliased}
         else:
-            cuda = device.startswith("cuda")
-            flush = torch.empty(256 << 20, dtype=torch.int8, device=device) if cuda else None
-            for args in warm:
-                op._inner_call(*args)
-            totals = [0.0] * rounds
-            for i, args in enumerate(inputs):
-                used[op.dispatch(*args).provider] = used.get(op.dispatch(*args).provider, 0) + 1
-                if cuda:
-                    assert flush is not None
-                    flush.zero_()
-                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    torch.cuda.synchronize()
-                    start.record()
-                    res = op._inner_call(*args)
-                    end.record()
-                    torch.cuda.synchronize()  # device-wide: a side stream's work is waited for too
-                    totals[i // len(cases)] += start.elapsed_time(end) * 1e3
-                else:
-                    t0 = _clock()
-                    res = op._inner_call(*args)
-                    totals[i // len(cases)] += (_clock() - t0) * 1e6
-                outs = specs.outputs_of(res)
-                aliased += specs.aliases(outs, specs.storages(args))
-                _arrays(f"out{i}", outs, store)
-            totals.sort()
-            metrics = {"us": totals[len(totals) // 2], "rounds": rounds, "calls": len(inputs), "aliased": aliased}
+            metrics = _timed(a, op, inputs, warm, len(cases), rounds, device, used, store)
+            if metrics is None:
+                return 4
     metrics["providers"] = ",".join(f"{k}:{v}" for k, v in sorted(used.items()))[:200]
     np.savez(a.samples, **store)
     with open(a.out, "w") as f:

@@ -96,7 +96,7 @@ def test_wrong_kernel_proposal_is_rejected_at_the_micro_stage_without_an_engine(
     assert out["reasons"][0].startswith("micro: rms_norm with ['agentsearch_cpu', 'native']: wrong result")
     assert out["wall_s"] < 300  # seconds to a couple of minutes on a loaded 2-core machine; engines never start
     report = run_cli("report", "-C", str(fork), "cheat-wrong-eps")  # the evidence report shows the micro stage
-    assert report.returncode == 0 and "| micro | fail | rms_norm with ['agentsearch_cpu', 'native']: wrong result" in report.stdout, report.stdout[-3000:]
+    assert report.returncode == 0 and "| micro | fail | rms_norm with \\['agentsearch_cpu', 'native'\\]: wrong result" in report.stdout, report.stdout[-3000:]
 
 
 # (outputs cached per shape fail the same value check as the wrong epsilon above; tests/test_kernels.py
