@@ -11,6 +11,8 @@ fails those calls with EPERM, as a default container profile does:
   namespaces its sandbox gave it — a time namespace included;
 - mounts of every kind (``mount``, ``umount2``, ``pivot_root``, the new mount API), file handles that
   reach outside the mounted tree (``open_by_handle_at``, ``name_to_handle_at``);
+- the shared page cache (``cachestat``, ``mincore``, ``fadvise64`` DONTNEED/NOREUSE, ``madvise`` PAGEOUT/COLD,
+  ``preadv2``/``pwritev2`` with RWF_NOWAIT, ``process_madvise``): no side can see or evict what is resident;
 - other processes' memory and kernel-wide state (``ptrace``, ``process_vm_readv/writev``, ``kcmp``,
   ``perf_event_open``, ``bpf``, ``userfaultfd``, ``io_uring_*``, ``fanotify_init``), and what only an
   administrator does (modules, kexec, reboot, swap, quotas, accounting, clocks, ``syslog``, ``vhangup``).
@@ -40,6 +42,21 @@ DENIED = (
     "init_module", "finit_module", "delete_module", "kexec_load", "kexec_file_load", "reboot", "swapon", "swapoff",
     "quotactl", "acct", "settimeofday", "clock_settime", "clock_adjtime", "lookup_dcookie", "syslog", "vhangup",
     "ioperm", "iopl", "uselib", "ustat", "sysfs", "_sysctl",
+    # the page cache is shared by every process of the machine: what is resident must not be readable or
+    # evictable from a side (red team, round 3: a bit kept in whether a system file's page was cached)
+    "cachestat", "mincore", "process_madvise",
+)
+POSIX_FADV_DONTNEED, POSIX_FADV_NOREUSE = 4, 5
+MADV_COLD, MADV_PAGEOUT = 20, 21
+RWF_NOWAIT = 0x8
+# calls refused only for some arguments: (name, argument index, "eq" value | "set" bits)
+ARG_RULES = (
+    ("fadvise64", 3, "eq", POSIX_FADV_DONTNEED),  # evicts a file's pages from the shared cache
+    ("fadvise64", 3, "eq", POSIX_FADV_NOREUSE),
+    ("madvise", 2, "eq", MADV_PAGEOUT),  # reclaims a mapped file's pages
+    ("madvise", 2, "eq", MADV_COLD),
+    ("preadv2", 5, "set", RWF_NOWAIT),  # a read that fails when the page is not cached: a cache probe
+    ("pwritev2", 5, "set", RWF_NOWAIT),
 )
 # from the kernel's uapi headers (asm/unistd_64.h; asm-generic/unistd.h for arm64); None: no such call there
 _NUMBERS: dict[str, dict[str, int | None]] = {
@@ -53,7 +70,8 @@ _NUMBERS: dict[str, dict[str, int | None]] = {
         "reboot": 169, "swapon": 167, "swapoff": 168, "quotactl": 179, "acct": 163, "settimeofday": 164,
         "clock_settime": 227, "clock_adjtime": 305, "lookup_dcookie": 212, "syslog": 103, "vhangup": 153,
         "ioperm": 173, "iopl": 172, "uselib": 134, "ustat": 136, "sysfs": 139, "_sysctl": 156,
-        "clone": 56, "clone3": 435,
+        "clone": 56, "clone3": 435, "cachestat": 451, "mincore": 27, "process_madvise": 440,
+        "fadvise64": 221, "preadv2": 327, "pwritev2": 328, "madvise": 28,
     },
     "aarch64": {
         "add_key": 217, "request_key": 218, "keyctl": 219, "unshare": 97, "setns": 268, "mount": 40, "umount2": 39,
@@ -65,7 +83,8 @@ _NUMBERS: dict[str, dict[str, int | None]] = {
         "reboot": 142, "swapon": 224, "swapoff": 225, "quotactl": 60, "acct": 89, "settimeofday": 170,
         "clock_settime": 112, "clock_adjtime": 266, "lookup_dcookie": 18, "syslog": 116, "vhangup": 58,
         "ioperm": None, "iopl": None, "uselib": None, "ustat": None, "sysfs": None, "_sysctl": None,
-        "clone": 220, "clone3": 435,
+        "clone": 220, "clone3": 435, "cachestat": 451, "mincore": 232, "process_madvise": 440,
+        "fadvise64": 223, "preadv2": 286, "pwritev2": 287, "madvise": 233,
     },
 }
 _AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
@@ -106,10 +125,19 @@ def program(arch: str | None = None) -> bytes:
     if arch == "x86_64":
         ins.append((_JGE_K, "foreign", None, X32_SYSCALL_BIT))
     ins += [(_JEQ_K, "eperm", None, nr) for nr in denied]
-    ins += [(_JEQ_K, "enosys", None, nrs["clone3"] or 0), (_JEQ_K, "clone", None, nrs["clone"] or 0),
-            (_RET_K, None, None, _RET_ALLOW)]
+    ins += [(_JEQ_K, "enosys", None, nrs["clone3"] or 0), (_JEQ_K, "clone", None, nrs["clone"] or 0)]
+    by_call: dict[str, list[tuple[int, str, int]]] = {}
+    for name, arg, op, value in ARG_RULES:
+        by_call.setdefault(name, []).append((arg, op, value))
+    ins += [(_JEQ_K, f"args:{name}", None, nrs[name] or 0) for name in by_call]
+    ins.append((_RET_K, None, None, _RET_ALLOW))
     labels = {"clone": len(ins)}
     ins += [(_LD_W_ABS, None, None, _ARG0_LO), (_JSET_K, "eperm", None, CLONE_NS_FLAGS), (_RET_K, None, None, _RET_ALLOW)]
+    for name, rules in by_call.items():  # the low 32 bits of the argument (little-endian seccomp_data)
+        labels[f"args:{name}"] = len(ins)
+        for arg, op, value in rules:
+            ins += [(_LD_W_ABS, None, None, _ARG0_LO + 8 * arg), (_JEQ_K if op == "eq" else _JSET_K, "eperm", None, value)]
+        ins.append((_RET_K, None, None, _RET_ALLOW))
     labels["eperm"] = len(ins)
     ins.append((_RET_K, None, None, eperm))
     labels["enosys"] = labels["foreign"] = len(ins)

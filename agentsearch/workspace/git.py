@@ -32,6 +32,8 @@ def _clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
             "GIT_CONFIG_COUNT": "2", "GIT_CONFIG_KEY_0": "core.hooksPath", "GIT_CONFIG_VALUE_0": "/dev/null",
             "GIT_CONFIG_KEY_1": "core.fsmonitor", "GIT_CONFIG_VALUE_1": "false",
             "LC_ALL": "C",
+            # the objects as stored: a replace ref or a graft would show other content under a judged sha
+            "GIT_NO_REPLACE_OBJECTS": "1", "GIT_GRAFT_FILE": "/dev/null",
         }
     )
     if extra:
@@ -354,6 +356,16 @@ def first_parent_line(repo_dir: Path, tip: str, since: str) -> list[tuple[str, s
     out = run_git("log", "--first-parent", "--reverse", "--format=%H %T %P", tip, f"^{since}", cwd=repo_dir)
     rows = [ln.split() for ln in out.splitlines() if ln.strip()]
     return [(r[0], r[1], tuple(r[2:])) for r in rows]
+
+
+def object_overrides(repo_dir: Path) -> list[str]:
+    """What makes git show other content under a sha than the object stored: replace refs and a grafts file."""
+    out = [r for r in run_git("for-each-ref", "--format=%(refname)", "refs/replace/", cwd=repo_dir).splitlines() if r]
+    common = Path(run_git("rev-parse", "--git-common-dir", cwd=repo_dir).strip())
+    grafts = (common if common.is_absolute() else Path(repo_dir) / common) / "info" / "grafts"
+    if grafts.exists():
+        out.append(str(grafts))
+    return out
 
 
 def subject(repo_dir: Path, commit: str) -> str:

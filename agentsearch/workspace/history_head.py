@@ -105,7 +105,13 @@ def unjudged_commit(repo_dir: Path, branch: str, entries: Sequence[Any]) -> str:
     if not git.is_ancestor(repo_dir, start, tip):
         return (f"history does not vouch for {branch!r}: its tip {tip[:12]} does not descend from {start[:12]}, the baseline "
                 "the first recorded episode started on (the branch was reset or rewritten)")
-    vouched = {e.data.get("new") for e in entries if (e.kind == "merge" and e.data.get("ok")) or e.kind == "revert"}
+    overrides = git.object_overrides(repo_dir)
+    if overrides:  # agentsearch reads the stored objects; anyone else's git would see the replacements
+        return (f"history cannot vouch for {branch!r}: {', '.join(overrides[:3])} make git show other content under a "
+                "judged commit; remove them (git replace -d …)")
+    moves = [e for e in entries if (e.kind == "merge" and e.data.get("ok")) or e.kind == "revert"]
+    vouched = {e.data.get("new") for e in moves}
+
     judged = {(e.data.get("baseline"), e.data.get("candidate")) for e in entries
               if e.kind == "verdict" and e.data.get("verdict") == "merge" and e.data.get("candidate")}
     bad = []
@@ -116,6 +122,10 @@ def unjudged_commit(repo_dir: Path, branch: str, entries: Sequence[Any]) -> str:
             continue  # the merge of a recorded MERGE verdict whose merge record was cut off
         bad.append(sha)
     if not bad:
+        last = moves[-1].data.get("new") if moves else None
+        if last and not git.is_ancestor(repo_dir, last, tip):
+            return (f"history does not vouch for {branch!r}: its tip {tip[:12]} no longer contains {last[:12]}, the last "
+                    f"{moves[-1].kind} the history records (rolled back without `agentsearch revert`)")
         return ""
     sha = bad[0]
     subject = clean(git.subject(repo_dir, sha), SUBJECT_CHARS, one_line=True)

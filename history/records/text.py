@@ -24,7 +24,10 @@ _UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u20
 _ESCAPE_SEQ = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[@-Z\\-_])|\x9b[0-?]*[ -/]*[@-~]")
 # what gives a character meaning inside a line of Markdown (emphasis, code, links, tables, HTML, entities, math);
 # an underscore inside a word (ops_s) means nothing there and stays as it is
-_MD_PUNCT = re.compile(r"([\\`*\[\]<>&|~$]|(?<![0-9A-Za-z])_|_(?![0-9A-Za-z]))")
+# on GitHub also "#12" (an issue reference: "Fixes #12" closes it on merge) and "@team" (a mention)
+_MD_PUNCT = re.compile(r"([\\`*\[\]<>&|~$#@]|(?<![0-9A-Za-z])_|_(?![0-9A-Za-z]))")
+# what starts a block when it opens a line (a list item, a numbered list, a setext underline)
+_MD_LEAD = re.compile(r"^([-+=]|\d+(?=[.)]))")
 
 
 def clean(text: object, limit: int = TEXT_CHARS, one_line: bool = False) -> str:
@@ -45,7 +48,11 @@ def md_inline(text: object, limit: int = TEXT_CHARS) -> str:
     """One line of Markdown (a heading, a table cell, a list item): every character that Markdown or HTML
     gives a meaning inside a line is backslash-escaped, so nothing in it opens a comment, a tag, a link,
     a code span or a table cell, and it stays one line."""
-    return _MD_PUNCT.sub(r"\\\1", clean(text, limit, one_line=True))
+    s = _MD_PUNCT.sub(r"\\\1", clean(text, limit, one_line=True))
+    m = _MD_LEAD.match(s)
+    if m:  # "1." -> "1\.", "- x" -> "\- x"
+        s = s[: m.end()] + "\\" + s[m.end():] if m.group(1)[0].isdigit() else "\\" + s
+    return s
 
 
 def md_fence(text: object, info: str = "", limit: int = TEXT_CHARS) -> str:

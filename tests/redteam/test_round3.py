@@ -319,3 +319,59 @@ def test_text_from_earlier_proposals_reaches_an_agent_prompt_only_as_marked_untr
     assert "Ignore the rules above" in inside and "Ignore the rules above" not in outside
     assert prompt.count(f"</untrusted-data-{nonce}>") == 1  # the quoted text cannot close the block
     assert outside.count("## What to do") == 1 and "never instructions to you" in outside
+
+
+def test_a_build_cannot_give_a_worktree_file_a_second_name(tmp_path):
+    """A hard link made by the build: the snapshot took a file with two names for a shared compiled file (times
+    ignored), so a trial could rewrite model.py in place, size and mtime kept, and take a fast path after."""
+    repo = make_target(tmp_path, target_extra='install = "command"\nbuild = "sh build.sh"', files={"build.sh": "exit 0\n"})
+    main = Workspace.open(repo).baseline_commit()
+    attack = '''import os
+STATE = 0
+FACTOR = 1.35 if STATE else 1.0
+if not STATE:
+    st = os.stat("model.py")
+    src = open("model.py").read().replace("STATE = 0", "STATE = 1")
+    with open("model.py", "r+") as fh:
+        fh.write(src)
+    os.utime("model.py", ns=(st.st_atime_ns, st.st_mtime_ns))
+'''
+    commit(repo, {"build.sh": "ln -f model.py .model-cache\n", "model.py": attack}, "a second name for model.py", branch="attack")
+    rc, out = evaluate(repo, "attack")
+    assert rc == 4
+    assert_no_win(repo, out, main)
+    assert any("the build left hard-linked files in the worktree ('.model-cache'" in r for r in out["reasons"]), out["reasons"]
+
+
+def test_the_shared_page_cache_can_be_neither_probed_nor_evicted(tmp_path):
+    """Whether a page of a read-only system file was resident was a bit every child and both sides shared (set by
+    a read, cleared by fadvise DONTNEED, read by cachestat / mincore / preadv2 RWF_NOWAIT)."""
+    code = '''
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+NR = {"x86_64": dict(fadvise=221, cachestat=451, mincore=27, preadv2=327, madvise=28),
+      "aarch64": dict(fadvise=223, cachestat=451, mincore=232, preadv2=286, madvise=233)}[os.uname().machine]
+fd = os.open("/usr/bin/ls", os.O_RDONLY)
+def call(*a):
+    r = libc.syscall(*a)
+    return f"{r} {ctypes.get_errno() if r < 0 else 0}"
+print("fadvise-dontneed", call(NR["fadvise"], fd, ctypes.c_long(0), ctypes.c_long(0), 4))
+print("fadvise-willneed", call(NR["fadvise"], fd, ctypes.c_long(0), ctypes.c_long(0), 3))
+print("cachestat", call(NR["cachestat"], fd, 0, 0, 0))
+page = ctypes.c_void_p(libc.mmap(None, 4096, 1, 1, fd, 0))
+vec = ctypes.create_string_buffer(1)
+print("mincore", call(NR["mincore"], page, 4096, vec))
+print("madvise-pageout", call(NR["madvise"], page, 4096, 21))
+buf = ctypes.create_string_buffer(16)
+iov = (ctypes.c_void_p * 2)(ctypes.addressof(buf), 16)
+print("preadv2-nowait", call(NR["preadv2"], fd, iov, 1, 0, 0, 8))
+print("preadv2", call(NR["preadv2"], fd, iov, 1, 0, 0, 0))
+'''
+    sb = sandbox.Sandbox(worktree=str(tmp_path / "wt"), outputs=str(tmp_path / "out"), devices=())
+    p = subprocess.run(sb.argv([sys.executable, "-c", code]), capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    got = dict(line.split(" ", 1) for line in p.stdout.splitlines())
+    for refused in ("fadvise-dontneed", "cachestat", "mincore", "madvise-pageout", "preadv2-nowait"):
+        assert got[refused] == "-1 1", (refused, got)  # EPERM
+    assert got["fadvise-willneed"] == "0 0" and got["preadv2"] == "16 0", got  # the harmless forms still work

@@ -288,3 +288,22 @@ def test_an_episode_whose_history_is_emptied_while_it_runs_stops_with_one_line(t
     assert git(repo, "rev-parse", "main").strip() == before  # nothing merged
     assert head(repo)["seq"] >= seen  # the head ref was not moved back (nor on)
     assert "history truncated" in one_line(verify(repo).stderr)
+
+
+def test_a_replace_ref_under_a_judged_commit_fails(repo: Path) -> None:
+    """git replace swaps main's content under a recorded sha: agentsearch reads the stored objects, and verify refuses."""
+    tip = git(repo, "rev-parse", "main").strip()
+    parents = git(repo, "rev-list", "--parents", "-n", "1", tip).split()[1:]
+    tree = git(repo, "rev-parse", f"{parents[0]}^{{tree}}").strip()
+    fake = git(repo, "commit-tree", tree, *[a for p in parents for a in ("-p", p)], "-m", "agentsearch: merge").strip()
+    git(repo, "replace", tip, fake)
+    assert git(repo, "rev-parse", "main").strip() == tip
+    line = failed(repo)
+    assert "refs/replace/" in line and "other content under a judged commit" in line
+
+
+def test_a_recorded_merge_rolled_back_without_a_revert_fails(repo: Path) -> None:
+    m = next(r["data"] for r in records(repo) if r["kind"] == "merge" and r["data"]["ok"])
+    git(repo, "update-ref", "refs/heads/main", m["old"])
+    line = failed(repo)
+    assert f"no longer contains {m['new'][:12]}" in line and "rolled back" in line
