@@ -12,21 +12,8 @@ from pathlib import Path
 import pytest
 
 from ..conftest import git, run_cli
-from .toy import (HEAD_REF, copy_target, fast_queue, head, history_file, isolated_env, merged_target, one_line, records,
+from .toy import (HEAD_REF, fast_queue, head, history_file, one_line, records,
                   verify)
-
-
-@pytest.fixture(scope="module")
-def merged(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("merged")
-    with pytest.MonkeyPatch.context() as mp:
-        isolated_env(mp, root)
-        return merged_target(root)
-
-
-@pytest.fixture
-def repo(merged: Path, tmp_path: Path) -> Path:
-    return copy_target(merged, tmp_path / "toy")
 
 
 def keep(repo: Path, n: int) -> None:

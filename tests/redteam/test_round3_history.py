@@ -30,22 +30,9 @@ from ..conftest import ROOT, commit, git, run_cli
 from ..test_episode import make_target
 from .test_head_store import MemoryHead
 from .test_checkout_sync import refused  # noqa: F401 - the fixture: a MERGE verdict whose merge was refused
-from .toy import copy_target, fast_queue, head, history_file, isolated_env, merged_target, one_line, records, verify
+from .toy import copy_target, fast_queue, head, history_file, one_line, records, verify
 
 pytestmark = pytest.mark.timeout(600)
-
-
-@pytest.fixture(scope="module")
-def merged(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("merged")
-    with pytest.MonkeyPatch.context() as mp:
-        isolated_env(mp, root)
-        return merged_target(root)
-
-
-@pytest.fixture
-def repo(merged: Path, tmp_path: Path) -> Path:
-    return copy_target(merged, tmp_path / "toy")
 
 
 def start_of(repo: Path) -> str:
