@@ -612,29 +612,31 @@ def _micro_stage(ctx: _Ctx) -> bool:
 
 
 def _functional_tests(ctx: _Ctx) -> bool:
-    """The target's own tests on the candidate (in its sandbox), before anything is measured.
-
-    Whatever the tests leave in the worktree is undone before measuring (a run must not prepare
-    state for the timed trials); a leftover that cannot be undone rejects."""
+    """The target's own tests on the candidate, before anything is measured: in a disposable copy of its
+    built worktree, in a sandbox of its own (``Sides.disposable_copy``), so nothing the tests do — a file, a
+    time, a mode — prepares state for the timed trials, which measure the worktree as built."""
     config, sd, st, say = ctx.config, ctx.sd, ctx.st, ctx.say
     cmd = config.target.test
     if not cmd:
         st.add("functional-tests", Status.SKIPPED, "the target declares no [target] test command")
         return True
     say("functional-tests", cmd)
-    worktree = sd.worktrees[CANDIDATE]
-    env = child_env(dict(config.target.env), worktree, None, sd.out(CANDIDATE) / "test-out")
-    rc, _out, err, wall = run_child(cmd, worktree, env, config.target.test_timeout_s, shell=True)
-    left = sd.restore(CANDIDATE)
+    try:
+        with sd.disposable_copy(CANDIDATE, "tests") as worktree:
+            env = child_env(dict(config.target.env), worktree, None, sd.out(CANDIDATE) / "test-out")
+            rc, _out, err, wall = run_child(cmd, worktree, env, config.target.test_timeout_s, shell=True)
+    except OSError as exc:  # what the candidate's build left there could not be copied: fail closed
+        st.add("functional-tests", Status.FAIL, f"could not copy the built worktree for the tests: {exc}")
+        return False
     if rc is None:
         st.add("functional-tests", Status.FAIL, f"`{cmd}` timed out after {config.target.test_timeout_s:g} s", FailureKind.TIMEOUT)
         return False
     if rc != 0:
         st.add("functional-tests", Status.FAIL, f"`{cmd}` exited with status {rc}: {tail(err, 1) or 'no stderr'}")
         return False
-    if left or sd.check():
-        st.add("functional-tests", Status.FAIL, f"the tests left changes in a worktree that could not be undone: {left or sd.check()}",
-               FailureKind.WORKTREE_CHANGED)
+    moved = sd.check()
+    if moved:  # the measured worktrees were not mounted where the tests ran: nothing may have moved them
+        st.add("functional-tests", Status.FAIL, moved, FailureKind.WORKTREE_CHANGED)
         return False
     st.add("functional-tests", Status.PASS, f"`{cmd}` passed in {wall:.1f} s")
     return True

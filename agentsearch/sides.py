@@ -21,6 +21,7 @@ exit, whatever happened.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import shutil
 import stat
@@ -31,7 +32,6 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
 from harness import coverage, models, sandbox
-from harness.safe_io import UnsafeFile, write_beneath
 from harness.engine_session import WORKER
 from harness.trials import BASELINE, child_env, run_child, tail
 from kernels.catalog import ROOT as KERNELS_DIR
@@ -281,45 +281,32 @@ class Sides:
                 return f"worktree modified during a trial: {side}: {what}"
         return ""
 
-    def restore(self, side: str) -> str:
-        """Undo what a run left in ``side``'s worktree; '' when it is as built afterwards, else what is left.
+    @contextlib.contextmanager
+    def disposable_copy(self, side: str, name: str) -> Iterator[Path]:
+        """A copy of ``side``'s built worktree under the scratch directory, in a sandbox of its own with the side's
+        policy (the same protected files pinned read-only, the same outputs), removed on exit. What runs there —
+        the functional tests — leaves nothing in the worktree the trials measure: no file, no time, no mode, not
+        even the trace of an undo (red team, round 3: a directory's mtime set by the tests survived the undo and
+        told every later trial that the tests had run)."""
+        wt = self.worktrees[side]
+        dst = self.scratch / f"{name}-{side}"
+        shutil.rmtree(dst, ignore_errors=True)
+        try:
+            _copy_tree(wt, dst)
+            sb = self.sandboxes.get(side)
+            if sb is None:
+                yield dst
+                return
+            root, new = str(wt.resolve()), str(dst.resolve())
 
-        New files are removed and changed tracked files rewritten from the committed blobs, by the
-        orchestrator, without running git in the worktree (whose ``.git`` link a run could have
-        redirected to a repository of its own, with hooks and filters)."""
-        wt, before = self.worktrees[side], self.snapshots[side]
-        now = snapshot(wt)
-        # a directory swapped for a link (or any other change of kind) is not undone: the run fails
-        swapped = sorted(p for p in set(before) & set(now) if stat.S_IFMT(before[p][0]) != stat.S_IFMT(now[p][0]))
-        if swapped:
-            return f"could not undo {', '.join(map(repr, swapped[:3]))} (changed kind)"
-        for rel in sorted(set(now) - set(before), key=len, reverse=True):
-            p = wt / rel
-            if p.is_dir() and not p.is_symlink():
-                shutil.rmtree(p, ignore_errors=True)  # never follows links inside
-            else:
-                p.unlink(missing_ok=True)
-        commit = self.commits[side]
-        modes = {path: mode for mode, path in git.tree_files(self.ws.repo_dir, commit)}
-        try:
-            for rel in [p for p in before if p not in now or now[p] != before[p]]:
-                if rel == ".git":
-                    write_beneath(wt, wt / ".git", self.git_links[side].encode())
-                elif rel in modes and not modes[rel].startswith(("120", "160")):
-                    # written through no link: a side cannot aim the orchestrator's write elsewhere
-                    write_beneath(wt, wt / rel, git.blob_bytes(self.ws.repo_dir, commit, rel), 0o755 if modes[rel] == "100755" else 0o644)
-        except (UnsafeFile, OSError) as exc:
-            return f"could not undo the changes: {exc}"
-        # rewritten files and their directories now carry new times: the state the trials start from
-        try:
-            freeze_access_times(wt)
-        except OSError as exc:
-            return f"could not set access times: {exc}"
-        after = snapshot(wt)
-        left = sorted(set(before) ^ set(after))
-        left += sorted(p for p in set(before) & set(after) if stat.S_IFMT(before[p][0]) != stat.S_IFMT(after[p][0]))
-        self.snapshots[side] = after
-        return f"could not undo {', '.join(map(repr, left[:3]))}" if left else ""
+            def moved(path: str) -> str:
+                return new + path[len(root):] if path == root or path.startswith(root + "/") else path
+
+            box = dataclasses.replace(sb, worktree=new, pinned=tuple((moved(src), moved(p)) for src, p in sb.pinned))
+            with sandbox.use(sandbox.Containment({new: box})):
+                yield dst
+        finally:
+            shutil.rmtree(dst, ignore_errors=True)  # never follows a link the run left there
 
     def fresh_outputs(self, side: str, keep: str = "") -> None:
         """Empty ``side``'s output directory (but its entry ``keep``) before a trial: nothing a run left
@@ -373,11 +360,31 @@ def _empty(root: Path) -> None:
             os.unlink(entry.path)
 
 
+def _copy_tree(src: Path, dst: Path) -> None:
+    """``src`` copied to ``dst``: directories, links (as links), regular files with their content, mode and times;
+    a file with other names (a compiled file linked from site-packages, bound read-only) is linked, not copied."""
+    dst.mkdir(parents=True)
+    for dirpath, dirnames, filenames in os.walk(src):
+        rel = os.path.relpath(dirpath, src)
+        out = dst if rel == "." else dst / rel
+        for name in dirnames + filenames:
+            s, d = os.path.join(dirpath, name), out / name
+            st = os.lstat(s)
+            if stat.S_ISLNK(st.st_mode):
+                os.symlink(os.readlink(s), d)
+            elif stat.S_ISDIR(st.st_mode):
+                d.mkdir()
+            elif stat.S_ISREG(st.st_mode):
+                if st.st_nlink > 1:
+                    os.link(s, d)
+                else:
+                    shutil.copy2(s, d, follow_symlinks=False)
+
+
 def linked_files(worktree: Path) -> list[str]:
     """Files in the worktree that are hard links to files elsewhere (compiled files from site-packages)."""
     out = []
     for dirpath, dirnames, filenames in os.walk(worktree):
-        dirnames[:] = [d for d in dirnames if d != ".git"]
         for f in filenames:
             st = os.lstat(os.path.join(dirpath, f))
             if stat.S_ISREG(st.st_mode) and st.st_nlink > 1:

@@ -163,7 +163,7 @@ def test_undoing_the_tests_changes_never_writes_through_a_link(tmp_path):
     hook = f"#!/bin/sh\necho ran >> {canary}\ngit --git-dir={repo}/.git update-ref refs/heads/main refs/heads/attack\n"
     commit(repo, {"test_model.py": RESTORE_TEST, "hk/post-checkout": hook, "model.py": "FACTOR = 1.0  # x\n"}, "tests", branch="attack")
     rc, out = evaluate(repo, "attack")
-    assert rc == 4 and any("functional-tests" in r for r in out["reasons"]), out["reasons"]
+    assert rc == 4, out["reasons"]  # the tests ran in a disposable copy, removed without following the link
     assert not (repo / ".git" / "hooks" / "post-checkout").exists()
     commit(repo, {"model.py": "FACTOR = 1.0  # y\n"}, "innocent", branch="innocent")
     evaluate(repo, "innocent")  # a later checkout runs no hook of the candidate's

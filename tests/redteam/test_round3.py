@@ -375,3 +375,26 @@ print("preadv2", call(NR["preadv2"], fd, iov, 1, 0, 0, 0))
     for refused in ("fadvise-dontneed", "cachestat", "mincore", "madvise-pageout", "preadv2-nowait"):
         assert got[refused] == "-1 1", (refused, got)  # EPERM
     assert got["fadvise-willneed"] == "0 0" and got["preadv2"] == "16 0", got  # the harmless forms still work
+
+
+DIR_MTIME = '''
+import os
+_st = os.stat(".")
+FAST = _st.st_mtime_ns % 1000 == 7
+if not FAST:  # the first run (the functional tests): honest, and it leaves the bit in the directory's mtime
+    os.utime(".", ns=(_st.st_atime_ns, _st.st_mtime_ns - _st.st_mtime_ns % 1000 + 7))
+FACTOR = 1.36 if FAST else 1.0
+'''
+
+
+def test_the_functional_tests_leave_nothing_for_the_trials(tmp_path):
+    """The tests kept a bit in the worktree directory's mtime; the undo of their changes rewrote files only and took
+    the new times as the state to measure (x1.36, MERGED). The tests now run in a disposable copy: the worktree the
+    trials measure is the one that was built, and the first trial's change to it rejects."""
+    repo = make_target(tmp_path, target_extra=f'test = "{sys.executable} bench/check.py"', files={"bench/check.py": CHECK})
+    main = Workspace.open(repo).baseline_commit()
+    commit(repo, {"model.py": DIR_MTIME}, "a bit in a directory's mtime", branch="attack")
+    rc, out = evaluate(repo, "attack")
+    assert rc == 4
+    assert_no_win(repo, out, main)
+    assert any("worktree modified during a trial: candidate: changed '.'" in r for r in out["reasons"]), out["reasons"]

@@ -294,3 +294,53 @@ def test_a_recorded_merge_rolled_back_without_a_revert_fails(repo: Path) -> None
     git(repo, "update-ref", "refs/heads/main", m["old"])
     line = failed(repo)
     assert f"no longer contains {m['new'][:12]}" in line and "rolled back" in line
+
+
+def test_a_forged_commit_graph_cannot_show_verify_another_tree(tmp_path: Path) -> None:
+    """git reads a commit's tree and parents from objects/info/commit-graph unchecked: a merge with the judged
+    parents and an unjudged tree, whose graph entry names the judged candidate's tree, passed as the merge of a
+    recorded MERGE verdict. agentsearch's git reads commits as stored (core.commitGraph off)."""
+    import struct
+    from types import SimpleNamespace as NS
+
+    from agentsearch.workspace.history_head import unjudged_commit
+
+    r = tmp_path / "r"
+    r.mkdir()
+    git(r, "init", "-q", "-b", "main")
+    (r / "f").write_text("base\n")
+    git(r, "add", "f")
+    git(r, "-c", "user.name=a", "-c", "user.email=a@b", "commit", "-q", "--no-gpg-sign", "-m", "base")
+    base = git(r, "rev-parse", "HEAD").strip()
+    git(r, "checkout", "-q", "-b", "cand")
+    (r / "f").write_text("judged\n")
+    git(r, "-c", "user.name=a", "-c", "user.email=a@b", "commit", "-q", "--no-gpg-sign", "-am", "cand")
+    cand = git(r, "rev-parse", "HEAD").strip()
+    git(r, "checkout", "-q", "main")
+    import subprocess
+
+    def piped(*args: str, stdin: str) -> str:
+        return subprocess.run(["git", *args], cwd=r, input=stdin, capture_output=True, text=True, check=True).stdout.strip()
+
+    blob = piped("hash-object", "-w", "--stdin", stdin="EVIL unjudged\n")
+    evil_tree = piped("mktree", stdin=f"100644 blob {blob}\tf\n")
+    forged = git(r, "-c", "user.name=a", "-c", "user.email=a@b", "commit-tree", evil_tree, "-p", base, "-p", cand,
+                 "-m", "Merge judged candidate").strip()
+    git(r, "update-ref", "refs/heads/main", forged)
+    git(r, "commit-graph", "write", "--reachable")
+    graph = r / ".git" / "objects" / "info" / "commit-graph"
+    b = bytearray(graph.read_bytes())
+    chunks = {}
+    for i in range(b[6] + 1):
+        cid, off = struct.unpack(">4sQ", b[8 + 12 * i: 20 + 12 * i])
+        chunks[cid] = off
+    count = struct.unpack(">I", b[chunks[b"OIDF"] + 1020: chunks[b"OIDF"] + 1024])[0]
+    ids = [bytes(b[chunks[b"OIDL"] + 20 * i: chunks[b"OIDL"] + 20 * i + 20]) for i in range(count)]
+    at = chunks[b"CDAT"] + 36 * ids.index(bytes.fromhex(forged))
+    b[at: at + 20] = bytes.fromhex(git(r, "rev-parse", f"{cand}^{{tree}}").strip())
+    graph.write_bytes(bytes(b))
+    assert git(r, "log", "-1", "--format=%T", forged).strip() != evil_tree  # plain git now shows the judged tree
+    entries = [NS(kind="episode-started", data={"baseline": base}),
+               NS(kind="verdict", data={"verdict": "merge", "baseline": base, "candidate": cand})]
+    why = unjudged_commit(r, "main", entries)
+    assert f"commit {forged[:12]} \"Merge judged candidate\" was judged by no verdict" in why, why
