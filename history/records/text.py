@@ -25,9 +25,10 @@ _ESCAPE_SEQ = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b
 # what gives a character meaning inside a line of Markdown (emphasis, code, links, tables, HTML, entities, math);
 # an underscore inside a word (ops_s) means nothing there and stays as it is
 # on GitHub also "#12" (an issue reference: "Fixes #12" closes it on merge) and "@team" (a mention)
-_MD_PUNCT = re.compile(r"([\\`*\[\]<>&|~$#@]|(?<![0-9A-Za-z])_|_(?![0-9A-Za-z]))")
-# what starts a block when it opens a line (a list item, a numbered list, a setext underline)
-_MD_LEAD = re.compile(r"^([-+=]|\d+(?=[.)]))")
+_MD_PUNCT = re.compile(r"([\\`*\[\]<&|~$#@]|(?<![0-9A-Za-z])_|_(?![0-9A-Za-z]))")
+# what starts a block when it opens a line (a list item, a numbered list, a setext underline, a quote); a ">"
+# anywhere else means nothing once every "<" is escaped
+_MD_LEAD = re.compile(r"^([-+=>]|\d+(?=[.)]))")
 
 
 def clean(text: object, limit: int = TEXT_CHARS, one_line: bool = False) -> str:
