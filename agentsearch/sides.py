@@ -205,6 +205,7 @@ class Sides:
             except (AgentsearchError, OSError, subprocess.SubprocessError) as exc:
                 raise BuildError(side, str(exc)) from None
         pins = self.pins = kept.pins if kept is not None else self._pin_protected()
+        linked = {side: linked_files(wt) for side, wt in self.worktrees.items()}  # the overlay's compiled files
         if self.decision.use:
             ro = (*self.read_only, str(self.inputs), str(WORKER), str(coverage.TRACER_DIR), str(KERNELS_DIR), *model_dirs(self.config))
             for side, wt in self.worktrees.items():
@@ -212,19 +213,18 @@ class Sides:
                     self.sandboxes[side] = kept.sandbox
                     continue
                 pinned = tuple((str(self.pinned / rel), str(wt / rel)) for rel in pins)
-                pinned += tuple((str(wt / rel), str(wt / rel)) for rel in linked_files(wt))
+                pinned += tuple((str(wt / rel), str(wt / rel)) for rel in linked[side])
                 self.sandboxes[side] = sandbox.Sandbox(worktree=str(wt.resolve()), outputs=str(self.out(side)),
                                                        read_only=tuple(dict.fromkeys(ro)), pinned=pinned)
             self._stack.enter_context(sandbox.use(sandbox.Containment(
                 {str(self.worktrees[s].resolve()): sb for s, sb in self.sandboxes.items()})))
-        linked = {side: set(linked_files(wt)) for side, wt in self.worktrees.items()}
         if target.install == "command":
             for side, wt in self.worktrees.items():
                 if kept is None or side != BASELINE:
                     self._build_command(side, wt)
                     # a file with a second name escapes the snapshot's eye (a shared file's times say nothing)
                     # and is not pinned: a build may not make one (red team, round 3)
-                    stray = sorted(set(linked_files(wt)) - linked[side])
+                    stray = sorted(set(linked_files(wt)) - set(linked[side]))
                     if stray:
                         raise BuildError(side, f"the build left hard-linked files in the worktree ({', '.join(map(repr, stray[:3]))}"
                                                f"{' …' if len(stray) > 3 else ''}): a file with two names could change unseen")
@@ -383,13 +383,7 @@ def _copy_tree(src: Path, dst: Path) -> None:
 
 def linked_files(worktree: Path) -> list[str]:
     """Files in the worktree that are hard links to files elsewhere (compiled files from site-packages)."""
-    out = []
-    for dirpath, dirnames, filenames in os.walk(worktree):
-        for f in filenames:
-            st = os.lstat(os.path.join(dirpath, f))
-            if stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
-                out.append(os.path.relpath(os.path.join(dirpath, f), worktree))
-    return out
+    return [rel for rel, path in _walk(worktree) if rel != "." and _shared(os.lstat(path))]
 
 
 def model_dirs(config: Config) -> list[str]:

@@ -64,7 +64,8 @@ def _timed(a: argparse.Namespace, op, inputs: list, warm: list, per_round: int, 
     for r in range(rounds):
         batch = inputs[r * per_round:(r + 1) * per_round]
         for args in batch:
-            used[op.dispatch(*args).provider] = used.get(op.dispatch(*args).provider, 0) + 1
+            provider = op.dispatch(*args).provider
+            used[provider] = used.get(provider, 0) + 1
         if flush is not None:
             flush.zero_()
             torch.cuda.synchronize()
