@@ -1,34 +1,37 @@
-"""The agent session: one claude-agent-sdk conversation, every tool call decided by a guard.
+"""The agent session: one claude-agent-sdk conversation with the real Claude Code CLI, fenced.
 
-Used by the Claude proposer (an agent that edits a scratch worktree) and by the LLM pass of the
-insights (an agent with no tools). ``ToolGuard`` makes the worktree the agent's whole world:
-paths are resolved and must stay inside it, outside ``.git`` and (for edits) outside the
-protected globs; no web tools or sub-agents; shell commands only from a short allowlist.
+Used by the Claude proposer (an agent with a workbench, ``agentsearch.workbench``) and by the LLM
+pass of the insights (an agent with no tools). The fence is not a filter on what the CLI may do:
 
-``AGENTSEARCH_AGENT_TRANSPORT=module:factory`` replaces the Claude Code CLI with another SDK
-``Transport`` (the tests' scripted, offline agent); everything else is the real SDK path.
+- the CLI's built-in tools are switched off (``--tools ""``: no Bash, no file tools, no web, no
+  sub-agents); the agent's only tools are the workbench's, served from this process through the
+  SDK's in-process MCP server, and each of them runs its work inside the project's sandbox;
+- ``can_use_tool`` refuses (and records) any call that is not a workbench tool, should the CLI ever
+  offer one;
+- the CLI runs in an empty working directory with a private ``$HOME`` and config directory, loads no
+  settings, hooks, skills, plugins or MCP configuration from anywhere (``setting_sources=[]``,
+  ``strict_mcp_config``), so nothing a proposal wrote can steer it;
+- turns and dollars are bounded by the CLI (``[agent] max_turns``, ``max_cost_usd``), tool seconds
+  and advisory pairs by the workbench.
+
+The Anthropic API is whatever ``ANTHROPIC_BASE_URL`` names (the tests: a scripted Messages API on
+loopback, ``tests/messages_api.py``); nothing else replaces the CLI.
 """
 
 from __future__ import annotations
 
-import importlib
 import os
-import shlex
+import time
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from .errors import AgentsearchError
-from .globs import first_match
 
-EDIT_TOOLS = ("Edit", "Write", "MultiEdit", "NotebookEdit")
-READ_TOOLS = ("Read", "Glob", "Grep", "LS")
-ALLOWED_COMMANDS = ("git diff", "git status", "git log", "python -m py_compile", "python -m compileall", "ls", "cat", "grep", "wc")
-PATH_KEYS = ("file_path", "path", "notebook_path")
-TRANSPORT_ENV = "AGENTSEARCH_AGENT_TRANSPORT"
+SERVER = "workbench"
 
 
 class AgentError(AgentsearchError):
-    """The agent session cannot be set up (a bad transport factory)."""
+    """The agent session cannot be set up."""
 
 
 def credentials() -> bool:
@@ -36,88 +39,73 @@ def credentials() -> bool:
     return bool(os.environ.get("ANTHROPIC_API_KEY") or os.environ.get("CLAUDE_CODE_OAUTH_TOKEN"))
 
 
-def load_transport_factory() -> Callable[..., Any] | None:
-    spec = os.environ.get(TRANSPORT_ENV)
-    if not spec:
-        return None
-    mod, _, attr = spec.partition(":")
-    try:
-        return getattr(importlib.import_module(mod), attr or "factory")
-    except (ImportError, AttributeError) as exc:
-        raise AgentError(f"{TRANSPORT_ENV}={spec}: cannot load the transport factory ({exc})") from None
+def cli_env(home: Path) -> dict[str, str]:
+    """The CLI's environment on top of ours: a private home and config directory, no auto-update, no
+    telemetry or other traffic than the API's."""
+    return {"HOME": str(home), "CLAUDE_CONFIG_DIR": str(home / ".claude"), "XDG_CONFIG_HOME": str(home / ".config"),
+            "DISABLE_AUTOUPDATER": "1", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_TELEMETRY": "1",
+            "DISABLE_ERROR_REPORTING": "1", "CLAUDE_CODE_DISABLE_TERMINAL_TITLE": "1"}
 
 
-class ToolGuard:
-    """Decides every tool call of the agent: the worktree is the whole world."""
+def tool_names() -> list[str]:
+    from .workbench import TOOLS
 
-    def __init__(self, worktree: Path, protected: tuple[str, ...]):
-        self.root = Path(os.path.realpath(worktree))
-        self.protected = protected
-        self.denied: list[str] = []
-
-    def check(self, tool: str, args: Mapping[str, Any]) -> str:
-        """'' to allow, else why not."""
-        if tool in ("WebFetch", "WebSearch", "Task", "Agent"):
-            return f"{tool} is not available: no network and no sub-agents in a proposal session"
-        if tool == "Bash":
-            cmd = str(args.get("command", "")).strip()
-            if any(ch in cmd for ch in ";|&`$<>\n") or not any(cmd == c or cmd.startswith(c + " ") for c in ALLOWED_COMMANDS):
-                return f"command not allowed: {cmd[:80]!r} (allowed: {', '.join(ALLOWED_COMMANDS)})"
-            for tok in shlex.split(cmd)[1:]:
-                if tok.startswith("/") or ".." in tok:
-                    reason = self._path_reason(tok, write=False)
-                    if reason:
-                        return reason
-            return ""
-        if tool not in EDIT_TOOLS + READ_TOOLS:
-            return f"tool {tool} is not available in a proposal session"
-        paths = [str(args[k]) for k in PATH_KEYS if args.get(k)]
-        for p in paths:
-            reason = self._path_reason(p, write=tool in EDIT_TOOLS)
-            if reason:
-                return reason
-        return ""
-
-    def _path_reason(self, raw: str, write: bool) -> str:
-        path = Path(raw)
-        full = Path(os.path.realpath(path if path.is_absolute() else self.root / path))
-        if full != self.root and self.root not in full.parents:
-            return f"{raw} is outside the proposal's worktree"
-        rel = full.relative_to(self.root).as_posix() if full != self.root else "."
-        if rel == ".git" or rel.startswith(".git/"):
-            return f"{raw}: the git directory is off limits"
-        if write:
-            hit = first_match(rel, self.protected)
-            if hit:
-                return f"{rel} is protected (matches {hit!r}); change something else"
-        return ""
+    return [f"mcp__{SERVER}__{name}" for name in TOOLS]
 
 
-def run_session(prompt: str, worktree: Path, guard: ToolGuard, model: str | None, max_turns: int, transport: Any,
-                tools: list[str] | None = None) -> dict[str, Any]:
-    """One agent session through the SDK; never raises (an error is part of the outcome)."""
+def _server(bench: Any) -> Any:
+    """The in-process MCP server of ``bench``'s tools: each call runs in a worker thread (the SDK's loop
+    keeps answering the CLI meanwhile) through ``Workbench.call``."""
+    import anyio
+    from claude_agent_sdk import SdkMcpTool, create_sdk_mcp_server
+
+    from .workbench import TOOLS
+
+    def handler(name: str) -> Any:
+        async def run(args: dict[str, Any]) -> dict[str, Any]:
+            ans = await anyio.to_thread.run_sync(bench.call, name, dict(args or {}))
+            return {"content": [{"type": "text", "text": ans.text}], "is_error": not ans.ok}
+        return run
+
+    tools = [SdkMcpTool(name=name, description=desc, input_schema=schema, handler=handler(name)) for name, (desc, schema) in TOOLS.items()]
+    return create_sdk_mcp_server(SERVER, tools=tools)
+
+
+def run_session(prompt: str, home: Path, model: str | None, max_turns: int, max_cost_usd: float | None = None,
+                bench: Any = None) -> dict[str, Any]:
+    """One agent session through the SDK and the CLI; never raises (an error is part of the outcome).
+    ``home``: the session's private directory (the CLI's cwd is ``home/cli``, its $HOME ``home/home``).
+    ``bench``: the workbench whose tools the agent gets (None: no tools at all)."""
     import anyio
 
-    out: dict[str, Any] = {"text": "", "cost_usd": 0.0, "tokens_in": 0, "tokens_out": 0, "turns": 0, "error": ""}
+    out: dict[str, Any] = {"text": "", "cost_usd": 0.0, "tokens_in": 0, "tokens_out": 0, "turns": 0, "error": "", "session_s": 0.0}
+    cwd, cli_home = home / "cli", home / "home"
+    for d in (cwd, cli_home):
+        d.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
 
     async def main() -> None:
         from claude_agent_sdk import (AssistantMessage, ClaudeAgentOptions, ClaudeSDKClient, PermissionResultAllow,
                                       PermissionResultDeny, ResultMessage, TextBlock)
 
+        allowed = tool_names() if bench is not None else []
+
         async def can_use_tool(tool: str, args: dict[str, Any], _context: Any) -> Any:
-            reason = guard.check(tool, args)
-            if reason:
-                guard.denied.append(f"{tool}: {reason}")
-                return PermissionResultDeny(message=reason)
-            return PermissionResultAllow()
+            if tool in allowed:
+                return PermissionResultAllow()
+            why = f"{tool} is not available: the agent's only tools are the workbench's"
+            if bench is not None:
+                bench.refused(tool, args, why)
+            return PermissionResultDeny(message=why)
 
         options = ClaudeAgentOptions(
-            cwd=str(worktree), can_use_tool=can_use_tool, permission_mode="default", max_turns=max_turns, model=model,
-            tools=[*READ_TOOLS[:3], *EDIT_TOOLS[:3], "Bash"] if tools is None else tools, disallowed_tools=["WebFetch", "WebSearch", "Task"],
-            setting_sources=[],
+            cwd=str(cwd), env=cli_env(cli_home), tools=[], allowed_tools=allowed,
+            mcp_servers={SERVER: _server(bench)} if bench is not None else {}, strict_mcp_config=True, setting_sources=[],
+            can_use_tool=can_use_tool, permission_mode="default", max_turns=max_turns, model=model,
+            max_budget_usd=max_cost_usd,
         )
         texts: list[str] = []
-        async with ClaudeSDKClient(options=options, transport=transport) as client:
+        async with ClaudeSDKClient(options=options) as client:
             await client.query(prompt)
             async for msg in client.receive_response():
                 if isinstance(msg, AssistantMessage):
@@ -125,7 +113,8 @@ def run_session(prompt: str, worktree: Path, guard: ToolGuard, model: str | None
                 elif isinstance(msg, ResultMessage):
                     usage = msg.usage or {}
                     out.update(cost_usd=float(msg.total_cost_usd or 0.0), turns=msg.num_turns,
-                               tokens_in=int(usage.get("input_tokens", 0)) + int(usage.get("cache_read_input_tokens", 0)),
+                               tokens_in=int(usage.get("input_tokens", 0)) + int(usage.get("cache_read_input_tokens", 0))
+                               + int(usage.get("cache_creation_input_tokens", 0)),
                                tokens_out=int(usage.get("output_tokens", 0)))
                     if msg.is_error:
                         out["error"] = str(msg.result or msg.subtype)
@@ -137,4 +126,5 @@ def run_session(prompt: str, worktree: Path, guard: ToolGuard, model: str | None
         anyio.run(main)
     except Exception as exc:  # noqa: BLE001 - the SDK, the CLI or the network: the proposal ends with no change
         out["error"] = f"{type(exc).__name__}: {exc}"[:400]
+    out["session_s"] = time.perf_counter() - t0
     return out

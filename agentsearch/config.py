@@ -389,6 +389,34 @@ class ExecutorConfig:
 
 
 @dataclass(frozen=True)
+class AgentConfig:
+    max_turns: int = doc("Claude proposer: model turns per session (the CLI stops the session after them).", 30)
+    max_cost_usd: float = doc("Claude proposer: dollars one session may spend on the model (the CLI stops it there).", 5.0)
+    max_tool_seconds: float = doc(
+        "Claude proposer: wall seconds one session's workbench calls may take in all (run, test, kernels_bench, "
+        "measure, profile, check_outputs); a call that would start past it is refused.", 1800.0
+    )
+    max_measure_pairs: int = doc("Claude proposer: advisory pairs the `measure` tool may run in one session, in all.", 12)
+    run_timeout_s: float = doc("Claude proposer: the longest one `run` call may take (seconds).", 300.0)
+    memory_gib: float = doc("Claude proposer: the address-space limit of a `run` call's processes (GiB).", 16.0)
+    output_bytes: int = doc("Claude proposer: the most bytes of a tool call's output the agent sees (the tail).", 12000)
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.max_turns >= 1, "max_turns", "an integer >= 1"),
+            (self.max_cost_usd > 0, "max_cost_usd", "a number > 0"),
+            (self.max_tool_seconds >= 0, "max_tool_seconds", "a number >= 0"),
+            (self.max_measure_pairs >= 0, "max_measure_pairs", "an integer >= 0"),
+            (self.run_timeout_s > 0, "run_timeout_s", "a number > 0"),
+            (self.memory_gib > 0, "memory_gib", "a number > 0"),
+            (self.output_bytes >= 1000, "output_bytes", "an integer >= 1000"),
+        ]
+        for ok, key, expected in checks:
+            if not ok:
+                raise ValueError(f"expected {expected}, got {getattr(self, key)!r}|{key}")
+
+
+@dataclass(frozen=True)
 class Config:
     target: TargetConfig = doc("[target]", factory=TargetConfig)
     workloads: tuple[WorkloadConfig, ...] = doc("[[workload]] tables", ())
@@ -397,6 +425,7 @@ class Config:
     sweep: SweepConfig = doc("[sweep]", factory=SweepConfig)
     executor: ExecutorConfig = doc("[executor]", factory=ExecutorConfig)
     engine: EngineConfig = doc("[engine]", factory=EngineConfig)
+    agent: AgentConfig = doc("[agent]", factory=AgentConfig)
 
     @property
     def objective(self) -> WorkloadConfig:
@@ -426,7 +455,8 @@ class Config:
 
 # ----------------------------------------------------------------------------- loading
 
-_SECTIONS = {"target": TargetConfig, "gate": GateConfig, "verify": VerifyConfig, "executor": ExecutorConfig, "engine": EngineConfig}
+_SECTIONS = {"target": TargetConfig, "gate": GateConfig, "verify": VerifyConfig, "executor": ExecutorConfig, "engine": EngineConfig,
+             "agent": AgentConfig}
 
 
 def _type_name(tp: Any) -> str:
@@ -543,7 +573,7 @@ def load_config_text(text: str, source: str = CONFIG_FILE) -> Config:
             f"{source}: [gate] objective: expected one of the workload names ({', '.join(names)}), got {gate.objective!r}"
         )
     return Config(target=sections["target"], workloads=workloads, gate=gate, verify=verify, sweep=_sweep(data.get("sweep"), source),
-                  executor=sections["executor"], engine=sections["engine"])
+                  executor=sections["executor"], engine=sections["engine"], agent=sections["agent"])
 
 
 def _sweep(raw: Any, source: str) -> SweepConfig:
@@ -568,7 +598,8 @@ def reference_rows() -> list[tuple[str, str, str, str]]:
     """(section, key, default, doc) for every key: the README's config reference."""
     rows = []
     for section, cls in (("[target]", TargetConfig), ("[[workload]]", WorkloadConfig), ("[gate]", GateConfig), ("[engine]", EngineConfig),
-                         ("[verify]", VerifyConfig), ("[sweep]", SweepConfig), ("[[sweep.knob]]", KnobConfig), ("[executor]", ExecutorConfig)):
+                         ("[verify]", VerifyConfig), ("[sweep]", SweepConfig), ("[[sweep.knob]]", KnobConfig), ("[executor]", ExecutorConfig),
+                         ("[agent]", AgentConfig)):
         for f in dataclasses.fields(cls):
             if cls is SweepConfig and f.name == "knobs":
                 continue

@@ -265,9 +265,9 @@ class Episode:
             seed=self.plan.seed,
             extra={"config": self.ws.config(), "episode": self.plan.episode,
                    "profiles": [e.data for e in entries if e.kind == "profile"][-2:],
-                   # agent proposers edit a scratch worktree of the baseline; the orchestrator takes its diff
-                   "scratch_worktree": lambda name: self.ws.add_measurement_worktree(base, f"{self.plan.episode}-{name}"),
-                   "worktree_diff": git.worktree_diff, "remove_worktree": self.ws.remove_worktree},
+                   # agent proposers work on a fenced workbench of the baseline (agentsearch.workbench); the
+                   # orchestrator takes its diff
+                   "workspace": self.ws, "base": base, "say": self.say},
         )
 
     def summary(self, reason: str) -> dict[str, Any]:

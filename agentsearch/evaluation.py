@@ -612,34 +612,39 @@ def _micro_stage(ctx: _Ctx) -> bool:
 
 
 def _functional_tests(ctx: _Ctx) -> bool:
-    """The target's own tests on the candidate, before anything is measured: in a disposable copy of its
-    built worktree, in a sandbox of its own (``Sides.disposable_copy``), so nothing the tests do — a file, a
-    time, a mode — prepares state for the timed trials, which measure the worktree as built."""
-    config, sd, st, say = ctx.config, ctx.sd, ctx.st, ctx.say
-    cmd = config.target.test
+    """The target's own tests on the candidate, before anything is measured (``functional_tests``)."""
+    cmd = ctx.config.target.test
     if not cmd:
-        st.add("functional-tests", Status.SKIPPED, "the target declares no [target] test command")
+        ctx.st.add("functional-tests", Status.SKIPPED, "the target declares no [target] test command")
         return True
-    say("functional-tests", cmd)
+    ctx.say("functional-tests", cmd)
+    status, detail, failure, _output = functional_tests(ctx.config, ctx.sd)
+    ctx.st.add("functional-tests", status, detail, failure)
+    return status == Status.PASS
+
+
+def functional_tests(config: Config, sd: Sides) -> tuple[Status, str, FailureKind | None, str]:
+    """The target's ``[target] test`` command on the candidate side: in a disposable copy of its built
+    worktree, in a sandbox of its own (``Sides.disposable_copy``), so nothing the tests do — a file, a time,
+    a mode — prepares state for the timed trials, which measure the worktree as built. Also the agent
+    workbench's ``test`` tool. (status, detail, failure kind, the tail of its stdout and stderr)."""
+    cmd = config.target.test
+    assert cmd
     try:
         with sd.disposable_copy(CANDIDATE, "tests") as worktree:
             env = child_env(dict(config.target.env), worktree, None, sd.out(CANDIDATE) / "test-out")
-            rc, _out, err, wall = run_child(cmd, worktree, env, config.target.test_timeout_s, shell=True)
+            rc, out, err, wall = run_child(cmd, worktree, env, config.target.test_timeout_s, shell=True)
     except OSError as exc:  # what the candidate's build left there could not be copied: fail closed
-        st.add("functional-tests", Status.FAIL, f"could not copy the built worktree for the tests: {exc}")
-        return False
+        return Status.FAIL, f"could not copy the built worktree for the tests: {exc}", None, ""
+    output = (out[-8000:] + ("\n--- stderr ---\n" + err[-8000:] if err.strip() else "")).strip()
     if rc is None:
-        st.add("functional-tests", Status.FAIL, f"`{cmd}` timed out after {config.target.test_timeout_s:g} s", FailureKind.TIMEOUT)
-        return False
+        return Status.FAIL, f"`{cmd}` timed out after {config.target.test_timeout_s:g} s", FailureKind.TIMEOUT, output
     if rc != 0:
-        st.add("functional-tests", Status.FAIL, f"`{cmd}` exited with status {rc}: {tail(err, 1) or 'no stderr'}")
-        return False
+        return Status.FAIL, f"`{cmd}` exited with status {rc}: {tail(err, 1) or 'no stderr'}", None, output
     moved = sd.check()
     if moved:  # the measured worktrees were not mounted where the tests ran: nothing may have moved them
-        st.add("functional-tests", Status.FAIL, moved, FailureKind.WORKTREE_CHANGED)
-        return False
-    st.add("functional-tests", Status.PASS, f"`{cmd}` passed in {wall:.1f} s")
-    return True
+        return Status.FAIL, moved, FailureKind.WORKTREE_CHANGED, output
+    return Status.PASS, f"`{cmd}` passed in {wall:.1f} s", None, output
 
 
 Step = Callable[[_Ctx], bool]  # adds its check(s) to ctx.st; False: the evaluation stops here

@@ -14,7 +14,7 @@ from history import HistoryLog
 from history.insights import distill, markdown
 from history.records import Insight
 
-from .agent import ToolGuard, credentials, load_transport_factory, run_session
+from .agent import credentials, run_session
 from .workspace import Workspace
 
 INSIGHTS_MD = "insights.md"
@@ -55,13 +55,12 @@ def refresh(ws: Workspace, log: HistoryLog, episode: str | None = None, llm: boo
 def llm_lessons(insights_markdown: str, scratch: Path, model: str | None = None) -> tuple[list[str], str]:
     """An LLM pass over the statistical insights: short lessons, one per line. ([], why) when
     no agent is available or the session fails — the statistical summary then stands alone."""
-    factory = load_transport_factory()
-    if factory is None and not credentials():
+    if not credentials():
         return [], "no agent available (set ANTHROPIC_API_KEY)"
     scratch.mkdir(parents=True, exist_ok=True)
     prompt = ("Below are statistics of proposals made to speed up an LLM-serving stack, with their verdicts.\n"
               "Write 3 to 6 short lessons for the next proposals, one per line, each starting with '- ': "
               "what worked, what was ineffective and why, what to avoid.\n\n" + insights_markdown)
-    out = run_session(prompt, scratch, ToolGuard(scratch, ("**",)), model, 2, factory(worktree=scratch) if factory else None, tools=[])
+    out = run_session(prompt, scratch, model, 2)
     lines = [ln[2:].strip() for ln in out["text"].splitlines() if ln.strip().startswith("- ")]
     return lines[:8], out["error"]

@@ -256,21 +256,7 @@ class Sides:
 
     def _pin_protected(self) -> list[str]:
         """Write the baseline's protected files (raw committed bytes) to ``pinned``; their paths."""
-        base = self.commits.get(BASELINE) or self.ws.baseline_commit()
-        patterns = (CONFIG_FILE, *self.config.target.protected)
-        rels = []
-        for mode, rel in git.tree_files(self.ws.repo_dir, base):
-            if mode.startswith("160") or not first_match(rel, patterns):
-                continue  # submodules are not files
-            dst = self.pinned / rel
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            if mode == "120000":
-                os.symlink(git.blob_bytes(self.ws.repo_dir, base, rel).decode("utf-8", "surrogateescape"), dst)
-            else:
-                dst.write_bytes(git.blob_bytes(self.ws.repo_dir, base, rel))
-                dst.chmod(0o755 if mode == "100755" else 0o644)
-            rels.append(rel)
-        return rels
+        return pin_protected(self.ws, self.config, self.commits.get(BASELINE) or self.ws.baseline_commit(), self.pinned)
 
     # ------------------------------------------------------------------ checks
     def check(self) -> str:
@@ -339,6 +325,25 @@ class Sides:
                         shutil.rmtree(self.out(side), ignore_errors=True)
             else:
                 shutil.rmtree(self.scratch, ignore_errors=True)
+
+
+def pin_protected(ws: Workspace, config: Config, base: str, dest: Path) -> list[str]:
+    """Write ``base``'s protected files (raw committed bytes) under ``dest``; their paths. A sandbox binds
+    them read-only over a worktree's copies: whatever runs there reads the baseline's and cannot change them."""
+    patterns = (CONFIG_FILE, *config.target.protected)
+    rels = []
+    for mode, rel in git.tree_files(ws.repo_dir, base):
+        if mode.startswith("160") or not first_match(rel, patterns):
+            continue  # submodules are not files
+        dst = dest / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        if mode == "120000":
+            os.symlink(git.blob_bytes(ws.repo_dir, base, rel).decode("utf-8", "surrogateescape"), dst)
+        else:
+            dst.write_bytes(git.blob_bytes(ws.repo_dir, base, rel))
+            dst.chmod(0o755 if mode == "100755" else 0o644)
+        rels.append(rel)
+    return rels
 
 
 def remove_worktree(ws: Workspace, path: Path, link: str) -> None:

@@ -148,11 +148,14 @@ def kept_dumps(ws: Workspace, config: Config, commit: str) -> baseline_dumps.Bas
     return baseline_dumps.BaselineDumps(ws.state / baseline_dumps.CACHE_DIR, key)
 
 
-def run_verify(ws: Workspace, config: Config, sd: "Sides", say: Callable[[str, str], None] | None = None) -> VerifyResult:
+def run_verify(ws: Workspace, config: Config, sd: "Sides", say: Callable[[str, str], None] | None = None,
+               public_only: bool = False) -> VerifyResult:
     """Collect both sides' logprobs (each in its own sandbox) and judge them. Raises LogprobError on failure.
 
     The prompts are an input both sides read; each side's dumps go to its own output directory,
-    so the candidate never runs where the baseline's dumps are."""
+    so the candidate never runs where the baseline's dumps are. ``public_only``: the held-out prompts
+    are not even written for the sides (the agent workbench's advisory ``check_outputs``), and no kept
+    baseline dumps are read or marked."""
     t0 = time.perf_counter()
     vc = config.verify
     assert vc is not None
@@ -162,6 +165,8 @@ def run_verify(ws: Workspace, config: Config, sd: "Sides", say: Callable[[str, s
     prompts = corpus_mod.select(every, vc.prompts_wanted)
     secret = holdout_secret(ws)
     public, hold = corpus_mod.split(prompts, secret, vc.holdout)
+    if public_only:
+        prompts, hold = list(public), []
     inputs = sd.inputs / "verify"
     for side in (BASELINE, CANDIDATE):
         sd.fresh_outputs(side)  # nothing the timed trials left is there for the logprob runs
@@ -176,7 +181,7 @@ def run_verify(ws: Workspace, config: Config, sd: "Sides", say: Callable[[str, s
     paths = (*PATHS, "sample") if sampling else PATHS
     runners: dict[str, Any] = {}
     draws: list[dict] | None = None
-    kept = kept_dumps(ws, config, sd.commits[BASELINE]) if vc.reuse_baseline else None
+    kept = kept_dumps(ws, config, sd.commits[BASELINE]) if vc.reuse_baseline and not public_only else None
     try:
         for side in (BASELINE, CANDIDATE):
             def make(side: str = side) -> Any:
@@ -299,4 +304,20 @@ def verify(ws: Workspace, ref: str, say: Callable[[str, str], None] | None = Non
         return res
 
 
-__all__ = ["VerifyResult", "run_verify", "verify", "holdout_secret", "PathStats"]
+def verify_public(ws: Workspace, config: Config, base: str, cand: str, say: Callable[[str, str], None] | None = None) -> VerifyResult:
+    """The distribution check of ``cand`` against ``base`` on the public prompts only (advice for an agent:
+    the held-out prompts never reach a side it controls)."""
+    from .sides import built_sides
+
+    assert config.verify is not None
+    tag = f"wb-verify-{cand[:10]}-{secrets.randbelow(100000):05d}"
+    with built_sides(ws, config, {BASELINE: base, CANDIDATE: cand}, tag, "check_outputs") as sd:
+        try:
+            res = run_verify(ws, config, sd, say, public_only=True)
+        except LogprobError as exc:
+            return VerifyResult("fail", (f"logprob collection failed: {exc}",), {}, {}, {}, 0, 0, config.verify.mode, 0.0)
+        moved = sd.check()
+        return dataclasses.replace(res, verdict="fail", reasons=(*res.reasons, moved)) if moved else res
+
+
+__all__ = ["VerifyResult", "run_verify", "verify", "verify_public", "holdout_secret", "PathStats"]

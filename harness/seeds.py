@@ -16,6 +16,7 @@ from typing import Callable
 
 CONFIRMATION_SALT = 0x5EED  # the confirmation run: fresh inputs, same workloads
 COVERAGE_SALT = 0xC0DE  # the untimed coverage trial
+ADVISORY_SALT = 0xAD5E  # an agent's advisory measurement (its seeds also carry ADVISORY_BIT)
 
 _BATCH_SALT = secrets.token_bytes(16)  # per orchestrator process: the same for both sides of a comparison
 
@@ -33,6 +34,16 @@ def pair_seeds(master: int, workload: str) -> Callable[[int], int]:
         return int.from_bytes(h[:4], "big") & 0x7FFFFFFF
 
     return seed_of
+
+
+ADVISORY_BIT = 1 << 31  # set in every advisory seed, in no gate seed (pair seeds are below 2**31)
+
+
+def advisory_seeds(master: int, workload: str) -> Callable[[int], int]:
+    """Input seeds of an agent's advisory measurement (``agentsearch.workbench``): from a range no gate
+    seed is drawn from, so nothing the agent measured or tuned on is an input the gate will time."""
+    inner = pair_seeds(master ^ ADVISORY_SALT, workload)
+    return lambda i: ADVISORY_BIT | inner(i)
 
 
 def confirmation_seeds(master: int, workload: str) -> Callable[[int], int]:

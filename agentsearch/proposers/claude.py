@@ -1,16 +1,16 @@
-"""The Claude agent proposer: one claude-agent-sdk session per proposal, inside a scratch
-worktree of the current baseline.
+"""The Claude agent proposer: one session of the real Claude Code CLI per proposal, on a fenced
+workbench (``agentsearch.workbench``) around a scratch worktree of the current baseline.
 
-The agent may read and edit files only inside that worktree (every tool call goes through
-``can_use_tool``: paths are resolved and must stay inside the worktree, outside ``.git`` and
-outside the protected globs; no web tools; shell commands only from a short allowlist). The
-state directory, history, harness and corpus live outside the worktree, so they are out of
-reach. Its prompt is rendered from ``templates/agent_prompt.md.j2`` with the target, the
-workloads, recent profiles and measurements, the insights and recent rejections. It ends
-with a JSON line (title, rationale, category); the orchestrator — not the agent — turns the
-worktree's diff into the proposal and commits it. Tokens and cost are recorded per proposal.
+The agent's only tools are the workbench's — read/write/edit/ls/grep its worktree, ``run`` a command,
+``test``, ``kernels_bench``, an advisory ``measure``, ``profile``, ``check_outputs``, read-only
+``history`` and ``insights`` — and each runs in the sandbox with a candidate trial's policy. Its prompt
+is rendered from ``templates/agent_prompt.md.j2`` with the target, the workloads, recent profiles and
+measurements, the insights and recent rejections (earlier proposals' text only inside a marked,
+untrusted block). It ends with a JSON line (title, rationale, category); the orchestrator — not the
+agent — turns the worktree's diff into the proposal and commits it. What the session ran and cost
+(``history.records.agent_session.AgentSession``) is recorded with the proposal.
 
-The session itself (the SDK client, the tool guard, the offline transport) is ``agentsearch.agent``.
+The session itself (the SDK client, the CLI's fence) is ``agentsearch.agent``.
 """
 
 from __future__ import annotations
@@ -26,10 +26,13 @@ import jinja2
 import templates as _templates
 from history.records import text
 
-from ..agent import ALLOWED_COMMANDS, ToolGuard, credentials, load_transport_factory, run_session
+from history.records.agent_session import AgentSession
+
+from ..agent import credentials, run_session
+from ..workbench import TOOLS, Workbench, WorkbenchError, sandbox_available
 from .base import CATEGORIES, Candidate, Context, ProposerError
 
-__all__ = ["ClaudeProposer", "ToolGuard", "parse_final", "render_prompt"]
+__all__ = ["ClaudeProposer", "parse_final", "render_prompt"]
 
 
 def parse_final(text: str) -> dict[str, str]:
@@ -71,7 +74,7 @@ def render_prompt(ctx: Context, protected: tuple[str, ...]) -> str:
     return env.get_template("agent_prompt.md.j2").render(
         config=config, workloads=list(config.workloads) if config else [], objective=config.objective.name if config else "",
         protected=protected, recent=recent, rejections=[h for h in recent if h["verdict"] != "merge"][-6:],
-        insights=insights_md, profiles=ctx.extra.get("profiles") or [], categories=CATEGORIES, commands=ALLOWED_COMMANDS,
+        insights=insights_md, profiles=ctx.extra.get("profiles") or [], categories=CATEGORIES, tools=TOOLS,
         kernels=kernel_context(ctx), nonce=nonce,
     )
 
@@ -91,10 +94,9 @@ def kernel_context(ctx: Context) -> dict | None:
 class ClaudeProposer:
     name = "claude"
 
-    def __init__(self, model: str | None = None, max_turns: int = 30, transport_factory: Callable[..., Any] | None = None):
+    def __init__(self, model: str | None = None, max_turns: int | None = None):
         self.model = model
-        self.max_turns = max_turns
-        self.transport_factory = transport_factory
+        self.max_turns = max_turns  # None: [agent] max_turns
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any]) -> "ClaudeProposer":
@@ -102,34 +104,54 @@ class ClaudeProposer:
             import claude_agent_sdk  # noqa: F401
         except ImportError:
             raise ProposerError("the Claude proposer needs claude-agent-sdk: pip install 'agentsearch[agent]'") from None
-        factory = load_transport_factory()
-        if factory is None and not credentials():
+        if not credentials():
             raise ProposerError("the Claude proposer needs ANTHROPIC_API_KEY (or CLAUDE_CODE_OAUTH_TOKEN) in the environment")
-        return cls(options.get("model"), int(options.get("max_turns") or 30), factory)
+        ok, why = sandbox_available()
+        if not ok:
+            raise ProposerError(f"the Claude proposer runs the agent's tools only in the sandbox, and this machine cannot sandbox: {why}")
+        return cls(options.get("model"), int(options["max_turns"]) if options.get("max_turns") else None)
 
     @classmethod
     def from_manifest(cls, manifest: Mapping[str, Any]) -> "ClaudeProposer":
-        return cls(manifest.get("model"), int(manifest.get("max_turns", 30)), load_transport_factory())
+        turns = manifest.get("max_turns")
+        return cls(manifest.get("model"), int(turns) if turns else None)
 
     def manifest(self) -> dict[str, Any]:
         return {"model": self.model, "max_turns": self.max_turns}
 
     def next(self, judged: set[str], ctx: Context) -> Candidate | None:
-        make, diff, remove = ctx.extra["scratch_worktree"], ctx.extra["worktree_diff"], ctx.extra["remove_worktree"]
         config = ctx.extra["config"]
         protected = ("agentsearch.toml", *config.target.protected)
         key = f"claude:{ctx.extra.get('episode')}:{ctx.number:03d}"
-        worktree = make(f"agent-{ctx.number:03d}")
+        insights_md = ""
+        if ctx.insights:
+            from history.insights import markdown
+
+            try:
+                insights_md = markdown(ctx.insights)
+            except (KeyError, TypeError):
+                insights_md = ""
         try:
-            guard = ToolGuard(worktree, protected)
+            bench = Workbench(ctx.extra["workspace"], config, ctx.extra["base"], f"{ctx.extra.get('episode')}-{ctx.number:03d}",
+                              history=ctx.history, insights_md=insights_md, say=ctx.extra.get("say"))
+        except WorkbenchError as exc:
+            raise ProposerError(str(exc)) from None
+        patch, diff_error = "", ""
+        try:
             prompt = render_prompt(ctx, protected)
-            outcome = run_session(prompt, worktree, guard, self.model, self.max_turns,
-                                  self.transport_factory(worktree=worktree) if self.transport_factory else None)
-            patch = diff(worktree)
+            outcome = run_session(prompt, bench.root, self.model, self.max_turns or config.agent.max_turns, config.agent.max_cost_usd, bench)
+            try:
+                patch = bench.diff()
+            except Exception as exc:  # noqa: BLE001 - a worktree the agent left unreadable: no change, said why
+                diff_error = f"the worktree's change could not be read: {exc}"
         finally:
-            remove(worktree)
+            bench.close()
         final = parse_final(outcome["text"])
+        error = "; ".join(e for e in (outcome["error"], diff_error) if e)
+        session = AgentSession(model=self.model, turns=int(outcome["turns"] or 0), tokens_in=outcome["tokens_in"], tokens_out=outcome["tokens_out"],
+                               cost_usd=outcome["cost_usd"], tool_seconds=round(bench.tool_seconds, 3),
+                               session_s=round(outcome["session_s"], 3), calls=tuple(bench.calls), error=text.clean(error, 400))
         meta = {"cost_usd": outcome["cost_usd"], "tokens_in": outcome["tokens_in"], "tokens_out": outcome["tokens_out"],
-                "turns": outcome["turns"], "denied": guard.denied, "error": outcome["error"], "model": self.model}
-        rationale = final["rationale"] + (f"\n\n(agent session error: {outcome['error']})" if outcome["error"] else "")
+                "turns": outcome["turns"], "error": session.error, "model": self.model, "session": session.to_json()}
+        rationale = final["rationale"] + (f"\n\n(agent session error: {session.error})" if session.error else "")
         return Candidate(key, final["title"], rationale, final["category"], self.name, patch, meta)

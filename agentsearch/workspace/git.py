@@ -301,12 +301,6 @@ def first_parent(repo_dir: Path, commit: str) -> str:
     return run_git("rev-parse", f"{commit}^1", cwd=repo_dir).strip()
 
 
-def worktree_diff(worktree: Path) -> str:
-    """Everything changed in ``worktree`` against its HEAD (new files included), as a patch."""
-    run_git("add", "-A", cwd=worktree)
-    return run_git("-c", "core.quotepath=true", "diff", "--cached", "--binary", "--no-ext-diff", "--no-color", "HEAD", cwd=worktree)
-
-
 # ---------------------------------------------------------------------------- blobs under refs
 def read_ref_blob(repo_dir: Path, ref: str) -> str | None:
     """The text of the blob ``ref`` points to; None when the ref does not exist."""
