@@ -47,19 +47,15 @@ def cli_env(home: Path) -> dict[str, str]:
             "DISABLE_ERROR_REPORTING": "1", "CLAUDE_CODE_DISABLE_TERMINAL_TITLE": "1"}
 
 
-def tool_names() -> list[str]:
-    from .workbench import TOOLS
-
-    return [f"mcp__{SERVER}__{name}" for name in TOOLS]
+def tool_names(bench: Any) -> list[str]:
+    return [f"mcp__{SERVER}__{name}" for name in bench.TOOLS]
 
 
 def _server(bench: Any) -> Any:
-    """The in-process MCP server of ``bench``'s tools: each call runs in a worker thread (the SDK's loop
-    keeps answering the CLI meanwhile) through ``Workbench.call``."""
+    """The in-process MCP server of ``bench``'s tools (``bench.TOOLS``: name -> (description, JSON schema)):
+    each call runs in a worker thread (the SDK's loop keeps answering the CLI meanwhile) through ``bench.call``."""
     import anyio
     from claude_agent_sdk import SdkMcpTool, create_sdk_mcp_server
-
-    from .workbench import TOOLS
 
     def handler(name: str) -> Any:
         async def run(args: dict[str, Any]) -> dict[str, Any]:
@@ -67,7 +63,7 @@ def _server(bench: Any) -> Any:
             return {"content": [{"type": "text", "text": ans.text}], "is_error": not ans.ok}
         return run
 
-    tools = [SdkMcpTool(name=name, description=desc, input_schema=schema, handler=handler(name)) for name, (desc, schema) in TOOLS.items()]
+    tools = [SdkMcpTool(name=name, description=desc, input_schema=schema, handler=handler(name)) for name, (desc, schema) in bench.TOOLS.items()]
     return create_sdk_mcp_server(SERVER, tools=tools)
 
 
@@ -86,9 +82,9 @@ def run_session(prompt: str, home: Path, model: str | None, max_turns: int, max_
 
     async def main() -> None:
         from claude_agent_sdk import (AssistantMessage, ClaudeAgentOptions, ClaudeSDKClient, PermissionResultAllow,
-                                      PermissionResultDeny, ResultMessage, TextBlock)
+                                      PermissionResultDeny, ResultMessage, TextBlock, ToolUseBlock)
 
-        allowed = tool_names() if bench is not None else []
+        allowed = tool_names(bench) if bench is not None else []
 
         async def can_use_tool(tool: str, args: dict[str, Any], _context: Any) -> Any:
             if tool in allowed:
@@ -110,6 +106,9 @@ def run_session(prompt: str, home: Path, model: str | None, max_turns: int, max_
             async for msg in client.receive_response():
                 if isinstance(msg, AssistantMessage):
                     texts.extend(b.text for b in msg.content if isinstance(b, TextBlock))
+                    for b in msg.content:  # a call of a tool the session does not have: the CLI refuses it, we record it
+                        if isinstance(b, ToolUseBlock) and b.name not in allowed and bench is not None:
+                            bench.refused(b.name, b.input if isinstance(b.input, dict) else {}, f"{b.name} is not a tool of this session")
                 elif isinstance(msg, ResultMessage):
                     usage = msg.usage or {}
                     out.update(cost_usd=float(msg.total_cost_usd or 0.0), turns=msg.num_turns,

@@ -321,12 +321,13 @@ def model_smollm2(directory: Path | None) -> None:
 @click.option("--insights", "insights_file", type=click.Path(path_type=Path), help="Insights JSON to steer the proposer (default: the history's latest).")
 @click.option("--cost-budget", type=float, help="Agent proposers: stop after this many USD.")
 @click.option("--model", "agent_model", help="Claude proposer: the model to ask for.")
+@click.option("--agents", type=click.IntRange(1, 64), help="Claude proposer: agent sessions at once, each on its own workbench (default 1).")
 @click.option("--executor", type=click.Choice(["local", "ray"]), help="Where evaluations run (default: [executor] kind, local).")
 @click.option("--parallel", type=int, help="Ray: evaluations in flight at once (default: [executor] parallel).")
 @click.option("--address", help="Ray: the cluster to join (default: [executor] address, auto).")
 def episode(target: Path, as_json: bool, resume: bool, abandon: bool, proposer: str, patches: Path | None,
             branches: str | None, budget: int | None, time_budget: str | None, seed: int | None,
-            insights_file: Path | None, cost_budget: float | None, agent_model: str | None,
+            insights_file: Path | None, cost_budget: float | None, agent_model: str | None, agents: int | None,
             executor: str | None, parallel: int | None, address: str | None) -> None:
     """Run a search episode: propose, apply on the baseline, measure, gate, merge or reject, record.
 
@@ -337,7 +338,8 @@ def episode(target: Path, as_json: bool, resume: bool, abandon: bool, proposer: 
 
     dispatch(run, config=True, target=target, as_json=as_json, resume=resume, abandon=abandon, proposer=proposer, patches=patches,
                 branches=branches, budget=budget, time_budget=time_budget, seed=seed, insights_file=insights_file,
-                cost_budget=cost_budget, agent_model=agent_model, executor=executor, parallel=parallel, address=address)
+                cost_budget=cost_budget, agent_model=agent_model, executor=executor, parallel=parallel, address=address,
+                agents=agents)
 
 
 @main.command(context_settings=CONTEXT)

@@ -178,9 +178,9 @@ class Episode:
             if p.verdict and p.verdict["verdict"] == MERGE and p.merge is None:
                 self._merge(p)
 
-    def stop_reason(self) -> str | None:
-        """Why no further proposal may start (a budget ran out), or None."""
-        if len(self.state.proposals) >= self.plan.budget:
+    def stop_reason(self, pending: int = 0) -> str | None:
+        """Why no further proposal may start (a budget ran out), or None. ``pending``: sessions in flight."""
+        if len(self.state.proposals) + pending >= self.plan.budget:
             return f"proposal budget reached ({self.plan.budget})"
         if self.plan.time_budget_s is not None and self.elapsed() >= self.plan.time_budget_s:
             return f"time budget reached ({self.plan.time_budget_s:g} s)"
@@ -219,6 +219,9 @@ class Episode:
                 self.say(p.id, "resuming: judging the in-flight proposal again from scratch")
                 self._judge_safely(p, self._candidate_of(p))
         # 2. new proposals until the queue or a budget runs out
+        agents = max(1, int(getattr(self.proposer, "agents", 1) or 1))
+        if agents > 1:
+            return self.finish(self._run_sessions(agents))
         reason = "queue empty"
         while True:
             stop = self.stop_reason()
@@ -232,6 +235,44 @@ class Episode:
             p = self._create(cand)
             self._judge_safely(p, cand)
         return self.finish(reason)
+
+    def _run_sessions(self, agents: int) -> str:
+        """Up to ``agents`` proposer sessions at once (threads: an agent session mostly waits on the model and
+        on its sandboxed tools), each with its own workbench; a finished session's proposal is created and
+        judged at once, in the order the sessions finish, while the others go on. The episode's budgets count
+        sessions in flight, so no more proposals start than the budget allows; a session that fails produces
+        nothing and blocks no other. Returns why the episode stopped."""
+        from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+
+        reason, empty = "queue empty", False
+        inflight: dict[Future, int] = {}
+        label = len(self.state.proposals)
+        with ThreadPoolExecutor(agents, thread_name_prefix="agent-session") as pool:
+            while True:
+                stop = self.stop_reason(pending=len(inflight))
+                while stop is None and not empty and len(inflight) < agents:
+                    label += 1
+                    self.say(f"{self.plan.episode} session {label}", f"asking the {self.proposer.name} proposer ({len(inflight) + 1} in flight)")
+                    inflight[pool.submit(self.proposer.next, set(self.state.judged_keys), self.context(number=label))] = label
+                    stop = self.stop_reason(pending=len(inflight))
+                if stop is not None:
+                    reason = stop
+                if not inflight:
+                    break
+                done, _ = wait(list(inflight), return_when=FIRST_COMPLETED)
+                for f in sorted(done, key=lambda f: inflight[f]):
+                    n = inflight.pop(f)
+                    try:
+                        cand = f.result()
+                    except Exception as exc:  # noqa: BLE001 - one session's failure is not the episode's
+                        self.say(f"{self.plan.episode} session {n}", f"produced no proposal: {internal_reason(exc)}")
+                        continue
+                    if cand is None:
+                        empty = True
+                        continue
+                    p = self._create(cand)
+                    self._judge_safely(p, cand)
+        return reason
 
     def finish(self, reason: str, **extra: Any) -> dict[str, Any]:
         """Distill the insights and record episode-finished; the summary (``extra`` added to it, not recorded)."""
@@ -253,15 +294,16 @@ class Episode:
     def cost(self) -> float:
         return sum(float((p.created.get("meta") or {}).get("cost_usd") or 0) for p in self.state.proposals.values())
 
-    def context(self) -> proposers.Context:
-        """What the proposer may know: baseline files, the target's history, insights."""
+    def context(self, number: int | None = None) -> proposers.Context:
+        """What the proposer may know: baseline files, the target's history, insights. ``number``: the
+        session's label when several run at once (else the proposal about to be created)."""
         base = self.ws.baseline_commit()
         entries = list(self.log.entries())
         return proposers.Context(
             read_file=lambda path: git.show_file(self.ws.repo_dir, base, path),
             history=proposal_rows(entries),
             insights=self.plan.insights or latest_insights(entries),
-            number=len(self.state.proposals) + 1,
+            number=number if number is not None else len(self.state.proposals) + 1,
             seed=self.plan.seed,
             extra={"config": self.ws.config(), "episode": self.plan.episode,
                    "profiles": [e.data for e in entries if e.kind == "profile"][-2:],

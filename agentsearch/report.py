@@ -448,7 +448,21 @@ def context(ev: Evidence, images: Mapping[str, str], local: bool = True) -> dict
         "proposer": ev.proposal.get("proposer") or "human (agentsearch evaluate)",
         "pct": _pct, "num": _num, "number": number, "timing": v.get("timing") or {},
         "diff": ev.diff if small else "", "diff_lines": diff_lines, "sessions": engine_sessions(ev),
+        "agent": agent_session(ev),
     }
+
+
+def agent_session(ev: Evidence) -> dict[str, Any] | None:
+    """What the proposal's agent session ran on its workbench and what it cost (None: not an agent's)."""
+    from history.records.agent_session import AgentSession
+
+    try:
+        s = AgentSession.of(ev.proposal.get("meta"))
+    except ValueError:
+        return None
+    if s is None:
+        return None
+    return {"s": s, "calls": list(s.calls), "by_kind": ", ".join(f"{k} {n}" for k, n in sorted(s.by_kind().items()))}
 
 
 def _env() -> Any:

@@ -129,6 +129,8 @@ def sandbox_available() -> tuple[bool, str]:
 class Workbench:
     """One agent session's fenced worktree and tools; ``call`` is the one entry point."""
 
+    TOOLS = TOOLS
+
     def __init__(self, ws: Workspace, config: Config, base: str, name: str, *, history: list[Mapping[str, Any]] | None = None,
                  insights_md: str = "", say: Callable[[str, str], None] | None = None):
         ok, why = sandbox_available()

@@ -31,6 +31,7 @@ import glob
 import os
 import shutil
 import subprocess
+import threading
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -130,24 +131,31 @@ class Containment:
         raise SandboxError(f"refusing to run a child in {cwd}: it is not a sandboxed side's worktree")
 
 
-_active: list[Containment] = []
+class _Stack(threading.local):
+    def __init__(self) -> None:
+        self.boxes: list[Containment] = []
+
+
+# per thread: agent sessions (``agentsearch.workbench``) run their tools in threads of their own while the
+# episode judges in the main thread; each thread's children run in the containment that thread entered
+_active = _Stack()
 
 
 @contextlib.contextmanager
 def use(containment: Containment | None) -> Iterator[None]:
-    """Make ``containment`` the one every child started in this block runs in (None: no sandbox)."""
+    """Make ``containment`` the one every child started in this block (by this thread) runs in (None: no sandbox)."""
     if containment is None:
         yield
         return
-    _active.append(containment)
+    _active.boxes.append(containment)
     try:
         yield
     finally:
-        _active.pop()
+        _active.boxes.pop()
 
 
 def active() -> Containment | None:
-    return _active[-1] if _active else None
+    return _active.boxes[-1] if _active.boxes else None
 
 
 def wrap(argv: Sequence[str] | str, shell: bool = False, network: bool | None = None,

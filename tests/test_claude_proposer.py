@@ -1,4 +1,6 @@
-"""The Claude proposer through the real claude-agent-sdk code path, offline (scripted transport)."""
+"""The Claude proposer end to end: `agentsearch episode --proposer claude` with the real bundled Claude
+Code CLI, pointed at a scripted Messages API on loopback (tests/messages_api.py). The agent works on
+its workbench (test, measure, kernels_bench, ...); what it ran and cost is recorded with the proposal."""
 
 from __future__ import annotations
 
@@ -8,112 +10,142 @@ import subprocess
 import sys
 from pathlib import Path
 
-from agentsearch.proposers.claude import ToolGuard, parse_final
+from agentsearch.proposers.claude import parse_final
 from agentsearch.workspace import Workspace
 from history import HistoryLog
+from history.records.agent_session import AgentSession
 
 from .conftest import ROOT, TOY_BENCH, make_repo, run_cli, toy_config
+from .messages_api import INPUT_TOKENS, OUTPUT_TOKENS, ScriptedMessagesAPI, cli_env
+
+WB = "mcp__workbench__"
+WIN = [  # a real win, checked on the workbench first
+    {"tool": WB + "read", "input": {"path": "speed.txt"}},
+    {"tool": WB + "edit", "input": {"path": "speed.txt", "old": "1.0", "new": "1.3"}},
+    {"tool": WB + "test", "input": {}},
+    {"tool": WB + "measure", "input": {"pairs": 4}},
+    {"tool": WB + "kernels_bench", "input": {"op": "rms_norm", "provider": "mine"}},
+    {"tool": WB + "changes", "input": {}},
+    {"text": 'Raised the engine speed factor.\n{"title": "Raise the speed factor", "rationale": "fewer steps per op", "category": "config"}'},
+]
+BROKEN_THEN_FIXED = [  # a broken change the workbench catches, then a working one
+    {"tool": WB + "write", "input": {"path": "src/model.py", "content": "X = (\n"}},
+    {"tool": WB + "test", "input": {}},
+    {"tool": WB + "write", "input": {"path": "src/model.py", "content": "X = 2\n"}},
+    {"tool": WB + "test", "input": {}},
+    {"text": '{"title": "Tidy the model constant", "rationale": "no speed change expected", "category": "other"}'},
+]
+IDLE = [
+    {"tool": WB + "ls", "input": {"path": "src"}},
+    {"text": '{"title": "Nothing to do", "rationale": "no opportunity found", "category": "other"}'},
+]
+LESSONS = [{"text": "Lessons:\n- Raising the speed factor was a clear win.\n- Editing the benchmark is refused; do not try."}]
+PY_TEST = f"{sys.executable} -m py_compile src/model.py"
 
 
-def test_tool_guard_keeps_the_agent_inside_its_worktree(tmp_path):
-    wt = tmp_path / "wt"
-    (wt / "src").mkdir(parents=True)
-    g = ToolGuard(wt, ("agentsearch.toml", "bench/**"))
-    assert g.check("Edit", {"file_path": str(wt / "src" / "x.py")}) == ""
-    assert g.check("Read", {"file_path": "src/x.py"}) == ""
-    assert "outside" in g.check("Read", {"file_path": "/etc/passwd"})
-    assert "outside" in g.check("Write", {"file_path": str(wt / ".." / "escape.txt")})
-    assert "protected" in g.check("Edit", {"file_path": "bench/bench.py"})
-    assert "protected" in g.check("Write", {"file_path": str(wt / "agentsearch.toml")})
-    assert g.check("Read", {"file_path": "bench/bench.py"}) == ""  # reading the bench is fine
-    assert "git directory" in g.check("Read", {"file_path": ".git/config"})
-    assert "not available" in g.check("WebFetch", {"url": "https://example.com"})
-    assert "not allowed" in g.check("Bash", {"command": "curl https://example.com"})
-    assert "not allowed" in g.check("Bash", {"command": "git diff; rm -rf /"})
-    assert g.check("Bash", {"command": "git diff"}) == ""
+def claude_target(tmp_path: Path, agent: str = "") -> Path:
+    cfg = toy_config(timeout=5, extra=f"\n[agent]\nmax_measure_pairs = 8\n{agent}").replace(
+        'protected = ["bench/**"]', f'protected = ["bench/**"]\ntest = "{PY_TEST}"')
+    repo = make_repo(tmp_path / "toy", {"agentsearch.toml": cfg, "bench/bench.py": TOY_BENCH, "speed.txt": "1.0\n", "src/model.py": "X = 1\n"})
+    assert run_cli("init", "-C", str(repo)).returncode == 0
+    return repo
+
+
+def episode(repo: Path, api: ScriptedMessagesAPI, tmp_path: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    env = {**os.environ, **cli_env(api.url, tmp_path / "clihome")}
+    return subprocess.run([sys.executable, "-m", "agentsearch.cli", "episode", "-C", str(repo), "--proposer", "claude", *args],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def sessions(repo: Path) -> dict[str, tuple[dict, AgentSession]]:
+    ws = Workspace.open(repo)
+    out = {}
+    for e in HistoryLog(ws.state / "history.jsonl").entries():
+        if e.kind == "proposal-created":
+            s = AgentSession.of(e.data["meta"])
+            assert s is not None
+            out[e.data["title"]] = (e.data, s)
+    return out
+
+
+def test_parse_final():
     assert parse_final('done.\n{"title": "T", "rationale": "R", "category": "kernel"}')["category"] == "kernel"
     assert parse_final("nothing")["title"] == "agent proposal"
 
 
-SCRIPT = [
-    [  # a real win: the agent reads, edits the speed factor, explains
-        {"tool": "Read", "input": {"file_path": "speed.txt"}},
-        {"tool": "Edit", "input": {"file_path": "speed.txt", "old_string": "1.0", "new_string": "1.3"}},
-        {"text": 'Raised the engine speed factor.\n{"title": "Raise the speed factor", "rationale": "fewer steps per op", "category": "config"}'},
-    ],
-    [  # tries to cheat: edit the protected bench, write outside, read the system, use the network
-        {"tool": "Edit", "input": {"file_path": "bench/bench.py", "old_string": "1000.0", "new_string": "9000.0"}},
-        {"tool": "Write", "input": {"file_path": "../escape.txt", "content": "x"}},
-        {"tool": "Read", "input": {"file_path": "/etc/hostname"}},
-        {"tool": "Bash", "input": {"command": "curl https://example.com"}},
-        {"text": '{"title": "Faster bench", "rationale": "changed the benchmark", "category": "other"}'},
-    ],
-    [  # finds nothing
-        {"tool": "Read", "input": {"file_path": "src/model.py"}},
-        {"text": '{"title": "Nothing to do", "rationale": "no opportunity found", "category": "other"}'},
-    ],
-    [  # the LLM pass over the insights at the end of the episode
-        {"text": "Lessons:\n- Raising the speed factor was a clear win.\n- Editing the benchmark is refused; do not try."},
-    ],
-]
-
-
-def test_claude_episode_through_the_sdk_merges_the_win_and_refuses_the_cheat(tmp_path):
-    repo = make_repo(tmp_path / "toy", {"agentsearch.toml": toy_config(timeout=5), "bench/bench.py": TOY_BENCH, "speed.txt": "1.0\n", "src/model.py": "X = 1\n"})
-    assert run_cli("init", "-C", str(repo)).returncode == 0
-    script = tmp_path / "script.json"
-    script.write_text(json.dumps(SCRIPT))
-    env = {**os.environ, "AGENTSEARCH_AGENT_TRANSPORT": "tests.scripted_agent:factory", "AGENTSEARCH_TEST_AGENT_SCRIPT": str(script)}
-    env.pop("ANTHROPIC_API_KEY", None)
-    proc = subprocess.run([sys.executable, "-m", "agentsearch.cli", "episode", "-C", str(repo), "--proposer", "claude", "--budget", "3",
-                           "--seed", "2", "--json"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr
-    out = json.loads(proc.stdout)
-    good, cheat, idle = out["proposals"]
+def test_agents_experiment_on_the_workbench_and_the_episode_judges_what_they_made(tmp_path):
+    repo = claude_target(tmp_path)
+    with ScriptedMessagesAPI([WIN, BROKEN_THEN_FIXED, IDLE, LESSONS]) as api:
+        proc = episode(repo, api, tmp_path, "--budget", "3", "--seed", "2", "--json")
+        assert proc.returncode == 0, proc.stderr
+        out = json.loads(proc.stdout)
+        # what the tools answered the agent, as the CLI sent it back to the model
+        win_results = [r["content"] for r in api.tool_results(0)]
+        fix_results = [r["content"] for r in api.tool_results(1)]
+        prompts = [api.main_requests(i)[0] for i in range(3)]
+        assert not api.outbound
+    good, fixed, idle = out["proposals"]
     assert good["title"] == "Raise the speed factor" and good["verdict"] == "merge" and good["merged"]
-    assert cheat["verdict"] == "reject" and "makes no change" in cheat["reasons"][0]
+    assert fixed["title"] == "Tidy the model constant" and fixed["verdict"] == "reject"
     assert idle["verdict"] == "reject" and "makes no change" in idle["reasons"][0]
-    assert "9000" not in (repo / "bench" / "bench.py").read_text() and not (tmp_path / "toy" / ".." / "escape.txt").exists()
     assert (repo / "speed.txt").read_text().strip() == "1.3"
 
-    ws = Workspace.open(repo)
-    created = {e.data["title"]: e.data for e in HistoryLog(ws.state / "history.jsonl").entries() if e.kind == "proposal-created"}
-    meta = created["Raise the speed factor"]["meta"]
-    assert meta["cost_usd"] == 0.0125 and meta["tokens_in"] == 1200 and meta["tokens_out"] == 340 and meta["denied"] == []
-    assert created["Raise the speed factor"]["category"] == "config" and created["Raise the speed factor"]["proposer"] == "claude"
-    denied = created["Faster bench"]["meta"]["denied"]
-    assert any("protected" in d for d in denied) and any("outside" in d for d in denied)
-    assert any(d.startswith("Bash") for d in denied) and len(denied) == 4
-    # the prompt carried the workloads, the protected paths and, for later sessions, the earlier verdicts
-    p0 = Path(str(script) + ".prompt0").read_text()
-    assert "`speed`" in p0 and "bench/**" in p0 and '"category"' in p0
-    p1 = Path(str(script) + ".prompt1").read_text()
-    assert "Raise the speed factor" in p1 and "merge" in p1
-    p2 = Path(str(script) + ".prompt2").read_text()
-    assert "Faster bench" in p2 and "Recent rejections" in p2
-    # the insights got an LLM pass: the statistics went in, short lessons came back
-    assert "What worked" in Path(str(script) + ".prompt3").read_text()
-    md = (ws.state / "insights.md").read_text()
+    assert win_results[0].split("\t")[1].strip() == "1.0"  # read
+    assert win_results[2].startswith("PASS")  # test
+    assert win_results[3].startswith("advisory — not the gate: speed speedup +") and "over 4 pairs" in win_results[3]  # measure
+    assert "rms_norm" in win_results[4] or "IR op" in win_results[4] or "not" in win_results[4]  # kernels_bench: no IR ops in a toy
+    assert "+1.3" in win_results[5]  # changes
+    assert fix_results[1].startswith("FAIL") and "SyntaxError" in fix_results[1] and fix_results[3].startswith("PASS")
+
+    recorded = sessions(repo)
+    meta, s = recorded["Raise the speed factor"]
+    assert [c.tool for c in s.calls] == ["read", "edit", "test", "measure", "kernels_bench", "changes"]
+    assert s.used("test", "measure", "kernels_bench") and [c.pairs for c in s.calls if c.tool == "measure"] == [4]
+    assert s.tokens_in == 7 * INPUT_TOKENS and s.tokens_out == 7 * OUTPUT_TOKENS and s.cost_usd > 0 and meta["meta"]["cost_usd"] == s.cost_usd
+    assert s.tool_seconds > 0 and s.session_s >= s.tool_seconds and s.error == ""
+    _, s2 = recorded["Tidy the model constant"]
+    assert [c.ok for c in s2.calls if c.tool == "test"] == [False, True]
+    # the prompt: the workbench, the workloads, the protected paths; later ones the earlier verdicts (untrusted)
+    p0 = json.dumps(prompts[0])
+    assert "`measure`" in p0 and "`speed`" in p0 and "bench/**" in p0
+    assert "Raise the speed factor" in json.dumps(prompts[1]) and "untrusted-data-" in json.dumps(prompts[1])
+    # the insights got an LLM pass: short lessons came back
+    md = (Workspace.open(repo).state / "insights.md").read_text()
     assert "## Notes" in md and "- Raising the speed factor was a clear win." in md
+    # the report shows what each session ran and what it cost
+    rep = run_cli("report", "-C", str(repo), "001")
+    assert rep.returncode == 0 and "agent session" in rep.stdout and "measure" in rep.stdout
+
+
+def test_two_agents_at_once_end_in_the_same_verdicts(tmp_path):
+    verdicts = {}
+    for agents in ("1", "2"):
+        repo = claude_target(tmp_path / agents)
+        # sessions are matched to scripts in the order their first request arrives (a race with two at once):
+        # either way one session makes the win and one changes nothing
+        with ScriptedMessagesAPI([WIN, IDLE, LESSONS]) as api:
+            proc = episode(repo, api, tmp_path / agents, "--budget", "2", "--seed", "5", "--agents", agents, "--json")
+        assert proc.returncode == 0, proc.stderr
+        out = json.loads(proc.stdout)
+        verdicts[agents] = sorted((p["title"], p["verdict"], p["merged"]) for p in out["proposals"])
+        assert ("(2 in flight)" in proc.stderr) == (agents == "2")  # the second session started before the first ended
+        assert len(sessions(repo)) == 2
+    assert verdicts["1"] == verdicts["2"] == sorted([("Raise the speed factor", "merge", True), ("Nothing to do", "reject", False)])
 
 
 def test_cost_budget_stops_the_episode(tmp_path):
-    repo = make_repo(tmp_path / "toy", {"agentsearch.toml": toy_config(timeout=5), "bench/bench.py": TOY_BENCH, "speed.txt": "1.0\n", "src/model.py": "X = 1\n"})
-    assert run_cli("init", "-C", str(repo)).returncode == 0
-    script = tmp_path / "script.json"
-    script.write_text(json.dumps([SCRIPT[2]]))
-    env = {**os.environ, "AGENTSEARCH_AGENT_TRANSPORT": "tests.scripted_agent:factory", "AGENTSEARCH_TEST_AGENT_SCRIPT": str(script)}
-    proc = subprocess.run([sys.executable, "-m", "agentsearch.cli", "episode", "-C", str(repo), "--proposer", "claude", "--budget", "9",
-                           "--cost-budget", "0.02", "--json"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    repo = claude_target(tmp_path)
+    with ScriptedMessagesAPI([IDLE] * 9) as api:
+        proc = episode(repo, api, tmp_path, "--budget", "9", "--cost-budget", "0.000001", "--json")
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
-    assert out["judged"] == 2 and out["reason"].startswith("cost budget reached")
+    assert out["judged"] == 1 and out["reason"].startswith("cost budget reached")
 
 
 def test_missing_credentials_is_one_line(tmp_path):
     repo = make_repo(tmp_path / "toy", {"agentsearch.toml": toy_config(timeout=5), "bench/bench.py": TOY_BENCH, "speed.txt": "1.0\n"})
     assert run_cli("init", "-C", str(repo)).returncode == 0
-    env = {k: v for k, v in os.environ.items() if k not in ("ANTHROPIC_API_KEY", "CLAUDE_CODE_OAUTH_TOKEN", "AGENTSEARCH_AGENT_TRANSPORT")}
+    env = {k: v for k, v in os.environ.items() if k not in ("ANTHROPIC_API_KEY", "CLAUDE_CODE_OAUTH_TOKEN")}
     proc = subprocess.run([sys.executable, "-m", "agentsearch.cli", "episode", "-C", str(repo), "--proposer", "claude"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "ANTHROPIC_API_KEY" in proc.stderr and proc.stderr.count("\n") == 1

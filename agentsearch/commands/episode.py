@@ -49,7 +49,9 @@ def load_insights(path: Path | None) -> dict[str, Any] | None:
 def run(target: Path, as_json: bool, resume: bool, abandon: bool, proposer: str, patches: Path | None, branches: str | None,
         budget: int | None, time_budget: str | None, seed: int | None, insights_file: Path | None = None,
         cost_budget: float | None = None, agent_model: str | None = None, executor: str | None = None,
-        parallel: int | None = None, address: str | None = None) -> int:
+        parallel: int | None = None, address: str | None = None, agents: int | None = None) -> int:
+    if agents is not None and proposer != "claude" and not resume:
+        raise AgentsearchError("--agents applies to --proposer claude (agent sessions at once)")
     ws = Workspace.open(target)
     placement = executors.settings(ws.config().executor, executor, parallel, address)
     seconds = parse_duration(time_budget)
@@ -73,7 +75,7 @@ def run(target: Path, as_json: bool, resume: bool, abandon: bool, proposer: str,
         else:
             if pending is not None:
                 raise AgentsearchError(f"episode {pending} is unfinished: continue it with `agentsearch episode --resume` (or close it with --abandon)")
-            options = {"patches": str(patches) if patches else None, "branches": branches, "model": agent_model}
+            options = {"patches": str(patches) if patches else None, "branches": branches, "model": agent_model, "agents": agents}
             episode = ep.start(ws, log, proposer, options, budget, seconds, seed, new_episode_id(), insights, cost_budget)
         episode.say = say
         summary = ParallelEpisode(episode, runner).run() if runner is not None else episode.run()

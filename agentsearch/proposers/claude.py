@@ -53,7 +53,7 @@ def parse_final(text: str) -> dict[str, str]:
     }
 
 
-def render_prompt(ctx: Context, protected: tuple[str, ...]) -> str:
+def render_prompt(ctx: Context, protected: tuple[str, ...], session: str = "", agents: int = 1) -> str:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(Path(_templates.__file__).parent)), undefined=jinja2.ChainableUndefined,
                              trim_blocks=True, lstrip_blocks=True)
     # what earlier proposals wrote reaches the agent only cleaned, capped and inside a block whose markers carry
@@ -75,7 +75,7 @@ def render_prompt(ctx: Context, protected: tuple[str, ...]) -> str:
         config=config, workloads=list(config.workloads) if config else [], objective=config.objective.name if config else "",
         protected=protected, recent=recent, rejections=[h for h in recent if h["verdict"] != "merge"][-6:],
         insights=insights_md, profiles=ctx.extra.get("profiles") or [], categories=CATEGORIES, tools=TOOLS,
-        kernels=kernel_context(ctx), nonce=nonce,
+        kernels=kernel_context(ctx), nonce=nonce, session=session, agents=agents,
     )
 
 
@@ -94,9 +94,10 @@ def kernel_context(ctx: Context) -> dict | None:
 class ClaudeProposer:
     name = "claude"
 
-    def __init__(self, model: str | None = None, max_turns: int | None = None):
+    def __init__(self, model: str | None = None, max_turns: int | None = None, agents: int = 1):
         self.model = model
         self.max_turns = max_turns  # None: [agent] max_turns
+        self.agents = agents  # sessions at once (the episode runs them concurrently)
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any]) -> "ClaudeProposer":
@@ -109,20 +110,25 @@ class ClaudeProposer:
         ok, why = sandbox_available()
         if not ok:
             raise ProposerError(f"the Claude proposer runs the agent's tools only in the sandbox, and this machine cannot sandbox: {why}")
-        return cls(options.get("model"), int(options["max_turns"]) if options.get("max_turns") else None)
+        agents = int(options.get("agents") or 1)
+        if agents < 1:
+            raise ProposerError(f"--agents must be at least 1, got {agents}")
+        return cls(options.get("model"), int(options["max_turns"]) if options.get("max_turns") else None, agents)
 
     @classmethod
     def from_manifest(cls, manifest: Mapping[str, Any]) -> "ClaudeProposer":
         turns = manifest.get("max_turns")
-        return cls(manifest.get("model"), int(turns) if turns else None)
+        return cls(manifest.get("model"), int(turns) if turns else None, int(manifest.get("agents") or 1))
 
     def manifest(self) -> dict[str, Any]:
-        return {"model": self.model, "max_turns": self.max_turns}
+        return {"model": self.model, "max_turns": self.max_turns, "agents": self.agents}
 
     def next(self, judged: set[str], ctx: Context) -> Candidate | None:
         config = ctx.extra["config"]
         protected = ("agentsearch.toml", *config.target.protected)
-        key = f"claude:{ctx.extra.get('episode')}:{ctx.number:03d}"
+        # the session's label and a nonce: sessions that ran at once, or before a crash, never share a key or a worktree
+        label = f"{ctx.number:03d}-{secrets.token_hex(3)}"
+        key = f"claude:{ctx.extra.get('episode')}:{label}"
         insights_md = ""
         if ctx.insights:
             from history.insights import markdown
@@ -132,13 +138,13 @@ class ClaudeProposer:
             except (KeyError, TypeError):
                 insights_md = ""
         try:
-            bench = Workbench(ctx.extra["workspace"], config, ctx.extra["base"], f"{ctx.extra.get('episode')}-{ctx.number:03d}",
+            bench = Workbench(ctx.extra["workspace"], config, ctx.extra["base"], f"{ctx.extra.get('episode')}-{label}",
                               history=ctx.history, insights_md=insights_md, say=ctx.extra.get("say"))
         except WorkbenchError as exc:
             raise ProposerError(str(exc)) from None
         patch, diff_error = "", ""
         try:
-            prompt = render_prompt(ctx, protected)
+            prompt = render_prompt(ctx, protected, label, self.agents)
             outcome = run_session(prompt, bench.root, self.model, self.max_turns or config.agent.max_turns, config.agent.max_cost_usd, bench)
             try:
                 patch = bench.diff()
