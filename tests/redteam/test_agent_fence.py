@@ -110,3 +110,25 @@ def test_agent_sessions_cannot_leave_their_workbench(tmp_path):
     refused = {c.tool for c in s.calls if c.refused}
     assert {"Bash", "Write", "WebFetch"} <= refused
     assert not s.calls[7].ok and not s.calls[8].ok
+
+
+def test_without_a_sandbox_the_agent_proposer_refuses_to_start(tmp_path):
+    """No bubblewrap on this machine (a PATH without it): the Claude proposer does not start — one line,
+    exit 2 — where trials would fall back to review: an agent's tools never run unfenced."""
+    import shutil
+
+    repo = make_repo(tmp_path / "toy", {"agentsearch.toml": toy_config(timeout=5), "bench/bench.py": TOY_BENCH, "speed.txt": "1.0\n"})
+    assert run_cli("init", "-C", str(repo)).returncode == 0
+    bin_dir = tmp_path / "bin"  # git and the shell tools, but no bwrap
+    bin_dir.mkdir()
+    for tool in ("git", "sh", "ls", "cat", "env"):
+        found = shutil.which(tool)
+        if found:
+            (bin_dir / tool).symlink_to(found)
+    with ScriptedMessagesAPI([[_final("never asked")]]) as api:
+        env = {**os.environ, **cli_env(api.url, tmp_path / "clihome"), "PATH": str(bin_dir)}
+        proc = subprocess.run([sys.executable, "-m", "agentsearch.cli", "episode", "-C", str(repo), "--proposer", "claude", "--budget", "1"],
+                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+        assert not api.requests  # no session was started
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "cannot sandbox" in proc.stderr and "bwrap" in proc.stderr
