@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -122,7 +123,11 @@ def run_session(prompt: str, home: Path, model: str | None, max_turns: int, max_
         out["text"] = "\n".join(texts)
 
     try:
-        anyio.run(main)
+        with warnings.catch_warnings():
+            # the workbench's tools are allowed outright (each call is fenced and recorded by the workbench itself);
+            # can_use_tool still sees, refuses and records anything else
+            warnings.simplefilter("ignore", category=UserWarning)
+            anyio.run(main)
     except Exception as exc:  # noqa: BLE001 - the SDK, the CLI or the network: the proposal ends with no change
         out["error"] = f"{type(exc).__name__}: {exc}"[:400]
     out["session_s"] = time.perf_counter() - t0

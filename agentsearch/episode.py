@@ -286,7 +286,7 @@ class Episode:
             data, path = refresh(self.ws, self.log, self.plan.episode, llm=self.proposer.name == "claude")
         summary["insights"] = str(path)
         summary["lessons"] = data["lessons"]
-        self.record(rec.EpisodeFinished.of({k: v for k, v in summary.items() if k not in ("proposals", "lessons")}), None)
+        self.record(rec.EpisodeFinished.of({k: v for k, v in summary.items() if k not in ("proposals", "lessons", "agents")}), None)
         summary.update(extra)
         self.state.finished = summary
         return summary
@@ -321,8 +321,12 @@ class Episode:
                          "verdict": v.get("verdict"), "speedup": v.get("speedup"), "reasons": v.get("reasons", []),
                          "pairs": obj.get("pairs"), "headline": headline(v) if v else None,
                          "merged": bool(p.merge and p.merge.get("ok"))})
+        from history.insights import agent_costs
+
+        agents = agent_costs([{"meta": p.created.get("meta"), "verdict": (p.verdict or {}).get("verdict"), "reverted": False,
+                               "speedup": (p.verdict or {}).get("speedup")} for p in self.state.proposals.values()])
         return {
-            "episode": self.plan.episode, "reason": reason, "proposals": rows,
+            "episode": self.plan.episode, "reason": reason, "proposals": rows, **({"agents": agents} if agents else {}),
             "judged": len(rows), "merged": sum(r["merged"] for r in rows),
             "baseline_before": self.plan.baseline, "baseline_after": self.ws.baseline_commit(),
             "elapsed_s": round(self.elapsed(), 1),

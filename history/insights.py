@@ -16,6 +16,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import pandas as pd
 
+from .records.agent_session import AgentSession
 from .records import BREAKING, CheckName, FailureKind, Merge, ProposalCreated, Revert, Verdict, text
 
 INSIGHTS_SCHEMA = 1
@@ -183,8 +184,33 @@ def distill(entries: Iterable[Any], knob_order: Mapping[str, list[Any]] | None =
         "win_rate": round(float(df["win"].mean()), 3) if judged else None,
         "by_category": _group(df, "category"), "by_file": by_file, "by_workload": by_workload,
         "reasons": {str(k): int(v) for k, v in df.loc[~df["win"], "reason"].value_counts().items()} if judged else {},
-        "knobs": knobs, "lessons": lessons(rows, knobs), "notes": [],
+        "knobs": knobs, "lessons": lessons(rows, knobs), "notes": [], "agents": agent_costs(rows),
     }
+
+
+def agent_costs(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """What the agent sessions cost (dollars, tokens, machine seconds, calls by kind) and what they bought:
+    dollars and machine-seconds per merged percent of the objective (merges still standing). None: no agent."""
+    sessions = []
+    merged_pct = 0.0
+    for r in rows:
+        try:
+            s = AgentSession.of(r.get("meta"))
+        except ValueError:  # a session account that does not fit: counted as no agent's
+            s = None
+        if s is None:
+            continue
+        sessions.append(s)
+        if is_win(r) and isinstance(r.get("speedup"), (int, float)):
+            merged_pct += (float(r["speedup"]) - 1.0) * 100.0
+    if not sessions:
+        return None
+    tot = AgentSession.totals(sessions)
+    machine_s = tot["tool_seconds"]
+    tot.update(merged_pct=round(merged_pct, 3), cost_usd=round(tot["cost_usd"], 6),
+               usd_per_merged_pct=round(tot["cost_usd"] / merged_pct, 6) if merged_pct > 0 else None,
+               machine_s_per_merged_pct=round(machine_s / merged_pct, 3) if merged_pct > 0 else None)
+    return tot
 
 
 def markdown(ins: Mapping[str, Any]) -> str:
@@ -227,4 +253,12 @@ def markdown(ins: Mapping[str, Any]) -> str:
         lines.append("")
     if ins.get("reasons"):
         lines += ["## Rejection reasons", ""] + [f"- {text.md_inline(k)}: {v}" for k, v in ins["reasons"].items()] + [""]
+    ag = ins.get("agents")
+    if ag:
+        per = ("no merged win yet" if ag.get("usd_per_merged_pct") is None else
+               f"${ag['usd_per_merged_pct']:.4f} and {ag['machine_s_per_merged_pct']:.1f} machine-seconds per merged percent")
+        calls = ", ".join(f"{k} {n}" for k, n in sorted((ag.get("calls") or {}).items()))
+        lines += ["## Agent sessions", "", f"- {ag['sessions']} sessions: ${ag['cost_usd']:.4f}, {ag['tokens_in']} tokens in, {ag['tokens_out']} out, "
+                  f"{ag['tool_seconds']:.1f} s of workbench calls; {ag['merged_pct']:+.1f}% merged: {per}",
+                  f"- workbench calls: {text.md_inline(calls) or 'none'}", ""]
     return "\n".join(lines)

@@ -125,5 +125,10 @@ def show(summary: dict[str, Any]) -> None:
     for r in summary["proposals"]:
         if r.get("merged") and r.get("headline"):
             out.print(f"{r['proposal'].split('/')[-1]}: {safe(r['headline'])}")
+    ag = summary.get("agents")
+    if ag:
+        per = ("no merged win" if ag.get("usd_per_merged_pct") is None else
+               f"${ag['usd_per_merged_pct']:.4f} and {ag['machine_s_per_merged_pct']:.1f} machine-s per merged %")
+        out.print(f"agents: {ag['sessions']} sessions, ${ag['cost_usd']:.4f}, {ag['tool_seconds']:.0f} s of workbench calls; {per}")
     out.print(f"{summary['judged']} judged, {summary['merged']} merged; baseline {summary['baseline_before'][:12]} -> "
               f"{summary['baseline_after'][:12]}; {summary['elapsed_s']:.0f} s")
