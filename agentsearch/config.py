@@ -400,6 +400,10 @@ class AgentConfig:
     run_timeout_s: float = doc("Claude proposer: the longest one `run` call may take (seconds).", 300.0)
     memory_gib: float = doc("Claude proposer: the address-space limit of a `run` call's processes (GiB).", 16.0)
     output_bytes: int = doc("Claude proposer: the most bytes of a tool call's output the agent sees (the tail).", 12000)
+    revisions: int = doc(
+        "Claude proposer: how many times a rejected agent proposal may be revised — a later session starts from its "
+        "change with the verdict's reasons and evidence in its prompt (each revision is a proposal of its own).", 0
+    )
 
     def __post_init__(self) -> None:
         checks = [
@@ -410,6 +414,7 @@ class AgentConfig:
             (self.run_timeout_s > 0, "run_timeout_s", "a number > 0"),
             (self.memory_gib > 0, "memory_gib", "a number > 0"),
             (self.output_bytes >= 1000, "output_bytes", "an integer >= 1000"),
+            (self.revisions >= 0, "revisions", "an integer >= 0"),
         ]
         for ok, key, expected in checks:
             if not ok:

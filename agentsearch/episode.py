@@ -309,7 +309,10 @@ class Episode:
                    "profiles": [e.data for e in entries if e.kind == "profile"][-2:],
                    # agent proposers work on a fenced workbench of the baseline (agentsearch.workbench); the
                    # orchestrator takes its diff
-                   "workspace": self.ws, "base": base, "say": self.say},
+                   "workspace": self.ws, "base": base, "say": self.say,
+                   # an agent revising an earlier proposal of this episode starts from its change
+                   "proposal_patch": lambda pid: next((p.created.get("patch") for p in list(self.state.proposals.values())
+                                                       if p.id == pid), None)},
         )
 
     def summary(self, reason: str) -> dict[str, Any]:
@@ -320,7 +323,8 @@ class Episode:
             rows.append({"proposal": p.id, "title": p.created.get("title"), "branch": p.created.get("branch"),
                          "verdict": v.get("verdict"), "speedup": v.get("speedup"), "reasons": v.get("reasons", []),
                          "pairs": obj.get("pairs"), "headline": headline(v) if v else None,
-                         "merged": bool(p.merge and p.merge.get("ok"))})
+                         "merged": bool(p.merge and p.merge.get("ok")),
+                         **({"parent": p.created["meta"]["parent"]} if (p.created.get("meta") or {}).get("parent") else {})})
         from history.insights import agent_costs
 
         agents = agent_costs([{"meta": p.created.get("meta"), "verdict": (p.verdict or {}).get("verdict"), "reverted": False,

@@ -448,7 +448,8 @@ def context(ev: Evidence, images: Mapping[str, str], local: bool = True) -> dict
         "proposer": ev.proposal.get("proposer") or "human (agentsearch evaluate)",
         "pct": _pct, "num": _num, "number": number, "timing": v.get("timing") or {},
         "diff": ev.diff if small else "", "diff_lines": diff_lines, "sessions": engine_sessions(ev),
-        "agent": agent_session(ev),
+        "agent": agent_session(ev), "parent": (ev.proposal.get("meta") or {}).get("parent"),
+        "revision": (ev.proposal.get("meta") or {}).get("revision"),
     }
 
 

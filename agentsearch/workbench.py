@@ -132,7 +132,7 @@ class Workbench:
     TOOLS = TOOLS
 
     def __init__(self, ws: Workspace, config: Config, base: str, name: str, *, history: list[Mapping[str, Any]] | None = None,
-                 insights_md: str = "", say: Callable[[str, str], None] | None = None):
+                 insights_md: str = "", say: Callable[[str, str], None] | None = None, start_from: str = ""):
         ok, why = sandbox_available()
         if not ok:
             raise WorkbenchError(f"the agent's tools run only in the sandbox, and this machine cannot sandbox: {why}")
@@ -157,6 +157,8 @@ class Workbench:
         self.git_link = ""
         try:
             self.git_link = (self.worktree / ".git").read_text()
+            # a revision starts from its parent's change (applied by the orchestrator before any agent code runs there)
+            self.start_error = git.apply_patch(self.worktree, start_from) if start_from.strip() else ""
             if config.target.install == "overlay" and config.target.overlay_from:
                 link_overlay(self.worktree, Path(config.target.overlay_from))
             self.linked = linked_files(self.worktree)

@@ -45,7 +45,7 @@ def proposal_rows(entries: Iterable[Any]) -> list[dict[str, Any]]:
     for e in entries:
         r = e.record
         if isinstance(r, ProposalCreated):
-            rows[e.proposal] = {"proposal": e.proposal, "episode": e.episode, "key": r.key, "title": r.title,
+            rows[e.proposal] = {"proposal": e.proposal, "episode": e.episode, "key": r.key, "title": r.title, "rationale": r.rationale,
                                 "category": r.category or "other", "proposer": r.proposer,
                                 "meta": dict(r.meta), "files": list(r.files),
                                 "verdict": None, "speedup": None, "reasons": [], "workloads": {}, "reverted": False,

@@ -154,3 +154,34 @@ def test_missing_credentials_is_one_line(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "agentsearch.cli", "episode", "-C", str(repo), "--proposer", "claude"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "ANTHROPIC_API_KEY" in proc.stderr and proc.stderr.count("\n") == 1
+
+
+def test_a_rejected_proposal_is_revised_from_its_change_and_its_verdict(tmp_path):
+    repo = claude_target(tmp_path, "revisions = 1\n")
+    broken = [  # proposes a broken change without testing it: the gate's functional tests reject it
+        {"tool": WB + "write", "input": {"path": "src/model.py", "content": "X = (\n"}},
+        {"tool": WB + "edit", "input": {"path": "speed.txt", "old": "1.0", "new": "1.3"}},
+        {"text": '{"title": "Faster, untested", "rationale": "speed factor and a model tweak", "category": "config"}'},
+    ]
+    revision = [  # starts from that change, sees what the gate said, fixes it
+        {"tool": WB + "read", "input": {"path": "src/model.py"}},
+        {"tool": WB + "write", "input": {"path": "src/model.py", "content": "X = 1\n"}},
+        {"tool": WB + "test", "input": {}},
+        {"text": '{"title": "Faster, fixed", "rationale": "the speed factor alone", "category": "config"}'},
+    ]
+    with ScriptedMessagesAPI([broken, revision, LESSONS]) as api:
+        proc = episode(repo, api, tmp_path, "--budget", "2", "--json")
+        assert proc.returncode == 0, proc.stderr
+        prompt = json.dumps(api.main_requests(1)[0])
+        read = api.tool_results(1)[0]["content"]
+        tested = api.tool_results(1)[2]["content"]
+    first, second = json.loads(proc.stdout)["proposals"]
+    assert first["verdict"] == "reject" and "functional-tests" in first["reasons"][0]
+    assert second["verdict"] == "merge" and second["merged"] and second["parent"] == first["proposal"]
+    assert "You are revising proposal" in prompt and "functional-tests" in prompt and "Faster, untested" in prompt
+    assert "X = (" in read and tested.startswith("PASS")
+    assert (repo / "speed.txt").read_text().strip() == "1.3" and (repo / "src" / "model.py").read_text() == "X = 1\n"
+    meta = sessions(repo)["Faster, fixed"][0]["meta"]
+    assert meta["parent"] == first["proposal"] and meta["revision"] == 1
+    rep = run_cli("report", "-C", str(repo), second["proposal"].split("/")[-1])
+    assert rep.returncode == 0 and "A revision (number 1) of proposal" in rep.stdout

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import re
 import secrets
+import threading
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -53,7 +54,8 @@ def parse_final(text: str) -> dict[str, str]:
     }
 
 
-def render_prompt(ctx: Context, protected: tuple[str, ...], session: str = "", agents: int = 1) -> str:
+def render_prompt(ctx: Context, protected: tuple[str, ...], session: str = "", agents: int = 1,
+                  revising: Mapping[str, Any] | None = None) -> str:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(Path(_templates.__file__).parent)), undefined=jinja2.ChainableUndefined,
                              trim_blocks=True, lstrip_blocks=True)
     # what earlier proposals wrote reaches the agent only cleaned, capped and inside a block whose markers carry
@@ -75,7 +77,7 @@ def render_prompt(ctx: Context, protected: tuple[str, ...], session: str = "", a
         config=config, workloads=list(config.workloads) if config else [], objective=config.objective.name if config else "",
         protected=protected, recent=recent, rejections=[h for h in recent if h["verdict"] != "merge"][-6:],
         insights=insights_md, profiles=ctx.extra.get("profiles") or [], categories=CATEGORIES, tools=TOOLS,
-        kernels=kernel_context(ctx), nonce=nonce, session=session, agents=agents,
+        kernels=kernel_context(ctx), nonce=nonce, session=session, agents=agents, revising=revising,
     )
 
 
@@ -98,6 +100,8 @@ class ClaudeProposer:
         self.model = model
         self.max_turns = max_turns  # None: [agent] max_turns
         self.agents = agents  # sessions at once (the episode runs them concurrently)
+        self._claimed: set[str] = set()  # proposals a session of this run is revising (sessions run in threads)
+        self._lock = threading.Lock()
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any]) -> "ClaudeProposer":
@@ -123,8 +127,29 @@ class ClaudeProposer:
     def manifest(self) -> dict[str, Any]:
         return {"model": self.model, "max_turns": self.max_turns, "agents": self.agents}
 
+    def revision_parent(self, ctx: Context, limit: int) -> Mapping[str, Any] | None:
+        """The latest rejected agent proposal of this episode that changed something, is fewer than ``limit``
+        revisions deep and has no revision yet (claimed for this session); None when there is none. From the
+        history alone, so a resumed episode picks up the same line of work."""
+        if limit < 1:
+            return None
+        episode = ctx.extra.get("episode")
+        rows = [h for h in ctx.history if h.get("episode") == episode and h.get("proposer") == self.name]
+        revised = {(h.get("meta") or {}).get("parent") for h in rows}
+        with self._lock:
+            for h in reversed(rows):
+                pid, depth = h.get("proposal"), int((h.get("meta") or {}).get("revision") or 0)
+                if h.get("verdict") == "reject" and h.get("files") and depth < limit and pid not in revised and pid not in self._claimed:
+                    self._claimed.add(pid)
+                    return h
+        return None
+
     def next(self, judged: set[str], ctx: Context) -> Candidate | None:
         config = ctx.extra["config"]
+        parent = self.revision_parent(ctx, config.agent.revisions)
+        start_from = ""
+        if parent is not None:
+            start_from = ctx.extra["proposal_patch"](parent["proposal"]) or ""
         protected = ("agentsearch.toml", *config.target.protected)
         # the session's label and a nonce: sessions that ran at once, or before a crash, never share a key or a worktree
         label = f"{ctx.number:03d}-{secrets.token_hex(3)}"
@@ -139,12 +164,18 @@ class ClaudeProposer:
                 insights_md = ""
         try:
             bench = Workbench(ctx.extra["workspace"], config, ctx.extra["base"], f"{ctx.extra.get('episode')}-{label}",
-                              history=ctx.history, insights_md=insights_md, say=ctx.extra.get("say"))
+                              history=ctx.history, insights_md=insights_md, say=ctx.extra.get("say"), start_from=start_from)
         except WorkbenchError as exc:
             raise ProposerError(str(exc)) from None
         patch, diff_error = "", ""
         try:
-            prompt = render_prompt(ctx, protected, label, self.agents)
+            revising = None
+            if parent is not None:
+                revising = {"proposal": parent["proposal"], "title": parent.get("title"), "rationale": parent.get("rationale") or "",
+                            "reasons": parent.get("reasons") or [], "failed_checks": parent.get("failed_checks") or [],
+                            "workloads": parent.get("workloads") or {}, "applied": not bench.start_error, "error": bench.start_error,
+                            "revision": int((parent.get("meta") or {}).get("revision") or 0) + 1}
+            prompt = render_prompt(ctx, protected, label, self.agents, revising)
             outcome = run_session(prompt, bench.root, self.model, self.max_turns or config.agent.max_turns, config.agent.max_cost_usd, bench)
             try:
                 patch = bench.diff()
@@ -159,5 +190,7 @@ class ClaudeProposer:
                                session_s=round(outcome["session_s"], 3), calls=tuple(bench.calls), error=text.clean(error, 400))
         meta = {"cost_usd": outcome["cost_usd"], "tokens_in": outcome["tokens_in"], "tokens_out": outcome["tokens_out"],
                 "turns": outcome["turns"], "error": session.error, "model": self.model, "session": session.to_json()}
+        if parent is not None:  # a revision: linked to its parent in the history and the report
+            meta.update(parent=parent["proposal"], revision=int((parent.get("meta") or {}).get("revision") or 0) + 1)
         rationale = final["rationale"] + (f"\n\n(agent session error: {session.error})" if session.error else "")
         return Candidate(key, final["title"], rationale, final["category"], self.name, patch, meta)
