@@ -237,39 +237,15 @@ class Episode:
         return self.finish(reason)
 
     def _run_sessions(self, agents: int) -> str:
-        """Up to ``agents`` proposer sessions at once (threads: an agent session mostly waits on the model and
-        on its sandboxed tools), each with its own workbench; a finished session's proposal is created and
-        judged at once, in the order the sessions finish, while the others go on. The episode's budgets count
-        sessions in flight, so no more proposals start than the budget allows; a session that fails produces
-        nothing and blocks no other. Returns why the episode stopped."""
-        from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-
-        reason, empty = "queue empty", False
-        inflight: dict[Future, int] = {}
-        label = len(self.state.proposals)
-        with ThreadPoolExecutor(agents, thread_name_prefix="agent-session") as pool:
+        """Up to ``agents`` proposer sessions at once (``SessionPool``); a finished session's proposal is created
+        and judged at once, in the order the sessions finish, while the others go on. Returns why it stopped."""
+        reason = "queue empty"
+        with SessionPool(self, agents) as pool:
             while True:
-                stop = self.stop_reason(pending=len(inflight))
-                while stop is None and not empty and len(inflight) < agents:
-                    label += 1
-                    self.say(f"{self.plan.episode} session {label}", f"asking the {self.proposer.name} proposer ({len(inflight) + 1} in flight)")
-                    inflight[pool.submit(self.proposer.next, set(self.state.judged_keys), self.context(number=label))] = label
-                    stop = self.stop_reason(pending=len(inflight))
-                if stop is not None:
-                    reason = stop
-                if not inflight:
+                reason = pool.fill() or reason
+                if not pool.inflight:
                     break
-                done, _ = wait(list(inflight), return_when=FIRST_COMPLETED)
-                for f in sorted(done, key=lambda f: inflight[f]):
-                    n = inflight.pop(f)
-                    try:
-                        cand = f.result()
-                    except Exception as exc:  # noqa: BLE001 - one session's failure is not the episode's
-                        self.say(f"{self.plan.episode} session {n}", f"produced no proposal: {internal_reason(exc)}")
-                        continue
-                    if cand is None:
-                        empty = True
-                        continue
+                for cand in pool.take(None):
                     p = self._create(cand)
                     self._judge_safely(p, cand)
         return reason
@@ -579,6 +555,66 @@ def evidence_text(v: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+class SessionPool:
+    """Proposer sessions running at once, in threads (an agent session mostly waits on the model and on its
+    sandboxed tools), each with its own workbench. ``fill`` starts sessions while the episode's budgets allow —
+    sessions in flight count against the proposal budget, so no more proposals start than it allows; ``take``
+    gives the finished sessions' candidates in the order they finished. A session that fails produces nothing
+    and blocks no other; one that finds nothing ends the queue (``empty``). Used by the local loop and by the
+    parallel episode (``agentsearch.parallel``)."""
+
+    def __init__(self, episode: Episode, agents: int):
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.e, self.agents = episode, agents
+        self.pool = ThreadPoolExecutor(agents, thread_name_prefix="agent-session")
+        self.futures: dict[Any, int] = {}
+        self.label = len(episode.state.proposals)  # sessions are labelled on from the proposals so far
+        self.empty = False
+
+    def __enter__(self) -> "SessionPool":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.pool.shutdown(wait=True)
+
+    @property
+    def inflight(self) -> int:
+        return len(self.futures)
+
+    def fill(self) -> str | None:
+        """Start sessions up to ``agents`` in flight; why no more may start (a budget), or None."""
+        e = self.e
+        stop = e.stop_reason(pending=self.inflight)
+        while stop is None and not self.empty and self.inflight < self.agents:
+            self.label += 1
+            e.say(f"{e.plan.episode} session {self.label}", f"asking the {e.proposer.name} proposer ({self.inflight + 1} in flight)")
+            self.futures[self.pool.submit(e.proposer.next, set(e.state.judged_keys), e.context(number=self.label))] = self.label
+            stop = e.stop_reason(pending=self.inflight)
+        return stop or ("queue empty" if self.empty else None)
+
+    def take(self, timeout: float | None) -> list[Candidate]:
+        """The candidates of the sessions that finished (waiting up to ``timeout`` s for one; None: until one does)."""
+        from concurrent.futures import FIRST_COMPLETED, wait
+
+        if not self.futures:
+            return []
+        done, _ = wait(list(self.futures), timeout=timeout, return_when=FIRST_COMPLETED)
+        out = []
+        for f in sorted(done, key=lambda f: self.futures[f]):
+            n = self.futures.pop(f)
+            try:
+                cand = f.result()
+            except Exception as exc:  # noqa: BLE001 - one session's failure is not the episode's
+                self.e.say(f"{self.e.plan.episode} session {n}", f"produced no proposal: {internal_reason(exc)}")
+                continue
+            if cand is None:
+                self.empty = True
+            else:
+                out.append(cand)
+        return out
+
+
 # ---------------------------------------------------------------------------- entry points
 def start(ws: Workspace, log: Any, proposer_name: str, options: Mapping[str, Any], budget: int | None,
           time_budget_s: float | None, seed: int | None, episode: str, insights: Mapping[str, Any] | None = None,
@@ -612,4 +648,4 @@ def resume(ws: Workspace, log: Any, episode: str, entries: list[Any]) -> Episode
     return Episode(ws, log, state, proposer)
 
 
-__all__ = ["Episode", "EpisodeError", "Plan", "start", "resume", "latest_unfinished", "load_state", "REJECT"]
+__all__ = ["Episode", "EpisodeError", "SessionPool", "Plan", "start", "resume", "latest_unfinished", "load_state", "REJECT"]

@@ -30,7 +30,7 @@ from harness import seeds
 from harness.trials import BASELINE
 from history import records as rec
 
-from .episode import RUN_ERRORS, Episode, ProposalState, _static_verdict, history_stops_the_episode
+from .episode import RUN_ERRORS, Episode, ProposalState, SessionPool, _static_verdict, history_stops_the_episode
 from .errors import RunError
 from .executors import Job, NodeResult
 from .executors.node import SHIPPED_STATE, code_version
@@ -79,6 +79,8 @@ class ParallelEpisode:
                 order.append(_Slot(p, e._candidate_of(p)))
         stop: str | None = None
         idle_since: float | None = None
+        agents = max(1, int(getattr(e.proposer, "agents", 1) or 1))
+        sessions = SessionPool(e, agents) if agents > 1 else None
         try:
             while True:
                 if self._commit_head(order):
@@ -86,7 +88,12 @@ class ParallelEpisode:
                 for s in order[1:]:  # speculative launches, in order, while nodes have room
                     if s.job is None and s.result is None and self.x.free() > 0:
                         self._launch(s)
-                while stop is None and self.x.free() > 0 and len(order) < LOOKAHEAD * self.x.parallel:
+                if sessions is not None:  # agent sessions at once: started while there is room, taken as they finish
+                    if stop is None and len(order) + sessions.inflight < LOOKAHEAD * self.x.parallel:
+                        stop = sessions.fill()
+                    for cand in sessions.take(0):
+                        self._add(order, cand)
+                while sessions is None and stop is None and self.x.free() > 0 and len(order) < LOOKAHEAD * self.x.parallel:
                     stop = e.stop_reason()
                     if stop is not None:
                         break
@@ -95,15 +102,10 @@ class ParallelEpisode:
                     if cand is None:
                         stop = "queue empty"
                         break
-                    s = _Slot(e._create(cand), cand)
-                    order.append(s)
-                    if len(order) == 1:  # first in line: prepared (and maybe decided) at once, launched first
-                        self._commit_head(order)
-                    else:
-                        self._launch(s)
+                    self._add(order, cand)
                 if self._commit_head(order):
                     continue
-                if not order:
+                if not order and not (sessions is not None and sessions.inflight):
                     break
                 if self.x.capacity() == 0:  # no node can take an evaluation: a broken set-up, after a grace period
                     idle_since = idle_since or time.monotonic()
@@ -118,8 +120,20 @@ class ParallelEpisode:
                 for r in results:
                     self._received(order, r)
         finally:
+            if sessions is not None:
+                sessions.__exit__()
             self.x.close()
         return e.finish(stop or "queue empty", rejudged=self.rejudged, node_faults=self.faults)
+
+    def _add(self, order: list[_Slot], cand: Candidate) -> None:
+        """Create the proposal of ``cand`` and queue it; the first in line is prepared (and maybe decided) at
+        once, the others launched speculatively."""
+        s = _Slot(self.e._create(cand), cand)
+        order.append(s)
+        if len(order) == 1:
+            self._commit_head(order)
+        else:
+            self._launch(s)
 
     # ------------------------------------------------------------------ launching
     def _launch(self, s: _Slot, ready: tuple[str, str] | None = None) -> None:

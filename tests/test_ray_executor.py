@@ -338,3 +338,23 @@ def test_round3_channels_stay_closed_on_a_ray_node(tmp_path, cluster):
     assert not host_has_key(name)
     entries = _entries(repo)
     assert any(e.kind == "verdict" and e.data.get("node") for e in entries)  # judged on a node
+
+
+def test_agent_sessions_at_once_feed_the_ray_executor(tmp_path, cluster):
+    """`--proposer claude --agents 2 --executor ray`: two real CLI sessions (scripted API) run at once on the
+    orchestrator; each proposal is judged on a worker node as its session finishes."""
+    from .messages_api import ScriptedMessagesAPI, cli_env
+    from .test_claude_proposer import IDLE, LESSONS, WIN, claude_target
+
+    repo = claude_target(tmp_path)
+    with ScriptedMessagesAPI([WIN, IDLE, LESSONS]) as api:
+        env = {**os.environ, **cli_env(api.url, tmp_path / "clihome")}
+        proc = subprocess.run([sys.executable, "-m", "agentsearch.cli", "episode", "-C", str(repo), "--json", "--executor", "ray",
+                               "--address", cluster.address, "--proposer", "claude", "--agents", "2", "--budget", "2", "--parallel", "2"],
+                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert sorted((p["title"], p["verdict"]) for p in out["proposals"]) == [("Nothing to do", "reject"), ("Raise the speed factor", "merge")]
+    assert "(2 in flight)" in proc.stderr
+    verdicts = [e.data for e in _judged_once(repo) if e.kind == "verdict" and e.data.get("workloads")]
+    assert verdicts and all(v["node"]["node_id"] in {w.node_id for w in cluster.workers} for v in verdicts)
