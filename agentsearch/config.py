@@ -400,6 +400,9 @@ class AgentConfig:
     run_timeout_s: float = doc("Claude proposer: the longest one `run` call may take (seconds).", 300.0)
     memory_gib: float = doc("Claude proposer: the address-space limit of a `run` call's processes (GiB).", 16.0)
     output_bytes: int = doc("Claude proposer: the most bytes of a tool call's output the agent sees (the tail).", 12000)
+    max_file_mib: int = doc("Claude proposer: the largest file a workbench call may write (MiB; `ulimit -f`), and the largest file "
+                            "a change may hold.", 256)
+    max_patch_mib: int = doc("Claude proposer: the largest change (as a patch, MiB) a session may propose.", 16)
     revisions: int = doc(
         "Claude proposer: how many times a rejected agent proposal may be revised — a later session starts from its "
         "change with the verdict's reasons and evidence in its prompt (each revision is a proposal of its own).", 0
@@ -415,6 +418,8 @@ class AgentConfig:
             (self.memory_gib > 0, "memory_gib", "a number > 0"),
             (self.output_bytes >= 1000, "output_bytes", "an integer >= 1000"),
             (self.revisions >= 0, "revisions", "an integer >= 0"),
+            (self.max_file_mib >= 1, "max_file_mib", "an integer >= 1"),
+            (self.max_patch_mib >= 1, "max_patch_mib", "an integer >= 1"),
         ]
         for ok, key, expected in checks:
             if not ok:

@@ -8,11 +8,13 @@ The summary is recorded in the history (kind ``profile``): proposers read the la
 
 from __future__ import annotations
 
+import secrets
 from typing import Any, Callable
 
 from harness import seeds
 from harness.engine_session import WorkerError, WorkerSession
 from harness.profiling import summarize
+from harness.safe_io import UnsafeFile, read_beneath
 from harness.trials import BASELINE, CANDIDATE
 
 from .errors import AgentsearchError
@@ -21,6 +23,7 @@ from .workloads import engine_spec
 from .workspace import Workspace
 
 PROFILABLE = ("vllm-throughput", "vllm-latency")
+PSTATS_LIMIT = 256 << 20  # the largest profile read back from a side
 
 
 def profile(ws: Workspace, ref: str | None, workload: str | None, seed: int | None = None,
@@ -34,7 +37,7 @@ def profile(ws: Workspace, ref: str | None, workload: str | None, seed: int | No
         raise AgentsearchError(f"no workload {workload!r}; the target has {', '.join(x.name for x in config.workloads)}") from None
     if w.kind not in PROFILABLE:
         raise AgentsearchError(f"workload {w.name!r} is {w.kind}; profile runs the built-in {' / '.join(PROFILABLE)} workloads (pass --workload)")
-    name = f"profile-{commit[:10]}"
+    name = f"profile-{commit[:10]}-{secrets.randbelow(100000):05d}"
     env = {**config.target.env, **w.env, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}  # the engine's work in the profiled process
     s = seed if seed is not None else seeds.pair_seeds(0, w.name)(0)
     base = ws.baseline_commit()
@@ -56,8 +59,11 @@ def profile(ws: Workspace, ref: str | None, workload: str | None, seed: int | No
             finally:
                 sess.close()
             res = ans["metrics"]
-            summary = summarize(out / "run.pstats", res["ops"], float(res["wall_s"]))
-        except WorkerError as exc:
+            # the side wrote run.pstats: read without following a link, a regular file, capped, into a file of ours
+            private = sd.scratch / "run.pstats"
+            private.write_bytes(read_beneath(out, out / "run.pstats", PSTATS_LIMIT))
+            summary = summarize(private, res["ops"], float(res["wall_s"]))
+        except (WorkerError, UnsafeFile, KeyError, TypeError, ValueError, EOFError) as exc:
             raise AgentsearchError(f"profiling {w.name} at {commit[:12]} failed: {exc}") from None
     return {"ref": ref or config.target.baseline, "commit": commit, "workload": w.name, "kind": w.kind,
             "device": res.get("device"), "metric": {w.metric: (res.get("metrics") or {}).get(w.metric)}, **summary}

@@ -66,10 +66,43 @@ def _shared(st: os.stat_result) -> bool:
     return stat.S_ISREG(st.st_mode) and st.st_nlink > 1
 
 
+def walk_tree(root: Path | str) -> Iterator[tuple[str, list[str], list[str]]]:
+    """``os.walk(root)`` top-down, links not followed (a link to a directory is among the files), names sorted —
+    without recursion: os.walk and shutil.rmtree recurse in Python 3.11, and a tree a few thousand directories
+    deep that a side made raised RecursionError out of the snapshot, the copy and the clean-up (red team, agents)."""
+    stack = [os.fspath(root)]
+    while stack:
+        d = stack.pop()
+        try:
+            entries = sorted(os.scandir(d), key=lambda e: e.name)
+        except OSError:
+            continue
+        dirs = [e.name for e in entries if e.is_dir(follow_symlinks=False)]
+        yield d, dirs, [e.name for e in entries if not e.is_dir(follow_symlinks=False)]
+        stack.extend(os.path.join(d, n) for n in reversed(dirs))
+
+
+def remove_tree(path: Path | str) -> None:
+    """Remove a tree a side may have written, never following a link in it, however deep (coreutils ``rm -rf``
+    walks without recursion); shutil.rmtree where rm is missing. Never raises."""
+    p = os.fspath(path)
+    if not os.path.lexists(p):
+        return
+    try:
+        subprocess.run(["rm", "-rf", "--", p], capture_output=True, timeout=600)
+    except (OSError, subprocess.SubprocessError):
+        pass
+    if os.path.lexists(p):
+        try:
+            shutil.rmtree(p, ignore_errors=True)
+        except RecursionError:
+            pass
+
+
 def _walk(root: Path) -> Iterator[tuple[str, str]]:
     """(relative path, path) of ``root`` and of every entry under it, links not followed."""
     yield ".", str(root)
-    for dirpath, dirnames, filenames in os.walk(root):
+    for dirpath, dirnames, filenames in walk_tree(root):
         rel_dir = os.path.relpath(dirpath, root)
         for name in dirnames + filenames:
             yield (name if rel_dir == "." else f"{rel_dir}/{name}"), os.path.join(dirpath, name)
@@ -276,7 +309,7 @@ class Sides:
         told every later trial that the tests had run)."""
         wt = self.worktrees[side]
         dst = self.scratch / f"{name}-{side}"
-        shutil.rmtree(dst, ignore_errors=True)
+        remove_tree(dst)
         try:
             _copy_tree(wt, dst)
             sb = self.sandboxes.get(side)
@@ -292,7 +325,7 @@ class Sides:
             with sandbox.use(sandbox.Containment({new: box})):
                 yield dst
         finally:
-            shutil.rmtree(dst, ignore_errors=True)  # never follows a link the run left there
+            remove_tree(dst)  # never follows a link the run left there
 
     def fresh_outputs(self, side: str, keep: str = "") -> None:
         """Empty ``side``'s output directory (but its entry ``keep``) before a trial: nothing a run left
@@ -302,7 +335,7 @@ class Sides:
             if entry.name == keep:
                 continue
             if entry.is_dir(follow_symlinks=False):
-                shutil.rmtree(entry.path, ignore_errors=True)
+                remove_tree(entry.path)
             else:
                 os.unlink(entry.path)
 
@@ -322,9 +355,9 @@ class Sides:
             if self.keep_baseline:
                 for side in self.commits:
                     if side != BASELINE:
-                        shutil.rmtree(self.out(side), ignore_errors=True)
+                        remove_tree(self.out(side))
             else:
-                shutil.rmtree(self.scratch, ignore_errors=True)
+                remove_tree(self.scratch)
 
 
 def pin_protected(ws: Workspace, config: Config, base: str, dest: Path) -> list[str]:
@@ -350,17 +383,17 @@ def remove_worktree(ws: Workspace, path: Path, link: str) -> None:
     """Remove a measurement worktree as plain files, its administrative directory too, then prune it from
     the repository: git never runs inside a worktree a side could have tampered with."""
     admin_root = (ws.common / "worktrees").resolve()
-    shutil.rmtree(path, ignore_errors=True)
+    remove_tree(path)
     admin = Path(link.split("gitdir:", 1)[1].strip()).resolve() if "gitdir:" in link else None
     if admin is not None and admin.parent == admin_root:
-        shutil.rmtree(admin, ignore_errors=True)
+        remove_tree(admin)
     git.prune_worktrees(ws.repo_dir)
 
 
 def _empty(root: Path) -> None:
     for entry in os.scandir(root) if root.is_dir() else ():
         if entry.is_dir(follow_symlinks=False):
-            shutil.rmtree(entry.path, ignore_errors=True)
+            remove_tree(entry.path)
         else:
             os.unlink(entry.path)
 
@@ -369,7 +402,7 @@ def _copy_tree(src: Path, dst: Path) -> None:
     """``src`` copied to ``dst``: directories, links (as links), regular files with their content, mode and times;
     a file with other names (a compiled file linked from site-packages, bound read-only) is linked, not copied."""
     dst.mkdir(parents=True)
-    for dirpath, dirnames, filenames in os.walk(src):
+    for dirpath, dirnames, filenames in walk_tree(src):
         rel = os.path.relpath(dirpath, src)
         out = dst if rel == "." else dst / rel
         for name in dirnames + filenames:
@@ -420,7 +453,7 @@ def sides(ws: Workspace, config: Config, commits: Mapping[str, str], tag: str, d
             raise ProtectedPathError(f"touches protected paths: {listed}")
     scratch = ws.state / "tmp" / tag
     if kept is None:
-        shutil.rmtree(scratch, ignore_errors=True)  # a crashed earlier attempt of the same run
+        remove_tree(scratch)  # a crashed earlier attempt of the same run
     sd = Sides(ws, config, dict(commits), scratch, tag, decision, tuple(read_only), kept=kept)
     try:
         yield sd
@@ -450,4 +483,4 @@ def built_sides(ws: Workspace, config: Config, commits: Mapping[str, str], tag: 
 
 
 __all__ = ["Sides", "KeptBaseline", "sides", "built_sides", "BuildError", "ProtectedPathError", "snapshot", "describe_change",
-           "remove_worktree"]
+           "remove_worktree", "remove_tree", "walk_tree"]

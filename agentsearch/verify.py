@@ -257,7 +257,7 @@ def run_verify(ws: Workspace, config: Config, sd: "Sides", say: Callable[[str, s
             kept.mark_complete()
     sets: dict[str, dict[str, Any]] = {}
     positions: dict[str, list[float]] = {}
-    for set_name, group in (("public", public), ("holdout", hold)):
+    for set_name, group in (("public", public), ("holdout", hold))[:1 if public_only else 2]:
         stats = compare(base, cand, [p.id for p in group], tie, paths)
         sets[set_name] = {}
         for path, st in stats.items():

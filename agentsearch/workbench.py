@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from harness import sandbox, seeds
+from harness import cgroups, sandbox, seeds
 from harness.engine_session import EnginePool
 from harness.interleave import run_interleaved
 from harness.safe_io import UnsafeFile, read_beneath, write_beneath
@@ -52,7 +52,7 @@ from . import containment, micro
 from .config import Config
 from .errors import AgentsearchError
 from .gate import Status
-from .sides import built_sides, linked_files, model_dirs, pin_protected
+from .sides import built_sides, linked_files, model_dirs, pin_protected, remove_tree
 from .workspace import Workspace, git
 from .workspace.install import link_overlay
 
@@ -110,6 +110,9 @@ TOOLS: dict[str, tuple[str, dict[str, Any]]] = {
                 {"type": "object", "properties": {"limit": {"type": "integer"}}}),
     "insights": ("The latest insights distilled from the history (untrusted text).", {"type": "object", "properties": {}}),
 }
+FILE_TOOL_TIMEOUT_S = 60.0  # the longest one file-tool call may take (a FIFO, a pathological regular expression)
+FILE_TOOL_FLOOR_S = 5.0  # ... and its limit once the session's tool seconds are spent
+PIDS_MAX = 4096  # tasks (threads included) one `run` call may hold at once, where cgroups can say so
 HEAVY = ("run", "test", "kernels_bench", "measure", "profile", "check_outputs")  # count against max_tool_seconds before they start
 
 
@@ -147,7 +150,7 @@ class Workbench:
         self._lock = threading.Lock()
         self._snapshots = 0
         self.root = ws.state / "tmp" / f"agent-{name}"
-        shutil.rmtree(self.root, ignore_errors=True)
+        remove_tree(self.root)
         self.out = self.root / "out"  # the sandbox's private output directory (requests and answers of the file tool)
         self.cli_home = self.root / "home"  # the CLI's own $HOME and config (never the user's ~/.claude)
         self.cli_cwd = self.root / "cli"  # the CLI's working directory: empty, so no project file steers it
@@ -206,6 +209,7 @@ class Workbench:
             self._refuse(tool, text.clean(str(dict(args))[:200], 200, one_line=True), why)
 
     def _refuse(self, tool: str, summary: str, why: str) -> Answer:
+        why = text.clean(why, 300, one_line=True)
         self.calls.append(ToolCall(text.clean(tool, 60, one_line=True), summary, 0.0, False, why, 0, refused=True))
         return Answer(why, ok=False)
 
@@ -215,16 +219,29 @@ class Workbench:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(self.worktree), self.config.target.env.get("PYTHONPATH", "")) if p)
         env["PATH"] = os.pathsep.join(p for p in (os.path.dirname(sys.executable), env.get("PATH", "/usr/bin:/bin")) if p)  # `python` is ours
         kib = int(self.budget.memory_gib * (1 << 20))
-        inner = ["/bin/sh", "-c", f'ulimit -v {kib} && exec "$@"', "sh", *argv]
-        with sandbox.use(sandbox.Containment({self.sandbox.worktree: self.sandbox})):
-            return run_child(inner, self.worktree, env, timeout_s)
+        blocks = self.budget.max_file_mib * 2048  # ulimit -f counts 512-byte blocks: every file a call writes, its output too
+        inner = ["/bin/sh", "-c", f'ulimit -v {kib} && ulimit -f {blocks} && exec "$@"', "sh", *argv]
+        # the whole call's memory (its private tmpfs /tmp and /dev/shm included) and its task count, where the
+        # machine has writable cgroups; else each process's address space alone (ulimit -v)
+        limits = cgroups.Limits.create("agent", int(self.budget.memory_gib * (1 << 30)), PIDS_MAX)
+        try:
+            with sandbox.use(sandbox.Containment({self.sandbox.worktree: self.sandbox})):
+                rc, out, err, wall = run_child(inner, self.worktree, env, timeout_s, prefix=limits.join_prefix() if limits else ())
+            if limits is not None and limits.oom_killed():
+                err += f"\n(killed: the call's memory went past [agent] memory_gib = {self.budget.memory_gib:g} GiB)"
+            return rc, out, err, wall
+        finally:
+            if limits is not None:
+                limits.remove()
 
     def _files(self, op: str, **req: Any) -> Answer:
         token = secrets.token_hex(6)
         request, answer = self.out / f"req-{token}.json", self.out / f"ans-{token}.json"
         write_beneath(self.out, request, json.dumps({"op": op, **req}).encode())
         try:
-            rc, _out, err, _wall = self._sandboxed([sys.executable, str(FILES_TOOL), str(request), str(answer)], 60)
+            left = self.budget.max_tool_seconds - self.tool_seconds
+            rc, _out, err, _wall = self._sandboxed([sys.executable, str(FILES_TOOL), str(request), str(answer)],
+                                                   min(FILE_TOOL_TIMEOUT_S, max(FILE_TOOL_FLOOR_S, left)))
             if rc is None:
                 return Answer(f"{op} timed out", ok=False)
             try:
@@ -264,25 +281,42 @@ class Workbench:
         return Answer(f"[{status}, {wall:.1f} s]\n{body}", ok=rc == 0, detail=f"{status} in {wall:.1f} s")
 
     # ------------------------------------------------------------------ the change
-    def _nested_git(self) -> str:
-        """The first entry named .git below the worktree's top (a repository the agent planted), or ''."""
-        for d, dirs, files in os.walk(self.worktree):
-            for name in (*dirs, *files):
-                if name == ".git" and Path(d) != self.worktree:
-                    return os.path.relpath(os.path.join(d, name), self.worktree)
-            dirs[:] = [x for x in dirs if x != ".git"]
+    def _scan(self) -> str:
+        """Why the worktree cannot be read into a change ('' when it can): an entry named .git below its top (a
+        repository the agent planted), or a file larger than ``[agent] max_file_mib``. Iterative: a tree
+        thousands of directories deep is walked like any other."""
+        cap = self.budget.max_file_mib << 20
+        stack = [str(self.worktree)]
+        while stack:
+            d = stack.pop()
+            try:
+                entries = list(os.scandir(d))
+            except OSError as exc:
+                return f"{os.path.relpath(d, self.worktree)}: cannot be read ({exc.strerror})"
+            for e in entries:
+                rel = os.path.relpath(e.path, self.worktree)
+                if e.name == ".git" and d != str(self.worktree):
+                    return f"{rel}: a .git entry inside the worktree is not allowed (remove it with `run`)"
+                if e.is_dir(follow_symlinks=False):
+                    if not (e.name == ".git" and d == str(self.worktree)):
+                        stack.append(e.path)
+                elif e.is_file(follow_symlinks=False) and e.stat(follow_symlinks=False).st_size > cap:
+                    return f"{rel}: larger than {self.budget.max_file_mib} MiB ([agent] max_file_mib)"
         return ""
 
     def _index(self) -> dict[str, str]:
         """git's environment for reading the worktree into a private index of the repository: git never
         follows the worktree's own ``.git`` link, so nothing the agent wrote there steers it."""
-        nested = self._nested_git()
-        if nested:
-            raise AgentsearchError(f"{nested}: a .git entry inside the worktree is not allowed (remove it with `run`)")
+        why = self._scan()
+        if why:
+            raise AgentsearchError(why)
         if (self.worktree / ".git").read_text() != self.git_link:
             raise AgentsearchError("the worktree's .git link changed; the session cannot continue")
         index = self.root / "index"
-        env = {"GIT_DIR": str(self.ws.common), "GIT_WORK_TREE": str(self.worktree), "GIT_INDEX_FILE": str(index)}
+        # no user or system git config: an agent's .gitattributes could otherwise pick a filter or diff driver
+        # defined there (git-lfs's, say) to run on the host
+        env = {"GIT_DIR": str(self.ws.common), "GIT_WORK_TREE": str(self.worktree), "GIT_INDEX_FILE": str(index),
+               "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_NOSYSTEM": "1"}
         git.run_git("read-tree", self.base, cwd=self.root, env=env)
         exclude = self.root / "exclude"
         exclude.write_text("".join(f"/{rel}\n" for rel in self.linked))  # the overlay's compiled files are not a change
@@ -290,10 +324,14 @@ class Workbench:
         return env
 
     def diff(self) -> str:
-        """The worktree's change against the base, as a patch (the proposal)."""
+        """The worktree's change against the base, as a patch (the proposal); AgentsearchError when it is larger
+        than ``[agent] max_patch_mib``."""
         env = self._index()
-        return git.run_git("-c", "core.quotepath=true", "diff", "--cached", "--binary", "--no-ext-diff", "--no-color", self.base,
-                           cwd=self.root, env=env)
+        d = git.run_git("-c", "core.quotepath=true", "diff", "--cached", "--binary", "--no-ext-diff", "--no-color", self.base,
+                        cwd=self.root, env=env)
+        if len(d) > self.budget.max_patch_mib << 20:
+            raise AgentsearchError(f"the change is {len(d) >> 20} MiB as a patch, more than [agent] max_patch_mib = {self.budget.max_patch_mib}")
+        return d
 
     def snapshot(self) -> str:
         """A commit of the worktree as it is now (parent: the base), for the tools that judge; '' when unchanged."""
@@ -455,4 +493,4 @@ class Workbench:
 
         remove_worktree(self.ws, self.worktree, self.git_link)
         git.run_git("update-ref", "-d", f"refs/agentsearch/workbench/{self.name}", cwd=self.ws.repo_dir, check=False)
-        shutil.rmtree(self.root, ignore_errors=True)
+        remove_tree(self.root)

@@ -186,3 +186,91 @@ class CpusetGroup:
                     return
                 time.sleep(0.05)
 
+
+
+MEMORY_V1 = Path("/sys/fs/cgroup/memory")
+PIDS_V1 = Path("/sys/fs/cgroup/pids")
+
+
+class Limits:
+    """A memory and process-count limit on a process tree (an agent's ``run`` call): every process it starts,
+    and the pages it puts in its private tmpfs /tmp and /dev/shm, count against ``memory.max`` (v2) or
+    ``memory.limit_in_bytes`` (v1), and it may not hold more than ``pids`` tasks. ``join_prefix`` is an argv
+    prefix that moves the starting shell (and so everything it execs and forks) into the groups before the
+    sandbox starts. None where no writable hierarchy has the controllers."""
+
+    def __init__(self, paths: list[Path]):
+        self.paths = paths
+
+    @classmethod
+    def create(cls, label: str, memory_bytes: int, pids: int) -> "Limits | None":
+        name = f"agentsearch-{os.getpid()}-{next(_counter)}-{label}"
+        root = _v2_root()
+        if root is not None and (root / "cgroup.subtree_control").exists():
+            wanted = {"memory", "pids"}
+            if wanted <= set((root / "cgroup.subtree_control").read_text().split()):
+                path = root / name
+                try:
+                    path.mkdir()
+                    (path / "memory.max").write_text(str(memory_bytes))
+                    if (path / "memory.swap.max").exists():
+                        (path / "memory.swap.max").write_text("0")
+                    (path / "pids.max").write_text(str(pids))
+                    return cls([path])
+                except OSError:
+                    cls([path]).remove()
+        made: list[Path] = []
+        try:
+            for base, files in ((MEMORY_V1, {"memory.limit_in_bytes": str(memory_bytes)}), (PIDS_V1, {"pids.max": str(pids)})):
+                if not (base / "cgroup.procs").exists() or not os.access(base, os.W_OK):
+                    return None
+                path = base / name
+                path.mkdir()
+                made.append(path)
+                for f, v in files.items():
+                    (path / f).write_text(v)
+                if base == MEMORY_V1 and (path / "memory.memsw.limit_in_bytes").exists():
+                    try:  # no swap beyond the memory limit, where the kernel accounts swap
+                        (path / "memory.memsw.limit_in_bytes").write_text(str(memory_bytes))
+                    except OSError:
+                        pass
+            return cls(made)
+        except OSError:
+            cls(made).remove()
+            return None
+
+    def join_prefix(self) -> list[str]:
+        import shlex
+
+        joins = " && ".join(f"echo $$ > {shlex.quote(str(p / 'cgroup.procs'))}" for p in self.paths)
+        return ["/bin/sh", "-c", joins + ' && exec "$@"', "sh"]
+
+    def oom_killed(self) -> bool:
+        """Whether the memory limit killed a process of the group."""
+        for p in self.paths:
+            for f in ("memory.events", "memory.oom_control"):
+                try:
+                    text = (p / f).read_text()
+                except OSError:
+                    continue
+                for line in text.splitlines():
+                    key, _, value = line.partition(" ")
+                    if key == "oom_kill" and value.strip() not in ("", "0"):
+                        return True
+        return False
+
+    def remove(self) -> None:
+        for p in self.paths:
+            for pid in procs(p):
+                try:
+                    os.kill(pid, 9)
+                except OSError:
+                    pass
+            deadline = time.monotonic() + 10
+            while p.exists():
+                try:
+                    p.rmdir()
+                except OSError:
+                    if time.monotonic() > deadline:
+                        break
+                    time.sleep(0.05)

@@ -25,6 +25,7 @@ the gate holds their proposals for review: fail closed.
 from __future__ import annotations
 
 import errno
+import atexit
 import functools
 import os
 import platform
@@ -157,7 +158,16 @@ def _filter_file(pid: int) -> str:
     with os.fdopen(fd, "wb") as fh:
         fh.write(program())
     os.chmod(path, 0o444)
+    atexit.register(_unlink, path, pid)  # one file per process, gone with it (they piled up in /tmp)
     return path
+
+
+def _unlink(path: str, pid: int) -> None:
+    if os.getpid() == pid:  # not in a forked child that inherited the registration
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
 
 
 def filter_file() -> str:

@@ -28,7 +28,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Sequence, Any, Mapping
 
 from . import lengths, sandbox
 
@@ -159,7 +159,7 @@ def substitute(command: str, values: Mapping[str, str]) -> str:
 
 
 def run_child(argv: list[str] | str, cwd: Path, env: Mapping[str, str], timeout_s: float, shell: bool = False,
-              sandboxed: bool = True) -> tuple[int | None, str, str, float]:
+              sandboxed: bool = True, prefix: Sequence[str] = ()) -> tuple[int | None, str, str, float]:
     """Run a child in its own process group (inside the active sandbox unless ``sandboxed`` is
     False: the measuring instrument itself); kill the group on timeout. rc None = timed out.
 
@@ -171,6 +171,9 @@ def run_child(argv: list[str] | str, cwd: Path, env: Mapping[str, str], timeout_
     t0 = time.perf_counter()
     if sandboxed:
         argv, shell = sandbox.wrap(argv, shell, cwd=cwd)
+    if prefix:  # e.g. joining resource-limit groups before the sandbox starts (cgroups.Limits.join_prefix)
+        assert not shell and not isinstance(argv, str)
+        argv = [*prefix, *argv]
     token = secrets.token_hex(16)
     env = {**env, TRIAL_MARKER: token}
     with tempfile.TemporaryFile(prefix="agentsearch-out-") as fo, tempfile.TemporaryFile(prefix="agentsearch-err-") as fe:
@@ -475,7 +478,8 @@ def _remove(path: Path) -> None:
     """Remove whatever a trial left at ``path`` (a file, link, FIFO or directory)."""
     try:
         path.unlink(missing_ok=True)
-    except OSError:
-        import shutil
-
-        shutil.rmtree(path, ignore_errors=True)
+    except OSError:  # a directory, however deep (rm walks without recursion; shutil.rmtree recurses)
+        try:
+            subprocess.run(["rm", "-rf", "--", str(path)], capture_output=True, timeout=600)
+        except (OSError, subprocess.SubprocessError):
+            pass

@@ -19,6 +19,7 @@ import fnmatch
 import json
 import os
 import re
+import stat
 import sys
 
 MAX_READ_LINES = 2000
@@ -27,7 +28,10 @@ MAX_FILE_BYTES = 4 << 20
 
 
 def _read_text(path: str) -> str:
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)  # a FIFO does not block the open
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise ValueError(f"{path} is not a regular file")
     with os.fdopen(fd, "rb") as fh:
         data = fh.read(MAX_FILE_BYTES + 1)
     if len(data) > MAX_FILE_BYTES:
@@ -41,7 +45,11 @@ def _write_text(path: str, text: str) -> None:
     parent = os.path.dirname(path)
     if parent:
         os.makedirs(parent, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise ValueError(f"{path} is not a regular file")
+    os.ftruncate(fd, 0)
     with os.fdopen(fd, "w", encoding="utf-8") as fh:
         fh.write(text)
 
