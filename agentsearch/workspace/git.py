@@ -29,10 +29,12 @@ def _clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
             "GIT_COMMITTER_EMAIL": AGENT_EMAIL,
             "GIT_TERMINAL_PROMPT": "0",
             # every git call: no repository hook, no fsmonitor (nothing a proposal wrote runs as us)
-            "GIT_CONFIG_COUNT": "3", "GIT_CONFIG_KEY_0": "core.hooksPath", "GIT_CONFIG_VALUE_0": "/dev/null",
+            "GIT_CONFIG_COUNT": "4", "GIT_CONFIG_KEY_0": "core.hooksPath", "GIT_CONFIG_VALUE_0": "/dev/null",
             "GIT_CONFIG_KEY_1": "core.fsmonitor", "GIT_CONFIG_VALUE_1": "false",
             # commits as stored: a commit-graph file is read unchecked and can show another tree or parents
             "GIT_CONFIG_KEY_2": "core.commitGraph", "GIT_CONFIG_VALUE_2": "false",
+            # no automatic gc (a repack) under readers in other threads: agent sessions run at once
+            "GIT_CONFIG_KEY_3": "gc.auto", "GIT_CONFIG_VALUE_3": "0",
             "LC_ALL": "C",
             # the objects as stored: a replace ref or a graft would show other content under a judged sha
             "GIT_NO_REPLACE_OBJECTS": "1", "GIT_GRAFT_FILE": "/dev/null",
