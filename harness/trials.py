@@ -272,9 +272,16 @@ def kill_leftovers(token: str, held: tuple[Any, ...] = ()) -> int:
                 continue
             try:
                 with open(f"/proc/{pid}/stat", "rb") as fh:
-                    if fh.read().rsplit(b")", 1)[-1].split()[0] == b"Z":
-                        continue  # a zombie holds nothing; its parent reaps it
-            except (OSError, IndexError):
+                    fields = fh.read().rsplit(b")", 1)[-1].split()
+                if fields[0] == b"Z":
+                    continue  # a zombie holds nothing; its parent reaps it
+                if int(fields[1]) == me:
+                    # a child this process is starting in another thread (an agent session's tool, a git call),
+                    # between fork and exec: it holds every descriptor of ours for that moment, the trial's
+                    # output files included. A trial's own leftovers are never our children: the trial's
+                    # process was reaped above, and what it left behind was reparented to init.
+                    continue
+            except (OSError, IndexError, ValueError):
                 continue
             try:
                 os.kill(pid, signal.SIGKILL)

@@ -253,3 +253,31 @@ def test_the_cpu_envelope_of_a_pinned_engine():
     assert "left its CPU pinning" in eng.over_envelope(1.2, 1.0) and "1.200 CPU-seconds in 1.000 s" in eng.over_envelope(1.2, 1.0)
     eng.cpus = frozenset({2, 3})
     assert eng.over_envelope(1.9, 1.0) == "" and "2 pinned CPU(s)" in eng.over_envelope(2.5, 1.0)
+
+
+def test_the_leftover_sweep_never_kills_a_child_another_thread_is_starting(tmp_path):
+    """Agent sessions run in threads beside the episode: while one thread sweeps a finished trial's leftovers,
+    another starts git or a tool. Between fork and exec that child holds every descriptor of ours — the
+    trial's output files included — and the sweep used to SIGKILL it (a git call died with -9: 'main is not
+    a branch', a failed hash-object)."""
+    import subprocess as sp
+    import threading
+
+    from harness.trials import run_child
+
+    stop, codes = threading.Event(), []
+
+    def spawn() -> None:  # a child that lingers between fork and exec (the window, widened)
+        while not stop.is_set():
+            codes.append(sp.run(["true"], capture_output=True, preexec_fn=lambda: time.sleep(0.01)).returncode)
+
+    t = threading.Thread(target=spawn)
+    t.start()
+    try:
+        for _ in range(150):
+            rc, *_ = run_child(["true"], tmp_path, {"PATH": "/usr/bin:/bin"}, 10, sandboxed=False)
+            assert rc == 0
+    finally:
+        stop.set()
+        t.join()
+    assert len(codes) > 30 and set(codes) == {0}, sorted(set(codes))

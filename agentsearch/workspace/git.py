@@ -88,9 +88,11 @@ def common_dir(path: Path) -> Path:
 
 
 def resolve_commit(repo_dir: Path, ref: str) -> str:
-    out = run_git("rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}", cwd=repo_dir, check=False).strip()
+    proc = _git(["rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"], repo_dir)
+    out = proc.stdout.strip()
     if not out:
-        raise TargetError(f"{ref!r} is not a branch, tag or commit of {repo_dir}")
+        why = (proc.stderr.strip().splitlines() or [""])[-1] or (f"git exited with {proc.returncode}" if proc.returncode < 0 else "")
+        raise TargetError(f"{ref!r} is not a branch, tag or commit of {repo_dir}" + (f" ({why})" if why else ""))
     return out
 
 
