@@ -44,6 +44,7 @@ from harness.engine_session import clock_disagrees
 from harness.interleave import WorkloadRun, run_interleaved
 from harness.seeds import pair_seeds
 from harness.sequential import OK, SequentialDesign, decide_guard
+from harness.safe_io import UnsafeFile, read_beneath
 from harness.trials import (BASELINE, CANDIDATE, TIMEOUT, TRIAL_MARKER, CommandSpec, TrialOutcome, TrialRecord, child_env, kill_group,
                             kill_leftovers, read_metrics, read_tail, run_command_trial, safe_json_loads, substitute, tail)
 from history.records import FailureKind
@@ -158,6 +159,20 @@ def _check(cases_path: Path, samples: list[Path], rounds: int = 1) -> tuple[int,
     return int(res["checked"]), [str(f) for f in res["failures"]], ""
 
 
+SAMPLES_LIMIT = 1 << 30  # the largest outputs file read back from a side
+
+
+def _take(root: Path, samples: Path, kept: Path) -> bool:
+    """Copy the side's ``samples`` (below its output directory ``root``) to the orchestrator's ``kept``: no link
+    anywhere on the way (the side could have made ``micro`` itself a link to another side's directory), a
+    regular file, capped. False when there is no such file."""
+    try:
+        kept.write_bytes(read_beneath(root, samples, SAMPLES_LIMIT))
+    except (UnsafeFile, OSError):
+        return False
+    return True
+
+
 class _WrongTimed(Exception):
     """A timed call's output did not match the reference."""
 
@@ -186,9 +201,8 @@ class _Session:
         kept = self.keep / f"{self.side}-{self.n}.npz"
         self.n += 1
         if outcome.ok:
-            if samples.is_symlink() or not samples.is_file():
+            if not _take(self.sd.out(self.side), samples, kept):
                 return TrialOutcome(False, None, outcome.metrics, outcome.wall_s, "the worker wrote no outputs", outcome.stderr_tail)
-            samples.replace(kept)
             self.on_check(self.side, kept)
         return outcome
 
@@ -364,9 +378,8 @@ def run(config: Config, sd: Sides, targets: list[Target], master: int, alpha: fl
             return _fail(res, t0, f"{t.op}: {r.failures[0]}")
         samples = sd.out(CANDIDATE) / "micro" / "samples.npz"
         kept = keep / f"{t.op}-correct.npz"
-        if samples.is_symlink() or not samples.is_file():
+        if not _take(sd.out(CANDIDATE), samples, kept):
             return _fail(res, t0, f"{t.op}: the candidate's worker wrote no outputs", FailureKind.CRASH)
-        samples.replace(kept)
         checked, failures, err = _check(cpath, [kept])
         if err:  # the instrument failed: fail closed
             return _fail(res, t0, f"{t.op}: {err}", FailureKind.MEASUREMENT_ERROR)

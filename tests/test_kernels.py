@@ -242,3 +242,21 @@ def test_the_claude_prompt_carries_the_op_specs_and_a_library_example_on_a_fork_
     assert 'ir.ops.rms_norm.register_impl(\n    "agentsearch_cpu"' in text  # the example, as a proposal adds it
     other = render_prompt(Context(read_file={}.get, history=[], insights=None, number=1, seed=1), ())
     assert "## Kernels" not in other
+
+
+def test_a_sides_outputs_are_taken_without_following_a_link_it_made(tmp_path):
+    """Red team, agents (a lead): a side that makes its `micro` output directory a link to another directory
+    (another side's, the orchestrator's) has its outputs refused, never read from there."""
+    from agentsearch.micro import _take
+
+    root, other = tmp_path / "out-candidate", tmp_path / "out-baseline" / "micro"
+    other.mkdir(parents=True)
+    (other / "samples.npz").write_bytes(b"the baseline's correct outputs")
+    root.mkdir()
+    (root / "micro").symlink_to(other)
+    kept = tmp_path / "kept.npz"
+    assert not _take(root, root / "micro" / "samples.npz", kept) and not kept.exists()
+    (root / "micro").unlink()
+    (root / "micro").mkdir()
+    (root / "micro" / "samples.npz").write_bytes(b"its own")
+    assert _take(root, root / "micro" / "samples.npz", kept) and kept.read_bytes() == b"its own"
