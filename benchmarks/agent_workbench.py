@@ -45,6 +45,7 @@ from typing import Any, Callable
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.toy import TOY_BENCH  # noqa: E402
 from agentsearch.workbench import FILES_TOOL, Workbench, sandbox_available  # noqa: E402
 from agentsearch.workspace import Workspace  # noqa: E402
 from history import HistoryLog  # noqa: E402
@@ -66,20 +67,7 @@ def _load_messages_api() -> Any:
 GIT_ENV = {"GIT_AUTHOR_NAME": "Bench", "GIT_AUTHOR_EMAIL": "bench@example.com",
            "GIT_COMMITTER_NAME": "Bench", "GIT_COMMITTER_EMAIL": "bench@example.com"}
 
-TOY_BENCH = """
-import json, os, random, sys, time
-seed, out = int(sys.argv[1]), sys.argv[2]
-mode = open("mode.txt").read().strip() if os.path.exists("mode.txt") else ""
-if mode == "crash":
-    sys.stderr.write("Traceback: ZeroDivisionError: division by zero\\n")
-    sys.exit(1)
-if mode == "hang":
-    time.sleep(3600)
-factor = float(open("speed.txt").read())
-rng = random.Random()
-cv = float(os.environ.get("TOY_CV", "0.02"))
-json.dump({"ops_s": 1000.0 * factor * rng.gauss(1.0, cv), "seed": seed}, open(out, "w"))
-"""
+
 
 TOY_CONFIG = """
 [target]

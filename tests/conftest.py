@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.toy import TOY_BENCH
+
 ROOT = Path(__file__).resolve().parents[1]
 # the tiny model is built once per checkout and shared by all tests (git-ignored)
 os.environ.setdefault("AGENTSEARCH_CACHE", str(ROOT / ".cache"))
@@ -57,20 +59,7 @@ def make_repo(path: Path, files: dict[str, str]) -> Path:
 
 # A toy command target: the bench reads a speed factor (and failure modes) from the worktree
 # and adds real random noise. Protected: bench/** and agentsearch.toml.
-TOY_BENCH = """
-import json, os, random, sys, time
-seed, out = int(sys.argv[1]), sys.argv[2]
-mode = open("mode.txt").read().strip() if os.path.exists("mode.txt") else ""
-if mode == "crash":
-    sys.stderr.write("Traceback: ZeroDivisionError: division by zero\\n")
-    sys.exit(1)
-if mode == "hang":
-    time.sleep(3600)
-factor = float(open("speed.txt").read())
-rng = random.Random()
-cv = float(os.environ.get("TOY_CV", "0.02"))
-json.dump({"ops_s": 1000.0 * factor * rng.gauss(1.0, cv), "seed": seed}, open(out, "w"))
-"""
+# TOY_BENCH (benchmarks/toy.py, shared with the benchmarks): the bench reads speed.txt and adds real noise
 
 TOY_CONFIG = """
 [target]

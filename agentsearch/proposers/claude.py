@@ -65,20 +65,25 @@ def render_prompt(ctx: Context, protected: tuple[str, ...], session: str = "", a
     env.filters["untrusted_block"] = lambda s, limit=6000: text.clean("" if s is None else s, limit).replace(nonce, "")
     config = ctx.extra.get("config")
     recent = [h for h in ctx.history if h.get("verdict")][-12:]
-    insights_md = ""
-    if ctx.insights:
-        from history.insights import markdown
-
-        try:
-            insights_md = markdown(ctx.insights)
-        except (KeyError, TypeError):
-            insights_md = ""
+    insights_md = insights_markdown(ctx)
     return env.get_template("agent_prompt.md.j2").render(
         config=config, workloads=list(config.workloads) if config else [], objective=config.objective.name if config else "",
         protected=protected, recent=recent, rejections=[h for h in recent if h["verdict"] != "merge"][-6:],
         insights=insights_md, profiles=ctx.extra.get("profiles") or [], categories=CATEGORIES, tools=TOOLS,
         kernels=kernel_context(ctx), nonce=nonce, session=session, agents=agents, revising=revising,
     )
+
+
+def insights_markdown(ctx: Context) -> str:
+    """The insights the proposer was given, as Markdown ('' when none, or when they do not render)."""
+    if not ctx.insights:
+        return ""
+    from history.insights import markdown
+
+    try:
+        return markdown(ctx.insights)
+    except (KeyError, TypeError):
+        return ""
 
 
 def kernel_context(ctx: Context) -> dict | None:
@@ -154,17 +159,9 @@ class ClaudeProposer:
         # the session's label and a nonce: sessions that ran at once, or before a crash, never share a key or a worktree
         label = f"{ctx.number:03d}-{secrets.token_hex(3)}"
         key = f"claude:{ctx.extra.get('episode')}:{label}"
-        insights_md = ""
-        if ctx.insights:
-            from history.insights import markdown
-
-            try:
-                insights_md = markdown(ctx.insights)
-            except (KeyError, TypeError):
-                insights_md = ""
         try:
             bench = Workbench(ctx.extra["workspace"], config, ctx.extra["base"], f"{ctx.extra.get('episode')}-{label}",
-                              history=ctx.history, insights_md=insights_md, say=ctx.extra.get("say"), start_from=start_from)
+                              history=ctx.history, insights_md=insights_markdown(ctx), say=ctx.extra.get("say"), start_from=start_from)
         except WorkbenchError as exc:
             raise ProposerError(str(exc)) from None
         patch, diff_error = "", ""
