@@ -48,6 +48,25 @@ def cli_env(home: Path) -> dict[str, str]:
             "DISABLE_ERROR_REPORTING": "1", "CLAUDE_CODE_DISABLE_TERMINAL_TITLE": "1"}
 
 
+def cli_launcher(home: Path) -> str | None:
+    """A launcher for the bundled CLI that dies with the orchestrator: ``setpriv --pdeathsig KILL`` (util-linux)
+    before the CLI's exec — killed, the orchestrator would otherwise leave the CLI running on for seconds. None
+    (the SDK finds the CLI itself) where there is no bundled CLI or no setpriv."""
+    import shlex
+    import shutil
+
+    import claude_agent_sdk
+
+    cli = Path(claude_agent_sdk.__file__).parent / "_bundled" / "claude"
+    setpriv = shutil.which("setpriv")
+    if not cli.is_file() or setpriv is None:
+        return None
+    path = home / "claude"
+    path.write_text(f'#!/bin/sh\nexec {shlex.quote(setpriv)} --pdeathsig KILL -- {shlex.quote(str(cli))} "$@"\n')
+    path.chmod(0o755)
+    return str(path)
+
+
 def tool_names(bench: Any) -> list[str]:
     return [f"mcp__{SERVER}__{name}" for name in bench.TOOLS]
 
@@ -99,7 +118,7 @@ def run_session(prompt: str, home: Path, model: str | None, max_turns: int, max_
             cwd=str(cwd), env=cli_env(cli_home), tools=[], allowed_tools=allowed,
             mcp_servers={SERVER: _server(bench)} if bench is not None else {}, strict_mcp_config=True, setting_sources=[],
             can_use_tool=can_use_tool, permission_mode="default", max_turns=max_turns, model=model,
-            max_budget_usd=max_cost_usd,
+            max_budget_usd=max_cost_usd, cli_path=cli_launcher(home),
         )
         texts: list[str] = []
         async with ClaudeSDKClient(options=options) as client:

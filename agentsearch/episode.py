@@ -212,7 +212,12 @@ class Episode:
             self.retire_warm()  # its engines shut down, its worktree removed: also on errors and Ctrl-C
 
     def _run(self) -> dict[str, Any]:
-        # 1. finish what a crash cut off: merges whose verdict is recorded, then an in-flight proposal
+        # 1. finish what a crash cut off: agent sessions' workbenches (their proposals were never made: new
+        # sessions take their place), merges whose verdict is recorded, then an in-flight proposal
+        from .workbench import clear_leftovers
+
+        if clear_leftovers(self.ws):
+            self.say(self.plan.episode, "removed the workbenches of agent sessions a crash cut off")
         self.complete_merges()
         for p in sorted(self.state.proposals.values(), key=lambda p: p.number):
             if p.verdict is None:

@@ -69,6 +69,9 @@ class ParallelEpisode:
 
     def _run(self) -> dict[str, Any]:
         e = self.e
+        from .workbench import clear_leftovers
+
+        clear_leftovers(self.ws)  # agent sessions a crash cut off (their proposals were never made)
         e.complete_merges()
         holdout_secret(self.ws)  # made here, once: every node (and a later recheck) draws the same holdout
         self.x.set_full_bundle(git.bundle(self.ws.repo_dir, {"start": e.plan.baseline}))

@@ -124,6 +124,25 @@ def cap(s: str, limit: int) -> str:
     return s[:head] + f"\n… ({len(s) - limit} characters cut) …\n" + s[-(limit - head):]
 
 
+def clear_leftovers(ws: Workspace) -> int:
+    """Remove what agent sessions of a run that was killed left behind — their worktrees, private directories
+    and snapshot refs; how many sessions. Called when an episode starts or resumes (it holds the workspace
+    lock: no session of another run is alive)."""
+    from .sides import remove_worktree
+
+    n = 0
+    for wt in sorted(ws.worktrees.glob("agent-*")) if ws.worktrees.is_dir() else ():
+        link = wt / ".git"
+        remove_worktree(ws, wt, link.read_text() if link.is_file() and not link.is_symlink() else "")
+        n += 1
+    for d in sorted((ws.state / "tmp").glob("agent-*")) if (ws.state / "tmp").is_dir() else ():
+        remove_tree(d)
+    refs = git.run_git("for-each-ref", "--format=%(refname)", "refs/agentsearch/workbench/", cwd=ws.repo_dir, check=False).split()
+    for ref in refs:
+        git.run_git("update-ref", "-d", ref, cwd=ws.repo_dir, check=False)
+    return n
+
+
 def sandbox_available() -> tuple[bool, str]:
     """(available, why not): the workbench runs nothing outside the sandbox, so it needs one."""
     return sandbox.probe()

@@ -185,3 +185,46 @@ def test_a_rejected_proposal_is_revised_from_its_change_and_its_verdict(tmp_path
     assert meta["parent"] == first["proposal"] and meta["revision"] == 1
     rep = run_cli("report", "-C", str(repo), second["proposal"].split("/")[-1])
     assert rep.returncode == 0 and "A revision (number 1) of proposal" in rep.stdout
+
+
+def test_a_killed_episode_resumes_with_new_sessions_and_nothing_left_running(tmp_path):
+    """SIGKILL during an agent session (its `run` still going): nothing of the session outlives the
+    orchestrator, and `--resume` clears its workbench and starts a new session for the proposal not made."""
+    import signal
+    import time
+
+    repo = claude_target(tmp_path)
+    marker = f"sleep 7{time.time_ns() % 10000:04d}"
+    slow = [{"tool": WB + "edit", "input": {"path": "speed.txt", "old": "1.0", "new": "1.3"}},
+            {"tool": WB + "run", "input": {"command": marker, "timeout_s": 200}}, WIN[-1]]
+    with ScriptedMessagesAPI([slow]) as api:
+        env = {**os.environ, **cli_env(api.url, tmp_path / "clihome")}
+        proc = subprocess.Popen([sys.executable, "-m", "agentsearch.cli", "episode", "-C", str(repo), "--proposer", "claude", "--budget", "1",
+                                 "--json"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        deadline = time.monotonic() + 120
+        while subprocess.run(["pgrep", "-f", marker], capture_output=True).returncode != 0:
+            assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read().decode() if proc.poll() is not None else "no run"
+            time.sleep(0.2)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    ws = Workspace.open(repo)
+    assert list(ws.worktrees.glob("agent-*"))  # the killed session's workbench, left behind
+    time.sleep(2)
+    assert subprocess.run(["pgrep", "-f", marker], capture_output=True).returncode == 1  # its `run` died with it
+    leftovers = [p for p in Path("/proc").iterdir() if p.name.isdigit() and _cwd_under(p, ws.common)]
+    assert not leftovers, leftovers  # nor the CLI: nothing runs in the workbench any more
+    with ScriptedMessagesAPI([WIN, LESSONS]) as api:
+        env = {**os.environ, **cli_env(api.url, tmp_path / "clihome")}
+        resumed = subprocess.run([sys.executable, "-m", "agentsearch.cli", "episode", "-C", str(repo), "--resume", "--json"], cwd=ROOT, env=env,
+                                 capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr
+    out = json.loads(resumed.stdout)
+    assert [(p["title"], p["verdict"]) for p in out["proposals"]] == [("Raise the speed factor", "merge")]
+    assert not list(ws.worktrees.glob("agent-*")) and not list((ws.state / "tmp").glob("agent-*"))
+
+
+def _cwd_under(proc: Path, root: Path) -> bool:
+    try:
+        return str((proc / "cwd").resolve()).startswith(str(root.resolve()))
+    except OSError:
+        return False
