@@ -101,11 +101,11 @@ class ParallelEpisode:
                     if stop is not None:
                         break
                     e.say(f"{e.plan.episode}/{len(e.state.proposals) + 1:03d} propose", f"asking the {e.proposer.name} proposer")
-                    cand = e.proposer.next(e.state.judged_keys, e.context())
-                    if cand is None:
+                    nxt = e.proposer.next(e.state.judged_keys, e.context())
+                    if nxt is None:
                         stop = "queue empty"
                         break
-                    self._add(order, cand)
+                    self._add(order, nxt)
                 if self._commit_head(order):
                     continue
                 if not order and not (sessions is not None and sessions.inflight):

@@ -30,13 +30,12 @@ import math
 import os
 import json
 import secrets
-import shutil
 import sys
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from harness import cgroups, sandbox, seeds
 from harness.engine_session import EnginePool
@@ -153,7 +152,7 @@ class Workbench:
 
     TOOLS = TOOLS
 
-    def __init__(self, ws: Workspace, config: Config, base: str, name: str, *, history: list[Mapping[str, Any]] | None = None,
+    def __init__(self, ws: Workspace, config: Config, base: str, name: str, *, history: Sequence[Mapping[str, Any]] | None = None,
                  insights_md: str = "", say: Callable[[str, str], None] | None = None, start_from: str = ""):
         ok, why = sandbox_available()
         if not ok:

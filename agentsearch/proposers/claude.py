@@ -20,7 +20,7 @@ import re
 import secrets
 import threading
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 import jinja2
 
