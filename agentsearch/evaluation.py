@@ -20,10 +20,11 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from harness import coverage, environment
-from harness.seeds import confirmation_seeds, coverage_seed, new_master, pair_seeds
+from harness.seeds import confirmation_seeds, coverage_seed, guard_check_seeds, new_master, pair_seeds
 from harness.interleave import WorkloadRun, run_interleaved
-from harness.gate_defaults import LOADED_SHARE
-from harness.sequential import LOSE, OK, REGRESSED, WIN, SequentialDesign, confirmation_design, decide_confirmation, decide_guard, decide_objective
+from harness.gate_defaults import LOADED_CONFIRM_PAIRS, LOADED_SHARE
+from harness.sequential import (LOSE, OK, REGRESSED, WIN, SequentialDesign, confirmation_design, decide_confirmation, decide_guard,
+                                decide_objective, decide_regression)
 from harness.trials import BASELINE, CANDIDATE, TrialRecord, child_env, run_child, tail
 from history.records import CheckName, FailureKind, decision_failure
 
@@ -331,8 +332,11 @@ class _Ctx:
 
 
 CONFIRMATION_SESSION = 1000  # the confirmation's engines: restart indices from here, used by no other round
-_CHECK_OF = {"objective": "objective", "guard": "guard-workloads", "confirmation": "confirmation"}
-_DECIDE_OF = {"objective": decide_objective, "guard": decide_guard, "confirmation": decide_confirmation}
+GUARD_CHECK_SESSION = 2000  # a guard regression's re-measurement: fresh engines again, used by no other round
+GUARD_CHECK = "guard-check"  # the role of that re-measurement
+UNCONFIRMED = "unconfirmed"  # a guard's regression that did not hold on fresh engines (recorded as such, never a lesson)
+_CHECK_OF = {"objective": "objective", "guard": "guard-workloads", "confirmation": "confirmation", GUARD_CHECK: "guard-workloads"}
+_DECIDE_OF = {"objective": decide_objective, "guard": decide_guard, "confirmation": decide_confirmation, GUARD_CHECK: decide_regression}
 
 
 def _run_workload(ctx: _Ctx, w: WorkloadConfig, role: str, decide: Callable[..., Any] | None = None,
@@ -348,7 +352,14 @@ def _run_workload(ctx: _Ctx, w: WorkloadConfig, role: str, decide: Callable[...,
         st.add(_CHECK_OF[role], Status.FAIL, str(exc), FailureKind.SETUP_ERROR)
         st.baseline_failure = (w.name, str(exc))
         return None
-    if role == "confirmation":
+    if role == GUARD_CHECK:
+        # a guard's regression, measured again on fresh engines and seeds before it may reject (regressions are
+        # confirmed like wins): enough pairs to be significant by themselves
+        wdesign = confirmation_design(max(config.gate.confirm_pairs, LOADED_CONFIRM_PAIRS), strict=True)
+        inner_g = factory
+        factory = lambda side, restart: inner_g(side, GUARD_CHECK_SESSION + restart)  # noqa: E731
+        options = {**options, "restarts": confirmation_restarts(config)}
+    elif role == "confirmation":
         wdesign = confirmation_design(config.gate.confirm_pairs, strict)
         # on fresh engines (restart indices no other round uses; the candidate's objective engines are retired
         # first, these after it): a win that was one engine instance's luck (an A/A measured about +3% on one
@@ -359,7 +370,7 @@ def _run_workload(ctx: _Ctx, w: WorkloadConfig, role: str, decide: Callable[...,
         options = {**options, "restarts": confirmation_restarts(config)}
     else:
         wdesign = workload_design(ctx.design, w)
-    seeds = confirmation_seeds(ctx.master, w.name) if role == "confirmation" else pair_seeds(ctx.master, w.name)
+    seeds = (confirmation_seeds if role == "confirmation" else guard_check_seeds if role == GUARD_CHECK else pair_seeds)(ctx.master, w.name)
 
     emitted = 0
 
@@ -385,6 +396,8 @@ def _run_workload(ctx: _Ctx, w: WorkloadConfig, role: str, decide: Callable[...,
     summary = summarize(r, role, w, wdesign, prior is not None)
     if role == "confirmation":
         st.confirmation = summary
+    elif role == GUARD_CHECK:
+        st.summaries[f"{w.name} (fresh engines)"] = summary
     else:
         st.summaries[w.name] = summary
     return r
@@ -430,6 +443,20 @@ def _guards(ctx: _Ctx) -> bool:
         if w.name == ctx.config.objective.name:
             continue
         g = _run_workload(ctx, w, "guard")
+        if g is not None and not g.failure and g.decision is not None and g.decision.action == REGRESSED:
+            # confirmed like a win: measured again on fresh engines and seeds; only a regression that holds there rejects
+            ctx.say(f"{w.name} (guard)", f"{g.decision.reason}: measuring again on fresh engines")
+            again = _run_workload(ctx, w, GUARD_CHECK)
+            if again is None or again.failure or again.decision is None or again.decision.action == REGRESSED:
+                if not _judged(ctx, again, "guard-workloads", w.name, OK):
+                    first = ctx.st.checks[-1]
+                    ctx.st.checks[-1] = dataclasses.replace(first, detail=f"{first.detail} (first run: {g.decision.reason})")
+                    return False
+            first = ctx.st.summaries[w.name]
+            ctx.st.summaries[w.name] = dataclasses.replace(first, decision=UNCONFIRMED, reason=f"{first.reason}; not confirmed on fresh engines")
+            assert again is not None and again.decision is not None
+            notes.append(f"{w.name}: {g.decision.reason} on the first engines, but {again.decision.reason} — not a regression")
+            continue
         if not _judged(ctx, g, "guard-workloads", w.name, OK):
             return False
         assert g is not None and g.decision is not None

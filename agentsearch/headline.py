@@ -89,7 +89,8 @@ def decision_label(w: Mapping[str, Any]) -> str:
     if d == "ok" and w.get("role") == "confirmation":
         return "confirmed"
     return {"win": "win", "ok": "ok", "regressed": "regressed", "inconclusive": "inconclusive",
-            "not-confirmed": "not confirmed", "failed": "failed", "not-run": "not run"}.get(d, d)
+            "not-confirmed": "not confirmed", "unconfirmed": "regression not confirmed", "failed": "failed",
+            "not-run": "not run"}.get(d, d)
 
 
 def objective_of(data: Mapping[str, Any]) -> tuple[str | None, Mapping[str, Any] | None]:

@@ -41,8 +41,10 @@ P_TESTS = {
     "objective": "one-sided paired t-test on log(candidate/baseline), H1: the candidate is faster",
     "guard": "one-sided paired t-test on log(candidate/baseline), H1: the candidate is slower (a small p is a regression)",
     "confirmation": "one-sided paired t-test on log(candidate/baseline), H1: the candidate is slower (a small p would undo the win)",
+    "guard-check": "one-sided paired t-test on log(candidate/baseline) on fresh engines, H1: the candidate is slower (the guard's regression holds)",
 }
-P_SHORT = {"objective": "t-test, H1 faster", "guard": "t-test, H1 slower", "confirmation": "t-test, H1 slower"}
+P_SHORT = {"objective": "t-test, H1 faster", "guard": "t-test, H1 slower", "confirmation": "t-test, H1 slower",
+           "guard-check": "t-test, H1 slower"}
 CHECK_NOTES = {
     "based-on-baseline": "the candidate contains the baseline it was measured against",
     "protected-paths": "no protected file (bench, config, harness inputs) was touched",
@@ -196,7 +198,7 @@ def gather(ws: Workspace, what: str) -> Evidence:
 
 
 # ---------------------------------------------------------------------------- engine sessions
-PHASE_RANK = {"objective": 0, "guard": 1, "confirmation": 2}
+PHASE_RANK = {"objective": 0, "guard": 1, "guard-check": 2, "confirmation": 3}
 SESSIONS_DIFFER_P = 0.05  # below it, the report says the sessions disagree
 
 
@@ -405,7 +407,7 @@ def _draws_line(dist: Mapping[str, Any]) -> str:
 
 def context(ev: Evidence, images: Mapping[str, str], local: bool = True) -> dict[str, Any]:
     v = ev.verdict
-    order = {"objective": 0, "guard": 1, "confirmation": 2}
+    order = {"objective": 0, "guard": 1, "guard-check": 2, "confirmation": 3}
     named = sorted((v.get("workloads") or {}).items(), key=lambda kv: order.get(kv[1].get("role"), 3))
     if v.get("confirmation"):
         c = v["confirmation"]

@@ -16,6 +16,7 @@ from typing import Callable
 
 CONFIRMATION_SALT = 0x5EED  # the confirmation run: fresh inputs, same workloads
 COVERAGE_SALT = 0xC0DE  # the untimed coverage trial
+GUARD_CHECK_SALT = 0x6A4D  # a guard's regression re-measured on fresh engines
 ADVISORY_SALT = 0xAD5E  # an agent's advisory measurement (its seeds also carry ADVISORY_BIT)
 
 _BATCH_SALT = secrets.token_bytes(16)  # per orchestrator process: the same for both sides of a comparison
@@ -49,6 +50,11 @@ def advisory_seeds(master: int, workload: str) -> Callable[[int], int]:
 def confirmation_seeds(master: int, workload: str) -> Callable[[int], int]:
     """Pair seeds of the confirmation run (fresh inputs: none is a pair seed of the first run)."""
     return pair_seeds(master ^ CONFIRMATION_SALT, workload)
+
+
+def guard_check_seeds(master: int, workload: str) -> Callable[[int], int]:
+    """Pair seeds of a guard's regression re-measured on fresh engines (none is a pair seed of its first run)."""
+    return pair_seeds(master ^ GUARD_CHECK_SALT, workload)
 
 
 def coverage_seed(master: int, workload: str) -> int:

@@ -170,6 +170,8 @@ def distill(entries: Iterable[Any], knob_order: Mapping[str, list[Any]] | None =
     by_workload: dict[str, dict[str, Any]] = {}
     for r in rows:
         for name, w in (r.get("workloads") or {}).items():
+            if w.get("role") == "guard-check":  # a guard's re-measurement on fresh engines: part of that guard's call
+                continue
             s = by_workload.setdefault(name, {"measured": 0, "wins": 0, "regressions": 0, "failures": 0})
             s["measured"] += 1
             s["wins"] += int(w.get("decision") == "win" and not r.get("reverted"))

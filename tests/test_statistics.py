@@ -320,3 +320,50 @@ def test_sessions_differ_is_a_one_way_anova_that_sees_an_instance_lottery():
     # not testable: one session, or no session with two pairs (no within-session variance)
     assert sessions_differ([[0.1, 0.2, 0.0]]) is None and sessions_differ([[0.1], [0.2]]) is None
     assert sessions_differ([[0.1, 0.1], [0.1, 0.1]]) == 1.0 and sessions_differ([[0.1, 0.1], [0.2, 0.2]]) == 0.0
+
+
+def _instances(slow: dict[tuple[str, int], float], cv: float = 0.01):
+    """Engine instances for run_interleaved: (side, session) -> its speed factor for its whole life."""
+    import random
+
+    from harness.trials import TrialOutcome
+
+    rng = random.Random(7)
+
+    class Instance:
+        def __init__(self, side, i):
+            self.speed = slow.get((side, i), 1.0)
+
+        def start(self):
+            pass
+
+        def measure(self, seed):
+            return TrialOutcome(True, 100.0 * self.speed * rng.gauss(1.0, cv), {}, 0.0)
+
+        def close(self):
+            pass
+
+    return Instance
+
+
+def test_one_slow_engine_instance_never_carries_a_guard_regression_alone():
+    """Issue #43: the candidate's first engine instance runs 10% slower for its whole life (an A/A otherwise).
+    The guard may not call a regression from that one session; with the next session's spread in the error it
+    does not call one at all. A real 10% regression on every instance is still called."""
+    from harness.interleave import run_interleaved
+    from harness.sequential import REGRESSED, decide_guard, decide_regression, confirmation_design
+
+    design = SequentialDesign(alpha=0.005, min_pairs=4, max_pairs=16, look_every=2)
+    lucky = run_interleaved("serve-c1", _instances({("candidate", 0): 0.9}), design, decide_guard, lambda i: i, True, restarts=2)
+    assert lucky.decision is not None and lucky.decision.action != REGRESSED, lucky.decision.reason
+    assert lucky.pairs > 8  # it did not stop inside the first session (8 pairs each)
+    real = run_interleaved("serve-c1", _instances({("candidate", i): 0.9 for i in range(4)}), design, decide_guard, lambda i: i, True,
+                           restarts=2)
+    assert real.decision is not None and real.decision.action == REGRESSED, real.decision.reason
+    assert len(set(real.sessions)) == 2  # called only once the second session was in
+    # the re-measurement on fresh engines: a real regression holds, a slow instance's does not
+    check = confirmation_design(4, strict=True)
+    again = run_interleaved("serve-c1", _instances({("candidate", 0): 0.9}), check, decide_regression, lambda i: 1000 + i, True)
+    assert again.decision is not None and again.decision.action == REGRESSED  # that fresh pair is slow again: it holds
+    fresh = run_interleaved("serve-c1", _instances({}), check, decide_regression, lambda i: 1000 + i, True)
+    assert fresh.decision is not None and fresh.decision.action == "ok" and "did not hold" in fresh.decision.reason
