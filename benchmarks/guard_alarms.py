@@ -1,0 +1,78 @@
+"""Guard false alarms and power, simulated through the gate's own code path (issue #43).
+
+    .venv/bin/python benchmarks/guard_alarms.py [--reps 2000] [--seed 1]
+
+A guard workload is measured with ``run_interleaved`` + ``decide_guard`` on simulated engine sessions
+(``benchmarks.gate_quality.SimSession``: a per-pair noise and, per engine instance, an effect fixed for
+its life), with the gate's guard design (``agentsearch.gate_design.workload_design``). A regression call
+is then re-measured on a fresh pair of instances and fresh seeds with ``decide_regression``, as
+``agentsearch.evaluation`` does. For each scenario it prints the rate of regression calls before and
+after that re-measurement, for an A/A guard (a false alarm), for a planted 10% regression (power) and,
+for comparison, the old rule (``--`` column: the first call alone, sessions not counted).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from agentsearch.config import GateConfig, WorkloadConfig  # noqa: E402
+from agentsearch.gate_design import design_for, workload_design  # noqa: E402
+from benchmarks.gate_quality import Clock, Scenario, SimSession  # noqa: E402
+from harness.gate_defaults import LOADED_CONFIRM_PAIRS  # noqa: E402
+from harness.interleave import run_interleaved  # noqa: E402
+from harness.sequential import REGRESSED, confirmation_design, decide_guard, decide_regression  # noqa: E402
+
+
+def one(sc: Scenario, effect: float, gate: GateConfig, rng: np.random.Generator, counted: bool) -> tuple[bool, bool]:
+    """(first call: regressed, after the re-measurement on fresh engines: regressed)."""
+    w = WorkloadConfig(name="guard", command="-", metric="v", restarts=sc.restarts)
+    design = workload_design(design_for(gate), w)
+    clock = Clock()
+    session = lambda side, i: SimSession(sc, effect, side, clock, rng)  # noqa: E731
+    decide = decide_guard if counted else (lambda d_, x, prior=None, clusters=None: decide_guard(d_, x, prior, None))
+    run = run_interleaved("guard", session, design, decide, lambda i: i, True, restarts=sc.restarts)
+    assert run.decision is not None
+    if run.decision.action != REGRESSED:
+        return False, False
+    check = confirmation_design(max(gate.confirm_pairs, LOADED_CONFIRM_PAIRS), strict=True)
+    again = run_interleaved("guard", lambda side, i: SimSession(sc, effect, side, clock, rng), check, decide_regression,
+                            lambda i: 20_000 + i, True)
+    assert again.decision is not None
+    return True, again.decision.action == REGRESSED
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--reps", type=int, default=2000)
+    ap.add_argument("--seed", type=int, default=1)
+    args = ap.parse_args()
+    gate = GateConfig()
+    rng = np.random.default_rng(args.seed)
+    scenarios = [
+        # serve-c1 on this machine: per-pair SD ~0.10-0.13 (README, calibrate), an instance ~10% apart for its life
+        Scenario("CV 10%, instance 5%, 1 session", 0.10, instance=0.05, restarts=1),
+        Scenario("CV 10%, instance 5%, 2 sessions", 0.10, instance=0.05, restarts=2),
+        Scenario("CV 3%, instance 5%, 2 sessions", 0.03, instance=0.05, restarts=2),
+        Scenario("CV 3%, no instance effect, 1 session", 0.03, restarts=1),
+    ]
+    print(f"guard level (regression_alpha) {gate.regression_alpha}, floor -{gate.max_regression:.0%}; {args.reps} guards per cell")
+    print(f"{'scenario':<40} {'A/A: old rule':>13} {'first call':>10} {'after fresh':>11} {'-10%: first':>11} {'after fresh':>11}")
+    t0 = time.time()
+    for sc in scenarios:
+        old = sum(one(sc, 0.0, gate, rng, counted=False)[0] for _ in range(args.reps)) / args.reps
+        aa = [one(sc, 0.0, gate, rng, counted=True) for _ in range(args.reps)]
+        bad = [one(sc, -0.10, gate, rng, counted=True) for _ in range(args.reps)]
+        print(f"{sc.name:<40} {old:>13.2%} {sum(a for a, _ in aa) / args.reps:>10.2%} {sum(b for _, b in aa) / args.reps:>11.2%} "
+              f"{sum(a for a, _ in bad) / args.reps:>11.1%} {sum(b for _, b in bad) / args.reps:>11.1%}", flush=True)
+    print(f"runtime {time.time() - t0:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
