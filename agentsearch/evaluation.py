@@ -449,11 +449,12 @@ def _guards(ctx: _Ctx) -> bool:
             again = _run_workload(ctx, w, GUARD_CHECK)
             if again is None or again.failure or again.decision is None or again.decision.action == REGRESSED:
                 if not _judged(ctx, again, "guard-workloads", w.name, OK):
-                    first = ctx.st.checks[-1]
-                    ctx.st.checks[-1] = dataclasses.replace(first, detail=f"{first.detail} (first run: {g.decision.reason})")
+                    failed = ctx.st.checks[-1]
+                    ctx.st.checks[-1] = dataclasses.replace(failed, detail=f"{failed.detail} (first run: {g.decision.reason})")
                     return False
-            first = ctx.st.summaries[w.name]
-            ctx.st.summaries[w.name] = dataclasses.replace(first, decision=UNCONFIRMED, reason=f"{first.reason}; not confirmed on fresh engines")
+            summary = ctx.st.summaries[w.name]
+            ctx.st.summaries[w.name] = dataclasses.replace(summary, decision=UNCONFIRMED,
+                                                           reason=f"{summary.reason}; not confirmed on fresh engines")
             assert again is not None and again.decision is not None
             notes.append(f"{w.name}: {g.decision.reason} on the first engines, but {again.decision.reason} — not a regression")
             continue
