@@ -306,7 +306,7 @@ class Episode:
                          "pairs": obj.get("pairs"), "headline": headline(v) if v else None,
                          "merged": bool(p.merge and p.merge.get("ok")),
                          **({"parent": p.created["meta"]["parent"]} if (p.created.get("meta") or {}).get("parent") else {})})
-        from history.insights import agent_costs
+        from history.records.agent_session import agent_costs
 
         agents = agent_costs([{"meta": p.created.get("meta"), "verdict": (p.verdict or {}).get("verdict"), "reverted": False,
                                "speedup": (p.verdict or {}).get("speedup")} for p in self.state.proposals.values()])

@@ -16,7 +16,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import pandas as pd
 
-from .records.agent_session import AgentSession
+from .records.agent_session import agent_costs
 from .records import BREAKING, CheckName, FailureKind, Merge, ProposalCreated, Revert, Verdict, text
 
 INSIGHTS_SCHEMA = 1
@@ -188,31 +188,6 @@ def distill(entries: Iterable[Any], knob_order: Mapping[str, list[Any]] | None =
         "reasons": {str(k): int(v) for k, v in df.loc[~df["win"], "reason"].value_counts().items()} if judged else {},
         "knobs": knobs, "lessons": lessons(rows, knobs), "notes": [], "agents": agent_costs(rows),
     }
-
-
-def agent_costs(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
-    """What the agent sessions cost (dollars, tokens, machine seconds, calls by kind) and what they bought:
-    dollars and machine-seconds per merged percent of the objective (merges still standing). None: no agent."""
-    sessions = []
-    merged_pct = 0.0
-    for r in rows:
-        try:
-            s = AgentSession.of(r.get("meta"))
-        except ValueError:  # a session account that does not fit: counted as no agent's
-            s = None
-        if s is None:
-            continue
-        sessions.append(s)
-        if is_win(r) and isinstance(r.get("speedup"), (int, float)):
-            merged_pct += (float(r["speedup"]) - 1.0) * 100.0
-    if not sessions:
-        return None
-    tot = AgentSession.totals(sessions)
-    machine_s = tot["tool_seconds"]
-    tot.update(merged_pct=round(merged_pct, 3), cost_usd=round(tot["cost_usd"], 6),
-               usd_per_merged_pct=round(tot["cost_usd"] / merged_pct, 6) if merged_pct > 0 else None,
-               machine_s_per_merged_pct=round(machine_s / merged_pct, 3) if merged_pct > 0 else None)
-    return tot
 
 
 def markdown(ins: Mapping[str, Any]) -> str:

@@ -117,6 +117,8 @@ def test_agents_experiment_on_the_workbench_and_the_episode_judges_what_they_mad
     assert ag["sessions"] == 3 and ag["calls"]["test"] == 3 and ag["calls"]["measure"] == 1 and ag["merged_pct"] > 20
     assert ag["usd_per_merged_pct"] == round(ag["cost_usd"] / ag["merged_pct"], 6) and ag["machine_s_per_merged_pct"] > 0
     assert "## Agent sessions" in md and "per merged percent" in md
+    hist = run_cli("history", "-C", str(repo))
+    assert hist.returncode == 0 and "agents: 3 sessions" in hist.stdout and "per merged percent" in hist.stdout
     # the report shows what each session ran and what it cost
     rep = run_cli("report", "-C", str(repo), "001")
     assert rep.returncode == 0 and "agent session" in rep.stdout and "measure" in rep.stdout

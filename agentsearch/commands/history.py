@@ -10,6 +10,7 @@ from typing import Any
 import click
 
 from history.records import Evaluation as EvaluationRecord
+from history.records.agent_session import agent_costs
 
 from ..errors import EXIT_FAIL, AgentsearchError
 from ..headline import headline, pct, unit
@@ -81,7 +82,21 @@ def show(target: Path, as_json: bool) -> int:
         out.print("no evaluations recorded yet")
         return 0
     out.print(table(data, out.width))
+    ag = agents(ws, data)
+    if ag:
+        per = ("no merged win yet" if ag.get("usd_per_merged_pct") is None else
+               f"${ag['usd_per_merged_pct']:.4f} and {ag['machine_s_per_merged_pct']:.1f} machine-s per merged percent")
+        out.print(f"agents: {ag['sessions']} sessions, ${ag['cost_usd']:.4f}, {ag['tokens_in']} tokens in / {ag['tokens_out']} out, "
+                  f"{ag['tool_seconds']:.0f} s of workbench calls; {ag['merged_pct']:+.1f}% merged: {per}")
     return 0
+
+
+def agents(ws: Workspace, data: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The agent sessions' costs over the history and what they bought (``agent_costs``)."""
+    meta = {e.proposal: e.data.get("meta") for e in read_entries(ws) if e.kind == "proposal-created"}
+    return agent_costs([{"meta": meta.get(r["proposal"]), "verdict": r["verdict"], "speedup": r["speedup"],
+                         "reverted": r["reverted"] or (r["verdict"] == "merge" and not r["merged"])}
+                        for r in data if r["kind"] == "episode"])
 
 
 def table(data: list[dict[str, Any]], width: int = 100) -> Any:
