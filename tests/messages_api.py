@@ -73,6 +73,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+import re
 import os
 import sys
 import threading
@@ -133,14 +134,19 @@ def _text_of(content: Any) -> str:
     return ""
 
 
+_REMINDER = re.compile(r"<system-reminder>.*?</system-reminder>", re.DOTALL)
+
+
 def first_user_text(body: dict[str, Any]) -> str | None:
     """The text of the request's first user message, ``<system-reminder>`` blocks left out."""
     for m in body.get("messages", []):
         if isinstance(m, dict) and m.get("role") == "user":
             c = m.get("content")
             blocks = [{"type": "text", "text": c}] if isinstance(c, str) else (c if isinstance(c, list) else [])
-            return "\n".join(b.get("text", "") for b in blocks if isinstance(b, dict) and b.get("type") == "text"
-                             and not str(b.get("text", "")).lstrip().startswith("<system-reminder>"))
+            # the CLI may put <system-reminder> segments in the first message (a block of their own, or before the
+            # prompt in the same block, and not on every turn alike): only the rest identifies the conversation
+            text = "\n".join(str(b.get("text", "")) for b in blocks if isinstance(b, dict) and b.get("type") == "text")
+            return _REMINDER.sub("", text).strip()
     return None
 
 

@@ -128,9 +128,8 @@ def test_two_agents_at_once_end_in_the_same_verdicts(tmp_path):
     verdicts = {}
     for agents in ("1", "2"):
         repo = claude_target(tmp_path / agents)
-        # sessions are matched to scripts in the order their first request arrives (a race with two at once):
-        # either way one session makes the win and one changes nothing
-        with ScriptedMessagesAPI([WIN, IDLE, LESSONS]) as api:
+        # scripts routed by the session's label in its prompt (sessions 001 and 002), not by arrival order
+        with ScriptedMessagesAPI({"agent session 001-": WIN, "agent session 002-": IDLE, "Below are statistics": LESSONS}) as api:
             proc = episode(repo, api, tmp_path / agents, "--budget", "2", "--seed", "5", "--agents", agents, "--json")
         assert proc.returncode == 0, proc.stderr
         out = json.loads(proc.stdout)
