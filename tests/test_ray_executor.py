@@ -286,15 +286,21 @@ def test_worker_node_killed_mid_evaluation_is_judged_again_elsewhere(tmp_path, c
     write_queue(repo, tmp_path / "queue", full=False)
     proc = _episode(repo, cluster, "--patches", str(tmp_path / "queue"), "--seed", "11", "--parallel", "2")
     deadline = time.monotonic() + 300
-    running = None
+    running, seen = None, None
     while time.monotonic() < deadline and proc.poll() is None:
+        # an evaluation seen on a worker node twice, half a second apart: in the middle of its measurements (a toy
+        # evaluation lasts about a second; removing the node after a fixed wait found it idle under load)
         running = _running(cluster)
         if running and any(w.node_id == running["node_id"] for w in cluster.workers):
-            break
-        time.sleep(0.1)
+            if seen is not None and (seen["node_id"], seen["proposal"]) == (running["node_id"], running["proposal"]):
+                break
+            seen = running
+            time.sleep(0.5)
+            continue
+        seen = None
+        time.sleep(0.05)
     assert running is not None and proc.poll() is None
     victim = next(w for w in cluster.workers if w.node_id == running["node_id"])
-    time.sleep(1.0)  # in the middle of its measurements
     cluster.remove_node(victim)
     out, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, err

@@ -42,7 +42,9 @@ def test_kernels_bench_times_a_provider_the_agent_registered(bench):
 def test_measure_profile_and_check_outputs_on_fresh_engines(bench):
     assert bench.call("write", {"path": "serving.json", "content": serving(8)}).ok  # max_num_seqs 1 -> 8
     ans = bench.call("measure", {"pairs": 2})
-    assert ans.ok and ans.text.startswith("advisory — not the gate: throughput speedup +") and "over 2 pairs" in ans.text, ans.text
+    # two pairs on a shared machine say little about the size (the CI says so); that it measured them is the point
+    assert ans.ok and ans.text.startswith("advisory — not the gate: throughput speedup ") and "over 2 pairs" in ans.text, ans.text
+    assert "[95% CI " in ans.text and "advisory pairs left in this session" in ans.text
     prof = bench.call("profile", {})
     assert prof.ok and "by engine phase:" in prof.text and "by op / kernel" in prof.text, prof.text
     out = bench.call("check_outputs", {})
