@@ -45,7 +45,7 @@ from typing import Any, Callable
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.toy import TOY_BENCH  # noqa: E402
+from benchmarks.toy import TOY_BENCH, toy_config  # noqa: E402
 from agentsearch.workbench import FILES_TOOL, Workbench, sandbox_available  # noqa: E402
 from agentsearch.workspace import Workspace  # noqa: E402
 from history import HistoryLog  # noqa: E402
@@ -69,25 +69,9 @@ GIT_ENV = {"GIT_AUTHOR_NAME": "Bench", "GIT_AUTHOR_EMAIL": "bench@example.com",
 
 
 
-TOY_CONFIG = """
-[target]
-baseline = "main"
-protected = ["bench/**"]
-test = "{python} -m py_compile src/model.py"
+# the tests' toy target, with functional tests and the session's advisory pairs
+TEST = f'test = "{sys.executable} -m py_compile src/model.py"'
 
-[target.env]
-TOY_CV = "0.02"
-
-[[workload]]
-name = "speed"
-command = "{python} bench/bench.py {{seed}} {{out}}"
-metric = "ops_s"
-higher_is_better = true
-timeout_s = 5
-
-[agent]
-max_measure_pairs = 8
-"""
 
 
 def clean_env(**extra: str) -> dict[str, str]:
@@ -103,8 +87,8 @@ def git(repo: Path, *args: str) -> str:
 
 def make_target(path: Path) -> Path:
     """A git repository with the toy bench, initialised for agentsearch."""
-    files = {"agentsearch.toml": TOY_CONFIG.format(python=sys.executable), "bench/bench.py": TOY_BENCH, "speed.txt": "1.0\n",
-             "src/model.py": "X = 1\n"}
+    config = toy_config(5, "\n[agent]\nmax_measure_pairs = 8\n").replace('protected = ["bench/**"]', 'protected = ["bench/**"]\n' + TEST)
+    files = {"agentsearch.toml": config, "bench/bench.py": TOY_BENCH, "speed.txt": "1.0\n", "src/model.py": "X = 1\n"}
     path.mkdir(parents=True, exist_ok=True)
     git(path, "init", "-q", "-b", "main")
     for rel, text in files.items():

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.toy import TOY_BENCH
+from benchmarks.toy import TOY_BENCH, TOY_CONFIG, toy_config  # noqa: F401 (the toy target, shared with the benchmarks)
 
 ROOT = Path(__file__).resolve().parents[1]
 # the tiny model is built once per checkout and shared by all tests (git-ignored)
@@ -57,30 +57,8 @@ def make_repo(path: Path, files: dict[str, str]) -> Path:
     return path
 
 
-# A toy command target: the bench reads a speed factor (and failure modes) from the worktree
-# and adds real random noise. Protected: bench/** and agentsearch.toml.
-# TOY_BENCH (benchmarks/toy.py, shared with the benchmarks): the bench reads speed.txt and adds real noise
-
-TOY_CONFIG = """
-[target]
-baseline = "main"
-protected = ["bench/**"]
-
-[target.env]
-TOY_CV = "0.02"
-
-[[workload]]
-name = "speed"
-command = "{python} bench/bench.py {{seed}} {{out}}"
-metric = "ops_s"
-higher_is_better = true
-timeout_s = {timeout}
-"""
-
-
-def toy_config(timeout: float = 10, extra: str = "") -> str:
-    return TOY_CONFIG.format(python=sys.executable, timeout=timeout) + extra
-
+# A toy command target (benchmarks/toy.py, shared with the benchmarks): the bench reads a speed factor (and
+# failure modes) from the worktree and adds real random noise. Protected: bench/** and agentsearch.toml.
 
 @pytest.fixture
 def toy_target(tmp_path: Path) -> Path:
