@@ -28,7 +28,9 @@ from harness.distribution import MAX_DUMP_BYTES, Record, read_dump
 from harness.safe_io import read_beneath
 
 CACHE_DIR = "verify-baseline"
+REFERENCE_DIR = "verify-reference"  # the reference's dumps, per regime (agentsearch.verify): kept apart, merges do not move it
 KEEP = 4  # baselines whose dumps are kept (the newest by use)
+KEEP_REFERENCE = 16  # reference regimes whose dumps are kept
 COMPLETE = "complete"  # marker: every dump of a full check is there (the baseline's engine need not start)
 CODE = ("harness",)  # every file of the harness (the worker, the requests, the sandbox, the engine session)
 
@@ -72,8 +74,8 @@ def baseline_key(parts: Mapping[str, Any]) -> str:
 class BaselineDumps:
     """The kept dumps of one baseline key, in ``root / key``."""
 
-    def __init__(self, root: Path, key: str):
-        self.root, self.dir = root, root / key
+    def __init__(self, root: Path, key: str, keep: int = KEEP):
+        self.root, self.dir, self.keep = root, root / key, keep
 
     @property
     def complete(self) -> bool:
@@ -119,12 +121,12 @@ class BaselineDumps:
         self.prune()
 
     def prune(self) -> None:
-        """Only the newest ``KEEP`` baselines' dumps stay (a merge moves the baseline: its old dumps go)."""
+        """Only the newest ``keep`` baselines' dumps stay (a merge moves the baseline: its old dumps go)."""
         try:
             dirs = sorted((d for d in self.root.iterdir() if d.is_dir() and not d.is_symlink()), key=lambda d: d.stat().st_mtime, reverse=True)
         except OSError:
             return
-        for d in dirs[KEEP:]:
+        for d in dirs[self.keep:]:
             if d != self.dir:
                 shutil.rmtree(d, ignore_errors=True)
 

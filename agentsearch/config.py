@@ -22,6 +22,8 @@ from harness import gate_defaults as D
 from harness import models
 from harness import placement as P
 from harness import quiet
+from harness import regimes as regimes_mod
+from harness.regimes import REGIME_KEYS
 from history.records import CATEGORIES
 
 from .errors import ConfigError
@@ -262,6 +264,15 @@ class EngineConfig:
             raise ValueError(f"expected a fraction in (0, 1], got {self.foreign_load}|foreign_load")
 
 
+def _check_caps(caps: Mapping[str, Any], field_name: str) -> None:
+    bad = [key for key in caps if key not in ("kl_mean", "kl_p99", "kl_max", "dlogprob_max", "min_top1")]
+    if bad:
+        raise ValueError(f"unknown cap {bad[0]!r} (kl_mean, kl_p99, kl_max, dlogprob_max, min_top1)|{field_name}")
+    for key, v in caps.items():
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0 or (key == "min_top1" and v > 1):
+            raise ValueError(f"cap {key!r}: expected a positive finite number{' <= 1' if key == 'min_top1' else ''}, got {v!r}|{field_name}")
+
+
 @dataclass(frozen=True)
 class VerifyConfig:
     logprobs: str | None = doc(
@@ -290,6 +301,19 @@ class VerifyConfig:
         "Keep the baseline's dumps in the house and reuse them while the baseline commit, this section, the model, the "
         "environment and agentsearch's logprob code are unchanged: the next check starts no baseline engine.", True
     )
+    reference: str = doc(
+        "The commit outputs are also judged against (an ancestor of the baseline): the candidate must stay within "
+        "`drift_budget` of it. Empty: the stock commit `agentsearch init` pinned (refs/agentsearch/reference).", ""
+    )
+    regimes: tuple[Mapping[str, Any], ...] = doc(
+        "kind = \"vllm\": regimes production uses, e.g. [{max_num_seqs = 64}, {enable_prefix_caching = true}] (keys: "
+        + ", ".join(REGIME_KEYS) + "): the candidate is also compared with the reference in each.", ()
+    )
+    drift_budget: Mapping[str, Any] = doc(
+        "How far main may move from the reference, all merges together: caps like `caps` (kl_mean, kl_p99, kl_max, "
+        "dlogprob_max, min_top1). Empty: the mode's own tolerance (tight: the noise floor x3 or the dtype minimum).",
+        factory=dict,
+    )
 
     def __post_init__(self) -> None:
         if self.sample_draws < 0 or self.sample_contexts < 1:
@@ -312,13 +336,21 @@ class VerifyConfig:
             raise ValueError("expected k >= 2 and max_tokens >= 1|k")
         if self.mode == "approx" and not self.caps:
             raise ValueError("mode = \"approx\" needs caps|caps")
-        bad = [key for key in self.caps if key not in ("kl_mean", "kl_p99", "kl_max", "dlogprob_max", "min_top1")]
-        if bad:
-            raise ValueError(f"unknown cap {bad[0]!r} (kl_mean, kl_p99, kl_max, dlogprob_max, min_top1)|caps")
-        for key, v in self.caps.items():
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0 or (key == "min_top1" and v > 1):
-                raise ValueError(f"cap {key!r}: expected a positive finite number{' <= 1' if key == 'min_top1' else ''}, got {v!r}|caps")
+        _check_caps(self.caps, "caps")
         _check_seconds(self.timeout_s, "timeout_s")
+        _check_caps(self.drift_budget, "drift_budget")
+        if self.regimes and self.kind != "vllm":
+            raise ValueError("regimes need kind = \"vllm\" (a command's logprob run has no engine arguments)|regimes")
+        for regime in self.regimes:
+            if not regime:
+                raise ValueError("an empty regime; name at least one of " + ", ".join(REGIME_KEYS) + "|regimes")
+            for key, value in regime.items():
+                try:
+                    regimes_mod.check_value(key, value)
+                except regimes_mod.RegimeError as exc:
+                    raise ValueError(f"{exc}|regimes") from None
+        if self.reference and not self.reference.strip():
+            raise ValueError("expected a commit or ref, got blanks|reference")
 
     @property
     def prompts_wanted(self) -> int:
@@ -493,6 +525,10 @@ def _coerce(value: Any, tp: Any) -> tuple[bool, Any]:
         return False, None
     if origin is tuple:
         args = typing.get_args(tp)
+        if args and typing.get_origin(args[0]) in (Mapping, dict, collections.abc.Mapping):  # a list of tables
+            if isinstance(value, list) and all(isinstance(v, dict) for v in value):
+                return True, tuple(dict(v) for v in value)
+            return False, None
         if args and args[0] is Any:  # knob values: scalars of one TOML type
             if isinstance(value, list) and value and all(isinstance(v, (str, int, float, bool)) for v in value):
                 return True, tuple(value)

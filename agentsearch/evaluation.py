@@ -542,14 +542,18 @@ def _distribution(ctx: _Ctx) -> bool:
         st.add("distribution", Status.FAIL, moved, FailureKind.WORKTREE_CHANGED)
         return False
     if res.verdict != "pass":
-        st.add("distribution", Status.FAIL, "; ".join(res.reasons[:4]) + (f" (+{len(res.reasons) - 4} more)" if len(res.reasons) > 4 else ""))
+        st.add("distribution", Status.FAIL, "; ".join(res.reasons[:4]) + (f" (+{len(res.reasons) - 4} more)" if len(res.reasons) > 4 else ""),
+               FailureKind.MAIN_DIVERGES if res.blame == "main" else None)
         return False
     kl = max((v.get("kl_max") or 0.0) for s_ in res.sets.values() for v in s_.values())
     paths = list((res.sets.get("public") or {}))
     named = ", ".join(paths[:-1]) + f" and {paths[-1]}" if len(paths) > 1 else "".join(paths)
     draws = f"; draw test {res.draws['status']}" if res.draws else ""
+    ref = res.reference or {}
+    against = (f"; within the drift budget of the reference {str(ref.get('commit'))[:10]} at "
+               + ", ".join(r["label"] for r in ref.get("regimes") or [])) if ref else ""
     st.add("distribution", Status.PASS, f"{res.mode}: public {res.public_size} + holdout {res.holdout_size} prompts, "
-                                        f"{named} within tolerance (max KL {kl:.2g}){draws}")
+                                        f"{named} within tolerance (max KL {kl:.2g}){draws}{against}")
     return True
 
 

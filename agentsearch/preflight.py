@@ -99,7 +99,7 @@ class BaselineBroken(RunError):
 
 @dataclass(frozen=True)
 class Finding:
-    name: str  # config | model | overlay | sandbox | environment | baseline
+    name: str  # config | model | overlay | sandbox | placement | reference | environment | baseline
     status: str  # ok | warn | fail | skipped
     detail: str
     fix: str = ""
@@ -177,6 +177,17 @@ def check_placement(config: Config) -> Finding:
     except AgentsearchError as exc:
         return Finding("placement", FAIL, str(exc), "set [engine] placement = \"auto\"")
     return Finding("placement", OK, place.describe())
+
+
+def check_reference(ws: Workspace, config: Config, base: str) -> Finding:
+    """The reference the distribution checks judge against: pinned (or named) and an ancestor of the baseline."""
+    if config.verify is None:
+        return Finding("reference", SKIPPED, "no [verify] section")
+    try:
+        ref = ws.reference_commit(config, base)
+    except AgentsearchError as exc:
+        return Finding("reference", FAIL, str(exc))
+    return Finding("reference", OK, f"{ref[:12]}" + (" (the baseline itself)" if ref == base else f", {base[:12]} descends from it"))
 
 
 # ----------------------------------------------------------------------------- the environment probe
@@ -272,7 +283,7 @@ def check(ws: Workspace, config: Config | None = None, base: str | None = None, 
     base = base or ws.baseline_commit()
     config = config or ws.config(base)
     found = [Finding("config", OK, f"{len(config.workloads)} workload(s), baseline {config.target.baseline} @ {base[:12]}")]
-    for f in (*check_paths(config), check_sandbox(config), check_placement(config)):
+    for f in (*check_paths(config), check_sandbox(config), check_placement(config), check_reference(ws, config, base)):
         found.append(f)
     if any(f.status == FAIL for f in found):
         return found

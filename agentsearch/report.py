@@ -425,7 +425,7 @@ def context(ev: Evidence, images: Mapping[str, str], local: bool = True) -> dict
     for c in checks:
         tally[c["status"]] = tally.get(c["status"], 0) + 1
     dist = v.get("distribution")
-    dist_rows, lang_rows = [], []
+    dist_rows, lang_rows, ref_rows = [], [], []
     if dist:
         for name in ("public", "holdout"):
             for path, st in (dist.get(name) or {}).items():
@@ -433,6 +433,12 @@ def context(ev: Evidence, images: Mapping[str, str], local: bool = True) -> dict
         for lang, paths in sorted((dist.get("languages") or {}).items()):
             for path, st in paths.items():
                 lang_rows.append(_dist_row(f"language {lang}", path, {**st, "passed": None}))
+        ref = dist.get("reference") or {}
+        for who, entries in (("candidate", ref.get("regimes") or []), ("main", ref.get("main") or [])):
+            for r in entries:
+                for name, paths in (r.get("sets") or {}).items():
+                    for path, st in (paths or {}).items():
+                        ref_rows.append(_dist_row(f"{who} at {r.get('label', '?')}, {name}", path, st))
     env = dict(v.get("environment") or {})
     title = v.get("title") or ev.proposal.get("title") or v.get("ref") or ev.what
     diff_lines = ev.diff.count("\n")
@@ -443,7 +449,8 @@ def context(ev: Evidence, images: Mapping[str, str], local: bool = True) -> dict
         "badge": f"{verdict}, REVERTED" if ev.revert else verdict, "revert": ev.revert, "reasons": v.get("reasons", []),
         "workloads": workloads, "p_tests": p_tests, "checks": checks,
         "checks_summary": ", ".join(f"{n} {s}" for s, n in sorted(tally.items(), key=lambda kv: -kv[1])),
-        "dist": dist, "dist_rows": dist_rows, "lang_rows": lang_rows, "images": images,
+        "dist": dist, "dist_rows": dist_rows, "lang_rows": lang_rows, "ref_rows": ref_rows,
+        "reference": (dist or {}).get("reference") or {}, "images": images,
         "draws_line": _draws_line(dist) if dist else "",
         "coverage": v.get("coverage"), "environment": env, "versions": ev.versions, "reproduce": ev.reproduce(local),
         "rationale": ev.proposal.get("rationale") or "", "category": ev.proposal.get("category") or "",

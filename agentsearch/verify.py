@@ -10,18 +10,23 @@ numbers end to end.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import secrets
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from harness import corpus as corpus_mod
 from harness import environment, models
-from harness.distribution import DTYPE_FLOOR, PathStats, compare, judge_draws, judge_path
+from harness.distribution import DTYPE_FLOOR, MAX_DUMP_BYTES, PathStats, compare, judge_draws, judge_path
 from harness import lengths as lengths_mod
+from harness import regimes as regimes_mod
+from harness.engine_session import WorkerError, read_serving
+from harness.safe_io import read_beneath
 from harness.logprobs import CommandLogprobs, LogprobError, VllmLogprobs, decode_lengths, write_prompts, write_sample_prompts
 from harness.trials import BASELINE, CANDIDATE
 
@@ -37,7 +42,9 @@ if TYPE_CHECKING:
 # 2: the sample path is processed logprobs per set (public/holdout "sample"), the draw test is "draws";
 # every path has kl_mean_se, kl_percentiles, dp_rms, same_top_pct (version 1 records still load: the
 # report shows what they have)
-VERIFY_SCHEMA = 2
+# 3: "reference" (the candidate against the pinned reference per regime: commit, budget, regimes, main) and "blame"
+VERIFY_SCHEMA = 3
+REFERENCE = "reference"
 SECRET_FILE = "holdout.key"
 PATHS = ("prefill", "decode")
 # The sample path: each prompt is sampled under one of these settings (in turn), and the sampler's
@@ -72,6 +79,8 @@ class VerifyResult:
     draws: dict[str, Any] = field(default_factory=dict)  # the paired draw test (vLLM worker)
     corpus_size: int = 0  # prompts in the corpus before the profile's selection
     baseline_reused: int = 0  # the baseline's dumps reused from an earlier check (agentsearch.baseline_dumps)
+    reference: dict[str, Any] = field(default_factory=dict)  # the candidate against the pinned reference, per regime
+    blame: str = ""  # "" (passed) | candidate | main: main itself diverges from the reference where the candidate failed
     schema_version: int = VERIFY_SCHEMA
 
     def to_json(self) -> dict[str, Any]:
@@ -80,7 +89,7 @@ class VerifyResult:
             "mode": self.mode, "public": self.sets.get("public"), "holdout": self.sets.get("holdout"),
             "draws": self.draws or None, "holdout_size": self.holdout_size, "public_size": self.public_size,
             "corpus_size": self.corpus_size, "languages": self.languages, "noise_floor": self.floor, "wall_s": round(self.wall_s, 3),
-            "baseline_reused": self.baseline_reused,
+            "baseline_reused": self.baseline_reused, "reference": self.reference or None, "blame": self.blame or None,
         }
 
 
@@ -114,8 +123,9 @@ def longest_output(config: Config) -> int:
     return min(LONGEST_DECODE, int(2 * max(lengths_mod.SCALES) * max(outs))) if outs else 0
 
 
-def _runner_spec(vc: VerifyConfig, config: Config, side: str) -> tuple[dict[str, Any], dict[str, str]]:
-    """(the vLLM logprob worker's spec, its environment); the spec is empty for a command."""
+def _runner_spec(vc: VerifyConfig, config: Config, side: str, regime: Mapping[str, Any] | None = None) -> tuple[dict[str, Any], dict[str, str]]:
+    """(the vLLM logprob worker's spec, its environment); the spec is empty for a command. ``regime``: engine
+    arguments the worker puts over the worktree's serving.json (the run in another side's regime)."""
     env = dict(config.target.env)
     if vc.kind == "command":
         return {}, env
@@ -124,28 +134,133 @@ def _runner_spec(vc: VerifyConfig, config: Config, side: str) -> tuple[dict[str,
     engine = {"enforce_eager": True, "max_model_len": 2048, "seed": 0, "dtype": vc.dtype, **vc.engine, "logprobs_mode": "processed_logprobs"}
     engine, device = placement_for(config).logprob_engine(side, engine)  # on a GPU: the side's device, its memory share
     env.update(device)
-    return {"kind": "vllm-logprobs", "model": model, "engine": engine}, env
+    spec = {"kind": "vllm-logprobs", "model": model, "engine": engine}
+    if regime is not None:
+        spec["regime"] = {k: regime.get(k) for k in regimes_mod.REGIME_KEYS}
+    return spec, env
 
 
-def _runner(vc: VerifyConfig, config: Config, worktree: Path, log: Path, out_root: Path, side: str = BASELINE):
-    spec, env = _runner_spec(vc, config, side)
+def _runner(vc: VerifyConfig, config: Config, worktree: Path, log: Path, out_root: Path, side: str = BASELINE,
+            regime: Mapping[str, Any] | None = None):
+    spec, env = _runner_spec(vc, config, side, regime)
     if vc.kind == "command":
         assert vc.logprobs
         return CommandLogprobs(vc.logprobs, worktree, env, vc.timeout_s, out_root)
     return VllmLogprobs(spec, worktree, env, log, vc.timeout_s, out_root)
 
 
-def kept_dumps(ws: Workspace, config: Config, commit: str) -> baseline_dumps.BaselineDumps:
-    """Where the baseline's dumps for ``commit`` under this config and machine are kept."""
+def kept_dumps(ws: Workspace, config: Config, commit: str, regime: Mapping[str, Any] | None = None,
+               reference: bool = False) -> baseline_dumps.BaselineDumps:
+    """Where the dumps of ``commit`` (the baseline's, or with ``reference`` the reference's) under this config and
+    machine are kept; ``regime``: run in that regime rather than the commit's own serving.json's."""
     vc = config.verify
     assert vc is not None
-    spec, env = _runner_spec(vc, config, BASELINE)
+    spec, env = _runner_spec(vc, config, BASELINE, regime)
     key = baseline_dumps.baseline_key({
         "commit": commit, "verify": dataclasses.asdict(vc), "spec": spec, "env": env, "install": config.target.install,
         "overlay_from": config.target.overlay_from, "build": config.target.build, "model": baseline_dumps.model_digest(spec.get("model")),
         "environment": environment.fingerprint(), "code": baseline_dumps.code_digest(), "version": __version__,
     })
+    if reference:
+        return baseline_dumps.BaselineDumps(ws.state / baseline_dumps.REFERENCE_DIR, key, baseline_dumps.KEEP_REFERENCE)
     return baseline_dumps.BaselineDumps(ws.state / baseline_dumps.CACHE_DIR, key)
+
+
+def side_regime(vc: VerifyConfig, worktree: Path, side: str) -> regimes_mod.Regime:
+    """The regime a side's logprob runs use ({} for a command: it has no engine arguments). LogprobError naming
+    the side when its serving.json is unreadable or sets a regime key to a value no engine takes."""
+    if vc.kind != "vllm":
+        return {}
+    try:
+        return regimes_mod.effective(vc.engine, read_serving(worktree))
+    except (WorkerError, regimes_mod.RegimeError) as exc:
+        raise LogprobError(f"{side}: serving.json: {exc}") from None
+
+
+def budget_of(vc: VerifyConfig) -> tuple[str, dict[str, Any], str]:
+    """(mode, caps, words) the reference comparison is judged with: ``[verify] drift_budget`` when set, else the
+    check's own mode and caps."""
+    if vc.drift_budget:
+        return "approx", dict(vc.drift_budget), "[verify] drift_budget " + ", ".join(f"{k} {v:g}" for k, v in vc.drift_budget.items())
+    words = {"tight": "the tight mode's tolerance (noise floor x3 or the dtype minimum)", "exact": "bit-identity (exact mode)"}
+    return vc.mode, dict(vc.caps), words.get(vc.mode, "the approx mode's caps")
+
+
+class _Elsewhere:
+    """A runner in another built side (the reference's, in its own sandbox): the prompts are copied into that
+    side's inputs, its dump is read beneath that side's outputs and copied to where the check reads it."""
+
+    def __init__(self, inner: Any, sides: "Sides"):
+        self.inner, self.sides = inner, sides
+
+    def _call(self, method: str, prompts: Path, out: Path, **args: Any) -> dict:
+        inputs = self.sides.inputs / "verify"
+        inputs.mkdir(parents=True, exist_ok=True)
+        theirs = self.sides.out(BASELINE) / "verify" / out.name
+        theirs.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(prompts, inputs / prompts.name)
+        dump = getattr(self.inner, method)(inputs / prompts.name, theirs, **args)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_bytes(read_beneath(self.sides.out(BASELINE), theirs, MAX_DUMP_BYTES))
+        return dump
+
+    def run(self, prompts: Path, out: Path, k: int, max_tokens: int) -> dict:
+        return self._call("run", prompts, out, k=k, max_tokens=max_tokens)
+
+    def processed(self, prompts: Path, out: Path, settings: list[dict], k: int, max_tokens: int) -> dict:
+        return self._call("processed", prompts, out, settings=settings, k=k, max_tokens=max_tokens)
+
+    def samples(self, prompts: Path, out: Path, settings: list[dict], n: int, seed: int) -> dict:
+        return self._call("samples", prompts, out, settings=settings, n=n, seed=seed)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class _Trusted:
+    """Logprob runs of code that is not the candidate's — the baseline in another regime, the reference in any —
+    kept in the house per (commit, regime) and made only at the first miss. The reference's worktree is built
+    (in a sandbox of its own) only when one of its dumps is missing."""
+
+    def __init__(self, ws: Workspace, config: Config, sd: "Sides", reference: str, stack: contextlib.ExitStack):
+        self.ws, self.config, self.sd, self.reference, self.stack = ws, config, sd, reference, stack
+        self.runners: dict[tuple[str, str], baseline_dumps.ReusingRunner] = {}
+        self.ref_sides: Any = None
+        self.collected = 0
+
+    def _reference_side(self) -> Any:
+        from .sides import built_sides
+
+        if self.ref_sides is None:
+            tag = f"reference-{self.reference[:10]}-{secrets.randbelow(100000):05d}"
+            self.ref_sides = self.stack.enter_context(built_sides(self.ws, self.config, {BASELINE: self.reference}, tag, "reference"))
+        return self.ref_sides
+
+    def runner(self, who: str, regime: Mapping[str, Any], n: int) -> baseline_dumps.ReusingRunner:
+        vc = self.config.verify
+        assert vc is not None
+        k = (who, regimes_mod.key(regime))
+        if k not in self.runners:
+            commit = self.reference if who == REFERENCE else self.sd.commits[BASELINE]
+            kept = kept_dumps(self.ws, self.config, commit, regime, reference=who == REFERENCE)
+
+            def make() -> Any:
+                sd = self._reference_side() if who == REFERENCE else self.sd
+                inner = _runner(vc, self.config, sd.worktrees[BASELINE], sd.logs / f"logprobs-{who}-r{n}.log", sd.out(BASELINE), BASELINE, regime)
+                return _Elsewhere(inner, sd) if who == REFERENCE else inner
+
+            self.runners[k] = baseline_dumps.ReusingRunner(make, kept, self.sd.out(BASELINE), eager=False)
+        return self.runners[k]
+
+    def out(self) -> Path:
+        """Where the trusted runs' dumps are read (the baseline side's outputs: only main's code writes there)."""
+        return self.sd.out(BASELINE) / "verify"
+
+    def close(self, ok: bool) -> None:
+        for r in self.runners.values():
+            r.close()
+            if ok and (r.collected or r.reused):
+                r.dumps.mark_complete()  # newest by use: what pruning keeps
 
 
 def run_verify(ws: Workspace, config: Config, sd: "Sides", say: Callable[[str, str], None] | None = None,
@@ -179,8 +294,16 @@ def run_verify(ws: Workspace, config: Config, sd: "Sides", say: Callable[[str, s
     shuffled = write_prompts(inputs / "prompts-shuffled.jsonl", prompts, shuffle_seed=shuffle_seed, lengths=lengths)
     sampling = vc.kind == "vllm" and vc.sample
     paths = (*PATHS, "sample") if sampling else PATHS
+    reference = ws.reference_commit(config, sd.commits[BASELINE])
+    main = sd.commits[CANDIDATE] == sd.commits[BASELINE]  # `verify main`: the candidate is main's own code
+    regime_base, regime_cand = side_regime(vc, worktrees[BASELINE], BASELINE), side_regime(vc, worktrees[CANDIDATE], CANDIDATE)
+    regimes = [regime_cand]  # the candidate's own first; then production's ([verify] regimes) and the old one
+    for extra in (*(regimes_mod.with_overrides(regime_cand, o) for o in vc.regimes), regime_base):
+        if all(regimes_mod.key(extra) != regimes_mod.key(r) for r in regimes):
+            regimes.append(extra)
     runners: dict[str, Any] = {}
     draws: list[dict] | None = None
+    s_ordered: Path | None = None
     kept = kept_dumps(ws, config, sd.commits[BASELINE]) if vc.reuse_baseline and not public_only else None
     try:
         for side in (BASELINE, CANDIDATE):
@@ -191,6 +314,8 @@ def run_verify(ws: Workspace, config: Config, sd: "Sides", say: Callable[[str, s
                 runners[side] = baseline_dumps.ReusingRunner(make, kept, sd.out(side), eager=not kept.complete)
                 if kept.complete:
                     say("verify", f"the baseline's dumps are kept from an earlier check of {sd.commits[BASELINE][:10]}: its engine is not started")
+            elif side == CANDIDATE and main and kept is not None:
+                runners[side] = baseline_dumps.ReusingRunner(make, kept, sd.out(side), eager=False)  # main's own runs: kept
             else:
                 runners[side] = make()
 
@@ -255,22 +380,19 @@ def run_verify(ws: Workspace, config: Config, sd: "Sides", say: Callable[[str, s
             kept.discard()
         else:
             kept.mark_complete()
-    sets: dict[str, dict[str, Any]] = {}
-    positions: dict[str, list[float]] = {}
-    for set_name, group in (("public", public), ("holdout", hold))[:1 if public_only else 2]:
-        stats = compare(base, cand, [p.id for p in group], tie, paths)
-        sets[set_name] = {}
-        for path, st in stats.items():
-            v = judge_path(path, st, floor[path], vc.mode, vc.dtype, dict(vc.caps))
-            sets[set_name][path] = {"passed": v.passed, **v.stats}
-            reasons += [f"{set_name} {r}" for r in v.reasons]
-            if set_name == "public":
-                positions[path] = list(st.kl)
+    groups = (("public", public), ("holdout", hold))[:1 if public_only else 2]
+    sets, set_reasons, positions = _judge_sets(base, cand, groups, paths, floor, vc.mode, dict(vc.caps), vc.dtype)
+    reasons += set_reasons
     draw_stats: dict[str, Any] = {}
     if draws is not None:
         dv = judge_draws(*draws)
         draw_stats = {"passed": dv.passed, **dv.stats}
         reasons += list(dv.reasons)
+    against = _Against(ws, config, sd, reference, regimes, regime_base, main, say)
+    ref_info, ref_reasons, main_reasons = against.judge(base, cand, groups, paths, floor, ordered, s_ordered,
+                                                        candidate_failed=bool(reasons))
+    blame = ("main" if main_reasons else "candidate") if (reasons or ref_reasons) else ""
+    reasons = [*main_reasons, *reasons, *ref_reasons]
     languages: dict[str, dict[str, Any]] = {}
     for lang in sorted({p.lang for p in public}):
         ids = [p.id for p in public if p.lang == lang]
@@ -279,8 +401,137 @@ def run_verify(ws: Workspace, config: Config, sd: "Sides", say: Callable[[str, s
         verdict="fail" if reasons else "pass", reasons=tuple(reasons), sets=sets, languages=languages,
         floor={path: st.summary() for path, st in floor.items()}, holdout_size=len(hold), public_size=len(public),
         mode=vc.mode, wall_s=time.perf_counter() - t0, positions=positions, draws=draw_stats, corpus_size=len(every),
-        baseline_reused=reused,
+        baseline_reused=reused, reference=ref_info, blame=blame,
     )
+
+
+def _judge_sets(a: Mapping, b: Mapping, groups: Any, paths: tuple[str, ...], floor: Mapping[str, PathStats], mode: str,
+                caps: dict[str, Any], dtype: str) -> tuple[dict[str, dict[str, Any]], list[str], dict[str, list[float]]]:
+    """(per set and path: passed and statistics; the reasons, "<set> <path>: ..."; per-position KL of the public set)."""
+    tie = DTYPE_FLOOR[dtype]["tie"]
+    sets: dict[str, dict[str, Any]] = {}
+    reasons: list[str] = []
+    positions: dict[str, list[float]] = {}
+    for set_name, group in groups:
+        stats = compare(a, b, [p.id for p in group], tie, paths)
+        sets[set_name] = {}
+        for path, st in stats.items():
+            v = judge_path(path, st, floor[path], mode, dtype, caps)
+            sets[set_name][path] = {"passed": v.passed, **v.stats}
+            reasons += [f"{set_name} {r}" for r in v.reasons]
+            if set_name == "public":
+                positions[path] = list(st.kl)
+    return sets, reasons, positions
+
+
+class _Against:
+    """The candidate against the pinned reference, in each regime the check covers (its own first, then those
+    production uses and the old one), judged with the drift budget; and, where the candidate fails, main against
+    the reference in the same regime: when main fails there too, main is named (the blame is not the proposal's).
+
+    The reference's and main's runs are kept in the house per (commit, regime) (``_Trusted``): a proposal pays for a
+    reference engine only in a regime no earlier check ran. While the reference is the baseline itself and the
+    regime the baseline's own, the baseline's dumps are the reference's (the same computation)."""
+
+    def __init__(self, ws: Workspace, config: Config, sd: "Sides", reference: str, regimes: list[regimes_mod.Regime],
+                 regime_base: regimes_mod.Regime, main: bool, say: Callable[[str, str], None]):
+        self.ws, self.config, self.sd, self.reference, self.regimes = ws, config, sd, reference, regimes
+        self.regime_base, self.main, self.say = regime_base, main, say
+        assert config.verify is not None
+        self.vc: VerifyConfig = config.verify
+
+    def _label(self, regime: regimes_mod.Regime) -> str:
+        return regimes_mod.describe(regime) if self.vc.kind == "vllm" else "the command's run"
+
+    def judge(self, base: dict, cand: dict, groups: Any, paths: tuple[str, ...], floor: Mapping[str, PathStats], ordered: Path,
+              sample_prompts: Path | None, candidate_failed: bool) -> tuple[dict[str, Any], list[str], list[str]]:
+        vc, sd = self.vc, self.sd
+        mode, caps, words = budget_of(vc)
+        base_commit = sd.commits[BASELINE]
+        is_base = lambda r: self.reference == base_commit and regimes_mod.key(r) == regimes_mod.key(self.regime_base)  # noqa: E731
+        rows: list[dict[str, Any]] = []
+        reasons: list[str] = []
+        main_reasons: list[str] = []
+        refs: dict[str, dict] = {}
+        ok = False
+        with contextlib.ExitStack() as stack:
+            trusted = _Trusted(self.ws, self.config, sd, self.reference, stack)
+            try:
+                for n, regime in enumerate(self.regimes):
+                    own = n == 0
+                    rpaths = paths if own else PATHS
+                    label = self._label(regime)
+                    if is_base(regime):
+                        ref_r = base
+                    else:
+                        self.say("verify", f"the reference {self.reference[:10]} at {label}")
+                        ref_r = self._trusted_run(trusted, REFERENCE, regime, n, ordered, sample_prompts if own else None)
+                    refs[regimes_mod.key(regime)] = ref_r
+                    if own:
+                        cand_r = cand
+                    elif self.main:
+                        cand_r = self._trusted_run(trusted, BASELINE, regime, n, ordered, None)
+                    else:
+                        cand_r = self._candidate_run(regime, n, ordered)
+                    sets, why, _ = _judge_sets(ref_r, cand_r, groups, rpaths, floor, mode, caps, vc.dtype)
+                    rows.append({"regime": regime, "label": label, "own": own, "passed": not why, "sets": sets})
+                    if why and ref_r is base and cand_r is cand and not vc.drift_budget:
+                        continue  # the reference is the baseline here, judged alike: the check's own reasons say it
+                    if why:
+                        reasons.append(f"drift budget ({words}) against the reference {self.reference[:10]} at {label}: "
+                                       + "; ".join(why[:3]) + (f" (+{len(why) - 3} more)" if len(why) > 3 else ""))
+                # where the candidate failed: does main itself diverge from the reference there?
+                failed = [r for r, row in zip(self.regimes, rows) if not row["passed"]]
+                if candidate_failed and all(regimes_mod.key(self.regimes[0]) != regimes_mod.key(r) for r in failed):
+                    failed.insert(0, self.regimes[0])
+                mains: list[dict[str, Any]] = []
+                for regime in failed:
+                    n = self.regimes.index(regime)
+                    label = self._label(regime)
+                    if self.main:
+                        main_r = cand if n == 0 else self._trusted_run(trusted, BASELINE, regime, n, ordered, None)
+                    elif regimes_mod.key(regime) == regimes_mod.key(self.regime_base):
+                        main_r = base
+                    else:
+                        self.say("verify", f"main at {label} (is main itself off the reference there?)")
+                        main_r = self._trusted_run(trusted, BASELINE, regime, n, ordered, None)
+                    sets, why, _ = _judge_sets(refs[regimes_mod.key(regime)], main_r, groups, PATHS, floor, mode, caps, vc.dtype)
+                    mains.append({"regime": regime, "label": label, "passed": not why, "sets": sets})
+                    if why:
+                        main_reasons.append(f"main already diverges from the reference {self.reference[:10]} at {label} "
+                                            f"({words}): " + "; ".join(why[:2]) + (f" (+{len(why) - 2} more)" if len(why) > 2 else "")
+                                            + ("" if self.main else " — not this proposal's change"))
+                ok = True
+            finally:
+                trusted.close(ok)
+        info = {"commit": self.reference, "budget": words, "mode": mode, "caps": caps, "passed": all(r["passed"] for r in rows),
+                "regimes": rows, "main": mains, "reused": sum(r.reused for r in trusted.runners.values()),
+                "collected": sum(r.collected for r in trusted.runners.values())}
+        return info, reasons, main_reasons
+
+    def _trusted_run(self, trusted: "_Trusted", who: str, regime: regimes_mod.Regime, n: int, ordered: Path,
+                     sample_prompts: Path | None) -> dict:
+        vc = self.vc
+        runner = trusted.runner(who, regime, n)
+        tag = "ref" if who == REFERENCE else "main"
+        try:
+            dump = dict(runner.run(ordered, trusted.out() / f"{tag}-r{n}.jsonl", vc.k, vc.max_tokens))
+            if sample_prompts is not None:
+                dump.update(runner.processed(sample_prompts, trusted.out() / f"{tag}-r{n}-sample.jsonl", SAMPLE_SETTINGS, vc.k, vc.max_tokens))
+        except LogprobError as exc:
+            raise LogprobError(f"{who} at {self._label(regime)}: {exc}") from None
+        return dump
+
+    def _candidate_run(self, regime: regimes_mod.Regime, n: int, ordered: Path) -> dict:
+        vc, sd = self.vc, self.sd
+        self.say("verify", f"candidate at {self._label(regime)}")
+        runner = _runner(vc, self.config, sd.worktrees[CANDIDATE], sd.logs / f"logprobs-candidate-r{n}.log", sd.out(CANDIDATE), CANDIDATE, regime)
+        try:
+            return runner.run(ordered, sd.out(CANDIDATE) / "verify" / f"cand-r{n}.jsonl", vc.k, vc.max_tokens)
+        except LogprobError as exc:
+            raise LogprobError(f"{CANDIDATE} at {self._label(regime)}: {exc}") from None
+        finally:
+            runner.close()
 
 
 def verify(ws: Workspace, ref: str, say: Callable[[str, str], None] | None = None) -> VerifyResult:

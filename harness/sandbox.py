@@ -143,11 +143,14 @@ _active = _Stack()
 
 @contextlib.contextmanager
 def use(containment: Containment | None) -> Iterator[None]:
-    """Make ``containment`` the one every child started in this block (by this thread) runs in (None: no sandbox)."""
+    """Make ``containment`` the one every child started in this block (by this thread) runs in (None: no sandbox).
+    Inside another block the outer one's sides stay contained too (a side built within a check, e.g. the reference
+    of a distribution check, adds its worktree to those of the check)."""
     if containment is None:
         yield
         return
-    _active.boxes.append(containment)
+    outer = active()
+    _active.boxes.append(Containment({**outer.sides, **containment.sides}) if outer is not None else containment)
     try:
         yield
     finally:

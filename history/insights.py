@@ -148,6 +148,8 @@ def lessons(rows: Sequence[Mapping[str, Any]], knobs: Mapping[str, Mapping[str, 
             worked.append(f"{r.get('title')} ({r.get('category')}): {eff}")
         elif r.get("verdict") and is_failure(r):
             avoid.append(f"{r.get('title')}: broke the workload — {(r.get('reasons') or ['?'])[0][:160]}")
+        elif FailureKind.MAIN_DIVERGES.value in (r.get("failures") or ()):
+            continue  # a finding about main (it diverges from the reference), not a lesson about this proposal
         elif r.get("verdict") and any(c in AVOID_CHECKS for c in r.get("failed_checks") or ()):
             avoid.append(f"{r.get('title')}: {(r.get('reasons') or ['?'])[0][:160]}")
     for name, k in knobs.items():

@@ -9,6 +9,7 @@ from typing import Any
 
 import click
 
+from history.drift import DriftPoint, drift_curve
 from history.records import Evaluation as EvaluationRecord
 from history.records.agent_session import agent_costs
 
@@ -75,13 +76,16 @@ def state(r: dict[str, Any]) -> str:
 def show(target: Path, as_json: bool) -> int:
     ws = Workspace.open(target)
     data = rows(ws)
+    drift = drift_curve(read_entries(ws))
     if as_json:
-        print_json(data, key="evaluations")
+        print_json({"evaluations": data, "drift": [p.to_json() for p in drift]})
         return 0
     if not data:
         out.print("no evaluations recorded yet")
         return 0
     out.print(table(data, out.width))
+    if drift:
+        out.print(drift_table(drift, out.width))
     ag = agents(ws, data)
     if ag:
         per = ("no merged win yet" if ag.get("usd_per_merged_pct") is None else
@@ -97,6 +101,28 @@ def agents(ws: Workspace, data: list[dict[str, Any]]) -> dict[str, Any] | None:
     return agent_costs([{"meta": meta.get(r["proposal"]), "verdict": r["verdict"], "speedup": r["speedup"],
                          "reverted": r["reverted"] or (r["verdict"] == "merge" and not r["merged"])}
                         for r in data if r["kind"] == "episode"])
+
+
+def _g(v: float | None) -> str:
+    return "—" if v is None else f"{v:.3g}"
+
+
+def drift_table(points: list[DriftPoint], width: int = 100) -> Any:
+    """Main's divergence from the reference after each merge (history.drift): the worst over regimes and paths."""
+    rows = []
+    for p in points:
+        ident = (p.proposal or "?").rsplit("/", 1)[-1]
+        if p.event == "revert":
+            rows.append([fit(ident, 14), p.commit[:10], "reverted", "—", "—", "—", "—", "main went back (not measured)"])
+            continue
+        if not p.measured:
+            rows.append([fit(ident, 14), p.commit[:10], "merged", "—", "—", "—", "—", "no reference comparison recorded"])
+            continue
+        rows.append([fit(ident, 14), p.commit[:10], "merged", _g(p.worst("kl_mean")), _g(p.worst("kl_max")), _g(p.worst("dlogprob_max")),
+                     _g(p.worst("same_top_pct")), f"vs {p.reference[:10]} at {', '.join(p.regimes)}; budget: {p.budget}"])
+    return compact_table("main's drift from the reference, merge by merge (worst over regimes and paths)",
+                         ["#", "main", "event", "KL mean", "KL max", "|Δlp| max", "same top %", "against"], rows, width,
+                         right=(3, 4, 5, 6))
 
 
 def table(data: list[dict[str, Any]], width: int = 100) -> Any:

@@ -71,6 +71,20 @@ def show(ref: str, r: VerifyResult) -> None:
                       f"testable: {d['status'].upper() if d['status'] == 'fail' else d['status']}")
         else:
             out.print(f"draw test: {d['status']} ({len(d.get('not_testable') or [])} of {d['contexts']} contexts x settings have a single category)")
+    against = r.reference
+    if against:
+        rt = Table(title=f"against the reference {safe(str(against.get('commit'))[:12])} (judged with {safe(against.get('budget'))})")
+        for col in ("compared", "path", "positions", "mean KL ± SE", "max KL", "max |Δ logprob|", "same top", "pass"):
+            rt.add_column(col)
+        for who, entries in (("candidate", against.get("regimes") or []), ("main", against.get("main") or [])):
+            for entry in entries:
+                for set_name, paths in (entry.get("sets") or {}).items():
+                    for path, s in paths.items():
+                        rt.add_row(f"{who} at {safe(entry.get('label'))}, {set_name}", path, str(s["positions"]), _kl(s), _fmt(s["kl_max"]),
+                                   _fmt(s["dlogprob_max"]), _same_top(s), "yes" if s["passed"] else "NO")
+        out.print(rt)
+        if r.blame == "main":
+            out.print("[bold red]main itself diverges from the reference[/] where this check failed: the cause is on main, not in this change")
     if r.floor:
         out.print("noise floor (baseline vs itself, shuffled batch): " + ", ".join(
             f"{p}: max KL {_fmt(s['kl_max'])}, max |Δ logprob| {_fmt(s['dlogprob_max'])}" for p, s in r.floor.items()))

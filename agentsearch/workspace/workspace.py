@@ -24,6 +24,7 @@ from .lock import WorkspaceLock
 STATE_DIR = "agentsearch"
 WORKTREES_DIR = "agentsearch-worktrees"
 STATE_SCHEMA = 1
+REFERENCE_REF = "refs/agentsearch/reference"  # the stock commit outputs are judged against ([verify] reference); no merge moves it
 LAG_SEARCH = 50  # how far back along the baseline a lagging checkout is recognised
 
 
@@ -99,7 +100,34 @@ class Workspace:
         state_file = ws.state / "state.json"
         if not state_file.exists():
             _atomic_write(state_file, json.dumps({"v": STATE_SCHEMA, "created": time.time(), "repo": str(ws.repo_dir)}))
+        if not ws.pinned_reference():
+            # the stock commit: what the outputs are judged against besides the baseline (a later init keeps it)
+            git.run_git("update-ref", REFERENCE_REF, git.resolve_commit(ws.repo_dir, baseline), "", cwd=ws.repo_dir)
         return ws
+
+    def pinned_reference(self) -> str:
+        """The commit ``init`` pinned as the reference ('' in a workspace made before agentsearch 0.3)."""
+        return git.run_git("rev-parse", "--verify", "--quiet", f"{REFERENCE_REF}^{{commit}}", cwd=self.repo_dir, check=False).strip()
+
+    def reference_commit(self, config: Config | None = None, base: str | None = None) -> str:
+        """The commit outputs are judged against: ``[verify] reference``, else the pinned stock commit. TargetError
+        (one line) when there is none or it is not an ancestor of the baseline."""
+        config = config or self.config()
+        want = config.verify.reference if config.verify is not None else ""
+        if want:
+            commit = git.resolve_commit(self.repo_dir, want)
+            named = f"[verify] reference {want!r}"
+        else:
+            commit = self.pinned_reference()
+            named = f"the pinned reference ({REFERENCE_REF})"
+            if not commit:
+                raise TargetError(f"{self.repo_dir}: no reference is pinned (a workspace from before agentsearch 0.3): run "
+                                  f"`agentsearch init -C {self.repo_dir}` to pin the current baseline, or set [verify] reference")
+        base = base or self.baseline_commit()
+        if not git.is_ancestor(self.repo_dir, commit, base):
+            raise TargetError(f"{named} = {commit[:12]} is not an ancestor of the baseline {base[:12]}: outputs are judged against "
+                              "the stock code main grew from; name an ancestor of the baseline")
+        return commit
 
     def read_config_text_from_head(self) -> str:
         path = self.repo_dir / CONFIG_FILE

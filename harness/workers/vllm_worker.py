@@ -71,6 +71,13 @@ class Engine:
         if os.path.exists(serving):
             with open(serving) as fh:
                 engine.update(json.load(fh).get("engine", {}))
+        # a regime the orchestrator asks for (the reference run in the candidate's regime): over serving.json;
+        # None: the engine's own default
+        for key, value in (spec.get("regime") or {}).items():
+            if value is None:
+                engine.pop(key, None)
+            else:
+                engine[key] = value
         self.engine_args = engine
         t1 = time.perf_counter()
         self.llm = LLM(model=spec["model"], **engine)
