@@ -88,7 +88,7 @@ def run_cli(*args: str, cwd: Path | None = None, timeout: float = 600) -> subpro
 # module here starts at once on the other worker, so it is never queued behind the engine module's tail.
 # Without --no-loadscope-reorder xdist (3.x) ignores this order and queues modules by their number of
 # tests, most first: the engine modules (few, long tests) then ran last and made CI 10 minutes longer.
-SLOW_FIRST = ("test_vllm_integration.py", "test_vllm_distribution.py", "test_vllm_serving.py", "test_workbench_vllm.py", "test_ray_executor.py", "test_engine_placement.py", "test_kernel_cheats.py", "test_models.py",
+SLOW_FIRST = ("test_vllm_integration.py", "test_vllm_distribution.py", "test_vllm_serving.py", "test_vllm_reference.py", "test_workbench_vllm.py", "test_ray_executor.py", "test_engine_placement.py", "test_kernel_cheats.py", "test_models.py",
               "test_report.py", "test_engine_cheats.py", "test_round2.py",
               "test_escapes.py", "test_kernels.py")
 

@@ -139,6 +139,9 @@ def test_the_drift_budget_caps_what_the_merges_add_up_to(tmp_path):
     assert 1e-8 < kl < 3e-7, point
     shown = run_cli("history", "-C", str(repo)).stdout
     assert "drift from the reference" in shown and "budget" in shown
+    (merged,) = json.loads(run_cli("review", "-C", str(repo), "--json").stdout)["merges"]
+    worst = max(p["kl_max"] for p in point["regimes"]["the command's run"].values())
+    assert merged["merge"] == after_first and merged["drift_kl_max"] == worst >= kl
 
 
 def test_bad_reference_config_is_one_line_before_anything_runs(tmp_path):

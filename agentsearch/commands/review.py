@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 
+from history.drift import drift_curve
 from history.records import Merge, Recheck, Revert, Trial, Verdict
 
 from ..errors import EXIT_FAIL, AgentsearchError
@@ -41,6 +42,7 @@ def merges(ws: Workspace) -> list[dict[str, Any]]:
     reverted = {e.record.merge: e.record for e in entries if isinstance(e.record, Revert)}
     rechecks = {e.record.merge: e.record for e in entries if isinstance(e.record, Recheck)}  # the latest of each
     tip = ws.baseline_commit()
+    drift = {p.commit: p for p in drift_curve(entries) if p.event == "merge"}
     rows = []
     for e in entries:
         merge = e.record
@@ -63,6 +65,9 @@ def merges(ws: Workspace) -> list[dict[str, Any]]:
             "evidence": git.show_note(ws.repo_dir, m) or "", "recheck": rc.holds if rc else None,
             # the objective's engine sessions (report's *Sessions*): "differ" is worth a --recheck on fresh engines
             "sessions": None if sessions is None or sessions["p"] is None else ("differ" if sessions["differ"] else "agree"),
+            # main's divergence from the reference after this merge (history.drift): worst KL over regimes and paths
+            "drift_kl_max": drift[m].worst("kl_max") if m in drift else None,
+            "drift_same_top_pct": drift[m].worst("same_top_pct") if m in drift else None,
         })
     return rows
 
@@ -97,10 +102,12 @@ def run(target: Path, as_json: bool, what: str | None, recheck: bool, seed: int 
             return 0
         table = [[r["merge"][:12], pct(r["speedup"]),
                   "reverted" if r["reverted"] else ("on baseline" if r["on_baseline"] else "not on baseline"),
-                  r["sessions"] or "—", {True: "holds", False: "does not hold", None: "—"}[r["recheck"]], r["proposal"] or "—", r["title"] or ""]
+                  r["sessions"] or "—", {True: "holds", False: "does not hold", None: "—"}[r["recheck"]],
+                  "—" if r["drift_kl_max"] is None else f"{r['drift_kl_max']:.2g}", r["proposal"] or "—", r["title"] or ""]
                  for r in rows]
-        out.print(compact_table(f"merges on {ws.baseline_branch}", ["merge", "Δ obj.", "state", "sessions", "recheck", "proposal", "title"],
-                                table, out.width, right=(1,)))
+        out.print(compact_table(f"merges on {ws.baseline_branch} (drift: main's worst KL from the reference after the merge)",
+                                ["merge", "Δ obj.", "state", "sessions", "recheck", "drift", "proposal", "title"],
+                                table, out.width, right=(1, 5)))
         if any(r["sessions"] == "differ" and r["recheck"] is None and not r["reverted"] for r in rows):
             out.print("sessions 'differ': part of that win was the luck of the engine instances (or seeds) it ran on; re-measure it "
                       "on fresh ones with `agentsearch review MERGE --recheck`")
