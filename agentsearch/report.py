@@ -24,6 +24,7 @@ from typing import Any, Mapping, Sequence
 import templates as _templates
 from history.records import Evaluation as EvaluationRecord
 from history.records import Merge, ProposalCreated, Revert, Trial, Verdict
+from history.drift import DriftPoint, drift_curve, worst_of_sets
 
 from history.records import text
 
@@ -93,6 +94,7 @@ class Evidence:
     metrics: Mapping[str, str] = field(default_factory=dict)  # workload -> metric (from the baseline's config)
     units: Mapping[str, str] = field(default_factory=dict)  # workload -> unit
     directions: Mapping[str, bool] = field(default_factory=dict)  # workload -> higher is better (from the baseline's config)
+    drift: list[dict[str, Any]] = field(default_factory=list)  # main's drift from the reference after each earlier merge
     schema_version: int = REPORT_SCHEMA
 
     @property
@@ -193,8 +195,9 @@ def gather(ws: Workspace, what: str) -> Evidence:
             directions[w.name] = w.higher_is_better
     except AgentsearchError:
         pass
+    drift = [p.to_json() for p in drift_curve(entries) if p.seq < chosen.seq]
     return Evidence(what, kind, d, trials, created, merge, diffstat, versions(), str(ws.repo_dir), chosen.seq,
-                    revert=revert, diff=diff, metrics=metrics, units=units, directions=directions)
+                    revert=revert, diff=diff, metrics=metrics, units=units, directions=directions, drift=drift)
 
 
 # ---------------------------------------------------------------------------- engine sessions
@@ -353,7 +356,33 @@ def plots(ev: Evidence, fmt: str = "png") -> dict[str, bytes]:
             ax.set_title(f"{path}: divergence by position")
             ax.legend(fontsize=8)
             out[f"distribution-{path}"] = _save(fig, fmt)
+        drift = _drift_points(ev)
+        if drift:
+            fig, ax = plt.subplots(figsize=(7, 3), layout="constrained")
+            xs = list(range(len(drift)))
+            ax.plot(xs, [max(y, 1e-12) for _, y in drift], "o-", label="worst KL max over regimes and paths")
+            cap = ((dist.get("reference") or {}).get("caps") or {}).get("kl_max")
+            if cap:
+                ax.axhline(cap, color="red", ls="--", lw=1, label=f"drift budget kl_max {cap:g}")
+            ax.set_xticks(xs, [name for name, _ in drift], fontsize=7)
+            ax.set_yscale("log")
+            _axes(ax, "main after each merge, then this candidate", "KL divergence from the reference (nats)")
+            ax.set_title("drift from the reference")
+            ax.legend(fontsize=8)
+            out["distribution-drift"] = _save(fig, fmt)
     return out
+
+
+def _drift_points(ev: Evidence) -> list[tuple[str, float]]:
+    """(label, worst KL max against the reference) after each earlier merge, then this candidate's; [] when this
+    check made no reference comparison."""
+    ref = (ev.verdict.get("distribution") or {}).get("reference") or {}
+    mine = DriftPoint(0, "", "", "merge", regimes={r.get("label", "?"): worst_of_sets(r.get("sets") or {}) for r in ref.get("regimes") or []})
+    if mine.worst("kl_max") is None:
+        return []
+    points = [(f"#{n + 1}", DriftPoint(**{k: v for k, v in p.items() if k in DriftPoint.__dataclass_fields__}).worst("kl_max"))
+              for n, p in enumerate(q for q in ev.drift if q.get("event") == "merge")]
+    return [(name, y) for name, y in points if y is not None] + [("this", float(mine.worst("kl_max") or 0.0))]
 
 
 # ---------------------------------------------------------------------------- rendering

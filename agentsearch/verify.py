@@ -449,6 +449,7 @@ class _Against:
         mode, caps, words = budget_of(vc)
         base_commit = sd.commits[BASELINE]
         is_base = lambda r: self.reference == base_commit and regimes_mod.key(r) == regimes_mod.key(self.regime_base)  # noqa: E731
+        t0 = time.perf_counter()
         rows: list[dict[str, Any]] = []
         reasons: list[str] = []
         main_reasons: list[str] = []
@@ -506,7 +507,7 @@ class _Against:
                 trusted.close(ok)
         info = {"commit": self.reference, "budget": words, "mode": mode, "caps": caps, "passed": all(r["passed"] for r in rows),
                 "regimes": rows, "main": mains, "reused": sum(r.reused for r in trusted.runners.values()),
-                "collected": sum(r.collected for r in trusted.runners.values())}
+                "collected": sum(r.collected for r in trusted.runners.values()), "wall_s": round(time.perf_counter() - t0, 3)}
         return info, reasons, main_reasons
 
     def _trusted_run(self, trusted: "_Trusted", who: str, regime: regimes_mod.Regime, n: int, ordered: Path,

@@ -40,7 +40,7 @@ class DriftPoint:
         return asdict(self)
 
 
-def _worst(sets: Mapping[str, Any]) -> dict[str, dict[str, float | None]]:
+def worst_of_sets(sets: Mapping[str, Any]) -> dict[str, dict[str, float | None]]:
     out: dict[str, dict[str, float | None]] = {}
     for stats in sets.values():
         for path, st in (stats or {}).items():
@@ -66,7 +66,7 @@ def drift_curve(entries: Iterable[Any]) -> list[DriftPoint]:
             checks[e.proposal or d.get("ref") or ""] = d["distribution"]
         elif e.kind == "merge" and d.get("ok"):
             ref = (checks.get(e.proposal or "") or {}).get("reference") or {}
-            regimes = {r.get("label", "?"): _worst(r.get("sets") or {}) for r in ref.get("regimes") or [] if isinstance(r, Mapping)}
+            regimes = {r.get("label", "?"): worst_of_sets(r.get("sets") or {}) for r in ref.get("regimes") or [] if isinstance(r, Mapping)}
             points.append(DriftPoint(e.seq, e.proposal or "", str(d.get("new") or ""), "merge", str(ref.get("commit") or ""),
                                      str(ref.get("budget") or ""), regimes))
         elif e.kind == "revert":
@@ -74,4 +74,4 @@ def drift_curve(entries: Iterable[Any]) -> list[DriftPoint]:
     return points
 
 
-__all__ = ["DriftPoint", "drift_curve", "STATS"]
+__all__ = ["DriftPoint", "drift_curve", "worst_of_sets", "STATS"]

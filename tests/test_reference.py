@@ -140,6 +140,12 @@ def test_the_drift_budget_caps_what_the_merges_add_up_to(tmp_path):
     shown = run_cli("history", "-C", str(repo)).stdout
     assert "drift from the reference" in shown and "budget" in shown
     (merged,) = json.loads(run_cli("review", "-C", str(repo), "--json").stdout)["merges"]
+    # the rejected proposal's report: the reference table, and the drift curve with the budget (a plot)
+    rep = tmp_path / "second.md"
+    proc = run_cli("report", "-C", str(repo), second["proposals"][0]["proposal"], "-o", str(rep))
+    assert proc.returncode == 0, proc.stderr
+    md = rep.read_text()
+    assert "Against the reference" in md and "past the drift budget" in md and "distribution-drift" in md, md[:2000]
     worst = max(p["kl_max"] for p in point["regimes"]["the command's run"].values())
     assert merged["merge"] == after_first and merged["drift_kl_max"] == worst >= kl
 
