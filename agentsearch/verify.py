@@ -298,7 +298,7 @@ def run_verify(ws: Workspace, config: Config, sd: "Sides", say: Callable[[str, s
     main = sd.commits[CANDIDATE] == sd.commits[BASELINE]  # `verify main`: the candidate is main's own code
     regime_base, regime_cand = side_regime(vc, worktrees[BASELINE], BASELINE), side_regime(vc, worktrees[CANDIDATE], CANDIDATE)
     regimes = [regime_cand]  # the candidate's own first; then production's ([verify] regimes) and the old one
-    for extra in (*(regimes_mod.with_overrides(regime_cand, o) for o in vc.regimes), regime_base):
+    for extra in (*(regimes_mod.with_overrides(regime_cand, o) for o in vc.regimes), *([regime_base] if vc.old_regime else [])):
         if all(regimes_mod.key(extra) != regimes_mod.key(r) for r in regimes):
             regimes.append(extra)
     runners: dict[str, Any] = {}
