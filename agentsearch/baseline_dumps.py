@@ -29,6 +29,7 @@ from harness.safe_io import read_beneath
 
 CACHE_DIR = "verify-baseline"
 REFERENCE_DIR = "verify-reference"  # the reference's dumps, per regime (agentsearch.verify): kept apart, merges do not move it
+MAIN_DIR = "verify-main"  # main's dumps in regimes other than its own (agentsearch.verify)
 KEEP = 4  # baselines whose dumps are kept (the newest by use)
 KEEP_REFERENCE = 16  # reference regimes whose dumps are kept
 COMPLETE = "complete"  # marker: every dump of a full check is there (the baseline's engine need not start)
@@ -138,8 +139,8 @@ class ReusingRunner:
     With ``eager`` the real runner starts at once (no complete set is kept: the engine will be needed,
     and starting it now lets it boot beside the candidate's)."""
 
-    def __init__(self, make: Callable[[], Any], dumps: BaselineDumps, out_root: Path, eager: bool):
-        self._make, self.dumps, self.out_root = make, dumps, out_root
+    def __init__(self, make: Callable[[], Any], dumps: BaselineDumps, out_root: Path, eager: bool, keep: bool = True):
+        self._make, self.dumps, self.out_root, self.keep = make, dumps, out_root, keep
         self.inner: Any = make() if eager else None
         self.reused = self.collected = 0
 
@@ -152,6 +153,8 @@ class ReusingRunner:
         if self.inner is None:
             self.inner = self._make()
         res: Dump = getattr(self.inner, method)(prompts, out, **args)
+        if not self.keep:
+            return res  # read-only: an advisory check (the agent's check_outputs) never writes or evicts kept dumps
         try:
             self.dumps.put(kept, out, self.out_root)
             self.collected += 1

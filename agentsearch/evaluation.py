@@ -40,7 +40,7 @@ from harness.engine_session import EnginePool
 
 from harness.logprobs import LogprobError
 
-from .verify import run_verify
+from .verify import ReferenceFailed, run_verify
 from .warm_baseline import WarmBaseline, is_baseline_engine
 from .workloads import blames_candidate, confirmation_restarts, measure_options, placement_for, session_factory
 from .workspace import Workspace
@@ -530,6 +530,9 @@ def _distribution(ctx: _Ctx) -> bool:
         ctx.pool.close()
     try:
         res = run_verify(ctx.ws, ctx.config, ctx.sd, ctx.say)
+    except ReferenceFailed as exc:  # the stock reference, not the candidate: never held against the proposal
+        st.add("distribution", Status.FAIL, f"logprob collection failed: {exc}", FailureKind.INTERNAL_ERROR)
+        return False
     except LogprobError as exc:
         st.add("distribution", Status.FAIL, f"logprob collection failed: {exc}")
         return False

@@ -150,9 +150,10 @@ def _runner(vc: VerifyConfig, config: Config, worktree: Path, log: Path, out_roo
 
 
 def kept_dumps(ws: Workspace, config: Config, commit: str, regime: Mapping[str, Any] | None = None,
-               reference: bool = False) -> baseline_dumps.BaselineDumps:
-    """Where the dumps of ``commit`` (the baseline's, or with ``reference`` the reference's) under this config and
-    machine are kept; ``regime``: run in that regime rather than the commit's own serving.json's."""
+               kind: str = BASELINE) -> baseline_dumps.BaselineDumps:
+    """Where the dumps of ``commit`` under this config and machine are kept: the baseline's own (``regime`` None),
+    main's in another regime (``kind`` baseline with a ``regime``) or the reference's (``kind`` reference); each
+    kind in its own directory, so one never evicts another's."""
     vc = config.verify
     assert vc is not None
     spec, env = _runner_spec(vc, config, BASELINE, regime)
@@ -161,8 +162,10 @@ def kept_dumps(ws: Workspace, config: Config, commit: str, regime: Mapping[str, 
         "overlay_from": config.target.overlay_from, "build": config.target.build, "model": baseline_dumps.model_digest(spec.get("model")),
         "environment": environment.fingerprint(), "code": baseline_dumps.code_digest(), "version": __version__,
     })
-    if reference:
+    if kind == REFERENCE:
         return baseline_dumps.BaselineDumps(ws.state / baseline_dumps.REFERENCE_DIR, key, baseline_dumps.KEEP_REFERENCE)
+    if regime is not None:
+        return baseline_dumps.BaselineDumps(ws.state / baseline_dumps.MAIN_DIR, key, baseline_dumps.KEEP_REFERENCE)
     return baseline_dumps.BaselineDumps(ws.state / baseline_dumps.CACHE_DIR, key)
 
 
@@ -184,6 +187,10 @@ def budget_of(vc: VerifyConfig) -> tuple[str, dict[str, Any], str]:
         return "approx", dict(vc.drift_budget), "[verify] drift_budget " + ", ".join(f"{k} {v:g}" for k, v in vc.drift_budget.items())
     words = {"tight": "the tight mode's tolerance (noise floor x3 or the dtype minimum)", "exact": "bit-identity (exact mode)"}
     return vc.mode, dict(vc.caps), words.get(vc.mode, "the approx mode's caps")
+
+
+class ReferenceFailed(LogprobError):
+    """The reference could not be built or run: agentsearch's machinery, not the candidate (an internal error)."""
 
 
 class _Elsewhere:
@@ -222,8 +229,8 @@ class _Trusted:
     kept in the house per (commit, regime) and made only at the first miss. The reference's worktree is built
     (in a sandbox of its own) only when one of its dumps is missing."""
 
-    def __init__(self, ws: Workspace, config: Config, sd: "Sides", reference: str, stack: contextlib.ExitStack):
-        self.ws, self.config, self.sd, self.reference, self.stack = ws, config, sd, reference, stack
+    def __init__(self, ws: Workspace, config: Config, sd: "Sides", reference: str, stack: contextlib.ExitStack, keep: bool = True):
+        self.ws, self.config, self.sd, self.reference, self.stack, self.keep = ws, config, sd, reference, stack, keep
         self.runners: dict[tuple[str, str], baseline_dumps.ReusingRunner] = {}
         self.ref_sides: Any = None
         self.collected = 0
@@ -233,7 +240,10 @@ class _Trusted:
 
         if self.ref_sides is None:
             tag = f"reference-{self.reference[:10]}-{secrets.randbelow(100000):05d}"
-            self.ref_sides = self.stack.enter_context(built_sides(self.ws, self.config, {BASELINE: self.reference}, tag, "reference"))
+            try:
+                self.ref_sides = self.stack.enter_context(built_sides(self.ws, self.config, {BASELINE: self.reference}, tag, "the reference"))
+            except AgentsearchError as exc:
+                raise ReferenceFailed(f"the reference {self.reference[:10]} could not be built: {exc}") from None
         return self.ref_sides
 
     def runner(self, who: str, regime: Mapping[str, Any], n: int) -> baseline_dumps.ReusingRunner:
@@ -242,14 +252,14 @@ class _Trusted:
         k = (who, regimes_mod.key(regime))
         if k not in self.runners:
             commit = self.reference if who == REFERENCE else self.sd.commits[BASELINE]
-            kept = kept_dumps(self.ws, self.config, commit, regime, reference=who == REFERENCE)
+            kept = kept_dumps(self.ws, self.config, commit, regime, kind=who)
 
             def make() -> Any:
                 sd = self._reference_side() if who == REFERENCE else self.sd
                 inner = _runner(vc, self.config, sd.worktrees[BASELINE], sd.logs / f"logprobs-{who}-r{n}.log", sd.out(BASELINE), BASELINE, regime)
                 return _Elsewhere(inner, sd) if who == REFERENCE else inner
 
-            self.runners[k] = baseline_dumps.ReusingRunner(make, kept, self.sd.out(BASELINE), eager=False)
+            self.runners[k] = baseline_dumps.ReusingRunner(make, kept, self.sd.out(BASELINE), eager=False, keep=self.keep)
         return self.runners[k]
 
     def out(self) -> Path:
@@ -257,9 +267,15 @@ class _Trusted:
         return self.sd.out(BASELINE) / "verify"
 
     def close(self, ok: bool) -> None:
-        for r in self.runners.values():
+        # a worktree that changed while its runs were made: nothing they made is kept (the next check makes them again)
+        moved = {BASELINE: bool(self.sd.check()), REFERENCE: bool(self.ref_sides is not None and self.ref_sides.check())}
+        for (who, _), r in self.runners.items():
             r.close()
-            if ok and (r.collected or r.reused):
+            if not self.keep:
+                continue
+            if r.collected and (not ok or moved[who]):
+                r.dumps.discard()
+            elif ok and (r.collected or r.reused):
                 r.dumps.mark_complete()  # newest by use: what pruning keeps
 
 
@@ -269,8 +285,8 @@ def run_verify(ws: Workspace, config: Config, sd: "Sides", say: Callable[[str, s
 
     The prompts are an input both sides read; each side's dumps go to its own output directory,
     so the candidate never runs where the baseline's dumps are. ``public_only``: the held-out prompts
-    are not even written for the sides (the agent workbench's advisory ``check_outputs``), and no kept
-    baseline dumps are read or marked."""
+    are not even written for the sides (the agent workbench's advisory ``check_outputs``), no kept
+    baseline dumps are read or marked, and kept reference and main runs are read but never written or evicted."""
     t0 = time.perf_counter()
     vc = config.verify
     assert vc is not None
@@ -388,7 +404,7 @@ def run_verify(ws: Workspace, config: Config, sd: "Sides", say: Callable[[str, s
         dv = judge_draws(*draws)
         draw_stats = {"passed": dv.passed, **dv.stats}
         reasons += list(dv.reasons)
-    against = _Against(ws, config, sd, reference, regimes, regime_base, main, say)
+    against = _Against(ws, config, sd, reference, regimes, regime_base, main, say, keep=not public_only)
     ref_info, ref_reasons, main_reasons = against.judge(base, cand, groups, paths, floor, ordered, s_ordered,
                                                         candidate_failed=bool(reasons))
     blame = ("main" if main_reasons else "candidate") if (reasons or ref_reasons) else ""
@@ -434,9 +450,9 @@ class _Against:
     regime the baseline's own, the baseline's dumps are the reference's (the same computation)."""
 
     def __init__(self, ws: Workspace, config: Config, sd: "Sides", reference: str, regimes: list[regimes_mod.Regime],
-                 regime_base: regimes_mod.Regime, main: bool, say: Callable[[str, str], None]):
+                 regime_base: regimes_mod.Regime, main: bool, say: Callable[[str, str], None], keep: bool = True):
         self.ws, self.config, self.sd, self.reference, self.regimes = ws, config, sd, reference, regimes
-        self.regime_base, self.main, self.say = regime_base, main, say
+        self.regime_base, self.main, self.say, self.keep = regime_base, main, say, keep
         assert config.verify is not None
         self.vc: VerifyConfig = config.verify
 
@@ -451,61 +467,69 @@ class _Against:
         is_base = lambda r: self.reference == base_commit and regimes_mod.key(r) == regimes_mod.key(self.regime_base)  # noqa: E731
         t0 = time.perf_counter()
         rows: list[dict[str, Any]] = []
+        mains: list[dict[str, Any]] = []
         reasons: list[str] = []
-        main_reasons: list[str] = []
-        refs: dict[str, dict] = {}
+        blamed: list[tuple[bool, str]] = []  # per regime the candidate failed in: (main is the cause, main's reason)
         ok = False
+
+        def cut(why: list[str], n: int = 3) -> str:
+            return "; ".join(why[:n]) + (f" (+{len(why) - n} more)" if len(why) > n else "")
+
         with contextlib.ExitStack() as stack:
-            trusted = _Trusted(self.ws, self.config, sd, self.reference, stack)
+            trusted = _Trusted(self.ws, self.config, sd, self.reference, stack, keep=self.keep)
             try:
                 for n, regime in enumerate(self.regimes):
                     own = n == 0
                     rpaths = paths if own else PATHS
+                    sample = sample_prompts if own else None
                     label = self._label(regime)
+                    at_base = regimes_mod.key(regime) == regimes_mod.key(self.regime_base)
                     if is_base(regime):
                         ref_r = base
                     else:
                         self.say("verify", f"the reference {self.reference[:10]} at {label}")
-                        ref_r = self._trusted_run(trusted, REFERENCE, regime, n, ordered, sample_prompts if own else None)
-                    refs[regimes_mod.key(regime)] = ref_r
-                    if own:
-                        cand_r = cand
-                    elif self.main:
-                        cand_r = self._trusted_run(trusted, BASELINE, regime, n, ordered, None)
-                    else:
-                        cand_r = self._candidate_run(regime, n, ordered)
-                    sets, why, _ = _judge_sets(ref_r, cand_r, groups, rpaths, floor, mode, caps, vc.dtype)
-                    rows.append({"regime": regime, "label": label, "own": own, "passed": not why, "sets": sets})
-                    if why and ref_r is base and cand_r is cand and not vc.drift_budget:
-                        continue  # the reference is the baseline here, judged alike: the check's own reasons say it
-                    if why:
-                        reasons.append(f"drift budget ({words}) against the reference {self.reference[:10]} at {label}: "
-                                       + "; ".join(why[:3]) + (f" (+{len(why) - 3} more)" if len(why) > 3 else ""))
-                # where the candidate failed: does main itself diverge from the reference there?
-                failed = [r for r, row in zip(self.regimes, rows) if not row["passed"]]
-                if candidate_failed and all(regimes_mod.key(self.regimes[0]) != regimes_mod.key(r) for r in failed):
-                    failed.insert(0, self.regimes[0])
-                mains: list[dict[str, Any]] = []
-                for regime in failed:
-                    n = self.regimes.index(regime)
-                    label = self._label(regime)
-                    if self.main:
-                        main_r = cand if n == 0 else self._trusted_run(trusted, BASELINE, regime, n, ordered, None)
-                    elif regimes_mod.key(regime) == regimes_mod.key(self.regime_base):
+                        ref_r = self._trusted_run(trusted, REFERENCE, regime, n, ordered, sample)
+                    if at_base:
                         main_r = base
+                    elif self.reference == base_commit:
+                        main_r = ref_r  # main is the reference: the same computation
+                    elif self.main and own:
+                        main_r = cand
                     else:
-                        self.say("verify", f"main at {label} (is main itself off the reference there?)")
-                        main_r = self._trusted_run(trusted, BASELINE, regime, n, ordered, None)
-                    sets, why, _ = _judge_sets(refs[regimes_mod.key(regime)], main_r, groups, PATHS, floor, mode, caps, vc.dtype)
-                    mains.append({"regime": regime, "label": label, "passed": not why, "sets": sets})
-                    if why:
-                        main_reasons.append(f"main already diverges from the reference {self.reference[:10]} at {label} "
-                                            f"({words}): " + "; ".join(why[:2]) + (f" (+{len(why) - 2} more)" if len(why) > 2 else "")
-                                            + ("" if self.main else " — not this proposal's change"))
+                        self.say("verify", f"main at {label}")
+                        main_r = self._trusted_run(trusted, BASELINE, regime, n, ordered, sample)
+                    cand_r = cand if own else (main_r if self.main else self._candidate_run(regime, n, ordered))
+                    # the candidate against the reference: the drift budget
+                    sets, why_ref, _ = _judge_sets(ref_r, cand_r, groups, rpaths, floor, mode, caps, vc.dtype)
+                    # the candidate against main in the same regime: the per-change rule, in every regime (the check's own
+                    # comparison is that already in the baseline's regime)
+                    if own and at_base:
+                        why_main = ["the check's own comparison failed"] if candidate_failed else []
+                    else:
+                        _, why_main, _ = _judge_sets(main_r, cand_r, groups, rpaths, floor, vc.mode, dict(vc.caps), vc.dtype)
+                    failed = bool(why_ref or why_main or (own and candidate_failed))
+                    rows.append({"regime": regime, "label": label, "own": own, "passed": not why_ref, "against_main": not why_main,
+                                 "sets": sets})
+                    if why_ref and not (ref_r is base and cand_r is cand and not vc.drift_budget):
+                        # (where the reference is the baseline, judged alike, the check's own reasons say it)
+                        reasons.append(f"drift budget ({words}) against the reference {self.reference[:10]} at {label}: {cut(why_ref)}")
+                    if why_main and not (own and at_base):
+                        reasons.append(f"against main at {label} ({vc.mode}): {cut(why_main)}")
+                    if failed:
+                        # is main itself off the reference here, and the candidate no further from main than one change may be?
+                        msets, why_mref, _ = _judge_sets(ref_r, main_r, groups, rpaths, floor, mode, caps, vc.dtype)
+                        mains.append({"regime": regime, "label": label, "passed": not why_mref, "sets": msets})
+                        why_b = (f"main already diverges from the reference {self.reference[:10]} at {label} ({words}): {cut(why_mref, 2)}"
+                                 + ("" if self.main else " — not this proposal's change"))
+                        blamed.append((bool(why_mref) and not why_main, why_b))
                 ok = True
             finally:
                 trusted.close(ok)
+        # main is the cause only where, in every regime the candidate failed, main itself is off the reference and the
+        # candidate agrees with main (a change that also moves the outputs is the proposal's, whatever main does)
+        main_reasons = [why for _, why in blamed] if blamed and all(cause for cause, _ in blamed) else []
         info = {"commit": self.reference, "budget": words, "mode": mode, "caps": caps, "passed": all(r["passed"] for r in rows),
+                "against_main": all(r["against_main"] for r in rows),
                 "regimes": rows, "main": mains, "reused": sum(r.reused for r in trusted.runners.values()),
                 "collected": sum(r.collected for r in trusted.runners.values()), "wall_s": round(time.perf_counter() - t0, 3)}
         return info, reasons, main_reasons
@@ -519,8 +543,12 @@ class _Against:
             dump = dict(runner.run(ordered, trusted.out() / f"{tag}-r{n}.jsonl", vc.k, vc.max_tokens))
             if sample_prompts is not None:
                 dump.update(runner.processed(sample_prompts, trusted.out() / f"{tag}-r{n}-sample.jsonl", SAMPLE_SETTINGS, vc.k, vc.max_tokens))
+        except ReferenceFailed:
+            raise
         except LogprobError as exc:
-            raise LogprobError(f"{who} at {self._label(regime)}: {exc}") from None
+            if who == REFERENCE:
+                raise ReferenceFailed(f"the reference {self.reference[:10]} at {self._label(regime)}: {exc}") from None
+            raise LogprobError(f"main at {self._label(regime)}: {exc}") from None
         return dump
 
     def _candidate_run(self, regime: regimes_mod.Regime, n: int, ordered: Path) -> dict:
@@ -572,4 +600,4 @@ def verify_public(ws: Workspace, config: Config, base: str, cand: str, say: Call
         return dataclasses.replace(res, verdict="fail", reasons=(*res.reasons, moved)) if moved else res
 
 
-__all__ = ["VerifyResult", "run_verify", "verify", "verify_public", "holdout_secret", "PathStats"]
+__all__ = ["ReferenceFailed", "VerifyResult", "run_verify", "verify", "verify_public", "holdout_secret", "PathStats"]

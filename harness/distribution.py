@@ -82,6 +82,8 @@ def read_dump(path: Path, root: Path | None = None) -> dict[tuple[str, str], Rec
                 raise ValueError(f"path must be one of {PATHS}, got {p!r}")
             tokens = tuple(int(t) for t in d["tokens"])
             topk = tuple(None if e is None else tuple((int(t), float(lp)) for t, lp in e) for e in d.get("topk") or [])
+            if any(e and any(math.isnan(lp) or lp == math.inf for _, lp in e) for e in topk):
+                raise ValueError("a logprob is NaN or +inf (a logprob is a finite number at most 0, or -inf)")
             if p != "draws" and len(topk) != len(tokens):
                 raise ValueError(f"{len(tokens)} tokens but {len(topk)} topk entries")
             rec = Record(str(d["id"]), p, tokens, topk)
@@ -284,7 +286,7 @@ def judge_path(path: str, cand: PathStats, floor: PathStats, mode: str, dtype: s
         else:
             limits = dict(caps or {})
         for key, limit in limits.items():
-            if key in s and s[key] is not None and s[key] > limit:
+            if key in s and s[key] is not None and not s[key] <= limit:  # NaN is never within a limit
                 reasons.append(f"{path}: {key} {s[key]:.3g} exceeds {limit:.3g}" + (" (noise floor x3 or the dtype minimum)" if mode == "tight" else ""))
         if mode == "approx" and caps and "min_top1" in caps and (s["top1_agreement"] or 0) < caps["min_top1"]:
             reasons.append(f"{path}: top-1 agreement {s['top1_agreement']:.3f} below {caps['min_top1']}")

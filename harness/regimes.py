@@ -42,9 +42,11 @@ def effective(engine: Mapping[str, Any], serving: Any) -> Regime:
     """The regime of a run whose logprob engine gets ``engine`` with the side's serving.json (``serving``,
     already parsed: anything a candidate wrote) over it. RegimeError when serving.json sets a regime key to a
     value no engine takes (the run would fail anyway; the regime must be one the reference can run in)."""
-    over = serving.get("engine", {}) if isinstance(serving, dict) else {}
+    if serving is not None and not isinstance(serving, dict):
+        raise RegimeError("serving.json must be an object")
+    over = (serving or {}).get("engine", {})
     if not isinstance(over, dict):
-        over = {}
+        raise RegimeError("serving.json: engine must be an object of engine arguments")
     out: Regime = {}
     for key in REGIME_KEYS:
         value = over[key] if key in over else engine.get(key)

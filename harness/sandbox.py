@@ -125,7 +125,8 @@ class Containment:
         if cwd is None:
             raise SandboxError("refusing to run a child without a working directory inside a sandboxed evaluation")
         real = os.path.realpath(cwd)
-        for root, sb in self.sides.items():
+        # the deepest side whose worktree holds cwd (a side nested under another's path gets its own sandbox)
+        for root, sb in sorted(self.sides.items(), key=lambda kv: len(kv[0]), reverse=True):
             if real == root or real.startswith(root.rstrip("/") + "/"):
                 return sb
         raise SandboxError(f"refusing to run a child in {cwd}: it is not a sandboxed side's worktree")

@@ -70,7 +70,10 @@ class Engine:
         serving = os.path.join(os.getcwd(), SERVING_FILE)
         if os.path.exists(serving):
             with open(serving) as fh:
-                engine.update(json.load(fh).get("engine", {}))
+                over = json.load(fh).get("engine", {})
+            if not isinstance(over, dict):
+                raise ValueError("serving.json: engine must be an object of engine arguments")
+            engine.update(over)
         # a regime the orchestrator asks for (the reference run in the candidate's regime): over serving.json;
         # None: the engine's own default
         for key, value in (spec.get("regime") or {}).items():
@@ -194,7 +197,7 @@ def top(d, k: int):
     no probability and are left out."""
     if d is None:
         return None
-    pairs = sorted(((int(t), float(lp.logprob)) for t, lp in d.items() if lp.logprob > -math.inf), key=lambda x: -x[1])
+    pairs = sorted(((int(t), float(lp.logprob)) for t, lp in d.items() if math.isfinite(lp.logprob)), key=lambda x: -x[1])
     return [[t, lp] for t, lp in pairs[:k]]
 
 
