@@ -156,10 +156,16 @@ class ParallelEpisode:
         state_files = {n: (self.ws.state / n).read_bytes() for n in SHIPPED_STATE if (self.ws.state / n).exists()}
         s.job = Job(e.plan.episode, p.id, p.number, base, commit, self.ws.baseline_branch,
                     seeds.proposal_seed(e.plan.seed, p.number), e.plan.alpha, self.repo_key, state_files, s.attempts,
-                    code_version())
+                    code_version(), self.reference(base))
         thin = git.bundle(self.ws.repo_dir, {"base": base, "cand": commit}, exclude=(e.plan.baseline,))
         if not self.x.submit(s.job, thin, s.avoid):
             s.job, s.attempts = None, s.attempts - 1  # no node has room: launched later
+
+    def reference(self, base: str) -> str:
+        """The distribution checks' reference, resolved here (a node's cache clone has neither the pinned ref nor the
+        target's branch names); '' without a [verify] section."""
+        config = self.ws.config(base)
+        return self.ws.reference_commit(config, base) if config.verify is not None else ""
 
     def _prepared(self, s: _Slot) -> tuple[str, str, str] | None:
         """``Episode.prepare`` with the proposal's errors as its REJECT (like the local loop)."""

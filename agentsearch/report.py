@@ -366,7 +366,7 @@ def plots(ev: Evidence, fmt: str = "png") -> dict[str, bytes]:
                 ax.axhline(cap, color="red", ls="--", lw=1, label=f"drift budget kl_max {cap:g}")
             ax.set_xticks(xs, [name for name, _ in drift], fontsize=7)
             ax.set_yscale("log")
-            _axes(ax, "main after each merge, then this candidate", "KL divergence from the reference (nats)")
+            _axes(ax, "main after each merge, then this candidate (index)", "KL divergence from the reference (nats)")
             ax.set_title("drift from the reference")
             ax.legend(fontsize=8)
             out["distribution-drift"] = _save(fig, fmt)

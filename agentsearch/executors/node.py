@@ -51,6 +51,7 @@ class Job:
     state_files: dict[str, bytes] = field(default_factory=dict)
     attempt: int = 1
     code: str = ""  # the orchestrator's code_version(): a node running other code refuses the job
+    reference: str = ""  # the distribution checks' reference commit, as the orchestrator resolved it ('' : no [verify])
     schema_version: int = NODE_SCHEMA
 
 
@@ -135,6 +136,7 @@ def prepare(clone: Path, job: Job, bundles: list[bytes]) -> Workspace:
     for data in bundles:
         git.fetch_bundle(ws.repo_dir, data, ws.state / "tmp")
     git.point_branch(ws.repo_dir, job.baseline_branch, job.baseline)
+    ws.reference_override = job.reference or None  # an ancestor of the baseline: in the bundles already
     for name in SHIPPED_STATE:
         path = ws.state / name
         if name in job.state_files:

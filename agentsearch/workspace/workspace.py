@@ -66,6 +66,7 @@ class Workspace:
         self.common = common
         self.state = common / STATE_DIR
         self.worktrees = common / WORKTREES_DIR
+        self.reference_override: str | None = None  # a Ray node's cache clone: the reference the orchestrator resolved
 
     # ------------------------------------------------------------------ opening
     @classmethod
@@ -114,7 +115,9 @@ class Workspace:
         (one line) when there is none or it is not an ancestor of the baseline."""
         config = config or self.config()
         want = config.verify.reference if config.verify is not None else ""
-        if want:
+        if self.reference_override:
+            commit, named = self.reference_override, "the orchestrator's reference"
+        elif want:
             commit = git.resolve_commit(self.repo_dir, want)
             named = f"[verify] reference {want!r}"
         else:
