@@ -95,7 +95,7 @@ def test_distribution_checks_on_the_real_engine(fork):
         proc = run_cli("verify", "-C", str(fork), "same", "--json", timeout=900)
         out = json.loads(proc.stdout)
         assert proc.returncode == 0 and out["verdict"] == "pass", out["reasons"]
-        assert out["schema_version"] == 2 and out["public_size"] + out["holdout_size"] == 28
+        assert out["schema_version"] == 3 and out["public_size"] + out["holdout_size"] == 28
         for set_name in ("public", "holdout"):
             for path in ("prefill", "decode", "sample"):
                 st = out[set_name][path]
