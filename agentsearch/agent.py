@@ -26,6 +26,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from harness import reaper
+
 from .errors import AgentsearchError
 
 SERVER = "workbench"
@@ -41,11 +43,13 @@ def credentials() -> bool:
 
 
 def cli_env(home: Path) -> dict[str, str]:
-    """The CLI's environment on top of ours: a private home and config directory, no auto-update, no
-    telemetry or other traffic than the API's."""
-    return {"HOME": str(home), "CLAUDE_CONFIG_DIR": str(home / ".claude"), "XDG_CONFIG_HOME": str(home / ".config"),
-            "DISABLE_AUTOUPDATER": "1", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_TELEMETRY": "1",
-            "DISABLE_ERROR_REPORTING": "1", "CLAUDE_CODE_DISABLE_TERMINAL_TITLE": "1"}
+    """The CLI's environment on top of ours: a private home, config and temporary directory (the CLI keeps
+    a per-user directory under $TMPDIR, shared by every session at once and never cleaned, otherwise), no
+    auto-update, no telemetry or other traffic than the API's."""
+    return reaper.marked({"HOME": str(home), "CLAUDE_CONFIG_DIR": str(home / ".claude"), "XDG_CONFIG_HOME": str(home / ".config"),
+                          "TMPDIR": str(home / "tmp"),
+                          "DISABLE_AUTOUPDATER": "1", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_TELEMETRY": "1",
+                          "DISABLE_ERROR_REPORTING": "1", "CLAUDE_CODE_DISABLE_TERMINAL_TITLE": "1"})  # dies with us
 
 
 def cli_launcher(home: Path) -> str | None:
@@ -96,7 +100,7 @@ def run_session(prompt: str, home: Path, model: str | None, max_turns: int, max_
 
     out: dict[str, Any] = {"text": "", "cost_usd": 0.0, "tokens_in": 0, "tokens_out": 0, "turns": 0, "error": "", "session_s": 0.0}
     cwd, cli_home = home / "cli", home / "home"
-    for d in (cwd, cli_home):
+    for d in (cwd, cli_home, cli_home / "tmp"):
         d.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
 

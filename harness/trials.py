@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence, Any, Mapping
 
-from . import lengths, sandbox
+from . import lengths, reaper, sandbox
 
 TRIAL_SCHEMA = 1
 # why a trial failed, as a word (the values of history.records.FailureKind a trial can have)
@@ -149,7 +149,7 @@ def child_env(spec_env: Mapping[str, str], worktree: Path, seed: int | None, out
     env["PYTHONDONTWRITEBYTECODE"] = "1"  # nothing is written into a worktree by importing it
     if seed is not None:
         env["AGENTSEARCH_SEED"] = str(seed)
-    return env
+    return reaper.marked(env)  # whatever runs with it dies with this process (harness.reaper)
 
 
 def substitute(command: str, values: Mapping[str, str]) -> str:
@@ -175,8 +175,11 @@ def run_child(argv: list[str] | str, cwd: Path, env: Mapping[str, str], timeout_
     if prefix:  # e.g. joining resource-limit groups before the sandbox starts (cgroups.Limits.join_prefix)
         assert not shell and not isinstance(argv, str)
         argv = [*prefix, *argv]
+    if shell:
+        argv, shell = ["/bin/sh", "-c", str(argv)], False
+    argv = [*dies_with_us(), *argv]
     token = secrets.token_hex(16)
-    env = {**env, TRIAL_MARKER: token}
+    env = reaper.marked({**env, TRIAL_MARKER: token})
     with tempfile.TemporaryFile(prefix="agentsearch-out-") as fo, tempfile.TemporaryFile(prefix="agentsearch-err-") as fe:
         proc = subprocess.Popen(
             argv, cwd=str(cwd), env=env, shell=shell, stdout=fo, stderr=fe,
@@ -198,6 +201,29 @@ def run_child(argv: list[str] | str, cwd: Path, env: Mapping[str, str], timeout_
                 pass
         out, err = read_tail(fo), read_tail(fe)
     return rc, out, err, wall
+
+
+def dies_with_us() -> list[str]:
+    """A prefix for a child to die with this process even where this process is SIGKILLed (nothing of ours
+    can then kill the child's group): ``setpriv --pdeathsig KILL`` (kept across the execs that follow until
+    one changes credentials, as bubblewrap's set-up does), then a check that our pid is still the parent's,
+    for a death between fork and exec, before the child carried the marker ``harness.reaper`` kills by.
+    [] where util-linux has no setpriv: the reaper still holds from the exec on."""
+    setpriv = _setpriv()
+    if setpriv is None:
+        return []
+    return [setpriv, "--pdeathsig", "KILL", "--", "/bin/sh", "-c", f'[ "$PPID" = {os.getpid()} ] || exit 137; exec "$@"', "sh"]
+
+
+_SETPRIV: list[str | None] = []
+
+
+def _setpriv() -> str | None:
+    if not _SETPRIV:
+        import shutil
+
+        _SETPRIV.append(shutil.which("setpriv", path="/usr/bin:/bin:/usr/sbin:/sbin"))
+    return _SETPRIV[0]
 
 
 def wait_exit(proc: subprocess.Popen, timeout_s: float) -> int:

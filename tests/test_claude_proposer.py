@@ -136,6 +136,8 @@ def test_two_agents_at_once_end_in_the_same_verdicts(tmp_path):
         verdicts[agents] = sorted((p["title"], p["verdict"], p["merged"]) for p in out["proposals"])
         assert ("(2 in flight)" in proc.stderr) == (agents == "2")  # the second session started before the first ended
         assert len(sessions(repo)) == 2
+        why = ([(p["title"], p["reasons"]) for p in out["proposals"]], {t: (s.error, [c.tool for c in s.calls]) for t, (_, s) in sessions(repo).items()})
+        assert verdicts[agents] == sorted([("Raise the speed factor", "merge", True), ("Nothing to do", "reject", False)]), (agents, why)
     assert verdicts["1"] == verdicts["2"] == sorted([("Raise the speed factor", "merge", True), ("Nothing to do", "reject", False)])
 
 

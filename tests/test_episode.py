@@ -132,7 +132,9 @@ def test_patch_queue_episode_merges_only_the_real_win(tmp_path):
     fast = by_title["Make the engine 30% faster"]
     assert fast["verdict"] == "merge" and fast["merged"] and 1.2 < fast["speedup"] < 1.4
     for title, needle in [
-        ("Reword a comment", "objective"),
+        # an A/A passes the objective at its false-pass rate and the confirmation on fresh seeds then rejects it
+        # (seen in CI under foreign load): either check is the gate working
+        ("Reword a comment", ("objective", "confirmation")),
         ("Speed up the benchmark", "protected"),
         ("Faster with a coarser normalization", "distribution"),
         ("05-stale", "does not apply"),
@@ -140,7 +142,8 @@ def test_patch_queue_episode_merges_only_the_real_win(tmp_path):
     ]:
         r = by_title[title]
         assert r["verdict"] == "reject" and not r["merged"], (title, r)
-        assert any(needle in reason for reason in r["reasons"]), (title, r["reasons"])
+        needles = needle if isinstance(needle, tuple) else (needle,)
+        assert any(n in reason for reason in r["reasons"] for n in needles), (title, r["reasons"])
     assert out["merged"] == 1
 
     ws = Workspace.open(repo)
@@ -184,7 +187,7 @@ def test_identical_proposal_is_not_measured_twice_and_branches_queue(tmp_path):
     rc, out = episode_json(repo, "--branches", "try/*", "--seed", "3")
     assert rc == 0
     a, b = out["proposals"]
-    assert a["verdict"] == "reject" and any("objective" in r for r in a["reasons"])
+    assert a["verdict"] == "reject" and any("objective" in r or "confirmation" in r for r in a["reasons"])  # an A/A: either check
     assert b["verdict"] == "reject" and "not re-measured" in b["reasons"][0] and a["proposal"] in b["reasons"][0]
     ws = Workspace.open(repo)
     trials = [e for e in HistoryLog(ws.state / "history.jsonl").entries() if e.kind == "trial"]

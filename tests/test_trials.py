@@ -281,3 +281,43 @@ def test_the_leftover_sweep_never_kills_a_child_another_thread_is_starting(tmp_p
         stop.set()
         t.join()
     assert len(codes) > 30 and set(codes) == {0}, sorted(set(codes))
+
+
+CHILD_OF_A_KILLED_ORCHESTRATOR = """
+import os, sys
+from pathlib import Path
+sys.path.insert(0, {root!r})
+from harness import sandbox
+from harness.trials import run_child
+wt = Path(sys.argv[1])
+box = sandbox.Containment({{os.path.realpath(wt): sandbox.Sandbox(str(wt), str(wt.parent / (wt.name + "-out")))}})
+print("go", flush=True)
+with sandbox.use(box):
+    run_child(["sleep", sys.argv[2]], wt, {{"PATH": "/usr/bin:/bin"}}, 120)
+"""
+
+
+def test_a_sandboxed_child_dies_with_its_sigkilled_orchestrator_however_early_the_kill_lands(tmp_path):
+    """The orchestrator SIGKILLed while a sandboxed child is still starting (before bubblewrap set its own
+    --die-with-parent): nothing of ours is left to kill the child's group, so the child itself must die with
+    its parent from its first instruction on (seen in CI: an agent's `run` outlived a killed episode)."""
+    import signal
+    import subprocess as sp
+
+    from .conftest import ROOT
+
+    script = tmp_path / "orchestrator.py"
+    script.write_text(CHILD_OF_A_KILLED_ORCHESTRATOR.format(root=str(ROOT)))
+    marker = f"7{time.time_ns() % 10_000_000:07d}"
+    for i, delay in enumerate((0.0, 0.0, 0.001, 0.002, 0.003, 0.005, 0.008, 0.012, 0.02, 0.05, 0.3)):
+        wt = tmp_path / f"wt{i}"
+        wt.mkdir()
+        proc = sp.Popen([sys.executable, str(script), str(wt), marker], stdout=sp.PIPE, start_new_session=True)
+        assert proc.stdout is not None and proc.stdout.readline() == b"go\n"
+        time.sleep(delay)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    time.sleep(2)
+    left = sp.run(["pgrep", "-af", f"sleep {marker}"], capture_output=True, text=True)
+    sp.run(["pkill", "-9", "-f", f"sleep {marker}"])
+    assert left.returncode == 1, left.stdout
