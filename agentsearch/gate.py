@@ -72,40 +72,42 @@ class Verdict:
 
 
 def judge(checks: list[Check]) -> Verdict:
-    """Merge iff every required check passed (or was legitimately skipped)."""
-    by_name: dict[str, Check] = {}
+    """Merge iff every required check passed (or was legitimately skipped), each reported once.
+
+    The reasons come in the gate's order (required checks, then the others as first reported); a
+    rejection's cause is the first failure in that order — a check reported twice is one (the evaluation
+    that reported it is broken: an internal error), a failed check another — and only when nothing failed,
+    the first required check that did not run (kind ``missing``). A REVIEW needs everything else to pass."""
+    by_name: dict[str, list[Check]] = {}
+    for c in checks:
+        by_name.setdefault(c.name, []).append(c)
+    names = [*REQUIRED_CHECKS, *(n for n in by_name if n not in REQUIRED_CHECKS)]
     reasons: list[str] = []
-    for c in checks:
-        if c.name in by_name:
-            reasons.append(f"{c.name}: reported twice")
-        by_name[c.name] = c
+    causes: list[tuple[str, FailureKind | None]] = []  # failures in the gate's order: the first is the cause
+    missing: list[str] = []
     review = False
-    for name in REQUIRED_CHECKS:
-        check = by_name.get(name)
-        if check is None:
+    for name in names:
+        reported = by_name.get(name, [])
+        if not reported:
+            missing.append(name)
             reasons.append(f"{name}: did not run")
-        elif check.status == Status.FAIL:
-            reasons.append(f"{name}: {check.detail}")
-        elif check.status == Status.REVIEW:
-            review = True
-            reasons.append(f"{name}: {check.detail}")
-    ordered = tuple(by_name[n] for n in REQUIRED_CHECKS if n in by_name) + tuple(
-        c for c in checks if c.name not in REQUIRED_CHECKS
-    )
-    for c in checks:
-        if c.name not in REQUIRED_CHECKS and c.status in (Status.FAIL, Status.REVIEW):
-            reasons.append(f"{c.name}: {c.detail}")
-            review = review or c.status == Status.REVIEW  # e.g. an implausible op-level speedup (micro)
-    if any(by_name.get(n) is None or by_name[n].status == Status.FAIL for n in REQUIRED_CHECKS) or any(
-        c.status == Status.FAIL for c in checks
-    ):
-        # the first failure is the cause; 'did not run' entries after it are consequences
-        failed = [by_name[n] for n in REQUIRED_CHECKS if n in by_name and by_name[n].status == Status.FAIL] + [
-            c for c in checks if c.name not in REQUIRED_CHECKS and c.status == Status.FAIL]
-        if failed:
-            return Verdict(REJECT, tuple(_trim(reasons)), ordered, failed_check=failed[0].name, failure=failed[0].failure)
-        missing = next(n for n in REQUIRED_CHECKS if n not in by_name)
-        return Verdict(REJECT, tuple(_trim(reasons)), ordered, failed_check=missing, failure=FailureKind.MISSING)
+            continue
+        if len(reported) > 1:
+            reasons.append(f"{name}: reported twice")
+            causes.append((name, FailureKind.INTERNAL_ERROR))
+        for check in reported:
+            if check.status == Status.FAIL:
+                reasons.append(f"{name}: {check.detail}")
+                causes.append((name, check.failure))
+            elif check.status == Status.REVIEW:  # e.g. the plausibility bound, an implausible op-level speedup (micro)
+                review = True
+                reasons.append(f"{name}: {check.detail}")
+    ordered = tuple(c for n in names for c in by_name.get(n, []))
+    if causes:  # the first failure is the cause; 'did not run' entries after it are consequences
+        name, kind = causes[0]
+        return Verdict(REJECT, tuple(_trim(reasons)), ordered, failed_check=name, failure=kind)
+    if missing:
+        return Verdict(REJECT, tuple(reasons), ordered, failed_check=missing[0], failure=FailureKind.MISSING)
     if review:
         return Verdict(REVIEW, tuple(reasons), ordered)
     return Verdict(MERGE, (), ordered)
