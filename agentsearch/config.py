@@ -43,7 +43,7 @@ VERIFY_PROFILES = {"full": 0, "quick": 56}
 
 
 def doc(text: str, default: Any = dataclasses.MISSING, factory: Any = dataclasses.MISSING) -> Any:
-    """A dataclass field with its documentation attached (shown in the README and errors)."""
+    """A dataclass field with its documentation attached (shown in the generated config reference, docs/reference/config.md, and in errors)."""
     if factory is not dataclasses.MISSING:
         return field(default_factory=factory, metadata={"doc": text})
     if default is dataclasses.MISSING:
@@ -219,7 +219,7 @@ def parse_cpus(text: str) -> frozenset[int]:
 @dataclass(frozen=True)
 class EngineConfig:
     placement: str = doc(
-        "auto | shared | alternate | split: where and when the two sides' engines run (see the README's Placement). "
+        "auto | shared | alternate | split: where and when the two sides' engines run (see docs/design/placement.md). "
         "auto: CPU -> the lower-noise mode measured there, one GPU -> alternate, two or more -> split.", P.AUTO
     )
     memory_split: float = doc(
@@ -646,7 +646,7 @@ def _sweep(raw: Any, source: str) -> SweepConfig:
 
 
 def reference_rows() -> list[tuple[str, str, str, str]]:
-    """(section, key, default, doc) for every key: the README's config reference."""
+    """(section, key, default, doc) for every key: the generated config reference (docs/hooks.py → docs/reference/config.md)."""
     rows = []
     for section, cls in (("[target]", TargetConfig), ("[[workload]]", WorkloadConfig), ("[gate]", GateConfig), ("[engine]", EngineConfig),
                          ("[verify]", VerifyConfig), ("[sweep]", SweepConfig), ("[[sweep.knob]]", KnobConfig), ("[executor]", ExecutorConfig),

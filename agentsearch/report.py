@@ -233,7 +233,7 @@ def session_table(trials: Sequence[Mapping[str, Any]], directions: Mapping[str, 
     """Per workload measured on two or more engine sessions (``restarts``, the confirmation's fresh engines): each
     session's pairs and change, and whether the sessions agree (``harness.statistics.sessions_differ``). The gate
     counts the session effect in its standard error; this table lets a reviewer see a win that rests on instances
-    that disagree (a speed that is a lottery per engine instance: the README's *The lottery attack*). Workloads
+    that disagree (a speed that is a lottery per engine instance: docs/measured.md, *The lottery attack*). Workloads
     whose direction the config no longer says are left out rather than shown with a guessed sign."""
     from harness.statistics import sessions_differ, winsorize
 

@@ -570,7 +570,7 @@ def verify(ws: Workspace, ref: str, say: Callable[[str, str], None] | None = Non
 
     config = ws.config()
     if config.verify is None:
-        raise AgentsearchError("the target has no [verify] section; add one (see the README's config reference)")
+        raise AgentsearchError("the target has no [verify] section; add one (see docs/reference/config.md)")
     base, cand = ws.baseline_commit(), ws.resolve(ref)
     tag = f"verify-{cand[:10]}-{secrets.randbelow(100000):05d}"
     with built_sides(ws, config, {BASELINE: base, CANDIDATE: cand}, tag, "verify") as sd:

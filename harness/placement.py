@@ -10,7 +10,7 @@
   effect adds equal and opposite amounts and cancels, like the order effect of ABBA; needs two GPUs.
 
 ``auto`` resolves to: no GPU -> ``CPU_DEFAULT`` (the lower-noise mode measured on the CPU machine, see
-the README); one GPU -> ``alternate``; two or more -> ``split``. Pure functions: the device list is
+docs/design/placement.md); one GPU -> ``alternate``; two or more -> ``split``. Pure functions: the device list is
 an argument (``cuda_devices()`` reads it from the machine).
 """
 
@@ -24,7 +24,7 @@ from .trials import BASELINE, CANDIDATE
 
 AUTO, SHARED, ALTERNATE, SPLIT = "auto", "shared", "alternate", "split"
 PLACEMENTS = (AUTO, SHARED, ALTERNATE, SPLIT)
-CPU_DEFAULT = SHARED  # measured on the 2-core machine: see the README's "Placement and noise"
+CPU_DEFAULT = SHARED  # measured on the 2-core machine: see docs/design/placement.md
 # gpu_memory_utilization per engine when engines share one GPU: three fit (both sides' warm engines and
 # the coverage pass's traced one; the distribution checks' two start after the measuring engines are shut down)
 MEMORY_SPLIT = 0.3

@@ -1,6 +1,6 @@
 """Group-sequential decisions on paired log-ratios: stop early for clear winners and losers.
 
-Error control (documented in the README):
+Error control (documented in docs/design/gate.md):
 - The false-merge level of one proposal, ``alpha`` (the episode's alpha divided over its
   proposal budget), is split over the looks: the interim looks share ``interim_share`` of it
   equally, the final look gets the rest. By the union bound the probability that a proposal

@@ -87,14 +87,6 @@ def test_cli_bad_config_exits_2_with_one_line(tmp_path):
     assert "Traceback" not in proc.stderr
 
 
-def test_readme_documents_every_config_key():
-    from .conftest import ROOT
-
-    readme = (ROOT / "README.md").read_text()
-    for section, key, _default, _doc in reference_rows():
-        assert f"| `{section}` | `{key}` |" in readme, f"README lacks {section} {key}"
-
-
 @pytest.mark.parametrize("cpus, env, devices, want", [
     ("auto", 'OMP_NUM_THREADS = "1"', (), {3}),         # one OpenMP thread: the last CPU
     ("auto", 'OMP_NUM_THREADS = "2"', (), {2, 3}),

@@ -82,7 +82,7 @@ def test_distribution_checks_on_the_real_engine(fork):
 
     Batches of 8 (the draw test's 400 one-token draws per run would go one at a time at max_num_seqs 1).
     In small scheduler steps (max_num_seqs 32, 1,024 tokens a step) the unchanged branch passes too, but
-    not always bit-exactly: CI once saw prefill KL mean 3e-13, within the noise floor (see the README)."""
+    not always bit-exactly: CI once saw prefill KL mean 3e-13, within the noise floor (see docs/design/distribution.md)."""
     cfg_before, serving_before = (fork / "agentsearch.toml").read_text(), (fork / "serving.json").read_text()
     verify_cfg = ('\n[verify]\nkind = "vllm"\ncorpus_size = 28\nmax_tokens = 8\nsample_draws = 100\nsample_contexts = 2\n'
                   'engine = { distributed_executor_backend = "uni" }\n')  # one process (with the fork's VLLM_ENABLE_V1_MULTIPROCESSING = 0)

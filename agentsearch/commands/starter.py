@@ -48,7 +48,7 @@ timeout_s = 300
 # SD of 0.032: a true 3% win merged 87-90% of the time (2 sessions of 6, 12 pairs: 46%); a change of 20% or more
 # and (at a quiet hour) a no-op stop within the first two sessions as before; a close call runs on. Each proposal's engine-session
 # effect is estimated on 4 degrees of freedom (2 sessions: 1), which keeps false merges within the level under an
-# engine-instance effect of SD 1.1% per side and makes the lottery attack (README) rarer.
+# engine-instance effect of SD 1.1% per side and makes the lottery attack (docs/measured.md) rarer.
 restarts = 5
 engine = {{ enforce_eager = true, max_model_len = 1024, dtype = "float32", distributed_executor_backend = "uni" }}
 params = {{ prompts = 48, input_len = 48, output_len = 48, length_dist = "uniform" }}
@@ -85,7 +85,7 @@ confirm_pairs = 4
 # token distributions on a multilingual corpus and a hidden holdout, on three paths: prefill,
 # greedy decode, and sample (the sampler's processed logprobs under temperature / top-k / top-p /
 # min-p / penalties, plus a paired draw test). profile "quick" = 56 prompts (4 per language);
-# "full" = all 336 (see the README for what each costs).
+# "full" = all 336 (see docs/design/distribution.md for what each costs).
 [verify]
 kind = "vllm"
 profile = "quick"

@@ -78,7 +78,8 @@ def _reachable(address: str, timeout: float = 5.0) -> None:
     try:
         socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout).close()
     except OSError as exc:
-        raise RunError(f"cannot join the Ray cluster at {address!r}: {exc}; start it with `ray start --head` (see the README)") from None
+        raise RunError(f"cannot join the Ray cluster at {address!r}: {exc}; start it with `ray start --head` "
+                       "(see docs/guide/episodes.md, Several machines)") from None
 
 
 class RayExecutor:

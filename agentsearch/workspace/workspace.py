@@ -137,7 +137,7 @@ class Workspace:
         head = git.run_git("rev-parse", "--verify", "--quiet", "HEAD", cwd=self.repo_dir, check=False).strip()
         text = git.show_file(self.repo_dir, head, CONFIG_FILE) if head else None
         if text is None:
-            raise TargetError(f"{path}: no {CONFIG_FILE} committed; add one (see the README's config reference)")
+            raise TargetError(f"{path}: no {CONFIG_FILE} committed; add one (see docs/guide/own-target.md and docs/reference/config.md)")
         return text
 
     # ------------------------------------------------------------------ config / refs
