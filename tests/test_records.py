@@ -18,14 +18,30 @@ from harness.trials import TRIAL_FAILURES
 from .conftest import ROOT, run_cli
 
 FIXTURE = ROOT / "tests" / "fixtures" / "schema1-target.tar.gz"
+# every released history format, as the code of its time wrote it (tests/fixtures/make_schema1_history.py, run
+# from that code's checkout): 0.1.0 as of 2026-11-30 11:34 (010faf8) and as of its early days (before
+# 09d6235: insights did not count reverts yet, and GitPython was a dependency)
+FIXTURES = {"0.1.0": FIXTURE, "0.1.0-early": ROOT / "tests" / "fixtures" / "history-0.1.0-early.tar.gz",
+            "0.3.0": ROOT / "tests" / "fixtures" / "history-0.3.0.tar.gz"}
+WROTE_SCHEMA = {"0.1.0": 1, "0.1.0-early": 1, "0.3.0": 2}
+
+
+def unpack(fixture: Path, into: Path) -> Path:
+    with tarfile.open(fixture) as tar:
+        tar.extractall(into, filter="data")
+    return into / "toy"
 
 
 @pytest.fixture
 def schema1(tmp_path: Path) -> Path:
     """A copy of the toy target whose history the schema-1 code wrote (tests/fixtures/make_schema1_history.py)."""
-    with tarfile.open(FIXTURE) as tar:
-        tar.extractall(tmp_path, filter="data")
-    return tmp_path / "toy"
+    return unpack(FIXTURE, tmp_path)
+
+
+@pytest.fixture(params=sorted(FIXTURES))
+def released(request, tmp_path: Path) -> tuple[Path, int]:
+    """A copy of a toy target whose history a released version wrote, and the schema it wrote."""
+    return unpack(FIXTURES[request.param], tmp_path), WROTE_SCHEMA[request.param]
 
 
 def history_file(repo: Path) -> Path:
@@ -43,9 +59,10 @@ def test_every_kind_has_one_class_and_trial_failures_are_failure_kinds():
     assert set(REQUIRED_CHECKS) <= {c.value for c in rec.CheckName}
 
 
-def test_schema1_fixture_loads_verifies_reports_and_resumes(schema1: Path):
+def test_every_released_history_loads_verifies_reports_and_resumes(released: tuple[Path, int]):
+    schema1, wrote = released
     lines = [json.loads(ln) for ln in history_file(schema1).read_text().splitlines()]
-    assert {ln["v"] for ln in lines} == {1}  # written by the old code, never rewritten
+    assert {ln["v"] for ln in lines} == {wrote}  # written by that release's code, never rewritten
     entries = list(HistoryLog(history_file(schema1)).entries())
     kinds = {e.kind for e in entries}
     assert {"episode-started", "proposal-created", "trial", "statistic", "verdict", "merge", "insight", "episode-finished",

@@ -60,6 +60,8 @@ def _v1(kind: str, data: Data) -> Data:
         data = _v1_judged(data)
     if kind == "evaluation" and "objective" not in data:
         data["objective"] = None
+    if kind == "insight" and "reverted" not in data:
+        data["reverted"] = 0  # insights written before 0.1.0 counted reverts (2026-11-30) had none to count
     data["schema_version"] = 2  # the plan's, trial's, insight's and evaluation's own version 1 fields are this one now
     return data
 
