@@ -1,0 +1,39 @@
+"""The import contract of what runs inside a side's sandbox (pyproject.toml, `sandbox-side`): the workers, the
+kernel worker and check, and the coverage tracer import nothing of ours beyond kernels.specs — a side's
+containment relies on it (what they import runs with the candidate's code on the path)."""
+
+from __future__ import annotations
+
+import ast
+import tomllib
+
+from .conftest import ROOT
+
+OURS = ("agentsearch", "history", "templates", "harness", "kernels")
+
+
+def contract() -> dict:
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    return next(c for c in config["tool"]["importlinter"]["contracts"] if c["id"] == "sandbox-side")
+
+
+def test_the_contract_forbids_every_harness_module_by_name():
+    """import-linter does not let an ancestor (`harness`) forbid a source's own relatives, so each module is
+    named: a new harness module must be added there."""
+    forbidden = set(contract()["forbidden_modules"])
+    for path in (ROOT / "harness").glob("*.py"):
+        if path.stem != "__init__":
+            assert f"harness.{path.stem}" in forbidden, f"add harness.{path.stem} to the sandbox-side contract"
+    workers = {f"harness.workers.{p.stem}" for p in (ROOT / "harness" / "workers").glob("*.py") if p.stem != "__init__"}
+    assert workers <= set(contract()["source_modules"]), "every worker is a source of the contract"
+
+
+def test_the_coverage_tracer_imports_only_the_standard_library():
+    """harness/tracer is a data directory (its sitecustomize.py is put on a side's path), out of import-linter's reach."""
+    for path in (ROOT / "harness" / "tracer").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+            for name in names:
+                assert name.split(".")[0] not in OURS, f"{path.name} imports {name}"
+            assert not (isinstance(node, ast.ImportFrom) and node.level), f"{path.name}: a relative import"
