@@ -450,6 +450,46 @@ def profile(target: Path, as_json: bool, ref: str | None, workload: str | None, 
     dispatch(run, config=True, target=target, as_json=as_json, ref=ref, workload=workload, seed=seed)
 
 
+@main.group(context_settings=CONTEXT, invoke_without_command=True)
+@target_option
+@strict_option
+@quiet_option
+@json_option
+@click.option("--since", metavar="EPISODE|REF", help="The range's start: an episode id or a commit (default: the baseline when the "
+              "latest episode started).")
+@click.option("--leave-one-out", "leave_one_out", is_flag=True, help="Also measure the tip against the tip with each merge reverted.")
+@click.option("--seed", type=int, help="Master seed (default: fresh).")
+@click.pass_context
+def stack(ctx: click.Context, target: Path, as_json: bool, since: str | None, leave_one_out: bool, seed: int | None) -> None:
+    """What the merges of a range add up to: the tip against the range's start, beside the product of the merges' estimates.
+
+    Verdict: delivers, under-delivers (significantly below the product) or inconclusive; with --leave-one-out each
+    merge's marginal contribution today (passengers add nothing significant). Exit 0 when it delivers, 1 otherwise.
+    """
+    if ctx.invoked_subcommand is None:
+        from .commands.stack import run
+
+        dispatch(run, config=True, target=target, as_json=as_json, since=since, leave_one_out=leave_one_out, seed=seed)
+
+
+@stack.command("bisect", context_settings=CONTEXT)
+@target_option
+@strict_option
+@quiet_option
+@json_option
+@click.option("--metric", metavar="WORKLOAD", help="The workload whose regression to find (default: the objective).")
+@click.option("--since", metavar="EPISODE|REF", help="The range's start (default: the baseline when the latest episode started).")
+@click.option("--seed", type=int, help="Master seed (default: fresh).")
+def stack_bisect(target: Path, as_json: bool, metric: str | None, since: str | None, seed: int | None) -> None:
+    """Name the merge where WORKLOAD got significantly worse than at the range's start (three-valued steps).
+
+    Exit 0 when a merge is named, 1 when none is (nothing regressed, or a step stayed unknown).
+    """
+    from .commands.stack import run_bisect
+
+    dispatch(run_bisect, config=True, target=target, as_json=as_json, since=since, metric=metric, seed=seed)
+
+
 @main.group(context_settings=CONTEXT)
 def kernels() -> None:
     """The kernel level: the library of IR-op implementations, op-level benchmarks, kernel proposals."""

@@ -7,7 +7,7 @@ from typing import Any
 
 
 from history.drift import drift_curve
-from history.records import Merge, Recheck, Revert, Trial, Verdict
+from history.records import Merge, Recheck, Revert, StackCheck, Trial, Verdict
 
 from ..errors import EXIT_FAIL, AgentsearchError
 from ..gate import MERGE
@@ -41,6 +41,7 @@ def merges(ws: Workspace) -> list[dict[str, Any]]:
         return configs[baseline]
     reverted = {e.record.merge: e.record for e in entries if isinstance(e.record, Revert)}
     rechecks = {e.record.merge: e.record for e in entries if isinstance(e.record, Recheck)}  # the latest of each
+    removals = {r.merge: r for e in entries if isinstance(e.record, StackCheck) for r in e.record.removals}  # the latest leave-one-out
     tip = ws.baseline_commit()
     drift = {p.commit: p for p in drift_curve(entries) if p.event == "merge"}
     rows = []
@@ -68,6 +69,9 @@ def merges(ws: Workspace) -> list[dict[str, Any]]:
             # main's divergence from the reference after this merge (history.drift): worst KL over regimes and paths
             "drift_kl_max": drift[m].worst("kl_max") if m in drift else None,
             "drift_same_top_pct": drift[m].worst("same_top_pct") if m in drift else None,
+            # the latest stack check's leave-one-out (agentsearch stack --leave-one-out): what it adds at today's tip
+            "marginal": removals[m].marginal if m in removals else None,
+            "today": removals[m].decision if m in removals else None,
         })
     return rows
 
@@ -103,11 +107,17 @@ def run(target: Path, as_json: bool, what: str | None, recheck: bool, seed: int 
         table = [[r["merge"][:12], pct(r["speedup"]),
                   "reverted" if r["reverted"] else ("on baseline" if r["on_baseline"] else "not on baseline"),
                   r["sessions"] or "—", {True: "holds", False: "does not hold", None: "—"}[r["recheck"]],
-                  "—" if r["drift_kl_max"] is None else f"{r['drift_kl_max']:.2g}", r["proposal"] or "—", r["title"] or ""]
+                  "—" if r["drift_kl_max"] is None else f"{r['drift_kl_max']:.2g}",
+                  "—" if r["today"] is None else ("passenger" if r["today"] == "passenger" else pct(r["marginal"]) if r["marginal"] else r["today"]),
+                  r["proposal"] or "—", r["title"] or ""]
                  for r in rows]
-        out.print(compact_table(f"merges on {ws.baseline_branch} (drift: main's worst KL from the reference after the merge)",
-                                ["merge", "Δ obj.", "state", "sessions", "recheck", "drift", "proposal", "title"],
-                                table, out.width, right=(1, 5)))
+        out.print(compact_table(f"merges on {ws.baseline_branch} (drift: main's worst KL from the reference after the merge; "
+                                "today: its marginal contribution in the latest `agentsearch stack --leave-one-out`)",
+                                ["merge", "Δ obj.", "state", "sessions", "recheck", "drift", "today", "proposal", "title"],
+                                table, out.width, right=(1, 5, 6)))
+        if any(r["today"] == "passenger" and not r["reverted"] for r in rows):
+            out.print("a passenger adds nothing significant at today's tip (a later merge made it redundant): `agentsearch revert MERGE` "
+                      "removes it")
         if any(r["sessions"] == "differ" and r["recheck"] is None and not r["reverted"] for r in rows):
             out.print("sessions 'differ': part of that win was the luck of the engine instances (or seeds) it ran on; re-measure it "
                       "on fresh ones with `agentsearch review MERGE --recheck`")

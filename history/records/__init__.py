@@ -25,6 +25,7 @@ from .recheck import Recheck
 from .repair import Repair
 from .revert import Revert
 from .run_error import RunError
+from .stack import BisectStep, Interference, Removal, StackBisect, StackCheck, StackMerge
 from .statistic import Statistic
 from .superseded import Superseded
 from .trial import Trial
@@ -34,6 +35,7 @@ from .verdict import CheckResult, Verdict
 CLASSES: tuple[type[Record], ...] = (
     EpisodeStarted, EpisodeResumed, EpisodeFinished, ProposalCreated, Trial, Statistic, Distribution,
     Evaluation, Verdict, Merge, Revert, Recheck, Insight, Profile, Repair, RunError, Superseded, NodeFault,
+    StackCheck, StackBisect,
 )
 BY_KIND: dict[str, type[Record]] = {c.KIND: c for c in CLASSES}
 KINDS = tuple(BY_KIND)
@@ -56,4 +58,5 @@ __all__ = [
     "CheckName", "CheckResult", "Distribution", "EpisodeFinished", "EpisodeResumed", "EpisodeStarted", "Evaluation",
     "FailureKind", "Insight", "Merge", "NodeFault", "Part", "Profile", "ProposalCreated", "Recheck", "Record", "RecordError", "Repair",
     "Revert", "RunError", "Statistic", "Superseded", "Trial", "Verdict", "decision_failure", "default_failure", "load", "upgrade",
+    "BisectStep", "Interference", "Removal", "StackBisect", "StackCheck", "StackMerge",
 ]

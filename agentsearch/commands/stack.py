@@ -1,0 +1,73 @@
+"""`agentsearch stack [--since REF] [--leave-one-out]` and `agentsearch stack bisect [--metric W]`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from history.records.stack import StackBisect, StackCheck
+
+from ..errors import EXIT_FAIL
+from ..headline import pct
+from ..workspace import Workspace
+from .output import compact_table, out, print_json, progress, safe
+
+
+def _ci(ci: tuple[float, ...] | None) -> str:
+    return f"[{pct(ci[0])}, {pct(ci[1])}]" if ci and len(ci) == 2 else "—"
+
+
+def show_check(r: StackCheck) -> None:
+    out.print(f"stack {r.since[:12]} → {r.tip[:12]}: {len(r.merges)} merge(s), objective {safe(r.objective)}")
+    rows = [[m.merge[:12], safe(m.proposal or "—"), safe((m.title or "")[:48]), pct(m.speedup), _ci(m.ci)] for m in r.merges]
+    out.print(compact_table("the merges, as the gate merged them", ["merge", "proposal", "title", "Δ then", "95% CI"], rows, out.width,
+                            right=(3,)))
+    out.print(f"product of their estimates: {pct(r.product)} {_ci(r.product_ci)}")
+    out.print(f"measured, the tip against the start: {pct(r.cumulative)} {_ci(r.ci)} after {r.pairs} pairs (seed {r.seed})")
+    if r.removals:
+        rows = [[x.merge[:12], x.decision, pct(x.marginal), _ci(x.ci), str(x.pairs), safe(x.reason[:80])] for x in r.removals]
+        out.print(compact_table("leave-one-out: the tip against the tip without each merge",
+                                ["merge", "decision", "marginal", "95% CI", "pairs", "why"], rows, out.width, right=(2, 4)))
+    if r.interference:
+        rows = [[" + ".join(m[:12] for m in x.merges), "interfere" if x.interfere else "—", pct(x.joint), pct(x.expected),
+                 "—" if x.p_value is None else f"{x.p_value:.2g}", safe(x.reason[:80])] for x in r.interference]
+        out.print(compact_table("interference: the pairs the removals point to, removed together",
+                                ["merges", "flag", "without both", "product of singles", "p", "why"], rows, out.width, right=(2, 3)))
+    colour = {"delivers": "green", "under-delivers": "red"}.get(r.verdict, "yellow")
+    out.print(f"[{colour}]{r.verdict}[/]" + "".join(f"\n  {safe(x)}" for x in r.reasons) + f"  ({r.seconds:.0f} s)")
+    if r.passengers:
+        out.print("passengers (no significant contribution at today's operating point): "
+                  + ", ".join(p[:12] for p in r.passengers) + "; `agentsearch revert MERGE` removes one")
+
+
+def show_bisect(r: StackBisect) -> None:
+    out.print(f"bisect {safe(r.workload)} over {len(r.merges)} merge(s) {r.since[:12]} → {r.tip[:12]}")
+    rows = [[str(i), f"{s.index}", s.commit[:12], s.outcome, pct(s.speedup), _ci(s.ci), str(s.pairs)] for i, s in enumerate(r.steps, 1)]
+    out.print(compact_table("steps (each commit against the start)", ["step", "after merge", "commit", "outcome", "Δ", "95% CI", "pairs"],
+                            rows, out.width, right=(4, 6)))
+    out.print(("[red]" if r.culprit else "[yellow]") + safe(r.reason) + "[/]" + f"  ({r.seconds:.0f} s)")
+
+
+def run(target: Path, as_json: bool, since: str | None, leave_one_out: bool, seed: int | None) -> int:
+    from ..stack import check
+
+    ws = Workspace.open(target)
+    with ws.lock(), progress() as say:
+        record = check(ws, since, seed=seed, leave_one_out=leave_one_out, progress=say)
+    if as_json:
+        print_json(record.to_json())
+    else:
+        show_check(record)
+    return 0 if record.verdict == "delivers" else EXIT_FAIL
+
+
+def run_bisect(target: Path, as_json: bool, since: str | None, metric: str | None, seed: int | None) -> int:
+    from ..stack import bisect
+
+    ws = Workspace.open(target)
+    with ws.lock(), progress() as say:
+        record = bisect(ws, metric, since, seed=seed, progress=say)
+    if as_json:
+        print_json(record.to_json())
+    else:
+        show_bisect(record)
+    return 0 if record.culprit else EXIT_FAIL

@@ -1,0 +1,336 @@
+"""Stack checks: what the merges of a range add up to, with the gate's own statistics.
+
+Every merge is judged against the baseline of its moment. ``check`` measures the baseline's tip against
+the range's start with ``evaluate`` (interleaved pairs on fresh sides and seeds, the sequential test,
+the guards) and sets the cumulative gain beside the product of the merges' own estimates:
+
+- **delivers**: the tip is significantly faster than the start, and not significantly below the product;
+- **under-delivers**: significantly below the product (one-sided, on the log scale, at ``[gate] alpha``;
+  each estimate's standard error is read off its 95% interval);
+- **inconclusive**: anything else — an evaluation that failed, a number missing, a gain not significant.
+
+With ``leave_one_out`` each merge is reverted on the tip in a scratch commit (pinned under
+``refs/agentsearch/stack/``, never on a branch) and the tip is measured against it: the merge's
+marginal contribution today. The scratch commit is the candidate and the tip the baseline, so one
+warm tip serves all K comparisons (``WarmBaseline``): K + 1 measurements in all. A merge whose
+contribution is not significantly above nothing is a **passenger**.
+
+``bisect`` names the merge where a workload's regression entered: each step measures a commit of the
+merge sequence against the start on that workload — *different* (significantly worse), *same*
+(not), *unknown* (inconclusive: measured again on fresh seeds, then the search stops, saying so).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from history.records import EpisodeStarted, Merge, Revert, Verdict
+from history.records.stack import BisectStep, Interference, Removal, StackBisect, StackCheck, StackMerge
+
+from .errors import AgentsearchError
+from .evaluation import Evaluation, WorkloadSummary, evaluate
+from .records import append, read_entries
+from .warm_baseline import WarmBaseline
+from .workspace import Workspace
+from .workspace import git
+
+Progress = Callable[[str, str], None]
+SCRATCH_REFS = "refs/agentsearch/stack/"
+Z95 = 1.959963984540054
+UNKNOWN_RETRIES = 1  # an unknown bisect step is measured once more on fresh seeds
+
+
+@dataclass(frozen=True)
+class Range:
+    since: str
+    tip: str
+    merges: tuple[StackMerge, ...]
+
+
+def merge_range(ws: Workspace, since: str | None) -> Range:
+    """The merges on the baseline between ``since`` (default: the baseline when the latest episode started;
+    an episode id or any commit) and the tip, oldest first, the reverted ones left out."""
+    entries = read_entries(ws)
+    tip = ws.baseline_commit()
+    starts = [(e.episode, e.record.baseline) for e in entries if isinstance(e.record, EpisodeStarted)]
+    if since is None:
+        if not starts:
+            raise AgentsearchError("no episode has run here: name the range's start with --since REF")
+        start = starts[-1][1]
+    else:
+        start = next((b for ep, b in starts if ep == since), None) or ws.resolve(since)
+    if not git.is_ancestor(ws.repo_dir, start, tip):
+        raise AgentsearchError(f"{since or start[:12]} is not an ancestor of the baseline's tip {tip[:12]}: a stack is measured "
+                               "from a commit main grew from")
+    verdicts = {e.proposal: e.record for e in entries if isinstance(e.record, Verdict)}
+    reverted = {e.record.merge for e in entries if isinstance(e.record, Revert)}
+    merges = []
+    for e in entries:
+        m = e.record
+        if not isinstance(m, Merge) or not m.ok or m.new in reverted or m.new == start:
+            continue
+        if not (git.is_ancestor(ws.repo_dir, start, m.new) and git.is_ancestor(ws.repo_dir, m.new, tip)):
+            continue
+        v = verdicts.get(e.proposal)
+        stat = (v.workloads.get(v.objective or "") or {}) if v else {}
+        ci = stat.get("ci")
+        merges.append(StackMerge(merge=m.new, proposal=e.proposal, title=v.title if v else None,
+                                 speedup=v.speedup if v else None, ci=tuple(ci) if ci else None))
+    if not merges:
+        raise AgentsearchError(f"no merge on the baseline between {start[:12]} and its tip {tip[:12]}: nothing to check")
+    return Range(start, tip, tuple(merges))
+
+
+def _log_se(speedup: float | None, ci: Any) -> tuple[float, float] | None:
+    """(log speedup, its standard error from a 95% interval); None when a number is missing or not positive."""
+    if speedup is None or not ci or len(ci) != 2 or not all(isinstance(x, (int, float)) for x in (speedup, *ci)):
+        return None
+    lo, hi = ci
+    if min(speedup, lo, hi) <= 0 or not all(math.isfinite(x) for x in (speedup, lo, hi)):
+        return None
+    return math.log(speedup), (math.log(hi) - math.log(lo)) / (2 * Z95)
+
+
+def product(merges: tuple[StackMerge, ...]) -> tuple[float | None, tuple[float, float] | None]:
+    """The product of the merges' estimates and its 95% interval (independent estimates, log scale)."""
+    parts = [_log_se(m.speedup, m.ci) for m in merges]
+    if any(p is None for p in parts):
+        return None, None
+    est = sum(p[0] for p in parts if p)
+    se = math.sqrt(sum(p[1] ** 2 for p in parts if p))
+    return math.exp(est), (math.exp(est - Z95 * se), math.exp(est + Z95 * se))
+
+
+def stack_verdict(cumulative: float | None, ci: Any, prod: float | None, prod_ci: Any, alpha: float) -> tuple[str, tuple[str, ...]]:
+    from scipy.stats import norm
+
+    c, p = _log_se(cumulative, ci), _log_se(prod, prod_ci)
+    if c is None:
+        return "inconclusive", ("the cumulative gain has no number (the evaluation did not measure it)",)
+    if p is None:
+        return "inconclusive", ("a merge of the range has no recorded estimate with an interval: no product to compare",)
+    z = (c[0] - p[0]) / math.hypot(c[1], p[1])
+    pv = float(norm.cdf(z))
+    if pv < alpha:
+        return "under-delivers", (f"the tip is {cumulative:.3f}x the start, significantly below the product of the merges' "
+                                  f"estimates {prod:.3f}x (one-sided p = {pv:.2g} < {alpha:g})",)
+    if ci[0] <= 1.0:
+        return "inconclusive", (f"the tip is {cumulative:.3f}x the start [{ci[0]:.3f}, {ci[1]:.3f}]: not a significant gain",)
+    return "delivers", ()
+
+
+def _summary(ev: Evaluation | None, workload: str) -> WorkloadSummary | None:
+    return ev.workloads.get(workload) if ev is not None else None
+
+
+def check(ws: Workspace, since: str | None = None, *, seed: int | None = None, leave_one_out: bool = False,
+          progress: Progress | None = None) -> StackCheck:
+    """Measure the tip against the range's start (and, asked, each merge's marginal contribution); record it."""
+    say = progress or (lambda stage, detail: None)
+    t0 = time.perf_counter()
+    rng = merge_range(ws, since)
+    config = ws.config(rng.since)  # the config evaluate judges by: the baseline side's
+    objective = config.objective.name
+    say("stack", f"the tip {rng.tip[:12]} against {rng.since[:12]}: {len(rng.merges)} merge(s)")
+    ev = evaluate(ws, rng.tip, seed=seed, progress=say, baseline=rng.since)
+    s = _summary(ev, objective)
+    prod, prod_ci = product(rng.merges)
+    verdict, reasons = stack_verdict(s.speedup if s else None, s.ci if s else None, prod, prod_ci, config.gate.alpha)
+    if s is None or s.speedup is None:
+        reasons = (*reasons, *(f"evaluation: {r}" for r in ev.verdict.reasons[:3]))
+    removals: list[Removal] = []
+    joint: list[Interference] = []
+    if leave_one_out:
+        warm = WarmBaseline(ws, "stack", reuse=max(1, 2 * len(rng.merges)))
+        try:
+            for i, m in enumerate(rng.merges, 1):
+                say("stack", f"leave-one-out {i}/{len(rng.merges)}: the tip without {m.merge[:12]} ({m.title or m.proposal})")
+                removals.append(_remove(ws, rng.tip, m, objective, seed, warm, say))
+            for a, b in pointed_pairs(rng.merges, removals):
+                say("stack", f"interference: the tip without both {a.merge[:12]} and {b.merge[:12]}")
+                joint.append(_remove_pair(ws, rng.tip, a, b, objective, seed, warm, config.gate.alpha, say,
+                                          {r.merge: r for r in removals}))
+        finally:
+            warm.retire()
+    record = StackCheck(since=rng.since, tip=rng.tip, objective=objective, merges=rng.merges, verdict=verdict, reasons=reasons,
+                        seed=ev.seed, cumulative=s.speedup if s else None, ci=tuple(s.ci) if s and s.ci else None, product=prod,
+                        product_ci=prod_ci, pairs=s.pairs if s else 0, removals=tuple(removals), interference=tuple(joint),
+                        seconds=round(time.perf_counter() - t0, 3))
+    append(ws, record, None, None)
+    return record
+
+
+def scratch_without(ws: Workspace, tip: str, *merges: str) -> str:
+    """A commit: ``tip`` with ``merges`` reverted (the newest first), pinned under refs/agentsearch/stack/ (no
+    branch moves). Raises AgentsearchError when a revert does not apply cleanly."""
+    path = ws.worktrees / f"stack-{'-'.join(m[:8] for m in merges)}"
+    git.remove_worktree(ws.repo_dir, path)
+    git.add_worktree(ws.repo_dir, path, tip)
+    sha = tip
+    try:
+        for merge in merges:
+            try:
+                sha = git.revert_merge(ws.repo_dir, path, merge, f"agentsearch stack: {sha[:12]} without {merge[:12]}\n")
+            except AgentsearchError as exc:
+                raise AgentsearchError(f"{merge[:12]} no longer reverts cleanly on {sha[:12]} ({str(exc).splitlines()[0][:200]})") from None
+    finally:
+        git.remove_worktree(ws.repo_dir, path)
+    git.run_git("update-ref", f"{SCRATCH_REFS}{sha}", sha, cwd=ws.repo_dir)
+    return sha
+
+
+def pointed_pairs(merges: tuple[StackMerge, ...], removals: list[Removal]) -> list[tuple[StackMerge, StackMerge]]:
+    """The pairs the single removals point to: a passenger with each other merge that was measured (its gain may
+    live on in that merge, or the two cancel). Linear in the merges for a given number of passengers."""
+    measured = {r.merge for r in removals if r.marginal is not None}
+    passengers = [r.merge for r in removals if r.decision == "passenger"]
+    order = {m.merge: i for i, m in enumerate(merges)}
+    pairs: list[tuple[StackMerge, StackMerge]] = []
+    seen: set[frozenset[str]] = set()
+    for p in passengers:
+        for m in merges:
+            key = frozenset((p, m.merge))
+            if m.merge != p and m.merge in measured and key not in seen:
+                seen.add(key)
+                a, b = sorted((p, m.merge), key=order.__getitem__)
+                pairs.append((merges[order[a]], merges[order[b]]))
+    return pairs
+
+
+def _marginal(ev: Evaluation, objective: str) -> tuple[float, tuple[float, float], int] | None:
+    """The tip's speedup over the scratch commit (the candidate side), its interval and pairs; None: not measured."""
+    s = _summary(ev, objective)
+    if s is None or s.speedup is None or s.ci is None or _log_se(s.speedup, s.ci) is None:
+        return None
+    return 1.0 / s.speedup, (1.0 / s.ci[1], 1.0 / s.ci[0]), s.pairs
+
+
+def _remove(ws: Workspace, tip: str, m: StackMerge, objective: str, seed: int | None, warm: WarmBaseline,
+            say: Progress) -> Removal:
+    try:
+        scratch = scratch_without(ws, tip, m.merge)
+    except AgentsearchError as exc:
+        return Removal(merge=m.merge, decision="does-not-revert", reason=str(exc))
+    # the scratch commit is the candidate, the tip the baseline: the tip's side stays warm for the next removal
+    ev = evaluate(ws, scratch, seed=seed, progress=say, baseline=tip, warm=warm)
+    got = _marginal(ev, objective)
+    if got is None:
+        why = "; ".join(ev.verdict.reasons[:2]) or "no number"
+        return Removal(merge=m.merge, decision="unknown", reason=f"not measured: {why}", scratch=scratch)
+    marginal, ci, pairs = got
+    if ci[0] > 1.0:
+        decision, reason = "contributes", f"the tip is {marginal:.3f}x the tip without it [{ci[0]:.3f}, {ci[1]:.3f}]"
+    else:
+        decision, reason = "passenger", (f"the tip is {marginal:.3f}x the tip without it [{ci[0]:.3f}, {ci[1]:.3f}]: "
+                                         "not significantly above nothing")
+    return Removal(merge=m.merge, decision=decision, reason=reason, scratch=scratch, marginal=marginal, ci=ci, pairs=pairs)
+
+
+def _remove_pair(ws: Workspace, tip: str, a: StackMerge, b: StackMerge, objective: str, seed: int | None, warm: WarmBaseline,
+                 alpha: float, say: Progress, singles: dict[str, Removal] | None = None) -> Interference:
+    from scipy.stats import norm
+
+    pair = (a.merge, b.merge)
+    try:
+        scratch = scratch_without(ws, tip, b.merge, a.merge)  # the newer one first
+    except AgentsearchError as exc:
+        return Interference(merges=pair, interfere=False, reason=f"not tested: {exc}")
+    ev = evaluate(ws, scratch, seed=seed, progress=say, baseline=tip, warm=warm)
+    got = _marginal(ev, objective)
+    one = singles or {}
+    ra, rb = one.get(a.merge), one.get(b.merge)
+    if got is None or ra is None or rb is None:
+        why = "; ".join(ev.verdict.reasons[:2]) or "no number"
+        return Interference(merges=pair, interfere=False, reason=f"not measured: {why}", scratch=scratch)
+    joint, ci, pairs = got
+    parts = [_log_se(joint, ci), _log_se(ra.marginal, ra.ci), _log_se(rb.marginal, rb.ci)]
+    if any(x is None for x in parts):
+        return Interference(merges=pair, interfere=False, reason="not measured: a single removal has no interval", scratch=scratch,
+                            joint=joint, ci=ci, pairs=pairs)
+    (lj, sj), (la, sa), (lb, sb) = parts  # type: ignore[misc]
+    z = (lj - la - lb) / math.sqrt(sj ** 2 + sa ** 2 + sb ** 2)
+    pv = float(2 * norm.sf(abs(z)))
+    expected = math.exp(la + lb)
+    interfere = pv < alpha
+    how = ("together they carry more than apart: one holds the other's gain" if lj > la + lb
+           else "together they carry less than apart: they partly cancel")
+    reason = (f"without both: the tip is {joint:.3f}x; the single removals multiply to {expected:.3f}x (p = {pv:.2g})"
+              + (f" — {how}" if interfere else ""))
+    return Interference(merges=pair, interfere=interfere, reason=reason, scratch=scratch, joint=joint, ci=ci, expected=expected,
+                        p_value=pv, pairs=pairs)
+
+
+def _step(ws: Workspace, commit: str, index: int, since: str, workload: str, seed: int | None, say: Progress) -> BisectStep:
+    ev = evaluate(ws, commit, seed=seed, progress=say, baseline=since)
+    s = _summary(ev, workload)
+    if s is None or s.speedup is None or s.ci is None:
+        why = "; ".join(ev.verdict.reasons[:2]) or f"{workload} was not measured"
+        return BisectStep(commit=commit, index=index, outcome="unknown", reason=f"not measured: {why}", seed=ev.seed,
+                          pairs=s.pairs if s else 0)
+    lo, hi = s.ci
+    if hi < 1.0:
+        outcome, reason = "different", f"{workload} {s.speedup:.3f}x the start [{lo:.3f}, {hi:.3f}]: significantly worse"
+    elif s.decision in ("inconclusive", "failed", "not-run"):
+        outcome, reason = "unknown", f"{workload} {s.speedup:.3f}x the start [{lo:.3f}, {hi:.3f}]: {s.decision}"
+    else:
+        outcome, reason = "same", f"{workload} {s.speedup:.3f}x the start [{lo:.3f}, {hi:.3f}]: not significantly worse"
+    return BisectStep(commit=commit, index=index, outcome=outcome, reason=reason, seed=ev.seed, speedup=s.speedup, ci=(lo, hi),
+                      pairs=s.pairs)
+
+
+def bisect(ws: Workspace, workload: str | None = None, since: str | None = None, *, seed: int | None = None,
+           progress: Progress | None = None) -> StackBisect:
+    """Name the merge of the range where ``workload`` (default: the objective) got significantly worse than at
+    the range's start; record the search with each step's evidence."""
+    say = progress or (lambda stage, detail: None)
+    t0 = time.perf_counter()
+    rng = merge_range(ws, since)
+    config = ws.config(rng.since)
+    names = [w.name for w in config.workloads]
+    workload = workload or config.objective.name
+    if workload not in names:
+        raise AgentsearchError(f"--metric {workload!r} is not a workload of this target ({', '.join(names)})")
+    commits = [rng.since] + [m.merge for m in rng.merges]  # commits[i]: the baseline after merge i
+    steps: list[BisectStep] = []
+    attempt = [0]
+
+    def measure(i: int) -> BisectStep:
+        for _ in range(1 + UNKNOWN_RETRIES):
+            attempt[0] += 1
+            say("bisect", f"step {len(steps) + 1}: after merge {i} of {len(rng.merges)} ({commits[i][:12]})")
+            st = _step(ws, commits[i], i, rng.since, workload, None if seed is None else seed + attempt[0], say)
+            steps.append(st)
+            if st.outcome != "unknown":
+                break
+        return st
+
+    lo, hi = 0, len(commits) - 1
+    last = measure(hi)
+    culprit, reason = None, ""
+    if last.outcome == "same":
+        reason = f"{workload} is not significantly worse at the tip than at the start: nothing to bisect"
+    elif last.outcome == "unknown":
+        reason = f"the tip could not be told apart from the start on {workload} ({last.reason})"
+    else:
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            st = measure(mid)
+            if st.outcome == "different":
+                hi = mid
+            elif st.outcome == "same":
+                lo = mid
+            else:
+                reason = f"step after merge {mid} stayed unknown ({st.reason}); the regression entered between merge {lo + 1} and {hi}"
+                break
+        if not reason:
+            culprit = commits[hi]
+            reason = f"{workload} regressed at merge {hi} of {len(rng.merges)} ({culprit[:12]})"
+    proposal = next((m.proposal for m in rng.merges if m.merge == culprit), None)
+    record = StackBisect(since=rng.since, tip=rng.tip, workload=workload, merges=tuple(m.merge for m in rng.merges),
+                         steps=tuple(steps), culprit=culprit, proposal=proposal, reason=reason,
+                         seconds=round(time.perf_counter() - t0, 3))
+    append(ws, record, None, proposal)
+    return record

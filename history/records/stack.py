@@ -1,0 +1,130 @@
+"""``stack-check`` and ``stack-bisect``: what the merges of a range add up to (`agentsearch stack`).
+
+Every merge is judged against the baseline of its moment; a stack check measures main's tip against the
+range's start with the gate's own design, next to the product of the merges' own estimates, and (with
+leave-one-out) each merge's marginal contribution at today's operating point. A bisection names the merge
+where a workload's regression entered, with each step's evidence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from .base import Part, Record
+
+STACK_VERDICTS = ("delivers", "under-delivers", "inconclusive")
+REMOVAL_DECISIONS = ("contributes", "passenger", "unknown", "does-not-revert")
+STEP_OUTCOMES = ("different", "same", "unknown")
+
+
+@dataclass(frozen=True)
+class StackMerge(Part):
+    """One merge of the range, with the estimate the gate merged it on."""
+
+    merge: str  # the merge commit
+    proposal: str | None
+    title: str | None
+    speedup: float | None  # its objective's speedup when it was merged
+    ci: tuple[float, ...] | None  # and that speedup's confidence interval
+
+
+@dataclass(frozen=True)
+class Removal(Part):
+    """Leave-one-out: the tip against the tip with one merge reverted (a scratch commit, never on a branch)."""
+
+    merge: str
+    decision: str  # contributes | passenger | unknown | does-not-revert
+    reason: str
+    scratch: str | None = None  # the tip with this merge reverted
+    marginal: float | None = None  # the tip's speedup over the scratch commit: what this merge adds today
+    ci: tuple[float, ...] | None = None
+    pairs: int = 0
+
+    def __post_init__(self) -> None:
+        if self.decision not in REMOVAL_DECISIONS:
+            raise ValueError(f"removal of {self.merge[:12]}: unknown decision {self.decision!r}")
+
+
+@dataclass(frozen=True)
+class Interference(Part):
+    """Two merges removed together against the product of their single removals: the pairs a passenger points to
+    (its gain may live on in another merge, or the two cancel)."""
+
+    merges: tuple[str, ...]  # the two merges
+    interfere: bool  # the joint removal differs significantly from the product of the single ones
+    reason: str
+    scratch: str | None = None  # the tip with both reverted
+    joint: float | None = None  # the tip over the tip without both
+    ci: tuple[float, ...] | None = None
+    expected: float | None = None  # the product of the two single marginal contributions
+    p_value: float | None = None  # two-sided, log scale
+    pairs: int = 0
+
+
+@dataclass(frozen=True)
+class StackCheck(Record):
+    KIND: ClassVar[str] = "stack-check"
+
+    since: str  # the range's start (a commit on the baseline)
+    tip: str  # the baseline's tip measured
+    objective: str  # the workload
+    merges: tuple[StackMerge, ...]  # in the order they were merged
+    verdict: str  # delivers | under-delivers | inconclusive
+    reasons: tuple[str, ...]
+    seed: int
+    cumulative: float | None  # the tip's speedup over the start
+    ci: tuple[float, ...] | None
+    product: float | None  # the product of the merges' own estimates
+    product_ci: tuple[float, ...] | None
+    pairs: int = 0
+    removals: tuple[Removal, ...] = ()  # leave-one-out, when asked for
+    interference: tuple[Interference, ...] = ()  # the pairs the removals pointed to, tested
+    seconds: float = 0.0  # what the whole check cost in wall time
+
+    def __post_init__(self) -> None:
+        if self.verdict not in STACK_VERDICTS:
+            raise ValueError(f"unknown stack verdict {self.verdict!r}")
+        if self.verdict != "delivers" and not self.reasons:
+            raise ValueError("a stack check that does not deliver says why")
+
+    @property
+    def passengers(self) -> tuple[str, ...]:
+        return tuple(r.merge for r in self.removals if r.decision == "passenger")
+
+    @property
+    def interfering(self) -> tuple[tuple[str, ...], ...]:
+        return tuple(i.merges for i in self.interference if i.interfere)
+
+
+@dataclass(frozen=True)
+class BisectStep(Part):
+    """One step: a commit of the merge sequence measured against the range's start on one workload."""
+
+    commit: str  # the baseline after merge number ``index`` of the range (0: the start itself)
+    index: int
+    outcome: str  # different | same | unknown
+    reason: str
+    seed: int
+    speedup: float | None = None
+    ci: tuple[float, ...] | None = None
+    pairs: int = 0
+
+    def __post_init__(self) -> None:
+        if self.outcome not in STEP_OUTCOMES:
+            raise ValueError(f"bisect step at {self.commit[:12]}: unknown outcome {self.outcome!r}")
+
+
+@dataclass(frozen=True)
+class StackBisect(Record):
+    KIND: ClassVar[str] = "stack-bisect"
+
+    since: str
+    tip: str
+    workload: str  # the metric bisected (a workload of the config)
+    merges: tuple[str, ...]  # the merge sequence searched, in order
+    steps: tuple[BisectStep, ...]  # in the order they ran
+    culprit: str | None  # the merge where the regression entered; None: not found (reason says why)
+    proposal: str | None  # the culprit's proposal
+    reason: str
+    seconds: float = 0.0

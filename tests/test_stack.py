@@ -1,0 +1,183 @@
+"""Stack checks (`agentsearch stack`, agentsearch.stack) on a toy target with real episodes, real git and the
+gate's own measurements: what merges add up to, each merge's marginal contribution, and bisection."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+from agentsearch.stack import product, stack_verdict
+from agentsearch.workspace import Workspace
+from history import HistoryLog
+from history.records.stack import StackBisect, StackCheck, StackMerge
+
+from .conftest import commit, git, make_repo, run_cli
+
+BENCH = """\
+import json, os, random, sys
+sys.path.insert(0, os.getcwd())
+from src import knobs
+seed, out, which = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+value = knobs.speed() if which == "speed" else knobs.G
+json.dump({"ops_s": 1000.0 * value * random.gauss(1.0, 0.02)}, open(out, "w"))
+"""
+
+# a planted cost that FAST_PATH removes; a later rewrite of speed() drops the cost altogether
+KNOBS = """\
+# the toy engine's knobs
+A = 1.0
+
+
+FAST_PATH = False
+
+
+G = 1.0
+
+
+def speed():
+    cost = 1.0 if FAST_PATH else 1.3
+    return A / cost
+"""
+
+CONFIG = """\
+[target]
+baseline = "main"
+protected = ["bench/**"]
+
+[[workload]]
+name = "speed"
+command = "{python} bench/bench.py {{seed}} {{out}} speed"
+metric = "ops_s"
+timeout_s = 10
+
+[[workload]]
+name = "guard"
+command = "{python} bench/bench.py {{seed}} {{out}} guard"
+metric = "ops_s"
+timeout_s = 10
+
+[gate]
+episode_budget = 10
+max_pairs = 12
+confirm_pairs = 4
+max_regression = 0.08
+"""
+
+
+def target(path: Path) -> Path:
+    repo = make_repo(path, {"agentsearch.toml": CONFIG.format(python=sys.executable), "bench/bench.py": BENCH,
+                            "src/__init__.py": "", "src/knobs.py": KNOBS})
+    assert run_cli("init", "-C", str(repo)).returncode == 0
+    return repo
+
+
+def queue_of(repo: Path, queue: Path, changes: list[tuple[str, dict[str, str]]]) -> None:
+    """Each change a commit on top of the previous one (a chain), written as one patch file each."""
+    queue.mkdir()
+    git(repo, "branch", "-f", "scratch/chain", "main")
+    for subject, files in changes:
+        commit(repo, files, f"{subject}\n\nCategory: other", branch="scratch/chain", start="scratch/chain")
+    git(repo, "format-patch", "-q", "-o", str(queue), "main..scratch/chain")
+    git(repo, "branch", "-D", "scratch/chain")
+
+
+def episode(repo: Path, queue: Path) -> dict:
+    proc = run_cli("episode", "-C", str(repo), "--json", "--patches", str(queue), "--seed", "7", timeout=900)
+    assert proc.stdout, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def records(repo: Path, kind: type) -> list:
+    ws = Workspace.open(repo)
+    return [e.record for e in HistoryLog(ws.state / "history.jsonl").entries() if isinstance(e.record, kind)]
+
+
+def test_product_and_verdict_with_the_gates_statistics():
+    ms = (StackMerge("a", "p1", "t", 1.3, (1.25, 1.35)), StackMerge("b", "p2", "t", 1.2, (1.15, 1.25)))
+    est, ci = product(ms)
+    assert est == pytest.approx(1.56) and ci[0] < 1.56 < ci[1]
+    # the product's interval adds the two log-scale variances
+    se = math.hypot(*((math.log(hi) - math.log(lo)) / (2 * 1.959964) for lo, hi in ((1.25, 1.35), (1.15, 1.25))))
+    assert math.log(ci[1] / est) == pytest.approx(1.959964 * se, rel=1e-4)
+    assert stack_verdict(1.55, (1.50, 1.60), est, ci, 0.05) == ("delivers", ())
+    verdict, why = stack_verdict(1.30, (1.26, 1.34), est, ci, 0.05)
+    assert verdict == "under-delivers" and "significantly below the product" in why[0]
+    assert stack_verdict(1.01, (0.97, 1.05), 1.02, (0.98, 1.06), 0.05)[0] == "inconclusive"  # no significant gain
+    assert stack_verdict(None, None, est, ci, 0.05)[0] == "inconclusive"  # fail closed: a number missing
+    assert stack_verdict(1.5, (1.4, 1.6), *product((StackMerge("a", None, None, 1.3, None),)), 0.05)[0] == "inconclusive"
+    with pytest.raises(ValueError, match="says why"):
+        StackCheck(since="s", tip="t", objective="speed", merges=ms, verdict="inconclusive", reasons=(), seed=1, cumulative=None,
+                   ci=None, product=None, product_ci=None)
+
+
+def test_a_stack_that_delivers_and_a_merge_that_became_a_passenger(tmp_path):
+    """Merge 1 removes a planted cost (+30%); merge 2 rewrites the code so the cost is gone anyway and runs 20% faster
+    (+20% on top of merge 1). The tip delivers the product; leave-one-out finds merge 1 a passenger today, and the
+    pair it points to interferes (merge 2 holds merge 1's gain)."""
+    repo = target(tmp_path / "toy")
+    fast = KNOBS.replace("FAST_PATH = False", "FAST_PATH = True")
+    rewrite = fast.replace("A = 1.0", "A = 1.2").replace("    cost = 1.0 if FAST_PATH else 1.3\n    return A / cost", "    return A")
+    queue_of(repo, tmp_path / "queue", [("Take the fast path", {"src/knobs.py": fast}), ("Rewrite speed()", {"src/knobs.py": rewrite})])
+    out = episode(repo, tmp_path / "queue")
+    assert [p["verdict"] for p in out["proposals"]] == ["merge", "merge"], out
+    first, second = (git(repo, "rev-parse", f"main~{i}").strip() for i in (1, 0))
+
+    bad = run_cli("stack", "-C", str(repo), "--since", "main")
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "no merge" in bad.stderr
+    proc = run_cli("stack", "-C", str(repo), "--leave-one-out", "--json", "--seed", "3", timeout=900)
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout)
+    assert got["verdict"] == "delivers", got["reasons"]
+    assert [m["merge"] for m in got["merges"]] == [first, second]
+    assert 1.45 < got["cumulative"] < 1.7 and got["ci"][0] < got["product"] < got["ci"][1] * 1.1
+    by = {r["merge"]: r for r in got["removals"]}
+    assert by[first]["decision"] == "passenger" and by[second]["decision"] == "contributes", got["removals"]
+    assert 1.1 < by[second]["marginal"] < 1.3 and by[first]["ci"][0] <= 1.0
+    # the passenger points to a pair: without both, the planted cost is back (1.56x), far more than the singles' 1.2x
+    (pair,) = got["interference"]
+    assert pair["merges"] == [first, second] and pair["interfere"] and 1.4 < pair["joint"] < 1.7 and 1.1 < pair["expected"] < 1.3, pair
+    # the record, and the scratch commits never touched a branch: the history still verifies
+    (rec,) = records(repo, StackCheck)
+    assert rec.verdict == "delivers" and rec.passengers == (first,) and rec.interfering == ((first, second),)
+    assert run_cli("history", "verify", "-C", str(repo)).returncode == 0
+    assert git(repo, "rev-parse", "main").strip() == second
+    # review shows each merge's marginal contribution today, and offers the revert of the passenger
+    rows = {r["merge"]: r for r in json.loads(run_cli("review", "-C", str(repo), "--json").stdout)["merges"]}
+    assert rows[first]["today"] == "passenger" and rows[second]["today"] == "contributes" and rows[second]["marginal"] > 1.1
+    listed = run_cli("review", "-C", str(repo))
+    assert listed.returncode == 0 and "passenger" in listed.stdout and "agentsearch revert MERGE" in listed.stdout
+    human = run_cli("stack", "-C", str(repo), "--since", "HEAD~2", "--seed", "4", timeout=900)
+    assert human.returncode == 0 and "delivers" in human.stdout and "product of their estimates" in human.stdout
+
+
+def test_bisect_names_the_merge_where_a_guard_regression_entered(tmp_path):
+    """Four wins; the third also slows the guard workload by 5% (allowed by this target's max_regression, so it
+    merged). Bisection over the four merges names the third in at most three steps (tip, then halves)."""
+    repo = target(tmp_path / "toy")
+    changes, knobs = [], KNOBS
+    for i, a in enumerate(("1.1", "1.2", "1.3", "1.4"), 1):
+        knobs = knobs.replace(f"A = {float(a) - 0.1:.1f}", f"A = {a}")
+        if i == 3:
+            knobs = knobs.replace("G = 1.0", "G = 0.95")
+        changes.append((f"Speed {a}", {"src/knobs.py": knobs}))
+    queue_of(repo, tmp_path / "queue", changes)
+    out = episode(repo, tmp_path / "queue")
+    assert [p["verdict"] for p in out["proposals"]] == ["merge"] * 4, out
+    third = git(repo, "rev-parse", "main~1").strip()
+
+    bad = run_cli("stack", "bisect", "-C", str(repo), "--metric", "nope")
+    assert bad.returncode == 2 and "not a workload" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+    proc = run_cli("stack", "bisect", "-C", str(repo), "--metric", "guard", "--json", "--seed", "5", timeout=900)
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout)
+    assert got["culprit"] == third and "merge 3 of 4" in got["reason"], got
+    outcomes = [(s["index"], s["outcome"]) for s in got["steps"]]
+    assert outcomes[0] == (4, "different") and len(outcomes) <= 3 and (2, "same") in outcomes and (3, "different") in outcomes
+    (rec,) = records(repo, StackBisect)
+    assert rec.culprit == third and rec.proposal == got["proposal"]
+    nothing = run_cli("stack", "bisect", "-C", str(repo), "--metric", "speed", "--json", "--seed", "6", timeout=900)
+    assert nothing.returncode == 1 and json.loads(nothing.stdout)["culprit"] is None  # the objective only got faster
