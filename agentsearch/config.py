@@ -426,6 +426,26 @@ class ExecutorConfig:
 
 
 @dataclass(frozen=True)
+class StackConfig:
+    check: str = doc(
+        "end | every:N | off: when an episode runs the stack check (`agentsearch stack`) itself, over its own merges. end: when "
+        "the episode ends, if it merged at least 2 proposals; every:N: after every N merges of the episode; off: never.", "end"
+    )
+    leave_one_out: bool = doc("The episode's stack checks also measure each merge's marginal contribution (one measurement more "
+                              "per merge, and per pair a passenger points to).", False)
+
+    def __post_init__(self) -> None:
+        if self.every is None and self.check not in ("end", "off"):
+            raise ValueError(f"expected end, off or every:N (N an integer >= 1), got {self.check!r}|check")
+
+    @property
+    def every(self) -> int | None:
+        """N of every:N (None: end or off)."""
+        head, _, n = self.check.partition(":")
+        return int(n) if head == "every" and n.isdigit() and int(n) >= 1 else None
+
+
+@dataclass(frozen=True)
 class AgentConfig:
     max_turns: int = doc("Claude proposer: model turns per session (the CLI stops the session after them).", 30)
     max_cost_usd: float = doc("Claude proposer: dollars one session may spend on the model (the CLI stops it there).", 5.0)
@@ -473,6 +493,7 @@ class Config:
     executor: ExecutorConfig = doc("[executor]", factory=ExecutorConfig)
     engine: EngineConfig = doc("[engine]", factory=EngineConfig)
     agent: AgentConfig = doc("[agent]", factory=AgentConfig)
+    stack: StackConfig = doc("[stack]", factory=StackConfig)
 
     @property
     def objective(self) -> WorkloadConfig:
@@ -503,7 +524,7 @@ class Config:
 # ----------------------------------------------------------------------------- loading
 
 _SECTIONS = {"target": TargetConfig, "gate": GateConfig, "verify": VerifyConfig, "executor": ExecutorConfig, "engine": EngineConfig,
-             "agent": AgentConfig}
+             "agent": AgentConfig, "stack": StackConfig}
 
 
 def _type_name(tp: Any) -> str:
@@ -624,7 +645,7 @@ def load_config_text(text: str, source: str = CONFIG_FILE) -> Config:
             f"{source}: [gate] objective: expected one of the workload names ({', '.join(names)}), got {gate.objective!r}"
         )
     return Config(target=sections["target"], workloads=workloads, gate=gate, verify=verify, sweep=_sweep(data.get("sweep"), source),
-                  executor=sections["executor"], engine=sections["engine"], agent=sections["agent"])
+                  executor=sections["executor"], engine=sections["engine"], agent=sections["agent"], stack=sections["stack"])
 
 
 def _sweep(raw: Any, source: str) -> SweepConfig:
@@ -650,7 +671,7 @@ def reference_rows() -> list[tuple[str, str, str, str]]:
     rows = []
     for section, cls in (("[target]", TargetConfig), ("[[workload]]", WorkloadConfig), ("[gate]", GateConfig), ("[engine]", EngineConfig),
                          ("[verify]", VerifyConfig), ("[sweep]", SweepConfig), ("[[sweep.knob]]", KnobConfig), ("[executor]", ExecutorConfig),
-                         ("[agent]", AgentConfig)):
+                         ("[agent]", AgentConfig), ("[stack]", StackConfig)):
         for f in dataclasses.fields(cls):
             if cls is SweepConfig and f.name == "knobs":
                 continue

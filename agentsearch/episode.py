@@ -29,7 +29,7 @@ from . import proposers
 from .errors import AgentsearchError, CasError, ConfigError, LockedError, RunError, TargetError
 from .evaluation import Evaluation, evaluate
 from .gate import MERGE, REJECT, Check, Status, judge
-from .headline import headline
+from .headline import headline, pct
 from .proposers.base import Candidate, Proposer
 from .report import reproduce_command
 from .warm_baseline import WarmBaseline
@@ -258,6 +258,8 @@ class Episode:
     def finish(self, reason: str, **extra: Any) -> dict[str, Any]:
         """Distill the insights and record episode-finished; the summary (``extra`` added to it, not recorded)."""
         summary = self.summary(reason)
+        if self.ws.config().stack.check != "off" and summary["merged"] >= 2:
+            summary["stack"] = self.stack_check("the episode's end")
         from .insights import refresh
 
         last = list(self.log.entries())[-1:]
@@ -267,7 +269,7 @@ class Episode:
             data, path = refresh(self.ws, self.log, self.plan.episode, llm=self.proposer.name == "claude")
         summary["insights"] = str(path)
         summary["lessons"] = data["lessons"]
-        self.record(rec.EpisodeFinished.of({k: v for k, v in summary.items() if k not in ("proposals", "lessons", "agents")}), None)
+        self.record(rec.EpisodeFinished.of({k: v for k, v in summary.items() if k not in ("proposals", "lessons", "agents", "stack")}), None)
         summary.update(extra)
         self.state.finished = summary
         return summary
@@ -516,6 +518,32 @@ class Episode:
         self.record(record, p.id)
         p.merge = record.to_json()
         self.say(p.id, f"merged: baseline {expected[:12]} -> {merged[:12]}")
+        every = self.ws.config().stack.every
+        merged_now = sum(1 for q in self.state.proposals.values() if q.merge and q.merge.get("ok"))
+        if every is not None and merged_now % every == 0:
+            self.stack_check(f"{merged_now} merges")
+
+    def stack_check(self, why: str) -> dict[str, Any]:
+        """The stack check over this episode's merges ([stack] check), recorded in the episode's history. Its own
+        failure never stops the episode: it is reported (and the check is inconclusive)."""
+        from . import stack
+
+        tip = self.ws.baseline_commit()
+        done = [e.record for e in self.log.entries() if e.episode == self.plan.episode and isinstance(e.record, rec.StackCheck)]
+        if done and done[-1].tip == tip:  # a resumed episode: this tip was checked before the crash
+            return {"verdict": done[-1].verdict, "cumulative": done[-1].cumulative, "product": done[-1].product,
+                    "passengers": list(done[-1].passengers)}
+        self.retire_warm()  # the baseline moved with the merges: its kept side is stale, and its memory is needed
+        self.say(f"{self.plan.episode} stack", f"{why}: measuring what this episode's merges add up to")
+        try:
+            r = stack.check(self.ws, self.plan.episode, seed=self.plan.seed, leave_one_out=self.ws.config().stack.leave_one_out,
+                            progress=self.say, write=lambda record: self.record(record, None))
+        except AgentsearchError as exc:
+            self.say(f"{self.plan.episode} stack", f"the stack check failed: {exc}")
+            return {"verdict": "inconclusive", "error": str(exc)}
+        self.say(f"{self.plan.episode} stack", f"{r.verdict}: the tip {pct(r.cumulative)} over the episode's start, the merges' "
+                                               f"estimates multiply to {pct(r.product)}")
+        return {"verdict": r.verdict, "cumulative": r.cumulative, "product": r.product, "passengers": list(r.passengers)}
 
 
 def latest_insights(entries: list[Any]) -> Mapping[str, Any] | None:

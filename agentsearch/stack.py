@@ -5,8 +5,9 @@ the range's start with ``evaluate`` (interleaved pairs on fresh sides and seeds,
 the guards) and sets the cumulative gain beside the product of the merges' own estimates:
 
 - **delivers**: the tip is significantly faster than the start, and not significantly below the product;
-- **under-delivers**: significantly below the product (one-sided, on the log scale, at ``[gate] alpha``;
-  each estimate's standard error is read off its 95% interval);
+- **under-delivers**: more than ``[gate] min_effect`` below the product, significantly (one-sided, on the log
+  scale, at ``[gate] alpha``; each estimate's standard error is read off its 95% interval; a merge's estimate is
+  its confirmation's, not inflated by the objective's early stop);
 - **inconclusive**: anything else — an evaluation that failed, a number missing, a gain not significant.
 
 With ``leave_one_out`` each merge is reverted on the tip in a scratch commit (pinned under
@@ -16,8 +17,10 @@ warm tip serves all K comparisons (``WarmBaseline``): K + 1 measurements in all.
 contribution is not significantly above nothing is a **passenger**.
 
 ``bisect`` names the merge where a workload's regression entered: each step measures a commit of the
-merge sequence against the start on that workload — *different* (significantly worse), *same*
-(not), *unknown* (inconclusive: measured again on fresh seeds, then the search stops, saying so).
+merge sequence against the start and reads that workload's pairs from every round that measured it. The
+step is *different* when its interval lies below no change (significantly worse than at the start), *same*
+when it lies above the midpoint of the start's level and the tip's (nearer the start), *unknown* otherwise
+(measured again on fresh seeds with the pairs pooled; still unknown, the search stops, saying so).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from history.records import EpisodeStarted, Merge, Revert, Verdict
 from history.records.stack import BisectStep, Interference, Removal, StackBisect, StackCheck, StackMerge
@@ -40,7 +43,8 @@ from .workspace import git
 Progress = Callable[[str, str], None]
 SCRATCH_REFS = "refs/agentsearch/stack/"
 Z95 = 1.959963984540054
-UNKNOWN_RETRIES = 1  # an unknown bisect step is measured once more on fresh seeds
+UNKNOWN_RETRIES = 3  # an unknown bisect step is measured again on fresh seeds, its pairs pooled, up to this many times
+MIN_STEP_PAIRS = 6  # a bisect step decides on no fewer pairs (a few pairs under load give intervals too narrow to trust)
 
 
 @dataclass(frozen=True)
@@ -75,10 +79,16 @@ def merge_range(ws: Workspace, since: str | None) -> Range:
         if not (git.is_ancestor(ws.repo_dir, start, m.new) and git.is_ancestor(ws.repo_dir, m.new, tip)):
             continue
         v = verdicts.get(e.proposal)
-        stat = (v.workloads.get(v.objective or "") or {}) if v else {}
-        ci = stat.get("ci")
-        merges.append(StackMerge(merge=m.new, proposal=e.proposal, title=v.title if v else None,
-                                 speedup=v.speedup if v else None, ci=tuple(ci) if ci else None))
+        # the confirmation's estimate where it ran: fresh seeds and a fixed number of pairs, so not inflated by the
+        # objective's early stop (a sequential test that stops on a win overestimates it: the winner's curse)
+        conf = v.extra.get("confirmation") if v else None
+        if isinstance(conf, Mapping) and conf.get("speedup") and conf.get("ci"):
+            source, speedup, ci = "confirmation", conf["speedup"], conf["ci"]
+        else:
+            stat = (v.workloads.get(v.objective or "") or {}) if v else {}
+            source, speedup, ci = "objective", v.speedup if v else None, stat.get("ci")
+        merges.append(StackMerge(merge=m.new, proposal=e.proposal, title=v.title if v else None, speedup=speedup,
+                                 ci=tuple(ci) if ci else None, source=source))
     if not merges:
         raise AgentsearchError(f"no merge on the baseline between {start[:12]} and its tip {tip[:12]}: nothing to check")
     return Range(start, tip, tuple(merges))
@@ -104,7 +114,10 @@ def product(merges: tuple[StackMerge, ...]) -> tuple[float | None, tuple[float, 
     return math.exp(est), (math.exp(est - Z95 * se), math.exp(est + Z95 * se))
 
 
-def stack_verdict(cumulative: float | None, ci: Any, prod: float | None, prod_ci: Any, alpha: float) -> tuple[str, tuple[str, ...]]:
+def stack_verdict(cumulative: float | None, ci: Any, prod: float | None, prod_ci: Any, alpha: float,
+                  margin: float = 0.0) -> tuple[str, tuple[str, ...]]:
+    """under-delivers: the tip falls short of the product by more than ``margin`` (a fraction: the gate's
+    min_effect, the smallest difference worth acting on), one-sided at ``alpha`` on the log scale."""
     from scipy.stats import norm
 
     c, p = _log_se(cumulative, ci), _log_se(prod, prod_ci)
@@ -112,11 +125,11 @@ def stack_verdict(cumulative: float | None, ci: Any, prod: float | None, prod_ci
         return "inconclusive", ("the cumulative gain has no number (the evaluation did not measure it)",)
     if p is None:
         return "inconclusive", ("a merge of the range has no recorded estimate with an interval: no product to compare",)
-    z = (c[0] - p[0]) / math.hypot(c[1], p[1])
+    z = (c[0] - p[0] - math.log(1.0 - margin)) / math.hypot(c[1], p[1])
     pv = float(norm.cdf(z))
     if pv < alpha:
-        return "under-delivers", (f"the tip is {cumulative:.3f}x the start, significantly below the product of the merges' "
-                                  f"estimates {prod:.3f}x (one-sided p = {pv:.2g} < {alpha:g})",)
+        return "under-delivers", (f"the tip is {cumulative:.3f}x the start, more than {margin:.0%} below the product of the "
+                                  f"merges' estimates {prod:.3f}x (one-sided p = {pv:.2g} < {alpha:g})",)
     if ci[0] <= 1.0:
         return "inconclusive", (f"the tip is {cumulative:.3f}x the start [{ci[0]:.3f}, {ci[1]:.3f}]: not a significant gain",)
     return "delivers", ()
@@ -127,8 +140,9 @@ def _summary(ev: Evaluation | None, workload: str) -> WorkloadSummary | None:
 
 
 def check(ws: Workspace, since: str | None = None, *, seed: int | None = None, leave_one_out: bool = False,
-          progress: Progress | None = None) -> StackCheck:
-    """Measure the tip against the range's start (and, asked, each merge's marginal contribution); record it."""
+          progress: Progress | None = None, write: Callable[[StackCheck], None] | None = None) -> StackCheck:
+    """Measure the tip against the range's start (and, asked, each merge's marginal contribution); record it
+    (``write``: how, where the caller holds the history open — an episode; default: append to it)."""
     say = progress or (lambda stage, detail: None)
     t0 = time.perf_counter()
     rng = merge_range(ws, since)
@@ -138,7 +152,8 @@ def check(ws: Workspace, since: str | None = None, *, seed: int | None = None, l
     ev = evaluate(ws, rng.tip, seed=seed, progress=say, baseline=rng.since)
     s = _summary(ev, objective)
     prod, prod_ci = product(rng.merges)
-    verdict, reasons = stack_verdict(s.speedup if s else None, s.ci if s else None, prod, prod_ci, config.gate.alpha)
+    verdict, reasons = stack_verdict(s.speedup if s else None, s.ci if s else None, prod, prod_ci, config.gate.alpha,
+                                     config.gate.min_effect)
     if s is None or s.speedup is None:
         reasons = (*reasons, *(f"evaluation: {r}" for r in ev.verdict.reasons[:3]))
     removals: list[Removal] = []
@@ -159,7 +174,10 @@ def check(ws: Workspace, since: str | None = None, *, seed: int | None = None, l
                         seed=ev.seed, cumulative=s.speedup if s else None, ci=tuple(s.ci) if s and s.ci else None, product=prod,
                         product_ci=prod_ci, pairs=s.pairs if s else 0, removals=tuple(removals), interference=tuple(joint),
                         seconds=round(time.perf_counter() - t0, 3))
-    append(ws, record, None, None)
+    if write is not None:
+        write(record)
+    else:
+        append(ws, record, None, None)
     return record
 
 
@@ -263,22 +281,68 @@ def _remove_pair(ws: Workspace, tip: str, a: StackMerge, b: StackMerge, objectiv
                         p_value=pv, pairs=pairs)
 
 
-def _step(ws: Workspace, commit: str, index: int, since: str, workload: str, seed: int | None, say: Progress) -> BisectStep:
-    ev = evaluate(ws, commit, seed=seed, progress=say, baseline=since)
-    s = _summary(ev, workload)
-    if s is None or s.speedup is None or s.ci is None:
-        why = "; ".join(ev.verdict.reasons[:2]) or f"{workload} was not measured"
-        return BisectStep(commit=commit, index=index, outcome="unknown", reason=f"not measured: {why}", seed=ev.seed,
-                          pairs=s.pairs if s else 0)
-    lo, hi = s.ci
-    if hi < 1.0:
-        outcome, reason = "different", f"{workload} {s.speedup:.3f}x the start [{lo:.3f}, {hi:.3f}]: significantly worse"
-    elif s.decision in ("inconclusive", "failed", "not-run"):
-        outcome, reason = "unknown", f"{workload} {s.speedup:.3f}x the start [{lo:.3f}, {hi:.3f}]: {s.decision}"
-    else:
-        outcome, reason = "same", f"{workload} {s.speedup:.3f}x the start [{lo:.3f}, {hi:.3f}]: not significantly worse"
-    return BisectStep(commit=commit, index=index, outcome=outcome, reason=reason, seed=ev.seed, speedup=s.speedup, ci=(lo, hi),
-                      pairs=s.pairs)
+def workload_pairs(ev: Evaluation, workload: str, higher_is_better: bool, offset: int) -> tuple[list[float], list[int]]:
+    """The paired log-ratios (positive: the candidate better) of every round of ``ev`` that measured ``workload``
+    (objective or guard pairs, the confirmation's, a guard's re-measurement), with each pair's engine session
+    (``offset`` keeps the sessions of separate evaluations apart)."""
+    from harness.statistics import log_ratios
+    from harness.trials import BASELINE, CANDIDATE
+
+    sides: dict[tuple[str, int, int], dict[str, float]] = {}
+    for t in ev.trials:
+        if t.workload == workload and t.ok and t.value is not None and t.phase != "calibration":
+            sides.setdefault((t.phase, t.session, t.pair), {})[t.side] = t.value
+    keys = sorted(k for k, v in sides.items() if BASELINE in v and CANDIDATE in v)
+    d = log_ratios([sides[k][BASELINE] for k in keys], [sides[k][CANDIDATE] for k in keys], higher_is_better)
+    sessions = sorted({(k[0], k[1]) for k in keys})
+    return d, [offset + sessions.index((k[0], k[1])) for k in keys]
+
+
+def _step(ws: Workspace, commit: str, index: int, since: str, workload: str, seed: int | None, say: Progress,
+          margin: float, alpha: float, tip: float | None = None) -> BisectStep:
+    """One step: ``commit`` against the start on ``workload``, from the pairs of every round that measured it; an
+    unknown outcome is measured again on fresh seeds and the pairs pooled (up to UNKNOWN_RETRIES times).
+
+    Different: the workload's speedup interval lies below 1 (significantly worse than at the start). Same: at the
+    tip (``tip`` None), its lower end is within ``margin`` of 1; inside the range (``tip``: the tip's estimate), it
+    lies above the midpoint of the start's level and the tip's (log scale): nearer the start. Unknown: neither."""
+    from scipy.stats import t as student
+
+    from harness.statistics import paired_estimate
+
+    higher = next(w.higher_is_better for w in ws.config(since).workloads if w.name == workload)
+    d: list[float] = []
+    clusters: list[int] = []
+    step_seed, reasons = seed, []
+    for attempt in range(1 + UNKNOWN_RETRIES):
+        ev = evaluate(ws, commit, seed=None if step_seed is None else step_seed + attempt, progress=say, baseline=since)
+        step_seed = ev.seed if step_seed is None else step_seed
+        more, cl = workload_pairs(ev, workload, higher, offset=1000 * attempt)
+        d, clusters = d + more, clusters + cl
+        if len(d) < 2:
+            reasons.append("; ".join(ev.verdict.reasons[:2]) or f"{workload} was not measured")
+            continue
+        if len(d) < MIN_STEP_PAIRS:
+            reasons.append(f"{workload}: {len(d)} pairs so far")
+            say("bisect", f"{workload}: {len(d)} pairs so far, measuring again on fresh seeds")
+            continue
+        est = paired_estimate(d, clusters=clusters)
+        half = float(student.ppf(1 - alpha / 2, est.df)) * est.se
+        lo, hi = math.exp(est.mean - half), math.exp(est.mean + half)
+        text = f"{workload} {est.speedup:.3f}x the start [{lo:.3f}, {hi:.3f}] over {est.n} pairs"
+        above = 1.0 - margin if tip is None else math.sqrt(tip)
+        if hi < 1.0:
+            why = "significantly worse"
+            return BisectStep(commit=commit, index=index, outcome="different", reason=f"{text}: {why}", seed=ev.seed,
+                              speedup=est.speedup, ci=(lo, hi), pairs=est.n)
+        if lo >= above:
+            why = f"no regression of {margin:.0%} or more" if tip is None else f"nearer the start's level than the tip's {tip:.3f}x"
+            return BisectStep(commit=commit, index=index, outcome="same", reason=f"{text}: {why}",
+                              seed=ev.seed, speedup=est.speedup, ci=(lo, hi), pairs=est.n)
+        reasons.append(text)
+        say("bisect", f"{text}: unknown, measuring again on fresh seeds")
+    return BisectStep(commit=commit, index=index, outcome="unknown", reason=f"unknown after {len(d)} pairs: {reasons[-1]}",
+                      seed=step_seed or 0, pairs=len(d))
 
 
 def bisect(ws: Workspace, workload: str | None = None, since: str | None = None, *, seed: int | None = None,
@@ -296,15 +360,15 @@ def bisect(ws: Workspace, workload: str | None = None, since: str | None = None,
     commits = [rng.since] + [m.merge for m in rng.merges]  # commits[i]: the baseline after merge i
     steps: list[BisectStep] = []
     attempt = [0]
+    # each step's error split over the steps a search can take (the tip, then ceil(log2 K) halvings): Bonferroni
+    step_alpha = config.gate.alpha / (1 + math.ceil(math.log2(max(2, len(rng.merges)))))
 
     def measure(i: int) -> BisectStep:
-        for _ in range(1 + UNKNOWN_RETRIES):
-            attempt[0] += 1
-            say("bisect", f"step {len(steps) + 1}: after merge {i} of {len(rng.merges)} ({commits[i][:12]})")
-            st = _step(ws, commits[i], i, rng.since, workload, None if seed is None else seed + attempt[0], say)
-            steps.append(st)
-            if st.outcome != "unknown":
-                break
+        attempt[0] += 1
+        say("bisect", f"step {len(steps) + 1}: after merge {i} of {len(rng.merges)} ({commits[i][:12]})")
+        st = _step(ws, commits[i], i, rng.since, workload, None if seed is None else seed + 10 * attempt[0], say,
+                   config.gate.min_effect, step_alpha, steps[0].speedup if steps else None)
+        steps.append(st)
         return st
 
     lo, hi = 0, len(commits) - 1

@@ -25,8 +25,10 @@ class StackMerge(Part):
     merge: str  # the merge commit
     proposal: str | None
     title: str | None
-    speedup: float | None  # its objective's speedup when it was merged
+    speedup: float | None  # its speedup when it was merged: the confirmation's, else the objective's
     ci: tuple[float, ...] | None  # and that speedup's confidence interval
+    source: str = "confirmation"  # confirmation (fresh seeds, a fixed number of pairs: not inflated by the sequential
+    #                               test's early stop) | objective (no confirmation ran)
 
 
 @dataclass(frozen=True)
