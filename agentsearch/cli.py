@@ -459,8 +459,11 @@ def profile(target: Path, as_json: bool, ref: str | None, workload: str | None, 
               "latest episode started).")
 @click.option("--leave-one-out", "leave_one_out", is_flag=True, help="Also measure the tip against the tip with each merge reverted.")
 @click.option("--seed", type=int, help="Master seed (default: fresh).")
+@click.option("--report", type=click.Path(path_type=Path), help="Also write the check as a Markdown report there (its waterfall "
+              "plot beside it, PNG).")
 @click.pass_context
-def stack(ctx: click.Context, target: Path, as_json: bool, since: str | None, leave_one_out: bool, seed: int | None) -> None:
+def stack(ctx: click.Context, target: Path, as_json: bool, since: str | None, leave_one_out: bool, seed: int | None,
+          report: Path | None) -> None:
     """What the merges of a range add up to: the tip against the range's start, beside the product of the merges' estimates.
 
     Verdict: delivers, under-delivers (significantly below the product) or inconclusive; with --leave-one-out each
@@ -469,7 +472,7 @@ def stack(ctx: click.Context, target: Path, as_json: bool, since: str | None, le
     if ctx.invoked_subcommand is None:
         from .commands.stack import run
 
-        dispatch(run, config=True, target=target, as_json=as_json, since=since, leave_one_out=leave_one_out, seed=seed)
+        dispatch(run, config=True, target=target, as_json=as_json, since=since, leave_one_out=leave_one_out, seed=seed, report=report)
 
 
 @stack.command("bisect", context_settings=CONTEXT)
@@ -480,14 +483,15 @@ def stack(ctx: click.Context, target: Path, as_json: bool, since: str | None, le
 @click.option("--metric", metavar="WORKLOAD", help="The workload whose regression to find (default: the objective).")
 @click.option("--since", metavar="EPISODE|REF", help="The range's start (default: the baseline when the latest episode started).")
 @click.option("--seed", type=int, help="Master seed (default: fresh).")
-def stack_bisect(target: Path, as_json: bool, metric: str | None, since: str | None, seed: int | None) -> None:
+@click.option("--report", type=click.Path(path_type=Path), help="Also write the bisection path as a Markdown report there.")
+def stack_bisect(target: Path, as_json: bool, metric: str | None, since: str | None, seed: int | None, report: Path | None) -> None:
     """Name the merge where WORKLOAD got significantly worse than at the range's start (three-valued steps).
 
     Exit 0 when a merge is named, 1 when none is (nothing regressed, or a step stayed unknown).
     """
     from .commands.stack import run_bisect
 
-    dispatch(run_bisect, config=True, target=target, as_json=as_json, since=since, metric=metric, seed=seed)
+    dispatch(run_bisect, config=True, target=target, as_json=as_json, since=since, metric=metric, seed=seed, report=report)
 
 
 @main.group(context_settings=CONTEXT)

@@ -549,3 +549,95 @@ def to_json(ev: Evidence, **extra: Any) -> dict[str, Any]:
         "branch": v.get("branch") or ev.proposal.get("branch"), "merged": bool(ev.merge and ev.merge.get("ok")),
         "reverted": ev.reverted, "revert_commit": (ev.revert or {}).get("new"), "reproduce": reproduce_command(v), **extra,
     }
+
+
+# ---------------------------------------------------------------------------- stack checks (agentsearch stack)
+def stack_waterfall(r: Any, fmt: str = "png") -> bytes:
+    """A stack check's waterfall: each merge's own estimate stacked on the ones before it (gain over the range's
+    start, %), the product with its interval, and the tip as measured with its interval."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import PercentFormatter
+
+    fig, ax = plt.subplots(figsize=(max(5.0, 1.1 * (len(r.merges) + 2)), 3.6))
+    level, labels = 1.0, []
+    for i, m in enumerate(r.merges):
+        s = m.speedup or 1.0
+        ax.bar(i, (level * s - level) * 100, bottom=(level - 1) * 100, color="#2ca02c" if s >= 1 else "#d62728", width=0.6)
+        level *= s
+        # a '$' pair would be parsed as mathtext (a malformed one makes savefig raise): shown as a dollar sign
+        labels.append(f"{i + 1}: {_clean(m.title or m.proposal or m.merge[:12], 18)}".replace("$", r"\$"))
+    for j, (name, value, ci, colour) in enumerate((("product", r.product, r.product_ci, "#7f7f7f"),
+                                                   ("tip, measured", r.cumulative, r.ci, "#1f77b4"))):
+        x = len(r.merges) + j
+        if value is not None:
+            ax.bar(x, (value - 1) * 100, color=colour, width=0.6)
+            if ci and len(ci) == 2:
+                ax.errorbar(x, (value - 1) * 100, yerr=[[(value - ci[0]) * 100], [(ci[1] - value) * 100]], color="black", capsize=4)
+        labels.append(name)
+    ax.axhline(0, color="black", linewidth=0.8)
+    ax.set_xticks(range(len(labels)))
+    ax.set_xticklabels(labels, rotation=20, ha="right", fontsize=8)
+    ax.yaxis.set_major_formatter(PercentFormatter())
+    _axes(ax, "merge (in order), then the product of their estimates and the tip as measured",
+          f"{_clean(r.objective, 40)}: gain over the range's start (%)".replace("$", r"\$"))
+    ax.set_title(f"stack {r.since[:12]} → {r.tip[:12]}: {r.verdict}")
+    return _save(fig, fmt)
+
+
+def _clean(s: str, limit: int) -> str:
+    from history.records import text
+
+    return text.clean(s, limit, one_line=True)
+
+
+def stack_markdown(r: Any, image: str | None = None) -> str:
+    """A stack check (``StackCheck``) or a bisection (``StackBisect``) as a Markdown report; every text a
+    proposal wrote is cleaned and shown as code."""
+    def code(s: Any, limit: int = 80) -> str:  # a '|' would end a table cell, a backtick the code span
+        return "`" + _clean(str(s), limit).replace("`", "'").replace("|", "\\|") + "`"
+
+    def said(s: Any, limit: int) -> str:  # our own words, which may quote a proposal's: one line, no cell break
+        return _clean(str(s), limit).replace("|", "\\|")
+
+    def ci(c: Any) -> str:
+        return f"[{_pct(c[0])}, {_pct(c[1])}]" if c and len(c) == 2 else "—"
+
+    lines: list[str] = []
+    if hasattr(r, "steps"):  # a bisection
+        lines += [f"# Bisection of {code(r.workload, 40)}: {said(r.reason, 300)}", "",
+                  f"Range `{r.since[:12]}` → `{r.tip[:12]}`, {len(r.merges)} merge(s); {len(r.steps)} step(s) in "
+                  f"{r.seconds:.0f} s. Each step measured the commit after merge *i* against the range's start.", "",
+                  "| step | after merge | commit | outcome | change | 95% CI | pairs | why |", "|---:|---:|---|---|---:|---|---:|---|"]
+        for i, s in enumerate(r.steps, 1):
+            lines.append(f"| {i} | {s.index} | `{s.commit[:12]}` | **{s.outcome}** | {_pct(s.speedup)} | {ci(s.ci)} | {s.pairs} | "
+                         f"{said(s.reason, 160)} |")
+        if r.culprit:
+            lines += ["", f"The regression entered with merge `{r.culprit[:12]}` ({code(r.proposal or '—', 40)})."]
+        return "\n".join(lines) + "\n"
+    lines += [f"# Stack check: {r.verdict.upper()}", "",
+              f"Range `{r.since[:12]}` → `{r.tip[:12]}`, {len(r.merges)} merge(s), objective {code(r.objective, 40)}; "
+              f"{r.seconds:.0f} s in all (seed {r.seed}).", ""]
+    lines += [f"- **Measured**: the tip is {_pct(r.cumulative)} over the start, 95% CI {ci(r.ci)}, {r.pairs} pairs.",
+              f"- **Product of the merges' estimates**: {_pct(r.product)}, 95% CI {ci(r.product_ci)}."]
+    lines += [f"- {said(x, 300)}" for x in r.reasons]
+    if image:
+        lines += ["", f"![waterfall of the merges' estimates against the measured tip]({image})"]
+    lines += ["", "## Merges", "", "| # | merge | proposal | title | estimate | 95% CI | from |", "|---:|---|---|---|---:|---|---|"]
+    for i, m in enumerate(r.merges, 1):
+        lines.append(f"| {i} | `{m.merge[:12]}` | {code(m.proposal or '—', 40)} | {code(m.title or '', 60)} | {_pct(m.speedup)} | "
+                     f"{ci(m.ci)} | {m.source} |")
+    if r.removals:
+        lines += ["", "## Leave-one-out: each merge's marginal contribution at the tip", "",
+                  "| merge | decision | marginal | 95% CI | pairs | why |", "|---|---|---:|---|---:|---|"]
+        lines += [f"| `{x.merge[:12]}` | **{x.decision}** | {_pct(x.marginal)} | {ci(x.ci)} | {x.pairs} | {said(x.reason, 200)} |"
+                  for x in r.removals]
+    if r.interference:
+        lines += ["", "## Interference: the pairs the removals pointed to", "",
+                  "| merges | interfere | without both | product of singles | p | why |", "|---|---|---:|---:|---:|---|"]
+        lines += [f"| {' + '.join('`' + m[:12] + '`' for m in x.merges)} | {'**yes**' if x.interfere else 'no'} | {_pct(x.joint)} | "
+                  f"{_pct(x.expected)} | {'—' if x.p_value is None else f'{x.p_value:.2g}'} | {said(x.reason, 200)} |"
+                  for x in r.interference]
+    return "\n".join(lines) + "\n"

@@ -135,7 +135,8 @@ def test_a_stack_that_delivers_and_a_merge_that_became_a_passenger(tmp_path):
 
     bad = run_cli("stack", "-C", str(repo), "--since", "main")
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "no merge" in bad.stderr
-    proc = run_cli("stack", "-C", str(repo), "--leave-one-out", "--json", "--seed", "3", timeout=900)
+    report = tmp_path / "reports" / "stack.md"
+    proc = run_cli("stack", "-C", str(repo), "--leave-one-out", "--json", "--seed", "3", "--report", str(report), timeout=900)
     assert proc.returncode == 0, proc.stderr
     got = json.loads(proc.stdout)
     assert got["verdict"] == "delivers", got["reasons"]
@@ -150,6 +151,14 @@ def test_a_stack_that_delivers_and_a_merge_that_became_a_passenger(tmp_path):
     # the record, and the scratch commits never touched a branch: the history still verifies
     rec = records(repo, StackCheck)[-1]
     assert rec.verdict == "delivers" and rec.passengers == (first,) and rec.interfering == ((first, second),)
+    # the report agrees with the record: verdict, both merges, the leave-one-out and interference tables, the waterfall
+    md = report.read_text()
+    assert md.startswith("# Stack check: DELIVERS") and f"`{first[:12]}` | **passenger**" in md and "| **yes** |" in md
+    assert "![waterfall" in md and (report.parent / "stack.waterfall.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    from agentsearch.report import stack_waterfall
+
+    svg = stack_waterfall(rec, "svg").decode()
+    assert 'id="xlabel"' in svg and 'id="ylabel"' in svg and "gain over the range" in svg and "(%)" in svg
     assert run_cli("history", "verify", "-C", str(repo)).returncode == 0
     assert git(repo, "rev-parse", "main").strip() == second
     # review shows each merge's marginal contribution today, and offers the revert of the passenger
@@ -182,7 +191,8 @@ def test_bisect_names_the_merge_where_a_guard_regression_entered(tmp_path):
 
     bad = run_cli("stack", "bisect", "-C", str(repo), "--metric", "nope")
     assert bad.returncode == 2 and "not a workload" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
-    proc = run_cli("stack", "bisect", "-C", str(repo), "--metric", "guard", "--json", "--seed", "5", timeout=900)
+    proc = run_cli("stack", "bisect", "-C", str(repo), "--metric", "guard", "--json", "--seed", "5", "--report", str(tmp_path / "b.md"),
+                   timeout=900)
     got = json.loads(proc.stdout)
     assert proc.returncode == 0, [(s["index"], s["outcome"], s["reason"]) for s in got["steps"]]
     assert got["culprit"] == third and "merge 3 of 4" in got["reason"], [(s["index"], s["outcome"], s["reason"]) for s in got["steps"]]
@@ -190,6 +200,9 @@ def test_bisect_names_the_merge_where_a_guard_regression_entered(tmp_path):
     assert outcomes[0] == (4, "different") and len(outcomes) <= 3 and (2, "same") in outcomes and (3, "different") in outcomes
     (rec,) = records(repo, StackBisect)
     assert rec.culprit == third and rec.proposal == got["proposal"]
+    md = (tmp_path / "b.md").read_text()
+    assert md.startswith("# Bisection of `guard`") and f"The regression entered with merge `{third[:12]}`" in md
+    assert md.count("| **different** |") + md.count("| **same** |") == len(rec.steps)
     nothing = run_cli("stack", "bisect", "-C", str(repo), "--metric", "speed", "--json", "--seed", "6", timeout=900)
     assert nothing.returncode == 1 and json.loads(nothing.stdout)["culprit"] is None  # the objective only got faster
 

@@ -9,7 +9,7 @@ from history.records.stack import StackBisect, StackCheck
 from ..errors import EXIT_FAIL
 from ..headline import pct
 from ..workspace import Workspace
-from .output import compact_table, out, print_json, progress, safe
+from .output import compact_table, err, out, print_json, progress, safe
 
 
 def _ci(ci: tuple[float, ...] | None) -> str:
@@ -47,12 +47,28 @@ def show_bisect(r: StackBisect) -> None:
     out.print(("[red]" if r.culprit else "[yellow]") + safe(r.reason) + "[/]" + f"  ({r.seconds:.0f} s)")
 
 
-def run(target: Path, as_json: bool, since: str | None, leave_one_out: bool, seed: int | None) -> int:
+def write_report(record: StackCheck | StackBisect, path: Path) -> None:
+    """The record as Markdown at ``path``; a stack check's waterfall as a PNG beside it."""
+    from ..report import stack_markdown, stack_waterfall
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    image = None
+    if isinstance(record, StackCheck):
+        png = path.with_suffix(".waterfall.png")
+        png.write_bytes(stack_waterfall(record, "png"))
+        image = png.name
+    path.write_text(stack_markdown(record, image))
+    err.print(safe(f"report: {path}" + (f" (+ {image})" if image else "")))
+
+
+def run(target: Path, as_json: bool, since: str | None, leave_one_out: bool, seed: int | None, report: Path | None = None) -> int:
     from ..stack import check
 
     ws = Workspace.open(target)
     with ws.lock(), progress() as say:
         record = check(ws, since, seed=seed, leave_one_out=leave_one_out, progress=say)
+    if report is not None:
+        write_report(record, report)
     if as_json:
         print_json(record.to_json())
     else:
@@ -60,12 +76,14 @@ def run(target: Path, as_json: bool, since: str | None, leave_one_out: bool, see
     return 0 if record.verdict == "delivers" else EXIT_FAIL
 
 
-def run_bisect(target: Path, as_json: bool, since: str | None, metric: str | None, seed: int | None) -> int:
+def run_bisect(target: Path, as_json: bool, since: str | None, metric: str | None, seed: int | None, report: Path | None = None) -> int:
     from ..stack import bisect
 
     ws = Workspace.open(target)
     with ws.lock(), progress() as say:
         record = bisect(ws, metric, since, seed=seed, progress=say)
+    if report is not None:
+        write_report(record, report)
     if as_json:
         print_json(record.to_json())
     else:
