@@ -17,7 +17,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import pandas as pd
 
 from .records.agent_session import agent_costs
-from .records import BREAKING, CheckName, FailureKind, Merge, ProposalCreated, Revert, Verdict, text
+from .records import BREAKING, CheckName, FailureKind, Merge, ProposalCreated, Revert, StackCheck, Verdict, text
 
 INSIGHTS_SCHEMA = 1
 # the candidate broke the workload (crash, hang, failed build or tests, other outputs) rather than just not winning
@@ -42,6 +42,7 @@ def proposal_rows(entries: Iterable[Any]) -> list[dict[str, Any]]:
     rows: dict[str, dict[str, Any]] = {}
     merged: dict[str, str] = {}
     reverted: set[str] = set()
+    today: dict[str, str] = {}  # merge -> its latest leave-one-out decision (agentsearch stack --leave-one-out)
     for e in entries:
         r = e.record
         if isinstance(r, ProposalCreated):
@@ -58,10 +59,17 @@ def proposal_rows(entries: Iterable[Any]) -> list[dict[str, Any]]:
             merged[r.new] = e.proposal
         elif isinstance(r, Revert):
             reverted.add(r.merge)
+        elif isinstance(r, StackCheck):
+            for x in r.removals:  # the latest leave-one-out of each merge decides
+                today[x.merge] = x.decision
     for sha in reverted:
         row = rows.get(merged.get(sha, ""))
         if row is not None:
             row["reverted"] = True
+    for sha, decision in today.items():
+        row = rows.get(merged.get(sha, ""))
+        if row is not None:
+            row["passenger"] = decision == "passenger"
     return list(rows.values())
 
 
@@ -145,7 +153,8 @@ def lessons(rows: Sequence[Mapping[str, Any]], knobs: Mapping[str, Mapping[str, 
             avoid.append(f"{r.get('title')}: merged{eff}, then reverted")
         elif r.get("verdict") == "merge":
             eff = f"{r['speedup'] - 1:+.1%}" if r.get("speedup") is not None else "win"
-            worked.append(f"{r.get('title')} ({r.get('category')}): {eff}")
+            unconfirmed = " — unconfirmed: a passenger at today's tip (a later merge made it redundant)" if r.get("passenger") else ""
+            worked.append(f"{r.get('title')} ({r.get('category')}): {eff}{unconfirmed}")
         elif r.get("verdict") and is_failure(r):
             avoid.append(f"{r.get('title')}: broke the workload — {(r.get('reasons') or ['?'])[0][:160]}")
         elif FailureKind.MAIN_DIVERGES.value in (r.get("failures") or ()):

@@ -164,6 +164,9 @@ def test_a_stack_that_delivers_and_a_merge_that_became_a_passenger(tmp_path):
     # review shows each merge's marginal contribution today, and offers the revert of the passenger
     rows = {r["merge"]: r for r in json.loads(run_cli("review", "-C", str(repo), "--json").stdout)["merges"]}
     assert rows[first]["today"] == "passenger" and rows[second]["today"] == "contributes" and rows[second]["marginal"] > 1.1
+    # the insights no longer count the passenger's lesson as confirmed
+    lessons = json.loads(run_cli("insights", "-C", str(repo), "--json").stdout)["lessons"]["worked"]
+    assert [ln for ln in lessons if "unconfirmed: a passenger" in ln] == [ln for ln in lessons if "Take the fast path" in ln] != []
     listed = run_cli("review", "-C", str(repo))
     assert listed.returncode == 0 and "passenger" in listed.stdout and "agentsearch revert MERGE" in listed.stdout
     human = run_cli("stack", "-C", str(repo), "--since", "HEAD~2", "--seed", "4", timeout=900)
