@@ -538,9 +538,10 @@ class Episode:
         try:
             r = stack.check(self.ws, self.plan.episode, seed=self.plan.seed, leave_one_out=self.ws.config().stack.leave_one_out,
                             progress=self.say, write=lambda record: self.record(record, None))
-        except AgentsearchError as exc:
-            self.say(f"{self.plan.episode} stack", f"the stack check failed: {exc}")
-            return {"verdict": "inconclusive", "error": str(exc)}
+        except Exception as exc:  # noqa: BLE001 - merged code runs in it: its failure is the check's, never the episode's
+            why = tail(str(exc) or type(exc).__name__, 1)
+            self.say(f"{self.plan.episode} stack", f"the stack check failed: {why}")
+            return {"verdict": "inconclusive", "error": why}
         self.say(f"{self.plan.episode} stack", f"{r.verdict}: the tip {pct(r.cumulative)} over the episode's start, the merges' "
                                                f"estimates multiply to {pct(r.product)}")
         return {"verdict": r.verdict, "cumulative": r.cumulative, "product": r.product, "passengers": list(r.passengers)}

@@ -41,6 +41,9 @@ class Check:
     failure: FailureKind | None = None  # a failed check's kind; None: the check's default kind
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "status", Status(self.status))  # anything else ("error", None, "FAIL") raises: never a pass
+        if self.status == Status.SKIPPED and not self.detail:
+            raise ValueError(f"check {self.name!r}: a skipped check needs its reason")
         if self.status == Status.SKIPPED and self.name not in SKIPPABLE:
             raise ValueError(f"check {self.name!r} cannot be skipped")
         if self.status == Status.FAIL and not self.detail:

@@ -599,8 +599,10 @@ def stack_markdown(r: Any, image: str | None = None) -> str:
     def code(s: Any, limit: int = 80) -> str:  # a '|' would end a table cell, a backtick the code span
         return "`" + _clean(str(s), limit).replace("`", "'").replace("|", "\\|") + "`"
 
-    def said(s: Any, limit: int) -> str:  # our own words, which may quote a proposal's: one line, no cell break
-        return _clean(str(s), limit).replace("|", "\\|")
+    def said(s: Any, limit: int) -> str:  # our own words, which may quote a proposal's (its stderr): inert Markdown
+        from history.records import text
+
+        return text.md_inline(str(s), limit)
 
     def ci(c: Any) -> str:
         return f"[{_pct(c[0])}, {_pct(c[1])}]" if c and len(c) == 2 else "—"
@@ -609,8 +611,8 @@ def stack_markdown(r: Any, image: str | None = None) -> str:
     if hasattr(r, "steps"):  # a bisection
         lines += [f"# Bisection of {code(r.workload, 40)}: {said(r.reason, 300)}", "",
                   f"Range `{r.since[:12]}` → `{r.tip[:12]}`, {len(r.merges)} merge(s); {len(r.steps)} step(s) in "
-                  f"{r.seconds:.0f} s. Each step measured the commit after merge *i* against the range's start.", "",
-                  "| step | after merge | commit | outcome | change | 95% CI | pairs | why |", "|---:|---:|---|---|---:|---|---:|---|"]
+                  f"{r.seconds:.0f} s. Each step measured the baseline after its commit *i* of the range against the range's start.", "",
+                  "| step | commit # | commit | outcome | change | 95% CI | pairs | why |", "|---:|---:|---|---|---:|---|---:|---|"]
         for i, s in enumerate(r.steps, 1):
             lines.append(f"| {i} | {s.index} | `{s.commit[:12]}` | **{s.outcome}** | {_pct(s.speedup)} | {ci(s.ci)} | {s.pairs} | "
                          f"{said(s.reason, 160)} |")

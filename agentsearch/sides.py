@@ -201,7 +201,14 @@ class Sides:
 
     # ------------------------------------------------------------------ layout
     def out(self, side: str) -> Path:
-        return self.scratch / "out" / side
+        return self.scratch / "out" / opaque(self.ws, self.tag, "out", side)
+
+    def label(self, side: str) -> str:
+        """``side`` in a file name a child may see (its log, as its stdout): says nothing of the side."""
+        return opaque(self.ws, self.tag, "label", side)[:12]
+
+    def worktree_name(self, side: str) -> str:
+        return f"m-{opaque(self.ws, self.tag, 'worktree', side)}"
 
     @property
     def inputs(self) -> Path:
@@ -230,7 +237,7 @@ class Sides:
             if kept is not None and side == BASELINE:
                 continue
             try:
-                self.worktrees[side] = self.ws.add_measurement_worktree(commit, f"{self.tag}-{side}")
+                self.worktrees[side] = self.ws.add_measurement_worktree(commit, self.worktree_name(side))
                 self.git_links[side] = (self.worktrees[side] / ".git").read_text()
                 if target.install == "overlay":
                     assert target.overlay_from
@@ -308,7 +315,7 @@ class Sides:
         even the trace of an undo (red team, round 3: a directory's mtime set by the tests survived the undo and
         told every later trial that the tests had run)."""
         wt = self.worktrees[side]
-        dst = self.scratch / f"{name}-{side}"
+        dst = self.scratch / f"c-{opaque(self.ws, self.tag, name, side)}"
         remove_tree(dst)
         try:
             _copy_tree(wt, dst)
@@ -349,7 +356,7 @@ class Sides:
                     continue
                 path = self.worktrees.get(side)
                 if path is None:  # interrupted while git was still making it: no side code ever ran there
-                    self.ws.remove_worktree(self.ws.worktrees / f"{self.tag}-{side}")
+                    self.ws.remove_worktree(self.ws.worktrees / self.worktree_name(side))
                     continue
                 remove_worktree(self.ws, path, self.git_links.get(side, ""))
             if self.keep_baseline:
@@ -438,6 +445,39 @@ def model_dirs(config: Config) -> list[str]:
     return out
 
 
+def opaque(ws: Workspace, *parts: str) -> str:
+    """A path component for ``parts`` that tells a side nothing: a keyed hash (the key in the state directory,
+    which no sandbox sees). Names like ``warm-stack-candidate`` told merged code which side and which check it was
+    measured in, and code that knows that can fake any comparison (red team, round 4: it framed an honest merge
+    as a passenger in a stack check's leave-one-out). Stable for the same parts, so a kept baseline keeps its paths."""
+    import hashlib
+    import secrets as _secrets
+
+    key_file = ws.state / "paths.key"
+    try:
+        key = key_file.read_text().strip()
+    except OSError:
+        key = ""
+    if len(key) < 32:
+        key = _secrets.token_hex(32)
+        tmp = key_file.with_name(f"paths.key.{os.getpid()}")
+        tmp.write_text(key)
+        os.chmod(tmp, 0o600)
+        try:
+            os.link(tmp, key_file)  # the first writer wins; everyone reads what it wrote
+        except FileExistsError:
+            pass
+        finally:
+            os.unlink(tmp)
+        key = key_file.read_text().strip()
+    return hashlib.sha256(("\0".join((key, *parts))).encode()).hexdigest()[:20]
+
+
+def scratch_dir(ws: Workspace, tag: str) -> Path:
+    """The scratch directory of the sides built under ``tag`` (a name that says neither the tag nor the check)."""
+    return ws.state / "tmp" / f"s-{opaque(ws, 'scratch', tag)}"
+
+
 @contextlib.contextmanager
 def sides(ws: Workspace, config: Config, commits: Mapping[str, str], tag: str, decision: Decision, *,
           keep: bool = False, read_only: Sequence[str] = (), kept: KeptBaseline | None = None) -> Iterator[Sides]:
@@ -451,7 +491,7 @@ def sides(ws: Workspace, config: Config, commits: Mapping[str, str], tag: str, d
         if violations:
             listed = ", ".join(f"{v.path} ({v.status}, matches {v.pattern!r})" for v in violations[:5])
             raise ProtectedPathError(f"touches protected paths: {listed}")
-    scratch = ws.state / "tmp" / tag
+    scratch = scratch_dir(ws, tag)
     if kept is None:
         remove_tree(scratch)  # a crashed earlier attempt of the same run
     sd = Sides(ws, config, dict(commits), scratch, tag, decision, tuple(read_only), kept=kept)

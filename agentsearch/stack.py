@@ -241,6 +241,12 @@ def _remove(ws: Workspace, tip: str, m: StackMerge, objective: str, seed: int | 
     marginal, ci, pairs = got
     if ci[0] > 1.0:
         decision, reason = "contributes", f"the tip is {marginal:.3f}x the tip without it [{ci[0]:.3f}, {ci[1]:.3f}]"
+    elif ci[1] < 1.0:
+        # not a passenger: either the merge costs speed at today's tip, or code in the stack runs differently on
+        # one side of this measurement (red team: merged code that knew the side framed an honest merge) — for a person
+        decision, reason = "harmful", (f"the tip is {marginal:.3f}x the tip without it [{ci[0]:.3f}, {ci[1]:.3f}]: significantly "
+                                       "slower with it — it costs speed today, or code in the stack behaves differently when "
+                                       "measured; re-check (review --recheck) before reverting anything")
     else:
         decision, reason = "passenger", (f"the tip is {marginal:.3f}x the tip without it [{ci[0]:.3f}, {ci[1]:.3f}]: "
                                          "not significantly above nothing")
@@ -357,7 +363,12 @@ def bisect(ws: Workspace, workload: str | None = None, since: str | None = None,
     workload = workload or config.objective.name
     if workload not in names:
         raise AgentsearchError(f"--metric {workload!r} is not a workload of this target ({', '.join(names)})")
-    commits = [rng.since] + [m.merge for m in rng.merges]  # commits[i]: the baseline after merge i
+    # every commit of the baseline's first-parent line, reverts included (a merge reverted later in the range
+    # left its code in the commits between: bisecting the merges alone blamed an innocent one — red team)
+    line = git.run_git("rev-list", "--first-parent", "--reverse", f"{rng.since}..{rng.tip}", cwd=ws.repo_dir).split()
+    commits = [rng.since] + line  # commits[i]: the baseline after its i-th commit in the range
+    made_by = {e.record.new: e.proposal for e in read_entries(ws) if isinstance(e.record, Merge) and e.record.ok}
+    undone = {e.record.new: e.record.merge for e in read_entries(ws) if isinstance(e.record, Revert)}
     steps: list[BisectStep] = []
     attempt = [0]
     # each step's error split over the steps a search can take (the tip, then ceil(log2 K) halvings): Bonferroni
@@ -365,7 +376,7 @@ def bisect(ws: Workspace, workload: str | None = None, since: str | None = None,
 
     def measure(i: int) -> BisectStep:
         attempt[0] += 1
-        say("bisect", f"step {len(steps) + 1}: after merge {i} of {len(rng.merges)} ({commits[i][:12]})")
+        say("bisect", f"step {len(steps) + 1}: after commit {i} of {len(commits) - 1} ({commits[i][:12]})")
         st = _step(ws, commits[i], i, rng.since, workload, None if seed is None else seed + 10 * attempt[0], say,
                    config.gate.min_effect, step_alpha, steps[0].speedup if steps else None)
         steps.append(st)
@@ -379,7 +390,18 @@ def bisect(ws: Workspace, workload: str | None = None, since: str | None = None,
     elif last.outcome == "unknown":
         reason = f"the tip could not be told apart from the start on {workload} ({last.reason})"
     else:
-        while hi - lo > 1:
+        # a revert in the range may have undone an earlier regression: start from the last one (the line is not
+        # monotone across it), so the search finds where the regression the tip shows entered
+        reverts = [i for i, c in enumerate(commits) if c in undone and 0 < i < hi]
+        if reverts:
+            st = measure(reverts[-1])
+            if st.outcome == "same":
+                lo = reverts[-1]
+            elif st.outcome == "different":
+                hi = reverts[-1]
+            else:
+                reason = f"the step after the revert {commits[reverts[-1]][:12]} stayed unknown ({st.reason})"
+        while not reason and hi - lo > 1:
             mid = (lo + hi) // 2
             st = measure(mid)
             if st.outcome == "different":
@@ -387,13 +409,16 @@ def bisect(ws: Workspace, workload: str | None = None, since: str | None = None,
             elif st.outcome == "same":
                 lo = mid
             else:
-                reason = f"step after merge {mid} stayed unknown ({st.reason}); the regression entered between merge {lo + 1} and {hi}"
+                reason = (f"the step after commit {mid} stayed unknown ({st.reason}); the regression entered between commit {lo + 1} "
+                          f"({commits[lo + 1][:12]}) and commit {hi} ({commits[hi][:12]})")
                 break
         if not reason:
             culprit = commits[hi]
-            reason = f"{workload} regressed at merge {hi} of {len(rng.merges)} ({culprit[:12]})"
-    proposal = next((m.proposal for m in rng.merges if m.merge == culprit), None)
-    record = StackBisect(since=rng.since, tip=rng.tip, workload=workload, merges=tuple(m.merge for m in rng.merges),
+            what = (f"the merge of {made_by[culprit]}" if culprit in made_by else
+                    f"the revert of {undone[culprit][:12]}" if culprit in undone else "a commit agentsearch did not make")
+            reason = f"{workload} regressed at commit {hi} of {len(commits) - 1} on the baseline ({culprit[:12]}: {what})"
+    proposal = made_by.get(culprit or "")
+    record = StackBisect(since=rng.since, tip=rng.tip, workload=workload, merges=tuple(line),
                          steps=tuple(steps), culprit=culprit, proposal=proposal, reason=reason,
                          seconds=round(time.perf_counter() - t0, 3))
     append(ws, record, None, proposal)

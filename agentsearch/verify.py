@@ -256,7 +256,7 @@ class _Trusted:
 
             def make() -> Any:
                 sd = self._reference_side() if who == REFERENCE else self.sd
-                inner = _runner(vc, self.config, sd.worktrees[BASELINE], sd.logs / f"logprobs-{who}-r{n}.log", sd.out(BASELINE), BASELINE, regime)
+                inner = _runner(vc, self.config, sd.worktrees[BASELINE], sd.logs / f"logprobs-{sd.label(who)}-r{n}.log", sd.out(BASELINE), BASELINE, regime)
                 return _Elsewhere(inner, sd) if who == REFERENCE else inner
 
             self.runners[k] = baseline_dumps.ReusingRunner(make, kept, self.sd.out(BASELINE), eager=False, keep=self.keep)
@@ -324,7 +324,7 @@ def run_verify(ws: Workspace, config: Config, sd: "Sides", say: Callable[[str, s
     try:
         for side in (BASELINE, CANDIDATE):
             def make(side: str = side) -> Any:
-                return _runner(vc, config, worktrees[side], sd.logs / f"logprobs-{side}.log", sd.out(side), side)
+                return _runner(vc, config, worktrees[side], sd.logs / f"logprobs-{sd.label(side)}.log", sd.out(side), side)
 
             if side == BASELINE and kept is not None:
                 runners[side] = baseline_dumps.ReusingRunner(make, kept, sd.out(side), eager=not kept.complete)
@@ -554,7 +554,7 @@ class _Against:
     def _candidate_run(self, regime: regimes_mod.Regime, n: int, ordered: Path) -> dict:
         vc, sd = self.vc, self.sd
         self.say("verify", f"candidate at {self._label(regime)}")
-        runner = _runner(vc, self.config, sd.worktrees[CANDIDATE], sd.logs / f"logprobs-candidate-r{n}.log", sd.out(CANDIDATE), CANDIDATE, regime)
+        runner = _runner(vc, self.config, sd.worktrees[CANDIDATE], sd.logs / f"logprobs-{sd.label(CANDIDATE)}-r{n}.log", sd.out(CANDIDATE), CANDIDATE, regime)
         try:
             return runner.run(ordered, sd.out(CANDIDATE) / "verify" / f"cand-r{n}.jsonl", vc.k, vc.max_tokens)
         except LogprobError as exc:

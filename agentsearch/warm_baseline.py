@@ -34,7 +34,7 @@ from pathlib import Path
 from harness.engine_session import EnginePool
 from harness.trials import BASELINE
 
-from .sides import KeptBaseline, remove_worktree, snapshot
+from .sides import KeptBaseline, remove_worktree, scratch_dir, snapshot
 from .workspace import Workspace
 
 class WarmBaseline:
@@ -47,7 +47,7 @@ class WarmBaseline:
 
     @property
     def scratch(self) -> Path:
-        return self.ws.state / "tmp" / self.tag
+        return scratch_dir(self.ws, self.tag)
 
     @property
     def enabled(self) -> bool:

@@ -304,11 +304,11 @@ def engine_factory(config: Config, workload: WorkloadConfig, sd: "Sides", pool: 
         side_env = {**env, **place.env(side, restart)}  # split: the side's device this session
         if serve:
             def engine() -> ServeSession:
-                return ServeSession(spec, worktrees[side], serve_instrument(worktrees[BASELINE]), side_env, logs / f"serve-{side}-{restart}-{n}",
+                return ServeSession(spec, worktrees[side], serve_instrument(worktrees[BASELINE]), side_env, logs / f"serve-{sd.label(side)}-{restart}-{n}",
                                     workload.metric, workload.timeout_s, workload.startup_timeout_s, cpus=cpus)
         else:
             def engine() -> WorkerSession:  # type: ignore[misc]
-                return WorkerSession(spec, worktrees[side], side_env, logs / f"engine-{side}-{restart}-{n}.log",
+                return WorkerSession(spec, worktrees[side], side_env, logs / f"engine-{sd.label(side)}-{restart}-{n}.log",
                                      workload.metric, workload.timeout_s, workload.startup_timeout_s, cpus=cpus)
         return pool.lease(key, engine, workload.kind, spec["params"], workload.metric, exclusive=place.exclusive)
 

@@ -13,6 +13,10 @@ whatever way — the reaper SIGKILLs every process whose environment carries thi
 ``trials.run_child``). A sandbox's pid namespace dies with its first process, so what ran inside it dies
 too, even a process that cleared its environment. The window between fork and exec, before the child
 has the marker, is closed by ``trials.dies_with_us``: a child whose parent is no longer us exits.
+
+Limit: outside a sandbox (``sandbox = "off"``, or a machine without bubblewrap) a child that clears the
+marker from its environment (``env -i``, or by overwriting its own environ) is not found; there the
+sandbox's pid namespace is what holds, and without it only the process group and the leftover sweep do.
 """
 
 from __future__ import annotations
@@ -39,7 +43,8 @@ while True:
     except OSError:
         break
 me = os.getpid()
-for _ in range(50):  # a process may fork while it is hunted: again until none is left
+quiet = 0
+for _ in range(200):  # a process may fork while it is hunted: again until five scans in a row find none
     found = 0
     for d in os.listdir("/proc"):
         if not d.isdigit() or int(d) == me:
@@ -55,7 +60,8 @@ for _ in range(50):  # a process may fork while it is hunted: again until none i
                 found += 1
             except OSError:
                 pass
-    if not found:
+    quiet = quiet + 1 if not found else 0
+    if quiet >= 5:
         break
     time.sleep(0.02)
 """
@@ -85,7 +91,7 @@ _current: list[_Reaper] = []
 def marker() -> tuple[str, str]:
     """(name, value) of this process's marker, its reaper started on first use (again in a forked child)."""
     with _lock:
-        if not _current or _current[0].pid != os.getpid():
+        if not _current or _current[0].pid != os.getpid() or _current[0].proc is None or _current[0].proc.poll() is not None:
             _current[:] = [_Reaper()]
         return MARKER, _current[0].nonce
 

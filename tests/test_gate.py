@@ -138,3 +138,16 @@ def test_merge_only_when_every_required_check_passed_once_and_nothing_failed():
             assert v.failed_check and v.failure and v.reasons
         merges += ok
     assert 500 < merges < 2500  # both sides of the rule were reached
+
+
+@pytest.mark.parametrize("status", ["error", "FAIL", None, "", "passed"])
+def test_a_status_that_is_not_one_of_the_four_never_passes(status):
+    """Red team (round 4): a check built with a status outside the enum merged (judge only looked for FAIL)."""
+    with pytest.raises(ValueError):
+        Check("objective", status, "why")  # type: ignore[arg-type]
+
+
+def test_a_skipped_check_says_why():
+    with pytest.raises(ValueError, match="needs its reason"):
+        Check("distribution", S, "")
+    assert Check("distribution", "skipped", "opted out").status is S  # type: ignore[arg-type]  # the value is coerced

@@ -198,7 +198,7 @@ def test_bisect_names_the_merge_where_a_guard_regression_entered(tmp_path):
                    timeout=900)
     got = json.loads(proc.stdout)
     assert proc.returncode == 0, [(s["index"], s["outcome"], s["reason"]) for s in got["steps"]]
-    assert got["culprit"] == third and "merge 3 of 4" in got["reason"], [(s["index"], s["outcome"], s["reason"]) for s in got["steps"]]
+    assert got["culprit"] == third and "commit 3 of 4" in got["reason"] and "the merge of" in got["reason"], [(s["index"], s["outcome"], s["reason"]) for s in got["steps"]]
     outcomes = [(s["index"], s["outcome"]) for s in got["steps"]]
     assert outcomes[0] == (4, "different") and len(outcomes) <= 3 and (2, "same") in outcomes and (3, "different") in outcomes
     (rec,) = records(repo, StackBisect)

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from history.records.stack import StackBisect, StackCheck
 
-from ..errors import EXIT_FAIL
+from ..errors import EXIT_FAIL, AgentsearchError
 from ..headline import pct
 from ..workspace import Workspace
 from .output import compact_table, err, out, print_json, progress, safe
@@ -42,7 +43,7 @@ def show_check(r: StackCheck) -> None:
 def show_bisect(r: StackBisect) -> None:
     out.print(f"bisect {safe(r.workload)} over {len(r.merges)} merge(s) {r.since[:12]} → {r.tip[:12]}")
     rows = [[str(i), f"{s.index}", s.commit[:12], s.outcome, pct(s.speedup), _ci(s.ci), str(s.pairs)] for i, s in enumerate(r.steps, 1)]
-    out.print(compact_table("steps (each commit against the start)", ["step", "after merge", "commit", "outcome", "Δ", "95% CI", "pairs"],
+    out.print(compact_table("steps (each commit against the start)", ["step", "commit #", "commit", "outcome", "Δ", "95% CI", "pairs"],
                             rows, out.width, right=(4, 6)))
     out.print(("[red]" if r.culprit else "[yellow]") + safe(r.reason) + "[/]" + f"  ({r.seconds:.0f} s)")
 
@@ -51,19 +52,37 @@ def write_report(record: StackCheck | StackBisect, path: Path) -> None:
     """The record as Markdown at ``path``; a stack check's waterfall as a PNG beside it."""
     from ..report import stack_markdown, stack_waterfall
 
-    path.parent.mkdir(parents=True, exist_ok=True)
     image = None
-    if isinstance(record, StackCheck):
-        png = path.with_suffix(".waterfall.png")
-        png.write_bytes(stack_waterfall(record, "png"))
-        image = png.name
-    path.write_text(stack_markdown(record, image))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(record, StackCheck):
+            png = path.with_suffix(".waterfall.png")
+            png.write_bytes(stack_waterfall(record, "png"))
+            image = png.name
+        path.write_text(stack_markdown(record, image))
+    except OSError as exc:  # the check is recorded in the history: `agentsearch history` still has it
+        raise AgentsearchError(f"--report {path}: {exc.strerror or exc}; the check itself is recorded in the history") from None
     err.print(safe(f"report: {path}" + (f" (+ {image})" if image else "")))
+
+
+def writable(report: Path | None) -> None:
+    """Refuse a report path that cannot be written before anything is measured (one line)."""
+    if report is None:
+        return
+    parent = report.parent if str(report.parent) else Path(".")
+    if report.is_dir() or (report.exists() and not os.access(report, os.W_OK)):
+        raise AgentsearchError(f"--report {report}: not a writable file; name a file, e.g. reports/stack.md")
+    probe = parent
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
+        raise AgentsearchError(f"--report {report}: {probe} is not a writable directory")
 
 
 def run(target: Path, as_json: bool, since: str | None, leave_one_out: bool, seed: int | None, report: Path | None = None) -> int:
     from ..stack import check
 
+    writable(report)
     ws = Workspace.open(target)
     with ws.lock(), progress() as say:
         record = check(ws, since, seed=seed, leave_one_out=leave_one_out, progress=say)
@@ -79,6 +98,7 @@ def run(target: Path, as_json: bool, since: str | None, leave_one_out: bool, see
 def run_bisect(target: Path, as_json: bool, since: str | None, metric: str | None, seed: int | None, report: Path | None = None) -> int:
     from ..stack import bisect
 
+    writable(report)
     ws = Workspace.open(target)
     with ws.lock(), progress() as say:
         record = bisect(ws, metric, since, seed=seed, progress=say)

@@ -14,7 +14,7 @@ from typing import ClassVar
 from .base import Part, Record
 
 STACK_VERDICTS = ("delivers", "under-delivers", "inconclusive")
-REMOVAL_DECISIONS = ("contributes", "passenger", "unknown", "does-not-revert")
+REMOVAL_DECISIONS = ("contributes", "passenger", "harmful", "unknown", "does-not-revert")
 STEP_OUTCOMES = ("different", "same", "unknown")
 
 
@@ -36,7 +36,7 @@ class Removal(Part):
     """Leave-one-out: the tip against the tip with one merge reverted (a scratch commit, never on a branch)."""
 
     merge: str
-    decision: str  # contributes | passenger | unknown | does-not-revert
+    decision: str  # contributes | passenger | harmful (the tip significantly slower with it) | unknown | does-not-revert
     reason: str
     scratch: str | None = None  # the tip with this merge reverted
     marginal: float | None = None  # the tip's speedup over the scratch commit: what this merge adds today
@@ -103,7 +103,7 @@ class StackCheck(Record):
 class BisectStep(Part):
     """One step: a commit of the merge sequence measured against the range's start on one workload."""
 
-    commit: str  # the baseline after merge number ``index`` of the range (0: the start itself)
+    commit: str  # the baseline after its ``index``-th commit of the range (0: the start itself)
     index: int
     outcome: str  # different | same | unknown
     reason: str
@@ -124,9 +124,9 @@ class StackBisect(Record):
     since: str
     tip: str
     workload: str  # the metric bisected (a workload of the config)
-    merges: tuple[str, ...]  # the merge sequence searched, in order
+    merges: tuple[str, ...]  # the commits searched: the baseline's first-parent line in the range (merges, reverts), in order
     steps: tuple[BisectStep, ...]  # in the order they ran
-    culprit: str | None  # the merge where the regression entered; None: not found (reason says why)
-    proposal: str | None  # the culprit's proposal
+    culprit: str | None  # the commit where the regression entered; None: not found (reason says why)
+    proposal: str | None  # the culprit's proposal, when it is a merge agentsearch made
     reason: str
     seconds: float = 0.0

@@ -530,7 +530,7 @@ def _stubbed_verify(tmp_path, monkeypatch, own: dict[str, int], plain: dict[str,
     sd = SimpleNamespace(
         commits={BASELINE: "b" * 40, CANDIDATE: "c" * 40}, worktrees={BASELINE: tmp_path / "b", CANDIDATE: tmp_path / "c"},
         inputs=scratch / "in", logs=scratch / "logs", out=lambda side: scratch / "out" / side, fresh_outputs=lambda side: None,
-        check=lambda: "")
+        check=lambda: "", label=lambda side: side)
     ws = SimpleNamespace(reference_commit=lambda config, base: "f" * 40, state=tmp_path / "state")
     return V.run_verify(ws, config, sd), made
 

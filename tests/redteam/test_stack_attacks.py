@@ -48,3 +48,74 @@ def test_a_title_cannot_break_the_stack_reports_table_or_its_plot():
     assert stack_waterfall(r, "png")[:4] == b"\x89PNG"
     rows = [ln for ln in stack_markdown(r).splitlines() if ln.startswith("| 1 |")]
     assert len(rows) == 1 and rows[0].replace("\\|", "").count("|") == 8, rows  # 7 cells, however the title is made
+
+
+def test_bisect_over_a_range_with_a_revert_names_the_merge_that_brought_the_regression_back(tmp_path):
+    """Red team (round 4): M2 slows the guard by 20% and is reverted after M3 merged; M4 brings the slowdown again.
+    Bisecting the merges alone (the reverted one left out) blamed M3, whose commit still carried M2's code. The
+    search runs over the baseline's commits, reverts included, from the last revert on: it names M4."""
+    repo = target(tmp_path / "toy")
+    start = git(repo, "rev-parse", "main").strip()
+    k1 = KNOBS.replace("A = 1.0", "A = 1.2")
+    k2 = k1.replace("G = 1.0", "G = 0.8").replace("FAST_PATH = False", "FAST_PATH = True")
+    k3 = k2.replace("A = 1.2", "A = 1.5")
+    queue_of(repo, tmp_path / "q1", [("M1", {"src/knobs.py": k1}), ("M2 guard -20%", {"src/knobs.py": k2}), ("M3", {"src/knobs.py": k3})])
+    first = run_cli("episode", "-C", str(repo), "--patches", str(tmp_path / "q1"), "--seed", "5", "--json", timeout=600)
+    assert [p["verdict"] for p in json.loads(first.stdout)["proposals"]] == ["merge"] * 3, first.stdout[-3000:]
+    m2 = git(repo, "rev-parse", "main~1").strip()
+    assert run_cli("revert", "-C", str(repo), m2).returncode == 0
+    k4 = git(repo, "show", "main:src/knobs.py").replace("A = 1.5", "A = 1.9").replace("G = 1.0", "G = 0.8")
+    queue_of(repo, tmp_path / "q2", [("M4 guard -20%", {"src/knobs.py": k4})])
+    second = run_cli("episode", "-C", str(repo), "--patches", str(tmp_path / "q2"), "--seed", "8", "--json", timeout=600)
+    assert [p["verdict"] for p in json.loads(second.stdout)["proposals"]] == ["merge"], second.stdout[-3000:]
+    m4 = git(repo, "rev-parse", "main").strip()
+    proc = run_cli("stack", "bisect", "-C", str(repo), "--since", start, "--metric", "guard", "--json", "--seed", "5", timeout=900)
+    got = json.loads(proc.stdout)
+    assert proc.returncode == 0 and got["culprit"] == m4, [(s["index"], s["outcome"], s["reason"]) for s in got["steps"]]
+    assert len(got["merges"]) == 5 and "the merge of" in got["reason"]  # M1, M2, M3, the revert, M4
+
+
+PEEK_BENCH = """\
+import json, os, random, sys
+sys.path.insert(0, os.getcwd())
+from src import knobs
+seed, out, which = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+seen = [os.getcwd(), out, os.environ.get("AGENTSEARCH_WORKTREE", ""), os.environ.get("AGENTSEARCH_OUT", "")]
+for fd in (1, 2):
+    try:
+        seen.append(os.readlink(f"/proc/self/fd/{fd}"))
+    except OSError:
+        pass
+words = ("candidate", "baseline", "warm", "eval", "stack", "verify", "confirm")
+leak = sum(w in s.lower() for s in seen for w in words)
+value = knobs.speed() if which == "speed" else knobs.G
+json.dump({"ops_s": 1000.0 * value * random.gauss(1.0, 0.02), "leak": leak}, open(out, "w"))
+"""
+
+
+def test_no_path_a_measured_process_sees_names_its_side_or_its_check(tmp_path):
+    """Red team (round 4): merged code read `warm-stack-candidate` in its working directory and so knew it was the
+    scratch side of a stack check's leave-one-out (it framed an honest merge as a passenger). Every path a measured
+    process can see — its cwd, {out}, AGENTSEARCH_WORKTREE/OUT, its stdout and stderr — is now an opaque name."""
+    from ..conftest import make_repo
+    from ..test_stack import CONFIG
+
+    import sys
+
+    repo = make_repo(tmp_path / "toy", {"agentsearch.toml": CONFIG.format(python=sys.executable), "bench/bench.py": PEEK_BENCH,
+                                        "src/__init__.py": "", "src/knobs.py": KNOBS})
+    assert run_cli("init", "-C", str(repo)).returncode == 0
+    queue_of(repo, tmp_path / "q", [("A 1.2", {"src/knobs.py": KNOBS.replace("A = 1.0", "A = 1.2")}),
+                                    ("A 1.4", {"src/knobs.py": KNOBS.replace("A = 1.0", "A = 1.4")})])
+    out = run_cli("episode", "-C", str(repo), "--patches", str(tmp_path / "q"), "--seed", "4", "--json", timeout=600)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["stack"]["verdict"] in ("delivers", "inconclusive", "under-delivers")  # the end check ran
+    assert run_cli("stack", "-C", str(repo), "--leave-one-out", "--seed", "2", timeout=600).returncode in (0, 1)
+    from agentsearch.workspace import Workspace
+    from history import HistoryLog
+    from history.records import Trial
+
+    trials = [e.record for e in HistoryLog(Workspace.open(repo).state / "history.jsonl").entries() if isinstance(e.record, Trial)]
+    measured = [t for t in trials if t.ok]
+    assert len(measured) > 20 and all(t.metrics.get("leak") == 0 for t in measured), \
+        sorted({(t.side, t.phase, t.metrics.get("leak")) for t in measured})
