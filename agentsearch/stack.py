@@ -17,9 +17,9 @@ warm tip serves all K comparisons (``WarmBaseline``): K + 1 measurements in all.
 contribution is not significantly above nothing is a **passenger**.
 
 ``bisect`` names the merge where a workload's regression entered: each step measures a commit of the
-merge sequence against the start and reads that workload's pairs from every round that measured it. The
-step is *different* when its interval lies below no change (significantly worse than at the start), *same*
-when it lies above the midpoint of the start's level and the tip's (nearer the start), *unknown* otherwise
+merge sequence against the start and reads that workload's pairs from every round that measured it. The tip
+is *different* when its interval lies below 1 - ``min_effect``; a step inside the range is *different* or
+*same* when its interval lies below or above the midpoint of the start's level and the tip's, *unknown* otherwise
 (measured again on fresh seeds with the pairs pooled; still unknown, the search stops, saying so).
 """
 
@@ -163,7 +163,7 @@ def check(ws: Workspace, since: str | None = None, *, seed: int | None = None, l
         try:
             for i, m in enumerate(rng.merges, 1):
                 say("stack", f"leave-one-out {i}/{len(rng.merges)}: the tip without {m.merge[:12]} ({m.title or m.proposal})")
-                removals.append(_remove(ws, rng.tip, m, objective, seed, warm, say))
+                removals.append(_remove(ws, rng.tip, m, objective, seed, warm, say, config.gate.min_effect))
             for a, b in pointed_pairs(rng.merges, removals):
                 say("stack", f"interference: the tip without both {a.merge[:12]} and {b.merge[:12]}")
                 joint.append(_remove_pair(ws, rng.tip, a, b, objective, seed, warm, config.gate.alpha, say,
@@ -227,7 +227,7 @@ def _marginal(ev: Evaluation, objective: str) -> tuple[float, tuple[float, float
 
 
 def _remove(ws: Workspace, tip: str, m: StackMerge, objective: str, seed: int | None, warm: WarmBaseline,
-            say: Progress) -> Removal:
+            say: Progress, margin: float = 0.02) -> Removal:
     try:
         scratch = scratch_without(ws, tip, m.merge)
     except AgentsearchError as exc:
@@ -241,7 +241,7 @@ def _remove(ws: Workspace, tip: str, m: StackMerge, objective: str, seed: int | 
     marginal, ci, pairs = got
     if ci[0] > 1.0:
         decision, reason = "contributes", f"the tip is {marginal:.3f}x the tip without it [{ci[0]:.3f}, {ci[1]:.3f}]"
-    elif ci[1] < 1.0:
+    elif ci[1] < 1.0 - margin:  # worse by more than the smallest effect worth acting on (a passenger's 0.99x is noise)
         # not a passenger: either the merge costs speed at today's tip, or code in the stack runs differently on
         # one side of this measurement (red team: merged code that knew the side framed an honest merge) — for a person
         decision, reason = "harmful", (f"the tip is {marginal:.3f}x the tip without it [{ci[0]:.3f}, {ci[1]:.3f}]: significantly "
@@ -309,9 +309,10 @@ def _step(ws: Workspace, commit: str, index: int, since: str, workload: str, see
     """One step: ``commit`` against the start on ``workload``, from the pairs of every round that measured it; an
     unknown outcome is measured again on fresh seeds and the pairs pooled (up to UNKNOWN_RETRIES times).
 
-    Different: the workload's speedup interval lies below 1 (significantly worse than at the start). Same: at the
-    tip (``tip`` None), its lower end is within ``margin`` of 1; inside the range (``tip``: the tip's estimate), it
-    lies above the midpoint of the start's level and the tip's (log scale): nearer the start. Unknown: neither."""
+    At the tip (``tip`` None): different when the workload's interval lies below 1 - ``margin`` (worse by more
+    than the smallest effect worth acting on), same when it lies above. Inside the range (``tip``: the tip's
+    estimate): different / same when the interval lies below / above the midpoint of the start's level and the
+    tip's (log scale): nearer the tip / the start. Unknown: neither."""
     from scipy.stats import t as student
 
     from harness.statistics import paired_estimate
@@ -336,9 +337,10 @@ def _step(ws: Workspace, commit: str, index: int, since: str, workload: str, see
         half = float(student.ppf(1 - alpha / 2, est.df)) * est.se
         lo, hi = math.exp(est.mean - half), math.exp(est.mean + half)
         text = f"{workload} {est.speedup:.3f}x the start [{lo:.3f}, {hi:.3f}] over {est.n} pairs"
-        above = 1.0 - margin if tip is None else math.sqrt(tip)
-        if hi < 1.0:
-            why = "significantly worse"
+        below, above = (1.0 - margin, 1.0 - margin) if tip is None else (math.sqrt(tip), math.sqrt(tip))
+        if hi < below:
+            why = (f"significantly worse, by more than {margin:.0%}" if tip is None else
+                   f"nearer the tip's {tip:.3f}x than the start's level")
             return BisectStep(commit=commit, index=index, outcome="different", reason=f"{text}: {why}", seed=ev.seed,
                               speedup=est.speedup, ci=(lo, hi), pairs=est.n)
         if lo >= above:

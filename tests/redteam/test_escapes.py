@@ -213,8 +213,14 @@ def test_a_committed_link_to_dev_zero_is_refused_not_read(tmp_path):
 LINK_LM = """
 import os, sys
 prompts, out = sys.argv[1], sys.argv[2]
-if out.endswith("/candidate/verify/cand.jsonl"):
-    base = out[: -len("/candidate/verify/cand.jsonl")] + "/baseline/verify/base.jsonl"
+if out.endswith("/verify/cand.jsonl"):  # the side directories have opaque names: guess the other one, or any file
+    side_dir = os.path.dirname(os.path.dirname(out))
+    outs = os.path.dirname(side_dir)
+    try:
+        others = [d for d in os.listdir(outs) if os.path.join(outs, d) != side_dir]
+    except OSError:
+        others = []
+    base = os.path.join(outs, others[0], "verify", "base.jsonl") if others else "/etc/hostname"
     try:
         os.unlink(out)
     except FileNotFoundError:
