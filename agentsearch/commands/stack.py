@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 from history.records.stack import StackBisect, StackCheck
 
@@ -79,33 +80,30 @@ def writable(report: Path | None) -> None:
         raise AgentsearchError(f"--report {report}: {probe} is not a writable directory")
 
 
-def run(target: Path, as_json: bool, since: str | None, leave_one_out: bool, seed: int | None, report: Path | None = None) -> int:
-    from ..stack import check
-
+def _measure(target: Path, as_json: bool, report: Path | None, measure: Any, show: Any, ok: Any) -> int:
+    """Check the report path, measure under the workspace lock with progress, then write, print and exit."""
     writable(report)
     ws = Workspace.open(target)
     with ws.lock(), progress() as say:
-        record = check(ws, since, seed=seed, leave_one_out=leave_one_out, progress=say)
+        record = measure(ws, say)
     if report is not None:
         write_report(record, report)
     if as_json:
         print_json(record.to_json())
     else:
-        show_check(record)
-    return 0 if record.verdict == "delivers" else EXIT_FAIL
+        show(record)
+    return 0 if ok(record) else EXIT_FAIL
+
+
+def run(target: Path, as_json: bool, since: str | None, leave_one_out: bool, seed: int | None, report: Path | None = None) -> int:
+    from ..stack import check
+
+    return _measure(target, as_json, report, lambda ws, say: check(ws, since, seed=seed, leave_one_out=leave_one_out, progress=say),
+                    show_check, lambda r: r.verdict == "delivers")
 
 
 def run_bisect(target: Path, as_json: bool, since: str | None, metric: str | None, seed: int | None, report: Path | None = None) -> int:
     from ..stack import bisect
 
-    writable(report)
-    ws = Workspace.open(target)
-    with ws.lock(), progress() as say:
-        record = bisect(ws, metric, since, seed=seed, progress=say)
-    if report is not None:
-        write_report(record, report)
-    if as_json:
-        print_json(record.to_json())
-    else:
-        show_bisect(record)
-    return 0 if record.culprit else EXIT_FAIL
+    return _measure(target, as_json, report, lambda ws, say: bisect(ws, metric, since, seed=seed, progress=say),
+                    show_bisect, lambda r: r.culprit is not None)
