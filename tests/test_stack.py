@@ -23,8 +23,12 @@ sys.path.insert(0, os.getcwd())
 from src import knobs
 seed, out, which = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 value = knobs.speed() if which == "speed" else knobs.G
-json.dump({"ops_s": 1000.0 * value * random.gauss(1.0, 0.02)}, open(out, "w"))
+json.dump({"ops_s": 1000.0 * value * random.gauss(1.0, 0.005)}, open(out, "w"))
 """
+# 0.5% noise per trial: these tests assert "delivers", and the stack verdict's margin (the gate's min_effect, 2%) must
+# be several standard errors wide for that to hold in every CI run. At 2% noise a 4-pair confirmation's standard error
+# is ~1.4%: the margin is under one standard error of a four-merge product, and a fair stack read "under-delivers"
+# about once in 700 checks (seen once in CI: tip 1.357x against a product of 1.529x, true 1.4x). At 0.5%: ~1e-5.
 
 # a planted cost that FAST_PATH removes; a later rewrite of speed() drops the cost altogether
 KNOBS = """\
