@@ -372,16 +372,18 @@ def report(target: Path, what: str, fmt: str, output: Path | None, as_json: bool
 @click.option("--force", is_flag=True, help="Open it even for a rejected, review or reverted proposal.")
 @click.option("--plots/--no-plots", "with_plots", default=True, show_default=True,
               help="Push the plots on their own branch agentsearch-evidence/<proposal> and show them in the body.")
+@click.option("--via", type=click.Choice(["forge", "gh"]), default="forge", show_default=True,
+              help="Open it through the forge's REST API ([forge], a token in its variable) or with the GitHub CLI `gh`.")
 def pr(target: Path, proposal: str, remote: str, dry_run: bool, output: Path | None, draft: bool, force: bool, with_plots: bool,
-       as_json: bool) -> None:
-    """Push a proposal's branch and open a pull request (`gh`) with its evidence: the one-line
-    verdict, a compact table, plots, folded details and the command that reproduces it.
+       via: str, as_json: bool) -> None:
+    """Push a proposal's branch and open a pull request (the forge's REST API, or `gh`) with its evidence: the
+    one-line verdict, a compact table, plots, folded details and the command that reproduces it.
 
     Only for merges that stand: a rejected or reverted proposal needs --force."""
     from .commands.report import pr as run
 
     dispatch(run, config=True, target=target, what=proposal, remote=remote, dry_run=dry_run, output=output, force=force,
-             draft=draft, with_plots=with_plots, as_json=as_json)
+             draft=draft, with_plots=with_plots, as_json=as_json, via=via)
 
 
 @main.command(context_settings=CONTEXT)
@@ -492,6 +494,47 @@ def stack_bisect(target: Path, as_json: bool, metric: str | None, since: str | N
     from .commands.stack import run_bisect
 
     dispatch(run_bisect, config=True, target=target, as_json=as_json, since=since, metric=metric, seed=seed, report=report)
+
+
+@main.command("review-pr", context_settings=CONTEXT)
+@target_option
+@strict_option
+@quiet_option
+@json_option
+@click.argument("number", type=int)
+@click.option("--seed", type=int, help="Master seed (default: fresh).")
+@click.option("--merge", is_flag=True, help="On a merge-worthy verdict, apply the gate's compare-and-swap merge to the baseline "
+              "and push it (never without this flag).")
+def review_pr(target: Path, as_json: bool, number: int, seed: int | None, merge: bool) -> None:
+    """Judge pull request NUMBER on the forge ([forge]) and answer on it: one comment, a commit status.
+
+    Its head is evaluated against its base branch like any candidate (sandbox, statistics, distribution checks);
+    a re-run edits the same comment. Exit 0 when merge-worthy, 4 otherwise.
+    """
+    from .commands.forge import run_review
+
+    dispatch(run_review, config=True, target=target, as_json=as_json, number=number, seed=seed, merge=merge)
+
+
+@main.command(context_settings=CONTEXT)
+@target_option
+@strict_option
+@quiet_option
+@json_option
+@click.option("--once", "once", is_flag=True, default=True, help="One pass over the open pull requests, then exit (the default).")
+@click.option("--watch", type=float, metavar="SECONDS", help="Pass again every SECONDS until stopped.")
+@click.option("--label", help="Only pull requests with this label (default: [forge] label; empty: all).")
+@click.option("--seed", type=int, help="Master seed (default: fresh).")
+@click.option("--merge", is_flag=True, help="Merge merge-worthy heads into the baseline and push it (never without this flag).")
+def bot(target: Path, as_json: bool, once: bool, watch: float | None, label: str | None, seed: int | None, merge: bool) -> None:
+    """The review bot: answer /agentsearch comment commands, then judge each open pull request's head once.
+
+    A killed bot loses nothing: run it again and it posts what was judged but not posted, and judges the rest.
+    Exit 0 when every pull request was handled, 1 when one could not be (said, and tried again next pass).
+    """
+    from .commands.forge import run_bot
+
+    dispatch(run_bot, config=True, target=target, as_json=as_json, watch=watch, label=label, seed=seed, merge=merge)
 
 
 @main.group(context_settings=CONTEXT)

@@ -445,6 +445,34 @@ class StackConfig:
         return int(n) if head == "every" and n.isdigit() and int(n) >= 1 else None
 
 
+FORGE_KINDS = ("github", "gitea")
+
+
+@dataclass(frozen=True)
+class ForgeConfig:
+    kind: str = doc("github | gitea (Gitea and Forgejo share one API): the forge `review-pr`, `bot` and `pr` talk to.", "github")
+    url: str = doc("The forge's web address: https://github.com (its API is api.github.com), a GitHub Enterprise server "
+                   "(API at URL/api/v3) or a Gitea/Forgejo server (API at URL/api/v1).", "https://github.com")
+    repo: str = doc("owner/name of the repository whose pull requests are judged (empty: taken from the git remote's URL).", "")
+    token_env: str = doc("The environment variable holding the API token (never written to a file, never passed to a trial).",
+                         "AGENTSEARCH_FORGE_TOKEN")
+    remote: str = doc("The target's git remote that pull request heads are fetched from (refs/pull/N/head) and `pr` pushes to.", "origin")
+    label: str = doc("`bot` judges only open pull requests with this label (empty: every open pull request).", "")
+    context: str = doc("The commit status's context (the name a branch protection rule requires).", "agentsearch")
+
+    def __post_init__(self) -> None:
+        if self.kind not in FORGE_KINDS:
+            raise ValueError(f"expected one of {', '.join(FORGE_KINDS)}, got {self.kind!r}|kind")
+        if not self.url.startswith(("https://", "http://")):
+            raise ValueError(f"expected an http(s) URL, got {self.url!r}|url")
+        if self.repo and (self.repo.count("/") != 1 or not all(self.repo.split("/"))):
+            raise ValueError(f"expected owner/name, got {self.repo!r}|repo")
+        if not self.token_env.isidentifier() or self.token_env.upper() != self.token_env:
+            raise ValueError(f"expected an environment variable name in capitals, got {self.token_env!r}|token_env")
+        if not self.context or len(self.context) > 100:
+            raise ValueError(f"expected a non-empty name of at most 100 characters, got {self.context!r}|context")
+
+
 @dataclass(frozen=True)
 class AgentConfig:
     max_turns: int = doc("Claude proposer: model turns per session (the CLI stops the session after them).", 30)
@@ -494,6 +522,7 @@ class Config:
     engine: EngineConfig = doc("[engine]", factory=EngineConfig)
     agent: AgentConfig = doc("[agent]", factory=AgentConfig)
     stack: StackConfig = doc("[stack]", factory=StackConfig)
+    forge: ForgeConfig = doc("[forge]", factory=ForgeConfig)
 
     @property
     def objective(self) -> WorkloadConfig:
@@ -524,7 +553,7 @@ class Config:
 # ----------------------------------------------------------------------------- loading
 
 _SECTIONS = {"target": TargetConfig, "gate": GateConfig, "verify": VerifyConfig, "executor": ExecutorConfig, "engine": EngineConfig,
-             "agent": AgentConfig, "stack": StackConfig}
+             "agent": AgentConfig, "stack": StackConfig, "forge": ForgeConfig}
 
 
 def _type_name(tp: Any) -> str:
@@ -645,7 +674,8 @@ def load_config_text(text: str, source: str = CONFIG_FILE) -> Config:
             f"{source}: [gate] objective: expected one of the workload names ({', '.join(names)}), got {gate.objective!r}"
         )
     return Config(target=sections["target"], workloads=workloads, gate=gate, verify=verify, sweep=_sweep(data.get("sweep"), source),
-                  executor=sections["executor"], engine=sections["engine"], agent=sections["agent"], stack=sections["stack"])
+                  executor=sections["executor"], engine=sections["engine"], agent=sections["agent"], stack=sections["stack"],
+                  forge=sections["forge"])
 
 
 def _sweep(raw: Any, source: str) -> SweepConfig:
@@ -671,7 +701,7 @@ def reference_rows() -> list[tuple[str, str, str, str]]:
     rows = []
     for section, cls in (("[target]", TargetConfig), ("[[workload]]", WorkloadConfig), ("[gate]", GateConfig), ("[engine]", EngineConfig),
                          ("[verify]", VerifyConfig), ("[sweep]", SweepConfig), ("[[sweep.knob]]", KnobConfig), ("[executor]", ExecutorConfig),
-                         ("[agent]", AgentConfig), ("[stack]", StackConfig)):
+                         ("[agent]", AgentConfig), ("[stack]", StackConfig), ("[forge]", ForgeConfig)):
         for f in dataclasses.fields(cls):
             if cls is SweepConfig and f.name == "knobs":
                 continue

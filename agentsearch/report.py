@@ -513,6 +513,8 @@ def _env() -> Any:
     env.filters["md"] = lambda s, limit=text.TEXT_CHARS: text.md_inline("" if s is None else s, limit)
     env.filters["fence"] = lambda s, info="": text.md_fence("" if s is None else s, info, limit=1 << 22)
     env.filters["clean"] = lambda s: text.clean("" if s is None else s)
+    # a name as inline code: one cleaned line, and no backtick to end the span early (a branch name may hold one)
+    env.filters["code"] = lambda s, limit=80: "`" + text.clean("" if s is None else s, limit, one_line=True).replace("`", "'") + "`"
     return env
 
 
@@ -537,6 +539,13 @@ def render_pr(ev: Evidence, images: Mapping[str, str], plots_note: str = "") -> 
     with no local path. ``plots_note`` says where the plots are when they cannot be linked."""
     tpl = _env().get_template("pr.md.j2")
     return tpl.render(**context(ev, images, local=False), plots_note=plots_note)
+
+
+def render_pr_review(ev: Evidence, **review: Any) -> str:
+    """The review bot's comment on a pull request (``agentsearch.review_bot``): its marker and outcome, then the
+    same evidence as a PR body (pr.md.j2), how far to trust it, and the commands it answers."""
+    tpl = _env().get_template("pr_review.md.j2")
+    return tpl.render(**context(ev, {}, local=False), plots_note="", **review)
 
 
 def to_json(ev: Evidence, **extra: Any) -> dict[str, Any]:

@@ -196,7 +196,7 @@ print("https://github.example/pr/1")
     gh.chmod(gh.stat().st_mode | stat.S_IEXEC)
 
     no_gh = {**os.environ, "PATH": "/usr/bin:/bin"}
-    proc = subprocess.run([*cli, "pr", "-C", str(repo), "002", "--remote", "pr-remote"], cwd=ROOT, capture_output=True, text=True, env=no_gh)
+    proc = subprocess.run([*cli, "pr", "-C", str(repo), "002", "--remote", "pr-remote", "--via", "gh"], cwd=ROOT, capture_output=True, text=True, env=no_gh)
     assert proc.returncode == 2 and "`gh` not found" in proc.stderr
 
     # a rejected proposal gets no PR unless forced
@@ -209,10 +209,10 @@ print("https://github.example/pr/1")
     assert doc["schema_version"] == 1 and doc["verdict"] == "reject" and doc["dry_run"] and doc["plots"] == [] and doc["url"] is None
     assert doc["title"].startswith("[agentsearch] Faster with a coarser normalization: REJECT — ops_s ")
 
-    proc = subprocess.run([*cli, "pr", "-C", str(repo), "002", "--remote", "pr-remote", "--dry-run", "--no-plots"], cwd=ROOT, capture_output=True, text=True, env=_env_with(bindir))
+    proc = subprocess.run([*cli, "pr", "-C", str(repo), "002", "--remote", "pr-remote", "--dry-run", "--no-plots", "--via", "gh"], cwd=ROOT, capture_output=True, text=True, env=_env_with(bindir))
     assert proc.returncode == 0 and "git -C" in proc.stdout and "gh pr create" in proc.stdout and not record.exists()
 
-    proc = subprocess.run([*cli, "pr", "-C", str(repo), "002", "--remote", "pr-remote", "--draft", "-o", str(tmp_path / "body.md")],
+    proc = subprocess.run([*cli, "pr", "-C", str(repo), "002", "--remote", "pr-remote", "--draft", "-o", str(tmp_path / "body.md"), "--via", "gh"],
                           cwd=ROOT, capture_output=True, text=True, env=_env_with(bindir))
     assert proc.returncode == 0, proc.stderr
     assert "https://github.example/pr/1" in proc.stdout

@@ -1,4 +1,5 @@
-"""`agentsearch report` and `agentsearch pr`: the evidence of one verdict, as a file or a PR body."""
+"""`agentsearch report` and `agentsearch pr`: the evidence of one verdict, as a file or a PR body (opened on the
+forge through its REST API, agentsearch.forge, or with the GitHub CLI: --via gh)."""
 
 from __future__ import annotations
 
@@ -76,7 +77,7 @@ def refuse_unless_forced(ev: Any, force: bool) -> None:
 
 
 def pr(target: Path, what: str, remote: str, dry_run: bool, output: Path | None, force: bool = False, draft: bool = False,
-       with_plots: bool = True, as_json: bool = False) -> int:
+       with_plots: bool = True, as_json: bool = False, via: str = "forge") -> int:
     ws = Workspace.open(target)
     refuse_ambiguous_verdict(read_entries(ws), what)
     ev = gather(ws, what)
@@ -89,9 +90,14 @@ def pr(target: Path, what: str, remote: str, dry_run: bool, output: Path | None,
     url = git.remote_url(ws.repo_dir, remote)
     if url is None and not dry_run:
         raise AgentsearchError(f"the target has no git remote {remote!r}; add one with `git remote add {remote} URL` or pass --remote NAME (or --dry-run)")
-    gh = shutil.which("gh")
-    if gh is None and not dry_run:
+    gh = shutil.which("gh") if via == "gh" else None
+    if via == "gh" and gh is None and not dry_run:
         raise AgentsearchError("GitHub CLI `gh` not found on PATH; install it (https://cli.github.com) and run `gh auth login`, or use --dry-run")
+    forge = None
+    if via == "forge" and not dry_run:  # before any push: a missing token is said first
+        from ..forge import Forge
+
+        forge = Forge.from_config(ws.config().forge, url)
 
     pid = ev.verdict["proposal"]
     body = output or (ws.state / "tmp" / f"pr-{pid.replace('/', '-')}.md")
@@ -108,7 +114,9 @@ def pr(target: Path, what: str, remote: str, dry_run: bool, output: Path | None,
         evidence = EVIDENCE_PREFIX + pid
         evidence_commit = git.commit_files(ws.repo_dir, evidence, pngs, f"agentsearch: plots of {pid}\n\nEvidence for branch {branch}; not code.\n")
         gh_repo = github_repo(url)
-        if gh_repo:
+        if forge is not None:
+            images = {name[:-4]: forge.raw_url(evidence_commit, name) for name in pngs}
+        elif gh_repo:
             images = {name[:-4]: f"https://github.com/{gh_repo}/raw/{evidence_commit}/{name}" for name in pngs}
         note = (f"<sub>Plots: branch `{evidence}` (commit `{evidence_commit[:12]}`), files "
                 + ", ".join(f"`{n}`" for n in pngs) + ".</sub>")
@@ -118,7 +126,11 @@ def pr(target: Path, what: str, remote: str, dry_run: bool, output: Path | None,
     pushes = [["git", "push", remote, f"refs/heads/{branch}:refs/heads/{branch}"]]
     if evidence:
         pushes.append(["git", "push", remote, f"+refs/heads/{evidence}:refs/heads/{evidence}"])
-    create = ["gh", "pr", "create", "--head", branch, "--base", base, "--title", title, "--body-file", str(body)] + (["--draft"] if draft else [])
+    if via == "gh":
+        create = ["gh", "pr", "create", "--head", branch, "--base", base, "--title", title, "--body-file", str(body)] + (["--draft"] if draft else [])
+    else:
+        cfg = ws.config().forge
+        create = ["POST", f"{cfg.kind} {cfg.url} pulls", f"head={branch}", f"base={base}", f"body={body}"] + (["draft"] if draft else [])
     record = {"branch": branch, "base": base, "title": title, "draft": draft, "dry_run": dry_run, "body_file": str(body),
               "evidence_branch": evidence, "evidence_commit": evidence_commit, "plots": sorted(pngs),
               "push": [shlex.join(p) for p in pushes], "create": shlex.join(create), "url": None}
@@ -131,16 +143,22 @@ def pr(target: Path, what: str, remote: str, dry_run: bool, output: Path | None,
                 click.echo(shlex.join(["git", "-C", str(ws.repo_dir), *p[1:]]))
             click.echo(shlex.join(create))
         return 0
-    assert gh is not None  # checked above for every run that is not a dry run
     for name, force_push in [(branch, False)] + ([(evidence, True)] if evidence else []):
         err = git.push(ws.repo_dir, remote, name, force=force_push)
         if err:
             raise AgentsearchError(f"git push {remote} {name} failed: {err}; check the remote's URL and your access")
-    proc = subprocess.run([gh, *create[1:]], cwd=str(ws.repo_dir), capture_output=True, text=True)
-    if proc.returncode != 0:
-        last = (proc.stderr.strip() or proc.stdout.strip() or "no output").splitlines()[-1]
-        raise AgentsearchError(f"gh pr create failed: {last}")
-    link = proc.stdout.strip()
+    if forge is not None:
+        try:
+            link = forge.create_pull(branch, base, title, body.read_text(), draft).html_url
+        finally:
+            forge.close()
+    else:
+        assert gh is not None  # checked above for every run that is not a dry run
+        proc = subprocess.run([gh, *create[1:]], cwd=str(ws.repo_dir), capture_output=True, text=True)
+        if proc.returncode != 0:
+            last = (proc.stderr.strip() or proc.stdout.strip() or "no output").splitlines()[-1]
+            raise AgentsearchError(f"gh pr create failed: {last}")
+        link = proc.stdout.strip()
     if as_json:
         print_json(to_json(ev, **{**record, "url": link or None}))
     else:

@@ -16,6 +16,7 @@ from .episode_finished import EpisodeFinished
 from .episode_resumed import EpisodeResumed
 from .episode_started import EpisodeStarted
 from .evaluation import Evaluation
+from .forge import PrCommand, PrPosted, PrReview
 from .insight import Insight
 from .merge import Merge
 from .node_fault import NodeFault
@@ -35,7 +36,7 @@ from .verdict import CheckResult, Verdict
 CLASSES: tuple[type[Record], ...] = (
     EpisodeStarted, EpisodeResumed, EpisodeFinished, ProposalCreated, Trial, Statistic, Distribution,
     Evaluation, Verdict, Merge, Revert, Recheck, Insight, Profile, Repair, RunError, Superseded, NodeFault,
-    StackCheck, StackBisect,
+    StackCheck, StackBisect, PrReview, PrPosted, PrCommand,
 )
 BY_KIND: dict[str, type[Record]] = {c.KIND: c for c in CLASSES}
 KINDS = tuple(BY_KIND)
@@ -56,7 +57,8 @@ def load(kind: str, data: Mapping[str, Any], version: int) -> Record:
 __all__ = [
     "AVOID", "BREAKING", "BY_KIND", "CATEGORIES", "CLASSES", "GATE_ORDER", "KINDS", "SCHEMA_VERSION", "UPGRADERS",
     "CheckName", "CheckResult", "Distribution", "EpisodeFinished", "EpisodeResumed", "EpisodeStarted", "Evaluation",
-    "FailureKind", "Insight", "Merge", "NodeFault", "Part", "Profile", "ProposalCreated", "Recheck", "Record", "RecordError", "Repair",
+    "FailureKind", "Insight", "Merge", "NodeFault", "Part", "PrCommand", "PrPosted", "PrReview",
+    "Profile", "ProposalCreated", "Recheck", "Record", "RecordError", "Repair",
     "Revert", "RunError", "Statistic", "Superseded", "Trial", "Verdict", "decision_failure", "default_failure", "load", "upgrade",
     "BisectStep", "Interference", "Removal", "StackBisect", "StackCheck", "StackMerge",
 ]

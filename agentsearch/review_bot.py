@@ -1,0 +1,328 @@
+"""The review bot on the forge: judge a pull request's head like any candidate, answer on the PR.
+
+``Reviewer.review`` fetches the head (``refs/pull/N/head`` of the configured remote) and its base branch, runs
+the same evaluation as ``agentsearch evaluate`` against the base's tip (the base's config, protected paths,
+sandbox, statistics and distribution checks: a PR from a fork is candidate code like any other), records the
+evaluation and a ``pr-review`` (the verdict is recorded before anything is posted), then ``post`` keeps one
+comment current (found by the id recorded in ``pr-posted``, else by our marker *and* our login: a forged marker
+in someone else's comment is not ours) and sets the head's commit status. ``Reviewer.once`` is one pass of
+`bot`: comment commands first, then each open PR's head judged once and posted until posted. A killed bot
+loses nothing: what was judged is in the history, what was not posted is posted on the next pass.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from history.records import Evaluation as EvaluationRecord
+from history.records import Merge, PrCommand, PrPosted, PrReview, Verdict
+from history.records import text as rtext
+
+from .errors import AgentsearchError
+from .evaluation import Progress, evaluate
+from .forge import Comment, Forge, ForgeError, PullRequest
+from .gate import MERGE, REVIEW
+from .headline import headline
+from .records import append, read_entries
+from .report import gather, render_pr_review
+from .workspace import Workspace, git
+
+MARKER = "<!-- agentsearch:pr-review -->"  # the first line of the one comment we keep current on a PR
+REPLY_MARKER = "<!-- agentsearch:reply -->"  # our answers to comment commands
+COMMAND = re.compile(r"^[ \t]*/agentsearch\b[ \t]*(\S*)[ \t]*(\S*)", re.M)
+COMMANDS = {
+    "evaluate": "judge the current head; one judged already only brings this comment up to date",
+    "recheck": "measure the current head again on fresh seeds",
+    "stack": "what the merges of the latest episode add up to on the baseline",
+    "bisect": "the merge where a workload regressed; WORKLOAD after it, else the objective",
+}
+# the verdict's failure -> the status: regressions and failed checks fail; undecided or held ones are neutral
+NEUTRAL = {"inconclusive": "needs more pairs: no decision within the pair budget",
+           "no-effect": "no worthwhile speedup (not slower either)",
+           "no-change": "changes nothing the gate measures",
+           "not-confirmed": "the win did not hold on fresh seeds: needs more pairs"}
+ERROR = ("internal-error", "measurement-error")
+AA_WINDOW = 500  # the latest verdicts looked at for this target's measured A/A false-merge rate
+
+
+def outcome_of(data: dict[str, Any]) -> tuple[str, str]:
+    """(outcome, status description) of an evaluation's JSON."""
+    verdict, failure = data.get("verdict"), data.get("failure")
+    if verdict == MERGE:
+        return "success", "merge-worthy: " + headline(data, reason_chars=60).partition(" — ")[2]
+    if verdict == REVIEW:
+        return "neutral", "held for review: a speedup too large to trust without a person reading the report"
+    if failure in NEUTRAL:
+        return "neutral", NEUTRAL[failure]
+    if failure in ERROR:
+        return "error", "agentsearch could not judge this head: " + str(failure)
+    return "failure", headline(data, reason_chars=100)
+
+
+@dataclass
+class PrHistory:
+    """What the history knows about one pull request."""
+
+    reviews: list[PrReview] = field(default_factory=list)
+    posted: list[PrPosted] = field(default_factory=list)
+    commands: set[int] = field(default_factory=set)
+
+    def review_of(self, head: str) -> PrReview | None:
+        return next((r for r in reversed(self.reviews) if r.head == head), None)
+
+    def is_posted(self, review: PrReview) -> bool:
+        return any(p.evaluation == review.evaluation and p.outcome == review.outcome for p in self.posted)
+
+
+class Reviewer:
+    def __init__(self, ws: Workspace, forge: Forge, *, say: Progress | None = None, merge: bool = False) -> None:
+        self.ws, self.forge, self.merge = ws, forge, merge
+        self.cfg = ws.config().forge
+        self.say: Progress = say or (lambda stage, detail: None)
+
+    # ------------------------------------------------------------------------------------------ state
+    def history(self, number: int) -> PrHistory:
+        h = PrHistory()
+        for e in read_entries(self.ws):
+            r = e.record
+            if isinstance(r, (PrReview, PrPosted, PrCommand)) and r.forge == self.forge.identity and r.number == number:
+                if isinstance(r, PrReview):
+                    h.reviews.append(r)
+                elif isinstance(r, PrPosted):
+                    h.posted.append(r)
+                else:
+                    h.commands.add(r.comment_id)
+        return h
+
+    # ------------------------------------------------------------------------------------------ judging
+    def fetch(self, pr: PullRequest) -> tuple[str, str]:
+        """(head, base): the PR's head and its base branch's tip, fetched into refs/agentsearch/pr/N/."""
+        if pr.state != "open":
+            raise AgentsearchError(f"pull request #{pr.number} is {pr.state or 'not open'}: only open pull requests are judged")
+        ok = git.run_git("check-ref-format", "--branch", pr.base_ref, cwd=self.ws.repo_dir, check=False)
+        if not pr.base_ref or not ok or pr.base_ref.startswith("-"):
+            raise AgentsearchError(f"pull request #{pr.number}: its base {rtext.clean(pr.base_ref, 80, one_line=True)!r} is not a branch name")
+        if not re.fullmatch(r"[0-9a-f]{40}", pr.head_sha):
+            raise AgentsearchError(f"pull request #{pr.number}: the forge gave no commit for its head")
+        remote = self.cfg.remote
+        if git.remote_url(self.ws.repo_dir, remote) is None:
+            raise AgentsearchError(f"the target has no git remote {remote!r} to fetch pull requests from; add it with "
+                                   f"`git remote add {remote} URL` or set [forge] remote")
+        refs = f"refs/agentsearch/pr/{pr.number}"
+        self.say("fetch", f"#{pr.number} head {pr.head_sha[:12]} and base {pr.base_ref}")
+        try:
+            git.run_git("fetch", "--no-tags", "--quiet", remote, f"+refs/pull/{pr.number}/head:{refs}/head",
+                        f"+refs/heads/{pr.base_ref}:{refs}/base", cwd=self.ws.repo_dir)
+        except AgentsearchError as exc:
+            raise AgentsearchError(f"could not fetch pull request #{pr.number} from {remote}: {str(exc).splitlines()[0][:200]}") from None
+        head = git.resolve_commit(self.ws.repo_dir, f"{refs}/head")
+        if head != pr.head_sha:
+            raise AgentsearchError(f"pull request #{pr.number} moved while it was fetched (the forge says {pr.head_sha[:12]}, "
+                                   f"the remote has {head[:12]}); run again")
+        return head, git.resolve_commit(self.ws.repo_dir, f"{refs}/base")
+
+    def review(self, pr: PullRequest, *, seed: int | None = None, trigger: str = "review-pr") -> PrReview:
+        """Judge the PR's head against its base, record the verdict, then post it."""
+        head, base = self.fetch(pr)
+        before = [r for r in self.history(pr.number).reviews if r.head != head]
+        self.forge.set_status(head, "pending", self.cfg.context, f"agentsearch is measuring this head against {pr.base_ref}")
+        try:  # the caller holds the workspace lock (commands.forge: the whole pass)
+            result = evaluate(self.ws, head, seed=seed, progress=self.say, baseline=base)
+        except AgentsearchError as exc:  # the run could not judge: say so on the head, then fail as the run's error
+            try:
+                self.forge.set_status(head, "error", self.cfg.context, f"agentsearch could not judge this head: {exc}")
+            except ForgeError:
+                pass
+            raise
+        data = result.to_json()
+        data["objective"] = self.ws.config(result.baseline).objective.name
+        data["title"] = f"pull request #{pr.number} at {head[:12]}"  # ours: the PR's own title is not shown
+        k = 1 + sum(r.head == head for r in self.history(pr.number).reviews)
+        eval_id = f"pr-{pr.number}/{head[:12]}/{k}"
+        append(self.ws, EvaluationRecord.of(data), None, eval_id)
+        outcome, _ = outcome_of(data)
+        review = PrReview(forge=self.forge.identity, number=pr.number, head=head, base=base, base_ref=pr.base_ref, evaluation=eval_id,
+                          verdict=result.verdict.verdict, outcome=outcome, headline=headline(data), seed=result.seed, trigger=trigger,
+                          supersedes=before[-1].head if before else None)
+        append(self.ws, review, None, eval_id)
+        self.say("verdict", f"#{pr.number} {review.headline}")
+        if self.merge and review.verdict == MERGE:
+            self._merge(pr, review)
+        self.post(pr, review)
+        return review
+
+    def _merge(self, pr: PullRequest, review: PrReview) -> None:
+        """--merge: the gate's compare-and-swap merge onto the local baseline branch, then a push of it."""
+        baseline = self.ws.config().target.baseline
+        if pr.base_ref != baseline:
+            raise AgentsearchError(f"--merge: pull request #{pr.number} is for {pr.base_ref!r}, not the baseline {baseline!r}")
+        if self.ws.baseline_commit() != review.base:
+            raise AgentsearchError(f"--merge: the local {baseline} is not the base it was measured against ({review.base[:12]}); "
+                                   f"update it (`git fetch {self.cfg.remote} && git branch -f {baseline} {review.base[:12]}`) and run again")
+        new = self.ws.merge(review.head, review.base, f"agentsearch: merge pull request #{pr.number}\n\n{review.headline}\n")
+        append(self.ws, Merge(number=pr.number, ok=True, old=review.base, new=new, candidate=review.head), None, review.evaluation)
+        err = git.push(self.ws.repo_dir, self.cfg.remote, baseline)
+        if err:
+            raise AgentsearchError(f"merged locally as {new[:12]} but `git push {self.cfg.remote} {baseline}` failed: {err}")
+        self.say("merge", f"#{pr.number} merged into {baseline} as {new[:12]} and pushed")
+
+    # ------------------------------------------------------------------------------------------ posting
+    def our_comment(self, number: int, h: PrHistory) -> Comment | None:
+        me = self.forge.me()
+        for p in reversed(h.posted):
+            c = self.forge.comment(p.comment_id)
+            if c is not None and c.author == me and c.body.startswith(MARKER):
+                return c
+        return next((c for c in self.forge.comments(number) if c.author == me and c.body.startswith(MARKER)), None)
+
+    def post(self, pr: PullRequest, review: PrReview) -> PrPosted:
+        """The comment (edited in place), then the head's status; recorded once both reached the forge."""
+        h = self.history(pr.number)
+        body = self.render(pr, review, h)
+        existing = self.our_comment(pr.number, h)
+        comment = self.forge.edit_comment(existing.id, body) if existing else self.forge.create_comment(pr.number, body)
+        _, description = outcome_of(self._data(review))
+        self.forge.set_status(review.head, review.outcome, self.cfg.context, description, comment.html_url or None)
+        posted = PrPosted(forge=self.forge.identity, number=pr.number, head=review.head, evaluation=review.evaluation,
+                          comment_id=comment.id, comment_url=comment.html_url, outcome=review.outcome)
+        append(self.ws, posted, None, review.evaluation)
+        self.say("posted", f"#{pr.number} {review.outcome}: {comment.html_url or comment.id}")
+        return posted
+
+    def _data(self, review: PrReview) -> dict[str, Any]:
+        for e in reversed(read_entries(self.ws)):
+            if isinstance(e.record, EvaluationRecord) and e.proposal == review.evaluation:
+                return e.record.to_json()
+        raise AgentsearchError(f"no evaluation recorded for {review.evaluation}")
+
+    def aa_rate(self) -> tuple[int, int]:
+        """(merged, judged) among this target's recorded A/A evaluations: measured trials of a candidate whose tree is
+        its baseline's (`agentsearch evaluate BRANCH` against itself records one)."""
+        seen = judged = merged = 0
+        trees: dict[str, str] = {}
+
+        def tree(c: str) -> str:
+            if c not in trees:
+                try:
+                    trees[c] = git.tree_of(self.ws.repo_dir, c)
+                except AgentsearchError:
+                    trees[c] = "?" + c
+            return trees[c]
+
+        for e in reversed(read_entries(self.ws)):
+            r = e.record
+            if not isinstance(r, (Verdict, EvaluationRecord)) or not r.candidate or not r.baseline:
+                continue
+            seen += 1
+            if seen > AA_WINDOW:
+                break
+            measured = any(isinstance(w, dict) and (w.get("pairs") or 0) > 0 for w in (r.to_json().get("workloads") or {}).values())
+            if measured and tree(r.candidate) == tree(r.baseline):
+                judged += 1
+                merged += r.verdict == MERGE
+        return merged, judged
+
+    def render(self, pr: PullRequest, review: PrReview, h: PrHistory) -> str:
+        ev = gather(self.ws, review.evaluation)
+        merged, judged = self.aa_rate()
+        alpha = ev.verdict.get("alpha") or self.ws.config(review.base).gate.alpha
+        merge_commit = next((e.record.new for e in read_entries(self.ws)
+                             if isinstance(e.record, Merge) and e.proposal == review.evaluation and e.record.ok), None)
+        return render_pr_review(ev, marker=MARKER, pr_number=pr.number, review=review, alpha=alpha, aa_merged=merged, aa_judged=judged,
+                                commands=COMMANDS, merged=merge_commit)
+
+    # ------------------------------------------------------------------------------------------ the bot
+    def ensure(self, pr: PullRequest, *, seed: int | None = None, trigger: str = "bot") -> PrReview:
+        """The PR's current head judged once and posted: judged now if it never was, else posted if it is not."""
+        h = self.history(pr.number)
+        review = h.review_of(pr.head_sha)
+        if review is None:
+            return self.review(pr, seed=seed, trigger=trigger)
+        if not h.is_posted(review):
+            self.post(pr, review)
+        return review
+
+    def reply(self, number: int, asked: str, text: str) -> Comment:
+        body = f"{REPLY_MARKER}\n> `/agentsearch {rtext.clean(asked, 60, one_line=True).replace('`', chr(39))}`\n\n{text}\n"
+        return self.forge.create_comment(number, body)
+
+    def commands(self, pr: PullRequest, *, seed: int | None = None) -> int:
+        """Answer the comment commands not answered yet (oldest first); the number answered."""
+        h = self.history(pr.number)
+        me = self.forge.me()
+        done = 0
+        for c in self.forge.comments(pr.number):
+            if c.author == me or c.id in h.commands:
+                continue
+            m = COMMAND.search(c.body)
+            if m is None:
+                continue
+            word, arg = m.group(1).lower(), m.group(2)
+            asked = f"{word} {arg}".strip()
+            action, why = "run", ""
+            if word not in COMMANDS:
+                action, why = "ignored", (f"unknown command {rtext.md_inline(word or '(none)', 40)}; the commands are "
+                                          + ", ".join(f"`{k}`" for k in COMMANDS))
+            elif not self.forge.can_write(c.author):
+                action, why = "ignored", "commands are taken from users with write permission on the repository only"
+            if action == "ignored":
+                self.reply(pr.number, asked, f"Ignored: {why}.")
+            else:
+                why = self._run_command(pr, c, word, arg, h, seed)
+            append(self.ws, PrCommand(forge=self.forge.identity, number=pr.number, comment_id=c.id, author=rtext.clean(c.author, 80, one_line=True),
+                                      command=rtext.clean(word, 40, one_line=True), action=action, reason=why), None, None)
+            h.commands.add(c.id)
+            done += 1
+        return done
+
+    def _run_command(self, pr: PullRequest, c: Comment, word: str, arg: str, h: PrHistory, seed: int | None) -> str:
+        trigger = f"command:{c.id}"
+        if word in ("evaluate", "recheck"):
+            done = next((r for r in h.reviews if r.trigger == trigger), None)  # ran before a kill: not again
+            if done is None:
+                done = self.ensure(pr, seed=seed, trigger=trigger) if word == "evaluate" else self.review(pr, seed=seed, trigger=trigger)
+            elif not h.is_posted(done):
+                self.post(pr, done)
+            return f"{word}: {done.headline}"
+        from .report import stack_markdown
+        from .stack import bisect, check
+
+        try:
+            record: Any = check(self.ws, seed=seed, progress=self.say) if word == "stack" else \
+                bisect(self.ws, arg or None, seed=seed, progress=self.say)
+        except AgentsearchError as exc:
+            self.reply(pr.number, f"{word} {arg}".strip(), f"Could not run it: {rtext.md_inline(str(exc), 300)}")
+            return f"{word}: {str(exc)[:200]}"
+        self.reply(pr.number, f"{word} {arg}".strip(), stack_markdown(record))
+        return f"{word}: {getattr(record, 'verdict', None) or getattr(record, 'reason', '')}"[:300]
+
+    def once(self, label: str | None = None, *, seed: int | None = None) -> dict[str, Any]:
+        """One pass over the open pull requests (with ``label`` when given): commands, then each head judged."""
+        label = self.cfg.label if label is None else label
+        summary: dict[str, Any] = {"judged": [], "errors": []}
+        for pr in self.forge.pulls():
+            if label and label not in pr.labels:
+                continue
+            try:
+                self.commands(pr, seed=seed)
+                before = self.history(pr.number).review_of(pr.head_sha)
+                review = self.ensure(pr, seed=seed)
+                if before is None:
+                    summary["judged"].append({"number": pr.number, "head": review.head, "outcome": review.outcome,
+                                              "headline": review.headline})
+            except (AgentsearchError, OSError) as exc:  # one PR's failure is not the others': said, tried again next pass
+                msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                summary["errors"].append({"number": pr.number, "error": msg[:300]})
+                self.say("error", f"#{pr.number}: {msg[:200]}")
+        return summary
+
+
+def forge_for(ws: Workspace, **kw: Any) -> Forge:
+    cfg = ws.config().forge
+    return Forge.from_config(cfg, git.remote_url(ws.repo_dir, cfg.remote), **kw)
+
+
+def reviewer(ws: Workspace, say: Callable[[str, str], None] | None = None, merge: bool = False) -> Reviewer:
+    return Reviewer(ws, forge_for(ws), say=say, merge=merge)
