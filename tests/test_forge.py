@@ -1,4 +1,4 @@
-"""The review bot on a forge: `review-pr` and `bot` against a real HTTP server on loopback (tests/fakeforge.py)
+"""The review bot on a forge: `review-pr` and `bot` against a real HTTP server on loopback (benchmarks/fakeforge.py)
 speaking the GitHub and Gitea REST APIs, the real adapter (agentsearch.forge, httpx), a real bare git remote
 holding the pull requests' heads, and the gate's own evaluations of a toy target."""
 
@@ -20,9 +20,9 @@ from history import HistoryLog
 from history.records import PrCommand, PrPosted, PrReview
 
 from .conftest import ROOT, commit, git, make_repo, run_cli
-from .fakeforge import FakeForge
 
 sys.path.insert(0, str(ROOT))
+from benchmarks.fakeforge import FakeForge  # noqa: E402
 from benchmarks.toy import TOY_BENCH, toy_config  # noqa: E402
 
 MARKER = "<!-- agentsearch:pr-review -->"
