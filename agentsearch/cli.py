@@ -462,7 +462,7 @@ def profile(target: Path, as_json: bool, ref: str | None, workload: str | None, 
 @click.option("--leave-one-out", "leave_one_out", is_flag=True, help="Also measure the tip against the tip with each merge reverted.")
 @click.option("--seed", type=int, help="Master seed (default: fresh).")
 @click.option("--report", type=click.Path(path_type=Path), help="Also write the check as a Markdown report there (its waterfall "
-              "plot beside it, PNG).")
+              "plot beside it, PNG), or as one HTML page when PATH ends in .html.")
 @click.pass_context
 def stack(ctx: click.Context, target: Path, as_json: bool, since: str | None, leave_one_out: bool, seed: int | None,
           report: Path | None) -> None:
@@ -485,7 +485,7 @@ def stack(ctx: click.Context, target: Path, as_json: bool, since: str | None, le
 @click.option("--metric", metavar="WORKLOAD", help="The workload whose regression to find (default: the objective).")
 @click.option("--since", metavar="EPISODE|REF", help="The range's start (default: the baseline when the latest episode started).")
 @click.option("--seed", type=int, help="Master seed (default: fresh).")
-@click.option("--report", type=click.Path(path_type=Path), help="Also write the bisection path as a Markdown report there.")
+@click.option("--report", type=click.Path(path_type=Path), help="Also write the bisection path as a Markdown report there (HTML when PATH ends in .html).")
 def stack_bisect(target: Path, as_json: bool, metric: str | None, since: str | None, seed: int | None, report: Path | None) -> None:
     """Name the merge where WORKLOAD got significantly worse than at the range's start (three-valued steps).
 

@@ -602,6 +602,29 @@ def _clean(s: str, limit: int) -> str:
     return text.clean(s, limit, one_line=True)
 
 
+STACK_CSS = ("body{font-family:system-ui,sans-serif;max-width:60rem;margin:2rem auto;padding:0 1rem;line-height:1.45}"
+             "table{border-collapse:collapse;margin:1rem 0}td,th{border:1px solid #ccc;padding:.25rem .5rem}"
+             "th{background:#f4f4f4}code{background:#f4f4f4;padding:0 .2rem}svg{max-width:100%;height:auto}")
+
+
+def stack_html(r: Any) -> str:
+    """A stack check or a bisection as one self-contained HTML page: the Markdown report converted by a CommonMark
+    renderer with raw HTML off (any tag in it, escaped or not, is shown as text; a javascript: link is no link) and,
+    for a stack check, the waterfall inline as SVG."""
+    import html
+
+    from markdown_it import MarkdownIt
+
+    image = "waterfall.svg" if not hasattr(r, "steps") else None
+    body = MarkdownIt("commonmark", {"html": False}).enable("table").render(stack_markdown(r, image))
+    if image:  # the image link becomes the plot itself (no file beside the page)
+        svg = _svg_inline(stack_waterfall(r, "svg"))
+        body = re.sub(r'<img src="waterfall\.svg" alt="[^"]*"\s*/?>', lambda _: svg, body)
+    title = html.escape(f"agentsearch: {'bisection' if image is None else 'stack check'} {r.since[:12]} → {r.tip[:12]}")
+    return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{title}</title>"
+            f"<style>{STACK_CSS}</style></head>\n<body>\n{body}\n</body></html>\n")
+
+
 def stack_markdown(r: Any, image: str | None = None) -> str:
     """A stack check (``StackCheck``) or a bisection (``StackBisect``) as a Markdown report; every text a
     proposal wrote is cleaned and shown as code."""

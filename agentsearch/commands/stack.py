@@ -50,17 +50,21 @@ def show_bisect(r: StackBisect) -> None:
 
 
 def write_report(record: StackCheck | StackBisect, path: Path) -> None:
-    """The record as Markdown at ``path``; a stack check's waterfall as a PNG beside it."""
-    from ..report import stack_markdown, stack_waterfall
+    """The record as Markdown at ``path`` (a stack check's waterfall as a PNG beside it), or as one self-contained
+    HTML page when ``path`` ends in .html."""
+    from ..report import stack_html, stack_markdown, stack_waterfall
 
     image = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        if isinstance(record, StackCheck):
-            png = path.with_suffix(".waterfall.png")
-            png.write_bytes(stack_waterfall(record, "png"))
-            image = png.name
-        path.write_text(stack_markdown(record, image))
+        if path.suffix.lower() in (".html", ".htm"):
+            path.write_text(stack_html(record))
+        else:
+            if isinstance(record, StackCheck):
+                png = path.with_suffix(".waterfall.png")
+                png.write_bytes(stack_waterfall(record, "png"))
+                image = png.name
+            path.write_text(stack_markdown(record, image))
     except OSError as exc:  # the check is recorded in the history: `agentsearch history` still has it
         raise AgentsearchError(f"--report {path}: {exc.strerror or exc}; the check itself is recorded in the history") from None
     err.print(safe(f"report: {path}" + (f" (+ {image})" if image else "")))

@@ -50,6 +50,25 @@ def test_a_title_cannot_break_the_stack_reports_table_or_its_plot():
     assert len(rows) == 1 and rows[0].replace("\\|", "").count("|") == 8, rows  # 7 cells, however the title is made
 
 
+def test_the_html_stack_report_keeps_a_title_as_text():
+    """The HTML report is the Markdown one converted: a title with a script, an image and a link stays text (every
+    '<' of it was escaped before the conversion), the waterfall is inline SVG with its axes labelled."""
+    import re
+
+    from agentsearch.report import stack_html
+    from history.records.stack import Removal, StackCheck, StackMerge
+
+    evil = '<script>alert(1)</script><img src=x onerror=alert(2)> [ok](javascript:alert(3)) </td></tr></table>'
+    merges = (StackMerge("c" * 40, "e1/001", evil, 1.1, (1.0, 1.2)), StackMerge("d" * 40, "e1/002", "fine", 1.1, (1.0, 1.2)))
+    r = StackCheck(since="a" * 40, tip="b" * 40, objective="speed", merges=merges, verdict="under-delivers", reasons=(f"why: {evil}",),
+                   seed=1, cumulative=1.05, ci=(1.0, 1.1), product=1.21, product_ci=(1.1, 1.3),
+                   removals=(Removal("c" * 40, "passenger", f"{evil} said the test", marginal=1.0, ci=(0.98, 1.02), pairs=6),))
+    page = stack_html(r)
+    assert page.startswith("<!DOCTYPE html>") and page.count("<table>") == 2 and page.count("</table>") == 2
+    assert "<script" not in page and "<img" not in page and 'href="javascript' not in page
+    assert "&lt;script&gt;" in page and re.search(r"<svg[^>]*>", page) and "gain over the range" in page
+
+
 def test_bisect_over_a_range_with_a_revert_names_the_merge_that_brought_the_regression_back(tmp_path):
     """Red team (round 4): M2 slows the guard by 20% and is reverted after M3 merged; M4 brings the slowdown again.
     Bisecting the merges alone (the reverted one left out) blamed M3, whose commit still carried M2's code. The
