@@ -459,6 +459,9 @@ class ForgeConfig:
     remote: str = doc("The target's git remote that pull request heads are fetched from (refs/pull/N/head) and `pr` pushes to.", "origin")
     label: str = doc("`bot` judges only open pull requests with this label (empty: every open pull request).", "")
     context: str = doc("The commit status's context (the name a branch protection rule requires).", "agentsearch")
+    check_runs: bool = doc("GitHub only, with a GitHub App's installation token: also post a check run named like the context "
+                           "(conclusion success, failure or neutral; the comment as its summary). A neutral check run passes "
+                           "a required check where the pending status blocks.", False)
 
     def __post_init__(self) -> None:
         if self.kind not in FORGE_KINDS:
@@ -471,6 +474,8 @@ class ForgeConfig:
             raise ValueError(f"expected an environment variable name in capitals, got {self.token_env!r}|token_env")
         if not self.context or len(self.context) > 100:
             raise ValueError(f"expected a non-empty name of at most 100 characters, got {self.context!r}|context")
+        if self.check_runs and self.kind != "github":
+            raise ValueError("check runs are GitHub's (an App's token); Gitea has commit statuses only|check_runs")
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ and ``labels``; issue comments (``/issues/N/comments``, edited at ``/issues/comm
 - the token header: ``Authorization: Bearer T`` against ``Authorization: token T``;
 - the page size parameter: ``per_page`` against ``limit``;
 - a neutral outcome: Gitea has a ``warning`` status; GitHub's statuses have none, so it is ``pending`` there
-  (a check run's ``neutral`` needs a GitHub App's token, which this adapter does not use);
+  (GitHub check runs, which need a GitHub App's installation token, have ``neutral``: ``check_run``);
 - permissions: GitHub says ``admin|maintain|write|triage|read|none``, Gitea ``owner|admin|write|read|none``.
 
 Every call retries a rate limit (429, or 403 with no requests left: it waits for ``Retry-After`` or the reset,
@@ -249,6 +249,26 @@ class Forge:
         if target_url:
             data["target_url"] = target_url
         self._json("POST", f"/repos/{self.repo}/statuses/{sha}", json=data)
+
+    def check_run(self, sha: str, name: str, outcome: str | None, title: str, summary: str, details_url: str | None = None) -> None:
+        """GitHub only (a GitHub App's installation token): a check run on ``sha``; ``outcome`` None: in progress,
+        else completed with success, failure, neutral or (error) action_required."""
+        if self.kind != "github":
+            raise AgentsearchError("check runs are GitHub's; Gitea has commit statuses only")
+        data: dict[str, Any] = {"name": name, "head_sha": sha, "output": {"title": title[:250], "summary": _cap(summary)}}
+        if outcome is None:
+            data["status"] = "in_progress"
+        else:
+            data.update(status="completed", conclusion={"error": "action_required"}.get(outcome, outcome))
+        if details_url:
+            data["details_url"] = details_url
+        try:
+            self._json("POST", f"/repos/{self.repo}/check-runs", json=data)
+        except ForgeError as exc:
+            if "HTTP 403" in str(exc):
+                raise ForgeError("GitHub refused the check run (HTTP 403): check runs need a GitHub App's installation token; "
+                                 "use one, or set [forge] check_runs = false (the commit status stays)") from None
+            raise
 
     def statuses(self, sha: str) -> list[dict[str, Any]]:
         return list(self._pages(f"/repos/{self.repo}/commits/{sha}/statuses"))

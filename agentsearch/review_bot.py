@@ -127,7 +127,10 @@ class Reviewer:
         """Judge the PR's head against its base, record the verdict, then post it."""
         head, base = self.fetch(pr)
         before = [r for r in self.history(pr.number).reviews if r.head != head]
-        self.forge.set_status(head, "pending", self.cfg.context, f"agentsearch is measuring this head against {pr.base_ref}")
+        measuring = f"agentsearch is measuring this head against {pr.base_ref}"
+        if self.cfg.check_runs:  # first: a token that may not create them is refused before the head shows anything
+            self.forge.check_run(head, self.cfg.context, None, measuring, measuring)
+        self.forge.set_status(head, "pending", self.cfg.context, measuring)
         try:  # the caller holds the workspace lock (commands.forge: the whole pass)
             result = evaluate(self.ws, head, seed=seed, progress=self.say, baseline=base)
         except AgentsearchError as exc:  # the run could not judge: say so on the head, then fail as the run's error
@@ -185,6 +188,8 @@ class Reviewer:
         comment = self.forge.edit_comment(existing.id, body) if existing else self.forge.create_comment(pr.number, body)
         _, description = outcome_of(self._data(review))
         self.forge.set_status(review.head, review.outcome, self.cfg.context, description, comment.html_url or None)
+        if self.cfg.check_runs:
+            self.forge.check_run(review.head, self.cfg.context, review.outcome, description, body, comment.html_url or None)
         posted = PrPosted(forge=self.forge.identity, number=pr.number, head=review.head, evaluation=review.evaluation,
                           comment_id=comment.id, comment_url=comment.html_url, outcome=review.outcome)
         append(self.ws, posted, None, review.evaluation)

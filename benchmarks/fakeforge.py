@@ -29,6 +29,8 @@ class FakeForge:
         self.prs: dict[int, dict[str, Any]] = {}
         self.comments: dict[int, dict[str, Any]] = {}
         self.statuses: dict[str, list[dict[str, Any]]] = {}
+        self.check_runs: dict[str, list[dict[str, Any]]] = {}
+        self.app_tokens: set[str] = set()  # tokens that may create check runs (a GitHub App's installation tokens)
         self.faults: list[tuple[int, dict[str, str]]] = []  # (status, headers) answered to the next requests
         self.log: list[tuple[str, str]] = []
         self.lock = threading.Lock()
@@ -177,6 +179,16 @@ class FakeForge:
             s = {k: body.get(k) for k in ("state", "context", "description", "target_url")}
             self.statuses.setdefault(m.group(1), []).append(s)
             return 201, s, {}
+        if rest == "/check-runs" and method == "POST" and self.kind == "github":
+            if login not in {self.tokens[t] for t in self.app_tokens}:
+                return 403, {"message": "Resource not accessible by personal access token"}, {}
+            if body.get("status") == "completed" and body.get("conclusion") not in ("success", "failure", "neutral", "action_required"):
+                return 422, {"message": f"invalid conclusion {body.get('conclusion')!r}"}, {}
+            if body.get("conclusion") == "action_required" and not body.get("details_url"):
+                return 422, {"message": "details_url is required for action_required"}, {}
+            run = {k: body.get(k) for k in ("name", "status", "conclusion", "output", "details_url")}
+            self.check_runs.setdefault(str(body.get("head_sha")), []).append(run)
+            return 201, run, {}
         m = re.fullmatch(r"/commits/([0-9a-f]{40})/statuses", rest)
         if m and method == "GET":
             return self._page(list(reversed(self.statuses.get(m.group(1), []))), rest, query)

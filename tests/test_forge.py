@@ -28,11 +28,12 @@ from benchmarks.toy import TOY_BENCH, toy_config  # noqa: E402
 MARKER = "<!-- agentsearch:pr-review -->"
 
 
-def forge_target(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str = "github", bench: str = TOY_BENCH) -> tuple[Path, FakeForge]:
+def forge_target(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str = "github", bench: str = TOY_BENCH,
+                 forge_keys: str = "") -> tuple[Path, FakeForge]:
     """A toy target whose remote `origin` is a bare repository the fake forge serves pull requests from."""
     bare = tmp_path / "remote.git"
     fake = FakeForge(bare, kind=kind).start()
-    extra = f'\n[forge]\nkind = "{kind}"\nurl = "{fake.url}"\nrepo = "acme/fork"\n'
+    extra = f'\n[forge]\nkind = "{kind}"\nurl = "{fake.url}"\nrepo = "acme/fork"\n{forge_keys}'
     repo = make_repo(tmp_path / "toy", {"agentsearch.toml": toy_config(extra=extra), "bench/bench.py": bench, "speed.txt": "1.0\n",
                                         "src/model.py": "X = 1\n"})
     subprocess.run(["git", "clone", "-q", "--bare", str(repo), str(bare)], check=True)
@@ -225,3 +226,30 @@ def test_pr_opens_a_pull_request_through_the_forge_api(tmp_path, monkeypatch):
         assert f"]({fake.url}/acme/fork/raw/{evidence}/trials-speed-objective.png)" in pr["body"]
     finally:
         fake.stop()
+
+
+def test_check_runs_with_an_apps_token_and_a_one_line_refusal_without(tmp_path, monkeypatch):
+    """[forge] check_runs: an in-progress check run, then a completed one whose conclusion can be neutral (which a
+    commit status cannot say on GitHub). A token that is no App's gets one line saying what to do; Gitea refuses
+    the key in the config."""
+    repo, fake = forge_target(tmp_path, monkeypatch, forge_keys="check_runs = true\n")
+    try:
+        n = pr_branch(repo, fake, "docs", {"README.md": "words\n"}, "Docs")
+        refused = run_cli("review-pr", str(n), "-C", str(repo))
+        said = [ln for ln in refused.stderr.splitlines() if ln.startswith("agentsearch:")]
+        assert refused.returncode == 2 and len(said) == 1 and "App's installation token" in said[0]
+        assert fake.status(fake.prs[n]["head"]["sha"]) is None  # refused before the head showed anything
+        fake.app_tokens.add(fake.token)
+        proc = run_cli("review-pr", str(n), "-C", str(repo), "--json", "--seed", "6", timeout=600)
+        assert proc.returncode == 4, proc.stderr[-2000:]
+        runs = fake.check_runs[fake.prs[n]["head"]["sha"]]
+        assert [r["status"] for r in runs] == ["in_progress", "completed"] and runs[-1]["name"] == "agentsearch"
+        outcome = json.loads(proc.stdout)["outcome"]
+        assert runs[-1]["conclusion"] == outcome and outcome in ("neutral", "failure")
+        assert runs[-1]["output"]["summary"].startswith(MARKER) and runs[-1]["details_url"] == fake.ours(n)[0]["html_url"]
+    finally:
+        fake.stop()
+    from agentsearch.config import ConfigError, load_config_text
+
+    with pytest.raises(ConfigError, match="check_runs"):
+        load_config_text(toy_config(extra='\n[forge]\nkind = "gitea"\nurl = "https://gitea.example"\ncheck_runs = true\n'), "agentsearch.toml")
