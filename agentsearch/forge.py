@@ -59,7 +59,14 @@ class PullRequest:
     html_url: str
 
     @classmethod
-    def of(cls, d: Mapping[str, Any]) -> PullRequest:
+    def of(cls, d: Any) -> PullRequest:
+        try:
+            return cls._of(d)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ForgeError(f"the forge answered a pull request this adapter cannot read ({type(exc).__name__}: {str(exc)[:100]})") from None
+
+    @classmethod
+    def _of(cls, d: Mapping[str, Any]) -> PullRequest:
         head, base = d.get("head") or {}, d.get("base") or {}
         repo = head.get("repo") or {}
         state = str(d.get("state") or "")
@@ -68,7 +75,8 @@ class PullRequest:
         return cls(number=int(d["number"]), title=str(d.get("title") or ""), body=str(d.get("body") or ""),
                    author=str((d.get("user") or {}).get("login") or ""), head_sha=str(head.get("sha") or ""),
                    head_ref=str(head.get("ref") or ""), head_repo=repo.get("full_name"), base_ref=str(base.get("ref") or ""),
-                   base_sha=str(base.get("sha") or ""), labels=tuple(str(x.get("name")) for x in d.get("labels") or ()),
+                   base_sha=str(base.get("sha") or ""),
+                   labels=tuple(str(x.get("name") if isinstance(x, Mapping) else x) for x in d.get("labels") or ()),
                    state=state, html_url=str(d.get("html_url") or ""))
 
 
@@ -80,7 +88,14 @@ class Comment:
     html_url: str
 
     @classmethod
-    def of(cls, d: Mapping[str, Any]) -> Comment:
+    def of(cls, d: Any) -> Comment:
+        try:
+            return cls._of(d)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ForgeError(f"the forge answered a comment this adapter cannot read ({type(exc).__name__}: {str(exc)[:100]})") from None
+
+    @classmethod
+    def _of(cls, d: Mapping[str, Any]) -> Comment:
         return cls(id=int(d["id"]), author=str((d.get("user") or {}).get("login") or ""), body=str(d.get("body") or ""),
                    html_url=str(d.get("html_url") or ""))
 
@@ -142,8 +157,10 @@ class Forge:
         self._http.close()
 
     # ------------------------------------------------------------------------------------------ transport
-    def _wait_for(self, r: httpx.Response, attempt: int) -> float | None:
-        """Seconds to wait before retrying ``r`` (None: do not retry)."""
+    def _wait_for(self, r: httpx.Response, attempt: int, idempotent: bool) -> float | None:
+        """Seconds to wait before retrying ``r`` (None: do not retry). A rate limit refused the request, so it is
+        retried whatever it was; a server error may come after the forge did the work (a proxy's 502 after the
+        comment was created), so only an idempotent request is retried then."""
         limited = r.status_code == 429 or (r.status_code == 403 and r.headers.get("x-ratelimit-remaining") == "0")
         if limited:
             after = r.headers.get("retry-after")
@@ -153,24 +170,33 @@ class Forge:
             if reset and reset.strip().isdigit():
                 return min(MAX_WAIT_S, max(0.0, float(reset) - time.time()) + 1.0)
             return min(MAX_WAIT_S, self.backoff_s * 2**attempt)
-        if r.status_code >= 500:
+        if r.status_code >= 500 and idempotent:
             return min(MAX_WAIT_S, self.backoff_s * 2**attempt)
         return None
 
-    def request(self, method: str, path: str, *, json: Any = None, params: Mapping[str, Any] | None = None) -> httpx.Response:
+    def request(self, method: str, path: str, *, json: Any = None, params: Mapping[str, Any] | None = None,
+                idempotent: bool | None = None) -> httpx.Response:
+        """One API call, retried as ``_wait_for`` says (``idempotent``: default, every method but POST). Only a 2xx
+        answer is one: a redirect (a renamed or moved repository) is an error naming where it points, never
+        followed (the token would go with it)."""
+        idempotent = method != "POST" if idempotent is None else idempotent
         last = ""
         for attempt in range(self.retries + 1):
             try:
                 r = self._http.request(method, path, json=json, params=params)
             except httpx.TransportError as exc:
                 last = f"{type(exc).__name__}: {exc}"
-                if attempt < self.retries:
+                if idempotent and attempt < self.retries:
                     self.sleep(min(MAX_WAIT_S, self.backoff_s * 2**attempt))
                     continue
                 break
-            if r.status_code < 400:
+            if 200 <= r.status_code < 300:
                 return r
-            wait = self._wait_for(r, attempt)
+            if 300 <= r.status_code < 400:
+                where = " ".join(str(r.headers.get("location") or "nowhere").split())[:200]
+                raise ForgeError(f"{self.kind} {method} {path}: HTTP {r.status_code}, redirected to {where} (not followed): was the "
+                                 "repository renamed or moved? set [forge] url and repo to where it is now")
+            wait = self._wait_for(r, attempt, idempotent)
             last = f"HTTP {r.status_code}: {_message(r)}"
             if wait is None or attempt == self.retries:
                 break
@@ -193,7 +219,10 @@ class Forge:
             if url is None:
                 return
             r = self.request("GET", url, params=query)
-            items = r.json()
+            try:
+                items = r.json()
+            except ValueError:
+                raise ForgeError(f"{self.kind} GET {path}: the answer is not JSON") from None
             if not isinstance(items, list):
                 raise ForgeError(f"{self.kind} GET {path}: expected a list")
             yield from items
@@ -209,8 +238,15 @@ class Forge:
                 raise ForgeError(f"{self.kind} GET /user: no login in the answer")
         return self._me
 
-    def pulls(self, state: str = "open") -> list[PullRequest]:
-        return [PullRequest.of(d) for d in self._pages(f"/repos/{self.repo}/pulls", {"state": state})]
+    def pulls(self, state: str = "open") -> tuple[list[PullRequest], list[str]]:
+        """(the pull requests, one line for each the forge listed but this adapter cannot read)."""
+        prs, bad = [], []
+        for d in self._pages(f"/repos/{self.repo}/pulls", {"state": state}):
+            try:
+                prs.append(PullRequest.of(d))
+            except ForgeError as exc:
+                bad.append(str(exc))
+        return prs, bad
 
     def pull(self, number: int) -> PullRequest:
         return PullRequest.of(self._json("GET", f"/repos/{self.repo}/pulls/{int(number)}"))
@@ -222,7 +258,15 @@ class Forge:
         return PullRequest.of(self._json("POST", f"/repos/{self.repo}/pulls", json=data))
 
     def comments(self, number: int) -> list[Comment]:
-        return [Comment.of(d) for d in self._pages(f"/repos/{self.repo}/issues/{int(number)}/comments")]
+        """The PR's comments, oldest first; one this adapter cannot read is left out (it can be no command and no
+        comment of ours: we only ever read what we wrote through the same shapes)."""
+        out = []
+        for d in self._pages(f"/repos/{self.repo}/issues/{int(number)}/comments"):
+            try:
+                out.append(Comment.of(d))
+            except ForgeError:
+                continue
+        return out
 
     def comment(self, comment_id: int) -> Comment | None:
         try:
@@ -248,7 +292,7 @@ class Forge:
                 "description": desc if len(desc) <= DESCRIPTION_CHARS else desc[: DESCRIPTION_CHARS - 1] + "…"}
         if target_url:
             data["target_url"] = target_url
-        self._json("POST", f"/repos/{self.repo}/statuses/{sha}", json=data)
+        self._json("POST", f"/repos/{self.repo}/statuses/{sha}", json=data, idempotent=True)  # a second one only repeats it
 
     def check_run(self, sha: str, name: str, outcome: str | None, title: str, summary: str, details_url: str | None = None) -> None:
         """GitHub only (a GitHub App's installation token): a check run on ``sha``; ``outcome`` None: in progress,
@@ -263,7 +307,7 @@ class Forge:
         if details_url:
             data["details_url"] = details_url
         try:
-            self._json("POST", f"/repos/{self.repo}/check-runs", json=data)
+            self._json("POST", f"/repos/{self.repo}/check-runs", json=data, idempotent=True)  # the latest of a name counts
         except ForgeError as exc:
             if "HTTP 403" in str(exc):
                 raise ForgeError("GitHub refused the check run (HTTP 403): check runs need a GitHub App's installation token; "

@@ -30,7 +30,8 @@ from .report import gather, render_pr_review
 from .workspace import Workspace, git
 
 MARKER = "<!-- agentsearch:pr-review -->"  # the first line of the one comment we keep current on a PR
-REPLY_MARKER = "<!-- agentsearch:reply -->"  # our answers to comment commands
+REPLY_MARKER = "<!-- agentsearch:reply to={} -->"  # our answer to comment command {id}: a restarted bot finds it
+REPLIED = re.compile(r"\A<!-- agentsearch:reply to=(\d+) -->")
 COMMAND = re.compile(r"^[ \t]*/agentsearch\b[ \t]*(\S*)[ \t]*(\S*)", re.M)
 COMMANDS = {
     "evaluate": "judge the current head; one judged already only brings this comment up to date",
@@ -44,6 +45,7 @@ NEUTRAL = {"inconclusive": "needs more pairs: no decision within the pair budget
            "no-change": "changes nothing the gate measures",
            "not-confirmed": "the win did not hold on fresh seeds: needs more pairs"}
 ERROR = ("internal-error", "measurement-error")
+NO_PERMISSION = "commands are taken from users with write permission on the repository only"
 AA_WINDOW = 500  # the latest verdicts looked at for this target's measured A/A false-merge rate
 
 
@@ -67,13 +69,17 @@ class PrHistory:
 
     reviews: list[PrReview] = field(default_factory=list)
     posted: list[PrPosted] = field(default_factory=list)
-    commands: set[int] = field(default_factory=set)
+    commands: set[int] = field(default_factory=set)  # comment ids answered
+    refused: set[str] = field(default_factory=set)  # authors told once that commands need write permission
 
-    def review_of(self, head: str) -> PrReview | None:
-        return next((r for r in reversed(self.reviews) if r.head == head), None)
+    def review_of(self, head: str, base_ref: str) -> PrReview | None:
+        """The latest judgment of ``head`` as a change to ``base_ref`` (a retargeted PR is judged again)."""
+        return next((r for r in reversed(self.reviews) if r.head == head and r.base_ref == base_ref), None)
 
     def is_posted(self, review: PrReview) -> bool:
-        return any(p.evaluation == review.evaluation and p.outcome == review.outcome for p in self.posted)
+        """What the PR shows now is this review: the latest post was it (a force-push back to an older head
+        brings that head's verdict back to the comment)."""
+        return bool(self.posted) and self.posted[-1].evaluation == review.evaluation and self.posted[-1].outcome == review.outcome
 
 
 class Reviewer:
@@ -81,6 +87,12 @@ class Reviewer:
         self.ws, self.forge, self.merge = ws, forge, merge
         self.cfg = ws.config().forge
         self.say: Progress = say or (lambda stage, detail: None)
+
+    def context(self, base_ref: str) -> str:
+        """The status's context: [forge] context for a change to the baseline branch; for one to another branch, the
+        context names it (a head judged against an old branch never passes a check required on the baseline)."""
+        baseline = self.ws.config().target.baseline
+        return self.cfg.context if base_ref == baseline else f"{self.cfg.context} (base {rtext.clean(base_ref, 60, one_line=True)})"
 
     # ------------------------------------------------------------------------------------------ state
     def history(self, number: int) -> PrHistory:
@@ -94,6 +106,8 @@ class Reviewer:
                     h.posted.append(r)
                 else:
                     h.commands.add(r.comment_id)
+                    if r.reason == NO_PERMISSION:
+                        h.refused.add(r.author)
         return h
 
     # ------------------------------------------------------------------------------------------ judging
@@ -126,16 +140,16 @@ class Reviewer:
     def review(self, pr: PullRequest, *, seed: int | None = None, trigger: str = "review-pr") -> PrReview:
         """Judge the PR's head against its base, record the verdict, then post it."""
         head, base = self.fetch(pr)
-        before = [r for r in self.history(pr.number).reviews if r.head != head]
+        before = [r for r in self.history(pr.number).reviews if (r.head, r.base_ref) != (head, pr.base_ref)]
         measuring = f"agentsearch is measuring this head against {pr.base_ref}"
         if self.cfg.check_runs:  # first: a token that may not create them is refused before the head shows anything
-            self.forge.check_run(head, self.cfg.context, None, measuring, measuring)
-        self.forge.set_status(head, "pending", self.cfg.context, measuring)
+            self.forge.check_run(head, self.context(pr.base_ref), None, measuring, measuring)
+        self.forge.set_status(head, "pending", self.context(pr.base_ref), measuring)
         try:  # the caller holds the workspace lock (commands.forge: the whole pass)
             result = evaluate(self.ws, head, seed=seed, progress=self.say, baseline=base)
         except AgentsearchError as exc:  # the run could not judge: say so on the head, then fail as the run's error
             try:
-                self.forge.set_status(head, "error", self.cfg.context, f"agentsearch could not judge this head: {exc}")
+                self.forge.set_status(head, "error", self.context(pr.base_ref), f"agentsearch could not judge this head: {exc}")
             except ForgeError:
                 pass
             raise
@@ -187,9 +201,10 @@ class Reviewer:
         existing = self.our_comment(pr.number, h)
         comment = self.forge.edit_comment(existing.id, body) if existing else self.forge.create_comment(pr.number, body)
         _, description = outcome_of(self._data(review))
-        self.forge.set_status(review.head, review.outcome, self.cfg.context, description, comment.html_url or None)
+        context = self.context(review.base_ref)
+        self.forge.set_status(review.head, review.outcome, context, description, comment.html_url or None)
         if self.cfg.check_runs:
-            self.forge.check_run(review.head, self.cfg.context, review.outcome, description, body, comment.html_url or None)
+            self.forge.check_run(review.head, context, review.outcome, description, body, comment.html_url or None)
         posted = PrPosted(forge=self.forge.identity, number=pr.number, head=review.head, evaluation=review.evaluation,
                           comment_id=comment.id, comment_url=comment.html_url, outcome=review.outcome)
         append(self.ws, posted, None, review.evaluation)
@@ -236,29 +251,34 @@ class Reviewer:
         merge_commit = next((e.record.new for e in read_entries(self.ws)
                              if isinstance(e.record, Merge) and e.proposal == review.evaluation and e.record.ok), None)
         return render_pr_review(ev, marker=MARKER, pr_number=pr.number, review=review, alpha=alpha, aa_merged=merged, aa_judged=judged,
-                                commands=COMMANDS, merged=merge_commit)
+                                commands=COMMANDS, merged=merge_commit, pr_evaluations=len(h.reviews),
+                                earlier=[(r.head, r.outcome) for r in h.reviews if r.evaluation != review.evaluation][-5:])
 
     # ------------------------------------------------------------------------------------------ the bot
     def ensure(self, pr: PullRequest, *, seed: int | None = None, trigger: str = "bot") -> PrReview:
         """The PR's current head judged once and posted: judged now if it never was, else posted if it is not."""
         h = self.history(pr.number)
-        review = h.review_of(pr.head_sha)
+        review = h.review_of(pr.head_sha, pr.base_ref)
         if review is None:
             return self.review(pr, seed=seed, trigger=trigger)
         if not h.is_posted(review):
             self.post(pr, review)
         return review
 
-    def reply(self, number: int, asked: str, text: str) -> Comment:
-        body = f"{REPLY_MARKER}\n> `/agentsearch {rtext.clean(asked, 60, one_line=True).replace('`', chr(39))}`\n\n{text}\n"
+    def reply(self, number: int, to: int, asked: str, text: str) -> Comment:
+        body = (f"{REPLY_MARKER.format(to)}\n> `/agentsearch {rtext.clean(asked, 60, one_line=True).replace('`', chr(39))}`\n\n"
+                f"{text}\n")
         return self.forge.create_comment(number, body)
 
     def commands(self, pr: PullRequest, *, seed: int | None = None) -> int:
-        """Answer the comment commands not answered yet (oldest first); the number answered."""
+        """Answer the comment commands not answered yet (oldest first); the number answered. Each is recorded once it
+        is answered; one answered before a kill (our reply names its comment) is recorded, not answered again."""
         h = self.history(pr.number)
         me = self.forge.me()
+        comments = self.forge.comments(pr.number)
+        replied = {int(m.group(1)) for c in comments if c.author == me for m in [REPLIED.match(c.body)] if m}
         done = 0
-        for c in self.forge.comments(pr.number):
+        for c in comments:
             if c.author == me or c.id in h.commands:
                 continue
             m = COMMAND.search(c.body)
@@ -266,19 +286,26 @@ class Reviewer:
                 continue
             word, arg = m.group(1).lower(), m.group(2)
             asked = f"{word} {arg}".strip()
-            action, why = "run", ""
+            action, why, answer = "run", "", True
             if word not in COMMANDS:
                 action, why = "ignored", (f"unknown command {rtext.md_inline(word or '(none)', 40)}; the commands are "
                                           + ", ".join(f"`{k}`" for k in COMMANDS))
             elif not self.forge.can_write(c.author):
-                action, why = "ignored", "commands are taken from users with write permission on the repository only"
-            if action == "ignored":
-                self.reply(pr.number, asked, f"Ignored: {why}.")
+                action, why = "ignored", NO_PERMISSION
+                answer = c.author not in h.refused  # said once per author and PR: a reader cannot make us spam the PR
+            if c.id in replied:
+                why = why or f"{word}: answered before a restart"
+            elif action == "ignored":
+                if answer:
+                    self.reply(pr.number, c.id, asked, f"Ignored: {why}.")
             else:
                 why = self._run_command(pr, c, word, arg, h, seed)
-            append(self.ws, PrCommand(forge=self.forge.identity, number=pr.number, comment_id=c.id, author=rtext.clean(c.author, 80, one_line=True),
+            author = rtext.clean(c.author, 80, one_line=True)
+            append(self.ws, PrCommand(forge=self.forge.identity, number=pr.number, comment_id=c.id, author=author,
                                       command=rtext.clean(word, 40, one_line=True), action=action, reason=why), None, None)
             h.commands.add(c.id)
+            if why == NO_PERMISSION:
+                h.refused.add(author)
             done += 1
         return done
 
@@ -298,27 +325,32 @@ class Reviewer:
             record: Any = check(self.ws, seed=seed, progress=self.say) if word == "stack" else \
                 bisect(self.ws, arg or None, seed=seed, progress=self.say)
         except AgentsearchError as exc:
-            self.reply(pr.number, f"{word} {arg}".strip(), f"Could not run it: {rtext.md_inline(str(exc), 300)}")
+            self.reply(pr.number, c.id, f"{word} {arg}".strip(), f"Could not run it: {rtext.md_inline(str(exc), 300)}")
             return f"{word}: {str(exc)[:200]}"
-        self.reply(pr.number, f"{word} {arg}".strip(), stack_markdown(record))
+        self.reply(pr.number, c.id, f"{word} {arg}".strip(), stack_markdown(record))
         return f"{word}: {getattr(record, 'verdict', None) or getattr(record, 'reason', '')}"[:300]
 
     def once(self, label: str | None = None, *, seed: int | None = None) -> dict[str, Any]:
         """One pass over the open pull requests (with ``label`` when given): commands, then each head judged."""
         label = self.cfg.label if label is None else label
         summary: dict[str, Any] = {"judged": [], "errors": []}
-        for pr in self.forge.pulls():
+        prs, unreadable = self.forge.pulls()
+        for line in unreadable:
+            summary["errors"].append({"number": None, "error": line[:300]})
+            self.say("error", line[:200])
+        for pr in prs:
             if label and label not in pr.labels:
                 continue
             try:
                 self.commands(pr, seed=seed)
-                before = self.history(pr.number).review_of(pr.head_sha)
+                before = self.history(pr.number).review_of(pr.head_sha, pr.base_ref)
                 review = self.ensure(pr, seed=seed)
                 if before is None:
                     summary["judged"].append({"number": pr.number, "head": review.head, "outcome": review.outcome,
                                               "headline": review.headline})
-            except (AgentsearchError, OSError) as exc:  # one PR's failure is not the others': said, tried again next pass
-                msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            except Exception as exc:  # noqa: BLE001 - one PR's failure is not the others': said in one line, tried again next pass
+                text = str(exc).splitlines()[0] if str(exc) else ""
+                msg = text if isinstance(exc, (AgentsearchError, OSError)) else f"{type(exc).__name__}: {text}"
                 summary["errors"].append({"number": pr.number, "error": msg[:300]})
                 self.say("error", f"#{pr.number}: {msg[:200]}")
         return summary
