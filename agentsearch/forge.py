@@ -161,7 +161,9 @@ class Forge:
         """Seconds to wait before retrying ``r`` (None: do not retry). A rate limit refused the request, so it is
         retried whatever it was; a server error may come after the forge did the work (a proxy's 502 after the
         comment was created), so only an idempotent request is retried then."""
-        limited = r.status_code == 429 or (r.status_code == 403 and r.headers.get("x-ratelimit-remaining") == "0")
+        # a primary limit (no requests left) or a secondary one (GitHub: 403 or 429 with Retry-After, requests left)
+        limited = r.status_code == 429 or (r.status_code == 403 and (r.headers.get("x-ratelimit-remaining") == "0"
+                                                                     or r.headers.get("retry-after") is not None))
         if limited:
             after = r.headers.get("retry-after")
             if after and after.strip().isdigit():
@@ -233,7 +235,8 @@ class Forge:
     def me(self) -> str:
         """The token's own login: our comments are the ones this account wrote."""
         if self._me is None:
-            self._me = str((self._json("GET", "/user") or {}).get("login") or "")
+            d = self._json("GET", "/user")
+            self._me = str(d.get("login") or "") if isinstance(d, dict) else ""
             if not self._me:
                 raise ForgeError(f"{self.kind} GET /user: no login in the answer")
         return self._me
@@ -325,7 +328,9 @@ class Forge:
             if "HTTP 404" in str(exc) or "HTTP 403" in str(exc):
                 return "none"
             raise
-        return str((d or {}).get("permission") or "none")
+        if not isinstance(d, dict):
+            raise ForgeError(f"{self.kind} GET /repos/{self.repo}/collaborators/{user}/permission: expected an object")
+        return str(d.get("permission") or "none")
 
     def can_write(self, user: str) -> bool:
         return self.permission(user) in WRITERS
@@ -350,9 +355,10 @@ def _next_link(header: str | None, root: str) -> str | None:
 
 def _message(r: httpx.Response) -> str:
     try:
-        msg = (r.json() or {}).get("message")
+        d = r.json()
     except ValueError:
-        msg = None
+        d = None
+    msg = d.get("message") if isinstance(d, dict) else None
     text = str(msg or r.text or r.reason_phrase)
     text = " ".join(text.split())
     return text if len(text) <= 200 else text[:199] + "…"

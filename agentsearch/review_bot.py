@@ -148,8 +148,11 @@ class Reviewer:
         try:  # the caller holds the workspace lock (commands.forge: the whole pass)
             result = evaluate(self.ws, head, seed=seed, progress=self.say, baseline=base)
         except AgentsearchError as exc:  # the run could not judge: say so on the head, then fail as the run's error
+            said = f"agentsearch could not judge this head: {exc}"
             try:
-                self.forge.set_status(head, "error", self.context(pr.base_ref), f"agentsearch could not judge this head: {exc}")
+                self.forge.set_status(head, "error", self.context(pr.base_ref), said)
+                if self.cfg.check_runs:  # never left in progress (a required check would wait forever)
+                    self.forge.check_run(head, self.context(pr.base_ref), "neutral", said[:250], rtext.md_inline(said, 2000))
             except ForgeError:
                 pass
             raise
@@ -287,12 +290,12 @@ class Reviewer:
             word, arg = m.group(1).lower(), m.group(2)
             asked = f"{word} {arg}".strip()
             action, why, answer = "run", "", True
-            if word not in COMMANDS:
+            if not self.forge.can_write(c.author):  # first: whatever a reader asks, they are told once per PR (no spam)
+                action, why = "ignored", NO_PERMISSION
+                answer = c.author not in h.refused
+            elif word not in COMMANDS:
                 action, why = "ignored", (f"unknown command {rtext.md_inline(word or '(none)', 40)}; the commands are "
                                           + ", ".join(f"`{k}`" for k in COMMANDS))
-            elif not self.forge.can_write(c.author):
-                action, why = "ignored", NO_PERMISSION
-                answer = c.author not in h.refused  # said once per author and PR: a reader cannot make us spam the PR
             if c.id in replied:
                 why = why or f"{word}: answered before a restart"
             elif action == "ignored":
@@ -334,7 +337,12 @@ class Reviewer:
         """One pass over the open pull requests (with ``label`` when given): commands, then each head judged."""
         label = self.cfg.label if label is None else label
         summary: dict[str, Any] = {"judged": [], "errors": []}
-        prs, unreadable = self.forge.pulls()
+        try:
+            prs, unreadable = self.forge.pulls()
+        except AgentsearchError as exc:  # the forge could not list them: this pass judged nothing, the next tries again
+            summary["errors"].append({"number": None, "error": str(exc).splitlines()[0][:300] if str(exc) else "listing failed"})
+            self.say("error", summary["errors"][-1]["error"][:200])
+            return summary
         for line in unreadable:
             summary["errors"].append({"number": None, "error": line[:300]})
             self.say("error", line[:200])

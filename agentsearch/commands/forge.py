@@ -39,15 +39,21 @@ def run_bot(target: Path, as_json: bool, watch: float | None, label: str | None,
         bot = reviewer(ws, say, merge=merge)
         try:
             while True:
-                with ws.lock():  # per pass: another bot or evaluate may run between passes
-                    summary = bot.once(label, seed=seed)
+                try:
+                    with ws.lock():  # per pass: another bot or evaluate may run between passes
+                        summary = bot.once(label, seed=seed)
+                except AgentsearchError as exc:
+                    if watch is None:
+                        raise
+                    summary = {"judged": [], "errors": [{"number": None, "error": str(exc).splitlines()[0][:300]}]}
                 if as_json:
                     print_json(summary)
                 else:
                     for j in summary["judged"]:
                         out.print(f"#{j['number']} {j['outcome']} — {safe(j['headline'])}")
                     for e in summary["errors"]:
-                        out.print(f"[red]#{e['number']} not judged[/]: {safe(e['error'])}")
+                        where = f"#{e['number']} not judged" if e["number"] is not None else "this pass"
+                        out.print(f"[red]{where}[/]: {safe(e['error'])}")
                 if watch is None:
                     return EXIT_FAIL if summary["errors"] else 0
                 say("bot", f"next pass in {watch:g} s")

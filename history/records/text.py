@@ -26,11 +26,14 @@ _ESCAPE_SEQ = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b
 # an underscore inside a word (ops_s) means nothing there and stays as it is
 # on GitHub also "#12" (an issue reference: "Fixes #12" closes it on merge) and "@team" (a mention)
 _MD_PUNCT = re.compile(r"([\\`*\[\]<&|~$#@]|(?<![0-9A-Za-z])_|_(?![0-9A-Za-z]))")
-# what GitHub links by itself in text, after Markdown (an escape does not stop it there): URLs and www. names
-# (autolinks), mentions, issue references (#12, GH-12, owner/repo#12). Shown as code spans, where it links nothing;
-# none of them holds a backtick or a "|", so the span cannot end early or split a table cell
-_LIVE = re.compile(r"(?i)(?:\b[a-z][a-z0-9+.-]*://|\bwww\.)[^\s`|<>]+|(?<![\w`])@[a-z0-9][\w/.-]*"
-                   r"|(?:\b[\w.-]+/[\w.-]+)?#\d+\b|\bGH-\d+\b")
+# what GitHub links by itself in text, after Markdown (an escape does not stop it there): e-mail addresses, URLs and
+# www. names (autolinks), mentions, issue references (#12, GH-12, owner/repo#12). Shown as code spans, where it
+# links nothing; none of them holds a backtick or a "|", so the span cannot end early or split a table cell. ASCII
+# word boundaries, as GitHub's own (a "_" or "é" before "http://" or "@" does not stop it linking)
+_LIVE = re.compile(r"[A-Za-z0-9.+_-]+@[A-Za-z0-9_-]+\.[A-Za-z0-9.-]+|[A-Za-z][A-Za-z0-9+.-]*:(?://)?[^\s`|<>]*(?<=//)[^\s`|<>]*"
+                   r"|(?i:www)\.[^\s`|<>]+|(?<![A-Za-z0-9_])@[A-Za-z0-9][A-Za-z0-9_/.-]*"
+                   r"|(?:(?<![A-Za-z0-9_])[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+)?#[0-9]+|(?i:GH)-[0-9]+"
+                   r"|(?i:mailto|xmpp):[^\s`|<>]+")
 # what starts a block when it opens a line (a list item, a numbered list, a setext underline, a quote); a ">"
 # anywhere else means nothing once every "<" is escaped
 _MD_LEAD = re.compile(r"^([-+=>]|\d+(?=[.)]))")
@@ -55,10 +58,18 @@ def md_inline(text: object, limit: int = TEXT_CHARS) -> str:
     gives a meaning inside a line is backslash-escaped, so nothing in it opens a comment, a tag, a link,
     a code span or a table cell, and it stays one line; what a forge would link by itself (a URL, a mention,
     an issue reference) is a code span."""
-    s, parts, last = clean(text, limit, one_line=True), [], 0
+    s = clean(text, limit, one_line=True)
+    spans: list[tuple[int, int]] = []
     for live in _LIVE.finditer(s):
-        parts += [_MD_PUNCT.sub(r"\\\1", s[last:live.start()]), f"`{live.group(0)}`"]
-        last = live.end()
+        if spans and spans[-1][1] == live.start():  # adjacent: one span (two would render as one with backticks in it)
+            spans[-1] = (spans[-1][0], live.end())
+        else:
+            spans.append((live.start(), live.end()))
+    parts: list[str] = []
+    last = 0
+    for a, b in spans:
+        parts += [_MD_PUNCT.sub(r"\\\1", s[last:a]), f"`{s[a:b]}`"]
+        last = b
     s = "".join(parts) + _MD_PUNCT.sub(r"\\\1", s[last:])
     m = _MD_LEAD.match(s)
     if m:  # "1." -> "1\.", "- x" -> "\- x"
