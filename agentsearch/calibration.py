@@ -14,7 +14,7 @@ import math
 import statistics as pystats
 import time
 from dataclasses import asdict, dataclass
-from typing import Any, Callable
+from typing import Any
 
 from harness import environment, machine_noise, seeds
 from harness.engine_session import EnginePool
@@ -29,6 +29,7 @@ from harness.trials import BASELINE, CANDIDATE
 from .config import Config, WorkloadConfig
 from .errors import AgentsearchError
 from .gate_design import design_for, workload_design
+from .progress import Say
 from .sides import built_sides
 from .workloads import confirmation_restarts, engine_cpus, measure_options, placement_for, restarts_for, session_factory
 from .workspace.workspace import Workspace, atomic_write
@@ -166,7 +167,7 @@ def with_machine_floor(noise: WorkloadNoise, series: list[float], cpus: frozense
     return dataclasses.replace(noise, machine_floor_sd=floor.pair_sd, machine_speed_sd=floor.speed_sd, machine_floor_pairs=floor.pairs)
 
 
-def calibrate(ws: Workspace, pairs: int = CALIBRATION_PAIRS, progress: Callable[[str, str], None] | None = None,
+def calibrate(ws: Workspace, pairs: int = CALIBRATION_PAIRS, progress: Say | None = None,
               machine_probe_s: float = MACHINE_PROBE_S) -> Calibration:
     """A/A of every workload; then, for warm-engine workloads and ``machine_probe_s`` > 0, the machine's own speed
     noise on the engines' CPUs (engines closed): the per-pair SD no engine can go below here."""
@@ -211,7 +212,7 @@ def calibrate(ws: Workspace, pairs: int = CALIBRATION_PAIRS, progress: Callable[
 
 
 def _machine_floors(config: Config, results: dict[str, WorkloadNoise], seconds: float,
-                    say: Callable[[str, str], None]) -> tuple[dict[str, WorkloadNoise], str]:
+                    say: Say) -> tuple[dict[str, WorkloadNoise], str]:
     """The warm-engine workloads' results with their machine floors, one probe per set of engine CPUs; and what
     was probed. A probe that fails leaves the floors out (it judges nothing) and says why."""
     warm = [w for w in config.workloads if w.kind != "command" and w.name in results]

@@ -30,6 +30,7 @@ from history.records import CheckName, FailureKind, decision_failure
 
 from . import calibration, containment, micro, preflight
 from . import sides as sides_mod
+from .progress import Say
 from .sides import Sides
 from .config import Config, WorkloadConfig
 from .errors import AgentsearchError
@@ -46,7 +47,6 @@ from .workloads import blames_candidate, confirmation_restarts, measure_options,
 from .workspace import Workspace
 
 EVALUATION_SCHEMA = 1
-Progress = Callable[[str, str], None]
 OnTrial = Callable[[TrialRecord], None]
 
 
@@ -194,7 +194,7 @@ def evaluate(
     *,
     seed: int | None = None,
     alpha: float | None = None,
-    progress: Progress | None = None,
+    progress: Say | None = None,
     keep_worktrees: bool = False,
     on_trial: OnTrial | None = None,
     baseline: str | None = None,
@@ -234,7 +234,7 @@ def evaluate(
     )
 
 
-def _run_checks(ws: Workspace, config: Config, base: str, cand: str, master: int, alpha: float | None, st: _State, say: Progress, keep: bool,
+def _run_checks(ws: Workspace, config: Config, base: str, cand: str, master: int, alpha: float | None, st: _State, say: Say, keep: bool,
                 warm: WarmBaseline | None = None) -> None:
     """The checks before the sides exist (based-on-baseline), while they are made (protected paths,
     sandbox, build), then ``PIPELINE`` in order until a step stops it. With ``warm``, the baseline side
@@ -276,7 +276,7 @@ def _run_checks(ws: Workspace, config: Config, base: str, cand: str, master: int
         st.engine_wait_s += pool.wait_s
 
 
-def _build_and_run(ws: Workspace, config: Config, base: str, cand: str, master: int, alpha: float | None, st: _State, say: Progress,
+def _build_and_run(ws: Workspace, config: Config, base: str, cand: str, master: int, alpha: float | None, st: _State, say: Say,
                    sd: Sides, box: Any, pool: EnginePool, warm: bool) -> None:
     from .workspace import git
 
@@ -321,7 +321,7 @@ class _Ctx:
     master: int
     alpha: float | None
     st: _State
-    say: Progress
+    say: Say
     sd: Sides
     pool: EnginePool
     changed: dict[str, set[int]]  # the candidate's changed lines per file (the coverage pass)

@@ -54,6 +54,7 @@ from kernels import fork as kfork
 from .config import Config
 from .gate import Check, Status
 from .preflight import BaselineBroken
+from .progress import Say
 from .sides import Sides
 from .workspace import git
 
@@ -67,7 +68,6 @@ MICRO_PAIRS = (4, 8)  # (min_pairs = look_every, max_pairs) of the timing stage
 # what a timing round's round trip adds to the worker's own round (harness.engine_session.clock_disagrees): two
 # pipe hand-offs; a slowed clock must show in *every* round (a late wake-up of a loaded machine shows in one)
 CLOCK_IPC_S = 0.002
-Say = Callable[[str, str], None]
 
 
 @dataclass(frozen=True)

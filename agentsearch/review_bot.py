@@ -21,10 +21,11 @@ from history.records import Merge, PrCommand, PrPosted, PrReview, Verdict
 from history.records import text as rtext
 
 from .errors import AgentsearchError
-from .evaluation import Progress, evaluate
+from .evaluation import evaluate
 from .forge import Comment, Forge, ForgeError, PullRequest
 from .gate import MERGE, REVIEW
 from .headline import headline
+from .progress import Say
 from .records import append, read_entries
 from .report import gather, render_pr_review
 from .workspace import Workspace, git
@@ -83,10 +84,10 @@ class PrHistory:
 
 
 class Reviewer:
-    def __init__(self, ws: Workspace, forge: Forge, *, say: Progress | None = None, merge: bool = False) -> None:
+    def __init__(self, ws: Workspace, forge: Forge, *, say: Say | None = None, merge: bool = False) -> None:
         self.ws, self.forge, self.merge = ws, forge, merge
         self.cfg = ws.config().forge
-        self.say: Progress = say or (lambda stage, detail: None)
+        self.say: Say = say or (lambda stage, detail: None)
 
     def context(self, base_ref: str) -> str:
         """The status's context: [forge] context for a change to the baseline branch; for one to another branch, the

@@ -35,12 +35,12 @@ from history.records.stack import BisectStep, Interference, Removal, StackBisect
 
 from .errors import AgentsearchError
 from .evaluation import Evaluation, WorkloadSummary, evaluate
+from .progress import Say
 from .records import append, read_entries
 from .warm_baseline import WarmBaseline
 from .workspace import Workspace
 from .workspace import git
 
-Progress = Callable[[str, str], None]
 SCRATCH_REFS = "refs/agentsearch/stack/"
 Z95 = 1.959963984540054
 UNKNOWN_RETRIES = 3  # an unknown bisect step is measured again on fresh seeds, its pairs pooled, up to this many times
@@ -140,7 +140,7 @@ def _summary(ev: Evaluation | None, workload: str) -> WorkloadSummary | None:
 
 
 def check(ws: Workspace, since: str | None = None, *, seed: int | None = None, leave_one_out: bool = False,
-          progress: Progress | None = None, write: Callable[[StackCheck], None] | None = None) -> StackCheck:
+          progress: Say | None = None, write: Callable[[StackCheck], None] | None = None) -> StackCheck:
     """Measure the tip against the range's start (and, asked, each merge's marginal contribution); record it
     (``write``: how, where the caller holds the history open — an episode; default: append to it)."""
     say = progress or (lambda stage, detail: None)
@@ -227,7 +227,7 @@ def _marginal(ev: Evaluation, objective: str) -> tuple[float, tuple[float, float
 
 
 def _remove(ws: Workspace, tip: str, m: StackMerge, objective: str, seed: int | None, warm: WarmBaseline,
-            say: Progress, margin: float = 0.02) -> Removal:
+            say: Say, margin: float = 0.02) -> Removal:
     try:
         scratch = scratch_without(ws, tip, m.merge)
     except AgentsearchError as exc:
@@ -254,7 +254,7 @@ def _remove(ws: Workspace, tip: str, m: StackMerge, objective: str, seed: int | 
 
 
 def _remove_pair(ws: Workspace, tip: str, a: StackMerge, b: StackMerge, objective: str, seed: int | None, warm: WarmBaseline,
-                 alpha: float, say: Progress, singles: dict[str, Removal] | None = None) -> Interference:
+                 alpha: float, say: Say, singles: dict[str, Removal] | None = None) -> Interference:
     from scipy.stats import norm
 
     pair = (a.merge, b.merge)
@@ -304,7 +304,7 @@ def workload_pairs(ev: Evaluation, workload: str, higher_is_better: bool, offset
     return d, [offset + sessions.index((k[0], k[1])) for k in keys]
 
 
-def _step(ws: Workspace, commit: str, index: int, since: str, workload: str, seed: int | None, say: Progress,
+def _step(ws: Workspace, commit: str, index: int, since: str, workload: str, seed: int | None, say: Say,
           margin: float, alpha: float, tip: float | None = None) -> BisectStep:
     """One step: ``commit`` against the start on ``workload``, from the pairs of every round that measured it; an
     unknown outcome is measured again on fresh seeds and the pairs pooled (up to UNKNOWN_RETRIES times).
@@ -354,7 +354,7 @@ def _step(ws: Workspace, commit: str, index: int, since: str, workload: str, see
 
 
 def bisect(ws: Workspace, workload: str | None = None, since: str | None = None, *, seed: int | None = None,
-           progress: Progress | None = None) -> StackBisect:
+           progress: Say | None = None) -> StackBisect:
     """Name the merge of the range where ``workload`` (default: the objective) got significantly worse than at
     the range's start; record the search with each step's evidence."""
     say = progress or (lambda stage, detail: None)

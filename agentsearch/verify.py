@@ -33,6 +33,7 @@ from harness.trials import BASELINE, CANDIDATE
 from . import __version__, baseline_dumps
 from .config import Config, VerifyConfig
 from .errors import AgentsearchError
+from .progress import Say
 from .workloads import placement_for
 from .workspace import Workspace
 
@@ -279,7 +280,7 @@ class _Trusted:
                 r.dumps.mark_complete()  # newest by use: what pruning keeps
 
 
-def run_verify(ws: Workspace, config: Config, sd: "Sides", say: Callable[[str, str], None] | None = None,
+def run_verify(ws: Workspace, config: Config, sd: "Sides", say: Say | None = None,
                public_only: bool = False) -> VerifyResult:
     """Collect both sides' logprobs (each in its own sandbox) and judge them. Raises LogprobError on failure.
 
@@ -450,7 +451,7 @@ class _Against:
     regime the baseline's own, the baseline's dumps are the reference's (the same computation)."""
 
     def __init__(self, ws: Workspace, config: Config, sd: "Sides", reference: str, regimes: list[regimes_mod.Regime],
-                 regime_base: regimes_mod.Regime, main: bool, say: Callable[[str, str], None], keep: bool = True):
+                 regime_base: regimes_mod.Regime, main: bool, say: Say, keep: bool = True):
         self.ws, self.config, self.sd, self.reference, self.regimes = ws, config, sd, reference, regimes
         self.regime_base, self.main, self.say, self.keep = regime_base, main, say, keep
         assert config.verify is not None
@@ -563,7 +564,7 @@ class _Against:
             runner.close()
 
 
-def verify(ws: Workspace, ref: str, say: Callable[[str, str], None] | None = None) -> VerifyResult:
+def verify(ws: Workspace, ref: str, say: Say | None = None) -> VerifyResult:
     """``agentsearch verify REF``: both sides checked out with the baseline's config (a REF that touches a
     protected path is refused before anything is checked out), each in its own sandbox."""
     from .sides import built_sides
@@ -584,7 +585,7 @@ def verify(ws: Workspace, ref: str, say: Callable[[str, str], None] | None = Non
         return res
 
 
-def verify_public(ws: Workspace, config: Config, base: str, cand: str, say: Callable[[str, str], None] | None = None) -> VerifyResult:
+def verify_public(ws: Workspace, config: Config, base: str, cand: str, say: Say | None = None) -> VerifyResult:
     """The distribution check of ``cand`` against ``base`` on the public prompts only (advice for an agent:
     the held-out prompts never reach a side it controls)."""
     from .sides import built_sides

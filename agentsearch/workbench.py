@@ -35,7 +35,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from harness import cgroups, sandbox, seeds
 from harness.engine_session import EnginePool
@@ -51,6 +51,7 @@ from . import containment, micro
 from .config import Config
 from .errors import AgentsearchError
 from .gate import Status
+from .progress import Say
 from .sides import built_sides, linked_files, model_dirs, pin_protected, remove_tree
 from .workspace import Workspace, git
 from .workspace.install import link_overlay
@@ -153,7 +154,7 @@ class Workbench:
     TOOLS = TOOLS
 
     def __init__(self, ws: Workspace, config: Config, base: str, name: str, *, history: Sequence[Mapping[str, Any]] | None = None,
-                 insights_md: str = "", say: Callable[[str, str], None] | None = None, start_from: str = ""):
+                 insights_md: str = "", say: Say | None = None, start_from: str = ""):
         ok, why = sandbox_available()
         if not ok:
             raise WorkbenchError(f"the agent's tools run only in the sandbox, and this machine cannot sandbox: {why}")
