@@ -25,7 +25,7 @@ import os
 import re
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping, TypeVar
 
 import httpx
 
@@ -41,6 +41,17 @@ MAX_WAIT_S = 120.0  # the longest one wait for a rate limit's reset
 
 class ForgeError(AgentsearchError):
     """The forge refused or failed a request (after the retries)."""
+
+
+T = TypeVar("T")
+
+
+def _readable(what: str, read: Callable[[Any], T], d: Any) -> T:
+    """``read(d)``, or a ForgeError saying the forge's answer does not have the shape of ``what``."""
+    try:
+        return read(d)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise ForgeError(f"the forge answered {what} this adapter cannot read ({type(exc).__name__}: {str(exc)[:100]})") from None
 
 
 @dataclass(frozen=True)
@@ -60,10 +71,7 @@ class PullRequest:
 
     @classmethod
     def of(cls, d: Any) -> PullRequest:
-        try:
-            return cls._of(d)
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise ForgeError(f"the forge answered a pull request this adapter cannot read ({type(exc).__name__}: {str(exc)[:100]})") from None
+        return _readable("a pull request", cls._of, d)
 
     @classmethod
     def _of(cls, d: Mapping[str, Any]) -> PullRequest:
@@ -89,10 +97,7 @@ class Comment:
 
     @classmethod
     def of(cls, d: Any) -> Comment:
-        try:
-            return cls._of(d)
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise ForgeError(f"the forge answered a comment this adapter cannot read ({type(exc).__name__}: {str(exc)[:100]})") from None
+        return _readable("a comment", cls._of, d)
 
     @classmethod
     def _of(cls, d: Mapping[str, Any]) -> Comment:
