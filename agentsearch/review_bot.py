@@ -169,9 +169,15 @@ class Reviewer:
                           supersedes=before[-1].head if before else None)
         append(self.ws, review, None, eval_id)
         self.say("verdict", f"#{pr.number} {review.headline}")
+        not_merged = None
         if self.merge and review.verdict == MERGE:
-            self._merge(pr, review)
-        self.post(pr, review)
+            try:
+                self._merge(pr, review)
+            except AgentsearchError as exc:  # the verdict is posted all the same, and says why it was not merged
+                not_merged = str(exc).splitlines()[0] if str(exc) else "the merge failed"
+        self.post(pr, review, not_merged)
+        if not_merged:
+            raise AgentsearchError(not_merged)
         return review
 
     def _merge(self, pr: PullRequest, review: PrReview) -> None:
@@ -198,10 +204,10 @@ class Reviewer:
                 return c
         return next((c for c in self.forge.comments(number) if c.author == me and c.body.startswith(MARKER)), None)
 
-    def post(self, pr: PullRequest, review: PrReview) -> PrPosted:
+    def post(self, pr: PullRequest, review: PrReview, not_merged: str | None = None) -> PrPosted:
         """The comment (edited in place), then the head's status; recorded once both reached the forge."""
         h = self.history(pr.number)
-        body = self.render(pr, review, h)
+        body = self.render(pr, review, h, not_merged)
         existing = self.our_comment(pr.number, h)
         comment = self.forge.edit_comment(existing.id, body) if existing else self.forge.create_comment(pr.number, body)
         _, description = outcome_of(self._data(review))
@@ -248,14 +254,14 @@ class Reviewer:
                 merged += r.verdict == MERGE
         return merged, judged
 
-    def render(self, pr: PullRequest, review: PrReview, h: PrHistory) -> str:
+    def render(self, pr: PullRequest, review: PrReview, h: PrHistory, not_merged: str | None = None) -> str:
         ev = gather(self.ws, review.evaluation)
         merged, judged = self.aa_rate()
         alpha = ev.verdict.get("alpha") or self.ws.config(review.base).gate.alpha
         merge_commit = next((e.record.new for e in read_entries(self.ws)
                              if isinstance(e.record, Merge) and e.proposal == review.evaluation and e.record.ok), None)
         return render_pr_review(ev, marker=MARKER, pr_number=pr.number, review=review, alpha=alpha, aa_merged=merged, aa_judged=judged,
-                                commands=COMMANDS, merged=merge_commit, pr_evaluations=len(h.reviews),
+                                commands=COMMANDS, merged=merge_commit, not_merged=not_merged, pr_evaluations=len(h.reviews),
                                 earlier=[(r.head, r.outcome) for r in h.reviews if r.evaluation != review.evaluation][-5:])
 
     # ------------------------------------------------------------------------------------------ the bot

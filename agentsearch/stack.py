@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from history.records import EpisodeStarted, Merge, Revert, Verdict
+from history.records import Evaluation as EvaluationRecord
 from history.records.stack import BisectStep, Interference, Removal, StackBisect, StackCheck, StackMerge
 
 from .errors import AgentsearchError
@@ -69,7 +70,8 @@ def merge_range(ws: Workspace, since: str | None) -> Range:
     if not git.is_ancestor(ws.repo_dir, start, tip):
         raise AgentsearchError(f"{since or start[:12]} is not an ancestor of the baseline's tip {tip[:12]}: a stack is measured "
                                "from a commit main grew from")
-    verdicts = {e.proposal: e.record for e in entries if isinstance(e.record, Verdict)}
+    # an episode's verdicts, and the evaluations a merge was made on outside one (`review-pr --merge`)
+    verdicts = {e.proposal: e.record for e in entries if isinstance(e.record, (Verdict, EvaluationRecord)) and e.proposal}
     reverted = {e.record.merge for e in entries if isinstance(e.record, Revert)}
     merges = []
     for e in entries:
@@ -86,8 +88,10 @@ def merge_range(ws: Workspace, since: str | None) -> Range:
             source, speedup, ci = "confirmation", conf["speedup"], conf["ci"]
         else:
             stat = (v.workloads.get(v.objective or "") or {}) if v else {}
-            source, speedup, ci = "objective", v.speedup if v else None, stat.get("ci")
-        merges.append(StackMerge(merge=m.new, proposal=e.proposal, title=v.title if v else None, speedup=speedup,
+            speedup = (v.speedup if isinstance(v, Verdict) else stat.get("speedup")) if v else None
+            source, ci = "objective", stat.get("ci")
+        title = (v.title if isinstance(v, Verdict) else v.extra.get("title")) if v else None
+        merges.append(StackMerge(merge=m.new, proposal=e.proposal, title=title, speedup=speedup,
                                  ci=tuple(ci) if ci else None, source=source))
     if not merges:
         raise AgentsearchError(f"no merge on the baseline between {start[:12]} and its tip {tip[:12]}: nothing to check")

@@ -253,3 +253,39 @@ def test_check_runs_with_an_apps_token_and_a_one_line_refusal_without(tmp_path, 
 
     with pytest.raises(ConfigError, match="check_runs"):
         load_config_text(toy_config(extra='\n[forge]\nkind = "gitea"\nurl = "https://gitea.example"\ncheck_runs = true\n'), "agentsearch.toml")
+
+
+def test_merge_applies_the_gates_merge_pushes_it_and_the_stack_counts_it(tmp_path, monkeypatch):
+    """`review-pr --merge` on a merge-worthy head: the compare-and-swap merge onto the local baseline, pushed, said
+    in the comment, recorded; `agentsearch stack` then counts it with the estimate it was merged on. A head that is
+    not merge-worthy is never merged."""
+    repo, fake = forge_target(tmp_path, monkeypatch)
+    try:
+        start = git(repo, "rev-parse", "main").strip()
+        aa = pr_branch(repo, fake, "docs", {"README.md": "x\n"}, "Docs")
+        proc = run_cli("review-pr", str(aa), "-C", str(repo), "--merge", "--seed", "2", timeout=600)
+        assert proc.returncode == 4 and git(repo, "rev-parse", "main").strip() == start
+        win = pr_branch(repo, fake, "faster", {"speed.txt": "1.3\n"}, "Faster")
+        proc = run_cli("review-pr", str(win), "-C", str(repo), "--merge", "--json", "--seed", "3", timeout=600)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        merged = git(repo, "rev-parse", "main").strip()
+        assert merged != start and git(repo, "rev-parse", "main^2").strip() == fake.prs[win]["head"]["sha"]
+        assert fake._git("rev-parse", "refs/heads/main") == merged  # pushed
+        assert f"as `{merged[:12]}` (asked with `--merge`)" in fake.ours(win)[0]["body"]
+        got = json.loads(run_cli("stack", "-C", str(repo), "--since", start, "--json", "--seed", "4", timeout=600).stdout)
+        (m,) = got["merges"]
+        assert m["merge"] == merged and m["speedup"] > 1.1 and m["source"] == "confirmation" and m["title"].startswith("pull request #")
+        # the base moved on the forge since: the next win is judged against the new base, but the local baseline is
+        # behind it, so --merge refuses; the verdict is posted all the same and says why it was not merged
+        commit(repo, {"src/model.py": "X = 3\n"}, "elsewhere", branch="other")
+        git(repo, "push", "-q", "origin", "other:main")
+        commit(repo, {"speed.txt": "1.6\n"}, "Faster still", branch="faster-still", start="other")
+        git(repo, "push", "-q", "origin", "faster-still:faster-still")
+        again = fake.open_pr("faster-still")
+        proc = run_cli("review-pr", str(again), "-C", str(repo), "--merge", "--seed", "5", timeout=600)
+        said = [ln for ln in proc.stderr.splitlines() if ln.startswith("agentsearch:")]
+        assert proc.returncode == 2 and len(said) == 1 and "not the base it was measured against" in said[0], proc.stderr[-1500:]
+        assert "Not merged (asked with `--merge`)" in fake.ours(again)[0]["body"] and fake.status(fake.prs[again]["head"]["sha"])["state"] == "success"
+        assert git(repo, "rev-parse", "main").strip() == merged
+    finally:
+        fake.stop()
