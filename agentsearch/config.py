@@ -23,6 +23,7 @@ from harness import models
 from harness import placement as P
 from harness import quiet
 from harness import regimes as regimes_mod
+from harness import serving_load, tails
 from harness.regimes import REGIME_KEYS
 from history.records import CATEGORIES
 
@@ -134,6 +135,27 @@ class WorkloadConfig:
             raise ValueError(f"expected a name without spaces or '/', got {self.name!r}|name")
         _check_seconds(self.timeout_s, "timeout_s")
         _check_seconds(self.startup_timeout_s, "startup_timeout_s")
+        if self.kind == "vllm-serve":
+            try:
+                serving_load.check_params(self.params, self.metric)
+            except ValueError as exc:
+                raise ValueError(f"{exc}|{'metric' if 'metric' in str(exc) else 'params'}") from None
+            lower = tails.quantile_metric(self.metric) is not None
+            if self.higher_is_better == lower:
+                raise ValueError(f"{self.metric} is {'a latency: lower' if lower else 'a rate: higher'} is better; "
+                                 f"set higher_is_better = {'false' if lower else 'true'}|higher_is_better")
+
+
+@dataclass(frozen=True)
+class SloConfig:
+    metric: str = doc("A per-request limit for goodput: ttft_ms, tpot_ms or e2e_ms (definitions: docs/guide/serving.md).")
+    max_ms: float = doc("The limit in milliseconds: a request over it did not meet the SLO.")
+
+    def __post_init__(self) -> None:
+        if self.metric.removesuffix("_ms") not in tails.SLO_METRICS or not self.metric.endswith("_ms"):
+            raise ValueError(f"expected one of {', '.join(m + '_ms' for m in tails.SLO_METRICS)}, got {self.metric!r}|metric")
+        if not (math.isfinite(self.max_ms) and self.max_ms > 0):
+            raise ValueError(f"expected a positive number of milliseconds, got {self.max_ms!r}|max_ms")
 
 
 MAX_SECONDS = 1e6  # a timeout beyond ~11 days is a typo
@@ -520,6 +542,7 @@ class AgentConfig:
 class Config:
     target: TargetConfig = doc("[target]", factory=TargetConfig)
     workloads: tuple[WorkloadConfig, ...] = doc("[[workload]] tables", ())
+    slos: tuple[SloConfig, ...] = doc("[[slo]] tables", ())
     gate: GateConfig = doc("[gate]", factory=GateConfig)
     verify: VerifyConfig | None = doc("[verify]", None)
     sweep: SweepConfig = doc("[sweep]", factory=SweepConfig)
@@ -540,6 +563,10 @@ class Config:
                 return w
         raise KeyError(name)
 
+    def slo_limits(self) -> dict[str, float]:
+        """Per-request limits by base metric (ttft, tpot, e2e), in milliseconds: what a request must meet to count in goodput."""
+        return {x.metric.removesuffix("_ms"): x.max_ms for x in self.slos}
+
     def fingerprint(self) -> str:
         """Hash of everything that affects measurement; stored with every trial."""
         payload = {
@@ -549,6 +576,8 @@ class Config:
             # the unit only labels numbers: changing it measures nothing differently
             "workloads": [{k: v for k, v in dataclasses.asdict(w).items() if k != "unit"} for w in self.workloads],
         }
+        if self.slos:  # what goodput counts
+            payload["slos"] = [dataclasses.asdict(x) for x in self.slos]
         if self.engine != EngineConfig():  # how the sides are placed changes the noise (a calibration's too)
             payload["engine"] = dataclasses.asdict(self.engine)
         blob = json.dumps(payload, sort_keys=True, default=str).encode()
@@ -653,7 +682,7 @@ def load_config_text(text: str, source: str = CONFIG_FILE) -> Config:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{source}: TOML syntax error: {exc}") from None
-    allowed = set(_SECTIONS) | {"workload", "sweep"}
+    allowed = set(_SECTIONS) | {"workload", "sweep", "slo"}
     for key in data:
         if key not in allowed:
             raise ConfigError(
@@ -673,14 +702,32 @@ def load_config_text(text: str, source: str = CONFIG_FILE) -> Config:
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
         raise ConfigError(f"{source}: [[workload]] name: duplicate workload name {dupes[0]!r}")
+    slos = _slos(data.get("slo"), source)
+    goodput = [w.name for w in workloads if w.metric == tails.GOODPUT]
+    if goodput and not slos:
+        raise ConfigError(f"{source}: [[workload]] {goodput[0]}: metric {tails.GOODPUT} counts requests that meet the SLOs; "
+                          "add [[slo]] tables, e.g. [[slo]] metric = \"ttft_ms\" max_ms = 500")
     gate: GateConfig = sections["gate"]
     if gate.objective is not None and gate.objective not in names:
         raise ConfigError(
             f"{source}: [gate] objective: expected one of the workload names ({', '.join(names)}), got {gate.objective!r}"
         )
-    return Config(target=sections["target"], workloads=workloads, gate=gate, verify=verify, sweep=_sweep(data.get("sweep"), source),
+    return Config(target=sections["target"], workloads=workloads, slos=slos, gate=gate, verify=verify, sweep=_sweep(data.get("sweep"), source),
                   executor=sections["executor"], engine=sections["engine"], agent=sections["agent"], stack=sections["stack"],
                   forge=sections["forge"])
+
+
+def _slos(raw: Any, source: str) -> tuple[SloConfig, ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise ConfigError(f"{source}: slo: expected [[slo]] tables, got a single value")
+    slos = tuple(_build(SloConfig, x, f"[[slo]] #{i + 1}", source) for i, x in enumerate(raw))
+    names = [x.metric for x in slos]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ConfigError(f"{source}: [[slo]] metric: two limits for {dupes[0]!r}")
+    return slos
 
 
 def _sweep(raw: Any, source: str) -> SweepConfig:
@@ -704,7 +751,8 @@ def _sweep(raw: Any, source: str) -> SweepConfig:
 def reference_rows() -> list[tuple[str, str, str, str]]:
     """(section, key, default, doc) for every key: the generated config reference (docs/hooks.py → docs/reference/config.md)."""
     rows = []
-    for section, cls in (("[target]", TargetConfig), ("[[workload]]", WorkloadConfig), ("[gate]", GateConfig), ("[engine]", EngineConfig),
+    for section, cls in (("[target]", TargetConfig), ("[[workload]]", WorkloadConfig), ("[[slo]]", SloConfig),
+                         ("[gate]", GateConfig), ("[engine]", EngineConfig),
                          ("[verify]", VerifyConfig), ("[sweep]", SweepConfig), ("[[sweep.knob]]", KnobConfig), ("[executor]", ExecutorConfig),
                          ("[agent]", AgentConfig), ("[stack]", StackConfig), ("[forge]", ForgeConfig)):
         for f in dataclasses.fields(cls):

@@ -290,6 +290,8 @@ def engine_factory(config: Config, workload: WorkloadConfig, sd: "Sides", pool: 
     place = placement_for(config)
     spec = engine_spec(workload)
     spec["engine"] = place.engine_args(spec["engine"])
+    if workload.kind == "vllm-serve" and config.slos:
+        spec["slo"] = config.slo_limits()  # what goodput counts
     worktrees, logs = sd.worktrees, sd.logs / (out or "engines")
 
     env = {**config.target.env, **workload.env}

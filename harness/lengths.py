@@ -10,6 +10,7 @@ AGENTSEARCH_LENGTH_DIST and AGENTSEARCH_LENGTH_SCALE to use if their inputs have
 from __future__ import annotations
 
 import hashlib
+import random
 from typing import Any, Mapping
 
 DISTS = ("fixed", "uniform", "zipf")
@@ -21,6 +22,22 @@ SCALES = (0.75, 1.0, 1.25)
 def profile(seed: int) -> tuple[str, float]:
     h = hashlib.sha256(f"lengths:{seed}".encode()).digest()
     return DISTS[h[0] % len(DISTS)], SCALES[h[1] % len(SCALES)]
+
+
+def draw(rng: random.Random, n: int, mean: int, dist: str, lo: int = 4, hi: int | None = None) -> list[int]:
+    """n lengths around ``mean`` from a seeded distribution: fixed, uniform or zipf. The same as
+    ``harness/workers/vllm_worker.py``'s ``lengths`` (which runs in the sandbox and imports nothing of ours;
+    tests/test_serving_tails.py holds the two equal)."""
+    hi = hi or 2 * mean
+    if dist == "fixed":
+        return [mean] * n
+    if dist == "uniform":
+        return [rng.randint(max(lo, mean // 2), max(lo, mean + mean // 2)) for _ in range(n)]
+    if dist == "zipf":
+        raw = [1.0 / (rng.random() ** (1 / 1.5)) for _ in range(n)]
+        scale = mean / (sum(raw) / n)
+        return [int(min(hi * 4, max(lo, round(r * scale)))) for r in raw]
+    raise ValueError(f"unknown length distribution {dist!r} ({', '.join(DISTS)})")
 
 
 def vary(params: Mapping[str, Any], seed: int) -> dict[str, Any]:

@@ -1,12 +1,14 @@
-"""The serving workload: a warm ``vllm serve`` per side, measured with ``vllm bench serve``.
+"""The serving workload: a warm ``vllm serve`` per side, measured by a warm load generator of our own.
 
 The server runs the candidate's code (PYTHONPATH = the candidate worktree, cwd = worktree);
 the load generator is ``vllm bench serve`` from the vLLM installed beside the orchestrator (the
 measuring instrument must not be something a proposal can change, not even one merged into the
 baseline; the baseline's worktree only where no vLLM is installed: ``instrument``). It is warm too: one long-lived process per server
-(``workers/bench_client.py``) imports the benchmark once and runs it for every trial, so a serving
+(``workers/bench_client.py``) imports vLLM's request function once and runs every trial's planned load
+(``harness.serving_load``: open-loop arrivals at a rate, or a closed loop under a concurrency limit), so a serving
 trial costs its requests, not a vLLM import (about 10 s here). Every request must succeed: a
-failed request fails the trial. Metrics: output throughput and TTFT / TPOT / ITL p50 and p99.
+failed request fails the trial. Metrics (``harness.tails``, one definition each): rates, and quantiles of TTFT,
+TPOT, ITL and E2E latency from the per-request timings; goodput under ``[[slo]]``.
 """
 
 from __future__ import annotations
@@ -23,18 +25,13 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Mapping
 
-from . import sandbox
+from . import sandbox, serving_load, tails
 from .engine_session import MAX_MESSAGE_BYTES, Parkable, WorkerError, read_serving, serving_env
 from .trials import CRASH, TIMEOUT, TrialOutcome, child_env, kill_group, log_error_line, log_tail, metric_error, safe_json_loads, tail
 
 CLIENT = Path(__file__).with_name("workers") / "bench_client.py"
 CLIENT_START_S = 300.0  # the load generator's import of vLLM, at most
 
-METRICS = {
-    "output_throughput": "output_tok_s", "request_throughput": "requests_s", "total_token_throughput": "total_tok_s",
-    "median_ttft_ms": "ttft_p50_ms", "p99_ttft_ms": "ttft_p99_ms", "median_tpot_ms": "tpot_p50_ms",
-    "p99_tpot_ms": "tpot_p99_ms", "median_itl_ms": "itl_p50_ms", "p99_itl_ms": "itl_p99_ms",
-}
 
 
 def instrument(baseline: Path) -> Path | None:
@@ -113,12 +110,13 @@ class ServeSession(Parkable):
         self.log_path = log_dir / f"serve-{os.getpid()}-{time.monotonic_ns()}.log"
         self.netns_pid: int | None = None  # the sandboxed server's process, whose network namespace the client joins
         self.client: BenchClient | None = None  # the warm load generator, started with the first trial
+        self.engine: dict[str, Any] = dict(spec.get("engine", {}))  # with the fork's serving.json, once started
 
     def start(self) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         try:
             extra = serving_env(self.worktree)
-            engine = {**self.spec.get("engine", {}), **serving_engine(self.worktree)}
+            engine = self.engine = {**self.spec.get("engine", {}), **serving_engine(self.worktree)}
         except (WorkerError, json.JSONDecodeError) as exc:
             self.start_error = f"bad serving.json: {exc}"
             return
@@ -204,17 +202,7 @@ class ServeSession(Parkable):
         if self.start_error or self.proc is None:
             return TrialOutcome(False, None, {}, 0.0, self.start_error or "server was not started", self._log_tail())
         p = self.spec.get("params", {}) if params is None else params
-        args = [
-            "--backend", "vllm",
-            "--base-url", f"http://127.0.0.1:{self.port}", "--model", self.spec["model"], "--tokenizer", self.spec["model"],
-            "--dataset-name", "random", "--random-input-len", str(p.get("input_len", 32)),
-            "--random-output-len", str(p.get("output_len", 32)), "--num-prompts", str(p.get("prompts", 32)),
-            "--max-concurrency", str(p.get("max_concurrency", 4)), "--request-rate", str(p.get("request_rate", "inf")),
-            "--seed", str(seed), "--ignore-eos", "--disable-tqdm",
-            # greedy, so the two sides' texts for the same requests can be compared (the outputs check);
-            # --save-detailed keeps the per-request lengths and texts in the result
-            "--temperature", "0", "--save-detailed",
-        ]
+        load = serving_load.plan(p, seed, serving_load.vocab_size(self.spec["model"]), int(self.engine.get("max_model_len") or 1024))
         t0 = time.perf_counter()
         try:
             if self.client is None:
@@ -222,33 +210,40 @@ class ServeSession(Parkable):
                 self.wait_s += self.client.start()  # its import is start-up, not the trial's time
                 t0 = time.perf_counter()
             cpu0 = self.cpu_seconds() if self.cpus else None
-            data = self.client.bench(args)
+            data = self.client.run(load.command(f"http://127.0.0.1:{self.port}", self.spec["model"]))
         except WorkerError as exc:
             wall = time.perf_counter() - t0
             timed_out = isinstance(exc, ClientTimeout)
             if not isinstance(exc, ClientReported) or self.client is None or not self.client.alive():
                 self._close_client()  # hung, dead, never started or off protocol: replaced at the next trial
-            return TrialOutcome(False, None, {}, wall, f"bench serve: {exc}", self._log_tail(), failure=TIMEOUT if timed_out else CRASH)
+            return TrialOutcome(False, None, {}, wall, f"load generator: {exc}", self._log_tail(), failure=TIMEOUT if timed_out else CRASH)
         wall = time.perf_counter() - t0
-        failed = int(data.get("failed", 0) or 0)
-        if failed or int(data.get("completed", 0) or 0) != int(p.get("prompts", 32)):
-            return TrialOutcome(False, None, {}, wall, f"{failed} of {p.get('prompts', 32)} requests failed: {self._error_line()}", self._log_tail())
-        outputs, why = served_outputs(data, int(p.get("prompts", 32)), int(p.get("output_len", 32)))
+        timings, outputs, why = served_requests(data, load)
         if why:
-            return TrialOutcome(False, None, {}, wall, f"bench serve: {why}", self._log_tail())
-        metrics: dict[str, Any] = {ours: data.get(theirs) for theirs, ours in METRICS.items()}
-        metrics["input_tokens"] = data.get("total_input_tokens")  # the outputs check: both sides got the same requests
+            return TrialOutcome(False, None, {}, wall, why, self._log_tail())
+        metrics: dict[str, Any] = dict(tails.serving_metrics(timings, (metric,), self.spec.get("slo") or None))
+        metrics["input_tokens"] = sum(t.input_tokens for t in timings)  # the outputs check: both sides got the same requests
+        metrics["requests"] = len(timings)
         metrics["engine_startup_s"] = self.startup_s
-        metrics["duration_s"] = data.get("duration")
         metrics["generator_trial"] = self.client.served if self.client else None  # n-th trial of this warm load generator
+        lags = sorted(r["lag"] for r in data["requests"])
+        metrics["generator_lag_p99_ms"] = tails.harrell_davis([x / 1000 for x in lags], 0.99)
+        metrics["client_queue_p99_ms"] = tails.harrell_davis([r["queue"] / 1000 for r in data["requests"]], 0.99)
         over = self._envelope(cpu0, wall, metrics)  # pinned: the server used no more CPU time than its CPUs give
         if over:
             return TrialOutcome(False, None, metrics, wall, over, self._log_tail())
+        if metrics["generator_lag_p99_ms"] > load.max_lag_s * 1000:
+            return TrialOutcome(False, None, metrics, wall, (
+                f"the load generator fell behind its schedule (p99 lag {metrics['generator_lag_p99_ms']:.1f} ms > "
+                f"{load.max_lag_s * 1000:.0f} ms at {load.rate:g} requests/s): this machine cannot send that rate on time; "
+                "lower request_rate"), self._log_tail())
         d = metrics["duration_s"]
         if not isinstance(d, (int, float)) or isinstance(d, bool) or not 0 < d <= wall:
-            return TrialOutcome(False, None, metrics, wall, f"bench serve reported a duration of {d!r} s in a {wall:.2f} s round trip", self._log_tail())
+            return TrialOutcome(False, None, metrics, wall, f"the load reported a duration of {d!r} s in a {wall:.2f} s round trip", self._log_tail())
         err_msg = metric_error(metrics, metric)
         if err_msg:
+            if metric == tails.GOODPUT and metrics.get(tails.GOODPUT) == 0:
+                err_msg = f"no request met the SLOs ({_slo_text(self.spec.get('slo') or {})}): goodput 0 cannot be compared"
             return TrialOutcome(False, None, metrics, wall, err_msg, self._log_tail())
         return TrialOutcome(True, float(metrics[metric]), metrics, wall, outputs=outputs)
 
@@ -282,24 +277,46 @@ class ServeSession(Parkable):
             self.wait_s += time.perf_counter() - t0
 
 
-def served_outputs(data: Mapping[str, Any], prompts: int, output_len: int) -> tuple[tuple[tuple[int, ...], ...] | None, str]:
-    """The run's outputs for the outputs check (per request, the hashes of its text's chunks), or why the
-    run cannot be trusted. The token counts come from the server (its ``usage``): each request must report
-    exactly the ``output_len`` it asked for (``--ignore-eos``, fixed lengths), and their sum is what the
-    throughput is computed from; a server that reports more than it generated is caught by the texts,
-    which the outputs check compares with the other side's."""
-    lens, texts = data.get("output_lens"), data.get("outputs")
-    if not isinstance(lens, list) or not isinstance(texts, list) or len(lens) != prompts or len(texts) != prompts:
-        return None, f"the run reported no per-request lengths and outputs for its {prompts} requests"
-    wrong = [n for n in lens if n != output_len]
+def _slo_text(slos: Mapping[str, float]) -> str:
+    return ", ".join(f"{k} <= {v:g} ms" for k, v in slos.items()) or "none"
+
+
+def _count(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+
+def served_requests(data: Mapping[str, Any], load: serving_load.LoadPlan
+                    ) -> tuple[list[tails.RequestTiming], tuple[tuple[int, ...], ...] | None, str]:
+    """The measured requests' timings and outputs (per request, the hashes of its text's chunks), or why the
+    run cannot be trusted. Every request must have succeeded and report exactly the output tokens it asked for
+    (``ignore_eos``), as the server counted them (its ``usage``): the rates are computed from them, and a server
+    that reports more than it generated is caught by the texts, which the outputs check compares with the other
+    side's. Times arrive in microseconds."""
+    rows = data.get("requests")
+    n = load.measured
+    if not isinstance(rows, list) or len(rows) != n or not all(isinstance(r, dict) for r in rows):
+        return [], None, f"the load generator reported no per-request results for its {n} requests"
+    failed = [r for r in rows if r.get("ok") is not True]
+    if failed:
+        return [], None, f"{len(failed)} of {n} requests failed: {tail(str(failed[0].get('error') or 'no reason'), 1, 200)}"
+    timings, outputs = [], []
+    wrong = 0
+    for j, r in enumerate(rows):
+        gaps, out = r.get("gaps"), r.get("outputs")
+        fields = (r.get("sent"), r.get("ttft"), r.get("e2e"), r.get("output_tokens"), r.get("input_tokens"), r.get("lag"), r.get("queue"))
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in fields) or not isinstance(gaps, list) \
+                or not all(_count(g) for g in gaps) or not isinstance(out, list) or not all(_count(h) for h in out):
+            return [], None, "malformed per-request results from the load generator"
+        if r["output_tokens"] != load.output_lens[load.warmup + j]:
+            wrong += 1
+        if not 0 <= r["ttft"] <= r["e2e"] or len(gaps) > max(0, r["output_tokens"] - 1) or sum(gaps) > r["e2e"] - r["ttft"] + len(gaps) + 1:
+            return [], None, f"request {j}: inconsistent timings (TTFT {r['ttft']} us, E2E {r['e2e']} us, {len(gaps)} gaps)"
+        timings.append(tails.RequestTiming(r["sent"] / 1e6, r["ttft"] / 1e6, r["e2e"] / 1e6, tuple(g / 1e6 for g in gaps),
+                                           r["output_tokens"], r["input_tokens"]))
+        outputs.append(tuple(out))
     if wrong:
-        return None, (f"{len(wrong)} of {prompts} requests reported {sorted(set(wrong))[:3]} output tokens, "
-                      f"not the {output_len} requested")
-    if data.get("total_output_tokens") != sum(lens):
-        return None, f"total output tokens {data.get('total_output_tokens')!r} is not the sum of the requests' {sum(lens)}"
-    if not all(isinstance(t, list) and all(isinstance(h, int) and not isinstance(h, bool) for h in t) for t in texts):
-        return None, "malformed outputs"
-    return tuple(tuple(t) for t in texts), ""
+        return [], None, f"{wrong} of {n} requests reported a number of output tokens other than the one requested"
+    return timings, tuple(outputs), ""
 
 
 class ClientTimeout(WorkerError):
@@ -351,10 +368,11 @@ class BenchClient:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def bench(self, args: list[str]) -> dict[str, Any]:
+    def run(self, command: Mapping[str, Any]) -> dict[str, Any]:
+        """Send one measuring command (``load`` or ``bench``) and wait for its result."""
         assert self.proc is not None and self.proc.stdin is not None
         try:
-            self.proc.stdin.write((json.dumps({"cmd": "bench", "argv": args}) + "\n").encode())
+            self.proc.stdin.write((json.dumps(command) + "\n").encode())
             self.proc.stdin.flush()
         except (BrokenPipeError, OSError):
             raise WorkerError("the load generator died") from None

@@ -9,8 +9,16 @@ network namespace (loopback only) to reach it.
 
 Self-contained: standard library + vllm only (never imports agentsearch or harness).
 
+Two commands measure. ``load`` is the serving workload's own open-loop generator (``harness.serving_load`` plans
+it): it sends each request at its scheduled offset (or all at once under ``max_concurrency``) with vLLM's
+streaming request function for the OpenAI completions API, and reports per request when it was sent, its lag
+behind the schedule, its client queue time, its TTFT, every gap between chunks, its end-to-end latency, the
+tokens the server reported and its outputs' hashes; the orchestrator computes every metric from them
+(``harness.tails``). ``bench`` runs ``vllm bench serve`` as is (kept for comparison).
+
 Protocol: results go to the file descriptor ``--fd`` as JSON lines (vLLM's own output goes to
 stdout/stderr, which the orchestrator sends to a log). Commands arrive on stdin as JSON lines:
+``{"cmd": "load", ...}`` (``LoadPlan.command``) -> ``{"event": "result", "result": {"requests": [...]}}``;
 ``{"cmd": "bench", "argv": [...the arguments of `vllm bench serve`...]}`` -> ``{"event": "result",
 "result": {...}}`` or ``{"event": "error", "error": "..."}`` (the process stays up); ``{"cmd": "quit"}``.
 On start-up: ``{"event": "ready", "import_s": ...}``. The result is compact whatever the workload's
@@ -68,6 +76,71 @@ def compact(result: dict) -> dict:
     return out
 
 
+def _micros(x: float) -> int:
+    return int(round(x * 1e6))
+
+
+def load(cmd: dict) -> dict:
+    """Run one planned load (see the module docstring); per request, times in microseconds."""
+    import asyncio
+
+    import aiohttp
+    from vllm.benchmarks.lib.endpoint_request_func import ASYNC_REQUEST_FUNCS, RequestFuncInput
+
+    request = ASYNC_REQUEST_FUNCS["vllm"]
+    prompts, outs = cmd["prompts"], cmd["output_lens"]
+    arrivals, warm, mc = cmd.get("arrivals"), int(cmd.get("warmup") or 0), cmd.get("max_concurrency")
+    api_url = cmd["base_url"].rstrip("/") + "/v1/completions"
+    if len(prompts) != len(outs) or (arrivals is not None and len(arrivals) != len(prompts) - warm):
+        raise ValueError("malformed load: prompts, output lengths and arrivals disagree")
+
+    def inp(i: int) -> RequestFuncInput:
+        # greedy (the outputs check compares the two sides' texts), fixed lengths (--ignore-eos)
+        return RequestFuncInput(prompt=prompts[i], api_url=api_url, prompt_len=len(prompts[i]), output_len=int(outs[i]),
+                                model=cmd["model"], ignore_eos=True, extra_body={"temperature": 0.0})
+
+    async def go() -> list[dict]:
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60, force_close=False)
+        async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=6 * 3600)) as session:
+            sem = asyncio.Semaphore(int(mc)) if mc else None
+            if warm:  # not measured: the first requests after a start or a pause
+                ws = asyncio.Semaphore(int(mc) if mc else 8)
+
+                async def warm_one(i: int) -> None:
+                    async with ws:
+                        await request(request_func_input=inp(i), session=session)
+
+                await asyncio.gather(*(warm_one(i) for i in range(warm)))
+            rows: list[dict] = [{} for _ in range(len(prompts) - warm)]
+
+            async def one(j: int, scheduled: float, t0: float) -> None:
+                arrived = time.perf_counter()
+                if sem is not None:
+                    async with sem:
+                        out = await request(request_func_input=inp(warm + j), session=session)
+                else:
+                    out = await request(request_func_input=inp(warm + j), session=session)
+                gaps = [_micros(g) for g in out.itl]
+                rows[j] = {"ok": bool(out.success), "error": str(out.error or "")[-300:], "sent": _micros(out.start_time - t0),
+                           "lag": _micros(arrived - scheduled), "queue": _micros(out.start_time - arrived),
+                           "ttft": _micros(out.ttft), "e2e": _micros(out.latency), "gaps": gaps,
+                           "output_tokens": out.output_tokens, "input_tokens": out.prompt_len,
+                           "outputs": _chunks(out.generated_text)}
+
+            t0 = time.perf_counter() + 0.02
+            tasks = []
+            for j in range(len(prompts) - warm):
+                scheduled = t0 + (float(arrivals[j]) if arrivals is not None else 0.0)
+                delay = scheduled - time.perf_counter()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                tasks.append(asyncio.create_task(one(j, scheduled, t0)))
+            await asyncio.gather(*tasks)
+            return rows
+
+    return {"requests": asyncio.run(go())}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--fd", type=int, required=True)
@@ -94,10 +167,13 @@ def main() -> int:
             continue
         if cmd.get("cmd") == "quit":
             return 0
-        if cmd.get("cmd") != "bench":
+        if cmd.get("cmd") not in ("bench", "load"):
             send({"event": "error", "error": f"unknown command {cmd.get('cmd')!r}"})
             continue
         try:
+            if cmd["cmd"] == "load":
+                send({"event": "result", "result": load(cmd)})
+                continue
             parser = FlexibleArgumentParser()
             serve.add_cli_args(parser)
 

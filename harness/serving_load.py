@@ -1,0 +1,146 @@
+"""The serving workload's load: which requests, when, and whether the generator kept to it.
+
+A trial's load is a ``LoadPlan`` built here from the workload's ``params`` and the pair's seed, so both sides of a
+pair get the same requests at the same offsets:
+
+- **requests**: ``prompts`` measured requests, preceded by ``warmup`` unmeasured ones; their input and output
+  lengths drawn around ``input_len`` / ``output_len`` from ``length_dist`` (fixed, uniform, zipf: the pair's length
+  profile, ``harness.lengths``); prompts are token ids (exact lengths, no tokenizer round trip).
+- **arrivals**: ``request_rate`` requests per second as a renewal process with gamma inter-arrival times of shape
+  ``burstiness`` (1: Poisson; below 1 burstier, above 1 more regular), or ``"inf"``: all at once, the closed loop
+  that ``max_concurrency`` bounds. With a rate, ``max_concurrency`` (if given) caps requests in flight, and the time a
+  request waits for a slot is its client queue time (reported, not part of its TTFT).
+- **the generator keeps up**: every request's lag (its actual send minus its scheduled arrival, before any
+  concurrency slot) is measured; a trial whose p99 lag exceeds ``max_lag_s`` is the instrument's failure, said in
+  one line: the machine cannot sustain that rate.
+
+``check_params`` is the one validation of these params (the config calls it, before anything runs).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from . import lengths, tails
+
+DEFAULT_PROMPTS, DEFAULT_INPUT_LEN, DEFAULT_OUTPUT_LEN, DEFAULT_CONCURRENCY = 32, 32, 32, 4
+MAX_RATE = 500.0  # requests per second one warm generator process sends on schedule here (benchmarks/serving_tails.py)
+MAX_REQUESTS = 20_000  # per trial (one JSON message each way)
+LAG_FLOOR_S = 0.010  # a send this late is on time whatever the rate
+LAG_SHARE = 0.25  # ... or a quarter of the mean inter-arrival time, whichever is larger
+PARAMS = ("prompts", "input_len", "output_len", "length_dist", "max_concurrency", "request_rate", "burstiness", "warmup",
+          "vary_lengths", "batch_size", "iterations")
+
+
+@dataclass(frozen=True)
+class LoadPlan:
+    """One trial's requests and their arrival offsets (seconds from the trial's start)."""
+
+    prompts: tuple[tuple[int, ...], ...]
+    output_lens: tuple[int, ...]
+    arrivals: tuple[float, ...] | None  # None: all at once (closed loop under max_concurrency)
+    max_concurrency: int | None
+    warmup: int  # the first ``warmup`` requests are sent before the clock starts and not measured
+    rate: float | None
+
+    @property
+    def measured(self) -> int:
+        return len(self.prompts) - self.warmup
+
+    @property
+    def max_lag_s(self) -> float:
+        return max(LAG_FLOOR_S, LAG_SHARE / self.rate) if self.rate else math.inf
+
+    def command(self, base_url: str, model: str) -> dict[str, Any]:
+        """The load generator's command (``workers/bench_client.py``)."""
+        return {"cmd": "load", "base_url": base_url, "model": model, "prompts": [list(p) for p in self.prompts],
+                "output_lens": list(self.output_lens), "arrivals": list(self.arrivals) if self.arrivals is not None else None,
+                "max_concurrency": self.max_concurrency, "warmup": self.warmup}
+
+
+def _rate(value: Any) -> float | None:
+    if value in (None, "inf", math.inf):
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < float(value) <= MAX_RATE:
+        raise ValueError(f"request_rate must be \"inf\" or a number of requests per second in (0, {MAX_RATE:g}] "
+                         f"(the most one load generator sends on schedule here), got {value!r}")
+    return float(value)
+
+
+def _int(params: Mapping[str, Any], key: str, default: int | None, lo: int, hi: int) -> int | None:
+    v = params.get(key, default)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+        raise ValueError(f"{key} must be an integer in [{lo}, {hi}], got {v!r}")
+    return v
+
+
+def check_params(params: Mapping[str, Any], metric: str) -> None:
+    """Raise ValueError (one line) for params a serving workload cannot run, or a metric its trials cannot judge."""
+    unknown = sorted(set(params) - set(PARAMS))
+    if unknown:
+        raise ValueError(f"unknown serving param {unknown[0]!r} (known: {', '.join(PARAMS)})")
+    prompts = _int(params, "prompts", DEFAULT_PROMPTS, 1, MAX_REQUESTS)
+    _int(params, "input_len", DEFAULT_INPUT_LEN, 1, 1 << 20)
+    _int(params, "output_len", DEFAULT_OUTPUT_LEN, 1, 1 << 20)
+    _int(params, "warmup", 0, 0, MAX_REQUESTS)
+    _int(params, "max_concurrency", DEFAULT_CONCURRENCY, 1, 1 << 16)
+    if params.get("length_dist", "fixed") not in lengths.DISTS:
+        raise ValueError(f"length_dist must be one of {', '.join(lengths.DISTS)}, got {params.get('length_dist')!r}")
+    _rate(params.get("request_rate"))
+    b = params.get("burstiness", 1.0)
+    if isinstance(b, bool) or not isinstance(b, (int, float)) or not 0.05 <= float(b) <= 100:
+        raise ValueError(f"burstiness must be a number in [0.05, 100] (1: Poisson arrivals), got {b!r}")
+    if not tails.is_serving_metric(metric):
+        raise ValueError(f"a serving workload has no metric {metric!r}: one of {', '.join(tails.RATE_METRICS)}, "
+                         f"{tails.GOODPUT} (with [[slo]]) or a quantile such as ttft_p99_ms ({', '.join(tails.DEFINITIONS)})")
+    qm = tails.quantile_metric(metric)
+    if qm is not None:
+        need = tails.min_requests(qm.q)
+        n = int(prompts or DEFAULT_PROMPTS)
+        if qm.base != "itl" and n < need:  # ITL pools every chunk of every request: output_len - 1 per request
+            raise ValueError(f"{metric} needs trials of at least {need} requests (prompts = {n}): a p{qm.q * 100:g} "
+                             f"over fewer is close to their maximum; raise prompts or judge a lower quantile")
+        chunks = n * max(0, int(params.get("output_len", DEFAULT_OUTPUT_LEN)) - 1)
+        if qm.base == "itl" and chunks < need:
+            raise ValueError(f"{metric} needs at least {need} token gaps per trial ({chunks} here): raise prompts or output_len")
+
+
+def vocab_size(model_dir: str) -> int:
+    """The model's vocabulary size (its config.json), for drawing prompt token ids; 1,000 when it says none."""
+    try:
+        v = json.loads((Path(model_dir) / "config.json").read_text()).get("vocab_size")
+    except (OSError, ValueError, AttributeError):
+        return 1000
+    return int(v) if isinstance(v, int) and not isinstance(v, bool) and v > 20 else 1000
+
+
+def plan(params: Mapping[str, Any], seed: int, vocab: int, max_model_len: int = 1024) -> LoadPlan:
+    """The trial's load for this seed (the same on both sides of a pair)."""
+    rng = random.Random(int.from_bytes(hashlib.sha256(f"serving-load:{seed}".encode()).digest()[:8], "big"))
+    warm = int(params.get("warmup", 0))
+    n = int(params.get("prompts", DEFAULT_PROMPTS)) + warm
+    dist = str(params.get("length_dist", "fixed"))
+    ins = lengths.draw(rng, n, int(params.get("input_len", DEFAULT_INPUT_LEN)), dist)
+    outs = lengths.draw(rng, n, int(params.get("output_len", DEFAULT_OUTPUT_LEN)), dist)
+    ins = [max(1, min(i, max_model_len // 2)) for i in ins]  # every request fits the context
+    outs = [max(1, min(o, max_model_len - i)) for i, o in zip(ins, outs)]
+    prompts = tuple(tuple(rng.randrange(10, vocab) for _ in range(i)) for i in ins)
+    rate = _rate(params.get("request_rate"))
+    arrivals = None
+    if rate is not None:
+        shape = float(params.get("burstiness", 1.0))
+        t, offs = 0.0, []
+        for _ in range(n - warm):
+            offs.append(t)
+            t += rng.gammavariate(shape, 1.0 / (rate * shape))
+        arrivals = tuple(offs)
+    mc = params.get("max_concurrency", None if rate is not None else DEFAULT_CONCURRENCY)
+    return LoadPlan(prompts, tuple(outs), arrivals, int(mc) if mc is not None else None, warm, rate)
