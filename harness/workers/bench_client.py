@@ -7,11 +7,11 @@ orchestrator (or, where there is none, the baseline's worktree: ``harness.serve_
 in the orchestrator's hands and outside any side's sandbox; it only joins the measured server's
 network namespace (loopback only) to reach it.
 
-Self-contained: standard library + vllm only (never imports agentsearch or harness).
+Self-contained: standard library, aiohttp and vllm only (never imports agentsearch or harness).
 
 Two commands measure. ``load`` is the serving workload's own open-loop generator (``harness.serving_load`` plans
-it): it sends each request at its scheduled offset (or all at once under ``max_concurrency``) with vLLM's
-streaming request function for the OpenAI completions API, and reports per request when it was sent, its lag
+it): it sends each request at its scheduled offset (or all at once under ``max_concurrency``) as a streamed
+OpenAI completion (``complete``: the timing definitions of ``harness.tails``), and reports per request when it was sent, its lag
 behind the schedule, its client queue time, its TTFT, every gap between chunks, its end-to-end latency, the
 tokens the server reported and its outputs' hashes; the orchestrator computes every metric from them
 (``harness.tails``). ``bench`` runs ``vllm bench serve`` as is (kept for comparison).
@@ -80,24 +80,77 @@ def _micros(x: float) -> int:
     return int(round(x * 1e6))
 
 
+MAX_TEXT = 1 << 20  # characters of generated text per request; a server that streams more fails the request
+
+
+async def complete(session, api_url: str, model: str, prompt: list, output_len: int) -> dict:
+    """One streamed completion, timed by the definitions of ``harness.tails``: TTFT is the first chunk that carries
+    text (an empty chunk sent early is not a token), each gap is between two chunks that carry text, E2E ends at the
+    last one. Tokens as the server's usage reports them. Times in seconds (``time.perf_counter``)."""
+    import aiohttp
+
+    payload = {"model": model, "prompt": prompt, "max_tokens": output_len, "temperature": 0.0, "ignore_eos": True,
+               "stream": True, "stream_options": {"include_usage": True}}
+    row = {"ok": False, "error": "", "start": time.perf_counter(), "ttft": 0.0, "e2e": 0.0, "gaps": [], "text": "",
+           "output_tokens": None, "input_tokens": len(prompt)}
+    first = last = None
+    buf = b""
+    try:
+        async with session.post(url=api_url, json=payload) as response:
+            if response.status != 200:
+                row["error"] = f"HTTP {response.status} {response.reason or ''}".strip()
+                return row
+            async for data in response.content.iter_any():
+                buf += data
+                while b"\n" in buf:
+                    line, buf = buf.split(b"\n", 1)
+                    line = line.strip()
+                    if not line.startswith(b"data:"):
+                        continue  # blank lines, SSE comments
+                    body = line[5:].strip()
+                    if body == b"[DONE]":
+                        continue
+                    msg = json.loads(body)
+                    choices = msg.get("choices") if isinstance(msg, dict) else None
+                    if choices and isinstance(choices, list) and isinstance(choices[0], dict):
+                        text = choices[0].get("text") or ""
+                        if not isinstance(text, str):
+                            raise ValueError("a chunk's text is not a string")
+                        if text:
+                            now = time.perf_counter()
+                            if first is None:
+                                first = now
+                            else:
+                                row["gaps"].append(now - last)
+                            last = now
+                            row["text"] += text
+                            if len(row["text"]) > MAX_TEXT:
+                                raise ValueError(f"more than {MAX_TEXT} characters of text")
+                    usage = msg.get("usage") if isinstance(msg, dict) else None
+                    if isinstance(usage, dict):
+                        row["output_tokens"] = usage.get("completion_tokens")
+                        if usage.get("prompt_tokens") is not None:
+                            row["input_tokens"] = usage.get("prompt_tokens")
+        if first is None:
+            row["error"] = "no chunk carried text"
+            return row
+        row.update(ok=True, ttft=first - row["start"], e2e=last - row["start"])
+    except (aiohttp.ClientError, ValueError, OSError) as exc:
+        row["error"] = f"{type(exc).__name__}: {exc}"
+    return row
+
+
 def load(cmd: dict) -> dict:
     """Run one planned load (see the module docstring); per request, times in microseconds."""
     import asyncio
 
     import aiohttp
-    from vllm.benchmarks.lib.endpoint_request_func import ASYNC_REQUEST_FUNCS, RequestFuncInput
 
-    request = ASYNC_REQUEST_FUNCS["vllm"]
     prompts, outs = cmd["prompts"], cmd["output_lens"]
     arrivals, warm, mc = cmd.get("arrivals"), int(cmd.get("warmup") or 0), cmd.get("max_concurrency")
-    api_url = cmd["base_url"].rstrip("/") + "/v1/completions"
+    api_url, model = cmd["base_url"].rstrip("/") + "/v1/completions", cmd["model"]
     if len(prompts) != len(outs) or (arrivals is not None and len(arrivals) != len(prompts) - warm):
         raise ValueError("malformed load: prompts, output lengths and arrivals disagree")
-
-    def inp(i: int) -> RequestFuncInput:
-        # greedy (the outputs check compares the two sides' texts), fixed lengths (--ignore-eos)
-        return RequestFuncInput(prompt=prompts[i], api_url=api_url, prompt_len=len(prompts[i]), output_len=int(outs[i]),
-                                model=cmd["model"], ignore_eos=True, extra_body={"temperature": 0.0})
 
     async def go() -> list[dict]:
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60, force_close=False)
@@ -108,24 +161,23 @@ def load(cmd: dict) -> dict:
 
                 async def warm_one(i: int) -> None:
                     async with ws:
-                        await request(request_func_input=inp(i), session=session)
+                        await complete(session, api_url, model, prompts[i], int(outs[i]))
 
                 await asyncio.gather(*(warm_one(i) for i in range(warm)))
             rows: list[dict] = [{} for _ in range(len(prompts) - warm)]
 
             async def one(j: int, scheduled: float, t0: float) -> None:
                 arrived = time.perf_counter()
+                i = warm + j
                 if sem is not None:
                     async with sem:
-                        out = await request(request_func_input=inp(warm + j), session=session)
+                        r = await complete(session, api_url, model, prompts[i], int(outs[i]))
                 else:
-                    out = await request(request_func_input=inp(warm + j), session=session)
-                gaps = [_micros(g) for g in out.itl]
-                rows[j] = {"ok": bool(out.success), "error": str(out.error or "")[-300:], "sent": _micros(out.start_time - t0),
-                           "lag": _micros(arrived - scheduled), "queue": _micros(out.start_time - arrived),
-                           "ttft": _micros(out.ttft), "e2e": _micros(out.latency), "gaps": gaps,
-                           "output_tokens": out.output_tokens, "input_tokens": out.prompt_len,
-                           "outputs": _chunks(out.generated_text)}
+                    r = await complete(session, api_url, model, prompts[i], int(outs[i]))
+                rows[j] = {"ok": r["ok"], "error": str(r["error"])[-300:], "sent": _micros(r["start"] - t0),
+                           "lag": _micros(arrived - scheduled), "queue": _micros(r["start"] - arrived),
+                           "ttft": _micros(r["ttft"]), "e2e": _micros(r["e2e"]), "gaps": [_micros(g) for g in r["gaps"]],
+                           "output_tokens": r["output_tokens"], "input_tokens": r["input_tokens"], "outputs": _chunks(r["text"])}
 
             t0 = time.perf_counter() + 0.02
             tasks = []
