@@ -450,7 +450,7 @@ def _guards(ctx: _Ctx) -> bool:
             if again is None or again.failure or again.decision is None or again.decision.action == REGRESSED:
                 if not _judged(ctx, again, "guard-workloads", w.name, OK):
                     failed = ctx.st.checks[-1]
-                    ctx.st.checks[-1] = dataclasses.replace(failed, detail=f"{failed.detail} (first run: {g.decision.reason})")
+                    ctx.st.checks[-1] = dataclasses.replace(failed, detail=f"{failed.detail} (first run: {g.decision.reason}){_trade(ctx, w)}")
                     return False
             summary = ctx.st.summaries[w.name]
             ctx.st.summaries[w.name] = dataclasses.replace(summary, decision=UNCONFIRMED,
@@ -464,6 +464,16 @@ def _guards(ctx: _Ctx) -> bool:
         notes.append(f"{w.name}: {g.decision.reason}")
     ctx.st.add("guard-workloads", Status.PASS, "; ".join(notes) or "no other workloads")
     return True
+
+
+def _trade(ctx: _Ctx, guard: WorkloadConfig) -> str:
+    """The trade a rejected guard names: what the objective gained for what the guard lost ('' when unknown)."""
+    obj = ctx.config.objective
+    won, lost = ctx.st.summaries.get(obj.name), ctx.st.summaries.get(f"{guard.name} (fresh engines)")
+    if won is None or lost is None or won.speedup is None or lost.speedup is None:
+        return ""
+    return (f"; the candidate trades {guard.name} ({guard.metric}) {1 - lost.speedup:.1%} worse for "
+            f"{obj.name} ({obj.metric}) {won.speedup - 1:+.1%}, beyond the guard's limit")
 
 
 def _confirmation(ctx: _Ctx) -> bool:

@@ -28,6 +28,8 @@ from history.drift import DriftPoint, drift_curve, worst_of_sets
 
 from history.records import text
 
+from harness import tails
+
 from . import __version__
 from .errors import AgentsearchError
 from .headline import ci_text, decision_label, headline, number, unit
@@ -449,6 +451,8 @@ def context(ev: Evidence, images: Mapping[str, str], local: bool = True) -> dict
                           "p_test": P_SHORT.get(role, "t-test"), "ci_text": ci_text(w.get("ci")) + ("%" if w.get("ci") else "")})
     roles = [w.get("role") for w in workloads if w.get("p_value") is not None]
     p_tests = {r: P_TESTS[r] for r in order if r in roles and r in P_TESTS}
+    # what each serving metric measures (harness.tails: one definition each, from where to where)
+    definitions = {w["metric"]: d for w in workloads if (d := tails.definition(str(w["metric"])))}
     checks = [{**c, "note": CHECK_NOTES.get(c["name"], "")} for c in v.get("checks", [])]
     tally: dict[str, int] = {}
     for c in checks:
@@ -476,7 +480,7 @@ def context(ev: Evidence, images: Mapping[str, str], local: bool = True) -> dict
     return {
         "ev": ev, "v": v, "title": title, "headline": ev.headline(), "verdict": verdict,
         "badge": f"{verdict}, REVERTED" if ev.revert else verdict, "revert": ev.revert, "reasons": v.get("reasons", []),
-        "workloads": workloads, "p_tests": p_tests, "checks": checks,
+        "workloads": workloads, "p_tests": p_tests, "definitions": definitions, "checks": checks,
         "checks_summary": ", ".join(f"{n} {s}" for s, n in sorted(tally.items(), key=lambda kv: -kv[1])),
         "dist": dist, "dist_rows": dist_rows, "lang_rows": lang_rows, "ref_rows": ref_rows,
         "reference": (dist or {}).get("reference") or {}, "images": images,

@@ -1,12 +1,11 @@
 """The serving workload: a warm ``vllm serve`` per side, measured by a warm load generator of our own.
 
 The server runs the candidate's code (PYTHONPATH = the candidate worktree, cwd = worktree);
-the load generator is ``vllm bench serve`` from the vLLM installed beside the orchestrator (the
-measuring instrument must not be something a proposal can change, not even one merged into the
-baseline; the baseline's worktree only where no vLLM is installed: ``instrument``). It is warm too: one long-lived process per server
-(``workers/bench_client.py``) imports vLLM's request function once and runs every trial's planned load
+the load generator is our own (``workers/bench_client.py``: the standard library and aiohttp from the
+orchestrator's environment; the measuring instrument must not be something a proposal can change, not even one
+merged into the baseline). It is warm: one long-lived process per server runs every trial's planned load
 (``harness.serving_load``: open-loop arrivals at a rate, or a closed loop under a concurrency limit), so a serving
-trial costs its requests, not a vLLM import (about 10 s here). Every request must succeed: a
+trial costs its requests. Every request must succeed: a
 failed request fails the trial. Metrics (``harness.tails``, one definition each): rates, and quantiles of TTFT,
 TPOT, ITL and E2E latency from the per-request timings; goodput under ``[[slo]]``.
 """
@@ -35,9 +34,8 @@ CLIENT_START_S = 300.0  # the load generator's import of vLLM, at most
 
 
 def instrument(baseline: Path) -> Path | None:
-    """Where the load generator imports ``vllm.benchmarks.serve`` from: the vLLM installed beside the
-    orchestrator (None: no PYTHONPATH) when there is one — fixed code no proposal can change, not
-    even one merged into the baseline — else the baseline's worktree."""
+    """The load generator's PYTHONPATH: none when vLLM (and with it aiohttp) is installed beside the orchestrator —
+    fixed code no proposal can change, not even one merged into the baseline — else the baseline's worktree."""
     import importlib.util
 
     try:

@@ -4,12 +4,13 @@ A serving trial sends its requests (``harness.serving_load``) and records, per r
 each streamed chunk of text came back. Every serving metric is computed here, from those records, the same way for
 both sides; each has one definition (``DEFINITIONS``, shown in reports):
 
-- ``ttft``: time to first token, per request: from the request's send to its first streamed chunk of text.
+- ``ttft``: time to first token, per request: from the request's send to its first streamed chunk that carries
+  text (a request whose text is empty — tokens that decode to nothing — to its last chunk).
 - ``tpot``: time per output token, per request: (E2E - TTFT) / (output tokens - 1); requests of one output token
   have none.
 - ``itl``: inter-token latency, per chunk (not a per-request average): the gap between two successive chunks of one
   request, all chunks of all requests pooled.
-- ``e2e``: end-to-end latency, per request: from the send to the last chunk.
+- ``e2e``: end-to-end latency, per request: from the send to its last chunk.
 - ``goodput``: requests per second that met every per-request SLO (``[[slo]]``), over the trial's duration.
 
 A quantile metric is named ``<metric>_p<q>_ms`` (``ttft_p99_ms``, ``itl_p50_ms``, ``e2e_p99.9_ms``...). Its value
@@ -34,7 +35,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 DEFINITIONS = {
-    "ttft": "time to first token, per request: from the request's send to its first streamed chunk",
+    "ttft": "time to first token, per request: from the request's send to its first streamed chunk that carries text",
     "tpot": "time per output token, per request: (E2E - TTFT) / (output tokens - 1)",
     "itl": "inter-token latency, per chunk: the gap between two successive chunks of a request, all requests pooled",
     "e2e": "end-to-end latency, per request: from the request's send to its last chunk",

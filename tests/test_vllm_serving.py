@@ -64,3 +64,84 @@ def test_a_serving_change_is_measured_by_one_warm_load_generator_per_server(fork
             # CPU time within what one CPU gives over the trial (the load generator, the harness's, is not pinned)
             m = t["metrics"]
             assert m["cpus_pinned"] == 1 and 0 < m["cpu_s"] <= t["wall_s"] * 1.01 + 0.005, m
+
+
+# #41: a tail-only regression. The objective is a toy command (the candidate makes it 1.5x faster) so that the
+# guards run; both guards judge the same warm servers under the same open-loop load (Poisson, 80 requests/s):
+# a median guard over 200 requests and a p99 guard over 1,000 (the fewest a p99 may be judged over).
+TAIL_CONFIG = FAST_CONFIG.split("[[workload]]")[0] + """[[workload]]
+name = "speed"
+command = "{python} speed.py {{out}}"
+metric = "x"
+restarts = 1
+
+[[workload]]
+name = "ttft-p50"
+kind = "vllm-serve"
+metric = "ttft_p50_ms"
+higher_is_better = false
+timeout_s = 240
+restarts = 1
+max_pairs = 6
+engine = {{ enforce_eager = true, max_model_len = 512, dtype = "float32", distributed_executor_backend = "uni" }}
+params = {{ prompts = 200, input_len = 16, output_len = 2, request_rate = 80, vary_lengths = false }}
+
+[[workload]]
+name = "ttft-p99"
+kind = "vllm-serve"
+metric = "ttft_p99_ms"
+higher_is_better = false
+timeout_s = 240
+restarts = 1
+max_pairs = 6
+engine = {{ enforce_eager = true, max_model_len = 512, dtype = "float32", distributed_executor_backend = "uni" }}
+params = {{ prompts = 1000, input_len = 16, output_len = 2, request_rate = 80, vary_lengths = false }}
+
+[gate]
+max_pairs = 6
+confirm_pairs = 2
+episode_budget = 1
+plausibility = 100.0
+coverage = false  # the served code does not run in the toy objective
+"""
+SPEED = "import json, sys, random\njson.dump({'x': float(open('f.txt').read()) * random.gauss(1, 0.01)}, open(sys.argv[1], 'w'))\n"
+# the planted regression: one request in about 50 (by its prompt) waits 150 ms before it is served; the others do not
+DELAY = """        import asyncio as _asyncio, zlib as _zlib
+        if _zlib.crc32(repr(request.prompt).encode()) % 50 == 0:
+            await _asyncio.sleep(0.15)
+        return await self._with_kv_transfer_rejection_cleanup("""
+SERVING_PY = "vllm/entrypoints/openai/completion/serving.py"
+
+
+def test_a_tail_only_regression_is_caught_by_the_p99_guard_and_not_by_the_median(tmp_path_factory):
+    import sys
+
+    fork = make_fork(tmp_path_factory, "vllm-tail", TAIL_CONFIG.replace("{python}", sys.executable), "tail guards")
+    commit(fork, {"speed.py": SPEED, "f.txt": "1.0", "serving.json": serving(8)}, "toy objective, max_num_seqs 8")
+    source = (fork / SERVING_PY).read_text()
+    anchor = "        return await self._with_kv_transfer_rejection_cleanup("
+    assert source.count(anchor) == 1
+    commit(fork, {"f.txt": "1.5", SERVING_PY: source.replace(anchor, DELAY)}, "faster, and a slow tail", branch="tail")
+    proc = run_cli("evaluate", "-C", str(fork), "tail", "--json", timeout=1500)
+    assert proc.stdout, proc.stderr[-3000:]
+    out = json.loads(proc.stdout)
+    assert out["verdict"] == "reject", out["reasons"]
+    # the p99 guard names the tail, confirmed on fresh engines
+    held = [r for r in out["reasons"] if r.startswith("guard-workloads: ttft-p99: the regression held on fresh engines")]
+    assert held and "the candidate trades ttft-p99 (ttft_p99_ms)" in held[0] and "for speed (x) +" in held[0], out["reasons"]
+    w = out["workloads"]
+    assert w["ttft-p99"]["speedup"] < 0.8, w["ttft-p99"]
+    # the median guard judged the same change and saw nothing: it passed within a few percent
+    assert w["ttft-p50"]["decision"] == "ok" and 0.9 < w["ttft-p50"]["speedup"] < 1.15, w["ttft-p50"]
+    trials = [t for t in out["trials"] if t["ok"] and t["workload"] == "ttft-p99"]
+    for t in trials:  # each p99 trial: 1,000 measured requests, sent on schedule
+        m = t["metrics"]
+        assert m["requests"] == 1000 and m["generator_lag_p99_ms"] < 10, m
+        assert m["ttft_p50_ms"] < m["ttft_p99_ms"]
+    base = [t["metrics"] for t in trials if t["side"] == "baseline"]
+    cand = [t["metrics"] for t in trials if t["side"] == "candidate"]
+    assert min(c["ttft_p99_ms"] for c in cand) > max(b["ttft_p99_ms"] for b in base)  # the tail, every trial
+    # the report says what each serving metric measures
+    report = run_cli("report", "-C", str(fork), "tail", timeout=120)
+    assert report.returncode == 0, report.stderr[-2000:]
+    assert "- `ttft_p99_ms`: 99th percentile (Harrell-Davis) of time to first token, per request: from the request's send" in report.stdout

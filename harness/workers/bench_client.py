@@ -1,32 +1,24 @@
-"""A warm load generator for the serving workload: ``vllm bench serve``, imported once.
+"""The warm load generator for the serving workload: our own open-loop client, started once per server.
 
-``vllm bench serve`` as a command re-imports vLLM for every trial (about 10 s on these CPUs); this
-process imports ``vllm.benchmarks.serve`` once and runs its ``main`` for every trial it is sent. It is
-the measuring instrument, so it runs code no proposal can change: the vLLM installed beside the
-orchestrator (or, where there is none, the baseline's worktree: ``harness.serve_session.instrument``),
-in the orchestrator's hands and outside any side's sandbox; it only joins the measured server's
-network namespace (loopback only) to reach it.
+It is the measuring instrument, so it runs code no proposal can change (this file, with the standard library and
+aiohttp from the orchestrator's environment), in the orchestrator's hands and outside any side's sandbox; it only
+joins the measured server's network namespace (loopback only) to reach it. Warm: one process serves every trial of
+its server, so a trial costs its requests, not a start.
 
-Self-contained: standard library, aiohttp and vllm only (never imports agentsearch or harness).
+``load`` runs one planned load (``harness.serving_load`` plans it): it sends each request at its scheduled offset
+(or all at once under ``max_concurrency``) as a streamed OpenAI completion (``complete``: the timing definitions of
+``harness.tails``), and reports per request when it was sent, its lag behind the schedule, its client queue time,
+its TTFT, every gap between chunks, its end-to-end latency, the tokens the server reported and its outputs: the
+CRC-32 of each successive CHUNK characters of its generated text, at most MAX_CHUNKS of them and then one of the
+whole text (the outputs check compares them between the sides). The orchestrator computes every metric from these
+(``harness.tails``) and checks every count against the plan (``harness.serve_session.served_requests``).
 
-Two commands measure. ``load`` is the serving workload's own open-loop generator (``harness.serving_load`` plans
-it): it sends each request at its scheduled offset (or all at once under ``max_concurrency``) as a streamed
-OpenAI completion (``complete``: the timing definitions of ``harness.tails``), and reports per request when it was sent, its lag
-behind the schedule, its client queue time, its TTFT, every gap between chunks, its end-to-end latency, the
-tokens the server reported and its outputs' hashes; the orchestrator computes every metric from them
-(``harness.tails``). ``bench`` runs ``vllm bench serve`` as is (kept for comparison).
+Self-contained: standard library and aiohttp only (never imports agentsearch, harness or vllm).
 
-Protocol: results go to the file descriptor ``--fd`` as JSON lines (vLLM's own output goes to
-stdout/stderr, which the orchestrator sends to a log). Commands arrive on stdin as JSON lines:
-``{"cmd": "load", ...}`` (``LoadPlan.command``) -> ``{"event": "result", "result": {"requests": [...]}}``;
-``{"cmd": "bench", "argv": [...the arguments of `vllm bench serve`...]}`` -> ``{"event": "result",
-"result": {...}}`` or ``{"event": "error", "error": "..."}`` (the process stays up); ``{"cmd": "quit"}``.
-On start-up: ``{"event": "ready", "import_s": ...}``. The result is compact whatever the workload's
-size: the scalar fields of what ``--save-result`` writes, ``output_lens`` (tokens per request, as the
-server reported them) and ``outputs``: per request, the CRC-32 of each successive CHUNK characters of
-its generated text, at most MAX_CHUNKS of them and then one of the whole text (the outputs check
-compares them between the sides; the texts themselves, and the per-token timings, can run to
-megabytes): about 700 bytes per request at most, 5,000 requests per trial under the 4 MiB message cap.
+Protocol: results go to the file descriptor ``--fd`` as JSON lines; commands arrive on stdin as JSON lines:
+``{"cmd": "load", ...}`` (``LoadPlan.command``) -> ``{"event": "result", "result": {"requests": [...]}}`` or
+``{"event": "error", "error": "..."}`` (the process stays up); ``{"cmd": "quit"}``. On start-up:
+``{"event": "ready", "import_s": ...}``.
 
     python bench_client.py --fd 3
 """
@@ -35,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import time
@@ -53,29 +44,6 @@ def _chunks(text: object) -> list[int]:
     return head + [zlib.crc32(data)] if len(t) > CHUNK * MAX_CHUNKS else head
 
 
-def _clean(obj):
-    """The result without what JSON cannot carry safely (NaN, infinities, non-serializable values)."""
-    if isinstance(obj, dict):
-        return {str(k): _clean(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_clean(v) for v in obj]
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if obj is None or isinstance(obj, (bool, int, str)):
-        return obj
-    return None
-
-
-def compact(result: dict) -> dict:
-    """What the orchestrator needs of a run: its scalars, the tokens per request and the outputs' hashes."""
-    out = {k: v for k, v in _clean(result).items() if not isinstance(v, (list, dict))}
-    lens = result.get("output_lens")
-    out["output_lens"] = [int(n) if isinstance(n, int) and not isinstance(n, bool) else -1 for n in lens] if isinstance(lens, list) else None
-    texts = result.get("generated_texts")
-    out["outputs"] = [_chunks(t) for t in texts] if isinstance(texts, list) else None
-    return out
-
-
 def _micros(x: float) -> int:
     return int(round(x * 1e6))
 
@@ -85,15 +53,16 @@ MAX_TEXT = 1 << 20  # characters of generated text per request; a server that st
 
 async def complete(session, api_url: str, model: str, prompt: list, output_len: int) -> dict:
     """One streamed completion, timed by the definitions of ``harness.tails``: TTFT is the first chunk that carries
-    text (an empty chunk sent early is not a token), each gap is between two chunks that carry text, E2E ends at the
-    last one. Tokens as the server's usage reports them. Times in seconds (``time.perf_counter``)."""
+    text (an empty chunk sent early is not a token; a request whose whole text is empty — tokens that decode to
+    nothing — has its first token when its last chunk came), each gap is between two chunks that carry text, E2E
+    ends at the last chunk. Tokens as the server's usage reports them. Times in seconds (``time.perf_counter``)."""
     import aiohttp
 
     payload = {"model": model, "prompt": prompt, "max_tokens": output_len, "temperature": 0.0, "ignore_eos": True,
                "stream": True, "stream_options": {"include_usage": True}}
     row = {"ok": False, "error": "", "start": time.perf_counter(), "ttft": 0.0, "e2e": 0.0, "gaps": [], "text": "",
            "output_tokens": None, "input_tokens": len(prompt)}
-    first = last = None
+    first = last = end = None
     buf = b""
     try:
         async with session.post(url=api_url, json=payload) as response:
@@ -113,6 +82,7 @@ async def complete(session, api_url: str, model: str, prompt: list, output_len: 
                     msg = json.loads(body)
                     choices = msg.get("choices") if isinstance(msg, dict) else None
                     if choices and isinstance(choices, list) and isinstance(choices[0], dict):
+                        end = time.perf_counter()
                         text = choices[0].get("text") or ""
                         if not isinstance(text, str):
                             raise ValueError("a chunk's text is not a string")
@@ -131,10 +101,12 @@ async def complete(session, api_url: str, model: str, prompt: list, output_len: 
                         row["output_tokens"] = usage.get("completion_tokens")
                         if usage.get("prompt_tokens") is not None:
                             row["input_tokens"] = usage.get("prompt_tokens")
-        if first is None:
-            row["error"] = "no chunk carried text"
+        if end is None:
+            row["error"] = "no token was streamed"
             return row
-        row.update(ok=True, ttft=first - row["start"], e2e=last - row["start"])
+        if first is None:  # every token decoded to nothing: the first text is the (empty) end
+            first = last = end
+        row.update(ok=True, ttft=first - row["start"], e2e=max(last, end) - row["start"])
     except (aiohttp.ClientError, ValueError, OSError) as exc:
         row["error"] = f"{type(exc).__name__}: {exc}"
     return row
@@ -205,8 +177,7 @@ def main() -> int:
 
     t0 = time.perf_counter()
     try:
-        from vllm.benchmarks import serve
-        from vllm.utils.argparse_utils import FlexibleArgumentParser
+        import aiohttp  # noqa: F401 - the one dependency, imported once
     except Exception:  # noqa: BLE001 - reported to the orchestrator
         send({"event": "error", "error": traceback.format_exc(limit=3)})
         return 1
@@ -219,25 +190,12 @@ def main() -> int:
             continue
         if cmd.get("cmd") == "quit":
             return 0
-        if cmd.get("cmd") not in ("bench", "load"):
+        if cmd.get("cmd") != "load":
             send({"event": "error", "error": f"unknown command {cmd.get('cmd')!r}"})
             continue
         try:
-            if cmd["cmd"] == "load":
-                send({"event": "result", "result": load(cmd)})
-                continue
-            parser = FlexibleArgumentParser()
-            serve.add_cli_args(parser)
-
-            def refuse(message: str) -> None:  # argparse would print and exit: report it instead
-                raise ValueError(f"invalid arguments: {message}")
-
-            parser.error = refuse
-            result = serve.main(parser.parse_args([str(a) for a in cmd["argv"]]))
-            send({"event": "result", "result": compact(result)})
-        except BaseException as exc:  # noqa: BLE001 - argparse exits, a failed run: report and stay up
-            if isinstance(exc, KeyboardInterrupt):
-                raise
+            send({"event": "result", "result": load(cmd)})
+        except Exception as exc:  # noqa: BLE001 - a malformed load: report and stay up
             send({"event": "error", "error": "".join(traceback.format_exception_only(type(exc), exc)).strip()[-2000:]})
     return 0
 

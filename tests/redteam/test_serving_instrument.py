@@ -44,7 +44,7 @@ class Handler(BaseHTTPRequestHandler):
         if trick == "empty-first":  # a "first token" before any work: an empty chunk at once
             send({"choices": [{"text": ""}]})
         time.sleep(0.03)  # prefill
-        tokens = [f"t{i} " for i in range(n)]
+        tokens = [f"t{i} " for i in range(n)] if trick != "all-empty" else [""] * n
         if trick == "split":  # each token as two chunks: twice the gaps, each half as long
             tokens = [part for t in tokens for part in (t[:1], t[1:])]
         for i, t in enumerate(tokens):
@@ -101,6 +101,14 @@ def test_an_empty_chunk_sent_at_once_is_not_a_first_token(server, client):
     fast = tails.serving_metrics(tricked, ("ttft_p50_ms",))["ttft_p50_ms"]
     assert fast > 25, f"the empty chunk was timed as the first token: TTFT p50 {fast:.1f} ms"
     assert fast > 0.5 * tails.serving_metrics(honest, ("ttft_p50_ms",))["ttft_p50_ms"]
+
+
+def test_tokens_that_decode_to_nothing_are_not_a_failure(server, client):
+    """An honest server whose tokens decode to no text (a tiny model's byte tokens do): the request is served; its
+    first token is its last chunk, and it has no gaps."""
+    _, _, (timings, _, why) = measure(server, client, "all-empty", {"prompts": 4, "output_len": 4})
+    assert not why, why
+    assert all(t.gaps == () and t.ttft == t.e2e and t.e2e > 0.03 for t in timings)
 
 
 @pytest.mark.parametrize("trick, says", [
