@@ -60,15 +60,24 @@ async def complete(session, api_url: str, model: str, prompt: list, output_len: 
 
     payload = {"model": model, "prompt": prompt, "max_tokens": output_len, "temperature": 0.0, "ignore_eos": True,
                "stream": True, "stream_options": {"include_usage": True}}
-    row = {"ok": False, "error": "", "start": time.perf_counter(), "ttft": 0.0, "e2e": 0.0, "gaps": [], "text": "",
-           "output_tokens": None, "input_tokens": len(prompt)}
-    first = last = end = None
+    start = time.perf_counter()
+    gaps: list[float] = []
+    texts: list[str] = []
+    chars = 0
+    first: float | None = None
+    last = end = 0.0
+    tokens: object = None
+    prompt_tokens: object = len(prompt)
+
+    def failed(error: str) -> dict:
+        return {"ok": False, "error": error, "start": start, "ttft": 0.0, "e2e": 0.0, "gaps": [], "text": "",
+                "output_tokens": tokens, "input_tokens": prompt_tokens}
+
     buf = b""
     try:
         async with session.post(url=api_url, json=payload) as response:
             if response.status != 200:
-                row["error"] = f"HTTP {response.status} {response.reason or ''}".strip()
-                return row
+                return failed(f"HTTP {response.status} {response.reason or ''}".strip())
             async for data in response.content.iter_any():
                 buf += data
                 while b"\n" in buf:
@@ -80,36 +89,37 @@ async def complete(session, api_url: str, model: str, prompt: list, output_len: 
                     if body == b"[DONE]":
                         continue
                     msg = json.loads(body)
-                    choices = msg.get("choices") if isinstance(msg, dict) else None
+                    if not isinstance(msg, dict):
+                        continue
+                    choices = msg.get("choices")
                     if choices and isinstance(choices, list) and isinstance(choices[0], dict):
                         end = time.perf_counter()
                         text = choices[0].get("text") or ""
                         if not isinstance(text, str):
                             raise ValueError("a chunk's text is not a string")
                         if text:
-                            now = time.perf_counter()
                             if first is None:
-                                first = now
+                                first = end
                             else:
-                                row["gaps"].append(now - last)
-                            last = now
-                            row["text"] += text
-                            if len(row["text"]) > MAX_TEXT:
+                                gaps.append(end - last)
+                            last = end
+                            texts.append(text)
+                            chars += len(text)
+                            if chars > MAX_TEXT:
                                 raise ValueError(f"more than {MAX_TEXT} characters of text")
-                    usage = msg.get("usage") if isinstance(msg, dict) else None
+                    usage = msg.get("usage")
                     if isinstance(usage, dict):
-                        row["output_tokens"] = usage.get("completion_tokens")
+                        tokens = usage.get("completion_tokens")
                         if usage.get("prompt_tokens") is not None:
-                            row["input_tokens"] = usage.get("prompt_tokens")
-        if end is None:
-            row["error"] = "no token was streamed"
-            return row
-        if first is None:  # every token decoded to nothing: the first text is the (empty) end
-            first = last = end
-        row.update(ok=True, ttft=first - row["start"], e2e=max(last, end) - row["start"])
+                            prompt_tokens = usage.get("prompt_tokens")
     except (aiohttp.ClientError, ValueError, OSError) as exc:
-        row["error"] = f"{type(exc).__name__}: {exc}"
-    return row
+        return failed(f"{type(exc).__name__}: {exc}")
+    if not end:
+        return failed("no token was streamed")
+    if first is None:  # every token decoded to nothing: the first text is the (empty) end
+        first = last = end
+    return {"ok": True, "error": "", "start": start, "ttft": first - start, "e2e": max(last, end) - start, "gaps": gaps,
+            "text": "".join(texts), "output_tokens": tokens, "input_tokens": prompt_tokens}
 
 
 def load(cmd: dict) -> dict:
