@@ -150,12 +150,19 @@ class WorkloadConfig:
 class SloConfig:
     metric: str = doc("A per-request limit for goodput: ttft_ms, tpot_ms or e2e_ms (definitions: docs/guide/serving.md).")
     max_ms: float = doc("The limit in milliseconds: a request over it did not meet the SLO.")
+    p: float | None = doc("A percentile (e.g. 99): the trial's p-th percentile of the metric must be within max_ms; what "
+                          "throughput at SLO (rate_at_slo_req_s) searches for. Goodput counts requests against max_ms whatever p.", None)
 
     def __post_init__(self) -> None:
         if self.metric.removesuffix("_ms") not in tails.SLO_METRICS or not self.metric.endswith("_ms"):
             raise ValueError(f"expected one of {', '.join(m + '_ms' for m in tails.SLO_METRICS)}, got {self.metric!r}|metric")
         if not (math.isfinite(self.max_ms) and self.max_ms > 0):
             raise ValueError(f"expected a positive number of milliseconds, got {self.max_ms!r}|max_ms")
+        if self.p is not None and not 0 < self.p < 100:
+            raise ValueError(f"expected a percentile strictly between 0 and 100, got {self.p!r}|p")
+
+    def slo(self) -> tails.Slo:
+        return tails.Slo(self.metric.removesuffix("_ms"), self.max_ms, self.p / 100 if self.p is not None else None)
 
 
 MAX_SECONDS = 1e6  # a timeout beyond ~11 days is a typo
@@ -563,9 +570,9 @@ class Config:
                 return w
         raise KeyError(name)
 
-    def slo_limits(self) -> dict[str, float]:
-        """Per-request limits by base metric (ttft, tpot, e2e), in milliseconds: what a request must meet to count in goodput."""
-        return {x.metric.removesuffix("_ms"): x.max_ms for x in self.slos}
+    def slo_specs(self) -> list[dict[str, Any]]:
+        """The ``[[slo]]`` tables as the serving session takes them (``harness.tails.Slo`` fields)."""
+        return [dataclasses.asdict(x.slo()) for x in self.slos]
 
     def fingerprint(self) -> str:
         """Hash of everything that affects measurement; stored with every trial."""
@@ -707,6 +714,12 @@ def load_config_text(text: str, source: str = CONFIG_FILE) -> Config:
     if goodput and not slos:
         raise ConfigError(f"{source}: [[workload]] {goodput[0]}: metric {tails.GOODPUT} counts requests that meet the SLOs; "
                           "add [[slo]] tables, e.g. [[slo]] metric = \"ttft_ms\" max_ms = 500")
+    for i, w in enumerate(workloads):
+        if w.kind == "vllm-serve" and w.metric == tails.RATE_AT_SLO:
+            try:
+                serving_load.check_params(w.params, w.metric, [x.slo() for x in slos])
+            except ValueError as exc:
+                raise ConfigError(f"{source}: [[workload]] #{i + 1} params: {exc}") from None
     gate: GateConfig = sections["gate"]
     if gate.objective is not None and gate.objective not in names:
         raise ConfigError(

@@ -25,7 +25,7 @@ from harness.interleave import WorkloadRun, run_interleaved
 from harness.gate_defaults import LOADED_CONFIRM_PAIRS, LOADED_SHARE
 from harness.sequential import (LOSE, OK, REGRESSED, WIN, SequentialDesign, confirmation_design, decide_confirmation, decide_guard,
                                 decide_objective, decide_regression)
-from harness.trials import BASELINE, CANDIDATE, TrialRecord, child_env, run_child, tail
+from harness.trials import BASELINE, CANDIDATE, MEASUREMENT_ERROR, TrialRecord, child_env, run_child, tail
 from history.records import CheckName, FailureKind, decision_failure
 
 from . import calibration, containment, micro, preflight
@@ -33,7 +33,7 @@ from . import sides as sides_mod
 from .progress import Say
 from .sides import Sides
 from .config import Config, WorkloadConfig
-from .errors import AgentsearchError
+from .errors import AgentsearchError, RunError
 from .gate import Check, Status, Verdict, judge
 from .gate_design import design_for, workload_design
 from .headline import unit as metric_unit
@@ -409,8 +409,11 @@ def _judged(ctx: _Ctx, r: WorkloadRun | None, check: str, name: str, wanted: str
     if r is None:
         return False
     if r.failure:
-        st.add(check, Status.FAIL, r.failure, FailureKind(r.failure_kind or FailureKind.CRASH))
         last = r.trials[-1] if r.trials else None
+        if r.failure_kind == MEASUREMENT_ERROR and last is not None and last.side == BASELINE:
+            # the instrument failed while the candidate's engine was parked: nothing the candidate did
+            raise RunError(f"{name}: {r.failure} (on the baseline's trial: the run's error, nothing was judged)")
+        st.add(check, Status.FAIL, r.failure, FailureKind(r.failure_kind or FailureKind.CRASH))
         if last is not None and not last.ok and last.side == BASELINE and not blames_candidate(last.error):
             st.baseline_failure = (name, r.failure)
         return False

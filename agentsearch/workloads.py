@@ -291,7 +291,7 @@ def engine_factory(config: Config, workload: WorkloadConfig, sd: "Sides", pool: 
     spec = engine_spec(workload)
     spec["engine"] = place.engine_args(spec["engine"])
     if workload.kind == "vllm-serve" and config.slos:
-        spec["slo"] = config.slo_limits()  # what goodput counts
+        spec["slo"] = config.slo_specs()  # what goodput counts, and throughput at SLO searches for
     worktrees, logs = sd.worktrees, sd.logs / (out or "engines")
 
     env = {**config.target.env, **workload.env}

@@ -26,7 +26,7 @@ from typing import Any, Mapping
 
 from . import sandbox, serving_load, tails
 from .engine_session import MAX_MESSAGE_BYTES, Parkable, WorkerError, read_serving, serving_env
-from .trials import CRASH, TIMEOUT, TrialOutcome, child_env, kill_group, log_error_line, log_tail, metric_error, safe_json_loads, tail
+from .trials import CRASH, MEASUREMENT_ERROR, TIMEOUT, TrialOutcome, child_env, kill_group, log_error_line, log_tail, metric_error, safe_json_loads, tail
 
 CLIENT = Path(__file__).with_name("workers") / "bench_client.py"
 CLIENT_START_S = 300.0  # the load generator's import of vLLM, at most
@@ -200,14 +200,36 @@ class ServeSession(Parkable):
         if self.start_error or self.proc is None:
             return TrialOutcome(False, None, {}, 0.0, self.start_error or "server was not started", self._log_tail())
         p = self.spec.get("params", {}) if params is None else params
-        load = serving_load.plan(p, seed, serving_load.vocab_size(self.spec["model"]), int(self.engine.get("max_model_len") or 1024))
+        slos = [tails.Slo(**x) for x in self.spec.get("slo") or ()]
         t0 = time.perf_counter()
         try:
             if self.client is None:
                 self.client = BenchClient(self._in_net, self.python, self.client_path, self.env, self.log_dir, self.timeout_s)
-                self.wait_s += self.client.start()  # its import is start-up, not the trial's time
+                self.wait_s += self.client.start()  # its start-up, not the trial's time
                 t0 = time.perf_counter()
-            cpu0 = self.cpu_seconds() if self.cpus else None
+        except WorkerError as exc:
+            self._close_client()
+            return TrialOutcome(False, None, {}, time.perf_counter() - t0, f"load generator: {exc}", self._log_tail(), failure=CRASH)
+        cpu0 = self.cpu_seconds() if self.cpus else None
+        if metric == tails.RATE_AT_SLO:
+            out = self._search(seed, p, slos, metric)
+        else:
+            out = self._probe(seed, p, slos, metric)
+        if not out.ok:
+            return out
+        wall = time.perf_counter() - t0
+        metrics = dict(out.metrics)
+        over = self._envelope(cpu0, wall, metrics)  # pinned: the server used no more CPU time than its CPUs give
+        if over:
+            return TrialOutcome(False, None, metrics, wall, over, self._log_tail())
+        return TrialOutcome(True, out.value, metrics, wall, outputs=out.outputs)
+
+    def _probe(self, seed: int, p: Mapping[str, Any], slos: list[tails.Slo], metric: str) -> TrialOutcome:
+        """One planned load, its metrics and outputs (a whole trial, or one probe of a rate search)."""
+        assert self.client is not None
+        load = serving_load.plan(p, seed, serving_load.vocab_size(self.spec["model"]), int(self.engine.get("max_model_len") or 1024))
+        t0 = time.perf_counter()
+        try:
             data = self.client.run(load.command(f"http://127.0.0.1:{self.port}", self.spec["model"]))
         except WorkerError as exc:
             wall = time.perf_counter() - t0
@@ -219,31 +241,68 @@ class ServeSession(Parkable):
         timings, outputs, why = served_requests(data, load)
         if why:
             return TrialOutcome(False, None, {}, wall, why, self._log_tail())
-        metrics: dict[str, Any] = dict(tails.serving_metrics(timings, (metric,), self.spec.get("slo") or None))
+        limited = tuple(tails.slo_quantile(x) for x in slos if x.q is not None)
+        metrics: dict[str, Any] = dict(tails.serving_metrics(timings, (metric, *limited), slos))
         metrics["input_tokens"] = sum(t.input_tokens for t in timings)  # the outputs check: both sides got the same requests
         metrics["requests"] = len(timings)
         metrics["engine_startup_s"] = self.startup_s
         metrics["generator_trial"] = self.client.served if self.client else None  # n-th trial of this warm load generator
-        lags = sorted(r["lag"] for r in data["requests"])
-        metrics["generator_lag_p99_ms"] = tails.harrell_davis([x / 1000 for x in lags], 0.99)
+        metrics["generator_lag_p99_ms"] = tails.harrell_davis([r["lag"] / 1000 for r in data["requests"]], 0.99)
         metrics["client_queue_p99_ms"] = tails.harrell_davis([r["queue"] / 1000 for r in data["requests"]], 0.99)
-        over = self._envelope(cpu0, wall, metrics)  # pinned: the server used no more CPU time than its CPUs give
-        if over:
-            return TrialOutcome(False, None, metrics, wall, over, self._log_tail())
         if metrics["generator_lag_p99_ms"] > load.max_lag_s * 1000:
             return TrialOutcome(False, None, metrics, wall, (
                 f"the load generator fell behind its schedule (p99 lag {metrics['generator_lag_p99_ms']:.1f} ms > "
                 f"{load.max_lag_s * 1000:.0f} ms at {load.rate:g} requests/s): this machine cannot send that rate on time; "
-                "lower request_rate"), self._log_tail())
+                "lower request_rate"), self._log_tail(), failure=MEASUREMENT_ERROR)
         d = metrics["duration_s"]
         if not isinstance(d, (int, float)) or isinstance(d, bool) or not 0 < d <= wall:
             return TrialOutcome(False, None, metrics, wall, f"the load reported a duration of {d!r} s in a {wall:.2f} s round trip", self._log_tail())
+        if metric == tails.RATE_AT_SLO:
+            return TrialOutcome(True, None, metrics, wall, outputs=outputs)
         err_msg = metric_error(metrics, metric)
         if err_msg:
             if metric == tails.GOODPUT and metrics.get(tails.GOODPUT) == 0:
-                err_msg = f"no request met the SLOs ({_slo_text(self.spec.get('slo') or {})}): goodput 0 cannot be compared"
+                err_msg = f"no request met the SLOs ({', '.join(x.text() for x in slos)}): goodput 0 cannot be compared"
             return TrialOutcome(False, None, metrics, wall, err_msg, self._log_tail())
         return TrialOutcome(True, float(metrics[metric]), metrics, wall, outputs=outputs)
+
+    def _search(self, seed: int, p: Mapping[str, Any], slos: list[tails.Slo], metric: str) -> TrialOutcome:
+        """Throughput at SLO: ``serving_load.search_rate`` over probes of this server; the k-th probe's requests are
+        the same on both sides (seed, k), its rate the one this side's search reached."""
+        t0 = time.perf_counter()
+        outputs: list[tuple[int, ...]] = []
+        seen: list[dict[str, Any]] = []
+        failed: list[TrialOutcome] = []
+        tokens: list[int] = []
+
+        def holds(rate: float) -> bool:
+            if failed:
+                return False
+            k = len(seen)
+            r = self._probe(serving_load.probe_seed(seed, k), {**p, "request_rate": rate}, slos, metric)
+            if not r.ok:
+                failed.append(r)
+                return False
+            assert r.outputs is not None
+            outputs.extend(r.outputs)
+            ok, quantiles = tails.quantiles_held(r.metrics, slos)
+            seen.append({"rate": rate, "held": ok, **quantiles})
+            tokens.append(int(r.metrics.get("input_tokens") or 0))
+            return ok
+
+        lo, hi = float(p.get("rate_min", 1.0)), float(p["rate_max"])
+        try:
+            rate, low, high, _ = serving_load.search_rate(holds, lo, hi, int(p.get("search_steps", 4)))
+        except serving_load.SearchOutOfRange as exc:
+            if failed:
+                return failed[0]
+            return TrialOutcome(False, None, {"probes": seen}, time.perf_counter() - t0, f"throughput at SLO: {exc}", self._log_tail())
+        if failed:
+            return failed[0]
+        metrics = {metric: rate, "rate_at_slo_low": low, "rate_at_slo_high": high, "probes": seen,
+                   "requests": len(outputs), "input_tokens": sum(tokens), "engine_startup_s": self.startup_s,
+                   "generator_trial": self.client.served if self.client else None}
+        return TrialOutcome(True, rate, metrics, time.perf_counter() - t0, outputs=tuple(outputs))
 
     def _close_client(self) -> None:
         client, self.client = self.client, None
@@ -273,10 +332,6 @@ class ServeSession(Parkable):
             proc.wait()
             self._end_group()
             self.wait_s += time.perf_counter() - t0
-
-
-def _slo_text(slos: Mapping[str, float]) -> str:
-    return ", ".join(f"{k} <= {v:g} ms" for k, v in slos.items()) or "none"
 
 
 def _count(x: Any) -> bool:

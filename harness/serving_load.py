@@ -14,6 +14,12 @@ pair get the same requests at the same offsets:
   concurrency slot) is measured; a trial whose p99 lag exceeds ``max_lag_s`` is the instrument's failure, said in
   one line: the machine cannot sustain that rate.
 
+**Throughput at SLO** (``rate_at_slo_req_s``): each trial searches the highest rate at which every ``[[slo]]``
+quantile holds (``search_rate``): a probe of ``prompts`` requests at ``rate_min`` (it must hold there) and at
+``rate_max`` (it must not: the answer would lie beyond the range), then ``search_steps`` geometric bisections. The
+k-th probe of a trial sends the same requests on both sides (its seed is the trial's and k), at the rate each side's
+own search reached.
+
 ``check_params`` is the one validation of these params (the config calls it, before anything runs).
 """
 
@@ -25,7 +31,7 @@ import math
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from . import lengths, tails
 
@@ -35,7 +41,8 @@ MAX_REQUESTS = 20_000  # per trial (one JSON message each way)
 LAG_FLOOR_S = 0.010  # a send this late is on time whatever the rate
 LAG_SHARE = 0.25  # ... or a quarter of the mean inter-arrival time, whichever is larger
 PARAMS = ("prompts", "input_len", "output_len", "length_dist", "max_concurrency", "request_rate", "burstiness", "warmup",
-          "vary_lengths", "batch_size", "iterations")
+          "vary_lengths", "batch_size", "iterations", "rate_min", "rate_max", "search_steps")
+MAX_SEARCH_STEPS = 8
 
 
 @dataclass(frozen=True)
@@ -82,8 +89,9 @@ def _int(params: Mapping[str, Any], key: str, default: int | None, lo: int, hi: 
     return v
 
 
-def check_params(params: Mapping[str, Any], metric: str) -> None:
-    """Raise ValueError (one line) for params a serving workload cannot run, or a metric its trials cannot judge."""
+def check_params(params: Mapping[str, Any], metric: str, slos: Sequence[tails.Slo] | None = None) -> None:
+    """Raise ValueError (one line) for params a serving workload cannot run, or a metric its trials cannot judge
+    (``slos`` None: not known yet, the SLO-dependent rules are skipped)."""
     unknown = sorted(set(params) - set(PARAMS))
     if unknown:
         raise ValueError(f"unknown serving param {unknown[0]!r} (known: {', '.join(PARAMS)})")
@@ -100,7 +108,31 @@ def check_params(params: Mapping[str, Any], metric: str) -> None:
         raise ValueError(f"burstiness must be a number in [0.05, 100] (1: Poisson arrivals), got {b!r}")
     if not tails.is_serving_metric(metric):
         raise ValueError(f"a serving workload has no metric {metric!r}: one of {', '.join(tails.RATE_METRICS)}, "
-                         f"{tails.GOODPUT} (with [[slo]]) or a quantile such as ttft_p99_ms ({', '.join(tails.DEFINITIONS)})")
+                         f"{tails.GOODPUT} or {tails.RATE_AT_SLO} (with [[slo]]) or a quantile such as ttft_p99_ms "
+                         f"({', '.join(tails.DEFINITIONS)})")
+    searching = metric == tails.RATE_AT_SLO
+    given = [k for k in ("rate_min", "rate_max", "search_steps") if k in params]
+    if given and not searching:
+        raise ValueError(f"{given[0]} is a param of {tails.RATE_AT_SLO} only (this workload judges {metric})")
+    if searching:
+        if "request_rate" in params:
+            raise ValueError(f"{tails.RATE_AT_SLO} searches the rate between rate_min and rate_max: drop request_rate")
+        lo, hi = _rate(params.get("rate_min", 1.0)), _rate(params.get("rate_max"))
+        if lo is None or hi is None or not hi > lo:
+            raise ValueError(f"{tails.RATE_AT_SLO} needs rate_min < rate_max, both in requests per second "
+                             f"(got {params.get('rate_min', 1.0)!r} and {params.get('rate_max')!r})")
+        _int(params, "search_steps", 4, 1, MAX_SEARCH_STEPS)
+    if searching and slos is not None:
+        quantiled = [x for x in slos if x.q is not None]
+        if not quantiled:
+            raise ValueError(f"{tails.RATE_AT_SLO} searches where every [[slo]] quantile holds: give an [[slo]] a "
+                             "percentile, e.g. metric = \"ttft_ms\" max_ms = 500 p = 99")
+        n = int(prompts or DEFAULT_PROMPTS)
+        for x in quantiled:
+            assert x.q is not None
+            if n < tails.min_requests(x.q):
+                raise ValueError(f"the [[slo]] {x.text()} needs probes of at least {tails.min_requests(x.q)} requests "
+                                 f"(prompts = {n}): raise prompts or lower its p")
     qm = tails.quantile_metric(metric)
     if qm is not None:
         need = tails.min_requests(qm.q)
@@ -144,3 +176,36 @@ def plan(params: Mapping[str, Any], seed: int, vocab: int, max_model_len: int = 
         arrivals = tuple(offs)
     mc = params.get("max_concurrency", None if rate is not None else DEFAULT_CONCURRENCY)
     return LoadPlan(prompts, tuple(outs), arrivals, int(mc) if mc is not None else None, warm, rate)
+
+
+def probe_seed(seed: int, k: int) -> int:
+    """The seed of a rate search's k-th probe: the same on both sides of a pair."""
+    return int.from_bytes(hashlib.sha256(f"probe:{seed}:{k}".encode()).digest()[:4], "big")
+
+
+class SearchOutOfRange(ValueError):
+    """The SLOs do not hold at rate_min, or still hold at rate_max: the answer lies outside the search's range."""
+
+
+def search_rate(holds: Callable[[float], bool], lo: float, hi: float, steps: int) -> tuple[float, float, float, list[tuple[float, bool]]]:
+    """Throughput at SLO by a bounded geometric bisection: (estimate, low, high, probes). ``holds(rate)`` runs one probe.
+    The SLOs must hold at ``lo`` and fail at ``hi``, else SearchOutOfRange (one line); the estimate is the geometric
+    middle of the last bracket [low, high], whose ratio is (hi / lo) ** (1 / 2 ** steps)."""
+    probes: list[tuple[float, bool]] = []
+
+    def probe(rate: float) -> bool:
+        ok = holds(rate)
+        probes.append((rate, ok))
+        return ok
+
+    if not probe(lo):
+        raise SearchOutOfRange(f"the SLOs do not hold even at rate_min = {lo:g} requests/s: lower rate_min (or relax the SLOs)")
+    if probe(hi):
+        raise SearchOutOfRange(f"the SLOs still hold at rate_max = {hi:g} requests/s: raise rate_max")
+    for _ in range(steps):
+        mid = math.sqrt(lo * hi)
+        if probe(mid):
+            lo = mid
+        else:
+            hi = mid
+    return math.sqrt(lo * hi), lo, hi, probes

@@ -12,6 +12,10 @@ both sides; each has one definition (``DEFINITIONS``, shown in reports):
   request, all chunks of all requests pooled.
 - ``e2e``: end-to-end latency, per request: from the send to its last chunk.
 - ``goodput``: requests per second that met every per-request SLO (``[[slo]]``), over the trial's duration.
+- ``rate_at_slo``: throughput at SLO: the highest request rate at which every SLO's quantile holds (``[[slo]]``
+  with ``p``), found per trial by a bounded geometric bisection between ``rate_min`` and ``rate_max``
+  (``harness.serving_load.search_rate``); the value is the geometric middle of the final bracket, which is recorded
+  beside it (``rate_at_slo_low`` / ``rate_at_slo_high``).
 
 A quantile metric is named ``<metric>_p<q>_ms`` (``ttft_p99_ms``, ``itl_p50_ms``, ``e2e_p99.9_ms``...). Its value
 is the Harrell-Davis estimate (a Beta-weighted average of all order statistics, continuous in the data), not one
@@ -42,6 +46,9 @@ DEFINITIONS = {
 }
 GOODPUT = "goodput_req_s"
 GOODPUT_DEFINITION = "requests per second that met every per-request SLO ([[slo]]), over the trial's duration"
+RATE_AT_SLO = "rate_at_slo_req_s"
+RATE_AT_SLO_DEFINITION = ("the highest request rate (open loop) at which every [[slo]] quantile holds: the geometric middle "
+                          "of the bracket a bounded bisection between rate_min and rate_max ends with")
 SLO_METRICS = ("ttft", "tpot", "e2e")  # per-request SLOs (ITL is per chunk: a request's worst gap is its own metric)
 RATE_METRICS = {
     "output_tok_s": "output tokens per second over the trial's duration (first send to last chunk)",
@@ -73,8 +80,22 @@ def quantile_metric(name: str) -> QuantileMetric | None:
     return QuantileMetric(name, m.group(1), q) if 0 < q < 1 else None
 
 
+@dataclass(frozen=True)
+class Slo:
+    """One ``[[slo]]``: a per-request limit on a base metric (goodput counts the requests within every one), and,
+    with ``q``, a limit on the trial's q-quantile of it (throughput at SLO searches the rate where they all hold)."""
+
+    base: str  # ttft | tpot | e2e
+    max_ms: float
+    q: float | None = None
+
+    def text(self) -> str:
+        what = f"{self.base} p{self.q * 100:g}" if self.q is not None else self.base
+        return f"{what} <= {self.max_ms:g} ms"
+
+
 def is_serving_metric(name: str) -> bool:
-    return name in RATE_METRICS or name == GOODPUT or quantile_metric(name) is not None
+    return name in RATE_METRICS or name in (GOODPUT, RATE_AT_SLO) or quantile_metric(name) is not None
 
 
 def definition(name: str) -> str:
@@ -82,6 +103,8 @@ def definition(name: str) -> str:
     qm = quantile_metric(name)
     if qm:
         return qm.definition
+    if name == RATE_AT_SLO:
+        return RATE_AT_SLO_DEFINITION
     return GOODPUT_DEFINITION if name == GOODPUT else RATE_METRICS.get(name, "")
 
 
@@ -132,15 +155,34 @@ def samples(requests: Sequence[RequestTiming], base: str) -> np.ndarray:
     return np.array([v for r in requests if (v := r.value(base)) is not None], dtype=float)
 
 
-def met_slos(r: RequestTiming, slos: Mapping[str, float]) -> bool:
-    """Whether a request met every per-request SLO (limits in milliseconds, by base metric)."""
-    for base, limit_ms in slos.items():
-        v = r.value(base)
-        if v is None and base == "tpot":
+def met_slos(r: RequestTiming, slos: Sequence[Slo]) -> bool:
+    """Whether a request met every per-request SLO."""
+    for slo in slos:
+        v = r.value(slo.base)
+        if v is None and slo.base == "tpot":
             continue  # one output token: no time per output token to miss
-        if v is None or v * 1000 > limit_ms:
+        if v is None or v * 1000 > slo.max_ms:
             return False
     return True
+
+
+def slo_quantile(slo: Slo) -> str:
+    """The quantile metric an SLO with a percentile limits (``ttft_p99_ms``)."""
+    assert slo.q is not None
+    return f"{slo.base}_p{slo.q * 100:g}_ms"
+
+
+def quantiles_held(metrics: Mapping[str, object], slos: Sequence[Slo]) -> tuple[bool, dict[str, float | None]]:
+    """Whether every SLO's quantile holds in a trial's metrics, and those quantiles (ms, by metric name)."""
+    seen: dict[str, float | None] = {}
+    ok = True
+    for slo in slos:
+        if slo.q is None:
+            continue
+        v = metrics.get(slo_quantile(slo))
+        seen[slo_quantile(slo)] = v if isinstance(v, (int, float)) else None
+        ok = ok and isinstance(v, (int, float)) and v <= slo.max_ms
+    return ok, seen
 
 
 def duration(requests: Sequence[RequestTiming]) -> float:
@@ -148,7 +190,7 @@ def duration(requests: Sequence[RequestTiming]) -> float:
     return max(r.sent + r.e2e for r in requests) - min(r.sent for r in requests) if requests else 0.0
 
 
-def serving_metrics(requests: Sequence[RequestTiming], quantiles: Sequence[str] = (), slos: Mapping[str, float] | None = None) -> dict[str, float | None]:
+def serving_metrics(requests: Sequence[RequestTiming], quantiles: Sequence[str] = (), slos: Sequence[Slo] = ()) -> dict[str, float | None]:
     """The trial's metrics: rates over its duration, the p50 and p99 of every base metric, and every named quantile
     metric (``ttft_p99.9_ms``) and goodput when SLOs are given. Milliseconds for latencies."""
     dur = duration(requests)

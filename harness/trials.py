@@ -36,7 +36,9 @@ from . import lengths, reaper, sandbox
 TRIAL_SCHEMA = 1
 # why a trial failed, as a word (the values of history.records.FailureKind a trial can have)
 CRASH, TIMEOUT, CHANGED_OUTPUTS, WORKTREE_CHANGED = "crash", "timeout", "changed-outputs", "worktree-changed"
-TRIAL_FAILURES = (CRASH, TIMEOUT, CHANGED_OUTPUTS, WORKTREE_CHANGED)
+# the instrument failed (a load generator that fell behind its schedule): on the baseline's trial, the run's error
+MEASUREMENT_ERROR = "measurement-error"
+TRIAL_FAILURES = (CRASH, TIMEOUT, CHANGED_OUTPUTS, WORKTREE_CHANGED, MEASUREMENT_ERROR)
 BASELINE = "baseline"
 CANDIDATE = "candidate"
 

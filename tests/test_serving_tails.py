@@ -3,9 +3,13 @@ and the one-line refusals before anything is measured. The engine runs are in te
 
 from __future__ import annotations
 
+import json
 import math
 import random
 import statistics
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
 import pytest
@@ -61,7 +65,7 @@ def test_each_metric_is_what_its_definition_says():
     # two requests: sent at 0 and 1 s; 4 output tokens each; chunks after TTFT at fixed gaps
     a = tails.RequestTiming(sent=0.0, ttft=0.100, e2e=0.400, gaps=(0.1, 0.1, 0.1), output_tokens=4, input_tokens=8)
     b = tails.RequestTiming(sent=1.0, ttft=0.300, e2e=1.200, gaps=(0.1, 0.7, 0.1), output_tokens=4, input_tokens=8)
-    m = tails.serving_metrics([a, b], ("ttft_p90_ms", "itl_p50_ms"), {"ttft": 200.0, "tpot": 250.0})
+    m = tails.serving_metrics([a, b], ("ttft_p90_ms", "itl_p50_ms"), [tails.Slo("ttft", 200.0), tails.Slo("tpot", 250.0, 0.99)])
     assert m["duration_s"] == pytest.approx(2.2)  # first send to last chunk
     assert m["requests_s"] == pytest.approx(2 / 2.2) and m["output_tok_s"] == pytest.approx(8 / 2.2)
     assert m["total_tok_s"] == pytest.approx(24 / 2.2)
@@ -138,7 +142,7 @@ def test_bad_serving_config_is_one_line(kwargs, says):
 def test_good_serving_config_and_its_slos():
     c = config("goodput_req_s", "{ prompts = 64, request_rate = 20 }", "[[slo]]\nmetric = \"ttft_ms\"\nmax_ms = 500\n"
                "[[slo]]\nmetric = \"tpot_ms\"\nmax_ms = 50")
-    assert c.slo_limits() == {"ttft": 500.0, "tpot": 50.0}
+    assert [(x.base, x.max_ms, x.q) for x in (s.slo() for s in c.slos)] == [("ttft", 500.0, None), ("tpot", 50.0, None)]
     assert c.fingerprint() != config("goodput_req_s", "{ prompts = 64, request_rate = 20 }",
                                      "[[slo]]\nmetric = \"ttft_ms\"\nmax_ms = 400").fingerprint()
     assert config("ttft_p99_ms", "{ prompts = 1000, request_rate = 50 }").workloads[0].metric == "ttft_p99_ms"
@@ -175,3 +179,123 @@ def test_the_generators_report_is_checked_not_trusted():
         ([_row(), _row(gaps=[-1, 1, 1])], "malformed"),
     ]:
         assert served_requests({"requests": rows}, load)[2].startswith(says) or says in served_requests({"requests": rows}, load)[2], says
+
+
+def test_the_rate_search_brackets_the_threshold_and_says_when_it_is_out_of_range():
+    seen = []
+
+    def holds(rate):
+        seen.append(rate)
+        return rate <= 37.0
+
+    rate, lo, hi, probes = serving_load.search_rate(holds, 5.0, 200.0, 5)
+    assert lo <= 37.0 < hi and hi / lo == pytest.approx(40 ** (1 / 32)) and rate == pytest.approx(math.sqrt(lo * hi))
+    assert len(probes) == 2 + 5 and probes[0] == (5.0, True) and probes[1] == (200.0, False)
+    with pytest.raises(serving_load.SearchOutOfRange, match="do not hold even at rate_min = 50"):
+        serving_load.search_rate(holds, 50.0, 200.0, 3)
+    with pytest.raises(serving_load.SearchOutOfRange, match="still hold at rate_max = 30"):
+        serving_load.search_rate(holds, 5.0, 30.0, 3)
+    assert serving_load.probe_seed(7, 0) == serving_load.probe_seed(7, 0) != serving_load.probe_seed(7, 1)
+
+
+SLO_P90 = "[[slo]]\nmetric = \"ttft_ms\"\nmax_ms = 30\np = 90"
+
+
+@pytest.mark.parametrize("params, extra, says", [
+    ("{ prompts = 200, rate_max = 100 }", "[[slo]]\nmetric = \"ttft_ms\"\nmax_ms = 30", "give an [[slo]] a percentile"),
+    ("{ prompts = 200, rate_max = 100, request_rate = 5 }", SLO_P90, "drop request_rate"),
+    ("{ prompts = 200, rate_min = 100, rate_max = 50 }", SLO_P90, "needs rate_min < rate_max"),
+    ("{ prompts = 200 }", SLO_P90, "needs rate_min < rate_max"),
+    ("{ prompts = 50, rate_max = 100 }", SLO_P90, "the [[slo]] ttft p90 <= 30 ms needs probes of at least 100 requests (prompts = 50)"),
+    ("{ prompts = 200, rate_max = 100, search_steps = 20 }", SLO_P90, "search_steps must be an integer in [1, 8]"),
+])
+def test_bad_rate_at_slo_config_is_one_line(params, extra, says):
+    with pytest.raises(ConfigError) as exc:
+        config("rate_at_slo_req_s", params, extra)
+    assert says in str(exc.value) and "\n" not in str(exc.value), str(exc.value)
+    with pytest.raises(ConfigError, match="rate_max is a param of rate_at_slo_req_s only"):
+        config("output_tok_s", "{ prompts = 32, rate_max = 10 }")
+    with pytest.raises(ConfigError, match="expected a percentile strictly between 0 and 100"):
+        config("goodput_req_s", "{ prompts = 32 }", "[[slo]]\nmetric = \"ttft_ms\"\nmax_ms = 30\np = 100")
+
+
+class Capacity(BaseHTTPRequestHandler):
+    """A server of fixed capacity: one request served at a time, SERVICE_S each, then two tokens streamed."""
+
+    lock = threading.Lock()
+    SERVICE_S = 0.008
+
+    def log_message(self, *args):
+        pass
+
+    def do_POST(self):  # noqa: N802
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        with self.lock:
+            time.sleep(self.SERVICE_S)
+        self.send_response(200)
+        self.end_headers()
+        for i in range(int(body["max_tokens"])):
+            self.wfile.write(b"data: " + json.dumps({"choices": [{"text": f"{body['prompt'][i % len(body['prompt'])]} "}]}).encode() + b"\n\n")
+        self.wfile.write(b"data: " + json.dumps({"choices": [], "usage": {"completion_tokens": int(body["max_tokens"])}}).encode() + b"\n\n")
+
+
+def test_throughput_at_slo_is_found_by_probes_of_the_same_requests_on_both_sides(tmp_path):
+    """The serving session's real search path (``ServeSession._search`` over the real generator) against a server
+    whose queue grows as the rate nears its capacity (125 requests/s): the p90 TTFT limit of 30 ms holds at low
+    rates and not near capacity, and two sides measured with the same seed probe the same requests."""
+    import subprocess
+    import sys
+
+    from agentsearch.workloads import OutputsMatch
+    from harness.serve_session import ServeSession
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Capacity)
+    srv.daemon_threads = True
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    params = {"prompts": 120, "input_len": 8, "output_len": 2, "vary_lengths": False, "rate_min": 10, "rate_max": 300, "search_steps": 3}
+    spec = {"model": str(tmp_path), "engine": {}, "params": params, "slo": [{"base": "ttft", "max_ms": 30.0, "q": 0.9}]}
+    sides = []
+    for side in ("baseline", "candidate"):
+        s = ServeSession(spec, tmp_path, None, {}, tmp_path / side, "rate_at_slo_req_s", 120.0, python=sys.executable)
+        (tmp_path / side).mkdir()
+        s.proc, s.port, s.startup_s = subprocess.Popen(["sleep", "120"], start_new_session=True), srv.server_address[1], 0.0  # the server is the fake
+        try:
+            out = s.measure(5, params=params)
+        finally:
+            s.close()
+        assert out.ok, out.error
+        sides.append(out)
+        m = out.metrics
+        assert 10 <= m["rate_at_slo_low"] < out.value < m["rate_at_slo_high"] <= 300
+        assert 20 < out.value < 140, m["probes"]
+        assert len(m["probes"]) == 2 + 3 and m["probes"][0]["held"] and not m["probes"][1]["held"]
+        assert m["requests"] == 5 * 120 and all("ttft_p90_ms" in p for p in m["probes"])
+    srv.shutdown()
+    match = OutputsMatch()
+    assert match.check("baseline", 5, sides[0]) == "" and match.check("candidate", 5, sides[1]) == ""
+
+
+@pytest.mark.parametrize("side", ["baseline", "candidate"])
+def test_a_generator_that_fell_behind_is_the_runs_error_on_the_baselines_trial(side):
+    """The candidate's engine is parked while the baseline is measured: a load generator that fell behind its
+    schedule on the baseline's trial is the machine's doing (the run's error, nothing judged); on the candidate's
+    trial its server may have loaded the generator (a stream of tiny chunks): a rejection, as a measurement error."""
+    from types import SimpleNamespace
+
+    from agentsearch.errors import RunError
+    from agentsearch.evaluation import _judged, _State
+    from harness.interleave import WorkloadRun
+    from harness.trials import MEASUREMENT_ERROR, TrialRecord
+
+    why = "the load generator fell behind its schedule (p99 lag 26.0 ms > 10 ms at 80 requests/s)"
+    trial = TrialRecord("ttft-p99", side, 1, 0, 0, "AB", 0, False, None, {}, 1.0, error=why, failure=MEASUREMENT_ERROR)
+    run = WorkloadRun("ttft-p99", trials=[trial], failure=why, failure_kind=MEASUREMENT_ERROR)
+    ctx = SimpleNamespace(st=_State())
+    if side == "baseline":
+        with pytest.raises(RunError, match="on the baseline's trial: the run's error, nothing was judged"):
+            _judged(ctx, run, "guard-workloads", "ttft-p99", "ok")
+        assert not ctx.st.checks
+    else:
+        assert _judged(ctx, run, "guard-workloads", "ttft-p99", "ok") is False
+        (check,) = ctx.st.checks
+        assert check.failure == "measurement-error" and "fell behind" in check.detail and ctx.st.baseline_failure is None
