@@ -496,6 +496,25 @@ def stack_bisect(target: Path, as_json: bool, metric: str | None, since: str | N
     dispatch(run_bisect, config=True, target=target, as_json=as_json, since=since, metric=metric, seed=seed, report=report)
 
 
+@stack.command("pareto", context_settings=CONTEXT)
+@target_option
+@strict_option
+@quiet_option
+@json_option
+@click.option("--since", metavar="EPISODE|REF", help="The range's start (default: the baseline when the latest episode started).")
+@click.option("--report", type=click.Path(path_type=Path), help="Also write the view as a Markdown report there (its plot beside it, "
+              "PNG), or as one HTML page when PATH ends in .html.")
+def stack_pareto(target: Path, as_json: bool, since: str | None, report: Path | None) -> None:
+    """Where each merge of a range sits on the objective against every guard (the trades), from the history.
+
+    Measures nothing: the merges and the proposals a guard rejected, with the objective's and each guard's change
+    and their 95% intervals, as the gate measured them. Exit 0.
+    """
+    from .commands.stack import run_pareto
+
+    dispatch(run_pareto, config=True, target=target, as_json=as_json, since=since, report=report)
+
+
 @main.command("review-pr", context_settings=CONTEXT)
 @target_option
 @strict_option

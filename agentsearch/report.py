@@ -679,3 +679,87 @@ def stack_markdown(r: Any, image: str | None = None) -> str:
                   f"{_pct(x.expected)} | {'—' if x.p_value is None else f'{x.p_value:.2g}'} | {said(x.reason, 200)} |"
                   for x in r.interference]
     return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------- the trade view (agentsearch stack pareto)
+def pareto_plot(p: Any, fmt: str = "png") -> bytes:
+    """One panel per guard: the objective's change (x) against the guard's (y), each with its 95% interval; merges
+    as green dots, guard-rejected proposals as red crosses, numbered as in the report's table; the guard's limit
+    dashed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import PercentFormatter
+
+    guards = p.guards()[:4] or ["(no guard)"]
+    fig, axes = plt.subplots(1, len(guards), figsize=(4.6 * len(guards), 3.8), squeeze=False)
+    for ax, guard in zip(axes[0], guards):
+        for i, t in enumerate(p.trades, 1):
+            g = next((x for x in t.guards if x.workload == guard), None)
+            o = t.objective
+            if g is None or o is None or g.speedup is None or o.speedup is None:
+                continue
+            x, y = (o.speedup - 1) * 100, (g.speedup - 1) * 100
+            xerr = [[x - (o.ci[0] - 1) * 100], [(o.ci[1] - 1) * 100 - x]] if o.ci else None
+            yerr = [[y - (g.ci[0] - 1) * 100], [(g.ci[1] - 1) * 100 - y]] if g.ci else None
+            kept = t.merge is not None
+            ax.errorbar(x, y, xerr=xerr, yerr=yerr, fmt="o" if kept else "x", color="#2ca02c" if kept else "#d62728",
+                        ecolor="#999999", capsize=3, markersize=7)
+            ax.annotate(str(i), (x, y), textcoords="offset points", xytext=(5, 5), fontsize=8)
+        ax.axhline(-p.max_regression * 100, color="#d62728", linestyle="--", linewidth=0.8)
+        ax.axhline(0, color="black", linewidth=0.5)
+        ax.axvline(0, color="black", linewidth=0.5)
+        ax.xaxis.set_major_formatter(PercentFormatter())
+        ax.yaxis.set_major_formatter(PercentFormatter())
+        _axes(ax, f"{_clean(p.objective, 30)}: change (%)".replace("$", r"\$"),
+              f"{_clean(guard, 30)}: change (%, up is better)".replace("$", r"\$"))
+    fig.suptitle(f"trades {p.since[:12]} → {p.tip[:12]}: merged (o), rejected by a guard (x); dashed: the guard's limit", fontsize=9)
+    return _save(fig, fmt)
+
+
+def pareto_markdown(p: Any, image: str | None = None) -> str:
+    """The trade view as Markdown: the table (every text a proposal wrote cleaned and shown as code) and the plot."""
+    from history.records import text
+
+    def code(s: Any, limit: int = 60) -> str:
+        return "`" + _clean(str(s), limit).replace("`", "'").replace("|", "\\|") + "`"
+
+    def cell(c: Any) -> str:
+        if c is None or c.speedup is None:
+            return "—"
+        ci = f" [{_pct(c.ci[0])}, {_pct(c.ci[1])}]" if c.ci else ""
+        return f"{_pct(c.speedup)}{ci}"
+
+    guards = p.guards()
+    lines = [f"# Trades: {code(p.objective, 40)} against the guards", "",
+             f"Range `{p.since[:12]}` → `{p.tip[:12]}`: {sum(t.merge is not None for t in p.trades)} merge(s) and "
+             f"{sum(t.merge is None for t in p.trades)} proposal(s) a guard rejected. Changes in the gate's sense (a latency's is "
+             f"baseline / candidate): positive is better; a guard's limit is {-p.max_regression:.0%}.", ""]
+    head = "| # | proposal | title | kept | objective | " + " | ".join(code(g, 30) for g in guards) + " |"
+    lines += [head, "|" + "---|" * (5 + len(guards))]
+    for i, t in enumerate(p.trades, 1):
+        by = {g.workload: g for g in t.guards}
+        lines.append(f"| {i} | {code(t.proposal, 40)} | {code(t.title or '—')} | {'merged' if t.merge else '**rejected**'} | "
+                     f"{cell(t.objective)} | " + " | ".join(cell(by.get(g)) for g in guards) + " |")
+    refused = [(i, t) for i, t in enumerate(p.trades, 1) if t.reason]
+    if refused:
+        lines += ["", "The trades refused:", ""]
+        lines += [f"- {i}: {text.md_inline(t.reason, 400)}" for i, t in refused]
+    if image:
+        lines += ["", f"![trades]({image})"]
+    return "\n".join(lines) + "\n"
+
+
+def pareto_html(p: Any) -> str:
+    """The trade view as one self-contained HTML page (raw HTML off; the plot inline as SVG)."""
+    import html
+
+    from markdown_it import MarkdownIt
+
+    body = MarkdownIt("commonmark", {"html": False}).enable("table").render(pareto_markdown(p, "trades.svg"))
+    svg = _svg_inline(pareto_plot(p, "svg"))
+    body = re.sub(r'<img src="trades\.svg" alt="[^"]*"\s*/?>', lambda _: svg, body)
+    title = html.escape(f"agentsearch: trades {p.since[:12]} → {p.tip[:12]}")
+    return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{title}</title>"
+            f"<style>{STACK_CSS}</style></head>\n<body>\n{body}\n</body></html>\n")

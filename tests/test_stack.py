@@ -243,3 +243,38 @@ def test_an_episode_killed_during_its_stack_check_resumes_and_checks_once(tmp_pa
     checks = records(repo, StackCheck)
     assert len(checks) == 1 and checks[0].tip == git(repo, "rev-parse", "main").strip()
     assert run_cli("history", "verify", "-C", str(repo)).returncode == 0
+
+
+def test_the_trade_view_shows_each_merge_against_the_guards_and_the_trade_a_guard_refused(tmp_path):
+    """`stack pareto` reads the history: two merges and, between them, a proposal whose +40% came with the guard 50%
+    slower (beyond this target's max_regression of 30%): rejected, confirmed on fresh seeds, named as a trade.
+    Measures nothing; every text a proposal wrote is inert in the Markdown and HTML reports."""
+    repo = target(tmp_path / "toy", '\n[stack]\ncheck = "off"\n')
+    k1 = KNOBS.replace("A = 1.0", "A = 1.2")
+    queue_of(repo, tmp_path / "queue", [  # a chain: each patch on top of the one before
+        ("Speed 1.2", {"src/knobs.py": k1}),
+        ("Speed 1.5", {"src/knobs.py": k1.replace("A = 1.2", "A = 1.5")}),
+        ("Faster | <img src=x onerror=alert(1)> and a slow guard", {"src/knobs.py": k1.replace("A = 1.2", "A = 2.1").replace("G = 1.0", "G = 0.5")}),
+    ])
+    out = episode(repo, tmp_path / "queue")
+    assert [p["verdict"] for p in out["proposals"]] == ["merge", "merge", "reject"], out
+    proc = run_cli("stack", "pareto", "-C", str(repo), "--json", "--report", str(tmp_path / "t.md"))
+    assert proc.returncode == 0, proc.stderr
+    view = json.loads(proc.stdout)
+    trades = view["trades"]
+    assert [t["merge"] is not None for t in trades] == [True, True, False] and view["objective"] == "speed"
+    refused = trades[2]
+    assert refused["objective"]["speedup"] > 1.3 and refused["guards"][0]["workload"] == "guard"
+    assert refused["guards"][0]["speedup"] < 0.7 and refused["guards"][0]["ci"][1] < 0.7
+    assert "the candidate trades guard (ops_s)" in refused["reason"] and "for speed (ops_s) +" in refused["reason"], refused["reason"]
+    for t in trades[:2]:  # the merges: their guard within its limit
+        assert t["objective"]["speedup"] > 1.1 and t["guards"][0]["speedup"] > 0.7 and t["guards"][0]["decision"] == "ok"
+    md = (tmp_path / "t.md").read_text()
+    assert md.startswith("# Trades: `speed` against the guards") and "| 3 |" in md and "**rejected**" in md
+    assert "<img" not in md.replace("`", "") or "`Faster \\| <img src=x onerror=alert(1)> and a slow guard`" in md
+    assert (tmp_path / "t.trades.png").read_bytes()[:4] == b"\x89PNG"
+    html = run_cli("stack", "pareto", "-C", str(repo), "--report", str(tmp_path / "t.html"))
+    assert html.returncode == 0, html.stderr
+    page = (tmp_path / "t.html").read_text()
+    assert "<svg" in page and "<img src=x" not in page and "&lt;img src=x onerror=alert(1)&gt;" in page
+    assert "merged" in html.stdout and "rejected" in html.stdout

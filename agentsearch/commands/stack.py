@@ -111,3 +111,45 @@ def run_bisect(target: Path, as_json: bool, since: str | None, metric: str | Non
 
     return _measure(target, as_json, report, lambda ws, say: bisect(ws, metric, since, seed=seed, progress=say),
                     show_bisect, lambda r: r.culprit is not None)
+
+
+def show_pareto(p: Any) -> None:
+    guards = p.guards()
+    out.print(f"trades {p.since[:12]} → {p.tip[:12]}: objective {safe(p.objective)}, guards {', '.join(safe(g) for g in guards) or 'none'}")
+
+    def cell(c: Any) -> str:
+        return "—" if c is None or c.speedup is None else f"{pct(c.speedup)} {_ci(c.ci)}"
+
+    rows = [[str(i), safe(t.proposal), safe((t.title or "")[:40]), "merged" if t.merge else "rejected", cell(t.objective),
+             *(cell(next((g for g in t.guards if g.workload == name), None)) for name in guards)] for i, t in enumerate(p.trades, 1)]
+    out.print(compact_table("each proposal's change (positive is better; a guard's limit is "
+                            f"{-p.max_regression:.0%})", ["#", "proposal", "title", "kept", "objective", *map(safe, guards)], rows, out.width))
+    for i, t in enumerate(p.trades, 1):
+        if t.reason:
+            out.print(f"  {i}: {safe(t.reason[:200])}")
+
+
+def run_pareto(target: Path, as_json: bool, since: str | None, report: Path | None = None) -> int:
+    from ..pareto import pareto
+    from ..report import pareto_html, pareto_markdown, pareto_plot
+
+    writable(report)
+    ws = Workspace.open(target)
+    view = pareto(ws, since, ws.config().gate.max_regression)
+    if report is not None:
+        try:
+            report.parent.mkdir(parents=True, exist_ok=True)
+            if report.suffix.lower() in (".html", ".htm"):
+                report.write_text(pareto_html(view))
+            else:
+                png = report.with_suffix(".trades.png")
+                png.write_bytes(pareto_plot(view, "png"))
+                report.write_text(pareto_markdown(view, png.name))
+        except OSError as exc:
+            raise AgentsearchError(f"--report {report}: {exc.strerror or exc}") from None
+        err.print(safe(f"report: {report}"))
+    if as_json:
+        print_json(view.to_json())
+    else:
+        show_pareto(view)
+    return 0
