@@ -12,7 +12,7 @@ import json
 import os
 from typing import TYPE_CHECKING, Any, Callable
 
-from harness import environment, models, placement as placement_mod
+from harness import environment, models, placement as placement_mod, serving_load
 from harness.quiet import Probe
 
 from harness.engine_session import EnginePool, WorkerSession
@@ -292,6 +292,12 @@ def engine_factory(config: Config, workload: WorkloadConfig, sd: "Sides", pool: 
     spec["engine"] = place.engine_args(spec["engine"])
     if workload.kind == "vllm-serve" and config.slos:
         spec["slo"] = config.slo_specs()  # what goodput counts, and throughput at SLO searches for
+    if workload.kind == "vllm-serve" and workload.params.get("trace"):
+        # the trace of request lengths is read from the baseline's worktree, never the candidate's
+        try:
+            spec["trace"] = serving_load.read_trace(sd.worktrees[BASELINE] / str(workload.params["trace"]))
+        except ValueError as exc:
+            raise UnsupportedWorkload(f"workload {workload.name!r}: {exc}") from None
     worktrees, logs = sd.worktrees, sd.logs / (out or "engines")
 
     env = {**config.target.env, **workload.env}

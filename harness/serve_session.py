@@ -227,7 +227,8 @@ class ServeSession(Parkable):
     def _probe(self, seed: int, p: Mapping[str, Any], slos: list[tails.Slo], metric: str) -> TrialOutcome:
         """One planned load, its metrics and outputs (a whole trial, or one probe of a rate search)."""
         assert self.client is not None
-        load = serving_load.plan(p, seed, serving_load.vocab_size(self.spec["model"]), int(self.engine.get("max_model_len") or 1024))
+        load = serving_load.plan(p, seed, serving_load.vocab_size(self.spec["model"]), int(self.engine.get("max_model_len") or 1024),
+                                 trace=self.spec.get("trace"))
         t0 = time.perf_counter()
         try:
             data = self.client.run(load.command(f"http://127.0.0.1:{self.port}", self.spec["model"]))

@@ -5,7 +5,9 @@ pair get the same requests at the same offsets:
 
 - **requests**: ``prompts`` measured requests, preceded by ``warmup`` unmeasured ones; their input and output
   lengths drawn around ``input_len`` / ``output_len`` from ``length_dist`` (fixed, uniform, zipf: the pair's length
-  profile, ``harness.lengths``); prompts are token ids (exact lengths, no tokenizer round trip).
+  profile, ``harness.lengths``), or drawn from a **trace** of real lengths (``trace``: a JSONL file in the target,
+  one ``{"input_len": N, "output_len": M}`` per line, read from the baseline's worktree: ``read_trace``); prompts
+  are token ids (exact lengths, no tokenizer round trip).
 - **arrivals**: ``request_rate`` requests per second as a renewal process with gamma inter-arrival times of shape
   ``burstiness`` (1: Poisson; below 1 burstier, above 1 more regular), or ``"inf"``: all at once, the closed loop
   that ``max_concurrency`` bounds. With a rate, ``max_concurrency`` (if given) caps requests in flight, and the time a
@@ -41,7 +43,8 @@ MAX_REQUESTS = 20_000  # per trial (one JSON message each way)
 LAG_FLOOR_S = 0.010  # a send this late is on time whatever the rate
 LAG_SHARE = 0.25  # ... or a quarter of the mean inter-arrival time, whichever is larger
 PARAMS = ("prompts", "input_len", "output_len", "length_dist", "max_concurrency", "request_rate", "burstiness", "warmup",
-          "vary_lengths", "batch_size", "iterations", "rate_min", "rate_max", "search_steps")
+          "vary_lengths", "batch_size", "iterations", "rate_min", "rate_max", "search_steps", "trace")
+MAX_TRACE_LINES = 1_000_000
 MAX_SEARCH_STEPS = 8
 
 
@@ -100,6 +103,9 @@ def check_params(params: Mapping[str, Any], metric: str, slos: Sequence[tails.Sl
     _int(params, "output_len", DEFAULT_OUTPUT_LEN, 1, 1 << 20)
     _int(params, "warmup", 0, 0, MAX_REQUESTS)
     _int(params, "max_concurrency", DEFAULT_CONCURRENCY, 1, 1 << 16)
+    trace = params.get("trace")
+    if trace is not None and (not isinstance(trace, str) or not trace or trace.startswith("/") or ".." in trace.split("/")):
+        raise ValueError(f"trace must be a path inside the target (relative, no '..'), got {trace!r}")
     if params.get("length_dist", "fixed") not in lengths.DISTS:
         raise ValueError(f"length_dist must be one of {', '.join(lengths.DISTS)}, got {params.get('length_dist')!r}")
     _rate(params.get("request_rate"))
@@ -154,14 +160,46 @@ def vocab_size(model_dir: str) -> int:
     return int(v) if isinstance(v, int) and not isinstance(v, bool) and v > 20 else 1000
 
 
-def plan(params: Mapping[str, Any], seed: int, vocab: int, max_model_len: int = 1024) -> LoadPlan:
-    """The trial's load for this seed (the same on both sides of a pair)."""
+def read_trace(path: Path) -> tuple[tuple[int, int], ...]:
+    """A trace of request lengths: one JSON object per line with positive integers ``input_len`` and
+    ``output_len``. Raises ValueError (one line, naming the line) for anything else."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.readlines(64 << 20)
+    except OSError as exc:
+        raise ValueError(f"trace {path.name}: {exc.strerror or exc}") from None
+    rows = []
+    for i, line in enumerate(lines[:MAX_TRACE_LINES], 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            raise ValueError(f"trace {path.name} line {i}: not JSON") from None
+        ok = isinstance(obj, dict) and all(isinstance(obj.get(k), int) and not isinstance(obj.get(k), bool) and 0 < obj[k] <= 1 << 20
+                                            for k in ("input_len", "output_len"))
+        if not ok:
+            raise ValueError(f"trace {path.name} line {i}: expected {{\"input_len\": N, \"output_len\": M}} with positive integers")
+        rows.append((obj["input_len"], obj["output_len"]))
+    if not rows:
+        raise ValueError(f"trace {path.name}: no requests")
+    return tuple(rows)
+
+
+def plan(params: Mapping[str, Any], seed: int, vocab: int, max_model_len: int = 1024,
+         trace: Sequence[tuple[int, int]] | None = None) -> LoadPlan:
+    """The trial's load for this seed (the same on both sides of a pair); with ``trace``, the requests' lengths
+    are a seeded draw from it (without replacement while it lasts)."""
     rng = random.Random(int.from_bytes(hashlib.sha256(f"serving-load:{seed}".encode()).digest()[:8], "big"))
     warm = int(params.get("warmup", 0))
     n = int(params.get("prompts", DEFAULT_PROMPTS)) + warm
-    dist = str(params.get("length_dist", "fixed"))
-    ins = lengths.draw(rng, n, int(params.get("input_len", DEFAULT_INPUT_LEN)), dist)
-    outs = lengths.draw(rng, n, int(params.get("output_len", DEFAULT_OUTPUT_LEN)), dist)
+    if trace:
+        picks = rng.sample(range(len(trace)), n) if n <= len(trace) else [rng.randrange(len(trace)) for _ in range(n)]
+        ins, outs = [trace[i][0] for i in picks], [trace[i][1] for i in picks]
+    else:
+        dist = str(params.get("length_dist", "fixed"))
+        ins = lengths.draw(rng, n, int(params.get("input_len", DEFAULT_INPUT_LEN)), dist)
+        outs = lengths.draw(rng, n, int(params.get("output_len", DEFAULT_OUTPUT_LEN)), dist)
     ins = [max(1, min(i, max_model_len // 2)) for i in ins]  # every request fits the context
     outs = [max(1, min(o, max_model_len - i)) for i, o in zip(ins, outs)]
     prompts = tuple(tuple(rng.randrange(10, vocab) for _ in range(i)) for i in ins)

@@ -299,3 +299,28 @@ def test_a_generator_that_fell_behind_is_the_runs_error_on_the_baselines_trial(s
         assert _judged(ctx, run, "guard-workloads", "ttft-p99", "ok") is False
         (check,) = ctx.st.checks
         assert check.failure == "measurement-error" and "fell behind" in check.detail and ctx.st.baseline_failure is None
+
+
+def test_a_trace_of_real_lengths_is_drawn_the_same_on_both_sides(tmp_path):
+    rows = [{"input_len": 10 + i, "output_len": 1 + i % 7} for i in range(500)]
+    path = tmp_path / "trace.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n\n")
+    trace = serving_load.read_trace(path)
+    assert len(trace) == 500 and trace[3] == (13, 4)
+    p = {"prompts": 200, "trace": "trace.jsonl"}
+    a, b = serving_load.plan(p, 4, 1000, trace=trace), serving_load.plan(p, 4, 1000, trace=trace)
+    assert a == b and a != serving_load.plan(p, 5, 1000, trace=trace)
+    pairs = [(len(x), o) for x, o in zip(a.prompts, a.output_lens)]
+    assert len(set(pairs)) == 200 and all(pr in trace for pr in pairs)  # drawn without replacement while it lasts
+    many = serving_load.plan({"prompts": 800}, 4, 1000, trace=trace)
+    assert len(many.prompts) == 800 and all((len(x), o) in trace for x, o in zip(many.prompts, many.output_lens))
+    for text, says in [("not json\n", "line 1: not JSON"), ('{"input_len": 3}\n', "line 1: expected"),
+                       ('{"input_len": 3, "output_len": 0}\n', "positive integers"), ("\n", "no requests")]:
+        path.write_text(text)
+        with pytest.raises(ValueError, match=says):
+            serving_load.read_trace(path)
+    with pytest.raises(ValueError, match="No such file"):
+        serving_load.read_trace(tmp_path / "missing.jsonl")
+    for bad in ("/etc/passwd", "../x.jsonl", ""):
+        with pytest.raises(ConfigError, match="trace must be a path inside the target"):
+            config("output_tok_s", f'{{ prompts = 8, trace = "{bad}" }}')

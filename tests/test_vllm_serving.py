@@ -22,7 +22,7 @@ metric = "output_tok_s"
 timeout_s = 240
 restarts = 1
 engine = {{ enforce_eager = true, max_model_len = 512, dtype = "float32", distributed_executor_backend = "uni" }}
-params = {{ prompts = 16, input_len = 32, output_len = 32, max_concurrency = 8 }}
+params = {{ prompts = 16, max_concurrency = 8, trace = "bench/trace.jsonl" }}
 
 [gate]
 max_pairs = 6
@@ -34,7 +34,13 @@ plausibility = 100.0
 
 @pytest.fixture(scope="module")
 def fork(tmp_path_factory):
-    return make_fork(tmp_path_factory, "vllm-serve", SERVE_CONFIG, "serving objective, max_num_seqs 1")
+    path = make_fork(tmp_path_factory, "vllm-serve", SERVE_CONFIG, "serving objective, max_num_seqs 1")
+    commit(path, {"bench/trace.jsonl": TRACE}, "a trace of request lengths")
+    return path
+
+
+# the serving objective's request lengths: a trace (read from the baseline's worktree), 24 to 40 tokens in, 32 out
+TRACE = "".join(json.dumps({"input_len": 24 + i % 17, "output_len": 32}) + "\n" for i in range(64))
 
 
 def test_a_serving_change_is_measured_by_one_warm_load_generator_per_server(fork):
@@ -60,6 +66,7 @@ def test_a_serving_change_is_measured_by_one_warm_load_generator_per_server(fork
         for t in mine:  # the benchmark's own clock fits in the orchestrator's round trip
             assert 0 < t["metrics"]["duration_s"] <= t["wall_s"]
             assert t["metrics"]["output_tok_s"] > 0 and t["metrics"]["ttft_p50_ms"] > 0
+            assert 16 * 24 <= t["metrics"]["input_tokens"] <= 16 * 41 and t["metrics"]["requests"] == 16  # the trace's lengths
             # [engine] cpus auto (OMP_NUM_THREADS 1, two CPUs): each server pinned to the last CPU by a cpuset, its
             # CPU time within what one CPU gives over the trial (the load generator, the harness's, is not pinned)
             m = t["metrics"]
