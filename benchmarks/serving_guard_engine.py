@@ -1,6 +1,6 @@
 """Tail guards on the real engine: A/A false alarms and a planted tail regression, evaluation by evaluation (#41).
 
-    .venv/bin/python benchmarks/serving_guard_engine.py [--runs 10] [--delay-ms 0] [--out results.json]
+    .venv/bin/python benchmarks/serving_guard_engine.py [--runs 10] [--delay-ms 0] [--goodput] [--out results.json]
 
 A fork of the embedded vLLM (``agentsearch init --from-installed vllm``) with a toy command objective (the
 candidate makes it 1.5x faster, so the guards always run) and two serving guards on the same warm servers, under
@@ -12,6 +12,9 @@ judged over). Each run is one ``agentsearch evaluate`` of a fresh candidate bran
   is a false alarm.
 - ``--delay-ms D``: one request in about 50 (by its prompt) waits D ms before it is served: a tail-only
   regression; the p99 guard should reject, the median guard should not.
+
+With ``--goodput`` the objective is instead a serving one, ``goodput_req_s`` (200 requests at 80 requests/s,
+``[[slo]]`` TTFT within 30 ms), and the candidate changes nothing that runs: every merge is a false one.
 
 Prints one line per run (verdict, each guard's decision and change, whether a first call was confirmed on fresh
 engines, the run's minutes) and the totals.
@@ -79,6 +82,21 @@ episode_budget = 1
 plausibility = 100.0
 coverage = false
 """
+GOODPUT = """
+[[workload]]
+name = "goodput"
+kind = "vllm-serve"
+metric = "goodput_req_s"
+timeout_s = 240
+restarts = 1
+max_pairs = 6
+engine = {{ enforce_eager = true, max_model_len = 512, dtype = "float32", distributed_executor_backend = "uni" }}
+params = {{ prompts = 200, input_len = 16, output_len = 2, request_rate = 80, vary_lengths = false }}
+
+[[slo]]
+metric = "ttft_ms"
+max_ms = 30
+"""
 SPEED = "import json, sys, random\njson.dump({'x': float(open('f.txt').read()) * random.gauss(1, 0.01)}, open(sys.argv[1], 'w'))\n"
 
 
@@ -87,11 +105,15 @@ def git(repo: Path, *args: str) -> str:
     return subprocess.run(["git", "-c", "commit.gpgsign=false", *args], cwd=repo, env=env, check=True, capture_output=True, text=True).stdout
 
 
-def make_fork(where: Path) -> Path:
+def make_fork(where: Path, goodput: bool = False) -> Path:
     fork = where / "fork"
     subprocess.run([*CLI, "init", "--from-installed", "vllm", str(fork)], check=True, capture_output=True, cwd=ROOT)
     site = next(line.split('"')[1] for line in (fork / "agentsearch.toml").read_text().splitlines() if line.startswith("overlay_from"))
-    (fork / "agentsearch.toml").write_text(CONFIG.format(site=site, python=sys.executable))
+    config = CONFIG.format(site=site, python=sys.executable)
+    if goodput:  # the goodput workload first: the objective
+        head, _, rest = config.partition("[[workload]]")
+        config = head + GOODPUT.format().lstrip() + "\n[[workload]]" + rest
+    (fork / "agentsearch.toml").write_text(config)
     (fork / "speed.py").write_text(SPEED)
     (fork / "f.txt").write_text("1.0")
     (fork / "serving.json").write_text(json.dumps({"engine": {"max_num_seqs": 8}, "env": {}}, indent=2) + "\n")
@@ -100,18 +122,24 @@ def make_fork(where: Path) -> Path:
     return fork
 
 
+def plant(src: str, delay_ms: float, note: str = "") -> str:
+    """The fork's completion handler with the planted tail: one request in about 50 (by its prompt) waits
+    ``delay_ms`` before it is served, the others do not (0: a comment only, an A/A change)."""
+    if src.count(ANCHOR) != 1:
+        raise ValueError(f"{SERVING_PY} changed: the planted delay has no single anchor")
+    if delay_ms <= 0:
+        return src.replace(ANCHOR, f"        # {note or 'nothing changes here'}\n{ANCHOR}")
+    return src.replace(ANCHOR, f"""        import asyncio as _asyncio, zlib as _zlib
+        if _zlib.crc32(repr(request.prompt).encode()) % 50 == 0:
+            await _asyncio.sleep({delay_ms / 1000!r})
+{ANCHOR}""")
+
+
 def candidate(fork: Path, i: int, delay_ms: float) -> str:
     branch = f"run-{i}"
     git(fork, "checkout", "-q", "-b", branch, "main")
     (fork / "f.txt").write_text("1.5")
-    src = (fork / SERVING_PY).read_text()
-    if delay_ms > 0:
-        src = src.replace(ANCHOR, f"""        import asyncio as _asyncio, zlib as _zlib
-        if _zlib.crc32(repr(request.prompt).encode()) % 50 == 0:
-            await _asyncio.sleep({delay_ms / 1000!r})
-{ANCHOR}""")
-    else:
-        src = src.replace(ANCHOR, f"        # run {i}: nothing changes here\n{ANCHOR}")
+    src = plant((fork / SERVING_PY).read_text(), delay_ms, f"run {i}: nothing changes here")
     (fork / SERVING_PY).write_text(src)
     git(fork, "commit", "-qam", f"run {i}")
     git(fork, "checkout", "-q", "main")
@@ -122,11 +150,12 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=10)
     ap.add_argument("--delay-ms", type=float, default=0.0)
+    ap.add_argument("--goodput", action="store_true", help="the objective is goodput_req_s (an A/A objective)")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     rows = []
     with tempfile.TemporaryDirectory(prefix="serving-guards-") as tmp:
-        fork = make_fork(Path(tmp))
+        fork = make_fork(Path(tmp), args.goodput)
         print(f"{'run':>3} {'verdict':<7} {'p50 guard':<22} {'p99 guard':<22} {'p99 first call':<15} {'min':>5}", flush=True)
         for i in range(args.runs):
             branch = candidate(fork, i, args.delay_ms)
@@ -147,7 +176,9 @@ def main() -> None:
 
             fresh = w.get("ttft-p99 (fresh engines)")
             first = "confirmed" if fresh and fresh.get("decision") == "regressed" else ("not confirmed" if fresh else "-")
-            print(f"{i:>3} {out['verdict']:<7} {cell('ttft-p50'):<22} {cell('ttft-p99'):<22} {first:<15} {minutes:>5.1f}", flush=True)
+            print(f"{i:>3} {out['verdict']:<7} {cell('ttft-p50'):<22} {cell('ttft-p99'):<22} {first:<15} {minutes:>5.1f}"
+                  + (f"  goodput {cell('goodput')}" if args.goodput else "") + ("" if out["verdict"] == "merge" else f"  {out['reasons'][:1]}"),
+                  flush=True)
             p99 = [t for t in out.get("trials", []) if t.get("ok") and t["workload"] == "ttft-p99"]
             rows.append({"run": i, "verdict": out["verdict"], "reasons": out.get("reasons"), "minutes": minutes,
                          "workloads": {k: {x: v.get(x) for x in ("decision", "speedup", "ci", "pairs", "p_value")} for k, v in w.items()},

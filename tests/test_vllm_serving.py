@@ -73,62 +73,25 @@ def test_a_serving_change_is_measured_by_one_warm_load_generator_per_server(fork
             assert m["cpus_pinned"] == 1 and 0 < m["cpu_s"] <= t["wall_s"] * 1.01 + 0.005, m
 
 
-# #41: a tail-only regression. The objective is a toy command (the candidate makes it 1.5x faster) so that the
-# guards run; both guards judge the same warm servers under the same open-loop load (Poisson, 80 requests/s):
-# a median guard over 200 requests and a p99 guard over 1,000 (the fewest a p99 may be judged over).
-TAIL_CONFIG = FAST_CONFIG.split("[[workload]]")[0] + """[[workload]]
-name = "speed"
-command = "{python} speed.py {{out}}"
-metric = "x"
-restarts = 1
-
-[[workload]]
-name = "ttft-p50"
-kind = "vllm-serve"
-metric = "ttft_p50_ms"
-higher_is_better = false
-timeout_s = 240
-restarts = 1
-max_pairs = 6
-engine = {{ enforce_eager = true, max_model_len = 512, dtype = "float32", distributed_executor_backend = "uni" }}
-params = {{ prompts = 200, input_len = 16, output_len = 2, request_rate = 80, vary_lengths = false }}
-
-[[workload]]
-name = "ttft-p99"
-kind = "vllm-serve"
-metric = "ttft_p99_ms"
-higher_is_better = false
-timeout_s = 240
-restarts = 1
-max_pairs = 6
-engine = {{ enforce_eager = true, max_model_len = 512, dtype = "float32", distributed_executor_backend = "uni" }}
-params = {{ prompts = 1000, input_len = 16, output_len = 2, request_rate = 80, vary_lengths = false }}
-
-[gate]
-max_pairs = 6
-confirm_pairs = 2
-episode_budget = 1
-plausibility = 100.0
-coverage = false  # the served code does not run in the toy objective
-"""
-SPEED = "import json, sys, random\njson.dump({'x': float(open('f.txt').read()) * random.gauss(1, 0.01)}, open(sys.argv[1], 'w'))\n"
-# the planted regression: one request in about 50 (by its prompt) waits 150 ms before it is served; the others do not
-DELAY = """        import asyncio as _asyncio, zlib as _zlib
-        if _zlib.crc32(repr(request.prompt).encode()) % 50 == 0:
-            await _asyncio.sleep(0.15)
-        return await self._with_kv_transfer_rejection_cleanup("""
-SERVING_PY = "vllm/entrypoints/openai/completion/serving.py"
+# #41: a tail-only regression, on the target of benchmarks/serving_guard_engine.py: a toy command objective (the
+# candidate makes it 1.5x faster) so that the guards run; both guards judge the same warm servers under the same
+# open-loop load (Poisson, 80 requests/s): a median guard over 200 requests and a p99 guard over 1,000 (the fewest a
+# p99 may be judged over).
 
 
 def test_a_tail_only_regression_is_caught_by_the_p99_guard_and_not_by_the_median(tmp_path_factory):
     import sys
 
-    fork = make_fork(tmp_path_factory, "vllm-tail", TAIL_CONFIG.replace("{python}", sys.executable), "tail guards")
-    commit(fork, {"speed.py": SPEED, "f.txt": "1.0", "serving.json": serving(8)}, "toy objective, max_num_seqs 8")
-    source = (fork / SERVING_PY).read_text()
-    anchor = "        return await self._with_kv_transfer_rejection_cleanup("
-    assert source.count(anchor) == 1
-    commit(fork, {"f.txt": "1.5", SERVING_PY: source.replace(anchor, DELAY)}, "faster, and a slow tail", branch="tail")
+    from benchmarks.serving_guard_engine import CONFIG, SERVING_PY, SPEED, plant
+
+    path = tmp_path_factory.mktemp("vllm-tail") / "fork"
+    assert run_cli("init", "--from-installed", "vllm", str(path)).returncode == 0
+    site = next(line.split('"')[1] for line in (path / "agentsearch.toml").read_text().splitlines() if line.startswith("overlay_from"))
+    commit(path, {"agentsearch.toml": CONFIG.format(site=site, python=sys.executable), "speed.py": SPEED, "f.txt": "1.0",
+                  "serving.json": serving(8)}, "tail guards: a toy objective, max_num_seqs 8")
+    fork = path
+    # one request in about 50 (by its prompt) waits 150 ms before it is served; the others do not
+    commit(fork, {"f.txt": "1.5", SERVING_PY: plant((fork / SERVING_PY).read_text(), 150)}, "faster, and a slow tail", branch="tail")
     proc = run_cli("evaluate", "-C", str(fork), "tail", "--json", timeout=1500)
     assert proc.stdout, proc.stderr[-3000:]
     out = json.loads(proc.stdout)
