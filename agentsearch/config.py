@@ -137,9 +137,12 @@ class WorkloadConfig:
         _check_seconds(self.startup_timeout_s, "startup_timeout_s")
         if self.kind == "vllm-serve":
             try:
-                serving_load.check_params(self.params, self.metric)
+                serving_load.check_params(self.params, self.metric, timeout_s=self.timeout_s)
             except ValueError as exc:
                 raise ValueError(f"{exc}|{'metric' if 'metric' in str(exc) else 'params'}") from None
+            mml = self.engine.get("max_model_len")
+            if mml is not None and (not isinstance(mml, int) or isinstance(mml, bool) or not 0 < mml <= 1 << 24):
+                raise ValueError(f"max_model_len must be a positive integer here (the serving load is planned for it), got {mml!r}|engine")
             lower = tails.quantile_metric(self.metric) is not None
             if self.higher_is_better == lower:
                 raise ValueError(f"{self.metric} is {'a latency: lower' if lower else 'a rate: higher'} is better; "
@@ -160,6 +163,8 @@ class SloConfig:
             raise ValueError(f"expected a positive number of milliseconds, got {self.max_ms!r}|max_ms")
         if self.p is not None and not 0 < self.p < 100:
             raise ValueError(f"expected a percentile strictly between 0 and 100, got {self.p!r}|p")
+        if self.p is not None and (round(self.p, 3) != self.p or tails.quantile_metric(f"{self.metric[:-3]}_p{self.p:g}_ms") is None):
+            raise ValueError(f"expected a percentile with at most three decimals and at least 1 (e.g. 99, 99.9), got {self.p!r}|p")
 
     def slo(self) -> tails.Slo:
         return tails.Slo(self.metric.removesuffix("_ms"), self.max_ms, self.p / 100 if self.p is not None else None)
@@ -714,6 +719,17 @@ def load_config_text(text: str, source: str = CONFIG_FILE) -> Config:
     if goodput and not slos:
         raise ConfigError(f"{source}: [[workload]] {goodput[0]}: metric {tails.GOODPUT} counts requests that meet the SLOs; "
                           "add [[slo]] tables, e.g. [[slo]] metric = \"ttft_ms\" max_ms = 500")
+    bases = {x.metric.removesuffix("_ms") for x in slos}
+    if "tpot" in bases and not bases & {"ttft", "e2e"}:
+        raise ConfigError(f"{source}: [[slo]] metric: a tpot_ms limit alone can be met by holding every token back and "
+                          "sending them at the end (TPOT ~0, TTFT late): add a ttft_ms or e2e_ms limit")
+    named = sections["gate"].objective or workloads[0].name
+    objective = next((w for w in workloads if w.name == named), None)
+    qm = tails.quantile_metric(objective.metric) if objective is not None and objective.kind == "vllm-serve" else None
+    if qm is not None and qm.base in ("tpot", "itl"):
+        raise ConfigError(f"{source}: [[workload]] {objective.name if objective else ''} metric: {qm.name} as the objective can be won "
+                          "by shaping the stream (tokens held back and sent in a burst); judge ttft, e2e, a rate or goodput as "
+                          "the objective and keep tpot and itl quantiles as guards")
     for i, w in enumerate(workloads):
         if w.kind == "vllm-serve" and w.metric == tails.RATE_AT_SLO:
             try:

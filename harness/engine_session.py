@@ -731,7 +731,8 @@ class EngineLease:
     def measure(self, seed: int) -> TrialOutcome:
         self.pool.activate(self.key)
         try:
-            return self.engine.measure(seed, self.kind, lengths.vary(self.params, seed), self.metric)
+            default_len = 32 if self.kind == "vllm-serve" else 64  # harness.serving_load's default, the workers'
+            return self.engine.measure(seed, self.kind, lengths.vary(self.params, seed, default_len), self.metric)
         finally:
             self._done()
 

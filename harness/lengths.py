@@ -40,15 +40,16 @@ def draw(rng: random.Random, n: int, mean: int, dist: str, lo: int = 4, hi: int 
     raise ValueError(f"unknown length distribution {dist!r} ({', '.join(DISTS)})")
 
 
-def vary(params: Mapping[str, Any], seed: int) -> dict[str, Any]:
-    """``params`` with this seed's length profile, unless the workload sets vary_lengths = false."""
+def vary(params: Mapping[str, Any], seed: int, default_len: int = 64) -> dict[str, Any]:
+    """``params`` with this seed's length profile, unless the workload sets vary_lengths = false; lengths the params
+    do not set are the workload kind's ``default_len`` (64 for the engine workloads, 32 for serving), scaled."""
     out = dict(params)
     if not out.pop("vary_lengths", True):
         return out
     dist, scale = profile(seed)
     out["length_dist"] = dist
-    for key, default in (("input_len", 64), ("output_len", 64)):
-        out[key] = max(4, int(round(int(out.get(key, default)) * scale)))
+    for key in ("input_len", "output_len"):
+        out[key] = max(4, int(round(int(out.get(key, default_len)) * scale)))
     return out
 
 

@@ -25,23 +25,27 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from . import sandbox, serving_load, tails
-from .engine_session import MAX_MESSAGE_BYTES, Parkable, WorkerError, read_serving, serving_env
+from .engine_session import Parkable, WorkerError, read_serving, serving_env
 from .trials import CRASH, MEASUREMENT_ERROR, TIMEOUT, TrialOutcome, child_env, kill_group, log_error_line, log_tail, metric_error, safe_json_loads, tail
 
 CLIENT = Path(__file__).with_name("workers") / "bench_client.py"
+REPORT_MAX_BYTES = 64 << 20  # the longest honest report of the largest load the config accepts is ~55 MB
 CLIENT_START_S = 300.0  # the load generator's import of vLLM, at most
 
 
 
 def instrument(baseline: Path) -> Path | None:
-    """The load generator's PYTHONPATH: none when vLLM (and with it aiohttp) is installed beside the orchestrator —
-    fixed code no proposal can change, not even one merged into the baseline — else the baseline's worktree."""
-    import importlib.util
+    """The load generator's extra import path: none, ever. It needs only the standard library and aiohttp from the
+    orchestrator's environment and runs isolated (``python -I``): a module merged into the fork (an ``argparse.py``)
+    must never run as the measuring instrument, outside every sandbox."""
+    return None
 
-    try:
-        return None if importlib.util.find_spec("vllm") is not None else baseline
-    except (ImportError, ValueError):
-        return baseline
+
+def context_len(engine: Mapping[str, Any]) -> int:
+    """The context the load is planned for: the config's ``max_model_len`` (the same on both sides; a side's own
+    serving.json may set another, and then serves the same requests or fails them), 1,024 when it sets none."""
+    v = engine.get("max_model_len")
+    return v if isinstance(v, int) and not isinstance(v, bool) and 0 < v <= 1 << 24 else 1024
 
 
 def free_port() -> int:
@@ -227,11 +231,11 @@ class ServeSession(Parkable):
     def _probe(self, seed: int, p: Mapping[str, Any], slos: list[tails.Slo], metric: str) -> TrialOutcome:
         """One planned load, its metrics and outputs (a whole trial, or one probe of a rate search)."""
         assert self.client is not None
-        load = serving_load.plan(p, seed, serving_load.vocab_size(self.spec["model"]), int(self.engine.get("max_model_len") or 1024),
+        load = serving_load.plan(p, seed, serving_load.vocab_size(self.spec["model"]), context_len(self.spec.get("engine") or {}),
                                  trace=self.spec.get("trace"))
         t0 = time.perf_counter()
         try:
-            data = self.client.run(load.command(f"http://127.0.0.1:{self.port}", self.spec["model"]))
+            data = self.client.run(load.command(f"http://127.0.0.1:{self.port}", self.spec["model"]), load.report_bytes())
         except WorkerError as exc:
             wall = time.perf_counter() - t0
             timed_out = isinstance(exc, ClientTimeout)
@@ -254,10 +258,15 @@ class ServeSession(Parkable):
             return TrialOutcome(False, None, metrics, wall, (
                 f"the load generator fell behind its schedule (p99 lag {metrics['generator_lag_p99_ms']:.1f} ms > "
                 f"{load.max_lag_s * 1000:.0f} ms at {load.rate:g} requests/s): this machine cannot send that rate on time; "
-                "lower request_rate"), self._log_tail(), failure=MEASUREMENT_ERROR)
+                f"lower {'rate_max' if metric == tails.RATE_AT_SLO else 'request_rate'}"), self._log_tail(), failure=MEASUREMENT_ERROR)
         d = metrics["duration_s"]
         if not isinstance(d, (int, float)) or isinstance(d, bool) or not 0 < d <= wall:
             return TrialOutcome(False, None, metrics, wall, f"the load reported a duration of {d!r} s in a {wall:.2f} s round trip", self._log_tail())
+        for name in (metric, *limited):  # the quantiles judged: over enough samples as measured, not only as planned
+            qm = tails.quantile_metric(name)
+            if qm is not None and (n := len(tails.samples(timings, qm.base))) < tails.min_requests(qm.q):
+                return TrialOutcome(False, None, metrics, wall, f"{name} over {n} samples: a p{qm.q * 100:g} needs at least "
+                                    f"{tails.min_requests(qm.q)} (raise prompts or output_len)", self._log_tail(), failure=MEASUREMENT_ERROR)
         if metric == tails.RATE_AT_SLO:
             return TrialOutcome(True, None, metrics, wall, outputs=outputs)
         err_msg = metric_error(metrics, metric)
@@ -292,16 +301,23 @@ class ServeSession(Parkable):
             return ok
 
         lo, hi = float(p.get("rate_min", 1.0)), float(p["rate_max"])
+        shift = serving_load.probe_seed(seed, -1) / 2 ** 32  # the grid's offset: per pair, the same on both sides
         try:
-            rate, low, high, _ = serving_load.search_rate(holds, lo, hi, int(p.get("search_steps", 4)))
+            found = serving_load.search_rate(holds, lo, hi, int(p.get("search_steps", 4)), shift)
         except serving_load.SearchOutOfRange as exc:
             if failed:
                 return failed[0]
-            return TrialOutcome(False, None, {"probes": seen}, time.perf_counter() - t0, f"throughput at SLO: {exc}", self._log_tail())
+            # on the baseline's trial the run's error (the range is the config's); on the candidate's a rejection
+            return TrialOutcome(False, None, {"probes": seen}, time.perf_counter() - t0, f"throughput at SLO: {exc}", self._log_tail(),
+                                failure=MEASUREMENT_ERROR)
         if failed:
             return failed[0]
-        metrics = {metric: rate, "rate_at_slo_low": low, "rate_at_slo_high": high, "probes": seen,
-                   "requests": len(outputs), "input_tokens": sum(tokens), "engine_startup_s": self.startup_s,
+        rate = found.rate
+        if not found.censored:
+            at = {x["rate"]: x for x in seen}
+            rate = serving_load.interpolate(found.low, found.high, at.get(found.low, {}), at.get(found.high, {}), slos) or rate
+        metrics = {metric: rate, "rate_at_slo_low": found.low, "rate_at_slo_high": found.high, "rate_at_slo_censored": found.censored,
+                   "probes": seen, "requests": len(outputs), "input_tokens": sum(tokens), "engine_startup_s": self.startup_s,
                    "generator_trial": self.client.served if self.client else None}
         return TrialOutcome(True, rate, metrics, time.perf_counter() - t0, outputs=tuple(outputs))
 
@@ -397,15 +413,12 @@ class BenchClient:
         """Spawn it and wait for its import; the seconds waited. Raises WorkerError when it does not come up."""
         t0 = time.perf_counter()
         env = child_env(self.env, self.log_dir, None, self.log_dir)
-        if self.client_path is not None:
-            env["PYTHONPATH"] = str(self.client_path)
-        else:
-            env.pop("PYTHONPATH", None)
+        env.pop("PYTHONPATH", None)  # and -I: the instrument imports nothing from a worktree, whatever it is given
         env.setdefault("PYTHONUNBUFFERED", "1")
         rfd, wfd = os.pipe()
         try:
             with open(self.log_dir / "bench-client.log", "ab") as log:
-                self.proc = subprocess.Popen(self.in_net([self.python, str(CLIENT), "--fd", str(wfd)]), cwd=str(self.log_dir), env=env,
+                self.proc = subprocess.Popen(self.in_net([self.python, "-I", str(CLIENT), "--fd", str(wfd)]), cwd=str(self.log_dir), env=env,
                                              stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, pass_fds=(wfd,),
                                              start_new_session=True)
         except OSError as exc:
@@ -422,15 +435,15 @@ class BenchClient:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def run(self, command: Mapping[str, Any]) -> dict[str, Any]:
-        """Send one measuring command (``load`` or ``bench``) and wait for its result."""
+    def run(self, command: Mapping[str, Any], max_bytes: int = 0) -> dict[str, Any]:
+        """Send one measuring command (``load``) and wait for its result (at most ``max_bytes`` of it)."""
         assert self.proc is not None and self.proc.stdin is not None
         try:
             self.proc.stdin.write((json.dumps(command) + "\n").encode())
             self.proc.stdin.flush()
         except (BrokenPipeError, OSError):
             raise WorkerError("the load generator died") from None
-        msg = self._read(self.timeout_s, "the benchmark")
+        msg = self._read(self.timeout_s, "the benchmark", max_bytes)
         if msg.get("event") == "error":
             raise ClientReported(tail(str(msg.get("error") or "no result"), 1))
         if msg.get("event") != "result" or not isinstance(msg.get("result"), dict):
@@ -438,13 +451,13 @@ class BenchClient:
         self.served += 1
         return msg["result"]
 
-    def _read(self, timeout_s: float, what: str) -> dict[str, Any]:
+    def _read(self, timeout_s: float, what: str, max_bytes: int = 0) -> dict[str, Any]:
         import select
 
         assert self._rfd is not None
         deadline = time.monotonic() + timeout_s
         while b"\n" not in self._buf:
-            if len(self._buf) > MAX_MESSAGE_BYTES:
+            if len(self._buf) > (max_bytes or REPORT_MAX_BYTES):
                 raise WorkerError(f"oversized message during {what}")
             left = deadline - time.monotonic()
             if left <= 0:

@@ -40,6 +40,7 @@ from . import lengths, tails
 DEFAULT_PROMPTS, DEFAULT_INPUT_LEN, DEFAULT_OUTPUT_LEN, DEFAULT_CONCURRENCY = 32, 32, 32, 4
 MAX_RATE = 500.0  # requests per second one warm generator process sends on schedule here (benchmarks/serving_tails.py)
 MAX_REQUESTS = 20_000  # per trial (one JSON message each way)
+MAX_TOKENS = 2_000_000  # output tokens per trial: the report's per-token gaps stay under the generator's read cap
 # the generator keeps up while its p99 lag stays under 25 ms or one mean inter-arrival time, whichever is larger: on
 # a quiet machine here it is 1.3-2.8 ms at 80-100 requests/s; a test suite running beside it pushed it to 13 and 26 ms
 # (a transient, not a generator that cannot keep its rate: that one falls further behind with every request)
@@ -48,6 +49,7 @@ LAG_SHARE = 1.0
 PARAMS = ("prompts", "input_len", "output_len", "length_dist", "max_concurrency", "request_rate", "burstiness", "warmup",
           "vary_lengths", "batch_size", "iterations", "rate_min", "rate_max", "search_steps", "trace")
 MAX_TRACE_LINES = 1_000_000
+TRACE_BYTES = 64 << 20
 MAX_SEARCH_STEPS = 8
 
 
@@ -70,6 +72,11 @@ class LoadPlan:
     def max_lag_s(self) -> float:
         return max(LAG_FLOOR_S, LAG_SHARE / self.rate) if self.rate else math.inf
 
+    def report_bytes(self) -> int:
+        """How long the generator's honest report of this load can be: per request its fields and hashes, per
+        token a gap (the JSON of a microsecond count and a separator), with room to spare."""
+        return (1 << 20) + (self.measured * 1500 + sum(self.output_lens[self.warmup:]) * 12) * 2
+
     def command(self, base_url: str, model: str) -> dict[str, Any]:
         """The load generator's command (``workers/bench_client.py``)."""
         return {"cmd": "load", "base_url": base_url, "model": model, "prompts": [list(p) for p in self.prompts],
@@ -77,10 +84,22 @@ class LoadPlan:
                 "max_concurrency": self.max_concurrency, "warmup": self.warmup}
 
 
+def _number(value: Any) -> float | None:
+    """A finite number (int or float, not bool) as a float, or None (an integer beyond a double is none)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        f = float(value)
+    except OverflowError:
+        return None
+    return f if math.isfinite(f) else None
+
+
 def _rate(value: Any) -> float | None:
     if value in (None, "inf", math.inf):
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < float(value) <= MAX_RATE:
+    f = _number(value)
+    if f is None or not 0 < f <= MAX_RATE:
         raise ValueError(f"request_rate must be \"inf\" or a number of requests per second in (0, {MAX_RATE:g}] "
                          f"(the most one load generator sends on schedule here), got {value!r}")
     return float(value)
@@ -95,7 +114,7 @@ def _int(params: Mapping[str, Any], key: str, default: int | None, lo: int, hi: 
     return v
 
 
-def check_params(params: Mapping[str, Any], metric: str, slos: Sequence[tails.Slo] | None = None) -> None:
+def check_params(params: Mapping[str, Any], metric: str, slos: Sequence[tails.Slo] | None = None, timeout_s: float | None = None) -> None:
     """Raise ValueError (one line) for params a serving workload cannot run, or a metric its trials cannot judge
     (``slos`` None: not known yet, the SLO-dependent rules are skipped)."""
     unknown = sorted(set(params) - set(PARAMS))
@@ -105,6 +124,10 @@ def check_params(params: Mapping[str, Any], metric: str, slos: Sequence[tails.Sl
     _int(params, "input_len", DEFAULT_INPUT_LEN, 1, 1 << 20)
     _int(params, "output_len", DEFAULT_OUTPUT_LEN, 1, 1 << 20)
     _int(params, "warmup", 0, 0, MAX_REQUESTS)
+    tokens = int(prompts or DEFAULT_PROMPTS) * int(params.get("output_len", DEFAULT_OUTPUT_LEN))
+    if tokens > MAX_TOKENS:
+        raise ValueError(f"a trial of {tokens} output tokens (prompts x output_len) is more than the {MAX_TOKENS} one load "
+                         "generator's report carries; lower prompts or output_len")
     _int(params, "max_concurrency", DEFAULT_CONCURRENCY, 1, 1 << 16)
     trace = params.get("trace")
     if trace is not None and (not isinstance(trace, str) or not trace or trace.startswith("/") or ".." in trace.split("/")):
@@ -112,9 +135,9 @@ def check_params(params: Mapping[str, Any], metric: str, slos: Sequence[tails.Sl
     if params.get("length_dist", "fixed") not in lengths.DISTS:
         raise ValueError(f"length_dist must be one of {', '.join(lengths.DISTS)}, got {params.get('length_dist')!r}")
     _rate(params.get("request_rate"))
-    b = params.get("burstiness", 1.0)
-    if isinstance(b, bool) or not isinstance(b, (int, float)) or not 0.05 <= float(b) <= 100:
-        raise ValueError(f"burstiness must be a number in [0.05, 100] (1: Poisson arrivals), got {b!r}")
+    b = _number(params.get("burstiness", 1.0))
+    if b is None or not 0.05 <= b <= 100:
+        raise ValueError(f"burstiness must be a number in [0.05, 100] (1: Poisson arrivals), got {params.get('burstiness')!r}"[:200])
     if not tails.is_serving_metric(metric):
         raise ValueError(f"a serving workload has no metric {metric!r}: one of {', '.join(tails.RATE_METRICS)}, "
                          f"{tails.GOODPUT} or {tails.RATE_AT_SLO} (with [[slo]]) or a quantile such as ttft_p99_ms "
@@ -126,10 +149,13 @@ def check_params(params: Mapping[str, Any], metric: str, slos: Sequence[tails.Sl
     if searching:
         if "request_rate" in params:
             raise ValueError(f"{tails.RATE_AT_SLO} searches the rate between rate_min and rate_max: drop request_rate")
+        if "max_concurrency" in params:
+            raise ValueError(f"{tails.RATE_AT_SLO} offers open-loop rates: under max_concurrency a request's wait for a slot "
+                             "is not in its latencies, so the SLOs would hold past the server's capacity; drop max_concurrency")
         lo, hi = _rate(params.get("rate_min", 1.0)), _rate(params.get("rate_max"))
         if lo is None or hi is None or not hi > lo:
             raise ValueError(f"{tails.RATE_AT_SLO} needs rate_min < rate_max, both in requests per second "
-                             f"(got {params.get('rate_min', 1.0)!r} and {params.get('rate_max')!r})")
+                             f"(got {params.get('rate_min', 1.0)!r} and {params.get('rate_max')!r})"[:300])
         _int(params, "search_steps", 4, 1, MAX_SEARCH_STEPS)
     if searching and slos is not None:
         quantiled = [x for x in slos if x.q is not None]
@@ -142,6 +168,13 @@ def check_params(params: Mapping[str, Any], metric: str, slos: Sequence[tails.Sl
             if n < tails.min_requests(x.q):
                 raise ValueError(f"the [[slo]] {x.text()} needs probes of at least {tails.min_requests(x.q)} requests "
                                  f"(prompts = {n}): raise prompts or lower its p")
+    slowest = _rate(params.get("rate_min", 1.0)) if searching else _rate(params.get("request_rate"))
+    if timeout_s is not None and slowest is not None:
+        sending = int(prompts or DEFAULT_PROMPTS) / slowest
+        if sending > timeout_s:
+            what = "a probe at rate_min" if searching else "a trial"
+            raise ValueError(f"{what} sends {int(prompts or DEFAULT_PROMPTS)} requests over {sending:.0f} s, beyond the workload's "
+                             f"timeout_s of {timeout_s:g} s: raise {'rate_min' if searching else 'request_rate'} or timeout_s, or lower prompts")
     qm = tails.quantile_metric(metric)
     if qm is not None:
         need = tails.min_requests(qm.q)
@@ -166,18 +199,20 @@ def vocab_size(model_dir: str) -> int:
 def read_trace(path: Path) -> tuple[tuple[int, int], ...]:
     """A trace of request lengths: one JSON object per line with positive integers ``input_len`` and
     ``output_len``. Raises ValueError (one line, naming the line) for anything else."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            lines = f.readlines(64 << 20)
+    from .safe_io import read_beneath
+
+    try:  # never through a link, a regular file, size-capped (harness.safe_io)
+        data = read_beneath(path.parent, path, TRACE_BYTES)
     except OSError as exc:
         raise ValueError(f"trace {path.name}: {exc.strerror or exc}") from None
+    lines = data.decode("utf-8", "replace").splitlines()
     rows = []
     for i, line in enumerate(lines[:MAX_TRACE_LINES], 1):
         if not line.strip():
             continue
         try:
             obj = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):
             raise ValueError(f"trace {path.name} line {i}: not JSON") from None
         ok = isinstance(obj, dict) and all(isinstance(obj.get(k), int) and not isinstance(obj.get(k), bool) and 0 < obj[k] <= 1 << 20
                                             for k in ("input_len", "output_len"))
@@ -225,13 +260,27 @@ def probe_seed(seed: int, k: int) -> int:
 
 
 class SearchOutOfRange(ValueError):
-    """The SLOs do not hold at rate_min, or still hold at rate_max: the answer lies outside the search's range."""
+    """The SLOs do not hold at rate_min: the answer lies below the search's range."""
 
 
-def search_rate(holds: Callable[[float], bool], lo: float, hi: float, steps: int) -> tuple[float, float, float, list[tuple[float, bool]]]:
-    """Throughput at SLO by a bounded geometric bisection: (estimate, low, high, probes). ``holds(rate)`` runs one probe.
-    The SLOs must hold at ``lo`` and fail at ``hi``, else SearchOutOfRange (one line); the estimate is the geometric
-    middle of the last bracket [low, high], whose ratio is (hi / lo) ** (1 / 2 ** steps)."""
+@dataclass(frozen=True)
+class Search:
+    """A rate search's outcome: the estimate, the last bracket [low, high] (high = rate_max and ``censored`` when
+    the SLOs still held there), and every probe (rate, held)."""
+
+    rate: float
+    low: float
+    high: float
+    censored: bool
+    probes: tuple[tuple[float, bool], ...]
+
+
+def search_rate(holds: Callable[[float], bool], lo: float, hi: float, steps: int, shift: float = 0.5) -> Search:
+    """Throughput at SLO by a bounded geometric bisection. ``holds(rate)`` runs one probe. The SLOs must hold at
+    ``lo`` (else SearchOutOfRange, one line); if they still hold at ``hi`` the answer is censored there (a lower
+    bound). The first split is at the fraction 0.25 + 0.5 x ``shift`` of the range (log scale), later ones halve:
+    a ``shift`` drawn per pair (the same on both sides) moves the grid, so that thresholds between two grid points
+    do not read alike on every pair. The estimate is the bracket's geometric middle (``interpolate`` refines it)."""
     probes: list[tuple[float, bool]] = []
 
     def probe(rate: float) -> bool:
@@ -242,11 +291,31 @@ def search_rate(holds: Callable[[float], bool], lo: float, hi: float, steps: int
     if not probe(lo):
         raise SearchOutOfRange(f"the SLOs do not hold even at rate_min = {lo:g} requests/s: lower rate_min (or relax the SLOs)")
     if probe(hi):
-        raise SearchOutOfRange(f"the SLOs still hold at rate_max = {hi:g} requests/s: raise rate_max")
-    for _ in range(steps):
-        mid = math.sqrt(lo * hi)
+        return Search(hi, hi, hi, True, tuple(probes))
+    for k in range(steps):
+        w = 0.25 + 0.5 * shift if k == 0 else 0.5
+        mid = math.exp(math.log(lo) * (1 - w) + math.log(hi) * w)
         if probe(mid):
             lo = mid
         else:
             hi = mid
-    return math.sqrt(lo * hi), lo, hi, probes
+    return Search(math.sqrt(lo * hi), lo, hi, False, tuple(probes))
+
+
+def interpolate(low: float, high: float, at_low: Mapping[str, float | None], at_high: Mapping[str, float | None],
+                slos: Sequence[tails.Slo]) -> float | None:
+    """Where the first SLO quantile crosses its limit between the bracket's ends, on log-log scales (a quantile that
+    grows as a power of the rate is exact); None when a quantile is missing or does not grow across the bracket."""
+    crossings = []
+    for slo in slos:
+        if slo.q is None:
+            continue
+        name = tails.slo_quantile(slo)
+        a, b = at_low.get(name), at_high.get(name)
+        if a is None or b is None or a <= 0 or b <= a:
+            return None
+        if b <= slo.max_ms:
+            continue  # not the SLO that failed at the bracket's top
+        t = (math.log(slo.max_ms) - math.log(a)) / (math.log(b) - math.log(a))
+        crossings.append(math.exp(math.log(low) + min(1.0, max(0.0, t)) * (math.log(high) - math.log(low))))
+    return min(crossings) if crossings else None

@@ -110,7 +110,7 @@ def definition(name: str) -> str:
 
 def min_requests(q: float) -> int:
     """Requests a trial needs before its q-quantile is judged: ten expected beyond it (1,000 for a p99)."""
-    return int(math.ceil(EXCEEDANCES / (1 - q) - 1e-9))
+    return int(math.ceil(round(EXCEEDANCES / (1 - q), 6)))
 
 
 def harrell_davis(values: Sequence[float] | np.ndarray, q: float) -> float:

@@ -49,6 +49,7 @@ def _micros(x: float) -> int:
 
 
 MAX_TEXT = 1 << 20  # characters of generated text per request; a server that streams more fails the request
+MAX_LINE = 8 << 20  # bytes of one event-stream line (a chunk of MAX_TEXT characters, JSON-escaped, fits)
 
 
 async def complete(session, api_url: str, model: str, prompt: list, output_len: int) -> dict:
@@ -80,6 +81,8 @@ async def complete(session, api_url: str, model: str, prompt: list, output_len: 
                 return failed(f"HTTP {response.status} {response.reason or ''}".strip())
             async for data in response.content.iter_any():
                 buf += data
+                if b"\n" not in data and len(buf) > MAX_LINE:
+                    raise ValueError(f"a line of more than {MAX_LINE} bytes")
                 while b"\n" in buf:
                     line, buf = buf.split(b"\n", 1)
                     line = line.strip()
@@ -98,6 +101,8 @@ async def complete(session, api_url: str, model: str, prompt: list, output_len: 
                         if not isinstance(text, str):
                             raise ValueError("a chunk's text is not a string")
                         if text:
+                            if len(texts) >= output_len:  # one text chunk per token at most: never more gaps than tokens
+                                raise ValueError(f"more text chunks than the {output_len} tokens asked for")
                             if first is None:
                                 first = end
                             else:

@@ -1,8 +1,9 @@
 """Serving red team, round 2 (#41): holes found in the load generator, the serving session, the rate search and
 the serving config after the first round (tests/redteam/test_serving_instrument.py).
 
-Every test here FAILED on the code it was written against (c62904d); each is written to pass once its hole is
-fixed. The comment above each says what it shows and what a fix could be."""
+Every test here FAILED on the code it was written against (c62904d), by a helper session attacking it; each passes
+since its hole was fixed. The comment above each says what it showed ("CURRENTLY FAILS" is the helper's note of
+that moment) and the fix."""
 
 from __future__ import annotations
 
@@ -111,12 +112,12 @@ def _complete(server, trick: str, max_tokens: int, timeout_s: float) -> dict:
     return asyncio.run(asyncio.wait_for(go(), timeout_s))
 
 
-# CURRENTLY FAILS. TPOT = (E2E - TTFT) / (tokens - 1) is the server's to shape: hold every token back and send them
-# all at the end, and TPOT is ~0 while E2E (the same work) is unchanged; only TTFT shows it. docs/design/threat-model.md
-# says TPOT "cannot be shaped that way" and recommends judging it as the objective. A fix: refuse a tpot_* objective
-# (and a tpot SLO for goodput / rate_at_slo) unless TTFT is limited too (a ttft guard / SLO), or judge TPOT only
-# together with TTFT; and correct the threat model.
-def test_holding_tokens_back_does_not_make_tpot_faster(server, client):
+# Was a hole: TPOT = (E2E - TTFT) / (tokens - 1) is the server's to shape. Hold every token back and send them all
+# at the end, and TPOT is ~0 while E2E (the same work) is unchanged; only TTFT shows it. The metric cannot tell (this
+# test shows the shaping), so the config refuses what it would fool: a tpot (or itl) quantile as the objective, and a
+# tpot SLO without a ttft or e2e limit beside it (goodput, throughput at SLO). As a guard TPOT can only be made to
+# look better, and then TTFT (guard it too) shows the held tokens.
+def test_holding_tokens_back_cannot_buy_a_tpot_objective_or_slo(server, client):
     got = {}
     for trick in ("honest", "hold"):
         server.trick = trick
@@ -124,11 +125,18 @@ def test_holding_tokens_back_does_not_make_tpot_faster(server, client):
         data = client.run(load.command(f"http://127.0.0.1:{server.server_address[1]}", "m"))
         timings, _, why = served_requests(data, load)
         assert not why, why
-        got[trick] = tails.serving_metrics(timings, ("tpot_p50_ms", "e2e_p50_ms"))
+        got[trick] = tails.serving_metrics(timings, ("tpot_p50_ms", "e2e_p50_ms", "ttft_p50_ms"))
     honest, held = got["honest"], got["hold"]
     assert held["e2e_p50_ms"] > 0.8 * honest["e2e_p50_ms"]  # the same work, the same end-to-end latency
-    assert held["tpot_p50_ms"] > 0.5 * honest["tpot_p50_ms"], (
-        f"TPOT p50 {held['tpot_p50_ms']:.3f} ms held back against {honest['tpot_p50_ms']:.3f} ms streamed: a fake win")
+    assert held["tpot_p50_ms"] < 0.1 * honest["tpot_p50_ms"] and held["ttft_p50_ms"] > 1.5 * honest["ttft_p50_ms"]  # shaped
+    for metric in ("tpot_p99_ms", "itl_p50_ms"):
+        with pytest.raises(ConfigError, match="as the objective can be won by shaping the stream") as exc:
+            _config(metric, "{ prompts = 2000, output_len = 8 }")
+        assert "\n" not in str(exc.value)
+    with pytest.raises(ConfigError, match="a tpot_ms limit alone can be met by holding every token back"):
+        _config("goodput_req_s", "{ prompts = 32 }", "[[slo]]\nmetric = \"tpot_ms\"\nmax_ms = 50")
+    ok = _config("goodput_req_s", "{ prompts = 32 }", "[[slo]]\nmetric = \"tpot_ms\"\nmax_ms = 50\n[[slo]]\nmetric = \"e2e_ms\"\nmax_ms = 900")
+    assert len(ok.slos) == 2
 
 
 # CURRENTLY FAILS. The generator (outside every sandbox, no memory limit) keeps every text chunk's gap of a request
