@@ -711,9 +711,7 @@ def load_config_text(text: str, source: str = CONFIG_FILE) -> Config:
         _build(WorkloadConfig, w, f"[[workload]] #{i + 1}", source) for i, w in enumerate(raw_workloads)
     )
     names = [w.name for w in workloads]
-    dupes = sorted({n for n in names if names.count(n) > 1})
-    if dupes:
-        raise ConfigError(f"{source}: [[workload]] name: duplicate workload name {dupes[0]!r}")
+    _unique(names, f"{source}: [[workload]] name: duplicate workload name")
     slos = _slos(data.get("slo"), source)
     goodput = [w.name for w in workloads if w.metric == tails.GOODPUT]
     if goodput and not slos:
@@ -746,16 +744,20 @@ def load_config_text(text: str, source: str = CONFIG_FILE) -> Config:
                   forge=sections["forge"])
 
 
+def _unique(names: list[str], says: str) -> None:
+    """One line naming the first name given twice in a list of tables."""
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ConfigError(f"{says} {dupes[0]!r}")
+
+
 def _slos(raw: Any, source: str) -> tuple[SloConfig, ...]:
     if raw is None:
         return ()
     if not isinstance(raw, list):
         raise ConfigError(f"{source}: slo: expected [[slo]] tables, got a single value")
     slos = tuple(_build(SloConfig, x, f"[[slo]] #{i + 1}", source) for i, x in enumerate(raw))
-    names = [x.metric for x in slos]
-    dupes = sorted({n for n in names if names.count(n) > 1})
-    if dupes:
-        raise ConfigError(f"{source}: [[slo]] metric: two limits for {dupes[0]!r}")
+    _unique([x.metric for x in slos], f"{source}: [[slo]] metric: two limits for")
     return slos
 
 
@@ -769,10 +771,7 @@ def _sweep(raw: Any, source: str) -> SweepConfig:
     if not isinstance(knobs_raw, list):
         raise ConfigError(f"{source}: sweep.knob: expected [[sweep.knob]] tables")
     knobs = tuple(_build(KnobConfig, k, f"[[sweep.knob]] #{i + 1}", source) for i, k in enumerate(knobs_raw))
-    names = [k.name for k in knobs]
-    dupes = sorted({n for n in names if names.count(n) > 1})
-    if dupes:
-        raise ConfigError(f"{source}: [[sweep.knob]] name: duplicate knob {dupes[0]!r}")
+    _unique([k.name for k in knobs], f"{source}: [[sweep.knob]] name: duplicate knob")
     base = _build(SweepConfig, raw, "[sweep]", source)
     return dataclasses.replace(base, knobs=knobs)
 

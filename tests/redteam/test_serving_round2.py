@@ -21,13 +21,14 @@ from pathlib import Path
 
 import pytest
 
-from agentsearch.config import load_config_text
 from agentsearch.errors import ConfigError
 from harness import serve_session, serving_load, tails
 from harness.engine_session import WorkerError
 from harness.serve_session import BenchClient, ServeSession, served_requests, serving_engine
 from harness.trials import TrialOutcome
 from harness.workers import bench_client
+
+from ..test_serving_tails import config
 
 TOKEN_S = 0.004
 
@@ -314,24 +315,11 @@ def test_the_generator_imports_nothing_from_a_worktree(tmp_path):
     assert not marker.exists(), "the load generator imported a module from the worktree"
 
 
-SERVE = """
-[target]
-baseline = "main"
-
-[[workload]]
-name = "serve"
-kind = "vllm-serve"
-metric = "{metric}"
-higher_is_better = {hib}
-params = {params}
-{extra}
-"""
 SLO_P90 = "[[slo]]\nmetric = \"ttft_ms\"\nmax_ms = 30\np = 90"
 
 
 def _config(metric: str, params: str, extra: str = ""):
-    hib = "false" if tails.quantile_metric(metric) else "true"
-    return load_config_text(SERVE.format(metric=metric, params=params, extra=extra, hib=hib))
+    return config(metric, params, extra)
 
 
 # CURRENTLY FAILS (OverflowError traceback): float() of a TOML integer beyond a double in _rate and the burstiness
