@@ -46,10 +46,19 @@ def cli_env(home: Path) -> dict[str, str]:
     """The CLI's environment on top of ours: a private home, config and temporary directory (the CLI keeps
     a per-user directory under $TMPDIR, shared by every session at once and never cleaned, otherwise), no
     auto-update, no telemetry or other traffic than the API's."""
-    return reaper.marked({"HOME": str(home), "CLAUDE_CONFIG_DIR": str(home / ".claude"), "XDG_CONFIG_HOME": str(home / ".config"),
-                          "TMPDIR": str(home / "tmp"),
-                          "DISABLE_AUTOUPDATER": "1", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_TELEMETRY": "1",
-                          "DISABLE_ERROR_REPORTING": "1", "CLAUDE_CODE_DISABLE_TERMINAL_TITLE": "1"})  # dies with us
+    return reaper.marked(
+        {
+            "HOME": str(home),
+            "CLAUDE_CONFIG_DIR": str(home / ".claude"),
+            "XDG_CONFIG_HOME": str(home / ".config"),
+            "TMPDIR": str(home / "tmp"),
+            "DISABLE_AUTOUPDATER": "1",
+            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+            "DISABLE_TELEMETRY": "1",
+            "DISABLE_ERROR_REPORTING": "1",
+            "CLAUDE_CODE_DISABLE_TERMINAL_TITLE": "1",
+        }
+    )  # dies with us
 
 
 def cli_launcher(home: Path) -> str | None:
@@ -85,28 +94,49 @@ def _server(bench: Any) -> Any:
         async def run(args: dict[str, Any]) -> dict[str, Any]:
             ans = await anyio.to_thread.run_sync(bench.call, name, dict(args or {}))
             return {"content": [{"type": "text", "text": ans.text}], "is_error": not ans.ok}
+
         return run
 
-    tools = [SdkMcpTool(name=name, description=desc, input_schema=schema, handler=handler(name)) for name, (desc, schema) in bench.TOOLS.items()]
+    tools = [
+        SdkMcpTool(name=name, description=desc, input_schema=schema, handler=handler(name))
+        for name, (desc, schema) in bench.TOOLS.items()
+    ]
     return create_sdk_mcp_server(SERVER, tools=tools)
 
 
-def run_session(prompt: str, home: Path, model: str | None, max_turns: int, max_cost_usd: float | None = None,
-                bench: Any = None) -> dict[str, Any]:
+def run_session(
+    prompt: str, home: Path, model: str | None, max_turns: int, max_cost_usd: float | None = None, bench: Any = None
+) -> dict[str, Any]:
     """One agent session through the SDK and the CLI; never raises (an error is part of the outcome).
     ``home``: the session's private directory (the CLI's cwd is ``home/cli``, its $HOME ``home/home``).
     ``bench``: the workbench whose tools the agent gets (None: no tools at all)."""
     import anyio
 
-    out: dict[str, Any] = {"text": "", "cost_usd": 0.0, "tokens_in": 0, "tokens_out": 0, "turns": 0, "error": "", "session_s": 0.0}
+    out: dict[str, Any] = {
+        "text": "",
+        "cost_usd": 0.0,
+        "tokens_in": 0,
+        "tokens_out": 0,
+        "turns": 0,
+        "error": "",
+        "session_s": 0.0,
+    }
     cwd, cli_home = home / "cli", home / "home"
     for d in (cwd, cli_home, cli_home / "tmp"):
         d.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
 
     async def main() -> None:
-        from claude_agent_sdk import (AssistantMessage, ClaudeAgentOptions, ClaudeSDKClient, PermissionResultAllow,
-                                      PermissionResultDeny, ResultMessage, TextBlock, ToolUseBlock)
+        from claude_agent_sdk import (
+            AssistantMessage,
+            ClaudeAgentOptions,
+            ClaudeSDKClient,
+            PermissionResultAllow,
+            PermissionResultDeny,
+            ResultMessage,
+            TextBlock,
+            ToolUseBlock,
+        )
 
         allowed = tool_names(bench) if bench is not None else []
 
@@ -119,10 +149,19 @@ def run_session(prompt: str, home: Path, model: str | None, max_turns: int, max_
             return PermissionResultDeny(message=why)
 
         options = ClaudeAgentOptions(
-            cwd=str(cwd), env=cli_env(cli_home), tools=[], allowed_tools=allowed,
-            mcp_servers={SERVER: _server(bench)} if bench is not None else {}, strict_mcp_config=True, setting_sources=[],
-            can_use_tool=can_use_tool, permission_mode="default", max_turns=max_turns, model=model,
-            max_budget_usd=max_cost_usd, cli_path=cli_launcher(home),
+            cwd=str(cwd),
+            env=cli_env(cli_home),
+            tools=[],
+            allowed_tools=allowed,
+            mcp_servers={SERVER: _server(bench)} if bench is not None else {},
+            strict_mcp_config=True,
+            setting_sources=[],
+            can_use_tool=can_use_tool,
+            permission_mode="default",
+            max_turns=max_turns,
+            model=model,
+            max_budget_usd=max_cost_usd,
+            cli_path=cli_launcher(home),
         )
         texts: list[str] = []
         async with ClaudeSDKClient(options=options) as client:
@@ -130,15 +169,25 @@ def run_session(prompt: str, home: Path, model: str | None, max_turns: int, max_
             async for msg in client.receive_response():
                 if isinstance(msg, AssistantMessage):
                     texts.extend(b.text for b in msg.content if isinstance(b, TextBlock))
-                    for b in msg.content:  # a call of a tool the session does not have: the CLI refuses it, we record it
+                    for (
+                        b
+                    ) in msg.content:  # a call of a tool the session does not have: the CLI refuses it, we record it
                         if isinstance(b, ToolUseBlock) and b.name not in allowed and bench is not None:
-                            bench.refused(b.name, b.input if isinstance(b.input, dict) else {}, f"{b.name} is not a tool of this session")
+                            bench.refused(
+                                b.name,
+                                b.input if isinstance(b.input, dict) else {},
+                                f"{b.name} is not a tool of this session",
+                            )
                 elif isinstance(msg, ResultMessage):
                     usage = msg.usage or {}
-                    out.update(cost_usd=float(msg.total_cost_usd or 0.0), turns=msg.num_turns,
-                               tokens_in=int(usage.get("input_tokens", 0)) + int(usage.get("cache_read_input_tokens", 0))
-                               + int(usage.get("cache_creation_input_tokens", 0)),
-                               tokens_out=int(usage.get("output_tokens", 0)))
+                    out.update(
+                        cost_usd=float(msg.total_cost_usd or 0.0),
+                        turns=msg.num_turns,
+                        tokens_in=int(usage.get("input_tokens", 0))
+                        + int(usage.get("cache_read_input_tokens", 0))
+                        + int(usage.get("cache_creation_input_tokens", 0)),
+                        tokens_out=int(usage.get("output_tokens", 0)),
+                    )
                     if msg.is_error:
                         out["error"] = str(msg.result or msg.subtype)
                     if msg.result:

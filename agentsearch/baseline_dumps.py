@@ -21,14 +21,17 @@ import hashlib
 import json
 import os
 import shutil
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Callable, Mapping, Protocol
+from typing import Any, Protocol
 
 from harness.distribution import MAX_DUMP_BYTES, Record, read_dump
 from harness.safe_io import read_beneath
 
 CACHE_DIR = "verify-baseline"
-REFERENCE_DIR = "verify-reference"  # the reference's dumps, per regime (agentsearch.verify): kept apart, merges do not move it
+REFERENCE_DIR = (
+    "verify-reference"  # the reference's dumps, per regime (agentsearch.verify): kept apart, merges do not move it
+)
 MAIN_DIR = "verify-main"  # main's dumps in regimes other than its own (agentsearch.verify)
 KEEP = 4  # baselines whose dumps are kept (the newest by use)
 KEEP_REFERENCE = 16  # reference regimes whose dumps are kept
@@ -83,7 +86,9 @@ class BaselineDumps:
         return (self.dir / COMPLETE).is_file()
 
     def path(self, call: Mapping[str, Any], prompts: Path) -> Path:
-        digest = hashlib.sha256(json.dumps(call, sort_keys=True).encode() + b"\0" + prompts.read_bytes()).hexdigest()[:24]
+        digest = hashlib.sha256(json.dumps(call, sort_keys=True).encode() + b"\0" + prompts.read_bytes()).hexdigest()[
+            :24
+        ]
         return self.dir / f"{digest}.jsonl"
 
     def get(self, kept: Path, out: Path, out_root: Path) -> Dump | None:
@@ -124,10 +129,14 @@ class BaselineDumps:
     def prune(self) -> None:
         """Only the newest ``keep`` baselines' dumps stay (a merge moves the baseline: its old dumps go)."""
         try:
-            dirs = sorted((d for d in self.root.iterdir() if d.is_dir() and not d.is_symlink()), key=lambda d: d.stat().st_mtime, reverse=True)
+            dirs = sorted(
+                (d for d in self.root.iterdir() if d.is_dir() and not d.is_symlink()),
+                key=lambda d: d.stat().st_mtime,
+                reverse=True,
+            )
         except OSError:
             return
-        for d in dirs[self.keep:]:
+        for d in dirs[self.keep :]:
             if d != self.dir:
                 shutil.rmtree(d, ignore_errors=True)
 

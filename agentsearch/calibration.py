@@ -7,7 +7,6 @@ ignored and the report says the evaluation ran uncalibrated).
 
 from __future__ import annotations
 
-
 import dataclasses
 import json
 import math
@@ -16,14 +15,23 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from harness import environment, machine_noise, seeds
+from harness import environment, machine_noise, power, seeds
 from harness.engine_session import EnginePool
+from harness.gate_defaults import CALIBRATION_PAIRS, MACHINE_PROBE_S
 from harness.interleave import pairs_per_session, run_interleaved
 from harness.sequential import OK, Decision, SequentialDesign
-from harness import power
-from harness.statistics import (NoisePrior, between_variance, cv, drift, min_detectable, noise_prior, outliers, paired_estimate, pairs_for_power,
-                                within_variance)
-from harness.gate_defaults import CALIBRATION_PAIRS, MACHINE_PROBE_S
+from harness.statistics import (
+    NoisePrior,
+    between_variance,
+    cv,
+    drift,
+    min_detectable,
+    noise_prior,
+    outliers,
+    paired_estimate,
+    pairs_for_power,
+    within_variance,
+)
 from harness.trials import BASELINE, CANDIDATE
 
 from .config import Config, WorkloadConfig
@@ -61,7 +69,9 @@ class WorkloadNoise:
     # the same, through the gate's own decisions (harness.power: sequential looks, each proposal's session effect,
     # the confirmation), simulated at this noise; None: not simulated (older calibrations) or not within 100%
     detectable_gate: float | None = None
-    within_var: float | None = None  # variance of pair log-ratios within an engine session (var: across them, sessions' spread included)
+    within_var: float | None = (
+        None  # variance of pair log-ratios within an engine session (var: across them, sessions' spread included)
+    )
     guard: bool = False  # a guard workload (judged for regressions), not the objective
     trial_s: float | None = None  # median duration of one timed trial
     load_avg: float | None = None  # mean 1-minute load average over the trials
@@ -92,18 +102,29 @@ def _fixed_design(n: int) -> SequentialDesign:
     return SequentialDesign(alpha=0.05, min_pairs=n, max_pairs=n, look_every=n)
 
 
-def _done(design: SequentialDesign, d: list[float], prior: NoisePrior | None, clusters: list[int] | None = None) -> Decision:
+def _done(
+    design: SequentialDesign, d: list[float], prior: NoisePrior | None, clusters: list[int] | None = None
+) -> Decision:
     return Decision(OK, "calibration complete", paired_estimate(d), 0.0)
 
 
-def analyze(name: str, run_trials: list, d: list[float], config: Config, sessions: list[int] | None = None,
-            placement: str = "", alternate: bool = False) -> WorkloadNoise:
+def analyze(
+    name: str,
+    run_trials: list,
+    d: list[float],
+    config: Config,
+    sessions: list[int] | None = None,
+    placement: str = "",
+    alternate: bool = False,
+) -> WorkloadNoise:
     """One workload's A/A noise; ``alternate``: the gate measures it in alternate rounds (``measure_options``)."""
     values = [t.value for t in sorted(run_trials, key=lambda t: (t.pair, t.position))]
     base_values = [t.value for t in run_trials if t.side == BASELINE]
     cand_values = [t.value for t in run_trials if t.side == CANDIDATE]
     prior = noise_prior(d)
-    est = paired_estimate(d, clusters=sessions if sessions and len(set(sessions)) > 1 else None)  # sessions: engine restarts / rounds
+    est = paired_estimate(
+        d, clusters=sessions if sessions and len(set(sessions)) > 1 else None
+    )  # sessions: engine restarts / rounds
     ab = [x for i, x in enumerate(d) if i % 2 == 0]
     ba = [x for i, x in enumerate(d) if i % 2 == 1]
     order_effect = (pystats.mean(ab) - pystats.mean(ba)) / 2 if ab and ba else 0.0
@@ -111,7 +132,9 @@ def analyze(name: str, run_trials: list, d: list[float], config: Config, session
     level = config.gate.proposal_alpha * 0.8  # the final look's share (harness.sequential)
     sd = prior.var**0.5
     tau2, r = between_variance(d, sessions) if sessions else (0.0, 1)
-    within = within_variance(d, sessions) if sessions and r > 1 else prior.var  # the same pairs as tau2: together they make up d's spread
+    within = (
+        within_variance(d, sessions) if sessions and r > 1 else prior.var
+    )  # the same pairs as tau2: together they make up d's spread
     w = config.workload(name) if name in {x.name for x in config.workloads} else None
     budget = (w.max_pairs if w is not None and w.max_pairs else None) or config.gate.max_pairs
     guard = w is not None and w.name != config.objective.name
@@ -124,14 +147,32 @@ def analyze(name: str, run_trials: list, d: list[float], config: Config, session
     parts = [int(t.metrics["slices"]) for t in run_trials if t.ok and isinstance(t.metrics.get("slices"), int)]
     loads = [t.metrics["load_avg_1m"] for t in run_trials if isinstance(t.metrics.get("load_avg_1m"), (int, float))]
     return WorkloadNoise(
-        workload=name, pairs=len(d), cv=pystats.mean([cv(base_values), cv(cand_values)]),
-        sd_log_ratio=sd, var=prior.var, df=prior.df, drift_per_100=dr.slope_per_100, drift_p=dr.p_value,
-        outliers=outliers(d), order_effect=order_effect, aa_speedup=est.speedup, aa_ci=est.ci(),
-        pairs_needed=pairs_for_power(sd, config.gate.min_effect, level, 0.9, df_prior=prior.df, between_var=tau2, per_session=per_session),
-        sessions=r, between_var=tau2, within_var=within, budget_pairs=budget, guard=guard, per_session=per_session,
+        workload=name,
+        pairs=len(d),
+        cv=pystats.mean([cv(base_values), cv(cand_values)]),
+        sd_log_ratio=sd,
+        var=prior.var,
+        df=prior.df,
+        drift_per_100=dr.slope_per_100,
+        drift_p=dr.p_value,
+        outliers=outliers(d),
+        order_effect=order_effect,
+        aa_speedup=est.speedup,
+        aa_ci=est.ci(),
+        pairs_needed=pairs_for_power(
+            sd, config.gate.min_effect, level, 0.9, df_prior=prior.df, between_var=tau2, per_session=per_session
+        ),
+        sessions=r,
+        between_var=tau2,
+        within_var=within,
+        budget_pairs=budget,
+        guard=guard,
+        per_session=per_session,
         detectable=min_detectable(sd, budget, detect_level, 0.9, prior.df, between_var=tau2, per_session=per_session),
-        trial_s=pystats.median(walls) if walls else None, load_avg=round(pystats.mean(loads), 2) if loads else None,
-        foreign_trials=sum(1 for t in run_trials if t.metrics.get("foreign_load")), placement=placement,
+        trial_s=pystats.median(walls) if walls else None,
+        load_avg=round(pystats.mean(loads), 2) if loads else None,
+        foreign_trials=sum(1 for t in run_trials if t.metrics.get("foreign_load")),
+        placement=placement,
         slices=int(pystats.median(parts)) if parts else 1,
     )
 
@@ -141,18 +182,23 @@ def simulation_noise(noise: WorkloadNoise, config: Config, w: WorkloadConfig, al
     the sessions' spread too, which the instances add again), each instance's effect, and the gate's sessions and
     placement for the workload and its confirmation (``agentsearch.evaluation``: one session, two under split)."""
     within = noise.within_var if noise.within_var is not None else noise.var
-    return power.Noise.from_calibration(math.sqrt(within), noise.between_var, restarts_for(w), alternate, confirmation_restarts(config))
+    return power.Noise.from_calibration(
+        math.sqrt(within), noise.between_var, restarts_for(w), alternate, confirmation_restarts(config)
+    )
 
 
-def with_gate_power(noise: WorkloadNoise, config: Config, w: WorkloadConfig, alternate: bool = False,
-                    reps: int = power.POWER_REPS) -> WorkloadNoise:
+def with_gate_power(
+    noise: WorkloadNoise, config: Config, w: WorkloadConfig, alternate: bool = False, reps: int = power.POWER_REPS
+) -> WorkloadNoise:
     """``noise`` with the smallest effect the gate's own decisions find with 90% power at this noise
     (``harness.power.detectable``): the objective's speedup, merged after its confirmation; a guard's regression.
     Simulated with this calibration as the prior, the workload's pair budget, sessions and placement."""
     prior = NoisePrior(var=noise.var, df=noise.df, between_var=noise.between_var)
     design = workload_design(design_for(config.gate), w)
     sim = simulation_noise(noise, config, w, alternate)
-    found = power.detectable(design, prior, sim, 0.9, reps, confirm_pairs=0 if noise.guard else config.gate.confirm_pairs, guard=noise.guard)
+    found = power.detectable(
+        design, prior, sim, 0.9, reps, confirm_pairs=0 if noise.guard else config.gate.confirm_pairs, guard=noise.guard
+    )
     return dataclasses.replace(noise, detectable_gate=found)
 
 
@@ -164,11 +210,14 @@ def with_machine_floor(noise: WorkloadNoise, series: list[float], cpus: frozense
     floor = machine_noise.pair_floor(series, noise.trial_s / noise.slices, noise.slices, sorted(cpus or ()))
     if floor is None:
         return noise
-    return dataclasses.replace(noise, machine_floor_sd=floor.pair_sd, machine_speed_sd=floor.speed_sd, machine_floor_pairs=floor.pairs)
+    return dataclasses.replace(
+        noise, machine_floor_sd=floor.pair_sd, machine_speed_sd=floor.speed_sd, machine_floor_pairs=floor.pairs
+    )
 
 
-def calibrate(ws: Workspace, pairs: int = CALIBRATION_PAIRS, progress: Say | None = None,
-              machine_probe_s: float = MACHINE_PROBE_S) -> Calibration:
+def calibrate(
+    ws: Workspace, pairs: int = CALIBRATION_PAIRS, progress: Say | None = None, machine_probe_s: float = MACHINE_PROBE_S
+) -> Calibration:
     """A/A of every workload; then, for warm-engine workloads and ``machine_probe_s`` > 0, the machine's own speed
     noise on the engines' CPUs (engines closed): the per-pair SD no engine can go below here."""
     say = progress or (lambda s, d: None)
@@ -187,14 +236,26 @@ def calibrate(ws: Workspace, pairs: int = CALIBRATION_PAIRS, progress: Say | Non
                     factory = session_factory(config, w, sd, pool)
                     options = measure_options(config, w)
                     run = run_interleaved(
-                        w.name, factory, _fixed_design(pairs), _done, seeds.pair_seeds(master, w.name), w.higher_is_better,
+                        w.name,
+                        factory,
+                        _fixed_design(pairs),
+                        _done,
+                        seeds.pair_seeds(master, w.name),
+                        w.higher_is_better,
                         **options,
                         on_pair=lambda r: say(w.name, f"A/A pair {r.pairs}/{pairs}"),  # called before the loop moves on
                     )
                     if run.failure:
                         raise AgentsearchError(f"calibration of {w.name!r} failed: {run.failure}")
-                    results[w.name] = analyze(w.name, run.trials, run.log_ratios, config, run.sessions,
-                                              placement_for(config).describe() if w.kind != "command" else "", options["alternate"])
+                    results[w.name] = analyze(
+                        w.name,
+                        run.trials,
+                        run.log_ratios,
+                        config,
+                        run.sessions,
+                        placement_for(config).describe() if w.kind != "command" else "",
+                        options["alternate"],
+                    )
             finally:
                 pool.close()
     finally:
@@ -204,15 +265,20 @@ def calibrate(ws: Workspace, pairs: int = CALIBRATION_PAIRS, progress: Say | Non
         say(w.name, "simulating the gate's decisions at this noise: the smallest effect they find")
         results[w.name] = with_gate_power(results[w.name], config, w, measure_options(config, w)["alternate"])
     cal = Calibration(
-        baseline=base, config_fingerprint=config.fingerprint(),
-        environment_fingerprint=environment.fingerprint(), created=time.time(), workloads=results, machine_probe=probe,
+        baseline=base,
+        config_fingerprint=config.fingerprint(),
+        environment_fingerprint=environment.fingerprint(),
+        created=time.time(),
+        workloads=results,
+        machine_probe=probe,
     )
     atomic_write(ws.state / FILE, json.dumps(cal.to_json(), indent=1))
     return cal
 
 
-def _machine_floors(config: Config, results: dict[str, WorkloadNoise], seconds: float,
-                    say: Say) -> tuple[dict[str, WorkloadNoise], str]:
+def _machine_floors(
+    config: Config, results: dict[str, WorkloadNoise], seconds: float, say: Say
+) -> tuple[dict[str, WorkloadNoise], str]:
     """The warm-engine workloads' results with their machine floors, one probe per set of engine CPUs; and what
     was probed. A probe that fails leaves the floors out (it judges nothing) and says why."""
     warm = [w for w in config.workloads if w.kind != "command" and w.name in results]
@@ -233,11 +299,19 @@ def _machine_floors(config: Config, results: dict[str, WorkloadNoise], seconds: 
         except Exception as exc:  # the probe judges nothing: whatever goes wrong leaves the floors out, with the reason
             notes.append(f"{where}: {exc}")
             continue
-        short = [f"{w.name} ({out[w.name].trial_s:.1f} s per side)" for w in ws_
-                 if out[w.name].machine_floor_sd is None and out[w.name].trial_s is not None]
-        notes.append(f"{seconds:g} s of a pure-CPU loop, {where}" + (
-            f"; too short for 3 pairs of {', '.join(short)}: run with --machine-probe {math.ceil(7 * max(out[w.name].trial_s or 0 for w in ws_))}"
-            if short else ""))
+        short = [
+            f"{w.name} ({out[w.name].trial_s:.1f} s per side)"
+            for w in ws_
+            if out[w.name].machine_floor_sd is None and out[w.name].trial_s is not None
+        ]
+        notes.append(
+            f"{seconds:g} s of a pure-CPU loop, {where}"
+            + (
+                f"; too short for 3 pairs of {', '.join(short)}: run with --machine-probe {math.ceil(7 * max(out[w.name].trial_s or 0 for w in ws_))}"
+                if short
+                else ""
+            )
+        )
     return out, "; ".join(notes)
 
 
@@ -253,14 +327,21 @@ def load(ws: Workspace) -> Calibration | None:
         known = {f.name for f in dataclasses.fields(WorkloadNoise)}
         for k, v in data["workloads"].items():
             v["aa_ci"] = tuple(v["aa_ci"])
-            workloads[k] = WorkloadNoise(**{f: x for f, x in v.items() if f in known})  # a newer version's extra fields: ignored
+            workloads[k] = WorkloadNoise(
+                **{f: x for f, x in v.items() if f in known}
+            )  # a newer version's extra fields: ignored
         return Calibration(
-            baseline=data["baseline"], config_fingerprint=data["config_fingerprint"],
-            environment_fingerprint=data["environment_fingerprint"], created=data["created"], workloads=workloads,
+            baseline=data["baseline"],
+            config_fingerprint=data["config_fingerprint"],
+            environment_fingerprint=data["environment_fingerprint"],
+            created=data["created"],
+            workloads=workloads,
             machine_probe=data.get("machine_probe", ""),  # absent before the probe existed: a calibration without it
         )
     except (ValueError, KeyError, TypeError) as exc:
-        raise AgentsearchError(f"{path}: corrupt calibration ({exc}); delete it and run `agentsearch calibrate` again") from None
+        raise AgentsearchError(
+            f"{path}: corrupt calibration ({exc}); delete it and run `agentsearch calibrate` again"
+        ) from None
 
 
 def prior_for(cal: Calibration | None, config: Config, w: WorkloadConfig) -> NoisePrior | None:

@@ -6,17 +6,18 @@ from __future__ import annotations
 import os
 import signal
 import sys
-import threading
 import tempfile
+import threading
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import click
 
-from . import __version__
 from harness import gate_defaults
 
+from . import __version__
 from .errors import EXIT_INTERRUPTED, EXIT_UNEXPECTED, AgentsearchError
 from .proposers.registry import DEFAULT_PROPOSER, PROPOSERS  # names only: the proposers load when built
 
@@ -69,21 +70,31 @@ def _set_flag(ctx: click.Context, param: click.Parameter, value: bool) -> None:
 
 def target_option(f: Callable[..., Any]) -> Callable[..., Any]:
     return click.option(
-        "-C", "--target", "target", type=click.Path(path_type=Path), default=None, callback=_record_target,
+        "-C",
+        "--target",
+        "target",
+        type=click.Path(path_type=Path),
+        default=None,
+        callback=_record_target,
         help="Target repository (like `git -C`; default: the current directory; may also be given before the command).",
     )(f)
 
 
 def strict_option(f: Callable[..., Any]) -> Callable[..., Any]:
     return click.option(
-        "--strict-config", "strict_config", is_flag=True, expose_value=False, callback=_set_flag,
+        "--strict-config",
+        "strict_config",
+        is_flag=True,
+        expose_value=False,
+        callback=_set_flag,
         help="Refuse (exit 2) when the working copy of agentsearch.toml differs from the committed one in use (also AGENTSEARCH_STRICT_CONFIG=1).",
     )(f)
 
 
 def quiet_option(f: Callable[..., Any]) -> Callable[..., Any]:
-    return click.option("-q", "--quiet", "quiet", is_flag=True, expose_value=False, callback=_set_flag,
-                        help="No progress on stderr.")(f)
+    return click.option(
+        "-q", "--quiet", "quiet", is_flag=True, expose_value=False, callback=_set_flag, help="No progress on stderr."
+    )(f)
 
 
 def chosen_target(targets: list[tuple[str, Path]]) -> Path:
@@ -160,7 +171,12 @@ def install_sigterm() -> None:
 @main.command(context_settings=CONTEXT)
 @target_option
 @json_option
-@click.option("--from-installed", "from_installed", metavar="PACKAGE", help="Create a fork of an installed package (vllm) in DIR and initialize it.")
+@click.option(
+    "--from-installed",
+    "from_installed",
+    metavar="PACKAGE",
+    help="Create a fork of an installed package (vllm) in DIR and initialize it.",
+)
 @click.argument("directory", required=False, type=click.Path(path_type=Path))
 def init(target: Path, as_json: bool, from_installed: str | None, directory: Path | None) -> None:
     """Validate a target and create its state directory.
@@ -180,8 +196,15 @@ def init(target: Path, as_json: bool, from_installed: str | None, directory: Pat
 @strict_option
 @quiet_option
 @json_option
-@click.option("--run", "dynamic", is_flag=True, help="Also build the baseline alone, start its engines and run each workload once.")
-@click.option("--refresh", is_flag=True, help="Probe the environment again even if a probe of the same environment passed.")
+@click.option(
+    "--run",
+    "dynamic",
+    is_flag=True,
+    help="Also build the baseline alone, start its engines and run each workload once.",
+)
+@click.option(
+    "--refresh", is_flag=True, help="Probe the environment again even if a probe of the same environment passed."
+)
 def preflight(target: Path, as_json: bool, dynamic: bool, refresh: bool) -> None:
     """Check the set-up before measuring: config, models, overlay, sandbox, the environment's imports.
 
@@ -198,10 +221,22 @@ def preflight(target: Path, as_json: bool, dynamic: bool, refresh: bool) -> None
 @strict_option
 @quiet_option
 @json_option
-@click.option("--pairs", default=gate_defaults.CALIBRATION_PAIRS, show_default=True, type=click.IntRange(4, 10_000), help="A/A pairs per workload.")
-@click.option("--machine-probe", "machine_probe_s", default=gate_defaults.MACHINE_PROBE_S, show_default=True, type=click.FloatRange(0, 600),
-              help="Seconds of a pure-CPU loop on the engines' CPUs after the A/A: the per-pair SD this machine alone gives "
-                   "(warm-engine workloads; 0: skip).")
+@click.option(
+    "--pairs",
+    default=gate_defaults.CALIBRATION_PAIRS,
+    show_default=True,
+    type=click.IntRange(4, 10_000),
+    help="A/A pairs per workload.",
+)
+@click.option(
+    "--machine-probe",
+    "machine_probe_s",
+    default=gate_defaults.MACHINE_PROBE_S,
+    show_default=True,
+    type=click.FloatRange(0, 600),
+    help="Seconds of a pure-CPU loop on the engines' CPUs after the A/A: the per-pair SD this machine alone gives "
+    "(warm-engine workloads; 0: skip).",
+)
 def calibrate(target: Path, as_json: bool, pairs: int, machine_probe_s: float) -> None:
     """Measure the baseline against itself (A/A): noise, drift, outliers, pairs needed, the machine's own floor."""
     from .commands.calibrate import run
@@ -217,16 +252,41 @@ def calibrate(target: Path, as_json: bool, pairs: int, machine_probe_s: float) -
 @click.argument("ref")
 @click.option("--seed", type=int, default=None, help="Master input seed (default: fresh).")
 @click.option("--keep-worktrees", is_flag=True, help="Keep the measurement worktrees for inspection.")
-@click.option("--baseline", "baseline", metavar="REF", help="Measure against this commit instead of the baseline branch (reproducing a past verdict).")
-@click.option("--alpha", type=float, help="False-merge level of this one evaluation (default: [gate] alpha / episode_budget).")
-def evaluate(target: Path, as_json: bool, ref: str, seed: int | None, keep_worktrees: bool, baseline: str | None, alpha: float | None) -> None:
+@click.option(
+    "--baseline",
+    "baseline",
+    metavar="REF",
+    help="Measure against this commit instead of the baseline branch (reproducing a past verdict).",
+)
+@click.option(
+    "--alpha", type=float, help="False-merge level of this one evaluation (default: [gate] alpha / episode_budget)."
+)
+def evaluate(
+    target: Path,
+    as_json: bool,
+    ref: str,
+    seed: int | None,
+    keep_worktrees: bool,
+    baseline: str | None,
+    alpha: float | None,
+) -> None:
     """Measure REF against the baseline and print the gate's verdict (never merges).
 
     Exit status: 0 merge, 4 reject or held for review, 2 bad input.
     """
     from .commands.evaluate import run
 
-    dispatch(run, config=True, target=target, as_json=as_json, ref=ref, seed=seed, keep_worktrees=keep_worktrees, baseline=baseline, alpha=alpha)
+    dispatch(
+        run,
+        config=True,
+        target=target,
+        as_json=as_json,
+        ref=ref,
+        seed=seed,
+        keep_worktrees=keep_worktrees,
+        baseline=baseline,
+        alpha=alpha,
+    )
 
 
 @main.command(context_settings=CONTEXT)
@@ -311,24 +371,59 @@ def model_smollm2(directory: Path | None) -> None:
 @json_option
 @click.option("--resume", is_flag=True, help="Continue the latest unfinished episode from the history.")
 @click.option("--abandon", is_flag=True, help="Close the latest unfinished episode without running it.")
-@click.option("--proposer", type=click.Choice(PROPOSERS), default=DEFAULT_PROPOSER, show_default=True,
-              help="Where proposals come from: a patch queue, the [[sweep.knob]] space, or a Claude agent.")
-@click.option("--patches", type=click.Path(path_type=Path), help="Directory of *.patch / *.diff files (git format-patch or plain diff).")
+@click.option(
+    "--proposer",
+    type=click.Choice(PROPOSERS),
+    default=DEFAULT_PROPOSER,
+    show_default=True,
+    help="Where proposals come from: a patch queue, the [[sweep.knob]] space, or a Claude agent.",
+)
+@click.option(
+    "--patches",
+    type=click.Path(path_type=Path),
+    help="Directory of *.patch / *.diff files (git format-patch or plain diff).",
+)
 @click.option("--branches", metavar="GLOB", help="Existing branches to judge, e.g. 'feature/*'.")
 @click.option("--budget", type=int, help="Proposals to judge at most (default: [gate] episode_budget).")
 @click.option("--time-budget", metavar="DURATION", help="Stop starting proposals after this long (900, 30m, 2h).")
 @click.option("--seed", type=int, help="Master seed of the episode (default: random, recorded).")
-@click.option("--insights", "insights_file", type=click.Path(path_type=Path), help="Insights JSON to steer the proposer (default: the history's latest).")
+@click.option(
+    "--insights",
+    "insights_file",
+    type=click.Path(path_type=Path),
+    help="Insights JSON to steer the proposer (default: the history's latest).",
+)
 @click.option("--cost-budget", type=float, help="Agent proposers: stop after this many USD.")
 @click.option("--model", "agent_model", help="Claude proposer: the model to ask for.")
-@click.option("--agents", type=click.IntRange(1, 64), help="Claude proposer: agent sessions at once, each on its own workbench (default 1).")
-@click.option("--executor", type=click.Choice(["local", "ray"]), help="Where evaluations run (default: [executor] kind, local).")
+@click.option(
+    "--agents",
+    type=click.IntRange(1, 64),
+    help="Claude proposer: agent sessions at once, each on its own workbench (default 1).",
+)
+@click.option(
+    "--executor", type=click.Choice(["local", "ray"]), help="Where evaluations run (default: [executor] kind, local)."
+)
 @click.option("--parallel", type=int, help="Ray: evaluations in flight at once (default: [executor] parallel).")
 @click.option("--address", help="Ray: the cluster to join (default: [executor] address, auto).")
-def episode(target: Path, as_json: bool, resume: bool, abandon: bool, proposer: str, patches: Path | None,
-            branches: str | None, budget: int | None, time_budget: str | None, seed: int | None,
-            insights_file: Path | None, cost_budget: float | None, agent_model: str | None, agents: int | None,
-            executor: str | None, parallel: int | None, address: str | None) -> None:
+def episode(
+    target: Path,
+    as_json: bool,
+    resume: bool,
+    abandon: bool,
+    proposer: str,
+    patches: Path | None,
+    branches: str | None,
+    budget: int | None,
+    time_budget: str | None,
+    seed: int | None,
+    insights_file: Path | None,
+    cost_budget: float | None,
+    agent_model: str | None,
+    agents: int | None,
+    executor: str | None,
+    parallel: int | None,
+    address: str | None,
+) -> None:
     """Run a search episode: propose, apply on the baseline, measure, gate, merge or reject, record.
 
     Every step goes to the append-only history; after a crash or Ctrl-C, `--resume` continues
@@ -336,10 +431,27 @@ def episode(target: Path, as_json: bool, resume: bool, abandon: bool, proposer: 
     """
     from .commands.episode import run
 
-    dispatch(run, config=True, target=target, as_json=as_json, resume=resume, abandon=abandon, proposer=proposer, patches=patches,
-                branches=branches, budget=budget, time_budget=time_budget, seed=seed, insights_file=insights_file,
-                cost_budget=cost_budget, agent_model=agent_model, executor=executor, parallel=parallel, address=address,
-                agents=agents)
+    dispatch(
+        run,
+        config=True,
+        target=target,
+        as_json=as_json,
+        resume=resume,
+        abandon=abandon,
+        proposer=proposer,
+        patches=patches,
+        branches=branches,
+        budget=budget,
+        time_budget=time_budget,
+        seed=seed,
+        insights_file=insights_file,
+        cost_budget=cost_budget,
+        agent_model=agent_model,
+        executor=executor,
+        parallel=parallel,
+        address=address,
+        agents=agents,
+    )
 
 
 @main.command(context_settings=CONTEXT)
@@ -347,7 +459,9 @@ def episode(target: Path, as_json: bool, resume: bool, abandon: bool, proposer: 
 @json_option
 @click.argument("what", metavar="PROPOSAL|REF")
 @click.option("--format", "fmt", type=click.Choice(["md", "html"]), default="md", show_default=True)
-@click.option("-o", "--output", type=click.Path(path_type=Path), help="Write to FILE (Markdown plots go to FILE-plots/).")
+@click.option(
+    "-o", "--output", type=click.Path(path_type=Path), help="Write to FILE (Markdown plots go to FILE-plots/)."
+)
 def report(target: Path, what: str, fmt: str, output: Path | None, as_json: bool) -> None:
     """Render the evidence report of a verdict: a proposal id (or its number), a branch or a commit.
 
@@ -366,24 +480,65 @@ def report(target: Path, what: str, fmt: str, output: Path | None, as_json: bool
 @json_option
 @click.argument("proposal")
 @click.option("--remote", default="origin", show_default=True, help="Git remote to push the proposal branch to.")
-@click.option("--dry-run", is_flag=True, help="Write the PR body (and the local plots branch) and print the push and `gh` commands instead of running them.")
-@click.option("-o", "--output", type=click.Path(path_type=Path), help="Where to write the PR body (default: the state dir; plots go to BODY-plots/).")
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help="Write the PR body (and the local plots branch) and print the push and `gh` commands instead of running them.",
+)
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(path_type=Path),
+    help="Where to write the PR body (default: the state dir; plots go to BODY-plots/).",
+)
 @click.option("--draft", is_flag=True, help="Open the pull request as a draft.")
 @click.option("--force", is_flag=True, help="Open it even for a rejected, review or reverted proposal.")
-@click.option("--plots/--no-plots", "with_plots", default=True, show_default=True,
-              help="Push the plots on their own branch agentsearch-evidence/<proposal> and show them in the body.")
-@click.option("--via", type=click.Choice(["forge", "gh"]), default="forge", show_default=True,
-              help="Open it through the forge's REST API ([forge], a token in its variable) or with the GitHub CLI `gh`.")
-def pr(target: Path, proposal: str, remote: str, dry_run: bool, output: Path | None, draft: bool, force: bool, with_plots: bool,
-       via: str, as_json: bool) -> None:
+@click.option(
+    "--plots/--no-plots",
+    "with_plots",
+    default=True,
+    show_default=True,
+    help="Push the plots on their own branch agentsearch-evidence/<proposal> and show them in the body.",
+)
+@click.option(
+    "--via",
+    type=click.Choice(["forge", "gh"]),
+    default="forge",
+    show_default=True,
+    help="Open it through the forge's REST API ([forge], a token in its variable) or with the GitHub CLI `gh`.",
+)
+def pr(
+    target: Path,
+    proposal: str,
+    remote: str,
+    dry_run: bool,
+    output: Path | None,
+    draft: bool,
+    force: bool,
+    with_plots: bool,
+    via: str,
+    as_json: bool,
+) -> None:
     """Push a proposal's branch and open a pull request (the forge's REST API, or `gh`) with its evidence: the
     one-line verdict, a compact table, plots, folded details and the command that reproduces it.
 
     Only for merges that stand: a rejected or reverted proposal needs --force."""
     from .commands.report import pr as run
 
-    dispatch(run, config=True, target=target, what=proposal, remote=remote, dry_run=dry_run, output=output, force=force,
-             draft=draft, with_plots=with_plots, as_json=as_json, via=via)
+    dispatch(
+        run,
+        config=True,
+        target=target,
+        what=proposal,
+        remote=remote,
+        dry_run=dry_run,
+        output=output,
+        force=force,
+        draft=draft,
+        with_plots=with_plots,
+        as_json=as_json,
+        via=via,
+    )
 
 
 @main.command(context_settings=CONTEXT)
@@ -420,9 +575,20 @@ def revert(target: Path, as_json: bool, merge: str) -> None:
 @target_option
 @strict_option
 @json_option
-@click.option("-o", "--output", type=click.Path(path_type=Path), help="Also write them to FILE (.json: the JSON document; else Markdown).")
-@click.option("--llm", is_flag=True, help="Add an LLM pass (claude-agent-sdk) that turns the numbers into short lessons.")
-@click.option("--record", is_flag=True, help="Also record them in the history and <state>/insights.md, where the proposers read them (takes the lock).")
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(path_type=Path),
+    help="Also write them to FILE (.json: the JSON document; else Markdown).",
+)
+@click.option(
+    "--llm", is_flag=True, help="Add an LLM pass (claude-agent-sdk) that turns the numbers into short lessons."
+)
+@click.option(
+    "--record",
+    is_flag=True,
+    help="Also record them in the history and <state>/insights.md, where the proposers read them (takes the lock).",
+)
 def insights(target: Path, as_json: bool, output: Path | None, llm: bool, record: bool) -> None:
     """Distill the history into insights: win rate, effects and failure reasons by category,
     file, knob and workload, and lessons (worked / ineffective / avoid). A reverted merge is not
@@ -457,15 +623,34 @@ def profile(target: Path, as_json: bool, ref: str | None, workload: str | None, 
 @strict_option
 @quiet_option
 @json_option
-@click.option("--since", metavar="EPISODE|REF", help="The range's start: an episode id or a commit (default: the baseline when the "
-              "latest episode started).")
-@click.option("--leave-one-out", "leave_one_out", is_flag=True, help="Also measure the tip against the tip with each merge reverted.")
+@click.option(
+    "--since",
+    metavar="EPISODE|REF",
+    help="The range's start: an episode id or a commit (default: the baseline when the latest episode started).",
+)
+@click.option(
+    "--leave-one-out",
+    "leave_one_out",
+    is_flag=True,
+    help="Also measure the tip against the tip with each merge reverted.",
+)
 @click.option("--seed", type=int, help="Master seed (default: fresh).")
-@click.option("--report", type=click.Path(path_type=Path), help="Also write the check as a Markdown report there (its waterfall "
-              "plot beside it, PNG), or as one HTML page when PATH ends in .html.")
+@click.option(
+    "--report",
+    type=click.Path(path_type=Path),
+    help="Also write the check as a Markdown report there (its waterfall "
+    "plot beside it, PNG), or as one HTML page when PATH ends in .html.",
+)
 @click.pass_context
-def stack(ctx: click.Context, target: Path, as_json: bool, since: str | None, leave_one_out: bool, seed: int | None,
-          report: Path | None) -> None:
+def stack(
+    ctx: click.Context,
+    target: Path,
+    as_json: bool,
+    since: str | None,
+    leave_one_out: bool,
+    seed: int | None,
+    report: Path | None,
+) -> None:
     """What the merges of a range add up to: the tip against the range's start, beside the product of the merges' estimates.
 
     Verdict: delivers, under-delivers (significantly below the product) or inconclusive; with --leave-one-out each
@@ -474,7 +659,16 @@ def stack(ctx: click.Context, target: Path, as_json: bool, since: str | None, le
     if ctx.invoked_subcommand is None:
         from .commands.stack import run
 
-        dispatch(run, config=True, target=target, as_json=as_json, since=since, leave_one_out=leave_one_out, seed=seed, report=report)
+        dispatch(
+            run,
+            config=True,
+            target=target,
+            as_json=as_json,
+            since=since,
+            leave_one_out=leave_one_out,
+            seed=seed,
+            report=report,
+        )
 
 
 @stack.command("bisect", context_settings=CONTEXT)
@@ -483,17 +677,27 @@ def stack(ctx: click.Context, target: Path, as_json: bool, since: str | None, le
 @quiet_option
 @json_option
 @click.option("--metric", metavar="WORKLOAD", help="The workload whose regression to find (default: the objective).")
-@click.option("--since", metavar="EPISODE|REF", help="The range's start (default: the baseline when the latest episode started).")
+@click.option(
+    "--since", metavar="EPISODE|REF", help="The range's start (default: the baseline when the latest episode started)."
+)
 @click.option("--seed", type=int, help="Master seed (default: fresh).")
-@click.option("--report", type=click.Path(path_type=Path), help="Also write the bisection path as a Markdown report there (HTML when PATH ends in .html).")
-def stack_bisect(target: Path, as_json: bool, metric: str | None, since: str | None, seed: int | None, report: Path | None) -> None:
+@click.option(
+    "--report",
+    type=click.Path(path_type=Path),
+    help="Also write the bisection path as a Markdown report there (HTML when PATH ends in .html).",
+)
+def stack_bisect(
+    target: Path, as_json: bool, metric: str | None, since: str | None, seed: int | None, report: Path | None
+) -> None:
     """Name the merge where WORKLOAD got significantly worse than at the range's start (three-valued steps).
 
     Exit 0 when a merge is named, 1 when none is (nothing regressed, or a step stayed unknown).
     """
     from .commands.stack import run_bisect
 
-    dispatch(run_bisect, config=True, target=target, as_json=as_json, since=since, metric=metric, seed=seed, report=report)
+    dispatch(
+        run_bisect, config=True, target=target, as_json=as_json, since=since, metric=metric, seed=seed, report=report
+    )
 
 
 @stack.command("pareto", context_settings=CONTEXT)
@@ -501,9 +705,15 @@ def stack_bisect(target: Path, as_json: bool, metric: str | None, since: str | N
 @strict_option
 @quiet_option
 @json_option
-@click.option("--since", metavar="EPISODE|REF", help="The range's start (default: the baseline when the latest episode started).")
-@click.option("--report", type=click.Path(path_type=Path), help="Also write the view as a Markdown report there (its plot beside it, "
-              "PNG), or as one HTML page when PATH ends in .html.")
+@click.option(
+    "--since", metavar="EPISODE|REF", help="The range's start (default: the baseline when the latest episode started)."
+)
+@click.option(
+    "--report",
+    type=click.Path(path_type=Path),
+    help="Also write the view as a Markdown report there (its plot beside it, "
+    "PNG), or as one HTML page when PATH ends in .html.",
+)
 def stack_pareto(target: Path, as_json: bool, since: str | None, report: Path | None) -> None:
     """Where each merge of a range sits on the objective against every guard (the trades), from the history.
 
@@ -522,8 +732,12 @@ def stack_pareto(target: Path, as_json: bool, since: str | None, report: Path | 
 @json_option
 @click.argument("number", type=int)
 @click.option("--seed", type=int, help="Master seed (default: fresh).")
-@click.option("--merge", is_flag=True, help="On a merge-worthy verdict, apply the gate's compare-and-swap merge to the baseline "
-              "and push it (never without this flag).")
+@click.option(
+    "--merge",
+    is_flag=True,
+    help="On a merge-worthy verdict, apply the gate's compare-and-swap merge to the baseline "
+    "and push it (never without this flag).",
+)
 def review_pr(target: Path, as_json: bool, number: int, seed: int | None, merge: bool) -> None:
     """Judge pull request NUMBER on the forge ([forge]) and answer on it: one comment, a commit status.
 
@@ -540,12 +754,18 @@ def review_pr(target: Path, as_json: bool, number: int, seed: int | None, merge:
 @strict_option
 @quiet_option
 @json_option
-@click.option("--once", "once", is_flag=True, default=True, help="One pass over the open pull requests, then exit (the default).")
+@click.option(
+    "--once", "once", is_flag=True, default=True, help="One pass over the open pull requests, then exit (the default)."
+)
 @click.option("--watch", type=float, metavar="SECONDS", help="Pass again every SECONDS until stopped.")
 @click.option("--label", help="Only pull requests with this label (default: [forge] label; empty: all).")
 @click.option("--seed", type=int, help="Master seed (default: fresh).")
-@click.option("--merge", is_flag=True, help="Merge merge-worthy heads into the baseline and push it (never without this flag).")
-def bot(target: Path, as_json: bool, once: bool, watch: float | None, label: str | None, seed: int | None, merge: bool) -> None:
+@click.option(
+    "--merge", is_flag=True, help="Merge merge-worthy heads into the baseline and push it (never without this flag)."
+)
+def bot(
+    target: Path, as_json: bool, once: bool, watch: float | None, label: str | None, seed: int | None, merge: bool
+) -> None:
     """The review bot: answer /agentsearch comment commands, then judge each open pull request's head once.
 
     A killed bot loses nothing: run it again and it posts what was judged but not posted, and judges the rest.
@@ -576,14 +796,33 @@ def kernels_list(as_json: bool) -> None:
 @quiet_option
 @json_option
 @click.argument("op")
-@click.option("--baseline-provider", default="native", show_default=True, help="Provider measured on the baseline side.")
-@click.option("--candidate-provider", required=True, help="Provider measured on the candidate side (registered in the candidate's fork).")
-@click.option("--baseline", "baseline", metavar="REF", help="The baseline side's commit (default: the baseline branch).")
+@click.option(
+    "--baseline-provider", default="native", show_default=True, help="Provider measured on the baseline side."
+)
+@click.option(
+    "--candidate-provider",
+    required=True,
+    help="Provider measured on the candidate side (registered in the candidate's fork).",
+)
+@click.option(
+    "--baseline", "baseline", metavar="REF", help="The baseline side's commit (default: the baseline branch)."
+)
 @click.option("--candidate", "candidate", metavar="REF", help="The candidate side's commit (default: the baseline).")
-@click.option("--pairs", default=8, show_default=True, type=click.IntRange(2, 200), help="Timing pairs at most (a look halfway).")
+@click.option(
+    "--pairs", default=8, show_default=True, type=click.IntRange(2, 200), help="Timing pairs at most (a look halfway)."
+)
 @click.option("--seed", type=int, default=None, help="Master seed (hidden cases, timed inputs; default: fresh).")
-def kernels_bench(target: Path, as_json: bool, op: str, baseline_provider: str, candidate_provider: str,
-                  baseline: str | None, candidate: str | None, pairs: int, seed: int | None) -> None:
+def kernels_bench(
+    target: Path,
+    as_json: bool,
+    op: str,
+    baseline_provider: str,
+    candidate_provider: str,
+    baseline: str | None,
+    candidate: str | None,
+    pairs: int,
+    seed: int | None,
+) -> None:
     """Measure OP with one provider against another, each side in its own sandbox and fresh processes.
 
     Correctness first (every generated and hidden case against the trusted reference, with the op's
@@ -592,8 +831,19 @@ def kernels_bench(target: Path, as_json: bool, op: str, baseline_provider: str, 
     """
     from .commands.kernels import bench
 
-    dispatch(bench, config=True, target=target, as_json=as_json, op=op, baseline_provider=baseline_provider,
-             candidate_provider=candidate_provider, baseline=baseline, candidate=candidate, pairs=pairs, seed=seed)
+    dispatch(
+        bench,
+        config=True,
+        target=target,
+        as_json=as_json,
+        op=op,
+        baseline_provider=baseline_provider,
+        candidate_provider=candidate_provider,
+        baseline=baseline,
+        candidate=candidate,
+        pairs=pairs,
+        seed=seed,
+    )
 
 
 @kernels.command("propose", context_settings=CONTEXT)

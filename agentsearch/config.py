@@ -7,23 +7,22 @@ line naming the file, the key and what is expected.
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 import hashlib
 import json
 import math
 import tomllib
-import collections.abc
 import types
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from harness import gate_defaults as D
-from harness import models
+from harness import models, quiet, serving_load, tails
 from harness import placement as P
-from harness import quiet
 from harness import regimes as regimes_mod
-from harness import serving_load, tails
 from harness.regimes import REGIME_KEYS
 from history.records import CATEGORIES
 
@@ -66,7 +65,8 @@ class TargetConfig:
         None,
     )
     test: str | None = doc(
-        "Functional tests: a command run in the candidate's worktree (sandboxed) before any measurement; a non-zero exit rejects.", None
+        "Functional tests: a command run in the candidate's worktree (sandboxed) before any measurement; a non-zero exit rejects.",
+        None,
     )
     test_timeout_s: float = doc("Timeout of the functional tests in seconds.", 900.0)
 
@@ -96,10 +96,15 @@ class WorkloadConfig:
         "Shell command for kind = \"command\"; `{worktree}`, `{seed}`, `{out}` are substituted.", None
     )
     higher_is_better: bool = doc("True for throughput-like metrics, false for latencies.", True)
-    unit: str | None = doc("Unit of the metric in verdicts and reports (default: from its name: tok/s, req/s, ms, s, ops/s).", None)
+    unit: str | None = doc(
+        "Unit of the metric in verdicts and reports (default: from its name: tok/s, req/s, ms, s, ops/s).", None
+    )
     timeout_s: float = doc("Per-trial timeout in seconds; a timeout fails the evaluation.", 600.0)
     env: Mapping[str, str] = doc("Extra environment for this workload's trials.", factory=dict)
-    model: str = doc("vLLM kinds: model directory, or \"tiny\" / \"smollm2\" for a model built offline (`agentsearch model`).", "tiny")
+    model: str = doc(
+        "vLLM kinds: model directory, or \"tiny\" / \"smollm2\" for a model built offline (`agentsearch model`).",
+        "tiny",
+    )
     engine: Mapping[str, Any] = doc(
         "vLLM kinds: engine arguments (max_num_seqs, block_size, enforce_eager, dtype, ...); the fork's serving.json overrides them.",
         factory=dict,
@@ -110,14 +115,18 @@ class WorkloadConfig:
     )
     restarts: int = doc(
         "vLLM kinds: engine starts per side per evaluation (second level of replication). 4: each proposal's engine-session "
-        "effect is estimated on 3 degrees of freedom; with 2 (one) simulated false merges exceed the level under the instance effects measured here.", 4
+        "effect is estimated on 3 degrees of freedom; with 2 (one) simulated false merges exceed the level under the instance effects measured here.",
+        4,
     )
-    max_pairs: int | None = doc("Pairs for this workload at most (default: [gate] max_pairs); useful for slow guards.", None)
+    max_pairs: int | None = doc(
+        "Pairs for this workload at most (default: [gate] max_pairs); useful for slow guards.", None
+    )
     startup_timeout_s: float = doc("vLLM kinds: timeout of one engine start-up in seconds.", 600.0)
     outputs: str | None = doc(
         "Command workloads: a key of the output JSON holding a digest of what the run computed (e.g. a hash of its "
         "results); both sides must report the same value for the same seed, or the trial fails (vLLM kinds compare "
-        "their generated tokens always).", None
+        "their generated tokens always).",
+        None,
     )
 
     def __post_init__(self) -> None:
@@ -142,29 +151,44 @@ class WorkloadConfig:
                 raise ValueError(f"{exc}|{'metric' if 'metric' in str(exc) else 'params'}") from None
             mml = self.engine.get("max_model_len")
             if mml is not None and (not isinstance(mml, int) or isinstance(mml, bool) or not 0 < mml <= 1 << 24):
-                raise ValueError(f"max_model_len must be a positive integer here (the serving load is planned for it), got {mml!r}|engine")
+                raise ValueError(
+                    f"max_model_len must be a positive integer here (the serving load is planned for it), got {mml!r}|engine"
+                )
             lower = tails.quantile_metric(self.metric) is not None
             if self.higher_is_better == lower:
-                raise ValueError(f"{self.metric} is {'a latency: lower' if lower else 'a rate: higher'} is better; "
-                                 f"set higher_is_better = {'false' if lower else 'true'}|higher_is_better")
+                raise ValueError(
+                    f"{self.metric} is {'a latency: lower' if lower else 'a rate: higher'} is better; "
+                    f"set higher_is_better = {'false' if lower else 'true'}|higher_is_better"
+                )
 
 
 @dataclass(frozen=True)
 class SloConfig:
-    metric: str = doc("A per-request limit for goodput: ttft_ms, tpot_ms or e2e_ms (definitions: docs/guide/serving.md).")
+    metric: str = doc(
+        "A per-request limit for goodput: ttft_ms, tpot_ms or e2e_ms (definitions: docs/guide/serving.md)."
+    )
     max_ms: float = doc("The limit in milliseconds: a request over it did not meet the SLO.")
-    p: float | None = doc("A percentile (e.g. 99): the trial's p-th percentile of the metric must be within max_ms; what "
-                          "throughput at SLO (rate_at_slo_req_s) searches for. Goodput counts requests against max_ms whatever p.", None)
+    p: float | None = doc(
+        "A percentile (e.g. 99): the trial's p-th percentile of the metric must be within max_ms; what "
+        "throughput at SLO (rate_at_slo_req_s) searches for. Goodput counts requests against max_ms whatever p.",
+        None,
+    )
 
     def __post_init__(self) -> None:
         if self.metric.removesuffix("_ms") not in tails.SLO_METRICS or not self.metric.endswith("_ms"):
-            raise ValueError(f"expected one of {', '.join(m + '_ms' for m in tails.SLO_METRICS)}, got {self.metric!r}|metric")
+            raise ValueError(
+                f"expected one of {', '.join(m + '_ms' for m in tails.SLO_METRICS)}, got {self.metric!r}|metric"
+            )
         if not (math.isfinite(self.max_ms) and self.max_ms > 0):
             raise ValueError(f"expected a positive number of milliseconds, got {self.max_ms!r}|max_ms")
         if self.p is not None and not 0 < self.p < 100:
             raise ValueError(f"expected a percentile strictly between 0 and 100, got {self.p!r}|p")
-        if self.p is not None and (round(self.p, 3) != self.p or tails.quantile_metric(f"{self.metric[:-3]}_p{self.p:g}_ms") is None):
-            raise ValueError(f"expected a percentile with at most three decimals and at least 1 (e.g. 99, 99.9), got {self.p!r}|p")
+        if self.p is not None and (
+            round(self.p, 3) != self.p or tails.quantile_metric(f"{self.metric[:-3]}_p{self.p:g}_ms") is None
+        ):
+            raise ValueError(
+                f"expected a percentile with at most three decimals and at least 1 (e.g. 99, 99.9), got {self.p!r}|p"
+            )
 
     def slo(self) -> tails.Slo:
         return tails.Slo(self.metric.removesuffix("_ms"), self.max_ms, self.p / 100 if self.p is not None else None)
@@ -181,12 +205,8 @@ def _check_seconds(value: float, key: str) -> None:
 @dataclass(frozen=True)
 class GateConfig:
     objective: str | None = doc("Workload whose metric must improve (default: the first workload).", None)
-    alpha: float = doc(
-        "Probability of at least one false merge allowed in one episode (family-wise).", 0.05
-    )
-    episode_budget: int = doc(
-        "Proposals one episode may judge; alpha is split evenly over them (Bonferroni).", 10
-    )
+    alpha: float = doc("Probability of at least one false merge allowed in one episode (family-wise).", 0.05)
+    episode_budget: int = doc("Proposals one episode may judge; alpha is split evenly over them (Bonferroni).", 10)
     min_effect: float = doc("Smallest speedup worth merging (0.02 = 2%).", D.MIN_EFFECT)
     max_regression: float = doc(
         "A non-objective workload may not be significantly slower than this fraction.", D.MAX_REGRESSION
@@ -199,16 +219,16 @@ class GateConfig:
     look_every: int = doc("Pairs between two looks of the sequential test.", D.LOOK_EVERY)
     max_pairs: int = doc("Pairs per workload at most (the full budget).", D.MAX_PAIRS)
     confirm_pairs: int = doc(
-        "Pairs of the confirmation run with fresh seeds (and, for engine workloads, fresh engines) before a merge (0 disables).", 6
+        "Pairs of the confirmation run with fresh seeds (and, for engine workloads, fresh engines) before a merge (0 disables).",
+        6,
     )
     plausibility: float = doc("A speedup beyond this factor is held for manual review.", 10.0)
     sandbox: str = doc(
         "auto | required | off: run both sides in bubblewrap (no network; state, history and harness hidden). "
-        "auto skips it, saying so in the verdict, where the machine does not allow it.", "auto"
+        "auto skips it, saying so in the verdict, where the machine does not allow it.",
+        "auto",
     )
-    coverage: bool = doc(
-        "Python patches: require that changed lines ran (one untimed, traced candidate trial).", True
-    )
+    coverage: bool = doc("Python patches: require that changed lines ran (one untimed, traced candidate trial).", True)
 
     def __post_init__(self) -> None:
         checks = [
@@ -254,10 +274,12 @@ def parse_cpus(text: str) -> frozenset[int]:
 class EngineConfig:
     placement: str = doc(
         "auto | shared | alternate | split: where and when the two sides' engines run (see docs/design/placement.md). "
-        "auto: CPU -> the lower-noise mode measured there, one GPU -> alternate, two or more -> split.", P.AUTO
+        "auto: CPU -> the lower-noise mode measured there, one GPU -> alternate, two or more -> split.",
+        P.AUTO,
     )
     memory_split: float = doc(
-        "One GPU: gpu_memory_utilization of each engine that shares it (placement shared; the distribution checks' engines).", P.MEMORY_SPLIT
+        "One GPU: gpu_memory_utilization of each engine that shares it (placement shared; the distribution checks' engines).",
+        P.MEMORY_SPLIT,
     )
     warmup: int = doc("Unmeasured rounds at the start of every engine session, per side.", 1)
     foreign_load: float = doc(
@@ -266,20 +288,27 @@ class EngineConfig:
     )
     slices: int = doc(
         "Split each pair's two throughput trials into up to this many parts measured alternately on the two warm "
-        "engines (A B B A ...), so the halves of a pair run a fraction of a second apart (placement shared; 1: whole trials).", 8
+        "engines (A B B A ...), so the halves of a pair run a fraction of a second apart (placement shared; 1: whole trials).",
+        8,
     )
     cpus: str = doc(
         "auto | none | a CPU list (\"1\", \"2-3\"): pin both sides' warm engines to the same CPUs once they are up "
         "(a measurement that uses more CPU time than they give fails). auto: on a machine without a GPU whose engines "
-        "set OMP_NUM_THREADS = n, the last n CPUs when the machine has more.", "auto"
+        "set OMP_NUM_THREADS = n, the last n CPUs when the machine has more.",
+        "auto",
     )
     baseline_reuse: int = doc(
         "Episodes: how many consecutive evaluations one baseline engine instance (and the baseline's worktree) may serve "
-        "while the baseline, config and environment hold (1: every evaluation starts its baseline afresh).", 2
+        "while the baseline, config and environment hold (1: every evaluation starts its baseline afresh).",
+        2,
     )
 
     def __post_init__(self) -> None:
-        if isinstance(self.baseline_reuse, bool) or not isinstance(self.baseline_reuse, int) or not (1 <= self.baseline_reuse <= 100):
+        if (
+            isinstance(self.baseline_reuse, bool)
+            or not isinstance(self.baseline_reuse, int)
+            or not (1 <= self.baseline_reuse <= 100)
+        ):
             raise ValueError(f"expected an integer from 1 to 100, got {self.baseline_reuse!r}|baseline_reuse")
         if isinstance(self.slices, bool) or not isinstance(self.slices, int) or not (1 <= self.slices <= 64):
             raise ValueError(f"expected an integer from 1 to 64, got {self.slices!r}|slices")
@@ -291,7 +320,9 @@ class EngineConfig:
         if self.placement not in P.PLACEMENTS:
             raise ValueError(f"expected one of {', '.join(P.PLACEMENTS)}, got {self.placement!r}|placement")
         if not (0 < self.memory_split <= 0.5):
-            raise ValueError(f"expected a fraction in (0, 0.5] (two engines share the device), got {self.memory_split}|memory_split")
+            raise ValueError(
+                f"expected a fraction in (0, 0.5] (two engines share the device), got {self.memory_split}|memory_split"
+            )
         if isinstance(self.warmup, bool) or not (0 <= self.warmup <= 10):
             raise ValueError(f"expected an integer from 0 to 10, got {self.warmup!r}|warmup")
         if not (0 < self.foreign_load <= 1):
@@ -303,8 +334,16 @@ def _check_caps(caps: Mapping[str, Any], field_name: str) -> None:
     if bad:
         raise ValueError(f"unknown cap {bad[0]!r} (kl_mean, kl_p99, kl_max, dlogprob_max, min_top1)|{field_name}")
     for key, v in caps.items():
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0 or (key == "min_top1" and v > 1):
-            raise ValueError(f"cap {key!r}: expected a positive finite number{' <= 1' if key == 'min_top1' else ''}, got {v!r}|{field_name}")
+        if (
+            isinstance(v, bool)
+            or not isinstance(v, (int, float))
+            or not math.isfinite(v)
+            or v <= 0
+            or (key == "min_top1" and v > 1)
+        ):
+            raise ValueError(
+                f"cap {key!r}: expected a positive finite number{' <= 1' if key == 'min_top1' else ''}, got {v!r}|{field_name}"
+            )
 
 
 @dataclass(frozen=True)
@@ -318,7 +357,10 @@ class VerifyConfig:
     k: int = doc("Top-k logprobs per position.", 20)
     max_tokens: int = doc("Greedy decode steps per prompt (the decode path).", 16)
     corpus: str | None = doc("Prompt corpus JSONL in the target (default: the shipped multilingual corpus).", None)
-    profile: str = doc("full (every prompt of the corpus) or quick (56 prompts, 4 per language of the shipped corpus: short to long).", "full")
+    profile: str = doc(
+        "full (every prompt of the corpus) or quick (56 prompts, 4 per language of the shipped corpus: short to long).",
+        "full",
+    )
     corpus_size: int = doc("Prompts to check, chosen evenly from every language (0: the profile's size).", 0)
     holdout: float = doc("Fraction of the corpus held out by the workspace's secret.", 0.25)
     model: str = doc("kind = \"vllm\": model directory, or \"tiny\" / \"smollm2\" (built offline).", "tiny")
@@ -328,25 +370,34 @@ class VerifyConfig:
         factory=dict,
     )
     timeout_s: float = doc("Timeout of one logprob run in seconds.", 900.0)
-    sample: bool = doc("kind = \"vllm\": the sample path (processed logprobs under several sampling settings and the draw test).", True)
-    sample_draws: int = doc("kind = \"vllm\": seeded draws per context and setting in the draw test (0 disables the draw test).", 100)
+    sample: bool = doc(
+        "kind = \"vllm\": the sample path (processed logprobs under several sampling settings and the draw test).", True
+    )
+    sample_draws: int = doc(
+        "kind = \"vllm\": seeded draws per context and setting in the draw test (0 disables the draw test).", 100
+    )
     sample_contexts: int = doc("kind = \"vllm\": contexts (one short prompt per language) of the draw test.", 2)
     reuse_baseline: bool = doc(
         "Keep the baseline's dumps in the house and reuse them while the baseline commit, this section, the model, the "
-        "environment and agentsearch's logprob code are unchanged: the next check starts no baseline engine.", True
+        "environment and agentsearch's logprob code are unchanged: the next check starts no baseline engine.",
+        True,
     )
     reference: str = doc(
         "The commit outputs are also judged against (an ancestor of the baseline): the candidate must stay within "
-        "`drift_budget` of it. Empty: the stock commit `agentsearch init` pinned (refs/agentsearch/reference).", ""
+        "`drift_budget` of it. Empty: the stock commit `agentsearch init` pinned (refs/agentsearch/reference).",
+        "",
     )
     regimes: tuple[Mapping[str, Any], ...] = doc(
         "kind = \"vllm\": regimes production uses, e.g. [{max_num_seqs = 64}, {enable_prefix_caching = true}] (keys: "
-        + ", ".join(REGIME_KEYS) + "): the candidate is also compared with the reference in each.", ()
+        + ", ".join(REGIME_KEYS)
+        + "): the candidate is also compared with the reference in each.",
+        (),
     )
     old_regime: bool = doc(
         "A proposal that changes the regime (e.g. max_num_seqs) is also compared with the reference in the baseline's "
         "regime: one more candidate engine per such check (measured: +88% of a kept-runs verify). false: its own "
-        "regime and `regimes` only.", True
+        "regime and `regimes` only.",
+        True,
     )
     drift_budget: Mapping[str, Any] = doc(
         "How far main may move from the reference, all merges together: caps like `caps` (kl_mean, kl_p99, kl_max, "
@@ -403,16 +454,21 @@ KNOB_WHERE = ("engine", "env", "json")
 @dataclass(frozen=True)
 class KnobConfig:
     name: str = doc("Knob name (an engine argument, an environment variable, or a label for a JSON key).")
-    values: tuple[Any, ...] = doc("Allowed values (one TOML type), in order; the sweep proposes values other than the current one.")
+    values: tuple[Any, ...] = doc(
+        "Allowed values (one TOML type), in order; the sweep proposes values other than the current one."
+    )
     where: str = doc(
-        "engine: a key of `engine` in the serving file; env: a key of its `env`; json: the dotted `key` in `file`.", "engine"
+        "engine: a key of `engine` in the serving file; env: a key of its `env`; json: the dotted `key` in `file`.",
+        "engine",
     )
     key: str | None = doc("where = \"json\": dotted key path in the file (default: name).", None)
     file: str | None = doc("File holding the knob (default: [sweep] file).", None)
     category: str = doc("config, scheduling, kernel, graph/launch, memory or other.", "config")
     rationale: str = doc("Why this knob may matter (goes into the proposal's rationale).", "")
     gpu_only: bool = doc("Only proposed on machines with a GPU (e.g. CUDA-graph settings).", False)
-    prior_wins: float = doc("Prior evidence that the knob matters: pseudo-wins for the sweep's bandit (0 = no opinion).", 0.0)
+    prior_wins: float = doc(
+        "Prior evidence that the knob matters: pseudo-wins for the sweep's bandit (0 = no opinion).", 0.0
+    )
 
     def __post_init__(self) -> None:
         if self.where not in KNOB_WHERE:
@@ -427,7 +483,10 @@ class KnobConfig:
 
 @dataclass(frozen=True)
 class SweepConfig:
-    file: str = doc("The serving-config file that engine/env knobs live in (JSON: {\"engine\": {...}, \"env\": {...}}).", "serving.json")
+    file: str = doc(
+        "The serving-config file that engine/env knobs live in (JSON: {\"engine\": {...}, \"env\": {...}}).",
+        "serving.json",
+    )
     knobs: tuple[KnobConfig, ...] = doc("[[sweep.knob]] tables: the bounded search space (one knob per proposal).", ())
 
 
@@ -438,12 +497,19 @@ EXECUTOR_KINDS = ("local", "ray")
 class ExecutorConfig:
     kind: str = doc(
         "local | ray: where evaluations run. local: one after another in this process (the default); ray: "
-        "in parallel on a Ray cluster, each evaluation whole on one node (`agentsearch episode --executor`).", "local"
+        "in parallel on a Ray cluster, each evaluation whole on one node (`agentsearch episode --executor`).",
+        "local",
     )
-    address: str = doc("Ray: the cluster to join (`auto`: the one `ray start` made on this machine; `host:port`).", "auto")
+    address: str = doc(
+        "Ray: the cluster to join (`auto`: the one `ray start` made on this machine; `host:port`).", "auto"
+    )
     parallel: int = doc("Ray: evaluations in flight at once (`--parallel`).", 2)
-    cpus: float = doc("Ray: CPUs one evaluation reserves on its node (both sides, all pairs, in one placement group).", 1.0)
-    gpus: float = doc("Ray: GPUs one evaluation reserves on its node (0: none; vLLM engines use the ones Ray assigns).", 0.0)
+    cpus: float = doc(
+        "Ray: CPUs one evaluation reserves on its node (both sides, all pairs, in one placement group).", 1.0
+    )
+    gpus: float = doc(
+        "Ray: GPUs one evaluation reserves on its node (0: none; vLLM engines use the ones Ray assigns).", 0.0
+    )
     drain_after: int = doc("Ray: a node whose evaluations died this many times gets no more work in the episode.", 2)
 
     def __post_init__(self) -> None:
@@ -463,10 +529,14 @@ class ExecutorConfig:
 class StackConfig:
     check: str = doc(
         "end | every:N | off: when an episode runs the stack check (`agentsearch stack`) itself, over its own merges. end: when "
-        "the episode ends, if it merged at least 2 proposals; every:N: after every N merges of the episode; off: never.", "end"
+        "the episode ends, if it merged at least 2 proposals; every:N: after every N merges of the episode; off: never.",
+        "end",
     )
-    leave_one_out: bool = doc("The episode's stack checks also measure each merge's marginal contribution (one measurement more "
-                              "per merge, and per pair a passenger points to).", False)
+    leave_one_out: bool = doc(
+        "The episode's stack checks also measure each merge's marginal contribution (one measurement more "
+        "per merge, and per pair a passenger points to).",
+        False,
+    )
 
     def __post_init__(self) -> None:
         if self.every is None and self.check not in ("end", "off"):
@@ -484,18 +554,33 @@ FORGE_KINDS = ("github", "gitea")
 
 @dataclass(frozen=True)
 class ForgeConfig:
-    kind: str = doc("github | gitea (Gitea and Forgejo share one API): the forge `review-pr`, `bot` and `pr` talk to.", "github")
-    url: str = doc("The forge's web address: https://github.com (its API is api.github.com), a GitHub Enterprise server "
-                   "(API at URL/api/v3) or a Gitea/Forgejo server (API at URL/api/v1).", "https://github.com")
-    repo: str = doc("owner/name of the repository whose pull requests are judged (empty: taken from the git remote's URL).", "")
-    token_env: str = doc("The environment variable holding the API token (never written to a file, never passed to a trial).",
-                         "AGENTSEARCH_FORGE_TOKEN")
-    remote: str = doc("The target's git remote that pull request heads are fetched from (refs/pull/N/head) and `pr` pushes to.", "origin")
+    kind: str = doc(
+        "github | gitea (Gitea and Forgejo share one API): the forge `review-pr`, `bot` and `pr` talk to.", "github"
+    )
+    url: str = doc(
+        "The forge's web address: https://github.com (its API is api.github.com), a GitHub Enterprise server "
+        "(API at URL/api/v3) or a Gitea/Forgejo server (API at URL/api/v1).",
+        "https://github.com",
+    )
+    repo: str = doc(
+        "owner/name of the repository whose pull requests are judged (empty: taken from the git remote's URL).", ""
+    )
+    token_env: str = doc(
+        "The environment variable holding the API token (never written to a file, never passed to a trial).",
+        "AGENTSEARCH_FORGE_TOKEN",
+    )
+    remote: str = doc(
+        "The target's git remote that pull request heads are fetched from (refs/pull/N/head) and `pr` pushes to.",
+        "origin",
+    )
     label: str = doc("`bot` judges only open pull requests with this label (empty: every open pull request).", "")
     context: str = doc("The commit status's context (the name a branch protection rule requires).", "agentsearch")
-    check_runs: bool = doc("GitHub only, with a GitHub App's installation token: also post a check run named like the context "
-                           "(conclusion success, failure or neutral; the comment as its summary). A neutral check run passes "
-                           "a required check where the pending status blocks.", False)
+    check_runs: bool = doc(
+        "GitHub only, with a GitHub App's installation token: also post a check run named like the context "
+        "(conclusion success, failure or neutral; the comment as its summary). A neutral check run passes "
+        "a required check where the pending status blocks.",
+        False,
+    )
 
     def __post_init__(self) -> None:
         if self.kind not in FORGE_KINDS:
@@ -515,21 +600,30 @@ class ForgeConfig:
 @dataclass(frozen=True)
 class AgentConfig:
     max_turns: int = doc("Claude proposer: model turns per session (the CLI stops the session after them).", 30)
-    max_cost_usd: float = doc("Claude proposer: dollars one session may spend on the model (the CLI stops it there).", 5.0)
+    max_cost_usd: float = doc(
+        "Claude proposer: dollars one session may spend on the model (the CLI stops it there).", 5.0
+    )
     max_tool_seconds: float = doc(
         "Claude proposer: wall seconds one session's workbench calls may take in all (run, test, kernels_bench, "
-        "measure, profile, check_outputs); a call that would start past it is refused.", 1800.0
+        "measure, profile, check_outputs); a call that would start past it is refused.",
+        1800.0,
     )
-    max_measure_pairs: int = doc("Claude proposer: advisory pairs the `measure` tool may run in one session, in all.", 12)
+    max_measure_pairs: int = doc(
+        "Claude proposer: advisory pairs the `measure` tool may run in one session, in all.", 12
+    )
     run_timeout_s: float = doc("Claude proposer: the longest one `run` call may take (seconds).", 300.0)
     memory_gib: float = doc("Claude proposer: the address-space limit of a `run` call's processes (GiB).", 16.0)
     output_bytes: int = doc("Claude proposer: the most bytes of a tool call's output the agent sees (the tail).", 12000)
-    max_file_mib: int = doc("Claude proposer: the largest file a workbench call may write (MiB; `ulimit -f`), and the largest file "
-                            "a change may hold.", 256)
+    max_file_mib: int = doc(
+        "Claude proposer: the largest file a workbench call may write (MiB; `ulimit -f`), and the largest file "
+        "a change may hold.",
+        256,
+    )
     max_patch_mib: int = doc("Claude proposer: the largest change (as a patch, MiB) a session may propose.", 16)
     revisions: int = doc(
         "Claude proposer: how many times a rejected agent proposal may be revised — a later session starts from its "
-        "change with the verdict's reasons and evidence in its prompt (each revision is a proposal of its own).", 0
+        "change with the verdict's reasons and evidence in its prompt (each revision is a proposal of its own).",
+        0,
     )
 
     def __post_init__(self) -> None:
@@ -598,8 +692,16 @@ class Config:
 
 # ----------------------------------------------------------------------------- loading
 
-_SECTIONS = {"target": TargetConfig, "gate": GateConfig, "verify": VerifyConfig, "executor": ExecutorConfig, "engine": EngineConfig,
-             "agent": AgentConfig, "stack": StackConfig, "forge": ForgeConfig}
+_SECTIONS = {
+    "target": TargetConfig,
+    "gate": GateConfig,
+    "verify": VerifyConfig,
+    "executor": ExecutorConfig,
+    "engine": EngineConfig,
+    "agent": AgentConfig,
+    "stack": StackConfig,
+    "forge": ForgeConfig,
+}
 
 
 def _type_name(tp: Any) -> str:
@@ -672,9 +774,7 @@ def _build(cls: type, table: Any, where: str, source: str) -> Any:
             raise ConfigError(f"{source}: {where}: unknown key {key!r} (known keys: {known})")
         ok, coerced = _coerce(value, hints[key])
         if not ok:
-            raise ConfigError(
-                f"{source}: {where} {key}: expected {_type_name(hints[key])}, got {value!r}"
-            )
+            raise ConfigError(f"{source}: {where} {key}: expected {_type_name(hints[key])}, got {value!r}")
         if isinstance(coerced, float) and not math.isfinite(coerced):
             raise ConfigError(f"{source}: {where} {key}: expected a finite number, got {value!r}")
         kwargs[key] = coerced
@@ -697,37 +797,43 @@ def load_config_text(text: str, source: str = CONFIG_FILE) -> Config:
     allowed = set(_SECTIONS) | {"workload", "sweep", "slo"}
     for key in data:
         if key not in allowed:
-            raise ConfigError(
-                f"{source}: unknown section [{key}] (known: {', '.join(sorted(allowed))})"
-            )
-    sections = {name: _build(cls, data.get(name, {}), f"[{name}]", source) for name, cls in _SECTIONS.items() if name != "verify"}
+            raise ConfigError(f"{source}: unknown section [{key}] (known: {', '.join(sorted(allowed))})")
+    sections = {
+        name: _build(cls, data.get(name, {}), f"[{name}]", source)
+        for name, cls in _SECTIONS.items()
+        if name != "verify"
+    }
     verify = _build(VerifyConfig, data["verify"], "[verify]", source) if "verify" in data else None
     raw_workloads = data.get("workload")
     if not raw_workloads:
         raise ConfigError(f"{source}: missing required [[workload]] table (at least one workload)")
     if not isinstance(raw_workloads, list):
         raise ConfigError(f"{source}: workload: expected [[workload]] tables, got a single value")
-    workloads = tuple(
-        _build(WorkloadConfig, w, f"[[workload]] #{i + 1}", source) for i, w in enumerate(raw_workloads)
-    )
+    workloads = tuple(_build(WorkloadConfig, w, f"[[workload]] #{i + 1}", source) for i, w in enumerate(raw_workloads))
     names = [w.name for w in workloads]
     _unique(names, f"{source}: [[workload]] name: duplicate workload name")
     slos = _slos(data.get("slo"), source)
     goodput = [w.name for w in workloads if w.metric == tails.GOODPUT]
     if goodput and not slos:
-        raise ConfigError(f"{source}: [[workload]] {goodput[0]}: metric {tails.GOODPUT} counts requests that meet the SLOs; "
-                          "add [[slo]] tables, e.g. [[slo]] metric = \"ttft_ms\" max_ms = 500")
+        raise ConfigError(
+            f"{source}: [[workload]] {goodput[0]}: metric {tails.GOODPUT} counts requests that meet the SLOs; "
+            "add [[slo]] tables, e.g. [[slo]] metric = \"ttft_ms\" max_ms = 500"
+        )
     bases = {x.metric.removesuffix("_ms") for x in slos}
     if "tpot" in bases and not bases & {"ttft", "e2e"}:
-        raise ConfigError(f"{source}: [[slo]] metric: a tpot_ms limit alone can be met by holding every token back and "
-                          "sending them at the end (TPOT ~0, TTFT late): add a ttft_ms or e2e_ms limit")
+        raise ConfigError(
+            f"{source}: [[slo]] metric: a tpot_ms limit alone can be met by holding every token back and "
+            "sending them at the end (TPOT ~0, TTFT late): add a ttft_ms or e2e_ms limit"
+        )
     named = sections["gate"].objective or workloads[0].name
     objective = next((w for w in workloads if w.name == named), None)
     qm = tails.quantile_metric(objective.metric) if objective is not None and objective.kind == "vllm-serve" else None
     if qm is not None and qm.base in ("tpot", "itl"):
-        raise ConfigError(f"{source}: [[workload]] {objective.name if objective else ''} metric: {qm.name} as the objective can be won "
-                          "by shaping the stream (tokens held back and sent in a burst); judge ttft, e2e, a rate or goodput as "
-                          "the objective and keep tpot and itl quantiles as guards")
+        raise ConfigError(
+            f"{source}: [[workload]] {objective.name if objective else ''} metric: {qm.name} as the objective can be won "
+            "by shaping the stream (tokens held back and sent in a burst); judge ttft, e2e, a rate or goodput as "
+            "the objective and keep tpot and itl quantiles as guards"
+        )
     for i, w in enumerate(workloads):
         if w.kind == "vllm-serve" and w.metric == tails.RATE_AT_SLO:
             try:
@@ -739,9 +845,19 @@ def load_config_text(text: str, source: str = CONFIG_FILE) -> Config:
         raise ConfigError(
             f"{source}: [gate] objective: expected one of the workload names ({', '.join(names)}), got {gate.objective!r}"
         )
-    return Config(target=sections["target"], workloads=workloads, slos=slos, gate=gate, verify=verify, sweep=_sweep(data.get("sweep"), source),
-                  executor=sections["executor"], engine=sections["engine"], agent=sections["agent"], stack=sections["stack"],
-                  forge=sections["forge"])
+    return Config(
+        target=sections["target"],
+        workloads=workloads,
+        slos=slos,
+        gate=gate,
+        verify=verify,
+        sweep=_sweep(data.get("sweep"), source),
+        executor=sections["executor"],
+        engine=sections["engine"],
+        agent=sections["agent"],
+        stack=sections["stack"],
+        forge=sections["forge"],
+    )
 
 
 def _unique(names: list[str], says: str) -> None:
@@ -779,10 +895,20 @@ def _sweep(raw: Any, source: str) -> SweepConfig:
 def reference_rows() -> list[tuple[str, str, str, str]]:
     """(section, key, default, doc) for every key: the generated config reference (docs/hooks.py → docs/reference/config.md)."""
     rows = []
-    for section, cls in (("[target]", TargetConfig), ("[[workload]]", WorkloadConfig), ("[[slo]]", SloConfig),
-                         ("[gate]", GateConfig), ("[engine]", EngineConfig),
-                         ("[verify]", VerifyConfig), ("[sweep]", SweepConfig), ("[[sweep.knob]]", KnobConfig), ("[executor]", ExecutorConfig),
-                         ("[agent]", AgentConfig), ("[stack]", StackConfig), ("[forge]", ForgeConfig)):
+    for section, cls in (
+        ("[target]", TargetConfig),
+        ("[[workload]]", WorkloadConfig),
+        ("[[slo]]", SloConfig),
+        ("[gate]", GateConfig),
+        ("[engine]", EngineConfig),
+        ("[verify]", VerifyConfig),
+        ("[sweep]", SweepConfig),
+        ("[[sweep.knob]]", KnobConfig),
+        ("[executor]", ExecutorConfig),
+        ("[agent]", AgentConfig),
+        ("[stack]", StackConfig),
+        ("[forge]", ForgeConfig),
+    ):
         for f in dataclasses.fields(cls):
             if cls is SweepConfig and f.name == "knobs":
                 continue

@@ -26,13 +26,21 @@ class Decision:
 def decide(config: Config) -> Decision:
     policy = config.gate.sandbox
     if policy == "off":
-        return Decision(False, "review", "disabled by [gate] sandbox = off: candidate code ran unconfined "
-                        "(network, state directory, the other side); held for review")
+        return Decision(
+            False,
+            "review",
+            "disabled by [gate] sandbox = off: candidate code ran unconfined "
+            "(network, state directory, the other side); held for review",
+        )
     ok, why = sandbox.probe()
     if ok:
-        return Decision(True, "pass", "bubblewrap per side: only its own worktree and outputs writable, protected files pinned "
-                        "read-only, the other side, state, history and harness not mounted, private /tmp, /dev/shm and $HOME, "
-                        "no network (serving: loopback)")
+        return Decision(
+            True,
+            "pass",
+            "bubblewrap per side: only its own worktree and outputs writable, protected files pinned "
+            "read-only, the other side, state, history and harness not mounted, private /tmp, /dev/shm and $HOME, "
+            "no network (serving: loopback)",
+        )
     if policy == "required":
         return Decision(False, "fail", f"[gate] sandbox = required but {why}")
     return Decision(False, "review", f"not sandboxed: {why}; held for review")

@@ -15,15 +15,16 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any
 
 from harness import environment, seeds
-from history.insights import proposal_rows
 from harness.trials import BASELINE, TrialRecord, tail
 from history import HistoryChanged, HistoryError
 from history import records as rec
+from history.insights import proposal_rows
 
 from . import proposers
 from .errors import AgentsearchError, CasError, ConfigError, LockedError, RunError, TargetError
@@ -233,7 +234,10 @@ class Episode:
             if stop is not None:
                 reason = stop
                 break
-            self.say(f"{self.plan.episode}/{len(self.state.proposals) + 1:03d} propose", f"asking the {self.proposer.name} proposer")
+            self.say(
+                f"{self.plan.episode}/{len(self.state.proposals) + 1:03d} propose",
+                f"asking the {self.proposer.name} proposer",
+            )
             cand = self.proposer.next(self.state.judged_keys, self.context())
             if cand is None:
                 break
@@ -269,7 +273,12 @@ class Episode:
             data, path = refresh(self.ws, self.log, self.plan.episode, llm=self.proposer.name == "claude")
         summary["insights"] = str(path)
         summary["lessons"] = data["lessons"]
-        self.record(rec.EpisodeFinished.of({k: v for k, v in summary.items() if k not in ("proposals", "lessons", "agents", "stack")}), None)
+        self.record(
+            rec.EpisodeFinished.of(
+                {k: v for k, v in summary.items() if k not in ("proposals", "lessons", "agents", "stack")}
+            ),
+            None,
+        )
         summary.update(extra)
         self.state.finished = summary
         return summary
@@ -288,14 +297,20 @@ class Episode:
             insights=self.plan.insights or latest_insights(entries),
             number=number if number is not None else len(self.state.proposals) + 1,
             seed=self.plan.seed,
-            extra={"config": self.ws.config(), "episode": self.plan.episode,
-                   "profiles": [e.data for e in entries if e.kind == "profile"][-2:],
-                   # agent proposers work on a fenced workbench of the baseline (agentsearch.workbench); the
-                   # orchestrator takes its diff
-                   "workspace": self.ws, "base": base, "say": self.say,
-                   # an agent revising an earlier proposal of this episode starts from its change
-                   "proposal_patch": lambda pid: next((p.created.get("patch") for p in list(self.state.proposals.values())
-                                                       if p.id == pid), None)},
+            extra={
+                "config": self.ws.config(),
+                "episode": self.plan.episode,
+                "profiles": [e.data for e in entries if e.kind == "profile"][-2:],
+                # agent proposers work on a fenced workbench of the baseline (agentsearch.workbench); the
+                # orchestrator takes its diff
+                "workspace": self.ws,
+                "base": base,
+                "say": self.say,
+                # an agent revising an earlier proposal of this episode starts from its change
+                "proposal_patch": lambda pid: next(
+                    (p.created.get("patch") for p in list(self.state.proposals.values()) if p.id == pid), None
+                ),
+            },
         )
 
     def summary(self, reason: str) -> dict[str, Any]:
@@ -303,27 +318,57 @@ class Episode:
         for p in sorted(self.state.proposals.values(), key=lambda p: p.number):
             v = p.verdict or {}
             obj = (v.get("workloads") or {}).get(v.get("objective") or "", {})
-            rows.append({"proposal": p.id, "title": p.created.get("title"), "branch": p.created.get("branch"),
-                         "verdict": v.get("verdict"), "speedup": v.get("speedup"), "reasons": v.get("reasons", []),
-                         "pairs": obj.get("pairs"), "headline": headline(v) if v else None,
-                         "merged": bool(p.merge and p.merge.get("ok")),
-                         **({"parent": p.created["meta"]["parent"]} if (p.created.get("meta") or {}).get("parent") else {})})
+            rows.append(
+                {
+                    "proposal": p.id,
+                    "title": p.created.get("title"),
+                    "branch": p.created.get("branch"),
+                    "verdict": v.get("verdict"),
+                    "speedup": v.get("speedup"),
+                    "reasons": v.get("reasons", []),
+                    "pairs": obj.get("pairs"),
+                    "headline": headline(v) if v else None,
+                    "merged": bool(p.merge and p.merge.get("ok")),
+                    **({"parent": p.created["meta"]["parent"]} if (p.created.get("meta") or {}).get("parent") else {}),
+                }
+            )
         from history.records.agent_session import agent_costs
 
-        agents = agent_costs([{"meta": p.created.get("meta"), "verdict": (p.verdict or {}).get("verdict"), "reverted": False,
-                               "speedup": (p.verdict or {}).get("speedup")} for p in self.state.proposals.values()])
+        agents = agent_costs(
+            [
+                {
+                    "meta": p.created.get("meta"),
+                    "verdict": (p.verdict or {}).get("verdict"),
+                    "reverted": False,
+                    "speedup": (p.verdict or {}).get("speedup"),
+                }
+                for p in self.state.proposals.values()
+            ]
+        )
         return {
-            "episode": self.plan.episode, "reason": reason, "proposals": rows, **({"agents": agents} if agents else {}),
-            "judged": len(rows), "merged": sum(r["merged"] for r in rows),
-            "baseline_before": self.plan.baseline, "baseline_after": self.ws.baseline_commit(),
+            "episode": self.plan.episode,
+            "reason": reason,
+            "proposals": rows,
+            **({"agents": agents} if agents else {}),
+            "judged": len(rows),
+            "merged": sum(r["merged"] for r in rows),
+            "baseline_before": self.plan.baseline,
+            "baseline_after": self.ws.baseline_commit(),
             "elapsed_s": round(self.elapsed(), 1),
         }
 
     # -------------------------------------------------------------- one proposal
     def _candidate_of(self, p: ProposalState) -> Candidate:
         c = p.created
-        return Candidate(p.key, c["title"], c.get("rationale", ""), c.get("category", "other"), c.get("proposer", self.proposer.name), c["patch"],
-                         c.get("meta") or {})
+        return Candidate(
+            p.key,
+            c["title"],
+            c.get("rationale", ""),
+            c.get("category", "other"),
+            c.get("proposer", self.proposer.name),
+            c["patch"],
+            c.get("meta") or {},
+        )
 
     def _create(self, cand: Candidate) -> ProposalState:
         number = len(self.state.proposals) + 1
@@ -344,10 +389,22 @@ class Episode:
             error, commit, files = internal_reason(exc), None, []
             base = base or self.ws.baseline_commit()
         created = rec.ProposalCreated(
-            number=number, proposal=pid, key=cand.key, title=cand.title, rationale=cand.rationale,
-            category=cand.category, proposer=cand.proposer, branch=branch, base=base,
-            commit=commit, applied=not error, apply_error=error, files=tuple(files),
-            diff_hash=hashlib.sha256(cand.patch.encode()).hexdigest(), patch=cand.patch, meta=dict(cand.meta),
+            number=number,
+            proposal=pid,
+            key=cand.key,
+            title=cand.title,
+            rationale=cand.rationale,
+            category=cand.category,
+            proposer=cand.proposer,
+            branch=branch,
+            base=base,
+            commit=commit,
+            applied=not error,
+            apply_error=error,
+            files=tuple(files),
+            diff_hash=hashlib.sha256(cand.patch.encode()).hexdigest(),
+            patch=cand.patch,
+            meta=dict(cand.meta),
         )
         self.record(created, pid)
         data = created.to_json()
@@ -383,8 +440,16 @@ class Episode:
             self._judge(p, cand)
         except RunError as exc:  # a failed preflight or a broken baseline: recorded, never as this proposal's verdict
             if p.verdict is None:
-                self.record(rec.RunError(number=p.number, proposal=p.id, error=str(exc), kind=type(exc).__name__,
-                                         baseline=self.ws.baseline_commit()), p.id)
+                self.record(
+                    rec.RunError(
+                        number=p.number,
+                        proposal=p.id,
+                        error=str(exc),
+                        kind=type(exc).__name__,
+                        baseline=self.ws.baseline_commit(),
+                    ),
+                    p.id,
+                )
                 raise RunError(f"{exc}; the episode stopped (`agentsearch episode --resume` continues it)") from None
             raise
         except RUN_ERRORS:
@@ -393,7 +458,13 @@ class Episode:
             if p.verdict is not None:  # the verdict is recorded; what failed came after it (the merge)
                 raise
             base = self.ws.baseline_commit()
-            self._verdict(p, _static_verdict(rec.CheckName.JUDGING.value, internal_reason(exc)), base, p.created.get("commit"), None)
+            self._verdict(
+                p,
+                _static_verdict(rec.CheckName.JUDGING.value, internal_reason(exc)),
+                base,
+                p.created.get("commit"),
+                None,
+            )
 
     def _judge(self, p: ProposalState, cand: Candidate) -> None:
         ready = self.prepare(p, cand)
@@ -409,18 +480,51 @@ class Episode:
         def say(stage: str, detail: str) -> None:
             self.say(f"{p.id} {stage}", detail)
 
-        ev = evaluate(self.ws, commit, seed=seeds.proposal_seed(self.plan.seed, p.number), alpha=self.plan.alpha,
-                      progress=say, on_trial=on_trial, warm=self.warm_baseline())
+        ev = evaluate(
+            self.ws,
+            commit,
+            seed=seeds.proposal_seed(self.plan.seed, p.number),
+            alpha=self.plan.alpha,
+            progress=say,
+            on_trial=on_trial,
+            warm=self.warm_baseline(),
+        )
         self.record_evaluation(p, base, commit, ev, content_key)
 
-    def record_trial(self, p: ProposalState, base: str, commit: str, t: TrialRecord, trees: Mapping[str, str], env_fp: str,
-                     extra: Mapping[str, Any] | None = None) -> None:
+    def record_trial(
+        self,
+        p: ProposalState,
+        base: str,
+        commit: str,
+        t: TrialRecord,
+        trees: Mapping[str, str],
+        env_fp: str,
+        extra: Mapping[str, Any] | None = None,
+    ) -> None:
         key = hashlib.sha256(json.dumps([trees[t.side], t.workload, t.seed, env_fp]).encode()).hexdigest()[:20]
-        self.record(rec.Trial.of({"number": p.number, "candidate": commit, "baseline": base, "measurement": key, **asdict(t),
-                                  **(extra or {})}), p.id)
+        self.record(
+            rec.Trial.of(
+                {
+                    "number": p.number,
+                    "candidate": commit,
+                    "baseline": base,
+                    "measurement": key,
+                    **asdict(t),
+                    **(extra or {}),
+                }
+            ),
+            p.id,
+        )
 
-    def record_evaluation(self, p: ProposalState, base: str, commit: str, ev: Evaluation, content_key: str,
-                          extra: Mapping[str, Any] | None = None) -> None:
+    def record_evaluation(
+        self,
+        p: ProposalState,
+        base: str,
+        commit: str,
+        ev: Evaluation,
+        content_key: str,
+        extra: Mapping[str, Any] | None = None,
+    ) -> None:
         """The statistics, the distribution checks and the verdict of a finished evaluation (then the merge)."""
         for w in [*ev.workloads.values(), *([ev.confirmation] if ev.confirmation else [])]:
             self.record(rec.Statistic.of({"number": p.number, **w.to_json()}), p.id)
@@ -436,7 +540,11 @@ class Episode:
         config = self.ws.config()
         commit, error = self._fresh_commit(p, cand)
         if commit is None:
-            reason = f"does not apply to the current baseline {base[:12]}: {error}" if error else "the proposal makes no change"
+            reason = (
+                f"does not apply to the current baseline {base[:12]}: {error}"
+                if error
+                else "the proposal makes no change"
+            )
             failure = rec.FailureKind.PATCH_FAILED if error else rec.FailureKind.NO_CHANGE
             if error.startswith(INTERNAL):
                 reason, failure = error, rec.FailureKind.INTERNAL_ERROR
@@ -447,14 +555,28 @@ class Episode:
             return None
         content_key = _content_key(self.ws, base, commit, config.fingerprint())
         if git.tree_of(self.ws.repo_dir, commit) == git.tree_of(self.ws.repo_dir, base):
-            self._verdict(p, _static_verdict(rec.CheckName.PATCH_APPLIES.value, "the patch makes no change to the baseline", rec.FailureKind.NO_CHANGE),
-                          base, commit, None, content_key)
+            self._verdict(
+                p,
+                _static_verdict(
+                    rec.CheckName.PATCH_APPLIES.value,
+                    "the patch makes no change to the baseline",
+                    rec.FailureKind.NO_CHANGE,
+                ),
+                base,
+                commit,
+                None,
+                content_key,
+            )
             return None
         twin = self._twin(content_key, p) if twins else None
         if twin is not None:
-            reason = (f"identical to {twin['proposal']} (same code, baseline, workloads and environment), judged "
-                      f"{twin['verdict']}; not re-measured")
-            self._verdict(p, _static_verdict(rec.CheckName.NOT_A_DUPLICATE.value, reason), base, commit, None, content_key)
+            reason = (
+                f"identical to {twin['proposal']} (same code, baseline, workloads and environment), judged "
+                f"{twin['verdict']}; not re-measured"
+            )
+            self._verdict(
+                p, _static_verdict(rec.CheckName.NOT_A_DUPLICATE.value, reason), base, commit, None, content_key
+            )
             return None
         return base, commit, content_key
 
@@ -466,14 +588,30 @@ class Episode:
                 return e.data
         return None
 
-    def _verdict(self, p: ProposalState, verdict: Any, base: str, commit: str | None, ev: Evaluation | None,
-                 content_key: str | None = None, extra: Mapping[str, Any] | None = None) -> None:
+    def _verdict(
+        self,
+        p: ProposalState,
+        verdict: Any,
+        base: str,
+        commit: str | None,
+        ev: Evaluation | None,
+        content_key: str | None = None,
+        extra: Mapping[str, Any] | None = None,
+    ) -> None:
         data: dict[str, Any] = {
-            "number": p.number, "proposal": p.id, "title": p.created.get("title"), "branch": p.created.get("branch"),
-            "verdict": verdict.verdict, "reasons": list(verdict.reasons),
+            "number": p.number,
+            "proposal": p.id,
+            "title": p.created.get("title"),
+            "branch": p.created.get("branch"),
+            "verdict": verdict.verdict,
+            "reasons": list(verdict.reasons),
             "checks": [c.to_json() for c in verdict.checks],
-            "baseline": base, "candidate": commit, "content_key": content_key, "speedup": None,
-            "failed_check": verdict.failed_check, "failure": verdict.failure.value if verdict.failure else None,
+            "baseline": base,
+            "candidate": commit,
+            "content_key": content_key,
+            "speedup": None,
+            "failed_check": verdict.failed_check,
+            "failure": verdict.failure.value if verdict.failure else None,
         }
         if ev is not None:
             full = ev.to_json()
@@ -529,22 +667,44 @@ class Episode:
         from . import stack
 
         tip = self.ws.baseline_commit()
-        done = [e.record for e in self.log.entries() if e.episode == self.plan.episode and isinstance(e.record, rec.StackCheck)]
+        done = [
+            e.record
+            for e in self.log.entries()
+            if e.episode == self.plan.episode and isinstance(e.record, rec.StackCheck)
+        ]
         if done and done[-1].tip == tip:  # a resumed episode: this tip was checked before the crash
-            return {"verdict": done[-1].verdict, "cumulative": done[-1].cumulative, "product": done[-1].product,
-                    "passengers": list(done[-1].passengers)}
+            return {
+                "verdict": done[-1].verdict,
+                "cumulative": done[-1].cumulative,
+                "product": done[-1].product,
+                "passengers": list(done[-1].passengers),
+            }
         self.retire_warm()  # the baseline moved with the merges: its kept side is stale, and its memory is needed
         self.say(f"{self.plan.episode} stack", f"{why}: measuring what this episode's merges add up to")
         try:
-            r = stack.check(self.ws, self.plan.episode, seed=self.plan.seed, leave_one_out=self.ws.config().stack.leave_one_out,
-                            progress=self.say, write=lambda record: self.record(record, None))
+            r = stack.check(
+                self.ws,
+                self.plan.episode,
+                seed=self.plan.seed,
+                leave_one_out=self.ws.config().stack.leave_one_out,
+                progress=self.say,
+                write=lambda record: self.record(record, None),
+            )
         except Exception as exc:  # noqa: BLE001 - merged code runs in it: its failure is the check's, never the episode's
             why = tail(str(exc) or type(exc).__name__, 1)
             self.say(f"{self.plan.episode} stack", f"the stack check failed: {why}")
             return {"verdict": "inconclusive", "error": why}
-        self.say(f"{self.plan.episode} stack", f"{r.verdict}: the tip {pct(r.cumulative)} over the episode's start, the merges' "
-                                               f"estimates multiply to {pct(r.product)}")
-        return {"verdict": r.verdict, "cumulative": r.cumulative, "product": r.product, "passengers": list(r.passengers)}
+        self.say(
+            f"{self.plan.episode} stack",
+            f"{r.verdict}: the tip {pct(r.cumulative)} over the episode's start, the merges' "
+            f"estimates multiply to {pct(r.product)}",
+        )
+        return {
+            "verdict": r.verdict,
+            "cumulative": r.cumulative,
+            "product": r.product,
+            "passengers": list(r.passengers),
+        }
 
 
 def latest_insights(entries: list[Any]) -> Mapping[str, Any] | None:
@@ -580,8 +740,11 @@ def evidence_text(v: Mapping[str, Any]) -> str:
             continue
         ci_s = f" [{ci[0] - 1:+.1%}, {ci[1] - 1:+.1%}]" if ci else ""
         p = w.get("p_value")
-        lines.append(f"- {name} ({w['role']}): {sp - 1:+.2%}{ci_s}, p={p:.2g}, {w['pairs']} pairs" if p is not None
-                     else f"- {name} ({w['role']}): {sp - 1:+.2%}{ci_s}, {w['pairs']} pairs")
+        lines.append(
+            f"- {name} ({w['role']}): {sp - 1:+.2%}{ci_s}, p={p:.2g}, {w['pairs']} pairs"
+            if p is not None
+            else f"- {name} ({w['role']}): {sp - 1:+.2%}{ci_s}, {w['pairs']} pairs"
+        )
     for c in v.get("checks", []):
         lines.append(f"- check {c['name']}: {c['status']}" + (f" ({c['detail']})" if c.get("detail") else ""))
     cmd = reproduce_command(v)  # from a checkout of the target: the same commits, seed and alpha
@@ -606,7 +769,7 @@ class SessionPool:
         self.label = len(episode.state.proposals)  # sessions are labelled on from the proposals so far
         self.empty = False
 
-    def __enter__(self) -> "SessionPool":
+    def __enter__(self) -> SessionPool:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -622,8 +785,13 @@ class SessionPool:
         stop = e.stop_reason(pending=self.inflight)
         while stop is None and not self.empty and self.inflight < self.agents:
             self.label += 1
-            e.say(f"{e.plan.episode} session {self.label}", f"asking the {e.proposer.name} proposer ({self.inflight + 1} in flight)")
-            self.futures[self.pool.submit(e.proposer.next, set(e.state.judged_keys), e.context(number=self.label))] = self.label
+            e.say(
+                f"{e.plan.episode} session {self.label}",
+                f"asking the {e.proposer.name} proposer ({self.inflight + 1} in flight)",
+            )
+            self.futures[self.pool.submit(e.proposer.next, set(e.state.judged_keys), e.context(number=self.label))] = (
+                self.label
+            )
             stop = e.stop_reason(pending=self.inflight)
         return stop or ("queue empty" if self.empty else None)
 
@@ -650,21 +818,40 @@ class SessionPool:
 
 
 # ---------------------------------------------------------------------------- entry points
-def start(ws: Workspace, log: Any, proposer_name: str, options: Mapping[str, Any], budget: int | None,
-          time_budget_s: float | None, seed: int | None, episode: str, insights: Mapping[str, Any] | None = None,
-          cost_budget_usd: float | None = None) -> Episode:
+def start(
+    ws: Workspace,
+    log: Any,
+    proposer_name: str,
+    options: Mapping[str, Any],
+    budget: int | None,
+    time_budget_s: float | None,
+    seed: int | None,
+    episode: str,
+    insights: Mapping[str, Any] | None = None,
+    cost_budget_usd: float | None = None,
+) -> Episode:
     config = ws.config()
     gpu = environment.describe().get("gpu", "none") != "none"
-    proposer = proposers.build(proposer_name, {**options, "baseline": config.target.baseline, "config": config, "gpu": gpu,
-                                               "episode": episode}, ws.repo_dir)
+    proposer = proposers.build(
+        proposer_name,
+        {**options, "baseline": config.target.baseline, "config": config, "gpu": gpu, "episode": episode},
+        ws.repo_dir,
+    )
     n = budget if budget is not None else config.gate.episode_budget
     if n < 1:
         raise EpisodeError(f"--budget must be at least 1, got {n}")
     plan = Plan(
-        episode=episode, proposer=proposer_name, manifest=proposer.manifest(), budget=n, time_budget_s=time_budget_s,
+        episode=episode,
+        proposer=proposer_name,
+        manifest=proposer.manifest(),
+        budget=n,
+        time_budget_s=time_budget_s,
         seed=seed if seed is not None else seeds.new_master(),
-        alpha=config.gate.alpha / max(n, config.gate.episode_budget), baseline=ws.baseline_commit(),
-        config_fingerprint=config.fingerprint(), insights=insights, cost_budget_usd=cost_budget_usd,
+        alpha=config.gate.alpha / max(n, config.gate.episode_budget),
+        baseline=ws.baseline_commit(),
+        config_fingerprint=config.fingerprint(),
+        insights=insights,
+        cost_budget_usd=cost_budget_usd,
     )
     with history_stops_the_episode():
         log.append(rec.EpisodeStarted.of(asdict(plan)), episode, None)
@@ -676,10 +863,27 @@ def resume(ws: Workspace, log: Any, episode: str, entries: list[Any]) -> Episode
     state = load_state(entries, episode)
     proposer = proposers.rebuild(state.plan.proposer, state.plan.manifest)
     with history_stops_the_episode():
-        log.append(rec.EpisodeResumed(session=state.sessions + 1, used_s=round(state.used_s, 3),
-                                      judged=sum(1 for p in state.proposals.values() if p.verdict)), episode, None)
+        log.append(
+            rec.EpisodeResumed(
+                session=state.sessions + 1,
+                used_s=round(state.used_s, 3),
+                judged=sum(1 for p in state.proposals.values() if p.verdict),
+            ),
+            episode,
+            None,
+        )
     state.sessions += 1
     return Episode(ws, log, state, proposer)
 
 
-__all__ = ["Episode", "EpisodeError", "SessionPool", "Plan", "start", "resume", "latest_unfinished", "load_state", "REJECT"]
+__all__ = [
+    "Episode",
+    "EpisodeError",
+    "SessionPool",
+    "Plan",
+    "start",
+    "resume",
+    "latest_unfinished",
+    "load_state",
+    "REJECT",
+]

@@ -16,31 +16,40 @@ import functools
 import math
 import statistics as pystats
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from harness import coverage, environment
-from harness.seeds import confirmation_seeds, coverage_seed, guard_check_seeds, new_master, pair_seeds
-from harness.interleave import WorkloadRun, run_interleaved
+from harness.engine_session import EnginePool
 from harness.gate_defaults import LOADED_CONFIRM_PAIRS, LOADED_SHARE
-from harness.sequential import (LOSE, OK, REGRESSED, WIN, SequentialDesign, confirmation_design, decide_confirmation, decide_guard,
-                                decide_objective, decide_regression)
+from harness.interleave import WorkloadRun, run_interleaved
+from harness.logprobs import LogprobError
+from harness.seeds import confirmation_seeds, coverage_seed, guard_check_seeds, new_master, pair_seeds
+from harness.sequential import (
+    LOSE,
+    OK,
+    REGRESSED,
+    WIN,
+    SequentialDesign,
+    confirmation_design,
+    decide_confirmation,
+    decide_guard,
+    decide_objective,
+    decide_regression,
+)
 from harness.trials import BASELINE, CANDIDATE, MEASUREMENT_ERROR, TrialRecord, child_env, run_child, tail
 from history.records import CheckName, FailureKind, decision_failure
 
 from . import calibration, containment, micro, preflight
 from . import sides as sides_mod
-from .progress import Say
-from .sides import Sides
 from .config import Config, WorkloadConfig
 from .errors import AgentsearchError, RunError
 from .gate import Check, Status, Verdict, judge
 from .gate_design import design_for, workload_design
 from .headline import unit as metric_unit
-from harness.engine_session import EnginePool
-
-from harness.logprobs import LogprobError
-
+from .progress import Say
+from .sides import Sides
 from .verify import ReferenceFailed, run_verify
 from .warm_baseline import WarmBaseline, is_baseline_engine
 from .workloads import blames_candidate, confirmation_restarts, measure_options, placement_for, session_factory
@@ -100,7 +109,9 @@ class Evaluation:
     coverage: Any = None  # CoverageReport when the coverage pass ran
     alpha: float | None = None  # the false-merge level this evaluation spent
     micro: Any = None  # micro.MicroResult: the op-level stage of a kernel proposal
-    baseline_side: str = "fresh"  # "warm": the baseline's worktree (and engines) came from the episode's previous evaluation
+    baseline_side: str = (
+        "fresh"  # "warm": the baseline's worktree (and engines) came from the episode's previous evaluation
+    )
     baseline_engines_reused: int = 0  # baseline engines kept warm from the previous evaluation (0: all started fresh)
     schema_version: int = EVALUATION_SCHEMA
 
@@ -110,8 +121,11 @@ class Evaluation:
         verify = self.distribution.wall_s if self.distribution else 0.0
         overhead = max(0.0, self.wall_s - measurement - self.engine_wait_s - verify)
         return {
-            "wall_s": round(self.wall_s, 3), "engine_s": round(self.engine_wait_s, 3), "verify_s": round(verify, 3),
-            "measurement_s": round(measurement, 3), "overhead_s": round(overhead, 3),
+            "wall_s": round(self.wall_s, 3),
+            "engine_s": round(self.engine_wait_s, 3),
+            "verify_s": round(verify, 3),
+            "measurement_s": round(measurement, 3),
+            "overhead_s": round(overhead, 3),
             "overhead_pct": round(100 * overhead / self.wall_s, 2) if self.wall_s else 0.0,
         }
 
@@ -131,17 +145,21 @@ class Evaluation:
             "coverage": dataclasses.asdict(self.coverage) if self.coverage else None,
             "micro": self.micro.to_json() if self.micro else None,
             "checks": [c.to_json() for c in self.verdict.checks],
-            "failed_check": self.verdict.failed_check, "failure": self.verdict.failure.value if self.verdict.failure else None,
+            "failed_check": self.verdict.failed_check,
+            "failure": self.verdict.failure.value if self.verdict.failure else None,
             "config_fingerprint": self.config_fingerprint,
             "environment": self.environment,
             "wall_s": round(self.wall_s, 3),
             "timing": self.timing(),
-            "baseline_side": self.baseline_side, "baseline_engines_reused": self.baseline_engines_reused,
+            "baseline_side": self.baseline_side,
+            "baseline_engines_reused": self.baseline_engines_reused,
             "trials": [dataclasses.asdict(t) for t in self.trials],
         }
 
 
-def summarize(run: WorkloadRun, role: str, w: WorkloadConfig, design: SequentialDesign, calibrated: bool) -> WorkloadSummary:
+def summarize(
+    run: WorkloadRun, role: str, w: WorkloadConfig, design: SequentialDesign, calibrated: bool
+) -> WorkloadSummary:
     dec = run.decision
     est = dec.estimate if dec else None
     base, cand = run.values(BASELINE), run.values(CANDIDATE)
@@ -150,13 +168,21 @@ def summarize(run: WorkloadRun, role: str, w: WorkloadConfig, design: Sequential
     if est is not None:
         p = est.p_better() if role == "objective" else est.p_worse()
     return WorkloadSummary(
-        name=w.name, role=role, pairs=run.pairs, max_pairs=design.max_pairs, decision=decision, reason=reason,
-        speedup=est.speedup if est else None, ci=est.ci() if est else None,
+        name=w.name,
+        role=role,
+        pairs=run.pairs,
+        max_pairs=design.max_pairs,
+        decision=decision,
+        reason=reason,
+        speedup=est.speedup if est else None,
+        ci=est.ci() if est else None,
         p_value=p if est else None,
         baseline_median=pystats.median(base) if base else None,
         candidate_median=pystats.median(cand) if cand else None,
-        winsorized=est.winsorized if est else 0, calibrated=calibrated,
-        metric=w.metric, unit=metric_unit(w.metric, w.unit),
+        winsorized=est.winsorized if est else 0,
+        calibrated=calibrated,
+        metric=w.metric,
+        unit=metric_unit(w.metric, w.unit),
         foreign_load=sum(1 for t in run.trials if t.metrics.get("foreign_load")),
         trial_s=round(pystats.median(t.wall_s for t in run.trials if t.ok), 3) if base else None,
         higher_is_better=w.higher_is_better,
@@ -215,27 +241,63 @@ def evaluate(
     st = _State(on_trial=on_trial)
     env = environment.record()  # the fingerprinted facts and this run's conditions (clocks, load)
     try:
-        _run_checks(ws, config, base, cand, master, alpha, st, say, keep_worktrees, warm if warm is not None and warm.enabled else None)
+        _run_checks(
+            ws,
+            config,
+            base,
+            cand,
+            master,
+            alpha,
+            st,
+            say,
+            keep_worktrees,
+            warm if warm is not None and warm.enabled else None,
+        )
     except KeyboardInterrupt:
         raise
     if st.baseline_failure is not None:  # the baseline's or the candidate's doing? the baseline alone says
         workload, failure = st.baseline_failure
         preflight.confirm_baseline(ws, config, base, workload, failure, say)  # raises BaselineBroken
         i = max(i for i, c in enumerate(st.checks) if c.status == Status.FAIL)
-        st.checks[i] = dataclasses.replace(st.checks[i], detail=st.checks[i].detail + " (the baseline alone passes: the failure came with this candidate)")
+        st.checks[i] = dataclasses.replace(
+            st.checks[i],
+            detail=st.checks[i].detail + " (the baseline alone passes: the failure came with this candidate)",
+        )
     verdict = judge(st.checks)
     return Evaluation(
-        ref=ref, baseline=base, candidate=cand, seed=master, verdict=verdict, workloads=st.summaries,
+        ref=ref,
+        baseline=base,
+        candidate=cand,
+        seed=master,
+        verdict=verdict,
+        workloads=st.summaries,
         confirmation=st.confirmation,
-        trials=tuple(st.trials), config_fingerprint=config.fingerprint(), environment=env,
-        wall_s=time.perf_counter() - t0, engine_wait_s=st.engine_wait_s, distribution=st.distribution, coverage=st.coverage,
-        alpha=alpha if alpha is not None else config.gate.proposal_alpha, micro=st.micro,
-        baseline_side=st.baseline_side, baseline_engines_reused=st.baseline_engines_reused,
+        trials=tuple(st.trials),
+        config_fingerprint=config.fingerprint(),
+        environment=env,
+        wall_s=time.perf_counter() - t0,
+        engine_wait_s=st.engine_wait_s,
+        distribution=st.distribution,
+        coverage=st.coverage,
+        alpha=alpha if alpha is not None else config.gate.proposal_alpha,
+        micro=st.micro,
+        baseline_side=st.baseline_side,
+        baseline_engines_reused=st.baseline_engines_reused,
     )
 
 
-def _run_checks(ws: Workspace, config: Config, base: str, cand: str, master: int, alpha: float | None, st: _State, say: Say, keep: bool,
-                warm: WarmBaseline | None = None) -> None:
+def _run_checks(
+    ws: Workspace,
+    config: Config,
+    base: str,
+    cand: str,
+    master: int,
+    alpha: float | None,
+    st: _State,
+    say: Say,
+    keep: bool,
+    warm: WarmBaseline | None = None,
+) -> None:
     """The checks before the sides exist (based-on-baseline), while they are made (protected paths,
     sandbox, build), then ``PIPELINE`` in order until a step stops it. With ``warm``, the baseline side
     (worktree, sandbox, engines) comes from the previous evaluation when it still fits, and is kept
@@ -243,7 +305,11 @@ def _run_checks(ws: Workspace, config: Config, base: str, cand: str, master: int
     from .workspace import git
 
     if not git.is_ancestor(ws.repo_dir, base, cand):
-        st.add("based-on-baseline", Status.FAIL, f"{cand[:12]} is not based on the current baseline {base[:12]}; rebase it onto {config.target.baseline}")
+        st.add(
+            "based-on-baseline",
+            Status.FAIL,
+            f"{cand[:12]} is not based on the current baseline {base[:12]}; rebase it onto {config.target.baseline}",
+        )
         return
     st.add("based-on-baseline", Status.PASS, f"contains {base[:12]}")
     box = containment.decide(config)
@@ -256,9 +322,13 @@ def _run_checks(ws: Workspace, config: Config, base: str, cand: str, master: int
             if kept is not None:
                 pool.adopt(kept.engines)
                 st.baseline_side, st.baseline_engines_reused, kept.engines = "warm", len(kept.engines), {}
-                say("build", f"baseline side warm from the previous evaluation ({st.baseline_engines_reused} engine(s))")
+                say(
+                    "build", f"baseline side warm from the previous evaluation ({st.baseline_engines_reused} engine(s))"
+                )
             try:
-                _build_and_run(ws, config, base, cand, master, alpha, st, say, sd, box, pool, warm is not None and not keep)
+                _build_and_run(
+                    ws, config, base, cand, master, alpha, st, say, sd, box, pool, warm is not None and not keep
+                )
             except BaseException:
                 pool.close()
                 raise
@@ -276,8 +346,20 @@ def _run_checks(ws: Workspace, config: Config, base: str, cand: str, master: int
         st.engine_wait_s += pool.wait_s
 
 
-def _build_and_run(ws: Workspace, config: Config, base: str, cand: str, master: int, alpha: float | None, st: _State, say: Say,
-                   sd: Sides, box: Any, pool: EnginePool, warm: bool) -> None:
+def _build_and_run(
+    ws: Workspace,
+    config: Config,
+    base: str,
+    cand: str,
+    master: int,
+    alpha: float | None,
+    st: _State,
+    say: Say,
+    sd: Sides,
+    box: Any,
+    pool: EnginePool,
+    warm: bool,
+) -> None:
     from .workspace import git
 
     st.add("protected-paths", Status.PASS, "no protected path touched")
@@ -294,8 +376,22 @@ def _build_and_run(ws: Workspace, config: Config, base: str, cand: str, master: 
         return
     st.add("build", Status.PASS, "both sides installed" + (", each in its own sandbox" if box.use else ""))
     st.add("sandbox", Status(box.status), box.detail)
-    ctx = _Ctx(ws, config, base, cand, master, alpha, st, say, sd, pool, git.changed_lines(ws.repo_dir, base, cand),
-               design_for(config.gate, alpha), calibration.load(ws), warm=warm)
+    ctx = _Ctx(
+        ws,
+        config,
+        base,
+        cand,
+        master,
+        alpha,
+        st,
+        say,
+        sd,
+        pool,
+        git.changed_lines(ws.repo_dir, base, cand),
+        design_for(config.gate, alpha),
+        calibration.load(ws),
+        warm=warm,
+    )
     for _name, step in PIPELINE:
         if not step(ctx):
             return
@@ -334,13 +430,26 @@ class _Ctx:
 CONFIRMATION_SESSION = 1000  # the confirmation's engines: restart indices from here, used by no other round
 GUARD_CHECK_SESSION = 2000  # a guard regression's re-measurement: fresh engines again, used by no other round
 GUARD_CHECK = "guard-check"  # the role of that re-measurement
-UNCONFIRMED = "unconfirmed"  # a guard's regression that did not hold on fresh engines (recorded as such, never a lesson)
-_CHECK_OF = {"objective": "objective", "guard": "guard-workloads", "confirmation": "confirmation", GUARD_CHECK: "guard-workloads"}
-_DECIDE_OF = {"objective": decide_objective, "guard": decide_guard, "confirmation": decide_confirmation, GUARD_CHECK: decide_regression}
+UNCONFIRMED = (
+    "unconfirmed"  # a guard's regression that did not hold on fresh engines (recorded as such, never a lesson)
+)
+_CHECK_OF = {
+    "objective": "objective",
+    "guard": "guard-workloads",
+    "confirmation": "confirmation",
+    GUARD_CHECK: "guard-workloads",
+}
+_DECIDE_OF = {
+    "objective": decide_objective,
+    "guard": decide_guard,
+    "confirmation": decide_confirmation,
+    GUARD_CHECK: decide_regression,
+}
 
 
-def _run_workload(ctx: _Ctx, w: WorkloadConfig, role: str, decide: Callable[..., Any] | None = None,
-                  strict: bool = False) -> WorkloadRun | None:
+def _run_workload(
+    ctx: _Ctx, w: WorkloadConfig, role: str, decide: Callable[..., Any] | None = None, strict: bool = False
+) -> WorkloadRun | None:
     """Measure ``w`` in ``role`` (interleaved pairs, the sequential test); its trials recorded, its
     summary kept. None when it could not run (the failed check is recorded). ``strict``: a confirmation
     that must be significant by itself (the win was measured under foreign load), on enough pairs for that."""
@@ -370,7 +479,9 @@ def _run_workload(ctx: _Ctx, w: WorkloadConfig, role: str, decide: Callable[...,
         options = {**options, "restarts": confirmation_restarts(config)}
     else:
         wdesign = workload_design(ctx.design, w)
-    seeds = (confirmation_seeds if role == "confirmation" else guard_check_seeds if role == GUARD_CHECK else pair_seeds)(ctx.master, w.name)
+    seeds = (
+        confirmation_seeds if role == "confirmation" else guard_check_seeds if role == GUARD_CHECK else pair_seeds
+    )(ctx.master, w.name)
 
     emitted = 0
 
@@ -387,10 +498,24 @@ def _run_workload(ctx: _Ctx, w: WorkloadConfig, role: str, decide: Callable[...,
 
     prior = calibration.prior_for(ctx.cal, config, w)
     try:
-        r = run_interleaved(w.name, factory, wdesign, decide or _DECIDE_OF[role], seeds, w.higher_is_better,
-                            prior=prior, on_pair=on_pair, **options)
+        r = run_interleaved(
+            w.name,
+            factory,
+            wdesign,
+            decide or _DECIDE_OF[role],
+            seeds,
+            w.higher_is_better,
+            prior=prior,
+            on_pair=on_pair,
+            **options,
+        )
     except (OSError, ValueError, RuntimeError) as exc:  # fail closed: an error is a rejection
-        st.add(_CHECK_OF[role], Status.FAIL, f"{w.name}: measurement error: {type(exc).__name__}: {exc}", FailureKind.MEASUREMENT_ERROR)
+        st.add(
+            _CHECK_OF[role],
+            Status.FAIL,
+            f"{w.name}: measurement error: {type(exc).__name__}: {exc}",
+            FailureKind.MEASUREMENT_ERROR,
+        )
         return None
     emit(r)
     summary = summarize(r, role, w, wdesign, prior is not None)
@@ -420,7 +545,12 @@ def _judged(ctx: _Ctx, r: WorkloadRun | None, check: str, name: str, wanted: str
     assert r.decision is not None
     if r.decision.action != wanted:
         summary = st.confirmation if check == "confirmation" else st.summaries.get(name)
-        st.add(check, Status.FAIL, f"{name}: {r.decision.reason}{_under_load(r)}", decision_failure(r.decision.action, summary.ci if summary else None))
+        st.add(
+            check,
+            Status.FAIL,
+            f"{name}: {r.decision.reason}{_under_load(r)}",
+            decision_failure(r.decision.action, summary.ci if summary else None),
+        )
         return False
     return True
 
@@ -453,13 +583,18 @@ def _guards(ctx: _Ctx) -> bool:
             if again is None or again.failure or again.decision is None or again.decision.action == REGRESSED:
                 if not _judged(ctx, again, "guard-workloads", w.name, OK):
                     failed = ctx.st.checks[-1]
-                    ctx.st.checks[-1] = dataclasses.replace(failed, detail=f"{failed.detail} (first run: {g.decision.reason}){_trade(ctx, w)}")
+                    ctx.st.checks[-1] = dataclasses.replace(
+                        failed, detail=f"{failed.detail} (first run: {g.decision.reason}){_trade(ctx, w)}"
+                    )
                     return False
             summary = ctx.st.summaries[w.name]
-            ctx.st.summaries[w.name] = dataclasses.replace(summary, decision=UNCONFIRMED,
-                                                           reason=f"{summary.reason}; not confirmed on fresh engines")
+            ctx.st.summaries[w.name] = dataclasses.replace(
+                summary, decision=UNCONFIRMED, reason=f"{summary.reason}; not confirmed on fresh engines"
+            )
             assert again is not None and again.decision is not None
-            notes.append(f"{w.name}: {g.decision.reason} on the first engines, but {again.decision.reason} — not a regression")
+            notes.append(
+                f"{w.name}: {g.decision.reason} on the first engines, but {again.decision.reason} — not a regression"
+            )
             continue
         if not _judged(ctx, g, "guard-workloads", w.name, OK):
             return False
@@ -475,8 +610,10 @@ def _trade(ctx: _Ctx, guard: WorkloadConfig) -> str:
     won, lost = ctx.st.summaries.get(obj.name), ctx.st.summaries.get(f"{guard.name} (fresh engines)")
     if won is None or lost is None or won.speedup is None or lost.speedup is None:
         return ""
-    return (f"; the candidate trades {guard.name} ({guard.metric}) {1 - lost.speedup:.1%} worse for "
-            f"{obj.name} ({obj.metric}) {won.speedup - 1:+.1%}, beyond the guard's limit")
+    return (
+        f"; the candidate trades {guard.name} ({guard.metric}) {1 - lost.speedup:.1%} worse for "
+        f"{obj.name} ({obj.metric}) {won.speedup - 1:+.1%}, beyond the guard's limit"
+    )
 
 
 def _confirmation(ctx: _Ctx) -> bool:
@@ -493,7 +630,9 @@ def _confirmation(ctx: _Ctx) -> bool:
     if not _retire(ctx, [k for k in ctx.pool.engines if not is_baseline_engine(k)]):
         return False
     before = set(ctx.pool.engines)
-    c = _run_workload(ctx, w, "confirmation", functools.partial(decide_confirmation, won=won.decision.estimate, strict=strict), strict)
+    c = _run_workload(
+        ctx, w, "confirmation", functools.partial(decide_confirmation, won=won.decision.estimate, strict=strict), strict
+    )
     # the confirmation's engines are not kept (a kept baseline keeps the objective's: memory stays bounded)
     if not _retire(ctx, [k for k in ctx.pool.engines if k not in before]):
         return False
@@ -514,7 +653,9 @@ def _retire(ctx: _Ctx, keys: list[str]) -> bool:
         except (OSError, RuntimeError) as exc:
             failed = failed or f"{type(exc).__name__}: {exc}"
     if failed:
-        ctx.st.add("confirmation", Status.FAIL, f"could not shut an engine down: {failed}", FailureKind.MEASUREMENT_ERROR)
+        ctx.st.add(
+            "confirmation", Status.FAIL, f"could not shut an engine down: {failed}", FailureKind.MEASUREMENT_ERROR
+        )
     return not failed
 
 
@@ -523,7 +664,11 @@ def _plausibility(ctx: _Ctx) -> bool:
     assert ctx.objective_run is not None and ctx.objective_run.decision is not None
     speedup, bound = ctx.objective_run.decision.estimate.speedup, ctx.config.gate.plausibility
     if speedup > bound:
-        ctx.st.add("plausibility", Status.REVIEW, f"speedup {speedup:.1f}x exceeds the plausibility bound {bound:g}x: held for manual review")
+        ctx.st.add(
+            "plausibility",
+            Status.REVIEW,
+            f"speedup {speedup:.1f}x exceeds the plausibility bound {bound:g}x: held for manual review",
+        )
     else:
         ctx.st.add("plausibility", Status.PASS, f"{speedup:.3f}x within {bound:g}x")
     return True
@@ -558,18 +703,32 @@ def _distribution(ctx: _Ctx) -> bool:
         st.add("distribution", Status.FAIL, moved, FailureKind.WORKTREE_CHANGED)
         return False
     if res.verdict != "pass":
-        st.add("distribution", Status.FAIL, "; ".join(res.reasons[:4]) + (f" (+{len(res.reasons) - 4} more)" if len(res.reasons) > 4 else ""),
-               FailureKind.MAIN_DIVERGES if res.blame == "main" else None)
+        st.add(
+            "distribution",
+            Status.FAIL,
+            "; ".join(res.reasons[:4]) + (f" (+{len(res.reasons) - 4} more)" if len(res.reasons) > 4 else ""),
+            FailureKind.MAIN_DIVERGES if res.blame == "main" else None,
+        )
         return False
     kl = max((v.get("kl_max") or 0.0) for s_ in res.sets.values() for v in s_.values())
-    paths = list((res.sets.get("public") or {}))
+    paths = list(res.sets.get("public") or {})
     named = ", ".join(paths[:-1]) + f" and {paths[-1]}" if len(paths) > 1 else "".join(paths)
     draws = f"; draw test {res.draws['status']}" if res.draws else ""
     ref = res.reference or {}
-    against = (f"; within the drift budget of the reference {str(ref.get('commit'))[:10]} at "
-               + ", ".join(r["label"] for r in ref.get("regimes") or [])) if ref else ""
-    st.add("distribution", Status.PASS, f"{res.mode}: public {res.public_size} + holdout {res.holdout_size} prompts, "
-                                        f"{named} within tolerance (max KL {kl:.2g}){draws}{against}")
+    against = (
+        (
+            f"; within the drift budget of the reference {str(ref.get('commit'))[:10]} at "
+            + ", ".join(r["label"] for r in ref.get("regimes") or [])
+        )
+        if ref
+        else ""
+    )
+    st.add(
+        "distribution",
+        Status.PASS,
+        f"{res.mode}: public {res.public_size} + holdout {res.holdout_size} prompts, "
+        f"{named} within tolerance (max KL {kl:.2g}){draws}{against}",
+    )
     return True
 
 
@@ -600,7 +759,15 @@ def _under_load(r: WorkloadRun) -> str:
 
 def _coverage_check(ctx: _Ctx) -> bool:
     """Untimed pass: one traced candidate trial of the objective; did the changed Python lines run?"""
-    config, w, sd, master, st, say, changed = ctx.config, ctx.config.objective, ctx.sd, ctx.master, ctx.st, ctx.say, ctx.changed
+    config, w, sd, master, st, say, changed = (
+        ctx.config,
+        ctx.config.objective,
+        ctx.sd,
+        ctx.master,
+        ctx.st,
+        ctx.say,
+        ctx.changed,
+    )
     if not config.gate.coverage:
         st.add("coverage", Status.SKIPPED, "disabled by [gate] coverage = false")
         return True
@@ -639,8 +806,13 @@ def _coverage_check(ctx: _Ctx) -> bool:
     rep = coverage.report(sd.worktrees[CANDIDATE], watch, hits)
     st.coverage = rep
     if rep.ran == 0:
-        st.add("coverage", Status.FAIL, f"none of the {rep.changed} changed executable lines ran during {w.name}: "
-                                        f"the measured difference cannot come from this change ({rep.summary()})", FailureKind.NO_EFFECT)
+        st.add(
+            "coverage",
+            Status.FAIL,
+            f"none of the {rep.changed} changed executable lines ran during {w.name}: "
+            f"the measured difference cannot come from this change ({rep.summary()})",
+            FailureKind.NO_EFFECT,
+        )
         return False
     st.add("coverage", Status.PASS, rep.summary())
     return True

@@ -24,8 +24,9 @@ from __future__ import annotations
 import os
 import re
 import time
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Mapping, TypeVar
+from typing import Any, TypeVar
 
 import httpx
 
@@ -51,7 +52,9 @@ def _readable(what: str, read: Callable[[Any], T], d: Any) -> T:
     try:
         return read(d)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise ForgeError(f"the forge answered {what} this adapter cannot read ({type(exc).__name__}: {str(exc)[:100]})") from None
+        raise ForgeError(
+            f"the forge answered {what} this adapter cannot read ({type(exc).__name__}: {str(exc)[:100]})"
+        ) from None
 
 
 @dataclass(frozen=True)
@@ -80,12 +83,20 @@ class PullRequest:
         state = str(d.get("state") or "")
         if d.get("merged") or d.get("merged_at"):
             state = "closed"
-        return cls(number=int(d["number"]), title=str(d.get("title") or ""), body=str(d.get("body") or ""),
-                   author=str((d.get("user") or {}).get("login") or ""), head_sha=str(head.get("sha") or ""),
-                   head_ref=str(head.get("ref") or ""), head_repo=repo.get("full_name"), base_ref=str(base.get("ref") or ""),
-                   base_sha=str(base.get("sha") or ""),
-                   labels=tuple(str(x.get("name") if isinstance(x, Mapping) else x) for x in d.get("labels") or ()),
-                   state=state, html_url=str(d.get("html_url") or ""))
+        return cls(
+            number=int(d["number"]),
+            title=str(d.get("title") or ""),
+            body=str(d.get("body") or ""),
+            author=str((d.get("user") or {}).get("login") or ""),
+            head_sha=str(head.get("sha") or ""),
+            head_ref=str(head.get("ref") or ""),
+            head_repo=repo.get("full_name"),
+            base_ref=str(base.get("ref") or ""),
+            base_sha=str(base.get("sha") or ""),
+            labels=tuple(str(x.get("name") if isinstance(x, Mapping) else x) for x in d.get("labels") or ()),
+            state=state,
+            html_url=str(d.get("html_url") or ""),
+        )
 
 
 @dataclass(frozen=True)
@@ -101,8 +112,12 @@ class Comment:
 
     @classmethod
     def _of(cls, d: Mapping[str, Any]) -> Comment:
-        return cls(id=int(d["id"]), author=str((d.get("user") or {}).get("login") or ""), body=str(d.get("body") or ""),
-                   html_url=str(d.get("html_url") or ""))
+        return cls(
+            id=int(d["id"]),
+            author=str((d.get("user") or {}).get("login") or ""),
+            body=str(d.get("body") or ""),
+            html_url=str(d.get("html_url") or ""),
+        )
 
 
 def api_root(kind: str, url: str) -> str:
@@ -114,15 +129,27 @@ def api_root(kind: str, url: str) -> str:
 
 def repo_of_url(url: str | None) -> str | None:
     """owner/name of a git remote URL (https, ssh or scp-like) on any host, else None."""
-    m = re.match(r"^(?:[a-z+]+://(?:[^@/]+@)?[^/]+/|[^@/:]+@[^:/]+:)(?:.*/)?([\w.-]+)/([\w.-]+?)(?:\.git)?/?$", url or "")
+    m = re.match(
+        r"^(?:[a-z+]+://(?:[^@/]+@)?[^/]+/|[^@/:]+@[^:/]+:)(?:.*/)?([\w.-]+)/([\w.-]+?)(?:\.git)?/?$", url or ""
+    )
     return f"{m.group(1)}/{m.group(2)}" if m else None
 
 
 class Forge:
     """One repository on one forge, over its REST API."""
 
-    def __init__(self, kind: str, url: str, repo: str, token: str, *, retries: int = 5, backoff_s: float = 1.0,
-                 timeout_s: float = 30.0, sleep: Callable[[float], None] = time.sleep) -> None:
+    def __init__(
+        self,
+        kind: str,
+        url: str,
+        repo: str,
+        token: str,
+        *,
+        retries: int = 5,
+        backoff_s: float = 1.0,
+        timeout_s: float = 30.0,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
         if kind not in ("github", "gitea"):
             raise AgentsearchError(f"[forge] kind {kind!r}: expected github or gitea")
         self.kind, self.url, self.repo = kind, url.rstrip("/"), repo
@@ -136,21 +163,28 @@ class Forge:
         self._me: str | None = None
 
     @classmethod
-    def from_config(cls, cfg: ForgeConfig, remote_url: str | None = None, env: Mapping[str, str] | None = None,
-                    **kw: Any) -> Forge:
+    def from_config(
+        cls, cfg: ForgeConfig, remote_url: str | None = None, env: Mapping[str, str] | None = None, **kw: Any
+    ) -> Forge:
         from harness.trials import ENV_WHITELIST
 
         env = os.environ if env is None else env
         if cfg.token_env in ENV_WHITELIST:
-            raise AgentsearchError(f"[forge] token_env {cfg.token_env}: every trial sees that variable; name one of your own "
-                                   "(e.g. AGENTSEARCH_FORGE_TOKEN)")
+            raise AgentsearchError(
+                f"[forge] token_env {cfg.token_env}: every trial sees that variable; name one of your own "
+                "(e.g. AGENTSEARCH_FORGE_TOKEN)"
+            )
         token = env.get(cfg.token_env, "")
         if not token:
-            raise AgentsearchError(f"no forge token: set the environment variable {cfg.token_env} (see docs/guide/forge.md for the "
-                                   "scopes it needs), or name another in [forge] token_env")
+            raise AgentsearchError(
+                f"no forge token: set the environment variable {cfg.token_env} (see docs/guide/forge.md for the "
+                "scopes it needs), or name another in [forge] token_env"
+            )
         repo = cfg.repo or repo_of_url(remote_url)
         if not repo:
-            raise AgentsearchError("[forge] repo is not set and the git remote's URL names no owner/name; set repo = \"owner/name\"")
+            raise AgentsearchError(
+                "[forge] repo is not set and the git remote's URL names no owner/name; set repo = \"owner/name\""
+            )
         return cls(cfg.kind, cfg.url, repo, token, **kw)
 
     @property
@@ -167,8 +201,10 @@ class Forge:
         retried whatever it was; a server error may come after the forge did the work (a proxy's 502 after the
         comment was created), so only an idempotent request is retried then."""
         # a primary limit (no requests left) or a secondary one (GitHub: 403 or 429 with Retry-After, requests left)
-        limited = r.status_code == 429 or (r.status_code == 403 and (r.headers.get("x-ratelimit-remaining") == "0"
-                                                                     or r.headers.get("retry-after") is not None))
+        limited = r.status_code == 429 or (
+            r.status_code == 403
+            and (r.headers.get("x-ratelimit-remaining") == "0" or r.headers.get("retry-after") is not None)
+        )
         if limited:
             after = r.headers.get("retry-after")
             if after and after.strip().isdigit():
@@ -181,8 +217,15 @@ class Forge:
             return min(MAX_WAIT_S, self.backoff_s * 2**attempt)
         return None
 
-    def request(self, method: str, path: str, *, json: Any = None, params: Mapping[str, Any] | None = None,
-                idempotent: bool | None = None) -> httpx.Response:
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        params: Mapping[str, Any] | None = None,
+        idempotent: bool | None = None,
+    ) -> httpx.Response:
         """One API call, retried as ``_wait_for`` says (``idempotent``: default, every method but POST). Only a 2xx
         answer is one: a redirect (a renamed or moved repository) is an error naming where it points, never
         followed (the token would go with it)."""
@@ -201,15 +244,19 @@ class Forge:
                 return r
             if 300 <= r.status_code < 400:
                 where = " ".join(str(r.headers.get("location") or "nowhere").split())[:200]
-                raise ForgeError(f"{self.kind} {method} {path}: HTTP {r.status_code}, redirected to {where} (not followed): was the "
-                                 "repository renamed or moved? set [forge] url and repo to where it is now")
+                raise ForgeError(
+                    f"{self.kind} {method} {path}: HTTP {r.status_code}, redirected to {where} (not followed): was the "
+                    "repository renamed or moved? set [forge] url and repo to where it is now"
+                )
             wait = self._wait_for(r, attempt, idempotent)
             last = f"HTTP {r.status_code}: {_message(r)}"
             if wait is None or attempt == self.retries:
                 break
             self.sleep(wait)
-        raise ForgeError(f"{self.kind} {method} {path}: {last} (after {self.retries} retries at most); check [forge] url and "
-                         "repo and the token's scopes")
+        raise ForgeError(
+            f"{self.kind} {method} {path}: {last} (after {self.retries} retries at most); check [forge] url and "
+            "repo and the token's scopes"
+        )
 
     def _json(self, method: str, path: str, **kw: Any) -> Any:
         r = self.request(method, path, **kw)
@@ -285,10 +332,14 @@ class Forge:
             raise
 
     def create_comment(self, number: int, body: str) -> Comment:
-        return Comment.of(self._json("POST", f"/repos/{self.repo}/issues/{int(number)}/comments", json={"body": _cap(body)}))
+        return Comment.of(
+            self._json("POST", f"/repos/{self.repo}/issues/{int(number)}/comments", json={"body": _cap(body)})
+        )
 
     def edit_comment(self, comment_id: int, body: str) -> Comment:
-        return Comment.of(self._json("PATCH", f"/repos/{self.repo}/issues/comments/{int(comment_id)}", json={"body": _cap(body)}))
+        return Comment.of(
+            self._json("PATCH", f"/repos/{self.repo}/issues/comments/{int(comment_id)}", json={"body": _cap(body)})
+        )
 
     def set_status(self, sha: str, outcome: str, context: str, description: str, target_url: str | None = None) -> None:
         """``outcome``: success | failure | error | pending | neutral (pending on GitHub, warning on Gitea)."""
@@ -296,18 +347,29 @@ class Forge:
         if state not in (*STATES, "warning"):
             raise AgentsearchError(f"unknown commit status {outcome!r}")
         desc = " ".join(description.split())
-        data = {"state": state, "context": context,
-                "description": desc if len(desc) <= DESCRIPTION_CHARS else desc[: DESCRIPTION_CHARS - 1] + "…"}
+        data = {
+            "state": state,
+            "context": context,
+            "description": desc if len(desc) <= DESCRIPTION_CHARS else desc[: DESCRIPTION_CHARS - 1] + "…",
+        }
         if target_url:
             data["target_url"] = target_url
-        self._json("POST", f"/repos/{self.repo}/statuses/{sha}", json=data, idempotent=True)  # a second one only repeats it
+        self._json(
+            "POST", f"/repos/{self.repo}/statuses/{sha}", json=data, idempotent=True
+        )  # a second one only repeats it
 
-    def check_run(self, sha: str, name: str, outcome: str | None, title: str, summary: str, details_url: str | None = None) -> None:
+    def check_run(
+        self, sha: str, name: str, outcome: str | None, title: str, summary: str, details_url: str | None = None
+    ) -> None:
         """GitHub only (a GitHub App's installation token): a check run on ``sha``; ``outcome`` None: in progress,
         else completed with success, failure, neutral or (error) action_required."""
         if self.kind != "github":
             raise AgentsearchError("check runs are GitHub's; Gitea has commit statuses only")
-        data: dict[str, Any] = {"name": name, "head_sha": sha, "output": {"title": title[:250], "summary": _cap(summary)}}
+        data: dict[str, Any] = {
+            "name": name,
+            "head_sha": sha,
+            "output": {"title": title[:250], "summary": _cap(summary)},
+        }
         if outcome is None:
             data["status"] = "in_progress"
         else:
@@ -315,11 +377,15 @@ class Forge:
         if details_url:
             data["details_url"] = details_url
         try:
-            self._json("POST", f"/repos/{self.repo}/check-runs", json=data, idempotent=True)  # the latest of a name counts
+            self._json(
+                "POST", f"/repos/{self.repo}/check-runs", json=data, idempotent=True
+            )  # the latest of a name counts
         except ForgeError as exc:
             if "HTTP 403" in str(exc):
-                raise ForgeError("GitHub refused the check run (HTTP 403): check runs need a GitHub App's installation token; "
-                                 "use one, or set [forge] check_runs = false (the commit status stays)") from None
+                raise ForgeError(
+                    "GitHub refused the check run (HTTP 403): check runs need a GitHub App's installation token; "
+                    "use one, or set [forge] check_runs = false (the commit status stays)"
+                ) from None
             raise
 
     def statuses(self, sha: str) -> list[dict[str, Any]]:
@@ -354,7 +420,7 @@ def _next_link(header: str | None, root: str) -> str | None:
             link = m.group(1)
             if not link.startswith(root):  # a next page on another host is not followed (the token would go with it)
                 return None
-            return link[len(root):] or "/"
+            return link[len(root) :] or "/"
     return None
 
 
@@ -372,4 +438,7 @@ def _message(r: httpx.Response) -> str:
 def _cap(body: str) -> str:
     if len(body) <= COMMENT_CHARS:
         return body
-    return body[: COMMENT_CHARS - 80].rstrip() + "\n\n…(cut at the forge's comment limit: the full report is `agentsearch report`)\n"
+    return (
+        body[: COMMENT_CHARS - 80].rstrip()
+        + "\n\n…(cut at the forge's comment limit: the full report is `agentsearch report`)\n"
+    )

@@ -29,8 +29,16 @@ class Status(str, Enum):
 # in the order an evaluation runs them (the names and their order: history.records.checks)
 REQUIRED_CHECKS = tuple(c.value for c in GATE_ORDER)
 # skipped only with the reason in its detail: the target opted out, the machine cannot, or it does not apply
-SKIPPABLE = {c.value for c in (CheckName.DISTRIBUTION, CheckName.CONFIRMATION, CheckName.SANDBOX, CheckName.COVERAGE,
-                               CheckName.FUNCTIONAL_TESTS)}
+SKIPPABLE = {
+    c.value
+    for c in (
+        CheckName.DISTRIBUTION,
+        CheckName.CONFIRMATION,
+        CheckName.SANDBOX,
+        CheckName.COVERAGE,
+        CheckName.FUNCTIONAL_TESTS,
+    )
+}
 
 
 @dataclass(frozen=True)
@@ -41,7 +49,9 @@ class Check:
     failure: FailureKind | None = None  # a failed check's kind; None: the check's default kind
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "status", Status(self.status))  # anything else ("error", None, "FAIL") raises: never a pass
+        object.__setattr__(
+            self, "status", Status(self.status)
+        )  # anything else ("error", None, "FAIL") raises: never a pass
         if self.status == Status.SKIPPED and not self.detail:
             raise ValueError(f"check {self.name!r}: a skipped check needs its reason")
         if self.status == Status.SKIPPED and self.name not in SKIPPABLE:
@@ -54,8 +64,12 @@ class Check:
             object.__setattr__(self, "failure", None)
 
     def to_json(self) -> dict[str, str | None]:
-        return {"name": self.name, "status": self.status.value, "detail": self.detail,
-                "failure": self.failure.value if self.failure else None}
+        return {
+            "name": self.name,
+            "status": self.status.value,
+            "detail": self.detail,
+            "failure": self.failure.value if self.failure else None,
+        }
 
 
 @dataclass(frozen=True)

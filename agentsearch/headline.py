@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 # a metric name's last part -> its unit (checked in order; the first match wins)
 _UNITS: tuple[tuple[str, str], ...] = (
@@ -24,7 +25,10 @@ _UNITS: tuple[tuple[str, str], ...] = (
     (r"_(us|usec)$", "µs"),
     (r"_(ms|msec)$", "ms"),
     (r"_(ns)$", "ns"),
-    (r"(latency|ttft|tpot|itl|elapsed|duration|time|wall|startup|delay)(_p\d+|_mean|_median|_max|_min)?_(s|sec|secs|seconds)$", "s"),
+    (
+        r"(latency|ttft|tpot|itl|elapsed|duration|time|wall|startup|delay)(_p\d+|_mean|_median|_max|_min)?_(s|sec|secs|seconds)$",
+        "s",
+    ),
     (r"^(p\d+_|mean_|median_)?(latency|ttft|tpot|itl|elapsed|duration|time|wall)_?(s|sec)?$", "s"),
     (r"_(pct|percent)$", "%"),
     (r"_(bytes|b)$", "B"),
@@ -88,9 +92,16 @@ def decision_label(w: Mapping[str, Any]) -> str:
         return "slower (stopped)" if reason.startswith("slower") else "no gain (stopped)"
     if d == "ok" and w.get("role") == "confirmation":
         return "confirmed"
-    return {"win": "win", "ok": "ok", "regressed": "regressed", "inconclusive": "inconclusive",
-            "not-confirmed": "not confirmed", "unconfirmed": "regression not confirmed", "failed": "failed",
-            "not-run": "not run"}.get(d, d)
+    return {
+        "win": "win",
+        "ok": "ok",
+        "regressed": "regressed",
+        "inconclusive": "inconclusive",
+        "not-confirmed": "not confirmed",
+        "unconfirmed": "regression not confirmed",
+        "failed": "failed",
+        "not-run": "not run",
+    }.get(d, d)
 
 
 def objective_of(data: Mapping[str, Any]) -> tuple[str | None, Mapping[str, Any] | None]:
@@ -114,8 +125,15 @@ def measured(w: Mapping[str, Any], units: Mapping[str, str] | None = None, name:
     u = w.get("unit") or (units or {}).get(name or w.get("name") or "") or unit(metric)
     base, cand = w.get("baseline_median"), w.get("candidate_median")
     speedup, higher = w.get("speedup"), w.get("higher_is_better")
-    if isinstance(higher, bool) and isinstance(base, (int, float)) and isinstance(speedup, (int, float)) and 0 < speedup < math.inf:
-        cand = base * speedup if higher else base / speedup  # (no direction: a record from before it was kept shows the medians)
+    if (
+        isinstance(higher, bool)
+        and isinstance(base, (int, float))
+        and isinstance(speedup, (int, float))
+        and 0 < speedup < math.inf
+    ):
+        cand = (
+            base * speedup if higher else base / speedup
+        )  # (no direction: a record from before it was kept shows the medians)
     values = f"{number(base)} → {number(cand)}" + (f" {u}" if u else "")
     stats = [pct(speedup)]
     if w.get("ci"):
@@ -132,7 +150,9 @@ def _guards(data: Mapping[str, Any]) -> str | None:
     guards = [(n, w) for n, w in (data.get("workloads") or {}).items() if w.get("role") == "guard"]
     if not guards:
         return None
-    bad = [f"guard {n} {decision_label(w)} {pct(w.get('speedup'))}" for n, w in guards if w.get("decision") not in ("ok",)]
+    bad = [
+        f"guard {n} {decision_label(w)} {pct(w.get('speedup'))}" for n, w in guards if w.get("decision") not in ("ok",)
+    ]
     return ", ".join(bad) if bad else "guards ok"
 
 
@@ -163,7 +183,11 @@ def _first_reason(data: Mapping[str, Any], skip_objective: bool) -> str | None:
 def _objective_words(w: Mapping[str, Any]) -> str | None:
     d = w.get("decision")
     if d == "lose":
-        return "slower, stopped early" if str(w.get("reason") or "").startswith("slower") else "no worthwhile speedup, stopped early"
+        return (
+            "slower, stopped early"
+            if str(w.get("reason") or "").startswith("slower")
+            else "no worthwhile speedup, stopped early"
+        )
     if d == "inconclusive":
         return "not significant"
     if d == "failed":

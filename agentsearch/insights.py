@@ -41,7 +41,9 @@ def with_llm(ws: Workspace, data: dict[str, Any], llm: bool) -> dict[str, Any]:
     return data
 
 
-def refresh(ws: Workspace, log: HistoryLog, episode: str | None = None, llm: bool = False) -> tuple[dict[str, Any], Path]:
+def refresh(
+    ws: Workspace, log: HistoryLog, episode: str | None = None, llm: bool = False
+) -> tuple[dict[str, Any], Path]:
     """Distill, append an ``insight`` record (through the open ``log``) and write the Markdown.
 
     With ``llm``, an agent pass adds short lessons in prose (``notes``) when an agent is available."""
@@ -58,9 +60,11 @@ def llm_lessons(insights_markdown: str, scratch: Path, model: str | None = None)
     if not credentials():
         return [], "no agent available (set ANTHROPIC_API_KEY)"
     scratch.mkdir(parents=True, exist_ok=True)
-    prompt = ("Below are statistics of proposals made to speed up an LLM-serving stack, with their verdicts.\n"
-              "Write 3 to 6 short lessons for the next proposals, one per line, each starting with '- ': "
-              "what worked, what was ineffective and why, what to avoid.\n\n" + insights_markdown)
+    prompt = (
+        "Below are statistics of proposals made to speed up an LLM-serving stack, with their verdicts.\n"
+        "Write 3 to 6 short lessons for the next proposals, one per line, each starting with '- ': "
+        "what worked, what was ineffective and why, what to avoid.\n\n" + insights_markdown
+    )
     out = run_session(prompt, scratch, model, 2)
     lines = [ln[2:].strip() for ln in out["text"].splitlines() if ln.strip().startswith("- ")]
     return lines[:8], out["error"]

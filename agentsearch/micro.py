@@ -35,18 +35,35 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from harness import sandbox
 from harness.engine_session import clock_disagrees
 from harness.interleave import WorkloadRun, run_interleaved
+from harness.safe_io import UnsafeFile, read_beneath
 from harness.seeds import pair_seeds
 from harness.sequential import OK, SequentialDesign, decide_guard
-from harness.safe_io import UnsafeFile, read_beneath
-from harness.trials import (BASELINE, CANDIDATE, TIMEOUT, TRIAL_MARKER, CommandSpec, TrialOutcome, TrialRecord, child_env, kill_group,
-                            kill_leftovers, read_metrics, read_tail, run_command_trial, safe_json_loads, substitute, tail)
+from harness.trials import (
+    BASELINE,
+    CANDIDATE,
+    TIMEOUT,
+    TRIAL_MARKER,
+    CommandSpec,
+    TrialOutcome,
+    TrialRecord,
+    child_env,
+    kill_group,
+    kill_leftovers,
+    read_metrics,
+    read_tail,
+    run_command_trial,
+    safe_json_loads,
+    substitute,
+    tail,
+)
 from history.records import FailureKind
 from kernels import catalog
 from kernels import fork as kfork
@@ -121,8 +138,15 @@ def scope(repo_dir: Path, base: str, cand: str) -> list[Target]:
         if b != c:
             out.append(Target(op, b, c, f"ir_op_priority {list(b) or ['native']} -> {list(c) or ['native']}"))
         elif code:
-            out.append(Target(op, b, c, f"changes {code[0]}" + (f" (+{len(code) - 1} more files)" if len(code) > 1 else ""),
-                              timed=not any(bp.get(o) != cp.get(o) for o in catalog.OPS)))
+            out.append(
+                Target(
+                    op,
+                    b,
+                    c,
+                    f"changes {code[0]}" + (f" (+{len(code) - 1} more files)" if len(code) > 1 else ""),
+                    timed=not any(bp.get(o) != cp.get(o) for o in catalog.OPS),
+                )
+            )
     return out
 
 
@@ -196,13 +220,17 @@ class _Session:
         if moved:
             return TrialOutcome(False, None, outcome.metrics, outcome.wall_s, moved, outcome.stderr_tail)
         if outcome.ok and outcome.metrics.get("aliased"):
-            return TrialOutcome(False, None, outcome.metrics, outcome.wall_s, "an output is a view of an input", outcome.stderr_tail)
+            return TrialOutcome(
+                False, None, outcome.metrics, outcome.wall_s, "an output is a view of an input", outcome.stderr_tail
+            )
         samples = out_dir / "samples.npz"
         kept = self.keep / f"{self.side}-{self.n}.npz"
         self.n += 1
         if outcome.ok:
             if not _take(self.sd.out(self.side), samples, kept):
-                return TrialOutcome(False, None, outcome.metrics, outcome.wall_s, "the worker wrote no outputs", outcome.stderr_tail)
+                return TrialOutcome(
+                    False, None, outcome.metrics, outcome.wall_s, "the worker wrote no outputs", outcome.stderr_tail
+                )
             self.on_check(self.side, kept)
         return outcome
 
@@ -235,8 +263,9 @@ def _timed_trial(spec: CommandSpec, out_dir: Path) -> TrialOutcome:
     outputs are read by the caller once this returns: every process of the trial is gone by then."""
     out = out_dir / f"metrics-{os.getpid()}-{time.monotonic_ns()}.json"
     rfd, wfd = os.pipe()
-    argv, _ = sandbox.wrap(shlex.split(substitute(spec.command, {"out": str(out), **spec.extra})) + ["--fd", str(wfd)],
-                           cwd=spec.worktree)
+    argv, _ = sandbox.wrap(
+        shlex.split(substitute(spec.command, {"out": str(out), **spec.extra})) + ["--fd", str(wfd)], cwd=spec.worktree
+    )
     token = secrets.token_hex(16)
     env = {**child_env(spec.env, spec.worktree, None, out), TRIAL_MARKER: token}
     t_all = time.perf_counter()
@@ -267,8 +296,16 @@ def _timed_trial(spec: CommandSpec, out_dir: Path) -> TrialOutcome:
 
     with tempfile.TemporaryFile(prefix="agentsearch-err-") as fe:
         try:
-            proc = subprocess.Popen(argv, cwd=str(spec.worktree), env=env, stdin=subprocess.PIPE, stdout=fe, stderr=fe,
-                                    pass_fds=(wfd,), start_new_session=True)
+            proc = subprocess.Popen(
+                argv,
+                cwd=str(spec.worktree),
+                env=env,
+                stdin=subprocess.PIPE,
+                stdout=fe,
+                stderr=fe,
+                pass_fds=(wfd,),
+                start_new_session=True,
+            )
         finally:
             os.close(wfd)
         error, failure, rc = "", "", None
@@ -330,20 +367,37 @@ def _timed_trial(spec: CommandSpec, out_dir: Path) -> TrialOutcome:
             pass
 
 
-def _spec(sd: Sides, config: Config, side: str, mode: str, op: str, priority: tuple[str, ...], cases: Path) -> CommandSpec:
+def _spec(
+    sd: Sides, config: Config, side: str, mode: str, op: str, priority: tuple[str, ...], cases: Path
+) -> CommandSpec:
     wt = sd.worktrees[side]
     prio = ",".join(priority) or "native"
     # the priority list comes from the side's serving.json: quoted, it is only ever an argument
-    cmd = (f"{sys.executable} {catalog.WORKER} {mode} --op {shlex.quote(op)} --priority {shlex.quote(prio)} --cases {cases} --rounds {ROUNDS} "
-           f"--samples {{out_dir}}/samples.npz --out {{out}}")
-    return CommandSpec(command=cmd, worktree=wt, metric="us" if mode == "time" else "cases", timeout_s=TRIAL_TIMEOUT_S,
-                       env={**config.target.env, "PYTHONPATH": str(wt), "OMP_NUM_THREADS": "1"},
-                       extra={"out_dir": str(sd.out(side) / "micro")})
+    cmd = (
+        f"{sys.executable} {catalog.WORKER} {mode} --op {shlex.quote(op)} --priority {shlex.quote(prio)} --cases {cases} --rounds {ROUNDS} "
+        f"--samples {{out_dir}}/samples.npz --out {{out}}"
+    )
+    return CommandSpec(
+        command=cmd,
+        worktree=wt,
+        metric="us" if mode == "time" else "cases",
+        timeout_s=TRIAL_TIMEOUT_S,
+        env={**config.target.env, "PYTHONPATH": str(wt), "OMP_NUM_THREADS": "1"},
+        extra={"out_dir": str(sd.out(side) / "micro")},
+    )
 
 
-def run(config: Config, sd: Sides, targets: list[Target], master: int, alpha: float, say: Say,
-        record: Callable[[TrialRecord], None] | None = None, pairs: tuple[int, int] = MICRO_PAIRS,
-        timing: bool = True) -> tuple[Check, MicroResult]:
+def run(
+    config: Config,
+    sd: Sides,
+    targets: list[Target],
+    master: int,
+    alpha: float,
+    say: Say,
+    record: Callable[[TrialRecord], None] | None = None,
+    pairs: tuple[int, int] = MICRO_PAIRS,
+    timing: bool = True,
+) -> tuple[Check, MicroResult]:
     """Run the micro stage for ``targets``; the ``micro`` check and its numbers."""
     t0 = time.perf_counter()
     res = MicroResult()
@@ -371,7 +425,9 @@ def run(config: Config, sd: Sides, targets: list[Target], master: int, alpha: fl
         moved = sd.check()
         if not out.ok or moved:
             r.failures = [moved or f"the candidate's worker failed: {out.error}"]
-            return _fail(res, t0, f"{t.op}: {r.failures[0]}", FailureKind.WORKTREE_CHANGED if moved else FailureKind.CRASH)
+            return _fail(
+                res, t0, f"{t.op}: {r.failures[0]}", FailureKind.WORKTREE_CHANGED if moved else FailureKind.CRASH
+            )
         r.providers = str(out.metrics.get("providers", ""))
         if out.metrics.get("aliased"):
             r.failures = [f"{out.metrics['aliased']} outputs are views of an input"]
@@ -385,8 +441,12 @@ def run(config: Config, sd: Sides, targets: list[Target], master: int, alpha: fl
             return _fail(res, t0, f"{t.op}: {err}", FailureKind.MEASUREMENT_ERROR)
         r.failures = failures
         if failures or checked != len(cases):
-            return _fail(res, t0, f"{t.op} with {list(t.candidate)}: wrong result on {len(failures)} of {len(cases)} cases "
-                                  f"(first: {failures[0] if failures else 'cases missing'})")
+            return _fail(
+                res,
+                t0,
+                f"{t.op} with {list(t.candidate)}: wrong result on {len(failures)} of {len(cases)} cases "
+                f"(first: {failures[0] if failures else 'cases missing'})",
+            )
         r.correct = True
         if not (timing and t.timed):
             notes.append(f"{t.op}: {len(cases)} cases correct ({r.providers})")
@@ -397,16 +457,27 @@ def run(config: Config, sd: Sides, targets: list[Target], master: int, alpha: fl
         bench = catalog.bench_cases(t.op, hidden, seed=pair_seeds(master, f"micro-bench-{t.op}")(0))
         bpath.write_text(json.dumps(bench))
         to_check: list[Path] = []
-        specs_ = {s: _spec(sd, config, s, "time", t.op, t.baseline if s == BASELINE else t.candidate, bpath) for s in (BASELINE, CANDIDATE)}
-        design = SequentialDesign(alpha=alpha, min_pairs=pairs[0], look_every=pairs[0], max_pairs=pairs[1],
-                                  max_regression=config.gate.max_regression, regression_alpha=config.gate.regression_alpha)
+        specs_ = {
+            s: _spec(sd, config, s, "time", t.op, t.baseline if s == BASELINE else t.candidate, bpath)
+            for s in (BASELINE, CANDIDATE)
+        }
+        design = SequentialDesign(
+            alpha=alpha,
+            min_pairs=pairs[0],
+            look_every=pairs[0],
+            max_pairs=pairs[1],
+            max_regression=config.gate.max_regression,
+            regression_alpha=config.gate.regression_alpha,
+        )
 
         first: list[str] = []  # the candidate's first timed outputs are checked at once: a cheat stops early
 
         def on_check(side: str, path: Path) -> None:
             if side == CANDIDATE and not first:
                 n, fails, err = _check(bpath, [path], ROUNDS)
-                first.append(err or (fails[0] if fails else "") or ("" if n == len(bench) * ROUNDS else "outputs missing"))
+                first.append(
+                    err or (fails[0] if fails else "") or ("" if n == len(bench) * ROUNDS else "outputs missing")
+                )
                 if first[0]:
                     raise _WrongTimed(first[0])
             else:
@@ -420,12 +491,21 @@ def run(config: Config, sd: Sides, targets: list[Target], master: int, alpha: fl
             say("micro", f"{t.op}: pair {run_.pairs}/{design.max_pairs}, running estimate {est:+.2%}")
 
         try:
-            wr = run_interleaved(f"micro:{t.op}", factory, design, decide_guard,
-                                 pair_seeds(master, f"micro-{t.op}"), False, on_pair=on_pair)
+            wr = run_interleaved(
+                f"micro:{t.op}",
+                factory,
+                design,
+                decide_guard,
+                pair_seeds(master, f"micro-{t.op}"),
+                False,
+                on_pair=on_pair,
+            )
         except _WrongTimed as exc:
             return _fail(res, t0, f"{t.op}: a timed call returned a wrong result ({exc})")
         except (OSError, ValueError, RuntimeError) as exc:
-            return _fail(res, t0, f"{t.op}: measurement error: {type(exc).__name__}: {exc}", FailureKind.MEASUREMENT_ERROR)
+            return _fail(
+                res, t0, f"{t.op}: measurement error: {type(exc).__name__}: {exc}", FailureKind.MEASUREMENT_ERROR
+            )
         for tr in wr.trials:
             if record is not None:
                 record(tr)
@@ -433,8 +513,12 @@ def run(config: Config, sd: Sides, targets: list[Target], master: int, alpha: fl
             last = wr.trials[-1] if wr.trials else None
             if last is not None and last.side == BASELINE:  # the baseline's own provider: whose failure is it?
                 _baseline_alone(sd, specs_[BASELINE], keep, t, wr.failure, say)
-                return _fail(res, t0, f"{t.op}: {wr.failure} (the baseline alone passes: the failure came with this candidate)",
-                             FailureKind.CRASH)
+                return _fail(
+                    res,
+                    t0,
+                    f"{t.op}: {wr.failure} (the baseline alone passes: the failure came with this candidate)",
+                    FailureKind.CRASH,
+                )
             return _fail(res, t0, f"{t.op}: {wr.failure}", FailureKind.CRASH)
         assert wr.decision is not None
         checked, failures, err = _check(bpath, to_check, ROUNDS)
@@ -442,19 +526,29 @@ def run(config: Config, sd: Sides, targets: list[Target], master: int, alpha: fl
             return _fail(res, t0, f"{t.op}: {err}", FailureKind.MEASUREMENT_ERROR)
         if failures or checked != len(bench) * ROUNDS * len(to_check) or not first:
             r.failures = failures
-            return _fail(res, t0, f"{t.op}: a timed call returned a wrong result ({failures[0] if failures else 'outputs missing'})")
+            return _fail(
+                res,
+                t0,
+                f"{t.op}: a timed call returned a wrong result ({failures[0] if failures else 'outputs missing'})",
+            )
         est = wr.decision.estimate
         r.pairs, r.speedup, r.ci, r.p_slower = wr.pairs, est.speedup, est.ci(), est.p_worse()
         r.baseline_us = pystats.median(wr.values(BASELINE))
         r.candidate_us = pystats.median(wr.values(CANDIDATE))
         r.decision = wr.decision.action
-        nums = (f"{t.op}: {r.baseline_us:.0f} -> {r.candidate_us:.0f} us per mix of {len(bench)} calls, "
-                f"{est.speedup:.2f}x [{r.ci[0]:.2f}, {r.ci[1]:.2f}] over {wr.pairs} pairs, {len(cases)} cases correct")
+        nums = (
+            f"{t.op}: {r.baseline_us:.0f} -> {r.candidate_us:.0f} us per mix of {len(bench)} calls, "
+            f"{est.speedup:.2f}x [{r.ci[0]:.2f}, {r.ci[1]:.2f}] over {wr.pairs} pairs, {len(cases)} cases correct"
+        )
         if wr.decision.action != OK:
             return _fail(res, t0, f"{t.op}: micro-slowdown: {wr.decision.reason} ({nums})", FailureKind.SLOWER)
         if est.speedup > config.gate.plausibility:
             res.wall_s = time.perf_counter() - t0
-            return Check("micro", Status.REVIEW, f"{nums}: beyond the plausibility bound {config.gate.plausibility:g}x, held for review"), res
+            return Check(
+                "micro",
+                Status.REVIEW,
+                f"{nums}: beyond the plausibility bound {config.gate.plausibility:g}x, held for review",
+            ), res
         notes.append(nums)
     res.wall_s = time.perf_counter() - t0
     return Check("micro", Status.PASS, "; ".join(notes) + f" ({res.wall_s:.0f} s)"), res
@@ -467,11 +561,15 @@ def _baseline_alone(sd: Sides, spec: CommandSpec, keep: Path, t: Target, failure
     say("micro", f"{t.op}: the baseline's trial failed; re-running it alone to see whose failure it is")
     alone = _Session(sd, BASELINE, spec, keep, lambda side, path: None).measure(1)
     if not alone.ok:
-        raise BaselineBroken(f"the baseline's {t.op} provider {list(t.baseline) or ['native']} fails in the micro stage: "
-                             f"{tail(alone.error, 1)} (it failed beside the candidate and fails alone too; first: {tail(failure, 1)}); "
-                             "nothing was judged: fix the baseline (or the machine) and run again")
+        raise BaselineBroken(
+            f"the baseline's {t.op} provider {list(t.baseline) or ['native']} fails in the micro stage: "
+            f"{tail(alone.error, 1)} (it failed beside the candidate and fails alone too; first: {tail(failure, 1)}); "
+            "nothing was judged: fix the baseline (or the machine) and run again"
+        )
 
 
-def _fail(res: MicroResult, t0: float, detail: str, kind: FailureKind = FailureKind.CHANGED_OUTPUTS) -> tuple[Check, MicroResult]:
+def _fail(
+    res: MicroResult, t0: float, detail: str, kind: FailureKind = FailureKind.CHANGED_OUTPUTS
+) -> tuple[Check, MicroResult]:
     res.wall_s = time.perf_counter() - t0
     return Check("micro", Status.FAIL, f"{detail} ({res.wall_s:.0f} s, no engine started)", kind), res

@@ -60,7 +60,9 @@ class ParallelEpisode:
         self.ws = episode.ws
         self.rejudged = 0
         self.faults = 0
-        self.repo_key = git.run_git("rev-list", "--max-parents=0", "--first-parent", episode.plan.baseline, cwd=self.ws.repo_dir).split()[0]
+        self.repo_key = git.run_git(
+            "rev-list", "--max-parents=0", "--first-parent", episode.plan.baseline, cwd=self.ws.repo_dir
+        ).split()[0]
 
     # ------------------------------------------------------------------ the loop
     def run(self) -> dict[str, Any]:
@@ -96,11 +98,16 @@ class ParallelEpisode:
                         stop = sessions.fill()
                     for cand in sessions.take(0):
                         self._add(order, cand)
-                while sessions is None and stop is None and self.x.free() > 0 and len(order) < LOOKAHEAD * self.x.parallel:
+                while (
+                    sessions is None and stop is None and self.x.free() > 0 and len(order) < LOOKAHEAD * self.x.parallel
+                ):
                     stop = e.stop_reason()
                     if stop is not None:
                         break
-                    e.say(f"{e.plan.episode}/{len(e.state.proposals) + 1:03d} propose", f"asking the {e.proposer.name} proposer")
+                    e.say(
+                        f"{e.plan.episode}/{len(e.state.proposals) + 1:03d} propose",
+                        f"asking the {e.proposer.name} proposer",
+                    )
                     nxt = e.proposer.next(e.state.judged_keys, e.context())
                     if nxt is None:
                         stop = "queue empty"
@@ -113,8 +120,10 @@ class ParallelEpisode:
                 if self.x.capacity() == 0:  # no node can take an evaluation: a broken set-up, after a grace period
                     idle_since = idle_since or time.monotonic()
                     if time.monotonic() - idle_since > NO_NODE_GRACE_S:
-                        raise RunError(f"no node of the Ray cluster can take an evaluation ({self.x.cpus:g} CPUs, {self.x.gpus:g} GPUs "
-                                       "each, drained nodes excluded); the episode stopped (`agentsearch episode --resume` continues it)")
+                        raise RunError(
+                            f"no node of the Ray cluster can take an evaluation ({self.x.cpus:g} CPUs, {self.x.gpus:g} GPUs "
+                            "each, drained nodes excluded); the episode stopped (`agentsearch episode --resume` continues it)"
+                        )
                 else:
                     idle_since = None
                 results = self.x.poll(self.poll_s)
@@ -154,9 +163,21 @@ class ParallelEpisode:
         p.created = {**p.created, "base": base, "commit": commit}  # in memory: a re-applied commit is the one judged
         s.attempts += 1
         state_files = {n: (self.ws.state / n).read_bytes() for n in SHIPPED_STATE if (self.ws.state / n).exists()}
-        s.job = Job(e.plan.episode, p.id, p.number, base, commit, self.ws.baseline_branch,
-                    seeds.proposal_seed(e.plan.seed, p.number), e.plan.alpha, self.repo_key, state_files, s.attempts,
-                    code_version(), self.reference(base))
+        s.job = Job(
+            e.plan.episode,
+            p.id,
+            p.number,
+            base,
+            commit,
+            self.ws.baseline_branch,
+            seeds.proposal_seed(e.plan.seed, p.number),
+            e.plan.alpha,
+            self.repo_key,
+            state_files,
+            s.attempts,
+            code_version(),
+            self.reference(base),
+        )
         thin = git.bundle(self.ws.repo_dir, {"base": base, "cand": commit}, exclude=(e.plan.baseline,))
         if not self.x.submit(s.job, thin, s.avoid):
             s.job, s.attempts = None, s.attempts - 1  # no node has room: launched later
@@ -177,22 +198,43 @@ class ParallelEpisode:
             from .episode import internal_reason
 
             if s.p.verdict is None:
-                self.e._verdict(s.p, _static_verdict(rec.CheckName.JUDGING.value, internal_reason(exc)), self.ws.baseline_commit(),
-                                s.p.created.get("commit"), None)
+                self.e._verdict(
+                    s.p,
+                    _static_verdict(rec.CheckName.JUDGING.value, internal_reason(exc)),
+                    self.ws.baseline_commit(),
+                    s.p.created.get("commit"),
+                    None,
+                )
             return None
 
     def _received(self, order: list[_Slot], r: NodeResult | Fault) -> None:
-        s = next((s for s in order if s.job is not None and s.job.number == r.job.number and s.job.attempt == r.job.attempt), None)
+        s = next(
+            (s for s in order if s.job is not None and s.job.number == r.job.number and s.job.attempt == r.job.attempt),
+            None,
+        )
         if s is None:
             return
         if isinstance(r, Fault):
             self.faults += 1
-            self.e.record(rec.NodeFault(number=s.p.number, proposal=s.p.id, node=r.node_id, error=r.error, attempt=r.job.attempt,
-                                        drained=r.node_id in self.x.drained), s.p.id)
-            self.e.say(s.p.id, f"node {r.node_id[:12]} lost the evaluation ({r.error}); judging it again elsewhere, same seeds")
+            self.e.record(
+                rec.NodeFault(
+                    number=s.p.number,
+                    proposal=s.p.id,
+                    node=r.node_id,
+                    error=r.error,
+                    attempt=r.job.attempt,
+                    drained=r.node_id in self.x.drained,
+                ),
+                s.p.id,
+            )
+            self.e.say(
+                s.p.id, f"node {r.node_id[:12]} lost the evaluation ({r.error}); judging it again elsewhere, same seeds"
+            )
             if s.attempts >= MAX_ATTEMPTS:
-                raise RunError(f"{s.p.id}: its evaluation was lost {s.attempts} times ({r.error}); the episode stopped "
-                               "(`agentsearch episode --resume` continues it)")
+                raise RunError(
+                    f"{s.p.id}: its evaluation was lost {s.attempts} times ({r.error}); the episode stopped "
+                    "(`agentsearch episode --resume` continues it)"
+                )
             s.job, s.avoid = None, r.node_id
             return
         s.result = r
@@ -225,34 +267,70 @@ class ParallelEpisode:
             order.pop(0)
             return True
         if ready[1] != job.candidate:
-            raise RunError(f"{s.p.id}: the judged commit {job.candidate[:12]} is not the proposal's commit {ready[1][:12]}")
+            raise RunError(
+                f"{s.p.id}: the judged commit {job.candidate[:12]} is not the proposal's commit {ready[1][:12]}"
+            )
         self._record(s, r, ready[2])
         order.pop(0)
         return True
 
     def _record(self, s: _Slot, r: NodeResult, content_key: str) -> None:
         e, p, job = self.e, s.p, s.job
-        if job is None or r.job != job:  # the orchestrator's own job is what is recorded and merged, never a node's echo
+        if (
+            job is None or r.job != job
+        ):  # the orchestrator's own job is what is recorded and merged, never a node's echo
             raise RunError(f"{p.id}: node {r.node.hostname} returned the result of another job")
         node = {**r.node.to_json(), "attempt": job.attempt, "wall_s": round(r.wall_s, 3)}
         if r.error_kind == "run":
-            e.record(rec.RunError(number=p.number, proposal=p.id, error=f"{r.error} (on node {r.node.hostname} {r.node.node_id[:12]})",
-                                  kind="RunError", baseline=job.baseline), p.id)
-            raise RunError(f"{r.error} (on node {r.node.hostname}); the episode stopped (`agentsearch episode --resume` continues it)")
+            e.record(
+                rec.RunError(
+                    number=p.number,
+                    proposal=p.id,
+                    error=f"{r.error} (on node {r.node.hostname} {r.node.node_id[:12]})",
+                    kind="RunError",
+                    baseline=job.baseline,
+                ),
+                p.id,
+            )
+            raise RunError(
+                f"{r.error} (on node {r.node.hostname}); the episode stopped (`agentsearch episode --resume` continues it)"
+            )
         if r.evaluation is None:
             # no content key: a node's one-off failure must not make the same tree "already judged" later
-            e._verdict(p, _static_verdict(rec.CheckName.JUDGING.value, f"internal error: {r.error or 'the node returned no evaluation'}"),
-                       job.baseline, job.candidate, None, None, {"node": node})
+            e._verdict(
+                p,
+                _static_verdict(
+                    rec.CheckName.JUDGING.value, f"internal error: {r.error or 'the node returned no evaluation'}"
+                ),
+                job.baseline,
+                job.candidate,
+                None,
+                None,
+                {"node": node},
+            )
             return
         ev = r.evaluation
-        bad = [f"{name} {got!r} != {want!r}" for name, got, want in (
-            ("baseline", ev.baseline, job.baseline), ("candidate", ev.candidate, job.candidate), ("seed", ev.seed, job.seed))
-            if got != want]
+        bad = [
+            f"{name} {got!r} != {want!r}"
+            for name, got, want in (
+                ("baseline", ev.baseline, job.baseline),
+                ("candidate", ev.candidate, job.candidate),
+                ("seed", ev.seed, job.seed),
+            )
+            if got != want
+        ]
         if bad:
-            raise RunError(f"{p.id}: node {r.node.hostname} returned an evaluation of something else ({'; '.join(bad)})")
-        trees = {BASELINE: git.tree_of(self.ws.repo_dir, job.baseline), "candidate": git.tree_of(self.ws.repo_dir, job.candidate)}
+            raise RunError(
+                f"{p.id}: node {r.node.hostname} returned an evaluation of something else ({'; '.join(bad)})"
+            )
+        trees = {
+            BASELINE: git.tree_of(self.ws.repo_dir, job.baseline),
+            "candidate": git.tree_of(self.ws.repo_dir, job.candidate),
+        }
         for t in ev.trials:
-            e.record_trial(p, job.baseline, job.candidate, t, trees, r.node.environment_fingerprint, {"node": r.node.node_id})
+            e.record_trial(
+                p, job.baseline, job.candidate, t, trees, r.node.environment_fingerprint, {"node": r.node.node_id}
+            )
         e.record_evaluation(p, job.baseline, job.candidate, ev, content_key, {"node": node})
 
     def _supersede(self, s: _Slot, new_base: str) -> None:
@@ -261,13 +339,26 @@ class ParallelEpisode:
         assert r is not None and s.job is not None
         ev = r.evaluation
         data: dict[str, Any] = {
-            "number": s.p.number, "proposal": s.p.id, "baseline": s.job.baseline, "new_baseline": new_base,
-            "candidate": s.job.candidate, "seed": s.job.seed, "node": {**r.node.to_json(), "attempt": s.job.attempt},
-            "verdict": ev.verdict.verdict if ev else None, "reasons": list(ev.verdict.reasons) if ev else [r.error],
+            "number": s.p.number,
+            "proposal": s.p.id,
+            "baseline": s.job.baseline,
+            "new_baseline": new_base,
+            "candidate": s.job.candidate,
+            "seed": s.job.seed,
+            "node": {**r.node.to_json(), "attempt": s.job.attempt},
+            "verdict": ev.verdict.verdict if ev else None,
+            "reasons": list(ev.verdict.reasons) if ev else [r.error],
             "statistics": [w.to_json() for w in ev.workloads.values()] if ev else [],
-            "trials": [{"side": t.side, "workload": t.workload, "seed": t.seed, "value": t.value, "ok": t.ok} for t in ev.trials] if ev else [],
+            "trials": [
+                {"side": t.side, "workload": t.workload, "seed": t.seed, "value": t.value, "ok": t.ok}
+                for t in ev.trials
+            ]
+            if ev
+            else [],
         }
         self.e.record(rec.Superseded.of(data), s.p.id)
         self.rejudged += 1
-        self.e.say(s.p.id, f"the baseline moved ({s.job.baseline[:12]} -> {new_base[:12]}) while it was judged: judging it again")
-
+        self.e.say(
+            s.p.id,
+            f"the baseline moved ({s.job.baseline[:12]} -> {new_base[:12]}) while it was judged: judging it again",
+        )

@@ -10,16 +10,16 @@ Changes are speedups in the gate's sense (for a latency, baseline / candidate), 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from history.records import Evaluation as EvaluationRecord
 from history.records import Merge, Revert, Verdict
 
 from .records import read_entries
 from .stack import merge_range
-from .workspace import Workspace
-from .workspace import git
+from .workspace import Workspace, git
 
 
 @dataclass(frozen=True)
@@ -33,8 +33,13 @@ class Change:
     decision: str
 
     def to_json(self) -> dict[str, Any]:
-        return {"workload": self.workload, "metric": self.metric, "speedup": self.speedup, "ci": list(self.ci) if self.ci else None,
-                "decision": self.decision}
+        return {
+            "workload": self.workload,
+            "metric": self.metric,
+            "speedup": self.speedup,
+            "ci": list(self.ci) if self.ci else None,
+            "decision": self.decision,
+        }
 
 
 @dataclass(frozen=True)
@@ -49,9 +54,14 @@ class Trade:
     reason: str  # the rejecting guard's reason ('' for a merge)
 
     def to_json(self) -> dict[str, Any]:
-        return {"proposal": self.proposal, "title": self.title, "merge": self.merge,
-                "objective": self.objective.to_json() if self.objective else None,
-                "guards": [g.to_json() for g in self.guards], "reason": self.reason}
+        return {
+            "proposal": self.proposal,
+            "title": self.title,
+            "merge": self.merge,
+            "objective": self.objective.to_json() if self.objective else None,
+            "guards": [g.to_json() for g in self.guards],
+            "reason": self.reason,
+        }
 
 
 @dataclass(frozen=True)
@@ -63,8 +73,13 @@ class Pareto:
     trades: tuple[Trade, ...]
 
     def to_json(self) -> dict[str, Any]:
-        return {"since": self.since, "tip": self.tip, "objective": self.objective, "max_regression": self.max_regression,
-                "trades": [t.to_json() for t in self.trades]}
+        return {
+            "since": self.since,
+            "tip": self.tip,
+            "objective": self.objective,
+            "max_regression": self.max_regression,
+            "trades": [t.to_json() for t in self.trades],
+        }
 
     def guards(self) -> list[str]:
         """The guard workloads any trade measured, in order of first appearance."""
@@ -74,8 +89,13 @@ class Pareto:
 def _change(name: str, w: Mapping[str, Any]) -> Change:
     ci = w.get("ci")
     sp = w.get("speedup")
-    return Change(name, str(w.get("metric") or ""), float(sp) if isinstance(sp, (int, float)) and not isinstance(sp, bool) else None,
-                  tuple(float(x) for x in ci) if isinstance(ci, (list, tuple)) and len(ci) == 2 else None, str(w.get("decision") or ""))
+    return Change(
+        name,
+        str(w.get("metric") or ""),
+        float(sp) if isinstance(sp, (int, float)) and not isinstance(sp, bool) else None,
+        tuple(float(x) for x in ci) if isinstance(ci, (list, tuple)) and len(ci) == 2 else None,
+        str(w.get("decision") or ""),
+    )
 
 
 def _trade(proposal: str, v: Verdict | EvaluationRecord, merge: str | None) -> Trade:
@@ -103,7 +123,11 @@ def pareto(ws: Workspace, since: str | None, max_regression: float) -> Pareto:
     rng = merge_range(ws, since)
     entries = read_entries(ws)
     reverted = {e.record.merge for e in entries if isinstance(e.record, Revert)}
-    merged = {e.proposal: e.record.new for e in entries if isinstance(e.record, Merge) and e.record.ok and e.record.new not in reverted}
+    merged = {
+        e.proposal: e.record.new
+        for e in entries
+        if isinstance(e.record, Merge) and e.record.ok and e.record.new not in reverted
+    }
     in_range = {m.merge for m in rng.merges}
     objective = ""
     trades: dict[str, Trade] = {}  # by proposal: its last verdict (a merge after a re-evaluation wins)
@@ -114,8 +138,12 @@ def pareto(ws: Workspace, since: str | None, max_regression: float) -> Pareto:
         commit = merged.get(e.proposal)
         if commit in in_range and v.verdict == "merge":
             trades[e.proposal] = _trade(e.proposal, v, commit)
-        elif v.failed_check == "guard-workloads" and v.baseline and git.is_ancestor(ws.repo_dir, rng.since, v.baseline) \
-                and git.is_ancestor(ws.repo_dir, v.baseline, rng.tip):
+        elif (
+            v.failed_check == "guard-workloads"
+            and v.baseline
+            and git.is_ancestor(ws.repo_dir, rng.since, v.baseline)
+            and git.is_ancestor(ws.repo_dir, v.baseline, rng.tip)
+        ):
             trades[e.proposal] = _trade(e.proposal, v, None)
         else:
             continue

@@ -27,9 +27,9 @@ import re
 import secrets
 import sys
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Iterable
 
 from harness import tiny_model
 from harness.engine_session import EnginePool
@@ -123,7 +123,10 @@ def models(config: Config) -> list[tuple[str, str]]:
         users.setdefault(w.model, []).append(repr(w.name))
     if config.verify is not None and config.verify.kind == "vllm":
         users.setdefault(config.verify.model, []).append("[verify]")
-    return [(("workload " if not names[0].startswith("[") else "") + ", ".join(names), model) for model, names in users.items()]
+    return [
+        (("workload " if not names[0].startswith("[") else "") + ", ".join(names), model)
+        for model, names in users.items()
+    ]
 
 
 def check_model(where: str, model: str) -> Finding:
@@ -133,15 +136,27 @@ def check_model(where: str, model: str) -> Finding:
     path = Path(model).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
-            return Finding("model", FAIL, f"{where}: model directory {model!r} has no config.json (not a Hugging Face model directory)",
-                           "point model at the directory that holds config.json and the weights")
+            return Finding(
+                "model",
+                FAIL,
+                f"{where}: model directory {model!r} has no config.json (not a Hugging Face model directory)",
+                "point model at the directory that holds config.json and the weights",
+            )
         return Finding("model", OK, f"{where}: directory {model!r}")
     if HF_ID.match(model) and not model.startswith(("./", "../")):
-        return Finding("model", FAIL, f"{where}: model {model!r} looks like a Hugging Face id, not a directory; "
-                       "measurements run offline (in the sandbox, without network)",
-                       f"download it first (`huggingface-cli download {model} --local-dir DIR`) and set model = \"DIR\"")
-    return Finding("model", FAIL, f"{where}: model {model!r} is not a directory",
-                   f"give a model directory or one of {built} (built offline by `agentsearch model NAME`)")
+        return Finding(
+            "model",
+            FAIL,
+            f"{where}: model {model!r} looks like a Hugging Face id, not a directory; "
+            "measurements run offline (in the sandbox, without network)",
+            f"download it first (`huggingface-cli download {model} --local-dir DIR`) and set model = \"DIR\"",
+        )
+    return Finding(
+        "model",
+        FAIL,
+        f"{where}: model {model!r} is not a directory",
+        f"give a model directory or one of {built} (built offline by `agentsearch model NAME`)",
+    )
 
 
 def check_paths(config: Config) -> list[Finding]:
@@ -151,9 +166,15 @@ def check_paths(config: Config) -> list[Finding]:
     if t.install == "overlay":
         src = Path(t.overlay_from or "")
         if not src.is_dir():
-            found.append(Finding("overlay", FAIL, f"[target] overlay_from {t.overlay_from!r} is not a directory",
-                                 "point it at the site-packages directory holding the compiled files (or re-create the fork "
-                                 "with `agentsearch init --from-installed vllm DIR`)"))
+            found.append(
+                Finding(
+                    "overlay",
+                    FAIL,
+                    f"[target] overlay_from {t.overlay_from!r} is not a directory",
+                    "point it at the site-packages directory holding the compiled files (or re-create the fork "
+                    "with `agentsearch init --from-installed vllm DIR`)",
+                )
+            )
         else:
             found.append(Finding("overlay", OK, f"[target] overlay_from {t.overlay_from!r} exists"))
     return found
@@ -162,7 +183,12 @@ def check_paths(config: Config) -> list[Finding]:
 def check_sandbox(config: Config) -> Finding:
     box = containment.decide(config)
     if box.status == "fail":
-        return Finding("sandbox", FAIL, box.detail, "install bubblewrap and allow user namespaces, or set [gate] sandbox = \"auto\"")
+        return Finding(
+            "sandbox",
+            FAIL,
+            box.detail,
+            "install bubblewrap and allow user namespaces, or set [gate] sandbox = \"auto\"",
+        )
     if box.status == "review":
         return Finding("sandbox", WARN, box.detail)
     return Finding("sandbox", OK, "bubblewrap works: each side runs in its own sandbox")
@@ -187,7 +213,11 @@ def check_reference(ws: Workspace, config: Config, base: str) -> Finding:
         ref = ws.reference_commit(config, base)
     except AgentsearchError as exc:
         return Finding("reference", FAIL, str(exc))
-    return Finding("reference", OK, f"{ref[:12]}" + (" (the baseline itself)" if ref == base else f", {base[:12]} descends from it"))
+    return Finding(
+        "reference",
+        OK,
+        f"{ref[:12]}" + (" (the baseline itself)" if ref == base else f", {base[:12]} descends from it"),
+    )
 
 
 # ----------------------------------------------------------------------------- the environment probe
@@ -200,8 +230,20 @@ def environment_key(config: Config) -> str:
     site-packages listings carry their versions), the overlay and the target's environment."""
     listing = {d: sorted(os.listdir(d)) for d in site_dirs()}
     t = config.target
-    blob = json.dumps([PROBE_VERSION, PROBE_STEPS, os.path.realpath(sys.executable), sys.version, listing,
-                       t.install, t.overlay_from, dict(t.env)], sort_keys=True, default=str)
+    blob = json.dumps(
+        [
+            PROBE_VERSION,
+            PROBE_STEPS,
+            os.path.realpath(sys.executable),
+            sys.version,
+            listing,
+            t.install,
+            t.overlay_from,
+            dict(t.env),
+        ],
+        sort_keys=True,
+        default=str,
+    )
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
 
@@ -239,13 +281,22 @@ def describe_probe(res: dict) -> Finding:
     elif pkg == "torch":
         fix = "the environment is broken at torch: reinstall it (`pip install --force-reinstall torch==VERSION`)"
     else:
-        fix = (f"the environment is broken at {pkg}: reinstall a {pkg} built for torch {torch or '(the installed one)'}, "
-               "or uninstall it if nothing needs it")
-    return Finding("environment", FAIL, f"`{bad['statement']}` fails in the baseline's sandbox: {tail(bad['error'], 1)}{cause}"
-                   + (f" [{versions}]" if versions else ""), fix)
+        fix = (
+            f"the environment is broken at {pkg}: reinstall a {pkg} built for torch {torch or '(the installed one)'}, "
+            "or uninstall it if nothing needs it"
+        )
+    return Finding(
+        "environment",
+        FAIL,
+        f"`{bad['statement']}` fails in the baseline's sandbox: {tail(bad['error'], 1)}{cause}"
+        + (f" [{versions}]" if versions else ""),
+        fix,
+    )
 
 
-def check_environment(ws: Workspace, config: Config, base: str, say: Say | None = None, refresh: bool = False) -> Finding:
+def check_environment(
+    ws: Workspace, config: Config, base: str, say: Say | None = None, refresh: bool = False
+) -> Finding:
     """The import probe for vLLM targets, cached (successes only) per environment fingerprint."""
     if not vllm_workloads(config) and not (config.verify is not None and config.verify.kind == "vllm"):
         return Finding("environment", SKIPPED, "no vLLM workload: command workloads are checked by their first run")
@@ -271,18 +322,23 @@ def check_environment(ws: Workspace, config: Config, base: str, say: Say | None 
     if finding.status == OK:
         cache.parent.mkdir(parents=True, exist_ok=True)
         tmp = cache.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"schema_version": PREFLIGHT_SCHEMA, "key": key, "at": time.time(), "finding": asdict(finding)}))
+        tmp.write_text(
+            json.dumps({"schema_version": PREFLIGHT_SCHEMA, "key": key, "at": time.time(), "finding": asdict(finding)})
+        )
         os.replace(tmp, cache)
     return finding
 
 
 # ----------------------------------------------------------------------------- static checks
-def check(ws: Workspace, config: Config | None = None, base: str | None = None, say: Say | None = None,
-          refresh: bool = False) -> list[Finding]:
+def check(
+    ws: Workspace, config: Config | None = None, base: str | None = None, say: Say | None = None, refresh: bool = False
+) -> list[Finding]:
     """Every static check, in order; stops after the first failure (later ones would build on it)."""
     base = base or ws.baseline_commit()
     config = config or ws.config(base)
-    found = [Finding("config", OK, f"{len(config.workloads)} workload(s), baseline {config.target.baseline} @ {base[:12]}")]
+    found = [
+        Finding("config", OK, f"{len(config.workloads)} workload(s), baseline {config.target.baseline} @ {base[:12]}")
+    ]
     for f in (*check_paths(config), check_sandbox(config), check_placement(config), check_reference(ws, config, base)):
         found.append(f)
     if any(f.status == FAIL for f in found):
@@ -295,7 +351,9 @@ def first_failure(found: Iterable[Finding]) -> Finding | None:
     return next((f for f in found if f.status == FAIL), None)
 
 
-def require(ws: Workspace, config: Config | None = None, base: str | None = None, say: Say | None = None) -> list[Finding]:
+def require(
+    ws: Workspace, config: Config | None = None, base: str | None = None, say: Say | None = None
+) -> list[Finding]:
     """``check``, raising PreflightError (exit 5, one line) at the first failure."""
     found = check(ws, config, base, say)
     bad = first_failure(found)
@@ -312,8 +370,9 @@ def require_paths(config: Config) -> None:
 
 
 # ----------------------------------------------------------------------------- the baseline alone
-def baseline_alone(ws: Workspace, config: Config, base: str, workloads: Iterable[str] | None = None,
-                   say: Say | None = None) -> str:
+def baseline_alone(
+    ws: Workspace, config: Config, base: str, workloads: Iterable[str] | None = None, say: Say | None = None
+) -> str:
     """Build the baseline alone, start its engines and run each workload (all, or those named) once.
     '' when it all works, else what failed (with the broken package named where imports fail)."""
     say = _say(say)
@@ -356,16 +415,29 @@ def baseline_alone(ws: Workspace, config: Config, base: str, workloads: Iterable
         return failure
 
 
-def confirm_baseline(ws: Workspace, config: Config, base: str, workload: str | None, failure: str,
-                     say: Say | None = None) -> None:
+def confirm_baseline(
+    ws: Workspace, config: Config, base: str, workload: str | None, failure: str, say: Say | None = None
+) -> None:
     """The baseline side failed during an evaluation (``workload`` None: its build). Re-run it alone:
     raise BaselineBroken when it fails alone too; return when it passes (the failure came with the candidate)."""
     _say(say)("baseline alone", "the baseline side failed; re-running it alone to see whose failure it is")
     alone = baseline_alone(ws, config, base, [] if workload is None else [workload], say)
     if alone:
-        raise BaselineBroken(f"the baseline {base[:12]} is broken: {tail(alone, 1)} (it failed beside the candidate and fails alone "
-                             "too); nothing was judged: fix the baseline (or the machine) and run again")
+        raise BaselineBroken(
+            f"the baseline {base[:12]} is broken: {tail(alone, 1)} (it failed beside the candidate and fails alone "
+            "too); nothing was judged: fix the baseline (or the machine) and run again"
+        )
 
 
-__all__ = ["Finding", "PreflightError", "BaselineBroken", "check", "require", "require_paths", "baseline_alone",
-           "confirm_baseline", "check_model", "describe_probe"]
+__all__ = [
+    "Finding",
+    "PreflightError",
+    "BaselineBroken",
+    "check",
+    "require",
+    "require_paths",
+    "baseline_alone",
+    "confirm_baseline",
+    "check_model",
+    "describe_probe",
+]

@@ -9,7 +9,8 @@ The summary is recorded in the history (kind ``profile``): proposers read the la
 from __future__ import annotations
 
 import secrets
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from harness import seeds
 from harness.engine_session import WorkerError, WorkerSession
@@ -26,19 +27,32 @@ PROFILABLE = ("vllm-throughput", "vllm-latency")
 PSTATS_LIMIT = 256 << 20  # the largest profile read back from a side
 
 
-def profile(ws: Workspace, ref: str | None, workload: str | None, seed: int | None = None,
-            say: Callable[[str, str], None] | None = None) -> dict[str, Any]:
+def profile(
+    ws: Workspace,
+    ref: str | None,
+    workload: str | None,
+    seed: int | None = None,
+    say: Callable[[str, str], None] | None = None,
+) -> dict[str, Any]:
     say = say or (lambda stage, detail: None)
     commit = ws.resolve(ref) if ref else ws.baseline_commit()
     config = ws.config()
     try:
         w = config.workload(workload) if workload else config.objective
     except KeyError:
-        raise AgentsearchError(f"no workload {workload!r}; the target has {', '.join(x.name for x in config.workloads)}") from None
+        raise AgentsearchError(
+            f"no workload {workload!r}; the target has {', '.join(x.name for x in config.workloads)}"
+        ) from None
     if w.kind not in PROFILABLE:
-        raise AgentsearchError(f"workload {w.name!r} is {w.kind}; profile runs the built-in {' / '.join(PROFILABLE)} workloads (pass --workload)")
+        raise AgentsearchError(
+            f"workload {w.name!r} is {w.kind}; profile runs the built-in {' / '.join(PROFILABLE)} workloads (pass --workload)"
+        )
     name = f"profile-{commit[:10]}-{secrets.randbelow(100000):05d}"
-    env = {**config.target.env, **w.env, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}  # the engine's work in the profiled process
+    env = {
+        **config.target.env,
+        **w.env,
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    }  # the engine's work in the profiled process
     s = seed if seed is not None else seeds.pair_seeds(0, w.name)(0)
     base = ws.baseline_commit()
     commits = {BASELINE: base} if commit == base else {BASELINE: base, CANDIDATE: commit}
@@ -48,14 +62,33 @@ def profile(ws: Workspace, ref: str | None, workload: str | None, seed: int | No
     with built_sides(ws, config, commits, name, f"profiling {commit[:12]}") as sd:
         out = sd.out(side)
         try:
-            sess = WorkerSession(engine_spec(w), sd.worktrees[side], env, sd.logs / "engine.log", w.metric, w.timeout_s, w.startup_timeout_s)
+            sess = WorkerSession(
+                engine_spec(w),
+                sd.worktrees[side],
+                env,
+                sd.logs / "engine.log",
+                w.metric,
+                w.timeout_s,
+                w.startup_timeout_s,
+            )
             sess.start()
             try:
                 say("profile", "engine start-up and a warm-up round")
-                sess.request({"cmd": "measure", "seed": s, "kind": w.kind, "params": dict(w.params)}, w.startup_timeout_s + w.timeout_s)
+                sess.request(
+                    {"cmd": "measure", "seed": s, "kind": w.kind, "params": dict(w.params)},
+                    w.startup_timeout_s + w.timeout_s,
+                )
                 say("profile", "profiled round")
-                ans = sess.request({"cmd": "profile", "seed": s, "kind": w.kind, "params": dict(w.params), "out": str(out / "run.pstats")},
-                                   w.timeout_s * 3)
+                ans = sess.request(
+                    {
+                        "cmd": "profile",
+                        "seed": s,
+                        "kind": w.kind,
+                        "params": dict(w.params),
+                        "out": str(out / "run.pstats"),
+                    },
+                    w.timeout_s * 3,
+                )
             finally:
                 sess.close()
             res = ans["metrics"]
@@ -65,5 +98,12 @@ def profile(ws: Workspace, ref: str | None, workload: str | None, seed: int | No
             summary = summarize(private, res["ops"], float(res["wall_s"]))
         except (WorkerError, UnsafeFile, KeyError, TypeError, ValueError, EOFError) as exc:
             raise AgentsearchError(f"profiling {w.name} at {commit[:12]} failed: {exc}") from None
-    return {"ref": ref or config.target.baseline, "commit": commit, "workload": w.name, "kind": w.kind,
-            "device": res.get("device"), "metric": {w.metric: (res.get("metrics") or {}).get(w.metric)}, **summary}
+    return {
+        "ref": ref or config.target.baseline,
+        "commit": commit,
+        "workload": w.name,
+        "kind": w.kind,
+        "device": res.get("device"),
+        "metric": {w.metric: (res.get("metrics") or {}).get(w.metric)},
+        **summary,
+    }

@@ -12,8 +12,9 @@ from __future__ import annotations
 import re
 import sys
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import Any
 
 Say = Callable[[str, str], None]
 
@@ -112,12 +113,13 @@ class LiveProgress:
         self.console = console
         self.milestones = milestones
         self.start = time.monotonic()
-        self.bar = Progress(SpinnerColumn(), TimeElapsedColumn(), TextColumn("{task.description}"),
-                            console=console, transient=True)
+        self.bar = Progress(
+            SpinnerColumn(), TimeElapsedColumn(), TextColumn("{task.description}"), console=console, transient=True
+        )
         self.task = self.bar.add_task("starting", total=None)
         self.clock = PairClock()
 
-    def __enter__(self) -> "LiveProgress":
+    def __enter__(self) -> LiveProgress:
         self.bar.__enter__()
         return self
 

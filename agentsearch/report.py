@@ -16,19 +16,17 @@ import io
 import math
 import re
 import shlex
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import templates as _templates
-from history.records import Evaluation as EvaluationRecord
-from history.records import Merge, ProposalCreated, Revert, Trial, Verdict
-from history.drift import DriftPoint, drift_curve, worst_of_sets
-
-from history.records import text
-
 from harness import tails
+from history.drift import DriftPoint, drift_curve, worst_of_sets
+from history.records import Evaluation as EvaluationRecord
+from history.records import Merge, ProposalCreated, Revert, Trial, Verdict, text
 
 from . import __version__
 from .errors import AgentsearchError
@@ -46,8 +44,12 @@ P_TESTS = {
     "confirmation": "one-sided paired t-test on log(candidate/baseline), H1: the candidate is slower (a small p would undo the win)",
     "guard-check": "one-sided paired t-test on log(candidate/baseline) on fresh engines, H1: the candidate is slower (the guard's regression holds)",
 }
-P_SHORT = {"objective": "t-test, H1 faster", "guard": "t-test, H1 slower", "confirmation": "t-test, H1 slower",
-           "guard-check": "t-test, H1 slower"}
+P_SHORT = {
+    "objective": "t-test, H1 faster",
+    "guard": "t-test, H1 slower",
+    "confirmation": "t-test, H1 slower",
+    "guard-check": "t-test, H1 slower",
+}
 CHECK_NOTES = {
     "based-on-baseline": "the candidate contains the baseline it was measured against",
     "protected-paths": "no protected file (bench, config, harness inputs) was touched",
@@ -72,8 +74,16 @@ def reproduce_command(v: Mapping[str, Any], repo: str | None = None) -> str | No
     checkout of the target (git notes, PR bodies: no local path). None before any measurement."""
     if not v.get("candidate") or not v.get("baseline") or v.get("seed") is None:
         return None
-    cmd = ["agentsearch", "evaluate", *(["-C", repo] if repo else []), v["candidate"], "--baseline", v["baseline"],
-           "--seed", str(v["seed"])]
+    cmd = [
+        "agentsearch",
+        "evaluate",
+        *(["-C", repo] if repo else []),
+        v["candidate"],
+        "--baseline",
+        v["baseline"],
+        "--seed",
+        str(v["seed"]),
+    ]
     if v.get("alpha") is not None:
         cmd += ["--alpha", repr(v["alpha"])]
     return shlex.join(cmd)
@@ -95,8 +105,12 @@ class Evidence:
     diff: str = ""  # the change itself (git diff baseline..candidate)
     metrics: Mapping[str, str] = field(default_factory=dict)  # workload -> metric (from the baseline's config)
     units: Mapping[str, str] = field(default_factory=dict)  # workload -> unit
-    directions: Mapping[str, bool] = field(default_factory=dict)  # workload -> higher is better (from the baseline's config)
-    drift: list[dict[str, Any]] = field(default_factory=list)  # main's drift from the reference after each earlier merge
+    directions: Mapping[str, bool] = field(
+        default_factory=dict
+    )  # workload -> higher is better (from the baseline's config)
+    drift: list[dict[str, Any]] = field(
+        default_factory=list
+    )  # main's drift from the reference after each earlier merge
     schema_version: int = REPORT_SCHEMA
 
     @property
@@ -117,9 +131,14 @@ class Evidence:
 
     def headline(self) -> str:
         v = dict(self.verdict)  # old records do not carry their metric and direction: fill them in from the config
-        v["workloads"] = {n: {**w, **dict(zip(("metric", "unit"), self.label(n, w))),
-                              "higher_is_better": w.get("higher_is_better", self.directions.get(n))}
-                          for n, w in (v.get("workloads") or {}).items()}
+        v["workloads"] = {
+            n: {
+                **w,
+                **dict(zip(("metric", "unit"), self.label(n, w))),
+                "higher_is_better": w.get("higher_is_better", self.directions.get(n)),
+            }
+            for n, w in (v.get("workloads") or {}).items()
+        }
         line = headline(v, self.units)
         if self.revert:
             line += f"; reverted since by {str(self.revert.get('new') or '?')[:12]}"
@@ -158,10 +177,14 @@ def gather(ws: Workspace, what: str) -> Evidence:
         try:
             sha = ws.resolve(what)
         except AgentsearchError:
-            raise AgentsearchError(f"{what!r} is neither a proposal, a branch nor a commit with a recorded verdict; see `agentsearch history`") from None
+            raise AgentsearchError(
+                f"{what!r} is neither a proposal, a branch nor a commit with a recorded verdict; see `agentsearch history`"
+            ) from None
         merged = {e.record.new: e.proposal for e in entries if isinstance(e.record, Merge) and e.record.ok}
         for e in reversed(verdicts):
-            if e.record.candidate == sha or (sha in merged and e.proposal == merged[sha] and isinstance(e.record, Verdict)):
+            if e.record.candidate == sha or (
+                sha in merged and e.proposal == merged[sha] and isinstance(e.record, Verdict)
+            ):
                 chosen = e
                 break
     if chosen is None:
@@ -169,11 +192,22 @@ def gather(ws: Workspace, what: str) -> Evidence:
     d = chosen.record.to_json()  # upgraded to today's schema (failure kinds on older records too)
     if isinstance(chosen.record, Verdict):
         cand = chosen.record.candidate
-        trials: list[Mapping[str, Any]] = [e.record.to_json() for e in entries
-                                           if isinstance(e.record, Trial) and e.proposal == chosen.proposal and e.record.candidate == cand]
-        created: Mapping[str, Any] = next((e.record.to_json() for e in entries
-                                           if isinstance(e.record, ProposalCreated) and e.proposal == chosen.proposal), {})
-        merge = next((e.record.to_json() for e in entries if isinstance(e.record, Merge) and e.proposal == chosen.proposal), None)
+        trials: list[Mapping[str, Any]] = [
+            e.record.to_json()
+            for e in entries
+            if isinstance(e.record, Trial) and e.proposal == chosen.proposal and e.record.candidate == cand
+        ]
+        created: Mapping[str, Any] = next(
+            (
+                e.record.to_json()
+                for e in entries
+                if isinstance(e.record, ProposalCreated) and e.proposal == chosen.proposal
+            ),
+            {},
+        )
+        merge = next(
+            (e.record.to_json() for e in entries if isinstance(e.record, Merge) and e.proposal == chosen.proposal), None
+        )
         kind = "proposal"
     else:
         trials, created, merge, kind = list(d.get("trials", [])), {}, None, "evaluation"
@@ -186,7 +220,14 @@ def gather(ws: Workspace, what: str) -> Evidence:
             diffstat = "(commits no longer in the repository)"
     revert = None
     if merge and merge.get("ok"):
-        revert = next((e.record.to_json() for e in entries if isinstance(e.record, Revert) and e.record.merge == merge.get("new")), None)
+        revert = next(
+            (
+                e.record.to_json()
+                for e in entries
+                if isinstance(e.record, Revert) and e.record.merge == merge.get("new")
+            ),
+            None,
+        )
     metrics: dict[str, str] = {}
     units: dict[str, str] = {}
     directions: dict[str, bool] = {}
@@ -198,8 +239,24 @@ def gather(ws: Workspace, what: str) -> Evidence:
     except AgentsearchError:
         pass
     drift = [p.to_json() for p in drift_curve(entries) if p.seq < chosen.seq]
-    return Evidence(what, kind, d, trials, created, merge, diffstat, versions(), str(ws.repo_dir), chosen.seq,
-                    revert=revert, diff=diff, metrics=metrics, units=units, directions=directions, drift=drift)
+    return Evidence(
+        what,
+        kind,
+        d,
+        trials,
+        created,
+        merge,
+        diffstat,
+        versions(),
+        str(ws.repo_dir),
+        chosen.seq,
+        revert=revert,
+        diff=diff,
+        metrics=metrics,
+        units=units,
+        directions=directions,
+        drift=drift,
+    )
 
 
 # ---------------------------------------------------------------------------- engine sessions
@@ -244,9 +301,14 @@ def session_table(trials: Sequence[Mapping[str, Any]], directions: Mapping[str, 
         if workload not in directions:
             continue
         sign = 1.0 if directions[workload] else -1.0
-        full = [(int(p["session"]), sign * math.log(p["candidate"] / p["baseline"])) for _, p in sorted(pairs.items())
-                if (p.get("baseline") or 0) > 0 and (p.get("candidate") or 0) > 0]
-        clipped, _ = winsorize([x for _, x in full])  # as the gate, less the calibration's floor (not in the evidence): one stall does not decide it
+        full = [
+            (int(p["session"]), sign * math.log(p["candidate"] / p["baseline"]))
+            for _, p in sorted(pairs.items())
+            if (p.get("baseline") or 0) > 0 and (p.get("candidate") or 0) > 0
+        ]
+        clipped, _ = winsorize(
+            [x for _, x in full]
+        )  # as the gate, less the calibration's floor (not in the evidence): one stall does not decide it
         for (session, _), x in zip(full, clipped):
             by_workload.setdefault(workload, {}).setdefault((PHASE_RANK.get(phase, 3), session), []).append(x)
     phases = {v: k for k, v in PHASE_RANK.items()}
@@ -257,19 +319,36 @@ def session_table(trials: Sequence[Mapping[str, Any]], directions: Mapping[str, 
         rows: list[dict[str, Any]] = []
         for (rank, session), d in sorted(groups.items()):
             phase = phases.get(rank, "?")  # the confirmation runs on engines of its own (agentsearch.evaluation)
-            rows.append({"phase": phase, "engines": f"{'fresh ' if phase == 'confirmation' else ''}{session + 1}", "pairs": len(d),
-                         "change": math.exp(sum(d) / len(d))})
+            rows.append(
+                {
+                    "phase": phase,
+                    "engines": f"{'fresh ' if phase == 'confirmation' else ''}{session + 1}",
+                    "pairs": len(d),
+                    "change": math.exp(sum(d) / len(d)),
+                }
+            )
         p_value = sessions_differ(list(groups.values()))
         changes = [r["change"] for r in rows]
         if p_value is None:
             verdict = "cannot be compared (no session has two pairs)"
         elif p_value < SESSIONS_DIFFER_P:
-            verdict = (f"**differ** (one-way ANOVA p={p_value:.2g} < {SESSIONS_DIFFER_P:g}): part of this change is the luck of the engine "
-                       "instances (or seeds) it was measured on; `agentsearch review --recheck` re-measures a merge on fresh ones")
+            verdict = (
+                f"**differ** (one-way ANOVA p={p_value:.2g} < {SESSIONS_DIFFER_P:g}): part of this change is the luck of the engine "
+                "instances (or seeds) it was measured on; `agentsearch review --recheck` re-measures a merge on fresh ones"
+            )
         else:
             verdict = f"agree (one-way ANOVA p={p_value:.2g})"
-        out.append({"workload": workload, "rows": rows, "p": p_value, "differ": p_value is not None and p_value < SESSIONS_DIFFER_P, "verdict": verdict,
-                    "low": min(changes), "high": max(changes)})
+        out.append(
+            {
+                "workload": workload,
+                "rows": rows,
+                "p": p_value,
+                "differ": p_value is not None and p_value < SESSIONS_DIFFER_P,
+                "verdict": verdict,
+                "low": min(changes),
+                "high": max(changes),
+            }
+        )
     return out
 
 
@@ -311,9 +390,15 @@ def plots(ev: Evidence, fmt: str = "png") -> dict[str, bytes]:
         xs = [i + 1 for i, _ in full]
         base = [p["baseline"] for _, p in full]
         cand = [p["candidate"] for _, p in full]
-        w = (ev.verdict.get("workloads") or {}).get(workload) if phase != "confirmation" else ev.verdict.get("confirmation")
+        w = (
+            (ev.verdict.get("workloads") or {}).get(workload)
+            if phase != "confirmation"
+            else ev.verdict.get("confirmation")
+        )
         metric, u = ev.label(workload, w)
-        fig, (a1, a2) = plt.subplots(1, 2, figsize=(9.5, 3.4), layout="constrained")  # no label runs into the next panel
+        fig, (a1, a2) = plt.subplots(
+            1, 2, figsize=(9.5, 3.4), layout="constrained"
+        )  # no label runs into the next panel
         a1.plot(xs, base, "o-", label="baseline", color="#555555")
         a1.plot(xs, cand, "s-", label="candidate", color="#1f77b4")
         _axes(a1, "pair (index)", f"{metric} ({u or 'as reported'})")
@@ -342,7 +427,9 @@ def plots(ev: Evidence, fmt: str = "png") -> dict[str, bytes]:
     if dist:
         floor = dist.get("noise_floor") or {}
         for path in ("prefill", "decode", "sample"):
-            series = {name: ((dist.get(name) or {}).get(path) or {}).get("kl_by_position") for name in ("public", "holdout")}
+            series = {
+                name: ((dist.get(name) or {}).get(path) or {}).get("kl_by_position") for name in ("public", "holdout")
+            }
             f = (floor.get(path) or {}).get("kl_by_position")
             if not any(series.values()) and not f:
                 continue
@@ -351,7 +438,13 @@ def plots(ev: Evidence, fmt: str = "png") -> dict[str, bytes]:
                 if ys:
                     ax.plot(range(len(ys)), [max(y, 1e-12) for y in ys], label=f"candidate vs baseline ({name})")
             if f:
-                ax.plot(range(len(f)), [max(y, 1e-12) for y in f], "--", color="gray", label="noise floor (baseline vs itself)")
+                ax.plot(
+                    range(len(f)),
+                    [max(y, 1e-12) for y in f],
+                    "--",
+                    color="gray",
+                    label="noise floor (baseline vs itself)",
+                )
             ax.set_yscale("log")
             _axes(ax, "token position (index)", "mean KL divergence (nats)")
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -379,11 +472,22 @@ def _drift_points(ev: Evidence) -> list[tuple[str, float]]:
     """(label, worst KL max against the reference) after each earlier merge, then this candidate's; [] when this
     check made no reference comparison."""
     ref = (ev.verdict.get("distribution") or {}).get("reference") or {}
-    mine = DriftPoint(0, "", "", "merge", regimes={r.get("label", "?"): worst_of_sets(r.get("sets") or {}) for r in ref.get("regimes") or []})
+    mine = DriftPoint(
+        0,
+        "",
+        "",
+        "merge",
+        regimes={r.get("label", "?"): worst_of_sets(r.get("sets") or {}) for r in ref.get("regimes") or []},
+    )
     if mine.worst("kl_max") is None:
         return []
-    points = [(f"#{n + 1}", DriftPoint(**{k: v for k, v in p.items() if k in DriftPoint.__dataclass_fields__}).worst("kl_max"))
-              for n, p in enumerate(q for q in ev.drift if q.get("event") == "merge")]
+    points = [
+        (
+            f"#{n + 1}",
+            DriftPoint(**{k: v for k, v in p.items() if k in DriftPoint.__dataclass_fields__}).worst("kl_max"),
+        )
+        for n, p in enumerate(q for q in ev.drift if q.get("event") == "merge")
+    ]
     return [(name, y) for name, y in points if y is not None] + [("this", float(mine.worst("kl_max") or 0.0))]
 
 
@@ -403,7 +507,7 @@ def _num(x: Any) -> str:
 def _svg_inline(svg: bytes) -> str:
     """An SVG document as an element to inline in HTML (no XML declaration or DOCTYPE)."""
     text = svg.decode()
-    return text[text.index("<svg"):]
+    return text[text.index("<svg") :]
 
 
 def _dist_row(set_name: str, path: str, st: Mapping[str, Any]) -> dict[str, Any]:
@@ -416,7 +520,9 @@ def _dist_row(set_name: str, path: str, st: Mapping[str, Any]) -> dict[str, Any]
         same = 100 * st["top1_agreement"]
     same_se = st.get("same_top_pct_se")
     return {
-        **st, "set": set_name, "path": path,
+        **st,
+        "set": set_name,
+        "path": path,
         "kl_mean_pm": _num(st.get("kl_mean")) + ("" if se is None else f" ± {se:.2g}"),
         "kl_pct": [_num(pc.get(k)) for k in ("99.9", "99", "95", "90", "50")],
         "dp_rms": _num(st.get("dp_rms")),
@@ -431,9 +537,11 @@ def _draws_line(dist: Mapping[str, Any]) -> str:
         return ""
     if not d.get("draws"):
         return f"Draw test: {d.get('status', '?')} ({len(d.get('not_testable') or [])} of {d.get('contexts', 0)} contexts x settings have a single category)."
-    return (f"Draw test (same seeds on both sides): {d['changed']} of {d['draws']} draws changed (noise floor {d['floor_changed']}, "
-            f"unrelated seeds {d['unrelated_changed']}; Fisher p {_num(d.get('p'))}); {d['testable']} of {d['contexts']} contexts x settings "
-            f"testable: **{d['status']}**.")
+    return (
+        f"Draw test (same seeds on both sides): {d['changed']} of {d['draws']} draws changed (noise floor {d['floor_changed']}, "
+        f"unrelated seeds {d['unrelated_changed']}; Fisher p {_num(d.get('p'))}); {d['testable']} of {d['contexts']} contexts x settings "
+        f"testable: **{d['status']}**."
+    )
 
 
 def context(ev: Evidence, images: Mapping[str, str], local: bool = True) -> dict[str, Any]:
@@ -447,8 +555,17 @@ def context(ev: Evidence, images: Mapping[str, str], local: bool = True) -> dict
     for name, w in named:
         metric, u = ev.label(name, w)
         role = w.get("role") or ""
-        workloads.append({**w, "name": w.get("name") or name, "metric": metric, "unit": u, "label": decision_label(w),
-                          "p_test": P_SHORT.get(role, "t-test"), "ci_text": ci_text(w.get("ci")) + ("%" if w.get("ci") else "")})
+        workloads.append(
+            {
+                **w,
+                "name": w.get("name") or name,
+                "metric": metric,
+                "unit": u,
+                "label": decision_label(w),
+                "p_test": P_SHORT.get(role, "t-test"),
+                "ci_text": ci_text(w.get("ci")) + ("%" if w.get("ci") else ""),
+            }
+        )
     roles = [w.get("role") for w in workloads if w.get("p_value") is not None]
     p_tests = {r: P_TESTS[r] for r in order if r in roles and r in P_TESTS}
     # what each serving metric measures (harness.tails: one definition each, from where to where)
@@ -478,19 +595,42 @@ def context(ev: Evidence, images: Mapping[str, str], local: bool = True) -> dict
     small = bool(ev.diff) and diff_lines <= DIFF_INLINE_LINES and "GIT binary patch" not in ev.diff
     verdict = (v.get("verdict") or "?").upper()
     return {
-        "ev": ev, "v": v, "title": title, "headline": ev.headline(), "verdict": verdict,
-        "badge": f"{verdict}, REVERTED" if ev.revert else verdict, "revert": ev.revert, "reasons": v.get("reasons", []),
-        "workloads": workloads, "p_tests": p_tests, "definitions": definitions, "checks": checks,
+        "ev": ev,
+        "v": v,
+        "title": title,
+        "headline": ev.headline(),
+        "verdict": verdict,
+        "badge": f"{verdict}, REVERTED" if ev.revert else verdict,
+        "revert": ev.revert,
+        "reasons": v.get("reasons", []),
+        "workloads": workloads,
+        "p_tests": p_tests,
+        "definitions": definitions,
+        "checks": checks,
         "checks_summary": ", ".join(f"{n} {s}" for s, n in sorted(tally.items(), key=lambda kv: -kv[1])),
-        "dist": dist, "dist_rows": dist_rows, "lang_rows": lang_rows, "ref_rows": ref_rows,
-        "reference": (dist or {}).get("reference") or {}, "images": images,
+        "dist": dist,
+        "dist_rows": dist_rows,
+        "lang_rows": lang_rows,
+        "ref_rows": ref_rows,
+        "reference": (dist or {}).get("reference") or {},
+        "images": images,
         "draws_line": _draws_line(dist) if dist else "",
-        "coverage": v.get("coverage"), "environment": env, "versions": ev.versions, "reproduce": ev.reproduce(local),
-        "rationale": ev.proposal.get("rationale") or "", "category": ev.proposal.get("category") or "",
+        "coverage": v.get("coverage"),
+        "environment": env,
+        "versions": ev.versions,
+        "reproduce": ev.reproduce(local),
+        "rationale": ev.proposal.get("rationale") or "",
+        "category": ev.proposal.get("category") or "",
         "proposer": ev.proposal.get("proposer") or "human (agentsearch evaluate)",
-        "pct": _pct, "num": _num, "number": number, "timing": v.get("timing") or {},
-        "diff": ev.diff if small else "", "diff_lines": diff_lines, "sessions": engine_sessions(ev),
-        "agent": agent_session(ev), "parent": (ev.proposal.get("meta") or {}).get("parent"),
+        "pct": _pct,
+        "num": _num,
+        "number": number,
+        "timing": v.get("timing") or {},
+        "diff": ev.diff if small else "",
+        "diff_lines": diff_lines,
+        "sessions": engine_sessions(ev),
+        "agent": agent_session(ev),
+        "parent": (ev.proposal.get("meta") or {}).get("parent"),
         "revision": (ev.proposal.get("meta") or {}).get("revision"),
     }
 
@@ -511,14 +651,21 @@ def agent_session(ev: Evidence) -> dict[str, Any] | None:
 def _env() -> Any:
     import jinja2
 
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=jinja2.select_autoescape(["html", "html.j2"]),
-                             undefined=jinja2.ChainableUndefined, trim_blocks=True, lstrip_blocks=True)
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(TEMPLATES)),
+        autoescape=jinja2.select_autoescape(["html", "html.j2"]),
+        undefined=jinja2.ChainableUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
     # proposal-controlled text in Markdown: one escaped line, or a fenced block no line of it can close
     env.filters["md"] = lambda s, limit=text.TEXT_CHARS: text.md_inline("" if s is None else s, limit)
     env.filters["fence"] = lambda s, info="": text.md_fence("" if s is None else s, info, limit=1 << 22)
     env.filters["clean"] = lambda s: text.clean("" if s is None else s)
     # a name as inline code: one cleaned line, and no backtick to end the span early (a branch name may hold one)
-    env.filters["code"] = lambda s, limit=80: "`" + text.clean("" if s is None else s, limit, one_line=True).replace("`", "'") + "`"
+    env.filters["code"] = lambda s, limit=80: (
+        "`" + text.clean("" if s is None else s, limit, one_line=True).replace("`", "'") + "`"
+    )
     return env
 
 
@@ -556,11 +703,22 @@ def to_json(ev: Evidence, **extra: Any) -> dict[str, Any]:
     """The machine-readable form of a report (``report --json``, ``pr --json``)."""
     v = ev.verdict
     return {
-        "schema_version": REPORT_SCHEMA, "what": ev.what, "kind": ev.kind, "proposal": v.get("proposal"),
-        "verdict": v.get("verdict"), "headline": ev.headline(), "title": v.get("title") or ev.proposal.get("title") or v.get("ref"),
-        "reasons": list(v.get("reasons") or []), "candidate": ev.candidate, "baseline": ev.baseline,
-        "branch": v.get("branch") or ev.proposal.get("branch"), "merged": bool(ev.merge and ev.merge.get("ok")),
-        "reverted": ev.reverted, "revert_commit": (ev.revert or {}).get("new"), "reproduce": reproduce_command(v), **extra,
+        "schema_version": REPORT_SCHEMA,
+        "what": ev.what,
+        "kind": ev.kind,
+        "proposal": v.get("proposal"),
+        "verdict": v.get("verdict"),
+        "headline": ev.headline(),
+        "title": v.get("title") or ev.proposal.get("title") or v.get("ref"),
+        "reasons": list(v.get("reasons") or []),
+        "candidate": ev.candidate,
+        "baseline": ev.baseline,
+        "branch": v.get("branch") or ev.proposal.get("branch"),
+        "merged": bool(ev.merge and ev.merge.get("ok")),
+        "reverted": ev.reverted,
+        "revert_commit": (ev.revert or {}).get("new"),
+        "reproduce": reproduce_command(v),
+        **extra,
     }
 
 
@@ -578,24 +736,36 @@ def stack_waterfall(r: Any, fmt: str = "png") -> bytes:
     level, labels = 1.0, []
     for i, m in enumerate(r.merges):
         s = m.speedup or 1.0
-        ax.bar(i, (level * s - level) * 100, bottom=(level - 1) * 100, color="#2ca02c" if s >= 1 else "#d62728", width=0.6)
+        ax.bar(
+            i, (level * s - level) * 100, bottom=(level - 1) * 100, color="#2ca02c" if s >= 1 else "#d62728", width=0.6
+        )
         level *= s
         # a '$' pair would be parsed as mathtext (a malformed one makes savefig raise): shown as a dollar sign
         labels.append(f"{i + 1}: {_clean(m.title or m.proposal or m.merge[:12], 18)}".replace("$", r"\$"))
-    for j, (name, value, ci, colour) in enumerate((("product", r.product, r.product_ci, "#7f7f7f"),
-                                                   ("tip, measured", r.cumulative, r.ci, "#1f77b4"))):
+    for j, (name, value, ci, colour) in enumerate(
+        (("product", r.product, r.product_ci, "#7f7f7f"), ("tip, measured", r.cumulative, r.ci, "#1f77b4"))
+    ):
         x = len(r.merges) + j
         if value is not None:
             ax.bar(x, (value - 1) * 100, color=colour, width=0.6)
             if ci and len(ci) == 2:
-                ax.errorbar(x, (value - 1) * 100, yerr=[[(value - ci[0]) * 100], [(ci[1] - value) * 100]], color="black", capsize=4)
+                ax.errorbar(
+                    x,
+                    (value - 1) * 100,
+                    yerr=[[(value - ci[0]) * 100], [(ci[1] - value) * 100]],
+                    color="black",
+                    capsize=4,
+                )
         labels.append(name)
     ax.axhline(0, color="black", linewidth=0.8)
     ax.set_xticks(range(len(labels)))
     ax.set_xticklabels(labels, rotation=20, ha="right", fontsize=8)
     ax.yaxis.set_major_formatter(PercentFormatter())
-    _axes(ax, "merge (in order), then the product of their estimates and the tip as measured",
-          f"{_clean(r.objective, 40)}: gain over the range's start (%)".replace("$", r"\$"))
+    _axes(
+        ax,
+        "merge (in order), then the product of their estimates and the tip as measured",
+        f"{_clean(r.objective, 40)}: gain over the range's start (%)".replace("$", r"\$"),
+    )
     ax.set_title(f"stack {r.since[:12]} → {r.tip[:12]}: {r.verdict}")
     return _save(fig, fmt)
 
@@ -606,9 +776,11 @@ def _clean(s: str, limit: int) -> str:
     return text.clean(s, limit, one_line=True)
 
 
-STACK_CSS = ("body{font-family:system-ui,sans-serif;max-width:60rem;margin:2rem auto;padding:0 1rem;line-height:1.45}"
-             "table{border-collapse:collapse;margin:1rem 0}td,th{border:1px solid #ccc;padding:.25rem .5rem}"
-             "th{background:#f4f4f4}code{background:#f4f4f4;padding:0 .2rem}svg{max-width:100%;height:auto}")
+STACK_CSS = (
+    "body{font-family:system-ui,sans-serif;max-width:60rem;margin:2rem auto;padding:0 1rem;line-height:1.45}"
+    "table{border-collapse:collapse;margin:1rem 0}td,th{border:1px solid #ccc;padding:.25rem .5rem}"
+    "th{background:#f4f4f4}code{background:#f4f4f4;padding:0 .2rem}svg{max-width:100%;height:auto}"
+)
 
 
 def stack_html(r: Any) -> str:
@@ -625,13 +797,16 @@ def stack_html(r: Any) -> str:
         svg = _svg_inline(stack_waterfall(r, "svg"))
         body = re.sub(r'<img src="waterfall\.svg" alt="[^"]*"\s*/?>', lambda _: svg, body)
     title = html.escape(f"agentsearch: {'bisection' if image is None else 'stack check'} {r.since[:12]} → {r.tip[:12]}")
-    return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{title}</title>"
-            f"<style>{STACK_CSS}</style></head>\n<body>\n{body}\n</body></html>\n")
+    return (
+        f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{title}</title>"
+        f"<style>{STACK_CSS}</style></head>\n<body>\n{body}\n</body></html>\n"
+    )
 
 
 def stack_markdown(r: Any, image: str | None = None) -> str:
     """A stack check (``StackCheck``) or a bisection (``StackBisect``) as a Markdown report; every text a
     proposal wrote is cleaned and shown as code."""
+
     def code(s: Any, limit: int = 80) -> str:  # a '|' would end a table cell, a backtick the code span
         return "`" + _clean(str(s), limit).replace("`", "'").replace("|", "\\|") + "`"
 
@@ -645,39 +820,74 @@ def stack_markdown(r: Any, image: str | None = None) -> str:
 
     lines: list[str] = []
     if hasattr(r, "steps"):  # a bisection
-        lines += [f"# Bisection of {code(r.workload, 40)}: {said(r.reason, 300)}", "",
-                  f"Range `{r.since[:12]}` → `{r.tip[:12]}`, {len(r.merges)} merge(s); {len(r.steps)} step(s) in "
-                  f"{r.seconds:.0f} s. Each step measured the baseline after its commit *i* of the range against the range's start.", "",
-                  "| step | commit # | commit | outcome | change | 95% CI | pairs | why |", "|---:|---:|---|---|---:|---|---:|---|"]
+        lines += [
+            f"# Bisection of {code(r.workload, 40)}: {said(r.reason, 300)}",
+            "",
+            f"Range `{r.since[:12]}` → `{r.tip[:12]}`, {len(r.merges)} merge(s); {len(r.steps)} step(s) in "
+            f"{r.seconds:.0f} s. Each step measured the baseline after its commit *i* of the range against the range's start.",
+            "",
+            "| step | commit # | commit | outcome | change | 95% CI | pairs | why |",
+            "|---:|---:|---|---|---:|---|---:|---|",
+        ]
         for i, s in enumerate(r.steps, 1):
-            lines.append(f"| {i} | {s.index} | `{s.commit[:12]}` | **{s.outcome}** | {_pct(s.speedup)} | {ci(s.ci)} | {s.pairs} | "
-                         f"{said(s.reason, 160)} |")
+            lines.append(
+                f"| {i} | {s.index} | `{s.commit[:12]}` | **{s.outcome}** | {_pct(s.speedup)} | {ci(s.ci)} | {s.pairs} | "
+                f"{said(s.reason, 160)} |"
+            )
         if r.culprit:
             lines += ["", f"The regression entered with merge `{r.culprit[:12]}` ({code(r.proposal or '—', 40)})."]
         return "\n".join(lines) + "\n"
-    lines += [f"# Stack check: {r.verdict.upper()}", "",
-              f"Range `{r.since[:12]}` → `{r.tip[:12]}`, {len(r.merges)} merge(s), objective {code(r.objective, 40)}; "
-              f"{r.seconds:.0f} s in all (seed {r.seed}).", ""]
-    lines += [f"- **Measured**: the tip is {_pct(r.cumulative)} over the start, 95% CI {ci(r.ci)}, {r.pairs} pairs.",
-              f"- **Product of the merges' estimates**: {_pct(r.product)}, 95% CI {ci(r.product_ci)}."]
+    lines += [
+        f"# Stack check: {r.verdict.upper()}",
+        "",
+        f"Range `{r.since[:12]}` → `{r.tip[:12]}`, {len(r.merges)} merge(s), objective {code(r.objective, 40)}; "
+        f"{r.seconds:.0f} s in all (seed {r.seed}).",
+        "",
+    ]
+    lines += [
+        f"- **Measured**: the tip is {_pct(r.cumulative)} over the start, 95% CI {ci(r.ci)}, {r.pairs} pairs.",
+        f"- **Product of the merges' estimates**: {_pct(r.product)}, 95% CI {ci(r.product_ci)}.",
+    ]
     lines += [f"- {said(x, 300)}" for x in r.reasons]
     if image:
         lines += ["", f"![waterfall of the merges' estimates against the measured tip]({image})"]
-    lines += ["", "## Merges", "", "| # | merge | proposal | title | estimate | 95% CI | from |", "|---:|---|---|---|---:|---|---|"]
+    lines += [
+        "",
+        "## Merges",
+        "",
+        "| # | merge | proposal | title | estimate | 95% CI | from |",
+        "|---:|---|---|---|---:|---|---|",
+    ]
     for i, m in enumerate(r.merges, 1):
-        lines.append(f"| {i} | `{m.merge[:12]}` | {code(m.proposal or '—', 40)} | {code(m.title or '', 60)} | {_pct(m.speedup)} | "
-                     f"{ci(m.ci)} | {m.source} |")
+        lines.append(
+            f"| {i} | `{m.merge[:12]}` | {code(m.proposal or '—', 40)} | {code(m.title or '', 60)} | {_pct(m.speedup)} | "
+            f"{ci(m.ci)} | {m.source} |"
+        )
     if r.removals:
-        lines += ["", "## Leave-one-out: each merge's marginal contribution at the tip", "",
-                  "| merge | decision | marginal | 95% CI | pairs | why |", "|---|---|---:|---|---:|---|"]
-        lines += [f"| `{x.merge[:12]}` | **{x.decision}** | {_pct(x.marginal)} | {ci(x.ci)} | {x.pairs} | {said(x.reason, 200)} |"
-                  for x in r.removals]
+        lines += [
+            "",
+            "## Leave-one-out: each merge's marginal contribution at the tip",
+            "",
+            "| merge | decision | marginal | 95% CI | pairs | why |",
+            "|---|---|---:|---|---:|---|",
+        ]
+        lines += [
+            f"| `{x.merge[:12]}` | **{x.decision}** | {_pct(x.marginal)} | {ci(x.ci)} | {x.pairs} | {said(x.reason, 200)} |"
+            for x in r.removals
+        ]
     if r.interference:
-        lines += ["", "## Interference: the pairs the removals pointed to", "",
-                  "| merges | interfere | without both | product of singles | p | why |", "|---|---|---:|---:|---:|---|"]
-        lines += [f"| {' + '.join('`' + m[:12] + '`' for m in x.merges)} | {'**yes**' if x.interfere else 'no'} | {_pct(x.joint)} | "
-                  f"{_pct(x.expected)} | {'—' if x.p_value is None else f'{x.p_value:.2g}'} | {said(x.reason, 200)} |"
-                  for x in r.interference]
+        lines += [
+            "",
+            "## Interference: the pairs the removals pointed to",
+            "",
+            "| merges | interfere | without both | product of singles | p | why |",
+            "|---|---|---:|---:|---:|---|",
+        ]
+        lines += [
+            f"| {' + '.join('`' + m[:12] + '`' for m in x.merges)} | {'**yes**' if x.interfere else 'no'} | {_pct(x.joint)} | "
+            f"{_pct(x.expected)} | {'—' if x.p_value is None else f'{x.p_value:.2g}'} | {said(x.reason, 200)} |"
+            for x in r.interference
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -704,17 +914,32 @@ def pareto_plot(p: Any, fmt: str = "png") -> bytes:
             xerr = [[x - (o.ci[0] - 1) * 100], [(o.ci[1] - 1) * 100 - x]] if o.ci else None
             yerr = [[y - (g.ci[0] - 1) * 100], [(g.ci[1] - 1) * 100 - y]] if g.ci else None
             kept = t.merge is not None
-            ax.errorbar(x, y, xerr=xerr, yerr=yerr, fmt="o" if kept else "x", color="#2ca02c" if kept else "#d62728",
-                        ecolor="#999999", capsize=3, markersize=7)
+            ax.errorbar(
+                x,
+                y,
+                xerr=xerr,
+                yerr=yerr,
+                fmt="o" if kept else "x",
+                color="#2ca02c" if kept else "#d62728",
+                ecolor="#999999",
+                capsize=3,
+                markersize=7,
+            )
             ax.annotate(str(i), (x, y), textcoords="offset points", xytext=(5, 5), fontsize=8)
         ax.axhline(-p.max_regression * 100, color="#d62728", linestyle="--", linewidth=0.8)
         ax.axhline(0, color="black", linewidth=0.5)
         ax.axvline(0, color="black", linewidth=0.5)
         ax.xaxis.set_major_formatter(PercentFormatter())
         ax.yaxis.set_major_formatter(PercentFormatter())
-        _axes(ax, f"{_clean(p.objective, 30)}: change (%)".replace("$", r"\$"),
-              f"{_clean(guard, 30)}: change (%, up is better)".replace("$", r"\$"))
-    fig.suptitle(f"trades {p.since[:12]} → {p.tip[:12]}: merged (o), rejected by a guard (x); dashed: the guard's limit", fontsize=9)
+        _axes(
+            ax,
+            f"{_clean(p.objective, 30)}: change (%)".replace("$", r"\$"),
+            f"{_clean(guard, 30)}: change (%, up is better)".replace("$", r"\$"),
+        )
+    fig.suptitle(
+        f"trades {p.since[:12]} → {p.tip[:12]}: merged (o), rejected by a guard (x); dashed: the guard's limit",
+        fontsize=9,
+    )
     return _save(fig, fmt)
 
 
@@ -732,16 +957,22 @@ def pareto_markdown(p: Any, image: str | None = None) -> str:
         return f"{_pct(c.speedup)}{ci}"
 
     guards = p.guards()
-    lines = [f"# Trades: {code(p.objective, 40)} against the guards", "",
-             f"Range `{p.since[:12]}` → `{p.tip[:12]}`: {sum(t.merge is not None for t in p.trades)} merge(s) and "
-             f"{sum(t.merge is None for t in p.trades)} proposal(s) a guard rejected. Changes in the gate's sense (a latency's is "
-             f"baseline / candidate): positive is better; a guard's limit is {-p.max_regression:.0%}.", ""]
+    lines = [
+        f"# Trades: {code(p.objective, 40)} against the guards",
+        "",
+        f"Range `{p.since[:12]}` → `{p.tip[:12]}`: {sum(t.merge is not None for t in p.trades)} merge(s) and "
+        f"{sum(t.merge is None for t in p.trades)} proposal(s) a guard rejected. Changes in the gate's sense (a latency's is "
+        f"baseline / candidate): positive is better; a guard's limit is {-p.max_regression:.0%}.",
+        "",
+    ]
     head = "| # | proposal | title | kept | objective | " + " | ".join(code(g, 30) for g in guards) + " |"
     lines += [head, "|" + "---|" * (5 + len(guards))]
     for i, t in enumerate(p.trades, 1):
         by = {g.workload: g for g in t.guards}
-        lines.append(f"| {i} | {code(t.proposal, 40)} | {code(t.title or '—')} | {'merged' if t.merge else '**rejected**'} | "
-                     f"{cell(t.objective)} | " + " | ".join(cell(by.get(g)) for g in guards) + " |")
+        lines.append(
+            f"| {i} | {code(t.proposal, 40)} | {code(t.title or '—')} | {'merged' if t.merge else '**rejected**'} | "
+            f"{cell(t.objective)} | " + " | ".join(cell(by.get(g)) for g in guards) + " |"
+        )
     refused = [(i, t) for i, t in enumerate(p.trades, 1) if t.reason]
     if refused:
         lines += ["", "The trades refused:", ""]
@@ -761,5 +992,7 @@ def pareto_html(p: Any) -> str:
     svg = _svg_inline(pareto_plot(p, "svg"))
     body = re.sub(r'<img src="trades\.svg" alt="[^"]*"\s*/?>', lambda _: svg, body)
     title = html.escape(f"agentsearch: trades {p.since[:12]} → {p.tip[:12]}")
-    return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{title}</title>"
-            f"<style>{STACK_CSS}</style></head>\n<body>\n{body}\n</body></html>\n")
+    return (
+        f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{title}</title>"
+        f"<style>{STACK_CSS}</style></head>\n<body>\n{body}\n</body></html>\n"
+    )

@@ -13,8 +13,9 @@ loses nothing: what was judged is in the history, what was not posted is posted 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from history.records import Evaluation as EvaluationRecord
 from history.records import Merge, PrCommand, PrPosted, PrReview, Verdict
@@ -41,10 +42,12 @@ COMMANDS = {
     "bisect": "the merge where a workload regressed; WORKLOAD after it, else the objective",
 }
 # the verdict's failure -> the status: regressions and failed checks fail; undecided or held ones are neutral
-NEUTRAL = {"inconclusive": "needs more pairs: no decision within the pair budget",
-           "no-effect": "no worthwhile speedup (not slower either)",
-           "no-change": "changes nothing the gate measures",
-           "not-confirmed": "the win did not hold on fresh seeds: needs more pairs"}
+NEUTRAL = {
+    "inconclusive": "needs more pairs: no decision within the pair budget",
+    "no-effect": "no worthwhile speedup (not slower either)",
+    "no-change": "changes nothing the gate measures",
+    "not-confirmed": "the win did not hold on fresh seeds: needs more pairs",
+}
 ERROR = ("internal-error", "measurement-error")
 NO_PERMISSION = "commands are taken from users with write permission on the repository only"
 AA_WINDOW = 500  # the latest verdicts looked at for this target's measured A/A false-merge rate
@@ -80,7 +83,11 @@ class PrHistory:
     def is_posted(self, review: PrReview) -> bool:
         """What the PR shows now is this review: the latest post was it (a force-push back to an older head
         brings that head's verdict back to the comment)."""
-        return bool(self.posted) and self.posted[-1].evaluation == review.evaluation and self.posted[-1].outcome == review.outcome
+        return (
+            bool(self.posted)
+            and self.posted[-1].evaluation == review.evaluation
+            and self.posted[-1].outcome == review.outcome
+        )
 
 
 class Reviewer:
@@ -93,7 +100,11 @@ class Reviewer:
         """The status's context: [forge] context for a change to the baseline branch; for one to another branch, the
         context names it (a head judged against an old branch never passes a check required on the baseline)."""
         baseline = self.ws.config().target.baseline
-        return self.cfg.context if base_ref == baseline else f"{self.cfg.context} (base {rtext.clean(base_ref, 60, one_line=True)})"
+        return (
+            self.cfg.context
+            if base_ref == baseline
+            else f"{self.cfg.context} (base {rtext.clean(base_ref, 60, one_line=True)})"
+        )
 
     # ------------------------------------------------------------------------------------------ state
     def history(self, number: int) -> PrHistory:
@@ -115,27 +126,44 @@ class Reviewer:
     def fetch(self, pr: PullRequest) -> tuple[str, str]:
         """(head, base): the PR's head and its base branch's tip, fetched into refs/agentsearch/pr/N/."""
         if pr.state != "open":
-            raise AgentsearchError(f"pull request #{pr.number} is {pr.state or 'not open'}: only open pull requests are judged")
+            raise AgentsearchError(
+                f"pull request #{pr.number} is {pr.state or 'not open'}: only open pull requests are judged"
+            )
         ok = git.run_git("check-ref-format", "--branch", pr.base_ref, cwd=self.ws.repo_dir, check=False)
         if not pr.base_ref or not ok or pr.base_ref.startswith("-"):
-            raise AgentsearchError(f"pull request #{pr.number}: its base {rtext.clean(pr.base_ref, 80, one_line=True)!r} is not a branch name")
+            raise AgentsearchError(
+                f"pull request #{pr.number}: its base {rtext.clean(pr.base_ref, 80, one_line=True)!r} is not a branch name"
+            )
         if not re.fullmatch(r"[0-9a-f]{40}", pr.head_sha):
             raise AgentsearchError(f"pull request #{pr.number}: the forge gave no commit for its head")
         remote = self.cfg.remote
         if git.remote_url(self.ws.repo_dir, remote) is None:
-            raise AgentsearchError(f"the target has no git remote {remote!r} to fetch pull requests from; add it with "
-                                   f"`git remote add {remote} URL` or set [forge] remote")
+            raise AgentsearchError(
+                f"the target has no git remote {remote!r} to fetch pull requests from; add it with "
+                f"`git remote add {remote} URL` or set [forge] remote"
+            )
         refs = f"refs/agentsearch/pr/{pr.number}"
         self.say("fetch", f"#{pr.number} head {pr.head_sha[:12]} and base {pr.base_ref}")
         try:
-            git.run_git("fetch", "--no-tags", "--quiet", remote, f"+refs/pull/{pr.number}/head:{refs}/head",
-                        f"+refs/heads/{pr.base_ref}:{refs}/base", cwd=self.ws.repo_dir)
+            git.run_git(
+                "fetch",
+                "--no-tags",
+                "--quiet",
+                remote,
+                f"+refs/pull/{pr.number}/head:{refs}/head",
+                f"+refs/heads/{pr.base_ref}:{refs}/base",
+                cwd=self.ws.repo_dir,
+            )
         except AgentsearchError as exc:
-            raise AgentsearchError(f"could not fetch pull request #{pr.number} from {remote}: {str(exc).splitlines()[0][:200]}") from None
+            raise AgentsearchError(
+                f"could not fetch pull request #{pr.number} from {remote}: {str(exc).splitlines()[0][:200]}"
+            ) from None
         head = git.resolve_commit(self.ws.repo_dir, f"{refs}/head")
         if head != pr.head_sha:
-            raise AgentsearchError(f"pull request #{pr.number} moved while it was fetched (the forge says {pr.head_sha[:12]}, "
-                                   f"the remote has {head[:12]}); run again")
+            raise AgentsearchError(
+                f"pull request #{pr.number} moved while it was fetched (the forge says {pr.head_sha[:12]}, "
+                f"the remote has {head[:12]}); run again"
+            )
         return head, git.resolve_commit(self.ws.repo_dir, f"{refs}/base")
 
     def review(self, pr: PullRequest, *, seed: int | None = None, trigger: str = "review-pr") -> PrReview:
@@ -153,7 +181,9 @@ class Reviewer:
             try:
                 self.forge.set_status(head, "error", self.context(pr.base_ref), said)
                 if self.cfg.check_runs:  # never left in progress (a required check would wait forever)
-                    self.forge.check_run(head, self.context(pr.base_ref), "neutral", said[:250], rtext.md_inline(said, 2000))
+                    self.forge.check_run(
+                        head, self.context(pr.base_ref), "neutral", said[:250], rtext.md_inline(said, 2000)
+                    )
             except ForgeError:
                 pass
             raise
@@ -164,9 +194,20 @@ class Reviewer:
         eval_id = f"pr-{pr.number}/{head[:12]}/{k}"
         append(self.ws, EvaluationRecord.of(data), None, eval_id)
         outcome, _ = outcome_of(data)
-        review = PrReview(forge=self.forge.identity, number=pr.number, head=head, base=base, base_ref=pr.base_ref, evaluation=eval_id,
-                          verdict=result.verdict.verdict, outcome=outcome, headline=headline(data), seed=result.seed, trigger=trigger,
-                          supersedes=before[-1].head if before else None)
+        review = PrReview(
+            forge=self.forge.identity,
+            number=pr.number,
+            head=head,
+            base=base,
+            base_ref=pr.base_ref,
+            evaluation=eval_id,
+            verdict=result.verdict.verdict,
+            outcome=outcome,
+            headline=headline(data),
+            seed=result.seed,
+            trigger=trigger,
+            supersedes=before[-1].head if before else None,
+        )
         append(self.ws, review, None, eval_id)
         self.say("verdict", f"#{pr.number} {review.headline}")
         not_merged = None
@@ -184,15 +225,28 @@ class Reviewer:
         """--merge: the gate's compare-and-swap merge onto the local baseline branch, then a push of it."""
         baseline = self.ws.config().target.baseline
         if pr.base_ref != baseline:
-            raise AgentsearchError(f"--merge: pull request #{pr.number} is for {pr.base_ref!r}, not the baseline {baseline!r}")
+            raise AgentsearchError(
+                f"--merge: pull request #{pr.number} is for {pr.base_ref!r}, not the baseline {baseline!r}"
+            )
         if self.ws.baseline_commit() != review.base:
-            raise AgentsearchError(f"--merge: the local {baseline} is not the base it was measured against ({review.base[:12]}); "
-                                   f"update it (`git fetch {self.cfg.remote} && git branch -f {baseline} {review.base[:12]}`) and run again")
-        new = self.ws.merge(review.head, review.base, f"agentsearch: merge pull request #{pr.number}\n\n{review.headline}\n")
-        append(self.ws, Merge(number=pr.number, ok=True, old=review.base, new=new, candidate=review.head), None, review.evaluation)
+            raise AgentsearchError(
+                f"--merge: the local {baseline} is not the base it was measured against ({review.base[:12]}); "
+                f"update it (`git fetch {self.cfg.remote} && git branch -f {baseline} {review.base[:12]}`) and run again"
+            )
+        new = self.ws.merge(
+            review.head, review.base, f"agentsearch: merge pull request #{pr.number}\n\n{review.headline}\n"
+        )
+        append(
+            self.ws,
+            Merge(number=pr.number, ok=True, old=review.base, new=new, candidate=review.head),
+            None,
+            review.evaluation,
+        )
         err = git.push(self.ws.repo_dir, self.cfg.remote, baseline)
         if err:
-            raise AgentsearchError(f"merged locally as {new[:12]} but `git push {self.cfg.remote} {baseline}` failed: {err}")
+            raise AgentsearchError(
+                f"merged locally as {new[:12]} but `git push {self.cfg.remote} {baseline}` failed: {err}"
+            )
         self.say("merge", f"#{pr.number} merged into {baseline} as {new[:12]} and pushed")
 
     # ------------------------------------------------------------------------------------------ posting
@@ -215,8 +269,15 @@ class Reviewer:
         self.forge.set_status(review.head, review.outcome, context, description, comment.html_url or None)
         if self.cfg.check_runs:
             self.forge.check_run(review.head, context, review.outcome, description, body, comment.html_url or None)
-        posted = PrPosted(forge=self.forge.identity, number=pr.number, head=review.head, evaluation=review.evaluation,
-                          comment_id=comment.id, comment_url=comment.html_url, outcome=review.outcome)
+        posted = PrPosted(
+            forge=self.forge.identity,
+            number=pr.number,
+            head=review.head,
+            evaluation=review.evaluation,
+            comment_id=comment.id,
+            comment_url=comment.html_url,
+            outcome=review.outcome,
+        )
         append(self.ws, posted, None, review.evaluation)
         self.say("posted", f"#{pr.number} {review.outcome}: {comment.html_url or comment.id}")
         return posted
@@ -248,7 +309,9 @@ class Reviewer:
             seen += 1
             if seen > AA_WINDOW:
                 break
-            measured = any(isinstance(w, dict) and (w.get("pairs") or 0) > 0 for w in (r.to_json().get("workloads") or {}).values())
+            measured = any(
+                isinstance(w, dict) and (w.get("pairs") or 0) > 0 for w in (r.to_json().get("workloads") or {}).values()
+            )
             if measured and tree(r.candidate) == tree(r.baseline):
                 judged += 1
                 merged += r.verdict == MERGE
@@ -258,11 +321,28 @@ class Reviewer:
         ev = gather(self.ws, review.evaluation)
         merged, judged = self.aa_rate()
         alpha = ev.verdict.get("alpha") or self.ws.config(review.base).gate.alpha
-        merge_commit = next((e.record.new for e in read_entries(self.ws)
-                             if isinstance(e.record, Merge) and e.proposal == review.evaluation and e.record.ok), None)
-        return render_pr_review(ev, marker=MARKER, pr_number=pr.number, review=review, alpha=alpha, aa_merged=merged, aa_judged=judged,
-                                commands=COMMANDS, merged=merge_commit, not_merged=not_merged, pr_evaluations=len(h.reviews),
-                                earlier=[(r.head, r.outcome) for r in h.reviews if r.evaluation != review.evaluation][-5:])
+        merge_commit = next(
+            (
+                e.record.new
+                for e in read_entries(self.ws)
+                if isinstance(e.record, Merge) and e.proposal == review.evaluation and e.record.ok
+            ),
+            None,
+        )
+        return render_pr_review(
+            ev,
+            marker=MARKER,
+            pr_number=pr.number,
+            review=review,
+            alpha=alpha,
+            aa_merged=merged,
+            aa_judged=judged,
+            commands=COMMANDS,
+            merged=merge_commit,
+            not_merged=not_merged,
+            pr_evaluations=len(h.reviews),
+            earlier=[(r.head, r.outcome) for r in h.reviews if r.evaluation != review.evaluation][-5:],
+        )
 
     # ------------------------------------------------------------------------------------------ the bot
     def ensure(self, pr: PullRequest, *, seed: int | None = None, trigger: str = "bot") -> PrReview:
@@ -276,8 +356,10 @@ class Reviewer:
         return review
 
     def reply(self, number: int, to: int, asked: str, text: str) -> Comment:
-        body = (f"{REPLY_MARKER.format(to)}\n> `/agentsearch {rtext.clean(asked, 60, one_line=True).replace('`', chr(39))}`\n\n"
-                f"{text}\n")
+        body = (
+            f"{REPLY_MARKER.format(to)}\n> `/agentsearch {rtext.clean(asked, 60, one_line=True).replace('`', chr(39))}`\n\n"
+            f"{text}\n"
+        )
         return self.forge.create_comment(number, body)
 
     def commands(self, pr: PullRequest, *, seed: int | None = None) -> int:
@@ -301,8 +383,13 @@ class Reviewer:
                 action, why = "ignored", NO_PERMISSION
                 answer = c.author not in h.refused
             elif word not in COMMANDS:
-                action, why = "ignored", (f"unknown command {rtext.md_inline(word or '(none)', 40)}; the commands are "
-                                          + ", ".join(f"`{k}`" for k in COMMANDS))
+                action, why = (
+                    "ignored",
+                    (
+                        f"unknown command {rtext.md_inline(word or '(none)', 40)}; the commands are "
+                        + ", ".join(f"`{k}`" for k in COMMANDS)
+                    ),
+                )
             if c.id in replied:
                 why = why or f"{word}: answered before a restart"
             elif action == "ignored":
@@ -311,8 +398,20 @@ class Reviewer:
             else:
                 why = self._run_command(pr, c, word, arg, h, seed)
             author = rtext.clean(c.author, 80, one_line=True)
-            append(self.ws, PrCommand(forge=self.forge.identity, number=pr.number, comment_id=c.id, author=author,
-                                      command=rtext.clean(word, 40, one_line=True), action=action, reason=why), None, None)
+            append(
+                self.ws,
+                PrCommand(
+                    forge=self.forge.identity,
+                    number=pr.number,
+                    comment_id=c.id,
+                    author=author,
+                    command=rtext.clean(word, 40, one_line=True),
+                    action=action,
+                    reason=why,
+                ),
+                None,
+                None,
+            )
             h.commands.add(c.id)
             if why == NO_PERMISSION:
                 h.refused.add(author)
@@ -324,7 +423,11 @@ class Reviewer:
         if word in ("evaluate", "recheck"):
             done = next((r for r in h.reviews if r.trigger == trigger), None)  # ran before a kill: not again
             if done is None:
-                done = self.ensure(pr, seed=seed, trigger=trigger) if word == "evaluate" else self.review(pr, seed=seed, trigger=trigger)
+                done = (
+                    self.ensure(pr, seed=seed, trigger=trigger)
+                    if word == "evaluate"
+                    else self.review(pr, seed=seed, trigger=trigger)
+                )
             elif not h.is_posted(done):
                 self.post(pr, done)
             return f"{word}: {done.headline}"
@@ -332,8 +435,11 @@ class Reviewer:
         from .stack import bisect, check
 
         try:
-            record: Any = check(self.ws, seed=seed, progress=self.say) if word == "stack" else \
-                bisect(self.ws, arg or None, seed=seed, progress=self.say)
+            record: Any = (
+                check(self.ws, seed=seed, progress=self.say)
+                if word == "stack"
+                else bisect(self.ws, arg or None, seed=seed, progress=self.say)
+            )
         except AgentsearchError as exc:
             self.reply(pr.number, c.id, f"{word} {arg}".strip(), f"Could not run it: {rtext.md_inline(str(exc), 300)}")
             return f"{word}: {str(exc)[:200]}"
@@ -347,7 +453,9 @@ class Reviewer:
         try:
             prs, unreadable = self.forge.pulls()
         except AgentsearchError as exc:  # the forge could not list them: this pass judged nothing, the next tries again
-            summary["errors"].append({"number": None, "error": str(exc).splitlines()[0][:300] if str(exc) else "listing failed"})
+            summary["errors"].append(
+                {"number": None, "error": str(exc).splitlines()[0][:300] if str(exc) else "listing failed"}
+            )
             self.say("error", summary["errors"][-1]["error"][:200])
             return summary
         for line in unreadable:
@@ -361,8 +469,14 @@ class Reviewer:
                 before = self.history(pr.number).review_of(pr.head_sha, pr.base_ref)
                 review = self.ensure(pr, seed=seed)
                 if before is None:
-                    summary["judged"].append({"number": pr.number, "head": review.head, "outcome": review.outcome,
-                                              "headline": review.headline})
+                    summary["judged"].append(
+                        {
+                            "number": pr.number,
+                            "head": review.head,
+                            "outcome": review.outcome,
+                            "headline": review.headline,
+                        }
+                    )
             except Exception as exc:  # noqa: BLE001 - one PR's failure is not the others': said in one line, tried again next pass
                 text = str(exc).splitlines()[0] if str(exc) else ""
                 msg = text if isinstance(exc, (AgentsearchError, OSError)) else f"{type(exc).__name__}: {text}"

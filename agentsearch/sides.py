@@ -27,9 +27,10 @@ import shutil
 import stat
 import subprocess
 import time
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any
 
 from harness import coverage, models, sandbox
 from harness.engine_session import WORKER
@@ -39,12 +40,14 @@ from kernels.catalog import ROOT as KERNELS_DIR
 from .config import CONFIG_FILE, Config
 from .containment import Decision
 from .errors import AgentsearchError
-from .workspace import Workspace, git
 from .globs import first_match
+from .workspace import Workspace, git
 from .workspace.install import link_overlay
 
 BUILD_TIMEOUT_S = 3600.0
-Snapshot = dict[str, tuple[int, int, int, int, int, int]]  # relative path -> (mode, size, mtime_ns, ctime_ns, inode, atime_ns)
+Snapshot = dict[
+    str, tuple[int, int, int, int, int, int]
+]  # relative path -> (mode, size, mtime_ns, ctime_ns, inode, atime_ns)
 # access times are set this far ahead once a worktree is built: under relatime (or noatime) a read then never
 # moves them, so an access time that moved is a write of state (red team, round 3: a one-bit cache in an atime)
 ATIME_AHEAD_NS = 30 * 86400 * 10**9
@@ -119,8 +122,14 @@ def snapshot(root: Path) -> Snapshot:
     for rel, path in _walk(root):
         st = os.lstat(path)
         shared = _shared(st)
-        out[rel] = (st.st_mode, 0 if rel == "." else st.st_size, st.st_mtime_ns, 0 if shared else st.st_ctime_ns,
-                    st.st_ino, 0 if shared else st.st_atime_ns)
+        out[rel] = (
+            st.st_mode,
+            0 if rel == "." else st.st_size,
+            st.st_mtime_ns,
+            0 if shared else st.st_ctime_ns,
+            st.st_ino,
+            0 if shared else st.st_atime_ns,
+        )
     return out
 
 
@@ -147,8 +156,10 @@ def freeze_access_times(root: Path) -> None:
         with open(probe, "rb") as fh:
             fh.read(1)
         if os.lstat(probe).st_atime_ns != ahead:
-            raise AccessTimeError(f"the filesystem under {root} updates access times on every read (strictatime); "
-                                  "mount it relatime or noatime")
+            raise AccessTimeError(
+                f"the filesystem under {root} updates access times on every read (strictatime); "
+                "mount it relatime or noatime"
+            )
 
 
 def describe_change(before: Snapshot, after: Snapshot) -> str:
@@ -159,9 +170,16 @@ def describe_change(before: Snapshot, after: Snapshot) -> str:
     changed = sorted(p for p in both if before[p][:5] != after[p][:5])
     # only the access time moved: no read does that here (freeze_access_times), so it was set to keep state
     atime = sorted(p for p in both if before[p][:5] == after[p][:5] and before[p] != after[p])
-    parts = [f"{what} {', '.join(map(repr, paths[:3]))}{' …' if len(paths) > 3 else ''}"
-             for what, paths in (("added", added), ("removed", removed), ("changed", changed),
-                                 ("access time moved (state kept in access times) on", atime)) if paths]
+    parts = [
+        f"{what} {', '.join(map(repr, paths[:3]))}{' …' if len(paths) > 3 else ''}"
+        for what, paths in (
+            ("added", added),
+            ("removed", removed),
+            ("changed", changed),
+            ("access time moved (state kept in access times) on", atime),
+        )
+        if paths
+    ]
     return "; ".join(parts)
 
 
@@ -247,17 +265,31 @@ class Sides:
         pins = self.pins = kept.pins if kept is not None else self._pin_protected()
         linked = {side: linked_files(wt) for side, wt in self.worktrees.items()}  # the overlay's compiled files
         if self.decision.use:
-            ro = (*self.read_only, str(self.inputs), str(WORKER), str(coverage.TRACER_DIR), str(KERNELS_DIR), *model_dirs(self.config))
+            ro = (
+                *self.read_only,
+                str(self.inputs),
+                str(WORKER),
+                str(coverage.TRACER_DIR),
+                str(KERNELS_DIR),
+                *model_dirs(self.config),
+            )
             for side, wt in self.worktrees.items():
                 if kept is not None and side == BASELINE and kept.sandbox is not None:
                     self.sandboxes[side] = kept.sandbox
                     continue
                 pinned = tuple((str(self.pinned / rel), str(wt / rel)) for rel in pins)
                 pinned += tuple((str(wt / rel), str(wt / rel)) for rel in linked[side])
-                self.sandboxes[side] = sandbox.Sandbox(worktree=str(wt.resolve()), outputs=str(self.out(side)),
-                                                       read_only=tuple(dict.fromkeys(ro)), pinned=pinned)
-            self._stack.enter_context(sandbox.use(sandbox.Containment(
-                {str(self.worktrees[s].resolve()): sb for s, sb in self.sandboxes.items()})))
+                self.sandboxes[side] = sandbox.Sandbox(
+                    worktree=str(wt.resolve()),
+                    outputs=str(self.out(side)),
+                    read_only=tuple(dict.fromkeys(ro)),
+                    pinned=pinned,
+                )
+            self._stack.enter_context(
+                sandbox.use(
+                    sandbox.Containment({str(self.worktrees[s].resolve()): sb for s, sb in self.sandboxes.items()})
+                )
+            )
         if target.install == "command":
             for side, wt in self.worktrees.items():
                 if kept is None or side != BASELINE:
@@ -266,8 +298,11 @@ class Sides:
                     # and is not pinned: a build may not make one (red team, round 3)
                     stray = sorted(set(linked_files(wt)) - set(linked[side]))
                     if stray:
-                        raise BuildError(side, f"the build left hard-linked files in the worktree ({', '.join(map(repr, stray[:3]))}"
-                                               f"{' …' if len(stray) > 3 else ''}): a file with two names could change unseen")
+                        raise BuildError(
+                            side,
+                            f"the build left hard-linked files in the worktree ({', '.join(map(repr, stray[:3]))}"
+                            f"{' …' if len(stray) > 3 else ''}): a file with two names could change unseen",
+                        )
         try:
             for side, wt in self.worktrees.items():
                 if kept is None or side != BASELINE:
@@ -279,10 +314,17 @@ class Sides:
     def baseline_side(self, key: str) -> KeptBaseline:
         """The built baseline side, to keep for the next evaluation (its engines added by the caller)."""
         k = self.kept
-        return KeptBaseline(commit=self.commits[BASELINE], key=key, worktree=self.worktrees[BASELINE],
-                            git_link=self.git_links[BASELINE], snapshot=self.snapshots[BASELINE], pins=list(self.pins),
-                            sandbox=self.sandboxes.get(BASELINE), uses=dict(k.uses) if k else {},
-                            evaluations=k.evaluations if k else 0)
+        return KeptBaseline(
+            commit=self.commits[BASELINE],
+            key=key,
+            worktree=self.worktrees[BASELINE],
+            git_link=self.git_links[BASELINE],
+            snapshot=self.snapshots[BASELINE],
+            pins=list(self.pins),
+            sandbox=self.sandboxes.get(BASELINE),
+            uses=dict(k.uses) if k else {},
+            evaluations=k.evaluations if k else 0,
+        )
 
     def _build_command(self, side: str, wt: Path) -> None:
         build = self.config.target.build
@@ -326,7 +368,7 @@ class Sides:
             root, new = str(wt.resolve()), str(dst.resolve())
 
             def moved(path: str) -> str:
-                return new + path[len(root):] if path == root or path.startswith(root + "/") else path
+                return new + path[len(root) :] if path == root or path.startswith(root + "/") else path
 
             box = dataclasses.replace(sb, worktree=new, pinned=tuple((moved(src), moved(p)) for src, p in sb.pinned))
             with sandbox.use(sandbox.Containment({new: box})):
@@ -479,8 +521,17 @@ def scratch_dir(ws: Workspace, tag: str) -> Path:
 
 
 @contextlib.contextmanager
-def sides(ws: Workspace, config: Config, commits: Mapping[str, str], tag: str, decision: Decision, *,
-          keep: bool = False, read_only: Sequence[str] = (), kept: KeptBaseline | None = None) -> Iterator[Sides]:
+def sides(
+    ws: Workspace,
+    config: Config,
+    commits: Mapping[str, str],
+    tag: str,
+    decision: Decision,
+    *,
+    keep: bool = False,
+    read_only: Sequence[str] = (),
+    kept: KeptBaseline | None = None,
+) -> Iterator[Sides]:
     """Prepare the sides named in ``commits`` (call ``.build()`` inside the block); always cleaned up.
     ``kept``: the baseline side an earlier evaluation built under the same ``tag`` (reused, not rebuilt)."""
     base = commits.get(BASELINE) or ws.baseline_commit()
@@ -522,5 +573,16 @@ def built_sides(ws: Workspace, config: Config, commits: Mapping[str, str], tag: 
         yield sd
 
 
-__all__ = ["Sides", "KeptBaseline", "sides", "built_sides", "BuildError", "ProtectedPathError", "snapshot", "describe_change",
-           "remove_worktree", "remove_tree", "walk_tree"]
+__all__ = [
+    "Sides",
+    "KeptBaseline",
+    "sides",
+    "built_sides",
+    "BuildError",
+    "ProtectedPathError",
+    "snapshot",
+    "describe_change",
+    "remove_worktree",
+    "remove_tree",
+    "walk_tree",
+]

@@ -27,8 +27,9 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from history.records import EpisodeStarted, Merge, Revert, Verdict
 from history.records import Evaluation as EvaluationRecord
@@ -39,13 +40,14 @@ from .evaluation import Evaluation, WorkloadSummary, evaluate
 from .progress import Say
 from .records import append, read_entries
 from .warm_baseline import WarmBaseline
-from .workspace import Workspace
-from .workspace import git
+from .workspace import Workspace, git
 
 SCRATCH_REFS = "refs/agentsearch/stack/"
 Z95 = 1.959963984540054
 UNKNOWN_RETRIES = 3  # an unknown bisect step is measured again on fresh seeds, its pairs pooled, up to this many times
-MIN_STEP_PAIRS = 6  # a bisect step decides on no fewer pairs (a few pairs under load give intervals too narrow to trust)
+MIN_STEP_PAIRS = (
+    6  # a bisect step decides on no fewer pairs (a few pairs under load give intervals too narrow to trust)
+)
 
 
 @dataclass(frozen=True)
@@ -68,10 +70,14 @@ def merge_range(ws: Workspace, since: str | None) -> Range:
     else:
         start = next((b for ep, b in starts if ep == since), None) or ws.resolve(since)
     if not git.is_ancestor(ws.repo_dir, start, tip):
-        raise AgentsearchError(f"{since or start[:12]} is not an ancestor of the baseline's tip {tip[:12]}: a stack is measured "
-                               "from a commit main grew from")
+        raise AgentsearchError(
+            f"{since or start[:12]} is not an ancestor of the baseline's tip {tip[:12]}: a stack is measured "
+            "from a commit main grew from"
+        )
     # an episode's verdicts, and the evaluations a merge was made on outside one (`review-pr --merge`)
-    verdicts = {e.proposal: e.record for e in entries if isinstance(e.record, (Verdict, EvaluationRecord)) and e.proposal}
+    verdicts = {
+        e.proposal: e.record for e in entries if isinstance(e.record, (Verdict, EvaluationRecord)) and e.proposal
+    }
     reverted = {e.record.merge for e in entries if isinstance(e.record, Revert)}
     merges = []
     for e in entries:
@@ -91,10 +97,20 @@ def merge_range(ws: Workspace, since: str | None) -> Range:
             speedup = (v.speedup if isinstance(v, Verdict) else stat.get("speedup")) if v else None
             source, ci = "objective", stat.get("ci")
         title = (v.title if isinstance(v, Verdict) else v.extra.get("title")) if v else None
-        merges.append(StackMerge(merge=m.new, proposal=e.proposal, title=title, speedup=speedup,
-                                 ci=tuple(ci) if ci else None, source=source))
+        merges.append(
+            StackMerge(
+                merge=m.new,
+                proposal=e.proposal,
+                title=title,
+                speedup=speedup,
+                ci=tuple(ci) if ci else None,
+                source=source,
+            )
+        )
     if not merges:
-        raise AgentsearchError(f"no merge on the baseline between {start[:12]} and its tip {tip[:12]}: nothing to check")
+        raise AgentsearchError(
+            f"no merge on the baseline between {start[:12]} and its tip {tip[:12]}: nothing to check"
+        )
     return Range(start, tip, tuple(merges))
 
 
@@ -118,8 +134,9 @@ def product(merges: tuple[StackMerge, ...]) -> tuple[float | None, tuple[float, 
     return math.exp(est), (math.exp(est - Z95 * se), math.exp(est + Z95 * se))
 
 
-def stack_verdict(cumulative: float | None, ci: Any, prod: float | None, prod_ci: Any, alpha: float,
-                  margin: float = 0.0) -> tuple[str, tuple[str, ...]]:
+def stack_verdict(
+    cumulative: float | None, ci: Any, prod: float | None, prod_ci: Any, alpha: float, margin: float = 0.0
+) -> tuple[str, tuple[str, ...]]:
     """under-delivers: the tip falls short of the product by more than ``margin`` (a fraction: the gate's
     min_effect, the smallest difference worth acting on), one-sided at ``alpha`` on the log scale."""
     from scipy.stats import norm
@@ -128,14 +145,20 @@ def stack_verdict(cumulative: float | None, ci: Any, prod: float | None, prod_ci
     if c is None:
         return "inconclusive", ("the cumulative gain has no number (the evaluation did not measure it)",)
     if p is None:
-        return "inconclusive", ("a merge of the range has no recorded estimate with an interval: no product to compare",)
+        return "inconclusive", (
+            "a merge of the range has no recorded estimate with an interval: no product to compare",
+        )
     z = (c[0] - p[0] - math.log(1.0 - margin)) / math.hypot(c[1], p[1])
     pv = float(norm.cdf(z))
     if pv < alpha:
-        return "under-delivers", (f"the tip is {cumulative:.3f}x the start, more than {margin:.0%} below the product of the "
-                                  f"merges' estimates {prod:.3f}x (one-sided p = {pv:.2g} < {alpha:g})",)
+        return "under-delivers", (
+            f"the tip is {cumulative:.3f}x the start, more than {margin:.0%} below the product of the "
+            f"merges' estimates {prod:.3f}x (one-sided p = {pv:.2g} < {alpha:g})",
+        )
     if ci[0] <= 1.0:
-        return "inconclusive", (f"the tip is {cumulative:.3f}x the start [{ci[0]:.3f}, {ci[1]:.3f}]: not a significant gain",)
+        return "inconclusive", (
+            f"the tip is {cumulative:.3f}x the start [{ci[0]:.3f}, {ci[1]:.3f}]: not a significant gain",
+        )
     return "delivers", ()
 
 
@@ -143,8 +166,15 @@ def _summary(ev: Evaluation | None, workload: str) -> WorkloadSummary | None:
     return ev.workloads.get(workload) if ev is not None else None
 
 
-def check(ws: Workspace, since: str | None = None, *, seed: int | None = None, leave_one_out: bool = False,
-          progress: Say | None = None, write: Callable[[StackCheck], None] | None = None) -> StackCheck:
+def check(
+    ws: Workspace,
+    since: str | None = None,
+    *,
+    seed: int | None = None,
+    leave_one_out: bool = False,
+    progress: Say | None = None,
+    write: Callable[[StackCheck], None] | None = None,
+) -> StackCheck:
     """Measure the tip against the range's start (and, asked, each merge's marginal contribution); record it
     (``write``: how, where the caller holds the history open — an episode; default: append to it)."""
     say = progress or (lambda stage, detail: None)
@@ -156,8 +186,9 @@ def check(ws: Workspace, since: str | None = None, *, seed: int | None = None, l
     ev = evaluate(ws, rng.tip, seed=seed, progress=say, baseline=rng.since)
     s = _summary(ev, objective)
     prod, prod_ci = product(rng.merges)
-    verdict, reasons = stack_verdict(s.speedup if s else None, s.ci if s else None, prod, prod_ci, config.gate.alpha,
-                                     config.gate.min_effect)
+    verdict, reasons = stack_verdict(
+        s.speedup if s else None, s.ci if s else None, prod, prod_ci, config.gate.alpha, config.gate.min_effect
+    )
     if s is None or s.speedup is None:
         reasons = (*reasons, *(f"evaluation: {r}" for r in ev.verdict.reasons[:3]))
     removals: list[Removal] = []
@@ -166,18 +197,37 @@ def check(ws: Workspace, since: str | None = None, *, seed: int | None = None, l
         warm = WarmBaseline(ws, "stack", reuse=max(1, 2 * len(rng.merges)))
         try:
             for i, m in enumerate(rng.merges, 1):
-                say("stack", f"leave-one-out {i}/{len(rng.merges)}: the tip without {m.merge[:12]} ({m.title or m.proposal})")
+                say(
+                    "stack",
+                    f"leave-one-out {i}/{len(rng.merges)}: the tip without {m.merge[:12]} ({m.title or m.proposal})",
+                )
                 removals.append(_remove(ws, rng.tip, m, objective, seed, warm, say, config.gate.min_effect))
             for a, b in pointed_pairs(rng.merges, removals):
                 say("stack", f"interference: the tip without both {a.merge[:12]} and {b.merge[:12]}")
-                joint.append(_remove_pair(ws, rng.tip, a, b, objective, seed, warm, config.gate.alpha, say,
-                                          {r.merge: r for r in removals}))
+                joint.append(
+                    _remove_pair(
+                        ws, rng.tip, a, b, objective, seed, warm, config.gate.alpha, say, {r.merge: r for r in removals}
+                    )
+                )
         finally:
             warm.retire()
-    record = StackCheck(since=rng.since, tip=rng.tip, objective=objective, merges=rng.merges, verdict=verdict, reasons=reasons,
-                        seed=ev.seed, cumulative=s.speedup if s else None, ci=tuple(s.ci) if s and s.ci else None, product=prod,
-                        product_ci=prod_ci, pairs=s.pairs if s else 0, removals=tuple(removals), interference=tuple(joint),
-                        seconds=round(time.perf_counter() - t0, 3))
+    record = StackCheck(
+        since=rng.since,
+        tip=rng.tip,
+        objective=objective,
+        merges=rng.merges,
+        verdict=verdict,
+        reasons=reasons,
+        seed=ev.seed,
+        cumulative=s.speedup if s else None,
+        ci=tuple(s.ci) if s and s.ci else None,
+        product=prod,
+        product_ci=prod_ci,
+        pairs=s.pairs if s else 0,
+        removals=tuple(removals),
+        interference=tuple(joint),
+        seconds=round(time.perf_counter() - t0, 3),
+    )
     if write is not None:
         write(record)
     else:
@@ -195,9 +245,13 @@ def scratch_without(ws: Workspace, tip: str, *merges: str) -> str:
     try:
         for merge in merges:
             try:
-                sha = git.revert_merge(ws.repo_dir, path, merge, f"agentsearch stack: {sha[:12]} without {merge[:12]}\n")
+                sha = git.revert_merge(
+                    ws.repo_dir, path, merge, f"agentsearch stack: {sha[:12]} without {merge[:12]}\n"
+                )
             except AgentsearchError as exc:
-                raise AgentsearchError(f"{merge[:12]} no longer reverts cleanly on {sha[:12]} ({str(exc).splitlines()[0][:200]})") from None
+                raise AgentsearchError(
+                    f"{merge[:12]} no longer reverts cleanly on {sha[:12]} ({str(exc).splitlines()[0][:200]})"
+                ) from None
     finally:
         git.remove_worktree(ws.repo_dir, path)
     git.run_git("update-ref", f"{SCRATCH_REFS}{sha}", sha, cwd=ws.repo_dir)
@@ -230,8 +284,16 @@ def _marginal(ev: Evaluation, objective: str) -> tuple[float, tuple[float, float
     return 1.0 / s.speedup, (1.0 / s.ci[1], 1.0 / s.ci[0]), s.pairs
 
 
-def _remove(ws: Workspace, tip: str, m: StackMerge, objective: str, seed: int | None, warm: WarmBaseline,
-            say: Say, margin: float = 0.02) -> Removal:
+def _remove(
+    ws: Workspace,
+    tip: str,
+    m: StackMerge,
+    objective: str,
+    seed: int | None,
+    warm: WarmBaseline,
+    say: Say,
+    margin: float = 0.02,
+) -> Removal:
     try:
         scratch = scratch_without(ws, tip, m.merge)
     except AgentsearchError as exc:
@@ -248,17 +310,39 @@ def _remove(ws: Workspace, tip: str, m: StackMerge, objective: str, seed: int | 
     elif ci[1] < 1.0 - margin:  # worse by more than the smallest effect worth acting on (a passenger's 0.99x is noise)
         # not a passenger: either the merge costs speed at today's tip, or code in the stack runs differently on
         # one side of this measurement (red team: merged code that knew the side framed an honest merge) — for a person
-        decision, reason = "harmful", (f"the tip is {marginal:.3f}x the tip without it [{ci[0]:.3f}, {ci[1]:.3f}]: significantly "
-                                       "slower with it — it costs speed today, or code in the stack behaves differently when "
-                                       "measured; re-check (review --recheck) before reverting anything")
+        decision, reason = (
+            "harmful",
+            (
+                f"the tip is {marginal:.3f}x the tip without it [{ci[0]:.3f}, {ci[1]:.3f}]: significantly "
+                "slower with it — it costs speed today, or code in the stack behaves differently when "
+                "measured; re-check (review --recheck) before reverting anything"
+            ),
+        )
     else:
-        decision, reason = "passenger", (f"the tip is {marginal:.3f}x the tip without it [{ci[0]:.3f}, {ci[1]:.3f}]: "
-                                         "not significantly above nothing")
-    return Removal(merge=m.merge, decision=decision, reason=reason, scratch=scratch, marginal=marginal, ci=ci, pairs=pairs)
+        decision, reason = (
+            "passenger",
+            (
+                f"the tip is {marginal:.3f}x the tip without it [{ci[0]:.3f}, {ci[1]:.3f}]: "
+                "not significantly above nothing"
+            ),
+        )
+    return Removal(
+        merge=m.merge, decision=decision, reason=reason, scratch=scratch, marginal=marginal, ci=ci, pairs=pairs
+    )
 
 
-def _remove_pair(ws: Workspace, tip: str, a: StackMerge, b: StackMerge, objective: str, seed: int | None, warm: WarmBaseline,
-                 alpha: float, say: Say, singles: dict[str, Removal] | None = None) -> Interference:
+def _remove_pair(
+    ws: Workspace,
+    tip: str,
+    a: StackMerge,
+    b: StackMerge,
+    objective: str,
+    seed: int | None,
+    warm: WarmBaseline,
+    alpha: float,
+    say: Say,
+    singles: dict[str, Removal] | None = None,
+) -> Interference:
     from scipy.stats import norm
 
     pair = (a.merge, b.merge)
@@ -276,19 +360,40 @@ def _remove_pair(ws: Workspace, tip: str, a: StackMerge, b: StackMerge, objectiv
     joint, ci, pairs = got
     parts = [_log_se(joint, ci), _log_se(ra.marginal, ra.ci), _log_se(rb.marginal, rb.ci)]
     if any(x is None for x in parts):
-        return Interference(merges=pair, interfere=False, reason="not measured: a single removal has no interval", scratch=scratch,
-                            joint=joint, ci=ci, pairs=pairs)
+        return Interference(
+            merges=pair,
+            interfere=False,
+            reason="not measured: a single removal has no interval",
+            scratch=scratch,
+            joint=joint,
+            ci=ci,
+            pairs=pairs,
+        )
     (lj, sj), (la, sa), (lb, sb) = parts  # type: ignore[misc]
-    z = (lj - la - lb) / math.sqrt(sj ** 2 + sa ** 2 + sb ** 2)
+    z = (lj - la - lb) / math.sqrt(sj**2 + sa**2 + sb**2)
     pv = float(2 * norm.sf(abs(z)))
     expected = math.exp(la + lb)
     interfere = pv < alpha
-    how = ("together they carry more than apart: one holds the other's gain" if lj > la + lb
-           else "together they carry less than apart: they partly cancel")
-    reason = (f"without both: the tip is {joint:.3f}x; the single removals multiply to {expected:.3f}x (p = {pv:.2g})"
-              + (f" — {how}" if interfere else ""))
-    return Interference(merges=pair, interfere=interfere, reason=reason, scratch=scratch, joint=joint, ci=ci, expected=expected,
-                        p_value=pv, pairs=pairs)
+    how = (
+        "together they carry more than apart: one holds the other's gain"
+        if lj > la + lb
+        else "together they carry less than apart: they partly cancel"
+    )
+    reason = (
+        f"without both: the tip is {joint:.3f}x; the single removals multiply to {expected:.3f}x (p = {pv:.2g})"
+        + (f" — {how}" if interfere else "")
+    )
+    return Interference(
+        merges=pair,
+        interfere=interfere,
+        reason=reason,
+        scratch=scratch,
+        joint=joint,
+        ci=ci,
+        expected=expected,
+        p_value=pv,
+        pairs=pairs,
+    )
 
 
 def workload_pairs(ev: Evaluation, workload: str, higher_is_better: bool, offset: int) -> tuple[list[float], list[int]]:
@@ -308,8 +413,18 @@ def workload_pairs(ev: Evaluation, workload: str, higher_is_better: bool, offset
     return d, [offset + sessions.index((k[0], k[1])) for k in keys]
 
 
-def _step(ws: Workspace, commit: str, index: int, since: str, workload: str, seed: int | None, say: Say,
-          margin: float, alpha: float, tip: float | None = None) -> BisectStep:
+def _step(
+    ws: Workspace,
+    commit: str,
+    index: int,
+    since: str,
+    workload: str,
+    seed: int | None,
+    say: Say,
+    margin: float,
+    alpha: float,
+    tip: float | None = None,
+) -> BisectStep:
     """One step: ``commit`` against the start on ``workload``, from the pairs of every round that measured it; an
     unknown outcome is measured again on fresh seeds and the pairs pooled (up to UNKNOWN_RETRIES times).
 
@@ -343,22 +458,57 @@ def _step(ws: Workspace, commit: str, index: int, since: str, workload: str, see
         text = f"{workload} {est.speedup:.3f}x the start [{lo:.3f}, {hi:.3f}] over {est.n} pairs"
         below, above = (1.0 - margin, 1.0 - margin) if tip is None else (math.sqrt(tip), math.sqrt(tip))
         if hi < below:
-            why = (f"significantly worse, by more than {margin:.0%}" if tip is None else
-                   f"nearer the tip's {tip:.3f}x than the start's level")
-            return BisectStep(commit=commit, index=index, outcome="different", reason=f"{text}: {why}", seed=ev.seed,
-                              speedup=est.speedup, ci=(lo, hi), pairs=est.n)
+            why = (
+                f"significantly worse, by more than {margin:.0%}"
+                if tip is None
+                else f"nearer the tip's {tip:.3f}x than the start's level"
+            )
+            return BisectStep(
+                commit=commit,
+                index=index,
+                outcome="different",
+                reason=f"{text}: {why}",
+                seed=ev.seed,
+                speedup=est.speedup,
+                ci=(lo, hi),
+                pairs=est.n,
+            )
         if lo >= above:
-            why = f"no regression of {margin:.0%} or more" if tip is None else f"nearer the start's level than the tip's {tip:.3f}x"
-            return BisectStep(commit=commit, index=index, outcome="same", reason=f"{text}: {why}",
-                              seed=ev.seed, speedup=est.speedup, ci=(lo, hi), pairs=est.n)
+            why = (
+                f"no regression of {margin:.0%} or more"
+                if tip is None
+                else f"nearer the start's level than the tip's {tip:.3f}x"
+            )
+            return BisectStep(
+                commit=commit,
+                index=index,
+                outcome="same",
+                reason=f"{text}: {why}",
+                seed=ev.seed,
+                speedup=est.speedup,
+                ci=(lo, hi),
+                pairs=est.n,
+            )
         reasons.append(text)
         say("bisect", f"{text}: unknown, measuring again on fresh seeds")
-    return BisectStep(commit=commit, index=index, outcome="unknown", reason=f"unknown after {len(d)} pairs: {reasons[-1]}",
-                      seed=step_seed or 0, pairs=len(d))
+    return BisectStep(
+        commit=commit,
+        index=index,
+        outcome="unknown",
+        reason=f"unknown after {len(d)} pairs: {reasons[-1]}",
+        seed=step_seed or 0,
+        pairs=len(d),
+    )
 
 
-def bisect(ws: Workspace, workload: str | None = None, since: str | None = None, *, seed: int | None = None,
-           progress: Say | None = None) -> StackBisect:
+def bisect(
+    ws: Workspace,
+    workload: str | None = None,
+    since: str | None = None,
+    *,
+    seed: int | None = None,
+    progress: Say | None = None,
+) -> StackBisect:
     """Name the merge of the range where ``workload`` (default: the objective) got significantly worse than at
     the range's start; record the search with each step's evidence."""
     say = progress or (lambda stage, detail: None)
@@ -383,8 +533,18 @@ def bisect(ws: Workspace, workload: str | None = None, since: str | None = None,
     def measure(i: int) -> BisectStep:
         attempt[0] += 1
         say("bisect", f"step {len(steps) + 1}: after commit {i} of {len(commits) - 1} ({commits[i][:12]})")
-        st = _step(ws, commits[i], i, rng.since, workload, None if seed is None else seed + 10 * attempt[0], say,
-                   config.gate.min_effect, step_alpha, steps[0].speedup if steps else None)
+        st = _step(
+            ws,
+            commits[i],
+            i,
+            rng.since,
+            workload,
+            None if seed is None else seed + 10 * attempt[0],
+            say,
+            config.gate.min_effect,
+            step_alpha,
+            steps[0].speedup if steps else None,
+        )
         steps.append(st)
         return st
 
@@ -415,17 +575,34 @@ def bisect(ws: Workspace, workload: str | None = None, since: str | None = None,
             elif st.outcome == "same":
                 lo = mid
             else:
-                reason = (f"the step after commit {mid} stayed unknown ({st.reason}); the regression entered between commit {lo + 1} "
-                          f"({commits[lo + 1][:12]}) and commit {hi} ({commits[hi][:12]})")
+                reason = (
+                    f"the step after commit {mid} stayed unknown ({st.reason}); the regression entered between commit {lo + 1} "
+                    f"({commits[lo + 1][:12]}) and commit {hi} ({commits[hi][:12]})"
+                )
                 break
         if not reason:
             culprit = commits[hi]
-            what = (f"the merge of {made_by[culprit]}" if culprit in made_by else
-                    f"the revert of {undone[culprit][:12]}" if culprit in undone else "a commit agentsearch did not make")
-            reason = f"{workload} regressed at commit {hi} of {len(commits) - 1} on the baseline ({culprit[:12]}: {what})"
+            what = (
+                f"the merge of {made_by[culprit]}"
+                if culprit in made_by
+                else f"the revert of {undone[culprit][:12]}"
+                if culprit in undone
+                else "a commit agentsearch did not make"
+            )
+            reason = (
+                f"{workload} regressed at commit {hi} of {len(commits) - 1} on the baseline ({culprit[:12]}: {what})"
+            )
     proposal = made_by.get(culprit or "")
-    record = StackBisect(since=rng.since, tip=rng.tip, workload=workload, merges=tuple(line),
-                         steps=tuple(steps), culprit=culprit, proposal=proposal, reason=reason,
-                         seconds=round(time.perf_counter() - t0, 3))
+    record = StackBisect(
+        since=rng.since,
+        tip=rng.tip,
+        workload=workload,
+        merges=tuple(line),
+        steps=tuple(steps),
+        culprit=culprit,
+        proposal=proposal,
+        reason=reason,
+        seconds=round(time.perf_counter() - t0, 3),
+    )
     append(ws, record, None, proposal)
     return record

@@ -16,18 +16,26 @@ import os
 import secrets
 import shutil
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from harness import corpus as corpus_mod
 from harness import environment, models
-from harness.distribution import DTYPE_FLOOR, MAX_DUMP_BYTES, PathStats, compare, judge_draws, judge_path
 from harness import lengths as lengths_mod
 from harness import regimes as regimes_mod
+from harness.distribution import DTYPE_FLOOR, MAX_DUMP_BYTES, PathStats, compare, judge_draws, judge_path
 from harness.engine_session import WorkerError, read_serving
+from harness.logprobs import (
+    CommandLogprobs,
+    LogprobError,
+    VllmLogprobs,
+    decode_lengths,
+    write_prompts,
+    write_sample_prompts,
+)
 from harness.safe_io import read_beneath
-from harness.logprobs import CommandLogprobs, LogprobError, VllmLogprobs, decode_lengths, write_prompts, write_sample_prompts
 from harness.trials import BASELINE, CANDIDATE
 
 from . import __version__, baseline_dumps
@@ -81,16 +89,29 @@ class VerifyResult:
     corpus_size: int = 0  # prompts in the corpus before the profile's selection
     baseline_reused: int = 0  # the baseline's dumps reused from an earlier check (agentsearch.baseline_dumps)
     reference: dict[str, Any] = field(default_factory=dict)  # the candidate against the pinned reference, per regime
-    blame: str = ""  # "" (passed) | candidate | main: main itself diverges from the reference where the candidate failed
+    blame: str = (
+        ""  # "" (passed) | candidate | main: main itself diverges from the reference where the candidate failed
+    )
     schema_version: int = VERIFY_SCHEMA
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "schema_version": self.schema_version, "verdict": self.verdict, "reasons": list(self.reasons),
-            "mode": self.mode, "public": self.sets.get("public"), "holdout": self.sets.get("holdout"),
-            "draws": self.draws or None, "holdout_size": self.holdout_size, "public_size": self.public_size,
-            "corpus_size": self.corpus_size, "languages": self.languages, "noise_floor": self.floor, "wall_s": round(self.wall_s, 3),
-            "baseline_reused": self.baseline_reused, "reference": self.reference or None, "blame": self.blame or None,
+            "schema_version": self.schema_version,
+            "verdict": self.verdict,
+            "reasons": list(self.reasons),
+            "mode": self.mode,
+            "public": self.sets.get("public"),
+            "holdout": self.sets.get("holdout"),
+            "draws": self.draws or None,
+            "holdout_size": self.holdout_size,
+            "public_size": self.public_size,
+            "corpus_size": self.corpus_size,
+            "languages": self.languages,
+            "noise_floor": self.floor,
+            "wall_s": round(self.wall_s, 3),
+            "baseline_reused": self.baseline_reused,
+            "reference": self.reference or None,
+            "blame": self.blame or None,
         }
 
 
@@ -124,7 +145,9 @@ def longest_output(config: Config) -> int:
     return min(LONGEST_DECODE, int(2 * max(lengths_mod.SCALES) * max(outs))) if outs else 0
 
 
-def _runner_spec(vc: VerifyConfig, config: Config, side: str, regime: Mapping[str, Any] | None = None) -> tuple[dict[str, Any], dict[str, str]]:
+def _runner_spec(
+    vc: VerifyConfig, config: Config, side: str, regime: Mapping[str, Any] | None = None
+) -> tuple[dict[str, Any], dict[str, str]]:
     """(the vLLM logprob worker's spec, its environment); the spec is empty for a command. ``regime``: engine
     arguments the worker puts over the worktree's serving.json (the run in another side's regime)."""
     env = dict(config.target.env)
@@ -132,7 +155,14 @@ def _runner_spec(vc: VerifyConfig, config: Config, side: str, regime: Mapping[st
         return {}, env
     model = models.resolve(vc.model)
     # processed logprobs: what the sampler draws from (greedy requests without penalties get the raw ones)
-    engine = {"enforce_eager": True, "max_model_len": 2048, "seed": 0, "dtype": vc.dtype, **vc.engine, "logprobs_mode": "processed_logprobs"}
+    engine = {
+        "enforce_eager": True,
+        "max_model_len": 2048,
+        "seed": 0,
+        "dtype": vc.dtype,
+        **vc.engine,
+        "logprobs_mode": "processed_logprobs",
+    }
     engine, device = placement_for(config).logprob_engine(side, engine)  # on a GPU: the side's device, its memory share
     env.update(device)
     spec = {"kind": "vllm-logprobs", "model": model, "engine": engine}
@@ -141,8 +171,15 @@ def _runner_spec(vc: VerifyConfig, config: Config, side: str, regime: Mapping[st
     return spec, env
 
 
-def _runner(vc: VerifyConfig, config: Config, worktree: Path, log: Path, out_root: Path, side: str = BASELINE,
-            regime: Mapping[str, Any] | None = None):
+def _runner(
+    vc: VerifyConfig,
+    config: Config,
+    worktree: Path,
+    log: Path,
+    out_root: Path,
+    side: str = BASELINE,
+    regime: Mapping[str, Any] | None = None,
+):
     spec, env = _runner_spec(vc, config, side, regime)
     if vc.kind == "command":
         assert vc.logprobs
@@ -150,19 +187,30 @@ def _runner(vc: VerifyConfig, config: Config, worktree: Path, log: Path, out_roo
     return VllmLogprobs(spec, worktree, env, log, vc.timeout_s, out_root)
 
 
-def kept_dumps(ws: Workspace, config: Config, commit: str, regime: Mapping[str, Any] | None = None,
-               kind: str = BASELINE) -> baseline_dumps.BaselineDumps:
+def kept_dumps(
+    ws: Workspace, config: Config, commit: str, regime: Mapping[str, Any] | None = None, kind: str = BASELINE
+) -> baseline_dumps.BaselineDumps:
     """Where the dumps of ``commit`` under this config and machine are kept: the baseline's own (``regime`` None),
     main's in another regime (``kind`` baseline with a ``regime``) or the reference's (``kind`` reference); each
     kind in its own directory, so one never evicts another's."""
     vc = config.verify
     assert vc is not None
     spec, env = _runner_spec(vc, config, BASELINE, regime)
-    key = baseline_dumps.baseline_key({
-        "commit": commit, "verify": dataclasses.asdict(vc), "spec": spec, "env": env, "install": config.target.install,
-        "overlay_from": config.target.overlay_from, "build": config.target.build, "model": baseline_dumps.model_digest(spec.get("model")),
-        "environment": environment.fingerprint(), "code": baseline_dumps.code_digest(), "version": __version__,
-    })
+    key = baseline_dumps.baseline_key(
+        {
+            "commit": commit,
+            "verify": dataclasses.asdict(vc),
+            "spec": spec,
+            "env": env,
+            "install": config.target.install,
+            "overlay_from": config.target.overlay_from,
+            "build": config.target.build,
+            "model": baseline_dumps.model_digest(spec.get("model")),
+            "environment": environment.fingerprint(),
+            "code": baseline_dumps.code_digest(),
+            "version": __version__,
+        }
+    )
     if kind == REFERENCE:
         return baseline_dumps.BaselineDumps(ws.state / baseline_dumps.REFERENCE_DIR, key, baseline_dumps.KEEP_REFERENCE)
     if regime is not None:
@@ -185,8 +233,15 @@ def budget_of(vc: VerifyConfig) -> tuple[str, dict[str, Any], str]:
     """(mode, caps, words) the reference comparison is judged with: ``[verify] drift_budget`` when set, else the
     check's own mode and caps."""
     if vc.drift_budget:
-        return "approx", dict(vc.drift_budget), "[verify] drift_budget " + ", ".join(f"{k} {v:g}" for k, v in vc.drift_budget.items())
-    words = {"tight": "the tight mode's tolerance (noise floor x3 or the dtype minimum)", "exact": "bit-identity (exact mode)"}
+        return (
+            "approx",
+            dict(vc.drift_budget),
+            "[verify] drift_budget " + ", ".join(f"{k} {v:g}" for k, v in vc.drift_budget.items()),
+        )
+    words = {
+        "tight": "the tight mode's tolerance (noise floor x3 or the dtype minimum)",
+        "exact": "bit-identity (exact mode)",
+    }
     return vc.mode, dict(vc.caps), words.get(vc.mode, "the approx mode's caps")
 
 
@@ -198,7 +253,7 @@ class _Elsewhere:
     """A runner in another built side (the reference's, in its own sandbox): the prompts are copied into that
     side's inputs, its dump is read beneath that side's outputs and copied to where the check reads it."""
 
-    def __init__(self, inner: Any, sides: "Sides"):
+    def __init__(self, inner: Any, sides: Sides):
         self.inner, self.sides = inner, sides
 
     def _call(self, method: str, prompts: Path, out: Path, **args: Any) -> dict:
@@ -230,7 +285,9 @@ class _Trusted:
     kept in the house per (commit, regime) and made only at the first miss. The reference's worktree is built
     (in a sandbox of its own) only when one of its dumps is missing."""
 
-    def __init__(self, ws: Workspace, config: Config, sd: "Sides", reference: str, stack: contextlib.ExitStack, keep: bool = True):
+    def __init__(
+        self, ws: Workspace, config: Config, sd: Sides, reference: str, stack: contextlib.ExitStack, keep: bool = True
+    ):
         self.ws, self.config, self.sd, self.reference, self.stack, self.keep = ws, config, sd, reference, stack, keep
         self.runners: dict[tuple[str, str], baseline_dumps.ReusingRunner] = {}
         self.ref_sides: Any = None
@@ -242,7 +299,9 @@ class _Trusted:
         if self.ref_sides is None:
             tag = f"reference-{self.reference[:10]}-{secrets.randbelow(100000):05d}"
             try:
-                self.ref_sides = self.stack.enter_context(built_sides(self.ws, self.config, {BASELINE: self.reference}, tag, "the reference"))
+                self.ref_sides = self.stack.enter_context(
+                    built_sides(self.ws, self.config, {BASELINE: self.reference}, tag, "the reference")
+                )
             except AgentsearchError as exc:
                 raise ReferenceFailed(f"the reference {self.reference[:10]} could not be built: {exc}") from None
         return self.ref_sides
@@ -257,10 +316,20 @@ class _Trusted:
 
             def make() -> Any:
                 sd = self._reference_side() if who == REFERENCE else self.sd
-                inner = _runner(vc, self.config, sd.worktrees[BASELINE], sd.logs / f"logprobs-{sd.label(who)}-r{n}.log", sd.out(BASELINE), BASELINE, regime)
+                inner = _runner(
+                    vc,
+                    self.config,
+                    sd.worktrees[BASELINE],
+                    sd.logs / f"logprobs-{sd.label(who)}-r{n}.log",
+                    sd.out(BASELINE),
+                    BASELINE,
+                    regime,
+                )
                 return _Elsewhere(inner, sd) if who == REFERENCE else inner
 
-            self.runners[k] = baseline_dumps.ReusingRunner(make, kept, self.sd.out(BASELINE), eager=False, keep=self.keep)
+            self.runners[k] = baseline_dumps.ReusingRunner(
+                make, kept, self.sd.out(BASELINE), eager=False, keep=self.keep
+            )
         return self.runners[k]
 
     def out(self) -> Path:
@@ -269,7 +338,10 @@ class _Trusted:
 
     def close(self, ok: bool) -> None:
         # a worktree that changed while its runs were made: nothing they made is kept (the next check makes them again)
-        moved = {BASELINE: bool(self.sd.check()), REFERENCE: bool(self.ref_sides is not None and self.ref_sides.check())}
+        moved = {
+            BASELINE: bool(self.sd.check()),
+            REFERENCE: bool(self.ref_sides is not None and self.ref_sides.check()),
+        }
         for (who, _), r in self.runners.items():
             r.close()
             if not self.keep:
@@ -280,8 +352,9 @@ class _Trusted:
                 r.dumps.mark_complete()  # newest by use: what pruning keeps
 
 
-def run_verify(ws: Workspace, config: Config, sd: "Sides", say: Say | None = None,
-               public_only: bool = False) -> VerifyResult:
+def run_verify(
+    ws: Workspace, config: Config, sd: Sides, say: Say | None = None, public_only: bool = False
+) -> VerifyResult:
     """Collect both sides' logprobs (each in its own sandbox) and judge them. Raises LogprobError on failure.
 
     The prompts are an input both sides read; each side's dumps go to its own output directory,
@@ -313,9 +386,15 @@ def run_verify(ws: Workspace, config: Config, sd: "Sides", say: Say | None = Non
     paths = (*PATHS, "sample") if sampling else PATHS
     reference = ws.reference_commit(config, sd.commits[BASELINE])
     main = sd.commits[CANDIDATE] == sd.commits[BASELINE]  # `verify main`: the candidate is main's own code
-    regime_base, regime_cand = side_regime(vc, worktrees[BASELINE], BASELINE), side_regime(vc, worktrees[CANDIDATE], CANDIDATE)
+    regime_base, regime_cand = (
+        side_regime(vc, worktrees[BASELINE], BASELINE),
+        side_regime(vc, worktrees[CANDIDATE], CANDIDATE),
+    )
     regimes = [regime_cand]  # the candidate's own first; then production's ([verify] regimes) and the old one
-    for extra in (*(regimes_mod.with_overrides(regime_cand, o) for o in vc.regimes), *([regime_base] if vc.old_regime else [])):
+    for extra in (
+        *(regimes_mod.with_overrides(regime_cand, o) for o in vc.regimes),
+        *([regime_base] if vc.old_regime else []),
+    ):
         if all(regimes_mod.key(extra) != regimes_mod.key(r) for r in regimes):
             regimes.append(extra)
     runners: dict[str, Any] = {}
@@ -324,15 +403,23 @@ def run_verify(ws: Workspace, config: Config, sd: "Sides", say: Say | None = Non
     kept = kept_dumps(ws, config, sd.commits[BASELINE]) if vc.reuse_baseline and not public_only else None
     try:
         for side in (BASELINE, CANDIDATE):
+
             def make(side: str = side) -> Any:
-                return _runner(vc, config, worktrees[side], sd.logs / f"logprobs-{sd.label(side)}.log", sd.out(side), side)
+                return _runner(
+                    vc, config, worktrees[side], sd.logs / f"logprobs-{sd.label(side)}.log", sd.out(side), side
+                )
 
             if side == BASELINE and kept is not None:
                 runners[side] = baseline_dumps.ReusingRunner(make, kept, sd.out(side), eager=not kept.complete)
                 if kept.complete:
-                    say("verify", f"the baseline's dumps are kept from an earlier check of {sd.commits[BASELINE][:10]}: its engine is not started")
+                    say(
+                        "verify",
+                        f"the baseline's dumps are kept from an earlier check of {sd.commits[BASELINE][:10]}: its engine is not started",
+                    )
             elif side == CANDIDATE and main and kept is not None:
-                runners[side] = baseline_dumps.ReusingRunner(make, kept, sd.out(side), eager=False)  # main's own runs: kept
+                runners[side] = baseline_dumps.ReusingRunner(
+                    make, kept, sd.out(side), eager=False
+                )  # main's own runs: kept
             else:
                 runners[side] = make()
 
@@ -346,20 +433,49 @@ def run_verify(ws: Workspace, config: Config, sd: "Sides", say: Say | None = Non
         def logprobs(side: str, prompts_file: Path, out: str) -> Callable[[], dict]:
             return lambda: runners[side].run(prompts_file, outs[side] / out, vc.k, vc.max_tokens)
 
-        base = collect(BASELINE, f"baseline logprobs for {len(prompts)} prompts", logprobs(BASELINE, ordered, "base.jsonl"))
-        base2 = collect(BASELINE, "baseline again, shuffled (noise floor)", logprobs(BASELINE, shuffled, "base-shuffled.jsonl"))
+        base = collect(
+            BASELINE, f"baseline logprobs for {len(prompts)} prompts", logprobs(BASELINE, ordered, "base.jsonl")
+        )
+        base2 = collect(
+            BASELINE, "baseline again, shuffled (noise floor)", logprobs(BASELINE, shuffled, "base-shuffled.jsonl")
+        )
         cand = collect(CANDIDATE, "candidate logprobs", logprobs(CANDIDATE, ordered, "cand.jsonl"))
         if sampling:
             s_ordered = write_sample_prompts(inputs / "sample.jsonl", prompts, len(SAMPLE_SETTINGS), lengths=lengths)
-            s_shuffled = write_sample_prompts(inputs / "sample-shuffled.jsonl", prompts, len(SAMPLE_SETTINGS), shuffle_seed=shuffle_seed,
-                                              lengths=lengths)
+            s_shuffled = write_sample_prompts(
+                inputs / "sample-shuffled.jsonl",
+                prompts,
+                len(SAMPLE_SETTINGS),
+                shuffle_seed=shuffle_seed,
+                lengths=lengths,
+            )
 
             def processed(side: str, prompts_file: Path, out: str) -> Callable[[], dict]:
-                return lambda: runners[side].processed(prompts_file, outs[side] / out, SAMPLE_SETTINGS, vc.k, vc.max_tokens)
+                return lambda: runners[side].processed(
+                    prompts_file, outs[side] / out, SAMPLE_SETTINGS, vc.k, vc.max_tokens
+                )
 
-            base.update(collect(BASELINE, "sample path: baseline processed logprobs", processed(BASELINE, s_ordered, "sample-base.jsonl")))
-            base2.update(collect(BASELINE, "sample path: baseline again, shuffled", processed(BASELINE, s_shuffled, "sample-base-shuffled.jsonl")))
-            cand.update(collect(CANDIDATE, "sample path: candidate processed logprobs", processed(CANDIDATE, s_ordered, "sample-cand.jsonl")))
+            base.update(
+                collect(
+                    BASELINE,
+                    "sample path: baseline processed logprobs",
+                    processed(BASELINE, s_ordered, "sample-base.jsonl"),
+                )
+            )
+            base2.update(
+                collect(
+                    BASELINE,
+                    "sample path: baseline again, shuffled",
+                    processed(BASELINE, s_shuffled, "sample-base-shuffled.jsonl"),
+                )
+            )
+            cand.update(
+                collect(
+                    CANDIDATE,
+                    "sample path: candidate processed logprobs",
+                    processed(CANDIDATE, s_ordered, "sample-cand.jsonl"),
+                )
+            )
         if sampling and vc.sample_draws:
             first_of_lang: dict[str, corpus_mod.Prompt] = {}
             for p in public:
@@ -375,10 +491,19 @@ def run_verify(ws: Workspace, config: Config, sd: "Sides", say: Say | None = Non
 
             draws = [
                 collect(BASELINE, "draw test: baseline", drawn(BASELINE, ctx, DRAW_SEED, "draws-base.jsonl")),
-                collect(BASELINE, "draw test: baseline again, same seeds, another batch (noise floor)",
-                        drawn(BASELINE, ctx_shuffled, DRAW_SEED, "draws-floor.jsonl")),
-                collect(BASELINE, "draw test: baseline with unrelated seeds", drawn(BASELINE, ctx, unrelated_seed, "draws-unrelated.jsonl")),
-                collect(CANDIDATE, "draw test: candidate, same seeds", drawn(CANDIDATE, ctx, DRAW_SEED, "draws-cand.jsonl")),
+                collect(
+                    BASELINE,
+                    "draw test: baseline again, same seeds, another batch (noise floor)",
+                    drawn(BASELINE, ctx_shuffled, DRAW_SEED, "draws-floor.jsonl"),
+                ),
+                collect(
+                    BASELINE,
+                    "draw test: baseline with unrelated seeds",
+                    drawn(BASELINE, ctx, unrelated_seed, "draws-unrelated.jsonl"),
+                ),
+                collect(
+                    CANDIDATE, "draw test: candidate, same seeds", drawn(CANDIDATE, ctx, DRAW_SEED, "draws-cand.jsonl")
+                ),
             ]
     finally:
         for r in runners.values():
@@ -389,15 +514,17 @@ def run_verify(ws: Workspace, config: Config, sd: "Sides", say: Say | None = Non
     reasons: list[str] = []
     for name, st in floor.items():
         if st.missing or st.dropped or st.token_mismatch or st.bad_divergences:
-            reasons.append(f"noise floor: the baseline is not self-consistent on {name} (missing {len(st.missing) + len(st.dropped)}, "
-                           f"token mismatches {len(st.token_mismatch)}, divergences {len(st.bad_divergences)})")
+            reasons.append(
+                f"noise floor: the baseline is not self-consistent on {name} (missing {len(st.missing) + len(st.dropped)}, "
+                f"token mismatches {len(st.token_mismatch)}, divergences {len(st.bad_divergences)})"
+            )
     if kept is not None:
         # kept for the next check only when this one's baseline was self-consistent and its worktree as built
         if reasons or sd.check():
             kept.discard()
         else:
             kept.mark_complete()
-    groups = (("public", public), ("holdout", hold))[:1 if public_only else 2]
+    groups = (("public", public), ("holdout", hold))[: 1 if public_only else 2]
     sets, set_reasons, positions = _judge_sets(base, cand, groups, paths, floor, vc.mode, dict(vc.caps), vc.dtype)
     reasons += set_reasons
     draw_stats: dict[str, Any] = {}
@@ -406,8 +533,9 @@ def run_verify(ws: Workspace, config: Config, sd: "Sides", say: Say | None = Non
         draw_stats = {"passed": dv.passed, **dv.stats}
         reasons += list(dv.reasons)
     against = _Against(ws, config, sd, reference, regimes, regime_base, main, say, keep=not public_only)
-    ref_info, ref_reasons, main_reasons = against.judge(base, cand, groups, paths, floor, ordered, s_ordered,
-                                                        candidate_failed=bool(reasons))
+    ref_info, ref_reasons, main_reasons = against.judge(
+        base, cand, groups, paths, floor, ordered, s_ordered, candidate_failed=bool(reasons)
+    )
     blame = ("main" if main_reasons else "candidate") if (reasons or ref_reasons) else ""
     reasons = [*main_reasons, *reasons, *ref_reasons]
     languages: dict[str, dict[str, Any]] = {}
@@ -415,15 +543,34 @@ def run_verify(ws: Workspace, config: Config, sd: "Sides", say: Say | None = Non
         ids = [p.id for p in public if p.lang == lang]
         languages[lang] = {path: st.summary() for path, st in compare(base, cand, ids, tie, paths).items()}
     return VerifyResult(
-        verdict="fail" if reasons else "pass", reasons=tuple(reasons), sets=sets, languages=languages,
-        floor={path: st.summary() for path, st in floor.items()}, holdout_size=len(hold), public_size=len(public),
-        mode=vc.mode, wall_s=time.perf_counter() - t0, positions=positions, draws=draw_stats, corpus_size=len(every),
-        baseline_reused=reused, reference=ref_info, blame=blame,
+        verdict="fail" if reasons else "pass",
+        reasons=tuple(reasons),
+        sets=sets,
+        languages=languages,
+        floor={path: st.summary() for path, st in floor.items()},
+        holdout_size=len(hold),
+        public_size=len(public),
+        mode=vc.mode,
+        wall_s=time.perf_counter() - t0,
+        positions=positions,
+        draws=draw_stats,
+        corpus_size=len(every),
+        baseline_reused=reused,
+        reference=ref_info,
+        blame=blame,
     )
 
 
-def _judge_sets(a: Mapping, b: Mapping, groups: Any, paths: tuple[str, ...], floor: Mapping[str, PathStats], mode: str,
-                caps: dict[str, Any], dtype: str) -> tuple[dict[str, dict[str, Any]], list[str], dict[str, list[float]]]:
+def _judge_sets(
+    a: Mapping,
+    b: Mapping,
+    groups: Any,
+    paths: tuple[str, ...],
+    floor: Mapping[str, PathStats],
+    mode: str,
+    caps: dict[str, Any],
+    dtype: str,
+) -> tuple[dict[str, dict[str, Any]], list[str], dict[str, list[float]]]:
     """(per set and path: passed and statistics; the reasons, "<set> <path>: ..."; per-position KL of the public set)."""
     tie = DTYPE_FLOOR[dtype]["tie"]
     sets: dict[str, dict[str, Any]] = {}
@@ -450,8 +597,18 @@ class _Against:
     reference engine only in a regime no earlier check ran. While the reference is the baseline itself and the
     regime the baseline's own, the baseline's dumps are the reference's (the same computation)."""
 
-    def __init__(self, ws: Workspace, config: Config, sd: "Sides", reference: str, regimes: list[regimes_mod.Regime],
-                 regime_base: regimes_mod.Regime, main: bool, say: Say, keep: bool = True):
+    def __init__(
+        self,
+        ws: Workspace,
+        config: Config,
+        sd: Sides,
+        reference: str,
+        regimes: list[regimes_mod.Regime],
+        regime_base: regimes_mod.Regime,
+        main: bool,
+        say: Say,
+        keep: bool = True,
+    ):
         self.ws, self.config, self.sd, self.reference, self.regimes = ws, config, sd, reference, regimes
         self.regime_base, self.main, self.say, self.keep = regime_base, main, say, keep
         assert config.verify is not None
@@ -460,8 +617,17 @@ class _Against:
     def _label(self, regime: regimes_mod.Regime) -> str:
         return regimes_mod.describe(regime) if self.vc.kind == "vllm" else "the command's run"
 
-    def judge(self, base: dict, cand: dict, groups: Any, paths: tuple[str, ...], floor: Mapping[str, PathStats], ordered: Path,
-              sample_prompts: Path | None, candidate_failed: bool) -> tuple[dict[str, Any], list[str], list[str]]:
+    def judge(
+        self,
+        base: dict,
+        cand: dict,
+        groups: Any,
+        paths: tuple[str, ...],
+        floor: Mapping[str, PathStats],
+        ordered: Path,
+        sample_prompts: Path | None,
+        candidate_failed: bool,
+    ) -> tuple[dict[str, Any], list[str], list[str]]:
         vc, sd = self.vc, self.sd
         mode, caps, words = budget_of(vc)
         base_commit = sd.commits[BASELINE]
@@ -507,21 +673,35 @@ class _Against:
                     if own and at_base:
                         why_main = ["the check's own comparison failed"] if candidate_failed else []
                     else:
-                        _, why_main, _ = _judge_sets(main_r, cand_r, groups, rpaths, floor, vc.mode, dict(vc.caps), vc.dtype)
+                        _, why_main, _ = _judge_sets(
+                            main_r, cand_r, groups, rpaths, floor, vc.mode, dict(vc.caps), vc.dtype
+                        )
                     failed = bool(why_ref or why_main or (own and candidate_failed))
-                    rows.append({"regime": regime, "label": label, "own": own, "passed": not why_ref, "against_main": not why_main,
-                                 "sets": sets})
+                    rows.append(
+                        {
+                            "regime": regime,
+                            "label": label,
+                            "own": own,
+                            "passed": not why_ref,
+                            "against_main": not why_main,
+                            "sets": sets,
+                        }
+                    )
                     if why_ref and not (ref_r is base and cand_r is cand and not vc.drift_budget):
                         # (where the reference is the baseline, judged alike, the check's own reasons say it)
-                        reasons.append(f"drift budget ({words}) against the reference {self.reference[:10]} at {label}: {cut(why_ref)}")
+                        reasons.append(
+                            f"drift budget ({words}) against the reference {self.reference[:10]} at {label}: {cut(why_ref)}"
+                        )
                     if why_main and not (own and at_base):
                         reasons.append(f"against main at {label} ({vc.mode}): {cut(why_main)}")
                     if failed:
                         # is main itself off the reference here, and the candidate no further from main than one change may be?
                         msets, why_mref, _ = _judge_sets(ref_r, main_r, groups, rpaths, floor, mode, caps, vc.dtype)
                         mains.append({"regime": regime, "label": label, "passed": not why_mref, "sets": msets})
-                        why_b = (f"main already diverges from the reference {self.reference[:10]} at {label} ({words}): {cut(why_mref, 2)}"
-                                 + ("" if self.main else " — not this proposal's change"))
+                        why_b = (
+                            f"main already diverges from the reference {self.reference[:10]} at {label} ({words}): {cut(why_mref, 2)}"
+                            + ("" if self.main else " — not this proposal's change")
+                        )
                         blamed.append((bool(why_mref) and not why_main, why_b))
                 ok = True
             finally:
@@ -529,21 +709,41 @@ class _Against:
         # main is the cause only where, in every regime the candidate failed, main itself is off the reference and the
         # candidate agrees with main (a change that also moves the outputs is the proposal's, whatever main does)
         main_reasons = [why for _, why in blamed] if blamed and all(cause for cause, _ in blamed) else []
-        info = {"commit": self.reference, "budget": words, "mode": mode, "caps": caps, "passed": all(r["passed"] for r in rows),
-                "against_main": all(r["against_main"] for r in rows),
-                "regimes": rows, "main": mains, "reused": sum(r.reused for r in trusted.runners.values()),
-                "collected": sum(r.collected for r in trusted.runners.values()), "wall_s": round(time.perf_counter() - t0, 3)}
+        info = {
+            "commit": self.reference,
+            "budget": words,
+            "mode": mode,
+            "caps": caps,
+            "passed": all(r["passed"] for r in rows),
+            "against_main": all(r["against_main"] for r in rows),
+            "regimes": rows,
+            "main": mains,
+            "reused": sum(r.reused for r in trusted.runners.values()),
+            "collected": sum(r.collected for r in trusted.runners.values()),
+            "wall_s": round(time.perf_counter() - t0, 3),
+        }
         return info, reasons, main_reasons
 
-    def _trusted_run(self, trusted: "_Trusted", who: str, regime: regimes_mod.Regime, n: int, ordered: Path,
-                     sample_prompts: Path | None) -> dict:
+    def _trusted_run(
+        self,
+        trusted: _Trusted,
+        who: str,
+        regime: regimes_mod.Regime,
+        n: int,
+        ordered: Path,
+        sample_prompts: Path | None,
+    ) -> dict:
         vc = self.vc
         runner = trusted.runner(who, regime, n)
         tag = "ref" if who == REFERENCE else "main"
         try:
             dump = dict(runner.run(ordered, trusted.out() / f"{tag}-r{n}.jsonl", vc.k, vc.max_tokens))
             if sample_prompts is not None:
-                dump.update(runner.processed(sample_prompts, trusted.out() / f"{tag}-r{n}-sample.jsonl", SAMPLE_SETTINGS, vc.k, vc.max_tokens))
+                dump.update(
+                    runner.processed(
+                        sample_prompts, trusted.out() / f"{tag}-r{n}-sample.jsonl", SAMPLE_SETTINGS, vc.k, vc.max_tokens
+                    )
+                )
         except ReferenceFailed:
             raise
         except LogprobError as exc:
@@ -555,7 +755,15 @@ class _Against:
     def _candidate_run(self, regime: regimes_mod.Regime, n: int, ordered: Path) -> dict:
         vc, sd = self.vc, self.sd
         self.say("verify", f"candidate at {self._label(regime)}")
-        runner = _runner(vc, self.config, sd.worktrees[CANDIDATE], sd.logs / f"logprobs-{sd.label(CANDIDATE)}-r{n}.log", sd.out(CANDIDATE), CANDIDATE, regime)
+        runner = _runner(
+            vc,
+            self.config,
+            sd.worktrees[CANDIDATE],
+            sd.logs / f"logprobs-{sd.label(CANDIDATE)}-r{n}.log",
+            sd.out(CANDIDATE),
+            CANDIDATE,
+            regime,
+        )
         try:
             return runner.run(ordered, sd.out(CANDIDATE) / "verify" / f"cand-r{n}.jsonl", vc.k, vc.max_tokens)
         except LogprobError as exc:
@@ -578,7 +786,9 @@ def verify(ws: Workspace, ref: str, say: Say | None = None) -> VerifyResult:
         try:
             res = run_verify(ws, config, sd, say)
         except LogprobError as exc:
-            return VerifyResult("fail", (f"logprob collection failed: {exc}",), {}, {}, {}, 0, 0, config.verify.mode, 0.0)
+            return VerifyResult(
+                "fail", (f"logprob collection failed: {exc}",), {}, {}, {}, 0, 0, config.verify.mode, 0.0
+            )
         moved = sd.check()
         if moved:
             return dataclasses.replace(res, verdict="fail", reasons=(*res.reasons, moved))
@@ -596,7 +806,9 @@ def verify_public(ws: Workspace, config: Config, base: str, cand: str, say: Say 
         try:
             res = run_verify(ws, config, sd, say, public_only=True)
         except LogprobError as exc:
-            return VerifyResult("fail", (f"logprob collection failed: {exc}",), {}, {}, {}, 0, 0, config.verify.mode, 0.0)
+            return VerifyResult(
+                "fail", (f"logprob collection failed: {exc}",), {}, {}, {}, 0, 0, config.verify.mode, 0.0
+            )
         moved = sd.check()
         return dataclasses.replace(res, verdict="fail", reasons=(*res.reasons, moved)) if moved else res
 

@@ -37,6 +37,7 @@ from harness.trials import BASELINE
 from .sides import KeptBaseline, remove_worktree, scratch_dir, snapshot
 from .workspace import Workspace
 
+
 class WarmBaseline:
     """One episode's kept baseline. ``reuse``: evaluations one baseline engine instance may serve (1: off)."""
 

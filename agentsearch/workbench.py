@@ -26,16 +26,17 @@ session's ``AgentSession`` (``history.records.agent_session``).
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
-import json
 import secrets
 import sys
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from harness import cgroups, sandbox, seeds
 from harness.engine_session import EnginePool
@@ -76,44 +77,108 @@ class Answer:
 
 # name -> (description, JSON schema of its arguments); the MCP server is built from this table
 TOOLS: dict[str, tuple[str, dict[str, Any]]] = {
-    "read": ("Read a text file of your worktree (numbered lines). Paths are relative to the worktree.",
-             {"type": "object", "properties": {"path": {"type": "string"}, "offset": {"type": "integer"}, "limit": {"type": "integer"}},
-              "required": ["path"]}),
-    "write": ("Write a whole file in your worktree (created or replaced).",
-              {"type": "object", "properties": {"path": {"type": "string"}, "content": {"type": "string"}}, "required": ["path", "content"]}),
-    "edit": ("Replace the exact text `old` with `new` in a file of your worktree (once, or everywhere with all=true).",
-             {"type": "object", "properties": {"path": {"type": "string"}, "old": {"type": "string"}, "new": {"type": "string"},
-                                               "all": {"type": "boolean"}}, "required": ["path", "old", "new"]}),
+    "read": (
+        "Read a text file of your worktree (numbered lines). Paths are relative to the worktree.",
+        {
+            "type": "object",
+            "properties": {"path": {"type": "string"}, "offset": {"type": "integer"}, "limit": {"type": "integer"}},
+            "required": ["path"],
+        },
+    ),
+    "write": (
+        "Write a whole file in your worktree (created or replaced).",
+        {
+            "type": "object",
+            "properties": {"path": {"type": "string"}, "content": {"type": "string"}},
+            "required": ["path", "content"],
+        },
+    ),
+    "edit": (
+        "Replace the exact text `old` with `new` in a file of your worktree (once, or everywhere with all=true).",
+        {
+            "type": "object",
+            "properties": {
+                "path": {"type": "string"},
+                "old": {"type": "string"},
+                "new": {"type": "string"},
+                "all": {"type": "boolean"},
+            },
+            "required": ["path", "old", "new"],
+        },
+    ),
     "ls": ("List a directory of your worktree.", {"type": "object", "properties": {"path": {"type": "string"}}}),
-    "grep": ("Search files of your worktree with a Python regular expression (glob filters file names).",
-             {"type": "object", "properties": {"pattern": {"type": "string"}, "path": {"type": "string"}, "glob": {"type": "string"}},
-              "required": ["pattern"]}),
-    "run": ("Run a shell command in your worktree, in the sandbox (no network; only the worktree is writable; "
-            "bounded time and memory). Build, a unit test, a script you wrote.",
-            {"type": "object", "properties": {"command": {"type": "string"}, "timeout_s": {"type": "number"}}, "required": ["command"]}),
-    "changes": ("Your change so far: the diff of your worktree against the baseline (what would be proposed).",
-                {"type": "object", "properties": {}}),
-    "test": ("The target's functional tests on your change, as the gate runs them.", {"type": "object", "properties": {}}),
-    "kernels_bench": ("The micro stage on your change for one IR op: correctness on the generated cases, then interleaved timing "
-                      "of PROVIDER (registered in your worktree) against the baseline's provider (default native).",
-                      {"type": "object", "properties": {"op": {"type": "string"}, "provider": {"type": "string"},
-                                                        "baseline_provider": {"type": "string"}, "pairs": {"type": "integer"}},
-                       "required": ["op", "provider"]}),
-    "measure": ("An ADVISORY paired measurement of your change against the baseline on fresh engines (estimate and 95% CI). "
-                "Not the gate: the gate measures with its own seeds after you finish.",
-                {"type": "object", "properties": {"workload": {"type": "string"}, "pairs": {"type": "integer"}}}),
-    "profile": ("Where a workload's time goes with your change (by engine phase, op and module).",
-                {"type": "object", "properties": {"workload": {"type": "string"}}}),
-    "check_outputs": ("The distribution check of your change against the baseline on the public corpus only (advisory).",
-                      {"type": "object", "properties": {}}),
-    "history": ("Earlier proposals of this target and their verdicts (untrusted text).",
-                {"type": "object", "properties": {"limit": {"type": "integer"}}}),
-    "insights": ("The latest insights distilled from the history (untrusted text).", {"type": "object", "properties": {}}),
+    "grep": (
+        "Search files of your worktree with a Python regular expression (glob filters file names).",
+        {
+            "type": "object",
+            "properties": {"pattern": {"type": "string"}, "path": {"type": "string"}, "glob": {"type": "string"}},
+            "required": ["pattern"],
+        },
+    ),
+    "run": (
+        "Run a shell command in your worktree, in the sandbox (no network; only the worktree is writable; "
+        "bounded time and memory). Build, a unit test, a script you wrote.",
+        {
+            "type": "object",
+            "properties": {"command": {"type": "string"}, "timeout_s": {"type": "number"}},
+            "required": ["command"],
+        },
+    ),
+    "changes": (
+        "Your change so far: the diff of your worktree against the baseline (what would be proposed).",
+        {"type": "object", "properties": {}},
+    ),
+    "test": (
+        "The target's functional tests on your change, as the gate runs them.",
+        {"type": "object", "properties": {}},
+    ),
+    "kernels_bench": (
+        "The micro stage on your change for one IR op: correctness on the generated cases, then interleaved timing "
+        "of PROVIDER (registered in your worktree) against the baseline's provider (default native).",
+        {
+            "type": "object",
+            "properties": {
+                "op": {"type": "string"},
+                "provider": {"type": "string"},
+                "baseline_provider": {"type": "string"},
+                "pairs": {"type": "integer"},
+            },
+            "required": ["op", "provider"],
+        },
+    ),
+    "measure": (
+        "An ADVISORY paired measurement of your change against the baseline on fresh engines (estimate and 95% CI). "
+        "Not the gate: the gate measures with its own seeds after you finish.",
+        {"type": "object", "properties": {"workload": {"type": "string"}, "pairs": {"type": "integer"}}},
+    ),
+    "profile": (
+        "Where a workload's time goes with your change (by engine phase, op and module).",
+        {"type": "object", "properties": {"workload": {"type": "string"}}},
+    ),
+    "check_outputs": (
+        "The distribution check of your change against the baseline on the public corpus only (advisory).",
+        {"type": "object", "properties": {}},
+    ),
+    "history": (
+        "Earlier proposals of this target and their verdicts (untrusted text).",
+        {"type": "object", "properties": {"limit": {"type": "integer"}}},
+    ),
+    "insights": (
+        "The latest insights distilled from the history (untrusted text).",
+        {"type": "object", "properties": {}},
+    ),
 }
 FILE_TOOL_TIMEOUT_S = 60.0  # the longest one file-tool call may take (a FIFO, a pathological regular expression)
 FILE_TOOL_FLOOR_S = 5.0  # ... and its limit once the session's tool seconds are spent
 PIDS_MAX = 4096  # tasks (threads included) one `run` call may hold at once, where cgroups can say so
-HEAVY = ("run", "test", "kernels_bench", "measure", "profile", "check_outputs")  # count against max_tool_seconds before they start
+HEAVY = (
+    "run",
+    "test",
+    "kernels_bench",
+    "measure",
+    "profile",
+    "check_outputs",
+)  # count against max_tool_seconds before they start
 
 
 def cap(s: str, limit: int) -> str:
@@ -121,7 +186,7 @@ def cap(s: str, limit: int) -> str:
     if len(s) <= limit:
         return s
     head = limit // 4
-    return s[:head] + f"\n… ({len(s) - limit} characters cut) …\n" + s[-(limit - head):]
+    return s[:head] + f"\n… ({len(s) - limit} characters cut) …\n" + s[-(limit - head) :]
 
 
 def clear_leftovers(ws: Workspace) -> int:
@@ -137,7 +202,9 @@ def clear_leftovers(ws: Workspace) -> int:
         n += 1
     for d in sorted((ws.state / "tmp").glob("agent-*")) if (ws.state / "tmp").is_dir() else ():
         remove_tree(d)
-    refs = git.run_git("for-each-ref", "--format=%(refname)", "refs/agentsearch/workbench/", cwd=ws.repo_dir, check=False).split()
+    refs = git.run_git(
+        "for-each-ref", "--format=%(refname)", "refs/agentsearch/workbench/", cwd=ws.repo_dir, check=False
+    ).split()
     for ref in refs:
         git.run_git("update-ref", "-d", ref, cwd=ws.repo_dir, check=False)
     return n
@@ -153,8 +220,18 @@ class Workbench:
 
     TOOLS = TOOLS
 
-    def __init__(self, ws: Workspace, config: Config, base: str, name: str, *, history: Sequence[Mapping[str, Any]] | None = None,
-                 insights_md: str = "", say: Say | None = None, start_from: str = ""):
+    def __init__(
+        self,
+        ws: Workspace,
+        config: Config,
+        base: str,
+        name: str,
+        *,
+        history: Sequence[Mapping[str, Any]] | None = None,
+        insights_md: str = "",
+        say: Say | None = None,
+        start_from: str = "",
+    ):
         ok, why = sandbox_available()
         if not ok:
             raise WorkbenchError(f"the agent's tools run only in the sandbox, and this machine cannot sandbox: {why}")
@@ -191,20 +268,30 @@ class Workbench:
         wt = str(self.worktree.resolve())
         pinned = [(str(self.root / "pinned" / rel), f"{wt}/{rel}") for rel in pins]
         pinned += [(f"{wt}/{rel}", f"{wt}/{rel}") for rel in (".git", *self.linked)]  # read-only over themselves
-        self.sandbox = sandbox.Sandbox(worktree=wt, outputs=str(self.out.resolve()),
-                                       read_only=(str(FILES_TOOL), *model_dirs(config)), pinned=tuple(pinned))
+        self.sandbox = sandbox.Sandbox(
+            worktree=wt,
+            outputs=str(self.out.resolve()),
+            read_only=(str(FILES_TOOL), *model_dirs(config)),
+            pinned=tuple(pinned),
+        )
 
     # ------------------------------------------------------------------ the one entry point
     def call(self, tool: str, args: Mapping[str, Any]) -> Answer:
         """Run ``tool`` with ``args`` (one call at a time), count it and record it; never raises."""
         with self._lock:
-            summary = text.clean(" ".join(f"{k}={str(v)[:80]!r}" for k, v in sorted(args.items()) if k != "content"), 200, one_line=True)
+            summary = text.clean(
+                " ".join(f"{k}={str(v)[:80]!r}" for k, v in sorted(args.items()) if k != "content"), 200, one_line=True
+            )
             if tool not in TOOLS:
                 return self._refuse(tool, summary, f"{tool} is not a workbench tool")
             left = self.budget.max_tool_seconds - self.tool_seconds
             if tool in HEAVY and left <= 0:
-                return self._refuse(tool, summary, f"the session's tool budget ({self.budget.max_tool_seconds:g} s, [agent] max_tool_seconds) "
-                                                   "is spent: finish with your closing JSON line")
+                return self._refuse(
+                    tool,
+                    summary,
+                    f"the session's tool budget ({self.budget.max_tool_seconds:g} s, [agent] max_tool_seconds) "
+                    "is spent: finish with your closing JSON line",
+                )
             t0 = time.perf_counter()
             try:
                 ans = getattr(self, f"_{tool}")(**{k: v for k, v in args.items() if k in TOOLS[tool][1]["properties"]})
@@ -218,8 +305,13 @@ class Workbench:
             self.tool_seconds += seconds
             self.pairs_used += ans.pairs
             detail = ans.detail or (ans.text.strip().splitlines() or [""])[0]
-            self.calls.append(ToolCall(tool, summary, round(seconds, 3), ans.ok, text.clean(detail, 200, one_line=True), ans.pairs))
-            self.say("agent", f"{tool} {'ok' if ans.ok else 'failed'} in {seconds:.1f} s: {text.clean(detail, 80, one_line=True)}")
+            self.calls.append(
+                ToolCall(tool, summary, round(seconds, 3), ans.ok, text.clean(detail, 200, one_line=True), ans.pairs)
+            )
+            self.say(
+                "agent",
+                f"{tool} {'ok' if ans.ok else 'failed'} in {seconds:.1f} s: {text.clean(detail, 80, one_line=True)}",
+            )
             return dataclasses.replace(ans, text=cap(ans.text, self.budget.output_bytes))
 
     def refused(self, tool: str, args: Mapping[str, Any], why: str) -> None:
@@ -235,17 +327,25 @@ class Workbench:
     # ------------------------------------------------------------------ the fence
     def _sandboxed(self, argv: list[str], timeout_s: float) -> tuple[int | None, str, str, float]:
         env = child_env(dict(self.config.target.env), self.worktree, None, self.out)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(self.worktree), self.config.target.env.get("PYTHONPATH", "")) if p)
-        env["PATH"] = os.pathsep.join(p for p in (os.path.dirname(sys.executable), env.get("PATH", "/usr/bin:/bin")) if p)  # `python` is ours
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(self.worktree), self.config.target.env.get("PYTHONPATH", "")) if p
+        )
+        env["PATH"] = os.pathsep.join(
+            p for p in (os.path.dirname(sys.executable), env.get("PATH", "/usr/bin:/bin")) if p
+        )  # `python` is ours
         kib = int(self.budget.memory_gib * (1 << 20))
-        blocks = self.budget.max_file_mib * 2048  # ulimit -f counts 512-byte blocks: every file a call writes, its output too
+        blocks = (
+            self.budget.max_file_mib * 2048
+        )  # ulimit -f counts 512-byte blocks: every file a call writes, its output too
         inner = ["/bin/sh", "-c", f'ulimit -v {kib} && ulimit -f {blocks} && exec "$@"', "sh", *argv]
         # the whole call's memory (its private tmpfs /tmp and /dev/shm included) and its task count, where the
         # machine has writable cgroups; else each process's address space alone (ulimit -v)
         limits = cgroups.Limits.create("agent", int(self.budget.memory_gib * (1 << 30)), PIDS_MAX)
         try:
             with sandbox.use(sandbox.Containment({self.sandbox.worktree: self.sandbox})):
-                rc, out, err, wall = run_child(inner, self.worktree, env, timeout_s, prefix=limits.join_prefix() if limits else ())
+                rc, out, err, wall = run_child(
+                    inner, self.worktree, env, timeout_s, prefix=limits.join_prefix() if limits else ()
+                )
             if limits is not None and limits.oom_killed():
                 err += f"\n(killed: the call's memory went past [agent] memory_gib = {self.budget.memory_gib:g} GiB)"
             return rc, out, err, wall
@@ -259,8 +359,10 @@ class Workbench:
         write_beneath(self.out, request, json.dumps({"op": op, **req}).encode())
         try:
             left = self.budget.max_tool_seconds - self.tool_seconds
-            rc, _out, err, _wall = self._sandboxed([sys.executable, str(FILES_TOOL), str(request), str(answer)],
-                                                   min(FILE_TOOL_TIMEOUT_S, max(FILE_TOOL_FLOOR_S, left)))
+            rc, _out, err, _wall = self._sandboxed(
+                [sys.executable, str(FILES_TOOL), str(request), str(answer)],
+                min(FILE_TOOL_TIMEOUT_S, max(FILE_TOOL_FLOOR_S, left)),
+            )
             if rc is None:
                 return Answer(f"{op} timed out", ok=False)
             try:
@@ -292,8 +394,11 @@ class Workbench:
         return self._files("grep", pattern=str(pattern), path=str(path), glob=str(glob))
 
     def _run(self, command: str, timeout_s: float | None = None) -> Answer:
-        limit = min(float(timeout_s or self.budget.run_timeout_s), self.budget.run_timeout_s,
-                    max(1.0, self.budget.max_tool_seconds - self.tool_seconds))
+        limit = min(
+            float(timeout_s or self.budget.run_timeout_s),
+            self.budget.run_timeout_s,
+            max(1.0, self.budget.max_tool_seconds - self.tool_seconds),
+        )
         rc, out, err, wall = self._sandboxed(["/bin/sh", "-c", str(command)], limit)
         status = f"timed out after {limit:g} s" if rc is None else f"exit {rc}"
         body = (out.strip() + ("\n--- stderr ---\n" + err.strip() if err.strip() else "")).strip()
@@ -334,8 +439,13 @@ class Workbench:
         index = self.root / "index"
         # no user or system git config: an agent's .gitattributes could otherwise pick a filter or diff driver
         # defined there (git-lfs's, say) to run on the host
-        env = {"GIT_DIR": str(self.ws.common), "GIT_WORK_TREE": str(self.worktree), "GIT_INDEX_FILE": str(index),
-               "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_NOSYSTEM": "1"}
+        env = {
+            "GIT_DIR": str(self.ws.common),
+            "GIT_WORK_TREE": str(self.worktree),
+            "GIT_INDEX_FILE": str(index),
+            "GIT_CONFIG_GLOBAL": "/dev/null",
+            "GIT_CONFIG_NOSYSTEM": "1",
+        }
         git.run_git("read-tree", self.base, cwd=self.root, env=env)
         exclude = self.root / "exclude"
         exclude.write_text("".join(f"/{rel}\n" for rel in self.linked))  # the overlay's compiled files are not a change
@@ -346,10 +456,22 @@ class Workbench:
         """The worktree's change against the base, as a patch (the proposal); AgentsearchError when it is larger
         than ``[agent] max_patch_mib``."""
         env = self._index()
-        d = git.run_git("-c", "core.quotepath=true", "diff", "--cached", "--binary", "--no-ext-diff", "--no-color", self.base,
-                        cwd=self.root, env=env)
+        d = git.run_git(
+            "-c",
+            "core.quotepath=true",
+            "diff",
+            "--cached",
+            "--binary",
+            "--no-ext-diff",
+            "--no-color",
+            self.base,
+            cwd=self.root,
+            env=env,
+        )
         if len(d) > self.budget.max_patch_mib << 20:
-            raise AgentsearchError(f"the change is {len(d) >> 20} MiB as a patch, more than [agent] max_patch_mib = {self.budget.max_patch_mib}")
+            raise AgentsearchError(
+                f"the change is {len(d) >> 20} MiB as a patch, more than [agent] max_patch_mib = {self.budget.max_patch_mib}"
+            )
         return d
 
     def snapshot(self) -> str:
@@ -359,7 +481,9 @@ class Workbench:
         if tree == git.tree_of(self.ws.repo_dir, self.base):
             return ""
         self._snapshots += 1
-        sha = git.commit_tree(self.ws.repo_dir, tree, [self.base], f"agent workbench snapshot {self.name}/{self._snapshots}")
+        sha = git.commit_tree(
+            self.ws.repo_dir, tree, [self.base], f"agent workbench snapshot {self.name}/{self._snapshots}"
+        )
         git.run_git("update-ref", f"refs/agentsearch/workbench/{self.name}", sha, cwd=self.ws.repo_dir)
         return sha
 
@@ -391,7 +515,9 @@ class Workbench:
         sha = self._changed()
         with built_sides(self.ws, self.config, {BASELINE: self.base, CANDIDATE: sha}, self._tag("test"), "test") as sd:
             status, detail, _failure, output = functional_tests(self.config, sd)
-        return Answer(f"{status.value.upper()}: {detail}\n{output}", ok=status == Status.PASS, detail=f"{status.value}: {detail}")
+        return Answer(
+            f"{status.value.upper()}: {detail}\n{output}", ok=status == Status.PASS, detail=f"{status.value}: {detail}"
+        )
 
     def _kernels_bench(self, op: str, provider: str, baseline_provider: str = "native", pairs: int = 6) -> Answer:
         from kernels import catalog
@@ -405,17 +531,30 @@ class Workbench:
         sha = self._changed()
         n = max(2, min(int(pairs), 12))
         t = micro.Target(op, (str(baseline_provider),), (str(provider),), "workbench")
-        with built_sides(self.ws, self.config, {BASELINE: self.base, CANDIDATE: sha}, self._tag("kbench"), "kernels_bench") as sd:
-            check, result = micro.run(self.config, sd, [t], seeds.new_master(), self.config.gate.regression_alpha, self.say,
-                                      pairs=(max(2, n // 2), n))
+        with built_sides(
+            self.ws, self.config, {BASELINE: self.base, CANDIDATE: sha}, self._tag("kbench"), "kernels_bench"
+        ) as sd:
+            check, result = micro.run(
+                self.config,
+                sd,
+                [t],
+                seeds.new_master(),
+                self.config.gate.regression_alpha,
+                self.say,
+                pairs=(max(2, n // 2), n),
+            )
         r = result.ops[0] if result.ops else None
         lines = [f"{check.status.value.upper()}: {check.detail}"]
         if r is not None:
-            lines.append(f"correctness: {r.cases} generated cases" + (" correct" if r.correct else f", {len(r.failures)} failed"))
+            lines.append(
+                f"correctness: {r.cases} generated cases" + (" correct" if r.correct else f", {len(r.failures)} failed")
+            )
             lines += [f"  - {f}" for f in r.failures[:5]]
             if r.speedup is not None and r.ci is not None:
-                lines.append(f"timing: {r.baseline_us:.0f} -> {r.candidate_us:.0f} us per mix, speedup {r.speedup:.3f}x "
-                             f"[95% CI {r.ci[0]:.3f}, {r.ci[1]:.3f}] over {r.pairs} pairs")
+                lines.append(
+                    f"timing: {r.baseline_us:.0f} -> {r.candidate_us:.0f} us per mix, speedup {r.speedup:.3f}x "
+                    f"[95% CI {r.ci[0]:.3f}, {r.ci[1]:.3f}] over {r.pairs} pairs"
+                )
         return Answer("\n".join(lines), ok=check.status == Status.PASS, detail=lines[0])
 
     def _measure(self, workload: str | None = None, pairs: int = 6) -> Answer:
@@ -423,15 +562,22 @@ class Workbench:
 
         left = self.budget.max_measure_pairs - self.pairs_used
         if left < 2:
-            return Answer(f"the session's advisory pairs ({self.budget.max_measure_pairs}, [agent] max_measure_pairs) are spent", ok=False)
+            return Answer(
+                f"the session's advisory pairs ({self.budget.max_measure_pairs}, [agent] max_measure_pairs) are spent",
+                ok=False,
+            )
         try:
             w = self.config.workload(workload) if workload else self.config.objective
         except KeyError:
-            return Answer(f"no workload {workload!r}; the target has {', '.join(x.name for x in self.config.workloads)}", ok=False)
+            return Answer(
+                f"no workload {workload!r}; the target has {', '.join(x.name for x in self.config.workloads)}", ok=False
+            )
         n = max(2, min(int(pairs), left))
         self._contained()
         sha = self._changed()
-        with built_sides(self.ws, self.config, {BASELINE: self.base, CANDIDATE: sha}, self._tag("measure"), "measure") as sd:
+        with built_sides(
+            self.ws, self.config, {BASELINE: self.base, CANDIDATE: sha}, self._tag("measure"), "measure"
+        ) as sd:
             pool = EnginePool()
             try:
                 factory = session_factory(self.config, w, sd, pool)
@@ -441,8 +587,15 @@ class Workbench:
                 def once(design: SequentialDesign, d: Any, prior: Any = None, clusters: Any = None) -> Decision:
                     return Decision("advisory", "", paired_estimate(d, clusters=clusters), 0.05)
 
-                r = run_interleaved(w.name, factory, design, once, seeds.advisory_seeds(seeds.new_master(), w.name),
-                                    w.higher_is_better, **options)
+                r = run_interleaved(
+                    w.name,
+                    factory,
+                    design,
+                    once,
+                    seeds.advisory_seeds(seeds.new_master(), w.name),
+                    w.higher_is_better,
+                    **options,
+                )
             finally:
                 pool.close()
         if r.failure:
@@ -453,10 +606,16 @@ class Workbench:
         hi = est.upper(0.975)
         lo = math.exp(2 * est.mean) / hi
         base_v, cand_v = r.values(BASELINE), r.values(CANDIDATE)
-        line = (f"{ADVISORY}: {w.name} speedup {est.speedup - 1:+.1%} [95% CI {lo - 1:+.1%}, {hi - 1:+.1%}] over {r.pairs} pairs "
-                f"(baseline median {sorted(base_v)[len(base_v) // 2]:.4g}, yours {sorted(cand_v)[len(cand_v) // 2]:.4g} {w.metric})")
-        return Answer(line + f"\n{self.budget.max_measure_pairs - self.pairs_used - r.pairs} advisory pairs left in this session.",
-                      detail=line, pairs=r.pairs)
+        line = (
+            f"{ADVISORY}: {w.name} speedup {est.speedup - 1:+.1%} [95% CI {lo - 1:+.1%}, {hi - 1:+.1%}] over {r.pairs} pairs "
+            f"(baseline median {sorted(base_v)[len(base_v) // 2]:.4g}, yours {sorted(cand_v)[len(cand_v) // 2]:.4g} {w.metric})"
+        )
+        return Answer(
+            line
+            + f"\n{self.budget.max_measure_pairs - self.pairs_used - r.pairs} advisory pairs left in this session.",
+            detail=line,
+            pairs=r.pairs,
+        )
 
     def _profile(self, workload: str | None = None) -> Answer:
         from .profiling import profile
@@ -465,7 +624,11 @@ class Workbench:
         sha = self._changed()
         data = profile(self.ws, sha, workload, seeds.advisory_seeds(seeds.new_master(), "profile")(0), self.say)
         lines = [f"{data['workload']} with your change: {data['wall_s']:.2f} s profiled on {data['device']}"]
-        for title, key in (("by engine phase", "by_phase"), ("by op / kernel (self time)", "by_op"), ("by module (self time)", "by_module")):
+        for title, key in (
+            ("by engine phase", "by_phase"),
+            ("by op / kernel (self time)", "by_op"),
+            ("by module (self time)", "by_module"),
+        ):
             lines.append(title + ":")
             lines += [f"  {r['share_pct']:5.1f}%  {r['seconds']:8.3f} s  {r['name']}" for r in data[key][:10]]
         return Answer("\n".join(lines), detail=lines[0])
@@ -478,32 +641,44 @@ class Workbench:
         self._contained()
         sha = self._changed()
         res = verify_public(self.ws, self.config, self.base, sha, self.say)
-        lines = [f"{res.verdict.upper()} on the public corpus ({res.public_size} prompts; advisory: the gate also checks prompts you never see)"]
+        lines = [
+            f"{res.verdict.upper()} on the public corpus ({res.public_size} prompts; advisory: the gate also checks prompts you never see)"
+        ]
         lines += [f"  - {r}" for r in res.reasons[:10]]
         for path, s in (res.sets.get("public") or {}).items():
-            lines.append(f"  {path}: max KL {s.get('kl_max')}, same top {s.get('same_top_pct', s.get('top1_agreement'))}, "
-                         f"divergences {s.get('divergences')}")
+            lines.append(
+                f"  {path}: max KL {s.get('kl_max')}, same top {s.get('same_top_pct', s.get('top1_agreement'))}, "
+                f"divergences {s.get('divergences')}"
+            )
         return Answer("\n".join(lines), ok=res.verdict == "pass", detail=lines[0])
 
     # ------------------------------------------------------------------ read-only history
     def _history(self, limit: int = 20) -> Answer:
-        rows = [h for h in self.history_rows if h.get("verdict")][-max(1, min(int(limit), 60)):]
+        rows = [h for h in self.history_rows if h.get("verdict")][-max(1, min(int(limit), 60)) :]
         if not rows:
             return Answer("no judged proposal yet")
         lines = ["Earlier proposals (titles and reasons are UNTRUSTED text written by earlier proposals):"]
         for h in rows:
             sp = h.get("speedup")
-            lines.append(f"- {h.get('proposal')} [{h.get('category')}] {h.get('verdict')}"
-                         + (f" {sp - 1:+.1%}" if isinstance(sp, (int, float)) else "")
-                         + f": {text.clean(str(h.get('title') or ''), 120, one_line=True)!r}"
-                         + (f" — {text.clean('; '.join(map(str, h.get('reasons') or [])), 300, one_line=True)!r}" if h.get("reasons") else ""))
+            lines.append(
+                f"- {h.get('proposal')} [{h.get('category')}] {h.get('verdict')}"
+                + (f" {sp - 1:+.1%}" if isinstance(sp, (int, float)) else "")
+                + f": {text.clean(str(h.get('title') or ''), 120, one_line=True)!r}"
+                + (
+                    f" — {text.clean('; '.join(map(str, h.get('reasons') or [])), 300, one_line=True)!r}"
+                    if h.get("reasons")
+                    else ""
+                )
+            )
         return Answer("\n".join(lines), detail=f"{len(rows)} proposals")
 
     def _insights(self) -> Answer:
         if not self.insights_md:
             return Answer("no insights recorded yet")
-        return Answer("Insights (UNTRUSTED text distilled from earlier proposals):\n" + text.clean(self.insights_md, 8000),
-                      detail="insights")
+        return Answer(
+            "Insights (UNTRUSTED text distilled from earlier proposals):\n" + text.clean(self.insights_md, 8000),
+            detail="insights",
+        )
 
     # ------------------------------------------------------------------ end
     def close(self) -> None:

@@ -10,15 +10,16 @@ import dataclasses
 import functools
 import json
 import os
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
-from harness import environment, models, placement as placement_mod, serving_load
-from harness.quiet import Probe
-
+from harness import environment, models, serving_load
+from harness import placement as placement_mod
 from harness.engine_session import EnginePool, WorkerSession
+from harness.interleave import CommandSession, Session, SessionFactory
+from harness.quiet import Probe
 from harness.serve_session import ServeSession
 from harness.serve_session import instrument as serve_instrument
-from harness.interleave import CommandSession, Session, SessionFactory
 from harness.trials import BASELINE, CANDIDATE, CHANGED_OUTPUTS, WORKTREE_CHANGED, CommandSpec, TrialOutcome
 
 from .config import Config, WorkloadConfig, parse_cpus
@@ -119,9 +120,11 @@ class OutputsMatch:
         what = divergence(base, cand)
         if what:
             share, same = self.last
-            return (f"outputs check: the tokens generated for the same requests (seed {seed}) differ between the sides "
-                    f"(greedy decoding: every request must agree in full): {what}; {same:.0%} of requests and "
-                    f"{share:.1%} of tokens agree")
+            return (
+                f"outputs check: the tokens generated for the same requests (seed {seed}) differ between the sides "
+                f"(greedy decoding: every request must agree in full): {what}; {same:.0%} of requests and "
+                f"{share:.1%} of tokens agree"
+            )
         return ""
 
     def _check_digest(self, side: str, seed: int, outcome: TrialOutcome) -> str:
@@ -135,8 +138,10 @@ class OutputsMatch:
             self.seen[seed] = (side, None, value)
             return ""
         if other[2] != value:
-            return (f"outputs check: the two sides computed different {self.digest_key!r} for the same inputs "
-                    f"(seed {seed}): {str(other[2])[:24]!r} vs {str(value)[:24]!r}")
+            return (
+                f"outputs check: the two sides computed different {self.digest_key!r} for the same inputs "
+                f"(seed {seed}): {str(other[2])[:24]!r} vs {str(value)[:24]!r}"
+            )
         return ""
 
 
@@ -149,8 +154,14 @@ def blames_candidate(error: str) -> bool:
 class GuardedSession:
     """A session whose every measurement is followed by the worktree check and the outputs check."""
 
-    def __init__(self, inner: Session, check: Callable[[], str], side: str = "", match: OutputsMatch | None = None,
-                 fresh: Callable[[], None] | None = None):
+    def __init__(
+        self,
+        inner: Session,
+        check: Callable[[], str],
+        side: str = "",
+        match: OutputsMatch | None = None,
+        fresh: Callable[[], None] | None = None,
+    ):
         self.inner, self.check, self.side, self.match, self.fresh = inner, check, side, match, fresh
 
     def start(self) -> None:
@@ -200,8 +211,14 @@ class GuardedSession:
             why = self.match.check(self.side, seed, outcome)
             if self.match.last is not None:  # the pair is complete: say how closely the outputs agreed
                 share, same = self.match.last
-                outcome = dataclasses.replace(outcome, metrics={**outcome.metrics, "outputs_agreement": round(share, 6),
-                                                                "outputs_identical": round(same, 6)})
+                outcome = dataclasses.replace(
+                    outcome,
+                    metrics={
+                        **outcome.metrics,
+                        "outputs_agreement": round(share, 6),
+                        "outputs_identical": round(same, 6),
+                    },
+                )
         if why:
             return dataclasses.replace(outcome, ok=False, value=None, error=why, failure=kind)
         return outcome
@@ -210,8 +227,9 @@ class GuardedSession:
         self.inner.close()
 
 
-def session_factory(config: Config, workload: WorkloadConfig, sd: "Sides", pool: EnginePool | None = None,
-                    out: str = "") -> SessionFactory:
+def session_factory(
+    config: Config, workload: WorkloadConfig, sd: Sides, pool: EnginePool | None = None, out: str = ""
+) -> SessionFactory:
     """A factory (side, restart) -> Session for ``workload`` with each side in its worktree.
 
     Warm-engine workloads lease their engines from ``pool`` (the caller closes it). Outputs go to the
@@ -221,7 +239,9 @@ def session_factory(config: Config, workload: WorkloadConfig, sd: "Sides", pool:
             raise ValueError("warm-engine workloads need an EnginePool")
         raw = engine_factory(config, workload, sd, pool, out)
     elif workload.kind != "command":
-        raise UnsupportedWorkload(f"workload {workload.name!r}: kind {workload.kind!r} is not supported by this version yet")
+        raise UnsupportedWorkload(
+            f"workload {workload.name!r}: kind {workload.kind!r} is not supported by this version yet"
+        )
     else:
         assert workload.command
 
@@ -266,14 +286,17 @@ def placement_for(config: Config) -> placement_mod.Placement:
     """The concrete placement of this machine for ``[engine] placement`` (a machine that cannot give it
     — split with fewer than two GPUs — is a set-up error, the run's)."""
     try:
-        place = placement_mod.resolve(config.engine.placement, _devices(os.environ.get("CUDA_VISIBLE_DEVICES")),
-                                      config.engine.memory_split)
+        place = placement_mod.resolve(
+            config.engine.placement, _devices(os.environ.get("CUDA_VISIBLE_DEVICES")), config.engine.memory_split
+        )
     except placement_mod.PlacementError as exc:
         raise AgentsearchError(f"[engine] placement: {exc}") from None
     if place.mode == placement_mod.SPLIT:  # a side on each device: only comparable when the devices are the same
         differ = environment.same_devices(list(place.devices))
         if differ:
-            raise AgentsearchError(f"[engine] placement split: {differ}; use \"alternate\" or \"shared\" on one of them")
+            raise AgentsearchError(
+                f"[engine] placement split: {differ}; use \"alternate\" or \"shared\" on one of them"
+            )
     return place
 
 
@@ -282,11 +305,18 @@ def measure_options(config: Config, workload: WorkloadConfig) -> dict[str, Any]:
     warm = workload.kind != "command"
     alternate = warm and placement_for(config).exclusive
     threshold = config.engine.foreign_load
-    return {"restarts": restarts_for(workload), "warmup": config.engine.warmup if warm else 0, "alternate": alternate,
-            "probe": lambda: Probe(threshold), "slices": 1 if alternate else config.engine.slices}
+    return {
+        "restarts": restarts_for(workload),
+        "warmup": config.engine.warmup if warm else 0,
+        "alternate": alternate,
+        "probe": lambda: Probe(threshold),
+        "slices": 1 if alternate else config.engine.slices,
+    }
 
 
-def engine_factory(config: Config, workload: WorkloadConfig, sd: "Sides", pool: EnginePool, out: str = "") -> SessionFactory:
+def engine_factory(
+    config: Config, workload: WorkloadConfig, sd: Sides, pool: EnginePool, out: str = ""
+) -> SessionFactory:
     place = placement_for(config)
     spec = engine_spec(workload)
     spec["engine"] = place.engine_args(spec["engine"])
@@ -303,21 +333,49 @@ def engine_factory(config: Config, workload: WorkloadConfig, sd: "Sides", pool: 
     env = {**config.target.env, **workload.env}
     serve = workload.kind == "vllm-serve"
     cpus = engine_cpus(config, workload, place)
-    ident = json.dumps({"serve": serve, "model": spec["model"], "engine": spec["engine"], "env": env,
-                        "cpus": sorted(cpus) if cpus else None}, sort_keys=True)
+    ident = json.dumps(
+        {
+            "serve": serve,
+            "model": spec["model"],
+            "engine": spec["engine"],
+            "env": env,
+            "cpus": sorted(cpus) if cpus else None,
+        },
+        sort_keys=True,
+    )
 
     def make(side: str, restart: int) -> Session:
         key = f"{side}/{restart}/{ident}"
         n = len(pool)
         side_env = {**env, **place.env(side, restart)}  # split: the side's device this session
         if serve:
+
             def engine() -> ServeSession:
-                return ServeSession(spec, worktrees[side], serve_instrument(worktrees[BASELINE]), side_env, logs / f"serve-{sd.label(side)}-{restart}-{n}",
-                                    workload.metric, workload.timeout_s, workload.startup_timeout_s, cpus=cpus)
+                return ServeSession(
+                    spec,
+                    worktrees[side],
+                    serve_instrument(worktrees[BASELINE]),
+                    side_env,
+                    logs / f"serve-{sd.label(side)}-{restart}-{n}",
+                    workload.metric,
+                    workload.timeout_s,
+                    workload.startup_timeout_s,
+                    cpus=cpus,
+                )
         else:
+
             def engine() -> WorkerSession:  # type: ignore[misc]
-                return WorkerSession(spec, worktrees[side], side_env, logs / f"engine-{sd.label(side)}-{restart}-{n}.log",
-                                     workload.metric, workload.timeout_s, workload.startup_timeout_s, cpus=cpus)
+                return WorkerSession(
+                    spec,
+                    worktrees[side],
+                    side_env,
+                    logs / f"engine-{sd.label(side)}-{restart}-{n}.log",
+                    workload.metric,
+                    workload.timeout_s,
+                    workload.startup_timeout_s,
+                    cpus=cpus,
+                )
+
         return pool.lease(key, engine, workload.kind, spec["params"], workload.metric, exclusive=place.exclusive)
 
     return make
@@ -344,8 +402,10 @@ def engine_cpus(config: Config, workload: WorkloadConfig, place: placement_mod.P
         return frozenset(sorted(allowed)[-n:]) if 1 <= n < len(allowed) else None
     cpus = parse_cpus(choice)
     if not cpus <= allowed:
-        raise AgentsearchError(f"[engine] cpus = {choice!r}: CPU(s) {', '.join(map(str, sorted(cpus - allowed)))} are not available here "
-                               f"(available: {', '.join(map(str, sorted(allowed)))}); choose among them or use \"auto\"")
+        raise AgentsearchError(
+            f"[engine] cpus = {choice!r}: CPU(s) {', '.join(map(str, sorted(cpus - allowed)))} are not available here "
+            f"(available: {', '.join(map(str, sorted(allowed)))}); choose among them or use \"auto\""
+        )
     return cpus
 
 
@@ -360,5 +420,13 @@ def confirmation_restarts(config: Config) -> int:
     return 2 if placement_for(config).mode == placement_mod.SPLIT else 1
 
 
-__all__ = ["session_factory", "restarts_for", "confirmation_restarts",
-           "measure_options", "placement_for", "blames_candidate", "UnsupportedWorkload", "BASELINE"]
+__all__ = [
+    "session_factory",
+    "restarts_for",
+    "confirmation_restarts",
+    "measure_options",
+    "placement_for",
+    "blames_candidate",
+    "UnsupportedWorkload",
+    "BASELINE",
+]

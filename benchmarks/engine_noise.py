@@ -85,8 +85,15 @@ def run_variant(ws: Workspace, name: str, env: dict[str, str], args: argparse.Na
             pool.close()
     logs = [math.log(v) for v in values]
     sd_trial = statistics.stdev(logs)
-    return {"variant": name, "sd_trial": sd_trial, "sd_pair": sd_trial * math.sqrt(2), "median": statistics.median(values),
-            "trial_s": statistics.median(walls), "startup_s": startup, "load": statistics.mean(loads)}
+    return {
+        "variant": name,
+        "sd_trial": sd_trial,
+        "sd_pair": sd_trial * math.sqrt(2),
+        "median": statistics.median(values),
+        "trial_s": statistics.median(walls),
+        "startup_s": startup,
+        "load": statistics.mean(loads),
+    }
 
 
 def pin(eng, cpus: set[int]) -> None:
@@ -112,8 +119,12 @@ def run_pairs(ws: Workspace, args: argparse.Namespace, env: dict[str, str]) -> i
     slicings = args.slices.split(",")  # "K" or "KxS": K slices over S times the workload's prompts
     for spec in slicings:
         k, _, scale = spec.partition("x")
-        if not (k.isdigit() and int(k) >= 1 and (not scale or scale.replace(".", "", 1).isdigit() and float(scale) > 0)):
-            raise SystemExit(f"--slices {args.slices!r}: expected K or KxS per entry (K slices over S times the prompts), e.g. 8,16x2")
+        if not (
+            k.isdigit() and int(k) >= 1 and (not scale or scale.replace(".", "", 1).isdigit() and float(scale) > 0)
+        ):
+            raise SystemExit(
+                f"--slices {args.slices!r}: expected K or KxS per entry (K slices over S times the prompts), e.g. 8,16x2"
+            )
     base = ws.baseline_commit()
     pool = EnginePool()
     ratios: dict[str, list[float]] = {k: [] for k in slicings}
@@ -132,7 +143,10 @@ def run_pairs(ws: Workspace, args: argparse.Namespace, env: dict[str, str]) -> i
                     first = s.measure(args.seed)
                     if not first.ok:
                         raise SystemExit(f"warm-up failed: {first.error}")
-                print(f"session {sess + 1}/{args.sessions}: engines up and warm in {time.perf_counter() - t0:.0f} s", flush=True)
+                print(
+                    f"session {sess + 1}/{args.sessions}: engines up and warm in {time.perf_counter() - t0:.0f} s",
+                    flush=True,
+                )
                 keys = list(pool.engines)
                 if args.pin:
                     cpus = {int(c) for c in args.pin.split(",")}
@@ -142,38 +156,63 @@ def run_pairs(ws: Workspace, args: argparse.Namespace, env: dict[str, str]) -> i
                 for p in range(args.pairs):
                     seed = 1000 + p + 100 * sess
                     params = lengths.vary(w.params, seed)
-                    for spec in (slicings if p % 2 == 0 else slicings[::-1]):
+                    for spec in slicings if p % 2 == 0 else slicings[::-1]:
                         k, _, scale = spec.partition("x")
                         k, scale = int(k), float(scale or 1)
                         tok, wall = [0, 0], [0.0, 0.0]
                         sub = dict(params, prompts=max(1, round(int(params.get("prompts", 64)) * scale) // k))
                         for i in range(k):
-                            for e in ((0, 1) if (i + p + sess) % 2 == 0 else (1, 0)):
+                            for e in (0, 1) if (i + p + sess) % 2 == 0 else (1, 0):
                                 pool.activate(keys[e])
-                                o = pool.engines[keys[e]].measure(batch_seed(seed, i) if k > 1 else seed, w.kind, sub, w.metric)
+                                o = pool.engines[keys[e]].measure(
+                                    batch_seed(seed, i) if k > 1 else seed, w.kind, sub, w.metric
+                                )
                                 if not o.ok:
                                     raise SystemExit(f"pair {p} slices {k}: {o.error}")
                                 tok[e] += o.metrics["output_tokens"]
                                 wall[e] += o.metrics["elapsed_s"]
                                 if parts_log is not None:
-                                    parts_log.write(json.dumps({"session": sess, "pair": p, "slices": spec, "part": i, "engine": e,
-                                                                "tokens": o.metrics["output_tokens"], "wall_s": o.metrics["elapsed_s"],
-                                                                "t": time.time()}) + "\n")
+                                    parts_log.write(
+                                        json.dumps(
+                                            {
+                                                "session": sess,
+                                                "pair": p,
+                                                "slices": spec,
+                                                "part": i,
+                                                "engine": e,
+                                                "tokens": o.metrics["output_tokens"],
+                                                "wall_s": o.metrics["elapsed_s"],
+                                                "t": time.time(),
+                                            }
+                                        )
+                                        + "\n"
+                                    )
                         r = math.log((tok[1] / wall[1]) / (tok[0] / wall[0]))
                         ratios[spec].append(r)
                         per[spec].append((sess, r))
                         walls[spec].append(sum(wall) / 2)
-                        print(f"  session {sess + 1} pair {p + 1}/{args.pairs} slices {spec}: log-ratio {r:+.4f}, {sum(wall) / 2:.1f} s per side, "
-                              f"load {os.getloadavg()[0]:.2f}", flush=True)
+                        print(
+                            f"  session {sess + 1} pair {p + 1}/{args.pairs} slices {spec}: log-ratio {r:+.4f}, {sum(wall) / 2:.1f} s per side, "
+                            f"load {os.getloadavg()[0]:.2f}",
+                            flush=True,
+                        )
             finally:
                 pool.close()
-    print(f"\n{'slices':<8}{'pair SD':>10}{'mean':>10}{'side s':>9}  (A/A, {args.pairs} pairs, pinned: {args.pin or 'no'})")
+    print(
+        f"\n{'slices':<8}{'pair SD':>10}{'mean':>10}{'side s':>9}  (A/A, {args.pairs} pairs, pinned: {args.pin or 'no'})"
+    )
     for k in slicings:
         means = [statistics.mean(r for s, r in per[k] if s == sess) for sess in range(args.sessions)]
-        within = statistics.mean(statistics.stdev(r for s, r in per[k] if s == sess) for sess in range(args.sessions)) if args.pairs > 1 else float("nan")
+        within = (
+            statistics.mean(statistics.stdev(r for s, r in per[k] if s == sess) for sess in range(args.sessions))
+            if args.pairs > 1
+            else float("nan")
+        )
         between = statistics.stdev(means) if len(means) > 1 else float("nan")
-        print(f"{k:<8}{statistics.stdev(ratios[k]):>10.4f}{statistics.mean(ratios[k]):>+10.4f}{statistics.median(walls[k]):>9.1f}"
-              f"   within-session SD {within:.4f}; session means {' '.join(f'{m:+.3f}' for m in means)} (SD {between:.4f})")
+        print(
+            f"{k:<8}{statistics.stdev(ratios[k]):>10.4f}{statistics.mean(ratios[k]):>+10.4f}{statistics.median(walls[k]):>9.1f}"
+            f"   within-session SD {within:.4f}; session means {' '.join(f'{m:+.3f}' for m in means)} (SD {between:.4f})"
+        )
     return 0
 
 
@@ -189,8 +228,12 @@ def main() -> int:
     ap.add_argument("--slices", default="1,4", help="pair mode: slicings to compare")
     ap.add_argument("--sessions", type=int, default=1, help="pair mode: fresh engine pairs, one after the other")
     ap.add_argument("--pin", default="", help="pair mode: pin both engines to these CPUs")
-    ap.add_argument("--parts-log", default="", help="pair mode: write every measured part (wall, tokens) to this JSON-lines file")
-    ap.add_argument("--variant", action="append", default=[], help="NAME:K=V,K=V (repeatable); default: one 'default' variant")
+    ap.add_argument(
+        "--parts-log", default="", help="pair mode: write every measured part (wall, tokens) to this JSON-lines file"
+    )
+    ap.add_argument(
+        "--variant", action="append", default=[], help="NAME:K=V,K=V (repeatable); default: one 'default' variant"
+    )
     args = ap.parse_args()
     ws = Workspace.open(args.fork)
     variants = []
@@ -204,10 +247,14 @@ def main() -> int:
     rows = [run_variant(ws, name, env, args) for name, env in variants]
     print(f"\n{'variant':<24}{'trial SD':>10}{'pair SD':>10}{'median':>10}{'trial s':>9}{'start s':>9}{'load':>7}")
     for r in rows:
-        print(f"{r['variant']:<24}{r['sd_trial']:>10.4f}{r['sd_pair']:>10.4f}{r['median']:>10.1f}{r['trial_s']:>9.2f}"
-              f"{r['startup_s']:>9.0f}{r['load']:>7.2f}")
-    print(f"({args.trials} trials per variant on one seed; second engine {'parked beside it' if args.second_engine else 'none'}; "
-          f"{os.cpu_count()} CPUs)")
+        print(
+            f"{r['variant']:<24}{r['sd_trial']:>10.4f}{r['sd_pair']:>10.4f}{r['median']:>10.1f}{r['trial_s']:>9.2f}"
+            f"{r['startup_s']:>9.0f}{r['load']:>7.2f}"
+        )
+    print(
+        f"({args.trials} trials per variant on one seed; second engine {'parked beside it' if args.second_engine else 'none'}; "
+        f"{os.cpu_count()} CPUs)"
+    )
     return 0
 
 

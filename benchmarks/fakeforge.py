@@ -17,12 +17,21 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
-STATES = {"github": {"pending", "success", "failure", "error"}, "gitea": {"pending", "success", "failure", "error", "warning"}}
+STATES = {
+    "github": {"pending", "success", "failure", "error"},
+    "gitea": {"pending", "success", "failure", "error", "warning"},
+}
 
 
 class FakeForge:
-    def __init__(self, bare: Path, kind: str = "github", repo: str = "acme/fork", bot: str = "agentsearch-bot",
-                 token: str = "tok-" + "s3cret-forge-token") -> None:
+    def __init__(
+        self,
+        bare: Path,
+        kind: str = "github",
+        repo: str = "acme/fork",
+        bot: str = "agentsearch-bot",
+        token: str = "tok-" + "s3cret-forge-token",
+    ) -> None:
         self.bare, self.kind, self.repo, self.bot, self.token = bare, kind, repo, bot, token
         self.tokens = {token: bot}
         self.permissions: dict[str, str] = {bot: "write", "maintainer": "admin" if kind == "github" else "owner"}
@@ -54,15 +63,33 @@ class FakeForge:
     def _git(self, *args: str) -> str:
         return subprocess.run(["git", *args], cwd=self.bare, check=True, capture_output=True, text=True).stdout.strip()
 
-    def open_pr(self, branch: str, base: str = "main", title: str = "A change", body: str = "", author: str = "contributor",
-                labels: tuple[str, ...] = ()) -> int:
+    def open_pr(
+        self,
+        branch: str,
+        base: str = "main",
+        title: str = "A change",
+        body: str = "",
+        author: str = "contributor",
+        labels: tuple[str, ...] = (),
+    ) -> int:
         """A pull request from ``branch`` of the bare repository (pushed by the test) into ``base``."""
         with self.lock:
             number = len(self.prs) + 1
-            self.prs[number] = {"number": number, "title": title, "body": body, "state": "open", "user": {"login": author},
-                                "labels": [{"name": x} for x in labels], "head": {"ref": branch, "sha": "", "repo": {"full_name": self.repo}},
-                                "base": {"ref": base, "sha": self._git("rev-parse", f"refs/heads/{base}"), "repo": {"full_name": self.repo}},
-                                "html_url": f"{self.url}/{self.repo}/pull/{number}"}
+            self.prs[number] = {
+                "number": number,
+                "title": title,
+                "body": body,
+                "state": "open",
+                "user": {"login": author},
+                "labels": [{"name": x} for x in labels],
+                "head": {"ref": branch, "sha": "", "repo": {"full_name": self.repo}},
+                "base": {
+                    "ref": base,
+                    "sha": self._git("rev-parse", f"refs/heads/{base}"),
+                    "repo": {"full_name": self.repo},
+                },
+                "html_url": f"{self.url}/{self.repo}/pull/{number}",
+            }
         self.pushed(number)
         return number
 
@@ -87,25 +114,32 @@ class FakeForge:
     # ---------------------------------------------------------------------------- the API's side
     def _comment(self, number: int, author: str, body: str) -> dict[str, Any]:
         self._next_id += 1
-        c = {"id": self._next_id, "issue": number, "user": {"login": author}, "body": body,
-             "html_url": f"{self.url}/{self.repo}/pull/{number}#issuecomment-{self._next_id}"}
+        c = {
+            "id": self._next_id,
+            "issue": number,
+            "user": {"login": author},
+            "body": body,
+            "html_url": f"{self.url}/{self.repo}/pull/{number}#issuecomment-{self._next_id}",
+        }
         self.comments[c["id"]] = c
         return c
 
-    def handle(self, method: str, path: str, query: dict[str, str], headers: Any, body: Any) -> tuple[int, Any, dict[str, str]]:
+    def handle(
+        self, method: str, path: str, query: dict[str, str], headers: Any, body: Any
+    ) -> tuple[int, Any, dict[str, str]]:
         self.log.append((method, path))
         if self.faults:
             status, extra = self.faults.pop(0)
             return status, {"message": f"injected {status}"}, extra
         scheme = "Bearer" if self.kind == "github" else "token"
         auth = headers.get("Authorization") or ""
-        login = self.tokens.get(auth[len(scheme) + 1:]) if auth.startswith(scheme + " ") else None
+        login = self.tokens.get(auth[len(scheme) + 1 :]) if auth.startswith(scheme + " ") else None
         if login is None:
             return 401, {"message": "Bad credentials"}, {}
         prefix = "/api/v3" if self.kind == "github" else "/api/v1"
         if not path.startswith(prefix):
             return 404, {"message": "Not Found"}, {}
-        path = path[len(prefix):]
+        path = path[len(prefix) :]
         if path == "/user":
             return 200, {"login": login}, {}
         m = re.fullmatch(rf"/repos/{re.escape(self.repo)}(/.*)", path)
@@ -118,16 +152,22 @@ class FakeForge:
     def _page(self, items: list[Any], path: str, query: dict[str, str]) -> tuple[int, Any, dict[str, str]]:
         size = int(query.get("per_page" if self.kind == "github" else "limit", "30"))
         page = int(query.get("page", "1"))
-        chunk = items[(page - 1) * size: page * size]
+        chunk = items[(page - 1) * size : page * size]
         headers = {}
         if page * size < len(items):
             q = {k: v for k, v in query.items() if k != "page"}
             q["page"] = str(page + 1)
             prefix = "/api/v3" if self.kind == "github" else "/api/v1"
-            headers["Link"] = f'<{self.url}{prefix}/repos/{self.repo}{path}?' + "&".join(f"{k}={v}" for k, v in q.items()) + '>; rel="next"'
+            headers["Link"] = (
+                f'<{self.url}{prefix}/repos/{self.repo}{path}?'
+                + "&".join(f"{k}={v}" for k, v in q.items())
+                + '>; rel="next"'
+            )
         return 200, chunk, headers
 
-    def _route(self, method: str, rest: str, query: dict[str, str], login: str, body: Any) -> tuple[int, Any, dict[str, str]]:
+    def _route(
+        self, method: str, rest: str, query: dict[str, str], login: str, body: Any
+    ) -> tuple[int, Any, dict[str, str]]:
         if rest == "/pulls" and method == "GET":
             state = query.get("state", "open")
             return self._page([p for p in self.prs.values() if state == "all" or p["state"] == state], rest, query)
@@ -137,12 +177,22 @@ class FakeForge:
             except subprocess.CalledProcessError:
                 return 422, {"message": f"head {body.get('head')!r} does not exist"}, {}
             number = len(self.prs) + 1
-            self.prs[number] = {"number": number, "title": body["title"], "body": body.get("body", ""), "state": "open",
-                                "user": {"login": login}, "labels": [], "draft": bool(body.get("draft")),
-                                "head": {"ref": body["head"], "sha": sha, "repo": {"full_name": self.repo}},
-                                "base": {"ref": body["base"], "sha": self._git("rev-parse", f"refs/heads/{body['base']}"),
-                                         "repo": {"full_name": self.repo}},
-                                "html_url": f"{self.url}/{self.repo}/pull/{number}"}
+            self.prs[number] = {
+                "number": number,
+                "title": body["title"],
+                "body": body.get("body", ""),
+                "state": "open",
+                "user": {"login": login},
+                "labels": [],
+                "draft": bool(body.get("draft")),
+                "head": {"ref": body["head"], "sha": sha, "repo": {"full_name": self.repo}},
+                "base": {
+                    "ref": body["base"],
+                    "sha": self._git("rev-parse", f"refs/heads/{body['base']}"),
+                    "repo": {"full_name": self.repo},
+                },
+                "html_url": f"{self.url}/{self.repo}/pull/{number}",
+            }
             self._git("update-ref", f"refs/pull/{number}/head", sha)
             return 201, self.prs[number], {}
         m = re.fullmatch(r"/pulls/(\d+)", rest)
@@ -182,7 +232,12 @@ class FakeForge:
         if rest == "/check-runs" and method == "POST" and self.kind == "github":
             if login not in {self.tokens[t] for t in self.app_tokens}:
                 return 403, {"message": "Resource not accessible by personal access token"}, {}
-            if body.get("status") == "completed" and body.get("conclusion") not in ("success", "failure", "neutral", "action_required"):
+            if body.get("status") == "completed" and body.get("conclusion") not in (
+                "success",
+                "failure",
+                "neutral",
+                "action_required",
+            ):
                 return 422, {"message": f"invalid conclusion {body.get('conclusion')!r}"}, {}
             if body.get("conclusion") == "action_required" and not body.get("details_url"):
                 return 422, {"message": "details_url is required for action_required"}, {}

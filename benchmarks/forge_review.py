@@ -27,12 +27,19 @@ from benchmarks.fakeforge import FakeForge  # noqa: E402
 
 
 def git(repo: Path, *args: str) -> str:
-    return subprocess.run(["git", "-c", "commit.gpgsign=false", "-c", "user.name=bench", "-c", "user.email=bench@example.invalid",
-                           *args], cwd=repo, check=True, capture_output=True, text=True).stdout.strip()
+    return subprocess.run(
+        ["git", "-c", "commit.gpgsign=false", "-c", "user.name=bench", "-c", "user.email=bench@example.invalid", *args],
+        cwd=repo,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
 
 
 def cli(*args: str, timeout: float = 5400) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "agentsearch.cli", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "agentsearch.cli", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def branch(fork: Path, name: str, files: dict[str, str], msg: str) -> None:
@@ -67,7 +74,9 @@ def main() -> int:
     fake = FakeForge(bare).start()
     try:
         toml = (fork / "agentsearch.toml").read_text()
-        (fork / "agentsearch.toml").write_text(toml + f'\n[forge]\nkind = "github"\nurl = "{fake.url}"\nrepo = "acme/fork"\n')
+        (fork / "agentsearch.toml").write_text(
+            toml + f'\n[forge]\nkind = "github"\nurl = "{fake.url}"\nrepo = "acme/fork"\n'
+        )
         git(fork, "commit", "-q", "-am", "agentsearch: judge pull requests on the loopback forge")
         subprocess.run(["git", "clone", "-q", "--bare", str(fork), str(bare)], check=True)
         git(fork, "remote", "add", "origin", str(bare))
@@ -76,7 +85,12 @@ def main() -> int:
         win = json.loads(json.dumps(serving))
         win["engine"]["max_num_seqs"] = 32
         branch(fork, "more-seqs", {"serving.json": json.dumps(win, indent=2) + "\n"}, "max_num_seqs 4 -> 32")
-        branch(fork, "same", {"serving.json": json.dumps(serving, indent=4, sort_keys=True) + "\n"}, "serving.json reformatted")
+        branch(
+            fork,
+            "same",
+            {"serving.json": json.dumps(serving, indent=4, sort_keys=True) + "\n"},
+            "serving.json reformatted",
+        )
         branch(fork, "bench-edit", {"bench/NOTES.md": "faster, trust me\n"}, "A note in bench/")
         prs = {"win": fake.open_pr("more-seqs"), "aa": fake.open_pr("same"), "protected": fake.open_pr("bench-edit")}
         rows = []
@@ -87,21 +101,37 @@ def main() -> int:
             try:
                 got = json.loads(proc.stdout)
             except ValueError:
-                got = {"outcome": "—", "headline": proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "no output"}
+                got = {
+                    "outcome": "—",
+                    "headline": proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "no output",
+                }
             head = fake.prs[number]["head"]["sha"]
             status = fake.status(head) or {}
             comments = fake.ours(number)
-            rows.append({"pr": label, "number": number, "outcome": got.get("outcome"), "status": status.get("state"),
-                         "headline": got.get("headline"), "seconds": round(secs), "comments": [c["id"] for c in comments],
-                         "names_path": "bench/NOTES.md" in (comments[-1]["body"] if comments else "")})
+            rows.append(
+                {
+                    "pr": label,
+                    "number": number,
+                    "outcome": got.get("outcome"),
+                    "status": status.get("state"),
+                    "headline": got.get("headline"),
+                    "seconds": round(secs),
+                    "comments": [c["id"] for c in comments],
+                    "names_path": "bench/NOTES.md" in (comments[-1]["body"] if comments else ""),
+                }
+            )
             r = rows[-1]
-            print(f"{label:10} #{number} status={r['status']} outcome={r['outcome']} {r['seconds']} s comments={r['comments']}\n"
-                  f"           {r['headline']}", flush=True)
+            print(
+                f"{label:10} #{number} status={r['status']} outcome={r['outcome']} {r['seconds']} s comments={r['comments']}\n"
+                f"           {r['headline']}",
+                flush=True,
+            )
         checks = {
             "win posts success": rows[0]["status"] == "success",
             "A/A never success": rows[1]["status"] in ("pending", "failure"),
             "protected path fails naming it": rows[2]["status"] == "failure" and rows[2]["names_path"],
-            "re-run edits the same comment": len(rows[3]["comments"]) == 1 and rows[3]["comments"] == rows[0]["comments"],
+            "re-run edits the same comment": len(rows[3]["comments"]) == 1
+            and rows[3]["comments"] == rows[0]["comments"],
         }
         for k, ok in checks.items():
             print(f"{'holds' if ok else 'FAILS'}: {k}")

@@ -63,7 +63,9 @@ class Scenario:
     instance: float = 0.0  # SD of an engine instance's own effect on its side's log-measurements (fixed for its life)
     restarts: int = 1  # engine sessions per side and evaluation
     lottery: float = 0.0  # the attack: SD of an instance effect of the candidate's code alone (mean zero), unseen by the A/A calibration
-    sabotage: bool = False  # the lottery from slowdowns alone (-|N(0, lottery)|): what a candidate can draw without any real speedup
+    sabotage: bool = (
+        False  # the lottery from slowdowns alone (-|N(0, lottery)|): what a candidate can draw without any real speedup
+    )
 
 
 class Clock:
@@ -74,7 +76,9 @@ class Clock:
 
 
 class SimSession:
-    def __init__(self, sc: Scenario, effect: float, side: str, clock: Clock, rng: np.random.Generator, proposal: bool = True):
+    def __init__(
+        self, sc: Scenario, effect: float, side: str, clock: Clock, rng: np.random.Generator, proposal: bool = True
+    ):
         self.sc, self.side, self.clock, self.rng = sc, side, clock, rng
         self.mu = math.log1p(effect) if side == CANDIDATE else 0.0
         if sc.instance:
@@ -99,8 +103,14 @@ class SimSession:
         return TrialOutcome(True, v, {"v": v}, 0.0)
 
 
-def one(sc: Scenario, effect: float, gate: GateConfig, rng: np.random.Generator, calibrate_pairs: int,
-        same_instances: bool = False) -> tuple[bool, int, str, bool]:
+def one(
+    sc: Scenario,
+    effect: float,
+    gate: GateConfig,
+    rng: np.random.Generator,
+    calibrate_pairs: int,
+    same_instances: bool = False,
+) -> tuple[bool, int, str, bool]:
     """(merged, pairs used, outcome, sessions differ): ``merge``, ``not confirmed`` (won, then refused on fresh seeds),
     ``futility`` (stopped early as a loser) or ``inconclusive`` (the budget ran out); for a merge, whether the report's
     *Sessions* table would say its sessions (the objective's and the confirmation's) differ."""
@@ -119,23 +129,41 @@ def one(sc: Scenario, effect: float, gate: GateConfig, rng: np.random.Generator,
         made[(side, i)] = SimSession(sc, effect, side, clock, rng)
         return made[(side, i)]
 
-    run = run_interleaved("sim", session, design, decide_objective, lambda i: i, True, prior=prior, restarts=sc.restarts)
+    run = run_interleaved(
+        "sim", session, design, decide_objective, lambda i: i, True, prior=prior, restarts=sc.restarts
+    )
     assert run.decision is not None
     if run.decision.action != WIN or gate.confirm_pairs == 0:
         won = run.decision.action == WIN
-        return won, run.pairs, "merge" if won else ("futility" if run.decision.action == LOSE else "inconclusive"), False
+        return (
+            won,
+            run.pairs,
+            "merge" if won else ("futility" if run.decision.action == LOSE else "inconclusive"),
+            False,
+        )
     # a fresh pair of instances, one session (agentsearch evaluate); --same-instances: the objective's, as before
     fresh = lambda side, i: SimSession(sc, effect, side, clock, rng)  # noqa: E731
-    again = (lambda side, i: made.get((side, i)) or fresh(side, i)) if same_instances else fresh  # the pool starts a missing one
+    again = (
+        (lambda side, i: made.get((side, i)) or fresh(side, i)) if same_instances else fresh
+    )  # the pool starts a missing one
     conf = run_interleaved(
-        "sim", again, confirmation_design(gate.confirm_pairs, sc.loaded),
-        functools.partial(decide_confirmation, won=run.decision.estimate, strict=sc.loaded), lambda i: 10_000 + i, True, prior=prior,
+        "sim",
+        again,
+        confirmation_design(gate.confirm_pairs, sc.loaded),
+        functools.partial(decide_confirmation, won=run.decision.estimate, strict=sc.loaded),
+        lambda i: 10_000 + i,
+        True,
+        prior=prior,
         restarts=sc.restarts if same_instances else 1,
     )
     assert conf.decision is not None
     ok = conf.decision.action == OK
     # the report's Sessions table over the same trials (agentsearch.report.session_table)
-    trials = [{**dataclasses.asdict(t), "phase": phase} for phase, r in (("objective", run), ("confirmation", conf)) for t in r.trials]
+    trials = [
+        {**dataclasses.asdict(t), "phase": phase}
+        for phase, r in (("objective", run), ("confirmation", conf))
+        for t in r.trials
+    ]
     table = session_table(trials, {"sim": True})
     return ok, run.pairs + conf.pairs, "merge" if ok else "not confirmed", ok and bool(table) and table[0]["differ"]
 
@@ -147,7 +175,9 @@ def custom_scenario(text: str) -> Scenario:
         if len(rest) > 1:
             raise ValueError(text)
         lottery = float(rest[0]) if rest else 0.0
-        name = f"CV {float(cv):.1%} + instance {float(instance):.1%}, restarts {int(restarts)}" + (f", lottery {lottery:.1%}" if lottery else "")
+        name = f"CV {float(cv):.1%} + instance {float(instance):.1%}, restarts {int(restarts)}" + (
+            f", lottery {lottery:.1%}" if lottery else ""
+        )
         sc = Scenario(name, float(cv), instance=float(instance), restarts=int(restarts), lottery=lottery)
     except ValueError:
         raise SystemExit(f"--scenario {text!r}: expected CV:INSTANCE:RESTARTS[:LOTTERY], e.g. 0.021:0.005:4") from None
@@ -178,13 +208,22 @@ def attack(args: argparse.Namespace, gate: GateConfig, rng: np.random.Generator)
     A/A calibration is the baseline's and never sees it; two sessions and a fresh confirmation instance
     that all drew high look like a real win. The gate's level holds only for candidates whose instances
     vary as the baseline's do."""
-    rows = [Scenario(f"CV 2.3%, restarts {r}, lottery {sd:.0%}", 0.0226, restarts=r, lottery=sd) for r in (2, 5) for sd in (0.01, 0.02, 0.04)]
+    rows = [
+        Scenario(f"CV 2.3%, restarts {r}, lottery {sd:.0%}", 0.0226, restarts=r, lottery=sd)
+        for r in (2, 5)
+        for sd in (0.01, 0.02, 0.04)
+    ]
     # the same draws with every speedup taken away: a candidate with no real speedup on any instance can only slow some down
-    rows += [Scenario(f"CV 2.3%, restarts 2, lottery of slowdowns {sd:.0%}", 0.0226, restarts=2, lottery=sd, sabotage=True) for sd in (0.02, 0.04)]
+    rows += [
+        Scenario(f"CV 2.3%, restarts 2, lottery of slowdowns {sd:.0%}", 0.0226, restarts=2, lottery=sd, sabotage=True)
+        for sd in (0.02, 0.04)
+    ]
     rows = [sc for sc in rows if args.only in sc.name]
     if not rows:
         return
-    print(f"\nattack, a per-instance lottery (false merges of no-op candidates; the per-proposal level is {gate.proposal_alpha:.2%}):")
+    print(
+        f"\nattack, a per-instance lottery (false merges of no-op candidates; the per-proposal level is {gate.proposal_alpha:.2%}):"
+    )
     for sc in rows:
         runs = [one(sc, 0.0, gate, rng, args.calibrate_pairs, args.same_instances) for _ in range(args.reps)]
         merged = [differ for m, _, _, differ in runs if m]
@@ -198,12 +237,21 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--calibrate-pairs", type=int, default=30)
     ap.add_argument("--only", default="", help="run only the scenarios whose name contains this text")
-    ap.add_argument("--same-instances", action="store_true", help="confirm on the objective's engine instances (the old behaviour)")
-    ap.add_argument("--scenario", action="append", default=[], metavar="CV:INSTANCE:RESTARTS[:LOTTERY]",
-                    help="a scenario of your own (repeatable; replaces the built-in ones): per-trial log SD, instance SD per side, sessions, "
-                         "and the candidate's own per-instance SD (the lottery attack)")
+    ap.add_argument(
+        "--same-instances", action="store_true", help="confirm on the objective's engine instances (the old behaviour)"
+    )
+    ap.add_argument(
+        "--scenario",
+        action="append",
+        default=[],
+        metavar="CV:INSTANCE:RESTARTS[:LOTTERY]",
+        help="a scenario of your own (repeatable; replaces the built-in ones): per-trial log SD, instance SD per side, sessions, "
+        "and the candidate's own per-instance SD (the lottery attack)",
+    )
     ap.add_argument("--max-pairs", type=int, help="the objective's pair budget (default: the gate's, 20)")
-    ap.add_argument("--confirm-pairs", type=int, help="pairs of the confirmation on fresh engines (default: the gate's, 6)")
+    ap.add_argument(
+        "--confirm-pairs", type=int, help="pairs of the confirmation on fresh engines (default: the gate's, 6)"
+    )
     ap.add_argument("--effect", type=float, default=0.03, help="the true speedup of the win proposals (default 0.03)")
     args = ap.parse_args()
     if not -1 < args.effect < 10:
@@ -215,9 +263,13 @@ def main() -> int:
     except ValueError as exc:
         raise SystemExit(f"--max-pairs / --confirm-pairs: {str(exc).split('|')[0]}") from None
     t0 = time.perf_counter()
-    print(f"gate defaults: episode alpha {gate.alpha}, budget {gate.episode_budget} proposals -> per-proposal alpha {gate.proposal_alpha:.4f}; "
-          f"min_effect {gate.min_effect:.0%}, pairs {gate.min_pairs}..{gate.max_pairs}, futility {gate.futility}")
-    print(f"A/A calibration: {args.calibrate_pairs} pairs per simulated proposal; {args.reps} A/A and {args.reps // 2} win proposals per scenario\n")
+    print(
+        f"gate defaults: episode alpha {gate.alpha}, budget {gate.episode_budget} proposals -> per-proposal alpha {gate.proposal_alpha:.4f}; "
+        f"min_effect {gate.min_effect:.0%}, pairs {gate.min_pairs}..{gate.max_pairs}, futility {gate.futility}"
+    )
+    print(
+        f"A/A calibration: {args.calibrate_pairs} pairs per simulated proposal; {args.reps} A/A and {args.reps // 2} win proposals per scenario\n"
+    )
     scenarios = [
         Scenario("CV 1%", 0.01),
         Scenario("CV 2%", 0.02),
@@ -236,8 +288,10 @@ def main() -> int:
         scenarios = [custom_scenario(text) for text in args.scenario]
     scenarios = [sc for sc in scenarios if args.only in sc.name]
     full = gate.max_pairs + gate.confirm_pairs
-    print(f"cost = pairs used / pairs of a full evaluation ({gate.max_pairs} objective + {gate.confirm_pairs} confirmation = {full}); "
-          f"'of budget' = / {gate.max_pairs} objective pairs alone\n")
+    print(
+        f"cost = pairs used / pairs of a full evaluation ({gate.max_pairs} objective + {gate.confirm_pairs} confirmation = {full}); "
+        f"'of budget' = / {gate.max_pairs} objective pairs alone\n"
+    )
     pct = f"{args.effect * 100:g}%"
     detected = f"{pct} win detected"
     header = f"{'scenario':32} {'A/A false merges':>17} {'A/A cost':>9} {'of budget':>10} {detected:>16} {'pairs (wins)':>13} {'rejected cost':>14}"
@@ -247,22 +301,40 @@ def main() -> int:
     outcomes = []  # where the true wins went
     for sc in scenarios:
         aa = [one(sc, 0.0, gate, rng, args.calibrate_pairs, args.same_instances) for _ in range(args.reps)]
-        wins = [one(sc, args.effect, gate, rng, args.calibrate_pairs, args.same_instances) for _ in range(args.reps // 2)]
+        wins = [
+            one(sc, args.effect, gate, rng, args.calibrate_pairs, args.same_instances) for _ in range(args.reps // 2)
+        ]
         fm = np.mean([m for m, _, _, _ in aa])
         aa_pairs = np.mean([n for m, n, _, _ in aa if not m])
         aa_cost = aa_pairs / full
         power = np.mean([m for m, _, _, _ in wins])
-        win_pairs = np.mean([n for m, n, _, _ in wins if m]) if any(m for m, _, _, _ in wins) else float("nan")  # objective + confirmation
+        win_pairs = (
+            np.mean([n for m, n, _, _ in wins if m]) if any(m for m, _, _, _ in wins) else float("nan")
+        )  # objective + confirmation
         rejected = [n for m, n, _, _ in aa if not m] + [n for m, n, _, _ in wins if not m]
-        outcomes.append((sc.name, collections.Counter(o for _, _, o, _ in wins), len(wins), [d for m, _, _, d in wins if m]))
+        outcomes.append(
+            (sc.name, collections.Counter(o for _, _, o, _ in wins), len(wins), [d for m, _, _, d in wins if m])
+        )
         rej_cost = np.mean(rejected) / full
         rows.append((sc, fm, aa_cost, power, win_pairs, rej_cost))
-        print(f"{sc.name:32} {fm:>17.2%} {aa_cost:>9.0%} {aa_pairs / gate.max_pairs:>10.0%} {power:>16.1%} {win_pairs:>13.1f} {rej_cost:>14.0%}")
-    print(f"\nwhere the true {pct} wins went (merged / won but refused by the confirmation / stopped by futility / inconclusive at max_pairs):")
+        print(
+            f"{sc.name:32} {fm:>17.2%} {aa_cost:>9.0%} {aa_pairs / gate.max_pairs:>10.0%} {power:>16.1%} {win_pairs:>13.1f} {rej_cost:>14.0%}"
+        )
+    print(
+        f"\nwhere the true {pct} wins went (merged / won but refused by the confirmation / stopped by futility / inconclusive at max_pairs):"
+    )
     for name, c, n, differ in outcomes:
         flagged = f"  (Sessions 'differ' for {np.mean(differ):.1%} of the merges)" if differ else ""
-        print(f"  {name:30} " + "  ".join(f"{k} {c[k] / n:6.1%}" for k in ("merge", "not confirmed", "futility", "inconclusive")) + flagged)
-    basic = [sc for sc in scenarios if sc.restarts == 1 and not sc.instance and not sc.outlier_rate and not sc.drift and not sc.loaded]
+        print(
+            f"  {name:30} "
+            + "  ".join(f"{k} {c[k] / n:6.1%}" for k in ("merge", "not confirmed", "futility", "inconclusive"))
+            + flagged
+        )
+    basic = [
+        sc
+        for sc in scenarios
+        if sc.restarts == 1 and not sc.instance and not sc.outlier_rate and not sc.drift and not sc.loaded
+    ]
     if basic:
         print("\nfor contrast, A/A false merges of rules common today (same simulated noise):")
     for sc in basic:
@@ -270,13 +342,17 @@ def main() -> int:
         print(f"  {sc.name:30} mean of two runs > +{gate.min_effect:.0%}: {two:6.1%}    p < 0.10 on 5 pairs: {pt:6.1%}")
     if not args.scenario:
         attack(args, gate, rng)
-    print("\n'pairs (wins)' counts objective + confirmation pairs; the objective never uses more than "
-          f"{gate.max_pairs} pairs (max_pairs).")
+    print(
+        "\n'pairs (wins)' counts objective + confirmation pairs; the objective never uses more than "
+        f"{gate.max_pairs} pairs (max_pairs)."
+    )
     main_row = next((r for r in rows if r[0].name == "CV 2%"), None)
     if main_row is not None:
         ok = all(r[1] <= 0.01 for r in rows) and main_row[3] >= 0.90 and gate.max_pairs <= 20 and main_row[5] <= 0.25
-        print("targets (false merges <= 1% everywhere; at CV 2%: power >= 90% with <= 20 objective pairs, "
-              f"rejected cost <= 25% of a full evaluation): {'MET' if ok else 'NOT MET'}")
+        print(
+            "targets (false merges <= 1% everywhere; at CV 2%: power >= 90% with <= 20 objective pairs, "
+            f"rejected cost <= 25% of a full evaluation): {'MET' if ok else 'NOT MET'}"
+        )
     print(f"wall time {time.perf_counter() - t0:.0f} s")
     return 0
 

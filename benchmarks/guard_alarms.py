@@ -42,8 +42,14 @@ def one(sc: Scenario, effect: float, gate: GateConfig, rng: np.random.Generator,
     if run.decision.action != REGRESSED:
         return False, False
     check = confirmation_design(max(gate.confirm_pairs, LOADED_CONFIRM_PAIRS), strict=True)
-    again = run_interleaved("guard", lambda side, i: SimSession(sc, effect, side, clock, rng), check, decide_regression,
-                            lambda i: 20_000 + i, True)
+    again = run_interleaved(
+        "guard",
+        lambda side, i: SimSession(sc, effect, side, clock, rng),
+        check,
+        decide_regression,
+        lambda i: 20_000 + i,
+        True,
+    )
     assert again.decision is not None
     return True, again.decision.action == REGRESSED
 
@@ -62,15 +68,22 @@ def main() -> None:
         Scenario("CV 3%, instance 5%, 2 sessions", 0.03, instance=0.05, restarts=2),
         Scenario("CV 3%, no instance effect, 1 session", 0.03, restarts=1),
     ]
-    print(f"guard level (regression_alpha) {gate.regression_alpha}, floor -{gate.max_regression:.0%}; {args.reps} guards per cell")
-    print(f"{'scenario':<40} {'A/A: old rule':>13} {'first call':>10} {'after fresh':>11} {'-10%: first':>11} {'after fresh':>11}")
+    print(
+        f"guard level (regression_alpha) {gate.regression_alpha}, floor -{gate.max_regression:.0%}; {args.reps} guards per cell"
+    )
+    print(
+        f"{'scenario':<40} {'A/A: old rule':>13} {'first call':>10} {'after fresh':>11} {'-10%: first':>11} {'after fresh':>11}"
+    )
     t0 = time.time()
     for sc in scenarios:
         old = sum(one(sc, 0.0, gate, rng, counted=False)[0] for _ in range(args.reps)) / args.reps
         aa = [one(sc, 0.0, gate, rng, counted=True) for _ in range(args.reps)]
         bad = [one(sc, -0.10, gate, rng, counted=True) for _ in range(args.reps)]
-        print(f"{sc.name:<40} {old:>13.2%} {sum(a for a, _ in aa) / args.reps:>10.2%} {sum(b for _, b in aa) / args.reps:>11.2%} "
-              f"{sum(a for a, _ in bad) / args.reps:>11.1%} {sum(b for _, b in bad) / args.reps:>11.1%}", flush=True)
+        print(
+            f"{sc.name:<40} {old:>13.2%} {sum(a for a, _ in aa) / args.reps:>10.2%} {sum(b for _, b in aa) / args.reps:>11.2%} "
+            f"{sum(a for a, _ in bad) / args.reps:>11.1%} {sum(b for _, b in bad) / args.reps:>11.1%}",
+            flush=True,
+        )
     print(f"runtime {time.time() - t0:.0f} s")
 
 

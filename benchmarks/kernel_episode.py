@@ -35,8 +35,13 @@ from kernels import fork as kfork  # noqa: E402
 
 
 def cli(*args: str, stream: bool = False) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "agentsearch.cli", *args], cwd=ROOT, text=True,
-                          stdout=subprocess.PIPE, stderr=None if stream else subprocess.PIPE)
+    return subprocess.run(
+        [sys.executable, "-m", "agentsearch.cli", *args],
+        cwd=ROOT,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=None if stream else subprocess.PIPE,
+    )
 
 
 def git(fork: Path, *args: str) -> str:
@@ -67,10 +72,29 @@ def main() -> int:
     init.write_text(kfork.kernels_init(init.read_text(), p))
     (fork / kfork.module_path(p)).write_text(kfork.module_text(p))
     git(fork, "add", "-A")
-    git(fork, "-c", "commit.gpgsign=false", "commit", "-qm", f"register {p.name} for {args.op} (not selected); sweep: kernel knob only")
+    git(
+        fork,
+        "-c",
+        "commit.gpgsign=false",
+        "commit",
+        "-qm",
+        f"register {p.name} for {args.op} (not selected); sweep: kernel knob only",
+    )
     print(f"fork {fork}: baseline registers {p.name} for {args.op}; running one sweep episode", file=sys.stderr)
     t0 = time.perf_counter()
-    ep = cli("episode", "-C", str(fork), "--proposer", "sweep", "--budget", "1", "--seed", str(args.seed), "--json", stream=True)
+    ep = cli(
+        "episode",
+        "-C",
+        str(fork),
+        "--proposer",
+        "sweep",
+        "--budget",
+        "1",
+        "--seed",
+        str(args.seed),
+        "--json",
+        stream=True,
+    )
     wall = time.perf_counter() - t0
     try:
         summary = json.loads(ep.stdout)
@@ -82,15 +106,18 @@ def main() -> int:
     from agentsearch.workspace import Workspace
     from history import HistoryLog
 
-    verdicts = [e.data for e in HistoryLog(Workspace.open(fork).state / "history.jsonl").entries()
-                if e.kind == "verdict" and e.proposal == row["proposal"]]
+    verdicts = [
+        e.data
+        for e in HistoryLog(Workspace.open(fork).state / "history.jsonl").entries()
+        if e.kind == "verdict" and e.proposal == row["proposal"]
+    ]
     md = fork.parent / "kernel-proposal.md"
     cli("report", "-C", str(fork), row["proposal"], "-o", str(md))
     print(f"\nproposal {row['proposal']}: {row['title']}")
     print(f"verdict {row['verdict']}{' (merged)' if row['merged'] else ''} in {wall:.0f} s: {row['headline']}")
     for r in row["reasons"]:
         print(f"  reason: {r}")
-    for c in (verdicts[-1].get("checks") or [] if verdicts else []):
+    for c in verdicts[-1].get("checks") or [] if verdicts else []:
         print(f"  {c.get('name', '?'):14s} {c.get('status', '?'):8s} {str(c.get('detail', ''))[:160]}")
     print(f"evidence report: {md}")
     return 0 if row["verdict"] in ("merge", "reject") else 1

@@ -34,7 +34,9 @@ def main() -> int:
     ap.add_argument("--pairs", type=int, default=8, help="timing pairs at most per provider (a look halfway)")
     ap.add_argument("--op", action="append", help="only this op (repeatable)")
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--kind", default="cpu", choices=("cpu", "triton"), help="which providers (triton: on a CUDA device)")
+    ap.add_argument(
+        "--kind", default="cpu", choices=("cpu", "triton"), help="which providers (triton: on a CUDA device)"
+    )
     ap.add_argument("--keep", type=Path, help="create the fork here and keep it")
     args = ap.parse_args()
     root = args.keep or Path(tempfile.mkdtemp(prefix="agentsearch-kernels-")) / "fork"
@@ -42,7 +44,9 @@ def main() -> int:
         print("could not create the fork", file=sys.stderr)
         return 1
     rows = []
-    print(f"{'op':20s} {'provider':18s} {'native us':>10s} {'provider us':>12s} {'speedup':>8s} {'95% CI':>16s} {'pairs':>5s} {'s':>5s}  status")
+    print(
+        f"{'op':20s} {'provider':18s} {'native us':>10s} {'provider us':>12s} {'speedup':>8s} {'95% CI':>16s} {'pairs':>5s} {'s':>5s}  status"
+    )
     for p in catalog.providers(kind=args.kind):
         if args.op and p.op not in args.op:
             continue
@@ -52,8 +56,22 @@ def main() -> int:
             continue
         branch = json.loads(prop.stdout)["branch"]
         t0 = time.perf_counter()
-        b = cli("kernels", "bench", "-C", str(root), p.op, "--candidate", branch, "--candidate-provider", p.name,
-                "--pairs", str(args.pairs), "--seed", str(args.seed), "--json")
+        b = cli(
+            "kernels",
+            "bench",
+            "-C",
+            str(root),
+            p.op,
+            "--candidate",
+            branch,
+            "--candidate-provider",
+            p.name,
+            "--pairs",
+            str(args.pairs),
+            "--seed",
+            str(args.seed),
+            "--json",
+        )
         wall = time.perf_counter() - t0
         try:
             data = json.loads(b.stdout)
@@ -65,10 +83,19 @@ def main() -> int:
             print(f"{p.op:20s} {p.name:18s} {data['status']}: {data['detail'][:160]}")
             continue
         ci = f"[{r['ci'][0]:.2f}, {r['ci'][1]:.2f}]"
-        print(f"{p.op:20s} {p.name:18s} {r['baseline_us']:10.0f} {r['candidate_us']:12.0f} {r['speedup']:7.2f}x {ci:>16s} "
-              f"{r['pairs']:5d} {wall:5.0f}  {data['status']}")
-        rows.append({"op": p.op, "provider": p.name, **{k: r[k] for k in ("baseline_us", "candidate_us", "speedup", "ci", "pairs")},
-                     "status": data["status"], "wall_s": round(wall, 1)})
+        print(
+            f"{p.op:20s} {p.name:18s} {r['baseline_us']:10.0f} {r['candidate_us']:12.0f} {r['speedup']:7.2f}x {ci:>16s} "
+            f"{r['pairs']:5d} {wall:5.0f}  {data['status']}"
+        )
+        rows.append(
+            {
+                "op": p.op,
+                "provider": p.name,
+                **{k: r[k] for k in ("baseline_us", "candidate_us", "speedup", "ci", "pairs")},
+                "status": data["status"],
+                "wall_s": round(wall, 1),
+            }
+        )
     print(json.dumps({"rows": rows}))
     return 0
 

@@ -46,12 +46,17 @@ def main() -> int:
         series = speed_series(cpus or None, args.seconds)
     else:
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
-            mine, theirs = pool.submit(speed_series, cpus or None, args.seconds), pool.submit(speed_series, [args.other_cpu], args.seconds)
+            mine, theirs = (
+                pool.submit(speed_series, cpus or None, args.seconds),
+                pool.submit(speed_series, [args.other_cpu], args.seconds),
+            )
             series, other = mine.result(), theirs.result()
     unit = statistics.median(series)
     logs = [math.log(v) for v in series]
-    print(f"{len(series)} units of {unit * 1000:.1f} ms (median) on CPUs {args.cpus or 'any'}; unit log-speed SD {statistics.stdev(logs):.4f}, "
-          f"slowest / median {max(series) / unit:.2f}")
+    print(
+        f"{len(series)} units of {unit * 1000:.1f} ms (median) on CPUs {args.cpus or 'any'}; unit log-speed SD {statistics.stdev(logs):.4f}, "
+        f"slowest / median {max(series) / unit:.2f}"
+    )
     print(f"\n{'part s':>7} {'speed SD':>9}  " + "  ".join(f"{'k=' + k:>13}" for k in args.slices.split(",")))
     for part in (float(p) for p in args.part_s.split(",")):
         cells, speed = [], float("nan")
@@ -63,27 +68,35 @@ def main() -> int:
             speed = f.speed_sd
             cells.append(f"{f.pair_sd:>7.4f} ({f.pairs:>3})")
         print(f"{part:>7.2f} {speed:>9.4f}  " + "  ".join(cells))
-    print("\ncells: per-pair SD of an A/A on a perfectly stable program (disjoint pairs the series holds); k = parts per side")
+    print(
+        "\ncells: per-pair SD of an A/A on a perfectly stable program (disjoint pairs the series holds); k = parts per side"
+    )
     part, k = float(args.part_s.split(",")[0]), int(args.slices.split(",")[0])
     if args.window > 0:
         floors = window_floors(series, args.window, part, k)
         if not floors:
-            print(f"\n--window {args.window:g}: too short, a window must hold 3 pairs of {k} parts of {part:g} s a side "
-                  f"({6 * k * part:g} s of work at full speed; a slow stretch needs more)")
+            print(
+                f"\n--window {args.window:g}: too short, a window must hold 3 pairs of {k} parts of {part:g} s a side "
+                f"({6 * k * part:g} s of work at full speed; a slow stretch needs more)"
+            )
         else:
             logs_f = np.log(floors)
             lag1 = float(np.corrcoef(logs_f[:-1], logs_f[1:])[0, 1]) if len(floors) > 2 else float("nan")
-            print(f"\nfloor (part {part:g} s, k={k}) per {args.window:g} s window: median {np.median(floors):.4f}, "
-                  f"range {min(floors):.4f}-{max(floors):.4f} over {len(floors)} windows; autocorrelation of its log from one window "
-                  f"to the next {lag1:+.2f}")
+            print(
+                f"\nfloor (part {part:g} s, k={k}) per {args.window:g} s window: median {np.median(floors):.4f}, "
+                f"range {min(floors):.4f}-{max(floors):.4f} over {len(floors)} windows; autocorrelation of its log from one window "
+                f"to the next {lag1:+.2f}"
+            )
             print("  " + " ".join(f"{f:.3f}" for f in floors))
     if args.other_cpu is not None:
         a, b = binned_log_speed(series, part), binned_log_speed(other, part)
         n = min(len(a), len(b))
         level = float(np.corrcoef(a[:n], b[:n])[0, 1])
         change = float(np.corrcoef(np.diff(a[:n]), np.diff(b[:n]))[0, 1])
-        print(f"\nCPUs {args.cpus or 'any'} and {args.other_cpu} at once, {n} bins of {part:g} s: log-speed correlation {level:+.2f}, "
-              f"of bin-to-bin changes {change:+.2f}")
+        print(
+            f"\nCPUs {args.cpus or 'any'} and {args.other_cpu} at once, {n} bins of {part:g} s: log-speed correlation {level:+.2f}, "
+            f"of bin-to-bin changes {change:+.2f}"
+        )
     return 0
 
 

@@ -54,10 +54,15 @@ def measure(path: Path, texts: list[str], max_tokens: int = 256) -> dict:
     ent, top = torch.cat(ents), torch.cat(tops)
     vocab = model.config.vocab_size
     return {
-        "positions": int(ent.numel()), "vocab": vocab, "max_entropy": math.log(vocab),
-        "entropy_mean": float(ent.mean()), "entropy_p10": float(ent.quantile(0.1)),
-        "entropy_p50": float(ent.quantile(0.5)), "entropy_p90": float(ent.quantile(0.9)),
-        "top1_prob_mean": float(top.mean()), "top1_over_half": float((top > 0.5).double().mean()),
+        "positions": int(ent.numel()),
+        "vocab": vocab,
+        "max_entropy": math.log(vocab),
+        "entropy_mean": float(ent.mean()),
+        "entropy_p10": float(ent.quantile(0.1)),
+        "entropy_p50": float(ent.quantile(0.5)),
+        "entropy_p90": float(ent.quantile(0.9)),
+        "top1_prob_mean": float(top.mean()),
+        "top1_over_half": float((top > 0.5).double().mean()),
     }
 
 
@@ -67,7 +72,7 @@ def main() -> int:
     ap.add_argument("--every", type=int, default=6, help="take every Nth prompt of the corpus (default 6: 56 prompts)")
     ap.add_argument("--json", action="store_true", help="one JSON object per model instead of the table")
     args = ap.parse_args()
-    texts = [p.text for p in corpus.load()[::args.every]]
+    texts = [p.text for p in corpus.load()[:: args.every]]
     rows = {}
     with tempfile.TemporaryDirectory() as scratch:
         for name in args.models.split(","):
@@ -78,10 +83,14 @@ def main() -> int:
         print(json.dumps(rows, indent=1))
         return 0
     print(f"{len(texts)} prompts of the verify corpus; entropy of the next-token distribution in nats")
-    print(f"{'model':<9} {'positions':>9} {'max ln V':>8} {'mean':>6} {'p10':>6} {'p50':>6} {'p90':>6} {'top-1 p':>7} {'top-1>.5':>8}")
+    print(
+        f"{'model':<9} {'positions':>9} {'max ln V':>8} {'mean':>6} {'p10':>6} {'p50':>6} {'p90':>6} {'top-1 p':>7} {'top-1>.5':>8}"
+    )
     for name, r in rows.items():
-        print(f"{name:<9} {r['positions']:>9} {r['max_entropy']:>8.2f} {r['entropy_mean']:>6.2f} {r['entropy_p10']:>6.2f} "
-              f"{r['entropy_p50']:>6.2f} {r['entropy_p90']:>6.2f} {r['top1_prob_mean']:>7.3f} {r['top1_over_half']:>8.1%}")
+        print(
+            f"{name:<9} {r['positions']:>9} {r['max_entropy']:>8.2f} {r['entropy_mean']:>6.2f} {r['entropy_p10']:>6.2f} "
+            f"{r['entropy_p50']:>6.2f} {r['entropy_p90']:>6.2f} {r['top1_prob_mean']:>7.3f} {r['top1_over_half']:>8.1%}"
+        )
     return 0
 
 

@@ -29,8 +29,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-BASE_ENGINE = {"enforce_eager": True, "max_model_len": 1024, "dtype": "float32", "max_num_seqs": 4,
-               "distributed_executor_backend": "uni", "seed": 0}
+BASE_ENGINE = {
+    "enforce_eager": True,
+    "max_model_len": 1024,
+    "dtype": "float32",
+    "max_num_seqs": 4,
+    "distributed_executor_backend": "uni",
+    "seed": 0,
+}
 # honest changes: what a search proposes (engine configuration) and kernel providers that compute the same op
 VARIANTS: dict[str, dict] = {
     "baseline": {},
@@ -61,8 +67,11 @@ def child(variant: str, model: str, seeds: int, prompts: int, input_len: int, ou
         ps, outs = make_prompts(seed, prompts, input_len, output_len, "zipf", min(vocab, 16000))
         ps = [x[:512] for x in ps]
         outs = [max(1, min(o, 1024 - len(x))) for x, o in zip(ps, outs)]
-        res = llm.generate([TokensPrompt(prompt_token_ids=x) for x in ps],
-                           [SamplingParams(max_tokens=o, ignore_eos=True, temperature=0.0) for o in outs], use_tqdm=False)
+        res = llm.generate(
+            [TokensPrompt(prompt_token_ids=x) for x in ps],
+            [SamplingParams(max_tokens=o, ignore_eos=True, temperature=0.0) for o in outs],
+            use_tqdm=False,
+        )
         rows.append([list(r.outputs[0].token_ids) for r in res])
     Path(out).write_text(json.dumps({"variant": variant, "startup_s": started, "outputs": rows}))
 
@@ -94,16 +103,42 @@ def main() -> int:
         child(a.child, model, a.seeds, a.prompts, a.input_len, a.output_len, a.out)
         return 0
     names = [n for n in VARIANTS if not a.only or n in a.only.split(",") or n == "baseline"]
-    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "2", "OMP_NUM_THREADS": "1",
-           "VLLM_CPU_OMP_THREADS_BIND": "nobind", "PYTHONPATH": str(ROOT)}
+    env = {
+        **os.environ,
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        "VLLM_CPU_KVCACHE_SPACE": "2",
+        "OMP_NUM_THREADS": "1",
+        "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+        "PYTHONPATH": str(ROOT),
+    }
     results: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for n in names:
             out = Path(tmp) / f"{len(results)}.json"
             print(f"[{time.strftime('%H:%M:%S')}] {n} ...", file=sys.stderr, flush=True)
-            p = subprocess.run([sys.executable, __file__, "--child", n, "--out", str(out), "--model", a.model, "--seeds", str(a.seeds),
-                                "--prompts", str(a.prompts), "--input-len", str(a.input_len), "--output-len", str(a.output_len)],
-                               env=env, capture_output=True, text=True)
+            p = subprocess.run(
+                [
+                    sys.executable,
+                    __file__,
+                    "--child",
+                    n,
+                    "--out",
+                    str(out),
+                    "--model",
+                    a.model,
+                    "--seeds",
+                    str(a.seeds),
+                    "--prompts",
+                    str(a.prompts),
+                    "--input-len",
+                    str(a.input_len),
+                    "--output-len",
+                    str(a.output_len),
+                ],
+                env=env,
+                capture_output=True,
+                text=True,
+            )
             if p.returncode != 0 or not out.exists():
                 tail = (p.stderr.strip().splitlines() or ["?"])[-1]
                 print(f"  {n}: the engine failed: {tail[:200]}", file=sys.stderr)
@@ -113,8 +148,10 @@ def main() -> int:
     if base is None:
         print("the baseline engine failed: nothing to compare", file=sys.stderr)
         return 1
-    print(f"model {a.model}, {a.seeds} zipf batches of {a.prompts} requests (input {a.input_len}, output {a.output_len} mean), "
-          f"greedy, float32, CPU; baseline engine {json.dumps(BASE_ENGINE)}")
+    print(
+        f"model {a.model}, {a.seeds} zipf batches of {a.prompts} requests (input {a.input_len}, output {a.output_len} mean), "
+        f"greedy, float32, CPU; baseline engine {json.dumps(BASE_ENGINE)}"
+    )
     print(f"{'variant':48} {'pairs':>5} {'per-request fails':>17} {'old rule fails':>14} {'divergent requests':>18}")
     for n, r in results.items():
         if n == "baseline":

@@ -82,7 +82,9 @@ def make_target(path: Path, n: int, wins: int, trial_s: float) -> tuple[Path, Pa
     (path / "agentsearch.toml").write_text(CONFIG.format(trial_s=trial_s, python=sys.executable, budget=n))
     git(path, "add", "-A")
     git(path, "commit", "-q", "-m", "baseline")
-    subprocess.run([sys.executable, "-m", "agentsearch.cli", "init", "-C", str(path)], check=True, capture_output=True, cwd=ROOT)
+    subprocess.run(
+        [sys.executable, "-m", "agentsearch.cli", "init", "-C", str(path)], check=True, capture_output=True, cwd=ROOT
+    )
     queue = path.parent / "queue"
     queue.mkdir()
     every = max(1, n // max(wins, 1))
@@ -90,7 +92,9 @@ def make_target(path: Path, n: int, wins: int, trial_s: float) -> tuple[Path, Pa
     for i in range(n):
         f = path / "src" / f"k{i:02d}.py"
         text = f.read_text()
-        new = text.replace("F = 1.0", "F = 1.3") if i in win_at else text.replace("NOTE = 'x'", "NOTE = 'y'")  # +30 % or nothing
+        new = (
+            text.replace("F = 1.0", "F = 1.3") if i in win_at else text.replace("NOTE = 'x'", "NOTE = 'y'")
+        )  # +30 % or nothing
         git(path, "checkout", "-q", "-b", f"p{i}")
         f.write_text(new)
         git(path, "commit", "-q", "-am", f"{'win' if i in win_at else 'reword'} {i}")
@@ -128,7 +132,10 @@ def main() -> int:
 
             t0 = time.monotonic()
             store = 100 * 2**20
-            cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "object_store_memory": store, "include_dashboard": False})
+            cluster = Cluster(
+                initialize_head=True,
+                head_node_args={"num_cpus": 0, "object_store_memory": store, "include_dashboard": False},
+            )
             for _ in range(max(counts)):
                 cluster.add_node(num_cpus=1, object_store_memory=store)
             cluster.wait_for_nodes()
@@ -137,28 +144,65 @@ def main() -> int:
             repo, queue = make_target(tmp / f"w{w}" / "toy", args.proposals, args.wins, args.trial_s)
             extra = ["--executor", "ray", "--address", cluster.address, "--parallel", str(w)] if w and cluster else []
             t0 = time.monotonic()
-            proc = subprocess.run([sys.executable, "-m", "agentsearch.cli", "-q", "episode", "-C", str(repo), "--json",
-                                   "--patches", str(queue), "--seed", str(args.seed), *extra], cwd=ROOT, capture_output=True, text=True)
+            proc = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "agentsearch.cli",
+                    "-q",
+                    "episode",
+                    "-C",
+                    str(repo),
+                    "--json",
+                    "--patches",
+                    str(queue),
+                    "--seed",
+                    str(args.seed),
+                    *extra,
+                ],
+                cwd=ROOT,
+                capture_output=True,
+                text=True,
+            )
             wall = time.monotonic() - t0
             if proc.returncode != 0:
                 print(proc.stderr, file=sys.stderr)
                 return 1
             verdicts, tree, superseded = final(repo)
-            rows.append({"workers": w, "wall_s": round(wall, 1), "proposals": len(verdicts),
-                         "per_hour": round(3600 * len(verdicts) / wall, 1), "merged": list(verdicts.values()).count("merge"),
-                         "rejudged": superseded, "tree": tree, "verdicts": verdicts})
-            print(f"{'local' if w == 0 else f'{w} worker(s)'}: {len(verdicts)} proposals in {wall:.1f} s = "
-                  f"{rows[-1]['per_hour']:.0f}/h, {rows[-1]['merged']} merged, {superseded} re-judged", file=sys.stderr)
+            rows.append(
+                {
+                    "workers": w,
+                    "wall_s": round(wall, 1),
+                    "proposals": len(verdicts),
+                    "per_hour": round(3600 * len(verdicts) / wall, 1),
+                    "merged": list(verdicts.values()).count("merge"),
+                    "rejudged": superseded,
+                    "tree": tree,
+                    "verdicts": verdicts,
+                }
+            )
+            print(
+                f"{'local' if w == 0 else f'{w} worker(s)'}: {len(verdicts)} proposals in {wall:.1f} s = "
+                f"{rows[-1]['per_hour']:.0f}/h, {rows[-1]['merged']} merged, {superseded} re-judged",
+                file=sys.stderr,
+            )
     finally:
         if cluster is not None:
             cluster.shutdown()
     same = all(r["verdicts"] == rows[0]["verdicts"] and r["tree"] == rows[0]["tree"] for r in rows)
     if args.json:
-        print(json.dumps({"rows": [{k: v for k, v in r.items() if k != "verdicts"} for r in rows], "same_end_state": same}, indent=1))
+        print(
+            json.dumps(
+                {"rows": [{k: v for k, v in r.items() if k != "verdicts"} for r in rows], "same_end_state": same},
+                indent=1,
+            )
+        )
     else:
         print(f"{'workers':>8} {'wall s':>8} {'props/h':>8} {'merged':>7} {'re-judged':>10}")
         for r in rows:
-            print(f"{'local' if r['workers'] == 0 else r['workers']:>8} {r['wall_s']:>8} {r['per_hour']:>8} {r['merged']:>7} {r['rejudged']:>10}")
+            print(
+                f"{'local' if r['workers'] == 0 else r['workers']:>8} {r['wall_s']:>8} {r['per_hour']:>8} {r['merged']:>7} {r['rejudged']:>10}"
+            )
         print(f"same verdicts and final baseline tree for every worker count: {'yes' if same else 'NO'}")
     return 0 if same else 1
 

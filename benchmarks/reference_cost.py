@@ -29,7 +29,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "agentsearch.cli", *args], cwd=cwd or ROOT, capture_output=True, text=True)
+    return subprocess.run(
+        [sys.executable, "-m", "agentsearch.cli", *args], cwd=cwd or ROOT, capture_output=True, text=True
+    )
 
 
 def git(repo: Path, *args: str) -> str:
@@ -50,11 +52,18 @@ def check(repo: Path, ref: str, label: str) -> dict:
     proc = cli("verify", "-C", str(repo), ref, "--json")
     wall = time.perf_counter() - t0
     out = json.loads(proc.stdout)
-    ref_part = (out.get("reference") or {})
-    row = {"case": label, "verdict": out["verdict"], "wall_s": round(wall, 1), "verify_s": out["wall_s"],
-           "reference_s": ref_part.get("wall_s"), "reference_collected": ref_part.get("collected"),
-           "reference_reused": ref_part.get("reused"), "regimes": [r["label"] for r in ref_part.get("regimes") or []],
-           "reasons": out["reasons"][:2]}
+    ref_part = out.get("reference") or {}
+    row = {
+        "case": label,
+        "verdict": out["verdict"],
+        "wall_s": round(wall, 1),
+        "verify_s": out["wall_s"],
+        "reference_s": ref_part.get("wall_s"),
+        "reference_collected": ref_part.get("collected"),
+        "reference_reused": ref_part.get("reused"),
+        "regimes": [r["label"] for r in ref_part.get("regimes") or []],
+        "reasons": out["reasons"][:2],
+    }
     rs = row["reference_s"] or 0.0
     row["overhead_pct"] = round(100 * rs / max(out["wall_s"] - rs, 1e-9), 1)
     print(json.dumps(row), flush=True)
@@ -86,11 +95,15 @@ def main() -> int:
     rows.append(check(repo, "seqs32", "3a. regime change 4 -> 32 (first check at 32)"))
     rows.append(check(repo, "seqs32", "3b. regime change 4 -> 32, kept runs"))
     print()
-    print("| case | verdict | verify s | reference part s | over the check without it | reference runs made / kept | regimes |")
+    print(
+        "| case | verdict | verify s | reference part s | over the check without it | reference runs made / kept | regimes |"
+    )
     print("|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['case']} | {r['verdict']} | {r['verify_s']:.0f} | {r['reference_s'] or 0:.1f} | {r['overhead_pct']:.1f}% | "
-              f"{r['reference_collected']} / {r['reference_reused']} | {', '.join(r['regimes'])} |")
+        print(
+            f"| {r['case']} | {r['verdict']} | {r['verify_s']:.0f} | {r['reference_s'] or 0:.1f} | {r['overhead_pct']:.1f}% | "
+            f"{r['reference_collected']} / {r['reference_reused']} | {', '.join(r['regimes'])} |"
+        )
     bad = [r for r in rows if r["verdict"] != "pass"]
     print(f"benign changes refused: {len(bad)} of {len(rows)}")
     return 1 if bad else 0

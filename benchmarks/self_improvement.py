@@ -33,7 +33,9 @@ KNOBS = 8
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "agentsearch.cli", *args], cwd=ROOT, capture_output=True, text=True, timeout=1800)
+    return subprocess.run(
+        [sys.executable, "-m", "agentsearch.cli", *args], cwd=ROOT, capture_output=True, text=True, timeout=1800
+    )
 
 
 def make_target(path: Path) -> Path:
@@ -76,8 +78,11 @@ def main() -> None:
             c = episode(make_target(Path(tmp) / f"c{r}"), args.budget, 300 + r)
             with_ins.append(b)
             without.append(c)
-            print(f"repeat {r + 1}: with insights first win at {b['first_win']}, {b['wins']} wins; "
-                  f"without: first win at {c['first_win']}, {c['wins']} wins", flush=True)
+            print(
+                f"repeat {r + 1}: with insights first win at {b['first_win']}, {b['wins']} wins; "
+                f"without: first win at {c['first_win']}, {c['wins']} wins",
+                flush=True,
+            )
 
     def first(rows: list[dict]) -> float:
         # an episode without any win counts as budget + 1 proposals to the first win
@@ -89,9 +94,13 @@ def main() -> None:
     fw, fo = first(with_ins), first(without)
     ww, wo = per10(with_ins), per10(without)
     print(f"\nproposals to first win: with insights {fw:.2f}, without {fo:.2f} ({fo / fw:.1f}x fewer)")
-    print(f"wins per 10 proposals:  with insights {ww:.2f}, without {wo:.2f} ({(ww / wo if wo else float('inf')):.1f}x)")
+    print(
+        f"wins per 10 proposals:  with insights {ww:.2f}, without {wo:.2f} ({(ww / wo if wo else float('inf')):.1f}x)"
+    )
     ok = fo / fw >= 2
-    print(f"target (with insights at least 2x as efficient to the first win): {'MET' if ok else 'NOT MET'}; {time.time() - t0:.0f} s")
+    print(
+        f"target (with insights at least 2x as efficient to the first win): {'MET' if ok else 'NOT MET'}; {time.time() - t0:.0f} s"
+    )
 
 
 if __name__ == "__main__":

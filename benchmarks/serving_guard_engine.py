@@ -101,14 +101,26 @@ SPEED = "import json, sys, random\njson.dump({'x': float(open('f.txt').read()) *
 
 
 def git(repo: Path, *args: str) -> str:
-    env = {**os.environ, "GIT_AUTHOR_NAME": "bench", "GIT_AUTHOR_EMAIL": "b@b", "GIT_COMMITTER_NAME": "bench", "GIT_COMMITTER_EMAIL": "b@b"}
-    return subprocess.run(["git", "-c", "commit.gpgsign=false", *args], cwd=repo, env=env, check=True, capture_output=True, text=True).stdout
+    env = {
+        **os.environ,
+        "GIT_AUTHOR_NAME": "bench",
+        "GIT_AUTHOR_EMAIL": "b@b",
+        "GIT_COMMITTER_NAME": "bench",
+        "GIT_COMMITTER_EMAIL": "b@b",
+    }
+    return subprocess.run(
+        ["git", "-c", "commit.gpgsign=false", *args], cwd=repo, env=env, check=True, capture_output=True, text=True
+    ).stdout
 
 
 def make_fork(where: Path, goodput: bool = False) -> Path:
     fork = where / "fork"
     subprocess.run([*CLI, "init", "--from-installed", "vllm", str(fork)], check=True, capture_output=True, cwd=ROOT)
-    site = next(line.split('"')[1] for line in (fork / "agentsearch.toml").read_text().splitlines() if line.startswith("overlay_from"))
+    site = next(
+        line.split('"')[1]
+        for line in (fork / "agentsearch.toml").read_text().splitlines()
+        if line.startswith("overlay_from")
+    )
     config = CONFIG.format(site=site, python=sys.executable)
     if goodput:  # the goodput workload first: the objective
         head, _, rest = config.partition("[[workload]]")
@@ -129,10 +141,13 @@ def plant(src: str, delay_ms: float, note: str = "") -> str:
         raise ValueError(f"{SERVING_PY} changed: the planted delay has no single anchor")
     if delay_ms <= 0:
         return src.replace(ANCHOR, f"        # {note or 'nothing changes here'}\n{ANCHOR}")
-    return src.replace(ANCHOR, f"""        import asyncio as _asyncio, zlib as _zlib
+    return src.replace(
+        ANCHOR,
+        f"""        import asyncio as _asyncio, zlib as _zlib
         if _zlib.crc32(repr(request.prompt).encode()) % 50 == 0:
             await _asyncio.sleep({delay_ms / 1000!r})
-{ANCHOR}""")
+{ANCHOR}""",
+    )
 
 
 def candidate(fork: Path, i: int, delay_ms: float) -> str:
@@ -156,11 +171,16 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory(prefix="serving-guards-") as tmp:
         fork = make_fork(Path(tmp), args.goodput)
-        print(f"{'run':>3} {'verdict':<7} {'p50 guard':<22} {'p99 guard':<22} {'p99 first call':<15} {'min':>5}", flush=True)
+        print(
+            f"{'run':>3} {'verdict':<7} {'p50 guard':<22} {'p99 guard':<22} {'p99 first call':<15} {'min':>5}",
+            flush=True,
+        )
         for i in range(args.runs):
             branch = candidate(fork, i, args.delay_ms)
             t0 = time.time()
-            proc = subprocess.run([*CLI, "evaluate", "-C", str(fork), branch, "--json"], capture_output=True, text=True, cwd=ROOT)
+            proc = subprocess.run(
+                [*CLI, "evaluate", "-C", str(fork), branch, "--json"], capture_output=True, text=True, cwd=ROOT
+            )
             minutes = (time.time() - t0) / 60
             try:
                 out = json.loads(proc.stdout)
@@ -172,23 +192,51 @@ def main() -> None:
 
             def cell(name: str) -> str:
                 s = w.get(name)
-                return f"{s['decision']} {s['speedup'] - 1:+.1%}" if s and s.get("speedup") else (s or {}).get("decision", "not run")
+                return (
+                    f"{s['decision']} {s['speedup'] - 1:+.1%}"
+                    if s and s.get("speedup")
+                    else (s or {}).get("decision", "not run")
+                )
 
             fresh = w.get("ttft-p99 (fresh engines)")
-            first = "confirmed" if fresh and fresh.get("decision") == "regressed" else ("not confirmed" if fresh else "-")
-            print(f"{i:>3} {out['verdict']:<7} {cell('ttft-p50'):<22} {cell('ttft-p99'):<22} {first:<15} {minutes:>5.1f}"
-                  + (f"  goodput {cell('goodput')}" if args.goodput else "") + ("" if out["verdict"] == "merge" else f"  {out['reasons'][:1]}"),
-                  flush=True)
+            first = (
+                "confirmed" if fresh and fresh.get("decision") == "regressed" else ("not confirmed" if fresh else "-")
+            )
+            print(
+                f"{i:>3} {out['verdict']:<7} {cell('ttft-p50'):<22} {cell('ttft-p99'):<22} {first:<15} {minutes:>5.1f}"
+                + (f"  goodput {cell('goodput')}" if args.goodput else "")
+                + ("" if out["verdict"] == "merge" else f"  {out['reasons'][:1]}"),
+                flush=True,
+            )
             p99 = [t for t in out.get("trials", []) if t.get("ok") and t["workload"] == "ttft-p99"]
-            rows.append({"run": i, "verdict": out["verdict"], "reasons": out.get("reasons"), "minutes": minutes,
-                         "workloads": {k: {x: v.get(x) for x in ("decision", "speedup", "ci", "pairs", "p_value")} for k, v in w.items()},
-                         "p99_trials": [{"side": t["side"], "ttft_p99_ms": t["metrics"].get("ttft_p99_ms"), "ttft_p50_ms": t["metrics"].get("ttft_p50_ms"),
-                                         "lag_p99_ms": t["metrics"].get("generator_lag_p99_ms")} for t in p99]})
+            rows.append(
+                {
+                    "run": i,
+                    "verdict": out["verdict"],
+                    "reasons": out.get("reasons"),
+                    "minutes": minutes,
+                    "workloads": {
+                        k: {x: v.get(x) for x in ("decision", "speedup", "ci", "pairs", "p_value")}
+                        for k, v in w.items()
+                    },
+                    "p99_trials": [
+                        {
+                            "side": t["side"],
+                            "ttft_p99_ms": t["metrics"].get("ttft_p99_ms"),
+                            "ttft_p50_ms": t["metrics"].get("ttft_p50_ms"),
+                            "lag_p99_ms": t["metrics"].get("generator_lag_p99_ms"),
+                        }
+                        for t in p99
+                    ],
+                }
+            )
     ok = [r for r in rows if "verdict" in r]
     rejected_p99 = sum(1 for r in ok if any(str(x).startswith("guard-workloads: ttft-p99") for x in r["reasons"]))
     rejected_p50 = sum(1 for r in ok if any(str(x).startswith("guard-workloads: ttft-p50") for x in r["reasons"]))
-    print(f"delay {args.delay_ms:g} ms: {len(ok)} runs; rejected by the p99 guard {rejected_p99}, by the median guard {rejected_p50}; "
-          f"merged {sum(r['verdict'] == 'merge' for r in ok)}; {sum(r['minutes'] for r in ok):.0f} min")
+    print(
+        f"delay {args.delay_ms:g} ms: {len(ok)} runs; rejected by the p99 guard {rejected_p99}, by the median guard {rejected_p50}; "
+        f"merged {sum(r['verdict'] == 'merge' for r in ok)}; {sum(r['minutes'] for r in ok):.0f} min"
+    )
     if args.out:
         Path(args.out).write_text(json.dumps(rows, indent=1))
 

@@ -73,7 +73,18 @@ class Shape:
 
 
 class Sim:
-    def __init__(self, shape: Shape, n: int, cv: float, instance: float, kind: str, k: float, est, side: str, rng: np.random.Generator):
+    def __init__(
+        self,
+        shape: Shape,
+        n: int,
+        cv: float,
+        instance: float,
+        kind: str,
+        k: float,
+        est,
+        side: str,
+        rng: np.random.Generator,
+    ):
         self.shape, self.n, self.cv, self.kind, self.k, self.est, self.rng = shape, n, cv, kind, k, est, rng
         self.mu = rng.normal(0.0, instance) if instance else 0.0
         self.bad = side == CANDIDATE and kind != "A/A"
@@ -94,18 +105,41 @@ class Sim:
         return TrialOutcome(True, v, {"v": v}, 0.0)
 
 
-def one(shape: Shape, n: int, cv: float, instance: float, kind: str, k: float, est, gate: GateConfig, rng: np.random.Generator) -> tuple[bool, int]:
+def one(
+    shape: Shape,
+    n: int,
+    cv: float,
+    instance: float,
+    kind: str,
+    k: float,
+    est,
+    gate: GateConfig,
+    rng: np.random.Generator,
+) -> tuple[bool, int]:
     w = WorkloadConfig(name="guard", command="-", metric="v", restarts=1)
     design = workload_design(design_for(gate), w)
-    run = run_interleaved("guard", lambda side, i: Sim(shape, n, cv, instance, kind, k, est, side, rng), design, decide_guard,
-                          lambda i: i, False, restarts=1)
+    run = run_interleaved(
+        "guard",
+        lambda side, i: Sim(shape, n, cv, instance, kind, k, est, side, rng),
+        design,
+        decide_guard,
+        lambda i: i,
+        False,
+        restarts=1,
+    )
     assert run.decision is not None
     pairs = run.pairs
     if run.decision.action != REGRESSED:
         return False, pairs
     check = confirmation_design(max(gate.confirm_pairs, LOADED_CONFIRM_PAIRS), strict=True)
-    again = run_interleaved("guard", lambda side, i: Sim(shape, n, cv, instance, kind, k, est, side, rng), check, decide_regression,
-                            lambda i: 20_000 + i, False)
+    again = run_interleaved(
+        "guard",
+        lambda side, i: Sim(shape, n, cv, instance, kind, k, est, side, rng),
+        check,
+        decide_regression,
+        lambda i: 20_000 + i,
+        False,
+    )
     assert again.decision is not None
     return again.decision.action == REGRESSED, pairs
 
@@ -115,9 +149,13 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=400)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--sigma", type=float, default=0.35, help="log-SD of a trial's per-request TTFTs (lognormal shape)")
-    ap.add_argument("--from", dest="source", default="", help="an `evaluate --json` output whose trials carry ttft samples")
+    ap.add_argument(
+        "--from", dest="source", default="", help="an `evaluate --json` output whose trials carry ttft samples"
+    )
     ap.add_argument("--cv", type=float, default=0.03, help="per-trial noise (log-SD) shared by a trial's requests")
-    ap.add_argument("--instance", type=float, default=0.02, help="SD of an engine instance's effect, fixed for its life")
+    ap.add_argument(
+        "--instance", type=float, default=0.02, help="SD of an engine instance's effect, fixed for its life"
+    )
     ap.add_argument("--requests", default="200,1000,2000")
     args = ap.parse_args()
     rng = np.random.default_rng(args.seed)
@@ -129,11 +167,17 @@ def main() -> None:
     shape = Shape(args.sigma, sample)
     k = shape.tail_factor(rng)
     gate = GateConfig()
-    print(f"per-request TTFT: {'measured' if sample is not None else f'lognormal, log-SD {args.sigma}'}; trial noise {args.cv:.0%}, "
-          f"instance effect {args.instance:.0%}; guard level {gate.regression_alpha}, floor -{gate.max_regression:.0%}, "
-          f"max {gate.max_pairs} pairs, then {max(gate.confirm_pairs, LOADED_CONFIRM_PAIRS)} fresh pairs; {args.reps} guards per cell")
-    print(f"tail-only regression: {TAIL_SHARE:.0%} of requests x{k:.2f} (p99 +10%, median unchanged); median regression: every request x1.10")
-    print(f"{'requests':>8} {'estimator':<11} {'A/A false':>9} {'tail +10%':>9} {'median +10%':>11} {'pairs (A/A)':>11}")
+    print(
+        f"per-request TTFT: {'measured' if sample is not None else f'lognormal, log-SD {args.sigma}'}; trial noise {args.cv:.0%}, "
+        f"instance effect {args.instance:.0%}; guard level {gate.regression_alpha}, floor -{gate.max_regression:.0%}, "
+        f"max {gate.max_pairs} pairs, then {max(gate.confirm_pairs, LOADED_CONFIRM_PAIRS)} fresh pairs; {args.reps} guards per cell"
+    )
+    print(
+        f"tail-only regression: {TAIL_SHARE:.0%} of requests x{k:.2f} (p99 +10%, median unchanged); median regression: every request x1.10"
+    )
+    print(
+        f"{'requests':>8} {'estimator':<11} {'A/A false':>9} {'tail +10%':>9} {'median +10%':>11} {'pairs (A/A)':>11}"
+    )
     t0 = time.time()
     for n in (int(x) for x in args.requests.split(",")):
         for name, est in estimators().items():
@@ -143,7 +187,10 @@ def main() -> None:
                 cells.append(sum(r for r, _ in res) / args.reps)
                 if kind == "A/A":
                     pairs = [p for _, p in res]
-            print(f"{n:>8} {name:<11} {cells[0]:>9.2%} {cells[1]:>9.1%} {cells[2]:>11.1%} {np.mean(pairs):>11.1f}", flush=True)
+            print(
+                f"{n:>8} {name:<11} {cells[0]:>9.2%} {cells[1]:>9.1%} {cells[2]:>11.1%} {np.mean(pairs):>11.1f}",
+                flush=True,
+            )
     print(f"runtime {time.time() - t0:.0f} s")
 
 

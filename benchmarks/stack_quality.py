@@ -37,7 +37,9 @@ def estimate(rng: np.random.Generator, log_effect: float, sd: float, pairs: int)
     return est.speedup, (math.exp(est.mean - half), math.exp(est.mean + half))
 
 
-def rate(rng: np.random.Generator, reps: int, k: int, effect: float, shortfall: float, curse: float, a: argparse.Namespace) -> dict[str, float]:
+def rate(
+    rng: np.random.Generator, reps: int, k: int, effect: float, shortfall: float, curse: float, a: argparse.Namespace
+) -> dict[str, float]:
     counts = {"delivers": 0, "under-delivers": 0, "inconclusive": 0}
     for _ in range(reps):
         merges = []
@@ -58,23 +60,31 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=4000)
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--sd", type=float, default=0.03, help="per-pair SD of the log-ratio (the toy and the CPU engine: 0.02-0.04)")
+    ap.add_argument(
+        "--sd", type=float, default=0.03, help="per-pair SD of the log-ratio (the toy and the CPU engine: 0.02-0.04)"
+    )
     ap.add_argument("--pairs", type=int, default=12, help="pairs of the stack check's own measurement")
     ap.add_argument("--confirm-pairs", type=int, default=4, help="pairs of each merge's confirmation")
     ap.add_argument("--alpha", type=float, default=0.05)
     ap.add_argument("--margin", type=float, default=0.02, help="[gate] min_effect: the shortfall worth acting on")
     a = ap.parse_args()
     rng = np.random.default_rng(a.seed)
-    print(f"per-pair SD {a.sd:g}, stack check {a.pairs} pairs, confirmations {a.confirm_pairs} pairs, alpha {a.alpha:g}, "
-          f"margin {a.margin:.0%}, {a.reps} stacks per row")
-    print(f"{'merges':>6} {'effect':>7} {'true shortfall':>15} {'estimates':>22} {'under-delivers':>15} {'delivers':>9} {'inconclusive':>13}")
+    print(
+        f"per-pair SD {a.sd:g}, stack check {a.pairs} pairs, confirmations {a.confirm_pairs} pairs, alpha {a.alpha:g}, "
+        f"margin {a.margin:.0%}, {a.reps} stacks per row"
+    )
+    print(
+        f"{'merges':>6} {'effect':>7} {'true shortfall':>15} {'estimates':>22} {'under-delivers':>15} {'delivers':>9} {'inconclusive':>13}"
+    )
     rows = [(k, e, 0.0, 0.0) for k in (2, 4, 6) for e in (0.03, 0.10)]
     rows += [(k, 0.10, sf, 0.0) for k in (2, 4) for sf in (0.05, 0.10, 0.20)]
     rows += [(k, 0.10, 0.0, 0.03) for k in (2, 4, 6)]
     for k, effect, shortfall, curse in rows:
         r = rate(rng, a.reps, k, effect, shortfall, curse, a)
         what = "confirmation" if not curse else f"inflated +{curse:.0%} each"
-        print(f"{k:>6} {effect:>7.0%} {shortfall:>15.0%} {what:>22} {r['under-delivers']:>15.1%} {r['delivers']:>9.1%} {r['inconclusive']:>13.1%}")
+        print(
+            f"{k:>6} {effect:>7.0%} {shortfall:>15.0%} {what:>22} {r['under-delivers']:>15.1%} {r['delivers']:>9.1%} {r['inconclusive']:>13.1%}"
+        )
 
 
 if __name__ == "__main__":

@@ -34,30 +34,104 @@ SEED_DRAW = "            seeds[i] = torch.randint(\n                0, 2**31, (1
 
 # name -> (expected: "caught" | "passed", [(file, old, new), ...])
 CHANGES: dict[str, tuple[str, list[tuple[str, str, str]]]] = {
-    "norm-eps": ("caught", [(LLAMA, "self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)",
-                             "self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps * 10)")]),
-    "rotary-base": ("caught", [(ROPE, "        inv_freq = 1.0 / (\n            base\n", "        inv_freq = 1.0 / (\n            (base * 1.001)\n")]),
-    "activation-approx": ("caught", [(ACT, "        return F.silu(x[..., :d]) * x[..., d:]",
-                                      "        return (x[..., :d] * torch.sigmoid(1.702 * x[..., :d])) * x[..., d:]")]),
+    "norm-eps": (
+        "caught",
+        [
+            (
+                LLAMA,
+                "self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)",
+                "self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps * 10)",
+            )
+        ],
+    ),
+    "rotary-base": (
+        "caught",
+        [
+            (
+                ROPE,
+                "        inv_freq = 1.0 / (\n            base\n",
+                "        inv_freq = 1.0 / (\n            (base * 1.001)\n",
+            )
+        ],
+    ),
+    "activation-approx": (
+        "caught",
+        [
+            (
+                ACT,
+                "        return F.silu(x[..., :d]) * x[..., d:]",
+                "        return (x[..., :d] * torch.sigmoid(1.702 * x[..., :d])) * x[..., d:]",
+            )
+        ],
+    ),
     # in LogitsProcessor.forward (the path every logprob takes; get_top_tokens, a greedy-argmax shortcut, has the
     # same two lines first in the file: a change planted there never runs and rightly passes)
-    "logits-scale": ("caught", [(LOGITS, "            if self.scale != 1.0:\n                logits *= self.scale",
-                                 "            logits = logits * 1.001\n            if self.scale != 1.0:\n                logits *= self.scale")]),
-    "attention-scale": ("caught", [(LLAMA, "self.scaling = self.head_dim**-0.5", "self.scaling = self.head_dim**-0.5 * 1.01")]),
-    "temperature-1.02": ("caught", [(SAMPLER, "return logits.div_(temp.unsqueeze(dim=1))", "return logits.div_(temp.unsqueeze(dim=1) * 1.02)")]),
-    "top-k-off-by-one": ("caught", [
-        (TOPK, "top_k_mask = logits_sort.size(1) - k.to(torch.long)  # shape: B", "top_k_mask = logits_sort.size(1) - k.to(torch.long) + 1  # shape: B"),
-        (TOPK, "k_index = k.sub_(1).unsqueeze(1)", "k_index = k.sub_(1).clamp_(min=1).sub_(1).unsqueeze(1)"),
-    ]),
-    "top-p-0.98": ("caught", [(TOPK, "top_p_mask = probs_sum <= 1 - p.unsqueeze(dim=1)", "top_p_mask = probs_sum <= 1 - 0.98 * p.unsqueeze(dim=1)")]),
-    "decode-only-scale": ("caught", [(LLAMA, "        hidden_states, _ = self.norm(hidden_states, residual)\n",
-                                      "        hidden_states, _ = self.norm(hidden_states, residual)\n"
-                                      "        if hidden_states.shape[0] <= 8:  # decode steps only\n"
-                                      "            hidden_states = hidden_states * 1.0005\n")]),
+    "logits-scale": (
+        "caught",
+        [
+            (
+                LOGITS,
+                "            if self.scale != 1.0:\n                logits *= self.scale",
+                "            logits = logits * 1.001\n            if self.scale != 1.0:\n                logits *= self.scale",
+            )
+        ],
+    ),
+    "attention-scale": (
+        "caught",
+        [(LLAMA, "self.scaling = self.head_dim**-0.5", "self.scaling = self.head_dim**-0.5 * 1.01")],
+    ),
+    "temperature-1.02": (
+        "caught",
+        [(SAMPLER, "return logits.div_(temp.unsqueeze(dim=1))", "return logits.div_(temp.unsqueeze(dim=1) * 1.02)")],
+    ),
+    "top-k-off-by-one": (
+        "caught",
+        [
+            (
+                TOPK,
+                "top_k_mask = logits_sort.size(1) - k.to(torch.long)  # shape: B",
+                "top_k_mask = logits_sort.size(1) - k.to(torch.long) + 1  # shape: B",
+            ),
+            (TOPK, "k_index = k.sub_(1).unsqueeze(1)", "k_index = k.sub_(1).clamp_(min=1).sub_(1).unsqueeze(1)"),
+        ],
+    ),
+    "top-p-0.98": (
+        "caught",
+        [
+            (
+                TOPK,
+                "top_p_mask = probs_sum <= 1 - p.unsqueeze(dim=1)",
+                "top_p_mask = probs_sum <= 1 - 0.98 * p.unsqueeze(dim=1)",
+            )
+        ],
+    ),
+    "decode-only-scale": (
+        "caught",
+        [
+            (
+                LLAMA,
+                "        hidden_states, _ = self.norm(hidden_states, residual)\n",
+                "        hidden_states, _ = self.norm(hidden_states, residual)\n"
+                "        if hidden_states.shape[0] <= 8:  # decode steps only\n"
+                "            hidden_states = hidden_states * 1.0005\n",
+            )
+        ],
+    ),
     "sampler-ignores-seed": ("caught", [(TOPK, SEED_DRAW, SEED_DRAW + " + 1")]),
-    "rename": ("passed", [(LLAMA, "self.scaling = self.head_dim**-0.5",
-                           "self.scaling = self.head_dim ** -0.5  # renamed below\n        _unused_scale = self.scaling")]),
-    "reassociation": ("passed", [(NORM, "    x = x * torch.rsqrt(variance + epsilon)\n", "    x = x / torch.sqrt(variance + epsilon)\n")]),
+    "rename": (
+        "passed",
+        [
+            (
+                LLAMA,
+                "self.scaling = self.head_dim**-0.5",
+                "self.scaling = self.head_dim ** -0.5  # renamed below\n        _unused_scale = self.scaling",
+            )
+        ],
+    ),
+    "reassociation": (
+        "passed",
+        [(NORM, "    x = x * torch.rsqrt(variance + epsilon)\n", "    x = x / torch.sqrt(variance + epsilon)\n")],
+    ),
 }
 
 
@@ -99,23 +173,37 @@ def main() -> int:
     section = f'\n[verify]\nkind = "vllm"\nprofile = "{args.profile}"\nmax_tokens = 8\nmodel = "{args.model}"\n'
     cfg = (cfg[:start] + section + cfg[end:]) if start >= 0 else cfg + section
     (fork / "agentsearch.toml").write_text(cfg)
-    git(fork, "-c", "commit.gpgsign=false", "commit", "-qam", f"verify on {args.model} ({args.profile})", "--allow-empty")
+    git(
+        fork,
+        "-c",
+        "commit.gpgsign=false",
+        "commit",
+        "-qam",
+        f"verify on {args.model} ({args.profile})",
+        "--allow-empty",
+    )
     for name in names:
         plant(fork, name, CHANGES[name][1])
     rows = []
     for name in names:
         t0 = time.perf_counter()
-        proc = subprocess.run([*cli, "verify", "-C", str(fork), name, "--json"], capture_output=True, text=True, cwd=ROOT)
+        proc = subprocess.run(
+            [*cli, "verify", "-C", str(fork), name, "--json"], capture_output=True, text=True, cwd=ROOT
+        )
         wall = time.perf_counter() - t0
         try:
             out = json.loads(proc.stdout)
         except json.JSONDecodeError:
-            print(f"{name}: verify gave no JSON (exit {proc.returncode}): {proc.stderr.strip()[-400:]}", file=sys.stderr)
+            print(
+                f"{name}: verify gave no JSON (exit {proc.returncode}): {proc.stderr.strip()[-400:]}", file=sys.stderr
+            )
             rows.append((name, CHANGES[name][0], "error", "", wall))
             continue
         got = "caught" if out["verdict"] == "fail" else "passed"
-        failed = sorted({f"{s}/{p}" for s in ("public", "holdout") for p, st in (out.get(s) or {}).items() if not st.get("passed")}
-                        | ({"draws"} if (out.get("draws") or {}).get("status") == "fail" else set()))
+        failed = sorted(
+            {f"{s}/{p}" for s in ("public", "holdout") for p, st in (out.get(s) or {}).items() if not st.get("passed")}
+            | ({"draws"} if (out.get("draws") or {}).get("status") == "fail" else set())
+        )
         rows.append((name, CHANGES[name][0], got, ", ".join(failed) or "-", wall))
         print(f"{name}: {got} ({', '.join(failed) or 'every path passed'}) in {wall:.0f} s", file=sys.stderr)
     print(f"\nverify power on model {args.model}, profile {args.profile}")

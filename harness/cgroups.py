@@ -38,7 +38,7 @@ class Group:
         self.path = path
 
     @classmethod
-    def create(cls, label: str) -> "Group | None":
+    def create(cls, label: str) -> Group | None:
         root = _v2_root()
         if root is None:
             return None
@@ -135,7 +135,7 @@ class CpusetGroup:
         self.path, self.own = path, own
 
     @classmethod
-    def create(cls, cpus: frozenset[int], v2: "Group | None" = None) -> "CpusetGroup | None":
+    def create(cls, cpus: frozenset[int], v2: Group | None = None) -> CpusetGroup | None:
         text = ",".join(str(c) for c in sorted(cpus))
         if v2 is not None and (v2.path / "cpuset.cpus").exists():
             try:
@@ -187,7 +187,6 @@ class CpusetGroup:
                 time.sleep(0.05)
 
 
-
 MEMORY_V1 = Path("/sys/fs/cgroup/memory")
 PIDS_V1 = Path("/sys/fs/cgroup/pids")
 
@@ -203,7 +202,7 @@ class Limits:
         self.paths = paths
 
     @classmethod
-    def create(cls, label: str, memory_bytes: int, pids: int) -> "Limits | None":
+    def create(cls, label: str, memory_bytes: int, pids: int) -> Limits | None:
         name = f"agentsearch-{os.getpid()}-{next(_counter)}-{label}"
         root = _v2_root()
         if root is not None and (root / "cgroup.subtree_control").exists():
@@ -221,7 +220,10 @@ class Limits:
                     cls([path]).remove()
         made: list[Path] = []
         try:
-            for base, files in ((MEMORY_V1, {"memory.limit_in_bytes": str(memory_bytes)}), (PIDS_V1, {"pids.max": str(pids)})):
+            for base, files in (
+                (MEMORY_V1, {"memory.limit_in_bytes": str(memory_bytes)}),
+                (PIDS_V1, {"pids.max": str(pids)}),
+            ):
                 if not (base / "cgroup.procs").exists() or not os.access(base, os.W_OK):
                     return None
                 path = base / name

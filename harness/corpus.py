@@ -56,7 +56,9 @@ def build(per_group: int = 24, seed: int = 20261129) -> list[Prompt]:
 
 
 def write(path: Path = CORPUS) -> None:
-    path.write_text("".join(json.dumps({"id": p.id, "lang": p.lang, "text": p.text}, ensure_ascii=False) + "\n" for p in build()))
+    path.write_text(
+        "".join(json.dumps({"id": p.id, "lang": p.lang, "text": p.text}, ensure_ascii=False) + "\n" for p in build())
+    )
 
 
 def load(path: Path | None = None) -> list[Prompt]:
@@ -71,7 +73,9 @@ def load(path: Path | None = None) -> list[Prompt]:
             d = json.loads(line)
             p = Prompt(str(d["id"]), str(d.get("lang", "unknown")), str(d["text"]))
         except (json.JSONDecodeError, KeyError, TypeError) as exc:
-            raise ValueError(f"{path}:{n}: not a corpus line ({exc}); expected {{\"id\": ..., \"text\": ...}}") from None
+            raise ValueError(
+                f"{path}:{n}: not a corpus line ({exc}); expected {{\"id\": ..., \"text\": ...}}"
+            ) from None
         if p.id in seen:
             raise ValueError(f"{path}:{n}: duplicate prompt id {p.id!r}")
         seen.add(p.id)

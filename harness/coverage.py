@@ -11,9 +11,9 @@ from __future__ import annotations
 import json
 import os
 import types
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
 
 from .safe_io import list_beneath, read_beneath
 

@@ -28,9 +28,10 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 import numpy as np
 from scipy import stats as sps
@@ -160,16 +161,21 @@ class PathStats:
         se = float(np.std(self.kl, ddof=1) / math.sqrt(n)) if n > 1 else None
         agree = float(np.mean(self.agree)) if self.agree else None
         return {
-            "positions": n, "sequences": self.sequences,
-            "kl_mean": float(np.mean(self.kl)) if self.kl else None, "kl_mean_se": se, "kl_p99": q(self.kl, 0.99),
+            "positions": n,
+            "sequences": self.sequences,
+            "kl_mean": float(np.mean(self.kl)) if self.kl else None,
+            "kl_mean_se": se,
+            "kl_p99": q(self.kl, 0.99),
             "kl_percentiles": {f"{p:g}": q(self.kl, p / 100) for p in KL_PERCENTILES} if self.kl else {},
-            "kl_max": max(self.kl) if self.kl else None, "tv_max": max(self.tv) if self.tv else None,
+            "kl_max": max(self.kl) if self.kl else None,
+            "tv_max": max(self.tv) if self.tv else None,
             "dlogprob_max": max(self.dlp) if self.dlp else None,
             "dp_rms": float(np.sqrt(np.mean(np.square(self.dp)))) if self.dp else None,
             "top1_agreement": agree,
             "same_top_pct": None if agree is None else 100 * agree,
             "same_top_pct_se": None if agree is None or n < 2 else 100 * math.sqrt(agree * (1 - agree) / (n - 1)),
-            "exact": self.exact, "divergences": self.divergences,
+            "exact": self.exact,
+            "divergences": self.divergences,
             "first_divergence_median": float(np.median(self.first_divergence)) if self.first_divergence else None,
             "kl_by_position": self.profile(),
         }
@@ -187,8 +193,13 @@ class PathStats:
         return [float(f"{v:.4g}") for v in (sums[:last] / np.maximum(counts[:last], 1))]
 
 
-def compare(base: Mapping[tuple[str, str], Record], cand: Mapping[tuple[str, str], Record], ids: Iterable[str],
-            tie: float, paths: Iterable[str] = ("prefill", "decode")) -> dict[str, PathStats]:
+def compare(
+    base: Mapping[tuple[str, str], Record],
+    cand: Mapping[tuple[str, str], Record],
+    ids: Iterable[str],
+    tie: float,
+    paths: Iterable[str] = ("prefill", "decode"),
+) -> dict[str, PathStats]:
     """Per-path statistics of ``cand`` against ``base`` over the prompts ``ids`` (the ids of the
     ``sample`` path carry a setting suffix, ``<prompt id>#s<n>``: every record of a prompt counts)."""
     out = {p: PathStats() for p in paths}
@@ -199,7 +210,7 @@ def compare(base: Mapping[tuple[str, str], Record], cand: Mapping[tuple[str, str
             by_prompt.setdefault(rid.split("#", 1)[0], []).append(rid)
     for pid in ids:
         for path, st in out.items():
-            for rid in (sorted(by_prompt.get(pid, [])) if path == "sample" else [pid]):
+            for rid in sorted(by_prompt.get(pid, [])) if path == "sample" else [pid]:
                 _compare_record(base.get((rid, path)), cand.get((rid, path)), rid, path, st, tie)
     return out
 
@@ -258,39 +269,61 @@ class PathVerdict:
     stats: Mapping[str, Any]
 
 
-def judge_path(path: str, cand: PathStats, floor: PathStats, mode: str, dtype: str, caps: Mapping[str, float] | None = None) -> PathVerdict:
+def judge_path(
+    path: str, cand: PathStats, floor: PathStats, mode: str, dtype: str, caps: Mapping[str, float] | None = None
+) -> PathVerdict:
     """Pass/fail of one path against the noise floor (``tight``), bit-identity (``exact``) or caps."""
     reasons: list[str] = []
     s = cand.summary()
     if cand.missing:
-        reasons.append(f"{path}: candidate produced no output for {len(cand.missing)} prompt(s), e.g. {cand.missing[0]}")
+        reasons.append(
+            f"{path}: candidate produced no output for {len(cand.missing)} prompt(s), e.g. {cand.missing[0]}"
+        )
     if cand.dropped:
-        reasons.append(f"{path}: candidate listed no logprobs at {len(cand.dropped)} position(s) the baseline did, e.g. {cand.dropped[0]}")
+        reasons.append(
+            f"{path}: candidate listed no logprobs at {len(cand.dropped)} position(s) the baseline did, e.g. {cand.dropped[0]}"
+        )
     if cand.token_mismatch:
-        reasons.append(f"{path}: prompt tokens differ for {len(cand.token_mismatch)} prompt(s), e.g. {cand.token_mismatch[0]} (tokenization changed)")
+        reasons.append(
+            f"{path}: prompt tokens differ for {len(cand.token_mismatch)} prompt(s), e.g. {cand.token_mismatch[0]} (tokenization changed)"
+        )
     if cand.bad_divergences:
-        reasons.append(f"{path}: greedy continuation diverged without a near tie in {len(cand.bad_divergences)} sequence(s), e.g. {cand.bad_divergences[0]}")
+        reasons.append(
+            f"{path}: greedy continuation diverged without a near tie in {len(cand.bad_divergences)} sequence(s), e.g. {cand.bad_divergences[0]}"
+        )
     if not cand.kl and not reasons:
         reasons.append(f"{path}: no positions compared")
     if mode == "exact":
         if not cand.exact:
-            reasons.append(f"{path}: not bit-identical (max |Δ logprob| {s['dlogprob_max']:.3g})" if s["dlogprob_max"] is not None
-                           else f"{path}: not bit-identical")
+            reasons.append(
+                f"{path}: not bit-identical (max |Δ logprob| {s['dlogprob_max']:.3g})"
+                if s["dlogprob_max"] is not None
+                else f"{path}: not bit-identical"
+            )
     elif cand.kl:
         if mode == "tight":
             f = floor.summary()
             mins = DTYPE_FLOOR.get(dtype, DTYPE_FLOOR["float32"])
             limits = {
-                key: max(FLOOR_MULTIPLIER * (f[key] or 0.0), mins[key]) for key in ("kl_mean", "kl_p99", "kl_max", "dlogprob_max")
+                key: max(FLOOR_MULTIPLIER * (f[key] or 0.0), mins[key])
+                for key in ("kl_mean", "kl_p99", "kl_max", "dlogprob_max")
             }
         else:
             limits = dict(caps or {})
         for key, limit in limits.items():
             if key in s and s[key] is not None and not s[key] <= limit:  # NaN is never within a limit
-                reasons.append(f"{path}: {key} {s[key]:.3g} exceeds {limit:.3g}" + (" (noise floor x3 or the dtype minimum)" if mode == "tight" else ""))
+                reasons.append(
+                    f"{path}: {key} {s[key]:.3g} exceeds {limit:.3g}"
+                    + (" (noise floor x3 or the dtype minimum)" if mode == "tight" else "")
+                )
         if mode == "approx" and caps and "min_top1" in caps and (s["top1_agreement"] or 0) < caps["min_top1"]:
             reasons.append(f"{path}: top-1 agreement {s['top1_agreement']:.3f} below {caps['min_top1']}")
-        if mode == "tight" and floor.kl and len(cand.kl) >= 20 and max(cand.kl) > DTYPE_FLOOR.get(dtype, DTYPE_FLOOR["float32"])["kl_max"]:
+        if (
+            mode == "tight"
+            and floor.kl
+            and len(cand.kl) >= 20
+            and max(cand.kl) > DTYPE_FLOOR.get(dtype, DTYPE_FLOOR["float32"])["kl_max"]
+        ):
             # consistency: are the candidate's divergences stochastically larger than the floor's?
             u = sps.mannwhitneyu(cand.kl, floor.kl, alternative="greater")
             if u.pvalue < 1e-3:
@@ -313,8 +346,10 @@ def systematic_shift(signed: list[float], floor_signed: list[float], dtype: str)
     tiny = DTYPE_FLOOR.get(dtype, DTYPE_FLOOR["float32"])["dlogprob_max"] / 100
     if p < SHIFT_ALPHA and abs(mean) > max(tiny, 3 * floor_mean):
         direction = "up" if mean > 0 else "down"
-        return (f"systematic shift: the top token's logprob moved {direction} at {max(pos, len(nonzero) - pos)} of {len(nonzero)} "
-                f"positions (mean {mean:+.3g}, sign test p={p:.2g})")
+        return (
+            f"systematic shift: the top token's logprob moved {direction} at {max(pos, len(nonzero) - pos)} of {len(nonzero)} "
+            f"positions (mean {mean:+.3g}, sign test p={p:.2g})"
+        )
     return ""
 
 
@@ -322,8 +357,12 @@ DRAW_ALPHA = 1e-3  # level of the paired draw test
 DRAW_MIN = 100  # draws per context and setting below which the draw test cannot resolve anything
 
 
-def judge_draws(base: Mapping[tuple[str, str], Record], floor: Mapping[tuple[str, str], Record],
-                unrelated: Mapping[tuple[str, str], Record], cand: Mapping[tuple[str, str], Record]) -> PathVerdict:
+def judge_draws(
+    base: Mapping[tuple[str, str], Record],
+    floor: Mapping[tuple[str, str], Record],
+    unrelated: Mapping[tuple[str, str], Record],
+    cand: Mapping[tuple[str, str], Record],
+) -> PathVerdict:
     """The end-to-end check of the sampler itself (its use of the random numbers), paired.
 
     ``base`` and ``cand`` drew with the same seeds: a correct sampler makes the same draw from the
@@ -348,7 +387,9 @@ def judge_draws(base: Mapping[tuple[str, str], Record], floor: Mapping[tuple[str
             continue
         n = min(len(a.tokens), len(f.tokens), len(u.tokens), len(c.tokens))
         if n < DRAW_MIN:
-            reasons.append(f"draws: only {n} draws for {key[0]}; at least {DRAW_MIN} are needed to resolve a difference")
+            reasons.append(
+                f"draws: only {n} draws for {key[0]}; at least {DRAW_MIN} are needed to resolve a difference"
+            )
             continue
         if len(set(a.tokens[:n]) | set(u.tokens[:n])) < 2:
             untestable.append(key[0])  # a single category: no draw can change
@@ -359,21 +400,35 @@ def judge_draws(base: Mapping[tuple[str, str], Record], floor: Mapping[tuple[str
         floor_changed += sum(x != y for x, y in zip(a.tokens[:n], f.tokens[:n]))
         unrelated_changed += sum(x != y for x, y in zip(a.tokens[:n], u.tokens[:n]))
     stats: dict[str, Any] = {
-        "contexts": len(keys), "testable": testable, "not_testable": untestable, "draws": total,
-        "changed": changed, "floor_changed": floor_changed, "unrelated_changed": unrelated_changed,
+        "contexts": len(keys),
+        "testable": testable,
+        "not_testable": untestable,
+        "draws": total,
+        "changed": changed,
+        "floor_changed": floor_changed,
+        "unrelated_changed": unrelated_changed,
         "changed_share": changed / total if total else None,
         "floor_share": floor_changed / total if total else None,
-        "unrelated_share": unrelated_changed / total if total else None, "p": None,
+        "unrelated_share": unrelated_changed / total if total else None,
+        "p": None,
     }
     if total and not reasons:
         if floor_changed * 2 > unrelated_changed:
-            reasons.append(f"draws: the baseline does not reproduce its own draws with the same seeds ({floor_changed} of {total} changed, "
-                           f"{unrelated_changed} with unrelated seeds); the sampler cannot be judged by draws")
+            reasons.append(
+                f"draws: the baseline does not reproduce its own draws with the same seeds ({floor_changed} of {total} changed, "
+                f"{unrelated_changed} with unrelated seeds); the sampler cannot be judged by draws"
+            )
         else:
-            p = float(sps.fisher_exact([[changed, total - changed], [floor_changed, total - floor_changed]], alternative="greater")[1])
+            p = float(
+                sps.fisher_exact(
+                    [[changed, total - changed], [floor_changed, total - floor_changed]], alternative="greater"
+                )[1]
+            )
             stats["p"] = p
             if p < DRAW_ALPHA:
-                reasons.append(f"draws: {changed} of {total} draws changed with the same seeds (noise floor {floor_changed}, "
-                               f"unrelated seeds {unrelated_changed}; Fisher p={p:.2g}): the sampler draws differently")
+                reasons.append(
+                    f"draws: {changed} of {total} draws changed with the same seeds (noise floor {floor_changed}, "
+                    f"unrelated seeds {unrelated_changed}; Fisher p={p:.2g}): the sampler draws differently"
+                )
     stats["status"] = "fail" if reasons else ("pass" if testable else "not testable")
     return PathVerdict("draws", not reasons, tuple(reasons), stats)

@@ -16,13 +16,26 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Callable, Mapping, NoReturn
+from typing import Any, NoReturn
 
 from . import lengths, sandbox
-from .seeds import batch_seed
 from .cgroups import CpusetGroup, Group
-from .trials import CRASH, TIMEOUT, TrialOutcome, check_metrics, child_env, kill_group, log_error_line, log_tail, metric_error, safe_json_loads, tail
+from .seeds import batch_seed
+from .trials import (
+    CRASH,
+    TIMEOUT,
+    TrialOutcome,
+    check_metrics,
+    child_env,
+    kill_group,
+    log_error_line,
+    log_tail,
+    metric_error,
+    safe_json_loads,
+    tail,
+)
 
 WORKER = Path(__file__).with_name("workers") / "vllm_worker.py"
 MAX_MESSAGE_BYTES = 4 << 20  # one line on the result pipe
@@ -42,7 +55,7 @@ def descendants(pid: int) -> list[int]:
                 stat = fh.read()
         except OSError:
             continue
-        fields = stat[stat.rfind(b")") + 2:].split()
+        fields = stat[stat.rfind(b")") + 2 :].split()
         children.setdefault(int(fields[1]), []).append(int(d))
     out, todo = [], [pid]
     while todo:
@@ -59,7 +72,7 @@ def _alive(pid: int) -> bool:
             stat = fh.read()
     except OSError:
         return False
-    return stat[stat.rfind(b")") + 2:][:1] != b"Z"
+    return stat[stat.rfind(b")") + 2 :][:1] != b"Z"
 
 
 def _tasks(pid: int) -> list[str]:
@@ -131,7 +144,9 @@ class Parkable:
         missing = {p for p in everything() if _alive(p)} - set(self.cpuset.pids())
         if missing:
             cpus = ",".join(map(str, sorted(self.cpus)))
-            self.start_error = f"could not pin the engine to CPU(s) {cpus}: process(es) {sorted(missing)[:5]} are not in its cpuset"
+            self.start_error = (
+                f"could not pin the engine to CPU(s) {cpus}: process(es) {sorted(missing)[:5]} are not in its cpuset"
+            )
 
     def _end_cpuset(self) -> None:
         if self.cpuset is not None:
@@ -150,8 +165,10 @@ class Parkable:
             return ""
         allowed = len(self.cpus) * wall * 1.01 + 0.005  # the cgroup's account is exact; it lags by a scheduler tick
         if used > allowed:
-            return (f"the engine used {used:.3f} CPU-seconds in {wall:.3f} s, more than its {len(self.cpus)} pinned CPU(s) "
-                    f"allow: it left its CPU pinning ([engine] cpus)")
+            return (
+                f"the engine used {used:.3f} CPU-seconds in {wall:.3f} s, more than its {len(self.cpus)} pinned CPU(s) "
+                f"allow: it left its CPU pinning ([engine] cpus)"
+            )
         return ""
 
     def _envelope(self, cpu0: float | None, wall: float, metrics: dict[str, Any] | None = None) -> str:
@@ -235,7 +252,9 @@ def serving_env(worktree: Path) -> dict[str, str]:
         raise WorkerError("serving.json: env must be an object of strings")
     bad = [k for k in env if not k.startswith(SERVING_ENV_PREFIXES)]
     if bad:
-        raise WorkerError(f"serving.json: env {bad[0]!r} is not allowed (allowed prefixes: {', '.join(SERVING_ENV_PREFIXES)})")
+        raise WorkerError(
+            f"serving.json: env {bad[0]!r} is not allowed (allowed prefixes: {', '.join(SERVING_ENV_PREFIXES)})"
+        )
     return {str(k): str(v) for k, v in env.items()}
 
 
@@ -294,8 +313,13 @@ def on_orchestrator_clock(metrics: dict[str, Any], outputs: tuple[tuple[int, ...
         if why:
             return why
     metrics["worker_elapsed_s"] = worker
-    metrics.update(elapsed_s=wall, output_tokens=out_tokens, output_tok_s=out_tokens / wall,
-                   total_tok_s=(out_tokens + in_tokens) / wall, requests_s=n / wall)
+    metrics.update(
+        elapsed_s=wall,
+        output_tokens=out_tokens,
+        output_tok_s=out_tokens / wall,
+        total_tok_s=(out_tokens + in_tokens) / wall,
+        requests_s=n / wall,
+    )
     return ""
 
 
@@ -311,14 +335,27 @@ def combine_parts(parts: list[TrialOutcome], metric: str) -> TrialOutcome:
     wall = sum(p.wall_s for p in parts)
     out_tokens = sum(len(o) for o in outputs)
     in_tokens = sum(int(p.metrics.get("input_tokens") or 0) for p in parts)  # checked per part (on_orchestrator_clock)
-    metrics: dict[str, Any] = {"elapsed_s": wall, "output_tokens": out_tokens, "input_tokens": in_tokens,
-                               "worker_elapsed_s": sum(float(p.metrics.get("worker_elapsed_s") or 0) for p in parts)}
+    metrics: dict[str, Any] = {
+        "elapsed_s": wall,
+        "output_tokens": out_tokens,
+        "input_tokens": in_tokens,
+        "worker_elapsed_s": sum(float(p.metrics.get("worker_elapsed_s") or 0) for p in parts),
+    }
     if all("cpus_pinned" in p.metrics for p in parts):
-        metrics.update(cpu_s=round(sum(p.metrics["cpu_s"] for p in parts), 4), cpus_pinned=parts[0].metrics["cpus_pinned"])
+        metrics.update(
+            cpu_s=round(sum(p.metrics["cpu_s"] for p in parts), 4), cpus_pinned=parts[0].metrics["cpus_pinned"]
+        )
     if wall <= 0 or any(p.outputs is None for p in parts):
-        return TrialOutcome(False, None, metrics, wall, "a part of the trial has no time or no outputs on the orchestrator's clock")
-    metrics.update(output_tok_s=out_tokens / wall, total_tok_s=(out_tokens + in_tokens) / wall,
-                   requests_s=len(outputs) / wall, slices=len(parts), engine_startup_s=parts[0].metrics.get("engine_startup_s"))
+        return TrialOutcome(
+            False, None, metrics, wall, "a part of the trial has no time or no outputs on the orchestrator's clock"
+        )
+    metrics.update(
+        output_tok_s=out_tokens / wall,
+        total_tok_s=(out_tokens + in_tokens) / wall,
+        requests_s=len(outputs) / wall,
+        slices=len(parts),
+        engine_startup_s=parts[0].metrics.get("engine_startup_s"),
+    )
     err = metric_error(metrics, metric)
     if err:
         return TrialOutcome(False, None, metrics, wall, err)
@@ -328,9 +365,18 @@ def combine_parts(parts: list[TrialOutcome], metric: str) -> TrialOutcome:
 class WorkerSession(Parkable):
     """A warm vLLM engine for one side; ``measure(seed)`` runs one measurement round."""
 
-    def __init__(self, spec: Mapping[str, Any], worktree: Path, env: Mapping[str, str], log_path: Path,
-                 metric: str, timeout_s: float, startup_timeout_s: float = 600.0, python: str = sys.executable,
-                 cpus: frozenset[int] | None = None):
+    def __init__(
+        self,
+        spec: Mapping[str, Any],
+        worktree: Path,
+        env: Mapping[str, str],
+        log_path: Path,
+        metric: str,
+        timeout_s: float,
+        startup_timeout_s: float = 600.0,
+        python: str = sys.executable,
+        cpus: frozenset[int] | None = None,
+    ):
         self.cpus = cpus
         self.spec = dict(spec)
         self.metric = metric
@@ -370,8 +416,14 @@ class WorkerSession(Parkable):
         try:
             self.proc = subprocess.Popen(
                 argv,
-                cwd=str(self.worktree), env=env, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
-                pass_fds=(wfd,), start_new_session=True, preexec_fn=self._new_group(),
+                cwd=str(self.worktree),
+                env=env,
+                stdin=subprocess.PIPE,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                pass_fds=(wfd,),
+                start_new_session=True,
+                preexec_fn=self._new_group(),
             )
         finally:
             os.close(wfd)
@@ -386,7 +438,10 @@ class WorkerSession(Parkable):
             if not readable and b"\n" not in self._buf and self.proc.poll() is None:
                 if time.perf_counter() - self.started_at <= self.startup_timeout_s:
                     return None
-                self.start_error, self.start_failure = f"engine start-up timed out after {self.startup_timeout_s:g} s", TIMEOUT
+                self.start_error, self.start_failure = (
+                    f"engine start-up timed out after {self.startup_timeout_s:g} s",
+                    TIMEOUT,
+                )
                 return True
             self.wait_ready()  # a message (or the end of the pipe) is there: reading it does not wait
         return bool(self.start_error) or self.proc is None
@@ -407,7 +462,9 @@ class WorkerSession(Parkable):
         finally:
             self.wait_s += time.perf_counter() - t0
 
-    def measure(self, seed: int, kind: str | None = None, params: Mapping[str, Any] | None = None, metric: str | None = None) -> TrialOutcome:
+    def measure(
+        self, seed: int, kind: str | None = None, params: Mapping[str, Any] | None = None, metric: str | None = None
+    ) -> TrialOutcome:
         metric = metric or self.metric
         if (kind or self.spec.get("kind")) == "vllm-latency":
             return self._measure_latency(seed, dict(self.spec.get("params", {}) if params is None else params), metric)
@@ -425,7 +482,9 @@ class WorkerSession(Parkable):
             self._send(cmd)
             msg = self._read(self.timeout_s, "measurement")
         except WorkerError as exc:
-            return TrialOutcome(False, None, {}, time.perf_counter() - t0, str(exc), self.log_tail(), failure=_kind(exc))
+            return TrialOutcome(
+                False, None, {}, time.perf_counter() - t0, str(exc), self.log_tail(), failure=_kind(exc)
+            )
         wall = time.perf_counter() - t0
         metrics = {k: v for k, v in dict(msg.get("metrics", {})).items() if k not in HARNESS_KEYS}
         metrics["engine_startup_s"] = self.ready.get("startup_s")
@@ -469,12 +528,21 @@ class WorkerSession(Parkable):
                 dt = time.perf_counter() - t0
                 got, why = parse_outputs(msg.get("outputs"))
                 if why or got is None:
-                    return TrialOutcome(False, None, {}, time.perf_counter() - t_all, why or "the worker reported no outputs", self.log_tail())
+                    return TrialOutcome(
+                        False,
+                        None,
+                        {},
+                        time.perf_counter() - t_all,
+                        why or "the worker reported no outputs",
+                        self.log_tail(),
+                    )
                 if i:  # index 0 is the warm-up
                     lat.append(dt)
                     outputs.extend(got)
         except WorkerError as exc:
-            return TrialOutcome(False, None, {}, time.perf_counter() - t_all, str(exc), self.log_tail(), failure=_kind(exc))
+            return TrialOutcome(
+                False, None, {}, time.perf_counter() - t_all, str(exc), self.log_tail(), failure=_kind(exc)
+            )
         why = self._envelope(cpu0, time.perf_counter() - t_all)
         if why:
             return TrialOutcome(False, None, {}, time.perf_counter() - t_all, why, self.log_tail())
@@ -484,8 +552,12 @@ class WorkerSession(Parkable):
             return lat[min(len(lat) - 1, max(0, math.ceil(q * len(lat)) - 1))]
 
         metrics: dict[str, Any] = {
-            "latency_mean_s": sum(lat) / len(lat), "latency_p50_s": pct(0.5), "latency_p90_s": pct(0.9),
-            "latency_p99_s": pct(0.99), "iterations": iters, "engine_startup_s": self.ready.get("startup_s"),
+            "latency_mean_s": sum(lat) / len(lat),
+            "latency_p50_s": pct(0.5),
+            "latency_p90_s": pct(0.9),
+            "latency_p99_s": pct(0.99),
+            "iterations": iters,
+            "engine_startup_s": self.ready.get("startup_s"),
         }
         wall = time.perf_counter() - t_all
         err = metric_error(metrics, metric)
@@ -581,14 +653,19 @@ class WorkerSession(Parkable):
         try:
             msg = safe_json_loads(line.decode("utf-8"))
         except ValueError as exc:
-            self._poisoned(f"worker sent a malformed message during {what} ({exc.__class__.__name__}: {tail(str(exc), 1, 120)})")
+            self._poisoned(
+                f"worker sent a malformed message during {what} ({exc.__class__.__name__}: {tail(str(exc), 1, 120)})"
+            )
         if not isinstance(msg, dict):
             self._poisoned(f"worker sent a malformed message during {what} (not a JSON object)")
         if msg.get("event") == "error":
             raise WorkerError(f"engine error during {what}: {tail(str(msg.get('error')), 1) or 'no detail'}")
         if msg.get("event") == "ready":
             s = msg.get("startup_s")
-            if not (s is None or (isinstance(s, (int, float)) and not isinstance(s, bool) and math.isfinite(s) and 0 <= s < 1e7)):
+            if not (
+                s is None
+                or (isinstance(s, (int, float)) and not isinstance(s, bool) and math.isfinite(s) and 0 <= s < 1e7)
+            ):
                 msg["startup_s"] = None
         if what == "measurement":
             metrics, err = check_metrics(msg.get("metrics", {}))
@@ -616,8 +693,15 @@ class EnginePool:
         self.engines: dict[str, Any] = {}  # WorkerSession or ServeSession
         self.wait_s = 0.0
 
-    def lease(self, key: str, make: Callable[[], Any], kind: str, params: Mapping[str, Any], metric: str,
-              exclusive: bool = False) -> "EngineLease":
+    def lease(
+        self,
+        key: str,
+        make: Callable[[], Any],
+        kind: str,
+        params: Mapping[str, Any],
+        metric: str,
+        exclusive: bool = False,
+    ) -> EngineLease:
         """A lease on the engine ``key`` (made by ``make()`` the first time it is asked for). An
         ``exclusive`` lease (placement ``alternate``) shuts every other engine down before its engine
         starts, and its own engine when the session closes: one engine at a time, each session fresh."""
@@ -706,7 +790,9 @@ class EnginePool:
 class EngineLease:
     """A Session view of a pooled engine: start() boots it once, close() leaves it warm."""
 
-    def __init__(self, pool: EnginePool, key: str, kind: str, params: Mapping[str, Any], metric: str, exclusive: bool = False):
+    def __init__(
+        self, pool: EnginePool, key: str, kind: str, params: Mapping[str, Any], metric: str, exclusive: bool = False
+    ):
         self.pool, self.key, self.kind, self.params, self.metric = pool, key, kind, params, metric
         self.exclusive = exclusive
 

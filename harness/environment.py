@@ -26,7 +26,9 @@ def _gpu() -> str:
 
         out = subprocess.run(
             ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=10,
+            capture_output=True,
+            text=True,
+            timeout=10,
         )
         if out.returncode == 0 and out.stdout.strip():
             return out.stdout.strip().splitlines()[0]
@@ -70,7 +72,9 @@ def native_extensions() -> str:
                         st = os.stat(os.path.join(dirpath, f))
                     except OSError:
                         continue
-                    h.update(f"{os.path.relpath(os.path.join(dirpath, f), root)}:{st.st_size}:{st.st_mtime_ns}\n".encode())
+                    h.update(
+                        f"{os.path.relpath(os.path.join(dirpath, f), root)}:{st.st_size}:{st.st_mtime_ns}\n".encode()
+                    )
     return h.hexdigest()[:16]
 
 
@@ -81,8 +85,14 @@ def gpus() -> list[dict[str, str]]:
     keys = ("index", "name", "driver", "memory", "sm_max_mhz", "mem_max_mhz")
     try:
         out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=index,name,driver_version,memory.total,clocks.max.sm,clocks.max.mem", "--format=csv,noheader,nounits"],
-            capture_output=True, text=True, timeout=10,
+            [
+                "nvidia-smi",
+                "--query-gpu=index,name,driver_version,memory.total,clocks.max.sm,clocks.max.mem",
+                "--format=csv,noheader,nounits",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=10,
         )
     except (OSError, subprocess.SubprocessError):
         return []
@@ -110,8 +120,12 @@ def conditions() -> dict[str, str]:
     except OSError:
         pass
     try:
-        q = subprocess.run(["nvidia-smi", "--query-gpu=clocks.sm,clocks.mem,temperature.gpu,power.draw", "--format=csv,noheader"],
-                           capture_output=True, text=True, timeout=10)
+        q = subprocess.run(
+            ["nvidia-smi", "--query-gpu=clocks.sm,clocks.mem,temperature.gpu,power.draw", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
         if q.returncode == 0 and q.stdout.strip():
             out["gpu_clocks"] = "; ".join(line.strip() for line in q.stdout.splitlines())
     except (OSError, subprocess.SubprocessError):

@@ -10,7 +10,9 @@ MAX_PAIRS = 20  # pairs per workload at most
 MAX_REGRESSION = 0.01  # a guard may not be significantly slower than this fraction
 REGRESSION_ALPHA = 0.05  # level of the one-sided regression test
 CALIBRATION_PAIRS = 30  # A/A pairs per workload of `agentsearch calibrate` (its --pairs default)
-MACHINE_PROBE_S = 30.0  # `agentsearch calibrate --machine-probe`: seconds of the machine's own speed (harness.machine_noise)
+MACHINE_PROBE_S = (
+    30.0  # `agentsearch calibrate --machine-probe`: seconds of the machine's own speed (harness.machine_noise)
+)
 REPLICATION_ALPHA = 0.01  # confirmation: fresh seeds measuring significantly less than the win -> not replicated
 REPLICATION_SHARE = 0.5  # ...and only when the fresh pairs measure less than this share of the win (log scale)
 LOADED_SHARE = 0.5  # an objective whose timed trials were more than this share under foreign load ...

@@ -13,12 +13,13 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Protocol
 
-from .sequential import CONTINUE, Decision, SequentialDesign
 from .quiet import Probe
+from .sequential import CONTINUE, Decision, SequentialDesign
 from .statistics import NoisePrior
 from .trials import BASELINE, CANDIDATE, CRASH, CommandSpec, TrialOutcome, TrialRecord, run_command_trial
 
@@ -163,9 +164,19 @@ def pairs_per_session(max_pairs: int, restarts: int, alternate: bool = False) ->
     return math.ceil(max_pairs / (alternate_rounds(restarts) if alternate else max(1, restarts)))
 
 
-def _alternating(run: WorkloadRun, factory: SessionFactory, design: SequentialDesign, decide: Decide,
-                 seed_of: Callable[[int], int], higher_is_better: bool, prior: NoisePrior | None, restarts: int,
-                 on_pair: Callable[[WorkloadRun], None] | None, warmup: int, probe: Callable[[], Probe] | None) -> None:
+def _alternating(
+    run: WorkloadRun,
+    factory: SessionFactory,
+    design: SequentialDesign,
+    decide: Decide,
+    seed_of: Callable[[int], int],
+    higher_is_better: bool,
+    prior: NoisePrior | None,
+    restarts: int,
+    on_pair: Callable[[WorkloadRun], None] | None,
+    warmup: int,
+    probe: Callable[[], Probe] | None,
+) -> None:
     """One engine at a time. Round r has two sessions, each a fresh engine: A then B when r is even, B then A
     when odd (sessions A B | B A | A B ...: a drift over the run cancels like ABBA's). The first session
     of a round measures the round's seeds in order; the second measures the same seeds in the same order,
@@ -192,7 +203,9 @@ def _alternating(run: WorkloadRun, factory: SessionFactory, design: SequentialDe
                 outcome = _timed(s, seed, probe)
                 run.trials.append(_record(run.workload, first, seed, pair + j, 0, order, r, outcome))
                 if not outcome.ok:
-                    run.failure = f"{first} trial failed ({run.workload}, pair {pair + j + 1}, seed {seed}): {outcome.error}"
+                    run.failure = (
+                        f"{first} trial failed ({run.workload}, pair {pair + j + 1}, seed {seed}): {outcome.error}"
+                    )
                     run.failure_kind = outcome.failure or CRASH
                     return
                 held.append(outcome)
@@ -204,7 +217,9 @@ def _alternating(run: WorkloadRun, factory: SessionFactory, design: SequentialDe
                 outcome = _timed(s, seed, probe)
                 run.trials.append(_record(run.workload, second, seed, pair, 1, order, r, outcome))
                 if not outcome.ok:
-                    run.failure = f"{second} trial failed ({run.workload}, pair {pair + 1}, seed {seed}): {outcome.error}"
+                    run.failure = (
+                        f"{second} trial failed ({run.workload}, pair {pair + 1}, seed {seed}): {outcome.error}"
+                    )
                     run.failure_kind = outcome.failure or CRASH
                     return
                 _pair_done(run, {first: held[j], second: outcome}, higher_is_better, r)
@@ -263,8 +278,15 @@ def _warm_up_order(sessions: dict[str, Session]) -> tuple[str, str]:
     return (BASELINE, CANDIDATE)
 
 
-def _warm_up(run: WorkloadRun, session: Session, side: str, idx: int, seed_of: Callable[[int], int], warmup: int,
-             order: str = "AB") -> bool:
+def _warm_up(
+    run: WorkloadRun,
+    session: Session,
+    side: str,
+    idx: int,
+    seed_of: Callable[[int], int],
+    warmup: int,
+    order: str = "AB",
+) -> bool:
     """Unmeasured rounds at the start of a session; a failed one fails the workload (False) and is
     recorded as that side's failed trial (pair -1), so a failure is blamed on the side it happened to."""
     for i in range(warmup):
@@ -277,8 +299,9 @@ def _warm_up(run: WorkloadRun, session: Session, side: str, idx: int, seed_of: C
     return True
 
 
-def _measure_pair(sessions: dict[str, Session], sides: tuple[str, str], seed: int, probe: Callable[[], Probe] | None,
-                  slices: int) -> dict[str, TrialOutcome]:
+def _measure_pair(
+    sessions: dict[str, Session], sides: tuple[str, str], seed: int, probe: Callable[[], Probe] | None, slices: int
+) -> dict[str, TrialOutcome]:
     """Both sides' trials of one pair, in ``sides`` order; stops at the first failed trial (the sides measured
     so far are returned, the failed one last).
 
@@ -301,7 +324,7 @@ def _measure_pair(sessions: dict[str, Session], sides: tuple[str, str], seed: in
     if p is not None:
         p.start()
     for i in range(n):
-        for side in (sides if i % 2 == 0 else sides[::-1]):
+        for side in sides if i % 2 == 0 else sides[::-1]:
             part = sessions[side].measure_part(seed, i, n)  # type: ignore[attr-defined]
             if not part.ok:
                 return {side: part}
@@ -329,10 +352,25 @@ def _timed(session: Session, seed: int, probe: Callable[[], Probe] | None) -> Tr
     return dataclasses.replace(outcome, metrics={**outcome.metrics, **p.stop()})
 
 
-def _record(workload: str, side: str, seed: int, pair: int, position: int, order: str, idx: int, o: TrialOutcome) -> TrialRecord:
-    return TrialRecord(workload=workload, side=side, seed=seed, pair=pair, position=position, order=order, session=idx,
-                       ok=o.ok, value=o.value, metrics=o.metrics, wall_s=o.wall_s, error=o.error, stderr_tail=o.stderr_tail,
-                       failure="" if o.ok else (o.failure or CRASH))
+def _record(
+    workload: str, side: str, seed: int, pair: int, position: int, order: str, idx: int, o: TrialOutcome
+) -> TrialRecord:
+    return TrialRecord(
+        workload=workload,
+        side=side,
+        seed=seed,
+        pair=pair,
+        position=position,
+        order=order,
+        session=idx,
+        ok=o.ok,
+        value=o.value,
+        metrics=o.metrics,
+        wall_s=o.wall_s,
+        error=o.error,
+        stderr_tail=o.stderr_tail,
+        failure="" if o.ok else (o.failure or CRASH),
+    )
 
 
 def _pair_done(run: WorkloadRun, got: dict[str, TrialOutcome], higher_is_better: bool, idx: int) -> None:

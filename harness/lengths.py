@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import hashlib
 import random
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 DISTS = ("fixed", "uniform", "zipf")
 # moderate on purpose: enough that no exact shape can be special-cased, not so wide that the

@@ -5,8 +5,9 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from .corpus import Prompt
 from .distribution import Record, read_dump
@@ -41,20 +42,33 @@ def decode_lengths(prompts: Sequence[Prompt], mean: int, longest: int = 0) -> di
     return out
 
 
-def write_prompts(path: Path, prompts: Sequence[Prompt], shuffle_seed: int | None = None,
-                  lengths: Mapping[str, int] | None = None) -> Path:
+def write_prompts(
+    path: Path, prompts: Sequence[Prompt], shuffle_seed: int | None = None, lengths: Mapping[str, int] | None = None
+) -> Path:
     """The prompts as the logprob contract's JSONL; ``lengths``: each prompt's ``max_tokens`` (decode steps)."""
     items = list(prompts)
     if shuffle_seed is not None:
         random.Random(shuffle_seed).shuffle(items)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps({"id": p.id, "text": p.text, **({"max_tokens": lengths[p.id]} if lengths else {})},
-                                       ensure_ascii=False) + "\n" for p in items))
+    path.write_text(
+        "".join(
+            json.dumps(
+                {"id": p.id, "text": p.text, **({"max_tokens": lengths[p.id]} if lengths else {})}, ensure_ascii=False
+            )
+            + "\n"
+            for p in items
+        )
+    )
     return path
 
 
-def write_sample_prompts(path: Path, prompts: Sequence[Prompt], settings: int, shuffle_seed: int | None = None,
-                         lengths: Mapping[str, int] | None = None) -> Path:
+def write_sample_prompts(
+    path: Path,
+    prompts: Sequence[Prompt],
+    settings: int,
+    shuffle_seed: int | None = None,
+    lengths: Mapping[str, int] | None = None,
+) -> Path:
     """The sample path's input: the prompts' sampling settings in turn (by their order in ``prompts``,
     so every setting gets its share of every language) and a seed that is a function of the id alone;
     shuffling reorders the requests, never what a prompt gets, so every run samples a prompt the same way."""
@@ -62,7 +76,10 @@ def write_sample_prompts(path: Path, prompts: Sequence[Prompt], settings: int, s
     for i, p in enumerate(prompts):
         seed = int.from_bytes(hashlib.sha256(p.id.encode()).digest()[:4], "big") % (2**31 - 1)
         extra = {"max_tokens": lengths[p.id]} if lengths else {}
-        items.append(json.dumps({"id": p.id, "text": p.text, "setting": i % settings, "seed": seed, **extra}, ensure_ascii=False) + "\n")
+        items.append(
+            json.dumps({"id": p.id, "text": p.text, "setting": i % settings, "seed": seed, **extra}, ensure_ascii=False)
+            + "\n"
+        )
     if shuffle_seed is not None:
         random.Random(shuffle_seed).shuffle(items)
     lines = items
@@ -74,12 +91,20 @@ def write_sample_prompts(path: Path, prompts: Sequence[Prompt], settings: int, s
 class CommandLogprobs:
     """The target's ``[verify] logprobs`` command, run in a worktree."""
 
-    def __init__(self, command: str, worktree: Path, env: Mapping[str, str], timeout_s: float, out_root: Path | None = None):
+    def __init__(
+        self, command: str, worktree: Path, env: Mapping[str, str], timeout_s: float, out_root: Path | None = None
+    ):
         self.command, self.worktree, self.env, self.timeout_s = command, worktree, dict(env), timeout_s
         self.out_root = out_root  # the side's output directory: dumps are read below it, no links followed
 
     def run(self, prompts: Path, out: Path, k: int, max_tokens: int) -> dict[tuple[str, str], Record]:
-        values = {"worktree": str(self.worktree), "prompts": str(prompts), "out": str(out), "k": str(k), "max_tokens": str(max_tokens)}
+        values = {
+            "worktree": str(self.worktree),
+            "prompts": str(prompts),
+            "out": str(out),
+            "k": str(k),
+            "max_tokens": str(max_tokens),
+        }
         env = child_env(self.env, self.worktree, None, out)
         env["AGENTSEARCH_PROMPTS"] = str(prompts)
         rc, _o, err, _w = run_child(substitute(self.command, values), self.worktree, env, self.timeout_s, shell=True)
@@ -101,8 +126,15 @@ class CommandLogprobs:
 class VllmLogprobs:
     """The built-in vLLM logprob worker (a warm engine in the side's worktree)."""
 
-    def __init__(self, spec: Mapping[str, Any], worktree: Path, env: Mapping[str, str], log_path: Path, timeout_s: float,
-                 out_root: Path | None = None):
+    def __init__(
+        self,
+        spec: Mapping[str, Any],
+        worktree: Path,
+        env: Mapping[str, str],
+        log_path: Path,
+        timeout_s: float,
+        out_root: Path | None = None,
+    ):
         self.session = WorkerSession(spec, worktree, env, log_path, metric="unused", timeout_s=timeout_s)
         self.timeout_s = timeout_s
         self.out_root = out_root
@@ -110,7 +142,10 @@ class VllmLogprobs:
 
     def run(self, prompts: Path, out: Path, k: int, max_tokens: int) -> dict[tuple[str, str], Record]:
         try:
-            self.session.request({"cmd": "logprobs", "prompts": str(prompts), "out": str(out), "k": k, "max_tokens": max_tokens}, self.timeout_s)
+            self.session.request(
+                {"cmd": "logprobs", "prompts": str(prompts), "out": str(out), "k": k, "max_tokens": max_tokens},
+                self.timeout_s,
+            )
         except WorkerError as exc:
             raise LogprobError(str(exc)) from None
         try:
@@ -118,14 +153,29 @@ class VllmLogprobs:
         except (ValueError, OSError) as exc:
             raise LogprobError(str(exc)) from None
 
-    def samples(self, prompts: Path, out: Path, settings: list[dict], n: int, seed: int) -> dict[tuple[str, str], Record]:
+    def samples(
+        self, prompts: Path, out: Path, settings: list[dict], n: int, seed: int
+    ) -> dict[tuple[str, str], Record]:
         """The draw test: ``n`` one-token draws per context and setting; setting j uses the seeds
         ``seed + j*n`` to ``seed + (j+1)*n - 1``."""
-        return self._dump({"cmd": "samples", "prompts": str(prompts), "out": str(out), "settings": settings, "n": n, "seed": seed})
+        return self._dump(
+            {"cmd": "samples", "prompts": str(prompts), "out": str(out), "settings": settings, "n": n, "seed": seed}
+        )
 
-    def processed(self, prompts: Path, out: Path, settings: list[dict], k: int, max_tokens: int) -> dict[tuple[str, str], Record]:
+    def processed(
+        self, prompts: Path, out: Path, settings: list[dict], k: int, max_tokens: int
+    ) -> dict[tuple[str, str], Record]:
         """The sample path: seeded sampled continuations with processed logprobs (see write_sample_prompts)."""
-        return self._dump({"cmd": "processed", "prompts": str(prompts), "out": str(out), "settings": settings, "k": k, "max_tokens": max_tokens})
+        return self._dump(
+            {
+                "cmd": "processed",
+                "prompts": str(prompts),
+                "out": str(out),
+                "settings": settings,
+                "k": k,
+                "max_tokens": max_tokens,
+            }
+        )
 
     def _dump(self, cmd: dict) -> dict[tuple[str, str], Record]:
         out = Path(cmd["out"])

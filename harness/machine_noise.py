@@ -17,8 +17,8 @@ import math
 import statistics
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 CHUNK_S = 0.02  # one work unit: finer than any part the gate measures
 _CHILD = r"""
@@ -55,14 +55,20 @@ class MachineFloor:
 
     cpus: tuple[int, ...]  # where the series ran (empty: unpinned)
     seconds: float  # its length
-    speed_sd: float  # SD of log(speed) over consecutive windows of one part's length, across the whole series (its drift too)
+    speed_sd: (
+        float  # SD of log(speed) over consecutive windows of one part's length, across the whole series (its drift too)
+    )
     slices: int
     part_s: float
     pair_sd: float  # per-pair SD of an A/A with this alternation on a perfectly stable program
-    pairs: int  # disjoint pairs the series holds (the floor's precision: an SD from n pairs is good to about ±1/sqrt(2n))
+    pairs: (
+        int  # disjoint pairs the series holds (the floor's precision: an SD from n pairs is good to about ±1/sqrt(2n))
+    )
 
 
-def speed_series(cpus: Sequence[int] | None, seconds: float, chunk_s: float = CHUNK_S, timeout_s: float | None = None) -> list[float]:
+def speed_series(
+    cpus: Sequence[int] | None, seconds: float, chunk_s: float = CHUNK_S, timeout_s: float | None = None
+) -> list[float]:
     """Durations of one fixed pure-CPU work unit, back to back for ``seconds``, in a child pinned to ``cpus``."""
     if seconds <= 0 or chunk_s <= 0:
         raise ValueError("need seconds > 0 and chunk_s > 0")
@@ -75,7 +81,9 @@ def speed_series(cpus: Sequence[int] | None, seconds: float, chunk_s: float = CH
     except OSError as exc:
         raise ProbeError(f"the machine probe could not start: {exc}") from None
     if done.returncode != 0:
-        raise ProbeError(f"the machine probe failed: {(done.stderr.strip().splitlines() or [f'exit status {done.returncode}'])[-1]}")
+        raise ProbeError(
+            f"the machine probe failed: {(done.stderr.strip().splitlines() or [f'exit status {done.returncode}'])[-1]}"
+        )
     try:
         values = json.loads(done.stdout)
     except ValueError:
@@ -99,13 +107,15 @@ def ab_pairs(chunks: Sequence[float], part_chunks: int, slices: int, stride: int
         for part in range(slices):
             first = (part + pair) % 2
             for side in (first, 1 - first):
-                t[side] += sum(chunks[i:i + part_chunks])
+                t[side] += sum(chunks[i : i + part_chunks])
                 i += part_chunks
         out.append(math.log(t[1] / t[0]))  # the same work on both sides: speed A / speed B = time B / time A
     return out
 
 
-def pair_floor(chunks: Sequence[float], part_s: float, slices: int, cpus: Sequence[int] = (), seconds: float = 0.0) -> MachineFloor | None:
+def pair_floor(
+    chunks: Sequence[float], part_s: float, slices: int, cpus: Sequence[int] = (), seconds: float = 0.0
+) -> MachineFloor | None:
     """The floor for parts of ``part_s`` seconds in ``slices`` alternations (None: the series is too short for 3 pairs)."""
     if part_s <= 0:
         raise ValueError("need part_s > 0")
@@ -118,6 +128,13 @@ def pair_floor(chunks: Sequence[float], part_s: float, slices: int, cpus: Sequen
     # their own mean underestimates the SD — around zero, an A/A's true mean here (the same work on both sides), it
     # does not
     pairs = ab_pairs(chunks, part_chunks, slices, stride=2 * part_chunks)
-    windows = [math.log(sum(chunks[i:i + part_chunks])) for i in range(0, len(chunks) - part_chunks + 1, part_chunks)]
-    return MachineFloor(cpus=tuple(sorted(cpus)), seconds=seconds or sum(chunks), speed_sd=statistics.stdev(windows), slices=slices,
-                        part_s=part_chunks * unit, pair_sd=math.sqrt(statistics.fmean(r * r for r in pairs)), pairs=disjoint)
+    windows = [math.log(sum(chunks[i : i + part_chunks])) for i in range(0, len(chunks) - part_chunks + 1, part_chunks)]
+    return MachineFloor(
+        cpus=tuple(sorted(cpus)),
+        seconds=seconds or sum(chunks),
+        speed_sd=statistics.stdev(windows),
+        slices=slices,
+        part_s=part_chunks * unit,
+        pair_sd=math.sqrt(statistics.fmean(r * r for r in pairs)),
+        pairs=disjoint,
+    )

@@ -12,8 +12,8 @@ Building runs in a child process: the caller never imports torch or holds the te
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from . import smollm2, tiny_model
 

@@ -74,13 +74,19 @@ class Placement:
             return dict(engine), {}
         if self.mode == SPLIT:
             return dict(engine), self.env(side, 0)
-        return {**engine, "gpu_memory_utilization": min(float(engine.get("gpu_memory_utilization", 1.0)), self.memory_split)}, self.env(side, 0)
+        return {
+            **engine,
+            "gpu_memory_utilization": min(float(engine.get("gpu_memory_utilization", 1.0)), self.memory_split),
+        }, self.env(side, 0)
 
     def describe(self) -> str:
         where = f"{len(self.devices)} GPU(s) {','.join(self.devices)}" if self.devices else "CPU"
-        how = {SHARED: "both engines up, the idle one frozen" + (f", GPU memory {self.memory_split:g} each" if self.devices else ""),
-               ALTERNATE: "one engine at a time, sessions A B | B A with fresh engines",
-               SPLIT: "one device per side, swapped every session"}[self.mode]
+        how = {
+            SHARED: "both engines up, the idle one frozen"
+            + (f", GPU memory {self.memory_split:g} each" if self.devices else ""),
+            ALTERNATE: "one engine at a time, sessions A B | B A with fresh engines",
+            SPLIT: "one device per side, swapped every session",
+        }[self.mode]
         asked = "" if self.requested == self.mode else f" (from {self.requested})"
         return f"{self.mode}{asked} on {where}: {how}"
 
@@ -93,10 +99,16 @@ def resolve(requested: str, devices: tuple[str, ...], memory_split: float = MEMO
     if requested == AUTO:
         mode = CPU_DEFAULT if not devices else (ALTERNATE if len(devices) == 1 else SPLIT)
     if mode == SPLIT and len(devices) < 2:
-        raise PlacementError(f"placement \"split\" needs two GPUs (one per side); this machine has {len(devices)}: "
-                             "use \"alternate\" or \"shared\"")
-    return Placement(mode=mode, devices=tuple(devices[:2]) if mode == SPLIT else tuple(devices[:1]),
-                     requested=requested, memory_split=memory_split)
+        raise PlacementError(
+            f"placement \"split\" needs two GPUs (one per side); this machine has {len(devices)}: "
+            "use \"alternate\" or \"shared\""
+        )
+    return Placement(
+        mode=mode,
+        devices=tuple(devices[:2]) if mode == SPLIT else tuple(devices[:1]),
+        requested=requested,
+        memory_split=memory_split,
+    )
 
 
 def parse_visible(value: str | None) -> tuple[str, ...] | None:

@@ -25,7 +25,16 @@ from dataclasses import dataclass
 import numpy as np
 
 from .interleave import run_interleaved
-from .sequential import OK, REGRESSED, WIN, SequentialDesign, confirmation_design, decide_confirmation, decide_guard, decide_objective
+from .sequential import (
+    OK,
+    REGRESSED,
+    WIN,
+    SequentialDesign,
+    confirmation_design,
+    decide_confirmation,
+    decide_guard,
+    decide_objective,
+)
 from .statistics import NoisePrior
 from .trials import CANDIDATE, TrialOutcome
 
@@ -47,11 +56,14 @@ class Noise:
             raise ValueError(f"bad noise: {self}")
 
     @classmethod
-    def from_calibration(cls, within_sd: float, between_var: float, restarts: int, alternate: bool = False,
-                         confirm_restarts: int = 1) -> "Noise":
+    def from_calibration(
+        cls, within_sd: float, between_var: float, restarts: int, alternate: bool = False, confirm_restarts: int = 1
+    ) -> Noise:
         """From a calibration's per-pair SD *within* an engine session and its between-session variance (of a pair's
         log-ratio, both sides' instances: each side's instance gets half of it)."""
-        return cls(within_sd / math.sqrt(2), math.sqrt(max(between_var, 0.0) / 2), restarts, alternate, confirm_restarts)
+        return cls(
+            within_sd / math.sqrt(2), math.sqrt(max(between_var, 0.0) / 2), restarts, alternate, confirm_restarts
+        )
 
 
 class SimulatedSide:
@@ -71,18 +83,36 @@ class SimulatedSide:
         return TrialOutcome(True, v, {"v": v}, 0.0)
 
 
-def found(design: SequentialDesign, prior: NoisePrior | None, noise: Noise, effect: float, rng: np.random.Generator,
-          confirm_pairs: int = 0, guard: bool = False) -> bool:
+def found(
+    design: SequentialDesign,
+    prior: NoisePrior | None,
+    noise: Noise,
+    effect: float,
+    rng: np.random.Generator,
+    confirm_pairs: int = 0,
+    guard: bool = False,
+) -> bool:
     """One simulated proposal. Objective: is a speedup ``effect`` (0.03 = 3%) merged (a win, then confirmed on one fresh
     pair of instances over ``confirm_pairs`` pairs when > 0)? ``guard``: is a slowdown ``effect`` flagged as a regression?"""
     shift = math.log1p(-effect) if guard else math.log1p(effect)
 
     def side(name: str, _restart: int) -> SimulatedSide:
-        level = (shift if name == CANDIDATE else 0.0) + (rng.normal(0.0, noise.instance_sd) if noise.instance_sd else 0.0)
+        level = (shift if name == CANDIDATE else 0.0) + (
+            rng.normal(0.0, noise.instance_sd) if noise.instance_sd else 0.0
+        )
         return SimulatedSide(level, noise.trial_sd, rng)
 
-    run = run_interleaved("simulated", side, design, decide_guard if guard else decide_objective, lambda i: i, True, prior=prior,
-                          restarts=noise.restarts, alternate=noise.alternate)
+    run = run_interleaved(
+        "simulated",
+        side,
+        design,
+        decide_guard if guard else decide_objective,
+        lambda i: i,
+        True,
+        prior=prior,
+        restarts=noise.restarts,
+        alternate=noise.alternate,
+    )
     assert run.decision is not None
     if guard:
         return run.decision.action == REGRESSED
@@ -90,24 +120,53 @@ def found(design: SequentialDesign, prior: NoisePrior | None, noise: Noise, effe
         return False
     if confirm_pairs <= 0:
         return True
-    conf = run_interleaved("simulated", side, confirmation_design(confirm_pairs), functools.partial(decide_confirmation, won=run.decision.estimate),
-                           lambda i: 10_000 + i, True, prior=prior, restarts=noise.confirm_restarts, alternate=noise.alternate)
+    conf = run_interleaved(
+        "simulated",
+        side,
+        confirmation_design(confirm_pairs),
+        functools.partial(decide_confirmation, won=run.decision.estimate),
+        lambda i: 10_000 + i,
+        True,
+        prior=prior,
+        restarts=noise.confirm_restarts,
+        alternate=noise.alternate,
+    )
     assert conf.decision is not None
     return conf.decision.action == OK
 
 
-def rate(design: SequentialDesign, prior: NoisePrior | None, noise: Noise, effect: float, reps: int = POWER_REPS, seed: int = 0,
-         confirm_pairs: int = 0, guard: bool = False) -> float:
+def rate(
+    design: SequentialDesign,
+    prior: NoisePrior | None,
+    noise: Noise,
+    effect: float,
+    reps: int = POWER_REPS,
+    seed: int = 0,
+    confirm_pairs: int = 0,
+    guard: bool = False,
+) -> float:
     """Share of ``reps`` simulated proposals with ``effect`` that the gate finds (``found``); proposal i always draws
     its noise from seed (``seed``, i)."""
     if reps < 1:
         raise ValueError("need at least one simulated proposal")
-    hits = sum(found(design, prior, noise, effect, np.random.default_rng([seed, i]), confirm_pairs, guard) for i in range(reps))
+    hits = sum(
+        found(design, prior, noise, effect, np.random.default_rng([seed, i]), confirm_pairs, guard) for i in range(reps)
+    )
     return hits / reps
 
 
-def detectable(design: SequentialDesign, prior: NoisePrior | None, noise: Noise, power: float = 0.9, reps: int = POWER_REPS,
-               seed: int = 0, confirm_pairs: int = 0, guard: bool = False, top: float | None = None, steps: int = 9) -> float | None:
+def detectable(
+    design: SequentialDesign,
+    prior: NoisePrior | None,
+    noise: Noise,
+    power: float = 0.9,
+    reps: int = POWER_REPS,
+    seed: int = 0,
+    confirm_pairs: int = 0,
+    guard: bool = False,
+    top: float | None = None,
+    steps: int = 9,
+) -> float | None:
     """The smallest effect (0.03 = 3%) the gate finds with ``power``, by bisection on a log scale between 0.1% and
     ``top`` (a speedup: 100%; a regression: 90%); None when even ``top`` falls short. Resolution: ``steps`` halvings
     of the log range (9: about 2% of the effect), the Monte Carlo error of ``reps`` proposals on top."""

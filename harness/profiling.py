@@ -9,8 +9,9 @@ time is between-step gaps and overhead). Shares are of the profiled wall time.
 from __future__ import annotations
 
 import pstats
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 PROFILE_SCHEMA = 1
 # (phase, path fragment, function names): cumulative time of the outermost match
@@ -30,7 +31,7 @@ def module_of(filename: str) -> str:
     parts = Path(filename).with_suffix("").parts
     for anchor in ("site-packages", "dist-packages"):
         if anchor in parts:
-            return ".".join(parts[parts.index(anchor) + 1:]) or filename
+            return ".".join(parts[parts.index(anchor) + 1 :]) or filename
     for top in ("vllm", "torch", "transformers", "src"):
         if top in parts:
             i = len(parts) - 1 - parts[::-1].index(top)
@@ -53,11 +54,33 @@ def summarize(stats_file: Path, ops: list[Mapping[str, Any]], wall_s: float, dep
 
     def rows(d: Mapping[str, float], group: str, n: int) -> list[dict[str, Any]]:
         items = sorted(d.items(), key=lambda kv: -kv[1])[:n]
-        return [{"name": k, "group": group, "seconds": round(v, 4), "share_pct": round(100 * v / wall_s, 1) if wall_s else 0.0} for k, v in items]
+        return [
+            {
+                "name": k,
+                "group": group,
+                "seconds": round(v, 4),
+                "share_pct": round(100 * v / wall_s, 1) if wall_s else 0.0,
+            }
+            for k, v in items
+        ]
 
-    by_op = [{"name": o["name"], "group": "op", "seconds": round(float(o["seconds"]), 4), "calls": o.get("calls"),
-              "share_pct": round(100 * float(o["seconds"]) / wall_s, 1) if wall_s else 0.0} for o in ops[:20]]
+    by_op = [
+        {
+            "name": o["name"],
+            "group": "op",
+            "seconds": round(float(o["seconds"]), 4),
+            "calls": o.get("calls"),
+            "share_pct": round(100 * float(o["seconds"]) / wall_s, 1) if wall_s else 0.0,
+        }
+        for o in ops[:20]
+    ]
     by_phase = rows(phases, "phase", 10)
     top = sorted(by_phase + by_op[:10] + rows(by_module, "module", 10), key=lambda r: -r["seconds"])
-    return {"schema_version": PROFILE_SCHEMA, "wall_s": round(wall_s, 3), "by_phase": by_phase, "by_op": by_op,
-            "by_module": rows(by_module, "module", 15), "top": top[:20]}
+    return {
+        "schema_version": PROFILE_SCHEMA,
+        "wall_s": round(wall_s, 3),
+        "by_phase": by_phase,
+        "by_op": by_op,
+        "by_module": rows(by_module, "module", 15),
+        "top": top[:20],
+    }

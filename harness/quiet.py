@@ -49,7 +49,7 @@ def _tree_jiffies(root: int) -> int:
                 raw = fh.read()
         except OSError:
             continue
-        fields = raw[raw.rfind(b")") + 2:].split()
+        fields = raw[raw.rfind(b")") + 2 :].split()
         stats[int(d)] = fields
         children.setdefault(int(fields[1]), []).append(int(d))
     total, todo = 0, [root]

@@ -75,9 +75,13 @@ class _Reaper:
         try:
             self.proc: subprocess.Popen | None = subprocess.Popen(
                 [sys.executable, "-I", "-S", "-c", _SCRIPT, str(read), f"{MARKER}={self.nonce}"],
-                pass_fds=(read,), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                pass_fds=(read,),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
                 start_new_session=True,  # a signal to our process group is not one to the reaper
-                env={"PATH": "/usr/bin:/bin"})
+                env={"PATH": "/usr/bin:/bin"},
+            )
         except OSError:
             self.proc = None  # no reaper: the sandbox's --die-with-parent and dies_with_us still hold
         finally:
@@ -91,7 +95,12 @@ _current: list[_Reaper] = []
 def marker() -> tuple[str, str]:
     """(name, value) of this process's marker, its reaper started on first use (again in a forked child)."""
     with _lock:
-        if not _current or _current[0].pid != os.getpid() or _current[0].proc is None or _current[0].proc.poll() is not None:
+        if (
+            not _current
+            or _current[0].pid != os.getpid()
+            or _current[0].proc is None
+            or _current[0].proc.poll() is not None
+        ):
             _current[:] = [_Reaper()]
         return MARKER, _current[0].nonce
 

@@ -14,10 +14,17 @@ the engine's own default. Pure functions; the worker applies an override after `
 from __future__ import annotations
 
 import json
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 # batching (decode batch size, token budget per step), chunked prefill, prefix caching, KV block size
-REGIME_KEYS = ("max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill", "enable_prefix_caching", "block_size")
+REGIME_KEYS = (
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "enable_chunked_prefill",
+    "enable_prefix_caching",
+    "block_size",
+)
 Regime = dict[str, Any]
 
 
@@ -68,7 +75,9 @@ def key(regime: Mapping[str, Any]) -> str:
 
 def describe(regime: Mapping[str, Any], against: Mapping[str, Any] | None = None) -> str:
     """'max_num_seqs 32' — the keys that are set (with ``against``: only those that differ from it)."""
-    keys = [k for k in REGIME_KEYS if regime.get(k) is not None and (against is None or regime.get(k) != against.get(k))]
+    keys = [
+        k for k in REGIME_KEYS if regime.get(k) is not None and (against is None or regime.get(k) != against.get(k))
+    ]
     if not keys and against is not None:
         return "the same regime"
     return ", ".join(f"{k} {json.dumps(regime[k])}" for k in keys) or "the engine's defaults"

@@ -31,11 +31,11 @@ import glob
 import os
 import shutil
 import subprocess
-import threading
 import sys
+import threading
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Mapping, Sequence
 
 from . import seccomp
 
@@ -71,16 +71,33 @@ class Sandbox:
     read_only: tuple[str, ...] = ()  # more paths mounted read-only at their own place (model, inputs, worker)
     pinned: tuple[tuple[str, str], ...] = ()  # (source, path in the worktree) bound read-only over the worktree
     network: bool = False
-    devices: tuple[str, ...] = field(default_factory=lambda: tuple(p for g in DEVICE_GLOBS for p in sorted(glob.glob(g))))
+    devices: tuple[str, ...] = field(
+        default_factory=lambda: tuple(p for g in DEVICE_GLOBS for p in sorted(glob.glob(g)))
+    )
     schema_version: int = SANDBOX_SCHEMA
 
-    def argv(self, inner: Sequence[str], cwd: str | None = None, network: bool | None = None,
-             info_fd: int | None = None) -> list[str]:
+    def argv(
+        self, inner: Sequence[str], cwd: str | None = None, network: bool | None = None, info_fd: int | None = None
+    ) -> list[str]:
         bw = shutil.which("bwrap") or "bwrap"
         # a user namespace of its own: kernel keyrings (and other per-user objects) are per user namespace;
         # the seccomp filter (harness.seccomp) refuses the calls that would reach them anyway
-        args = [bw, "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
-                "--die-with-parent", "--new-session", "--seccomp", str(SECCOMP_FD), "--proc", "/proc", "--dev", "/dev"]
+        args = [
+            bw,
+            "--unshare-user",
+            "--unshare-pid",
+            "--unshare-ipc",
+            "--unshare-uts",
+            "--unshare-cgroup-try",
+            "--die-with-parent",
+            "--new-session",
+            "--seccomp",
+            str(SECCOMP_FD),
+            "--proc",
+            "/proc",
+            "--dev",
+            "/dev",
+        ]
         for p in PROC_READ_ONLY:  # a root process could write these even without capabilities
             args += ["--ro-bind-try", p, p]
         if os.geteuid() == 0:
@@ -99,7 +116,18 @@ class Sandbox:
         for dev in self.devices:
             args += ["--dev-bind", dev, dev]
         # private and size-capped: a side cannot fill the machine's memory through them
-        args += ["--size", str(TMP_BYTES), "--tmpfs", "/tmp", "--size", str(SHM_BYTES), "--tmpfs", "/dev/shm", "--dir", INNER_HOME]
+        args += [
+            "--size",
+            str(TMP_BYTES),
+            "--tmpfs",
+            "/tmp",
+            "--size",
+            str(SHM_BYTES),
+            "--tmpfs",
+            "/dev/shm",
+            "--dir",
+            INNER_HOME,
+        ]
         for p in (*python_dirs(), *self.read_only):
             if os.path.exists(p):
                 args += ["--ro-bind", p, p]
@@ -109,9 +137,20 @@ class Sandbox:
         for src, dst in self.pinned:
             if os.path.lexists(dst) and os.path.exists(src):
                 args += ["--ro-bind", src, dst]
-        args += ["--setenv", "HOME", INNER_HOME, "--setenv", "TMPDIR", "/tmp",
-                 # bytecode is never written into a worktree: every file written there is a change
-                 "--setenv", "PYTHONDONTWRITEBYTECODE", "1", "--chdir", cwd or self.worktree]
+        args += [
+            "--setenv",
+            "HOME",
+            INNER_HOME,
+            "--setenv",
+            "TMPDIR",
+            "/tmp",
+            # bytecode is never written into a worktree: every file written there is a change
+            "--setenv",
+            "PYTHONDONTWRITEBYTECODE",
+            "1",
+            "--chdir",
+            cwd or self.worktree,
+        ]
         return seccomp.launcher([*args, "--", *inner], SECCOMP_FD)
 
 
@@ -162,8 +201,13 @@ def active() -> Containment | None:
     return _active.boxes[-1] if _active.boxes else None
 
 
-def wrap(argv: Sequence[str] | str, shell: bool = False, network: bool | None = None,
-         cwd: str | os.PathLike[str] | None = None, info_fd: int | None = None) -> tuple[list[str] | str, bool]:
+def wrap(
+    argv: Sequence[str] | str,
+    shell: bool = False,
+    network: bool | None = None,
+    cwd: str | os.PathLike[str] | None = None,
+    info_fd: int | None = None,
+) -> tuple[list[str] | str, bool]:
     """(argv, shell) to pass to Popen: inside the sandbox of the side whose worktree is ``cwd``, or unchanged."""
     box = active()
     if box is None:
@@ -203,5 +247,8 @@ def probe() -> tuple[bool, str]:
     except (OSError, subprocess.SubprocessError) as exc:
         return False, f"bubblewrap failed to start: {exc}"
     if p.returncode != 0:
-        return False, f"this machine does not allow bubblewrap's namespaces: {(p.stderr.strip().splitlines() or ['?'])[-1]}"
+        return (
+            False,
+            f"this machine does not allow bubblewrap's namespaces: {(p.stderr.strip().splitlines() or ['?'])[-1]}",
+        )
     return True, ""

@@ -24,8 +24,8 @@ the gate holds their proposals for review: fail closed.
 
 from __future__ import annotations
 
-import errno
 import atexit
+import errno
 import functools
 import os
 import platform
@@ -34,18 +34,61 @@ import tempfile
 
 # the calls refused with EPERM, by name; the numbers per architecture are below
 DENIED = (
-    "add_key", "request_key", "keyctl",
-    "unshare", "setns",
-    "mount", "umount2", "pivot_root", "move_mount", "open_tree", "fsopen", "fsconfig", "fsmount", "fspick", "mount_setattr",
-    "name_to_handle_at", "open_by_handle_at",
-    "ptrace", "process_vm_readv", "process_vm_writev", "kcmp", "perf_event_open", "bpf", "userfaultfd",
-    "io_uring_setup", "io_uring_enter", "io_uring_register", "fanotify_init",
-    "init_module", "finit_module", "delete_module", "kexec_load", "kexec_file_load", "reboot", "swapon", "swapoff",
-    "quotactl", "acct", "settimeofday", "clock_settime", "clock_adjtime", "lookup_dcookie", "syslog", "vhangup",
-    "ioperm", "iopl", "uselib", "ustat", "sysfs", "_sysctl",
+    "add_key",
+    "request_key",
+    "keyctl",
+    "unshare",
+    "setns",
+    "mount",
+    "umount2",
+    "pivot_root",
+    "move_mount",
+    "open_tree",
+    "fsopen",
+    "fsconfig",
+    "fsmount",
+    "fspick",
+    "mount_setattr",
+    "name_to_handle_at",
+    "open_by_handle_at",
+    "ptrace",
+    "process_vm_readv",
+    "process_vm_writev",
+    "kcmp",
+    "perf_event_open",
+    "bpf",
+    "userfaultfd",
+    "io_uring_setup",
+    "io_uring_enter",
+    "io_uring_register",
+    "fanotify_init",
+    "init_module",
+    "finit_module",
+    "delete_module",
+    "kexec_load",
+    "kexec_file_load",
+    "reboot",
+    "swapon",
+    "swapoff",
+    "quotactl",
+    "acct",
+    "settimeofday",
+    "clock_settime",
+    "clock_adjtime",
+    "lookup_dcookie",
+    "syslog",
+    "vhangup",
+    "ioperm",
+    "iopl",
+    "uselib",
+    "ustat",
+    "sysfs",
+    "_sysctl",
     # the page cache is shared by every process of the machine: what is resident must not be readable or
     # evictable from a side (red team, round 3: a bit kept in whether a system file's page was cached)
-    "cachestat", "mincore", "process_madvise",
+    "cachestat",
+    "mincore",
+    "process_madvise",
 )
 POSIX_FADV_DONTNEED, POSIX_FADV_NOREUSE = 4, 5
 MADV_COLD, MADV_PAGEOUT = 20, 21
@@ -62,30 +105,126 @@ ARG_RULES = (
 # from the kernel's uapi headers (asm/unistd_64.h; asm-generic/unistd.h for arm64); None: no such call there
 _NUMBERS: dict[str, dict[str, int | None]] = {
     "x86_64": {
-        "add_key": 248, "request_key": 249, "keyctl": 250, "unshare": 272, "setns": 308, "mount": 165, "umount2": 166,
-        "pivot_root": 155, "move_mount": 429, "open_tree": 428, "fsopen": 430, "fsconfig": 431, "fsmount": 432,
-        "fspick": 433, "mount_setattr": 442, "name_to_handle_at": 303, "open_by_handle_at": 304, "ptrace": 101,
-        "process_vm_readv": 310, "process_vm_writev": 311, "kcmp": 312, "perf_event_open": 298, "bpf": 321,
-        "userfaultfd": 323, "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427, "fanotify_init": 300,
-        "init_module": 175, "finit_module": 313, "delete_module": 176, "kexec_load": 246, "kexec_file_load": 320,
-        "reboot": 169, "swapon": 167, "swapoff": 168, "quotactl": 179, "acct": 163, "settimeofday": 164,
-        "clock_settime": 227, "clock_adjtime": 305, "lookup_dcookie": 212, "syslog": 103, "vhangup": 153,
-        "ioperm": 173, "iopl": 172, "uselib": 134, "ustat": 136, "sysfs": 139, "_sysctl": 156,
-        "clone": 56, "clone3": 435, "cachestat": 451, "mincore": 27, "process_madvise": 440,
-        "fadvise64": 221, "preadv2": 327, "pwritev2": 328, "madvise": 28,
+        "add_key": 248,
+        "request_key": 249,
+        "keyctl": 250,
+        "unshare": 272,
+        "setns": 308,
+        "mount": 165,
+        "umount2": 166,
+        "pivot_root": 155,
+        "move_mount": 429,
+        "open_tree": 428,
+        "fsopen": 430,
+        "fsconfig": 431,
+        "fsmount": 432,
+        "fspick": 433,
+        "mount_setattr": 442,
+        "name_to_handle_at": 303,
+        "open_by_handle_at": 304,
+        "ptrace": 101,
+        "process_vm_readv": 310,
+        "process_vm_writev": 311,
+        "kcmp": 312,
+        "perf_event_open": 298,
+        "bpf": 321,
+        "userfaultfd": 323,
+        "io_uring_setup": 425,
+        "io_uring_enter": 426,
+        "io_uring_register": 427,
+        "fanotify_init": 300,
+        "init_module": 175,
+        "finit_module": 313,
+        "delete_module": 176,
+        "kexec_load": 246,
+        "kexec_file_load": 320,
+        "reboot": 169,
+        "swapon": 167,
+        "swapoff": 168,
+        "quotactl": 179,
+        "acct": 163,
+        "settimeofday": 164,
+        "clock_settime": 227,
+        "clock_adjtime": 305,
+        "lookup_dcookie": 212,
+        "syslog": 103,
+        "vhangup": 153,
+        "ioperm": 173,
+        "iopl": 172,
+        "uselib": 134,
+        "ustat": 136,
+        "sysfs": 139,
+        "_sysctl": 156,
+        "clone": 56,
+        "clone3": 435,
+        "cachestat": 451,
+        "mincore": 27,
+        "process_madvise": 440,
+        "fadvise64": 221,
+        "preadv2": 327,
+        "pwritev2": 328,
+        "madvise": 28,
     },
     "aarch64": {
-        "add_key": 217, "request_key": 218, "keyctl": 219, "unshare": 97, "setns": 268, "mount": 40, "umount2": 39,
-        "pivot_root": 41, "move_mount": 429, "open_tree": 428, "fsopen": 430, "fsconfig": 431, "fsmount": 432,
-        "fspick": 433, "mount_setattr": 442, "name_to_handle_at": 264, "open_by_handle_at": 265, "ptrace": 117,
-        "process_vm_readv": 270, "process_vm_writev": 271, "kcmp": 272, "perf_event_open": 241, "bpf": 280,
-        "userfaultfd": 282, "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427, "fanotify_init": 262,
-        "init_module": 105, "finit_module": 273, "delete_module": 106, "kexec_load": 104, "kexec_file_load": 294,
-        "reboot": 142, "swapon": 224, "swapoff": 225, "quotactl": 60, "acct": 89, "settimeofday": 170,
-        "clock_settime": 112, "clock_adjtime": 266, "lookup_dcookie": 18, "syslog": 116, "vhangup": 58,
-        "ioperm": None, "iopl": None, "uselib": None, "ustat": None, "sysfs": None, "_sysctl": None,
-        "clone": 220, "clone3": 435, "cachestat": 451, "mincore": 232, "process_madvise": 440,
-        "fadvise64": 223, "preadv2": 286, "pwritev2": 287, "madvise": 233,
+        "add_key": 217,
+        "request_key": 218,
+        "keyctl": 219,
+        "unshare": 97,
+        "setns": 268,
+        "mount": 40,
+        "umount2": 39,
+        "pivot_root": 41,
+        "move_mount": 429,
+        "open_tree": 428,
+        "fsopen": 430,
+        "fsconfig": 431,
+        "fsmount": 432,
+        "fspick": 433,
+        "mount_setattr": 442,
+        "name_to_handle_at": 264,
+        "open_by_handle_at": 265,
+        "ptrace": 117,
+        "process_vm_readv": 270,
+        "process_vm_writev": 271,
+        "kcmp": 272,
+        "perf_event_open": 241,
+        "bpf": 280,
+        "userfaultfd": 282,
+        "io_uring_setup": 425,
+        "io_uring_enter": 426,
+        "io_uring_register": 427,
+        "fanotify_init": 262,
+        "init_module": 105,
+        "finit_module": 273,
+        "delete_module": 106,
+        "kexec_load": 104,
+        "kexec_file_load": 294,
+        "reboot": 142,
+        "swapon": 224,
+        "swapoff": 225,
+        "quotactl": 60,
+        "acct": 89,
+        "settimeofday": 170,
+        "clock_settime": 112,
+        "clock_adjtime": 266,
+        "lookup_dcookie": 18,
+        "syslog": 116,
+        "vhangup": 58,
+        "ioperm": None,
+        "iopl": None,
+        "uselib": None,
+        "ustat": None,
+        "sysfs": None,
+        "_sysctl": None,
+        "clone": 220,
+        "clone3": 435,
+        "cachestat": 451,
+        "mincore": 232,
+        "process_madvise": 440,
+        "fadvise64": 223,
+        "preadv2": 286,
+        "pwritev2": 287,
+        "madvise": 233,
     },
 }
 _AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
@@ -113,7 +252,9 @@ def program(arch: str | None = None) -> bytes:
     """The filter for ``arch`` (default: this machine) as bytes of ``struct sock_filter``."""
     arch = arch or machine()
     if arch not in _NUMBERS:
-        raise UnsupportedArchitecture(f"no seccomp table for the {arch} architecture (known: {', '.join(sorted(_NUMBERS))})")
+        raise UnsupportedArchitecture(
+            f"no seccomp table for the {arch} architecture (known: {', '.join(sorted(_NUMBERS))})"
+        )
     nrs = _NUMBERS[arch]
     denied = sorted({n for name in DENIED if (n := nrs[name]) is not None})
     eperm, enosys = _RET_ERRNO | errno.EPERM, _RET_ERRNO | errno.ENOSYS
@@ -133,11 +274,18 @@ def program(arch: str | None = None) -> bytes:
     ins += [(_JEQ_K, f"args:{name}", None, nrs[name] or 0) for name in by_call]
     ins.append((_RET_K, None, None, _RET_ALLOW))
     labels = {"clone": len(ins)}
-    ins += [(_LD_W_ABS, None, None, _ARG0_LO), (_JSET_K, "eperm", None, CLONE_NS_FLAGS), (_RET_K, None, None, _RET_ALLOW)]
+    ins += [
+        (_LD_W_ABS, None, None, _ARG0_LO),
+        (_JSET_K, "eperm", None, CLONE_NS_FLAGS),
+        (_RET_K, None, None, _RET_ALLOW),
+    ]
     for name, rules in by_call.items():  # the low 32 bits of the argument (little-endian seccomp_data)
         labels[f"args:{name}"] = len(ins)
         for arg, op, value in rules:
-            ins += [(_LD_W_ABS, None, None, _ARG0_LO + 8 * arg), (_JEQ_K if op == "eq" else _JSET_K, "eperm", None, value)]
+            ins += [
+                (_LD_W_ABS, None, None, _ARG0_LO + 8 * arg),
+                (_JEQ_K if op == "eq" else _JSET_K, "eperm", None, value),
+            ]
         ins.append((_RET_K, None, None, _RET_ALLOW))
     labels["eperm"] = len(ins)
     ins.append((_RET_K, None, None, eperm))
@@ -152,7 +300,7 @@ def program(arch: str | None = None) -> bytes:
     return out
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _filter_file(pid: int) -> str:
     fd, path = tempfile.mkstemp(prefix="agentsearch-seccomp-", suffix=".bpf")
     with os.fdopen(fd, "wb") as fh:

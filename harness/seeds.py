@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import random
 import secrets
-from typing import Callable
+from collections.abc import Callable
 
 CONFIRMATION_SALT = 0x5EED  # the confirmation run: fresh inputs, same workloads
 COVERAGE_SALT = 0xC0DE  # the untimed coverage trial

@@ -29,8 +29,8 @@ Error control (documented in docs/design/gate.md):
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 from scipy import stats as sps
@@ -94,7 +94,9 @@ class Decision:
     level: float
 
 
-def decide_objective(design: SequentialDesign, d: Sequence[float], prior: NoisePrior | None = None, clusters: Sequence[int] | None = None) -> Decision:
+def decide_objective(
+    design: SequentialDesign, d: Sequence[float], prior: NoisePrior | None = None, clusters: Sequence[int] | None = None
+) -> Decision:
     """Decision at a look for the objective workload: win, lose, continue, or inconclusive."""
     n = len(d)
     est = paired_estimate(d, prior, clusters=clusters)
@@ -109,7 +111,9 @@ def decide_objective(design: SequentialDesign, d: Sequence[float], prior: NoiseP
         p = _t_sf(est.mean - margin, est.se, est.df)
     if p < level and est.mean >= target / 2:
         why = "" if known else f", by more than {math.expm1(margin):+.1%} on the first engine pair"
-        return Decision(WIN, f"faster by {est.speedup - 1:+.2%} (p={p:.2g} < {level:.2g}{why}) after {n} pairs", est, level)
+        return Decision(
+            WIN, f"faster by {est.speedup - 1:+.2%} (p={p:.2g} < {level:.2g}{why}) after {n} pairs", est, level
+        )
     slower = est.p_worse() < design.regression_alpha
     # tau unknown: stop only a clear loser, one significantly slower by at least the speedup futility tests for
     # (a true win would need a session effect of twice that size against it to look so)
@@ -121,18 +125,22 @@ def decide_objective(design: SequentialDesign, d: Sequence[float], prior: NoiseP
             LOSE,
             f"{why}: speedup {est.speedup - 1:+.2%} after {n} of {design.max_pairs} pairs; stopped early: the sequential "
             f"futility test favours no speedup over {alt:+.1%} (it stops a real {alt:+.1%} this way at most ~{design.futility:.0%} of the time)",
-            est, level,
+            est,
+            level,
         )
     if n >= design.max_pairs:
         return Decision(
             INCONCLUSIVE,
             f"inconclusive after {n} pairs: speedup {est.speedup - 1:+.2%}, p={p:.2g} not below {level:.2g}",
-            est, level,
+            est,
+            level,
         )
     return Decision(CONTINUE, "", est, level)
 
 
-def sprt_llr(design: SequentialDesign, d: Sequence[float], prior: NoisePrior | None, clusters: Sequence[int] | None = None) -> float:
+def sprt_llr(
+    design: SequentialDesign, d: Sequence[float], prior: NoisePrior | None, clusters: Sequence[int] | None = None
+) -> float:
     """Log-likelihood ratio of 'speedup = futility_factor x min_effect' against 'no speedup'.
 
     Normal model of the mean with variance var/n + tau²/R: the pairs' variance pooled with the
@@ -152,7 +160,9 @@ def sprt_llr(design: SequentialDesign, d: Sequence[float], prior: NoisePrior | N
     return (d1 * float(x.mean()) - d1 * d1 / 2) / (var / n + tau2 / r)
 
 
-def decide_guard(design: SequentialDesign, d: Sequence[float], prior: NoisePrior | None = None, clusters: Sequence[int] | None = None) -> Decision:
+def decide_guard(
+    design: SequentialDesign, d: Sequence[float], prior: NoisePrior | None = None, clusters: Sequence[int] | None = None
+) -> Decision:
     """Decision for a non-objective workload: it must not regress significantly."""
     n = len(d)
     est = paired_estimate(d, prior, clusters=clusters)
@@ -172,15 +182,19 @@ def decide_guard(design: SequentialDesign, d: Sequence[float], prior: NoisePrior
         return Decision(
             REGRESSED,
             f"regressed by {1 - est.speedup:.2%} (p={p:.2g} < {level:.2g}) after {n} pairs",
-            est, level,
+            est,
+            level,
         )
     if est.lower(1 - design.regression_alpha) > floor or n >= design.max_pairs:
-        return Decision(OK, f"no significant regression ({est.speedup - 1:+.2%} after {n} pairs)", est, design.regression_alpha)
+        return Decision(
+            OK, f"no significant regression ({est.speedup - 1:+.2%} after {n} pairs)", est, design.regression_alpha
+        )
     return Decision(CONTINUE, "", est, design.regression_alpha)
 
 
-def decide_regression(design: SequentialDesign, d: Sequence[float], prior: NoisePrior | None = None,
-                      clusters: Sequence[int] | None = None) -> Decision:
+def decide_regression(
+    design: SequentialDesign, d: Sequence[float], prior: NoisePrior | None = None, clusters: Sequence[int] | None = None
+) -> Decision:
     """Does a guard's regression hold on fresh engines and seeds? (A fixed-size run, ``confirmation_design``.)
     REGRESSED when the fresh pairs are significantly below the floor by themselves (one-sided, at the design's
     ``regression_alpha``); OK otherwise: the first call was one engine pair's luck, not the code's."""
@@ -188,10 +202,18 @@ def decide_regression(design: SequentialDesign, d: Sequence[float], prior: Noise
     floor = 1 - design.max_regression
     p = est.p_worse()
     if p < design.regression_alpha and est.speedup < floor:
-        return Decision(REGRESSED, f"the regression held on fresh engines: {1 - est.speedup:.2%} slower (p={p:.2g}) over {len(d)} pairs",
-                        est, design.regression_alpha)
-    return Decision(OK, f"did not hold on fresh engines: {est.speedup - 1:+.2%} (p={p:.2g}) over {len(d)} pairs", est,
-                    design.regression_alpha)
+        return Decision(
+            REGRESSED,
+            f"the regression held on fresh engines: {1 - est.speedup:.2%} slower (p={p:.2g}) over {len(d)} pairs",
+            est,
+            design.regression_alpha,
+        )
+    return Decision(
+        OK,
+        f"did not hold on fresh engines: {est.speedup - 1:+.2%} (p={p:.2g}) over {len(d)} pairs",
+        est,
+        design.regression_alpha,
+    )
 
 
 def confirmation_design(pairs: int, strict: bool = False) -> SequentialDesign:
@@ -204,9 +226,15 @@ def confirmation_design(pairs: int, strict: bool = False) -> SequentialDesign:
     return SequentialDesign(alpha=0.5, min_pairs=pairs, max_pairs=pairs, look_every=pairs)
 
 
-def decide_confirmation(design: SequentialDesign, d: Sequence[float], prior: NoisePrior | None = None,
-                        clusters: Sequence[int] | None = None, *, won: PairedEstimate | None = None,
-                        strict: bool = False) -> Decision:
+def decide_confirmation(
+    design: SequentialDesign,
+    d: Sequence[float],
+    prior: NoisePrior | None = None,
+    clusters: Sequence[int] | None = None,
+    *,
+    won: PairedEstimate | None = None,
+    strict: bool = False,
+) -> Decision:
     """Does the win hold on fresh seeds? The confirmation run must measure a speedup too; with ``won``
     (the objective's estimate when it won), one not significantly below it; with ``strict`` (the win was
     measured mostly under foreign load), one significant by itself."""
@@ -222,17 +250,28 @@ def decide_confirmation(design: SequentialDesign, d: Sequence[float], prior: Noi
             return Decision(
                 NOT_CONFIRMED,
                 f"did not replicate on fresh seeds: {won.speedup - 1:+.2%} when it won, {est.speedup - 1:+.2%} over {n} fresh pairs "
-                f"(a gap this large by chance: p={p:.2g} < {D.REPLICATION_ALPHA:g})", est, D.REPLICATION_ALPHA,
+                f"(a gap this large by chance: p={p:.2g} < {D.REPLICATION_ALPHA:g})",
+                est,
+                D.REPLICATION_ALPHA,
             )
-    if strict:  # on the fresh pairs' own variance: a calibration (measured on a quiet machine) must not lend them its df
+    if (
+        strict
+    ):  # on the fresh pairs' own variance: a calibration (measured on a quiet machine) must not lend them its df
         p = paired_estimate(d, prior, clusters=clusters, pool=False).p_better()
         if p >= D.LOADED_CONFIRM_ALPHA:
             return Decision(
                 NOT_CONFIRMED,
                 f"measured mostly under foreign load, the win must hold significantly on fresh seeds: {est.speedup - 1:+.2%} over {n} "
-                f"pairs, p={p:.2g} not below {D.LOADED_CONFIRM_ALPHA:g}", est, D.LOADED_CONFIRM_ALPHA,
+                f"pairs, p={p:.2g} not below {D.LOADED_CONFIRM_ALPHA:g}",
+                est,
+                D.LOADED_CONFIRM_ALPHA,
             )
-        return Decision(OK, f"confirmed on fresh seeds under foreign load: {est.speedup - 1:+.2%} over {n} pairs (p={p:.2g})", est, D.LOADED_CONFIRM_ALPHA)
+        return Decision(
+            OK,
+            f"confirmed on fresh seeds under foreign load: {est.speedup - 1:+.2%} over {n} pairs (p={p:.2g})",
+            est,
+            D.LOADED_CONFIRM_ALPHA,
+        )
     return Decision(OK, f"confirmed on fresh seeds: {est.speedup - 1:+.2%} over {n} pairs", est, 0.0)
 
 
@@ -242,10 +281,10 @@ def replication_p(won: PairedEstimate, fresh: PairedEstimate) -> float:
     by the sequential stop, which makes this test reject a true effect somewhat more often than its
     level (``benchmarks/gate_quality.py`` measures the power it costs)."""
     gap = won.mean - fresh.mean
-    var_w, var_f = won.se ** 2, fresh.se ** 2
+    var_w, var_f = won.se**2, fresh.se**2
     se = math.sqrt(var_w + var_f)
     if se == 0:
         return 0.0 if gap > 0 else 1.0
-    terms = (var_w ** 2 / won.df if won.df > 0 else 0.0) + (var_f ** 2 / fresh.df if fresh.df > 0 else 0.0)
+    terms = (var_w**2 / won.df if won.df > 0 else 0.0) + (var_f**2 / fresh.df if fresh.df > 0 else 0.0)
     df = (var_w + var_f) ** 2 / terms if terms > 0 else 1.0
     return float(sps.t.sf(gap / se, max(1.0, df)))

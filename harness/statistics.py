@@ -19,8 +19,8 @@ Robustness:
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -107,7 +107,9 @@ def robust_scale(d: ArrayLike) -> float:
     return float(MAD_TO_SD * np.median(np.abs(x - np.median(x))))
 
 
-def winsorize(d: Sequence[float], k: float = WINSOR_K, floor_scale: float = 0.0, min_n: int = 6) -> tuple[list[float], int]:
+def winsorize(
+    d: Sequence[float], k: float = WINSOR_K, floor_scale: float = 0.0, min_n: int = 6
+) -> tuple[list[float], int]:
     """Clip values beyond ``median ± k·max(MAD scale, floor_scale)``; returns (values, clipped)."""
     x = np.asarray(d, dtype=float)
     if len(x) < min_n:
@@ -175,7 +177,9 @@ def sessions_differ(groups: Sequence[Sequence[float]]) -> float | None:
     return float(sps.f.sf(between / within, k - 1, n - k))
 
 
-def session_variance(x: Sequence[float], clusters: Sequence[int] | None, prior: NoisePrior | None) -> tuple[float, float, bool]:
+def session_variance(
+    x: Sequence[float], clusters: Sequence[int] | None, prior: NoisePrior | None
+) -> tuple[float, float, bool]:
     """(tau², R, known): the variance of the engine-session effect on one session's mean; the effective number
     of sessions the pairs' mean averages it over (n² / sum of n_i², R for balanced sessions: 10 pairs in one
     session and 1 in the next average it over 1.2 sessions, not 2); whether tau² is known at all.
@@ -196,8 +200,13 @@ def session_variance(x: Sequence[float], clusters: Sequence[int] | None, prior: 
     return floor, 1.0, floor > 0
 
 
-def paired_estimate(d: Sequence[float], prior: NoisePrior | None = None, k: float = WINSOR_K, clusters: Sequence[int] | None = None,
-                    pool: bool = True) -> PairedEstimate:
+def paired_estimate(
+    d: Sequence[float],
+    prior: NoisePrior | None = None,
+    k: float = WINSOR_K,
+    clusters: Sequence[int] | None = None,
+    pool: bool = True,
+) -> PairedEstimate:
     """Estimate from paired log-ratios (at least 2), optionally pooled with a calibration.
 
     ``clusters`` (the engine session of each pair) adds the second level of replication:
@@ -283,8 +292,16 @@ def mean_sd(sd: float, pairs: int, between_var: float = 0.0, per_session: int = 
     return math.sqrt(var)
 
 
-def pairs_for_power(sd: float, effect: float, alpha: float, power: float = 0.9, df_prior: int = 0, limit: int = 10_000,
-                    between_var: float = 0.0, per_session: int = 0) -> int:
+def pairs_for_power(
+    sd: float,
+    effect: float,
+    alpha: float,
+    power: float = 0.9,
+    df_prior: int = 0,
+    limit: int = 10_000,
+    between_var: float = 0.0,
+    per_session: int = 0,
+) -> int:
     """Smallest n with power ``power`` for a one-sided level-``alpha`` t-test of a speedup ``effect`` (with engine
     sessions of ``per_session`` pairs whose effects vary by ``between_var``: more pairs bring more sessions)."""
     if sd < 0 or effect <= 0 or not (0 < alpha < 1):
@@ -299,8 +316,15 @@ def pairs_for_power(sd: float, effect: float, alpha: float, power: float = 0.9, 
     return limit
 
 
-def min_detectable(sd: float, pairs: int, alpha: float, power: float = 0.9, df_prior: int = 0, between_var: float = 0.0,
-                   per_session: int = 0) -> float:
+def min_detectable(
+    sd: float,
+    pairs: int,
+    alpha: float,
+    power: float = 0.9,
+    df_prior: int = 0,
+    between_var: float = 0.0,
+    per_session: int = 0,
+) -> float:
     """Smallest speedup (0.03 = 3%) a one-sided level-``alpha`` t-test detects with ``power`` in ``pairs``
     pairs at per-pair log-ratio SD ``sd`` (the inverse of ``pairs_for_power``), engine sessions counted as there."""
     if sd < 0 or pairs < 2 or not (0 < alpha < 1):

@@ -33,8 +33,8 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -47,8 +47,10 @@ DEFINITIONS = {
 GOODPUT = "goodput_req_s"
 GOODPUT_DEFINITION = "requests per second that met every per-request SLO ([[slo]]), over the trial's duration"
 RATE_AT_SLO = "rate_at_slo_req_s"
-RATE_AT_SLO_DEFINITION = ("the highest request rate (open loop) at which every [[slo]] quantile holds: the geometric middle "
-                          "of the bracket a bounded bisection between rate_min and rate_max ends with")
+RATE_AT_SLO_DEFINITION = (
+    "the highest request rate (open loop) at which every [[slo]] quantile holds: the geometric middle "
+    "of the bracket a bounded bisection between rate_min and rate_max ends with"
+)
 SLO_METRICS = ("ttft", "tpot", "e2e")  # per-request SLOs (ITL is per chunk: a request's worst gap is its own metric)
 RATE_METRICS = {
     "output_tok_s": "output tokens per second over the trial's duration (first send to last chunk)",
@@ -190,7 +192,9 @@ def duration(requests: Sequence[RequestTiming]) -> float:
     return max(r.sent + r.e2e for r in requests) - min(r.sent for r in requests) if requests else 0.0
 
 
-def serving_metrics(requests: Sequence[RequestTiming], quantiles: Sequence[str] = (), slos: Sequence[Slo] = ()) -> dict[str, float | None]:
+def serving_metrics(
+    requests: Sequence[RequestTiming], quantiles: Sequence[str] = (), slos: Sequence[Slo] = ()
+) -> dict[str, float | None]:
     """The trial's metrics: rates over its duration, the p50 and p99 of every base metric, and every named quantile
     metric (``ttft_p99.9_ms``) and goodput when SLOs are given. Milliseconds for latencies."""
     dur = duration(requests)

@@ -27,9 +27,10 @@ import stat
 import subprocess
 import tempfile
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence, Any, Mapping
+from typing import Any
 
 from . import lengths, reaper, sandbox
 
@@ -43,10 +44,21 @@ BASELINE = "baseline"
 CANDIDATE = "candidate"
 
 # what a child inherits from the orchestrator; everything else comes from the target's config
-ENV_WHITELIST = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "USER", "VIRTUAL_ENV", "PYTHONHASHSEED", "TZ",
-                 # the devices this orchestrator may use (a Ray task sets them to the GPUs its bundle reserved,
-                 # "" when it reserved none): a child never sees more; a placement narrows them further
-                 "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
+ENV_WHITELIST = (
+    "PATH",
+    "HOME",
+    "LANG",
+    "LC_ALL",
+    "TMPDIR",
+    "USER",
+    "VIRTUAL_ENV",
+    "PYTHONHASHSEED",
+    "TZ",
+    # the devices this orchestrator may use (a Ray task sets them to the GPUs its bundle reserved,
+    # "" when it reserved none): a child never sees more; a placement narrows them further
+    "CUDA_VISIBLE_DEVICES",
+    "CUDA_DEVICE_ORDER",
+)
 # every trial child gets a random marker in its environment; whatever still carries it (or
 # still holds the trial's output files) after the trial is killed
 TRIAL_MARKER = "AGENTSEARCH_TRIAL"
@@ -138,7 +150,7 @@ def tail(text: str | bytes, lines: int = 15, chars: int | None = None) -> str:
         chars = REASON_CHARS if lines <= 1 else TAIL_CHARS
     if not text:
         return ""
-    text = text[-(chars + 1) * max(lines, 1) * 8:]  # bound the work on huge input
+    text = text[-(chars + 1) * max(lines, 1) * 8 :]  # bound the work on huge input
     kept = [ln.rstrip() for ln in sanitize(text).strip().splitlines() if ln.strip()]
     return "\n".join(kept[-lines:])[-chars:]
 
@@ -161,8 +173,15 @@ def substitute(command: str, values: Mapping[str, str]) -> str:
     return out
 
 
-def run_child(argv: list[str] | str, cwd: Path, env: Mapping[str, str], timeout_s: float, shell: bool = False,
-              sandboxed: bool = True, prefix: Sequence[str] = ()) -> tuple[int | None, str, str, float]:
+def run_child(
+    argv: list[str] | str,
+    cwd: Path,
+    env: Mapping[str, str],
+    timeout_s: float,
+    shell: bool = False,
+    sandboxed: bool = True,
+    prefix: Sequence[str] = (),
+) -> tuple[int | None, str, str, float]:
     """Run a child in its own process group (inside the active sandbox unless ``sandboxed`` is
     False: the measuring instrument itself); kill the group on timeout. rc None = timed out.
 
@@ -182,10 +201,19 @@ def run_child(argv: list[str] | str, cwd: Path, env: Mapping[str, str], timeout_
     argv = [*dies_with_us(), *argv]
     token = secrets.token_hex(16)
     env = reaper.marked({**env, TRIAL_MARKER: token})
-    with tempfile.TemporaryFile(prefix="agentsearch-out-") as fo, tempfile.TemporaryFile(prefix="agentsearch-err-") as fe:
+    with (
+        tempfile.TemporaryFile(prefix="agentsearch-out-") as fo,
+        tempfile.TemporaryFile(prefix="agentsearch-err-") as fe,
+    ):
         proc = subprocess.Popen(
-            argv, cwd=str(cwd), env=env, shell=shell, stdout=fo, stderr=fe,
-            stdin=subprocess.DEVNULL, start_new_session=True,
+            argv,
+            cwd=str(cwd),
+            env=env,
+            shell=shell,
+            stdout=fo,
+            stderr=fe,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
         )
         rc: int | None = None
         try:
@@ -214,7 +242,16 @@ def dies_with_us() -> list[str]:
     setpriv = _setpriv()
     if setpriv is None:
         return []
-    return [setpriv, "--pdeathsig", "KILL", "--", "/bin/sh", "-c", f'[ "$PPID" = {os.getpid()} ] || exit 137; exec "$@"', "sh"]
+    return [
+        setpriv,
+        "--pdeathsig",
+        "KILL",
+        "--",
+        "/bin/sh",
+        "-c",
+        f'[ "$PPID" = {os.getpid()} ] || exit 137; exec "$@"',
+        "sh",
+    ]
 
 
 _SETPRIV: list[str | None] = []
@@ -400,12 +437,18 @@ def check_metrics(data: Any) -> tuple[dict[str, Any] | None, str]:
     for key, value in data.items():
         if not isinstance(key, str) or not key or len(key) > MAX_METRIC_KEY_CHARS:
             shown = sanitize(str(key))[:40]
-            return None, f"metric name {shown!r}{'...' if len(str(key)) > 40 else ''} is empty or longer than {MAX_METRIC_KEY_CHARS} characters"
+            return (
+                None,
+                f"metric name {shown!r}{'...' if len(str(key)) > 40 else ''} is empty or longer than {MAX_METRIC_KEY_CHARS} characters",
+            )
         key = sanitize(key)
         if isinstance(value, float) and not math.isfinite(value):
             return None, f"metric {key!r} is not a finite number ({value!r})"
         if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 1 << 64:
-            return None, f"metric {key!r} is an integer out of range (about {int(value.bit_length() * 0.30103) + 1} digits)"
+            return (
+                None,
+                f"metric {key!r} is an integer out of range (about {int(value.bit_length() * 0.30103) + 1} digits)",
+            )
         if not _scalar_ok(value):
             dropped.append(key)
             continue
@@ -506,7 +549,9 @@ def run_command_trial(spec: CommandSpec, seed: int, out_dir: Path) -> TrialOutco
     rc, _stdout, stderr, wall = run_child(cmd, spec.worktree, env, spec.timeout_s, shell=True)
     try:
         if rc is None:
-            return TrialOutcome(False, None, {}, wall, f"timed out after {spec.timeout_s:g} s", tail(stderr), failure=TIMEOUT)
+            return TrialOutcome(
+                False, None, {}, wall, f"timed out after {spec.timeout_s:g} s", tail(stderr), failure=TIMEOUT
+            )
         if rc != 0:
             last = tail(stderr, 1) or "no stderr"
             return TrialOutcome(False, None, {}, wall, f"exited with status {rc}: {last}", tail(stderr))

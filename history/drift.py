@@ -8,8 +8,9 @@ merge (a revert is a point of its own: main went back, unmeasured). No git, no v
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 STATS = ("kl_mean", "kl_p99", "kl_max", "dlogprob_max", "same_top_pct")
 
@@ -66,9 +67,22 @@ def drift_curve(entries: Iterable[Any]) -> list[DriftPoint]:
             checks[e.proposal or d.get("ref") or ""] = d["distribution"]
         elif e.kind == "merge" and d.get("ok"):
             ref = (checks.get(e.proposal or "") or {}).get("reference") or {}
-            regimes = {r.get("label", "?"): worst_of_sets(r.get("sets") or {}) for r in ref.get("regimes") or [] if isinstance(r, Mapping)}
-            points.append(DriftPoint(e.seq, e.proposal or "", str(d.get("new") or ""), "merge", str(ref.get("commit") or ""),
-                                     str(ref.get("budget") or ""), regimes))
+            regimes = {
+                r.get("label", "?"): worst_of_sets(r.get("sets") or {})
+                for r in ref.get("regimes") or []
+                if isinstance(r, Mapping)
+            }
+            points.append(
+                DriftPoint(
+                    e.seq,
+                    e.proposal or "",
+                    str(d.get("new") or ""),
+                    "merge",
+                    str(ref.get("commit") or ""),
+                    str(ref.get("budget") or ""),
+                    regimes,
+                )
+            )
         elif e.kind == "revert":
             points.append(DriftPoint(e.seq, e.proposal or "", str(d.get("new") or ""), "revert"))
     return points

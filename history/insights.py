@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 import pandas as pd
 
-from .records.agent_session import agent_costs
 from .records import BREAKING, CheckName, FailureKind, Merge, ProposalCreated, Revert, StackCheck, Verdict, text
+from .records.agent_session import agent_costs
 
 INSIGHTS_SCHEMA = 1
 # the candidate broke the workload (crash, hang, failed build or tests, other outputs) rather than just not winning
@@ -46,15 +47,35 @@ def proposal_rows(entries: Iterable[Any]) -> list[dict[str, Any]]:
     for e in entries:
         r = e.record
         if isinstance(r, ProposalCreated):
-            rows[e.proposal] = {"proposal": e.proposal, "episode": e.episode, "key": r.key, "title": r.title, "rationale": r.rationale,
-                                "category": r.category or "other", "proposer": r.proposer,
-                                "meta": dict(r.meta), "files": list(r.files),
-                                "verdict": None, "speedup": None, "reasons": [], "workloads": {}, "reverted": False,
-                                "failed_check": None, "failed_checks": [], "failures": []}
+            rows[e.proposal] = {
+                "proposal": e.proposal,
+                "episode": e.episode,
+                "key": r.key,
+                "title": r.title,
+                "rationale": r.rationale,
+                "category": r.category or "other",
+                "proposer": r.proposer,
+                "meta": dict(r.meta),
+                "files": list(r.files),
+                "verdict": None,
+                "speedup": None,
+                "reasons": [],
+                "workloads": {},
+                "reverted": False,
+                "failed_check": None,
+                "failed_checks": [],
+                "failures": [],
+            }
         elif isinstance(r, Verdict) and e.proposal in rows:
-            rows[e.proposal].update(verdict=r.verdict, speedup=r.speedup, reasons=list(r.reasons), workloads=dict(r.workloads),
-                                    failed_check=r.failed_check, failures=[f.value for f in r.failures],
-                                    failed_checks=[c.name for c in r.checks if c.status == "fail"])
+            rows[e.proposal].update(
+                verdict=r.verdict,
+                speedup=r.speedup,
+                reasons=list(r.reasons),
+                workloads=dict(r.workloads),
+                failed_check=r.failed_check,
+                failures=[f.value for f in r.failures],
+                failed_checks=[c.name for c in r.checks if c.status == "fail"],
+            )
         elif isinstance(r, Merge) and r.ok:
             merged[r.new] = e.proposal
         elif isinstance(r, Revert):
@@ -80,12 +101,22 @@ def is_win(r: Mapping[str, Any]) -> bool:
 
 def _frame(rows: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
     judged = [r for r in rows if r.get("verdict")]
-    df = pd.DataFrame([{
-        "proposal": r["proposal"], "title": r.get("title"), "category": r.get("category") or "other",
-        "win": is_win(r), "failure": is_failure(r),
-        "effect": (r["speedup"] - 1) if r.get("speedup") is not None else math.nan,
-        "reason": "reverted" if r.get("reverted") else (reason_class(r) if r["verdict"] != "merge" else "merged"),
-    } for r in judged])
+    df = pd.DataFrame(
+        [
+            {
+                "proposal": r["proposal"],
+                "title": r.get("title"),
+                "category": r.get("category") or "other",
+                "win": is_win(r),
+                "failure": is_failure(r),
+                "effect": (r["speedup"] - 1) if r.get("speedup") is not None else math.nan,
+                "reason": "reverted"
+                if r.get("reverted")
+                else (reason_class(r) if r["verdict"] != "merge" else "merged"),
+            }
+            for r in judged
+        ]
+    )
     return df
 
 
@@ -96,7 +127,9 @@ def _group(df: pd.DataFrame, col: str) -> dict[str, dict[str, Any]]:
     for key, g in df.groupby(col):
         eff = g["effect"].dropna()
         out[str(key)] = {
-            "tries": int(len(g)), "wins": int(g["win"].sum()), "win_rate": round(float(g["win"].mean()), 3),
+            "tries": int(len(g)),
+            "wins": int(g["win"].sum()),
+            "win_rate": round(float(g["win"].mean()), 3),
             "failures": int(g["failure"].sum()),
             "mean_effect": round(float(eff.mean()), 4) if len(eff) else None,
             "best_effect": round(float(eff.max()), 4) if len(eff) else None,
@@ -105,7 +138,9 @@ def _group(df: pd.DataFrame, col: str) -> dict[str, dict[str, Any]]:
     return out
 
 
-def knob_table(rows: Sequence[Mapping[str, Any]], order: Mapping[str, list[Any]] | None = None) -> dict[str, dict[str, Any]]:
+def knob_table(
+    rows: Sequence[Mapping[str, Any]], order: Mapping[str, list[Any]] | None = None
+) -> dict[str, dict[str, Any]]:
     """Per knob: tries, wins, failures, mean effect, per-value results, best value, winning directions."""
     order = order or {}
     out: dict[str, dict[str, Any]] = {}
@@ -114,7 +149,9 @@ def knob_table(rows: Sequence[Mapping[str, Any]], order: Mapping[str, list[Any]]
             continue
         for name, change in ((r.get("meta") or {}).get("knobs") or {}).items():
             old, new = change
-            k = out.setdefault(name, {"tries": 0, "wins": 0, "failures": 0, "effects": [], "up_wins": 0, "down_wins": 0, "values": {}})
+            k = out.setdefault(
+                name, {"tries": 0, "wins": 0, "failures": 0, "effects": [], "up_wins": 0, "down_wins": 0, "values": {}}
+            )
             k["tries"] += 1
             win = is_win(r)
             fail = is_failure(r)
@@ -153,7 +190,11 @@ def lessons(rows: Sequence[Mapping[str, Any]], knobs: Mapping[str, Mapping[str, 
             avoid.append(f"{r.get('title')}: merged{eff}, then reverted")
         elif r.get("verdict") == "merge":
             eff = f"{r['speedup'] - 1:+.1%}" if r.get("speedup") is not None else "win"
-            unconfirmed = " — unconfirmed: a passenger at today's tip (a later merge made it redundant)" if r.get("passenger") else ""
+            unconfirmed = (
+                " — unconfirmed: a passenger at today's tip (a later merge made it redundant)"
+                if r.get("passenger")
+                else ""
+            )
             worked.append(f"{r.get('title')} ({r.get('category')}): {eff}{unconfirmed}")
         elif r.get("verdict") and is_failure(r):
             avoid.append(f"{r.get('title')}: broke the workload — {(r.get('reasons') or ['?'])[0][:160]}")
@@ -164,7 +205,10 @@ def lessons(rows: Sequence[Mapping[str, Any]], knobs: Mapping[str, Mapping[str, 
     for name, k in knobs.items():
         if k["tries"] >= 2 and k["wins"] == 0 and k["failures"] == 0:
             me = k.get("mean_effect")
-            ineffective.append(f"knob {name}: {k['tries']} values tried, no significant win" + (f" (mean effect {me:+.1%})" if me is not None else ""))
+            ineffective.append(
+                f"knob {name}: {k['tries']} values tried, no significant win"
+                + (f" (mean effect {me:+.1%})" if me is not None else "")
+            )
     return {"worked": worked, "ineffective": ineffective, "avoid": avoid}
 
 
@@ -175,8 +219,14 @@ def distill(entries: Iterable[Any], knob_order: Mapping[str, list[Any]] | None =
     df = _frame(rows)
     by_file: dict[str, dict[str, Any]] = {}
     if not df.empty:
-        files = pd.DataFrame([{"file": f, **df.loc[df["proposal"] == r["proposal"]].iloc[0].to_dict()}
-                              for r in rows if r.get("verdict") for f in (r.get("files") or ["(none)"])])
+        files = pd.DataFrame(
+            [
+                {"file": f, **df.loc[df["proposal"] == r["proposal"]].iloc[0].to_dict()}
+                for r in rows
+                if r.get("verdict")
+                for f in (r.get("files") or ["(none)"])
+            ]
+        )
         by_file = _group(files, "file")
     by_workload: dict[str, dict[str, Any]] = {}
     for r in rows:
@@ -191,20 +241,31 @@ def distill(entries: Iterable[Any], knob_order: Mapping[str, list[Any]] | None =
     knobs = knob_table(rows, knob_order)
     judged = int(len(df))
     return {
-        "schema_version": INSIGHTS_SCHEMA, "generated_ts": time.time(), "proposals": judged,
+        "schema_version": INSIGHTS_SCHEMA,
+        "generated_ts": time.time(),
+        "proposals": judged,
         "merged": int(df["win"].sum()) if judged else 0,  # still merged: reverted merges are not counted
         "reverted": sum(1 for r in rows if r.get("reverted")),
         "win_rate": round(float(df["win"].mean()), 3) if judged else None,
-        "by_category": _group(df, "category"), "by_file": by_file, "by_workload": by_workload,
+        "by_category": _group(df, "category"),
+        "by_file": by_file,
+        "by_workload": by_workload,
         "reasons": {str(k): int(v) for k, v in df.loc[~df["win"], "reason"].value_counts().items()} if judged else {},
-        "knobs": knobs, "lessons": lessons(rows, knobs), "notes": [], "agents": agent_costs(rows),
+        "knobs": knobs,
+        "lessons": lessons(rows, knobs),
+        "notes": [],
+        "agents": agent_costs(rows),
     }
 
 
 def markdown(ins: Mapping[str, Any]) -> str:
     """The insights as Markdown (for people and for the agent's prompt)."""
     rev = ins.get("reverted") or 0
-    lines = [f"# Insights ({ins['proposals']} proposals judged, {ins['merged']} merged" + (f" and kept, {rev} merged then reverted)" if rev else ")"), ""]
+    lines = [
+        f"# Insights ({ins['proposals']} proposals judged, {ins['merged']} merged"
+        + (f" and kept, {rev} merged then reverted)" if rev else ")"),
+        "",
+    ]
     for title, key in (("What worked", "worked"), ("What was ineffective", "ineffective"), ("What to avoid", "avoid")):
         items = ins["lessons"].get(key) or []
         # lessons quote proposals' titles and reasons: escaped, one line each
@@ -216,37 +277,66 @@ def markdown(ins: Mapping[str, Any]) -> str:
         nonlocal lines
         if not data:
             return
-        lines += [f"## By {name}", "", f"| {name} | tries | wins | failures | mean effect | best effect |", "|---|---|---|---|---|---|"]
+        lines += [
+            f"## By {name}",
+            "",
+            f"| {name} | tries | wins | failures | mean effect | best effect |",
+            "|---|---|---|---|---|---|",
+        ]
         for k, v in sorted(data.items(), key=lambda kv: -kv[1]["tries"]):
             me, be = v.get("mean_effect"), v.get("best_effect")
             mean_effect = "—" if me is None else f"{me:+.1%}"
             best_effect = "—" if be is None else f"{be:+.1%}"
-            lines.append(f"| {text.md_inline(k)} | {v['tries']} | {v['wins']} | {v.get('failures', 0)} | {mean_effect} | {best_effect} |")
+            lines.append(
+                f"| {text.md_inline(k)} | {v['tries']} | {v['wins']} | {v.get('failures', 0)} | {mean_effect} | {best_effect} |"
+            )
         lines.append("")
 
     table("category", ins.get("by_category") or {})
     table("file", ins.get("by_file") or {})
     knobs = ins.get("knobs") or {}
     if knobs:
-        lines += ["## By knob", "", "| knob | tries | wins | failures | mean effect | best value |", "|---|---|---|---|---|---|"]
+        lines += [
+            "## By knob",
+            "",
+            "| knob | tries | wins | failures | mean effect | best value |",
+            "|---|---|---|---|---|---|",
+        ]
         for k, v in sorted(knobs.items()):
             me = v.get("mean_effect")
-            lines.append(f"| {text.md_inline(k)} | {v['tries']} | {v['wins']} | {v['failures']} | {'—' if me is None else f'{me:+.1%}'} "
-                         f"| {text.md_inline(v.get('best_value'))} |")
+            lines.append(
+                f"| {text.md_inline(k)} | {v['tries']} | {v['wins']} | {v['failures']} | {'—' if me is None else f'{me:+.1%}'} "
+                f"| {text.md_inline(v.get('best_value'))} |"
+            )
         lines.append("")
     if ins.get("by_workload"):
-        lines += ["## By workload", "", "| workload | measured | wins | regressions | failures |", "|---|---|---|---|---|"]
+        lines += [
+            "## By workload",
+            "",
+            "| workload | measured | wins | regressions | failures |",
+            "|---|---|---|---|---|",
+        ]
         for k, v in ins["by_workload"].items():
             lines.append(f"| {k} | {v['measured']} | {v['wins']} | {v['regressions']} | {v['failures']} |")
         lines.append("")
     if ins.get("reasons"):
-        lines += ["## Rejection reasons", ""] + [f"- {text.md_inline(k)}: {v}" for k, v in ins["reasons"].items()] + [""]
+        lines += (
+            ["## Rejection reasons", ""] + [f"- {text.md_inline(k)}: {v}" for k, v in ins["reasons"].items()] + [""]
+        )
     ag = ins.get("agents")
     if ag:
-        per = ("no merged win yet" if ag.get("usd_per_merged_pct") is None else
-               f"${ag['usd_per_merged_pct']:.4f} and {ag['machine_s_per_merged_pct']:.1f} machine-seconds per merged percent")
+        per = (
+            "no merged win yet"
+            if ag.get("usd_per_merged_pct") is None
+            else f"${ag['usd_per_merged_pct']:.4f} and {ag['machine_s_per_merged_pct']:.1f} machine-seconds per merged percent"
+        )
         calls = ", ".join(f"{k} {n}" for k, n in sorted((ag.get("calls") or {}).items()))
-        lines += ["## Agent sessions", "", f"- {ag['sessions']} sessions: ${ag['cost_usd']:.4f}, {ag['tokens_in']} tokens in, {ag['tokens_out']} out, "
-                  f"{ag['tool_seconds']:.1f} s of workbench calls; {ag['merged_pct']:+.1f}% merged: {per}",
-                  f"- workbench calls: {text.md_inline(calls) or 'none'}", ""]
+        lines += [
+            "## Agent sessions",
+            "",
+            f"- {ag['sessions']} sessions: ${ag['cost_usd']:.4f}, {ag['tokens_in']} tokens in, {ag['tokens_out']} out, "
+            f"{ag['tool_seconds']:.1f} s of workbench calls; {ag['merged_pct']:+.1f}% merged: {per}",
+            f"- workbench calls: {text.md_inline(calls) or 'none'}",
+            "",
+        ]
     return "\n".join(lines)

@@ -25,9 +25,10 @@ import hashlib
 import json
 import os
 import time
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Protocol
+from typing import Any, Protocol
 
 from . import records
 from .records import KINDS, SCHEMA_VERSION, Record, RecordError, Repair
@@ -50,8 +51,10 @@ class HistoryChanged(HistoryError):
 
     def under(self, writer: str) -> str:
         """The one-line message, naming who was writing (``the episode``)."""
-        return (f"history {self.path} changed under {writer} ({self.what}); {writer} stopped and wrote nothing more "
-                "to it: restore it from a backup (agentsearch never rewrites history)")
+        return (
+            f"history {self.path} changed under {writer} ({self.what}); {writer} stopped and wrote nothing more "
+            "to it: restore it from a backup (agentsearch never rewrites history)"
+        )
 
 
 class HeadStore(Protocol):
@@ -91,12 +94,22 @@ class Entry:
             object.__setattr__(self, "record", records.load(self.kind, self.data, self.v))
 
     def body(self) -> dict[str, Any]:
-        return {"v": self.v, "seq": self.seq, "ts": self.ts, "kind": self.kind, "episode": self.episode,
-                "proposal": self.proposal, "data": self.data, "prev": self.prev}
+        return {
+            "v": self.v,
+            "seq": self.seq,
+            "ts": self.ts,
+            "kind": self.kind,
+            "episode": self.episode,
+            "proposal": self.proposal,
+            "data": self.data,
+            "prev": self.prev,
+        }
 
 
 def _digest(body: Mapping[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str).encode()).hexdigest()
+    return hashlib.sha256(
+        json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str).encode()
+    ).hexdigest()
 
 
 def _line(entry: Entry) -> str:
@@ -109,9 +122,20 @@ def _parse(raw: str, where: str) -> Entry:
     try:
         d = json.loads(raw)
         if not isinstance(d.get("v"), int) or not 1 <= d["v"] <= SCHEMA_VERSION:
-            raise HistoryError(f"{where}: unsupported schema version {d.get('v')!r} (this agentsearch reads 1 to {SCHEMA_VERSION})")
-        e = Entry(seq=d["seq"], ts=d["ts"], kind=d["kind"], episode=d["episode"], proposal=d["proposal"],
-                  data=d["data"], prev=d["prev"], hash=d["hash"], v=d["v"])
+            raise HistoryError(
+                f"{where}: unsupported schema version {d.get('v')!r} (this agentsearch reads 1 to {SCHEMA_VERSION})"
+            )
+        e = Entry(
+            seq=d["seq"],
+            ts=d["ts"],
+            kind=d["kind"],
+            episode=d["episode"],
+            proposal=d["proposal"],
+            data=d["data"],
+            prev=d["prev"],
+            hash=d["hash"],
+            v=d["v"],
+        )
     except RecordError as exc:
         raise HistoryError(f"{where}: invalid {d.get('kind')} record: {exc}") from None
     except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
@@ -180,9 +204,13 @@ def _verify_chain(path: Path) -> VerifyReport:
         if _digest(e.body()) != e.hash:
             return VerifyReport(False, n, i, f"{where}: hash mismatch (the line was edited)")
         if e.prev != prev:
-            return VerifyReport(False, n, i, f"{where}: chain broken (a line before it was edited, inserted or deleted)")
+            return VerifyReport(
+                False, n, i, f"{where}: chain broken (a line before it was edited, inserted or deleted)"
+            )
         if e.seq != i:
-            return VerifyReport(False, n, i, f"{where}: sequence number {e.seq}, expected {i} (a line was deleted or inserted)")
+            return VerifyReport(
+                False, n, i, f"{where}: sequence number {e.seq}, expected {i} (a line was deleted or inserted)"
+            )
         prev, n = e.hash, n + 1
     return VerifyReport(True, n, None, "", torn)
 
@@ -206,7 +234,7 @@ class HistoryLog:
         self._read: tuple[bytes, list[Entry]] = (b"", [])
 
     # ----------------------------------------------------------------- writing
-    def open(self) -> "HistoryLog":
+    def open(self) -> HistoryLog:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(str(self.path) + ".lock", os.O_RDWR | os.O_CREAT, 0o644)
         try:
@@ -219,7 +247,9 @@ class HistoryLog:
         rep = verify(self.path, self.head_store)
         if not rep.ok:
             self.close()
-            repair = "" if "restore" in rep.reason else "; restore it from a backup (agentsearch never rewrites history)"
+            repair = (
+                "" if "restore" in rep.reason else "; restore it from a backup (agentsearch never rewrites history)"
+            )
             raise HistoryError(f"corrupt history: {rep.reason}{repair}")
         if rep.torn_tail:
             self._repair()
@@ -257,7 +287,7 @@ class HistoryLog:
             self._disk, self._tail = None, b""
             return
         self._disk = (st.st_dev, st.st_ino, len(raw))
-        self._tail = raw[raw.rfind(b"\n", 0, len(raw) - 1) + 1:] if raw else b""
+        self._tail = raw[raw.rfind(b"\n", 0, len(raw) - 1) + 1 :] if raw else b""
 
     def _open_unchanged(self) -> int:
         """The file opened for appending, once it is checked to be the one this log last wrote: the same
@@ -289,7 +319,11 @@ class HistoryLog:
         if (st.st_dev, st.st_ino) != (dev, ino):
             return "replaced by another file"
         if st.st_size < size:
-            return f"emptied: 0 of the {size} bytes left" if st.st_size == 0 else f"truncated to {st.st_size} of {size} bytes"
+            return (
+                f"emptied: 0 of the {size} bytes left"
+                if st.st_size == 0
+                else f"truncated to {st.st_size} of {size} bytes"
+            )
         if st.st_size > size:
             return f"{st.st_size - size} bytes written by someone else"
         if self._tail and os.pread(fd, len(self._tail), size - len(self._tail)) != self._tail:
@@ -306,8 +340,9 @@ class HistoryLog:
             os.fsync(fh.fileno())
         self.repaired = f"removed a torn last line ({dropped} bytes) left by an interrupted write"
 
-    def append(self, record: Record | str, episode: str | None, proposal: str | None,
-               data: Mapping[str, Any] | None = None) -> Entry:
+    def append(
+        self, record: Record | str, episode: str | None, proposal: str | None, data: Mapping[str, Any] | None = None
+    ) -> Entry:
         """Write ``record`` (a typed record; or a kind and its ``data``, validated into its class)."""
         if self._lock_fd is None:
             raise HistoryError("history is not open for writing")
@@ -319,7 +354,9 @@ class HistoryLog:
         kind, data = record.KIND, record.to_json()
         entry = Entry(self._seq + 1, time.time(), kind, episode, proposal, data, self._prev, record=record)
         line = _line(entry)
-        entry = Entry(entry.seq, entry.ts, kind, episode, proposal, data, self._prev, json.loads(line)["hash"], record=record)
+        entry = Entry(
+            entry.seq, entry.ts, kind, episode, proposal, data, self._prev, json.loads(line)["hash"], record=record
+        )
         raw = line.encode()
         fd = self._open_unchanged()
         try:
@@ -341,7 +378,7 @@ class HistoryLog:
             os.close(self._lock_fd)
             self._lock_fd = None
 
-    def __enter__(self) -> "HistoryLog":
+    def __enter__(self) -> HistoryLog:
         return self.open()
 
     def __exit__(self, *exc: object) -> None:
@@ -358,7 +395,7 @@ class HistoryLog:
         if not raw.startswith(seen):  # rewritten under us: read it all again
             seen, parsed = b"", []
         entries = list(parsed)
-        for i, b in enumerate(raw[len(seen):].split(b"\n")[:-1], len(parsed) + 1):
+        for i, b in enumerate(raw[len(seen) :].split(b"\n")[:-1], len(parsed) + 1):
             entries.append(_parse(b.decode("utf-8"), f"{self.path}:{i}"))
         self._read = (raw, entries)
         yield from entries

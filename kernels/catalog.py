@@ -51,18 +51,28 @@ class OpInfo:
 
 OPS: dict[str, OpInfo] = {
     "rms_norm": OpInfo(
-        "rms_norm", "Weighted root-mean-square layer normalization.",
+        "rms_norm",
+        "Weighted root-mean-square layer normalization.",
         "(x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None) -> Tensor",
-        ("float32", "bfloat16", "float16"), (("float16", 1e-2, 2e-3),)),
+        ("float32", "bfloat16", "float16"),
+        (("float16", 1e-2, 2e-3),),
+    ),
     "fused_add_rms_norm": OpInfo(
-        "fused_add_rms_norm", "Fused add and weighted root-mean-square layer normalization (returns output, residual).",
+        "fused_add_rms_norm",
+        "Fused add and weighted root-mean-square layer normalization (returns output, residual).",
         "(x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None)"
         " -> tuple[Tensor, Tensor]",
-        ("float32", "bfloat16", "float16"), (("float16", 1e-2, 2e-3),), inplace=True),
+        ("float32", "bfloat16", "float16"),
+        (("float16", 1e-2, 2e-3),),
+        inplace=True,
+    ),
     "gelu_and_mul_sparse": OpInfo(
-        "gelu_and_mul_sparse", "Gaussian sparsification, GELU, and gated multiplication.",
+        "gelu_and_mul_sparse",
+        "Gaussian sparsification, GELU, and gated multiplication.",
         "(x: Tensor, std_multiplier: float, approximate: str = 'none') -> Tensor",
-        ("float32", "bfloat16"), width_factor=2),
+        ("float32", "bfloat16"),
+        width_factor=2,
+    ),
 }
 
 
@@ -86,24 +96,67 @@ class Provider:
 
 
 PROVIDERS: tuple[Provider, ...] = (
-    Provider("agentsearch_cpu", "rms_norm", "cpu", "cpu_norms.py", "rms_norm",
-             "current_platform.is_cpu()", "rms_norm_supports",
-             summary="torch's fused rms_norm kernel (one pass, float32 accumulation) instead of the native 6-op chain"),
-    Provider("agentsearch_cpu", "fused_add_rms_norm", "cpu", "cpu_norms.py", "fused_add_rms_norm",
-             "current_platform.is_cpu()", "fused_add_rms_norm_supports",
-             summary="one add and torch's fused rms_norm kernel"),
-    Provider("agentsearch_cpu_c", "rms_norm", "cpu", "cpu_c_norms.py", "rms_norm",
-             "current_platform.is_cpu()", "rms_norm_supports",
-             summary="vLLM's own compiled CPU kernel (torch.ops._C.rms_norm), registered only for GPUs by the fork"),
-    Provider("agentsearch_cpu_c", "fused_add_rms_norm", "cpu", "cpu_c_norms.py", "fused_add_rms_norm",
-             "current_platform.is_cpu()", "fused_add_rms_norm_supports", inplace=True,
-             summary="vLLM's own compiled CPU kernel (torch.ops._C.fused_add_rms_norm), in place"),
-    Provider("agentsearch_triton", "rms_norm", "triton", "triton_norms.py", "rms_norm",
-             "current_platform.is_cuda_alike()", "rms_norm_supports",
-             summary="one Triton program per row, float32 accumulation, masked tail"),
-    Provider("agentsearch_triton", "fused_add_rms_norm", "triton", "triton_norms.py", "fused_add_rms_norm",
-             "current_platform.is_cuda_alike()", "fused_add_rms_norm_supports",
-             summary="add, residual store and RMS norm in one Triton program per row"),
+    Provider(
+        "agentsearch_cpu",
+        "rms_norm",
+        "cpu",
+        "cpu_norms.py",
+        "rms_norm",
+        "current_platform.is_cpu()",
+        "rms_norm_supports",
+        summary="torch's fused rms_norm kernel (one pass, float32 accumulation) instead of the native 6-op chain",
+    ),
+    Provider(
+        "agentsearch_cpu",
+        "fused_add_rms_norm",
+        "cpu",
+        "cpu_norms.py",
+        "fused_add_rms_norm",
+        "current_platform.is_cpu()",
+        "fused_add_rms_norm_supports",
+        summary="one add and torch's fused rms_norm kernel",
+    ),
+    Provider(
+        "agentsearch_cpu_c",
+        "rms_norm",
+        "cpu",
+        "cpu_c_norms.py",
+        "rms_norm",
+        "current_platform.is_cpu()",
+        "rms_norm_supports",
+        summary="vLLM's own compiled CPU kernel (torch.ops._C.rms_norm), registered only for GPUs by the fork",
+    ),
+    Provider(
+        "agentsearch_cpu_c",
+        "fused_add_rms_norm",
+        "cpu",
+        "cpu_c_norms.py",
+        "fused_add_rms_norm",
+        "current_platform.is_cpu()",
+        "fused_add_rms_norm_supports",
+        inplace=True,
+        summary="vLLM's own compiled CPU kernel (torch.ops._C.fused_add_rms_norm), in place",
+    ),
+    Provider(
+        "agentsearch_triton",
+        "rms_norm",
+        "triton",
+        "triton_norms.py",
+        "rms_norm",
+        "current_platform.is_cuda_alike()",
+        "rms_norm_supports",
+        summary="one Triton program per row, float32 accumulation, masked tail",
+    ),
+    Provider(
+        "agentsearch_triton",
+        "fused_add_rms_norm",
+        "triton",
+        "triton_norms.py",
+        "fused_add_rms_norm",
+        "current_platform.is_cuda_alike()",
+        "fused_add_rms_norm_supports",
+        summary="add, residual store and RMS norm in one Triton program per row",
+    ),
 )
 
 
@@ -123,12 +176,20 @@ def providers(op: str | None = None, kind: str | None = None) -> list[Provider]:
 def zipf_tokens(rng: random.Random, n: int, a: float = 1.2, top: int = 2048) -> list[int]:
     """Token counts of ``n`` batches: Zipf-distributed (most batches are small decode steps, a few
     are large prefills), capped at ``top``."""
-    weights = [1.0 / (k ** a) for k in range(1, top + 1)]
+    weights = [1.0 / (k**a) for k in range(1, top + 1)]
     return rng.choices(range(1, top + 1), weights=weights, k=n)
 
 
-def cases(op: str, hidden: int, seed: int, *, n_zipf: int = 6, dtypes: tuple[str, ...] | None = None,
-          max_tokens: int = 512, small: bool = False) -> list[dict[str, Any]]:
+def cases(
+    op: str,
+    hidden: int,
+    seed: int,
+    *,
+    n_zipf: int = 6,
+    dtypes: tuple[str, ...] | None = None,
+    max_tokens: int = 512,
+    small: bool = False,
+) -> list[dict[str, Any]]:
     """The input cases for ``op`` at the model's ``hidden`` size: every dtype of the op, Zipf token
     counts, odd hidden sizes, a non-contiguous input, small-magnitude rows (where epsilon matters), a
     ``variance_size`` case (rms ops). ``small``
@@ -141,9 +202,21 @@ def cases(op: str, hidden: int, seed: int, *, n_zipf: int = 6, dtypes: tuple[str
     tokens = [1, *zipf_tokens(rng, n_zipf, top=top), top]
     out: list[dict[str, Any]] = []
 
-    def add(t: int, h: int, dtype: str, contiguous: bool = True, variance_size: int | None = None, scale: float = 1.0) -> None:
-        out.append({"op": op, "tokens": int(t), "hidden": int(h), "dtype": dtype, "contiguous": contiguous,
-                    "variance_size": variance_size, "scale": scale, "seed": rng.randrange(1 << 62)})
+    def add(
+        t: int, h: int, dtype: str, contiguous: bool = True, variance_size: int | None = None, scale: float = 1.0
+    ) -> None:
+        out.append(
+            {
+                "op": op,
+                "tokens": int(t),
+                "hidden": int(h),
+                "dtype": dtype,
+                "contiguous": contiguous,
+                "variance_size": variance_size,
+                "scale": scale,
+                "seed": rng.randrange(1 << 62),
+            }
+        )
 
     for dtype in dtypes or info.dtypes:
         for t in tokens:
@@ -157,12 +230,24 @@ def cases(op: str, hidden: int, seed: int, *, n_zipf: int = 6, dtypes: tuple[str
     return out
 
 
-def bench_cases(op: str, hidden: int, seed: int, dtype: str = "float32", calls: int = 64, max_tokens: int = 256) -> list[dict[str, Any]]:
+def bench_cases(
+    op: str, hidden: int, seed: int, dtype: str = "float32", calls: int = 64, max_tokens: int = 256
+) -> list[dict[str, Any]]:
     """The timed mix: ``calls`` calls at the model's hidden size and serving dtype, token counts from
     the Zipf distribution; every call gets its own fresh random inputs (its own data seed)."""
     rng = random.Random(seed)
-    return [{"op": op, "tokens": t, "hidden": hidden, "dtype": dtype, "contiguous": True, "variance_size": None,
-             "seed": rng.randrange(1 << 62)} for t in zipf_tokens(rng, calls, top=max_tokens)]
+    return [
+        {
+            "op": op,
+            "tokens": t,
+            "hidden": hidden,
+            "dtype": dtype,
+            "contiguous": True,
+            "variance_size": None,
+            "seed": rng.randrange(1 << 62),
+        }
+        for t in zipf_tokens(rng, calls, top=max_tokens)
+    ]
 
 
 def hidden_size(model_dir: str | None, default: int = 128) -> int:

@@ -27,12 +27,14 @@ def module_text(p: Provider) -> str:
     src = src.replace("import triton\nimport triton.language as tl\n", "from vllm.triton_utils import tl, triton\n")
     supports = f", supports_args={p.supports_args}" if p.supports_args else ""
     inplace = ", inplace=True" if p.inplace else ""
-    return (f"# Added by `agentsearch kernels propose {p.op} --impl {p.name}` from agentsearch's kernel library\n"
-            f"# (kernels/library/{p.module}).\n{src}\n\n"
-            "# ---- registration with the fork's IR op registry\n"
-            "from vllm import ir  # noqa: E402\n"
-            "from vllm.platforms import current_platform  # noqa: E402\n\n"
-            f"ir.ops.{p.op}.register_impl(\n    \"{p.name}\", supported={p.supported}{supports}{inplace}\n)({p.function})\n")
+    return (
+        f"# Added by `agentsearch kernels propose {p.op} --impl {p.name}` from agentsearch's kernel library\n"
+        f"# (kernels/library/{p.module}).\n{src}\n\n"
+        "# ---- registration with the fork's IR op registry\n"
+        "from vllm import ir  # noqa: E402\n"
+        "from vllm.platforms import current_platform  # noqa: E402\n\n"
+        f"ir.ops.{p.op}.register_impl(\n    \"{p.name}\", supported={p.supported}{supports}{inplace}\n)({p.function})\n"
+    )
 
 
 def kernels_init(text: str, p: Provider) -> str:

@@ -8,7 +8,8 @@ side's sandbox and the checker outside it build the same tensors.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -31,8 +32,9 @@ def ref_rms_norm(x: Tensor, weight: Tensor | None, epsilon: float, variance_size
     return x.to(orig_dtype)
 
 
-def ref_fused_add_rms_norm(x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float,
-                           variance_size: int | None = None) -> tuple[Tensor, Tensor]:
+def ref_fused_add_rms_norm(
+    x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None
+) -> tuple[Tensor, Tensor]:
     orig_dtype = x.dtype
     x = x.to(torch.float32)
     x = x + x_residual.to(torch.float32)
@@ -55,16 +57,20 @@ def ref_gelu_and_mul_sparse(x: Tensor, std_multiplier: float, approximate: str =
 
 
 REFERENCES: dict[str, Callable[..., Any]] = {
-    "rms_norm": ref_rms_norm, "fused_add_rms_norm": ref_fused_add_rms_norm, "gelu_and_mul_sparse": ref_gelu_and_mul_sparse,
+    "rms_norm": ref_rms_norm,
+    "fused_add_rms_norm": ref_fused_add_rms_norm,
+    "gelu_and_mul_sparse": ref_gelu_and_mul_sparse,
 }
 
 
-def _randn(gen: torch.Generator, shape: Sequence[int], dtype: torch.dtype, contiguous: bool, device: str, scale: float = 1.0) -> Tensor:
+def _randn(
+    gen: torch.Generator, shape: Sequence[int], dtype: torch.dtype, contiguous: bool, device: str, scale: float = 1.0
+) -> Tensor:
     if contiguous:
         return (scale * torch.randn(*shape, generator=gen, dtype=torch.float32)).to(dtype).to(device)
     # a strided view: every row of a wider buffer (what a q/k split hands a norm)
     wide = (scale * torch.randn(shape[0], shape[-1] + 8, generator=gen, dtype=torch.float32)).to(dtype).to(device)
-    return wide[:, 4:4 + shape[-1]]
+    return wide[:, 4 : 4 + shape[-1]]
 
 
 def make_inputs(case: dict[str, Any], device: str = "cpu") -> tuple[Any, ...]:
@@ -124,8 +130,10 @@ def compare(case: dict[str, Any], got: Sequence[Tensor], want: Sequence[Tensor])
         bad = (g32 - w32).abs() > tol["atol"] + tol["rtol"] * w32.abs()
         if bool(bad.any()):
             worst = float((g32 - w32).abs().max())
-            return (f"output {i}: {int(bad.sum())} of {bad.numel()} elements outside atol {tol['atol']:g} / rtol {tol['rtol']:g}"
-                    f" (max abs error {worst:.3g})")
+            return (
+                f"output {i}: {int(bad.sum())} of {bad.numel()} elements outside atol {tol['atol']:g} / rtol {tol['rtol']:g}"
+                f" (max abs error {worst:.3g})"
+            )
     return ""
 
 
@@ -184,8 +192,13 @@ def check_fn(fn: Callable[..., Any], cases: Sequence[dict[str, Any]], device: st
     return failures
 
 
-def check_impl(fn: Callable[..., Any], supports: Callable[..., bool] | None, cases: Sequence[dict[str, Any]],
-               inplace: bool = False, device: str = "cpu") -> tuple[int, list[str]]:
+def check_impl(
+    fn: Callable[..., Any],
+    supports: Callable[..., bool] | None,
+    cases: Sequence[dict[str, Any]],
+    inplace: bool = False,
+    device: str = "cpu",
+) -> tuple[int, list[str]]:
     """(cases covered, failures) of a library implementation on ``cases``, dispatched as the fork does:
     a case its ``supports`` refuses goes to the next provider (not this one's to get right); an in-place
     implementation gets copies of the activations (what the fork's functional path passes)."""

@@ -46,8 +46,17 @@ def _arrays(prefix: str, tensors: list, store: dict) -> None:
             store[f"{prefix}_{j}"] = t.detach().to("cpu", torch.float32, copy=True).contiguous().numpy()
 
 
-def _timed(a: argparse.Namespace, op, inputs: list, warm: list, per_round: int, rounds: int, device: str, used: dict,
-           store: dict) -> dict | None:
+def _timed(
+    a: argparse.Namespace,
+    op,
+    inputs: list,
+    warm: list,
+    per_round: int,
+    rounds: int,
+    device: str,
+    used: dict,
+    store: dict,
+) -> dict | None:
     """The timed rounds, each on the orchestrator's ``go`` (stdin) and answered ``done`` on ``--fd``; the
     metrics (None: the orchestrator stopped asking)."""
     cuda = device.startswith("cuda")
@@ -62,7 +71,7 @@ def _timed(a: argparse.Namespace, op, inputs: list, warm: list, per_round: int, 
 
     send({"event": "ready"})
     for r in range(rounds):
-        batch = inputs[r * per_round:(r + 1) * per_round]
+        batch = inputs[r * per_round : (r + 1) * per_round]
         for args in batch:
             provider = op.dispatch(*args).provider
             used[provider] = used.get(provider, 0) + 1
@@ -116,7 +125,12 @@ def main() -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--warmup", type=int, default=8)
-    ap.add_argument("--rounds", type=int, default=5, help="time: rounds of the mix (each on its own fresh inputs); the median counts")
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=5,
+        help="time: rounds of the mix (each on its own fresh inputs); the median counts",
+    )
     ap.add_argument("--fd", type=int, default=-1, help="time: the orchestrator's result pipe")
     a = ap.parse_args()
     with open(a.cases) as f:
@@ -128,7 +142,11 @@ def main() -> int:
 
     # build every input before the side's code is imported: it cannot see or prepare them
     rounds = a.rounds if a.mode == "time" else 1
-    inputs = [specs.make_inputs(c if r == 0 else {**c, "seed": _round_seed(c["seed"], r)}, device) for r in range(rounds) for c in cases]
+    inputs = [
+        specs.make_inputs(c if r == 0 else {**c, "seed": _round_seed(c["seed"], r)}, device)
+        for r in range(rounds)
+        for c in cases
+    ]
     warm = [specs.make_inputs({**c, "seed": c["seed"] ^ 0x5A5A5A5A}, device) for c in cases[: a.warmup]]
 
     from vllm import ir  # noqa: E402  (the side's vLLM)
@@ -138,7 +156,10 @@ def main() -> int:
     op = getattr(ir.ops, a.op)
     unknown = [p for p in priority if p not in op.impls]
     if unknown:
-        print(f"provider {', '.join(unknown)} of {a.op} is not registered in this side (it has {', '.join(op.impls)})", file=sys.stderr)
+        print(
+            f"provider {', '.join(unknown)} of {a.op} is not registered in this side (it has {', '.join(op.impls)})",
+            file=sys.stderr,
+        )
         return 3
     store: dict = {}
     used: dict[str, int] = {}

@@ -16,14 +16,18 @@ ROOT = Path(__file__).resolve().parents[1]
 # the tiny model is built once per checkout and shared by all tests (git-ignored)
 os.environ.setdefault("AGENTSEARCH_CACHE", str(ROOT / ".cache"))
 GIT_ENV = {
-    "GIT_AUTHOR_NAME": "Test", "GIT_AUTHOR_EMAIL": "test@example.com",
-    "GIT_COMMITTER_NAME": "Test", "GIT_COMMITTER_EMAIL": "test@example.com",
+    "GIT_AUTHOR_NAME": "Test",
+    "GIT_AUTHOR_EMAIL": "test@example.com",
+    "GIT_COMMITTER_NAME": "Test",
+    "GIT_COMMITTER_EMAIL": "test@example.com",
 }
 
 
 def git(repo: Path, *args: str) -> str:
     env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")} | GIT_ENV
-    proc = subprocess.run(["git", "-c", "commit.gpgsign=false", *args], cwd=repo, env=env, capture_output=True, text=True)
+    proc = subprocess.run(
+        ["git", "-c", "commit.gpgsign=false", *args], cwd=repo, env=env, capture_output=True, text=True
+    )
     assert proc.returncode == 0, f"git {args} failed: {proc.stderr}"
     return proc.stdout
 
@@ -35,11 +39,13 @@ def write(repo: Path, files: dict[str, str]) -> None:
         p.write_text(textwrap.dedent(text))
 
 
-def commit(repo: Path, files: dict[str, str] | None = None, msg: str = "change", branch: str | None = None, start: str = "main") -> str:
+def commit(
+    repo: Path, files: dict[str, str] | None = None, msg: str = "change", branch: str | None = None, start: str = "main"
+) -> str:
     """Commit ``files`` on ``branch`` (created from ``start`` if new); returns the sha."""
     if branch:
         existing = git(repo, "branch", "--list", branch).strip()
-        git(repo, "checkout", "-q", branch if existing else "-b", *( [] if existing else [branch, start]))
+        git(repo, "checkout", "-q", branch if existing else "-b", *([] if existing else [branch, start]))
     if files:
         write(repo, files)
     git(repo, "add", "-A")
@@ -60,9 +66,18 @@ def make_repo(path: Path, files: dict[str, str]) -> Path:
 # A toy command target (benchmarks/toy.py, shared with the benchmarks): the bench reads a speed factor (and
 # failure modes) from the worktree and adds real random noise. Protected: bench/** and agentsearch.toml.
 
+
 @pytest.fixture
 def toy_target(tmp_path: Path) -> Path:
-    return make_repo(tmp_path / "toy", {"agentsearch.toml": toy_config(), "bench/bench.py": TOY_BENCH, "speed.txt": "1.0\n", "src/model.py": "X = 1\n"})
+    return make_repo(
+        tmp_path / "toy",
+        {
+            "agentsearch.toml": toy_config(),
+            "bench/bench.py": TOY_BENCH,
+            "speed.txt": "1.0\n",
+            "src/model.py": "X = 1\n",
+        },
+    )
 
 
 @pytest.fixture(autouse=True)
@@ -79,7 +94,13 @@ def _isolate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 def run_cli(*args: str, cwd: Path | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
     """Run the real console entry point in a child process."""
-    return subprocess.run([sys.executable, "-m", "agentsearch.cli", *args], cwd=cwd or ROOT, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "agentsearch.cli", *args],
+        cwd=cwd or ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 # the slowest modules first: with `pytest -n 2 --dist loadfile --no-loadscope-reorder` (what .ci/run does)
@@ -88,9 +109,22 @@ def run_cli(*args: str, cwd: Path | None = None, timeout: float = 600) -> subpro
 # module here starts at once on the other worker, so it is never queued behind the engine module's tail.
 # Without --no-loadscope-reorder xdist (3.x) ignores this order and queues modules by their number of
 # tests, most first: the engine modules (few, long tests) then ran last and made CI 10 minutes longer.
-SLOW_FIRST = ("test_vllm_integration.py", "test_vllm_distribution.py", "test_vllm_serving.py", "test_vllm_reference.py", "test_workbench_vllm.py", "test_ray_executor.py", "test_engine_placement.py", "test_kernel_cheats.py", "test_models.py",
-              "test_report.py", "test_engine_cheats.py", "test_round2.py",
-              "test_escapes.py", "test_kernels.py")
+SLOW_FIRST = (
+    "test_vllm_integration.py",
+    "test_vllm_distribution.py",
+    "test_vllm_serving.py",
+    "test_vllm_reference.py",
+    "test_workbench_vllm.py",
+    "test_ray_executor.py",
+    "test_engine_placement.py",
+    "test_kernel_cheats.py",
+    "test_models.py",
+    "test_report.py",
+    "test_engine_cheats.py",
+    "test_round2.py",
+    "test_escapes.py",
+    "test_kernels.py",
+)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

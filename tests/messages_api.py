@@ -73,15 +73,16 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
-import re
 import os
+import re
 import sys
 import threading
 import uuid
 import zlib
+from collections.abc import Mapping, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 from urllib.parse import urlsplit
 
 INPUT_TOKENS = 1000
@@ -93,9 +94,19 @@ EXHAUSTED_TEXT = "(script exhausted)"
 
 # Inherited variables that would send the CLI elsewhere than ANTHROPIC_BASE_URL or with other
 # credentials (the SDK merges options.env over os.environ, so they are blanked, not dropped).
-_BLANKED = ("ANTHROPIC_AUTH_TOKEN", "CLAUDE_CODE_OAUTH_TOKEN", "ANTHROPIC_UNIX_SOCKET", "ANTHROPIC_CUSTOM_HEADERS",
-            "CLAUDE_CODE_USE_BEDROCK", "CLAUDE_CODE_USE_VERTEX", "CLAUDE_CODE_USE_FOUNDRY", "CLAUDE_CODE_USE_GATEWAY",
-            "CLAUDE_CODE_USE_MANTLE", "CLAUDE_CODE_USE_ANTHROPIC_AWS", "CLAUDE_CODE_USE_ANTHROPIC_GOOGLE_CLOUD")
+_BLANKED = (
+    "ANTHROPIC_AUTH_TOKEN",
+    "CLAUDE_CODE_OAUTH_TOKEN",
+    "ANTHROPIC_UNIX_SOCKET",
+    "ANTHROPIC_CUSTOM_HEADERS",
+    "CLAUDE_CODE_USE_BEDROCK",
+    "CLAUDE_CODE_USE_VERTEX",
+    "CLAUDE_CODE_USE_FOUNDRY",
+    "CLAUDE_CODE_USE_GATEWAY",
+    "CLAUDE_CODE_USE_MANTLE",
+    "CLAUDE_CODE_USE_ANTHROPIC_AWS",
+    "CLAUDE_CODE_USE_ANTHROPIC_GOOGLE_CLOUD",
+)
 
 
 def cli_env(api_url: str, home: Path, *, trap_outbound: bool = True) -> dict[str, str]:
@@ -107,17 +118,19 @@ def cli_env(api_url: str, home: Path, *, trap_outbound: bool = True) -> dict[str
     home = Path(home)
     (home / ".claude").mkdir(parents=True, exist_ok=True)
     env = {k: "" for k in _BLANKED}
-    env.update({
-        "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
-        "HOME": str(home),
-        "CLAUDE_CONFIG_DIR": str(home / ".claude"),
-        "ANTHROPIC_BASE_URL": api_url,
-        "ANTHROPIC_API_KEY": "sk-ant-api03-scripted-test-key",
-        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",  # the one that matters: no title requests, telemetry, /api/hello
-        "DISABLE_AUTOUPDATER": "1",
-        "DISABLE_TELEMETRY": "1",
-        "DISABLE_ERROR_REPORTING": "1",
-    })
+    env.update(
+        {
+            "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
+            "HOME": str(home),
+            "CLAUDE_CONFIG_DIR": str(home / ".claude"),
+            "ANTHROPIC_BASE_URL": api_url,
+            "ANTHROPIC_API_KEY": "sk-ant-api03-scripted-test-key",
+            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",  # the one that matters: no title requests, telemetry, /api/hello
+            "DISABLE_AUTOUPDATER": "1",
+            "DISABLE_TELEMETRY": "1",
+            "DISABLE_ERROR_REPORTING": "1",
+        }
+    )
     if trap_outbound:
         for k in ("HTTPS_PROXY", "HTTP_PROXY", "https_proxy", "http_proxy"):
             env[k] = api_url
@@ -186,8 +199,13 @@ def _fill(schema: Any) -> Any:
 class ScriptedMessagesAPI:
     """The scripted server; see the module docstring."""
 
-    def __init__(self, script: Sequence[Sequence[dict[str, Any]]] | Mapping[str, Sequence[dict[str, Any]]], *,
-                 input_tokens: int = INPUT_TOKENS, output_tokens: int = OUTPUT_TOKENS):
+    def __init__(
+        self,
+        script: Sequence[Sequence[dict[str, Any]]] | Mapping[str, Sequence[dict[str, Any]]],
+        *,
+        input_tokens: int = INPUT_TOKENS,
+        output_tokens: int = OUTPUT_TOKENS,
+    ):
         self.script = script
         self.input_tokens = input_tokens
         self.output_tokens = output_tokens
@@ -200,11 +218,12 @@ class ScriptedMessagesAPI:
         self._thread: threading.Thread | None = None
 
     # ---- lifecycle
-    def __enter__(self) -> "ScriptedMessagesAPI":
+    def __enter__(self) -> ScriptedMessagesAPI:
         handler = type("Handler", (_Handler,), {"api": self})
         self._server = _Server(("127.0.0.1", 0), handler)
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
-                                        name="scripted-messages-api", daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, name="scripted-messages-api", daemon=True
+        )
         self._thread.start()
         return self
 
@@ -244,8 +263,11 @@ class ScriptedMessagesAPI:
                     continue
                 for b in m["content"]:
                     if isinstance(b, dict) and b.get("type") == "tool_result" and b.get("tool_use_id") not in seen:
-                        seen[b["tool_use_id"]] = {"tool_use_id": b["tool_use_id"], "content": _text_of(b.get("content", "")),
-                                                  "is_error": bool(b.get("is_error", False))}
+                        seen[b["tool_use_id"]] = {
+                            "tool_use_id": b["tool_use_id"],
+                            "content": _text_of(b.get("content", "")),
+                            "is_error": bool(b.get("is_error", False)),
+                        }
         return list(seen.values())
 
     # ---- answering
@@ -272,9 +294,18 @@ class ScriptedMessagesAPI:
                 keys.append(key)
             session = keys.index(key) if key in keys else None
             main = side is None and session is not None
-            rec: dict[str, Any] = {"method": method, "path": path, "model": body.get("model"), "main": main, "side": side,
-                                   "session": session, "step": step if main else None, "stream": bool(body.get("stream")),
-                                   "headers": headers, "body": body}
+            rec: dict[str, Any] = {
+                "method": method,
+                "path": path,
+                "model": body.get("model"),
+                "main": main,
+                "side": side,
+                "session": session,
+                "step": step if main else None,
+                "stream": bool(body.get("stream")),
+                "headers": headers,
+                "body": body,
+            }
             self.requests.append(rec)
             steps = self.sessions[session]["steps"] if main and session is not None else []
         content: list[dict[str, Any]] = []
@@ -290,24 +321,50 @@ class ScriptedMessagesAPI:
                 content.append({"type": "text", "text": st["text"]})
             uses = st.get("tools") or ([{"tool": st["tool"], "input": st.get("input", {})}] if "tool" in st else [])
             for u in uses:
-                content.append({"type": "tool_use", "id": self._next_id("toolu"), "name": u["tool"], "input": u.get("input", {})})
+                content.append(
+                    {"type": "tool_use", "id": self._next_id("toolu"), "name": u["tool"], "input": u.get("input", {})}
+                )
             usage = {"input_tokens": self.input_tokens, "output_tokens": self.output_tokens}
             stop = "tool_use" if uses else "end_turn"
-        msg = {"id": self._next_id("msg"), "type": "message", "role": "assistant", "model": body.get("model") or "claude-scripted",
-               "content": content, "stop_reason": stop, "stop_sequence": None,
-               "usage": {"input_tokens": usage["input_tokens"], "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0,
-                         "output_tokens": usage["output_tokens"], "service_tier": "standard"}}
+        msg = {
+            "id": self._next_id("msg"),
+            "type": "message",
+            "role": "assistant",
+            "model": body.get("model") or "claude-scripted",
+            "content": content,
+            "stop_reason": stop,
+            "stop_sequence": None,
+            "usage": {
+                "input_tokens": usage["input_tokens"],
+                "cache_creation_input_tokens": 0,
+                "cache_read_input_tokens": 0,
+                "output_tokens": usage["output_tokens"],
+                "service_tier": "standard",
+            },
+        }
         rec["response"] = msg
         return msg
 
-    def record_other(self, method: str, path: str, headers: dict[str, str], raw: bytes, status: int, outbound: bool = False) -> None:
+    def record_other(
+        self, method: str, path: str, headers: dict[str, str], raw: bytes, status: int, outbound: bool = False
+    ) -> None:
         try:
             body: Any = json.loads(raw) if raw else None
         except ValueError:
             body = raw[:2000].decode(errors="replace")
-        rec = {"method": method, "path": path, "model": body.get("model") if isinstance(body, dict) else None, "main": False,
-               "side": "outbound" if outbound else "other", "session": None, "step": None, "stream": False,
-               "headers": headers, "body": body, "status": status}
+        rec = {
+            "method": method,
+            "path": path,
+            "model": body.get("model") if isinstance(body, dict) else None,
+            "main": False,
+            "side": "outbound" if outbound else "other",
+            "session": None,
+            "step": None,
+            "stream": False,
+            "headers": headers,
+            "body": body,
+            "status": status,
+        }
         with self._lock:
             self.requests.append(rec)
             if outbound:
@@ -318,23 +375,64 @@ def sse_events(msg: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     """The server-sent events the Messages API streams for ``msg``, in order."""
     usage = msg["usage"]
     start = dict(msg, content=[], stop_reason=None, stop_sequence=None, usage=dict(usage, output_tokens=1))
-    ev: list[tuple[str, dict[str, Any]]] = [("message_start", {"type": "message_start", "message": start}), ("ping", {"type": "ping"})]
+    ev: list[tuple[str, dict[str, Any]]] = [
+        ("message_start", {"type": "message_start", "message": start}),
+        ("ping", {"type": "ping"}),
+    ]
     for i, b in enumerate(msg["content"]):
         if b["type"] == "text":
-            ev.append(("content_block_start", {"type": "content_block_start", "index": i, "content_block": {"type": "text", "text": ""}}))
+            ev.append(
+                (
+                    "content_block_start",
+                    {"type": "content_block_start", "index": i, "content_block": {"type": "text", "text": ""}},
+                )
+            )
             t = b["text"]
             for j in range(0, len(t), 16):
-                ev.append(("content_block_delta", {"type": "content_block_delta", "index": i, "delta": {"type": "text_delta", "text": t[j:j + 16]}}))
+                ev.append(
+                    (
+                        "content_block_delta",
+                        {
+                            "type": "content_block_delta",
+                            "index": i,
+                            "delta": {"type": "text_delta", "text": t[j : j + 16]},
+                        },
+                    )
+                )
         else:
-            ev.append(("content_block_start", {"type": "content_block_start", "index": i,
-                                               "content_block": {"type": "tool_use", "id": b["id"], "name": b["name"], "input": {}}}))
+            ev.append(
+                (
+                    "content_block_start",
+                    {
+                        "type": "content_block_start",
+                        "index": i,
+                        "content_block": {"type": "tool_use", "id": b["id"], "name": b["name"], "input": {}},
+                    },
+                )
+            )
             js = json.dumps(b["input"])
             for j in range(0, len(js), 12):
-                ev.append(("content_block_delta", {"type": "content_block_delta", "index": i,
-                                                   "delta": {"type": "input_json_delta", "partial_json": js[j:j + 12]}}))
+                ev.append(
+                    (
+                        "content_block_delta",
+                        {
+                            "type": "content_block_delta",
+                            "index": i,
+                            "delta": {"type": "input_json_delta", "partial_json": js[j : j + 12]},
+                        },
+                    )
+                )
         ev.append(("content_block_stop", {"type": "content_block_stop", "index": i}))
-    ev.append(("message_delta", {"type": "message_delta", "delta": {"stop_reason": msg["stop_reason"], "stop_sequence": None},
-                                 "usage": {k: v for k, v in usage.items() if k != "service_tier"}}))
+    ev.append(
+        (
+            "message_delta",
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": msg["stop_reason"], "stop_sequence": None},
+                "usage": {k: v for k, v in usage.items() if k != "service_tier"},
+            },
+        )
+    )
     ev.append(("message_stop", {"type": "message_stop"}))
     return ev
 
@@ -357,7 +455,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _read_body(self) -> bytes:
         if self.headers.get("transfer-encoding", "").lower() == "chunked":
             data = b""
-            while (n := int(self.rfile.readline().strip().split(b";")[0] or b"0", 16)):
+            while n := int(self.rfile.readline().strip().split(b";")[0] or b"0", 16):
                 data += self.rfile.read(n)
                 self.rfile.readline()
             while self.rfile.readline().strip():  # trailers

@@ -36,10 +36,14 @@ class Handler(BaseHTTPRequestHandler):
         n = int(body["max_tokens"])
         text = f"answer to {body['prompt'][:3]} " * 40
         step = len(text) // n
-        parts = [text[i * step:(i + 1) * step] for i in range(n - 1)] + [text[(n - 1) * step:]]
+        parts = [text[i * step : (i + 1) * step] for i in range(n - 1)] + [text[(n - 1) * step :]]
         for part in parts:
             self.wfile.write(b"data: " + json.dumps({"choices": [{"text": part}]}).encode() + b"\n\n")
-        self.wfile.write(b"data: " + json.dumps({"choices": [], "usage": {"completion_tokens": n}}).encode() + b"\n\ndata: [DONE]\n\n")
+        self.wfile.write(
+            b"data: "
+            + json.dumps({"choices": [], "usage": {"completion_tokens": n}}).encode()
+            + b"\n\ndata: [DONE]\n\n"
+        )
 
 
 @pytest.fixture(scope="module")
@@ -54,8 +58,14 @@ def url():
 def plan(first_token: int | None = None, prompts: int = 4):
     load = serving_load.plan({"prompts": prompts, "input_len": 8, "output_len": 8}, 1, 1000)
     if first_token is not None:
-        load = serving_load.LoadPlan(tuple((first_token, *p[1:]) for p in load.prompts), load.output_lens, load.arrivals,
-                                     load.max_concurrency, load.warmup, load.rate)
+        load = serving_load.LoadPlan(
+            tuple((first_token, *p[1:]) for p in load.prompts),
+            load.output_lens,
+            load.arrivals,
+            load.max_concurrency,
+            load.warmup,
+            load.rate,
+        )
     return load
 
 
@@ -69,7 +79,7 @@ def test_one_generator_serves_many_trials_and_survives_a_failed_run(url, tmp_pat
         assert not why and len(timings) == 4 and outputs is not None
         # the texts cross as one hash per 16 characters (at most 64 of them, then one of the whole text)
         text = f"answer to {list(load.prompts[0][:3])} " * 40
-        assert list(outputs[0]) == [zlib.crc32(text[i:i + 16].encode()) for i in range(0, len(text), 16)]
+        assert list(outputs[0]) == [zlib.crc32(text[i : i + 16].encode()) for i in range(0, len(text), 16)]
         failed = c.run(plan(first_token=7).command(url, "m"))  # every request refused: rows that say so
         assert not any(r["ok"] for r in failed["requests"]) and "HTTP 503" in failed["requests"][0]["error"]
         assert "4 of 4 requests failed: HTTP 503" in served_requests(failed, plan(first_token=7))[2]
@@ -96,7 +106,11 @@ def test_a_hung_run_times_out_at_the_trials_limit(url, tmp_path):
         pid = c.proc.pid if c.proc else None
     finally:
         c.close()
-    assert pid is not None and not Path(f"/proc/{pid}/cmdline").exists() or b"bench_client" not in Path(f"/proc/{pid}/cmdline").read_bytes()
+    assert (
+        pid is not None
+        and not Path(f"/proc/{pid}/cmdline").exists()
+        or b"bench_client" not in Path(f"/proc/{pid}/cmdline").read_bytes()
+    )
 
 
 def test_outputs_that_differ_fail_the_outputs_check():

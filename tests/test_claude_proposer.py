@@ -26,7 +26,9 @@ WIN = [  # a real win, checked on the workbench first
     {"tool": WB + "measure", "input": {"pairs": 4}},
     {"tool": WB + "kernels_bench", "input": {"op": "rms_norm", "provider": "mine"}},
     {"tool": WB + "changes", "input": {}},
-    {"text": 'Raised the engine speed factor.\n{"title": "Raise the speed factor", "rationale": "fewer steps per op", "category": "config"}'},
+    {
+        "text": 'Raised the engine speed factor.\n{"title": "Raise the speed factor", "rationale": "fewer steps per op", "category": "config"}'
+    },
 ]
 BROKEN_THEN_FIXED = [  # a broken change the workbench catches, then a working one
     {"tool": WB + "write", "input": {"path": "src/model.py", "content": "X = (\n"}},
@@ -39,22 +41,36 @@ IDLE = [
     {"tool": WB + "ls", "input": {"path": "src"}},
     {"text": '{"title": "Nothing to do", "rationale": "no opportunity found", "category": "other"}'},
 ]
-LESSONS = [{"text": "Lessons:\n- Raising the speed factor was a clear win.\n- Editing the benchmark is refused; do not try."}]
+LESSONS = [
+    {"text": "Lessons:\n- Raising the speed factor was a clear win.\n- Editing the benchmark is refused; do not try."}
+]
 PY_TEST = f"{sys.executable} -m py_compile src/model.py"
 
 
 def claude_target(tmp_path: Path, agent: str = "") -> Path:
     cfg = toy_config(timeout=5, extra=f"\n[agent]\nmax_measure_pairs = 8\n{agent}").replace(
-        'protected = ["bench/**"]', f'protected = ["bench/**"]\ntest = "{PY_TEST}"')
-    repo = make_repo(tmp_path / "toy", {"agentsearch.toml": cfg, "bench/bench.py": TOY_BENCH, "speed.txt": "1.0\n", "src/model.py": "X = 1\n"})
+        'protected = ["bench/**"]', f'protected = ["bench/**"]\ntest = "{PY_TEST}"'
+    )
+    repo = make_repo(
+        tmp_path / "toy",
+        {"agentsearch.toml": cfg, "bench/bench.py": TOY_BENCH, "speed.txt": "1.0\n", "src/model.py": "X = 1\n"},
+    )
     assert run_cli("init", "-C", str(repo)).returncode == 0
     return repo
 
 
-def episode(repo: Path, api: ScriptedMessagesAPI, tmp_path: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+def episode(
+    repo: Path, api: ScriptedMessagesAPI, tmp_path: Path, *args: str, timeout: float = 600
+) -> subprocess.CompletedProcess:
     env = {**os.environ, **cli_env(api.url, tmp_path / "clihome")}
-    return subprocess.run([sys.executable, "-m", "agentsearch.cli", "episode", "-C", str(repo), "--proposer", "claude", *args],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "agentsearch.cli", "episode", "-C", str(repo), "--proposer", "claude", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def sessions(repo: Path) -> dict[str, tuple[dict, AgentSession]]:
@@ -92,8 +108,12 @@ def test_agents_experiment_on_the_workbench_and_the_episode_judges_what_they_mad
 
     assert win_results[0].split("\t")[1].strip() == "1.0"  # read
     assert win_results[2].startswith("PASS")  # test
-    assert win_results[3].startswith("advisory — not the gate: speed speedup +") and "over 4 pairs" in win_results[3]  # measure
-    assert "rms_norm" in win_results[4] or "IR op" in win_results[4] or "not" in win_results[4]  # kernels_bench: no IR ops in a toy
+    assert (
+        win_results[3].startswith("advisory — not the gate: speed speedup +") and "over 4 pairs" in win_results[3]
+    )  # measure
+    assert (
+        "rms_norm" in win_results[4] or "IR op" in win_results[4] or "not" in win_results[4]
+    )  # kernels_bench: no IR ops in a toy
     assert "+1.3" in win_results[5]  # changes
     assert fix_results[1].startswith("FAIL") and "SyntaxError" in fix_results[1] and fix_results[3].startswith("PASS")
 
@@ -101,7 +121,12 @@ def test_agents_experiment_on_the_workbench_and_the_episode_judges_what_they_mad
     meta, s = recorded["Raise the speed factor"]
     assert [c.tool for c in s.calls] == ["read", "edit", "test", "measure", "kernels_bench", "changes"]
     assert s.used("test", "measure", "kernels_bench") and [c.pairs for c in s.calls if c.tool == "measure"] == [4]
-    assert s.tokens_in == 7 * INPUT_TOKENS and s.tokens_out == 7 * OUTPUT_TOKENS and s.cost_usd > 0 and meta["meta"]["cost_usd"] == s.cost_usd
+    assert (
+        s.tokens_in == 7 * INPUT_TOKENS
+        and s.tokens_out == 7 * OUTPUT_TOKENS
+        and s.cost_usd > 0
+        and meta["meta"]["cost_usd"] == s.cost_usd
+    )
     assert s.tool_seconds > 0 and s.session_s >= s.tool_seconds and s.error == ""
     _, s2 = recorded["Tidy the model constant"]
     assert [c.ok for c in s2.calls if c.tool == "test"] == [False, True]
@@ -115,7 +140,9 @@ def test_agents_experiment_on_the_workbench_and_the_episode_judges_what_they_mad
     # what the sessions cost and bought: dollars and machine-seconds per merged percent
     ag = out["agents"]
     assert ag["sessions"] == 3 and ag["calls"]["test"] == 3 and ag["calls"]["measure"] == 1 and ag["merged_pct"] > 20
-    assert ag["usd_per_merged_pct"] == round(ag["cost_usd"] / ag["merged_pct"], 6) and ag["machine_s_per_merged_pct"] > 0
+    assert (
+        ag["usd_per_merged_pct"] == round(ag["cost_usd"] / ag["merged_pct"], 6) and ag["machine_s_per_merged_pct"] > 0
+    )
     assert "## Agent sessions" in md and "per merged percent" in md
     hist = run_cli("history", "-C", str(repo))
     assert hist.returncode == 0 and "agents: 3 sessions" in hist.stdout and "per merged percent" in hist.stdout
@@ -129,16 +156,27 @@ def test_two_agents_at_once_end_in_the_same_verdicts(tmp_path):
     for agents in ("1", "2"):
         repo = claude_target(tmp_path / agents)
         # scripts routed by the session's label in its prompt (sessions 001 and 002), not by arrival order
-        with ScriptedMessagesAPI({"agent session 001-": WIN, "agent session 002-": IDLE, "Below are statistics": LESSONS}) as api:
+        with ScriptedMessagesAPI(
+            {"agent session 001-": WIN, "agent session 002-": IDLE, "Below are statistics": LESSONS}
+        ) as api:
             proc = episode(repo, api, tmp_path / agents, "--budget", "2", "--seed", "5", "--agents", agents, "--json")
         assert proc.returncode == 0, proc.stderr
         out = json.loads(proc.stdout)
         verdicts[agents] = sorted((p["title"], p["verdict"], p["merged"]) for p in out["proposals"])
         assert ("(2 in flight)" in proc.stderr) == (agents == "2")  # the second session started before the first ended
         assert len(sessions(repo)) == 2
-        why = ([(p["title"], p["reasons"]) for p in out["proposals"]], {t: (s.error, [c.tool for c in s.calls]) for t, (_, s) in sessions(repo).items()})
-        assert verdicts[agents] == sorted([("Raise the speed factor", "merge", True), ("Nothing to do", "reject", False)]), (agents, why)
-    assert verdicts["1"] == verdicts["2"] == sorted([("Raise the speed factor", "merge", True), ("Nothing to do", "reject", False)])
+        why = (
+            [(p["title"], p["reasons"]) for p in out["proposals"]],
+            {t: (s.error, [c.tool for c in s.calls]) for t, (_, s) in sessions(repo).items()},
+        )
+        assert verdicts[agents] == sorted(
+            [("Raise the speed factor", "merge", True), ("Nothing to do", "reject", False)]
+        ), (agents, why)
+    assert (
+        verdicts["1"]
+        == verdicts["2"]
+        == sorted([("Raise the speed factor", "merge", True), ("Nothing to do", "reject", False)])
+    )
 
 
 def test_cost_budget_stops_the_episode(tmp_path):
@@ -151,11 +189,19 @@ def test_cost_budget_stops_the_episode(tmp_path):
 
 
 def test_missing_credentials_is_one_line(tmp_path):
-    repo = make_repo(tmp_path / "toy", {"agentsearch.toml": toy_config(timeout=5), "bench/bench.py": TOY_BENCH, "speed.txt": "1.0\n"})
+    repo = make_repo(
+        tmp_path / "toy", {"agentsearch.toml": toy_config(timeout=5), "bench/bench.py": TOY_BENCH, "speed.txt": "1.0\n"}
+    )
     assert run_cli("init", "-C", str(repo)).returncode == 0
     env = {k: v for k, v in os.environ.items() if k not in ("ANTHROPIC_API_KEY", "CLAUDE_CODE_OAUTH_TOKEN")}
-    proc = subprocess.run([sys.executable, "-m", "agentsearch.cli", "episode", "-C", str(repo), "--proposer", "claude"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "agentsearch.cli", "episode", "-C", str(repo), "--proposer", "claude"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2 and "ANTHROPIC_API_KEY" in proc.stderr and proc.stderr.count("\n") == 1
 
 
@@ -198,15 +244,38 @@ def test_a_killed_episode_resumes_with_new_sessions_and_nothing_left_running(tmp
 
     repo = claude_target(tmp_path)
     marker = f"sleep 7{time.time_ns() % 10000:04d}"
-    slow = [{"tool": WB + "edit", "input": {"path": "speed.txt", "old": "1.0", "new": "1.3"}},
-            {"tool": WB + "run", "input": {"command": marker, "timeout_s": 200}}, WIN[-1]]
+    slow = [
+        {"tool": WB + "edit", "input": {"path": "speed.txt", "old": "1.0", "new": "1.3"}},
+        {"tool": WB + "run", "input": {"command": marker, "timeout_s": 200}},
+        WIN[-1],
+    ]
     with ScriptedMessagesAPI([slow]) as api:
         env = {**os.environ, **cli_env(api.url, tmp_path / "clihome")}
-        proc = subprocess.Popen([sys.executable, "-m", "agentsearch.cli", "episode", "-C", str(repo), "--proposer", "claude", "--budget", "1",
-                                 "--json"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "agentsearch.cli",
+                "episode",
+                "-C",
+                str(repo),
+                "--proposer",
+                "claude",
+                "--budget",
+                "1",
+                "--json",
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
         deadline = time.monotonic() + 120
         while subprocess.run(["pgrep", "-f", marker], capture_output=True).returncode != 0:
-            assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read().decode() if proc.poll() is not None else "no run"
+            assert time.monotonic() < deadline and proc.poll() is None, (
+                proc.stderr.read().decode() if proc.poll() is not None else "no run"
+            )
             time.sleep(0.2)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
@@ -218,8 +287,14 @@ def test_a_killed_episode_resumes_with_new_sessions_and_nothing_left_running(tmp
     assert not leftovers, leftovers  # nor the CLI: nothing runs in the workbench any more
     with ScriptedMessagesAPI([WIN, LESSONS]) as api:
         env = {**os.environ, **cli_env(api.url, tmp_path / "clihome")}
-        resumed = subprocess.run([sys.executable, "-m", "agentsearch.cli", "episode", "-C", str(repo), "--resume", "--json"], cwd=ROOT, env=env,
-                                 capture_output=True, text=True, timeout=600)
+        resumed = subprocess.run(
+            [sys.executable, "-m", "agentsearch.cli", "episode", "-C", str(repo), "--resume", "--json"],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
     assert resumed.returncode == 0, resumed.stderr
     out = json.loads(resumed.stdout)
     assert [(p["title"], p["verdict"]) for p in out["proposals"]] == [("Raise the speed factor", "merge")]

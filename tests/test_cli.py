@@ -7,7 +7,21 @@ from agentsearch.cli import main
 
 from .conftest import run_cli
 
-ALL = ["init", "preflight", "calibrate", "evaluate", "verify", "episode", "history", "insights", "report", "pr", "review", "revert", "profile"]
+ALL = [
+    "init",
+    "preflight",
+    "calibrate",
+    "evaluate",
+    "verify",
+    "episode",
+    "history",
+    "insights",
+    "report",
+    "pr",
+    "review",
+    "revert",
+    "profile",
+]
 
 
 def test_help_lists_every_command():

@@ -27,9 +27,18 @@ LONG_TEST = "tests/check.py --this-is-a-deliberately-long-argument-list --so-tha
 
 def toy(path: Path, extra: str = "") -> Path:
     config = toy_config(timeout=4, extra=extra).replace(
-        'protected = ["bench/**"]', f'protected = ["bench/**", "tests/**"]\ntest = "{sys.executable} {LONG_TEST}"')
-    repo = make_repo(path, {"agentsearch.toml": config, "bench/bench.py": TOY_BENCH, "speed.txt": "1.0\n",
-                            "src/model.py": "X = 1\n", "tests/check.py": "import sys\nsys.exit(0)\n"})
+        'protected = ["bench/**"]', f'protected = ["bench/**", "tests/**"]\ntest = "{sys.executable} {LONG_TEST}"'
+    )
+    repo = make_repo(
+        path,
+        {
+            "agentsearch.toml": config,
+            "bench/bench.py": TOY_BENCH,
+            "speed.txt": "1.0\n",
+            "src/model.py": "X = 1\n",
+            "tests/check.py": "import sys\nsys.exit(0)\n",
+        },
+    )
     assert run_cli("init", "-C", str(repo)).returncode == 0
     return repo
 
@@ -38,8 +47,14 @@ FAST_GATE = "\n[gate]\nmin_pairs = 3\nmax_pairs = 6\nconfirm_pairs = 0\n"
 
 
 def run_env(*args: str, env: dict[str, str], cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "agentsearch.cli", *args], cwd=cwd or ROOT, env={**os.environ, **env},
-                          capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "agentsearch.cli", *args],
+        cwd=cwd or ROOT,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def records(proc: subprocess.CompletedProcess) -> int:
@@ -57,7 +72,11 @@ def test_group_C_evaluates_with_plain_progress_and_json_stays_valid(tmp_path):
     proc = run_cli("-C", str(repo), "evaluate", "fast", "--json", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)  # progress never reaches stdout
-    assert data["verdict"] == "merge" and data["headline"].startswith("MERGE — ops_s ") and data["workloads"]["speed"]["unit"] == "ops/s"
+    assert (
+        data["verdict"] == "merge"
+        and data["headline"].startswith("MERGE — ops_s ")
+        and data["workloads"]["speed"]["unit"] == "ops/s"
+    )
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     stamped = [ln for ln in lines if STAMP.match(ln)]
     assert len(stamped) >= 4, proc.stderr
@@ -73,7 +92,10 @@ def test_group_C_evaluates_with_plain_progress_and_json_stays_valid(tmp_path):
 
 def test_quiet_suppresses_progress(tmp_path):
     repo = toy(tmp_path / "toy", FAST_GATE)
-    for args in (("-C", str(repo), "--quiet", "evaluate", "main", "--json"), ("evaluate", "-C", str(repo), "-q", "main", "--json")):
+    for args in (
+        ("-C", str(repo), "--quiet", "evaluate", "main", "--json"),
+        ("evaluate", "-C", str(repo), "-q", "main", "--json"),
+    ):
         proc = run_cli(*args)
         json.loads(proc.stdout)
         assert not any(STAMP.match(ln) for ln in proc.stderr.splitlines()), proc.stderr
@@ -135,11 +157,16 @@ def test_edited_working_config_is_said_and_strict_refuses(tmp_path):
     proc = run_cli("review", "-C", str(repo), "--json")
     assert proc.returncode == 0 and json.loads(proc.stdout) == {"schema_version": 1, "merges": []}
     assert proc.stderr.count("\n") == 1, proc.stderr
-    assert proc.stderr.startswith("agentsearch: warning: using the committed agentsearch.toml of main; your working copy differs")
+    assert proc.stderr.startswith(
+        "agentsearch: warning: using the committed agentsearch.toml of main; your working copy differs"
+    )
     assert "commit them to use them" in proc.stderr
 
-    for args, env in ((("review", "-C", str(repo), "--strict-config"), {}), (("-C", str(repo), "--strict-config", "review"), {}),
-                      (("review", "-C", str(repo)), {"AGENTSEARCH_STRICT_CONFIG": "1"})):
+    for args, env in (
+        (("review", "-C", str(repo), "--strict-config"), {}),
+        (("-C", str(repo), "--strict-config", "review"), {}),
+        (("review", "-C", str(repo)), {"AGENTSEARCH_STRICT_CONFIG": "1"}),
+    ):
         proc = run_env(*args, env=env)
         assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
         assert "working copy differs" in proc.stderr and "refusing" in proc.stderr
@@ -160,7 +187,14 @@ def test_short_id_of_several_episodes_is_refused(tmp_path):
     for n in range(2):
         queue = tmp_path / f"queue{n}"
         queue.mkdir()
-        (queue / "01-cheat.patch").write_text(patch_from(repo, {"bench/bench.py": BENCH.replace("1000.0", f"{2000 + n}.0")}, f"cheat{n}", "Speed up the benchmark"))
+        (queue / "01-cheat.patch").write_text(
+            patch_from(
+                repo,
+                {"bench/bench.py": BENCH.replace("1000.0", f"{2000 + n}.0")},
+                f"cheat{n}",
+                "Speed up the benchmark",
+            )
+        )
         proc = run_cli("episode", "-C", str(repo), "--patches", str(queue), "--json")
         assert proc.returncode == 0, proc.stderr
         ids.append(json.loads(proc.stdout)["proposals"][0]["proposal"])
@@ -190,8 +224,22 @@ def test_refuse_ambiguous_only_when_more_than_one_matches():
 # ------------------------------------------------------------------ -C before every verb, --json shape, verdict lines
 
 # every command with the least arguments it needs; the -C given before the verb must reach it
-VERBS = [["init"], ["preflight"], ["calibrate"], ["evaluate", "main"], ["verify", "main"], ["episode"], ["history"], ["history", "verify"],
-         ["insights"], ["report", "001"], ["pr", "001"], ["review"], ["revert", "001"], ["profile"]]
+VERBS = [
+    ["init"],
+    ["preflight"],
+    ["calibrate"],
+    ["evaluate", "main"],
+    ["verify", "main"],
+    ["episode"],
+    ["history"],
+    ["history", "verify"],
+    ["insights"],
+    ["report", "001"],
+    ["pr", "001"],
+    ["review"],
+    ["revert", "001"],
+    ["profile"],
+]
 
 
 @pytest.fixture(scope="module")
@@ -228,7 +276,14 @@ def test_read_commands_with_C_from_another_repository_and_one_json_shape(tmp_pat
     for verb, doc in docs.items():
         assert isinstance(doc, dict) and doc["schema_version"] == 1, (verb, doc)
     assert [r["branch"] for r in docs["history"]["evaluations"]] == ["main"]
-    assert docs["history verify"] == {"schema_version": 1, "ok": True, "records": 1, "bad_line": None, "reason": None, "torn_tail": False}
+    assert docs["history verify"] == {
+        "schema_version": 1,
+        "ok": True,
+        "records": 1,
+        "bad_line": None,
+        "reason": None,
+        "torn_tail": False,
+    }
     assert docs["review"]["merges"] == [] and docs["insights"]["proposals"] == 0
     assert docs["report main"]["verdict"] == "reject" and docs["report main"]["headline"].startswith("REJECT — ops_s ")
     assert docs["init"]["repo"] == str(repo.resolve()) and docs["init"]["workloads"] == ["speed"]
@@ -241,25 +296,43 @@ def test_evaluate_to_a_log_file_headline_progress_per_pair_and_how_to_merge(tmp_
     commit(repo, {"speed.txt": "1.3\n"}, "faster", branch="fast")
     log = tmp_path / "stderr.log"
     with log.open("w") as err:
-        proc = subprocess.run([sys.executable, "-m", "agentsearch.cli", "-C", str(repo), "evaluate", "fast"], cwd=ROOT,
-                              stdout=subprocess.PIPE, stderr=err, text=True, timeout=600)
+        proc = subprocess.run(
+            [sys.executable, "-m", "agentsearch.cli", "-C", str(repo), "evaluate", "fast"],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+            timeout=600,
+        )
     assert proc.returncode == 0, log.read_text()
     first = proc.stdout.splitlines()[0]
-    m = re.fullmatch(r"MERGE — ops_s [\d,.]+ → [\d,.]+ ops/s \(\+[\d.]+%, 95% CI \+[\d.]+…\+[\d.]+%, p=\S+, (\d+) pairs\)", first)
+    m = re.fullmatch(
+        r"MERGE — ops_s [\d,.]+ → [\d,.]+ ops/s \(\+[\d.]+%, 95% CI \+[\d.]+…\+[\d.]+%, p=\S+, (\d+) pairs\)", first
+    )
     assert m, proc.stdout
     pairs = int(m.group(1))
     lines = log.read_text().splitlines()
     assert lines and all(STAMP.match(ln) for ln in lines), lines
     for i in range(1, pairs + 1):  # one timestamped line for every pair
         assert any(f"speed (objective): pair {i}/6, running estimate " in ln for ln in lines), (i, lines)
-    assert "not merged: evaluate never merges; `agentsearch episode --branches fast` judges it again and merges on a win" in proc.stdout
-    t = re.search(r"time: ([\d.]+) s = engines ([\d.]+) s \+ measurement ([\d.]+) s \+ build, tests and orchestration ([\d.]+) s", proc.stdout)
+    assert (
+        "not merged: evaluate never merges; `agentsearch episode --branches fast` judges it again and merges on a win"
+        in proc.stdout
+    )
+    t = re.search(
+        r"time: ([\d.]+) s = engines ([\d.]+) s \+ measurement ([\d.]+) s \+ build, tests and orchestration ([\d.]+) s",
+        proc.stdout,
+    )
     assert t and abs(float(t.group(1)) - sum(map(float, t.group(2, 3, 4)))) <= 0.25, proc.stdout
     # an instant reject measured nothing and says so (no "overhead 100%")
     commit(repo, {"bench/bench.py": TOY_BENCH + "\n# touched\n"}, "touch the bench", branch="cheat")
     proc = run_cli("-C", str(repo), "evaluate", "cheat")
     assert proc.returncode == 4 and proc.stdout.startswith("REJECT — protected-paths: "), proc.stdout
-    assert "nothing measured" in proc.stdout and "%)" not in proc.stdout.split("time: ")[1] and "not merged (rejected)" in proc.stdout
+    assert (
+        "nothing measured" in proc.stdout
+        and "%)" not in proc.stdout.split("time: ")[1]
+        and "not merged (rejected)" in proc.stdout
+    )
 
 
 def test_history_table_fits_the_terminal(tmp_path):
@@ -269,7 +342,12 @@ def test_history_table_fits_the_terminal(tmp_path):
     from agentsearch.workspace import Workspace
 
     repo = toy(tmp_path / "toy", FAST_GATE)
-    commit(repo, {"speed.txt": "1.0\n", "src/model.py": "X = 2\n"}, "a change with a title far longer than any terminal " * 3, branch="noop")
+    commit(
+        repo,
+        {"speed.txt": "1.0\n", "src/model.py": "X = 2\n"},
+        "a change with a title far longer than any terminal " * 3,
+        branch="noop",
+    )
     proc = run_cli("-C", str(repo), "evaluate", "noop", "-q")
     assert proc.returncode == 4
     data = rows(Workspace.open(repo))
@@ -281,7 +359,12 @@ def test_history_table_fits_the_terminal(tmp_path):
         text = console.export_text()
         assert max(map(len, text.splitlines())) <= width, text
         row = [ln for ln in text.splitlines() if ln.startswith("noop")][0]
-        assert " reject " in row and " evaluate " in row and re.search(rf" [+-]\d+\.\d% +{pairs} ", row) and row.rstrip().endswith("…"), row
+        assert (
+            " reject " in row
+            and " evaluate " in row
+            and re.search(rf" [+-]\d+\.\d% +{pairs} ", row)
+            and row.rstrip().endswith("…")
+        ), row
     shown = run_cli("history", "-C", str(repo)).stdout
     assert "lose" not in shown and "NaN" not in shown and "noop" in shown
 
@@ -297,12 +380,18 @@ def test_evaluate_tables_keep_the_ci_on_80_columns(monkeypatch):
     monkeypatch.setattr(evaluate_cmd, "out", console)
 
     def summary(name, role, decision, speedup, ci, base, cand, reason=""):
-        return WorkloadSummary(name, role, 12, 12, decision, reason, speedup, ci, 0.0035, base, cand, 0, True, "output_tok_s", "tok/s")
+        return WorkloadSummary(
+            name, role, 12, 12, decision, reason, speedup, ci, 0.0035, base, cand, 0, True, "output_tok_s", "tok/s"
+        )
 
-    objective = summary("throughput", "objective", "lose", 1.004, (0.93, 1.08), 780.6, 783.7, "no worthwhile speedup: ...")
+    objective = summary(
+        "throughput", "objective", "lose", 1.004, (0.93, 1.08), 780.6, 783.7, "no worthwhile speedup: ..."
+    )
     guard = summary("a-guard-with-a-rather-long-name", "guard", "regressed", 0.9, (0.85, 0.95), 20.1, 18.1)
     checks = [Check(n, Status.PASS, "detail " * 20) for n in REQUIRED_CHECKS]
-    result = Evaluation("perf/x", "a" * 40, "b" * 40, 5, judge(checks), {"throughput": objective, "g": guard}, None, (), "fp", {}, 0.02)
+    result = Evaluation(
+        "perf/x", "a" * 40, "b" * 40, 5, judge(checks), {"throughput": objective, "g": guard}, None, (), "fp", {}, 0.02
+    )
     evaluate_cmd.show(result, ref_is_branch=True)
     text = console.export_text()
     assert max(map(len, text.splitlines())) <= 80, text
@@ -318,8 +407,13 @@ def test_pair_lines_carry_an_eta_that_is_said_to_be_an_upper_bound():
     from agentsearch.progress import PairClock
 
     clock = PairClock()
-    assert clock.annotate("speed (objective)", "pair 1/12, running estimate +1.0%", now=100.0) == "pair 1/12, running estimate +1.0%"
-    assert clock.annotate("speed (objective)", "pair 3/12, running estimate +2.0%", now=120.0).endswith("at most ~1 min 30 s left")
+    assert (
+        clock.annotate("speed (objective)", "pair 1/12, running estimate +1.0%", now=100.0)
+        == "pair 1/12, running estimate +1.0%"
+    )
+    assert clock.annotate("speed (objective)", "pair 3/12, running estimate +2.0%", now=120.0).endswith(
+        "at most ~1 min 30 s left"
+    )
     assert clock.annotate("speed (guard)", "pair 2/3", now=121.0) == "pair 2/3"  # each stage has its own clock
     assert clock.annotate("speed (guard)", "pair 3/3", now=130.0) == "pair 3/3"  # nothing left: no ETA
     assert clock.annotate("verify", "prefill", now=131.0) == "prefill"

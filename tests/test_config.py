@@ -58,7 +58,7 @@ def test_fingerprint_tracks_measurement_fields_only():
         (GOOD + "\n[extras]\nx = 1\n", "unknown section [extras]"),
         (GOOD.replace('command = "sh bench.sh {seed} {out}"\n', ""), "a command workload needs `command`"),
         (GOOD.replace('name = "decode"', 'name = "a b"'), "expected a name without spaces"),
-        (GOOD + GOOD[GOOD.index("[[workload]]"):GOOD.index("[verify]")], "duplicate workload name 'decode'"),
+        (GOOD + GOOD[GOOD.index("[[workload]]") : GOOD.index("[verify]")], "duplicate workload name 'decode'"),
         (GOOD.replace('protected = ["bench/**"]', 'protected = "bench/**"'), "protected: expected a list of strings"),
     ],
 )
@@ -87,20 +87,22 @@ def test_cli_bad_config_exits_2_with_one_line(tmp_path):
     assert "Traceback" not in proc.stderr
 
 
-@pytest.mark.parametrize("cpus, env, devices, want", [
-    ("auto", 'OMP_NUM_THREADS = "1"', (), {3}),         # one OpenMP thread: the last CPU
-    ("auto", 'OMP_NUM_THREADS = "2"', (), {2, 3}),
-    ("auto", "", (), None),                              # threads not set: the engine may use every core
-    ("auto", 'OMP_NUM_THREADS = "4"', (), None),         # no CPU left over for the orchestrator
-    ("auto", 'OMP_NUM_THREADS = "1"', ("0",), None),     # a GPU machine
-    ("none", 'OMP_NUM_THREADS = "1"', (), None),
-    ("0,2", "", (), {0, 2}),
-    ("1-2", "", ("0",), {1, 2}),
-])
+@pytest.mark.parametrize(
+    "cpus, env, devices, want",
+    [
+        ("auto", 'OMP_NUM_THREADS = "1"', (), {3}),  # one OpenMP thread: the last CPU
+        ("auto", 'OMP_NUM_THREADS = "2"', (), {2, 3}),
+        ("auto", "", (), None),  # threads not set: the engine may use every core
+        ("auto", 'OMP_NUM_THREADS = "4"', (), None),  # no CPU left over for the orchestrator
+        ("auto", 'OMP_NUM_THREADS = "1"', ("0",), None),  # a GPU machine
+        ("none", 'OMP_NUM_THREADS = "1"', (), None),
+        ("0,2", "", (), {0, 2}),
+        ("1-2", "", ("0",), {1, 2}),
+    ],
+)
 def test_engine_cpus_pins_both_sides_to_the_same_cpus(monkeypatch, cpus, env, devices, want):
-    from harness.placement import Placement
-
     from agentsearch import workloads
+    from harness.placement import Placement
 
     monkeypatch.setattr(workloads.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})  # a 4-CPU machine
     c = load_config_text(GOOD + f'\n[target.env]\n{env}\n[engine]\ncpus = "{cpus}"\n')
@@ -110,10 +112,9 @@ def test_engine_cpus_pins_both_sides_to_the_same_cpus(monkeypatch, cpus, env, de
 
 
 def test_engine_cpus_the_machine_cannot_give_or_cannot_parse_are_one_line_errors(monkeypatch):
-    from harness.placement import Placement
-
     from agentsearch import workloads
     from agentsearch.errors import AgentsearchError
+    from harness.placement import Placement
 
     monkeypatch.setattr(workloads.os, "sched_getaffinity", lambda pid: {0, 1})
     c = load_config_text(GOOD + '\n[engine]\ncpus = "1,5"\n')

@@ -37,7 +37,13 @@ def test_shipped_corpus_is_the_built_one_and_diverse():
     langs = {p.lang for p in prompts}
     assert len(langs & set(NATURAL)) >= 10 and {"code", "numbers"} <= langs
     text = "".join(p.text for p in prompts)
-    for lo, hi, script in [(0x0400, 0x04FF, "Cyrillic"), (0x4E00, 0x9FFF, "CJK"), (0x0600, 0x06FF, "Arabic"), (0x0900, 0x097F, "Devanagari"), (0xAC00, 0xD7AF, "Hangul")]:
+    for lo, hi, script in [
+        (0x0400, 0x04FF, "Cyrillic"),
+        (0x4E00, 0x9FFF, "CJK"),
+        (0x0600, 0x06FF, "Arabic"),
+        (0x0900, 0x097F, "Devanagari"),
+        (0xAC00, 0xD7AF, "Hangul"),
+    ]:
         assert any(lo <= ord(c) <= hi for c in text), script
     sizes = sorted(len(p.text.encode()) for p in prompts)
     assert sizes[0] < 60 and sizes[-1] > 400  # short to several hundred tokens
@@ -62,7 +68,6 @@ def test_compare_position_basics():
     assert compare_position(a, c)[0] >= 0
 
 
-
 def test_a_complete_listing_rounding_is_not_a_difference_but_a_masked_token_is():
     """The sample path's processed logprobs list every token the sampler kept: they sum to 1 only within
     float32 rounding. Measured on the real engine (the benign reassociation, min-p 0.05): 0.99999990 on
@@ -75,6 +80,7 @@ def test_a_complete_listing_rounding_is_not_a_difference_but_a_masked_token_is()
     # a token one side's sampler kept and the other's masked (a top-k/top-p boundary moved) is a real difference
     c = {1: math.log(0.7 / 0.9), 2: math.log(0.2 / 0.9)}
     assert compare_position(a, c)[0] > 0.05 and compare_position(c, a)[0] > 0.05
+
 
 def test_systematic_shift_is_caught_even_when_tiny():
     rng = np.random.default_rng(0)
@@ -139,7 +145,9 @@ def test_sample_path_aligns_until_a_draw_differs():
     """The sample path compares every setting of a prompt, step by step, until the sampled tokens differ."""
     a = {(f"x#s{j}", "sample"): _rec(f"x#s{j}", "sample", [1, 2, 3], [[(1, -0.1), (2, -2.4)]] * 3) for j in range(2)}
     b = dict(a)
-    b[("x#s1", "sample")] = _rec("x#s1", "sample", [1, 9, 3], [[(1, -0.1), (2, -2.4)], [(9, -0.2), (2, -1.7)], [(1, -0.1), (2, -2.4)]])
+    b[("x#s1", "sample")] = _rec(
+        "x#s1", "sample", [1, 9, 3], [[(1, -0.1), (2, -2.4)], [(9, -0.2), (2, -1.7)], [(1, -0.1), (2, -2.4)]]
+    )
     st = compare(a, b, ["x"], 1e-4, ("sample",))["sample"]
     assert st.sequences == 2 and len(st.kl) == 5  # 3 positions of s0, 2 of s1 (stopped after the divergence)
     assert st.divergences == 1 and not st.bad_divergences and not st.exact
@@ -206,11 +214,21 @@ def verify(repo, ref):
 
 
 VARIANTS = {
-    "refactor": [("return x / np.sqrt((x * x).mean(-1, keepdims=True) + EPS)", "return x * (np.float32(1.0) / np.sqrt(np.square(x).mean(-1, keepdims=True) + EPS))")],
+    "refactor": [
+        (
+            "return x / np.sqrt((x * x).mean(-1, keepdims=True) + EPS)",
+            "return x * (np.float32(1.0) / np.sqrt(np.square(x).mean(-1, keepdims=True) + EPS))",
+        )
+    ],
     "eps": [("EPS = np.float32(1e-5)", "EPS = np.float32(1e-3)")],
     "scale": [("    return rmsnorm(h) @ U", "    return (rmsnorm(h) @ U) * np.float32(1.001)")],
     "residual": [("    h = h + np.tanh(rmsnorm(h) @ W1) @ W2", "    h = np.tanh(rmsnorm(h) @ W1) @ W2")],
-    "truncate": [("    z = z - z.max(-1, keepdims=True)", "    z = z.copy()\n    z[..., -8:] = -np.inf\n    z = z - z.max(-1, keepdims=True)")],
+    "truncate": [
+        (
+            "    z = z - z.max(-1, keepdims=True)",
+            "    z = z.copy()\n    z[..., -8:] = -np.inf\n    z = z - z.max(-1, keepdims=True)",
+        )
+    ],
 }
 
 
@@ -258,10 +276,20 @@ def test_special_casing_public_prompts_fails_on_the_holdout(lm_target):
 def test_evaluate_includes_the_distribution_check(lm_target):
     import sys
 
-    cfg = CONFIG.format(python=sys.executable).replace('command = "true"\nmetric = "x"', f'command = "{sys.executable} speed.py {{out}}"\nmetric = "x"') + "\n[gate]\ncoverage = false  # lm.py does not run in the speed workload\n"
+    cfg = (
+        CONFIG.format(python=sys.executable).replace(
+            'command = "true"\nmetric = "x"', f'command = "{sys.executable} speed.py {{out}}"\nmetric = "x"'
+        )
+        + "\n[gate]\ncoverage = false  # lm.py does not run in the speed workload\n"
+    )
     speed = "import json, sys, random\njson.dump({'x': float(open('f.txt').read()) * random.gauss(1, 0.01)}, open(sys.argv[1], 'w'))\n"
     commit(lm_target, {"agentsearch.toml": cfg, "speed.py": speed, "f.txt": "1.0"}, "bench")
-    commit(lm_target, {"f.txt": "1.5", "lm.py": LM.replace("EPS = np.float32(1e-5)", "EPS = np.float32(1e-3)")}, "fast but wrong", branch="fastwrong")
+    commit(
+        lm_target,
+        {"f.txt": "1.5", "lm.py": LM.replace("EPS = np.float32(1e-5)", "EPS = np.float32(1e-3)")},
+        "fast but wrong",
+        branch="fastwrong",
+    )
     commit(lm_target, {"f.txt": "1.5"}, "fast and right", branch="fastright")
     proc = run_cli("evaluate", "-C", str(lm_target), "fastwrong", "--json")
     out = json.loads(proc.stdout)
@@ -300,8 +328,10 @@ def test_the_baselines_dumps_are_reused_until_what_they_depend_on_changes(lm_tar
     assert len([d for d in kept.iterdir() if d.is_dir()]) == 3
     # a baseline that is not self-consistent (its output depends on the batch order) keeps nothing: the
     # next check measures it again instead of failing every candidate on a stale floor
-    flaky = LM.replace("        for line in fh:\n            item = json.loads(line)",
-                       "        for n, line in enumerate(fh):\n            item = json.loads(line)\n            if n % 7 == 3:\n                continue")
+    flaky = LM.replace(
+        "        for line in fh:\n            item = json.loads(line)",
+        "        for n, line in enumerate(fh):\n            item = json.loads(line)\n            if n % 7 == 3:\n                continue",
+    )
     assert "n % 7" in flaky
     commit(lm_target, {"lm.py": flaky}, "order-dependent baseline")
     commit(lm_target, {"NOTES.md": "same model\n"}, "notes", branch="flaky-candidate")
@@ -320,10 +350,23 @@ def test_the_baselines_dumps_are_reused_until_what_they_depend_on_changes(lm_tar
 
 
 def _v2_stats(kl_mean, same):
-    return {"passed": True, "positions": 312, "sequences": 39, "kl_mean": kl_mean, "kl_mean_se": kl_mean / 20,
-            "kl_percentiles": {"99.9": 3.2e-7, "99": 2.5e-7, "95": 1.7e-7, "90": 1.5e-7, "50": 3.7e-8}, "kl_p99": 2.5e-7,
-            "kl_max": 3.4e-7, "dp_rms": 2.4e-5, "dlogprob_max": 0.01, "top1_agreement": same / 100, "same_top_pct": same,
-            "same_top_pct_se": 0.1, "divergences": 0, "kl_by_position": [kl_mean] * 8}
+    return {
+        "passed": True,
+        "positions": 312,
+        "sequences": 39,
+        "kl_mean": kl_mean,
+        "kl_mean_se": kl_mean / 20,
+        "kl_percentiles": {"99.9": 3.2e-7, "99": 2.5e-7, "95": 1.7e-7, "90": 1.5e-7, "50": 3.7e-8},
+        "kl_p99": 2.5e-7,
+        "kl_max": 3.4e-7,
+        "dp_rms": 2.4e-5,
+        "dlogprob_max": 0.01,
+        "top1_agreement": same / 100,
+        "same_top_pct": same,
+        "same_top_pct_se": 0.1,
+        "divergences": 0,
+        "kl_by_position": [kl_mean] * 8,
+    }
 
 
 @pytest.mark.parametrize("fmt", ["md", "html"])
@@ -333,21 +376,62 @@ def test_report_distribution_section_shows_the_statistics(fmt):
     from agentsearch.report import Evidence, render
 
     paths = {p: _v2_stats(6.28e-8, 99.5) for p in ("prefill", "decode", "sample")}
-    dist = {"schema_version": 2, "verdict": "pass", "reasons": [], "mode": "tight", "public": paths, "holdout": paths,
-            "draws": {"passed": True, "contexts": 4, "testable": 4, "not_testable": [], "draws": 400, "changed": 0,
-                      "floor_changed": 0, "unrelated_changed": 392, "p": 1.0, "status": "pass"},
-            "public_size": 42, "holdout_size": 14, "corpus_size": 336, "languages": {}, "noise_floor": {}}
-    text, _ = render(Evidence("x", "evaluation", {"ref": "b", "verdict": "merge", "distribution": dist, "checks": []}, []), fmt)
+    dist = {
+        "schema_version": 2,
+        "verdict": "pass",
+        "reasons": [],
+        "mode": "tight",
+        "public": paths,
+        "holdout": paths,
+        "draws": {
+            "passed": True,
+            "contexts": 4,
+            "testable": 4,
+            "not_testable": [],
+            "draws": 400,
+            "changed": 0,
+            "floor_changed": 0,
+            "unrelated_changed": 392,
+            "p": 1.0,
+            "status": "pass",
+        },
+        "public_size": 42,
+        "holdout_size": 14,
+        "corpus_size": 336,
+        "languages": {},
+        "noise_floor": {},
+    }
+    text, _ = render(
+        Evidence("x", "evaluation", {"ref": "b", "verdict": "merge", "distribution": dist, "checks": []}, []), fmt
+    )
     assert "6.28e-08 ± 3.1e-09" in text and "99.50 ± 0.10 %" in text and "2.4e-05" in text
     assert "3.2e-07" in text and "3.7e-08" in text  # percentiles 99.9 and 50
     assert "(chosen from 336)" in text and "0 of 400 draws changed" in text and "unrelated seeds 392" in text
     for path in ("prefill", "decode", "sample"):
         assert f"public | {path}" in text if fmt == "md" else f"<td>public</td><td>{path}</td>" in text
-    old = {"verdict": "pass", "reasons": [], "mode": "tight", "public_size": 42, "holdout_size": 14,
-           "public": {"prefill": {"passed": True, "positions": 10, "kl_mean": 1e-9, "kl_p99": 1e-9, "kl_max": 1e-9,
-                                  "dlogprob_max": 1e-5, "top1_agreement": 1.0, "divergences": 0}},
-           "sample": {"passed": True, "contexts": 8, "tv_max": 0.1}}
-    text, _ = render(Evidence("x", "evaluation", {"ref": "b", "verdict": "merge", "distribution": old, "checks": []}, []), fmt)
+    old = {
+        "verdict": "pass",
+        "reasons": [],
+        "mode": "tight",
+        "public_size": 42,
+        "holdout_size": 14,
+        "public": {
+            "prefill": {
+                "passed": True,
+                "positions": 10,
+                "kl_mean": 1e-9,
+                "kl_p99": 1e-9,
+                "kl_max": 1e-9,
+                "dlogprob_max": 1e-5,
+                "top1_agreement": 1.0,
+                "divergences": 0,
+            }
+        },
+        "sample": {"passed": True, "contexts": 8, "tv_max": 0.1},
+    }
+    text, _ = render(
+        Evidence("x", "evaluation", {"ref": "b", "verdict": "merge", "distribution": old, "checks": []}, []), fmt
+    )
     assert "100.00 %" in text and "Draw test" not in text
 
 
@@ -356,7 +440,10 @@ def test_sample_prompts_get_the_same_setting_and_seed_in_any_order(tmp_path):
 
     prompts = select(load(), 28)
     a = [json.loads(x) for x in write_sample_prompts(tmp_path / "a.jsonl", prompts, 6).read_text().splitlines()]
-    b = [json.loads(x) for x in write_sample_prompts(tmp_path / "b.jsonl", prompts, 6, shuffle_seed=3).read_text().splitlines()]
+    b = [
+        json.loads(x)
+        for x in write_sample_prompts(tmp_path / "b.jsonl", prompts, 6, shuffle_seed=3).read_text().splitlines()
+    ]
     assert [x["id"] for x in a] != [x["id"] for x in b]  # another order (the noise floor's batches)
     assert {x["id"]: (x["setting"], x["seed"]) for x in a} == {x["id"]: (x["setting"], x["seed"]) for x in b}
     assert sorted({x["setting"] for x in a}) == list(range(6)) and len({x["seed"] for x in a}) == len(a)

@@ -37,24 +37,30 @@ def engine_workers(fork) -> set[str]:
         out.add(mine[0] if mine else str(pid))
     return out
 
+
 pytestmark = pytest.mark.vllm
 
 # the level is alpha 0.05 for this one proposal (episode_budget 1): what is tested here is the placement (one
 # engine at a time, the A B | B A | A B order, a large effect found). The round is the cluster: with 2 rounds
 # (1 degree of freedom) the between-round variance of a loaded CI machine left p = 0.03 at +650% once and
 # p = 0.26 at +141% another time (7 of 8 trials under foreign load); 3 rounds give 2
-ALTERNATE = FAST_CONFIG.replace("max_pairs = 8\nconfirm_pairs = 2",
-                                "max_pairs = 6\nmin_pairs = 6\nconfirm_pairs = 0\nepisode_budget = 1").replace(
-    "restarts = 1\n", "restarts = 3\n") + """
+ALTERNATE = (
+    FAST_CONFIG.replace(
+        "max_pairs = 8\nconfirm_pairs = 2", "max_pairs = 6\nmin_pairs = 6\nconfirm_pairs = 0\nepisode_budget = 1"
+    ).replace("restarts = 1\n", "restarts = 3\n")
+    + """
 [engine]
 placement = "alternate"
 warmup = 1
 """
+)
 
 
 @pytest.fixture(scope="module")
 def fork(tmp_path_factory):
-    assert "placement = \"alternate\"" in ALTERNATE and "min_pairs = 6" in ALTERNATE and "episode_budget = 1" in ALTERNATE
+    assert (
+        "placement = \"alternate\"" in ALTERNATE and "min_pairs = 6" in ALTERNATE and "episode_budget = 1" in ALTERNATE
+    )
     assert "restarts = 3" in ALTERNATE
     return make_fork(tmp_path_factory, "vllm-alt", ALTERNATE, "alternate placement, max_num_seqs 1")
 
@@ -71,8 +77,13 @@ def test_alternate_runs_one_engine_at_a_time_and_finds_the_real_effect(fork):
     t = threading.Thread(target=watch, daemon=True)
     t.start()
     try:
-        proc = subprocess.run([sys.executable, "-m", "agentsearch.cli", "evaluate", "-C", str(fork), "seqs32", "--json"],
-                              cwd=ROOT, capture_output=True, text=True, timeout=1500)
+        proc = subprocess.run(
+            [sys.executable, "-m", "agentsearch.cli", "evaluate", "-C", str(fork), "seqs32", "--json"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=1500,
+        )
     finally:
         stop.set()
         t.join()
@@ -85,7 +96,10 @@ def test_alternate_runs_one_engine_at_a_time_and_finds_the_real_effect(fork):
     first = {s: {t["side"] for t in trials if t["session"] == s and t["position"] == 0} for s in (0, 1, 2)}
     assert first == {0: {"baseline"}, 1: {"candidate"}, 2: {"baseline"}}
     for s in (0, 1, 2):
-        seeds = {side: [t["seed"] for t in trials if t["session"] == s and t["side"] == side] for side in ("baseline", "candidate")}
+        seeds = {
+            side: [t["seed"] for t in trials if t["session"] == s and t["side"] == side]
+            for side in ("baseline", "candidate")
+        }
         assert seeds["baseline"] == seeds["candidate"] and len(seeds["baseline"]) == 2
     # every engine was started afresh (one start-up per session and side) and every trial says how quiet the machine was
     startup = {(t["side"], t["session"]): t["metrics"]["engine_startup_s"] for t in trials}

@@ -16,7 +16,6 @@ import sys
 import time
 from pathlib import Path
 
-
 from agentsearch.workspace import Workspace
 from history import HistoryLog
 from history.log import HistoryError
@@ -45,9 +44,13 @@ cv = float(os.environ.get("TOY_CV", "0.02"))
 json.dump({"ops_s": 1000.0 * engine.SPEED * random.gauss(1.0, cv), "seed": seed}, open(out, "w"))
 """
 
-LM = (ROOT / "tests" / "toy_lm.py").read_text().replace(
-    "EPS = np.float32(1e-5)",
-    "import os\nsys.path.insert(0, os.getcwd())\nfrom src import engine\nEPS = np.float32(engine.EPS)",
+LM = (
+    (ROOT / "tests" / "toy_lm.py")
+    .read_text()
+    .replace(
+        "EPS = np.float32(1e-5)",
+        "import os\nsys.path.insert(0, os.getcwd())\nfrom src import engine\nEPS = np.float32(engine.EPS)",
+    )
 )
 
 CONFIG = """\
@@ -77,10 +80,16 @@ timeout_s = 120
 
 def make_target(path: Path, trial_timeout_s: int = 4) -> Path:
     config = CONFIG.format(python=sys.executable).replace("timeout_s = 4\n", f"timeout_s = {trial_timeout_s}\n")
-    repo = make_repo(path, {
-        "agentsearch.toml": config, "bench/bench.py": BENCH, "lm.py": LM,
-        "src/__init__.py": "", "src/engine.py": ENGINE,
-    })
+    repo = make_repo(
+        path,
+        {
+            "agentsearch.toml": config,
+            "bench/bench.py": BENCH,
+            "lm.py": LM,
+            "src/__init__.py": "",
+            "src/engine.py": ENGINE,
+        },
+    )
     assert run_cli("init", "-C", str(repo)).returncode == 0
     return repo
 
@@ -97,19 +106,28 @@ def write_queue(repo: Path, queue: Path, with_hang: bool = True, full: bool = Tr
     """The acceptance queue, in order (full) or its first three kinds (for the crash test)."""
     queue.mkdir()
     if full:
-        lossy = patch_from(repo, {"src/engine.py": ENGINE.replace("SPEED = 1.0", "SPEED = 1.3").replace("EPS = 1e-5", "EPS = 3e-1")},
-                           "lossy", "Faster with a coarser normalization")
+        lossy = patch_from(
+            repo,
+            {"src/engine.py": ENGINE.replace("SPEED = 1.0", "SPEED = 1.3").replace("EPS = 1e-5", "EPS = 3e-1")},
+            "lossy",
+            "Faster with a coarser normalization",
+        )
         (queue / "01-lossy.patch").write_text(lossy)
-    fast = patch_from(repo, {"src/engine.py": ENGINE.replace("SPEED = 1.0", "SPEED = 1.3")}, "fast", "Make the engine 30% faster")
+    fast = patch_from(
+        repo, {"src/engine.py": ENGINE.replace("SPEED = 1.0", "SPEED = 1.3")}, "fast", "Make the engine 30% faster"
+    )
     (queue / "02-fast.patch").write_text(fast)
-    noop = patch_from(repo, {"src/engine.py": ENGINE.replace("# the toy", "# the tiny toy")}, "noop", "Reword a comment")
+    noop = patch_from(
+        repo, {"src/engine.py": ENGINE.replace("# the toy", "# the tiny toy")}, "noop", "Reword a comment"
+    )
     (queue / "03-noop.patch").write_text(noop)
     cheat = patch_from(repo, {"bench/bench.py": BENCH.replace("1000.0", "2000.0")}, "cheat", "Speed up the benchmark")
     (queue / "04-protected.patch").write_text(cheat)
     if not full:
         return
     (queue / "05-stale.diff").write_text(
-        "--- a/src/engine.py\n+++ b/src/engine.py\n@@ -1,2 +1,2 @@\n-# an engine that never was\n-SPEED = 7.0\n+# nope\n+SPEED = 9.0\n")
+        "--- a/src/engine.py\n+++ b/src/engine.py\n@@ -1,2 +1,2 @@\n-# an engine that never was\n-SPEED = 7.0\n+# nope\n+SPEED = 9.0\n"
+    )
     if with_hang:
         hang = patch_from(repo, {"mode.txt": "hang\n", "VERSION.txt": "2\n"}, "hang", "Hang the bench")
         (queue / "06-hang.patch").write_text(hang)
@@ -155,21 +173,49 @@ def test_patch_queue_episode_merges_only_the_real_win(tmp_path):
     assert "Make the engine 30% faster" in msg and "Agentsearch-Proposal:" in msg and "check objective: pass" in msg
     note = git(repo, "notes", "--ref=agentsearch", "show", after)
     assert "Verdict: merge" in note and "\nMERGE — ops_s " in note and " ops/s (+" in note
-    v = [e.data for e in HistoryLog(Workspace.open(repo).state / "history.jsonl").entries() if e.kind == "verdict" and e.data["verdict"] == "merge"][0]
-    assert f"Reproduce: agentsearch evaluate {v['candidate']} --baseline {before} --seed {v['seed']} --alpha {v['alpha']!r}" in note
+    v = [
+        e.data
+        for e in HistoryLog(Workspace.open(repo).state / "history.jsonl").entries()
+        if e.kind == "verdict" and e.data["verdict"] == "merge"
+    ][0]
+    assert (
+        f"Reproduce: agentsearch evaluate {v['candidate']} --baseline {before} --seed {v['seed']} --alpha {v['alpha']!r}"
+        in note
+    )
     # the fast proposal was judged with the sandbox and its changed line ran
-    fast_v = [e.data for e in HistoryLog(ws.state / "history.jsonl").entries() if e.kind == "verdict" and e.data["title"] == fast["title"]][0]
+    fast_v = [
+        e.data
+        for e in HistoryLog(ws.state / "history.jsonl").entries()
+        if e.kind == "verdict" and e.data["title"] == fast["title"]
+    ][0]
     checks = {c["name"]: c for c in fast_v["checks"]}
     assert checks["sandbox"]["status"] == "pass" and checks["coverage"]["status"] == "pass"
     assert "1/1 changed executable lines ran" in checks["coverage"]["detail"]
     # the baseline side is kept across rejections ([engine] baseline_reuse), built afresh after the merge
-    sides = {e.data["title"]: e.data.get("baseline_side") for e in HistoryLog(ws.state / "history.jsonl").entries() if e.kind == "verdict"}
-    assert (sides["Faster with a coarser normalization"], sides["Make the engine 30% faster"], sides["Reword a comment"],
-            sides["Hang the bench"]) == ("fresh", "warm", "fresh", "warm"), sides
+    sides = {
+        e.data["title"]: e.data.get("baseline_side")
+        for e in HistoryLog(ws.state / "history.jsonl").entries()
+        if e.kind == "verdict"
+    }
+    assert (
+        sides["Faster with a coarser normalization"],
+        sides["Make the engine 30% faster"],
+        sides["Reword a comment"],
+        sides["Hang the bench"],
+    ) == ("fresh", "warm", "fresh", "warm"), sides
     assert len(git(repo, "worktree", "list").splitlines()) == 1 and not list((ws.state / "tmp").glob("warm-*"))
     # every event is in the history, and the history command shows one row per proposal
     kinds = [e.kind for e in HistoryLog(ws.state / "history.jsonl").entries()]
-    for kind in ("episode-started", "proposal-created", "trial", "statistic", "distribution", "verdict", "merge", "episode-finished"):
+    for kind in (
+        "episode-started",
+        "proposal-created",
+        "trial",
+        "statistic",
+        "distribution",
+        "verdict",
+        "merge",
+        "episode-finished",
+    ):
         assert kind in kinds, kind
     proc = run_cli("history", "-C", str(repo), "--json")
     rows = json.loads(proc.stdout)["evaluations"]
@@ -183,17 +229,23 @@ def test_patch_queue_episode_merges_only_the_real_win(tmp_path):
 def test_identical_proposal_is_not_measured_twice_and_branches_queue(tmp_path):
     repo = make_target(tmp_path / "toy")
     commit(repo, {"src/engine.py": ENGINE.replace("# the toy", "# the toy, v2")}, "comment A", branch="try/a")
-    commit(repo, {"src/engine.py": ENGINE.replace("# the toy", "# the toy, v2")}, "comment B (same tree)", branch="try/b")
+    commit(
+        repo, {"src/engine.py": ENGINE.replace("# the toy", "# the toy, v2")}, "comment B (same tree)", branch="try/b"
+    )
     rc, out = episode_json(repo, "--branches", "try/*", "--seed", "3")
     assert rc == 0
     a, b = out["proposals"]
-    assert a["verdict"] == "reject" and any("objective" in r or "confirmation" in r for r in a["reasons"])  # an A/A: either check
+    assert a["verdict"] == "reject" and any(
+        "objective" in r or "confirmation" in r for r in a["reasons"]
+    )  # an A/A: either check
     assert b["verdict"] == "reject" and "not re-measured" in b["reasons"][0] and a["proposal"] in b["reasons"][0]
     ws = Workspace.open(repo)
     trials = [e for e in HistoryLog(ws.state / "history.jsonl").entries() if e.kind == "trial"]
     assert trials and {e.proposal for e in trials} == {a["proposal"]}
     # a later episode does not measure the same tree on the same baseline again either
-    commit(repo, {"src/engine.py": ENGINE.replace("# the toy", "# the toy, v2")}, "comment C (same tree)", branch="again/c")
+    commit(
+        repo, {"src/engine.py": ENGINE.replace("# the toy", "# the toy, v2")}, "comment C (same tree)", branch="again/c"
+    )
     rc, out2 = episode_json(repo, "--branches", "again/*", "--seed", "4")
     assert rc == 0 and out2["episode"] != out["episode"]
     (c,) = out2["proposals"]
@@ -214,7 +266,11 @@ def test_bad_input_is_one_line(tmp_path):
 
 def _final(repo: Path) -> tuple[dict[str, str], str]:
     ws = Workspace.open(repo)
-    verdicts = {e.data["title"]: e.data["verdict"] for e in HistoryLog(ws.state / "history.jsonl").entries() if e.kind == "verdict"}
+    verdicts = {
+        e.data["title"]: e.data["verdict"]
+        for e in HistoryLog(ws.state / "history.jsonl").entries()
+        if e.kind == "verdict"
+    }
     tree = git(repo, "rev-parse", f"{ws.baseline_commit()}^{{tree}}").strip()
     return verdicts, tree
 
@@ -249,14 +305,22 @@ def test_sigkill_at_random_points_then_resume_matches_an_uninterrupted_run(tmp_p
     kills = 0
     env = {**os.environ}
     for attempt in range(60):
-        entries = list(HistoryLog(ws.state / "history.jsonl").entries()) if (ws.state / "history.jsonl").exists() else []
+        entries = (
+            list(HistoryLog(ws.state / "history.jsonl").entries()) if (ws.state / "history.jsonl").exists() else []
+        )
         started = any(e.kind == "episode-started" for e in entries)
         args = ["--resume"] if started else ["--patches", str(tmp_path / "queue"), "--seed", "11"]
-        proc = subprocess.Popen([sys.executable, "-m", "agentsearch.cli", "episode", "-C", str(repo), "--json", *args],
-                                cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "agentsearch.cli", "episode", "-C", str(repo), "--json", *args],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         if kills < 10:
             if not started and attempt > 0:  # only the first kill may come before the episode starts: on a
-                _wait_for_start(ws, proc)    # loaded machine every random kill could (and once did), and nothing resumed
+                _wait_for_start(ws, proc)  # loaded machine every random kill could (and once did), and nothing resumed
             time.sleep(rng.uniform(0.3, max(1.0, duration / 4)))
             if proc.poll() is None:
                 proc.send_signal(signal.SIGKILL)
@@ -300,8 +364,12 @@ def test_time_budget_and_abandon(tmp_path):
     rc, out = episode_json(repo, "--patches", str(tmp_path / "queue"), "--time-budget", "1s", "--seed", "1")
     assert rc == 0 and out["judged"] == 1 and out["reason"].startswith("time budget reached")
     # an interrupted episode blocks a new one until it is resumed or abandoned
-    proc = subprocess.Popen([sys.executable, "-m", "agentsearch.cli", "episode", "-C", str(repo), "--patches", str(tmp_path / "queue")],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agentsearch.cli", "episode", "-C", str(repo), "--patches", str(tmp_path / "queue")],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     ws = Workspace.open(repo)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:

@@ -13,12 +13,20 @@ import pytest
 from agentsearch.workspace import Workspace
 from harness.gate_defaults import LOADED_CONFIRM_PAIRS
 
-from .conftest import commit, make_repo, run_cli, toy_config, TOY_BENCH
+from .conftest import TOY_BENCH, commit, make_repo, run_cli, toy_config
 
 
 @pytest.fixture
 def target(tmp_path):
-    repo = make_repo(tmp_path / "toy", {"agentsearch.toml": toy_config(timeout=4), "bench/bench.py": TOY_BENCH, "speed.txt": "1.0\n", "src/model.py": "X = 1\n"})
+    repo = make_repo(
+        tmp_path / "toy",
+        {
+            "agentsearch.toml": toy_config(timeout=4),
+            "bench/bench.py": TOY_BENCH,
+            "speed.txt": "1.0\n",
+            "src/model.py": "X = 1\n",
+        },
+    )
     assert run_cli("init", "-C", str(repo)).returncode == 0
     return repo
 
@@ -120,7 +128,10 @@ def test_calibrate_stores_noise_and_the_gate_uses_it(target):
     stored = json.loads((target / ".git" / "agentsearch" / "calibration.json").read_text())["workloads"]["speed"]
     assert stored["budget_pairs"] == 20 and 0 < stored["detectable"] < 0.2 and stored["trial_s"] > 0
     # and through the gate's own decisions (simulated): never below half of min_effect, the smallest win the gate takes
-    assert "with 90% power by the gate's own decisions (sequential looks, the confirmation; simulated at this noise): +" in human.stdout
+    assert (
+        "with 90% power by the gate's own decisions (sequential looks, the confirmation; simulated at this noise): +"
+        in human.stdout
+    )
     assert 0.01 <= stored["detectable_gate"] < 0.3
 
 
@@ -133,7 +144,10 @@ def test_evaluations_are_recorded_in_the_history(target):
     doc = json.loads(proc.stdout)
     assert doc["schema_version"] == 1
     rows = doc["evaluations"]
-    assert [(r["proposal"], r["branch"], r["verdict"]) for r in rows] == [("fast", "fast", "merge"), ("slow", "slow", "reject")]
+    assert [(r["proposal"], r["branch"], r["verdict"]) for r in rows] == [
+        ("fast", "fast", "merge"),
+        ("slow", "slow", "reject"),
+    ]
     assert rows[1]["reasons"] and rows[0]["reasons"] == []
     table = run_cli("history", "-C", str(target))
     assert "fast" in table.stdout and "merge" in table.stdout
@@ -148,10 +162,20 @@ def test_evaluations_are_recorded_in_the_history(target):
 
 def test_build_failure_is_a_rejection(tmp_path):
 
-    cfg = toy_config(timeout=4).replace('protected = ["bench/**"]', 'protected = ["bench/**"]\ninstall = "command"\nbuild = "sh build.sh"')
-    repo = make_repo(tmp_path / "b", {"agentsearch.toml": cfg, "bench/bench.py": TOY_BENCH, "speed.txt": "1.0\n", "build.sh": "exit 0\n"})
+    cfg = toy_config(timeout=4).replace(
+        'protected = ["bench/**"]', 'protected = ["bench/**"]\ninstall = "command"\nbuild = "sh build.sh"'
+    )
+    repo = make_repo(
+        tmp_path / "b",
+        {"agentsearch.toml": cfg, "bench/bench.py": TOY_BENCH, "speed.txt": "1.0\n", "build.sh": "exit 0\n"},
+    )
     assert run_cli("init", "-C", str(repo)).returncode == 0
-    commit(repo, {"build.sh": "echo 'cc: error: missing header' >&2; exit 1\n", "speed.txt": "1.3\n"}, "broken build", branch="nobuild")
+    commit(
+        repo,
+        {"build.sh": "echo 'cc: error: missing header' >&2; exit 1\n", "speed.txt": "1.3\n"},
+        "broken build",
+        branch="nobuild",
+    )
     rc, out = evaluate(repo, "nobuild")
     assert rc == 4 and out["reasons"][0].startswith("build: candidate") and "missing header" in out["reasons"][0]
     assert out["trials"] == []
@@ -189,7 +213,9 @@ def test_both_sides_run_sandboxed_without_state_harness_or_network(tmp_path):
     repo = make_repo(tmp_path / "toy", {"bench/bench.py": PROBE_BENCH, "speed.txt": "1.0\n", "src/model.py": "X = 1\n"})
     state = repo / ".git" / "agentsearch"
     hdir = Path(harness.__file__).parent
-    cfg = toy_config(timeout=10).replace("bench/bench.py {seed} {out}", f"bench/bench.py {{seed}} {{out}} {state} {hdir} {port}")
+    cfg = toy_config(timeout=10).replace(
+        "bench/bench.py {seed} {out}", f"bench/bench.py {{seed}} {{out}} {state} {hdir} {port}"
+    )
     commit(repo, {"agentsearch.toml": cfg}, "config")
     assert run_cli("init", "-C", str(repo)).returncode == 0
     commit(repo, {"speed.txt": "1.3\n"}, "faster", branch="fast")
@@ -215,7 +241,12 @@ def test_sandbox_off_is_said_in_the_verdict(target):
     rc, out = evaluate(target, "fast2")
     checks = {c["name"]: c for c in out["checks"]}
     # code that ran unconfined is never merged automatically: the best verdict is REVIEW
-    assert rc == 4 and out["verdict"] == "review" and checks["sandbox"]["status"] == "review" and "disabled" in checks["sandbox"]["detail"]
+    assert (
+        rc == 4
+        and out["verdict"] == "review"
+        and checks["sandbox"]["status"] == "review"
+        and "disabled" in checks["sandbox"]["detail"]
+    )
 
 
 def test_a_win_from_code_that_never_ran_is_rejected(target):
@@ -223,8 +254,15 @@ def test_a_win_from_code_that_never_ran_is_rejected(target):
     commit(target, {"speed.txt": "1.3\n", "src/model.py": "X = 2\n"}, "faster + dead code", branch="dead")
     rc, out = evaluate(target, "dead")
     assert rc == 4
-    assert any(r.startswith("coverage: none of the 1 changed executable lines ran") for r in out["reasons"]), out["reasons"]
-    commit(target, {"speed.txt": "1.3\n", "src/model.py": "X = 1\n# only a comment\n"}, "faster + comment", branch="comment")
+    assert any(r.startswith("coverage: none of the 1 changed executable lines ran") for r in out["reasons"]), out[
+        "reasons"
+    ]
+    commit(
+        target,
+        {"speed.txt": "1.3\n", "src/model.py": "X = 1\n# only a comment\n"},
+        "faster + comment",
+        branch="comment",
+    )
     rc, out = evaluate(target, "comment")
     checks = {c["name"]: c for c in out["checks"]}
     assert rc == 0 and checks["coverage"]["status"] == "skipped", checks["coverage"]
@@ -234,8 +272,19 @@ def test_functional_tests_run_before_measuring(tmp_path):
     import sys
 
     tests = "import sys\nsys.path.insert(0, '.')\nfrom src.model import X\nassert X == 1, f'X is {X}'\n"
-    repo = make_repo(tmp_path / "toy", {"agentsearch.toml": toy_config(timeout=4).replace('protected = ["bench/**"]', f'protected = ["bench/**", "tests/**"]\ntest = "{sys.executable} tests/check.py"'),
-                                        "bench/bench.py": TOY_BENCH, "speed.txt": "1.0\n", "src/model.py": "X = 1\n", "tests/check.py": tests})
+    repo = make_repo(
+        tmp_path / "toy",
+        {
+            "agentsearch.toml": toy_config(timeout=4).replace(
+                'protected = ["bench/**"]',
+                f'protected = ["bench/**", "tests/**"]\ntest = "{sys.executable} tests/check.py"',
+            ),
+            "bench/bench.py": TOY_BENCH,
+            "speed.txt": "1.0\n",
+            "src/model.py": "X = 1\n",
+            "tests/check.py": tests,
+        },
+    )
     assert run_cli("init", "-C", str(repo)).returncode == 0
     commit(repo, {"speed.txt": "1.3\n", "src/model.py": "X = 2\n"}, "faster but broken", branch="broken")
     rc, out = evaluate(repo, "broken")
@@ -256,7 +305,7 @@ def test_the_pipeline_runs_the_checks_in_the_gates_order():
     names = [name for name, _ in PIPELINE]
     assert names.index(CheckName.MICRO) < names.index(CheckName.OBJECTIVE)
     gated = [n for n in names if n in GATE_ORDER]
-    assert gated == list(GATE_ORDER[GATE_ORDER.index(CheckName.FUNCTIONAL_TESTS):])
+    assert gated == list(GATE_ORDER[GATE_ORDER.index(CheckName.FUNCTIONAL_TESTS) :])
     assert all(callable(step) and step.__doc__ for _, step in PIPELINE)
 
 
@@ -264,8 +313,15 @@ def test_a_win_measured_under_foreign_load_is_confirmed_on_enough_pairs(tmp_path
     """A spinning process outside the comparison flags every trial ``foreign_load``: the win must then be significant
     on the fresh seeds by itself, over at least LOADED_CONFIRM_PAIRS pairs even where [gate] confirm_pairs is 2 (on 2,
     a t-test with one degree of freedom, a real +67% engine win once missed p < 0.1)."""
-    repo = make_repo(tmp_path / "toy", {"agentsearch.toml": toy_config(extra="\n[gate]\nconfirm_pairs = 2\n"), "bench/bench.py": TOY_BENCH,
-                                        "speed.txt": "1.0\n", "src/model.py": "X = 1\n"})
+    repo = make_repo(
+        tmp_path / "toy",
+        {
+            "agentsearch.toml": toy_config(extra="\n[gate]\nconfirm_pairs = 2\n"),
+            "bench/bench.py": TOY_BENCH,
+            "speed.txt": "1.0\n",
+            "src/model.py": "X = 1\n",
+        },
+    )
     assert run_cli("init", "-C", str(repo)).returncode == 0
     commit(repo, {"speed.txt": "1.3\n"}, "30% faster", branch="fast")
     spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 1)]
@@ -280,7 +336,11 @@ def test_a_win_measured_under_foreign_load_is_confirmed_on_enough_pairs(tmp_path
     conf = out["confirmation"]
     assert conf is not None and conf["pairs"] == LOADED_CONFIRM_PAIRS > 2, conf
     assert rc == 0 and out["verdict"] == "merge", out["reasons"]
-    assert any("confirmed on fresh seeds under foreign load" in c["detail"] for c in out["checks"] if c["name"] == "confirmation"), out["checks"]
+    assert any(
+        "confirmed on fresh seeds under foreign load" in c["detail"]
+        for c in out["checks"]
+        if c["name"] == "confirmation"
+    ), out["checks"]
 
 
 GUARD_BENCH = """
@@ -300,13 +360,26 @@ def test_a_guard_regression_must_hold_on_fresh_engines_and_seeds(tmp_path, real)
     holds and rejects, both measurements named."""
     from harness.seeds import pair_seeds
 
-    guard = ('\n[[workload]]\nname = "guard"\ncommand = "{python} bench/guard.py {{seed}} {{out}}"\nmetric = "req_s"\ntimeout_s = 4\n'
-             .replace("{python}", sys.executable))
-    repo = make_repo(tmp_path / "toy", {"agentsearch.toml": toy_config(timeout=4, extra=guard).replace("{{", "{").replace("}}", "}"),
-                                        "bench/bench.py": TOY_BENCH, "bench/guard.py": GUARD_BENCH, "speed.txt": "1.0\n"})
+    guard = '\n[[workload]]\nname = "guard"\ncommand = "{python} bench/guard.py {{seed}} {{out}}"\nmetric = "req_s"\ntimeout_s = 4\n'.replace(
+        "{python}", sys.executable
+    )
+    repo = make_repo(
+        tmp_path / "toy",
+        {
+            "agentsearch.toml": toy_config(timeout=4, extra=guard).replace("{{", "{").replace("}}", "}"),
+            "bench/bench.py": TOY_BENCH,
+            "bench/guard.py": GUARD_BENCH,
+            "speed.txt": "1.0\n",
+        },
+    )
     assert run_cli("init", "-C", str(repo)).returncode == 0
     first = "all" if real else " ".join(str(pair_seeds(5, "guard")(i)) for i in range(-4, 40))
-    commit(repo, {"speed.txt": "1.3\n", "slow_seeds.txt": first + "\n"}, "faster, and a guard that reads slower", branch="fast")
+    commit(
+        repo,
+        {"speed.txt": "1.3\n", "slow_seeds.txt": first + "\n"},
+        "faster, and a guard that reads slower",
+        branch="fast",
+    )
     rc, out = evaluate(repo, "fast", "--seed", "5")
     w = out["workloads"]
     assert w["guard"]["decision"] == ("regressed" if real else "unconfirmed"), w["guard"]
@@ -318,4 +391,8 @@ def test_a_guard_regression_must_hold_on_fresh_engines_and_seeds(tmp_path, real)
         assert "held on fresh engines" in guard_check["detail"] and "first run" in guard_check["detail"]
     else:
         assert rc == 0 and out["verdict"] == "merge", out["reasons"]
-        assert guard_check["status"] == "pass" and "not a regression" in guard_check["detail"] and again["decision"] == "ok"
+        assert (
+            guard_check["status"] == "pass"
+            and "not a regression" in guard_check["detail"]
+            and again["decision"] == "ok"
+        )

@@ -28,14 +28,22 @@ from benchmarks.toy import TOY_BENCH, toy_config  # noqa: E402
 MARKER = "<!-- agentsearch:pr-review -->"
 
 
-def forge_target(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str = "github", bench: str = TOY_BENCH,
-                 forge_keys: str = "") -> tuple[Path, FakeForge]:
+def forge_target(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str = "github", bench: str = TOY_BENCH, forge_keys: str = ""
+) -> tuple[Path, FakeForge]:
     """A toy target whose remote `origin` is a bare repository the fake forge serves pull requests from."""
     bare = tmp_path / "remote.git"
     fake = FakeForge(bare, kind=kind).start()
     extra = f'\n[forge]\nkind = "{kind}"\nurl = "{fake.url}"\nrepo = "acme/fork"\n{forge_keys}'
-    repo = make_repo(tmp_path / "toy", {"agentsearch.toml": toy_config(extra=extra), "bench/bench.py": bench, "speed.txt": "1.0\n",
-                                        "src/model.py": "X = 1\n"})
+    repo = make_repo(
+        tmp_path / "toy",
+        {
+            "agentsearch.toml": toy_config(extra=extra),
+            "bench/bench.py": bench,
+            "speed.txt": "1.0\n",
+            "src/model.py": "X = 1\n",
+        },
+    )
     subprocess.run(["git", "clone", "-q", "--bare", str(repo), str(bare)], check=True)
     git(repo, "remote", "add", "origin", str(bare))
     assert run_cli("init", "-C", str(repo)).returncode == 0
@@ -66,10 +74,18 @@ def test_review_pr_posts_one_comment_and_a_status_per_verdict(tmp_path, monkeypa
         assert got["outcome"] == "success" and got["verdict"] == "merge"
         head = fake.prs[win]["head"]["sha"]
         (ours,) = fake.ours(win)
-        assert ours["body"].startswith(MARKER) and "**agentsearch: merge-worthy**" in ours["body"] and "MERGE" in ours["body"]
+        assert (
+            ours["body"].startswith(MARKER)
+            and "**agentsearch: merge-worthy**" in ours["body"]
+            and "MERGE" in ours["body"]
+        )
         assert "A/A" in ours["body"] and "designed false-merge level" in ours["body"]
         st = fake.status(head)
-        assert st["state"] == "success" and st["description"].startswith("merge-worthy") and st["target_url"] == ours["html_url"]
+        assert (
+            st["state"] == "success"
+            and st["description"].startswith("merge-worthy")
+            and st["target_url"] == ours["html_url"]
+        )
         # pending first, then the verdict
         assert [s["state"] for s in fake.statuses[head]] == ["pending", "success"]
 
@@ -84,7 +100,9 @@ def test_review_pr_posts_one_comment_and_a_status_per_verdict(tmp_path, monkeypa
         st = fake.status(fake.prs[aa]["head"]["sha"])
         assert json.loads(proc.stdout)["outcome"] in ("neutral", "failure") and st["state"] in ("pending", "failure")
 
-        bad = pr_branch(repo, fake, "bench-edit", {"bench/bench.py": TOY_BENCH.replace("1000.0", "2000.0")}, "Faster bench")
+        bad = pr_branch(
+            repo, fake, "bench-edit", {"bench/bench.py": TOY_BENCH.replace("1000.0", "2000.0")}, "Faster bench"
+        )
         proc = run_cli("review-pr", str(bad), "-C", str(repo), "--json", timeout=600)
         assert proc.returncode == 4 and json.loads(proc.stdout)["outcome"] == "failure"
         st = fake.status(fake.prs[bad]["head"]["sha"])
@@ -108,8 +126,13 @@ def test_bot_killed_mid_run_judges_each_head_once(tmp_path, monkeypatch):
         a = pr_branch(repo, fake, "a", {"speed.txt": "1.3\n"}, "A")
         b = pr_branch(repo, fake, "b", {"src/model.py": "X = 2\n"}, "B")
         history = Workspace.open(repo).state / "history.jsonl"
-        proc = subprocess.Popen([sys.executable, "-m", "agentsearch.cli", "bot", "-C", str(repo), "--watch", "1", "--seed", "4"],
-                                cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "agentsearch.cli", "bot", "-C", str(repo), "--watch", "1", "--seed", "4"],
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         deadline = time.monotonic() + 300
         while '"kind": "pr-review"' not in (history.read_text() if history.exists() else ""):
             assert proc.poll() is None and time.monotonic() < deadline, "the bot stopped before its first verdict"
@@ -175,9 +198,20 @@ def test_the_adapter_retries_rate_limits_and_server_errors_and_pages(tmp_path):
     waits: list[float] = []
     try:
         f = Forge("github", fake.url, "acme/fork", fake.token, sleep=waits.append, backoff_s=0.5)
-        fake.prs[1] = {"number": 1, "title": "t", "state": "open", "user": {"login": "u"}, "head": {"ref": "x", "sha": "a" * 40},
-                       "base": {"ref": "main", "sha": "b" * 40}, "labels": []}
-        fake.faults = [(500, {}), (429, {"Retry-After": "7"}), (403, {"x-ratelimit-remaining": "0", "x-ratelimit-reset": "0"})]
+        fake.prs[1] = {
+            "number": 1,
+            "title": "t",
+            "state": "open",
+            "user": {"login": "u"},
+            "head": {"ref": "x", "sha": "a" * 40},
+            "base": {"ref": "main", "sha": "b" * 40},
+            "labels": [],
+        }
+        fake.faults = [
+            (500, {}),
+            (429, {"Retry-After": "7"}),
+            (403, {"x-ratelimit-remaining": "0", "x-ratelimit-reset": "0"}),
+        ]
         assert f.pull(1).head_sha == "a" * 40
         assert waits[:2] == [0.5, 7.0] and len(waits) == 3
         for i in range(120):
@@ -210,11 +244,17 @@ def test_pr_opens_a_pull_request_through_the_forge_api(tmp_path, monkeypatch):
     repo, fake = forge_target(tmp_path, monkeypatch)
     try:
         queue_of(repo, tmp_path / "queue", [("Faster", {"speed.txt": "1.3\n"})])
-        ep = run_cli("episode", "-C", str(repo), "--patches", str(tmp_path / "queue"), "--seed", "2", "--json", timeout=600)
+        ep = run_cli(
+            "episode", "-C", str(repo), "--patches", str(tmp_path / "queue"), "--seed", "2", "--json", timeout=600
+        )
         assert json.loads(ep.stdout)["proposals"][0]["verdict"] == "merge", ep.stderr[-2000:]
         monkeypatch.delenv("AGENTSEARCH_FORGE_TOKEN")
         no_token = run_cli("pr", "-C", str(repo), "001")
-        assert no_token.returncode == 2 and "AGENTSEARCH_FORGE_TOKEN" in no_token.stderr and len(no_token.stderr.strip().splitlines()) == 1
+        assert (
+            no_token.returncode == 2
+            and "AGENTSEARCH_FORGE_TOKEN" in no_token.stderr
+            and len(no_token.stderr.strip().splitlines()) == 1
+        )
         monkeypatch.setenv("AGENTSEARCH_FORGE_TOKEN", fake.token)
         proc = run_cli("pr", "-C", str(repo), "001", "--draft", "--json")
         assert proc.returncode == 0, proc.stderr[-2000:]
@@ -246,13 +286,18 @@ def test_check_runs_with_an_apps_token_and_a_one_line_refusal_without(tmp_path, 
         assert [r["status"] for r in runs] == ["in_progress", "completed"] and runs[-1]["name"] == "agentsearch"
         outcome = json.loads(proc.stdout)["outcome"]
         assert runs[-1]["conclusion"] == outcome and outcome in ("neutral", "failure")
-        assert runs[-1]["output"]["summary"].startswith(MARKER) and runs[-1]["details_url"] == fake.ours(n)[0]["html_url"]
+        assert (
+            runs[-1]["output"]["summary"].startswith(MARKER) and runs[-1]["details_url"] == fake.ours(n)[0]["html_url"]
+        )
     finally:
         fake.stop()
     from agentsearch.config import ConfigError, load_config_text
 
     with pytest.raises(ConfigError, match="check_runs"):
-        load_config_text(toy_config(extra='\n[forge]\nkind = "gitea"\nurl = "https://gitea.example"\ncheck_runs = true\n'), "agentsearch.toml")
+        load_config_text(
+            toy_config(extra='\n[forge]\nkind = "gitea"\nurl = "https://gitea.example"\ncheck_runs = true\n'),
+            "agentsearch.toml",
+        )
 
 
 def test_merge_applies_the_gates_merge_pushes_it_and_the_stack_counts_it(tmp_path, monkeypatch):
@@ -272,9 +317,16 @@ def test_merge_applies_the_gates_merge_pushes_it_and_the_stack_counts_it(tmp_pat
         assert merged != start and git(repo, "rev-parse", "main^2").strip() == fake.prs[win]["head"]["sha"]
         assert fake._git("rev-parse", "refs/heads/main") == merged  # pushed
         assert f"as `{merged[:12]}` (asked with `--merge`)" in fake.ours(win)[0]["body"]
-        got = json.loads(run_cli("stack", "-C", str(repo), "--since", start, "--json", "--seed", "4", timeout=600).stdout)
+        got = json.loads(
+            run_cli("stack", "-C", str(repo), "--since", start, "--json", "--seed", "4", timeout=600).stdout
+        )
         (m,) = got["merges"]
-        assert m["merge"] == merged and m["speedup"] > 1.1 and m["source"] == "confirmation" and m["title"].startswith("pull request #")
+        assert (
+            m["merge"] == merged
+            and m["speedup"] > 1.1
+            and m["source"] == "confirmation"
+            and m["title"].startswith("pull request #")
+        )
         # the base moved on the forge since: the next win is judged against the new base, but the local baseline is
         # behind it, so --merge refuses; the verdict is posted all the same and says why it was not merged
         commit(repo, {"src/model.py": "X = 3\n"}, "elsewhere", branch="other")
@@ -284,8 +336,13 @@ def test_merge_applies_the_gates_merge_pushes_it_and_the_stack_counts_it(tmp_pat
         again = fake.open_pr("faster-still")
         proc = run_cli("review-pr", str(again), "-C", str(repo), "--merge", "--seed", "5", timeout=600)
         said = [ln for ln in proc.stderr.splitlines() if ln.startswith("agentsearch:")]
-        assert proc.returncode == 2 and len(said) == 1 and "not the base it was measured against" in said[0], proc.stderr[-1500:]
-        assert "Not merged (asked with `--merge`)" in fake.ours(again)[0]["body"] and fake.status(fake.prs[again]["head"]["sha"])["state"] == "success"
+        assert proc.returncode == 2 and len(said) == 1 and "not the base it was measured against" in said[0], (
+            proc.stderr[-1500:]
+        )
+        assert (
+            "Not merged (asked with `--merge`)" in fake.ours(again)[0]["body"]
+            and fake.status(fake.prs[again]["head"]["sha"])["state"] == "success"
+        )
         assert git(repo, "rev-parse", "main").strip() == merged
     finally:
         fake.stop()

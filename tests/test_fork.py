@@ -27,7 +27,10 @@ def test_from_installed_vllm_fork_worktree_imports_from_worktree(tmp_path):
     assert vc is not None and vc.kind == "vllm" and vc.sample and vc.prompts_wanted == 56
     # one-process engines by default (start-up 54 -> 20 s here), with threads the OS places
     cfg = ws.config()
-    assert cfg.target.env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0" and cfg.target.env["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
+    assert (
+        cfg.target.env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+        and cfg.target.env["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
+    )
     assert cfg.target.env["OMP_NUM_THREADS"] == "1"
     assert all(w.engine["distributed_executor_backend"] == "uni" for w in cfg.workloads)
     assert vc.engine["distributed_executor_backend"] == "uni"
@@ -42,7 +45,9 @@ def test_from_installed_vllm_fork_worktree_imports_from_worktree(tmp_path):
 
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"PYTHONPATH": str(p.worktree)}
     code = "import vllm, importlib.metadata as m; print(vllm.__file__); print(m.version('vllm'))"
-    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     lines = out.stdout.strip().splitlines()
     assert lines[-2] == str(p.worktree / "vllm" / "__init__.py")

@@ -30,31 +30,111 @@ def without(checks: list[Check], *names: str) -> list[Check]:
 # (case, checks, verdict, failed_check, failure, reasons that must be there (substrings, in this order))
 CASES = [
     ("every required check passes", passing(), MERGE, None, None, []),
-    ("skippable checks skipped with their reason", passing(distribution=S, confirmation=S, sandbox=S, coverage=S, functional_tests=S),
-     MERGE, None, None, []),
+    (
+        "skippable checks skipped with their reason",
+        passing(distribution=S, confirmation=S, sandbox=S, coverage=S, functional_tests=S),
+        MERGE,
+        None,
+        None,
+        [],
+    ),
     ("no check at all", [], REJECT, "based-on-baseline", FailureKind.MISSING, ["based-on-baseline: did not run"]),
-    ("one required check did not run", without(passing(), "distribution"), REJECT, "distribution", FailureKind.MISSING,
-     ["distribution: did not run"]),
-    ("a failed check", passing(objective=F), REJECT, "objective", default_failure("objective"), ["objective: objective said so"]),
-    ("the first failure in the gate's order is the cause", list(reversed(passing(build=F, distribution=F))), REJECT, "build",
-     default_failure("build"), ["build: build said so", "distribution: distribution said so"]),
-    ("a failure outranks the checks it kept from running", without(passing(build=F), "objective", "confirmation"), REJECT, "build",
-     default_failure("build"), ["build: build said so"]),
-    ("a check reported twice, both passing", [*passing(), Check("objective", P, "")], REJECT, "objective", FailureKind.INTERNAL_ERROR,
-     ["objective: reported twice"]),
-    ("a check reported twice, failed then passed", [Check("objective", F, "slower"), *passing()], REJECT, "objective",
-     FailureKind.INTERNAL_ERROR, ["objective: reported twice", "objective: slower"]),
-    ("an implausible speedup is held for review", passing(plausibility=R), REVIEW, None, None, ["plausibility: plausibility said so"]),
-    ("review never outranks a failure", passing(plausibility=R, distribution=F), REJECT, "distribution", default_failure("distribution"),
-     ["plausibility: plausibility said so", "distribution: distribution said so"]),
-    ("review never outranks a missing check", without(passing(plausibility=R), "distribution"), REJECT, "distribution",
-     FailureKind.MISSING, ["distribution: did not run"]),
-    ("a failed check outside the required ones (micro)", [*passing(), Check("micro", F, "wrong result on case 3")], REJECT, "micro",
-     default_failure("micro"), ["micro: wrong result on case 3"]),
-    ("an extra check held for review (micro)", [*passing(), Check("micro", R, "implausible op speedup")], REVIEW, None, None,
-     ["micro: implausible op speedup"]),
-    ("a required failure comes before an extra one", [Check("micro", F, "wrong"), *passing(objective=F)], REJECT, "objective",
-     default_failure("objective"), ["objective: objective said so", "micro: wrong"]),
+    (
+        "one required check did not run",
+        without(passing(), "distribution"),
+        REJECT,
+        "distribution",
+        FailureKind.MISSING,
+        ["distribution: did not run"],
+    ),
+    (
+        "a failed check",
+        passing(objective=F),
+        REJECT,
+        "objective",
+        default_failure("objective"),
+        ["objective: objective said so"],
+    ),
+    (
+        "the first failure in the gate's order is the cause",
+        list(reversed(passing(build=F, distribution=F))),
+        REJECT,
+        "build",
+        default_failure("build"),
+        ["build: build said so", "distribution: distribution said so"],
+    ),
+    (
+        "a failure outranks the checks it kept from running",
+        without(passing(build=F), "objective", "confirmation"),
+        REJECT,
+        "build",
+        default_failure("build"),
+        ["build: build said so"],
+    ),
+    (
+        "a check reported twice, both passing",
+        [*passing(), Check("objective", P, "")],
+        REJECT,
+        "objective",
+        FailureKind.INTERNAL_ERROR,
+        ["objective: reported twice"],
+    ),
+    (
+        "a check reported twice, failed then passed",
+        [Check("objective", F, "slower"), *passing()],
+        REJECT,
+        "objective",
+        FailureKind.INTERNAL_ERROR,
+        ["objective: reported twice", "objective: slower"],
+    ),
+    (
+        "an implausible speedup is held for review",
+        passing(plausibility=R),
+        REVIEW,
+        None,
+        None,
+        ["plausibility: plausibility said so"],
+    ),
+    (
+        "review never outranks a failure",
+        passing(plausibility=R, distribution=F),
+        REJECT,
+        "distribution",
+        default_failure("distribution"),
+        ["plausibility: plausibility said so", "distribution: distribution said so"],
+    ),
+    (
+        "review never outranks a missing check",
+        without(passing(plausibility=R), "distribution"),
+        REJECT,
+        "distribution",
+        FailureKind.MISSING,
+        ["distribution: did not run"],
+    ),
+    (
+        "a failed check outside the required ones (micro)",
+        [*passing(), Check("micro", F, "wrong result on case 3")],
+        REJECT,
+        "micro",
+        default_failure("micro"),
+        ["micro: wrong result on case 3"],
+    ),
+    (
+        "an extra check held for review (micro)",
+        [*passing(), Check("micro", R, "implausible op speedup")],
+        REVIEW,
+        None,
+        None,
+        ["micro: implausible op speedup"],
+    ),
+    (
+        "a required failure comes before an extra one",
+        [Check("micro", F, "wrong"), *passing(objective=F)],
+        REJECT,
+        "objective",
+        default_failure("objective"),
+        ["objective: objective said so", "micro: wrong"],
+    ),
 ]
 
 
@@ -86,10 +166,24 @@ def test_a_check_that_cannot_be_skipped_refuses_to_be(name):
 
 
 def test_the_skippable_checks_are_exactly_these():
-    assert SKIPPABLE == {c.value for c in (CheckName.DISTRIBUTION, CheckName.CONFIRMATION, CheckName.SANDBOX, CheckName.COVERAGE,
-                                           CheckName.FUNCTIONAL_TESTS)}
-    assert set(REQUIRED_CHECKS) - SKIPPABLE >= {"based-on-baseline", "protected-paths", "build", "objective", "guard-workloads",
-                                                 "plausibility"}
+    assert SKIPPABLE == {
+        c.value
+        for c in (
+            CheckName.DISTRIBUTION,
+            CheckName.CONFIRMATION,
+            CheckName.SANDBOX,
+            CheckName.COVERAGE,
+            CheckName.FUNCTIONAL_TESTS,
+        )
+    }
+    assert set(REQUIRED_CHECKS) - SKIPPABLE >= {
+        "based-on-baseline",
+        "protected-paths",
+        "build",
+        "objective",
+        "guard-workloads",
+        "plausibility",
+    }
 
 
 def test_a_failure_needs_a_reason_and_gets_its_checks_default_kind():
@@ -117,7 +211,10 @@ def test_merge_only_when_every_required_check_passed_once_and_nothing_failed():
     rng = random.Random(0)
     merges = 0
     for _ in range(3000):
-        checks = [Check(n, S, "opted out") if n in SKIPPABLE and rng.random() < 0.3 else Check(n, P, "") for n in REQUIRED_CHECKS]
+        checks = [
+            Check(n, S, "opted out") if n in SKIPPABLE and rng.random() < 0.3 else Check(n, P, "")
+            for n in REQUIRED_CHECKS
+        ]
         for _mutation in range(rng.choice((0, 0, 1, 1, 2, 3))):
             i = rng.randrange(len(checks))
             what = rng.choice(("drop", "twice", "fail", "review", "micro"))
@@ -132,7 +229,11 @@ def test_merge_only_when_every_required_check_passed_once_and_nothing_failed():
         rng.shuffle(checks)
         v = judge(checks)
         names = [c.name for c in checks]
-        ok = set(REQUIRED_CHECKS) <= set(names) and len(names) == len(set(names)) and all(c.status in (P, S) for c in checks)
+        ok = (
+            set(REQUIRED_CHECKS) <= set(names)
+            and len(names) == len(set(names))
+            and all(c.status in (P, S) for c in checks)
+        )
         assert (v.verdict == MERGE) == ok, ([(c.name, c.status.value) for c in checks], v)
         if v.verdict == REJECT:
             assert v.failed_check and v.failure and v.reasons

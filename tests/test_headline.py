@@ -7,13 +7,31 @@ import pytest
 from agentsearch.headline import ci_text, decision_label, headline, measured, number, unit
 
 
-@pytest.mark.parametrize("metric, want", [
-    ("output_tok_s", "tok/s"), ("total_tok_s", "tok/s"), ("tok_s", "tok/s"), ("tokens_per_s", "tok/s"),
-    ("requests_s", "req/s"), ("req_s", "req/s"), ("qps", "req/s"),
-    ("ttft_p50_ms", "ms"), ("median_itl_ms", "ms"), ("p99_tpot_ms", "ms"), ("kernel_us", "µs"),
-    ("latency_mean_s", "s"), ("latency_p99_s", "s"), ("elapsed_s", "s"), ("wall_s", "s"), ("latency", "s"),
-    ("ops_s", "ops/s"), ("images_s", "images/s"), ("score", ""), ("", ""),
-])
+@pytest.mark.parametrize(
+    "metric, want",
+    [
+        ("output_tok_s", "tok/s"),
+        ("total_tok_s", "tok/s"),
+        ("tok_s", "tok/s"),
+        ("tokens_per_s", "tok/s"),
+        ("requests_s", "req/s"),
+        ("req_s", "req/s"),
+        ("qps", "req/s"),
+        ("ttft_p50_ms", "ms"),
+        ("median_itl_ms", "ms"),
+        ("p99_tpot_ms", "ms"),
+        ("kernel_us", "µs"),
+        ("latency_mean_s", "s"),
+        ("latency_p99_s", "s"),
+        ("elapsed_s", "s"),
+        ("wall_s", "s"),
+        ("latency", "s"),
+        ("ops_s", "ops/s"),
+        ("images_s", "images/s"),
+        ("score", ""),
+        ("", ""),
+    ],
+)
 def test_unit_from_the_metric_name(metric, want):
     assert unit(metric) == want
 
@@ -34,19 +52,41 @@ def test_numbers_are_short_and_separated():
 
 
 def workload(role, speedup, decision, **kw):
-    base = {"role": role, "speedup": speedup, "decision": decision, "ci": kw.pop("ci", None), "p_value": kw.pop("p", None),
-            "pairs": kw.pop("pairs", 12), "baseline_median": kw.pop("base", None), "candidate_median": kw.pop("cand", None),
-            "reason": kw.pop("reason", "")}
+    base = {
+        "role": role,
+        "speedup": speedup,
+        "decision": decision,
+        "ci": kw.pop("ci", None),
+        "p_value": kw.pop("p", None),
+        "pairs": kw.pop("pairs", 12),
+        "baseline_median": kw.pop("base", None),
+        "candidate_median": kw.pop("cand", None),
+        "reason": kw.pop("reason", ""),
+    }
     base.update(kw)
     return base
 
 
 def merge_record():
     return {
-        "verdict": "merge", "reasons": [], "objective": "throughput", "baseline": "a" * 40, "candidate": "b" * 40,
+        "verdict": "merge",
+        "reasons": [],
+        "objective": "throughput",
+        "baseline": "a" * 40,
+        "candidate": "b" * 40,
         "workloads": {
-            "throughput": workload("objective", 1.622, "win", ci=[1.176, 2.238], p=0.0035, base=780.6, cand=1393.2,
-                                   metric="output_tok_s", unit="tok/s", higher_is_better=True),
+            "throughput": workload(
+                "objective",
+                1.622,
+                "win",
+                ci=[1.176, 2.238],
+                p=0.0035,
+                base=780.6,
+                cand=1393.2,
+                metric="output_tok_s",
+                unit="tok/s",
+                higher_is_better=True,
+            ),
             "serve-c1": workload("guard", 0.982, "ok", pairs=3),
         },
         "confirmation": workload("confirmation", 2.14, "ok", pairs=4),
@@ -56,7 +96,8 @@ def merge_record():
 def test_merge_headline_has_number_unit_ci_p_pairs_guards_confirmation():
     assert headline(merge_record()) == (
         "MERGE — output_tok_s 780.6 → 1,266 tok/s (+62.2%, 95% CI +17.6…+123.8%, p=0.0035, 12 pairs), "
-        "guards ok, confirmed +114.0%")
+        "guards ok, confirmed +114.0%"
+    )
 
 
 def test_the_arrow_moves_the_baseline_by_the_paired_estimate_so_it_agrees_with_the_percentage():
@@ -82,11 +123,25 @@ def test_old_records_without_metric_fall_back_to_the_workload_name_and_given_uni
 def test_futility_stop_reads_as_no_gain_not_lose():
     rec = merge_record()
     rec.update(verdict="reject", confirmation=None, reasons=["objective: throughput: no worthwhile speedup: ..."])
-    rec["workloads"] = {"throughput": workload("objective", 1.004, "lose", ci=[0.98, 1.03], p=0.4, pairs=5, base=780.0, cand=783.1,
-                                               metric="output_tok_s", reason="no worthwhile speedup: speedup +0.40% ...")}
+    rec["workloads"] = {
+        "throughput": workload(
+            "objective",
+            1.004,
+            "lose",
+            ci=[0.98, 1.03],
+            p=0.4,
+            pairs=5,
+            base=780.0,
+            cand=783.1,
+            metric="output_tok_s",
+            reason="no worthwhile speedup: speedup +0.40% ...",
+        )
+    }
     line = headline(rec)
-    assert line == ("REJECT — output_tok_s 780 → 783.1 tok/s (+0.4%, 95% CI -2.0…+3.0%, p=0.4, 5 pairs), "
-                    "no worthwhile speedup, stopped early")
+    assert line == (
+        "REJECT — output_tok_s 780 → 783.1 tok/s (+0.4%, 95% CI -2.0…+3.0%, p=0.4, 5 pairs), "
+        "no worthwhile speedup, stopped early"
+    )
     assert "lose" not in line
     assert decision_label(rec["workloads"]["throughput"]) == "no gain (stopped)"
     slower = workload("objective", 0.8, "lose", reason="slower: speedup -20%")

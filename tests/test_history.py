@@ -11,7 +11,6 @@ from history import HistoryError, HistoryLog, verify
 
 from .conftest import ROOT
 
-
 # a valid evaluation record (records are validated on write); extra keys are kept
 EV = {"reasons": [], "ref": "r", "baseline": "b", "candidate": "c", "seed": 0, "checks": []}
 
@@ -81,8 +80,10 @@ def test_corrupt_history_refuses_to_open(tmp_path):
 
 def test_second_writer_is_refused(tmp_path):
     path = tmp_path / "history.jsonl"
-    code = ("import sys, time; sys.path.insert(0, sys.argv[1]); from history import HistoryLog; from pathlib import Path;"
-            "l = HistoryLog(Path(sys.argv[2])).open(); print('open', flush=True); time.sleep(60)")
+    code = (
+        "import sys, time; sys.path.insert(0, sys.argv[1]); from history import HistoryLog; from pathlib import Path;"
+        "l = HistoryLog(Path(sys.argv[2])).open(); print('open', flush=True); time.sleep(60)"
+    )
     holder = subprocess.Popen([sys.executable, "-c", code, str(ROOT), str(path)], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "open"
@@ -95,12 +96,14 @@ def test_second_writer_is_refused(tmp_path):
 
 def test_kill_9_mid_stream_leaves_a_verifiable_log(tmp_path):
     path = tmp_path / "history.jsonl"
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); from history import HistoryLog; from pathlib import Path\n"
-            f"EV = {EV!r}\n"
-            "with HistoryLog(Path(sys.argv[2])) as l:\n"
-            "    i = 0\n"
-            "    while True:\n"
-            "        l.append('evaluation', 'e1', 'e1/001', {**EV, 'verdict': 'reject', 'i': i, 'pad': 'x' * 500}); i += 1\n")
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]); from history import HistoryLog; from pathlib import Path\n"
+        f"EV = {EV!r}\n"
+        "with HistoryLog(Path(sys.argv[2])) as l:\n"
+        "    i = 0\n"
+        "    while True:\n"
+        "        l.append('evaluation', 'e1', 'e1/001', {**EV, 'verdict': 'reject', 'i': i, 'pad': 'x' * 500}); i += 1\n"
+    )
     proc = subprocess.Popen([sys.executable, "-c", code, str(ROOT), str(path)])
     import time
 

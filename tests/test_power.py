@@ -19,7 +19,9 @@ LEVEL = GATE.proposal_alpha * 0.8  # the final look's share: what the formula te
 def test_merge_rate_grows_with_the_effect_and_never_merges_a_no_op():
     sd = 0.032
     prior, noise = NoisePrior(sd * sd, 29), Noise.from_calibration(sd, 0.0, 1)
-    rates = [rate(DESIGN, prior, noise, e, reps=100, confirm_pairs=GATE.confirm_pairs) for e in (0.0, 0.015, 0.03, 0.06)]
+    rates = [
+        rate(DESIGN, prior, noise, e, reps=100, confirm_pairs=GATE.confirm_pairs) for e in (0.0, 0.015, 0.03, 0.06)
+    ]
     assert rates[0] == 0.0 and rates == sorted(rates) and rates[-1] >= 0.95 and 0.1 < rates[2] < 0.95, rates
 
 
@@ -47,7 +49,12 @@ def test_a_quiet_workload_is_bounded_by_min_effect_and_a_noisy_one_by_the_budget
     guard = detectable(guard_design, NoisePrior(sd * sd, 9), Noise.from_calibration(sd, 0.0, 2), reps=100, guard=True)
     formula = -math_expm1_neg(min_detectable(sd, 16, GATE.regression_alpha, 0.9, 9, 0.0, 8))
     assert guard is not None and guard == pytest.approx(formula, rel=0.2), (guard, formula)
-    assert detectable(DESIGN, NoisePrior(4.0, 29), Noise.from_calibration(2.0, 0.0, 1), reps=20, confirm_pairs=GATE.confirm_pairs) is None
+    assert (
+        detectable(
+            DESIGN, NoisePrior(4.0, 29), Noise.from_calibration(2.0, 0.0, 1), reps=20, confirm_pairs=GATE.confirm_pairs
+        )
+        is None
+    )
     with pytest.raises(ValueError):
         Noise(-0.1)
 
@@ -66,21 +73,44 @@ def test_gate_quality_benchmark_runs_its_scenarios_and_the_attack():
     from .conftest import ROOT
 
     script = str(ROOT / "benchmarks" / "gate_quality.py")
-    proc = subprocess.run([sys.executable, script, "--reps", "16", "--calibrate-pairs", "10", "--scenario", "0.0226:0.005:2", "--effect", "0.1"],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            script,
+            "--reps",
+            "16",
+            "--calibrate-pairs",
+            "10",
+            "--scenario",
+            "0.0226:0.005:2",
+            "--effect",
+            "0.1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "CV 2.3% + instance 0.5%, restarts 2" in proc.stdout and "where the true 10% wins went" in proc.stdout
     assert "10% win detected" in proc.stdout
-    proc = subprocess.run([sys.executable, script, "--reps", "16", "--calibrate-pairs", "10", "--only", "lottery of slowdowns"],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, script, "--reps", "16", "--calibrate-pairs", "10", "--only", "lottery of slowdowns"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.count("false merges  0.00% (0 of 16)") == 2, proc.stdout
     bad = subprocess.run([sys.executable, script, "--scenario", "0.02:x:2"], capture_output=True, text=True, timeout=60)
     assert bad.returncode != 0 and "expected CV:INSTANCE:RESTARTS[:LOTTERY]" in bad.stderr
     bad = subprocess.run([sys.executable, script, "--max-pairs", "1"], capture_output=True, text=True, timeout=60)
-    assert bad.returncode != 0 and "--max-pairs / --confirm-pairs: expected an integer >= min_pairs" in bad.stderr, bad.stderr
+    assert bad.returncode != 0 and "--max-pairs / --confirm-pairs: expected an integer >= min_pairs" in bad.stderr, (
+        bad.stderr
+    )
     bad = subprocess.run([sys.executable, script, "--effect", "-2"], capture_output=True, text=True, timeout=60)
-    assert bad.returncode != 0 and bad.stderr.strip().splitlines()[-1].startswith("--effect: expected a speedup"), bad.stderr
+    assert bad.returncode != 0 and bad.stderr.strip().splitlines()[-1].startswith("--effect: expected a speedup"), (
+        bad.stderr
+    )
 
 
 def test_calibrate_simulates_the_noise_it_calibrated():
@@ -95,7 +125,9 @@ def test_calibrate_simulates_the_noise_it_calibrated():
     from harness.interleave import run_interleaved
     from harness.power import SimulatedSide
 
-    cfg = load_config_text('[[workload]]\nname = "obj"\nkind = "vllm-throughput"\nmetric = "output_tok_s"\nrestarts = 2\n')
+    cfg = load_config_text(
+        '[[workload]]\nname = "obj"\nkind = "vllm-throughput"\nmetric = "output_tok_s"\nrestarts = 2\n'
+    )
     w = cfg.workload("obj")
     trial_sd, instance_sd = 0.02, 0.02
     got, across = [], []
@@ -107,9 +139,9 @@ def test_calibrate_simulates_the_noise_it_calibrated():
         got.append(simulation_noise(noise, cfg, w))
         across.append(noise.var / 2)
     assert all(n.restarts == 2 and n.confirm_restarts == 1 and not n.alternate for n in got)
-    assert np.mean([n.trial_sd ** 2 for n in got]) == pytest.approx(trial_sd ** 2, rel=0.08)
-    assert np.mean([n.instance_sd ** 2 for n in got]) == pytest.approx(instance_sd ** 2, rel=0.35)
-    assert np.mean(across) > 1.1 * trial_sd ** 2  # the variance across sessions: what the simulation used to take
+    assert np.mean([n.trial_sd**2 for n in got]) == pytest.approx(trial_sd**2, rel=0.08)
+    assert np.mean([n.instance_sd**2 for n in got]) == pytest.approx(instance_sd**2, rel=0.35)
+    assert np.mean(across) > 1.1 * trial_sd**2  # the variance across sessions: what the simulation used to take
 
 
 def test_the_simulated_confirmation_runs_on_the_gates_placement(monkeypatch):
@@ -130,7 +162,10 @@ def test_the_simulated_confirmation_runs_on_the_gates_placement(monkeypatch):
     for noise in (Noise(1e-3, 0.0, 2, False, 2), Noise(1e-3, 0.0, 2, True, 1)):
         calls.clear()
         assert P.found(DESIGN, quiet, noise, 0.2, __import__("numpy").random.default_rng(1), confirm_pairs=4)
-        assert calls == [{"restarts": 2, "alternate": noise.alternate}, {"restarts": noise.confirm_restarts, "alternate": noise.alternate}]
+        assert calls == [
+            {"restarts": 2, "alternate": noise.alternate},
+            {"restarts": noise.confirm_restarts, "alternate": noise.alternate},
+        ]
 
 
 def test_the_starters_objective_finds_3pct_wins_where_two_sessions_of_six_did_not():
@@ -151,7 +186,13 @@ def test_the_starters_objective_finds_3pct_wins_where_two_sessions_of_six_did_no
     prior = NoisePrior(sd * sd, 29)
     now = workload_design(design_for(cfg.gate), w)
     before = dataclasses.replace(now, max_pairs=12)
-    got = {name: rate(design, prior, Noise.from_calibration(sd, 0.0, r), 0.03, reps=200, confirm_pairs=cfg.gate.confirm_pairs)
-           for name, design, r in (("now", now, 5), ("before", before, 2))}
+    got = {
+        name: rate(
+            design, prior, Noise.from_calibration(sd, 0.0, r), 0.03, reps=200, confirm_pairs=cfg.gate.confirm_pairs
+        )
+        for name, design, r in (("now", now, 5), ("before", before, 2))
+    }
     assert got["now"] >= 0.82 and got["before"] <= 0.65, got
-    assert rate(now, prior, Noise.from_calibration(sd, 0.0, 5), 0.0, reps=100, confirm_pairs=cfg.gate.confirm_pairs) == 0.0
+    assert (
+        rate(now, prior, Noise.from_calibration(sd, 0.0, 5), 0.0, reps=100, confirm_pairs=cfg.gate.confirm_pairs) == 0.0
+    )

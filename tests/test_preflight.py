@@ -34,8 +34,13 @@ model = "{model}"
 
 
 def toy(root: Path, extra_files: dict[str, str] | None = None, extra: str = "", cfg: str | None = None) -> Path:
-    files = {"agentsearch.toml": cfg or toy_config(timeout=10, extra=extra), "bench/bench.py": TOY_BENCH,
-             "speed.txt": "1.0\n", "src/model.py": "X = 1\n", **(extra_files or {})}
+    files = {
+        "agentsearch.toml": cfg or toy_config(timeout=10, extra=extra),
+        "bench/bench.py": TOY_BENCH,
+        "speed.txt": "1.0\n",
+        "src/model.py": "X = 1\n",
+        **(extra_files or {}),
+    }
     return make_repo(root, files)
 
 
@@ -76,7 +81,10 @@ def queue(repo: Path, root: Path) -> Path:
 
 BAD_SETUPS = {
     "missing-model-dir": (GEN.format(model="/nonexistent/models/llama"), "is not a directory"),
-    "hf-id": (GEN.format(model="meta-llama/Llama-3.2-1B"), "huggingface-cli download meta-llama/Llama-3.2-1B --local-dir DIR"),
+    "hf-id": (
+        GEN.format(model="meta-llama/Llama-3.2-1B"),
+        "huggingface-cli download meta-llama/Llama-3.2-1B --local-dir DIR",
+    ),
     "missing-overlay": ("", "overlay_from '/nonexistent/site-packages' is not a directory"),
 }
 
@@ -85,7 +93,10 @@ def bad_config(case: str) -> str:
     extra, _ = BAD_SETUPS[case]
     cfg = toy_config(timeout=10, extra=extra)
     if case == "missing-overlay":
-        cfg = cfg.replace('protected = ["bench/**"]', 'protected = ["bench/**"]\ninstall = "overlay"\noverlay_from = "/nonexistent/site-packages"')
+        cfg = cfg.replace(
+            'protected = ["bench/**"]',
+            'protected = ["bench/**"]\ninstall = "overlay"\noverlay_from = "/nonexistent/site-packages"',
+        )
     return cfg
 
 
@@ -93,7 +104,11 @@ def test_static_model_checks_name_the_fix(tmp_path):
     assert "tiny" in BUILT_IN_MODELS
     assert preflight.check_model("w", "tiny").status == preflight.OK
     hf = preflight.check_model("workload 'gen'", "Qwen/Qwen2.5-0.5B")
-    assert hf.status == preflight.FAIL and "Hugging Face id" in hf.detail and "huggingface-cli download Qwen/Qwen2.5-0.5B" in hf.fix
+    assert (
+        hf.status == preflight.FAIL
+        and "Hugging Face id" in hf.detail
+        and "huggingface-cli download Qwen/Qwen2.5-0.5B" in hf.fix
+    )
     missing = preflight.check_model("w", str(tmp_path / "nope"))
     assert missing.status == preflight.FAIL and "is not a directory" in missing.detail and '"tiny"' in missing.fix
     (tmp_path / "empty").mkdir()
@@ -118,12 +133,16 @@ def test_a_bad_setup_stops_episode_and_evaluate_before_anything_is_judged(tmp_pa
     assert cli("init", "-C", str(repo)).returncode == 0
     q = queue(repo, tmp_path)
     for case in sorted(BAD_SETUPS):
-        commit(repo, {"agentsearch.toml": bad_config(case)}, f"a set-up mistake: {case}")  # on the baseline: what runs read
+        commit(
+            repo, {"agentsearch.toml": bad_config(case)}, f"a set-up mistake: {case}"
+        )  # on the baseline: what runs read
         proc, wall = timed("episode", "-C", str(repo), "--patches", str(q), "--seed", "1")
         assert proc.returncode == 5, (case, proc.stdout, proc.stderr)
         assert BAD_SETUPS[case][1] in one_line(proc.stderr) and wall < SECONDS, case
     proc, wall = timed("evaluate", "-C", str(repo), "scratch/fast", "--json")
-    assert proc.returncode == 5 and proc.stdout == "" and BAD_SETUPS[case][1] in one_line(proc.stderr) and wall < SECONDS
+    assert (
+        proc.returncode == 5 and proc.stdout == "" and BAD_SETUPS[case][1] in one_line(proc.stderr) and wall < SECONDS
+    )
     assert kinds(repo) == []  # no episode started, no proposal, no verdict, no evaluation recorded
 
 
@@ -135,10 +154,19 @@ def test_broken_baseline_stops_the_episode_as_a_run_error_and_resume_judges_afte
     proc, wall = timed("episode", "-C", str(repo), "--patches", str(q), "--seed", "1")
     assert proc.returncode == 5, (proc.stdout, proc.stderr)
     line = one_line(proc.stderr)
-    assert "is broken: speed: exited with status 1" in line and "ZeroDivisionError" in line and "alone too" in line and "--resume" in line
+    assert (
+        "is broken: speed: exited with status 1" in line
+        and "ZeroDivisionError" in line
+        and "alone too" in line
+        and "--resume" in line
+    )
     assert wall < SECONDS
     assert "verdict" not in kinds(repo) and kinds(repo).count("run-error") == 1
-    err = [json.loads(line) for line in (repo / ".git" / "agentsearch" / "history.jsonl").read_text().splitlines() if '"run-error"' in line][0]
+    err = [
+        json.loads(line)
+        for line in (repo / ".git" / "agentsearch" / "history.jsonl").read_text().splitlines()
+        if '"run-error"' in line
+    ][0]
     assert err["proposal"].endswith("/001") and err["data"]["kind"] == "BaselineBroken"
     # the baseline fixed, the same episode continues and judges the proposal it could not judge
     git(repo, "rm", "-q", "mode.txt")
@@ -151,7 +179,9 @@ def test_broken_baseline_stops_the_episode_as_a_run_error_and_resume_judges_afte
 
 
 def test_broken_baseline_build_is_a_run_error_for_evaluate(tmp_path):
-    cfg = toy_config(timeout=10).replace('protected = ["bench/**"]', 'protected = ["bench/**"]\ninstall = "command"\nbuild = "sh build.sh"')
+    cfg = toy_config(timeout=10).replace(
+        'protected = ["bench/**"]', 'protected = ["bench/**"]\ninstall = "command"\nbuild = "sh build.sh"'
+    )
     repo = toy(tmp_path / "t", {"build.sh": "exit 0\n"}, cfg=cfg)
     assert cli("init", "-C", str(repo)).returncode == 0
     commit(repo, {"speed.txt": "1.3\n"}, "faster", branch="fast")
@@ -182,12 +212,19 @@ def vllm_target(root: Path, files: dict[str, str]) -> Path:
     return repo
 
 
-@pytest.mark.parametrize("files, needle", [
-    ({**FAKE_OK, "torch/__init__.py": "raise OSError('libtorch_cpu.so: cannot open shared object file')\n"},
-     "`import torch` fails in the baseline's sandbox: OSError: libtorch_cpu.so"),
-    ({**FAKE_OK, "torchvision/__init__.py": "raise RuntimeError('operator torchvision::nms does not exist')\n"},
-     "`import torchvision` fails in the baseline's sandbox: RuntimeError: operator torchvision::nms does not exist"),
-])
+@pytest.mark.parametrize(
+    "files, needle",
+    [
+        (
+            {**FAKE_OK, "torch/__init__.py": "raise OSError('libtorch_cpu.so: cannot open shared object file')\n"},
+            "`import torch` fails in the baseline's sandbox: OSError: libtorch_cpu.so",
+        ),
+        (
+            {**FAKE_OK, "torchvision/__init__.py": "raise RuntimeError('operator torchvision::nms does not exist')\n"},
+            "`import torchvision` fails in the baseline's sandbox: RuntimeError: operator torchvision::nms does not exist",
+        ),
+    ],
+)
 def test_broken_environment_is_diagnosed_by_name(tmp_path, monkeypatch, files, needle):
     monkeypatch.setenv("AGENTSEARCH_CACHE", str(tmp_path / "cache"))
     repo = vllm_target(tmp_path / "t", files)
@@ -216,9 +253,16 @@ def test_preflight_run_builds_the_baseline_alone_and_names_its_failure(tmp_path)
     repo = toy(tmp_path / "t")
     assert cli("init", "-C", str(repo)).returncode == 0
     proc = cli("preflight", "-C", str(repo), "--run")
-    assert proc.returncode == 0 and "builds alone and runs each workload once (speed)" in proc.stdout, proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "builds alone and runs each workload once (speed)" in proc.stdout, (
+        proc.stdout + proc.stderr
+    )
     commit(repo, {"mode.txt": "crash\n"}, "break the baseline")
     proc = cli("preflight", "-C", str(repo), "--run", "--json")
     out = json.loads(proc.stdout)
     base = {c["name"]: c for c in out["checks"]}["baseline"]
-    assert proc.returncode == 5 and out["schema_version"] == 1 and base["status"] == "fail" and "ZeroDivisionError" in base["detail"]
+    assert (
+        proc.returncode == 5
+        and out["schema_version"] == 1
+        and base["status"] == "fail"
+        and "ZeroDivisionError" in base["detail"]
+    )

@@ -21,8 +21,7 @@ import pytest
 from agentsearch.workspace import Workspace
 from history import HistoryLog
 
-from .conftest import ROOT, run_cli
-from .conftest import make_repo
+from .conftest import ROOT, make_repo, run_cli
 from .test_episode import BENCH, CONFIG, ENGINE, LM, _final, write_queue
 
 STORE = 100 * 2**20
@@ -33,7 +32,16 @@ def make_target(path: Path) -> Path:
     cores must not turn a slow trial into a verdict (the timeout is not what these tests check)."""
     config = CONFIG.format(python=sys.executable).replace("timeout_s = 4\n", "timeout_s = 30\n")
     assert "timeout_s = 30" in config
-    repo = make_repo(path, {"agentsearch.toml": config, "bench/bench.py": BENCH, "lm.py": LM, "src/__init__.py": "", "src/engine.py": ENGINE})
+    repo = make_repo(
+        path,
+        {
+            "agentsearch.toml": config,
+            "bench/bench.py": BENCH,
+            "lm.py": LM,
+            "src/__init__.py": "",
+            "src/engine.py": ENGINE,
+        },
+    )
     assert run_cli("init", "-C", str(repo)).returncode == 0
     return repo
 
@@ -60,7 +68,9 @@ def cluster(tmp_path_factory):
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), saved["PYTHONPATH"]) if p)
     os.environ.pop("RAY_ADDRESS", None)
     t0 = time.monotonic()
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "object_store_memory": STORE, "include_dashboard": False})
+    c = Cluster(
+        initialize_head=True, head_node_args={"num_cpus": 0, "object_store_memory": STORE, "include_dashboard": False}
+    )
     workers = [_add_worker(c) for _ in range(2)]
     c.wait_for_nodes()
     c.start_s = time.monotonic() - t0  # type: ignore[attr-defined]
@@ -92,8 +102,26 @@ def reference(tmp_path_factory):
 
 
 def _episode(repo: Path, cluster, *args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "agentsearch.cli", "episode", "-C", str(repo), "--json", "--executor", "ray",
-                             "--address", cluster.address, *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "agentsearch.cli",
+            "episode",
+            "-C",
+            str(repo),
+            "--json",
+            "--executor",
+            "ray",
+            "--address",
+            cluster.address,
+            *args,
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _entries(repo: Path) -> list:
@@ -131,9 +159,15 @@ def test_executor_settings_are_validated_in_one_line(tmp_path):
         load_config_text(text + '\n[executor]\nkind = "slurm"\n')
     repo = make_target(tmp_path / "toy")
     proc = run_cli("episode", "-C", str(repo), "--patches", str(tmp_path), "--executor", "ray", "--parallel", "0")
-    assert proc.returncode == 2 and "--parallel: expected an integer >= 1" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert (
+        proc.returncode == 2
+        and "--parallel: expected an integer >= 1" in proc.stderr
+        and len(proc.stderr.strip().splitlines()) == 1
+    )
     assert not _entries(repo)  # refused before anything was recorded
-    proc = run_cli("episode", "-C", str(repo), "--patches", str(tmp_path), "--executor", "ray", "--address", "127.0.0.1:9")
+    proc = run_cli(
+        "episode", "-C", str(repo), "--patches", str(tmp_path), "--executor", "ray", "--address", "127.0.0.1:9"
+    )
     assert proc.returncode == 5 and "cannot join the Ray cluster at '127.0.0.1:9'" in proc.stderr, proc.stderr
     assert not _entries(repo)
 
@@ -145,7 +179,9 @@ def test_a_node_that_cannot_isolate_serving_is_the_runs_error(tmp_path, monkeypa
     from harness import sandbox
 
     serve = '\n[[workload]]\nname = "serve"\nkind = "vllm-serve"\nmodel = "tiny"\nmetric = "output_tok_s"\n'
-    repo = make_repo(tmp_path / "t", {"agentsearch.toml": CONFIG.format(python=sys.executable) + serve, "bench/bench.py": BENCH})
+    repo = make_repo(
+        tmp_path / "t", {"agentsearch.toml": CONFIG.format(python=sys.executable) + serve, "bench/bench.py": BENCH}
+    )
     assert run_cli("init", "-C", str(repo)).returncode == 0
     ws = Workspace.open(repo)
     base = ws.baseline_commit()
@@ -154,7 +190,9 @@ def test_a_node_that_cannot_isolate_serving_is_the_runs_error(tmp_path, monkeypa
     assert "cannot isolate the network" in why and "\n" not in why
     monkeypatch.setattr(sandbox, "can_join_network", lambda: True)
     assert node.serving_unisolated(ws, base) == ("" if sandbox.probe()[0] else why)
-    plain = make_repo(tmp_path / "p", {"agentsearch.toml": CONFIG.format(python=sys.executable), "bench/bench.py": BENCH})
+    plain = make_repo(
+        tmp_path / "p", {"agentsearch.toml": CONFIG.format(python=sys.executable), "bench/bench.py": BENCH}
+    )
     assert run_cli("init", "-C", str(plain)).returncode == 0
     monkeypatch.setattr(sandbox, "can_join_network", lambda: False)
     assert node.serving_unisolated(Workspace.open(plain), Workspace.open(plain).baseline_commit()) == ""
@@ -173,6 +211,7 @@ def test_an_evaluation_that_never_gets_a_place_is_a_fault_not_a_hang(cluster):
     x.place_timeout_s = 3.0
     holders: list = []
     try:
+
         def sleep(s: float) -> None:
             time.sleep(s)
 
@@ -243,7 +282,10 @@ def test_parallel_episode_matches_the_local_loop(tmp_path, cluster, reference):
     # every verdict names the node it was measured on (with its environment), and the measured
     # ones ran on a worker node, never on the head (it has no CPUs)
     measured = [v for v in verdicts if v.get("workloads")]
-    assert measured and all(v["node"]["node_id"] in {w.node_id for w in cluster.workers} and v["node"]["environment_fingerprint"] for v in measured)
+    assert measured and all(
+        v["node"]["node_id"] in {w.node_id for w in cluster.workers} and v["node"]["environment_fingerprint"]
+        for v in measured
+    )
     trials = [e.data for e in entries if e.kind == "trial"]
     assert trials and all(t["node"] for t in trials)
     # in order: every verdict was made against the baseline of its turn (merges before it applied)
@@ -309,13 +351,19 @@ def test_worker_node_killed_mid_evaluation_is_judged_again_elsewhere(tmp_path, c
     faults = [e.data for e in entries if e.kind == "node-fault"]
     # the proposal the node was running when it left: the one seen there, or (under load its evaluation may end
     # within the second before the removal) a later one the node had taken on since
-    assert faults and faults[0]["node"] == victim.node_id and faults[0]["proposal"] >= running["proposal"], (faults, running)
+    assert faults and faults[0]["node"] == victim.node_id and faults[0]["proposal"] >= running["proposal"], (
+        faults,
+        running,
+    )
     lost = next(e.data for e in entries if e.kind == "verdict" and e.data["proposal"] == faults[0]["proposal"])
     if lost.get("workloads"):  # measured again: elsewhere, with the same seed
         assert lost["node"]["node_id"] != victim.node_id and lost["node"]["attempt"] >= 2
     # nothing measured on the lost attempt reached the history
-    assert not [e for e in entries if e.kind == "trial" and e.data.get("node") == victim.node_id
-                and e.data["number"] == faults[0]["number"]]
+    assert not [
+        e
+        for e in entries
+        if e.kind == "trial" and e.data.get("node") == victim.node_id and e.data["number"] == faults[0]["number"]
+    ]
 
 
 def test_round3_channels_stay_closed_on_a_ray_node(tmp_path, cluster):
@@ -339,7 +387,9 @@ def test_round3_channels_stay_closed_on_a_ray_node(tmp_path, cluster):
     verdicts = {p["title"]: p for p in json.loads(out)["proposals"]}
     assert {v["verdict"] for v in verdicts.values()} == {"reject"}, verdicts
     atime = verdicts["a bit set in an access time"]
-    assert any("worktree modified during a trial: candidate: changed 'data.txt'" in r for r in atime["reasons"]), atime["reasons"]
+    assert any("worktree modified during a trial: candidate: changed 'data.txt'" in r for r in atime["reasons"]), atime[
+        "reasons"
+    ]
     assert Workspace.open(repo).baseline_commit() == main
     assert not host_has_key(name)
     entries = _entries(repo)
@@ -355,12 +405,40 @@ def test_agent_sessions_at_once_feed_the_ray_executor(tmp_path, cluster):
     repo = claude_target(tmp_path)
     with ScriptedMessagesAPI([WIN, IDLE, LESSONS]) as api:
         env = {**os.environ, **cli_env(api.url, tmp_path / "clihome")}
-        proc = subprocess.run([sys.executable, "-m", "agentsearch.cli", "episode", "-C", str(repo), "--json", "--executor", "ray",
-                               "--address", cluster.address, "--proposer", "claude", "--agents", "2", "--budget", "2", "--parallel", "2"],
-                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "agentsearch.cli",
+                "episode",
+                "-C",
+                str(repo),
+                "--json",
+                "--executor",
+                "ray",
+                "--address",
+                cluster.address,
+                "--proposer",
+                "claude",
+                "--agents",
+                "2",
+                "--budget",
+                "2",
+                "--parallel",
+                "2",
+            ],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
-    assert sorted((p["title"], p["verdict"]) for p in out["proposals"]) == [("Nothing to do", "reject"), ("Raise the speed factor", "merge")]
+    assert sorted((p["title"], p["verdict"]) for p in out["proposals"]) == [
+        ("Nothing to do", "reject"),
+        ("Raise the speed factor", "merge"),
+    ]
     assert "(2 in flight)" in proc.stderr
     verdicts = [e.data for e in _judged_once(repo) if e.kind == "verdict" and e.data.get("workloads")]
     assert verdicts and all(v["node"]["node_id"] in {w.node_id for w in cluster.workers} for v in verdicts)

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from harness.trials import TRIAL_FAILURES
 from history import HistoryError, HistoryLog, verify
 from history import records as rec
 from history.insights import distill, knob_table, proposal_rows
-from harness.trials import TRIAL_FAILURES
 
 from .conftest import ROOT, run_cli
 
@@ -21,8 +21,11 @@ FIXTURE = ROOT / "tests" / "fixtures" / "schema1-target.tar.gz"
 # every released history format, as the code of its time wrote it (tests/fixtures/make_schema1_history.py, run
 # from that code's checkout): 0.1.0 as of 2026-11-30 11:34 (010faf8) and as of its early days (before
 # 09d6235: insights did not count reverts yet, and GitPython was a dependency)
-FIXTURES = {"0.1.0": FIXTURE, "0.1.0-early": ROOT / "tests" / "fixtures" / "history-0.1.0-early.tar.gz",
-            "0.3.0": ROOT / "tests" / "fixtures" / "history-0.3.0.tar.gz"}
+FIXTURES = {
+    "0.1.0": FIXTURE,
+    "0.1.0-early": ROOT / "tests" / "fixtures" / "history-0.1.0-early.tar.gz",
+    "0.3.0": ROOT / "tests" / "fixtures" / "history-0.3.0.tar.gz",
+}
 WROTE_SCHEMA = {"0.1.0": 1, "0.1.0-early": 1, "0.3.0": 2}
 
 
@@ -65,13 +68,26 @@ def test_every_released_history_loads_verifies_reports_and_resumes(released: tup
     assert {ln["v"] for ln in lines} == {wrote}  # written by that release's code, never rewritten
     entries = list(HistoryLog(history_file(schema1)).entries())
     kinds = {e.kind for e in entries}
-    assert {"episode-started", "proposal-created", "trial", "statistic", "verdict", "merge", "insight", "episode-finished",
-            "evaluation", "recheck", "revert"} <= kinds
+    assert {
+        "episode-started",
+        "proposal-created",
+        "trial",
+        "statistic",
+        "verdict",
+        "merge",
+        "insight",
+        "episode-finished",
+        "evaluation",
+        "recheck",
+        "revert",
+    } <= kinds
     assert all(isinstance(e.record, rec.BY_KIND[e.kind]) for e in entries)
     by_title = {r["title"]: r for r in proposal_rows(entries)}
     # the upgrader derived the failure kinds from the check names and recorded decisions
     assert by_title["Speed up the benchmark"]["failures"] == ["protected-path"]
-    assert by_title["03-stale"]["failed_check"] == "patch-applies" and by_title["03-stale"]["failures"] == ["patch-failed"]
+    assert by_title["03-stale"]["failed_check"] == "patch-applies" and by_title["03-stale"]["failures"] == [
+        "patch-failed"
+    ]
     assert by_title["Reword a comment"]["failures"] == ["no-effect"]
     assert by_title["Make it 50% faster"]["reverted"]
 
@@ -95,8 +111,14 @@ def test_every_released_history_loads_verifies_reports_and_resumes(released: tup
     assert summary["proposals"][0]["reasons"][0].startswith("patch-applies: does not apply")
     after = [json.loads(ln) for ln in history_file(schema1).read_text().splitlines()]
     assert after[: len(lines)] == lines  # the old lines are kept as written
-    assert [ln["v"] for ln in after[len(lines):]] == [rec.SCHEMA_VERSION] * (len(after) - len(lines))
-    assert [ln["kind"] for ln in after[len(lines):]] == ["episode-resumed", "proposal-created", "verdict", "insight", "episode-finished"]
+    assert [ln["v"] for ln in after[len(lines) :]] == [rec.SCHEMA_VERSION] * (len(after) - len(lines))
+    assert [ln["kind"] for ln in after[len(lines) :]] == [
+        "episode-resumed",
+        "proposal-created",
+        "verdict",
+        "insight",
+        "episode-finished",
+    ]
     verdict = after[len(lines) + 2]["data"]
     assert verdict["failed_check"] == "patch-applies" and verdict["failure"] == "patch-failed"
     assert verdict["checks"][0]["failure"] == "patch-failed" and verdict["schema_version"] == rec.SCHEMA_VERSION
@@ -111,18 +133,21 @@ def _rewrite(path: Path, line: int, change) -> None:
     rows = [json.loads(ln) for ln in path.read_text().splitlines()]
     change(rows[line - 1]["data"])
     prev = rows[line - 2]["hash"] if line > 1 else "0" * 64
-    for r in rows[line - 1:]:
+    for r in rows[line - 1 :]:
         r["prev"] = prev
         body = {k: v for k, v in r.items() if k != "hash"}
         r["hash"] = prev = _digest(body)
     path.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
 
 
-@pytest.mark.parametrize("change, says", [
-    (lambda d: d.pop("merge"), "missing field 'merge'"),
-    (lambda d: d.update(new=7), "revert.new: expected str, got 7"),
-    (lambda d: d.update(surprise=1), "unknown field surprise"),
-])
+@pytest.mark.parametrize(
+    "change, says",
+    [
+        (lambda d: d.pop("merge"), "missing field 'merge'"),
+        (lambda d: d.update(new=7), "revert.new: expected str, got 7"),
+        (lambda d: d.update(surprise=1), "unknown field surprise"),
+    ],
+)
 def test_a_record_that_does_not_fit_its_class_is_one_line_naming_file_and_line(schema1: Path, change, says):
     path = history_file(schema1)
     n = next(i for i, ln in enumerate(path.read_text().splitlines(), 1) if json.loads(ln)["kind"] == "revert")
@@ -134,7 +159,9 @@ def test_a_record_that_does_not_fit_its_class_is_one_line_naming_file_and_line(s
     rep = verify(path)
     assert not rep.ok and rep.bad_line == n and says in rep.reason
     proc = run_cli("history", "-C", str(schema1))
-    assert proc.returncode != 0 and f"history.jsonl:{n}" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert (
+        proc.returncode != 0 and f"history.jsonl:{n}" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    ), proc.stderr
 
 
 def test_entries_are_read_again_from_where_the_file_changed(schema1: Path):
@@ -165,8 +192,23 @@ def test_writing_an_invalid_record_is_refused(tmp_path: Path):
         with pytest.raises(HistoryError, match="missing field 'old'"):
             log.append("revert", None, None, {"merge": "a", "new": "b"})
         with pytest.raises(rec.RecordError, match="expected a number"):
-            rec.Trial.of({"number": 1, "candidate": "c", "baseline": "b", "measurement": "m", "workload": "w", "side": "candidate",
-                          "seed": 1, "pair": 0, "position": 0, "order": "AB", "session": 0, "ok": True, "value": "fast"})
+            rec.Trial.of(
+                {
+                    "number": 1,
+                    "candidate": "c",
+                    "baseline": "b",
+                    "measurement": "m",
+                    "workload": "w",
+                    "side": "candidate",
+                    "seed": 1,
+                    "pair": 0,
+                    "position": 0,
+                    "order": "AB",
+                    "session": 0,
+                    "ok": True,
+                    "value": "fast",
+                }
+            )
     rt = rec.Revert(merge="a", old="b", new="c")
     assert rec.Revert.from_json(rt.to_json()) == rt and rt.to_json()["schema_version"] == rec.SCHEMA_VERSION
 
@@ -177,8 +219,11 @@ def _reworded(entries: list, word: str) -> list:
     for e in entries:
         r = e.record
         if isinstance(r, rec.Verdict):
-            r = dataclasses.replace(r, reasons=tuple(f"{word} {i}" for i, _ in enumerate(r.reasons)),
-                                    checks=tuple(dataclasses.replace(c, detail=f"{word}") for c in r.checks))
+            r = dataclasses.replace(
+                r,
+                reasons=tuple(f"{word} {i}" for i, _ in enumerate(r.reasons)),
+                checks=tuple(dataclasses.replace(c, detail=f"{word}") for c in r.checks),
+            )
             e = dataclasses.replace(e, data=r.to_json(), record=r)
         out.append(e)
     return out
@@ -202,8 +247,12 @@ def test_insights_and_the_bandit_read_failure_kinds_not_english(schema1: Path):
         knobbed.append(e)
     # and one crashed candidate, to count as a failure
     crash = next(e for e in knobbed if isinstance(e.record, rec.Verdict) and e.record.failed_check == "protected-paths")
-    crashed = dataclasses.replace(crash.record, failed_check="objective", failure=rec.FailureKind.CRASH,
-                                  checks=(rec.CheckResult("objective", "fail", "it fell over", rec.FailureKind.CRASH),))
+    crashed = dataclasses.replace(
+        crash.record,
+        failed_check="objective",
+        failure=rec.FailureKind.CRASH,
+        checks=(rec.CheckResult("objective", "fail", "it fell over", rec.FailureKind.CRASH),),
+    )
     knobbed = [dataclasses.replace(e, record=crashed, data=crashed.to_json()) if e is crash else e for e in knobbed]
 
     before = distill(knobbed)

@@ -21,10 +21,12 @@ SPEED = "import json, sys, random\njson.dump({'x': float(open('f.txt').read()) *
 
 
 def lm_repo(tmp_path: Path, verify_extra: str = "", name: str = "lm") -> Path:
-    cfg = (CONFIG.format(python=sys.executable)
-           .replace('command = "true"\nmetric = "x"', f'command = "{sys.executable} speed.py {{out}}"\nmetric = "x"')
-           .replace("[verify]\n", "[verify]\ncorpus_size = 60\n" + verify_extra)
-           + "\n[gate]\ncoverage = false  # lm.py does not run in the speed workload\nconfirm_pairs = 3\n")
+    cfg = (
+        CONFIG.format(python=sys.executable)
+        .replace('command = "true"\nmetric = "x"', f'command = "{sys.executable} speed.py {{out}}"\nmetric = "x"')
+        .replace("[verify]\n", "[verify]\ncorpus_size = 60\n" + verify_extra)
+        + "\n[gate]\ncoverage = false  # lm.py does not run in the speed workload\nconfirm_pairs = 3\n"
+    )
     repo = make_repo(tmp_path / name, {"agentsearch.toml": cfg, "lm.py": LM, "speed.py": SPEED, "f.txt": "1.0"})
     proc = run_cli("init", "-C", str(repo))
     assert proc.returncode == 0, proc.stderr
@@ -36,14 +38,18 @@ def nudged(*seeds: int, sigma: str = "3e-4") -> str:
     each term moves every distribution a little, in no common direction; two terms move it about twice as far)."""
     old = "    return rmsnorm(h) @ U"
     assert old in LM
-    noise = "".join(f"    z = z + np.random.default_rng([{k}, len(tokens), int(sum(tokens))]).normal(0, {sigma}, z.shape).astype(np.float32)\n"
-                    for k in seeds)
+    noise = "".join(
+        f"    z = z + np.random.default_rng([{k}, len(tokens), int(sum(tokens))]).normal(0, {sigma}, z.shape).astype(np.float32)\n"
+        for k in seeds
+    )
     return LM.replace(old, "    z = rmsnorm(h) @ U\n" + noise + "    return z")
 
 
 EPS = ("EPS = np.float32(1e-5)", "EPS = np.float32(1e-3)")  # a lossy change
-REFACTOR = ("return x / np.sqrt((x * x).mean(-1, keepdims=True) + EPS)",
-            "return x * (np.float32(1.0) / np.sqrt(np.square(x).mean(-1, keepdims=True) + EPS))")  # bit-exact
+REFACTOR = (
+    "return x / np.sqrt((x * x).mean(-1, keepdims=True) + EPS)",
+    "return x * (np.float32(1.0) / np.sqrt(np.square(x).mean(-1, keepdims=True) + EPS))",
+)  # bit-exact
 
 
 def verify(repo: Path, ref: str) -> tuple[int, dict]:
@@ -79,7 +85,9 @@ def test_main_is_named_when_it_diverges_from_the_reference_and_the_reference_run
     assert "not this proposal's change" in out["reasons"][0]
     assert out["public"]["prefill"]["passed"] and out["holdout"]["decode"]["passed"]  # against main: bit-exact
     ref = out["reference"]
-    assert ref["commit"] == stock and not ref["passed"] and ref["collected"] == 1 and ref["reused"] == 0  # one run: prefill and decode
+    assert (
+        ref["commit"] == stock and not ref["passed"] and ref["collected"] == 1 and ref["reused"] == 0
+    )  # one run: prefill and decode
     assert [m["passed"] for m in ref["main"]] == [False]
     # the reference's runs are kept: the next check starts no reference run
     rc, again = verify(repo, "refactor")
@@ -87,7 +95,9 @@ def test_main_is_named_when_it_diverges_from_the_reference_and_the_reference_run
     assert again["reference"]["regimes"] == ref["regimes"]  # the same numbers
     # `verify main`: main against the reference
     rc, mine = verify(repo, "main")
-    assert rc == 1 and mine["blame"] == "main" and mine["reasons"][0].startswith("main already diverges"), mine["reasons"]
+    assert rc == 1 and mine["blame"] == "main" and mine["reasons"][0].startswith("main already diverges"), mine[
+        "reasons"
+    ]
     # the human table says so too
     proc = run_cli("verify", "-C", str(repo), "refactor")
     assert proc.returncode == 1 and "main itself diverges from the reference" in proc.stdout
@@ -95,7 +105,9 @@ def test_main_is_named_when_it_diverges_from_the_reference_and_the_reference_run
     commit(repo, {"f.txt": "1.5"}, "faster", branch="faster")
     proc = run_cli("evaluate", "-C", str(repo), "faster", "--json")
     ev = json.loads(proc.stdout)
-    assert proc.returncode == 4 and ev["failed_check"] == "distribution" and ev["failure"] == "main-diverges", ev["reasons"]
+    assert proc.returncode == 4 and ev["failed_check"] == "distribution" and ev["failure"] == "main-diverges", ev[
+        "reasons"
+    ]
 
 
 def test_a_clean_main_passes_against_the_reference_and_an_ancestor_can_be_named(tmp_path):
@@ -121,8 +133,13 @@ def test_the_drift_budget_caps_what_the_merges_add_up_to(tmp_path):
     first = json.loads(proc.stdout)
     assert proc.returncode == 0 and first["merged"] == 1, first
     after_first = Workspace.open(repo).baseline_commit()
-    commit(repo, {"lm.py": nudged(1, 2), "f.txt": "2.2"}, "second nudge, faster again", branch="q/second",
-           start=after_first)
+    commit(
+        repo,
+        {"lm.py": nudged(1, 2), "f.txt": "2.2"},
+        "second nudge, faster again",
+        branch="q/second",
+        start=after_first,
+    )
     git(repo, "checkout", "-q", "main")
     proc = run_cli("episode", "-C", str(repo), "--branches", "q/*", "--seed", "4", "--json")
     second = json.loads(proc.stdout)
@@ -156,7 +173,11 @@ def test_bad_reference_config_is_one_line_before_anything_runs(tmp_path):
     # a reference that is not an ancestor of the baseline
     side = commit(repo, {"NOTES.md": "elsewhere\n"}, "a side branch", branch="side")
     git(repo, "checkout", "-q", "main")
-    commit(repo, {"agentsearch.toml": cfg.replace("[verify]\n", f'[verify]\nreference = "{side}"\n')}, "reference: a side branch")
+    commit(
+        repo,
+        {"agentsearch.toml": cfg.replace("[verify]\n", f'[verify]\nreference = "{side}"\n')},
+        "reference: a side branch",
+    )
     commit(repo, {"NOTES.md": "x\n"}, "x", branch="x")
     git(repo, "checkout", "-q", "main")
     proc = run_cli("verify", "-C", str(repo), "x")
@@ -164,15 +185,21 @@ def test_bad_reference_config_is_one_line_before_anything_runs(tmp_path):
     assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
     assert not list((Workspace.open(repo).state / "tmp").iterdir())  # nothing was built
     # a regime key no engine has, or regimes on a command target: the config says so
-    for extra, needle in (('regimes = [{max_num_seqz = 4}]\nkind = "vllm"\n', "unknown regime key 'max_num_seqz'"),
-                          ("regimes = [{max_num_seqs = 64}]\n", "regimes need kind = \"vllm\"")):
+    for extra, needle in (
+        ('regimes = [{max_num_seqz = 4}]\nkind = "vllm"\n', "unknown regime key 'max_num_seqz'"),
+        ("regimes = [{max_num_seqs = 64}]\n", "regimes need kind = \"vllm\""),
+    ):
         commit(repo, {"agentsearch.toml": cfg.replace("[verify]\n", "[verify]\n" + extra)}, "bad regimes")
         proc = run_cli("verify", "-C", str(repo), "x")
-        assert proc.returncode != 0 and needle in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+        assert proc.returncode != 0 and needle in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, (
+            proc.stderr
+        )
     # a workspace made before the reference was pinned: one line saying how to pin it; `init` pins it
     commit(repo, {"agentsearch.toml": cfg}, "config again")
     git(repo, "update-ref", "-d", REFERENCE_REF)
     proc = run_cli("verify", "-C", str(repo), "x")
-    assert proc.returncode == 5 and "no reference is pinned" in proc.stderr and "agentsearch init" in proc.stderr, proc.stderr
+    assert proc.returncode == 5 and "no reference is pinned" in proc.stderr and "agentsearch init" in proc.stderr, (
+        proc.stderr
+    )
     assert run_cli("init", "-C", str(repo)).returncode == 0
     assert git(repo, "rev-parse", REFERENCE_REF).strip() == git(repo, "rev-parse", "main").strip()

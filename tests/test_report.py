@@ -21,9 +21,19 @@ from .conftest import ROOT, git, run_cli
 from .test_episode import BENCH, ENGINE, episode_json, make_target, patch_from
 
 # the one-line verdict: metric, both medians with the unit, change, CI, p and pairs
-HEADLINE = re.compile(r"^(MERGE|REJECT) — ops_s [\d,.]+ → [\d,.]+ ops/s \([+-]\d+\.\d%, 95% CI [+-][\d.]+…[+-][\d.]+%, p=[\d.e+-]+, \d+ pairs\)")
+HEADLINE = re.compile(
+    r"^(MERGE|REJECT) — ops_s [\d,.]+ → [\d,.]+ ops/s \([+-]\d+\.\d%, 95% CI [+-][\d.]+…[+-][\d.]+%, p=[\d.e+-]+, \d+ pairs\)"
+)
 AXIS_UNITS = {"ops/s", "%", "index", "nats"}  # every plot axis of the toy target's report says one of these
-SECTIONS_MD = ["## Verdict", "## Workloads", "## Distribution checks", "## Gate and anti-cheat checks", "## Change", "## Environment", "## Reproduce"]
+SECTIONS_MD = [
+    "## Verdict",
+    "## Workloads",
+    "## Distribution checks",
+    "## Gate and anti-cheat checks",
+    "## Change",
+    "## Environment",
+    "## Reproduce",
+]
 
 
 @pytest.fixture(scope="module")
@@ -33,10 +43,22 @@ def judged(tmp_path_factory):
     repo = make_target(tmp / "toy", trial_timeout_s=30)  # its reports are under test, not the timeout: loaded CI cores
     queue = tmp / "queue"
     queue.mkdir()
-    (queue / "01-lossy.patch").write_text(patch_from(repo, {"src/engine.py": ENGINE.replace("SPEED = 1.0", "SPEED = 1.3").replace("EPS = 1e-5", "EPS = 3e-1")},
-                                                     "lossy", "Faster with a coarser normalization"))
-    (queue / "02-fast.patch").write_text(patch_from(repo, {"src/engine.py": ENGINE.replace("SPEED = 1.0", "SPEED = 1.3")}, "fast", "Make the engine 30% faster"))
-    (queue / "03-cheat.patch").write_text(patch_from(repo, {"bench/bench.py": BENCH.replace("1000.0", "2000.0")}, "cheat", "Speed up the benchmark"))
+    (queue / "01-lossy.patch").write_text(
+        patch_from(
+            repo,
+            {"src/engine.py": ENGINE.replace("SPEED = 1.0", "SPEED = 1.3").replace("EPS = 1e-5", "EPS = 3e-1")},
+            "lossy",
+            "Faster with a coarser normalization",
+        )
+    )
+    (queue / "02-fast.patch").write_text(
+        patch_from(
+            repo, {"src/engine.py": ENGINE.replace("SPEED = 1.0", "SPEED = 1.3")}, "fast", "Make the engine 30% faster"
+        )
+    )
+    (queue / "03-cheat.patch").write_text(
+        patch_from(repo, {"bench/bench.py": BENCH.replace("1000.0", "2000.0")}, "cheat", "Speed up the benchmark")
+    )
     rc, out = episode_json(repo, "--patches", str(queue), "--seed", "21")
     assert rc == 0 and [r["verdict"] for r in out["proposals"]] == ["reject", "merge", "reject"], out
     return repo, out
@@ -44,7 +66,11 @@ def judged(tmp_path_factory):
 
 def verdict_of(repo: Path, number: int) -> dict:
     ws = Workspace.open(repo)
-    return [e.data for e in HistoryLog(ws.state / "history.jsonl").entries() if e.kind == "verdict" and e.data["number"] == number][0]
+    return [
+        e.data
+        for e in HistoryLog(ws.state / "history.jsonl").entries()
+        if e.kind == "verdict" and e.data["number"] == number
+    ][0]
 
 
 def reproduce_command(md: str) -> list[str]:
@@ -70,7 +96,9 @@ def test_markdown_and_html_reports_of_a_merge_carry_every_section_and_reproduce(
     assert f"{w['speedup'] - 1:+.2%}" in md and f"{w['pairs']}/{w['max_pairs']}" in md
     # medians with their unit; every p-value names its test
     assert re.search(r"\| speed \| objective \| ops_s \| [\d,.]+ ops/s \| [\d,.]+ ops/s \|", md)
-    assert re.search(r"\| [\d.e-]+ \(t-test, H1 faster\) \|", md) and re.search(r"\| [\d.e-]+ \(t-test, H1 slower\) \|", md)
+    assert re.search(r"\| [\d.e-]+ \(t-test, H1 faster\) \|", md) and re.search(
+        r"\| [\d.e-]+ \(t-test, H1 slower\) \|", md
+    )
     assert "p of the confirmation row: one-sided paired t-test" in md
     assert "<details><summary>Per language (" in md  # the per-language rows are folded
     assert "+SPEED = 1.3" in md  # a small diff is shown
@@ -79,17 +107,27 @@ def test_markdown_and_html_reports_of_a_merge_carry_every_section_and_reproduce(
         assert f"| {check} | pass |" in md, check
     plots = sorted((tmp_path / "merge-plots").glob("*.png"))
     names = {p.stem for p in plots}
-    assert {"trials-speed-objective", "trials-speed-confirmation", "distribution-prefill", "distribution-decode"} <= names
+    assert {
+        "trials-speed-objective",
+        "trials-speed-confirmation",
+        "distribution-prefill",
+        "distribution-decode",
+    } <= names
     assert all(p.read_bytes()[:4] == b"\x89PNG" for p in plots)
     assert "](merge-plots/trials-speed-objective.png)" in md
     # the objective's session and the confirmation's fresh one, each with its pairs and change
     sessions = md.split("### Sessions", 1)[1].split("\n## ", 1)[0]
     assert re.search(rf"^\| objective \| 1 \| {w['pairs']} \| \+[\d.]+% \|$", sessions, re.M), sessions
-    assert re.search(rf"^\| confirmation \| fresh 1 \| {v['confirmation']['pairs']} \| \+[\d.]+% \|$", sessions, re.M), sessions
+    assert re.search(
+        rf"^\| confirmation \| fresh 1 \| {v['confirmation']['pairs']} \| \+[\d.]+% \|$", sessions, re.M
+    ), sessions
     # the git note on the merge commit reproduces it with the same baseline, seed and alpha (no local path)
     merge = [e.data for e in HistoryLog(Workspace.open(repo).state / "history.jsonl").entries() if e.kind == "merge"][0]
     note = git(repo, "notes", "--ref=agentsearch", "show", merge["new"])
-    assert f"Reproduce: agentsearch evaluate {v['candidate']} --baseline {v['baseline']} --seed {v['seed']} --alpha " in note
+    assert (
+        f"Reproduce: agentsearch evaluate {v['candidate']} --baseline {v['baseline']} --seed {v['seed']} --alpha "
+        in note
+    )
     assert str(repo) not in note
 
     html = run_cli("report", "-C", str(repo), "002", "--format", "html").stdout
@@ -115,12 +153,25 @@ def test_reports_of_rejections_name_the_reason_and_reproduce(judged, tmp_path):
 
     html = run_cli("report", "-C", str(repo), "001", "--format", "html").stdout
     assert 'class="verdict reject"' in html and "distribution:" in html and 'id="distribution"' in html
-    for section in ("Verdict", "Workloads", "Distribution checks", "Gate and anti-cheat checks", "Change", "Environment", "Reproduce"):
+    for section in (
+        "Verdict",
+        "Workloads",
+        "Distribution checks",
+        "Gate and anti-cheat checks",
+        "Change",
+        "Environment",
+        "Reproduce",
+    ):
         assert f"<h2>{section}</h2>" in html, section
     assert len(re.findall(r'<figure class="plot"[^>]*><svg', html)) >= 3  # objective trials + divergence by position
 
     md = run_cli("report", "-C", str(repo), "003").stdout
-    assert md.startswith("# REJECT — ") and "**Speed up the benchmark**" in md and "bench/bench.py" in md and "protected" in md
+    assert (
+        md.startswith("# REJECT — ")
+        and "**Speed up the benchmark**" in md
+        and "bench/bench.py" in md
+        and "protected" in md
+    )
     proc = subprocess.run(reproduce_command(md), cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 4 and "protected" in proc.stdout
 
@@ -137,10 +188,24 @@ def test_html_report_loads_in_headless_chromium_with_verdict_and_plots(judged, t
     page = tmp_path / "report.html"
     assert run_cli("report", "-C", str(repo), "002", "--format", "html", "-o", str(page)).returncode == 0
     proc = subprocess.run(
-        [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         f"--user-data-dir={tmp_path / 'chrome'}", "--virtual-time-budget=5000", "--dump-dom", page.as_uri()],
-        capture_output=True, text=True, timeout=120,
+        [
+            chromium,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            f"--user-data-dir={tmp_path / 'chrome'}",
+            "--virtual-time-budget=5000",
+            "--dump-dom",
+            page.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     dom = proc.stdout
     assert proc.returncode == 0 and "<body" in dom, proc.stderr[-2000:]
@@ -176,7 +241,9 @@ def _env_with(path_dir: Path) -> dict:
 def test_pr_pushes_to_a_bare_remote_and_calls_gh_with_the_report(judged, tmp_path):
     repo, out = judged
     cli = [sys.executable, "-m", "agentsearch.cli"]
-    proc = subprocess.run([*cli, "pr", "-C", str(repo), "002", "--remote", "nowhere"], cwd=ROOT, capture_output=True, text=True)
+    proc = subprocess.run(
+        [*cli, "pr", "-C", str(repo), "002", "--remote", "nowhere"], cwd=ROOT, capture_output=True, text=True
+    )
     assert proc.returncode == 2 and "no git remote 'nowhere'" in proc.stderr
 
     remote = tmp_path / "remote.git"
@@ -196,33 +263,89 @@ print("https://github.example/pr/1")
     gh.chmod(gh.stat().st_mode | stat.S_IEXEC)
 
     no_gh = {**os.environ, "PATH": "/usr/bin:/bin"}
-    proc = subprocess.run([*cli, "pr", "-C", str(repo), "002", "--remote", "pr-remote", "--via", "gh"], cwd=ROOT, capture_output=True, text=True, env=no_gh)
+    proc = subprocess.run(
+        [*cli, "pr", "-C", str(repo), "002", "--remote", "pr-remote", "--via", "gh"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=no_gh,
+    )
     assert proc.returncode == 2 and "`gh` not found" in proc.stderr
 
     # a rejected proposal gets no PR unless forced
-    proc = subprocess.run([*cli, "pr", "-C", str(repo), "001", "--remote", "pr-remote", "--dry-run"], cwd=ROOT, capture_output=True, text=True, env=_env_with(bindir))
-    assert proc.returncode == 2 and "not a win (verdict reject" in proc.stderr and "--force" in proc.stderr and proc.stderr.count("\n") == 1
-    proc = subprocess.run([*cli, "pr", "-C", str(repo), "001", "--remote", "pr-remote", "--dry-run", "--force", "--no-plots", "--json"],
-                          cwd=ROOT, capture_output=True, text=True, env=_env_with(bindir))
+    proc = subprocess.run(
+        [*cli, "pr", "-C", str(repo), "001", "--remote", "pr-remote", "--dry-run"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=_env_with(bindir),
+    )
+    assert (
+        proc.returncode == 2
+        and "not a win (verdict reject" in proc.stderr
+        and "--force" in proc.stderr
+        and proc.stderr.count("\n") == 1
+    )
+    proc = subprocess.run(
+        [*cli, "pr", "-C", str(repo), "001", "--remote", "pr-remote", "--dry-run", "--force", "--no-plots", "--json"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=_env_with(bindir),
+    )
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
-    assert doc["schema_version"] == 1 and doc["verdict"] == "reject" and doc["dry_run"] and doc["plots"] == [] and doc["url"] is None
+    assert (
+        doc["schema_version"] == 1
+        and doc["verdict"] == "reject"
+        and doc["dry_run"]
+        and doc["plots"] == []
+        and doc["url"] is None
+    )
     assert doc["title"].startswith("[agentsearch] Faster with a coarser normalization: REJECT — ops_s ")
 
-    proc = subprocess.run([*cli, "pr", "-C", str(repo), "002", "--remote", "pr-remote", "--dry-run", "--no-plots", "--via", "gh"], cwd=ROOT, capture_output=True, text=True, env=_env_with(bindir))
+    proc = subprocess.run(
+        [*cli, "pr", "-C", str(repo), "002", "--remote", "pr-remote", "--dry-run", "--no-plots", "--via", "gh"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=_env_with(bindir),
+    )
     assert proc.returncode == 0 and "git -C" in proc.stdout and "gh pr create" in proc.stdout and not record.exists()
 
-    proc = subprocess.run([*cli, "pr", "-C", str(repo), "002", "--remote", "pr-remote", "--draft", "-o", str(tmp_path / "body.md"), "--via", "gh"],
-                          cwd=ROOT, capture_output=True, text=True, env=_env_with(bindir))
+    proc = subprocess.run(
+        [
+            *cli,
+            "pr",
+            "-C",
+            str(repo),
+            "002",
+            "--remote",
+            "pr-remote",
+            "--draft",
+            "-o",
+            str(tmp_path / "body.md"),
+            "--via",
+            "gh",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=_env_with(bindir),
+    )
     assert proc.returncode == 0, proc.stderr
     assert "https://github.example/pr/1" in proc.stdout
     branch = out["proposals"][1]["branch"]
-    pushed = subprocess.run(["git", "--git-dir", str(remote), "branch", "--list", "agentsearch*"], capture_output=True, text=True).stdout
+    pushed = subprocess.run(
+        ["git", "--git-dir", str(remote), "branch", "--list", "agentsearch*"], capture_output=True, text=True
+    ).stdout
     assert branch in pushed
     # the plots travel on their own parentless branch, named in the body
     evidence = "agentsearch-evidence/" + out["proposals"][1]["proposal"]
     assert evidence in pushed
-    files = subprocess.run(["git", "--git-dir", str(remote), "ls-tree", "--name-only", evidence], capture_output=True, text=True).stdout.split()
+    files = subprocess.run(
+        ["git", "--git-dir", str(remote), "ls-tree", "--name-only", evidence], capture_output=True, text=True
+    ).stdout.split()
     assert "trials-speed-objective.png" in files and "trials-speed-confirmation.png" in files
     assert sorted(files) == sorted(p.name for p in (tmp_path / "body-plots").glob("*.png"))
     call = json.loads(record.read_text())
@@ -246,9 +369,19 @@ print("https://github.example/pr/1")
 def test_pr_links_plots_by_commit_on_github_remotes():
     from agentsearch.commands.report import github_repo
 
-    for url in ("https://github.com/acme/vllm.git", "git@github.com:acme/vllm.git", "ssh://git@github.com/acme/vllm", "https://github.com/acme/vllm/"):
+    for url in (
+        "https://github.com/acme/vllm.git",
+        "git@github.com:acme/vllm.git",
+        "ssh://git@github.com/acme/vllm",
+        "https://github.com/acme/vllm/",
+    ):
         assert github_repo(url) == "acme/vllm", url
-    for url in ("/srv/git/vllm.git", "https://gitlab.com/acme/vllm.git", "https://github.com.evil.example/acme/vllm", None):
+    for url in (
+        "/srv/git/vllm.git",
+        "https://gitlab.com/acme/vllm.git",
+        "https://github.com.evil.example/acme/vllm",
+        None,
+    ):
         assert github_repo(url) is None, url
 
 
@@ -264,7 +397,9 @@ def test_review_recheck_and_revert_a_real_merge(judged):
     sessions = rows[0]["sessions"]
     listing = run_cli("review", "-C", str(repo))
     row = next(line for line in listing.stdout.splitlines() if merge[:12] in line)
-    assert listing.returncode == 0 and "sessions" in listing.stdout and f" {rows[0]['sessions']} " in row, listing.stdout
+    assert listing.returncode == 0 and "sessions" in listing.stdout and f" {rows[0]['sessions']} " in row, (
+        listing.stdout
+    )
 
     proc = run_cli("review", "-C", str(repo), merge[:12], "--recheck", "--json", timeout=600)
     assert proc.returncode == 0, proc.stderr
@@ -276,7 +411,7 @@ def test_review_recheck_and_revert_a_real_merge(judged):
     proc = run_cli("revert", "-C", str(repo), "002")
     assert proc.returncode == 0, proc.stderr
     after = ws.baseline_commit()
-    assert after != before and git(repo, "rev-parse", f"{after}^") .strip() == before
+    assert after != before and git(repo, "rev-parse", f"{after}^").strip() == before
     assert "SPEED = 1.0" in git(repo, "show", f"{after}:src/engine.py")
     assert "SPEED = 1.0" in (repo / "src" / "engine.py").read_text()  # the checkout follows
     rows = json.loads(run_cli("review", "-C", str(repo), "--json").stdout)["merges"]
@@ -294,7 +429,12 @@ def test_review_recheck_and_revert_a_real_merge(judged):
     assert run_cli("history", "verify", "-C", str(repo)).returncode == 0
     # the report says so, and a reverted win gets no pull request unless forced
     doc = json.loads(run_cli("report", "-C", str(repo), "002", "--json").stdout)
-    assert doc["schema_version"] == 1 and doc["reverted"] is True and doc["revert_commit"] == after and "reverted since" in doc["headline"]
+    assert (
+        doc["schema_version"] == 1
+        and doc["reverted"] is True
+        and doc["revert_commit"] == after
+        and "reverted since" in doc["headline"]
+    )
     md = run_cli("report", "-C", str(repo), "002").stdout
     assert md.startswith("# MERGE — ") and "**Reverted since**" in md and "**MERGE, REVERTED**" in md
     proc = run_cli("pr", "-C", str(repo), "002", "--dry-run")
@@ -319,7 +459,17 @@ def _session_trials(workload: str, changes: list[tuple[str, int, float]], rng, h
             b = 1000 * math.exp(rng.normal(0, 0.01))
             c = b * (1 + change) ** (1 if higher else -1) * math.exp(rng.normal(0, 0.01))
             for side, v in (("baseline", b), ("candidate", c)):
-                out.append({"workload": workload, "side": side, "value": v, "ok": True, "pair": i, "session": session, "phase": phase})
+                out.append(
+                    {
+                        "workload": workload,
+                        "side": side,
+                        "value": v,
+                        "ok": True,
+                        "pair": i,
+                        "session": session,
+                        "phase": phase,
+                    }
+                )
     return out
 
 
@@ -330,18 +480,28 @@ def test_report_shows_each_engine_session_and_flags_sessions_that_disagree(tmp_p
     from agentsearch.report import Evidence, render
 
     rng = np.random.default_rng(3)
-    trials = (_session_trials("tput", [("objective", 0, 0.06), ("objective", 1, 0.06), ("confirmation", 0, -0.04)], rng)
-              + _session_trials("ttft", [("objective", 0, 0.02), ("objective", 1, 0.02)], rng, higher=False)  # a latency: lower is better
-              + _session_trials("old", [("objective", 0, 0.3), ("objective", 1, -0.3)], rng))  # no direction in the config: left out
+    trials = (
+        _session_trials("tput", [("objective", 0, 0.06), ("objective", 1, 0.06), ("confirmation", 0, -0.04)], rng)
+        + _session_trials(
+            "ttft", [("objective", 0, 0.02), ("objective", 1, 0.02)], rng, higher=False
+        )  # a latency: lower is better
+        + _session_trials("old", [("objective", 0, 0.3), ("objective", 1, -0.3)], rng)
+    )  # no direction in the config: left out
     ev = Evidence("x", "evaluation", {"verdict": "merge", "ref": "x"}, trials, directions={"tput": True, "ttft": False})
     md, _ = render(ev, "md")
     section = md.split("### Sessions", 1)[1].split("## Distribution checks", 1)[0]
     tput, ttft = section.split("**tput**", 1)[1].split("**ttft**", 1)
     assert "**differ** (one-way ANOVA p=" in tput and "agentsearch review --recheck" in tput
     rows = re.findall(r"^\| (\w+) \| ([\w ]+) \| (\d+) \| ([+-][\d.]+)% \|$", tput, re.M)
-    assert [(r[0], r[1], r[2]) for r in rows] == [("objective", "1", "6"), ("objective", "2", "6"), ("confirmation", "fresh 1", "6")]
+    assert [(r[0], r[1], r[2]) for r in rows] == [
+        ("objective", "1", "6"),
+        ("objective", "2", "6"),
+        ("confirmation", "fresh 1", "6"),
+    ]
     assert [round(float(r[3])) for r in rows] == [6, 6, -4]
-    assert "agree (one-way ANOVA p=" in ttft and [round(float(x)) for x in re.findall(r"\| ([+-][\d.]+)% \|$", ttft, re.M)] == [2, 2]
+    assert "agree (one-way ANOVA p=" in ttft and [
+        round(float(x)) for x in re.findall(r"\| ([+-][\d.]+)% \|$", ttft, re.M)
+    ] == [2, 2]
     assert "**old**" not in section
     html, _ = render(ev, "html")
     assert 'id="sessions-tput"' in html and "<b>differ</b>" in html
@@ -349,14 +509,26 @@ def test_report_shows_each_engine_session_and_flags_sessions_that_disagree(tmp_p
     # on two sessions of 6 pairs; the resumed one +6% on 6 + 4 pairs and its confirmation)
     crashed = _session_trials("tput", [("objective", 0, -0.10), ("objective", 1, -0.10)], rng)  # pairs 0..11
     resumed = _session_trials("tput", [("objective", 0, 0.06), ("objective", 1, 0.06), ("confirmation", 0, 0.06)], rng)
-    resumed = [t for t in resumed if not (t["phase"] == "objective" and t["pair"] >= 10)]  # 6 pairs in session 0, 4 in session 1
+    resumed = [
+        t for t in resumed if not (t["phase"] == "objective" and t["pair"] >= 10)
+    ]  # 6 pairs in session 0, 4 in session 1
     ev2 = Evidence("x", "evaluation", {"verdict": "merge"}, crashed + resumed, directions={"tput": True})
     section = render(ev2, "md")[0].split("### Sessions", 1)[1]
     rows = re.findall(r"^\| (\w+) \| ([\w ]+) \| (\d+) \| ([+-][\d.]+)% \|$", section, re.M)
-    assert [(r[0], r[1], r[2]) for r in rows] == [("objective", "1", "6"), ("objective", "2", "4"), ("confirmation", "fresh 1", "6")], rows
+    assert [(r[0], r[1], r[2]) for r in rows] == [
+        ("objective", "1", "6"),
+        ("objective", "2", "4"),
+        ("confirmation", "fresh 1", "6"),
+    ], rows
     assert all(float(r[3]) > 0 for r in rows) and "agree (one-way ANOVA p=" in section, section
     # one session per workload: no section
-    single = Evidence("x", "evaluation", {"verdict": "merge"}, _session_trials("tput", [("objective", 0, 0.06)], rng), directions={"tput": True})
+    single = Evidence(
+        "x",
+        "evaluation",
+        {"verdict": "merge"},
+        _session_trials("tput", [("objective", 0, 0.06)], rng),
+        directions={"tput": True},
+    )
     assert "### Sessions" not in render(single, "md")[0]
 
 
@@ -365,10 +537,29 @@ def test_an_old_records_headline_takes_the_direction_from_the_config():
     paired estimate the way the config says (a latency: divided), like a new record's."""
     from agentsearch.report import Evidence
 
-    summary = {"role": "objective", "decision": "win", "speedup": 1.25, "ci": [1.1, 1.4], "p_value": 0.001, "pairs": 12,
-               "baseline_median": 100.0, "candidate_median": 81.0, "metric": "ttft_ms", "unit": "ms"}
-    ev = Evidence("x", "evaluation", {"verdict": "merge", "ref": "x", "objective": "ttft", "workloads": {"ttft": summary}}, [],
-                  directions={"ttft": False})
+    summary = {
+        "role": "objective",
+        "decision": "win",
+        "speedup": 1.25,
+        "ci": [1.1, 1.4],
+        "p_value": 0.001,
+        "pairs": 12,
+        "baseline_median": 100.0,
+        "candidate_median": 81.0,
+        "metric": "ttft_ms",
+        "unit": "ms",
+    }
+    ev = Evidence(
+        "x",
+        "evaluation",
+        {"verdict": "merge", "ref": "x", "objective": "ttft", "workloads": {"ttft": summary}},
+        [],
+        directions={"ttft": False},
+    )
     assert ev.headline().startswith("MERGE — ttft_ms 100 → 80 ms (+25.0%"), ev.headline()
-    unknown = Evidence("x", "evaluation", {"verdict": "merge", "ref": "x", "objective": "ttft", "workloads": {"ttft": summary}}, [])
-    assert unknown.headline().startswith("MERGE — ttft_ms 100 → 81 ms (+25.0%")  # no direction anywhere: the two medians
+    unknown = Evidence(
+        "x", "evaluation", {"verdict": "merge", "ref": "x", "objective": "ttft", "workloads": {"ttft": summary}}, []
+    )
+    assert unknown.headline().startswith(
+        "MERGE — ttft_ms 100 → 81 ms (+25.0%"
+    )  # no direction anywhere: the two medians

@@ -54,7 +54,10 @@ def test_harrell_davis_is_scipys_and_smoother_than_the_sample_quantile_at_the_ta
     # judged over at least 1,000 requests) ...
     x = rng.lognormal(size=71)
     stalled = np.append(np.sort(x)[:-1], 100 * x.max())
-    assert np.percentile(stalled, 99) / np.percentile(x, 99) > 30 and tails.harrell_davis(stalled, 0.99) / tails.harrell_davis(x, 0.99) > 30
+    assert (
+        np.percentile(stalled, 99) / np.percentile(x, 99) > 30
+        and tails.harrell_davis(stalled, 0.99) / tails.harrell_davis(x, 0.99) > 30
+    )
     # ... at n = 1,000 it moves the Harrell-Davis p99 by under 1%
     x = rng.lognormal(size=1000)
     stalled = np.append(np.sort(x)[:-1], 100 * x.max())
@@ -65,7 +68,9 @@ def test_each_metric_is_what_its_definition_says():
     # two requests: sent at 0 and 1 s; 4 output tokens each; chunks after TTFT at fixed gaps
     a = tails.RequestTiming(sent=0.0, ttft=0.100, e2e=0.400, gaps=(0.1, 0.1, 0.1), output_tokens=4, input_tokens=8)
     b = tails.RequestTiming(sent=1.0, ttft=0.300, e2e=1.200, gaps=(0.1, 0.7, 0.1), output_tokens=4, input_tokens=8)
-    m = tails.serving_metrics([a, b], ("ttft_p90_ms", "itl_p50_ms"), [tails.Slo("ttft", 200.0), tails.Slo("tpot", 250.0, 0.99)])
+    m = tails.serving_metrics(
+        [a, b], ("ttft_p90_ms", "itl_p50_ms"), [tails.Slo("ttft", 200.0), tails.Slo("tpot", 250.0, 0.99)]
+    )
     assert m["duration_s"] == pytest.approx(2.2)  # first send to last chunk
     assert m["requests_s"] == pytest.approx(2 / 2.2) and m["output_tok_s"] == pytest.approx(8 / 2.2)
     assert m["total_tok_s"] == pytest.approx(24 / 2.2)
@@ -108,30 +113,65 @@ def test_a_plan_is_the_same_on_both_sides_and_keeps_its_rate_and_burstiness():
     assert bursty.std() / bursty.mean() == pytest.approx(2.0, rel=0.15)  # gamma shape k: CV 1/sqrt(k)
     closed = serving_load.plan({"prompts": 8}, 1, 1000)
     assert closed.arrivals is None and closed.max_concurrency == serving_load.DEFAULT_CONCURRENCY
-    assert math.isinf(closed.max_lag_s) and one.max_lag_s == pytest.approx(0.100) and one.max_mean_lag_s == pytest.approx(0.005)
+    assert (
+        math.isinf(closed.max_lag_s)
+        and one.max_lag_s == pytest.approx(0.100)
+        and one.max_mean_lag_s == pytest.approx(0.005)
+    )
     # lengths from the pair's profile, clipped to the context
-    z = serving_load.plan({"prompts": 500, "input_len": 300, "output_len": 300, "length_dist": "zipf"}, 3, 1000, max_model_len=512)
+    z = serving_load.plan(
+        {"prompts": 500, "input_len": 300, "output_len": 300, "length_dist": "zipf"}, 3, 1000, max_model_len=512
+    )
     assert max(len(x) for x in z.prompts) <= 256 and all(len(x) + o <= 512 for x, o in zip(z.prompts, z.output_lens))
     assert statistics.pstdev(z.output_lens) > 0
 
 
-@pytest.mark.parametrize("kwargs, says", [
-    ({"metric": "ttft_p99_ms", "params": "{ prompts = 200 }"}, "ttft_p99_ms needs trials of at least 1000 requests (prompts = 200)"),
-    ({"metric": "ttft_p999_ms"}, "a serving workload has no metric 'ttft_p999_ms'"),
-    ({"metric": "queue_p99_ms"}, "no metric 'queue_p99_ms'"),
-    ({"metric": "ttft_p99_ms", "params": "{ prompts = 2000 }", "hib": "true"}, "lower is better; set higher_is_better = false"),
-    ({"metric": "output_tok_s", "hib": "false"}, "higher is better; set higher_is_better = true"),
-    ({"params": "{ prompts = 32, request_rate = 5000 }"}, "request_rate must be \"inf\" or a number of requests per second in (0, 500]"),
-    ({"params": "{ prompts = 32, request_rate = 10, burstiness = 0 }"}, "burstiness must be a number in [0.05, 100]"),
-    ({"params": "{ prompts = 32, arrival = \"poisson\" }"}, "unknown serving param 'arrival'"),
-    ({"params": "{ prompts = 0 }"}, "prompts must be an integer in [1, 20000]"),
-    ({"metric": "itl_p99_ms", "params": "{ prompts = 10, output_len = 8 }"}, "itl_p99_ms needs at least 1000 token gaps per trial (70 here)"),
-    ({"metric": "goodput_req_s"}, "metric goodput_req_s counts requests that meet the SLOs; add [[slo]] tables"),
-    ({"metric": "goodput_req_s", "extra": "[[slo]]\nmetric = \"itl_ms\"\nmax_ms = 50"}, "[[slo]] #1 metric: expected one of ttft_ms, tpot_ms, e2e_ms"),
-    ({"metric": "goodput_req_s", "extra": "[[slo]]\nmetric = \"ttft_ms\"\nmax_ms = -1"}, "max_ms: expected a positive number of milliseconds"),
-    ({"metric": "goodput_req_s", "extra": "[[slo]]\nmetric = \"ttft_ms\"\nmax_ms = 5\n[[slo]]\nmetric = \"ttft_ms\"\nmax_ms = 9"},
-     "[[slo]] metric: two limits for 'ttft_ms'"),
-])
+@pytest.mark.parametrize(
+    "kwargs, says",
+    [
+        (
+            {"metric": "ttft_p99_ms", "params": "{ prompts = 200 }"},
+            "ttft_p99_ms needs trials of at least 1000 requests (prompts = 200)",
+        ),
+        ({"metric": "ttft_p999_ms"}, "a serving workload has no metric 'ttft_p999_ms'"),
+        ({"metric": "queue_p99_ms"}, "no metric 'queue_p99_ms'"),
+        (
+            {"metric": "ttft_p99_ms", "params": "{ prompts = 2000 }", "hib": "true"},
+            "lower is better; set higher_is_better = false",
+        ),
+        ({"metric": "output_tok_s", "hib": "false"}, "higher is better; set higher_is_better = true"),
+        (
+            {"params": "{ prompts = 32, request_rate = 5000 }"},
+            "request_rate must be \"inf\" or a number of requests per second in (0, 500]",
+        ),
+        (
+            {"params": "{ prompts = 32, request_rate = 10, burstiness = 0 }"},
+            "burstiness must be a number in [0.05, 100]",
+        ),
+        ({"params": "{ prompts = 32, arrival = \"poisson\" }"}, "unknown serving param 'arrival'"),
+        ({"params": "{ prompts = 0 }"}, "prompts must be an integer in [1, 20000]"),
+        (
+            {"metric": "itl_p99_ms", "params": "{ prompts = 10, output_len = 8 }"},
+            "itl_p99_ms needs at least 1000 token gaps per trial (70 here)",
+        ),
+        ({"metric": "goodput_req_s"}, "metric goodput_req_s counts requests that meet the SLOs; add [[slo]] tables"),
+        (
+            {"metric": "goodput_req_s", "extra": "[[slo]]\nmetric = \"itl_ms\"\nmax_ms = 50"},
+            "[[slo]] #1 metric: expected one of ttft_ms, tpot_ms, e2e_ms",
+        ),
+        (
+            {"metric": "goodput_req_s", "extra": "[[slo]]\nmetric = \"ttft_ms\"\nmax_ms = -1"},
+            "max_ms: expected a positive number of milliseconds",
+        ),
+        (
+            {
+                "metric": "goodput_req_s",
+                "extra": "[[slo]]\nmetric = \"ttft_ms\"\nmax_ms = 5\n[[slo]]\nmetric = \"ttft_ms\"\nmax_ms = 9",
+            },
+            "[[slo]] metric: two limits for 'ttft_ms'",
+        ),
+    ],
+)
 def test_bad_serving_config_is_one_line(kwargs, says):
     with pytest.raises(ConfigError) as exc:
         config(**kwargs)
@@ -140,17 +180,29 @@ def test_bad_serving_config_is_one_line(kwargs, says):
 
 
 def test_good_serving_config_and_its_slos():
-    c = config("goodput_req_s", "{ prompts = 64, request_rate = 20 }", "[[slo]]\nmetric = \"ttft_ms\"\nmax_ms = 500\n"
-               "[[slo]]\nmetric = \"tpot_ms\"\nmax_ms = 50")
+    c = config(
+        "goodput_req_s",
+        "{ prompts = 64, request_rate = 20 }",
+        "[[slo]]\nmetric = \"ttft_ms\"\nmax_ms = 500\n[[slo]]\nmetric = \"tpot_ms\"\nmax_ms = 50",
+    )
     assert [(x.base, x.max_ms, x.q) for x in (s.slo() for s in c.slos)] == [("ttft", 500.0, None), ("tpot", 50.0, None)]
-    assert c.fingerprint() != config("goodput_req_s", "{ prompts = 64, request_rate = 20 }",
-                                     "[[slo]]\nmetric = \"ttft_ms\"\nmax_ms = 400").fingerprint()
+    assert (
+        c.fingerprint()
+        != config(
+            "goodput_req_s", "{ prompts = 64, request_rate = 20 }", "[[slo]]\nmetric = \"ttft_ms\"\nmax_ms = 400"
+        ).fingerprint()
+    )
     assert config("ttft_p99_ms", "{ prompts = 1000, request_rate = 50 }").workloads[0].metric == "ttft_p99_ms"
 
 
 def test_bad_slo_config_is_refused_before_anything_is_measured(tmp_path):
-    repo = make_repo(tmp_path / "t", {"agentsearch.toml": SERVE.format(metric="ttft_p99_ms", hib="false", params="{ prompts = 100 }", extra=""),
-                                      "x.py": "x = 1\n"})
+    repo = make_repo(
+        tmp_path / "t",
+        {
+            "agentsearch.toml": SERVE.format(metric="ttft_p99_ms", hib="false", params="{ prompts = 100 }", extra=""),
+            "x.py": "x = 1\n",
+        },
+    )
     init = run_cli("init", "-C", str(repo), timeout=60)
     proc = run_cli("evaluate", "-C", str(repo), "main", timeout=60) if init.returncode == 0 else init
     assert proc.returncode == 2, proc.stderr
@@ -159,8 +211,19 @@ def test_bad_slo_config_is_refused_before_anything_is_measured(tmp_path):
 
 
 def _row(**kw):
-    r = {"ok": True, "error": "", "sent": 0, "lag": 100, "queue": 0, "ttft": 10_000, "e2e": 40_000, "gaps": [10_000, 10_000, 10_000],
-         "output_tokens": 4, "input_tokens": 16, "outputs": [1, 2]}
+    r = {
+        "ok": True,
+        "error": "",
+        "sent": 0,
+        "lag": 100,
+        "queue": 0,
+        "ttft": 10_000,
+        "e2e": 40_000,
+        "gaps": [10_000, 10_000, 10_000],
+        "output_tokens": 4,
+        "input_tokens": 16,
+        "outputs": [1, 2],
+    }
     r.update(kw)
     return r
 
@@ -178,7 +241,10 @@ def test_the_generators_report_is_checked_not_trusted():
         ([_row(), _row(ttft=True)], "malformed"),
         ([_row(), _row(gaps=[-1, 1, 1])], "malformed"),
     ]:
-        assert served_requests({"requests": rows}, load)[2].startswith(says) or says in served_requests({"requests": rows}, load)[2], says
+        assert (
+            served_requests({"requests": rows}, load)[2].startswith(says)
+            or says in served_requests({"requests": rows}, load)[2]
+        ), says
 
 
 def test_the_rate_search_brackets_the_threshold_and_says_when_it_is_out_of_range():
@@ -190,7 +256,9 @@ def test_the_rate_search_brackets_the_threshold_and_says_when_it_is_out_of_range
 
     found = serving_load.search_rate(holds, 5.0, 200.0, 5)  # shift 0.5: plain bisection
     lo, hi, probes = found.low, found.high, found.probes
-    assert lo <= 37.0 < hi and hi / lo == pytest.approx(40 ** (1 / 32)) and found.rate == pytest.approx(math.sqrt(lo * hi))
+    assert (
+        lo <= 37.0 < hi and hi / lo == pytest.approx(40 ** (1 / 32)) and found.rate == pytest.approx(math.sqrt(lo * hi))
+    )
     assert len(probes) == 2 + 5 and probes[0] == (5.0, True) and probes[1] == (200.0, False) and not found.censored
     # another pair's grid: the first split moves with the shift, the bracket still holds the threshold
     other = serving_load.search_rate(holds, 5.0, 200.0, 5, shift=0.9)
@@ -211,14 +279,25 @@ def test_the_rate_search_brackets_the_threshold_and_says_when_it_is_out_of_range
 SLO_P90 = "[[slo]]\nmetric = \"ttft_ms\"\nmax_ms = 30\np = 90"
 
 
-@pytest.mark.parametrize("params, extra, says", [
-    ("{ prompts = 200, rate_max = 100 }", "[[slo]]\nmetric = \"ttft_ms\"\nmax_ms = 30", "give an [[slo]] a percentile"),
-    ("{ prompts = 200, rate_max = 100, request_rate = 5 }", SLO_P90, "drop request_rate"),
-    ("{ prompts = 200, rate_min = 100, rate_max = 50 }", SLO_P90, "needs rate_min < rate_max"),
-    ("{ prompts = 200 }", SLO_P90, "needs rate_min < rate_max"),
-    ("{ prompts = 50, rate_max = 100 }", SLO_P90, "the [[slo]] ttft p90 <= 30 ms needs probes of at least 100 requests (prompts = 50)"),
-    ("{ prompts = 200, rate_max = 100, search_steps = 20 }", SLO_P90, "search_steps must be an integer in [1, 8]"),
-])
+@pytest.mark.parametrize(
+    "params, extra, says",
+    [
+        (
+            "{ prompts = 200, rate_max = 100 }",
+            "[[slo]]\nmetric = \"ttft_ms\"\nmax_ms = 30",
+            "give an [[slo]] a percentile",
+        ),
+        ("{ prompts = 200, rate_max = 100, request_rate = 5 }", SLO_P90, "drop request_rate"),
+        ("{ prompts = 200, rate_min = 100, rate_max = 50 }", SLO_P90, "needs rate_min < rate_max"),
+        ("{ prompts = 200 }", SLO_P90, "needs rate_min < rate_max"),
+        (
+            "{ prompts = 50, rate_max = 100 }",
+            SLO_P90,
+            "the [[slo]] ttft p90 <= 30 ms needs probes of at least 100 requests (prompts = 50)",
+        ),
+        ("{ prompts = 200, rate_max = 100, search_steps = 20 }", SLO_P90, "search_steps must be an integer in [1, 8]"),
+    ],
+)
 def test_bad_rate_at_slo_config_is_one_line(params, extra, says):
     with pytest.raises(ConfigError) as exc:
         config("rate_at_slo_req_s", params, extra)
@@ -245,8 +324,16 @@ class Capacity(BaseHTTPRequestHandler):
         self.send_response(200)
         self.end_headers()
         for i in range(int(body["max_tokens"])):
-            self.wfile.write(b"data: " + json.dumps({"choices": [{"text": f"{body['prompt'][i % len(body['prompt'])]} "}]}).encode() + b"\n\n")
-        self.wfile.write(b"data: " + json.dumps({"choices": [], "usage": {"completion_tokens": int(body["max_tokens"])}}).encode() + b"\n\n")
+            self.wfile.write(
+                b"data: "
+                + json.dumps({"choices": [{"text": f"{body['prompt'][i % len(body['prompt'])]} "}]}).encode()
+                + b"\n\n"
+            )
+        self.wfile.write(
+            b"data: "
+            + json.dumps({"choices": [], "usage": {"completion_tokens": int(body["max_tokens"])}}).encode()
+            + b"\n\n"
+        )
 
 
 def test_throughput_at_slo_is_found_by_probes_of_the_same_requests_on_both_sides(tmp_path):
@@ -262,13 +349,25 @@ def test_throughput_at_slo_is_found_by_probes_of_the_same_requests_on_both_sides
     srv = ThreadingHTTPServer(("127.0.0.1", 0), Capacity)
     srv.daemon_threads = True
     threading.Thread(target=srv.serve_forever, daemon=True).start()
-    params = {"prompts": 120, "input_len": 8, "output_len": 2, "vary_lengths": False, "rate_min": 10, "rate_max": 250, "search_steps": 3}
+    params = {
+        "prompts": 120,
+        "input_len": 8,
+        "output_len": 2,
+        "vary_lengths": False,
+        "rate_min": 10,
+        "rate_max": 250,
+        "search_steps": 3,
+    }
     spec = {"model": str(tmp_path), "engine": {}, "params": params, "slo": [{"base": "ttft", "max_ms": 60.0, "q": 0.9}]}
     sides = []
     for side in ("baseline", "candidate"):
         s = ServeSession(spec, tmp_path, None, {}, tmp_path / side, "rate_at_slo_req_s", 120.0, python=sys.executable)
         (tmp_path / side).mkdir()
-        s.proc, s.port, s.startup_s = subprocess.Popen(["sleep", "120"], start_new_session=True), srv.server_address[1], 0.0  # the server is the fake
+        s.proc, s.port, s.startup_s = (
+            subprocess.Popen(["sleep", "120"], start_new_session=True),
+            srv.server_address[1],
+            0.0,
+        )  # the server is the fake
         try:
             out = s.measure(5, params=params)
         finally:
@@ -308,7 +407,9 @@ def test_a_generator_that_fell_behind_is_the_runs_error_on_the_baselines_trial(s
     else:
         assert _judged(ctx, run, "guard-workloads", "ttft-p99", "ok") is False
         (check,) = ctx.st.checks
-        assert check.failure == "measurement-error" and "fell behind" in check.detail and ctx.st.baseline_failure is None
+        assert (
+            check.failure == "measurement-error" and "fell behind" in check.detail and ctx.st.baseline_failure is None
+        )
 
 
 def test_a_trace_of_real_lengths_is_drawn_the_same_on_both_sides(tmp_path):
@@ -324,8 +425,12 @@ def test_a_trace_of_real_lengths_is_drawn_the_same_on_both_sides(tmp_path):
     assert len(set(pairs)) == 200 and all(pr in trace for pr in pairs)  # drawn without replacement while it lasts
     many = serving_load.plan({"prompts": 800}, 4, 1000, trace=trace)
     assert len(many.prompts) == 800 and all((len(x), o) in trace for x, o in zip(many.prompts, many.output_lens))
-    for text, says in [("not json\n", "line 1: not JSON"), ('{"input_len": 3}\n', "line 1: expected"),
-                       ('{"input_len": 3, "output_len": 0}\n', "positive integers"), ("\n", "no requests")]:
+    for text, says in [
+        ("not json\n", "line 1: not JSON"),
+        ('{"input_len": 3}\n', "line 1: expected"),
+        ('{"input_len": 3, "output_len": 0}\n', "positive integers"),
+        ("\n", "no requests"),
+    ]:
         path.write_text(text)
         with pytest.raises(ValueError, match=says):
             serving_load.read_trace(path)

@@ -73,8 +73,15 @@ max_regression = 0.3
 
 
 def target(path: Path, extra: str = "") -> Path:
-    repo = make_repo(path, {"agentsearch.toml": CONFIG.format(python=sys.executable) + extra, "bench/bench.py": BENCH,
-                            "src/__init__.py": "", "src/knobs.py": KNOBS})
+    repo = make_repo(
+        path,
+        {
+            "agentsearch.toml": CONFIG.format(python=sys.executable) + extra,
+            "bench/bench.py": BENCH,
+            "src/__init__.py": "",
+            "src/knobs.py": KNOBS,
+        },
+    )
     assert run_cli("init", "-C", str(repo)).returncode == 0
     return repo
 
@@ -115,10 +122,23 @@ def test_product_and_verdict_with_the_gates_statistics():
     assert stack_verdict(1.54, (1.535, 1.545), 1.56, (1.555, 1.565), 0.05, 0.0)[0] == "under-delivers"
     assert stack_verdict(1.01, (0.97, 1.05), 1.02, (0.98, 1.06), 0.05)[0] == "inconclusive"  # no significant gain
     assert stack_verdict(None, None, est, ci, 0.05)[0] == "inconclusive"  # fail closed: a number missing
-    assert stack_verdict(1.5, (1.4, 1.6), *product((StackMerge("a", None, None, 1.3, None),)), 0.05)[0] == "inconclusive"
+    assert (
+        stack_verdict(1.5, (1.4, 1.6), *product((StackMerge("a", None, None, 1.3, None),)), 0.05)[0] == "inconclusive"
+    )
     with pytest.raises(ValueError, match="says why"):
-        StackCheck(since="s", tip="t", objective="speed", merges=ms, verdict="inconclusive", reasons=(), seed=1, cumulative=None,
-                   ci=None, product=None, product_ci=None)
+        StackCheck(
+            since="s",
+            tip="t",
+            objective="speed",
+            merges=ms,
+            verdict="inconclusive",
+            reasons=(),
+            seed=1,
+            cumulative=None,
+            ci=None,
+            product=None,
+            product_ci=None,
+        )
 
 
 def test_a_stack_that_delivers_and_a_merge_that_became_a_passenger(tmp_path):
@@ -127,8 +147,14 @@ def test_a_stack_that_delivers_and_a_merge_that_became_a_passenger(tmp_path):
     pair it points to interferes (merge 2 holds merge 1's gain)."""
     repo = target(tmp_path / "toy")
     fast = KNOBS.replace("FAST_PATH = False", "FAST_PATH = True")
-    rewrite = fast.replace("A = 1.0", "A = 1.2").replace("    cost = 1.0 if FAST_PATH else 1.3\n    return A / cost", "    return A")
-    queue_of(repo, tmp_path / "queue", [("Take the fast path", {"src/knobs.py": fast}), ("Rewrite speed()", {"src/knobs.py": rewrite})])
+    rewrite = fast.replace("A = 1.0", "A = 1.2").replace(
+        "    cost = 1.0 if FAST_PATH else 1.3\n    return A / cost", "    return A"
+    )
+    queue_of(
+        repo,
+        tmp_path / "queue",
+        [("Take the fast path", {"src/knobs.py": fast}), ("Rewrite speed()", {"src/knobs.py": rewrite})],
+    )
     out = episode(repo, tmp_path / "queue")
     assert [p["verdict"] for p in out["proposals"]] == ["merge", "merge"], out
     first, second = (git(repo, "rev-parse", f"main~{i}").strip() for i in (1, 0))
@@ -140,7 +166,9 @@ def test_a_stack_that_delivers_and_a_merge_that_became_a_passenger(tmp_path):
     bad = run_cli("stack", "-C", str(repo), "--since", "main")
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "no merge" in bad.stderr
     report = tmp_path / "reports" / "stack.md"
-    proc = run_cli("stack", "-C", str(repo), "--leave-one-out", "--json", "--seed", "3", "--report", str(report), timeout=900)
+    proc = run_cli(
+        "stack", "-C", str(repo), "--leave-one-out", "--json", "--seed", "3", "--report", str(report), timeout=900
+    )
     assert proc.returncode == 0, proc.stderr
     got = json.loads(proc.stdout)
     assert got["verdict"] == "delivers", got["reasons"]
@@ -151,7 +179,12 @@ def test_a_stack_that_delivers_and_a_merge_that_became_a_passenger(tmp_path):
     assert 1.1 < by[second]["marginal"] < 1.3 and by[first]["ci"][0] <= 1.0
     # the passenger points to a pair: without both, the planted cost is back (1.56x), far more than the singles' 1.2x
     (pair,) = got["interference"]
-    assert pair["merges"] == [first, second] and pair["interfere"] and 1.4 < pair["joint"] < 1.7 and 1.1 < pair["expected"] < 1.3, pair
+    assert (
+        pair["merges"] == [first, second]
+        and pair["interfere"]
+        and 1.4 < pair["joint"] < 1.7
+        and 1.1 < pair["expected"] < 1.3
+    ), pair
     # the record, and the scratch commits never touched a branch: the history still verifies
     rec = records(repo, StackCheck)[-1]
     assert rec.verdict == "delivers" and rec.passengers == (first,) and rec.interfering == ((first, second),)
@@ -167,10 +200,18 @@ def test_a_stack_that_delivers_and_a_merge_that_became_a_passenger(tmp_path):
     assert git(repo, "rev-parse", "main").strip() == second
     # review shows each merge's marginal contribution today, and offers the revert of the passenger
     rows = {r["merge"]: r for r in json.loads(run_cli("review", "-C", str(repo), "--json").stdout)["merges"]}
-    assert rows[first]["today"] == "passenger" and rows[second]["today"] == "contributes" and rows[second]["marginal"] > 1.1
+    assert (
+        rows[first]["today"] == "passenger"
+        and rows[second]["today"] == "contributes"
+        and rows[second]["marginal"] > 1.1
+    )
     # the insights no longer count the passenger's lesson as confirmed
     lessons = json.loads(run_cli("insights", "-C", str(repo), "--json").stdout)["lessons"]["worked"]
-    assert [ln for ln in lessons if "unconfirmed: a passenger" in ln] == [ln for ln in lessons if "Take the fast path" in ln] != []
+    assert (
+        [ln for ln in lessons if "unconfirmed: a passenger" in ln]
+        == [ln for ln in lessons if "Take the fast path" in ln]
+        != []
+    )
     listed = run_cli("review", "-C", str(repo))
     assert listed.returncode == 0 and "passenger" in listed.stdout and "agentsearch revert MERGE" in listed.stdout
     human = run_cli("stack", "-C", str(repo), "--since", "HEAD~2", "--seed", "4", timeout=900)
@@ -194,17 +235,38 @@ def test_bisect_names_the_merge_where_a_guard_regression_entered(tmp_path):
     third = git(repo, "rev-parse", "main~1").strip()
     checks = records(repo, StackCheck)
     assert [c.tip for c in checks] == [git(repo, "rev-parse", "main~2").strip(), git(repo, "rev-parse", "main").strip()]
-    assert [len(c.merges) for c in checks] == [2, 4] and all(c.verdict == "delivers" for c in checks), [c.reasons for c in checks]
+    assert [len(c.merges) for c in checks] == [2, 4] and all(c.verdict == "delivers" for c in checks), [
+        c.reasons for c in checks
+    ]
 
     bad = run_cli("stack", "bisect", "-C", str(repo), "--metric", "nope")
     assert bad.returncode == 2 and "not a workload" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
-    proc = run_cli("stack", "bisect", "-C", str(repo), "--metric", "guard", "--json", "--seed", "5", "--report", str(tmp_path / "b.md"),
-                   timeout=900)
+    proc = run_cli(
+        "stack",
+        "bisect",
+        "-C",
+        str(repo),
+        "--metric",
+        "guard",
+        "--json",
+        "--seed",
+        "5",
+        "--report",
+        str(tmp_path / "b.md"),
+        timeout=900,
+    )
     got = json.loads(proc.stdout)
     assert proc.returncode == 0, [(s["index"], s["outcome"], s["reason"]) for s in got["steps"]]
-    assert got["culprit"] == third and "commit 3 of 4" in got["reason"] and "the merge of" in got["reason"], [(s["index"], s["outcome"], s["reason"]) for s in got["steps"]]
+    assert got["culprit"] == third and "commit 3 of 4" in got["reason"] and "the merge of" in got["reason"], [
+        (s["index"], s["outcome"], s["reason"]) for s in got["steps"]
+    ]
     outcomes = [(s["index"], s["outcome"]) for s in got["steps"]]
-    assert outcomes[0] == (4, "different") and len(outcomes) <= 3 and (2, "same") in outcomes and (3, "different") in outcomes
+    assert (
+        outcomes[0] == (4, "different")
+        and len(outcomes) <= 3
+        and (2, "same") in outcomes
+        and (3, "different") in outcomes
+    )
     (rec,) = records(repo, StackBisect)
     assert rec.culprit == third and rec.proposal == got["proposal"]
     md = (tmp_path / "b.md").read_text()
@@ -225,14 +287,39 @@ def test_an_episode_killed_during_its_stack_check_resumes_and_checks_once(tmp_pa
     from .conftest import ROOT
 
     repo = target(tmp_path / "toy")
-    queue_of(repo, tmp_path / "queue", [("A 1.2", {"src/knobs.py": KNOBS.replace("A = 1.0", "A = 1.2")}),
-                                        ("A 1.4", {"src/knobs.py": KNOBS.replace("A = 1.0", "A = 1.4")})])
+    queue_of(
+        repo,
+        tmp_path / "queue",
+        [
+            ("A 1.2", {"src/knobs.py": KNOBS.replace("A = 1.0", "A = 1.2")}),
+            ("A 1.4", {"src/knobs.py": KNOBS.replace("A = 1.0", "A = 1.4")}),
+        ],
+    )
     history = Workspace.open(repo).state / "history.jsonl"
-    proc = subprocess.Popen([sys.executable, "-m", "agentsearch.cli", "episode", "-C", str(repo), "--patches", str(tmp_path / "queue"),
-                             "--seed", "3", "--json"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "agentsearch.cli",
+            "episode",
+            "-C",
+            str(repo),
+            "--patches",
+            str(tmp_path / "queue"),
+            "--seed",
+            "3",
+            "--json",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 300
     while sum('"kind": "merge"' in ln for ln in (history.read_text().splitlines() if history.exists() else [])) < 2:
-        assert proc.poll() is None and time.monotonic() < deadline, "the episode ended before its second merge was recorded"
+        assert proc.poll() is None and time.monotonic() < deadline, (
+            "the episode ended before its second merge was recorded"
+        )
         time.sleep(0.1)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
@@ -251,11 +338,18 @@ def test_the_trade_view_shows_each_merge_against_the_guards_and_the_trade_a_guar
     Measures nothing; every text a proposal wrote is inert in the Markdown and HTML reports."""
     repo = target(tmp_path / "toy", '\n[stack]\ncheck = "off"\n')
     k1 = KNOBS.replace("A = 1.0", "A = 1.2")
-    queue_of(repo, tmp_path / "queue", [  # a chain: each patch on top of the one before
-        ("Speed 1.2", {"src/knobs.py": k1}),
-        ("Speed 1.5", {"src/knobs.py": k1.replace("A = 1.2", "A = 1.5")}),
-        ("Faster | <img src=x onerror=alert(1)> and a slow guard", {"src/knobs.py": k1.replace("A = 1.2", "A = 2.1").replace("G = 1.0", "G = 0.5")}),
-    ])
+    queue_of(
+        repo,
+        tmp_path / "queue",
+        [  # a chain: each patch on top of the one before
+            ("Speed 1.2", {"src/knobs.py": k1}),
+            ("Speed 1.5", {"src/knobs.py": k1.replace("A = 1.2", "A = 1.5")}),
+            (
+                "Faster | <img src=x onerror=alert(1)> and a slow guard",
+                {"src/knobs.py": k1.replace("A = 1.2", "A = 2.1").replace("G = 1.0", "G = 0.5")},
+            ),
+        ],
+    )
     out = episode(repo, tmp_path / "queue")
     assert [p["verdict"] for p in out["proposals"]] == ["merge", "merge", "reject"], out
     proc = run_cli("stack", "pareto", "-C", str(repo), "--json", "--report", str(tmp_path / "t.md"))
@@ -266,9 +360,13 @@ def test_the_trade_view_shows_each_merge_against_the_guards_and_the_trade_a_guar
     refused = trades[2]
     assert refused["objective"]["speedup"] > 1.3 and refused["guards"][0]["workload"] == "guard"
     assert refused["guards"][0]["speedup"] < 0.7 and refused["guards"][0]["ci"][1] < 0.7
-    assert "the candidate trades guard (ops_s)" in refused["reason"] and "for speed (ops_s) +" in refused["reason"], refused["reason"]
+    assert "the candidate trades guard (ops_s)" in refused["reason"] and "for speed (ops_s) +" in refused["reason"], (
+        refused["reason"]
+    )
     for t in trades[:2]:  # the merges: their guard within its limit
-        assert t["objective"]["speedup"] > 1.1 and t["guards"][0]["speedup"] > 0.7 and t["guards"][0]["decision"] == "ok"
+        assert (
+            t["objective"]["speedup"] > 1.1 and t["guards"][0]["speedup"] > 0.7 and t["guards"][0]["decision"] == "ok"
+        )
     md = (tmp_path / "t.md").read_text()
     assert md.startswith("# Trades: `speed` against the guards") and "| 3 |" in md and "**rejected**" in md
     assert "<img" not in md.replace("`", "") or "`Faster \\| <img src=x onerror=alert(1)> and a slow guard`" in md

@@ -6,8 +6,28 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from harness.sequential import CONTINUE, INCONCLUSIVE, LOSE, OK, REGRESSED, WIN, SequentialDesign, decide_guard, decide_objective
-from harness.statistics import NoisePrior, cv, drift, log_ratios, noise_prior, outliers, paired_estimate, pairs_for_power, winsorize
+from harness.sequential import (
+    CONTINUE,
+    INCONCLUSIVE,
+    LOSE,
+    OK,
+    REGRESSED,
+    WIN,
+    SequentialDesign,
+    decide_guard,
+    decide_objective,
+)
+from harness.statistics import (
+    NoisePrior,
+    cv,
+    drift,
+    log_ratios,
+    noise_prior,
+    outliers,
+    paired_estimate,
+    pairs_for_power,
+    winsorize,
+)
 
 
 def test_log_ratio_sign_follows_metric_direction():
@@ -111,7 +131,10 @@ def test_sequential_error_rates_by_simulation():
     losers = [_run(des, math.log(0.7), sd, rng) for _ in range(100)]
     assert all(d.action == LOSE and d.estimate.n == des.min_pairs for d in losers)
     # a statistical stop says what it is, not that the speedup "cannot" be reached
-    assert losers[0].reason.startswith("slower: ") and "stopped early: the sequential futility test favours no speedup over +3.0%" in losers[0].reason
+    assert (
+        losers[0].reason.startswith("slower: ")
+        and "stopped early: the sequential futility test favours no speedup over +3.0%" in losers[0].reason
+    )
     assert "cannot" not in losers[0].reason
 
 
@@ -153,11 +176,13 @@ def test_a_calibrated_session_effect_is_a_floor_and_counts_with_one_session():
     agree = [0] * 6 + [1] * 6
     d = [x - np.mean(d[:6]) if i < 6 else x - np.mean(d[6:]) for i, x in enumerate(d)]  # the two sessions agree exactly
     prior = NoisePrior(var=1e-4, df=30, between_var=4e-4)  # a calibration over many sessions: tau = 0.02
-    assert paired_estimate(d, clusters=agree).se == pytest.approx(paired_estimate(d).se, rel=0.01)  # two sessions say tau 0
+    assert paired_estimate(d, clusters=agree).se == pytest.approx(
+        paired_estimate(d).se, rel=0.01
+    )  # two sessions say tau 0
     floored = paired_estimate(d, prior, clusters=agree)
-    assert floored.se ** 2 >= 4e-4 / 2  # ... the calibration's tau² counts, over the 2 sessions
+    assert floored.se**2 >= 4e-4 / 2  # ... the calibration's tau² counts, over the 2 sessions
     one = paired_estimate(d[:6], prior, clusters=[0] * 6)
-    assert one.se ** 2 >= 4e-4  # one session: the whole session effect
+    assert one.se**2 >= 4e-4  # one session: the whole session effect
 
 
 def test_futility_counts_the_session_effect_and_waits_for_it():
@@ -174,7 +199,10 @@ def test_futility_counts_the_session_effect_and_waits_for_it():
     lost = decide_objective(design, loser, clusters=[0] * 3)
     assert lost.action == LOSE and lost.reason.startswith("slower")  # a clear loser still stops at once
     # a calibration that measured a negligible session effect lets a no-op stop within the first session
-    assert decide_objective(design, unlucky, NoisePrior(var=1e-4, df=30, between_var=1e-7), clusters=[0] * 5).action == LOSE
+    assert (
+        decide_objective(design, unlucky, NoisePrior(var=1e-4, df=30, between_var=1e-7), clusters=[0] * 5).action
+        == LOSE
+    )
     # two sessions disagreeing by 6%: tau ~0.04 keeps a precise-looking no-op from stopping; agreeing, it stops
     two = [x - 0.03 for x in rng.normal(0.0, 0.01, 5)] + [x + 0.03 for x in rng.normal(0.0, 0.01, 5)]
     assert decide_objective(design, two, clusters=[0] * 5 + [1] * 5).action == CONTINUE
@@ -218,10 +246,13 @@ def test_confirmation_must_replicate_the_win_not_only_point_its_way():
     assert decide_confirmation(design, [0.3, 0.25, 0.28], won=won).action == OK
     # the test is one-sided, its p a proper probability, and it tracks the gap
     assert replication_p(won, paired_estimate([0.3, 0.25, 0.28])) > 0.9
-    assert replication_p(won, paired_estimate([0.10, 0.12, 0.09])) > replication_p(won, paired_estimate([0.05, 0.07, 0.04]))
+    assert replication_p(won, paired_estimate([0.10, 0.12, 0.09])) > replication_p(
+        won, paired_estimate([0.05, 0.07, 0.04])
+    )
     # a full CI run under foreign load: a true +30% win measured +32.8% (4 pairs, CI ±3%) and +27.9% on 4
     # fresh pairs: a gap tight intervals call significant (p < 0.01), far above half the win: it replicates
     import math
+
     true_win = paired_estimate([math.log(1.328) + e for e in (0.02, -0.02, 0.01, -0.01)])
     fresh_true = [math.log(1.2785) + e for e in (0.01, -0.01, 0.005, -0.005)]
     assert replication_p(true_win, paired_estimate(fresh_true)) < 0.01
@@ -285,7 +316,12 @@ def test_the_strict_confirmation_does_not_borrow_a_quiet_calibration():
     losing = [0.03, 0.031, 0.029, 0.03, -0.04, -0.04]
     small_win = paired_estimate([0.004, 0.008, 0.006, 0.01])
     assert paired_estimate(losing).p_better() < 1e-5
-    assert decide_confirmation(confirmation_design(6), losing, NoisePrior(var=0.0009, df=200), won=small_win, strict=True).action == NOT_CONFIRMED
+    assert (
+        decide_confirmation(
+            confirmation_design(6), losing, NoisePrior(var=0.0009, df=200), won=small_win, strict=True
+        ).action
+        == NOT_CONFIRMED
+    )
 
 
 def test_a_pair_is_loaded_when_either_of_its_trials_was():
@@ -300,7 +336,9 @@ def test_a_pair_is_loaded_when_either_of_its_trials_was():
         for i, (a, b) in enumerate(flags):
             for pos, (side, loaded) in enumerate((("baseline", a), ("candidate", b))):
                 r.trials.append(TrialRecord("w", side, i, i, pos, "AB", 0, True, 1.0, {"foreign_load": loaded}, 1.0))
-        r.trials.append(TrialRecord("w", "baseline", 99, -1, 0, "AB", 0, True, 1.0, {"foreign_load": True}, 1.0))  # warm-up
+        r.trials.append(
+            TrialRecord("w", "baseline", 99, -1, 0, "AB", 0, True, 1.0, {"foreign_load": True}, 1.0)
+        )  # warm-up
         return r
 
     assert loaded_share(run([(False, True)] * 6)) == 1.0
@@ -316,7 +354,10 @@ def test_sessions_differ_is_a_one_way_anova_that_sees_an_instance_lottery():
     lottery = [(m + spread).tolist() for m in (0.06, 0.05, -0.05)]  # two instances drew high, a fresh one low
     assert sessions_differ(same) == pytest.approx(sps.f_oneway(*same).pvalue, rel=1e-9)
     assert sessions_differ(same) > 0.05
-    assert sessions_differ(lottery) == pytest.approx(sps.f_oneway(*lottery).pvalue, rel=1e-9) and sessions_differ(lottery) < 1e-4
+    assert (
+        sessions_differ(lottery) == pytest.approx(sps.f_oneway(*lottery).pvalue, rel=1e-9)
+        and sessions_differ(lottery) < 1e-4
+    )
     # not testable: one session, or no session with two pairs (no within-session variance)
     assert sessions_differ([[0.1, 0.2, 0.0]]) is None and sessions_differ([[0.1], [0.2]]) is None
     assert sessions_differ([[0.1, 0.1], [0.1, 0.1]]) == 1.0 and sessions_differ([[0.1, 0.1], [0.2, 0.2]]) == 0.0
@@ -351,19 +392,30 @@ def test_one_slow_engine_instance_never_carries_a_guard_regression_alone():
     The guard may not call a regression from that one session; with the next session's spread in the error it
     does not call one at all. A real 10% regression on every instance is still called."""
     from harness.interleave import run_interleaved
-    from harness.sequential import REGRESSED, decide_guard, decide_regression, confirmation_design
+    from harness.sequential import REGRESSED, confirmation_design, decide_guard, decide_regression
 
     design = SequentialDesign(alpha=0.005, min_pairs=4, max_pairs=16, look_every=2)
-    lucky = run_interleaved("serve-c1", _instances({("candidate", 0): 0.9}), design, decide_guard, lambda i: i, True, restarts=2)
+    lucky = run_interleaved(
+        "serve-c1", _instances({("candidate", 0): 0.9}), design, decide_guard, lambda i: i, True, restarts=2
+    )
     assert lucky.decision is not None and lucky.decision.action != REGRESSED, lucky.decision.reason
     assert lucky.pairs > 8  # it did not stop inside the first session (8 pairs each)
-    real = run_interleaved("serve-c1", _instances({("candidate", i): 0.9 for i in range(4)}), design, decide_guard, lambda i: i, True,
-                           restarts=2)
+    real = run_interleaved(
+        "serve-c1",
+        _instances({("candidate", i): 0.9 for i in range(4)}),
+        design,
+        decide_guard,
+        lambda i: i,
+        True,
+        restarts=2,
+    )
     assert real.decision is not None and real.decision.action == REGRESSED, real.decision.reason
     assert len(set(real.sessions)) == 2  # called only once the second session was in
     # the re-measurement on fresh engines: a real regression holds, a slow instance's does not
     check = confirmation_design(4, strict=True)
-    again = run_interleaved("serve-c1", _instances({("candidate", 0): 0.9}), check, decide_regression, lambda i: 1000 + i, True)
+    again = run_interleaved(
+        "serve-c1", _instances({("candidate", 0): 0.9}), check, decide_regression, lambda i: 1000 + i, True
+    )
     assert again.decision is not None and again.decision.action == REGRESSED  # that fresh pair is slow again: it holds
     fresh = run_interleaved("serve-c1", _instances({}), check, decide_regression, lambda i: 1000 + i, True)
     assert fresh.decision is not None and fresh.decision.action == "ok" and "did not hold" in fresh.decision.reason

@@ -8,9 +8,8 @@ from agentsearch.config import load_config_text
 from agentsearch.proposers import Context
 from agentsearch.proposers.sweep import Sweep
 from agentsearch.workspace import Workspace
-from history import HistoryLog
-
 from benchmarks.toy_knobs import files
+from history import HistoryLog
 
 from .conftest import make_repo, run_cli
 
@@ -26,7 +25,9 @@ def target(tmp_path, name="toy"):
 
 def test_sweep_episode_finds_the_win_records_failures_and_writes_insights(tmp_path):
     repo = target(tmp_path)
-    proc = run_cli("episode", "-C", str(repo), "--proposer", "sweep", "--budget", "9", "--seed", "4", "--json", timeout=900)
+    proc = run_cli(
+        "episode", "-C", str(repo), "--proposer", "sweep", "--budget", "9", "--seed", "4", "--json", timeout=900
+    )
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     titles = [r["title"] for r in out["proposals"]]
@@ -60,13 +61,20 @@ def test_sweep_order_is_deterministic_and_follows_insights(tmp_path):
     from agentsearch.workspace import git
 
     def ctx(insights=None, history=()):
-        return Context(read_file=lambda p: git.show_file(repo, base, p), history=list(history), insights=insights, number=1, seed=9)
+        return Context(
+            read_file=lambda p: git.show_file(repo, base, p), history=list(history), insights=insights, number=1, seed=9
+        )
 
     sweep = Sweep(config.sweep)
     a, b = sweep.next(set(), ctx()), sweep.next(set(), ctx())
     assert a == b  # same history + seed: same proposal (what --resume relies on)
-    insights = {"knobs": {"k1": {"tries": 3, "wins": 1, "failures": 0, "best_value": 2, "up_wins": 1, "down_wins": 0},
-                          "k0": {"tries": 3, "wins": 0, "failures": 2}, "k2": {"tries": 3, "wins": 0, "failures": 0}}}
+    insights = {
+        "knobs": {
+            "k1": {"tries": 3, "wins": 1, "failures": 0, "best_value": 2, "up_wins": 1, "down_wins": 0},
+            "k0": {"tries": 3, "wins": 0, "failures": 2},
+            "k2": {"tries": 3, "wins": 0, "failures": 0},
+        }
+    }
     firsts = {Sweep(config.sweep).next(set(), Context(ctx().read_file, [], insights, n, 9)).title for n in range(1, 6)}
     assert firsts == {"k1: 0 -> 2"}  # the prior makes the known winner come first
     c = sweep.next(set(), ctx(insights))
@@ -82,7 +90,10 @@ def test_bad_sweep_config_is_one_line(tmp_path):
         assert "[[sweep.knob]] #1 values" in str(exc) and "one type" in str(exc)
     else:
         raise AssertionError("mixed-type values must be refused")
-    repo = make_repo(tmp_path / "plain", {**files(1, {}, {}), "agentsearch.toml": files(1, {}, {})["agentsearch.toml"].split("[[sweep.knob]]")[0]})
+    repo = make_repo(
+        tmp_path / "plain",
+        {**files(1, {}, {}), "agentsearch.toml": files(1, {}, {})["agentsearch.toml"].split("[[sweep.knob]]")[0]},
+    )
     assert run_cli("init", "-C", str(repo)).returncode == 0
     proc = run_cli("episode", "-C", str(repo), "--proposer", "sweep")
     assert proc.returncode == 2 and "no [[sweep.knob]]" in proc.stderr

@@ -93,7 +93,9 @@ def test_interleaving_is_abba_with_shared_seeds(tmp_path):
     code = "import json, sys; json.dump({'v': 1.0 + (hash(sys.argv[1]) % 7) / 1000}, open(sys.argv[2], 'w'))"
     s = spec(tmp_path, code)
     design = SequentialDesign(alpha=0.005, min_pairs=6, max_pairs=6)
-    run = run_interleaved("w", lambda side, i: CommandSession(s, tmp_path / side), design, decide_objective, lambda i: 100 + i, True)
+    run = run_interleaved(
+        "w", lambda side, i: CommandSession(s, tmp_path / side), design, decide_objective, lambda i: 100 + i, True
+    )
     sides = [t.side[0] for t in run.trials]
     assert "".join("A" if x == "b" else "B" for x in sides) == "ABBAABBAABBA"
     for pair in range(6):
@@ -116,6 +118,7 @@ def test_restarts_open_fresh_sessions_and_always_close(tmp_path):
 
         def measure(self, seed):
             from harness.trials import TrialOutcome
+
             if self.i == 1 and self.side == CANDIDATE:
                 return TrialOutcome(False, None, {}, 0.0, "engine died")
             return TrialOutcome(True, 1.0, {}, 0.0)
@@ -143,7 +146,9 @@ def test_a_trial_sees_only_the_devices_its_orchestrator_may_use(tmp_path, monkey
     (The variable was once dropped by the environment whitelist, so a child saw every GPU of the node.)"""
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
     code = "import json, os, sys\njson.dump({'v': 1.0, 'dev': os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}, open(sys.argv[2], 'w'))\n"
-    out = run_command_trial(spec(tmp_path, code, env=None if placed is None else {"CUDA_VISIBLE_DEVICES": placed}), 1, tmp_path / "o")
+    out = run_command_trial(
+        spec(tmp_path, code, env=None if placed is None else {"CUDA_VISIBLE_DEVICES": placed}), 1, tmp_path / "o"
+    )
     assert out.ok and out.metrics["dev"] == seen, out
 
 
@@ -175,8 +180,13 @@ def test_sliced_pairs_alternate_parts_and_combine_them():
         def _run(self, tokens: int) -> TrialOutcome:
             wall = tokens / (100.0 * speed())
             clock[0] += wall
-            return TrialOutcome(True, tokens / wall, {"output_tokens": tokens, "input_tokens": 0, "elapsed_s": wall,
-                                                      "output_tok_s": tokens / wall}, wall, outputs=((1,) * tokens,))
+            return TrialOutcome(
+                True,
+                tokens / wall,
+                {"output_tokens": tokens, "input_tokens": 0, "elapsed_s": wall, "output_tok_s": tokens / wall},
+                wall,
+                outputs=((1,) * tokens,),
+            )
 
         def measure(self, seed):
             events.append((self.side, seed, -1, 1))
@@ -196,11 +206,25 @@ def test_sliced_pairs_alternate_parts_and_combine_them():
     sliced = run_interleaved("w", Sliceable, design, stop_at_max, lambda i: 100 + i, True, slices=8)
     parts_of_first_pair = [(s[0], p) for s, seed, p, n in events if seed == 100]
     # at most the trial's 6 parts; part i in the pair's order (AB) when i is even, reversed when odd
-    assert parts_of_first_pair == [("b", 0), ("c", 0), ("c", 1), ("b", 1), ("b", 2), ("c", 2), ("c", 3), ("b", 3),
-                                   ("b", 4), ("c", 4), ("c", 5), ("b", 5)]
+    assert parts_of_first_pair == [
+        ("b", 0),
+        ("c", 0),
+        ("c", 1),
+        ("b", 1),
+        ("b", 2),
+        ("c", 2),
+        ("c", 3),
+        ("b", 3),
+        ("b", 4),
+        ("c", 4),
+        ("c", 5),
+        ("b", 5),
+    ]
     assert [(s[0], p) for s, seed, p, n in events if seed == 101][:2] == [("c", 0), ("b", 0)]  # the second pair is BA
     assert all(n == 6 for _, _, _, n in events)
-    assert len(sliced.trials) == 8 and all(t.ok and t.metrics["slices"] == 6 and t.metrics["output_tokens"] == 600 for t in sliced.trials)
+    assert len(sliced.trials) == 8 and all(
+        t.ok and t.metrics["slices"] == 6 and t.metrics["output_tokens"] == 600 for t in sliced.trials
+    )
     events.clear()
     clock[0] = 0.0
     whole = run_interleaved("w", Sliceable, design, stop_at_max, lambda i: 100 + i, True)
@@ -227,7 +251,9 @@ def test_a_failed_part_fails_its_sides_trial_with_its_reason():
         def measure_part(self, seed, part, parts):
             if self.side == CANDIDATE and part == 2:
                 return TrialOutcome(False, None, {}, 0.1, "engine died in part 3")
-            return TrialOutcome(True, 5.0, {"output_tokens": 5, "input_tokens": 0, "elapsed_s": 1.0}, 1.0, outputs=((1,),))
+            return TrialOutcome(
+                True, 5.0, {"output_tokens": 5, "input_tokens": 0, "elapsed_s": 1.0}, 1.0, outputs=((1,),)
+            )
 
         def combine(self, seed, parts):
             raise AssertionError("a failed pair is never combined")
@@ -235,7 +261,9 @@ def test_a_failed_part_fails_its_sides_trial_with_its_reason():
     def stop_at_max(design, d, prior, clusters=None):
         return Decision(CONTINUE if len(d) < design.max_pairs else "reject", "", None, 0.0)  # type: ignore[arg-type]
 
-    run = run_interleaved("w", Breaks, SequentialDesign(alpha=0.005, min_pairs=2, max_pairs=2), stop_at_max, lambda i: i, True, slices=4)
+    run = run_interleaved(
+        "w", Breaks, SequentialDesign(alpha=0.005, min_pairs=2, max_pairs=2), stop_at_max, lambda i: i, True, slices=4
+    )
     assert run.failure == "candidate trial failed (w, pair 1, seed 0): engine died in part 3"
     assert [(t.side, t.ok) for t in run.trials] == [(CANDIDATE, False)] and run.pairs == 0
 
@@ -250,7 +278,9 @@ def test_the_cpu_envelope_of_a_pinned_engine():
     assert eng.over_envelope(5.0, 1.0) == ""  # not pinned
     eng.cpus = frozenset({1})
     assert eng.over_envelope(0.98, 1.0) == "" and eng.over_envelope(None, 1.0) == ""
-    assert "left its CPU pinning" in eng.over_envelope(1.2, 1.0) and "1.200 CPU-seconds in 1.000 s" in eng.over_envelope(1.2, 1.0)
+    assert "left its CPU pinning" in eng.over_envelope(
+        1.2, 1.0
+    ) and "1.200 CPU-seconds in 1.000 s" in eng.over_envelope(1.2, 1.0)
     eng.cpus = frozenset({2, 3})
     assert eng.over_envelope(1.9, 1.0) == "" and "2 pinned CPU(s)" in eng.over_envelope(2.5, 1.0)
 

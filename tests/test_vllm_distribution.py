@@ -19,6 +19,7 @@ from .test_vllm_integration import make_fork, serving, workers_alive
 
 pytestmark = pytest.mark.vllm
 
+
 @pytest.fixture(scope="module")
 def fork(tmp_path_factory):
     return make_fork(tmp_path_factory, "vllm-dist")
@@ -26,11 +27,24 @@ def fork(tmp_path_factory):
 
 # planted in the fork's sampler: a temperature 2% off, and top-k keeping one token too few (both the
 # sort-based path and the top-k-only path, whichever a batch takes)
-TEMPERATURE_102 = [("vllm/v1/sample/sampler.py", "return logits.div_(temp.unsqueeze(dim=1))", "return logits.div_(temp.unsqueeze(dim=1) * 1.02)")]
+TEMPERATURE_102 = [
+    (
+        "vllm/v1/sample/sampler.py",
+        "return logits.div_(temp.unsqueeze(dim=1))",
+        "return logits.div_(temp.unsqueeze(dim=1) * 1.02)",
+    )
+]
 TOP_K_OFF_BY_ONE = [
-    ("vllm/v1/sample/ops/topk_topp_sampler.py", "top_k_mask = logits_sort.size(1) - k.to(torch.long)  # shape: B",
-     "top_k_mask = logits_sort.size(1) - k.to(torch.long) + 1  # shape: B"),
-    ("vllm/v1/sample/ops/topk_topp_sampler.py", "k_index = k.sub_(1).unsqueeze(1)", "k_index = k.sub_(1).clamp_(min=1).sub_(1).unsqueeze(1)"),
+    (
+        "vllm/v1/sample/ops/topk_topp_sampler.py",
+        "top_k_mask = logits_sort.size(1) - k.to(torch.long)  # shape: B",
+        "top_k_mask = logits_sort.size(1) - k.to(torch.long) + 1  # shape: B",
+    ),
+    (
+        "vllm/v1/sample/ops/topk_topp_sampler.py",
+        "k_index = k.sub_(1).unsqueeze(1)",
+        "k_index = k.sub_(1).clamp_(min=1).sub_(1).unsqueeze(1)",
+    ),
 ]
 
 
@@ -84,9 +98,13 @@ def test_distribution_checks_on_the_real_engine(fork):
     In small scheduler steps (max_num_seqs 32, 1,024 tokens a step) the unchanged branch passes too, but
     not always bit-exactly: CI once saw prefill KL mean 3e-13, within the noise floor (see docs/design/distribution.md)."""
     cfg_before, serving_before = (fork / "agentsearch.toml").read_text(), (fork / "serving.json").read_text()
-    verify_cfg = ('\n[verify]\nkind = "vllm"\ncorpus_size = 28\nmax_tokens = 8\nsample_draws = 100\nsample_contexts = 2\n'
-                  'engine = { distributed_executor_backend = "uni" }\n')  # one process (with the fork's VLLM_ENABLE_V1_MULTIPROCESSING = 0)
-    commit(fork, {"agentsearch.toml": cfg_before + verify_cfg, "serving.json": serving(8)}, "verify config, batches of 8")
+    verify_cfg = (
+        '\n[verify]\nkind = "vllm"\ncorpus_size = 28\nmax_tokens = 8\nsample_draws = 100\nsample_contexts = 2\n'
+        'engine = { distributed_executor_backend = "uni" }\n'
+    )  # one process (with the fork's VLLM_ENABLE_V1_MULTIPROCESSING = 0)
+    commit(
+        fork, {"agentsearch.toml": cfg_before + verify_cfg, "serving.json": serving(8)}, "verify config, batches of 8"
+    )
     try:
         commit(fork, None, "no change", branch="same")
         plant(fork, "temp102", TEMPERATURE_102)
@@ -100,20 +118,32 @@ def test_distribution_checks_on_the_real_engine(fork):
             for path in ("prefill", "decode", "sample"):
                 st = out[set_name][path]
                 assert st["positions"] > (20 if set_name == "public" else 5), (set_name, path)
-                assert st["exact"] and st["kl_max"] == 0 and st["dlogprob_max"] == 0 and st["dp_rms"] == 0, (set_name, path, st)
+                assert st["exact"] and st["kl_max"] == 0 and st["dlogprob_max"] == 0 and st["dp_rms"] == 0, (
+                    set_name,
+                    path,
+                    st,
+                )
                 assert st["same_top_pct"] == 100 and st["divergences"] == 0
         d = out["draws"]
         assert d["status"] == "pass" and d["changed"] == 0 and d["testable"] > 0
         assert out["baseline_reused"] == 0  # the first check of this baseline collects all seven dumps
-        assert d["unrelated_changed"] >= 20  # a sampler that ignored its seed would change that many: the test could fail
+        assert (
+            d["unrelated_changed"] >= 20
+        )  # a sampler that ignored its seed would change that many: the test could fail
 
         for branch in ("temp102", "topk1"):
             proc = run_cli("verify", "-C", str(fork), branch, "--json", timeout=900)
             out = json.loads(proc.stdout)
             assert proc.returncode == 1 and out["verdict"] == "fail", (branch, out["reasons"])
             for set_name in ("public", "holdout"):
-                assert out[set_name]["prefill"]["passed"] and out[set_name]["decode"]["passed"], (branch, out["reasons"])
-            assert not out["public"]["sample"]["passed"] and out["public"]["sample"]["dlogprob_max"] > 1e-4, (branch, out["public"]["sample"])
+                assert out[set_name]["prefill"]["passed"] and out[set_name]["decode"]["passed"], (
+                    branch,
+                    out["reasons"],
+                )
+            assert not out["public"]["sample"]["passed"] and out["public"]["sample"]["dlogprob_max"] > 1e-4, (
+                branch,
+                out["public"]["sample"],
+            )
             assert all(" sample: " in r or r.startswith("draws:") for r in out["reasons"]), (branch, out["reasons"])
             assert out["baseline_reused"] == 7  # no baseline engine: its dumps are kept from the first check
 

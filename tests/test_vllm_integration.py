@@ -82,12 +82,18 @@ def engines_alive(fork: Path) -> list[int]:
     return out
 
 
-def make_fork(tmp_path_factory, name: str, config: str = FAST_CONFIG, message: str = "fast test config, max_num_seqs 1") -> Path:
+def make_fork(
+    tmp_path_factory, name: str, config: str = FAST_CONFIG, message: str = "fast test config, max_num_seqs 1"
+) -> Path:
     """The embedded vLLM fork with ``config`` (formatted with the installed vLLM's site) and max_num_seqs 1."""
     path = tmp_path_factory.mktemp(name) / "fork"
     proc = run_cli("init", "--from-installed", "vllm", str(path))
     assert proc.returncode == 0, proc.stderr
-    site = next(line.split('"')[1] for line in (path / "agentsearch.toml").read_text().splitlines() if line.startswith("overlay_from"))
+    site = next(
+        line.split('"')[1]
+        for line in (path / "agentsearch.toml").read_text().splitlines()
+        if line.startswith("overlay_from")
+    )
     commit(path, {"agentsearch.toml": config.format(site=site), "serving.json": serving(1)}, message)
     return path
 
@@ -129,9 +135,17 @@ def test_config_change_is_measured_with_the_right_sign(fork):
     # the win was confirmed on a fresh pair of engines (an engine instance's luck must not confirm itself): the
     # start-up time every trial records differs between the objective's and the confirmation's engines
     for side in ("baseline", "candidate"):
-        started = {ph: {t["metrics"]["engine_startup_s"] for t in out["trials"] if t["side"] == side and t["ok"] and t["phase"] == ph}
-                   for ph in ("objective", "confirmation")}
-        assert started["objective"] and started["confirmation"] and not started["objective"] & started["confirmation"], started
+        started = {
+            ph: {
+                t["metrics"]["engine_startup_s"]
+                for t in out["trials"]
+                if t["side"] == side and t["ok"] and t["phase"] == ph
+            }
+            for ph in ("objective", "confirmation")
+        }
+        assert (
+            started["objective"] and started["confirmation"] and not started["objective"] & started["confirmation"]
+        ), started
     timing = out["timing"]
     assert timing["engine_s"] > 0 and timing["measurement_s"] > 0
     assert not workers_alive(fork)
@@ -158,7 +172,9 @@ def test_branch_that_breaks_vllm_is_rejected_with_the_engine_error(fork):
     assert proc.returncode == 4 and out["verdict"] == "reject"
     reason = " ".join(out["reasons"])
     # the first candidate session fails at its warm-up (or, without warm-up rounds, its first trial)
-    assert "SyntaxError" in reason and ("candidate trial failed" in reason or "candidate warm-up failed" in reason), reason
+    assert "SyntaxError" in reason and ("candidate trial failed" in reason or "candidate warm-up failed" in reason), (
+        reason
+    )
     assert not workers_alive(fork)
 
 
@@ -192,7 +208,12 @@ LLM.generate = _agentsearch_cheat_generate
 def test_fast_only_when_not_verified_is_caught_in_the_act(fork):
     """Red team: a candidate that skips work in timed runs only; its timed outputs differ from the baseline's."""
     path = fork / "vllm" / "entrypoints" / "llm.py"
-    commit(fork, {"vllm/entrypoints/llm.py": path.read_text() + FAST_WHEN_NOT_VERIFIED}, "decode less when not verified", branch="cheat")
+    commit(
+        fork,
+        {"vllm/entrypoints/llm.py": path.read_text() + FAST_WHEN_NOT_VERIFIED},
+        "decode less when not verified",
+        branch="cheat",
+    )
     git(fork, "checkout", "-q", "--", ".")
     proc = run_cli("evaluate", "-C", str(fork), "cheat", "--json", timeout=900)
     out = json.loads(proc.stdout)
@@ -205,11 +226,17 @@ def test_fast_only_when_not_verified_is_caught_in_the_act(fork):
 def test_ctrl_c_leaves_no_engine_behind(fork):
     commit(fork, {"serving.json": serving(8)}, "max_num_seqs 8", branch="seqs8")
     env = dict(os.environ)
-    proc = subprocess.Popen([sys.executable, "-m", "agentsearch.cli", "evaluate", "-C", str(fork), "seqs8"],
-                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            # a run started in the background (`cmd &`, nohup) inherits SIGINT ignored, and
-                            # Python then never raises KeyboardInterrupt: give the child Ctrl-C as on a terminal
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agentsearch.cli", "evaluate", "-C", str(fork), "seqs8"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        # a run started in the background (`cmd &`, nohup) inherits SIGINT ignored, and
+        # Python then never raises KeyboardInterrupt: give the child Ctrl-C as on a terminal
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     try:
         deadline = time.time() + 300
         while time.time() < deadline and not engines_alive(fork):  # an engine, not the git of the checkout
@@ -252,8 +279,8 @@ def test_episode_keeps_the_baseline_warm_across_rejections(tmp_path_factory):
     the first one's engine (the same instance: its start-up time recorded with every trial is the same),
     the third on a fresh baseline engine (one instance serves at most 2 evaluations) in the kept worktree;
     every candidate starts fresh; nothing is left running or on disk after the episode."""
-    from benchmarks.engine_gate import SCHEDULER, with_sleep
     from agentsearch.workspace import Workspace
+    from benchmarks.engine_gate import SCHEDULER, with_sleep
     from history import HistoryLog
 
     fork = make_fork(tmp_path_factory, "warm")
@@ -266,7 +293,11 @@ def test_episode_keeps_the_baseline_warm_across_rejections(tmp_path_factory):
     log = HistoryLog(Workspace.open(fork).state / "history.jsonl")
     verdicts = sorted((e.data for e in log.entries() if e.kind == "verdict"), key=lambda v: v["number"])
     assert [v["verdict"] for v in verdicts] == ["reject"] * 3, [v["reasons"] for v in verdicts]
-    assert [(v["baseline_side"], v["baseline_engines_reused"]) for v in verdicts] == [("fresh", 0), ("warm", 1), ("warm", 0)]
+    assert [(v["baseline_side"], v["baseline_engines_reused"]) for v in verdicts] == [
+        ("fresh", 0),
+        ("warm", 1),
+        ("warm", 0),
+    ]
     startup: dict[tuple[int, str], set[float]] = {}
     for e in log.entries():
         if e.kind == "trial" and e.data.get("ok"):
@@ -282,10 +313,10 @@ def test_episode_keeps_the_baseline_warm_across_rejections(tmp_path_factory):
 def test_a_kept_baseline_engine_that_died_is_replaced_not_blamed_on_the_next_candidate(fork):
     """The kept baseline's parked engine dies between two evaluations (killed here): the next evaluation
     reuses the kept worktree, starts a fresh baseline engine, and judges its candidate as usual."""
-    from benchmarks.engine_gate import SCHEDULER, with_sleep
     from agentsearch.evaluation import evaluate
     from agentsearch.warm_baseline import WarmBaseline
     from agentsearch.workspace import Workspace
+    from benchmarks.engine_gate import SCHEDULER, with_sleep
 
     source = git(fork, "show", f"main:{SCHEDULER}")
     commit(fork, {SCHEDULER: with_sleep(source, 6.0)}, "sleep 6 ms per step", branch="dead/1")
@@ -305,7 +336,9 @@ def test_a_kept_baseline_engine_that_died_is_replaced_not_blamed_on_the_next_can
         assert (second.baseline_side, second.baseline_engines_reused) == ("warm", 0)
         assert second.verdict.verdict == "reject" and second.verdict.failed_check == "objective", second.verdict.reasons
         base = {t.metrics["engine_startup_s"] for t in second.trials if t.side == "baseline" and t.ok}
-        assert len(base) == 1 and base != {t.metrics["engine_startup_s"] for t in first.trials if t.side == "baseline" and t.ok}
+        assert len(base) == 1 and base != {
+            t.metrics["engine_startup_s"] for t in first.trials if t.side == "baseline" and t.ok
+        }
     finally:
         warm.retire()
     assert not workers_alive(fork)

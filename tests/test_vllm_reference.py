@@ -20,7 +20,9 @@ from .test_vllm_integration import FAST_CONFIG, make_fork, serving
 pytestmark = pytest.mark.vllm
 
 # production runs max_num_seqs 32: the checks cover it whatever the proposal's own regime
-CONFIG = FAST_CONFIG + """
+CONFIG = (
+    FAST_CONFIG
+    + """
 [verify]
 kind = "vllm"
 corpus_size = 24
@@ -29,12 +31,16 @@ sample = false
 engine = {{ distributed_executor_backend = "uni" }}
 regimes = [{{ max_num_seqs = 32 }}]
 """
+)
 
 # planted in the fork's sampler: a small deterministic change of every logit, only in batches of more than 8
-DORMANT = ("vllm/v1/sample/sampler.py", "        logits = logits.to(torch.float32)\n",
-           "        logits = logits.to(torch.float32)\n"
-           "        if logits.shape[0] > 8:\n"
-           "            logits = logits + 0.01 * torch.sin(torch.arange(logits.shape[-1], dtype=torch.float32, device=logits.device))\n")
+DORMANT = (
+    "vllm/v1/sample/sampler.py",
+    "        logits = logits.to(torch.float32)\n",
+    "        logits = logits.to(torch.float32)\n"
+    "        if logits.shape[0] > 8:\n"
+    "            logits = logits + 0.01 * torch.sin(torch.arange(logits.shape[-1], dtype=torch.float32, device=logits.device))\n",
+)
 
 
 def verify(repo, ref):
@@ -68,7 +74,9 @@ def test_a_change_dormant_on_main_is_blamed_on_main_when_an_honest_proposal_wake
     # `verify main`: main against the reference, in its own regime (passes: dormant) and in production's (fails)
     rc, mine = verify(fork, "main")
     assert rc == 1 and mine["blame"] == "main", mine["reasons"]
-    assert mine["reasons"][0].startswith(f"main already diverges from the reference {stock[:10]} at max_num_seqs 32"), mine["reasons"]
+    assert mine["reasons"][0].startswith(f"main already diverges from the reference {stock[:10]} at max_num_seqs 32"), (
+        mine["reasons"]
+    )
     rows = {r["label"]: r["passed"] for r in mine["reference"]["regimes"]}
     assert rows == {"max_num_seqs 4": True, "max_num_seqs 32": False}, rows
     assert mine["reference"]["reused"] >= 1  # the reference at 32 is kept from the first check
@@ -78,7 +86,9 @@ def test_a_change_dormant_on_main_is_blamed_on_main_when_an_honest_proposal_wake
     git(fork, "checkout", "-q", "main")
     rc, out = verify(fork, "seqs32b")
     assert rc == 1 and out["verdict"] == "fail" and out["blame"] == "main", out["reasons"]
-    assert out["reasons"][0].startswith(f"main already diverges from the reference {stock[:10]} at max_num_seqs 32"), out["reasons"]
+    assert out["reasons"][0].startswith(f"main already diverges from the reference {stock[:10]} at max_num_seqs 32"), (
+        out["reasons"]
+    )
     assert "not this proposal's change" in out["reasons"][0]
     assert any(r.startswith("public decode") for r in out["reasons"][1:]), out["reasons"]  # what the candidate did wake
     assert out["reference"]["collected"] == 0  # main's and the reference's runs at 32 and at 4: all kept

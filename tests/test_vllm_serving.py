@@ -15,7 +15,9 @@ from .test_vllm_integration import FAST_CONFIG, make_fork, serving
 
 pytestmark = pytest.mark.vllm
 
-SERVE_CONFIG = FAST_CONFIG.split("[[workload]]")[0] + """[[workload]]
+SERVE_CONFIG = (
+    FAST_CONFIG.split("[[workload]]")[0]
+    + """[[workload]]
 name = "serve"
 kind = "vllm-serve"
 metric = "output_tok_s"
@@ -30,6 +32,7 @@ confirm_pairs = 2
 episode_budget = 1
 plausibility = 100.0
 """
+)
 
 
 @pytest.fixture(scope="module")
@@ -62,11 +65,17 @@ def test_a_serving_change_is_measured_by_one_warm_load_generator_per_server(fork
             # one load generator per server served every trial of the side (and the unrecorded warm-up round
             # before them), in order: vLLM was imported once per server, not once per trial
             served = [t["metrics"]["generator_trial"] for t in mine if t["phase"] == phase]
-            assert served and served == sorted(set(served)) and served[0] >= 2 and served[-1] >= len(served) + 1, (side, phase, served)
+            assert served and served == sorted(set(served)) and served[0] >= 2 and served[-1] >= len(served) + 1, (
+                side,
+                phase,
+                served,
+            )
         for t in mine:  # the benchmark's own clock fits in the orchestrator's round trip
             assert 0 < t["metrics"]["duration_s"] <= t["wall_s"]
             assert t["metrics"]["output_tok_s"] > 0 and t["metrics"]["ttft_p50_ms"] > 0
-            assert 16 * 24 <= t["metrics"]["input_tokens"] <= 16 * 41 and t["metrics"]["requests"] == 16  # the trace's lengths
+            assert (
+                16 * 24 <= t["metrics"]["input_tokens"] <= 16 * 41 and t["metrics"]["requests"] == 16
+            )  # the trace's lengths
             # [engine] cpus auto (OMP_NUM_THREADS 1, two CPUs): each server pinned to the last CPU by a cpuset, its
             # CPU time within what one CPU gives over the trial (the load generator, the harness's, is not pinned)
             m = t["metrics"]
@@ -86,19 +95,40 @@ def test_a_tail_only_regression_is_caught_by_the_p99_guard_and_not_by_the_median
 
     path = tmp_path_factory.mktemp("vllm-tail") / "fork"
     assert run_cli("init", "--from-installed", "vllm", str(path)).returncode == 0
-    site = next(line.split('"')[1] for line in (path / "agentsearch.toml").read_text().splitlines() if line.startswith("overlay_from"))
-    commit(path, {"agentsearch.toml": CONFIG.format(site=site, python=sys.executable), "speed.py": SPEED, "f.txt": "1.0",
-                  "serving.json": serving(8)}, "tail guards: a toy objective, max_num_seqs 8")
+    site = next(
+        line.split('"')[1]
+        for line in (path / "agentsearch.toml").read_text().splitlines()
+        if line.startswith("overlay_from")
+    )
+    commit(
+        path,
+        {
+            "agentsearch.toml": CONFIG.format(site=site, python=sys.executable),
+            "speed.py": SPEED,
+            "f.txt": "1.0",
+            "serving.json": serving(8),
+        },
+        "tail guards: a toy objective, max_num_seqs 8",
+    )
     fork = path
     # one request in about 50 (by its prompt) waits 150 ms before it is served; the others do not
-    commit(fork, {"f.txt": "1.5", SERVING_PY: plant((fork / SERVING_PY).read_text(), 150)}, "faster, and a slow tail", branch="tail")
+    commit(
+        fork,
+        {"f.txt": "1.5", SERVING_PY: plant((fork / SERVING_PY).read_text(), 150)},
+        "faster, and a slow tail",
+        branch="tail",
+    )
     proc = run_cli("evaluate", "-C", str(fork), "tail", "--json", timeout=1500)
     assert proc.stdout, proc.stderr[-3000:]
     out = json.loads(proc.stdout)
     assert out["verdict"] == "reject", out["reasons"]
     # the p99 guard names the tail, confirmed on fresh engines
-    held = [r for r in out["reasons"] if r.startswith("guard-workloads: ttft-p99: the regression held on fresh engines")]
-    assert held and "the candidate trades ttft-p99 (ttft_p99_ms)" in held[0] and "for speed (x) +" in held[0], out["reasons"]
+    held = [
+        r for r in out["reasons"] if r.startswith("guard-workloads: ttft-p99: the regression held on fresh engines")
+    ]
+    assert held and "the candidate trades ttft-p99 (ttft_p99_ms)" in held[0] and "for speed (x) +" in held[0], out[
+        "reasons"
+    ]
     w = out["workloads"]
     assert w["ttft-p99"]["speedup"] < 0.8, w["ttft-p99"]
     # the median guard judged the same change and saw nothing: it passed within a few percent
@@ -114,4 +144,7 @@ def test_a_tail_only_regression_is_caught_by_the_p99_guard_and_not_by_the_median
     # the report says what each serving metric measures
     report = run_cli("report", "-C", str(fork), "tail", timeout=120)
     assert report.returncode == 0, report.stderr[-2000:]
-    assert "- `ttft_p99_ms`: 99th percentile (Harrell-Davis) of time to first token, per request: from the request's send" in report.stdout
+    assert (
+        "- `ttft_p99_ms`: 99th percentile (Harrell-Davis) of time to first token, per request: from the request's send"
+        in report.stdout
+    )

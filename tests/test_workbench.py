@@ -22,8 +22,13 @@ PY_TEST = f"{sys.executable} -m py_compile src/model.py"
 
 
 def _target(tmp_path: Path, agent: str = "", test: str = PY_TEST) -> Workspace:
-    cfg = toy_config(timeout=5, extra=f"\n[agent]\n{agent}\n").replace('protected = ["bench/**"]', f'protected = ["bench/**"]\ntest = "{test}"')
-    repo = make_repo(tmp_path / "toy", {"agentsearch.toml": cfg, "bench/bench.py": TOY_BENCH, "speed.txt": "1.0\n", "src/model.py": "X = 1\n"})
+    cfg = toy_config(timeout=5, extra=f"\n[agent]\n{agent}\n").replace(
+        'protected = ["bench/**"]', f'protected = ["bench/**"]\ntest = "{test}"'
+    )
+    repo = make_repo(
+        tmp_path / "toy",
+        {"agentsearch.toml": cfg, "bench/bench.py": TOY_BENCH, "speed.txt": "1.0\n", "src/model.py": "X = 1\n"},
+    )
     assert run_cli("init", "-C", str(repo)).returncode == 0
     return Workspace.open(repo)
 
@@ -46,7 +51,9 @@ def test_file_tools_reach_the_worktree_and_nothing_else(bench, tmp_path):
     assert bench.call("write", {"path": "src/fast.py", "content": "Y = 2\n"}).ok
     assert "src/model.py:1: X = 1" in bench.call("grep", {"pattern": r"X = \d"}).text
     assert set(bench.call("ls", {}).text.split()) >= {"bench/", "src/", "speed.txt", "agentsearch.toml"}
-    assert (bench.worktree / "speed.txt").read_text() == "1.3\n" and (bench.worktree / "src" / "fast.py").read_text() == "Y = 2\n"
+    assert (bench.worktree / "speed.txt").read_text() == "1.3\n" and (
+        bench.worktree / "src" / "fast.py"
+    ).read_text() == "Y = 2\n"
 
     # the protected files and the .git link are the baseline's, read-only: the filesystem refuses, not a string check
     for path in ("bench/bench.py", "agentsearch.toml", ".git"):
@@ -69,11 +76,19 @@ def test_file_tools_reach_the_worktree_and_nothing_else(bench, tmp_path):
 def test_run_has_no_network_no_judge_and_leaves_no_process(bench):
     ws = bench.ws
     (ws.state / "history.jsonl").write_text("the history\n")
-    ans = bench.call("run", {"command": "python -c \"import socket; socket.create_connection(('127.0.0.1', 22), timeout=2)\""})
+    ans = bench.call(
+        "run", {"command": "python -c \"import socket; socket.create_connection(('127.0.0.1', 22), timeout=2)\""}
+    )
     assert not ans.ok and ("Network is unreachable" in ans.text or "Connection refused" in ans.text)
     assert bench.call("run", {"command": "cat /proc/net/dev"}).text.count(":") == 1  # the loopback interface alone
     # nothing judging is mounted: the state dir's files, the repository's objects, the other worktrees
-    for path in (ws.state / "history.jsonl", ws.state / "head", ws.common / "objects", ws.common / "HEAD", ws.repo_dir / "speed.txt"):
+    for path in (
+        ws.state / "history.jsonl",
+        ws.state / "head",
+        ws.common / "objects",
+        ws.common / "HEAD",
+        ws.repo_dir / "speed.txt",
+    ):
         assert not bench.call("run", {"command": f"test -e {path}"}).ok, path
     assert bench.call("run", {"command": "test -e speed.txt && python -c 'import sys; print(sys.version)'"}).ok
     # a process started in the background, or in a new session, dies with the call
@@ -92,7 +107,9 @@ def test_the_change_is_read_without_the_worktrees_git_link(bench):
     assert bench.call("changes", {}).text == "(no change yet)"
     assert not bench.call("test", {}).ok  # nothing to test yet
     bench.call("edit", {"path": "speed.txt", "old": "1.0", "new": "1.2"})
-    assert bench.call("run", {"command": "mkdir -p sub/.git && echo '[core] fsmonitor = touch /tmp/pwned' > sub/.git/config"}).ok
+    assert bench.call(
+        "run", {"command": "mkdir -p sub/.git && echo '[core] fsmonitor = touch /tmp/pwned' > sub/.git/config"}
+    ).ok
     ans = bench.call("changes", {})
     assert not ans.ok and "sub/.git" in ans.text and "not allowed" in ans.text
     assert bench.call("run", {"command": "rm -rf sub"}).ok
@@ -116,7 +133,9 @@ def test_measure_is_advisory_and_bounded(bench):
     assert not ans.ok and "no change yet" in ans.text
     bench.call("edit", {"path": "speed.txt", "old": "1.0", "new": "1.3"})
     ans = bench.call("measure", {"pairs": 4})
-    assert ans.ok and ans.text.startswith("advisory — not the gate: speed speedup +") and "over 4 pairs" in ans.text, ans.text
+    assert ans.ok and ans.text.startswith("advisory — not the gate: speed speedup +") and "over 4 pairs" in ans.text, (
+        ans.text
+    )
     assert bench.pairs_used == 4 and bench.calls[-1].pairs == 4
     ans = bench.call("measure", {"pairs": 4})  # 2 pairs left of 6: it runs 2
     assert ans.ok and "over 2 pairs" in ans.text
@@ -138,8 +157,17 @@ def test_tool_seconds_budget_refuses_heavy_calls(tmp_path):
         assert not ans.ok and "max_tool_seconds" in ans.text and wb.calls[-1].refused
         assert wb.call("read", {"path": "speed.txt"}).ok  # reading is never refused
         assert not wb.call("Bash", {"command": "true"}).ok and wb.calls[-1].refused
-        session = AgentSession(model=None, turns=3, tokens_in=10, tokens_out=5, cost_usd=0.01, tool_seconds=wb.tool_seconds, session_s=9.0,
-                               calls=tuple(wb.calls), error="")
+        session = AgentSession(
+            model=None,
+            turns=3,
+            tokens_in=10,
+            tokens_out=5,
+            cost_usd=0.01,
+            tool_seconds=wb.tool_seconds,
+            session_s=9.0,
+            calls=tuple(wb.calls),
+            error="",
+        )
         back = AgentSession.from_json(session.to_json())
         assert back == session and back.by_kind() == {"run": 2, "read": 1, "Bash": 1}
         assert AgentSession.totals([back, back])["calls"]["run"] == 4
@@ -164,7 +192,11 @@ def test_what_a_call_leaves_is_bounded_and_cleaned_up(tmp_path):
         for tool, args in (("read", {"path": "src/pipe"}), ("write", {"path": "src/pipe", "content": "x"})):
             t0 = time.perf_counter()
             ans = wb.call(tool, args)
-            assert not ans.ok and ("not a regular file" in ans.text or "No such device" in ans.text) and time.perf_counter() - t0 < 5, ans.text
+            assert (
+                not ans.ok
+                and ("not a regular file" in ans.text or "No such device" in ans.text)
+                and time.perf_counter() - t0 < 5
+            ), ans.text
         # files and output past [agent] max_file_mib: the kernel refuses the write (EFBIG / SIGXFSZ)
         ans = wb.call("run", {"command": "dd if=/dev/zero of=big bs=1M count=20"})
         assert not ans.ok and (worktree / "big").stat().st_size <= 8 << 20

@@ -15,8 +15,10 @@ from kernels import fork as kfork
 
 from .test_vllm_integration import FAST_CONFIG, make_fork, serving
 
-VERIFY = ('\n[verify]\nkind = "vllm"\ncorpus_size = 16\nmax_tokens = 8\nsample = false\n'
-          'engine = {{ distributed_executor_backend = "uni" }}\n')
+VERIFY = (
+    '\n[verify]\nkind = "vllm"\ncorpus_size = 16\nmax_tokens = 8\nsample = false\n'
+    'engine = {{ distributed_executor_backend = "uni" }}\n'
+)
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +45,9 @@ def test_measure_profile_and_check_outputs_on_fresh_engines(bench):
     assert bench.call("write", {"path": "serving.json", "content": serving(8)}).ok  # max_num_seqs 1 -> 8
     ans = bench.call("measure", {"pairs": 2})
     # two pairs on a shared machine say little about the size (the CI says so); that it measured them is the point
-    assert ans.ok and ans.text.startswith("advisory — not the gate: throughput speedup ") and "over 2 pairs" in ans.text, ans.text
+    assert (
+        ans.ok and ans.text.startswith("advisory — not the gate: throughput speedup ") and "over 2 pairs" in ans.text
+    ), ans.text
     assert "[95% CI " in ans.text and "advisory pairs left in this session" in ans.text
     prof = bench.call("profile", {})
     assert prof.ok and "by engine phase:" in prof.text and "by op / kernel" in prof.text, prof.text
@@ -52,5 +56,7 @@ def test_measure_profile_and_check_outputs_on_fresh_engines(bench):
     # held-out prompts were never written for a side: only the public set is compared
     assert out.ok and out.text.startswith("PASS on the public corpus") and "holdout" not in out.text, out.text
     calls = {c.tool: c for c in bench.calls}
-    assert calls["measure"].pairs == 2 and all(calls[t].seconds > 1 for t in ("kernels_bench", "measure", "profile", "check_outputs"))
+    assert calls["measure"].pairs == 2 and all(
+        calls[t].seconds > 1 for t in ("kernels_bench", "measure", "profile", "check_outputs")
+    )
     assert json.loads((bench.worktree / "serving.json").read_text())["engine"]["max_num_seqs"] == 8

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from agentsearch.errors import CasError, LockedError, TargetError
-from agentsearch.workspace import Workspace
 from agentsearch.globs import matches
+from agentsearch.workspace import Workspace
 
 from .conftest import ROOT, commit, git, make_repo, run_cli, toy_config, write
 
@@ -39,7 +39,9 @@ def test_init_validates_target(tmp_path, toy_target):
 
 
 def test_init_needs_baseline_branch_and_config(tmp_path):
-    repo = make_repo(tmp_path / "r", {"agentsearch.toml": toy_config().replace('baseline = "main"', 'baseline = "release"')})
+    repo = make_repo(
+        tmp_path / "r", {"agentsearch.toml": toy_config().replace('baseline = "main"', 'baseline = "release"')}
+    )
     with pytest.raises(TargetError, match="baseline branch 'release' does not exist"):
         Workspace.init(repo)
     bare = make_repo(tmp_path / "n", {"README": "x"})
@@ -124,11 +126,17 @@ def test_cas_merge_and_moved_baseline(toy_target):
 def test_lock_names_the_holder(toy_target):
     ws = Workspace.init(toy_target)
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys,time; sys.path.insert(0, sys.argv[1]);"
-         "from agentsearch.workspace.lock import WorkspaceLock; from pathlib import Path;"
-         "l = WorkspaceLock(Path(sys.argv[2])).acquire(); print('held', flush=True); time.sleep(60)",
-         str(ROOT), str(ws.state / "lock")],
-        stdout=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-c",
+            "import sys,time; sys.path.insert(0, sys.argv[1]);"
+            "from agentsearch.workspace.lock import WorkspaceLock; from pathlib import Path;"
+            "l = WorkspaceLock(Path(sys.argv[2])).acquire(); print('held', flush=True); time.sleep(60)",
+            str(ROOT),
+            str(ws.state / "lock"),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         assert holder.stdout.readline().strip() == "held"

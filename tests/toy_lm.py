@@ -1,7 +1,8 @@
 """A toy numpy language model implementing the logprob contract (copied into test targets).
 
-    python lm.py PROMPTS OUT
+python lm.py PROMPTS OUT
 """
+
 import json
 import sys
 

@@ -28,24 +28,33 @@ def drift(target: Path) -> str | None:
     try:
         ws = Workspace.locate(target)
         branch = ws.baseline_branch
-        committed = git.run_git("rev-parse", "--verify", "--quiet", f"refs/heads/{branch}:{CONFIG_FILE}",
-                                cwd=ws.repo_dir, check=False).strip()
+        committed = git.run_git(
+            "rev-parse", "--verify", "--quiet", f"refs/heads/{branch}:{CONFIG_FILE}", cwd=ws.repo_dir, check=False
+        ).strip()
         path = ws.repo_dir / CONFIG_FILE
         if not committed:
             return None
         if not path.is_file():
-            return (f"using the committed {CONFIG_FILE} of {branch}; your working copy {path} is missing "
-                    f"(the deletion is ignored)")
+            return (
+                f"using the committed {CONFIG_FILE} of {branch}; your working copy {path} is missing "
+                f"(the deletion is ignored)"
+            )
         work = git.run_git("hash-object", "--", CONFIG_FILE, cwd=ws.repo_dir).strip()
         if work == committed:
             return None
-        head = git.run_git("rev-parse", "--verify", "--quiet", f"HEAD:{CONFIG_FILE}", cwd=ws.repo_dir, check=False).strip()
+        head = git.run_git(
+            "rev-parse", "--verify", "--quiet", f"HEAD:{CONFIG_FILE}", cwd=ws.repo_dir, check=False
+        ).strip()
         if work == head:  # committed, but on another branch than the baseline
             here = git.checked_out_branch(ws.repo_dir) or "a detached HEAD"
-            return (f"using the committed {CONFIG_FILE} of {branch}; the copy in your checkout ({here}) differs "
-                    f"and is not used — merge it into {branch} to use it")
-        return (f"using the committed {CONFIG_FILE} of {branch}; your working copy differs "
-                f"(uncommitted edits are ignored) — commit them to use them")
+            return (
+                f"using the committed {CONFIG_FILE} of {branch}; the copy in your checkout ({here}) differs "
+                f"and is not used — merge it into {branch} to use it"
+            )
+        return (
+            f"using the committed {CONFIG_FILE} of {branch}; your working copy differs "
+            f"(uncommitted edits are ignored) — commit them to use them"
+        )
     except (AgentsearchError, OSError):
         return None
 

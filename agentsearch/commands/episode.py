@@ -7,19 +7,17 @@ import re
 from pathlib import Path
 from typing import Any
 
-
 from history import HistoryError, HistoryLog
+from history.records import EpisodeFinished
 
 from .. import episode as ep
 from .. import executors, preflight
-from ..parallel import ParallelEpisode
 from ..errors import AgentsearchError
 from ..headline import pct
+from ..parallel import ParallelEpisode
+from ..records import check_consistent, open_log, read_entries
 from ..workspace import Workspace
 from ..workspace.workspace import new_episode_id
-from history.records import EpisodeFinished
-
-from ..records import check_consistent, open_log, read_entries
 from .output import compact_table, err, out, print_json, progress, safe
 
 DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*$")
@@ -30,7 +28,9 @@ def parse_duration(text: str | None) -> float | None:
         return None
     m = DURATION.match(text)
     if not m:
-        raise AgentsearchError(f"--time-budget {text!r}: expected seconds or a number with s, m or h (e.g. 900, 30m, 2h)")
+        raise AgentsearchError(
+            f"--time-budget {text!r}: expected seconds or a number with s, m or h (e.g. 900, 30m, 2h)"
+        )
     return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[m.group(2)]
 
 
@@ -40,16 +40,35 @@ def load_insights(path: Path | None) -> dict[str, Any] | None:
     try:
         data = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
-        raise AgentsearchError(f"--insights {path}: not a readable insights JSON ({exc}); write one with `agentsearch insights --json`") from None
+        raise AgentsearchError(
+            f"--insights {path}: not a readable insights JSON ({exc}); write one with `agentsearch insights --json`"
+        ) from None
     if not isinstance(data, dict) or "knobs" not in data:
-        raise AgentsearchError(f"--insights {path}: not an insights document (no 'knobs'); write one with `agentsearch insights --json`")
+        raise AgentsearchError(
+            f"--insights {path}: not an insights document (no 'knobs'); write one with `agentsearch insights --json`"
+        )
     return data
 
 
-def run(target: Path, as_json: bool, resume: bool, abandon: bool, proposer: str, patches: Path | None, branches: str | None,
-        budget: int | None, time_budget: str | None, seed: int | None, insights_file: Path | None = None,
-        cost_budget: float | None = None, agent_model: str | None = None, executor: str | None = None,
-        parallel: int | None = None, address: str | None = None, agents: int | None = None) -> int:
+def run(
+    target: Path,
+    as_json: bool,
+    resume: bool,
+    abandon: bool,
+    proposer: str,
+    patches: Path | None,
+    branches: str | None,
+    budget: int | None,
+    time_budget: str | None,
+    seed: int | None,
+    insights_file: Path | None = None,
+    cost_budget: float | None = None,
+    agent_model: str | None = None,
+    executor: str | None = None,
+    parallel: int | None = None,
+    address: str | None = None,
+    agents: int | None = None,
+) -> int:
     if agents is not None and proposer != "claude" and not resume:
         raise AgentsearchError("--agents applies to --proposer claude (agent sessions at once)")
     ws = Workspace.open(target)
@@ -67,16 +86,29 @@ def run(target: Path, as_json: bool, resume: bool, abandon: bool, proposer: str,
             out.print(f"abandoned episode {pending}")
             return 0
         preflight.require(ws, say=say)  # seconds: a set-up error stops here, before anything is started or judged
-        runner = executors.build(placement, ep.RUN_ERRORS, say) if placement.kind == "ray" else None  # joins the cluster
+        runner = (
+            executors.build(placement, ep.RUN_ERRORS, say) if placement.kind == "ray" else None
+        )  # joins the cluster
         if resume:
             if pending is None:
-                raise AgentsearchError("no unfinished episode to resume; start one with `agentsearch episode --patches DIR`")
+                raise AgentsearchError(
+                    "no unfinished episode to resume; start one with `agentsearch episode --patches DIR`"
+                )
             episode = ep.resume(ws, log, pending, entries)
         else:
             if pending is not None:
-                raise AgentsearchError(f"episode {pending} is unfinished: continue it with `agentsearch episode --resume` (or close it with --abandon)")
-            options = {"patches": str(patches) if patches else None, "branches": branches, "model": agent_model, "agents": agents}
-            episode = ep.start(ws, log, proposer, options, budget, seconds, seed, new_episode_id(), insights, cost_budget)
+                raise AgentsearchError(
+                    f"episode {pending} is unfinished: continue it with `agentsearch episode --resume` (or close it with --abandon)"
+                )
+            options = {
+                "patches": str(patches) if patches else None,
+                "branches": branches,
+                "model": agent_model,
+                "agents": agents,
+            }
+            episode = ep.start(
+                ws, log, proposer, options, budget, seconds, seed, new_episode_id(), insights, cost_budget
+            )
         episode.say = say
         summary = ParallelEpisode(episode, runner).run() if runner is not None else episode.run()
     if as_json:
@@ -117,18 +149,42 @@ def show(summary: dict[str, Any]) -> None:
         verdict = r.get("verdict") or "—"
         state = "merged" if r.get("merged") else ("NOT merged" if verdict == "merge" else "")
         pairs = r.get("pairs")
-        rows.append([r["proposal"].split("/")[-1], verdict, state, pct(r.get("speedup")), "—" if pairs is None else str(int(pairs)),
-                     r.get("title") or "", "; ".join(r.get("reasons") or []) or (r.get("headline") or "—").split(" — ", 1)[-1]])
+        rows.append(
+            [
+                r["proposal"].split("/")[-1],
+                verdict,
+                state,
+                pct(r.get("speedup")),
+                "—" if pairs is None else str(int(pairs)),
+                r.get("title") or "",
+                "; ".join(r.get("reasons") or []) or (r.get("headline") or "—").split(" — ", 1)[-1],
+            ]
+        )
         styles.append(["", {"merge": "green", "reject": "red", "review": "yellow"}.get(verdict, "")])
-    out.print(compact_table(f"episode {summary['episode']}: {summary['reason']}",
-                            ["#", "verdict", "state", "Δ obj.", "pairs", "title", "reason"], rows, out.width, right=(3, 4), styles=styles))
+    out.print(
+        compact_table(
+            f"episode {summary['episode']}: {summary['reason']}",
+            ["#", "verdict", "state", "Δ obj.", "pairs", "title", "reason"],
+            rows,
+            out.width,
+            right=(3, 4),
+            styles=styles,
+        )
+    )
     for r in summary["proposals"]:
         if r.get("merged") and r.get("headline"):
             out.print(f"{r['proposal'].split('/')[-1]}: {safe(r['headline'])}")
     ag = summary.get("agents")
     if ag:
-        per = ("no merged win" if ag.get("usd_per_merged_pct") is None else
-               f"${ag['usd_per_merged_pct']:.4f} and {ag['machine_s_per_merged_pct']:.1f} machine-s per merged %")
-        out.print(f"agents: {ag['sessions']} sessions, ${ag['cost_usd']:.4f}, {ag['tool_seconds']:.0f} s of workbench calls; {per}")
-    out.print(f"{summary['judged']} judged, {summary['merged']} merged; baseline {summary['baseline_before'][:12]} -> "
-              f"{summary['baseline_after'][:12]}; {summary['elapsed_s']:.0f} s")
+        per = (
+            "no merged win"
+            if ag.get("usd_per_merged_pct") is None
+            else f"${ag['usd_per_merged_pct']:.4f} and {ag['machine_s_per_merged_pct']:.1f} machine-s per merged %"
+        )
+        out.print(
+            f"agents: {ag['sessions']} sessions, ${ag['cost_usd']:.4f}, {ag['tool_seconds']:.0f} s of workbench calls; {per}"
+        )
+    out.print(
+        f"{summary['judged']} judged, {summary['merged']} merged; baseline {summary['baseline_before'][:12]} -> "
+        f"{summary['baseline_after'][:12]}; {summary['elapsed_s']:.0f} s"
+    )

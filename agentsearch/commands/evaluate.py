@@ -15,8 +15,15 @@ from .history import record_evaluation
 from .output import out, print_json, progress, safe
 
 
-def run(target: Path, as_json: bool, ref: str, seed: int | None, keep_worktrees: bool, baseline: str | None = None,
-        alpha: float | None = None) -> int:
+def run(
+    target: Path,
+    as_json: bool,
+    ref: str,
+    seed: int | None,
+    keep_worktrees: bool,
+    baseline: str | None = None,
+    alpha: float | None = None,
+) -> int:
     ws = Workspace.open(target)
     ws.resolve(ref)  # bad refs are bad input, before any work
     if baseline is not None:
@@ -24,7 +31,9 @@ def run(target: Path, as_json: bool, ref: str, seed: int | None, keep_worktrees:
     if alpha is not None and not 0 < alpha < 1:
         raise AgentsearchError(f"--alpha {alpha}: expected a number strictly between 0 and 1")
     with ws.lock(), progress() as say:
-        result = evaluate(ws, ref, seed=seed, progress=say, keep_worktrees=keep_worktrees, baseline=baseline, alpha=alpha)
+        result = evaluate(
+            ws, ref, seed=seed, progress=say, keep_worktrees=keep_worktrees, baseline=baseline, alpha=alpha
+        )
         data = result.to_json()
         data["objective"] = ws.config(result.baseline).objective.name
         record_evaluation(ws, data)
@@ -45,9 +54,13 @@ def show(result: Evaluation, ref_is_branch: bool | None = None, no_change: bool 
     line = headline(data)
     word, _, rest = line.partition(" — ")
     out.print(f"[bold {color}]{word}[/]" + (f" — {safe(rest)}" if rest else ""))
-    out.print(f"  {safe(result.ref)} ({result.candidate[:12]}) against baseline {result.baseline[:12]}, seed {result.seed}")
+    out.print(
+        f"  {safe(result.ref)} ({result.candidate[:12]}) against baseline {result.baseline[:12]}, seed {result.seed}"
+    )
     if no_change:
-        out.print("  REF changes nothing (the same tree as the baseline): this was an A/A measurement of the baseline against itself")
+        out.print(
+            "  REF changes nothing (the same tree as the baseline): this was an A/A measurement of the baseline against itself"
+        )
     for reason in v.reasons:
         out.print(f"  - {safe(reason)}")
     if result.workloads or result.confirmation:
@@ -65,9 +78,14 @@ def show(result: Evaluation, ref_is_branch: bool | None = None, no_change: bool 
             u = f" {w.unit}" if w.unit else ""
             name = "confirm" if w.role == "confirmation" else w.name + ("*" if w.role == "objective" else "")
             t.add_row(
-                safe(name), number(w.baseline_median), number(w.candidate_median) + u,
-                pct(w.speedup), "—" if w.ci is None else ci_text(w.ci), p_text(w.p_value),
-                str(w.pairs), decision_label(w.to_json()),
+                safe(name),
+                number(w.baseline_median),
+                number(w.candidate_median) + u,
+                pct(w.speedup),
+                "—" if w.ci is None else ci_text(w.ci),
+                p_text(w.p_value),
+                str(w.pairs),
+                decision_label(w.to_json()),
             )
         t.caption = "* objective" + ("; confirm: the objective again on fresh seeds" if result.confirmation else "")
         out.print(t)
@@ -102,10 +120,14 @@ def next_step(result: Evaluation, ref_is_branch: bool | None) -> str:
         if ref_is_branch:
             how = f"`agentsearch episode --branches {result.ref}` judges it again and merges on a win"
         else:
-            how = (f"put it on a branch (`git branch NAME {result.candidate[:12]}`), "
-                   "then `agentsearch episode --branches NAME` judges it again and merges on a win")
+            how = (
+                f"put it on a branch (`git branch NAME {result.candidate[:12]}`), "
+                "then `agentsearch episode --branches NAME` judges it again and merges on a win"
+            )
         return f"not merged: evaluate never merges; {how}"
     if verdict == REVIEW:
-        return (f"not merged: held for review (too good to be true); read `agentsearch report {safe(result.ref)}` "
-                "and merge by hand if it holds up")
+        return (
+            f"not merged: held for review (too good to be true); read `agentsearch report {safe(result.ref)}` "
+            "and merge by hand if it holds up"
+        )
     return "not merged (rejected)"

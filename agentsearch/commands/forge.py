@@ -26,8 +26,10 @@ def run_review(target: Path, as_json: bool, number: int, seed: int | None, merge
     else:
         colour = {"success": "green", "failure": "red"}.get(review.outcome, "yellow")
         out.print(f"[{colour}]#{number} {review.outcome}[/] — {safe(review.headline)}")
-        out.print(f"  head {review.head[:12]} against {safe(review.base_ref)} at {review.base[:12]}; "
-                  f"evidence: `agentsearch report {review.evaluation}`")
+        out.print(
+            f"  head {review.head[:12]} against {safe(review.base_ref)} at {review.base[:12]}; "
+            f"evidence: `agentsearch report {review.evaluation}`"
+        )
     return 0 if review.outcome == "success" else EXIT_GATE_REJECT
 
 

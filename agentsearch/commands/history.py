@@ -42,16 +42,29 @@ def rows(ws: Workspace) -> list[dict[str, Any]]:
         obj = (d.get("workloads") or {}).get(d.get("objective", ""), {})
         merge = merge_of.get(e.proposal) if e.kind == "verdict" else None
         pairs = obj.get("pairs")
-        out_rows.append({
-            "seq": e.seq, "kind": "episode" if e.kind == "verdict" else "evaluate", "episode": e.episode,
-            "proposal": e.proposal or d.get("ref"), "title": d.get("title") or d.get("ref"),
-            "branch": d.get("branch") or d.get("ref"), "candidate": (d.get("candidate") or "")[:12],
-            "baseline": (d.get("baseline") or "")[:12], "verdict": d.get("verdict"), "speedup": obj.get("speedup"),
-            "ci": obj.get("ci"), "pairs": None if pairs is None else int(pairs), "reasons": list(d.get("reasons", [])),
-            "headline": headline(d, units),
-            "merged": merge is not None, "merge": merge, "reverted": merge is not None and merge in reverted,
-            "revert": reverted.get(merge) if merge else None, "recheck": recheck.get(merge) if merge else None,
-        })
+        out_rows.append(
+            {
+                "seq": e.seq,
+                "kind": "episode" if e.kind == "verdict" else "evaluate",
+                "episode": e.episode,
+                "proposal": e.proposal or d.get("ref"),
+                "title": d.get("title") or d.get("ref"),
+                "branch": d.get("branch") or d.get("ref"),
+                "candidate": (d.get("candidate") or "")[:12],
+                "baseline": (d.get("baseline") or "")[:12],
+                "verdict": d.get("verdict"),
+                "speedup": obj.get("speedup"),
+                "ci": obj.get("ci"),
+                "pairs": None if pairs is None else int(pairs),
+                "reasons": list(d.get("reasons", [])),
+                "headline": headline(d, units),
+                "merged": merge is not None,
+                "merge": merge,
+                "reverted": merge is not None and merge in reverted,
+                "revert": reverted.get(merge) if merge else None,
+                "recheck": recheck.get(merge) if merge else None,
+            }
+        )
     return out_rows
 
 
@@ -88,19 +101,33 @@ def show(target: Path, as_json: bool) -> int:
         out.print(drift_table(drift, out.width))
     ag = agents(ws, data)
     if ag:
-        per = ("no merged win yet" if ag.get("usd_per_merged_pct") is None else
-               f"${ag['usd_per_merged_pct']:.4f} and {ag['machine_s_per_merged_pct']:.1f} machine-s per merged percent")
-        out.print(f"agents: {ag['sessions']} sessions, ${ag['cost_usd']:.4f}, {ag['tokens_in']} tokens in / {ag['tokens_out']} out, "
-                  f"{ag['tool_seconds']:.0f} s of workbench calls; {ag['merged_pct']:+.1f}% merged: {per}")
+        per = (
+            "no merged win yet"
+            if ag.get("usd_per_merged_pct") is None
+            else f"${ag['usd_per_merged_pct']:.4f} and {ag['machine_s_per_merged_pct']:.1f} machine-s per merged percent"
+        )
+        out.print(
+            f"agents: {ag['sessions']} sessions, ${ag['cost_usd']:.4f}, {ag['tokens_in']} tokens in / {ag['tokens_out']} out, "
+            f"{ag['tool_seconds']:.0f} s of workbench calls; {ag['merged_pct']:+.1f}% merged: {per}"
+        )
     return 0
 
 
 def agents(ws: Workspace, data: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The agent sessions' costs over the history and what they bought (``agent_costs``)."""
     meta = {e.proposal: e.data.get("meta") for e in read_entries(ws) if e.kind == "proposal-created"}
-    return agent_costs([{"meta": meta.get(r["proposal"]), "verdict": r["verdict"], "speedup": r["speedup"],
-                         "reverted": r["reverted"] or (r["verdict"] == "merge" and not r["merged"])}
-                        for r in data if r["kind"] == "episode"])
+    return agent_costs(
+        [
+            {
+                "meta": meta.get(r["proposal"]),
+                "verdict": r["verdict"],
+                "speedup": r["speedup"],
+                "reverted": r["reverted"] or (r["verdict"] == "merge" and not r["merged"]),
+            }
+            for r in data
+            if r["kind"] == "episode"
+        ]
+    )
 
 
 def _g(v: float | None) -> str:
@@ -113,16 +140,34 @@ def drift_table(points: list[DriftPoint], width: int = 100) -> Any:
     for p in points:
         ident = (p.proposal or "?").rsplit("/", 1)[-1]
         if p.event == "revert":
-            rows.append([fit(ident, 14), p.commit[:10], "reverted", "—", "—", "—", "—", "main went back (not measured)"])
+            rows.append(
+                [fit(ident, 14), p.commit[:10], "reverted", "—", "—", "—", "—", "main went back (not measured)"]
+            )
             continue
         if not p.measured:
-            rows.append([fit(ident, 14), p.commit[:10], "merged", "—", "—", "—", "—", "no reference comparison recorded"])
+            rows.append(
+                [fit(ident, 14), p.commit[:10], "merged", "—", "—", "—", "—", "no reference comparison recorded"]
+            )
             continue
-        rows.append([fit(ident, 14), p.commit[:10], "merged", _g(p.worst("kl_mean")), _g(p.worst("kl_max")), _g(p.worst("dlogprob_max")),
-                     _g(p.worst("same_top_pct")), f"vs {p.reference[:10]} at {', '.join(p.regimes)}; budget: {p.budget}"])
-    return compact_table("main's drift from the reference, merge by merge (worst over regimes and paths)",
-                         ["#", "main", "event", "KL mean", "KL max", "|Δlp| max", "same top %", "against"], rows, width,
-                         right=(3, 4, 5, 6))
+        rows.append(
+            [
+                fit(ident, 14),
+                p.commit[:10],
+                "merged",
+                _g(p.worst("kl_mean")),
+                _g(p.worst("kl_max")),
+                _g(p.worst("dlogprob_max")),
+                _g(p.worst("same_top_pct")),
+                f"vs {p.reference[:10]} at {', '.join(p.regimes)}; budget: {p.budget}",
+            ]
+        )
+    return compact_table(
+        "main's drift from the reference, merge by merge (worst over regimes and paths)",
+        ["#", "main", "event", "KL mean", "KL max", "|Δlp| max", "same top %", "against"],
+        rows,
+        width,
+        right=(3, 4, 5, 6),
+    )
 
 
 def table(data: list[dict[str, Any]], width: int = 100) -> Any:
@@ -138,19 +183,41 @@ def table(data: list[dict[str, Any]], width: int = 100) -> Any:
         episode = r["episode"] if r["kind"] == "episode" else None
         ident = (r["proposal"] or "?").rsplit("/", 1)[-1] if r["kind"] == "episode" else (r["proposal"] or "?")
         reason = "; ".join(r["reasons"]) or (r["headline"].split(" — ", 1)[-1] if r["verdict"] == "merge" else "—")
-        rows.append([fit(ident, 14), r["verdict"] or "—", state(r), pct(r["speedup"]),
-                     "—" if r["pairs"] is None else str(r["pairs"]), r["title"] or "", reason])
+        rows.append(
+            [
+                fit(ident, 14),
+                r["verdict"] or "—",
+                state(r),
+                pct(r["speedup"]),
+                "—" if r["pairs"] is None else str(r["pairs"]),
+                r["title"] or "",
+                reason,
+            ]
+        )
         styles.append(["", color.get(r["verdict"] or "", "")])
-    return compact_table("history (every record: agentsearch history --json)",
-                         ["#", "verdict", "state", "Δ obj.", "pairs", "title", "reason"], rows, width, right=(3, 4), styles=styles)
+    return compact_table(
+        "history (every record: agentsearch history --json)",
+        ["#", "verdict", "state", "Δ obj.", "pairs", "title", "reason"],
+        rows,
+        width,
+        right=(3, 4),
+        styles=styles,
+    )
 
 
 def verify_chain(target: Path, as_json: bool = False) -> int:
     ws = Workspace.open(target)
     rep = verify_history(ws)
     if as_json:
-        print_json({"ok": rep.ok, "records": rep.records, "bad_line": rep.bad_line, "reason": rep.reason or None,
-                    "torn_tail": bool(rep.torn_tail)})
+        print_json(
+            {
+                "ok": rep.ok,
+                "records": rep.records,
+                "bad_line": rep.bad_line,
+                "reason": rep.reason or None,
+                "torn_tail": bool(rep.torn_tail),
+            }
+        )
         return 0 if rep.ok else EXIT_FAIL
     if not rep.ok:
         where = f" at line {rep.bad_line}" if rep.bad_line else ""
@@ -158,8 +225,11 @@ def verify_chain(target: Path, as_json: bool = False) -> int:
         return EXIT_FAIL
     extra = " (a torn last line from an interrupted write will be repaired on the next write)" if rep.torn_tail else ""
     start = episode_start(read_entries(ws))
-    vouched = (f"; every commit on {ws.baseline_branch!r} since {start[:12]} is a recorded merge or revert" if start else
-               f"; no episode recorded, so no commit on {ws.baseline_branch!r} was checked")
+    vouched = (
+        f"; every commit on {ws.baseline_branch!r} since {start[:12]} is a recorded merge or revert"
+        if start
+        else f"; no episode recorded, so no commit on {ws.baseline_branch!r} was checked"
+    )
     click.echo(f"history verify: ok, {rep.records} records{extra}{vouched}")
     return 0
 

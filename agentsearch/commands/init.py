@@ -27,10 +27,20 @@ def run(target: Path, from_installed: str | None, directory: Path | None, as_jso
         raise AgentsearchError("DIR is only used with --from-installed; use -C to point at an existing target")
     ws = Workspace.init(target)
     config = ws.config()
-    preflight.require_paths(config)  # a model or overlay_from that is not there is refused now, not at the first evaluation
+    preflight.require_paths(
+        config
+    )  # a model or overlay_from that is not there is refused now, not at the first evaluation
     if as_json:
-        print_json({"repo": str(ws.repo_dir), "baseline": config.target.baseline, "baseline_commit": ws.baseline_commit(),
-                    "workloads": [w.name for w in config.workloads], "objective": config.objective.name, "state": str(ws.state)})
+        print_json(
+            {
+                "repo": str(ws.repo_dir),
+                "baseline": config.target.baseline,
+                "baseline_commit": ws.baseline_commit(),
+                "workloads": [w.name for w in config.workloads],
+                "objective": config.objective.name,
+                "state": str(ws.state),
+            }
+        )
         return 0
     click.echo(f"initialized {ws.repo_dir}")
     click.echo(f"  baseline  {config.target.baseline} @ {ws.baseline_commit()[:12]}")

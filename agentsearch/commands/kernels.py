@@ -28,10 +28,21 @@ from .output import out, print_json, progress
 
 
 def list_(as_json: bool) -> int:
-    data = {"ops": {name: {"summary": o.summary, "signature": o.signature, "dtypes": list(o.dtypes),
-                           "tolerances": {d: o.tolerance(d) for d in o.dtypes}} for name, o in catalog.OPS.items()},
-            "library": [{"name": p.name, "op": p.op, "kind": p.kind, "source": f"kernels/library/{p.module}",
-                         "summary": p.summary} for p in catalog.PROVIDERS]}
+    data = {
+        "ops": {
+            name: {
+                "summary": o.summary,
+                "signature": o.signature,
+                "dtypes": list(o.dtypes),
+                "tolerances": {d: o.tolerance(d) for d in o.dtypes},
+            }
+            for name, o in catalog.OPS.items()
+        },
+        "library": [
+            {"name": p.name, "op": p.op, "kind": p.kind, "source": f"kernels/library/{p.module}", "summary": p.summary}
+            for p in catalog.PROVIDERS
+        ],
+    }
     if as_json:
         print_json(data)
         return 0
@@ -42,13 +53,24 @@ def list_(as_json: bool) -> int:
     return 0
 
 
-def bench(target: Path, as_json: bool, op: str, baseline_provider: str, candidate_provider: str,
-          baseline: str | None, candidate: str | None, pairs: int, seed: int | None) -> int:
+def bench(
+    target: Path,
+    as_json: bool,
+    op: str,
+    baseline_provider: str,
+    candidate_provider: str,
+    baseline: str | None,
+    candidate: str | None,
+    pairs: int,
+    seed: int | None,
+) -> int:
     if op not in catalog.OPS:
         raise AgentsearchError(f"unknown op {op!r}; the fork's IR ops are: {', '.join(catalog.OPS)}")
     for p in (baseline_provider, candidate_provider):
         if not p.replace("_", "a").isalnum() or not p.islower():
-            raise AgentsearchError(f"provider {p!r}: expected a registered provider name such as native or agentsearch_cpu")
+            raise AgentsearchError(
+                f"provider {p!r}: expected a registered provider name such as native or agentsearch_cpu"
+            )
     ws = Workspace.open(target)
     base = ws.resolve(baseline) if baseline else ws.baseline_commit()
     cand = ws.resolve(candidate) if candidate else base
@@ -56,23 +78,41 @@ def bench(target: Path, as_json: bool, op: str, baseline_provider: str, candidat
     master = seed if seed is not None else new_master()
     t = micro.Target(op, (baseline_provider,), (candidate_provider,), "kernels bench")
     with ws.lock(), progress() as say:
-        with built_sides(ws, config, {BASELINE: base, CANDIDATE: cand}, f"kbench-{master % 100000:05d}", "kernels bench") as sd:
-            check, result = micro.run(config, sd, [t], master, config.gate.regression_alpha, say, pairs=(max(2, pairs // 2), pairs))
-    data = {"op": op, "baseline": {"ref": base, "provider": baseline_provider}, "candidate": {"ref": cand, "provider": candidate_provider},
-            "seed": master, "status": check.status.value, "detail": check.detail, "micro": result.to_json()}
+        with built_sides(
+            ws, config, {BASELINE: base, CANDIDATE: cand}, f"kbench-{master % 100000:05d}", "kernels bench"
+        ) as sd:
+            check, result = micro.run(
+                config, sd, [t], master, config.gate.regression_alpha, say, pairs=(max(2, pairs // 2), pairs)
+            )
+    data = {
+        "op": op,
+        "baseline": {"ref": base, "provider": baseline_provider},
+        "candidate": {"ref": cand, "provider": candidate_provider},
+        "seed": master,
+        "status": check.status.value,
+        "detail": check.detail,
+        "micro": result.to_json(),
+    }
     if as_json:
         print_json(data)
     else:
         color = {"pass": "green", "fail": "red", "review": "yellow"}[check.status.value]
-        out.print(f"[bold {color}]{check.status.value.upper()}[/] {op}: {baseline_provider} ({base[:10]}) vs {candidate_provider} ({cand[:10]})")
+        out.print(
+            f"[bold {color}]{check.status.value.upper()}[/] {op}: {baseline_provider} ({base[:10]}) vs {candidate_provider} ({cand[:10]})"
+        )
         r = result.ops[0]
-        out.print(f"  correctness: {r.cases} generated + {r.hidden_cases} hidden cases"
-                  + (" correct" if r.correct else f", {len(r.failures)} failed") + (f" (dispatched: {r.providers})" if r.providers else ""))
+        out.print(
+            f"  correctness: {r.cases} generated + {r.hidden_cases} hidden cases"
+            + (" correct" if r.correct else f", {len(r.failures)} failed")
+            + (f" (dispatched: {r.providers})" if r.providers else "")
+        )
         for f in r.failures[:5]:
             out.print(f"    - {f}")
         if r.speedup is not None and r.ci is not None:
-            out.print(f"  timing: {r.baseline_us:.0f} -> {r.candidate_us:.0f} us per mix, speedup {r.speedup:.3f}x "
-                      f"[95% CI {r.ci[0]:.3f}, {r.ci[1]:.3f}] over {r.pairs} pairs")
+            out.print(
+                f"  timing: {r.baseline_us:.0f} -> {r.candidate_us:.0f} us per mix, speedup {r.speedup:.3f}x "
+                f"[95% CI {r.ci[0]:.3f}, {r.ci[1]:.3f}] over {r.pairs} pairs"
+            )
         out.print(f"  {check.detail}")
     return 0 if check.status == Status.PASS else EXIT_GATE_REJECT
 
@@ -86,7 +126,9 @@ def propose(target: Path, as_json: bool, op: str, impl: str, branch: str | None)
     base = ws.baseline_commit()
     init_text = git.show_file(ws.repo_dir, base, kfork.KERNELS_INIT)
     if init_text is None:
-        raise AgentsearchError(f"{kfork.KERNELS_INIT} is not in the baseline: this target is not a vLLM fork with IR ops")
+        raise AgentsearchError(
+            f"{kfork.KERNELS_INIT} is not in the baseline: this target is not a vLLM fork with IR ops"
+        )
     name = branch or f"kernels/{p.name}-{op}"
     if git.branch_exists(ws.repo_dir, name):
         raise AgentsearchError(f"branch {name} exists already; choose another with --branch")
@@ -96,17 +138,21 @@ def propose(target: Path, as_json: bool, op: str, impl: str, branch: str | None)
         micro.SERVING_FILE: kfork.with_priority(git.show_file(ws.repo_dir, base, micro.SERVING_FILE), op, p.name),
     }
     title = f"kernel: {op} via {p.name} ({p.kind})"
-    body = (f"{title}\n\n{p.summary}.\nAdds {kfork.module_path(p)} (from agentsearch's kernels/library/{p.module}), "
-            f"registers it as provider {p.name!r} of vllm.ir.ops.{op} and puts it first in serving.json's "
-            f"ir_op_priority.{op}.\n")
+    body = (
+        f"{title}\n\n{p.summary}.\nAdds {kfork.module_path(p)} (from agentsearch's kernels/library/{p.module}), "
+        f"registers it as provider {p.name!r} of vllm.ir.ops.{op} and puts it first in serving.json's "
+        f"ir_op_priority.{op}.\n"
+    )
     sha = commit_files_on(ws.repo_dir, base, name, files, body)
     data = {"branch": name, "commit": sha, "op": op, "provider": p.name, "files": sorted(files)}
     if as_json:
         print_json(data)
     else:
         out.print(f"[bold]{name}[/] ({sha[:12]}): {title}")
-        out.print(f"  judge it: agentsearch evaluate {name}   (the micro stage runs first), or kernels bench {op} "
-                  f"--candidate {name} --candidate-provider {p.name}")
+        out.print(
+            f"  judge it: agentsearch evaluate {name}   (the micro stage runs first), or kernels bench {op} "
+            f"--candidate {name} --candidate-provider {p.name}"
+        )
     return 0
 
 

@@ -13,8 +13,9 @@ from ..errors import AgentsearchError
 
 def run(directory: Path | None, name: str = "tiny") -> int:
     try:
-        path = models.build(name, directory.resolve() if directory else None,
-                            say=lambda line: click.echo(f"{name}: {line}", err=True))
+        path = models.build(
+            name, directory.resolve() if directory else None, say=lambda line: click.echo(f"{name}: {line}", err=True)
+        )
     except (RuntimeError, OSError) as exc:
         raise AgentsearchError(str(exc)) from None
     click.echo(str(path))

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -51,8 +52,14 @@ def fit(text: str, width: int) -> str:
     return clean(text, max(1, width), one_line=True)
 
 
-def compact_table(title: str, heads: list[str], rows: list[list[str]], width: int, right: tuple[int, ...] = (),
-                  styles: list[list[str]] | None = None) -> Any:
+def compact_table(
+    title: str,
+    heads: list[str],
+    rows: list[list[str]],
+    width: int,
+    right: tuple[int, ...] = (),
+    styles: list[list[str]] | None = None,
+) -> Any:
     """A table of one line per row that fits ``width`` columns (rich only shrinks by wrapping or
     cutting every column): all columns keep their width but the last two (say title and reason),
     which share what is left, a third and two thirds, ellipsized. ``styles``: rich style per cell."""
@@ -68,7 +75,9 @@ def compact_table(title: str, heads: list[str], rows: list[list[str]], width: in
     for n, r in enumerate(rows):
         cells = [*r[:-2], fit(r[-2], first), fit(r[-1], last)]
         style = (styles or [[]] * len(rows))[n]
-        t.add_row(*[f"[{style[i]}]{safe(c)}[/]" if i < len(style) and style[i] else safe(c) for i, c in enumerate(cells)])
+        t.add_row(
+            *[f"[{style[i]}]{safe(c)}[/]" if i < len(style) and style[i] else safe(c) for i, c in enumerate(cells)]
+        )
     return t
 
 

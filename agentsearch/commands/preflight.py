@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import asdict
 from pathlib import Path
 
-
 from .. import preflight as pf
 from ..errors import EXIT_RUN_ERROR
 from ..workspace import Workspace
@@ -23,13 +22,26 @@ def run(target: Path, as_json: bool, dynamic: bool, refresh: bool) -> int:
         if dynamic and pf.first_failure(found) is None:
             failure = pf.baseline_alone(ws, config, base, say=say)
             names = ", ".join(w.name for w in config.workloads)
-            found.append(pf.Finding("baseline", pf.FAIL, failure, "fix the baseline (or the machine): nothing can be judged against it")
-                         if failure else pf.Finding("baseline", pf.OK, f"builds alone and runs each workload once ({names})"))
+            found.append(
+                pf.Finding(
+                    "baseline", pf.FAIL, failure, "fix the baseline (or the machine): nothing can be judged against it"
+                )
+                if failure
+                else pf.Finding("baseline", pf.OK, f"builds alone and runs each workload once ({names})")
+            )
         elif not dynamic:
-            found.append(pf.Finding("baseline", pf.SKIPPED, "not run (--run builds the baseline alone, starts its engines and runs each workload once)"))
+            found.append(
+                pf.Finding(
+                    "baseline",
+                    pf.SKIPPED,
+                    "not run (--run builds the baseline alone, starts its engines and runs each workload once)",
+                )
+            )
     ok = pf.first_failure(found) is None
     if as_json:
-        print_json({"schema_version": pf.PREFLIGHT_SCHEMA, "ok": ok, "baseline": base, "checks": [asdict(f) for f in found]})
+        print_json(
+            {"schema_version": pf.PREFLIGHT_SCHEMA, "ok": ok, "baseline": base, "checks": [asdict(f) for f in found]}
+        )
     else:
         for f in found:
             fix = f"\n{'':19}fix: {safe(f.fix)}" if f.fix and f.status != pf.OK else ""

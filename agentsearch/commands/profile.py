@@ -8,9 +8,9 @@ from rich.table import Table
 
 from history.records import Profile
 
+from .. import preflight
 from ..profiling import profile
 from ..records import append
-from .. import preflight
 from ..workspace import Workspace
 from .output import out, print_json, progress, safe
 
@@ -26,8 +26,14 @@ def run(target: Path, as_json: bool, ref: str | None, workload: str | None, seed
     if as_json:
         print_json(data)
         return 0
-    out.print(f"[bold]{data['workload']}[/] at {data['commit'][:12]} on {data['device']}: {data['wall_s']:.2f} s profiled")
-    for title, key in (("by engine phase", "by_phase"), ("by op / kernel (self time)", "by_op"), ("by module (self time)", "by_module")):
+    out.print(
+        f"[bold]{data['workload']}[/] at {data['commit'][:12]} on {data['device']}: {data['wall_s']:.2f} s profiled"
+    )
+    for title, key in (
+        ("by engine phase", "by_phase"),
+        ("by op / kernel (self time)", "by_op"),
+        ("by module (self time)", "by_module"),
+    ):
         t = Table(title=title)
         for col in ("name", "seconds", "share"):
             t.add_column(col)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from ..errors import AgentsearchError
 
@@ -15,7 +16,9 @@ def refuse_ambiguous(what: str, proposals: Iterable[str | None], exact: Iterable
     suffix = "/" + what.zfill(3)
     hits = sorted({p for p in proposals if p and p.endswith(suffix)})
     if len(hits) > 1:
-        raise AgentsearchError(f"ambiguous proposal {what!r}: {', '.join(hits)}; give the episode too (e.g. {hits[-1]})")
+        raise AgentsearchError(
+            f"ambiguous proposal {what!r}: {', '.join(hits)}; give the episode too (e.g. {hits[-1]})"
+        )
 
 
 def refuse_ambiguous_verdict(entries: list[Any], what: str) -> None:

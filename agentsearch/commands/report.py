@@ -52,7 +52,10 @@ def run(target: Path, what: str, fmt: str, output: Path | None, as_json: bool = 
 
 def github_repo(url: str | None) -> str | None:
     """``owner/name`` of a GitHub remote URL (https, ssh or scp-like), else None."""
-    m = re.match(r"^(?:https?://(?:[^@/]+@)?github\.com/|ssh://git@github\.com/|git@github\.com:)([\w.-]+)/([\w.-]+?)(?:\.git)?/?$", url or "")
+    m = re.match(
+        r"^(?:https?://(?:[^@/]+@)?github\.com/|ssh://git@github\.com/|git@github\.com:)([\w.-]+)/([\w.-]+?)(?:\.git)?/?$",
+        url or "",
+    )
     return f"{m.group(1)}/{m.group(2)}" if m else None
 
 
@@ -71,28 +74,48 @@ def refuse_unless_forced(ev: Any, force: bool) -> None:
     if verdict != "merge":
         why = str(next(iter(ev.verdict.get("reasons") or []), "no reason recorded"))
         why = why if len(why) <= 120 else why[:119].rstrip() + "…"
-        raise AgentsearchError(f"{pid} was not a win (verdict {verdict}: {why}); `pr` opens pull requests for merges — pass --force to open one anyway")
+        raise AgentsearchError(
+            f"{pid} was not a win (verdict {verdict}: {why}); `pr` opens pull requests for merges — pass --force to open one anyway"
+        )
     if ev.reverted:
-        raise AgentsearchError(f"{pid} was merged but reverted since by {str(ev.revert.get('new'))[:12]}; pass --force to open a pull request anyway")
+        raise AgentsearchError(
+            f"{pid} was merged but reverted since by {str(ev.revert.get('new'))[:12]}; pass --force to open a pull request anyway"
+        )
 
 
-def pr(target: Path, what: str, remote: str, dry_run: bool, output: Path | None, force: bool = False, draft: bool = False,
-       with_plots: bool = True, as_json: bool = False, via: str = "forge") -> int:
+def pr(
+    target: Path,
+    what: str,
+    remote: str,
+    dry_run: bool,
+    output: Path | None,
+    force: bool = False,
+    draft: bool = False,
+    with_plots: bool = True,
+    as_json: bool = False,
+    via: str = "forge",
+) -> int:
     ws = Workspace.open(target)
     refuse_ambiguous_verdict(read_entries(ws), what)
     ev = gather(ws, what)
     branch = ev.verdict.get("branch") or ev.proposal.get("branch")
     if not branch or ev.kind != "proposal":
-        raise AgentsearchError(f"{what!r} is not an episode proposal with a branch; `pr` opens a PR for a proposal branch")
+        raise AgentsearchError(
+            f"{what!r} is not an episode proposal with a branch; `pr` opens a PR for a proposal branch"
+        )
     refuse_unless_forced(ev, force)
     if not git.branch_exists(ws.repo_dir, branch):
         raise AgentsearchError(f"branch {branch!r} no longer exists in {ws.repo_dir}")
     url = git.remote_url(ws.repo_dir, remote)
     if url is None and not dry_run:
-        raise AgentsearchError(f"the target has no git remote {remote!r}; add one with `git remote add {remote} URL` or pass --remote NAME (or --dry-run)")
+        raise AgentsearchError(
+            f"the target has no git remote {remote!r}; add one with `git remote add {remote} URL` or pass --remote NAME (or --dry-run)"
+        )
     gh = shutil.which("gh") if via == "gh" else None
     if via == "gh" and gh is None and not dry_run:
-        raise AgentsearchError("GitHub CLI `gh` not found on PATH; install it (https://cli.github.com) and run `gh auth login`, or use --dry-run")
+        raise AgentsearchError(
+            "GitHub CLI `gh` not found on PATH; install it (https://cli.github.com) and run `gh auth login`, or use --dry-run"
+        )
     forge = None
     if via == "forge" and not dry_run:  # before any push: a missing token is said first
         from ..forge import Forge
@@ -112,14 +135,19 @@ def pr(target: Path, what: str, remote: str, dry_run: bool, output: Path | None,
         for name, data in pngs.items():
             (plot_dir / name).write_bytes(data)
         evidence = EVIDENCE_PREFIX + pid
-        evidence_commit = git.commit_files(ws.repo_dir, evidence, pngs, f"agentsearch: plots of {pid}\n\nEvidence for branch {branch}; not code.\n")
+        evidence_commit = git.commit_files(
+            ws.repo_dir, evidence, pngs, f"agentsearch: plots of {pid}\n\nEvidence for branch {branch}; not code.\n"
+        )
         gh_repo = github_repo(url)
         if forge is not None:
             images = {name[:-4]: forge.raw_url(evidence_commit, name) for name in pngs}
         elif gh_repo:
             images = {name[:-4]: f"https://github.com/{gh_repo}/raw/{evidence_commit}/{name}" for name in pngs}
-        note = (f"<sub>Plots: branch `{evidence}` (commit `{evidence_commit[:12]}`), files "
-                + ", ".join(f"`{n}`" for n in pngs) + ".</sub>")
+        note = (
+            f"<sub>Plots: branch `{evidence}` (commit `{evidence_commit[:12]}`), files "
+            + ", ".join(f"`{n}`" for n in pngs)
+            + ".</sub>"
+        )
     body.write_text(render_pr(ev, images, note))
     base = ws.config().target.baseline
     title = pr_title(ev)
@@ -127,13 +155,38 @@ def pr(target: Path, what: str, remote: str, dry_run: bool, output: Path | None,
     if evidence:
         pushes.append(["git", "push", remote, f"+refs/heads/{evidence}:refs/heads/{evidence}"])
     if via == "gh":
-        create = ["gh", "pr", "create", "--head", branch, "--base", base, "--title", title, "--body-file", str(body)] + (["--draft"] if draft else [])
+        create = [
+            "gh",
+            "pr",
+            "create",
+            "--head",
+            branch,
+            "--base",
+            base,
+            "--title",
+            title,
+            "--body-file",
+            str(body),
+        ] + (["--draft"] if draft else [])
     else:
         cfg = ws.config().forge
-        create = ["POST", f"{cfg.kind} {cfg.url} pulls", f"head={branch}", f"base={base}", f"body={body}"] + (["draft"] if draft else [])
-    record = {"branch": branch, "base": base, "title": title, "draft": draft, "dry_run": dry_run, "body_file": str(body),
-              "evidence_branch": evidence, "evidence_commit": evidence_commit, "plots": sorted(pngs),
-              "push": [shlex.join(p) for p in pushes], "create": shlex.join(create), "url": None}
+        create = ["POST", f"{cfg.kind} {cfg.url} pulls", f"head={branch}", f"base={base}", f"body={body}"] + (
+            ["draft"] if draft else []
+        )
+    record = {
+        "branch": branch,
+        "base": base,
+        "title": title,
+        "draft": draft,
+        "dry_run": dry_run,
+        "body_file": str(body),
+        "evidence_branch": evidence,
+        "evidence_commit": evidence_commit,
+        "plots": sorted(pngs),
+        "push": [shlex.join(p) for p in pushes],
+        "create": shlex.join(create),
+        "url": None,
+    }
     if dry_run:
         if as_json:
             print_json(to_json(ev, **record))

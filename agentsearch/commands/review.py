@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-
 from history.drift import drift_curve
 from history.records import Merge, Recheck, Revert, StackCheck, Trial, Verdict
 
@@ -24,7 +23,9 @@ def merges(ws: Workspace) -> list[dict[str, Any]]:
     entries = read_entries(ws)
     verdicts = {e.proposal: e.record for e in entries if isinstance(e.record, Verdict)}
     merged = {e.proposal for e in entries if isinstance(e.record, Merge) and e.record.ok}
-    trials: dict[str | None, list[dict[str, Any]]] = {}  # each merged proposal's trials (of its merged candidate: below)
+    trials: dict[
+        str | None, list[dict[str, Any]]
+    ] = {}  # each merged proposal's trials (of its merged candidate: below)
     for e in entries:
         if isinstance(e.record, Trial) and e.proposal in merged:
             trials.setdefault(e.proposal, []).append(e.record.to_json())
@@ -39,9 +40,12 @@ def merges(ws: Workspace) -> list[dict[str, Any]]:
             except AgentsearchError:  # a baseline without a readable config: the sessions are not shown
                 configs[baseline] = ({}, "")
         return configs[baseline]
+
     reverted = {e.record.merge: e.record for e in entries if isinstance(e.record, Revert)}
     rechecks = {e.record.merge: e.record for e in entries if isinstance(e.record, Recheck)}  # the latest of each
-    removals = {r.merge: r for e in entries if isinstance(e.record, StackCheck) for r in e.record.removals}  # the latest leave-one-out
+    removals = {
+        r.merge: r for e in entries if isinstance(e.record, StackCheck) for r in e.record.removals
+    }  # the latest leave-one-out
     tip = ws.baseline_commit()
     drift = {p.commit: p for p in drift_curve(entries) if p.event == "merge"}
     rows = []
@@ -59,20 +63,32 @@ def merges(ws: Workspace) -> list[dict[str, Any]]:
         mine = [t for t in trials.get(e.proposal, []) if t.get("candidate") == merge.candidate]
         directions, objective = judged_by(merge.old)
         sessions = next((s for s in session_table(mine, directions) if s["workload"] == objective), None)
-        rows.append({
-            "merge": m, "proposal": e.proposal, "title": v.title if v else None, "speedup": v.speedup if v else None,
-            "objective": v.objective if v else None, "old": merge.old, "candidate": merge.candidate,
-            "on_baseline": on_baseline, "reverted": rv is not None, "revert_commit": rv.new if rv else None,
-            "evidence": git.show_note(ws.repo_dir, m) or "", "recheck": rc.holds if rc else None,
-            # the objective's engine sessions (report's *Sessions*): "differ" is worth a --recheck on fresh engines
-            "sessions": None if sessions is None or sessions["p"] is None else ("differ" if sessions["differ"] else "agree"),
-            # main's divergence from the reference after this merge (history.drift): worst KL over regimes and paths
-            "drift_kl_max": drift[m].worst("kl_max") if m in drift else None,
-            "drift_same_top_pct": drift[m].worst("same_top_pct") if m in drift else None,
-            # the latest stack check's leave-one-out (agentsearch stack --leave-one-out): what it adds at today's tip
-            "marginal": removals[m].marginal if m in removals else None,
-            "today": removals[m].decision if m in removals else None,
-        })
+        rows.append(
+            {
+                "merge": m,
+                "proposal": e.proposal,
+                "title": v.title if v else None,
+                "speedup": v.speedup if v else None,
+                "objective": v.objective if v else None,
+                "old": merge.old,
+                "candidate": merge.candidate,
+                "on_baseline": on_baseline,
+                "reverted": rv is not None,
+                "revert_commit": rv.new if rv else None,
+                "evidence": git.show_note(ws.repo_dir, m) or "",
+                "recheck": rc.holds if rc else None,
+                # the objective's engine sessions (report's *Sessions*): "differ" is worth a --recheck on fresh engines
+                "sessions": None
+                if sessions is None or sessions["p"] is None
+                else ("differ" if sessions["differ"] else "agree"),
+                # main's divergence from the reference after this merge (history.drift): worst KL over regimes and paths
+                "drift_kl_max": drift[m].worst("kl_max") if m in drift else None,
+                "drift_same_top_pct": drift[m].worst("same_top_pct") if m in drift else None,
+                # the latest stack check's leave-one-out (agentsearch stack --leave-one-out): what it adds at today's tip
+                "marginal": removals[m].marginal if m in removals else None,
+                "today": removals[m].decision if m in removals else None,
+            }
+        )
     return rows
 
 
@@ -85,7 +101,9 @@ def resolve_merge(ws: Workspace, what: str) -> dict[str, Any]:
     try:
         sha = ws.resolve(what)
     except AgentsearchError:
-        raise AgentsearchError(f"{what!r} is neither a merge commit nor a merged proposal; list them with `agentsearch review`") from None
+        raise AgentsearchError(
+            f"{what!r} is neither a merge commit nor a merged proposal; list them with `agentsearch review`"
+        ) from None
     for r in rows:
         if r["merge"] == sha:
             return r
@@ -104,23 +122,44 @@ def run(target: Path, as_json: bool, what: str | None, recheck: bool, seed: int 
         if not rows:
             out.print("no merges recorded yet")
             return 0
-        table = [[r["merge"][:12], pct(r["speedup"]),
-                  "reverted" if r["reverted"] else ("on baseline" if r["on_baseline"] else "not on baseline"),
-                  r["sessions"] or "—", {True: "holds", False: "does not hold", None: "—"}[r["recheck"]],
-                  "—" if r["drift_kl_max"] is None else f"{r['drift_kl_max']:.2g}",
-                  "—" if r["today"] is None else ("passenger" if r["today"] == "passenger" else pct(r["marginal"]) if r["marginal"] else r["today"]),
-                  r["proposal"] or "—", r["title"] or ""]
-                 for r in rows]
-        out.print(compact_table(f"merges on {ws.baseline_branch} (drift: main's worst KL from the reference after the merge; "
-                                "today: its marginal contribution in the latest `agentsearch stack --leave-one-out`)",
-                                ["merge", "Δ obj.", "state", "sessions", "recheck", "drift", "today", "proposal", "title"],
-                                table, out.width, right=(1, 5, 6)))
+        table = [
+            [
+                r["merge"][:12],
+                pct(r["speedup"]),
+                "reverted" if r["reverted"] else ("on baseline" if r["on_baseline"] else "not on baseline"),
+                r["sessions"] or "—",
+                {True: "holds", False: "does not hold", None: "—"}[r["recheck"]],
+                "—" if r["drift_kl_max"] is None else f"{r['drift_kl_max']:.2g}",
+                "—"
+                if r["today"] is None
+                else (
+                    "passenger" if r["today"] == "passenger" else pct(r["marginal"]) if r["marginal"] else r["today"]
+                ),
+                r["proposal"] or "—",
+                r["title"] or "",
+            ]
+            for r in rows
+        ]
+        out.print(
+            compact_table(
+                f"merges on {ws.baseline_branch} (drift: main's worst KL from the reference after the merge; "
+                "today: its marginal contribution in the latest `agentsearch stack --leave-one-out`)",
+                ["merge", "Δ obj.", "state", "sessions", "recheck", "drift", "today", "proposal", "title"],
+                table,
+                out.width,
+                right=(1, 5, 6),
+            )
+        )
         if any(r["today"] == "passenger" and not r["reverted"] for r in rows):
-            out.print("a passenger adds nothing significant at today's tip (a later merge made it redundant): `agentsearch revert MERGE` "
-                      "removes it")
+            out.print(
+                "a passenger adds nothing significant at today's tip (a later merge made it redundant): `agentsearch revert MERGE` "
+                "removes it"
+            )
         if any(r["sessions"] == "differ" and r["recheck"] is None and not r["reverted"] for r in rows):
-            out.print("sessions 'differ': part of that win was the luck of the engine instances (or seeds) it ran on; re-measure it "
-                      "on fresh ones with `agentsearch review MERGE --recheck`")
+            out.print(
+                "sessions 'differ': part of that win was the luck of the engine instances (or seeds) it ran on; re-measure it "
+                "on fresh ones with `agentsearch review MERGE --recheck`"
+            )
         return 0
     row = resolve_merge(ws, what)
     if not recheck:
@@ -138,18 +177,28 @@ def run(target: Path, as_json: bool, what: str | None, recheck: bool, seed: int 
         ev = evaluate(ws, row["merge"], seed=seed, progress=say, baseline=parent)
         holds = ev.verdict.verdict == MERGE
         objective = ev.workloads.get(ws.config().objective.name)
-        record = Recheck(merge=row["merge"], parent=parent, proposal=row["proposal"], holds=holds,
-                         verdict=ev.verdict.verdict, reasons=tuple(ev.verdict.reasons), seed=ev.seed,
-                         speedup=objective.speedup if objective else None, failed_check=ev.verdict.failed_check,
-                         failure=ev.verdict.failure)
+        record = Recheck(
+            merge=row["merge"],
+            parent=parent,
+            proposal=row["proposal"],
+            holds=holds,
+            verdict=ev.verdict.verdict,
+            reasons=tuple(ev.verdict.reasons),
+            seed=ev.seed,
+            speedup=objective.speedup if objective else None,
+            failed_check=ev.verdict.failed_check,
+            failure=ev.verdict.failure,
+        )
         append(ws, record, None, row["proposal"])
         data = record.to_json()
     if as_json:
         print_json({**data, "evaluation": ev.to_json()})
     else:
         show_evaluation(ev, advice=False)
-        out.print(f"recheck of {row['merge'][:12]} against its parent {parent[:12]} with fresh seeds (seed {ev.seed}): "
-                  + ("[green]the win still holds[/]" if holds else "[red]the win does NOT hold[/]"))
+        out.print(
+            f"recheck of {row['merge'][:12]} against its parent {parent[:12]} with fresh seeds (seed {ev.seed}): "
+            + ("[green]the win still holds[/]" if holds else "[red]the win does NOT hold[/]")
+        )
     return 0 if holds else EXIT_FAIL
 
 
@@ -158,8 +207,10 @@ def revert(target: Path, what: str, as_json: bool = False) -> int:
     row = resolve_merge(ws, what)
     if row["reverted"]:
         raise AgentsearchError(f"{row['merge'][:12]} was already reverted by {str(row['revert_commit'])[:12]}")
-    message = (f"agentsearch: revert {row['title'] or row['proposal']}\n\nReverts merge {row['merge']} ({row['proposal']}).\n\n"
-               f"Agentsearch-Revert: {row['merge']}\n")
+    message = (
+        f"agentsearch: revert {row['title'] or row['proposal']}\n\nReverts merge {row['merge']} ({row['proposal']}).\n\n"
+        f"Agentsearch-Revert: {row['merge']}\n"
+    )
     with ws.lock():
         old, new = ws.revert(row["merge"], message)
         append(ws, Revert(merge=row["merge"], old=old, new=new), None, row["proposal"])

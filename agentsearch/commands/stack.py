@@ -20,32 +20,82 @@ def _ci(ci: tuple[float, ...] | None) -> str:
 
 def show_check(r: StackCheck) -> None:
     out.print(f"stack {r.since[:12]} → {r.tip[:12]}: {len(r.merges)} merge(s), objective {safe(r.objective)}")
-    rows = [[m.merge[:12], safe(m.proposal or "—"), safe((m.title or "")[:48]), pct(m.speedup), _ci(m.ci)] for m in r.merges]
-    out.print(compact_table("the merges, as the gate merged them", ["merge", "proposal", "title", "Δ then", "95% CI"], rows, out.width,
-                            right=(3,)))
+    rows = [
+        [m.merge[:12], safe(m.proposal or "—"), safe((m.title or "")[:48]), pct(m.speedup), _ci(m.ci)] for m in r.merges
+    ]
+    out.print(
+        compact_table(
+            "the merges, as the gate merged them",
+            ["merge", "proposal", "title", "Δ then", "95% CI"],
+            rows,
+            out.width,
+            right=(3,),
+        )
+    )
     out.print(f"product of their estimates: {pct(r.product)} {_ci(r.product_ci)}")
-    out.print(f"measured, the tip against the start: {pct(r.cumulative)} {_ci(r.ci)} after {r.pairs} pairs (seed {r.seed})")
+    out.print(
+        f"measured, the tip against the start: {pct(r.cumulative)} {_ci(r.ci)} after {r.pairs} pairs (seed {r.seed})"
+    )
     if r.removals:
-        rows = [[x.merge[:12], x.decision, pct(x.marginal), _ci(x.ci), str(x.pairs), safe(x.reason[:80])] for x in r.removals]
-        out.print(compact_table("leave-one-out: the tip against the tip without each merge",
-                                ["merge", "decision", "marginal", "95% CI", "pairs", "why"], rows, out.width, right=(2, 4)))
+        rows = [
+            [x.merge[:12], x.decision, pct(x.marginal), _ci(x.ci), str(x.pairs), safe(x.reason[:80])]
+            for x in r.removals
+        ]
+        out.print(
+            compact_table(
+                "leave-one-out: the tip against the tip without each merge",
+                ["merge", "decision", "marginal", "95% CI", "pairs", "why"],
+                rows,
+                out.width,
+                right=(2, 4),
+            )
+        )
     if r.interference:
-        rows = [[" + ".join(m[:12] for m in x.merges), "interfere" if x.interfere else "—", pct(x.joint), pct(x.expected),
-                 "—" if x.p_value is None else f"{x.p_value:.2g}", safe(x.reason[:80])] for x in r.interference]
-        out.print(compact_table("interference: the pairs the removals point to, removed together",
-                                ["merges", "flag", "without both", "product of singles", "p", "why"], rows, out.width, right=(2, 3)))
+        rows = [
+            [
+                " + ".join(m[:12] for m in x.merges),
+                "interfere" if x.interfere else "—",
+                pct(x.joint),
+                pct(x.expected),
+                "—" if x.p_value is None else f"{x.p_value:.2g}",
+                safe(x.reason[:80]),
+            ]
+            for x in r.interference
+        ]
+        out.print(
+            compact_table(
+                "interference: the pairs the removals point to, removed together",
+                ["merges", "flag", "without both", "product of singles", "p", "why"],
+                rows,
+                out.width,
+                right=(2, 3),
+            )
+        )
     colour = {"delivers": "green", "under-delivers": "red"}.get(r.verdict, "yellow")
     out.print(f"[{colour}]{r.verdict}[/]" + "".join(f"\n  {safe(x)}" for x in r.reasons) + f"  ({r.seconds:.0f} s)")
     if r.passengers:
-        out.print("passengers (no significant contribution at today's operating point): "
-                  + ", ".join(p[:12] for p in r.passengers) + "; `agentsearch revert MERGE` removes one")
+        out.print(
+            "passengers (no significant contribution at today's operating point): "
+            + ", ".join(p[:12] for p in r.passengers)
+            + "; `agentsearch revert MERGE` removes one"
+        )
 
 
 def show_bisect(r: StackBisect) -> None:
     out.print(f"bisect {safe(r.workload)} over {len(r.merges)} merge(s) {r.since[:12]} → {r.tip[:12]}")
-    rows = [[str(i), f"{s.index}", s.commit[:12], s.outcome, pct(s.speedup), _ci(s.ci), str(s.pairs)] for i, s in enumerate(r.steps, 1)]
-    out.print(compact_table("steps (each commit against the start)", ["step", "commit #", "commit", "outcome", "Δ", "95% CI", "pairs"],
-                            rows, out.width, right=(4, 6)))
+    rows = [
+        [str(i), f"{s.index}", s.commit[:12], s.outcome, pct(s.speedup), _ci(s.ci), str(s.pairs)]
+        for i, s in enumerate(r.steps, 1)
+    ]
+    out.print(
+        compact_table(
+            "steps (each commit against the start)",
+            ["step", "commit #", "commit", "outcome", "Δ", "95% CI", "pairs"],
+            rows,
+            out.width,
+            right=(4, 6),
+        )
+    )
     out.print(("[red]" if r.culprit else "[yellow]") + safe(r.reason) + "[/]" + f"  ({r.seconds:.0f} s)")
 
 
@@ -66,7 +116,9 @@ def write_report(record: StackCheck | StackBisect, path: Path) -> None:
                 image = png.name
             path.write_text(stack_markdown(record, image))
     except OSError as exc:  # the check is recorded in the history: `agentsearch history` still has it
-        raise AgentsearchError(f"--report {path}: {exc.strerror or exc}; the check itself is recorded in the history") from None
+        raise AgentsearchError(
+            f"--report {path}: {exc.strerror or exc}; the check itself is recorded in the history"
+        ) from None
     err.print(safe(f"report: {path}" + (f" (+ {image})" if image else "")))
 
 
@@ -99,31 +151,64 @@ def _measure(target: Path, as_json: bool, report: Path | None, measure: Any, sho
     return 0 if ok(record) else EXIT_FAIL
 
 
-def run(target: Path, as_json: bool, since: str | None, leave_one_out: bool, seed: int | None, report: Path | None = None) -> int:
+def run(
+    target: Path, as_json: bool, since: str | None, leave_one_out: bool, seed: int | None, report: Path | None = None
+) -> int:
     from ..stack import check
 
-    return _measure(target, as_json, report, lambda ws, say: check(ws, since, seed=seed, leave_one_out=leave_one_out, progress=say),
-                    show_check, lambda r: r.verdict == "delivers")
+    return _measure(
+        target,
+        as_json,
+        report,
+        lambda ws, say: check(ws, since, seed=seed, leave_one_out=leave_one_out, progress=say),
+        show_check,
+        lambda r: r.verdict == "delivers",
+    )
 
 
-def run_bisect(target: Path, as_json: bool, since: str | None, metric: str | None, seed: int | None, report: Path | None = None) -> int:
+def run_bisect(
+    target: Path, as_json: bool, since: str | None, metric: str | None, seed: int | None, report: Path | None = None
+) -> int:
     from ..stack import bisect
 
-    return _measure(target, as_json, report, lambda ws, say: bisect(ws, metric, since, seed=seed, progress=say),
-                    show_bisect, lambda r: r.culprit is not None)
+    return _measure(
+        target,
+        as_json,
+        report,
+        lambda ws, say: bisect(ws, metric, since, seed=seed, progress=say),
+        show_bisect,
+        lambda r: r.culprit is not None,
+    )
 
 
 def show_pareto(p: Any) -> None:
     guards = p.guards()
-    out.print(f"trades {p.since[:12]} → {p.tip[:12]}: objective {safe(p.objective)}, guards {', '.join(safe(g) for g in guards) or 'none'}")
+    out.print(
+        f"trades {p.since[:12]} → {p.tip[:12]}: objective {safe(p.objective)}, guards {', '.join(safe(g) for g in guards) or 'none'}"
+    )
 
     def cell(c: Any) -> str:
         return "—" if c is None or c.speedup is None else f"{pct(c.speedup)} {_ci(c.ci)}"
 
-    rows = [[str(i), safe(t.proposal), safe((t.title or "")[:40]), "merged" if t.merge else "rejected", cell(t.objective),
-             *(cell(next((g for g in t.guards if g.workload == name), None)) for name in guards)] for i, t in enumerate(p.trades, 1)]
-    out.print(compact_table("each proposal's change (positive is better; a guard's limit is "
-                            f"{-p.max_regression:.0%})", ["#", "proposal", "title", "kept", "objective", *map(safe, guards)], rows, out.width))
+    rows = [
+        [
+            str(i),
+            safe(t.proposal),
+            safe((t.title or "")[:40]),
+            "merged" if t.merge else "rejected",
+            cell(t.objective),
+            *(cell(next((g for g in t.guards if g.workload == name), None)) for name in guards),
+        ]
+        for i, t in enumerate(p.trades, 1)
+    ]
+    out.print(
+        compact_table(
+            f"each proposal's change (positive is better; a guard's limit is {-p.max_regression:.0%})",
+            ["#", "proposal", "title", "kept", "objective", *map(safe, guards)],
+            rows,
+            out.width,
+        )
+    )
     for i, t in enumerate(p.trades, 1):
         if t.reason:
             out.print(f"  {i}: {safe(t.reason[:200])}")

@@ -49,45 +49,93 @@ def _same_top(s: dict) -> str:
 def show(ref: str, r: VerifyResult) -> None:
     color = "green" if r.verdict == "pass" else "red"
     sel = f" (of {r.corpus_size})" if r.corpus_size and r.corpus_size != r.public_size + r.holdout_size else ""
-    out.print(f"[bold {color}]{r.verdict.upper()}[/] {safe(ref)}: mode {r.mode}, public {r.public_size} prompts, holdout {r.holdout_size} prompts{sel}")
+    out.print(
+        f"[bold {color}]{r.verdict.upper()}[/] {safe(ref)}: mode {r.mode}, public {r.public_size} prompts, holdout {r.holdout_size} prompts{sel}"
+    )
     for reason in r.reasons:
         out.print(f"  - {safe(reason)}")
     t = Table(title="per set and path (KL in nats; Δp: probability of the baseline's top token)")
-    for col in ("set", "path", "positions", "mean KL ± SE", "KL p99.9", "KL p99", "KL p95", "KL p90", "KL p50", "max KL",
-                "RMS Δp", "max |Δ logprob|", "same top", "div.", "pass"):
+    for col in (
+        "set",
+        "path",
+        "positions",
+        "mean KL ± SE",
+        "KL p99.9",
+        "KL p99",
+        "KL p95",
+        "KL p90",
+        "KL p50",
+        "max KL",
+        "RMS Δp",
+        "max |Δ logprob|",
+        "same top",
+        "div.",
+        "pass",
+    ):
         t.add_column(col)
     for set_name, paths in r.sets.items():
         for path, s in paths.items():
             pc = s.get("kl_percentiles") or {}
-            t.add_row(set_name, path, str(s["positions"]), _kl(s), *(_fmt(pc.get(k)) for k in ("99.9", "99", "95", "90", "50")),
-                      _fmt(s["kl_max"]), _fmt(s.get("dp_rms")), _fmt(s["dlogprob_max"]), _same_top(s), str(s["divergences"]),
-                      "yes" if s["passed"] else "NO")
+            t.add_row(
+                set_name,
+                path,
+                str(s["positions"]),
+                _kl(s),
+                *(_fmt(pc.get(k)) for k in ("99.9", "99", "95", "90", "50")),
+                _fmt(s["kl_max"]),
+                _fmt(s.get("dp_rms")),
+                _fmt(s["dlogprob_max"]),
+                _same_top(s),
+                str(s["divergences"]),
+                "yes" if s["passed"] else "NO",
+            )
     out.print(t)
     d = r.draws
     if d:
         if d.get("draws"):
-            out.print(f"draw test (same seeds on both sides): {d['changed']} of {d['draws']} draws changed; noise floor {d['floor_changed']}, "
-                      f"unrelated seeds {d['unrelated_changed']}; Fisher p {_fmt(d.get('p'))}; {d['testable']} of {d['contexts']} contexts x settings "
-                      f"testable: {d['status'].upper() if d['status'] == 'fail' else d['status']}")
+            out.print(
+                f"draw test (same seeds on both sides): {d['changed']} of {d['draws']} draws changed; noise floor {d['floor_changed']}, "
+                f"unrelated seeds {d['unrelated_changed']}; Fisher p {_fmt(d.get('p'))}; {d['testable']} of {d['contexts']} contexts x settings "
+                f"testable: {d['status'].upper() if d['status'] == 'fail' else d['status']}"
+            )
         else:
-            out.print(f"draw test: {d['status']} ({len(d.get('not_testable') or [])} of {d['contexts']} contexts x settings have a single category)")
+            out.print(
+                f"draw test: {d['status']} ({len(d.get('not_testable') or [])} of {d['contexts']} contexts x settings have a single category)"
+            )
     against = r.reference
     if against:
-        rt = Table(title=f"against the reference {safe(str(against.get('commit'))[:12])} (judged with {safe(against.get('budget'))})")
+        rt = Table(
+            title=f"against the reference {safe(str(against.get('commit'))[:12])} (judged with {safe(against.get('budget'))})"
+        )
         for col in ("compared", "path", "positions", "mean KL ± SE", "max KL", "max |Δ logprob|", "same top", "pass"):
             rt.add_column(col)
         for who, entries in (("candidate", against.get("regimes") or []), ("main", against.get("main") or [])):
             for entry in entries:
                 for set_name, paths in (entry.get("sets") or {}).items():
                     for path, s in paths.items():
-                        rt.add_row(f"{who} at {safe(entry.get('label'))}, {set_name}", path, str(s["positions"]), _kl(s), _fmt(s["kl_max"]),
-                                   _fmt(s["dlogprob_max"]), _same_top(s), "yes" if s["passed"] else "NO")
+                        rt.add_row(
+                            f"{who} at {safe(entry.get('label'))}, {set_name}",
+                            path,
+                            str(s["positions"]),
+                            _kl(s),
+                            _fmt(s["kl_max"]),
+                            _fmt(s["dlogprob_max"]),
+                            _same_top(s),
+                            "yes" if s["passed"] else "NO",
+                        )
         out.print(rt)
         if r.blame == "main":
-            out.print("[bold red]main itself diverges from the reference[/] where this check failed: the cause is on main, not in this change")
+            out.print(
+                "[bold red]main itself diverges from the reference[/] where this check failed: the cause is on main, not in this change"
+            )
     if r.floor:
-        out.print("noise floor (baseline vs itself, shuffled batch): " + ", ".join(
-            f"{p}: max KL {_fmt(s['kl_max'])}, max |Δ logprob| {_fmt(s['dlogprob_max'])}" for p, s in r.floor.items()))
+        out.print(
+            "noise floor (baseline vs itself, shuffled batch): "
+            + ", ".join(
+                f"{p}: max KL {_fmt(s['kl_max'])}, max |Δ logprob| {_fmt(s['dlogprob_max'])}"
+                for p, s in r.floor.items()
+            )
+        )
     if r.languages:
         lt = Table(title="public prompts per language")
         cols = ["language"]

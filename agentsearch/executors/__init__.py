@@ -8,18 +8,23 @@ stays the one writer of the history and the one mover of the baseline.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ..config import ExecutorConfig
 from ..errors import ConfigError
 from .node import Job, NodeInfo, NodeResult
 
 
-def settings(config: ExecutorConfig, kind: str | None = None, parallel: int | None = None, address: str | None = None) -> ExecutorConfig:
+def settings(
+    config: ExecutorConfig, kind: str | None = None, parallel: int | None = None, address: str | None = None
+) -> ExecutorConfig:
     """The [executor] config with the command line's overrides, validated like the file."""
     import dataclasses
 
-    changes: dict[str, Any] = {k: v for k, v in (("kind", kind), ("parallel", parallel), ("address", address)) if v is not None}
+    changes: dict[str, Any] = {
+        k: v for k, v in (("kind", kind), ("parallel", parallel), ("address", address)) if v is not None
+    }
     try:
         return dataclasses.replace(config, **changes)
     except ValueError as exc:
@@ -27,7 +32,9 @@ def settings(config: ExecutorConfig, kind: str | None = None, parallel: int | No
         raise ConfigError(f"--{key}: {msg}") from None
 
 
-def build(s: ExecutorConfig, run_errors: tuple[type[BaseException], ...], say: Callable[[str, str], None] | None = None) -> Any:
+def build(
+    s: ExecutorConfig, run_errors: tuple[type[BaseException], ...], say: Callable[[str, str], None] | None = None
+) -> Any:
     """The Ray executor for ``s`` (the local one is the episode loop itself)."""
     from .ray_executor import RayExecutor
 

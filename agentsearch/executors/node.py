@@ -18,10 +18,11 @@ import os
 import shutil
 import socket
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
-from contextlib import contextmanager
+from typing import Any
 
 from harness import environment, sandbox
 
@@ -63,8 +64,12 @@ class NodeInfo:
     gpus: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
-        return {"node_id": self.node_id, "hostname": self.hostname, "environment_fingerprint": self.environment_fingerprint,
-                "gpus": list(self.gpus)}
+        return {
+            "node_id": self.node_id,
+            "hostname": self.hostname,
+            "environment_fingerprint": self.environment_fingerprint,
+            "gpus": list(self.gpus),
+        }
 
 
 @dataclass(frozen=True)
@@ -132,7 +137,9 @@ def prepare(clone: Path, job: Job, bundles: list[bytes]) -> Workspace:
     for d in (ws.state, ws.worktrees, ws.state / "tmp"):
         d.mkdir(parents=True, exist_ok=True)
     if not (ws.state / "state.json").exists():
-        (ws.state / "state.json").write_text(json.dumps({"v": 1, "created": time.time(), "repo": str(clone), "node_cache": True}))
+        (ws.state / "state.json").write_text(
+            json.dumps({"v": 1, "created": time.time(), "repo": str(clone), "node_cache": True})
+        )
     for data in bundles:
         git.fetch_bundle(ws.repo_dir, data, ws.state / "tmp")
     git.point_branch(ws.repo_dir, job.baseline_branch, job.baseline)
@@ -153,19 +160,34 @@ def node_info(node_id: str, gpus: tuple[str, ...] = ()) -> NodeInfo:
     return NodeInfo(node_id, socket.gethostname(), environment.fingerprint(), gpus)
 
 
-def run_job(job: Job, thin: bytes, full: Any, node_id: str, gpus: tuple[str, ...] = (),
-            run_errors: tuple[type[BaseException], ...] = ()) -> NodeResult:
+def run_job(
+    job: Job,
+    thin: bytes,
+    full: Any,
+    node_id: str,
+    gpus: tuple[str, ...] = (),
+    run_errors: tuple[type[BaseException], ...] = (),
+) -> NodeResult:
     """Judge ``job`` on this machine. ``thin``: a bundle of the two commits that assumes the
     episode's first baseline; ``full``: a callable giving the bundle without that assumption
     (fetched from the object store only when this node's clone lacks the episode's baseline)."""
     t0 = time.monotonic()
     info = node_info(node_id, gpus)
     if job.code != code_version():  # verdicts from other code would not be the orchestrator's
-        return NodeResult(job, info, None, f"node {info.hostname} runs agentsearch {code_version()}, the orchestrator {job.code or 'unknown'}: "
-                          "install the same agentsearch (the same commit) on every node of the cluster", "run", wall_s=time.monotonic() - t0)
+        return NodeResult(
+            job,
+            info,
+            None,
+            f"node {info.hostname} runs agentsearch {code_version()}, the orchestrator {job.code or 'unknown'}: "
+            "install the same agentsearch (the same commit) on every node of the cluster",
+            "run",
+            wall_s=time.monotonic() - t0,
+        )
     with slot(job.repo_key) as clone:
         running = clone.parent / f"{clone.name}.running.json"
-        running.write_text(json.dumps({"node_id": node_id, "proposal": job.proposal, "attempt": job.attempt, "pid": os.getpid()}))
+        running.write_text(
+            json.dumps({"node_id": node_id, "proposal": job.proposal, "attempt": job.attempt, "pid": os.getpid()})
+        )
         try:
             try:
                 ws = prepare(clone, job, [thin])
@@ -173,7 +195,9 @@ def run_job(job: Job, thin: bytes, full: Any, node_id: str, gpus: tuple[str, ...
                 shutil.rmtree(clone, ignore_errors=True)  # evaluation left it half made: it is only a cache
                 ws = prepare(clone, job, [full(), thin])
             if not (git.has_commit(ws.repo_dir, job.baseline) and git.has_commit(ws.repo_dir, job.candidate)):
-                return NodeResult(job, info, None, "the shipped bundle lacks the judged commits", "run", wall_s=time.monotonic() - t0)
+                return NodeResult(
+                    job, info, None, "the shipped bundle lacks the judged commits", "run", wall_s=time.monotonic() - t0
+                )
             unsafe = serving_unisolated(ws, job.baseline)
             if unsafe:
                 return NodeResult(job, info, None, unsafe, "run", wall_s=time.monotonic() - t0)
@@ -182,7 +206,9 @@ def run_job(job: Job, thin: bytes, full: Any, node_id: str, gpus: tuple[str, ...
             except run_errors as exc:
                 return NodeResult(job, info, None, str(exc), "run", wall_s=time.monotonic() - t0)
             except Exception as exc:  # noqa: BLE001 - the candidate's doing or a bug: the proposal's REJECT
-                return NodeResult(job, info, None, f"{type(exc).__name__}: {exc}", "internal", wall_s=time.monotonic() - t0)
+                return NodeResult(
+                    job, info, None, f"{type(exc).__name__}: {exc}", "internal", wall_s=time.monotonic() - t0
+                )
             return NodeResult(job, info, ev, wall_s=time.monotonic() - t0)
         finally:
             running.unlink(missing_ok=True)
@@ -199,6 +225,8 @@ def serving_unisolated(ws: Workspace, baseline: str) -> str:
         return ""
     if sandbox.probe()[0] and sandbox.can_join_network():
         return ""
-    return (f"node {socket.gethostname()} cannot isolate the network of the serving workloads (needs bubblewrap, root and "
-            "nsenter); on a Ray cluster candidate code could reach the cluster's control store: run the node as root or "
-            "drop the vllm-serve workloads for Ray episodes")
+    return (
+        f"node {socket.gethostname()} cannot isolate the network of the serving workloads (needs bubblewrap, root and "
+        "nsenter); on a Ray cluster candidate code could reach the cluster's control store: run the node as root or "
+        "drop the vllm-serve workloads for Ray episodes"
+    )

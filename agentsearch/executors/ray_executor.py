@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from ..errors import RunError
 from .node import Job, NodeResult, run_job
@@ -78,15 +79,25 @@ def _reachable(address: str, timeout: float = 5.0) -> None:
     try:
         socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout).close()
     except OSError as exc:
-        raise RunError(f"cannot join the Ray cluster at {address!r}: {exc}; start it with `ray start --head` "
-                       "(see docs/guide/episodes.md, Several machines)") from None
+        raise RunError(
+            f"cannot join the Ray cluster at {address!r}: {exc}; start it with `ray start --head` "
+            "(see docs/guide/episodes.md, Several machines)"
+        ) from None
 
 
 class RayExecutor:
     kind = "ray"
 
-    def __init__(self, address: str, parallel: int, cpus: float, gpus: float, drain_after: int,
-                 run_errors: tuple[type[BaseException], ...] = (), say: Say | None = None):
+    def __init__(
+        self,
+        address: str,
+        parallel: int,
+        cpus: float,
+        gpus: float,
+        drain_after: int,
+        run_errors: tuple[type[BaseException], ...] = (),
+        say: Say | None = None,
+    ):
         import ray
 
         self.ray = ray
@@ -152,11 +163,17 @@ class RayExecutor:
         if node is None:
             return False
         bundle = {"CPU": self.cpus, **({"GPU": self.gpus} if self.gpus > 0 else {})}
-        pg = placement_group([bundle], strategy="STRICT_PACK", bundle_label_selector=[{"ray.io/node-id": node}],
-                             name=f"agentsearch-{job.proposal}-{job.attempt}")
-        ref = self._task.options(num_cpus=self.cpus, num_gpus=self.gpus,
-                                 scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=0)
-                                 ).remote(job, thin, [self._full], self.run_errors)
+        pg = placement_group(
+            [bundle],
+            strategy="STRICT_PACK",
+            bundle_label_selector=[{"ray.io/node-id": node}],
+            name=f"agentsearch-{job.proposal}-{job.attempt}",
+        )
+        ref = self._task.options(
+            num_cpus=self.cpus,
+            num_gpus=self.gpus,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=0),
+        ).remote(job, thin, [self._full], self.run_errors)
         self.flights[job.number] = _Flight(job, node, ref, pg)
         self.say(job.proposal, f"evaluating on node {node[:12]} (attempt {job.attempt})")
         return True

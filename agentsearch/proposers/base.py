@@ -3,8 +3,9 @@ its interface. The registry that builds a concrete proposer is ``registry``; thi
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Protocol, Sequence
+from typing import Any, Protocol
 
 from history.records import CATEGORIES, text
 

@@ -19,14 +19,14 @@ import json
 import re
 import secrets
 import threading
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import jinja2
 
 import templates as _templates
 from history.records import text
-
 from history.records.agent_session import AgentSession
 
 from ..agent import credentials, run_session
@@ -54,23 +54,45 @@ def parse_final(text: str) -> dict[str, str]:
     }
 
 
-def render_prompt(ctx: Context, protected: tuple[str, ...], session: str = "", agents: int = 1,
-                  revising: Mapping[str, Any] | None = None) -> str:
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(Path(_templates.__file__).parent)), undefined=jinja2.ChainableUndefined,
-                             trim_blocks=True, lstrip_blocks=True)
+def render_prompt(
+    ctx: Context,
+    protected: tuple[str, ...],
+    session: str = "",
+    agents: int = 1,
+    revising: Mapping[str, Any] | None = None,
+) -> str:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(Path(_templates.__file__).parent)),
+        undefined=jinja2.ChainableUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
     # what earlier proposals wrote reaches the agent only cleaned, capped and inside a block whose markers carry
     # a nonce drawn now: no text in it can close the block or pose as the tool's own instructions
     nonce = secrets.token_hex(8)
-    env.filters["untrusted"] = lambda s, limit=200: text.clean("" if s is None else s, limit, one_line=True).replace(nonce, "")
+    env.filters["untrusted"] = lambda s, limit=200: text.clean("" if s is None else s, limit, one_line=True).replace(
+        nonce, ""
+    )
     env.filters["untrusted_block"] = lambda s, limit=6000: text.clean("" if s is None else s, limit).replace(nonce, "")
     config = ctx.extra.get("config")
     recent = [h for h in ctx.history if h.get("verdict")][-12:]
     insights_md = insights_markdown(ctx)
     return env.get_template("agent_prompt.md.j2").render(
-        config=config, workloads=list(config.workloads) if config else [], objective=config.objective.name if config else "",
-        protected=protected, recent=recent, rejections=[h for h in recent if h["verdict"] != "merge"][-6:],
-        insights=insights_md, profiles=ctx.extra.get("profiles") or [], categories=CATEGORIES, tools=TOOLS,
-        kernels=kernel_context(ctx), nonce=nonce, session=session, agents=agents, revising=revising,
+        config=config,
+        workloads=list(config.workloads) if config else [],
+        objective=config.objective.name if config else "",
+        protected=protected,
+        recent=recent,
+        rejections=[h for h in recent if h["verdict"] != "merge"][-6:],
+        insights=insights_md,
+        profiles=ctx.extra.get("profiles") or [],
+        categories=CATEGORIES,
+        tools=TOOLS,
+        kernels=kernel_context(ctx),
+        nonce=nonce,
+        session=session,
+        agents=agents,
+        revising=revising,
     )
 
 
@@ -94,8 +116,12 @@ def kernel_context(ctx: Context) -> dict | None:
     if ctx.read_file(kfork.KERNELS_INIT) is None:
         return None
     example = catalog.provider("rms_norm", "agentsearch_cpu")
-    return {"ops": list(catalog.OPS.values()), "library": catalog.PROVIDERS,
-            "example_path": kfork.module_path(example), "example": kfork.module_text(example)}
+    return {
+        "ops": list(catalog.OPS.values()),
+        "library": catalog.PROVIDERS,
+        "example_path": kfork.module_path(example),
+        "example": kfork.module_text(example),
+    }
 
 
 class ClaudeProposer:
@@ -109,23 +135,29 @@ class ClaudeProposer:
         self._lock = threading.Lock()
 
     @classmethod
-    def from_options(cls, options: Mapping[str, Any]) -> "ClaudeProposer":
+    def from_options(cls, options: Mapping[str, Any]) -> ClaudeProposer:
         try:
             import claude_agent_sdk  # noqa: F401
         except ImportError:
-            raise ProposerError("the Claude proposer needs claude-agent-sdk: pip install 'agentsearch[agent]'") from None
+            raise ProposerError(
+                "the Claude proposer needs claude-agent-sdk: pip install 'agentsearch[agent]'"
+            ) from None
         if not credentials():
-            raise ProposerError("the Claude proposer needs ANTHROPIC_API_KEY (or CLAUDE_CODE_OAUTH_TOKEN) in the environment")
+            raise ProposerError(
+                "the Claude proposer needs ANTHROPIC_API_KEY (or CLAUDE_CODE_OAUTH_TOKEN) in the environment"
+            )
         ok, why = sandbox_available()
         if not ok:
-            raise ProposerError(f"the Claude proposer runs the agent's tools only in the sandbox, and this machine cannot sandbox: {why}")
+            raise ProposerError(
+                f"the Claude proposer runs the agent's tools only in the sandbox, and this machine cannot sandbox: {why}"
+            )
         agents = int(options.get("agents") or 1)
         if agents < 1:
             raise ProposerError(f"--agents must be at least 1, got {agents}")
         return cls(options.get("model"), int(options["max_turns"]) if options.get("max_turns") else None, agents)
 
     @classmethod
-    def from_manifest(cls, manifest: Mapping[str, Any]) -> "ClaudeProposer":
+    def from_manifest(cls, manifest: Mapping[str, Any]) -> ClaudeProposer:
         turns = manifest.get("max_turns")
         return cls(manifest.get("model"), int(turns) if turns else None, int(manifest.get("agents") or 1))
 
@@ -144,7 +176,13 @@ class ClaudeProposer:
         with self._lock:
             for h in reversed(rows):
                 pid, depth = h.get("proposal"), int((h.get("meta") or {}).get("revision") or 0)
-                if h.get("verdict") == "reject" and h.get("files") and depth < limit and pid not in revised and pid not in self._claimed:
+                if (
+                    h.get("verdict") == "reject"
+                    and h.get("files")
+                    and depth < limit
+                    and pid not in revised
+                    and pid not in self._claimed
+                ):
                     self._claimed.add(pid)
                     return h
         return None
@@ -160,20 +198,42 @@ class ClaudeProposer:
         label = f"{ctx.number:03d}-{secrets.token_hex(3)}"
         key = f"claude:{ctx.extra.get('episode')}:{label}"
         try:
-            bench = Workbench(ctx.extra["workspace"], config, ctx.extra["base"], f"{ctx.extra.get('episode')}-{label}",
-                              history=ctx.history, insights_md=insights_markdown(ctx), say=ctx.extra.get("say"), start_from=start_from)
+            bench = Workbench(
+                ctx.extra["workspace"],
+                config,
+                ctx.extra["base"],
+                f"{ctx.extra.get('episode')}-{label}",
+                history=ctx.history,
+                insights_md=insights_markdown(ctx),
+                say=ctx.extra.get("say"),
+                start_from=start_from,
+            )
         except WorkbenchError as exc:
             raise ProposerError(str(exc)) from None
         patch, diff_error = "", ""
         try:
             revising = None
             if parent is not None:
-                revising = {"proposal": parent["proposal"], "title": parent.get("title"), "rationale": parent.get("rationale") or "",
-                            "reasons": parent.get("reasons") or [], "failed_checks": parent.get("failed_checks") or [],
-                            "workloads": parent.get("workloads") or {}, "applied": not bench.start_error, "error": bench.start_error,
-                            "revision": int((parent.get("meta") or {}).get("revision") or 0) + 1}
+                revising = {
+                    "proposal": parent["proposal"],
+                    "title": parent.get("title"),
+                    "rationale": parent.get("rationale") or "",
+                    "reasons": parent.get("reasons") or [],
+                    "failed_checks": parent.get("failed_checks") or [],
+                    "workloads": parent.get("workloads") or {},
+                    "applied": not bench.start_error,
+                    "error": bench.start_error,
+                    "revision": int((parent.get("meta") or {}).get("revision") or 0) + 1,
+                }
             prompt = render_prompt(ctx, protected, label, self.agents, revising)
-            outcome = run_session(prompt, bench.root, self.model, self.max_turns or config.agent.max_turns, config.agent.max_cost_usd, bench)
+            outcome = run_session(
+                prompt,
+                bench.root,
+                self.model,
+                self.max_turns or config.agent.max_turns,
+                config.agent.max_cost_usd,
+                bench,
+            )
             try:
                 patch = bench.diff()
             except Exception as exc:  # noqa: BLE001 - a worktree the agent left unreadable: no change, said why
@@ -182,11 +242,26 @@ class ClaudeProposer:
             bench.close()
         final = parse_final(outcome["text"])
         error = "; ".join(e for e in (outcome["error"], diff_error) if e)
-        session = AgentSession(model=self.model, turns=int(outcome["turns"] or 0), tokens_in=outcome["tokens_in"], tokens_out=outcome["tokens_out"],
-                               cost_usd=outcome["cost_usd"], tool_seconds=round(bench.tool_seconds, 3),
-                               session_s=round(outcome["session_s"], 3), calls=tuple(bench.calls), error=text.clean(error, 400))
-        meta = {"cost_usd": outcome["cost_usd"], "tokens_in": outcome["tokens_in"], "tokens_out": outcome["tokens_out"],
-                "turns": outcome["turns"], "error": session.error, "model": self.model, "session": session.to_json()}
+        session = AgentSession(
+            model=self.model,
+            turns=int(outcome["turns"] or 0),
+            tokens_in=outcome["tokens_in"],
+            tokens_out=outcome["tokens_out"],
+            cost_usd=outcome["cost_usd"],
+            tool_seconds=round(bench.tool_seconds, 3),
+            session_s=round(outcome["session_s"], 3),
+            calls=tuple(bench.calls),
+            error=text.clean(error, 400),
+        )
+        meta = {
+            "cost_usd": outcome["cost_usd"],
+            "tokens_in": outcome["tokens_in"],
+            "tokens_out": outcome["tokens_out"],
+            "turns": outcome["turns"],
+            "error": session.error,
+            "model": self.model,
+            "session": session.to_json(),
+        }
         if parent is not None:  # a revision: linked to its parent in the history and the report
             meta.update(parent=parent["proposal"], revision=int((parent.get("meta") or {}).get("revision") or 0) + 1)
         rationale = final["rationale"] + (f"\n\n(agent session error: {session.error})" if session.error else "")

@@ -7,7 +7,7 @@ only, unless the machine has a GPU (then the Triton ones too)."""
 from __future__ import annotations
 
 import re
-from typing import Callable
+from collections.abc import Callable
 
 from kernels import catalog
 from kernels import fork as kfork
@@ -39,9 +39,16 @@ def knobs(read_file: Callable[[str], str | None], file: str, gpu: bool) -> list[
         usable = [n for n in names if (op, n) in library and library[(op, n)].kind in kinds]
         if op not in catalog.OPS or not usable:
             continue
-        out.append(KnobConfig(
-            name=PREFIX + op, values=(list(DEFAULT), *([n, "native"] for n in usable)), where="json",
-            key=f"engine.ir_op_priority.{op}", file=file, category="kernel",
-            rationale=f"Providers of vllm.ir.ops.{op} registered in the baseline: " + ", ".join(usable) + "; "
-                      "the micro stage checks the op before the engines start."))
+        out.append(
+            KnobConfig(
+                name=PREFIX + op,
+                values=(list(DEFAULT), *([n, "native"] for n in usable)),
+                where="json",
+                key=f"engine.ir_op_priority.{op}",
+                file=file,
+                category="kernel",
+                rationale=f"Providers of vllm.ir.ops.{op} registered in the baseline: " + ", ".join(usable) + "; "
+                "the micro stage checks the op before the engines start.",
+            )
+        )
     return out

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from ..workspace import git
 from .base import CATEGORIES, Candidate, Context, ProposerError
@@ -26,7 +27,7 @@ def describe_mail(text: str, fallback: str) -> tuple[str, str, str]:
     m = re.search(r"^Subject: (.+(?:\n[ \t].+)*)", text, re.M)
     if m:
         title = re.sub(r"^\[[^\]]*\]\s*", "", " ".join(m.group(1).split()))
-        rest = text[m.end():]
+        rest = text[m.end() :]
         body = rest.split("\n---\n", 1)[0] if "\n---\n" in rest else ""
         body = re.split(r"^diff --git ", body, maxsplit=1, flags=re.M)[0]
     category = "other"
@@ -56,7 +57,7 @@ class PatchQueue:
 
     # ------------------------------------------------------------------ building
     @classmethod
-    def from_options(cls, options: Mapping[str, Any], repo_dir: Path) -> "PatchQueue":
+    def from_options(cls, options: Mapping[str, Any], repo_dir: Path) -> PatchQueue:
         patches, branches = options.get("patches"), options.get("branches")
         if bool(patches) == bool(branches):
             raise ProposerError("the patch-queue proposer needs exactly one of --patches DIR or --branches GLOB")
@@ -65,9 +66,11 @@ class PatchQueue:
         return cls.from_branches(repo_dir, str(branches), str(options.get("baseline") or "HEAD"))
 
     @classmethod
-    def from_dir(cls, directory: Path) -> "PatchQueue":
+    def from_dir(cls, directory: Path) -> PatchQueue:
         if not directory.is_dir():
-            raise ProposerError(f"{directory}: no such patch directory; pass --patches DIR with *.patch or *.diff files")
+            raise ProposerError(
+                f"{directory}: no such patch directory; pass --patches DIR with *.patch or *.diff files"
+            )
         files = sorted(p for p in directory.iterdir() if p.suffix in SUFFIXES and p.is_file())
         if not files:
             raise ProposerError(f"{directory}: no *.patch or *.diff files in it")
@@ -83,8 +86,12 @@ class PatchQueue:
         return cls(items, str(directory))
 
     @classmethod
-    def from_branches(cls, repo_dir: Path, pattern: str, baseline: str) -> "PatchQueue":
-        rows = [(b, s) for b, s in git.branches_matching(repo_dir, pattern) if not b.startswith("agentsearch/") and b != baseline]
+    def from_branches(cls, repo_dir: Path, pattern: str, baseline: str) -> PatchQueue:
+        rows = [
+            (b, s)
+            for b, s in git.branches_matching(repo_dir, pattern)
+            if not b.startswith("agentsearch/") and b != baseline
+        ]
         if not rows:
             raise ProposerError(f"no branch matches {pattern!r}; list them with `git branch --list {pattern!r}`")
         items = []
@@ -101,7 +108,7 @@ class PatchQueue:
         return cls(items, pattern)
 
     @classmethod
-    def from_manifest(cls, manifest: Mapping[str, Any]) -> "PatchQueue":
+    def from_manifest(cls, manifest: Mapping[str, Any]) -> PatchQueue:
         items = [Item(**i) for i in manifest["items"]]
         return cls(items, manifest.get("source", ""))
 

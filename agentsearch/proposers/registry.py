@@ -7,8 +7,9 @@ Claude proposer needs the agent SDK, which the others do not).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from .base import Proposer, ProposerError
 
@@ -27,8 +28,10 @@ def build(name: str, options: Mapping[str, Any], repo_dir: Path) -> Proposer:
 
         config, gpu = options["config"], bool(options.get("gpu"))
         if not config.sweep.knobs and not _kernel_knobs(config, repo_dir, options.get("baseline"), gpu):
-            raise ProposerError("the target's agentsearch.toml declares no [[sweep.knob]] and its baseline registers no kernel-library "
-                                "provider; add knobs (see docs/reference/config.md, [[sweep.knob]]) or a provider (`agentsearch kernels propose`) to sweep")
+            raise ProposerError(
+                "the target's agentsearch.toml declares no [[sweep.knob]] and its baseline registers no kernel-library "
+                "provider; add knobs (see docs/reference/config.md, [[sweep.knob]]) or a provider (`agentsearch kernels propose`) to sweep"
+            )
         return Sweep(config.sweep, gpu=gpu)
     if name == "claude":
         from .claude import ClaudeProposer

@@ -16,7 +16,8 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from harness import seeds
 from history.insights import knob_table
@@ -63,14 +64,24 @@ class Sweep:
         self.kernel_gpu = gpu if kernel_gpu is None else kernel_gpu  # Triton providers in the kernel knobs
 
     @classmethod
-    def from_manifest(cls, manifest: Mapping[str, Any]) -> "Sweep":
-        knobs = tuple(KnobConfig(**{**k, "values": tuple(k["values"])}) for k in manifest["knobs"]
-                      if not k["name"].startswith(kernel_knobs.PREFIX))  # derived from the baseline again
-        return cls(SweepConfig(file=manifest["file"], knobs=knobs), gpu=True, kernel_gpu=bool(manifest.get("kernel_gpu", False)))
+    def from_manifest(cls, manifest: Mapping[str, Any]) -> Sweep:
+        knobs = tuple(
+            KnobConfig(**{**k, "values": tuple(k["values"])})
+            for k in manifest["knobs"]
+            if not k["name"].startswith(kernel_knobs.PREFIX)
+        )  # derived from the baseline again
+        return cls(
+            SweepConfig(file=manifest["file"], knobs=knobs),
+            gpu=True,
+            kernel_gpu=bool(manifest.get("kernel_gpu", False)),
+        )
 
     def manifest(self) -> dict[str, Any]:
-        return {"file": self.sweep.file, "kernel_gpu": self.kernel_gpu,
-                "knobs": [{**k.__dict__, "values": list(k.values)} for k in self.knobs.values()]}
+        return {
+            "file": self.sweep.file,
+            "kernel_gpu": self.kernel_gpu,
+            "knobs": [{**k.__dict__, "values": list(k.values)} for k in self.knobs.values()],
+        }
 
     def _kernel_knobs(self, ctx: Context) -> None:
         """Add the ``ir_op_priority`` knobs over the providers the current baseline registers."""
@@ -123,14 +134,23 @@ class Sweep:
             why.append(k.rationale)
         if stats["tries"]:
             me = stats["mean_effect"]
-            why.append(f"History: {stats['tries']} proposals changed {k.name}, {stats['wins']} merged, {stats['failures']} failed"
-                       + (f", mean effect {me:+.1%}." if me is not None else "."))
-        return Candidate(key, f"{k.name}: {shown} -> {json.dumps(value)}", " ".join(why), k.category, self.name,
-                         unified_diff(path, old_text, new_text), {"knobs": {k.name: [cur, value]}, "file": path})
+            why.append(
+                f"History: {stats['tries']} proposals changed {k.name}, {stats['wins']} merged, {stats['failures']} failed"
+                + (f", mean effect {me:+.1%}." if me is not None else ".")
+            )
+        return Candidate(
+            key,
+            f"{k.name}: {shown} -> {json.dumps(value)}",
+            " ".join(why),
+            k.category,
+            self.name,
+            unified_diff(path, old_text, new_text),
+            {"knobs": {k.name: [cur, value]}, "file": path},
+        )
 
     # ------------------------------------------------------------------ ordering
     def _prior(self, ctx: Context) -> dict[str, Mapping[str, Any]]:
-        return dict(((ctx.insights or {}).get("knobs") or {}))
+        return dict((ctx.insights or {}).get("knobs") or {})
 
     def stats(self, ctx: Context) -> Mapping[str, Mapping[str, Any]]:
         return knob_table(ctx.history, {n: list(k.values) for n, k in self.knobs.items()})
@@ -151,7 +171,9 @@ class Sweep:
     def values_for(self, k: KnobConfig, cur: Any, st: Mapping[str, Any], prior: Mapping[str, Any]) -> list[Any]:
         vals = [v for v in k.values if v != cur]
         idx = k.values.index(cur) if cur in k.values else None
-        up = (st.get("up_wins", 0) + float(prior.get("up_wins", 0))) >= (st.get("down_wins", 0) + float(prior.get("down_wins", 0)))
+        up = (st.get("up_wins", 0) + float(prior.get("up_wins", 0))) >= (
+            st.get("down_wins", 0) + float(prior.get("down_wins", 0))
+        )
         best = prior.get("best_value") if prior.get("best_value") is not None else st.get("best_value")
 
         tried = st.get("tries", 0) + float(prior.get("tries", 0))

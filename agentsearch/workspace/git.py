@@ -29,15 +29,21 @@ def _clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
             "GIT_COMMITTER_EMAIL": AGENT_EMAIL,
             "GIT_TERMINAL_PROMPT": "0",
             # every git call: no repository hook, no fsmonitor (nothing a proposal wrote runs as us)
-            "GIT_CONFIG_COUNT": "4", "GIT_CONFIG_KEY_0": "core.hooksPath", "GIT_CONFIG_VALUE_0": "/dev/null",
-            "GIT_CONFIG_KEY_1": "core.fsmonitor", "GIT_CONFIG_VALUE_1": "false",
+            "GIT_CONFIG_COUNT": "4",
+            "GIT_CONFIG_KEY_0": "core.hooksPath",
+            "GIT_CONFIG_VALUE_0": "/dev/null",
+            "GIT_CONFIG_KEY_1": "core.fsmonitor",
+            "GIT_CONFIG_VALUE_1": "false",
             # commits as stored: a commit-graph file is read unchecked and can show another tree or parents
-            "GIT_CONFIG_KEY_2": "core.commitGraph", "GIT_CONFIG_VALUE_2": "false",
+            "GIT_CONFIG_KEY_2": "core.commitGraph",
+            "GIT_CONFIG_VALUE_2": "false",
             # no automatic gc (a repack) under readers in other threads: agent sessions run at once
-            "GIT_CONFIG_KEY_3": "gc.auto", "GIT_CONFIG_VALUE_3": "0",
+            "GIT_CONFIG_KEY_3": "gc.auto",
+            "GIT_CONFIG_VALUE_3": "0",
             "LC_ALL": "C",
             # the objects as stored: a replace ref or a graft would show other content under a judged sha
-            "GIT_NO_REPLACE_OBJECTS": "1", "GIT_GRAFT_FILE": "/dev/null",
+            "GIT_NO_REPLACE_OBJECTS": "1",
+            "GIT_GRAFT_FILE": "/dev/null",
         }
     )
     if extra:
@@ -45,15 +51,22 @@ def _clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def _git(args: list[str], cwd: Path | str, input: str | bytes | None = None, env: dict[str, str] | None = None,
-         binary: bool = False) -> subprocess.CompletedProcess[Any]:
+def _git(
+    args: list[str],
+    cwd: Path | str,
+    input: str | bytes | None = None,
+    env: dict[str, str] | None = None,
+    binary: bool = False,
+) -> subprocess.CompletedProcess[Any]:
     """Run ``git args`` in ``cwd``: the one place a git process starts. Output is text decoded
     leniently (file names and contents are whatever a proposal made them) unless ``binary``."""
     decode: dict[str, Any] = {} if binary else {"text": True, "encoding": "utf-8", "errors": "replace"}
     return subprocess.run(["git", *args], cwd=str(cwd), env=_clean_env(env), input=input, capture_output=True, **decode)
 
 
-def run_git(*args: str, cwd: Path | str, check: bool = True, input: str | None = None, env: dict[str, str] | None = None) -> str:
+def run_git(
+    *args: str, cwd: Path | str, check: bool = True, input: str | None = None, env: dict[str, str] | None = None
+) -> str:
     """Run ``git args`` in ``cwd``; return stdout. Raise GitError on a non-zero exit."""
     proc = _git(["-c", "commit.gpgsign=false", "-c", "core.quotepath=false", *args], cwd, input, env)
     if check and proc.returncode != 0:
@@ -71,7 +84,9 @@ def toplevel_of(path: Path) -> Path:
     if proc.returncode != 0 or not top:
         why = (proc.stderr.strip().splitlines() or [""])[-1].removeprefix("fatal: ")
         if "work tree" in why:  # a bare repository, or inside a .git directory
-            raise TargetError(f"{path}: a git directory without a working tree; pass the repository's working tree with -C")
+            raise TargetError(
+                f"{path}: a git directory without a working tree; pass the repository's working tree with -C"
+            )
         extra = "" if not why or "not a git repository" in why else f" ({why})"
         raise TargetError(f"{path}: not a git repository{extra}; run `git init` there or pass another path with -C")
     return Path(top)
@@ -91,7 +106,9 @@ def resolve_commit(repo_dir: Path, ref: str) -> str:
     proc = _git(["rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"], repo_dir)
     out = proc.stdout.strip()
     if not out:
-        why = (proc.stderr.strip().splitlines() or [""])[-1] or (f"git exited with {proc.returncode}" if proc.returncode < 0 else "")
+        why = (proc.stderr.strip().splitlines() or [""])[-1] or (
+            f"git exited with {proc.returncode}" if proc.returncode < 0 else ""
+        )
         raise TargetError(f"{ref!r} is not a branch, tag or commit of {repo_dir}" + (f" ({why})" if why else ""))
     return out
 
@@ -149,7 +166,9 @@ def diff_stat(repo_dir: Path, old: str, new: str) -> str:
 def diff_text(repo_dir: Path, old: str, new: str) -> str:
     """A patch from ``old`` to ``new`` that ``apply_patch`` can re-apply: binary files as binary
     patches, unusual file names C-quoted (ASCII) so no decoding can alter them."""
-    return run_git("-c", "core.quotepath=true", "diff", "-M", "--binary", "--no-ext-diff", "--no-color", old, new, cwd=repo_dir)
+    return run_git(
+        "-c", "core.quotepath=true", "diff", "-M", "--binary", "--no-ext-diff", "--no-color", old, new, cwd=repo_dir
+    )
 
 
 def is_clean(worktree: Path) -> bool:
@@ -253,7 +272,9 @@ def apply_patch(worktree: Path, patch: str) -> str:
     if proc.returncode == 0 and "conflict" not in proc.stderr.lower():
         return ""
     lines = [ln.strip() for ln in (proc.stderr or proc.stdout).splitlines() if ln.strip()]
-    errors = [ln for ln in lines if ln.startswith("error:") or "conflict" in ln.lower()] or lines or ["git apply failed"]
+    errors = (
+        [ln for ln in lines if ln.startswith("error:") or "conflict" in ln.lower()] or lines or ["git apply failed"]
+    )
     run_git("reset", "--hard", "--quiet", cwd=worktree, check=False)
     run_git("clean", "-fdq", cwd=worktree, check=False)
     return "; ".join(dict.fromkeys(errors))[:400]
@@ -325,7 +346,7 @@ def worktrees_on(repo_dir: Path, branch: str) -> list[Path]:
     found, path = [], None
     for line in out.split("\0"):
         if line.startswith("worktree "):
-            path = Path(line[len("worktree "):])
+            path = Path(line[len("worktree ") :])
         elif line == f"branch refs/heads/{branch}" and path is not None and path.is_dir():  # not a pruned one
             found.append(path)
     return found
@@ -390,7 +411,9 @@ def run_git_bytes(*args: str, cwd: Path | str) -> bytes:
     """``run_git`` for binary output (blob contents); raises GitError on a non-zero exit."""
     proc = _git(list(args), cwd, binary=True)
     if proc.returncode != 0:
-        raise GitError(args, proc.returncode, proc.stdout.decode(errors="replace"), proc.stderr.decode(errors="replace"))
+        raise GitError(
+            args, proc.returncode, proc.stdout.decode(errors="replace"), proc.stderr.decode(errors="replace")
+        )
     return proc.stdout
 
 

@@ -10,8 +10,9 @@ directory, and every agentsearch merge commit carries the head it was made after
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from history import HistoryError
 from history.records.text import clean
@@ -43,7 +44,9 @@ class GitHeadStore:
             d = json.loads(text)
             return int(d["seq"]), str(d["hash"])
         except (GitError, json.JSONDecodeError, KeyError, TypeError, ValueError):
-            raise HistoryError(f"{HEAD_REF} does not point to a history head; restore it from a backup of the repository") from None
+            raise HistoryError(
+                f"{HEAD_REF} does not point to a history head; restore it from a backup of the repository"
+            ) from None
 
     def write(self, seq: int, hash: str) -> None:
         text = json.dumps({"seq": seq, "hash": hash}, sort_keys=True)
@@ -65,8 +68,11 @@ def baseline_disagreement(repo_dir: Path, branch: str, entries: Sequence[Any], p
     start = episode_start(entries)
     if not start:
         return ""  # nothing recorded yet (a missing log is the head ref's concern)
-    merged = {e.proposal for e in entries if (e.kind == "verdict" and e.data.get("verdict") == "merge") or
-              (e.kind == "merge" and e.data.get("ok"))}
+    merged = {
+        e.proposal
+        for e in entries
+        if (e.kind == "verdict" and e.data.get("verdict") == "merge") or (e.kind == "merge" and e.data.get("ok"))
+    }
     restore = f"restore {path} from a backup (agentsearch never rewrites history)"
     for sha, tr in git.trailer_merges(repo_dir, f"refs/heads/{branch}", start, PROPOSAL_TRAILER):
         where = f"merge {sha[:12]} on {branch!r}"
@@ -103,17 +109,24 @@ def unjudged_commit(repo_dir: Path, branch: str, entries: Sequence[Any]) -> str:
         return ""
     tip = git.resolve_commit(repo_dir, f"refs/heads/{branch}")
     if not git.is_ancestor(repo_dir, start, tip):
-        return (f"history does not vouch for {branch!r}: its tip {tip[:12]} does not descend from {start[:12]}, the baseline "
-                "the first recorded episode started on (the branch was reset or rewritten)")
+        return (
+            f"history does not vouch for {branch!r}: its tip {tip[:12]} does not descend from {start[:12]}, the baseline "
+            "the first recorded episode started on (the branch was reset or rewritten)"
+        )
     overrides = git.object_overrides(repo_dir)
     if overrides:  # agentsearch reads the stored objects; anyone else's git would see the replacements
-        return (f"history cannot vouch for {branch!r}: {', '.join(overrides[:3])} make git show other content under a "
-                "judged commit; remove them (git replace -d …)")
+        return (
+            f"history cannot vouch for {branch!r}: {', '.join(overrides[:3])} make git show other content under a "
+            "judged commit; remove them (git replace -d …)"
+        )
     moves = [e for e in entries if (e.kind == "merge" and e.data.get("ok")) or e.kind == "revert"]
     vouched = {e.data.get("new") for e in moves}
 
-    judged = {(e.data.get("baseline"), e.data.get("candidate")) for e in entries
-              if e.kind == "verdict" and e.data.get("verdict") == "merge" and e.data.get("candidate")}
+    judged = {
+        (e.data.get("baseline"), e.data.get("candidate"))
+        for e in entries
+        if e.kind == "verdict" and e.data.get("verdict") == "merge" and e.data.get("candidate")
+    }
     bad = []
     for sha, tree, parents in git.first_parent_line(repo_dir, tip, start):
         if sha in vouched:
@@ -124,11 +137,15 @@ def unjudged_commit(repo_dir: Path, branch: str, entries: Sequence[Any]) -> str:
     if not bad:
         last = moves[-1].data.get("new") if moves else None
         if last and not git.is_ancestor(repo_dir, last, tip):
-            return (f"history does not vouch for {branch!r}: its tip {tip[:12]} no longer contains {last[:12]}, the last "
-                    f"{moves[-1].kind} the history records (rolled back without `agentsearch revert`)")
+            return (
+                f"history does not vouch for {branch!r}: its tip {tip[:12]} no longer contains {last[:12]}, the last "
+                f"{moves[-1].kind} the history records (rolled back without `agentsearch revert`)"
+            )
         return ""
     sha = bad[0]
     subject = clean(git.subject(repo_dir, sha), SUBJECT_CHARS, one_line=True)
     more = f" (and {len(bad) - 1} more after it)" if len(bad) > 1 else ""
-    return (f"history does not vouch for {branch!r}: commit {sha[:12]} \"{subject}\" was judged by no verdict (neither a merge "
-            f"nor a revert the history records){more}; everything on {branch!r} since {start[:12]} must come from agentsearch")
+    return (
+        f"history does not vouch for {branch!r}: commit {sha[:12]} \"{subject}\" was judged by no verdict (neither a merge "
+        f"nor a revert the history records){more}; everything on {branch!r} since {start[:12]} must come from agentsearch"
+    )

@@ -33,7 +33,9 @@ def compiled_files(source: Path, top_dirs: list[str]) -> list[Path]:
 
 def link_overlay(worktree: Path, source: Path) -> int:
     if not source.is_dir():
-        raise AgentsearchError(f"overlay_from {source} does not exist; re-create the fork with `agentsearch init --from-installed vllm`")
+        raise AgentsearchError(
+            f"overlay_from {source} does not exist; re-create the fork with `agentsearch init --from-installed vllm`"
+        )
     tops = [p.name for p in worktree.iterdir() if p.is_dir() and not p.name.startswith(".")]
     n = 0
     for rel in compiled_files(source, tops):

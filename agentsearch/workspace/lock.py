@@ -16,7 +16,7 @@ class WorkspaceLock:
         self.path = path
         self._fd: int | None = None
 
-    def acquire(self) -> "WorkspaceLock":
+    def acquire(self) -> WorkspaceLock:
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -41,7 +41,7 @@ class WorkspaceLock:
             os.close(self._fd)
             self._fd = None
 
-    def __enter__(self) -> "WorkspaceLock":
+    def __enter__(self) -> WorkspaceLock:
         return self.acquire()
 
     def __exit__(self, *exc: object) -> None:

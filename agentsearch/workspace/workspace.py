@@ -24,7 +24,9 @@ from .lock import WorkspaceLock
 STATE_DIR = "agentsearch"
 WORKTREES_DIR = "agentsearch-worktrees"
 STATE_SCHEMA = 1
-REFERENCE_REF = "refs/agentsearch/reference"  # the stock commit outputs are judged against ([verify] reference); no merge moves it
+REFERENCE_REF = (
+    "refs/agentsearch/reference"  # the stock commit outputs are judged against ([verify] reference); no merge moves it
+)
 LAG_SEARCH = 50  # how far back along the baseline a lagging checkout is recognised
 
 
@@ -70,19 +72,21 @@ class Workspace:
 
     # ------------------------------------------------------------------ opening
     @classmethod
-    def locate(cls, target: Path) -> "Workspace":
+    def locate(cls, target: Path) -> Workspace:
         top = git.toplevel_of(target.resolve()).resolve()
         return cls(top, git.common_dir(top))
 
     @classmethod
-    def open(cls, target: Path) -> "Workspace":
+    def open(cls, target: Path) -> Workspace:
         ws = cls.locate(target)
         if not (ws.state / "state.json").exists():
-            raise TargetError(f"{ws.repo_dir}: not an agentsearch workspace; run `agentsearch init -C {ws.repo_dir}` first")
+            raise TargetError(
+                f"{ws.repo_dir}: not an agentsearch workspace; run `agentsearch init -C {ws.repo_dir}` first"
+            )
         return ws
 
     @classmethod
-    def init(cls, target: Path) -> "Workspace":
+    def init(cls, target: Path) -> Workspace:
         """Validate the target and create its state directory (idempotent)."""
         ws = cls.locate(target)
         if not git.is_clean(ws.repo_dir):
@@ -108,7 +112,9 @@ class Workspace:
 
     def pinned_reference(self) -> str:
         """The commit ``init`` pinned as the reference ('' in a workspace made before agentsearch 0.3)."""
-        return git.run_git("rev-parse", "--verify", "--quiet", f"{REFERENCE_REF}^{{commit}}", cwd=self.repo_dir, check=False).strip()
+        return git.run_git(
+            "rev-parse", "--verify", "--quiet", f"{REFERENCE_REF}^{{commit}}", cwd=self.repo_dir, check=False
+        ).strip()
 
     def reference_commit(self, config: Config | None = None, base: str | None = None) -> str:
         """The commit outputs are judged against: ``[verify] reference``, else the pinned stock commit. TargetError
@@ -124,12 +130,16 @@ class Workspace:
             commit = self.pinned_reference()
             named = f"the pinned reference ({REFERENCE_REF})"
             if not commit:
-                raise TargetError(f"{self.repo_dir}: no reference is pinned (a workspace from before agentsearch 0.3): run "
-                                  f"`agentsearch init -C {self.repo_dir}` to pin the current baseline, or set [verify] reference")
+                raise TargetError(
+                    f"{self.repo_dir}: no reference is pinned (a workspace from before agentsearch 0.3): run "
+                    f"`agentsearch init -C {self.repo_dir}` to pin the current baseline, or set [verify] reference"
+                )
         base = base or self.baseline_commit()
         if not git.is_ancestor(self.repo_dir, commit, base):
-            raise TargetError(f"{named} = {commit[:12]} is not an ancestor of the baseline {base[:12]}: outputs are judged against "
-                              "the stock code main grew from; name an ancestor of the baseline")
+            raise TargetError(
+                f"{named} = {commit[:12]} is not an ancestor of the baseline {base[:12]}: outputs are judged against "
+                "the stock code main grew from; name an ancestor of the baseline"
+            )
         return commit
 
     def read_config_text_from_head(self) -> str:
@@ -137,7 +147,9 @@ class Workspace:
         head = git.run_git("rev-parse", "--verify", "--quiet", "HEAD", cwd=self.repo_dir, check=False).strip()
         text = git.show_file(self.repo_dir, head, CONFIG_FILE) if head else None
         if text is None:
-            raise TargetError(f"{path}: no {CONFIG_FILE} committed; add one (see docs/guide/own-target.md and docs/reference/config.md)")
+            raise TargetError(
+                f"{path}: no {CONFIG_FILE} committed; add one (see docs/guide/own-target.md and docs/reference/config.md)"
+            )
         return text
 
     # ------------------------------------------------------------------ config / refs
@@ -178,7 +190,9 @@ class Workspace:
         git.add_worktree(self.repo_dir, path, base, branch=branch)
         return Proposal(episode, number, slug, branch, path, base)
 
-    def commit_proposal(self, proposal: Proposal, title: str, rationale: str = "", proposer: str = "human") -> str | None:
+    def commit_proposal(
+        self, proposal: Proposal, title: str, rationale: str = "", proposer: str = "human"
+    ) -> str | None:
         """The orchestrator commits the proposal's changes, with trailers. None: no change."""
         body = f"{title.strip()}\n\n{rationale.strip()}\n\n" if rationale.strip() else f"{title.strip()}\n\n"
         message = body + (
@@ -225,7 +239,9 @@ class Workspace:
         self.refuse_dirty_checkouts(branch)
         tree = git.tree_of(self.repo_dir, candidate)
         merge_commit = git.commit_tree(self.repo_dir, tree, [expected_base, candidate], message)
-        if not git.update_ref_cas(self.repo_dir, f"refs/heads/{branch}", merge_commit, expected_base, f"agentsearch: merge {candidate[:12]}"):
+        if not git.update_ref_cas(
+            self.repo_dir, f"refs/heads/{branch}", merge_commit, expected_base, f"agentsearch: merge {candidate[:12]}"
+        ):
             now = self.baseline_commit()
             raise CasError(
                 f"baseline {branch!r} moved from {expected_base[:12]} to {now[:12]} during the evaluation; not merged (re-evaluate against the new baseline)"
@@ -249,7 +265,9 @@ class Workspace:
             try:
                 new = git.revert_merge(self.repo_dir, path, merge, message)
             except GitError as exc:
-                raise TargetError(f"the revert of {merge[:12]} does not apply cleanly on the baseline {tip[:12]} ({exc}); revert it by hand") from None
+                raise TargetError(
+                    f"the revert of {merge[:12]} does not apply cleanly on the baseline {tip[:12]} ({exc}); revert it by hand"
+                ) from None
         finally:
             git.remove_worktree(self.repo_dir, path)
         if not git.update_ref_cas(self.repo_dir, f"refs/heads/{branch}", new, tip, f"agentsearch: revert {merge[:12]}"):
@@ -290,15 +308,19 @@ class Workspace:
             if old is None:
                 continue  # staged work of the user's, not a lag; a merge refuses it
             if git.files_match_index(path) and git.fast_forward_checkout(path, old, tip):
-                _tell(f"brought the checkout at {path} from {old[:12]} to {branch!r} at {tip[:12]} (its update had been cut off)")
+                _tell(
+                    f"brought the checkout at {path} from {old[:12]} to {branch!r} at {tip[:12]} (its update had been cut off)"
+                )
             else:
                 _warn(_lag_warning(path, branch, old, tip))
 
 
 def _lag_warning(path: Path, branch: str, old: str, new: str) -> str:
-    return (f"warning: the checkout at {path} still has the files of {old[:12]} while {branch!r} is at {new[:12]}; "
-            f"a commit there would undo the difference; bring it along with `git -C {path} read-tree -m -u {old[:12]} {new[:12]}` "
-            f"(it refuses rather than overwrite your edits)")
+    return (
+        f"warning: the checkout at {path} still has the files of {old[:12]} while {branch!r} is at {new[:12]}; "
+        f"a commit there would undo the difference; bring it along with `git -C {path} read-tree -m -u {old[:12]} {new[:12]}` "
+        f"(it refuses rather than overwrite your edits)"
+    )
 
 
 def _tell(message: str) -> None:

@@ -40,7 +40,10 @@ MAX_CHUNKS = 64  # hashes per request (its first 1,024 characters), then one of 
 def _chunks(text: object) -> list[int]:
     t = text if isinstance(text, str) else ""
     data = t.encode("utf-8", "surrogatepass")
-    head = [zlib.crc32(t[i:i + CHUNK].encode("utf-8", "surrogatepass")) for i in range(0, min(len(t), CHUNK * MAX_CHUNKS), CHUNK)]
+    head = [
+        zlib.crc32(t[i : i + CHUNK].encode("utf-8", "surrogatepass"))
+        for i in range(0, min(len(t), CHUNK * MAX_CHUNKS), CHUNK)
+    ]
     return head + [zlib.crc32(data)] if len(t) > CHUNK * MAX_CHUNKS else head
 
 
@@ -59,8 +62,15 @@ async def complete(session, api_url: str, model: str, prompt: list, output_len: 
     ends at the last chunk. Tokens as the server's usage reports them. Times in seconds (``time.perf_counter``)."""
     import aiohttp
 
-    payload = {"model": model, "prompt": prompt, "max_tokens": output_len, "temperature": 0.0, "ignore_eos": True,
-               "stream": True, "stream_options": {"include_usage": True}}
+    payload = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": output_len,
+        "temperature": 0.0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     start = time.perf_counter()
     gaps: list[float] = []
     texts: list[str] = []
@@ -71,8 +81,17 @@ async def complete(session, api_url: str, model: str, prompt: list, output_len: 
     prompt_tokens: object = len(prompt)
 
     def failed(error: str) -> dict:
-        return {"ok": False, "error": error, "start": start, "ttft": 0.0, "e2e": 0.0, "gaps": [], "text": "",
-                "output_tokens": tokens, "input_tokens": prompt_tokens}
+        return {
+            "ok": False,
+            "error": error,
+            "start": start,
+            "ttft": 0.0,
+            "e2e": 0.0,
+            "gaps": [],
+            "text": "",
+            "output_tokens": tokens,
+            "input_tokens": prompt_tokens,
+        }
 
     buf = b""
     try:
@@ -101,7 +120,9 @@ async def complete(session, api_url: str, model: str, prompt: list, output_len: 
                         if not isinstance(text, str):
                             raise ValueError("a chunk's text is not a string")
                         if text:
-                            if len(texts) >= output_len:  # one text chunk per token at most: never more gaps than tokens
+                            if (
+                                len(texts) >= output_len
+                            ):  # one text chunk per token at most: never more gaps than tokens
                                 raise ValueError(f"more text chunks than the {output_len} tokens asked for")
                             if first is None:
                                 first = end
@@ -123,8 +144,17 @@ async def complete(session, api_url: str, model: str, prompt: list, output_len: 
         return failed("no token was streamed")
     if first is None:  # every token decoded to nothing: the first text is the (empty) end
         first = last = end
-    return {"ok": True, "error": "", "start": start, "ttft": first - start, "e2e": max(last, end) - start, "gaps": gaps,
-            "text": "".join(texts), "output_tokens": tokens, "input_tokens": prompt_tokens}
+    return {
+        "ok": True,
+        "error": "",
+        "start": start,
+        "ttft": first - start,
+        "e2e": max(last, end) - start,
+        "gaps": gaps,
+        "text": "".join(texts),
+        "output_tokens": tokens,
+        "input_tokens": prompt_tokens,
+    }
 
 
 def load(cmd: dict) -> dict:
@@ -161,10 +191,19 @@ def load(cmd: dict) -> dict:
                         r = await complete(session, api_url, model, prompts[i], int(outs[i]))
                 else:
                     r = await complete(session, api_url, model, prompts[i], int(outs[i]))
-                rows[j] = {"ok": r["ok"], "error": str(r["error"])[-300:], "sent": _micros(r["start"] - t0),
-                           "lag": _micros(arrived - scheduled), "queue": _micros(r["start"] - arrived),
-                           "ttft": _micros(r["ttft"]), "e2e": _micros(r["e2e"]), "gaps": [_micros(g) for g in r["gaps"]],
-                           "output_tokens": r["output_tokens"], "input_tokens": r["input_tokens"], "outputs": _chunks(r["text"])}
+                rows[j] = {
+                    "ok": r["ok"],
+                    "error": str(r["error"])[-300:],
+                    "sent": _micros(r["start"] - t0),
+                    "lag": _micros(arrived - scheduled),
+                    "queue": _micros(r["start"] - arrived),
+                    "ttft": _micros(r["ttft"]),
+                    "e2e": _micros(r["e2e"]),
+                    "gaps": [_micros(g) for g in r["gaps"]],
+                    "output_tokens": r["output_tokens"],
+                    "input_tokens": r["input_tokens"],
+                    "outputs": _chunks(r["text"]),
+                }
 
             t0 = time.perf_counter() + 0.02
             tasks = []

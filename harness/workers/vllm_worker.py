@@ -100,13 +100,21 @@ class Engine:
     def _sampling(self, max_tokens: int, p: dict):
         from vllm import SamplingParams
 
-        return SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=float(p.get("temperature", 0.0)), seed=None)
+        return SamplingParams(
+            max_tokens=max_tokens, ignore_eos=True, temperature=float(p.get("temperature", 0.0)), seed=None
+        )
 
     def throughput(self, seed: int, p: dict) -> dict:
         from vllm.inputs import TokensPrompt
 
-        prompts, outs = make_prompts(seed, int(p.get("prompts", 64)), int(p.get("input_len", 64)), int(p.get("output_len", 64)),
-                                     p.get("length_dist", "fixed"), self.vocab)
+        prompts, outs = make_prompts(
+            seed,
+            int(p.get("prompts", 64)),
+            int(p.get("input_len", 64)),
+            int(p.get("output_len", 64)),
+            p.get("length_dist", "fixed"),
+            self.vocab,
+        )
         # every request must fit the context: heavy-tailed lengths are clipped to max_model_len
         limit = int(self.engine_args.get("max_model_len") or 1024)
         prompts = [x[: max(1, limit // 2)] for x in prompts]
@@ -122,9 +130,13 @@ class Engine:
             raise RuntimeError(f"generated {out_tokens} tokens, expected {sum(outs)}")
         self.last_outputs = [list(r.outputs[0].token_ids) for r in results]
         return {
-            "output_tok_s": out_tokens / dt, "total_tok_s": (out_tokens + in_tokens) / dt,
-            "requests_s": len(reqs) / dt, "elapsed_s": dt, "output_tokens": out_tokens,
-            "input_tokens": in_tokens, "startup_s": self.startup_s,
+            "output_tok_s": out_tokens / dt,
+            "total_tok_s": (out_tokens + in_tokens) / dt,
+            "requests_s": len(reqs) / dt,
+            "elapsed_s": dt,
+            "output_tokens": out_tokens,
+            "input_tokens": in_tokens,
+            "startup_s": self.startup_s,
         }
 
     def latency(self, seed: int, p: dict) -> dict:
@@ -134,7 +146,9 @@ class Engine:
 
         def batch_of(i: int) -> list:
             # fresh prompts for every run: repeats of one batch would measure a prefix cache, not the engine
-            prompts, _ = make_prompts(seed * 1009 + i, batch, int(p.get("input_len", 64)), int(p.get("output_len", 32)), "fixed", self.vocab)
+            prompts, _ = make_prompts(
+                seed * 1009 + i, batch, int(p.get("input_len", 64)), int(p.get("output_len", 32)), "fixed", self.vocab
+            )
             return [TokensPrompt(prompt_token_ids=x) for x in prompts]
 
         sp = self._sampling(int(p.get("output_len", 32)), p)
@@ -153,8 +167,12 @@ class Engine:
             return lat[k]
 
         return {
-            "latency_mean_s": sum(lat) / len(lat), "latency_p50_s": pct(0.5), "latency_p90_s": pct(0.9),
-            "latency_p99_s": pct(0.99), "iterations": iters, "startup_s": self.startup_s,
+            "latency_mean_s": sum(lat) / len(lat),
+            "latency_p50_s": pct(0.5),
+            "latency_p90_s": pct(0.9),
+            "latency_p99_s": pct(0.99),
+            "iterations": iters,
+            "startup_s": self.startup_s,
         }
 
     def generate_batch(self, seed: int, index: int, p: dict) -> list[list[int]]:
@@ -163,7 +181,9 @@ class Engine:
 
         batch = int(p.get("batch_size", 8))
         # fresh prompts for every run: repeats of one batch would measure a prefix cache, not the engine
-        prompts, _ = make_prompts(seed * 1009 + index, batch, int(p.get("input_len", 64)), int(p.get("output_len", 32)), "fixed", self.vocab)
+        prompts, _ = make_prompts(
+            seed * 1009 + index, batch, int(p.get("input_len", 64)), int(p.get("output_len", 32)), "fixed", self.vocab
+        )
         reqs = [TokensPrompt(prompt_token_ids=x) for x in prompts]
         results = self.llm.generate(reqs, self._sampling(int(p.get("output_len", 32)), p), use_tqdm=False)
         return [list(r.outputs[0].token_ids) for r in results]
@@ -180,16 +200,34 @@ class Engine:
         fresh_cache(self.llm)
         pre = SamplingParams(max_tokens=1, prompt_logprobs=k, temperature=0.0)
         # each prompt's own decode steps when the prompts file gives them (heavy-tailed, as the timed runs)
-        dec = [SamplingParams(max_tokens=int(it.get("max_tokens", max_tokens)), logprobs=k, temperature=0.0) for it in items]
+        dec = [
+            SamplingParams(max_tokens=int(it.get("max_tokens", max_tokens)), logprobs=k, temperature=0.0)
+            for it in items
+        ]
         r_pre = self.llm.generate(texts, pre, use_tqdm=False)
         r_dec = self.llm.generate(texts, dec, use_tqdm=False)
 
         with open(cmd["out"], "w") as out:
             for it, a, b in zip(items, r_pre, r_dec):
-                prefill = {"id": it["id"], "path": "prefill", "tokens": list(a.prompt_token_ids), "topk": [top(d, k) for d in a.prompt_logprobs]}
+                prefill = {
+                    "id": it["id"],
+                    "path": "prefill",
+                    "tokens": list(a.prompt_token_ids),
+                    "topk": [top(d, k) for d in a.prompt_logprobs],
+                }
                 out.write(json.dumps(prefill) + "\n")
                 o = b.outputs[0]
-                out.write(json.dumps({"id": it["id"], "path": "decode", "tokens": list(o.token_ids), "topk": [top(d, k) for d in o.logprobs]}) + "\n")
+                out.write(
+                    json.dumps(
+                        {
+                            "id": it["id"],
+                            "path": "decode",
+                            "tokens": list(o.token_ids),
+                            "topk": [top(d, k) for d in o.logprobs],
+                        }
+                    )
+                    + "\n"
+                )
 
 
 def top(d, k: int):
@@ -197,7 +235,9 @@ def top(d, k: int):
     no probability and are left out."""
     if d is None:
         return None
-    pairs = sorted(((int(t), float(lp.logprob)) for t, lp in d.items() if math.isfinite(lp.logprob)), key=lambda x: -x[1])
+    pairs = sorted(
+        ((int(t), float(lp.logprob)) for t, lp in d.items() if math.isfinite(lp.logprob)), key=lambda x: -x[1]
+    )
     return [[t, lp] for t, lp in pairs[:k]]
 
 
@@ -214,8 +254,15 @@ def processed(llm, cmd: dict) -> None:
     settings = cmd["settings"]
     with open(cmd["prompts"]) as fh:
         items = [json.loads(line) for line in fh if line.strip()]
-    sps = [SamplingParams(max_tokens=int(it.get("max_tokens", max_tokens)), logprobs=k, seed=int(it["seed"]), **settings[int(it["setting"])])
-           for it in items]
+    sps = [
+        SamplingParams(
+            max_tokens=int(it.get("max_tokens", max_tokens)),
+            logprobs=k,
+            seed=int(it["seed"]),
+            **settings[int(it["setting"])],
+        )
+        for it in items
+    ]
     texts = [it["text"] for it in items]
     budget = token_budget(llm)
     fresh_cache(llm)
@@ -225,8 +272,17 @@ def processed(llm, cmd: dict) -> None:
     with open(cmd["out"], "w") as out:
         for it, r in zip(items, results):
             o = r.outputs[0]
-            out.write(json.dumps({"id": f"{it['id']}#s{it['setting']}", "path": "sample", "tokens": list(o.token_ids),
-                                  "topk": [top(d, k) for d in o.logprobs]}) + "\n")
+            out.write(
+                json.dumps(
+                    {
+                        "id": f"{it['id']}#s{it['setting']}",
+                        "path": "sample",
+                        "tokens": list(o.token_ids),
+                        "topk": [top(d, k) for d in o.logprobs],
+                    }
+                )
+                + "\n"
+            )
 
 
 def samples(llm, cmd: dict) -> None:
@@ -252,11 +308,16 @@ def samples(llm, cmd: dict) -> None:
                 reqs += [(j, start, min(per_call, n - start)) for start in range(0, n, per_call)]
             drawn: dict[int, list[int]] = {j: [] for j in range(len(items))}
             for group in fit_groups([m * (lengths[j] + 1) for j, _, m in reqs], budget):
-                sps = [SamplingParams(n=reqs[g][2], max_tokens=1, seed=seed + n * si + reqs[g][1], **setting) for g in group]
+                sps = [
+                    SamplingParams(n=reqs[g][2], max_tokens=1, seed=seed + n * si + reqs[g][1], **setting)
+                    for g in group
+                ]
                 for g, r in zip(group, llm.generate([texts[reqs[g][0]] for g in group], sps, use_tqdm=False)):
                     drawn[reqs[g][0]] += [int(o.token_ids[0]) for o in sorted(r.outputs, key=lambda o: o.index)]
             for j, it in enumerate(items):
-                out.write(json.dumps({"id": f"{it['id']}#s{si}", "path": "draws", "tokens": drawn[j], "topk": []}) + "\n")
+                out.write(
+                    json.dumps({"id": f"{it['id']}#s{si}", "path": "draws", "tokens": drawn[j], "topk": []}) + "\n"
+                )
 
 
 def fresh_cache(llm) -> None:
@@ -321,10 +382,16 @@ def profile(eng, cmd: dict) -> dict:
     ops = []
     for e in tp.key_averages():
         dev = getattr(e, "self_device_time_total", 0) or getattr(e, "self_cuda_time_total", 0) or 0
-        ops.append({"name": e.key, "seconds": (e.self_cpu_time_total + dev) / 1e6, "calls": e.count,
-                    "device_s": dev / 1e6})
+        ops.append(
+            {"name": e.key, "seconds": (e.self_cpu_time_total + dev) / 1e6, "calls": e.count, "device_s": dev / 1e6}
+        )
     ops.sort(key=lambda o: -o["seconds"])
-    return {"wall_s": wall, "metrics": metrics, "ops": ops[:40], "device": "cuda" if torch.cuda.is_available() else "cpu"}
+    return {
+        "wall_s": wall,
+        "metrics": metrics,
+        "ops": ops[:40],
+        "device": "cuda" if torch.cuda.is_available() else "cpu",
+    }
 
 
 def main() -> int:
@@ -341,8 +408,16 @@ def main() -> int:
     try:
         spec = json.loads(args.spec)
         eng = Engine(spec)
-        send({"event": "ready", "startup_s": eng.startup_s, "import_s": eng.import_s, "vllm_file": eng.vllm.__file__,
-              "vllm_version": getattr(eng.vllm, "__version__", "?"), "engine_args": eng.engine_args})
+        send(
+            {
+                "event": "ready",
+                "startup_s": eng.startup_s,
+                "import_s": eng.import_s,
+                "vllm_file": eng.vllm.__file__,
+                "vllm_version": getattr(eng.vllm, "__version__", "?"),
+                "engine_args": eng.engine_args,
+            }
+        )
         for line in sys.stdin:
             if not line.strip():
                 continue
@@ -354,7 +429,12 @@ def main() -> int:
                 metrics = eng.measure(int(cmd["seed"]), cmd.get("kind"), cmd.get("params"))
                 send({"event": "result", "metrics": metrics, "outputs": eng.last_outputs})
             elif cmd["cmd"] == "generate":
-                send({"event": "result", "outputs": eng.generate_batch(int(cmd["seed"]), int(cmd["index"]), cmd.get("params") or {})})
+                send(
+                    {
+                        "event": "result",
+                        "outputs": eng.generate_batch(int(cmd["seed"]), int(cmd["index"]), cmd.get("params") or {}),
+                    }
+                )
             elif cmd["cmd"] == "logprobs":
                 eng.logprobs(cmd)
                 send({"event": "done"})

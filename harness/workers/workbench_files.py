@@ -58,7 +58,7 @@ def read(req: dict) -> str:
     lines = _read_text(req["path"]).splitlines()
     offset = max(0, int(req.get("offset") or 0))
     limit = max(1, min(MAX_READ_LINES, int(req.get("limit") or MAX_READ_LINES)))
-    shown = lines[offset:offset + limit]
+    shown = lines[offset : offset + limit]
     body = "\n".join(f"{offset + i + 1:6d}\t{line}" for i, line in enumerate(shown))
     more = len(lines) - offset - len(shown)
     return body + (f"\n… {more} more lines (read with offset={offset + len(shown)})" if more > 0 else "")

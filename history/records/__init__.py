@@ -7,7 +7,8 @@ of verdicts (check names, failure kinds) is in ``checks``. No git, no vllm.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from .base import SCHEMA_VERSION, Part, Record, RecordError
 from .checks import AVOID, BREAKING, GATE_ORDER, CheckName, FailureKind, decision_failure, default_failure
@@ -34,9 +35,29 @@ from .upgrade import UPGRADERS, upgrade
 from .verdict import CheckResult, Verdict
 
 CLASSES: tuple[type[Record], ...] = (
-    EpisodeStarted, EpisodeResumed, EpisodeFinished, ProposalCreated, Trial, Statistic, Distribution,
-    Evaluation, Verdict, Merge, Revert, Recheck, Insight, Profile, Repair, RunError, Superseded, NodeFault,
-    StackCheck, StackBisect, PrReview, PrPosted, PrCommand,
+    EpisodeStarted,
+    EpisodeResumed,
+    EpisodeFinished,
+    ProposalCreated,
+    Trial,
+    Statistic,
+    Distribution,
+    Evaluation,
+    Verdict,
+    Merge,
+    Revert,
+    Recheck,
+    Insight,
+    Profile,
+    Repair,
+    RunError,
+    Superseded,
+    NodeFault,
+    StackCheck,
+    StackBisect,
+    PrReview,
+    PrPosted,
+    PrCommand,
 )
 BY_KIND: dict[str, type[Record]] = {c.KIND: c for c in CLASSES}
 KINDS = tuple(BY_KIND)
@@ -55,10 +76,50 @@ def load(kind: str, data: Mapping[str, Any], version: int) -> Record:
 
 
 __all__ = [
-    "AVOID", "BREAKING", "BY_KIND", "CATEGORIES", "CLASSES", "GATE_ORDER", "KINDS", "SCHEMA_VERSION", "UPGRADERS",
-    "CheckName", "CheckResult", "Distribution", "EpisodeFinished", "EpisodeResumed", "EpisodeStarted", "Evaluation",
-    "FailureKind", "Insight", "Merge", "NodeFault", "Part", "PrCommand", "PrPosted", "PrReview",
-    "Profile", "ProposalCreated", "Recheck", "Record", "RecordError", "Repair",
-    "Revert", "RunError", "Statistic", "Superseded", "Trial", "Verdict", "decision_failure", "default_failure", "load", "upgrade",
-    "BisectStep", "Interference", "Removal", "StackBisect", "StackCheck", "StackMerge",
+    "AVOID",
+    "BREAKING",
+    "BY_KIND",
+    "CATEGORIES",
+    "CLASSES",
+    "GATE_ORDER",
+    "KINDS",
+    "SCHEMA_VERSION",
+    "UPGRADERS",
+    "CheckName",
+    "CheckResult",
+    "Distribution",
+    "EpisodeFinished",
+    "EpisodeResumed",
+    "EpisodeStarted",
+    "Evaluation",
+    "FailureKind",
+    "Insight",
+    "Merge",
+    "NodeFault",
+    "Part",
+    "PrCommand",
+    "PrPosted",
+    "PrReview",
+    "Profile",
+    "ProposalCreated",
+    "Recheck",
+    "Record",
+    "RecordError",
+    "Repair",
+    "Revert",
+    "RunError",
+    "Statistic",
+    "Superseded",
+    "Trial",
+    "Verdict",
+    "decision_failure",
+    "default_failure",
+    "load",
+    "upgrade",
+    "BisectStep",
+    "Interference",
+    "Removal",
+    "StackBisect",
+    "StackCheck",
+    "StackMerge",
 ]

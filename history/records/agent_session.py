@@ -7,14 +7,29 @@ lines, the tail of an error): it is cleaned and capped when recorded and shown o
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 from .base import Part
 
 # the workbench's tools (agentsearch.workbench); "refused" counts calls to anything else
-TOOL_KINDS = ("read", "write", "edit", "ls", "grep", "run", "changes", "test", "kernels_bench", "measure", "profile",
-              "check_outputs", "history", "insights")
+TOOL_KINDS = (
+    "read",
+    "write",
+    "edit",
+    "ls",
+    "grep",
+    "run",
+    "changes",
+    "test",
+    "kernels_bench",
+    "measure",
+    "profile",
+    "check_outputs",
+    "history",
+    "insights",
+)
 
 
 @dataclass(frozen=True)
@@ -50,15 +65,22 @@ class AgentSession(Part):
         return any(c.tool in tools and not c.refused for c in self.calls)
 
     @staticmethod
-    def of(meta: Mapping[str, Any] | None) -> "AgentSession | None":
+    def of(meta: Mapping[str, Any] | None) -> AgentSession | None:
         raw = (meta or {}).get("session")
         return AgentSession.from_json(raw, "session") if isinstance(raw, Mapping) else None
 
     @staticmethod
-    def totals(sessions: Iterable["AgentSession"]) -> dict[str, Any]:
+    def totals(sessions: Iterable[AgentSession]) -> dict[str, Any]:
         """Dollars, tokens, machine seconds and calls by kind over ``sessions``."""
-        tot: dict[str, Any] = {"sessions": 0, "cost_usd": 0.0, "tokens_in": 0, "tokens_out": 0, "tool_seconds": 0.0,
-                               "session_s": 0.0, "calls": {}}
+        tot: dict[str, Any] = {
+            "sessions": 0,
+            "cost_usd": 0.0,
+            "tokens_in": 0,
+            "tokens_out": 0,
+            "tool_seconds": 0.0,
+            "session_s": 0.0,
+            "calls": {},
+        }
         for s in sessions:
             tot["sessions"] += 1
             tot["cost_usd"] += s.cost_usd
@@ -90,7 +112,10 @@ def agent_costs(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
         return None
     tot = AgentSession.totals(sessions)
     machine_s = tot["tool_seconds"]
-    tot.update(merged_pct=round(merged_pct, 3), cost_usd=round(tot["cost_usd"], 6),
-               usd_per_merged_pct=round(tot["cost_usd"] / merged_pct, 6) if merged_pct > 0 else None,
-               machine_s_per_merged_pct=round(machine_s / merged_pct, 3) if merged_pct > 0 else None)
+    tot.update(
+        merged_pct=round(merged_pct, 3),
+        cost_usd=round(tot["cost_usd"], 6),
+        usd_per_merged_pct=round(tot["cost_usd"] / merged_pct, 6) if merged_pct > 0 else None,
+        machine_s_per_merged_pct=round(machine_s / merged_pct, 3) if merged_pct > 0 else None,
+    )
     return tot

@@ -13,8 +13,9 @@ import collections.abc
 import dataclasses
 import types
 import typing
+from collections.abc import Callable, Mapping
 from enum import Enum
-from typing import Any, Callable, ClassVar, Mapping, TypeVar, Union
+from typing import Any, ClassVar, TypeVar, Union
 
 SCHEMA_VERSION = 2  # of every record's data; the envelope's "v" says which one a line was written with
 
@@ -60,6 +61,7 @@ def _build(tp: Any) -> Check:
                 except RecordError as exc:
                     errors.append(str(exc))
             raise RecordError(errors[0] if len(errors) == 1 else f"{where}: {v!r} fits none of {tp}")
+
         return union
     if origin in (list, tuple, collections.abc.Sequence):
         args = typing.get_args(tp)
@@ -69,6 +71,7 @@ def _build(tp: Any) -> Check:
             if not isinstance(v, (list, tuple)):
                 raise RecordError(f"{where}: expected a list, got {type(v).__name__}")
             return tuple(item(x, f"{where}[{i}]") for i, x in enumerate(v))
+
         return seq
     if origin in (dict, collections.abc.Mapping):
         args = typing.get_args(tp)
@@ -79,6 +82,7 @@ def _build(tp: Any) -> Check:
             if not isinstance(v, dict):
                 raise RecordError(f"{where}: expected an object, got {type(v).__name__}")
             return v if vt is Any else {str(k): value(x, f"{where}.{k}") for k, x in v.items()}
+
         return mapping
     if isinstance(tp, type) and issubclass(tp, Enum):
         enum = tp
@@ -88,6 +92,7 @@ def _build(tp: Any) -> Check:
                 return enum(v)
             except ValueError:
                 raise RecordError(f"{where}: {v!r} is not one of {', '.join(str(m.value) for m in enum)}") from None
+
         return member
     if isinstance(tp, type) and issubclass(tp, Part):
         part = tp
@@ -96,6 +101,7 @@ def _build(tp: Any) -> Check:
             if not isinstance(v, dict):
                 raise RecordError(f"{where}: expected an object, got {type(v).__name__}")
             return part.from_json(v, where)
+
         return nested
     if tp in (int, float):
         allowed = (int, float) if tp is float else (int,)
@@ -105,12 +111,15 @@ def _build(tp: Any) -> Check:
             if isinstance(v, bool) or not isinstance(v, allowed):
                 raise RecordError(f"{where}: expected {what}, got {v!r}")
             return v
+
         return num
     if tp in (str, bool):
+
         def plain(v: Any, where: str) -> Any:
             if not isinstance(v, tp):
                 raise RecordError(f"{where}: expected {tp.__name__}, got {v!r}")
             return v
+
         return plain
     raise TypeError(f"no validator for {tp}")  # a bug in a record class
 
@@ -119,9 +128,15 @@ def _fields(cls: type) -> list[tuple[str, Check, bool]]:
     """(name, validator, required) of each field of ``cls`` but ``extra``."""
     if cls not in _FIELDS:
         hints = typing.get_type_hints(cls)
-        _FIELDS[cls] = [(f.name, _validator(hints[f.name]),
-                         f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
-                        for f in dataclasses.fields(cls) if f.name != "extra"]
+        _FIELDS[cls] = [
+            (
+                f.name,
+                _validator(hints[f.name]),
+                f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING,
+            )
+            for f in dataclasses.fields(cls)
+            if f.name != "extra"
+        ]
     return _FIELDS[cls]
 
 

@@ -7,8 +7,8 @@ nothing reads it back. ``agentsearch.gate`` orders the checks; this module only 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from enum import Enum
-from typing import Sequence
 
 
 class CheckName(str, Enum):
@@ -66,16 +66,40 @@ class FailureKind(str, Enum):
 
 
 # the order the gate runs (and reports) the checks of an evaluation; agentsearch.gate requires them all
-GATE_ORDER = (CheckName.BASED_ON_BASELINE, CheckName.PROTECTED_PATHS, CheckName.SANDBOX, CheckName.BUILD,
-              CheckName.FUNCTIONAL_TESTS, CheckName.OBJECTIVE, CheckName.COVERAGE, CheckName.GUARD_WORKLOADS,
-              CheckName.CONFIRMATION, CheckName.PLAUSIBILITY, CheckName.DISTRIBUTION)
+GATE_ORDER = (
+    CheckName.BASED_ON_BASELINE,
+    CheckName.PROTECTED_PATHS,
+    CheckName.SANDBOX,
+    CheckName.BUILD,
+    CheckName.FUNCTIONAL_TESTS,
+    CheckName.OBJECTIVE,
+    CheckName.COVERAGE,
+    CheckName.GUARD_WORKLOADS,
+    CheckName.CONFIRMATION,
+    CheckName.PLAUSIBILITY,
+    CheckName.DISTRIBUTION,
+)
 
 # the candidate broke the workload (as opposed to not winning): the sweep bandit penalises these
-BREAKING = frozenset({FailureKind.CRASH, FailureKind.TIMEOUT, FailureKind.BUILD_FAILED, FailureKind.MEASUREMENT_ERROR,
-                      FailureKind.SETUP_ERROR})
+BREAKING = frozenset(
+    {
+        FailureKind.CRASH,
+        FailureKind.TIMEOUT,
+        FailureKind.BUILD_FAILED,
+        FailureKind.MEASUREMENT_ERROR,
+        FailureKind.SETUP_ERROR,
+    }
+)
 # rejected for a reason worth telling the next proposer to avoid (besides breaking)
-AVOID = frozenset({FailureKind.DISTRIBUTION, FailureKind.PROTECTED_PATH, FailureKind.CHANGED_OUTPUTS,
-                   FailureKind.NO_EFFECT, FailureKind.COVERAGE})
+AVOID = frozenset(
+    {
+        FailureKind.DISTRIBUTION,
+        FailureKind.PROTECTED_PATH,
+        FailureKind.CHANGED_OUTPUTS,
+        FailureKind.NO_EFFECT,
+        FailureKind.COVERAGE,
+    }
+)
 
 # the kind a failed check has when its site says nothing more specific
 DEFAULT_FAILURE: dict[CheckName, FailureKind] = {
@@ -110,5 +134,9 @@ def decision_failure(action: str, ci: Sequence[float] | None = None) -> FailureK
     ``ci``: the speedup's confidence interval (an objective whose whole interval is below 1 is slower)."""
     if action == "lose":
         return FailureKind.SLOWER if ci and ci[-1] < 1 else FailureKind.NO_EFFECT
-    return {"inconclusive": FailureKind.INCONCLUSIVE, "regressed": FailureKind.SLOWER,
-            "not-confirmed": FailureKind.NOT_CONFIRMED, "failed": FailureKind.CRASH}.get(action, FailureKind.INCONCLUSIVE)
+    return {
+        "inconclusive": FailureKind.INCONCLUSIVE,
+        "regressed": FailureKind.SLOWER,
+        "not-confirmed": FailureKind.NOT_CONFIRMED,
+        "failed": FailureKind.CRASH,
+    }.get(action, FailureKind.INCONCLUSIVE)

@@ -13,7 +13,12 @@ from typing import ClassVar
 
 from .base import Record
 
-PR_OUTCOMES = ("success", "failure", "neutral", "error")  # the commit status: merge-worthy | regression or failed check |
+PR_OUTCOMES = (
+    "success",
+    "failure",
+    "neutral",
+    "error",
+)  # the commit status: merge-worthy | regression or failed check |
 #                                                           inconclusive or held for review | the run could not judge
 COMMAND_ACTIONS = ("run", "ignored")
 

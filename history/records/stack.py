@@ -36,7 +36,9 @@ class Removal(Part):
     """Leave-one-out: the tip against the tip with one merge reverted (a scratch commit, never on a branch)."""
 
     merge: str
-    decision: str  # contributes | passenger | harmful (the tip significantly slower with it) | unknown | does-not-revert
+    decision: (
+        str  # contributes | passenger | harmful (the tip significantly slower with it) | unknown | does-not-revert
+    )
     reason: str
     scratch: str | None = None  # the tip with this merge reverted
     marginal: float | None = None  # the tip's speedup over the scratch commit: what this merge adds today
@@ -124,7 +126,9 @@ class StackBisect(Record):
     since: str
     tip: str
     workload: str  # the metric bisected (a workload of the config)
-    merges: tuple[str, ...]  # the commits searched: the baseline's first-parent line in the range (merges, reverts), in order
+    merges: tuple[
+        str, ...
+    ]  # the commits searched: the baseline's first-parent line in the range (merges, reverts), in order
     steps: tuple[BisectStep, ...]  # in the order they ran
     culprit: str | None  # the commit where the regression entered; None: not found (reason says why)
     proposal: str | None  # the culprit's proposal, when it is a merge agentsearch made

@@ -6,8 +6,9 @@ again on the new baseline and that verdict is the one that counts.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Mapping
+from typing import Any, ClassVar
 
 from .base import Record
 

@@ -30,10 +30,12 @@ _MD_PUNCT = re.compile(r"([\\`*\[\]<&|~$#@]|(?<![0-9A-Za-z])_|_(?![0-9A-Za-z]))"
 # www. names (autolinks), mentions, issue references (#12, GH-12, owner/repo#12). Shown as code spans, where it
 # links nothing; none of them holds a backtick or a "|", so the span cannot end early or split a table cell. ASCII
 # word boundaries, as GitHub's own (a "_" or "é" before "http://" or "@" does not stop it linking)
-_LIVE = re.compile(r"[A-Za-z0-9.+_-]+@[A-Za-z0-9_-]+\.[A-Za-z0-9.-]+|[A-Za-z][A-Za-z0-9+.-]*:(?://)?[^\s`|<>]*(?<=//)[^\s`|<>]*"
-                   r"|(?i:www)\.[^\s`|<>]+|(?<![A-Za-z0-9_])@[A-Za-z0-9][A-Za-z0-9_/.-]*"
-                   r"|(?:(?<![A-Za-z0-9_])[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+)?#[0-9]+|(?i:GH)-[0-9]+"
-                   r"|(?i:mailto|xmpp):[^\s`|<>]+")
+_LIVE = re.compile(
+    r"[A-Za-z0-9.+_-]+@[A-Za-z0-9_-]+\.[A-Za-z0-9.-]+|[A-Za-z][A-Za-z0-9+.-]*:(?://)?[^\s`|<>]*(?<=//)[^\s`|<>]*"
+    r"|(?i:www)\.[^\s`|<>]+|(?<![A-Za-z0-9_])@[A-Za-z0-9][A-Za-z0-9_/.-]*"
+    r"|(?:(?<![A-Za-z0-9_])[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+)?#[0-9]+|(?i:GH)-[0-9]+"
+    r"|(?i:mailto|xmpp):[^\s`|<>]+"
+)
 # what starts a block when it opens a line (a list item, a numbered list, a setext underline, a quote); a ">"
 # anywhere else means nothing once every "<" is escaped
 _MD_LEAD = re.compile(r"^([-+=>]|\d+(?=[.)]))")
@@ -73,7 +75,7 @@ def md_inline(text: object, limit: int = TEXT_CHARS) -> str:
     s = "".join(parts) + _MD_PUNCT.sub(r"\\\1", s[last:])
     m = _MD_LEAD.match(s)
     if m:  # "1." -> "1\.", "- x" -> "\- x"
-        s = s[: m.end()] + "\\" + s[m.end():] if m.group(1)[0].isdigit() else "\\" + s
+        s = s[: m.end()] + "\\" + s[m.end() :] if m.group(1)[0].isdigit() else "\\" + s
     return s
 
 

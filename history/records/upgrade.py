@@ -11,7 +11,8 @@ its workload (never from the English reasons).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from .base import SCHEMA_VERSION
 from .checks import CheckName, decision_failure, default_failure
@@ -25,7 +26,11 @@ def _check_failure(check: Mapping[str, Any], data: Mapping[str, Any]) -> str:
     name = check.get("name")
     summaries: list[Mapping[str, Any]] = []
     if name in _ROLE_OF:
-        summaries = [w for w in (data.get("workloads") or {}).values() if isinstance(w, Mapping) and w.get("role") in _ROLE_OF[name]]
+        summaries = [
+            w
+            for w in (data.get("workloads") or {}).values()
+            if isinstance(w, Mapping) and w.get("role") in _ROLE_OF[name]
+        ]
     elif name == CheckName.CONFIRMATION.value and isinstance(data.get("confirmation"), Mapping):
         summaries = [data["confirmation"]]
     wanted = {"objective": "win", "guard": "ok", "confirmation": "ok"}
@@ -79,5 +84,7 @@ def upgrade(kind: str, data: Mapping[str, Any], version: int) -> Data:
         out = step(kind, out)
         version += 1
     if version != SCHEMA_VERSION:
-        raise ValueError(f"schema version {version} is newer than this agentsearch reads ({SCHEMA_VERSION}); upgrade agentsearch")
+        raise ValueError(
+            f"schema version {version} is newer than this agentsearch reads ({SCHEMA_VERSION}); upgrade agentsearch"
+        )
     return out

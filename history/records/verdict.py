@@ -8,8 +8,9 @@ in English for people.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Mapping
+from typing import Any, ClassVar
 
 from .base import Part, Record
 from .checks import FailureKind

@@ -16,7 +16,13 @@ def _plain(x: Tensor) -> bool:
 
 
 def rms_norm_supports(x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None) -> bool:
-    return variance_size is None and _plain(x) and weight is not None and weight.dtype == x.dtype and weight.is_contiguous()
+    return (
+        variance_size is None
+        and _plain(x)
+        and weight is not None
+        and weight.dtype == x.dtype
+        and weight.is_contiguous()
+    )
 
 
 def rms_norm(x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None) -> Tensor:
@@ -25,16 +31,26 @@ def rms_norm(x: Tensor, weight: Tensor | None, epsilon: float, variance_size: in
     return out
 
 
-def fused_add_rms_norm_supports(x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float,
-                                variance_size: int | None = None) -> bool:
+def fused_add_rms_norm_supports(
+    x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None
+) -> bool:
     # float32 only: in bfloat16 the C kernel normalises the rounded sum, not the float32 one, and misses
     # the native result by an ulp now and then (1 element of 65,536 at 512x128, beyond the tolerance)
-    return (variance_size is None and _plain(x) and _plain(x_residual) and x.dtype == torch.float32 and x_residual.dtype == x.dtype
-            and weight is not None and weight.dtype == x.dtype and weight.is_contiguous())
+    return (
+        variance_size is None
+        and _plain(x)
+        and _plain(x_residual)
+        and x.dtype == torch.float32
+        and x_residual.dtype == x.dtype
+        and weight is not None
+        and weight.dtype == x.dtype
+        and weight.is_contiguous()
+    )
 
 
-def fused_add_rms_norm(x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float,
-                       variance_size: int | None = None) -> tuple[Tensor, Tensor]:
+def fused_add_rms_norm(
+    x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None
+) -> tuple[Tensor, Tensor]:
     # in place on its arguments (registered inplace=True: the functional path passes copies)
     torch.ops._C.fused_add_rms_norm(x, x_residual, weight, epsilon)
     return x, x_residual

@@ -20,13 +20,19 @@ def rms_norm(x: Tensor, weight: Tensor | None, epsilon: float, variance_size: in
     return F.rms_norm(x, (x.shape[-1],), weight, epsilon)
 
 
-def fused_add_rms_norm_supports(x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float,
-                                variance_size: int | None = None) -> bool:
-    return (variance_size is None and x.dtype == torch.float32 and x_residual.dtype == x.dtype
-            and (weight is None or weight.dtype == x.dtype))
+def fused_add_rms_norm_supports(
+    x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None
+) -> bool:
+    return (
+        variance_size is None
+        and x.dtype == torch.float32
+        and x_residual.dtype == x.dtype
+        and (weight is None or weight.dtype == x.dtype)
+    )
 
 
-def fused_add_rms_norm(x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float,
-                       variance_size: int | None = None) -> tuple[Tensor, Tensor]:
+def fused_add_rms_norm(
+    x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None
+) -> tuple[Tensor, Tensor]:
     residual = x + x_residual
     return F.rms_norm(residual, (residual.shape[-1],), weight, epsilon), residual

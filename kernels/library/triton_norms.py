@@ -7,17 +7,28 @@ native implementation's rounding: ``(x * rsqrt(var + eps)).to(weight.dtype) * we
 """
 
 import torch
-from torch import Tensor
-
 import triton
 import triton.language as tl
+from torch import Tensor
 
 MAX_HIDDEN = 65536
 
 
 @triton.jit
-def _rms_norm_kernel(x_ptr, x_stride, r_ptr, r_stride, w_ptr, out_ptr, res_out_ptr, n_cols, eps,
-                     HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr, BLOCK: tl.constexpr):
+def _rms_norm_kernel(
+    x_ptr,
+    x_stride,
+    r_ptr,
+    r_stride,
+    w_ptr,
+    out_ptr,
+    res_out_ptr,
+    n_cols,
+    eps,
+    HAS_RESIDUAL: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
@@ -52,29 +63,48 @@ def _launch(x: Tensor, residual: Tensor | None, weight: Tensor | None, epsilon: 
     block = block or triton.next_power_of_2(h)
     if x2.shape[0]:
         _rms_norm_kernel[(x2.shape[0],)](
-            x2, x2.stride(0), r2, r2.stride(0), weight if weight is not None else x2, out,
-            res_out if res_out is not None else out, h, epsilon,
-            HAS_RESIDUAL=residual is not None, HAS_WEIGHT=weight is not None, BLOCK=block)
+            x2,
+            x2.stride(0),
+            r2,
+            r2.stride(0),
+            weight if weight is not None else x2,
+            out,
+            res_out if res_out is not None else out,
+            h,
+            epsilon,
+            HAS_RESIDUAL=residual is not None,
+            HAS_WEIGHT=weight is not None,
+            BLOCK=block,
+        )
     return out.reshape(x.shape), (res_out.reshape(x.shape) if res_out is not None else None)
 
 
 def rms_norm_supports(x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None) -> bool:
-    return (variance_size is None and x.shape[-1] <= MAX_HIDDEN
-            and (weight is None or (weight.dtype == x.dtype and weight.is_contiguous())))
+    return (
+        variance_size is None
+        and x.shape[-1] <= MAX_HIDDEN
+        and (weight is None or (weight.dtype == x.dtype and weight.is_contiguous()))
+    )
 
 
 def rms_norm(x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None) -> Tensor:
     return _launch(x, None, weight, epsilon)[0]
 
 
-def fused_add_rms_norm_supports(x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float,
-                                variance_size: int | None = None) -> bool:
-    return (variance_size is None and x.shape[-1] <= MAX_HIDDEN and x_residual.dtype == x.dtype
-            and (weight is None or (weight.dtype == x.dtype and weight.is_contiguous())))
+def fused_add_rms_norm_supports(
+    x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None
+) -> bool:
+    return (
+        variance_size is None
+        and x.shape[-1] <= MAX_HIDDEN
+        and x_residual.dtype == x.dtype
+        and (weight is None or (weight.dtype == x.dtype and weight.is_contiguous()))
+    )
 
 
-def fused_add_rms_norm(x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float,
-                       variance_size: int | None = None) -> tuple[Tensor, Tensor]:
+def fused_add_rms_norm(
+    x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None
+) -> tuple[Tensor, Tensor]:
     out, residual = _launch(x, x_residual, weight, epsilon)
     assert residual is not None
     return out, residual

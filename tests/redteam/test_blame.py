@@ -62,8 +62,15 @@ MODEL = "FACTOR = 1.0\ndef digest(seed):\n    return seed % 9973\n"
 
 
 def target(root: Path, extra: str = "") -> Path:
-    repo = make_repo(root, {"agentsearch.toml": CONFIG.format(python=sys.executable, extra=extra), "bench/bench.py": BENCH,
-                            "speed.txt": "1.0\n", "model.py": MODEL})
+    repo = make_repo(
+        root,
+        {
+            "agentsearch.toml": CONFIG.format(python=sys.executable, extra=extra),
+            "bench/bench.py": BENCH,
+            "speed.txt": "1.0\n",
+            "model.py": MODEL,
+        },
+    )
     assert CliRunner().invoke(main, ["init", "-C", str(repo)]).exit_code == 0
     return repo
 
@@ -76,16 +83,21 @@ def evaluate(repo: Path, ref: str, *extra: str):
 
 
 def kinds(repo: Path) -> list[str]:
-    return [json.loads(line)["kind"] for line in (repo / ".git" / "agentsearch" / "history.jsonl").read_text().splitlines()]
+    return [
+        json.loads(line)["kind"] for line in (repo / ".git" / "agentsearch" / "history.jsonl").read_text().splitlines()
+    ]
 
 
 def test_a_candidate_crash_dressed_as_a_broken_baseline_is_its_rejection(tmp_path):
     repo = target(tmp_path / "t")
-    attack = MODEL + """
+    attack = (
+        MODEL
+        + """
 import sys
 sys.stderr.write("agentsearch: error: the baseline 0123456789ab is broken: baseline trial failed (speed, pair 1)\\n")
 sys.exit(5)
 """
+    )
     commit(repo, {"model.py": attack, "speed.txt": "1.3\n"}, "look like a broken baseline", branch="attack")
     proc, out = evaluate(repo, "attack")
     assert proc.returncode == 4 and out["verdict"] == "reject", proc.stderr
@@ -104,25 +116,32 @@ def test_an_outputs_mismatch_found_after_the_baselines_trial_is_the_candidates(t
     assert proc.returncode == 4 and out["verdict"] == "reject", proc.stderr
     last = out["trials"][-1]
     assert last["side"] == "baseline" and last["error"].startswith("outputs check:"), last
-    assert "outputs check" in out["reasons"][0] and "baseline alone" not in proc.stderr  # no re-run: the comparison is the candidate's
+    assert (
+        "outputs check" in out["reasons"][0] and "baseline alone" not in proc.stderr
+    )  # no re-run: the comparison is the candidate's
 
 
 def test_poisoning_the_baseline_at_run_time_is_the_candidates_rejection_not_the_runs_error(tmp_path):
     # only with the sandbox off can a candidate reach the baseline's run at all (a shared $HOME); then
     # its sabotage makes the *baseline's* trial fail — which must not stop the run nor dodge the rejection
     repo = target(tmp_path / "t", extra='sandbox = "off"')
-    attack = MODEL.replace("FACTOR = 1.0", "FACTOR = 1.3") + """
+    attack = (
+        MODEL.replace("FACTOR = 1.0", "FACTOR = 1.3")
+        + """
 import atexit, os
 _poison = os.path.join(os.environ.get("HOME", "/nonexistent"), ".toy-poison")
 if os.path.exists(_poison):
     os.remove(_poison)  # immune itself
 atexit.register(lambda: open(_poison, "w").write("x"))  # ... and poisons whoever runs next
 """
+    )
     commit(repo, {"model.py": attack}, "poison the next run", branch="attack")
     proc, out = evaluate(repo, "attack")
     assert proc.returncode == 4 and out["verdict"] == "reject", proc.stderr
     failed = [t for t in out["trials"] if not t["ok"]]
     assert failed and failed[-1]["side"] == "baseline" and "poisoned" in failed[-1]["error"]
     assert "baseline alone" in proc.stderr  # the baseline was re-run alone, and passed
-    assert any("the baseline alone passes: the failure came with this candidate" in r for r in out["reasons"]), out["reasons"]
+    assert any("the baseline alone passes: the failure came with this candidate" in r for r in out["reasons"]), out[
+        "reasons"
+    ]
     assert "run-error" not in kinds(repo) and "evaluation" in kinds(repo)

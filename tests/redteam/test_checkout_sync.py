@@ -36,7 +36,9 @@ def refused(tmp_path_factory: pytest.TempPathFactory) -> Path:
         proc = episode(repo, "--patches", str(queue), "--seed", "7")
         line = proc.stderr.strip().splitlines()[-1]  # after the episode's progress lines
         assert "Traceback" not in proc.stderr and line.startswith("agentsearch: error: "), proc.stderr[-3000:]
-        assert proc.returncode == 2 and "uncommitted changes" in line and "not moved" in line and str(repo) in line, proc.stderr
+        assert proc.returncode == 2 and "uncommitted changes" in line and "not moved" in line and str(repo) in line, (
+            proc.stderr
+        )
         assert git(repo, "rev-parse", "main").strip() == before  # the branch did not move
         assert (repo / "src" / "__init__.py").read_text() == DIRTY  # the edit is untouched
         git(repo, "checkout", "-q", "--", "src/__init__.py")
@@ -69,7 +71,9 @@ def _cut_off_merge(repo: Path) -> str:
     the checkout's index and files at the old baseline."""
     v = verdict_of(repo)
     cand, base = v["candidate"], v["baseline"]
-    merge = git(repo, "commit-tree", f"{cand}^{{tree}}", "-p", base, "-p", cand, "-m", "agentsearch: merge (cut off)").strip()
+    merge = git(
+        repo, "commit-tree", f"{cand}^{{tree}}", "-p", base, "-p", cand, "-m", "agentsearch: merge (cut off)"
+    ).strip()
     git(repo, "update-ref", "refs/heads/main", merge, base)
     assert "SPEED = 1.0" in (repo / "src" / "engine.py").read_text()
     assert git(repo, "status", "--porcelain", "--untracked-files=no") != ""  # git sees the merge 'undone'

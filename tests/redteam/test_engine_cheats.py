@@ -96,10 +96,14 @@ LATENCY = dict(name="latency", kind="vllm-latency", metric="latency_mean_s", hib
 
 def target(tmp_path, workload=THROUGHPUT, engine: str = "", vllm: str = TOY_VLLM, gate: str = ""):
     """A toy vLLM fork (``engine``: lines of an [engine] section to add to its config; ``gate``: of its [gate])."""
-    config = CONFIG.format(**workload).replace("coverage = false\n", f"coverage = false\n{gate}\n" if gate else "coverage = false\n")
+    config = CONFIG.format(**workload).replace(
+        "coverage = false\n", f"coverage = false\n{gate}\n" if gate else "coverage = false\n"
+    )
     config += f"\n[engine]\n{engine}\n" if engine else ""
-    repo = make_repo(tmp_path / "fork", {"agentsearch.toml": config, "vllm/__init__.py": vllm,
-                                         "vllm/inputs.py": TOY_INPUTS, "cost.txt": "0.0008\n"})
+    repo = make_repo(
+        tmp_path / "fork",
+        {"agentsearch.toml": config, "vllm/__init__.py": vllm, "vllm/inputs.py": TOY_INPUTS, "cost.txt": "0.0008\n"},
+    )
     proc = run_cli("init", "-C", str(repo))
     assert proc.returncode == 0, proc.stderr
     return repo
@@ -137,7 +141,9 @@ def test_a_patched_clock_does_not_decide_the_number(tmp_path):
     rc, out = evaluate(repo, "clock")
     assert rc == 4 and out["verdict"] == "reject", out["reasons"]
     cand = [t for t in out["trials"] if t["side"] == "candidate" and t["ok"]]
-    assert cand and all(t["metrics"]["worker_elapsed_s"] < 0.6 * t["metrics"]["elapsed_s"] for t in cand)  # the cheat was active
+    assert cand and all(
+        t["metrics"]["worker_elapsed_s"] < 0.6 * t["metrics"]["elapsed_s"] for t in cand
+    )  # the cheat was active
     assert abs(out["workloads"]["throughput"]["speedup"] - 1.0) < 0.1  # and changed nothing
     assert Workspace.open(repo).baseline_commit() == main
 
@@ -229,8 +235,10 @@ def test_skipping_the_work_is_caught_by_the_outputs_check(tmp_path):
 def test_a_changed_decoding_default_is_caught(tmp_path):
     """Sampling defaults / max_tokens changed to do less work: fewer tokens than asked for."""
     repo = target(tmp_path)
-    cheat = TOY_VLLM.replace("self.max_tokens, self.temperature = max_tokens, temperature",
-                             "self.max_tokens, self.temperature = max(1, max_tokens // 2), temperature")
+    cheat = TOY_VLLM.replace(
+        "self.max_tokens, self.temperature = max_tokens, temperature",
+        "self.max_tokens, self.temperature = max(1, max_tokens // 2), temperature",
+    )
     commit(repo, {"vllm/__init__.py": cheat}, "stop early", branch="short")
     rc, out = evaluate(repo, "short")
     assert rc == 4 and out["verdict"] == "reject"
@@ -239,7 +247,8 @@ def test_a_changed_decoding_default_is_caught(tmp_path):
 
 CPU_VLLM = TOY_VLLM.replace(
     "            time.sleep(self.cost * sp.max_tokens)\n",
-    "            for _ in range(int(self.cost * 2.5e7 * sp.max_tokens)):  # CPU-bound work: slowed by competition\n                pass\n")
+    "            for _ in range(int(self.cost * 2.5e7 * sp.max_tokens)):  # CPU-bound work: slowed by competition\n                pass\n",
+)
 
 # the candidate's engine starts hogs that burn both cores exactly while it is idle, i.e. while the
 # baseline is being measured; its own rounds run on a quiet machine
@@ -277,8 +286,15 @@ LLM.generate = _generate
 
 def test_an_idle_side_cannot_slow_the_other_side_down(tmp_path):
     """The idle side's engine is parked (stopped) while the other side is measured."""
-    repo = make_repo(tmp_path / "fork", {"agentsearch.toml": CONFIG.format(**THROUGHPUT), "vllm/__init__.py": CPU_VLLM,
-                                         "vllm/inputs.py": TOY_INPUTS, "cost.txt": "0.0008\n"})
+    repo = make_repo(
+        tmp_path / "fork",
+        {
+            "agentsearch.toml": CONFIG.format(**THROUGHPUT),
+            "vllm/__init__.py": CPU_VLLM,
+            "vllm/inputs.py": TOY_INPUTS,
+            "cost.txt": "0.0008\n",
+        },
+    )
     assert run_cli("init", "-C", str(repo)).returncode == 0
     main = Workspace.open(repo).baseline_commit()
     commit(repo, {"vllm/__init__.py": CPU_VLLM + IDLE_HOG}, "hog the cores while idle", branch="hog")
@@ -387,8 +403,10 @@ def test_a_daemon_that_left_the_engines_process_tree_is_pinned_too(tmp_path):
     # the daemon shared the engine's CPU (it is in the cpuset) and its CPU time was the engine's (the cgroup's
     # account): every candidate measurement pinned, within what one CPU gives
     mine = [t for t in out["trials"] if t["side"] == "candidate"]
-    assert mine and all(t["ok"] and t["metrics"]["cpus_pinned"] == 1 and t["metrics"]["cpu_s"] <= t["wall_s"] * 1.01 + 0.005
-                        for t in mine), mine
+    assert mine and all(
+        t["ok"] and t["metrics"]["cpus_pinned"] == 1 and t["metrics"]["cpu_s"] <= t["wall_s"] * 1.01 + 0.005
+        for t in mine
+    ), mine
     assert not any(t["side"] == "baseline" and not t["ok"] for t in out["trials"])
 
 

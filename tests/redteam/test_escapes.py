@@ -53,7 +53,9 @@ except Exception as e:
 def test_no_capabilities_inside_a_sandbox(tmp_path):
     canary = tmp_path / "PWNED"
     repo = make_target(tmp_path, files={})
-    cfg = (repo / "agentsearch.toml").read_text().replace("[target.env]", "[target.env]") + f'\n[target.env]\nCANARY = "{canary}"\n'
+    cfg = (repo / "agentsearch.toml").read_text().replace(
+        "[target.env]", "[target.env]"
+    ) + f'\n[target.env]\nCANARY = "{canary}"\n'
     commit(repo, {"agentsearch.toml": cfg}, "canary")
     main = Workspace.open(repo).baseline_commit()
     commit(repo, {"model.py": REMOUNT}, "remount the pinned bench", branch="remount")
@@ -70,7 +72,9 @@ def test_no_capabilities_inside_a_sandbox(tmp_path):
 
 
 STASH = {
-    "inplace": ({"data.bin": "0" * 63 + "\n"}, """
+    "inplace": (
+        {"data.bin": "0" * 63 + "\n"},
+        """
 import os
 st = os.stat("data.bin")
 warm = open("data.bin").read().startswith("1")
@@ -79,15 +83,21 @@ if not warm:
     with open("data.bin", "r+") as fh:
         fh.write("1")
     os.utime("data.bin", ns=(st.st_atime_ns, st.st_mtime_ns))
-"""),
-    "pyc": ({}, """
+""",
+    ),
+    "pyc": (
+        {},
+        """
 import os
 p = os.path.join("__pycache__", "model.cpython-311.pyc")
 FACTOR = 1.4 if os.path.exists(p) else 1.0
 os.makedirs("__pycache__", exist_ok=True)
 open(p, "w").write("warm")
-"""),
-    "xattr": ({}, """
+""",
+    ),
+    "xattr": (
+        {},
+        """
 import os
 try:
     warm = os.getxattr("model.py", "user.warm") == b"1"
@@ -98,13 +108,17 @@ try:
     os.setxattr("model.py", "user.warm", b"1")
 except OSError:
     pass
-"""),
-    "dirmtime": ({"cache/.keep": ""}, """
+""",
+    ),
+    "dirmtime": (
+        {"cache/.keep": ""},
+        """
 import os
 warm = os.stat("cache").st_mtime_ns % 1000000000 == 123456789
 FACTOR = 1.4 if warm else 1.0
 os.utime("cache", ns=(1, 1700000000123456789))
-"""),
+""",
+    ),
 }
 
 
@@ -142,8 +156,11 @@ open("model.py", "a").write("# touched\n")
 
 def test_a_redirected_git_link_never_runs_anything_on_the_host(tmp_path):
     canary = tmp_path / "PWNED"
-    repo = make_target(tmp_path, target_extra=f'test = "{sys.executable} test_model.py"',
-                       files={"test_model.py": "import model\nassert model.FACTOR == 1.0\n"})
+    repo = make_target(
+        tmp_path,
+        target_extra=f'test = "{sys.executable} test_model.py"',
+        files={"test_model.py": "import model\nassert model.FACTOR == 1.0\n"},
+    )
     cfg = (repo / "agentsearch.toml").read_text() + f'\n[target.env]\nCANARY = "{canary}"\n'
     commit(repo, {"agentsearch.toml": cfg}, "canary")
     main = Workspace.open(repo).baseline_commit()
@@ -185,7 +202,12 @@ if hits:
 def test_the_coverage_pass_is_not_steered_by_the_candidates_outputs(tmp_path, attack):
     repo = make_target(tmp_path)
     main = Workspace.open(repo).baseline_commit()
-    commit(repo, {"model.py": COVERAGE_LINK if attack == "link" else COVERAGE_FIFO, "speed.txt": "1.3\n"}, "faster + x", branch="attack")
+    commit(
+        repo,
+        {"model.py": COVERAGE_LINK if attack == "link" else COVERAGE_FIFO, "speed.txt": "1.3\n"},
+        "faster + x",
+        branch="attack",
+    )
     rc, out = evaluate(repo, "attack")  # finishes (a FIFO once hung it forever)
     assert git(repo, "rev-parse", "main").strip() == main  # refs/heads/main intact
     assert (repo / ".git" / "refs" / "heads" / "main").read_text().strip() == main
@@ -194,8 +216,15 @@ def test_the_coverage_pass_is_not_steered_by_the_candidates_outputs(tmp_path, at
 def test_a_committed_link_to_dev_zero_is_refused_not_read(tmp_path):
     from .test_engine_cheats import CONFIG, THROUGHPUT, TOY_INPUTS, TOY_VLLM
 
-    repo = make_repo(tmp_path / "fork", {"agentsearch.toml": CONFIG.format(**THROUGHPUT), "vllm/__init__.py": TOY_VLLM,
-                                         "vllm/inputs.py": TOY_INPUTS, "cost.txt": "0.0008\n"})
+    repo = make_repo(
+        tmp_path / "fork",
+        {
+            "agentsearch.toml": CONFIG.format(**THROUGHPUT),
+            "vllm/__init__.py": TOY_VLLM,
+            "vllm/inputs.py": TOY_INPUTS,
+            "cost.txt": "0.0008\n",
+        },
+    )
     assert run_cli("init", "-C", str(repo)).returncode == 0
     git(repo, "checkout", "-q", "-b", "attack")
     os.symlink("/dev/zero", repo / "serving.json")
@@ -203,8 +232,25 @@ def test_a_committed_link_to_dev_zero_is_refused_not_read(tmp_path):
     git(repo, "commit", "-qm", "serving config")
     git(repo, "checkout", "-q", "main")
     env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
-    proc = subprocess.run(["prlimit", "--as=4000000000", sys.executable, "-m", "agentsearch.cli", "evaluate", "-C", str(repo), "attack", "--json"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=280, env=env)
+    proc = subprocess.run(
+        [
+            "prlimit",
+            "--as=4000000000",
+            sys.executable,
+            "-m",
+            "agentsearch.cli",
+            "evaluate",
+            "-C",
+            str(repo),
+            "attack",
+            "--json",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=280,
+        env=env,
+    )
     out = json.loads(proc.stdout)
     assert proc.returncode == 4 and out["verdict"] == "reject"
     assert any("serving.json" in r and "symbolic link" in r for r in out["reasons"]), out["reasons"]

@@ -65,15 +65,17 @@ def test_the_forge_token_never_reaches_the_candidate(tmp_path, monkeypatch):
     bench = "import os, sys\nsys.path.insert(0, os.getcwd())\nimport src.model\n" + TOY_BENCH
     repo, fake = forge_target(tmp_path, monkeypatch, bench=bench)
     try:
-        spy = ("import glob, os, sys\n"
-               "found = [k + '=' + v for k, v in os.environ.items()]\n"
-               "for p in glob.glob('/proc/*/environ') + glob.glob('/proc/*/cmdline'):\n"
-               "    try:\n"
-               "        found.append(open(p, 'rb').read().decode('latin-1'))\n"
-               "    except OSError:\n"
-               "        pass\n"
-               "sys.stderr.write('LEAK ' + ' '.join(found)[-3000:] + '\\n')\n"
-               "raise SystemExit(3)\n")
+        spy = (
+            "import glob, os, sys\n"
+            "found = [k + '=' + v for k, v in os.environ.items()]\n"
+            "for p in glob.glob('/proc/*/environ') + glob.glob('/proc/*/cmdline'):\n"
+            "    try:\n"
+            "        found.append(open(p, 'rb').read().decode('latin-1'))\n"
+            "    except OSError:\n"
+            "        pass\n"
+            "sys.stderr.write('LEAK ' + ' '.join(found)[-3000:] + '\\n')\n"
+            "raise SystemExit(3)\n"
+        )
         n = pr_branch(repo, fake, "spy", {"src/model.py": spy}, "Spy")
         proc = run_cli("review-pr", str(n), "-C", str(repo), timeout=600)
         assert proc.returncode == 4, proc.stderr[-2000:]
@@ -97,7 +99,11 @@ def test_a_command_needs_write_permission_and_a_known_word(tmp_path, monkeypatch
         proc = run_cli("bot", "-C", str(repo), "--once", "--json", "--seed", "8", timeout=600)
         assert proc.returncode == 0, proc.stderr[-2000:]
         replies = [c["body"] for c in fake.ours(n) if not c["body"].startswith(MARKER)]
-        assert len(replies) == 2 and any("write permission" in r for r in replies) and any("unknown command" in r for r in replies)
+        assert (
+            len(replies) == 2
+            and any("write permission" in r for r in replies)
+            and any("unknown command" in r for r in replies)
+        )
         assert all("rm -rf" not in outside_fences(r) or "unknown" in r for r in replies)
         again = run_cli("bot", "-C", str(repo), "--once", timeout=600)
         assert again.returncode == 0 and len([c for c in fake.ours(n) if not c["body"].startswith(MARKER)]) == 2
@@ -107,8 +113,15 @@ def test_a_command_needs_write_permission_and_a_known_word(tmp_path, monkeypatch
 
 # ------------------------------------------------------------------------------ found by red-teaming the bot (helper)
 def _pr(fake, n=1):
-    fake.prs[n] = {"number": n, "title": "t", "state": "open", "user": {"login": "u"}, "head": {"ref": "x", "sha": "a" * 40},
-                   "base": {"ref": "main", "sha": "b" * 40}, "labels": []}
+    fake.prs[n] = {
+        "number": n,
+        "title": "t",
+        "state": "open",
+        "user": {"login": "u"},
+        "head": {"ref": "x", "sha": "a" * 40},
+        "base": {"ref": "main", "sha": "b" * 40},
+        "labels": [],
+    }
 
 
 def test_a_redirect_is_an_error_never_a_posted_status_and_a_post_is_not_repeated_after_a_502(tmp_path):
@@ -164,7 +177,9 @@ def test_odd_forge_json_is_one_line_never_a_dead_bot(tmp_path, monkeypatch, odd)
         assert "unexpected error" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-600:]
         got = json.loads(proc.stdout)
         assert [j["number"] for j in got["judged"]] == [n]  # the readable PR was judged all the same
-        assert proc.returncode == (1 if odd == "pr-without-number" else 0) and len(got["errors"]) == (odd == "pr-without-number")
+        assert proc.returncode == (1 if odd == "pr-without-number" else 0) and len(got["errors"]) == (
+            odd == "pr-without-number"
+        )
     finally:
         fake.stop()
 
@@ -213,14 +228,18 @@ def test_a_kill_between_a_reply_and_its_record_does_not_repeat_the_reply(tmp_pat
 def test_urls_mentions_and_references_in_stderr_are_not_live(tmp_path, monkeypatch):
     from history.records.text import md_inline
 
-    s = md_inline("see https://evil.example/login www.evil.example GH-1 Closes https://github.com/acme/fork/issues/1 @team")
+    s = md_inline(
+        "see https://evil.example/login www.evil.example GH-1 Closes https://github.com/acme/fork/issues/1 @team"
+    )
     for live in ("https://evil.example/login", "www.evil.example", "GH-1", "@team", "acme/fork/issues/1"):
         assert live not in outside_fences(s), s
     bench = "import os, sys\nsys.path.insert(0, os.getcwd())\nimport src.model\n" + TOY_BENCH
     repo, fake = forge_target(tmp_path, monkeypatch, bench=bench)
     try:
-        evil = ("import sys\nsys.stderr.write('see https://evil.example/login www.evil.example GH-1 "
-                "Closes https://github.com/acme/fork/issues/1 @acme/team\\n')\nraise SystemExit(3)\n")
+        evil = (
+            "import sys\nsys.stderr.write('see https://evil.example/login www.evil.example GH-1 "
+            "Closes https://github.com/acme/fork/issues/1 @acme/team\\n')\nraise SystemExit(3)\n"
+        )
         n = pr_branch(repo, fake, "evil", {"src/model.py": evil}, "Evil")
         assert run_cli("bot", "-C", str(repo), "--once", timeout=600).returncode == 0
         body = [c["body"] for c in fake.ours(n) if c["body"].startswith(MARKER)][0]
@@ -243,7 +262,11 @@ def test_a_retargeted_pr_is_judged_again_and_its_old_base_never_passes_the_basel
         head = fake.prs[n]["head"]["sha"]
         assert run_cli("bot", "-C", str(repo), "--once", "--seed", "1", timeout=600).returncode == 0
         assert fake.status(head, "agentsearch (base old)")["state"] == "success" and fake.status(head) is None
-        fake.prs[n]["base"] = {"ref": "main", "sha": fake._git("rev-parse", "refs/heads/main"), "repo": {"full_name": fake.repo}}
+        fake.prs[n]["base"] = {
+            "ref": "main",
+            "sha": fake._git("rev-parse", "refs/heads/main"),
+            "repo": {"full_name": fake.repo},
+        }
         again = run_cli("bot", "-C", str(repo), "--once", "--json", "--seed", "2", timeout=600)
         assert [j["number"] for j in json.loads(again.stdout)["judged"]] == [n]
         assert fake.status(head)["state"] in ("pending", "failure")

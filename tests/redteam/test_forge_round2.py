@@ -27,13 +27,27 @@ def gh_live(md: str) -> list[str]:
     out = MarkdownIt("commonmark", {"html": True}).enable("table").render(md)
     out = re.sub(r"(?s)<pre>.*?</pre>|<code>.*?</code>|<!--.*?-->", " ", out)
     text = html.unescape(re.sub(r"<[^>]+>", " ", out))
-    pats = {"url": r"(?i)(?:https?|ftp)://[A-Za-z0-9]", "www": r"(?i)(?:^|[\s*_~(])www\.[A-Za-z0-9]",
-            "email": r"[A-Za-z0-9.+_-]+@[A-Za-z0-9_-]+\.[A-Za-z]", "mention": r"(?:^|[^A-Za-z0-9_])@[A-Za-z0-9]"}
+    pats = {
+        "url": r"(?i)(?:https?|ftp)://[A-Za-z0-9]",
+        "www": r"(?i)(?:^|[\s*_~(])www\.[A-Za-z0-9]",
+        "email": r"[A-Za-z0-9.+_-]+@[A-Za-z0-9_-]+\.[A-Za-z]",
+        "mention": r"(?:^|[^A-Za-z0-9_])@[A-Za-z0-9]",
+    }
     return [k for k, p in pats.items() if re.search(p, text)]
 
 
-@pytest.mark.parametrize("text", ["_http://evil.example/x", "1http://evil.example/x", "éhttp://evil.example/x",
-                                  "_www.evil.example", "é@octocat", "`@octocat", "x@evil.example"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "_http://evil.example/x",
+        "1http://evil.example/x",
+        "éhttp://evil.example/x",
+        "_www.evil.example",
+        "é@octocat",
+        "`@octocat",
+        "x@evil.example",
+    ],
+)
 def test_md_inline_leaves_nothing_github_links(text):
     from history.records.text import md_inline
 
@@ -109,8 +123,15 @@ def test_githubs_secondary_rate_limit_is_waited_for(tmp_path):
         from agentsearch.forge import Forge
 
         f = Forge("github", fake.url, "acme/fork", fake.token, sleep=waits.append)
-        fake.prs[1] = {"number": 1, "title": "t", "state": "open", "user": {"login": "u"}, "head": {"ref": "x", "sha": "a" * 40},
-                       "base": {"ref": "main", "sha": "b" * 40}, "labels": []}
+        fake.prs[1] = {
+            "number": 1,
+            "title": "t",
+            "state": "open",
+            "user": {"login": "u"},
+            "head": {"ref": "x", "sha": "a" * 40},
+            "base": {"ref": "main", "sha": "b" * 40},
+            "labels": [],
+        }
         fake.faults = [(403, {"Retry-After": "3", "x-ratelimit-remaining": "4321"})]
         assert f.pull(1).number == 1
         assert waits == [3.0]

@@ -30,8 +30,21 @@ class MemoryHead:
 def fill(path: Path, head: MemoryHead, n: int) -> None:
     with HistoryLog(path, head=head) as log:
         for i in range(n):
-            log.append("evaluation", "e1", f"e1/{i:03d}", {"verdict": "reject", "reasons": [], "ref": "r", "baseline": "b",
-                                                          "candidate": "c", "seed": 0, "checks": [], "i": i})
+            log.append(
+                "evaluation",
+                "e1",
+                f"e1/{i:03d}",
+                {
+                    "verdict": "reject",
+                    "reasons": [],
+                    "ref": "r",
+                    "baseline": "b",
+                    "candidate": "c",
+                    "seed": 0,
+                    "checks": [],
+                    "i": i,
+                },
+            )
 
 
 def test_every_append_moves_the_head_and_truncation_is_caught(tmp_path: Path) -> None:

@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 
 from ..conftest import git, run_cli
-from .toy import (HEAD_REF, fast_queue, head, history_file, one_line, records,
-                  verify)
+from .toy import HEAD_REF, fast_queue, head, history_file, one_line, records, verify
 
 
 def keep(repo: Path, n: int) -> None:
@@ -78,7 +77,12 @@ def test_resume_refuses_a_log_cut_back_into_a_merged_episode(repo: Path) -> None
     before = git(repo, "rev-parse", "main").strip()
     proc = run_cli("episode", "-C", str(repo), "--resume")
     line = one_line(proc.stderr)
-    assert proc.returncode == 2 and "history truncated" in line and f"has {verdict} records" in line and f"says {n}" in line
+    assert (
+        proc.returncode == 2
+        and "history truncated" in line
+        and f"has {verdict} records" in line
+        and f"says {n}" in line
+    )
     assert history_file(repo).read_bytes() == kept and git(repo, "rev-parse", "main").strip() == before
 
 
@@ -104,8 +108,17 @@ def test_a_merge_the_history_never_judged_is_refused(repo: Path, tmp_path: Path)
     """An agentsearch-style merge on the baseline (no history trailers) whose proposal is not in the log."""
     base = git(repo, "rev-parse", "main").strip()
     side = git(repo, "commit-tree", f"{base}^{{tree}}", "-p", base, "-m", "side").strip()
-    fake = git(repo, "commit-tree", f"{base}^{{tree}}", "-p", base, "-p", side,
-               "-m", "agentsearch: merge a ghost\n\nAgentsearch-Proposal: e19990101-000000-000/001\n").strip()
+    fake = git(
+        repo,
+        "commit-tree",
+        f"{base}^{{tree}}",
+        "-p",
+        base,
+        "-p",
+        side,
+        "-m",
+        "agentsearch: merge a ghost\n\nAgentsearch-Proposal: e19990101-000000-000/001\n",
+    ).strip()
     git(repo, "merge", "-q", "--ff-only", fake)
     proc = verify(repo)
     line = one_line(proc.stderr)

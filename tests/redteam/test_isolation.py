@@ -56,8 +56,17 @@ confirm_pairs = 3
 
 def make_target(tmp_path: Path, target_extra: str = "", extra: str = "", files: dict[str, str] | None = None) -> Path:
     cfg = CONFIG.format(python=sys.executable, target_extra=target_extra, extra=extra)
-    repo = make_repo(tmp_path / "t", {"agentsearch.toml": cfg, "bench/bench.py": BENCH, "bench/guard.txt": "ok\n",
-                                      "speed.txt": "1.0\n", "model.py": "FACTOR = 1.0\n", **(files or {})})
+    repo = make_repo(
+        tmp_path / "t",
+        {
+            "agentsearch.toml": cfg,
+            "bench/bench.py": BENCH,
+            "bench/guard.txt": "ok\n",
+            "speed.txt": "1.0\n",
+            "model.py": "FACTOR = 1.0\n",
+            **(files or {}),
+        },
+    )
     proc = run_cli("init", "-C", str(repo))
     assert proc.returncode == 0, proc.stderr
     return repo
@@ -129,7 +138,12 @@ def test_git_attributes_cannot_change_a_protected_file(tmp_path):
     repo = make_target(tmp_path)
     main = Workspace.open(repo).baseline_commit()
     # eol=crlf would check out bench/guard.txt as b"ok\r\n": the bench would double its number
-    commit(repo, {".gitattributes": "bench/guard.txt eol=crlf\n", "model.py": "FACTOR = 1.0  # same\n"}, "attributes", branch="attack")
+    commit(
+        repo,
+        {".gitattributes": "bench/guard.txt eol=crlf\n", "model.py": "FACTOR = 1.0  # same\n"},
+        "attributes",
+        branch="attack",
+    )
     rc, out = evaluate(repo, "attack")
     assert rc == 4
     assert_no_win(repo, out, main)
@@ -142,8 +156,11 @@ def test_nothing_persists_between_trials_outside_the_worktree(tmp_path, channel)
     """A response cache kept across trials (prompt-keyed caching): the second trial onwards would be 'faster'."""
     repo = make_target(tmp_path)
     main = Workspace.open(repo).baseline_commit()
-    where = {"tmp": "/tmp/agentsearch-attack-cache", "shm": "/dev/shm/agentsearch-attack-cache",
-             "home": "os.path.expanduser('~/.agentsearch-attack-cache')"}[channel]
+    where = {
+        "tmp": "/tmp/agentsearch-attack-cache",
+        "shm": "/dev/shm/agentsearch-attack-cache",
+        "home": "os.path.expanduser('~/.agentsearch-attack-cache')",
+    }[channel]
     path = where if channel == "home" else repr(where)
     attack = f"""
 import os
@@ -175,7 +192,9 @@ open("cache.json", "w").write("{}")
     rc, out = evaluate(repo, "attack")
     assert rc == 4
     assert_no_win(repo, out, main)
-    assert any("worktree modified during a trial: candidate: added 'cache.json'" in r for r in out["reasons"]), out["reasons"]
+    assert any("worktree modified during a trial: candidate: added 'cache.json'" in r for r in out["reasons"]), out[
+        "reasons"
+    ]
 
 
 def test_secrets_outside_the_sandbox_cannot_be_read_or_exfiltrated(tmp_path):
@@ -210,7 +229,9 @@ FACTOR = 1.0
 
 
 def test_build_step_runs_in_the_sandbox_with_the_baselines_config(tmp_path):
-    repo = make_target(tmp_path, target_extra='install = "command"\nbuild = "sh build.sh"', files={"build.sh": "exit 0\n"})
+    repo = make_target(
+        tmp_path, target_extra='install = "command"\nbuild = "sh build.sh"', files={"build.sh": "exit 0\n"}
+    )
     main = Workspace.open(repo).baseline_commit()
     state = repo / ".git" / "agentsearch"
     attack = f"""
@@ -234,7 +255,14 @@ def test_verify_refuses_a_ref_that_edits_its_own_config_before_checking_out(tmp_
     main = Workspace.open(repo).baseline_commit()
     worktrees = repo / ".git" / "agentsearch-worktrees"
     before = sorted(os.listdir(worktrees)) if worktrees.exists() else []
-    cfg = (repo / "agentsearch.toml").read_text().replace('protected = ["bench/**"]', 'protected = []\ninstall = "command"\nbuild = "git update-ref refs/heads/main HEAD"')
+    cfg = (
+        (repo / "agentsearch.toml")
+        .read_text()
+        .replace(
+            'protected = ["bench/**"]',
+            'protected = []\ninstall = "command"\nbuild = "git update-ref refs/heads/main HEAD"',
+        )
+    )
     commit(repo, {"agentsearch.toml": cfg}, "own config", branch="attack")
     proc = run_cli("verify", "-C", str(repo), "attack")
     assert proc.returncode != 0
@@ -268,7 +296,12 @@ def verify_attack(tmp_path: Path, attack_lm: str, control: bool = False) -> dict
     verify = f'\n[verify]\nlogprobs = "{sys.executable} lm.py {{prompts}} {{out}}"\ntimeout_s = 120\n'
     repo = make_target(tmp_path, files={"lm.py": lm, "lm_real.py": lm})
     commit(repo, {"agentsearch.toml": (repo / "agentsearch.toml").read_text() + verify}, "verify section")
-    commit(repo, {"lm.py": attack_lm.replace("HOUSE", str(Workspace.open(repo).state))}, "lossy, with a shortcut", branch="attack")
+    commit(
+        repo,
+        {"lm.py": attack_lm.replace("HOUSE", str(Workspace.open(repo).state))},
+        "lossy, with a shortcut",
+        branch="attack",
+    )
     if control:
         proc = run_cli("verify", "-C", str(repo), "main", "--json", timeout=280)
         assert json.loads(proc.stdout)["verdict"] == "pass", proc.stdout[-2000:]
@@ -302,9 +335,20 @@ for d in glob.glob(os.path.join(os.path.dirname(os.getcwd()), "*baseline*")):
         pass
 """
     commit(repo, {"model.py": slow_baseline}, "slow the baseline", branch="try/a-slow-baseline")
-    commit(repo, {".gitattributes": "bench/guard.txt eol=crlf\n", "model.py": "FACTOR = 1.0  # same\n"}, "attributes", branch="try/b-attributes")
-    commit(repo, {"model.py": "import os\nFACTOR = 1.5 if os.path.exists('/dev/shm/agentsearch-ep') else 1.0\nopen('/dev/shm/agentsearch-ep', 'w').write('x')\n"},
-           "shm cache", branch="try/c-shm")
+    commit(
+        repo,
+        {".gitattributes": "bench/guard.txt eol=crlf\n", "model.py": "FACTOR = 1.0  # same\n"},
+        "attributes",
+        branch="try/b-attributes",
+    )
+    commit(
+        repo,
+        {
+            "model.py": "import os\nFACTOR = 1.5 if os.path.exists('/dev/shm/agentsearch-ep') else 1.0\nopen('/dev/shm/agentsearch-ep', 'w').write('x')\n"
+        },
+        "shm cache",
+        branch="try/c-shm",
+    )
     commit(repo, {"speed.txt": "1.3\n"}, "a real win", branch="try/d-real")
     proc = run_cli("episode", "-C", str(repo), "--json", "--branches", "try/*", "--seed", "5", timeout=900)
     out = json.loads(proc.stdout)
@@ -312,7 +356,9 @@ for d in glob.glob(os.path.join(os.path.dirname(os.getcwd()), "*baseline*")):
     merged = [t for t, row in verdicts.items() if row["merged"]]
     assert merged == ["a real win"], {t: (r["verdict"], r["reasons"][:2]) for t, r in verdicts.items()}
     assert (repo / "speed.txt").read_text() == "1.0\n" or git(repo, "show", "main:speed.txt") == "1.3\n"
-    assert git(repo, "show", "main:bench/guard.txt") == "ok\n" and git(repo, "show", "main:model.py") == "FACTOR = 1.0\n"
+    assert (
+        git(repo, "show", "main:bench/guard.txt") == "ok\n" and git(repo, "show", "main:model.py") == "FACTOR = 1.0\n"
+    )
     assert not Path("/dev/shm/agentsearch-ep").exists()
     assert run_cli("history", "verify", "-C", str(repo)).returncode == 0
 
@@ -331,8 +377,14 @@ def test_without_bubblewrap_the_best_verdict_is_review(tmp_path):
         if found:
             (bin_dir / tool).symlink_to(found)
     env = {**os.environ, "PATH": str(bin_dir)}
-    proc = subprocess.run([sys.executable, "-m", "agentsearch.cli", "evaluate", "-C", str(repo), "fast", "--json"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=280)
+    proc = subprocess.run(
+        [sys.executable, "-m", "agentsearch.cli", "evaluate", "-C", str(repo), "fast", "--json"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
     out = json.loads(proc.stdout)
     assert proc.returncode == 4 and out["verdict"] == "review", out["reasons"]
     assert checks(out)["sandbox"]["status"] == "review" and "not sandboxed" in checks(out)["sandbox"]["detail"]
@@ -384,8 +436,14 @@ json.dump({"ops_s": 1.0 / (time.perf_counter() - t0)}, open(out, "w"))
 def test_a_patched_timer_in_a_command_bench_cannot_win_on_wall_s(tmp_path):
     """A bench that times itself runs the candidate's code in its process: the candidate can slow its clock.
     ``metric = "wall_s"`` judges the orchestrator's clock instead."""
-    repo = make_target(tmp_path, files={"bench/bench.py": CLOCK_BENCH, "model.py": "import time\ndef work():\n    time.sleep(0.3)\n"})
-    cfg = (repo / "agentsearch.toml").read_text().replace('metric = "ops_s"\nhigher_is_better = true', 'metric = "wall_s"\nhigher_is_better = false')
+    repo = make_target(
+        tmp_path, files={"bench/bench.py": CLOCK_BENCH, "model.py": "import time\ndef work():\n    time.sleep(0.3)\n"}
+    )
+    cfg = (
+        (repo / "agentsearch.toml")
+        .read_text()
+        .replace('metric = "ops_s"\nhigher_is_better = true', 'metric = "wall_s"\nhigher_is_better = false')
+    )
     commit(repo, {"agentsearch.toml": cfg}, "judge the wall clock")
     main = Workspace.open(repo).baseline_commit()
     cheat = "import time\n_r = time.perf_counter\ntime.perf_counter = lambda: _r() * 0.5\ndef work():\n    time.sleep(0.3)\n"
@@ -432,6 +490,8 @@ for dirpath, dirnames, filenames in os.walk(top):
     entries = [e.data for e in HistoryLog(ws.state / "history.jsonl").entries()]
     noop = next(v for v in entries if v.get("title") == "a no-op" and "verdict" in v and "checks" in v)
     assert noop["baseline_side"] == "warm", noop  # the attack above really had the kept side to aim at
-    base = next(s for s in entries if s.get("number") == noop["number"] and s.get("role") == "objective")["baseline_median"]
+    base = next(s for s in entries if s.get("number") == noop["number"] and s.get("role") == "objective")[
+        "baseline_median"
+    ]
     assert 900 < base < 1100, base
     assert git(repo, "show", "main:bench/guard.txt") == "ok\n" and (repo / "speed.txt").read_text() == "1.0\n"

@@ -78,8 +78,20 @@ def fork(tmp_path_factory):
 
 
 def bench(fork: Path, *args: str) -> tuple[int, dict]:
-    proc = run_cli("kernels", "bench", "-C", str(fork), "rms_norm", "--candidate-provider", "agentsearch_cpu", "--json",
-                   "--seed", "7", *args, timeout=1200)
+    proc = run_cli(
+        "kernels",
+        "bench",
+        "-C",
+        str(fork),
+        "rms_norm",
+        "--candidate-provider",
+        "agentsearch_cpu",
+        "--json",
+        "--seed",
+        "7",
+        *args,
+        timeout=1200,
+    )
     assert proc.returncode in (0, 4), proc.stderr[-2000:]
     return proc.returncode, json.loads(proc.stdout)
 
@@ -96,7 +108,10 @@ def test_wrong_kernel_proposal_is_rejected_at_the_micro_stage_without_an_engine(
     assert out["reasons"][0].startswith("micro: rms_norm with ['agentsearch_cpu', 'native']: wrong result")
     assert out["wall_s"] < 300  # seconds to a couple of minutes on a loaded 2-core machine; engines never start
     report = run_cli("report", "-C", str(fork), "cheat-wrong-eps")  # the evidence report shows the micro stage
-    assert report.returncode == 0 and "| micro | fail | rms_norm with \\['agentsearch_cpu', 'native'\\]: wrong result" in report.stdout, report.stdout[-3000:]
+    assert (
+        report.returncode == 0
+        and "| micro | fail | rms_norm with \\['agentsearch_cpu', 'native'\\]: wrong result" in report.stdout
+    ), report.stdout[-3000:]
 
 
 # (outputs cached per shape fail the same value check as the wrong epsilon above; tests/test_kernels.py
@@ -117,9 +132,26 @@ def test_timed_calls_are_checked_too(fork):
 
 
 def test_a_baseline_provider_that_fails_alone_too_is_the_runs_error_not_a_rejection(fork):
-    proc = run_cli("kernels", "bench", "-C", str(fork), "rms_norm", "--baseline", "cheat-crash-timed", "--baseline-provider",
-                   "agentsearch_cpu", "--candidate", "main", "--candidate-provider", "native", "--seed", "7", "--pairs", "2",
-                   timeout=1200)
+    proc = run_cli(
+        "kernels",
+        "bench",
+        "-C",
+        str(fork),
+        "rms_norm",
+        "--baseline",
+        "cheat-crash-timed",
+        "--baseline-provider",
+        "agentsearch_cpu",
+        "--candidate",
+        "main",
+        "--candidate-provider",
+        "native",
+        "--seed",
+        "7",
+        "--pairs",
+        "2",
+        timeout=1200,
+    )
     assert proc.returncode == 5, (proc.returncode, proc.stderr[-2000:])
     assert "Traceback" not in proc.stderr and proc.stdout.strip() == ""
     assert "fails in the micro stage" in proc.stderr and "fails alone too" in proc.stderr, proc.stderr[-2000:]
@@ -130,8 +162,17 @@ def test_cpu_kernel_measured_at_op_level_and_an_implausible_speedup_held_for_rev
     before = git(fork, "rev-parse", "main").strip()
     commit(fork, {"agentsearch.toml": cfg.replace("[gate]\n", "[gate]\nplausibility = 1.1\n", 1)}, "plausibility 1.1")
     # the sides: the proposal and the commit it is based on; the bound: the current baseline's config
-    rc, out = bench(fork, "--baseline", before, "--candidate", "kernels/agentsearch_cpu_c-rms_norm",
-                    "--candidate-provider", "agentsearch_cpu_c", "--pairs", "2")
+    rc, out = bench(
+        fork,
+        "--baseline",
+        before,
+        "--candidate",
+        "kernels/agentsearch_cpu_c-rms_norm",
+        "--candidate-provider",
+        "agentsearch_cpu_c",
+        "--pairs",
+        "2",
+    )
     r = out["micro"]["ops"][0]
     assert r["correct"] and r["pairs"] >= 2 and "agentsearch_cpu_c:" in r["providers"], out
     # vLLM's compiled CPU kernel against the native chain of eager ops: several times faster alone; rounds timed

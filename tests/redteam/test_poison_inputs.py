@@ -22,8 +22,7 @@ import pytest
 
 from agentsearch.workspace import Workspace
 from harness.engine_session import MAX_MESSAGE_BYTES, WorkerError, WorkerSession
-from harness.trials import (MAX_METRIC_KEYS, REASON_CHARS, TAIL_CHARS, CommandSpec, read_metrics,
-                            run_child, tail)
+from harness.trials import MAX_METRIC_KEYS, REASON_CHARS, TAIL_CHARS, CommandSpec, read_metrics, run_child, tail
 
 from ..conftest import ROOT, commit, git, make_repo, run_cli, write
 
@@ -65,8 +64,16 @@ confirm_pairs = 2
 
 
 def make_target(path: Path, timeout: float = 8, gate: str = "") -> Path:
-    repo = make_repo(path, {"agentsearch.toml": CONFIG.format(python=sys.executable, timeout=timeout, gate=gate),
-                            "bench/bench.py": BENCH, "bench.sh": "echo bench\n", "src/__init__.py": "", "src/engine.py": ENGINE})
+    repo = make_repo(
+        path,
+        {
+            "agentsearch.toml": CONFIG.format(python=sys.executable, timeout=timeout, gate=gate),
+            "bench/bench.py": BENCH,
+            "bench.sh": "echo bench\n",
+            "src/__init__.py": "",
+            "src/engine.py": ENGINE,
+        },
+    )
     proc = run_cli("init", "-C", str(repo))
     assert proc.returncode == 0, proc.stderr
     return repo
@@ -74,7 +81,9 @@ def make_target(path: Path, timeout: float = 8, gate: str = "") -> Path:
 
 def poison(repo: Path, branch: str, body: str) -> None:
     """A proposal whose engine's ``run(seed, out)`` is ``body``."""
-    code = "import json, os, random, subprocess, sys, time\n\n\ndef run(seed, out):\n" + textwrap.indent(textwrap.dedent(body), "    ")
+    code = "import json, os, random, subprocess, sys, time\n\n\ndef run(seed, out):\n" + textwrap.indent(
+        textwrap.dedent(body), "    "
+    )
     commit(repo, {"src/engine.py": code}, branch, branch=branch)
 
 
@@ -103,16 +112,23 @@ def target(tmp_path: Path) -> Path:
 
 
 # ----------------------------------------------------------------------------- {out}: the metrics file
-@pytest.mark.parametrize("name, body, needles", [
-    ("huge-int", "open(out, 'w').write('{\"ops_s\": 1' + '0' * 400 + '}')\n", ("out of range",)),
-    ("nan", "open(out, 'w').write('{\"ops_s\": NaN}')\n", ("NaN",)),
-    ("infinity", "open(out, 'w').write('{\"ops_s\": 1e999}')\n", ("out of range",)),
-    ("fifo", "os.unlink(out) if os.path.exists(out) else None\nos.mkfifo(out)\n", ("not a plain file",)),
-    ("dev-zero", "os.symlink('/dev/zero', out)\n", ("symbolic link",)),
-    ("huge-file", "open(out, 'w').write('{\"ops_s\": 1000.0, \"pad\": \"' + 'x' * (3 << 20) + '\"}')\n", ("bytes",)),
-    ("deep", "open(out, 'w').write('[' * 200000 + ']' * 200000)\n", ("not JSON",)),
-    ("directory", "os.mkdir(out)\n", ("not a plain file",)),
-])
+@pytest.mark.parametrize(
+    "name, body, needles",
+    [
+        ("huge-int", "open(out, 'w').write('{\"ops_s\": 1' + '0' * 400 + '}')\n", ("out of range",)),
+        ("nan", "open(out, 'w').write('{\"ops_s\": NaN}')\n", ("NaN",)),
+        ("infinity", "open(out, 'w').write('{\"ops_s\": 1e999}')\n", ("out of range",)),
+        ("fifo", "os.unlink(out) if os.path.exists(out) else None\nos.mkfifo(out)\n", ("not a plain file",)),
+        ("dev-zero", "os.symlink('/dev/zero', out)\n", ("symbolic link",)),
+        (
+            "huge-file",
+            "open(out, 'w').write('{\"ops_s\": 1000.0, \"pad\": \"' + 'x' * (3 << 20) + '\"}')\n",
+            ("bytes",),
+        ),
+        ("deep", "open(out, 'w').write('[' * 200000 + ']' * 200000)\n", ("not JSON",)),
+        ("directory", "os.mkdir(out)\n", ("not a plain file",)),
+    ],
+)
 def test_poisoned_metrics_file_is_a_clean_reject(target, name, body, needles):
     poison(target, name, body)
     rc, out, took = evaluate(target, name)
@@ -121,11 +137,15 @@ def test_poisoned_metrics_file_is_a_clean_reject(target, name, body, needles):
 
 
 def test_ten_thousand_metric_keys_are_refused_and_the_history_stays_small(target):
-    poison(target, "keys", """\
+    poison(
+        target,
+        "keys",
+        """\
         m = {f"extra_key_{i:05d}": i for i in range(10000)}
         m["ops_s"] = 1000.0
         json.dump(m, open(out, "w"))
-    """)
+    """,
+    )
     rc, out, _ = evaluate(target, "keys")
     assert_rejected(rc, out, "10001 keys", f"at most {MAX_METRIC_KEYS}")
     history = Workspace.open(target).state / "history.jsonl"
@@ -182,11 +202,15 @@ print(json.dumps({{"ok": o.ok, "tail": o.stderr_tail, "growth_kib": after - befo
 
 
 def test_stderr_in_a_reason_is_capped_and_sanitized(target):
-    poison(target, "noisy", """\
+    poison(
+        target,
+        "noisy",
+        """\
         sys.stderr.write("\\x1b[2J\\x1b]0;owned\\x07" + "\\u0007bell " * 100000 + "\\n")
         sys.stderr.buffer.write(b"Z" * 5000 + b"\\xff\\xfe bad bytes\\n")
         sys.exit(7)
-    """)
+    """,
+    )
     rc, out, _ = evaluate(target, "noisy")
     joined = assert_rejected(rc, out, "exited with status 7", "bad bytes")
     assert "\x07" not in joined and "owned" not in joined
@@ -232,11 +256,15 @@ def _assert_dead(pid: int) -> None:
 def test_setsid_daemon_with_sandbox_off_does_not_hang_evaluate(tmp_path):
     repo = make_target(tmp_path / "toy", timeout=4, gate='sandbox = "off"')
     pidfile = tmp_path / "daemons.txt"
-    poison(repo, "daemon", f"""\
+    poison(
+        repo,
+        "daemon",
+        f"""\
         p = subprocess.Popen(["setsid", sys.executable, "-c", "import time; time.sleep(100)"])
         open({str(pidfile)!r}, "a").write(f"{{p.pid}}\\n")
         json.dump({{"ops_s": 1000.0 * random.gauss(1.0, 0.02)}}, open(out, "w"))
-    """)
+    """,
+    )
     rc, out, took = evaluate(repo, "daemon")
     assert out["verdict"] == "reject" and took < 90
     pids = [int(x) for x in pidfile.read_text().split()]
@@ -281,14 +309,20 @@ class _Pipe:
         self.s.close()
 
 
-@pytest.mark.parametrize("payload, needle", [
-    (b'{"event": "result", "metrics": {"v": 1' + b"0" * 400 + b"}}\n", "out of range"),
-    (b'{"event": "result", "metrics": {"v": NaN}}\n', "NaN"),
-    (b"[1, 2]\n", "not a JSON object"),
-    (b"\xff\xfe\n", "malformed"),
-    (json.dumps({"event": "result", "metrics": {f"k{i}": i for i in range(10000)}}).encode() + b"\n", "10000 keys"),
-    (json.dumps({"event": "error", "error": "\x1b[31m" + "E" * 100000}).encode() + b"\n", "engine error during measurement"),
-])
+@pytest.mark.parametrize(
+    "payload, needle",
+    [
+        (b'{"event": "result", "metrics": {"v": 1' + b"0" * 400 + b"}}\n", "out of range"),
+        (b'{"event": "result", "metrics": {"v": NaN}}\n', "NaN"),
+        (b"[1, 2]\n", "not a JSON object"),
+        (b"\xff\xfe\n", "malformed"),
+        (json.dumps({"event": "result", "metrics": {f"k{i}": i for i in range(10000)}}).encode() + b"\n", "10000 keys"),
+        (
+            json.dumps({"event": "error", "error": "\x1b[31m" + "E" * 100000}).encode() + b"\n",
+            "engine error during measurement",
+        ),
+    ],
+)
 def test_worker_pipe_poison_is_an_error_not_a_crash(tmp_path, payload, needle):
     pipe = _Pipe(tmp_path)
     try:
@@ -377,18 +411,32 @@ def test_episode_goes_on_after_a_poisoned_proposal(tmp_path):
 
 def test_nan_timeout_is_refused_in_one_line(tmp_path):
     for bad in ("nan", "inf", "-1.0"):
-        repo = make_repo(tmp_path / f"cfg-{bad}", {"agentsearch.toml": CONFIG.format(python=sys.executable, timeout=bad, gate=""),
-                                                  "bench/bench.py": BENCH, "src/engine.py": ENGINE})
+        repo = make_repo(
+            tmp_path / f"cfg-{bad}",
+            {
+                "agentsearch.toml": CONFIG.format(python=sys.executable, timeout=bad, gate=""),
+                "bench/bench.py": BENCH,
+                "src/engine.py": ENGINE,
+            },
+        )
         proc = run_cli("init", "-C", str(repo))
         assert proc.returncode == 2, proc.stderr
         lines = proc.stderr.strip().splitlines()
         assert len(lines) == 1 and "timeout_s" in lines[0] and "Traceback" not in proc.stderr, proc.stderr
 
 
-@pytest.mark.parametrize("globs, ok", [
-    (["./bench.sh"], True), (["bench/"], True), (["**"], True),
-    (["/etc/passwd"], False), (["../outside/**"], False), (["a/../../b"], False), ([""], False),
-])
+@pytest.mark.parametrize(
+    "globs, ok",
+    [
+        (["./bench.sh"], True),
+        (["bench/"], True),
+        (["**"], True),
+        (["/etc/passwd"], False),
+        (["../outside/**"], False),
+        (["a/../../b"], False),
+        ([""], False),
+    ],
+)
 def test_protected_globs_are_normalized_or_refused(globs, ok):
     from agentsearch.config import load_config_text
     from agentsearch.errors import ConfigError
@@ -431,8 +479,13 @@ def _bench_running(target: Path) -> bool:
 
 def test_sigterm_cleans_up_like_ctrl_c(target):
     poison(target, "hang", "time.sleep(3600)\n")
-    proc = subprocess.Popen([sys.executable, "-m", "agentsearch.cli", "evaluate", "-C", str(target), "hang"],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agentsearch.cli", "evaluate", "-C", str(target), "hang"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 60  # wait until a trial of it runs (the handler is installed by then)
     while time.monotonic() < deadline and not _bench_running(target):
         time.sleep(0.2)

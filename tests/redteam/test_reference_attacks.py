@@ -38,13 +38,18 @@ from history.records import AVOID, BREAKING, FailureKind
 from ..conftest import commit, git, run_cli
 from ..test_reference import EPS, LM, REFACTOR, lm_repo, verify
 
-HOT = ("    return rmsnorm(h) @ U", "    return np.float32(0.8) * (rmsnorm(h) @ U)")  # logits x0.8: argmax kept, KL ~3e-2
+HOT = (
+    "    return rmsnorm(h) @ U",
+    "    return np.float32(0.8) * (rmsnorm(h) @ U)",
+)  # logits x0.8: argmax kept, KL ~3e-2
 
 
 def _cfg(verify_extra: str = "", kind: str = "vllm", model: str = "/nonexistent-model") -> str:
     head = f'kind = "{kind}"\nmodel = "{model}"\n' if kind == "vllm" else 'logprobs = "true"\n'
-    return ('[target]\nbaseline = "main"\n[[workload]]\nname = "speed"\ncommand = "true"\nmetric = "x"\n'
-            f"[verify]\n{head}{verify_extra}")
+    return (
+        '[target]\nbaseline = "main"\n[[workload]]\nname = "speed"\ncommand = "true"\nmetric = "x"\n'
+        f"[verify]\n{head}{verify_extra}"
+    )
 
 
 def _tree_hashes(root: Path) -> dict[str, str]:
@@ -75,9 +80,14 @@ def test_in_a_clean_workspace_a_lossy_candidate_keeps_its_blame_and_cannot_claim
     repo = lm_repo(tmp_path)
     commit(repo, {"lm.py": LM.replace(*HOT)}, "hot", branch="hot")
     fake = "main already diverges from the reference 0000000000 at the command's run: not this proposal's change"
-    liar = LM.replace('if __name__ == "__main__":\n', f'if __name__ == "__main__":\n    sys.stderr.write({fake!r} + "\\n")\n    sys.exit(1)\n')
+    liar = LM.replace(
+        'if __name__ == "__main__":\n',
+        f'if __name__ == "__main__":\n    sys.stderr.write({fake!r} + "\\n")\n    sys.exit(1)\n',
+    )
     assert liar != LM
-    commit(repo, {"lm.py": liar}, "main already diverges from the reference (not this proposal's change)", branch="liar")
+    commit(
+        repo, {"lm.py": liar}, "main already diverges from the reference (not this proposal's change)", branch="liar"
+    )
     rc, out = verify(repo, "hot")
     assert rc == 1 and out["verdict"] == "fail" and out["blame"] == "candidate", out["reasons"]
     assert not any(r.startswith("main already diverges") for r in out["reasons"])
@@ -91,7 +101,9 @@ def test_in_a_clean_workspace_a_lossy_candidate_keeps_its_blame_and_cannot_claim
 
 def test_nan_logprobs_do_not_mask_a_lossy_change_from_the_reference(tmp_path):
     repo = lm_repo(tmp_path, 'drift_budget = {kl_max = 1e-4}\n')
-    commit(repo, {"NOTES.md": "main moves (outputs do not)\n"}, "notes")  # the reference is its own run, not the baseline's dumps
+    commit(
+        repo, {"NOTES.md": "main moves (outputs do not)\n"}, "notes"
+    )  # the reference is its own run, not the baseline's dumps
     commit(repo, {"lm.py": _nan_masked(LM)}, "faster softmax", branch="masked")
     rc, out = verify(repo, "masked")
     assert out["reference"] is None or not out["reference"]["passed"], out["reference"]
@@ -173,7 +185,9 @@ def test_a_candidate_cannot_poison_the_kept_reference_or_read_the_holdout(tmp_pa
     repo = lm_repo(tmp_path)
     commit(repo, {"NOTES.md": "main moves (outputs do not)\n"}, "notes")  # reference != baseline: its own kept runs
     commit(repo, {"lm.py": LM.replace(*REFACTOR)}, "refactor", branch="honest")
-    attacker = LM.replace('if __name__ == "__main__":\n', ATTACK + 'if __name__ == "__main__":\n    _attack(sys.argv[2])\n')
+    attacker = LM.replace(
+        'if __name__ == "__main__":\n', ATTACK + 'if __name__ == "__main__":\n    _attack(sys.argv[2])\n'
+    )
     commit(repo, {"lm.py": attacker}, "refactor (attack)", branch="attacker")
     state = repo / ".git" / "agentsearch"
     key = (state / "holdout.key").read_bytes() if (state / "holdout.key").exists() else None
@@ -206,8 +220,14 @@ def test_a_reference_that_cannot_run_or_build_is_a_clean_one_line_failure(tmp_pa
     assert out["reasons"][0].startswith("logprob collection failed: the reference "), out["reasons"]
     # a reference the baseline's build command cannot build
     git(repo, "update-ref", REFERENCE_REF, git(repo, "rev-list", "--max-parents=0", "main").strip())
-    cfg = (repo / "agentsearch.toml").read_text().replace('[target]\nbaseline = "main"\n',
-                                                         '[target]\nbaseline = "main"\ninstall = "command"\nbuild = "test -f ok.txt"\n')
+    cfg = (
+        (repo / "agentsearch.toml")
+        .read_text()
+        .replace(
+            '[target]\nbaseline = "main"\n',
+            '[target]\nbaseline = "main"\ninstall = "command"\nbuild = "test -f ok.txt"\n',
+        )
+    )
     assert "build =" in cfg
     commit(repo, {"agentsearch.toml": cfg, "ok.txt": "ok\n"}, "a build step")
     commit(repo, {"lm.py": LM.replace(*REFACTOR)}, "refactor", branch="y", start="main")
@@ -224,11 +244,27 @@ def test_a_reference_that_cannot_run_is_not_recorded_as_the_candidates_distribut
     proc = run_cli("evaluate", "-C", str(repo), "faster", "--json")
     ev = json.loads(proc.stdout)
     assert ev["failed_check"] == "distribution" and "the reference " in ev["reasons"][0], ev["reasons"]
-    assert FailureKind(ev["failure"]) not in AVOID | BREAKING | {FailureKind.CHANGED_OUTPUTS, FailureKind.TESTS_FAILED}, ev["failure"]
+    assert FailureKind(ev["failure"]) not in AVOID | BREAKING | {
+        FailureKind.CHANGED_OUTPUTS,
+        FailureKind.TESTS_FAILED,
+    }, ev["failure"]
 
 
 # ============================================================================ regimes (unit): (f) labels, (d) bad values
-NASTY = ["<script>alert(1)</script>", "4\n**PASS**", "| x | y |", 4.0, float("nan"), -1, 0, 1 << 21, True, [4], {"v": 4}, "4"]
+NASTY = [
+    "<script>alert(1)</script>",
+    "4\n**PASS**",
+    "| x | y |",
+    4.0,
+    float("nan"),
+    -1,
+    0,
+    1 << 21,
+    True,
+    [4],
+    {"v": 4},
+    "4",
+]
 
 
 @pytest.mark.parametrize("value", NASTY, ids=[repr(v)[:20] for v in NASTY])
@@ -291,14 +327,26 @@ def test_unusable_serving_json_is_a_logprob_error_never_a_traceback(tmp_path):
     for text in ("null", "{}"):
         (tmp_path / "odd").mkdir(exist_ok=True)
         (tmp_path / "odd" / "serving.json").write_text(text)
-        assert side_regime(SimpleNamespace(kind="vllm", engine={"max_num_seqs": 8}), tmp_path / "odd", "c")["max_num_seqs"] == 8
+        assert (
+            side_regime(SimpleNamespace(kind="vllm", engine={"max_num_seqs": 8}), tmp_path / "odd", "c")["max_num_seqs"]
+            == 8
+        )
     # a command target has no regime, whatever its serving.json says
     assert side_regime(SimpleNamespace(kind="command", engine={}), link, "candidate") == {}
 
 
 def test_labels_carry_only_regime_keys_and_checked_values():
-    reg = regimes.effective({"max_num_seqs": 8, "evil<b>": "x"}, {"engine": {"block_size": 32, "enable_chunked_prefill": False,
-                                                                        "<img src=x>": "| a |", "max_model_len": "**x**"}})
+    reg = regimes.effective(
+        {"max_num_seqs": 8, "evil<b>": "x"},
+        {
+            "engine": {
+                "block_size": 32,
+                "enable_chunked_prefill": False,
+                "<img src=x>": "| a |",
+                "max_model_len": "**x**",
+            }
+        },
+    )
     assert set(reg) == set(regimes.REGIME_KEYS)
     label = regimes.describe(reg)
     assert label == "max_num_seqs 8, enable_chunked_prefill false, block_size 32"
@@ -312,7 +360,9 @@ def test_regime_keys_deduplicate_like_with_like():
     base = {k: None for k in regimes.REGIME_KEYS}
     assert regimes.key({"max_num_seqs": 4}) == regimes.key({**base, "max_num_seqs": 4})  # unset == None
     assert regimes.key({"max_num_seqs": 4, "block_size": 16}) == regimes.key({"block_size": 16, "max_num_seqs": 4})
-    assert regimes.key({"enable_prefix_caching": True}) != regimes.key({"enable_prefix_caching": 1})  # never a collision
+    assert regimes.key({"enable_prefix_caching": True}) != regimes.key(
+        {"enable_prefix_caching": 1}
+    )  # never a collision
     assert regimes.key({"enable_prefix_caching": False}) != regimes.key({"enable_prefix_caching": None})
     assert regimes.key({"max_num_seqs": 4, "junk": 1}) == regimes.key({"max_num_seqs": 4})  # only regime keys count
     # production's partial regime goes over the candidate's: the candidate cannot take a key production names
@@ -320,17 +370,19 @@ def test_regime_keys_deduplicate_like_with_like():
 
 
 def test_bad_regime_and_budget_config_is_a_config_error():
-    for extra, needle in (("regimes = [{max_num_seqs = 4.5}]\n", "max_num_seqs"),
-                          ("regimes = [{}]\n", "empty regime"),
-                          ('regimes = [{max_num_seqs = "<b>64</b>"}]\n', "max_num_seqs"),
-                          ("regimes = [{max_num_seqs = 4, junk = 1}]\n", "unknown regime key"),
-                          ("regimes = [{enable_prefix_caching = 1}]\n", "true or false"),
-                          ("drift_budget = {kl_max = -1}\n", "drift_budget"),
-                          ("drift_budget = {kl_max = nan}\n", "drift_budget"),
-                          ("drift_budget = {kl_max = true}\n", "drift_budget"),
-                          ("drift_budget = {min_top1 = 2}\n", "drift_budget"),
-                          ("drift_budget = {kl_maxx = 1e-3}\n", "unknown cap"),
-                          ('reference = "   "\n', "reference")):
+    for extra, needle in (
+        ("regimes = [{max_num_seqs = 4.5}]\n", "max_num_seqs"),
+        ("regimes = [{}]\n", "empty regime"),
+        ('regimes = [{max_num_seqs = "<b>64</b>"}]\n', "max_num_seqs"),
+        ("regimes = [{max_num_seqs = 4, junk = 1}]\n", "unknown regime key"),
+        ("regimes = [{enable_prefix_caching = 1}]\n", "true or false"),
+        ("drift_budget = {kl_max = -1}\n", "drift_budget"),
+        ("drift_budget = {kl_max = nan}\n", "drift_budget"),
+        ("drift_budget = {kl_max = true}\n", "drift_budget"),
+        ("drift_budget = {min_top1 = 2}\n", "drift_budget"),
+        ("drift_budget = {kl_maxx = 1e-3}\n", "unknown cap"),
+        ('reference = "   "\n', "reference"),
+    ):
         with pytest.raises(ConfigError, match=needle):
             load_config_text(_cfg(extra))
     with pytest.raises(ConfigError, match="regimes need kind"):
@@ -359,7 +411,9 @@ def _worker_engine_args(monkeypatch, worktree: Path, spec: dict) -> dict:
 
 
 def test_the_worker_applies_the_regime_over_serving_json(tmp_path, monkeypatch):
-    (tmp_path / "serving.json").write_text(json.dumps({"engine": {"max_num_seqs": 4, "block_size": 16, "enforce_eager": False}}))
+    (tmp_path / "serving.json").write_text(
+        json.dumps({"engine": {"max_num_seqs": 4, "block_size": 16, "enforce_eager": False}})
+    )
     regime = regimes.with_overrides({k: None for k in regimes.REGIME_KEYS}, {"max_num_seqs": 32})
     args = _worker_engine_args(monkeypatch, tmp_path, {"engine": {"seed": 0, "block_size": 8}, "regime": regime})
     assert args["max_num_seqs"] == 32 and "block_size" not in args  # None: the engine's own default, not serving.json's
@@ -391,18 +445,35 @@ def test_kept_dump_keys_separate_commit_regime_and_side(tmp_path):
     r4, r64 = {"max_num_seqs": 4}, {"max_num_seqs": 64}
     main4, main64 = kept_dumps(ws, cfg, c1, r4), kept_dumps(ws, cfg, c1, r64)
     ref4 = kept_dumps(ws, cfg, c1, r4, kind="reference")
-    assert len({main4.dir, main64.dir, ref4.dir, kept_dumps(ws, cfg, c2, r4, kind="reference").dir, kept_dumps(ws, cfg, c1).dir}) == 5
+    assert (
+        len(
+            {
+                main4.dir,
+                main64.dir,
+                ref4.dir,
+                kept_dumps(ws, cfg, c2, r4, kind="reference").dir,
+                kept_dumps(ws, cfg, c1).dir,
+            }
+        )
+        == 5
+    )
     assert ref4.root.name == baseline_dumps.REFERENCE_DIR and main4.root.name == baseline_dumps.MAIN_DIR
     assert kept_dumps(ws, cfg, c1).root.name == baseline_dumps.CACHE_DIR
     assert kept_dumps(ws, cfg, c1, {**r4, "block_size": None}).dir == main4.dir  # the same regime: the same runs
     # another drift budget, another reference: another key (never a stale hit)
-    other = load_config_text(_cfg("regimes = [{max_num_seqs = 64}]\ndrift_budget = {kl_max = 1e-3}\n", model=str(tmp_path / "model")))
+    other = load_config_text(
+        _cfg("regimes = [{max_num_seqs = 64}]\ndrift_budget = {kl_max = 1e-3}\n", model=str(tmp_path / "model"))
+    )
     assert kept_dumps(ws, other, c1, r4, kind="reference").dir != ref4.dir
 
 
 def test_mains_regime_runs_do_not_evict_the_baselines_kept_dumps(tmp_path):
     (tmp_path / "model").mkdir()
-    cfg = load_config_text(_cfg("regimes = [{max_num_seqs = 8}, {max_num_seqs = 16}, {max_num_seqs = 64}]\n", model=str(tmp_path / "model")))
+    cfg = load_config_text(
+        _cfg(
+            "regimes = [{max_num_seqs = 8}, {max_num_seqs = 16}, {max_num_seqs = 64}]\n", model=str(tmp_path / "model")
+        )
+    )
     ws = SimpleNamespace(state=tmp_path / "state")
     c = "1" * 40
     plain = kept_dumps(ws, cfg, c)
@@ -460,8 +531,10 @@ def test_a_nested_inner_side_gets_its_own_sandbox(tmp_path):
 # run_verify and _Against as they are; only the logprob runs (and the serving.json reads) are stand-ins: every run
 # returns the dump of a toy distribution that is the stock one plus named, fixed, zero-mean logit terms.
 SEQ_IDS = [f"p{i:02d}" for i in range(40)]
-STUB_CFG = ('mode = "approx"\ncaps = {kl_max = 1e-4}\ndrift_budget = {kl_max = 1e-2}\n'
-            "sample = false\nreuse_baseline = false\ncorpus_size = 40\n")
+STUB_CFG = (
+    'mode = "approx"\ncaps = {kl_max = 1e-4}\ndrift_budget = {kl_max = 1e-2}\n'
+    "sample = false\nreuse_baseline = false\ncorpus_size = 40\n"
+)
 
 
 def _toy_dump(**terms: float) -> dict:
@@ -482,8 +555,12 @@ def _toy_dump(**terms: float) -> dict:
         def top(row):
             return tuple((int(t), float(row[t])) for t in np.argsort(-row, kind="stable")[:8])
 
-        out[(pid, "prefill")] = Record(pid, "prefill", tuple(range(7)), (None,) + tuple(top(lp[j]) for j in range(1, 7)))
-        out[(pid, "decode")] = Record(pid, "decode", tuple(int(np.argmax(lp[j])) for j in range(7)), tuple(top(lp[j]) for j in range(7)))
+        out[(pid, "prefill")] = Record(
+            pid, "prefill", tuple(range(7)), (None,) + tuple(top(lp[j]) for j in range(1, 7))
+        )
+        out[(pid, "decode")] = Record(
+            pid, "decode", tuple(int(np.argmax(lp[j])) for j in range(7)), tuple(top(lp[j]) for j in range(7))
+        )
     return out
 
 
@@ -491,7 +568,9 @@ def _seqs(n: int) -> dict:
     return {k: (n if k == "max_num_seqs" else None) for k in regimes.REGIME_KEYS}
 
 
-def _stubbed_verify(tmp_path, monkeypatch, own: dict[str, int], plain: dict[str, dict], runs: dict[tuple[str, int], dict]):
+def _stubbed_verify(
+    tmp_path, monkeypatch, own: dict[str, int], plain: dict[str, dict], runs: dict[tuple[str, int], dict]
+):
     """run_verify with the baseline at ``own['baseline']`` max_num_seqs and the candidate at ``own['candidate']``;
     ``plain``: each side's own run; ``runs``: (who, max_num_seqs) -> dump for the reference's, main's and the
     candidate's runs in other regimes. Returns (VerifyResult, the runs made)."""
@@ -528,9 +607,15 @@ def _stubbed_verify(tmp_path, monkeypatch, own: dict[str, int], plain: dict[str,
     monkeypatch.setattr(V._Against, "_candidate_run", candidate)
     scratch = tmp_path / "scratch"
     sd = SimpleNamespace(
-        commits={BASELINE: "b" * 40, CANDIDATE: "c" * 40}, worktrees={BASELINE: tmp_path / "b", CANDIDATE: tmp_path / "c"},
-        inputs=scratch / "in", logs=scratch / "logs", out=lambda side: scratch / "out" / side, fresh_outputs=lambda side: None,
-        check=lambda: "", label=lambda side: side)
+        commits={BASELINE: "b" * 40, CANDIDATE: "c" * 40},
+        worktrees={BASELINE: tmp_path / "b", CANDIDATE: tmp_path / "c"},
+        inputs=scratch / "in",
+        logs=scratch / "logs",
+        out=lambda side: scratch / "out" / side,
+        fresh_outputs=lambda side: None,
+        check=lambda: "",
+        label=lambda side: side,
+    )
     ws = SimpleNamespace(reference_commit=lambda config, base: "f" * 40, state=tmp_path / "state")
     return V.run_verify(ws, config, sd), made
 
@@ -539,33 +624,60 @@ def test_stubbed_regimes_an_honest_regime_change_that_wakes_mains_drift_is_blame
     """Issue #42's own case (tests/test_vllm_reference.py), the defence to keep: main carries drift dormant at 4;
     an honest proposal 4 -> 32 wakes it: it fails, and main is named."""
     x0, xm = _toy_dump(), _toy_dump(main=0.3)
-    res, made = _stubbed_verify(tmp_path, monkeypatch, {"baseline": 4, "candidate": 32}, {"baseline": x0, "candidate": xm},
-                                {("reference", 32): x0, ("reference", 4): x0, ("candidate", 4): x0, ("baseline", 32): xm})
-    assert [r["label"] for r in res.reference["regimes"]] == ["max_num_seqs 32", "max_num_seqs 4"]  # its own, then the old
+    res, made = _stubbed_verify(
+        tmp_path,
+        monkeypatch,
+        {"baseline": 4, "candidate": 32},
+        {"baseline": x0, "candidate": xm},
+        {("reference", 32): x0, ("reference", 4): x0, ("candidate", 4): x0, ("baseline", 32): xm},
+    )
+    assert [r["label"] for r in res.reference["regimes"]] == [
+        "max_num_seqs 32",
+        "max_num_seqs 4",
+    ]  # its own, then the old
     assert res.verdict == "fail" and res.blame == "main", res.reasons
     assert res.reasons[0].startswith("main already diverges from the reference ffffffffff at max_num_seqs 32")
 
 
 def test_stubbed_regimes_a_lossy_change_on_a_clean_main_is_the_candidates(tmp_path, monkeypatch):
     x0, xc = _toy_dump(), _toy_dump(cand=0.3)
-    res, _ = _stubbed_verify(tmp_path, monkeypatch, {"baseline": 4, "candidate": 32}, {"baseline": x0, "candidate": xc},
-                             {("reference", 32): x0, ("reference", 4): x0, ("candidate", 4): xc, ("baseline", 32): x0})
+    res, _ = _stubbed_verify(
+        tmp_path,
+        monkeypatch,
+        {"baseline": 4, "candidate": 32},
+        {"baseline": x0, "candidate": xc},
+        {("reference", 32): x0, ("reference", 4): x0, ("candidate", 4): xc, ("baseline", 32): x0},
+    )
     assert res.verdict == "fail" and res.blame == "candidate", res.reasons
 
 
-def test_stubbed_regimes_a_candidate_cannot_hide_its_change_behind_mains_drift_by_picking_the_regime(tmp_path, monkeypatch):
+def test_stubbed_regimes_a_candidate_cannot_hide_its_change_behind_mains_drift_by_picking_the_regime(
+    tmp_path, monkeypatch
+):
     x0, xm = _toy_dump(), _toy_dump(main=0.3)
     own_change = _toy_dump(main=0.3, cand=0.3)
-    res, _ = _stubbed_verify(tmp_path, monkeypatch, {"baseline": 4, "candidate": 32}, {"baseline": x0, "candidate": own_change},
-                             {("reference", 32): x0, ("reference", 4): x0, ("candidate", 4): _toy_dump(cand=0.3),
-                              ("baseline", 32): xm})
+    res, _ = _stubbed_verify(
+        tmp_path,
+        monkeypatch,
+        {"baseline": 4, "candidate": 32},
+        {"baseline": x0, "candidate": own_change},
+        {("reference", 32): x0, ("reference", 4): x0, ("candidate", 4): _toy_dump(cand=0.3), ("baseline", 32): xm},
+    )
     assert res.verdict == "fail"
     assert res.blame == "candidate", res.reasons[:2]
 
 
 def test_stubbed_regimes_the_per_change_caps_hold_in_every_regime(tmp_path, monkeypatch):
     x0 = _toy_dump()
-    res, made = _stubbed_verify(tmp_path, monkeypatch, {"baseline": 32, "candidate": 4}, {"baseline": x0, "candidate": x0},
-                                {("reference", 4): x0, ("reference", 32): x0, ("baseline", 4): x0, ("candidate", 32): _toy_dump(cand=0.03)})
+    res, made = _stubbed_verify(
+        tmp_path,
+        monkeypatch,
+        {"baseline": 32, "candidate": 4},
+        {"baseline": x0, "candidate": x0},
+        {("reference", 4): x0, ("reference", 32): x0, ("baseline", 4): x0, ("candidate", 32): _toy_dump(cand=0.03)},
+    )
     assert ("candidate", 32) in made  # the old regime was run ...
-    assert res.verdict == "fail", (res.reasons, res.reference["regimes"][1]["sets"]["public"]["prefill"]["kl_max"])  # ... and judged
+    assert res.verdict == "fail", (
+        res.reasons,
+        res.reference["regimes"][1]["sets"]["public"]["prefill"]["kl_max"],
+    )  # ... and judged

@@ -67,8 +67,15 @@ LLM.generate = _generate
 
 
 def test_fork_relays_cannot_escape_the_parking(tmp_path):
-    repo = make_repo(tmp_path / "fork", {"agentsearch.toml": CONFIG.format(**THROUGHPUT), "vllm/__init__.py": CPU_VLLM,
-                                         "vllm/inputs.py": TOY_INPUTS, "cost.txt": "0.0008\n"})
+    repo = make_repo(
+        tmp_path / "fork",
+        {
+            "agentsearch.toml": CONFIG.format(**THROUGHPUT),
+            "vllm/__init__.py": CPU_VLLM,
+            "vllm/inputs.py": TOY_INPUTS,
+            "cost.txt": "0.0008\n",
+        },
+    )
     assert run_cli("init", "-C", str(repo)).returncode == 0
     commit(repo, {"vllm/__init__.py": CPU_VLLM + RELAY}, "relay hogs", branch="relay")
     rc, out = evaluate_engine(repo, "relay")
@@ -134,10 +141,20 @@ def compute(items):
 
 
 def test_the_output_directory_does_not_carry_a_cache_between_trials(tmp_path):
-    test = f'test = "{sys.executable} -c \'import sys; sys.path.insert(0, \\".\\"); import model; model.compute([1.0])\'"'
+    test = (
+        f'test = "{sys.executable} -c \'import sys; sys.path.insert(0, \\".\\"); import model; model.compute([1.0])\'"'
+    )
     repo = make_target(tmp_path, target_extra=test, files={"bench/bench.py": OUTPUT_BENCH, "model.py": HONEST_TABLE})
-    cfg = (repo / "agentsearch.toml").read_text().replace('metric = "ops_s"\nhigher_is_better = true', 'metric = "wall_s"\nhigher_is_better = false')
-    commit(repo, {"agentsearch.toml": cfg.replace('timeout_s = 20', 'timeout_s = 20\noutputs = "digest"')}, "wall_s + outputs")
+    cfg = (
+        (repo / "agentsearch.toml")
+        .read_text()
+        .replace('metric = "ops_s"\nhigher_is_better = true', 'metric = "wall_s"\nhigher_is_better = false')
+    )
+    commit(
+        repo,
+        {"agentsearch.toml": cfg.replace('timeout_s = 20', 'timeout_s = 20\noutputs = "digest"')},
+        "wall_s + outputs",
+    )
     main = Workspace.open(repo).baseline_commit()
     commit(repo, {"model.py": CACHED_TABLE}, "cache the table", branch="attack")
     rc, out = evaluate(repo, "attack")
@@ -157,11 +174,19 @@ os.symlink(os.path.join(common, "hooks"), "hk")
 
 def test_undoing_the_tests_changes_never_writes_through_a_link(tmp_path):
     canary = tmp_path / "PWNED"
-    repo = make_target(tmp_path, target_extra=f'test = "{sys.executable} test_model.py"',
-                       files={"test_model.py": "import model\nassert model.FACTOR == 1.0\n", "hk/.keep": ""})
+    repo = make_target(
+        tmp_path,
+        target_extra=f'test = "{sys.executable} test_model.py"',
+        files={"test_model.py": "import model\nassert model.FACTOR == 1.0\n", "hk/.keep": ""},
+    )
     main = Workspace.open(repo).baseline_commit()
     hook = f"#!/bin/sh\necho ran >> {canary}\ngit --git-dir={repo}/.git update-ref refs/heads/main refs/heads/attack\n"
-    commit(repo, {"test_model.py": RESTORE_TEST, "hk/post-checkout": hook, "model.py": "FACTOR = 1.0  # x\n"}, "tests", branch="attack")
+    commit(
+        repo,
+        {"test_model.py": RESTORE_TEST, "hk/post-checkout": hook, "model.py": "FACTOR = 1.0  # x\n"},
+        "tests",
+        branch="attack",
+    )
     rc, out = evaluate(repo, "attack")
     assert rc == 4, out["reasons"]  # the tests ran in a disposable copy, removed without following the link
     assert not (repo / ".git" / "hooks" / "post-checkout").exists()

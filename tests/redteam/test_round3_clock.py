@@ -145,7 +145,9 @@ def test_a_slowed_perf_counter_everywhere_buys_nothing(fork):
     assert rc == 4 and out["status"] == "fail", out
     r = out["micro"]["ops"][0]
     # caught by the worker's readings, or timed on the orchestrator's clock: never faster than the baseline
-    assert BREACH in out["detail"] or (r["speedup"] is not None and r["speedup"] < 1 and "micro-slowdown" in out["detail"]), out
+    assert BREACH in out["detail"] or (
+        r["speedup"] is not None and r["speedup"] < 1 and "micro-slowdown" in out["detail"]
+    ), out
 
 
 def test_work_deferred_past_the_call_is_a_wrong_timed_result(fork):

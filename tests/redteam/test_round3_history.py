@@ -18,8 +18,8 @@ import subprocess
 import sys
 import tarfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
 
@@ -28,8 +28,8 @@ from history import records as rec
 
 from ..conftest import ROOT, commit, git, run_cli
 from ..test_episode import make_target
-from .test_head_store import MemoryHead
 from .test_checkout_sync import refused  # noqa: F401 - the fixture: a MERGE verdict whose merge was refused
+from .test_head_store import MemoryHead
 from .toy import copy_target, fast_queue, head, history_file, one_line, records, verify
 
 pytestmark = pytest.mark.timeout(600)
@@ -109,17 +109,24 @@ def test_an_agentsearch_revert_is_vouched_for_and_a_commit_after_it_is_not(repo:
     assert f"commit {sha[:12]} \"after the revert\"" in failed(repo)
 
 
-def test_a_merge_whose_record_a_crash_cut_off_is_vouched_only_as_the_orchestrator_makes_it(refused: Path, tmp_path: Path) -> None:  # noqa: F811
+def test_a_merge_whose_record_a_crash_cut_off_is_vouched_only_as_the_orchestrator_makes_it(
+    refused: Path,  # noqa: F811 - the fixture
+    tmp_path: Path,
+) -> None:
     """A MERGE verdict is recorded, its merge record is not (a crash, or a refused merge that --resume completes)."""
     repo = copy_target(refused, tmp_path / "toy")
     v = next(r["data"] for r in records(repo) if r["kind"] == "verdict")
     assert v["verdict"] == "merge" and not [r for r in records(repo) if r["kind"] == "merge"]
     cand, base = v["candidate"], v["baseline"]
     assert verify(repo).returncode == 0
-    right = git(repo, "commit-tree", f"{cand}^{{tree}}", "-p", base, "-p", cand, "-m", "agentsearch: merge (cut off)").strip()
+    right = git(
+        repo, "commit-tree", f"{cand}^{{tree}}", "-p", base, "-p", cand, "-m", "agentsearch: merge (cut off)"
+    ).strip()
     git(repo, "update-ref", "refs/heads/main", right, base)
     assert verify(repo).returncode == 0
-    wrong = git(repo, "commit-tree", f"{base}^{{tree}}", "-p", base, "-p", cand, "-m", "agentsearch: merge (another tree)").strip()
+    wrong = git(
+        repo, "commit-tree", f"{base}^{{tree}}", "-p", base, "-p", cand, "-m", "agentsearch: merge (another tree)"
+    ).strip()
     git(repo, "update-ref", "refs/heads/main", wrong, right)
     assert f"commit {wrong[:12]}" in failed(repo)
 
@@ -130,7 +137,9 @@ def test_an_old_history_with_merges_and_reverts_still_verifies(tmp_path: Path) -
         tar.extractall(tmp_path, filter="data")
     repo = tmp_path / "toy"
     proc = verify(repo)
-    assert proc.returncode == 0 and f"since {start_of(repo)[:12]} is a recorded merge or revert" in proc.stdout, proc.stderr
+    assert proc.returncode == 0 and f"since {start_of(repo)[:12]} is a recorded merge or revert" in proc.stdout, (
+        proc.stderr
+    )
     sha = commit(repo, {"src/engine.py": "SPEED = 8.0\n"}, "unjudged on an old history")
     assert f"commit {sha[:12]}" in failed(repo)
 
@@ -142,8 +151,21 @@ def test_a_history_without_episodes_checks_no_commit_and_says_so(tmp_path: Path)
 
     repo = make_target(tmp_path / "toy")
     with open_log(Workspace.open(repo)) as log:
-        log.append(rec.Evaluation.of({"ref": "main", "baseline": "b", "candidate": "c", "verdict": "reject", "reasons": [],
-                                      "seed": 1, "checks": []}), None, None)
+        log.append(
+            rec.Evaluation.of(
+                {
+                    "ref": "main",
+                    "baseline": "b",
+                    "candidate": "c",
+                    "verdict": "reject",
+                    "reasons": [],
+                    "seed": 1,
+                    "checks": [],
+                }
+            ),
+            None,
+            None,
+        )
     commit(repo, {"src/engine.py": "SPEED = 7.0\n"}, "a person's commit")
     proc = verify(repo)
     assert proc.returncode == 0, proc.stderr
@@ -187,9 +209,12 @@ def _delete(p: Path) -> None:
 
 
 TAMPER: dict[str, tuple[Callable[[Path], None], str]] = {
-    "emptied": (_empty, "emptied: 0 of the"), "truncated": (_truncate, "truncated to"),
-    "rewritten": (_rewrite_last, "rewritten: its last line is not record 3"), "appended": (_append_foreign, "written by someone else"),
-    "replaced": (_replace, "replaced by another file"), "deleted": (_delete, "(deleted)"),
+    "emptied": (_empty, "emptied: 0 of the"),
+    "truncated": (_truncate, "truncated to"),
+    "rewritten": (_rewrite_last, "rewritten: its last line is not record 3"),
+    "appended": (_append_foreign, "written by someone else"),
+    "replaced": (_replace, "replaced by another file"),
+    "deleted": (_delete, "(deleted)"),
 }
 
 
@@ -245,8 +270,13 @@ def test_an_episode_whose_history_is_emptied_while_it_runs_stops_with_one_line(t
     queue = fast_queue(repo, tmp_path / "queue")
     before = git(repo, "rev-parse", "main").strip()
     path = history_file(repo)
-    proc = subprocess.Popen([sys.executable, "-m", "agentsearch.cli", "episode", "-C", str(repo), "--patches", str(queue), "--seed", "7"],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agentsearch.cli", "episode", "-C", str(repo), "--patches", str(queue), "--seed", "7"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     seen = 0
     deadline = time.monotonic() + 300
     try:
@@ -320,27 +350,44 @@ def test_a_forged_commit_graph_cannot_show_verify_another_tree(tmp_path: Path) -
     import subprocess
 
     def piped(*args: str, stdin: str) -> str:
-        return subprocess.run(["git", *args], cwd=r, input=stdin, capture_output=True, text=True, check=True).stdout.strip()
+        return subprocess.run(
+            ["git", *args], cwd=r, input=stdin, capture_output=True, text=True, check=True
+        ).stdout.strip()
 
     blob = piped("hash-object", "-w", "--stdin", stdin="EVIL unjudged\n")
     evil_tree = piped("mktree", stdin=f"100644 blob {blob}\tf\n")
-    forged = git(r, "-c", "user.name=a", "-c", "user.email=a@b", "commit-tree", evil_tree, "-p", base, "-p", cand,
-                 "-m", "Merge judged candidate").strip()
+    forged = git(
+        r,
+        "-c",
+        "user.name=a",
+        "-c",
+        "user.email=a@b",
+        "commit-tree",
+        evil_tree,
+        "-p",
+        base,
+        "-p",
+        cand,
+        "-m",
+        "Merge judged candidate",
+    ).strip()
     git(r, "update-ref", "refs/heads/main", forged)
     git(r, "commit-graph", "write", "--reachable")
     graph = r / ".git" / "objects" / "info" / "commit-graph"
     b = bytearray(graph.read_bytes())
     chunks = {}
     for i in range(b[6] + 1):
-        cid, off = struct.unpack(">4sQ", b[8 + 12 * i: 20 + 12 * i])
+        cid, off = struct.unpack(">4sQ", b[8 + 12 * i : 20 + 12 * i])
         chunks[cid] = off
-    count = struct.unpack(">I", b[chunks[b"OIDF"] + 1020: chunks[b"OIDF"] + 1024])[0]
-    ids = [bytes(b[chunks[b"OIDL"] + 20 * i: chunks[b"OIDL"] + 20 * i + 20]) for i in range(count)]
+    count = struct.unpack(">I", b[chunks[b"OIDF"] + 1020 : chunks[b"OIDF"] + 1024])[0]
+    ids = [bytes(b[chunks[b"OIDL"] + 20 * i : chunks[b"OIDL"] + 20 * i + 20]) for i in range(count)]
     at = chunks[b"CDAT"] + 36 * ids.index(bytes.fromhex(forged))
-    b[at: at + 20] = bytes.fromhex(git(r, "rev-parse", f"{cand}^{{tree}}").strip())
+    b[at : at + 20] = bytes.fromhex(git(r, "rev-parse", f"{cand}^{{tree}}").strip())
     graph.write_bytes(bytes(b))
     assert git(r, "log", "-1", "--format=%T", forged).strip() != evil_tree  # plain git now shows the judged tree
-    entries = [NS(kind="episode-started", data={"baseline": base}),
-               NS(kind="verdict", data={"verdict": "merge", "baseline": base, "candidate": cand})]
+    entries = [
+        NS(kind="episode-started", data={"baseline": base}),
+        NS(kind="verdict", data={"verdict": "merge", "baseline": base, "candidate": cand}),
+    ]
     why = unjudged_commit(r, "main", entries)
     assert f"commit {forged[:12]} \"Merge judged candidate\" was judged by no verdict" in why, why

@@ -82,7 +82,9 @@ def measure(server, client, trick: str, params: dict):
 
 
 def test_an_honest_server_is_timed_by_the_definitions_and_the_schedule_is_kept(server, client):
-    load, data, (timings, outputs, why) = measure(server, client, "honest", {"prompts": 40, "output_len": 5, "request_rate": 100})
+    load, data, (timings, outputs, why) = measure(
+        server, client, "honest", {"prompts": 40, "output_len": 5, "request_rate": 100}
+    )
     assert not why, why
     assert len(timings) == 40 and all(len(t.gaps) == 4 for t in timings)
     m = tails.serving_metrics(timings, ("ttft_p50_ms", "itl_p50_ms"))
@@ -111,11 +113,17 @@ def test_tokens_that_decode_to_nothing_are_not_a_failure(server, client):
     assert all(t.gaps == () and t.ttft == t.e2e and t.e2e > 0.03 for t in timings)
 
 
-@pytest.mark.parametrize("trick, says", [
-    ("split", "more text chunks than the 4 tokens asked for"),  # more chunks than tokens: halved gaps are not a faster ITL
-    ("more-tokens", "a number of output tokens other than the one requested"),  # usage inflating the throughput
-    ("no-usage", "malformed per-request results"),
-])
+@pytest.mark.parametrize(
+    "trick, says",
+    [
+        (
+            "split",
+            "more text chunks than the 4 tokens asked for",
+        ),  # more chunks than tokens: halved gaps are not a faster ITL
+        ("more-tokens", "a number of output tokens other than the one requested"),  # usage inflating the throughput
+        ("no-usage", "malformed per-request results"),
+    ],
+)
 def test_a_server_that_misreports_fails_the_trial(server, client, trick, says):
     _, _, (_, _, why) = measure(server, client, trick, {"prompts": 6, "output_len": 4})
     assert says in why, why

@@ -15,18 +15,41 @@ def test_a_merged_title_cannot_lie_and_a_merge_that_no_longer_reverts_is_said_no
     `does-not-revert` for merge 1 — never a passenger, never a number it did not measure."""
     repo = target(tmp_path / "toy")
     one = KNOBS.replace("A = 1.0", "A = 1.2")
-    queue_of(repo, tmp_path / "queue", [(LYING_TITLE, {"src/knobs.py": one}), ("Raise A again", {"src/knobs.py": one.replace("A = 1.2", "A = 1.5")})])
-    assert any("=1B[2K" in f.read_text() for f in (tmp_path / "queue").iterdir())  # the escapes, as git encodes a subject
-    proc = run_cli("episode", "-C", str(repo), "--patches", str(tmp_path / "queue"), "--seed", "5", "--json", timeout=600)
+    queue_of(
+        repo,
+        tmp_path / "queue",
+        [(LYING_TITLE, {"src/knobs.py": one}), ("Raise A again", {"src/knobs.py": one.replace("A = 1.2", "A = 1.5")})],
+    )
+    assert any(
+        "=1B[2K" in f.read_text() for f in (tmp_path / "queue").iterdir()
+    )  # the escapes, as git encodes a subject
+    proc = run_cli(
+        "episode", "-C", str(repo), "--patches", str(tmp_path / "queue"), "--seed", "5", "--json", timeout=600
+    )
     assert proc.returncode == 0, proc.stderr
     assert [p["verdict"] for p in json.loads(proc.stdout)["proposals"]] == ["merge", "merge"], proc.stdout
     first = git(repo, "rev-parse", "main~1").strip()
 
-    got = run_cli("stack", "-C", str(repo), "--leave-one-out", "--json", "--seed", "2", "--report", str(tmp_path / "s.md"), timeout=600)
+    got = run_cli(
+        "stack",
+        "-C",
+        str(repo),
+        "--leave-one-out",
+        "--json",
+        "--seed",
+        "2",
+        "--report",
+        str(tmp_path / "s.md"),
+        timeout=600,
+    )
     assert got.returncode in (0, 1), got.stderr
     rec = json.loads(got.stdout)
     by = {r["merge"]: r for r in rec["removals"]}
-    assert by[first]["decision"] == "does-not-revert" and by[first]["marginal"] is None and "reverts cleanly" in by[first]["reason"]
+    assert (
+        by[first]["decision"] == "does-not-revert"
+        and by[first]["marginal"] is None
+        and "reverts cleanly" in by[first]["reason"]
+    )
     assert first not in [r["merge"] for r in rec["removals"] if r["decision"] == "passenger"]
     human = run_cli("stack", "-C", str(repo), "--seed", "3", timeout=600)
     review = run_cli("review", "-C", str(repo))
@@ -41,10 +64,23 @@ def test_a_title_cannot_break_the_stack_reports_table_or_its_plot():
     from agentsearch.report import stack_markdown, stack_waterfall
     from history.records.stack import StackCheck, StackMerge
 
-    merges = (StackMerge("c" * 40, "e1/001", "a | b `c` | fake cell", 1.1, (1.0, 1.2)),
-              StackMerge("d" * 40, "e1/002", r"$\undefinedmacro{x}$ and $\frac{$", 1.1, (1.0, 1.2)))
-    r = StackCheck(since="a" * 40, tip="b" * 40, objective="speed", merges=merges, verdict="delivers", reasons=(), seed=1,
-                   cumulative=1.2, ci=(1.1, 1.3), product=1.21, product_ci=(1.1, 1.3))
+    merges = (
+        StackMerge("c" * 40, "e1/001", "a | b `c` | fake cell", 1.1, (1.0, 1.2)),
+        StackMerge("d" * 40, "e1/002", r"$\undefinedmacro{x}$ and $\frac{$", 1.1, (1.0, 1.2)),
+    )
+    r = StackCheck(
+        since="a" * 40,
+        tip="b" * 40,
+        objective="speed",
+        merges=merges,
+        verdict="delivers",
+        reasons=(),
+        seed=1,
+        cumulative=1.2,
+        ci=(1.1, 1.3),
+        product=1.21,
+        product_ci=(1.1, 1.3),
+    )
     assert stack_waterfall(r, "png")[:4] == b"\x89PNG"
     rows = [ln for ln in stack_markdown(r).splitlines() if ln.startswith("| 1 |")]
     assert len(rows) == 1 and rows[0].replace("\\|", "").count("|") == 8, rows  # 7 cells, however the title is made
@@ -59,10 +95,24 @@ def test_the_html_stack_report_keeps_a_title_as_text():
     from history.records.stack import Removal, StackCheck, StackMerge
 
     evil = '<script>alert(1)</script><img src=x onerror=alert(2)> [ok](javascript:alert(3)) </td></tr></table>'
-    merges = (StackMerge("c" * 40, "e1/001", evil, 1.1, (1.0, 1.2)), StackMerge("d" * 40, "e1/002", "fine", 1.1, (1.0, 1.2)))
-    r = StackCheck(since="a" * 40, tip="b" * 40, objective="speed", merges=merges, verdict="under-delivers", reasons=(f"why: {evil}",),
-                   seed=1, cumulative=1.05, ci=(1.0, 1.1), product=1.21, product_ci=(1.1, 1.3),
-                   removals=(Removal("c" * 40, "passenger", f"{evil} said the test", marginal=1.0, ci=(0.98, 1.02), pairs=6),))
+    merges = (
+        StackMerge("c" * 40, "e1/001", evil, 1.1, (1.0, 1.2)),
+        StackMerge("d" * 40, "e1/002", "fine", 1.1, (1.0, 1.2)),
+    )
+    r = StackCheck(
+        since="a" * 40,
+        tip="b" * 40,
+        objective="speed",
+        merges=merges,
+        verdict="under-delivers",
+        reasons=(f"why: {evil}",),
+        seed=1,
+        cumulative=1.05,
+        ci=(1.0, 1.1),
+        product=1.21,
+        product_ci=(1.1, 1.3),
+        removals=(Removal("c" * 40, "passenger", f"{evil} said the test", marginal=1.0, ci=(0.98, 1.02), pairs=6),),
+    )
     page = stack_html(r)
     assert page.startswith("<!DOCTYPE html>") and page.count("<table>") == 2 and page.count("</table>") == 2
     assert "<script" not in page and "<img" not in page and 'href="javascript' not in page
@@ -78,19 +128,29 @@ def test_bisect_over_a_range_with_a_revert_names_the_merge_that_brought_the_regr
     k1 = KNOBS.replace("A = 1.0", "A = 1.2")
     k2 = k1.replace("G = 1.0", "G = 0.8").replace("FAST_PATH = False", "FAST_PATH = True")
     k3 = k2.replace("A = 1.2", "A = 1.5")
-    queue_of(repo, tmp_path / "q1", [("M1", {"src/knobs.py": k1}), ("M2 guard -20%", {"src/knobs.py": k2}), ("M3", {"src/knobs.py": k3})])
+    queue_of(
+        repo,
+        tmp_path / "q1",
+        [("M1", {"src/knobs.py": k1}), ("M2 guard -20%", {"src/knobs.py": k2}), ("M3", {"src/knobs.py": k3})],
+    )
     first = run_cli("episode", "-C", str(repo), "--patches", str(tmp_path / "q1"), "--seed", "5", "--json", timeout=600)
     assert [p["verdict"] for p in json.loads(first.stdout)["proposals"]] == ["merge"] * 3, first.stdout[-3000:]
     m2 = git(repo, "rev-parse", "main~1").strip()
     assert run_cli("revert", "-C", str(repo), m2).returncode == 0
     k4 = git(repo, "show", "main:src/knobs.py").replace("A = 1.5", "A = 1.9").replace("G = 1.0", "G = 0.8")
     queue_of(repo, tmp_path / "q2", [("M4 guard -20%", {"src/knobs.py": k4})])
-    second = run_cli("episode", "-C", str(repo), "--patches", str(tmp_path / "q2"), "--seed", "8", "--json", timeout=600)
+    second = run_cli(
+        "episode", "-C", str(repo), "--patches", str(tmp_path / "q2"), "--seed", "8", "--json", timeout=600
+    )
     assert [p["verdict"] for p in json.loads(second.stdout)["proposals"]] == ["merge"], second.stdout[-3000:]
     m4 = git(repo, "rev-parse", "main").strip()
-    proc = run_cli("stack", "bisect", "-C", str(repo), "--since", start, "--metric", "guard", "--json", "--seed", "5", timeout=900)
+    proc = run_cli(
+        "stack", "bisect", "-C", str(repo), "--since", start, "--metric", "guard", "--json", "--seed", "5", timeout=900
+    )
     got = json.loads(proc.stdout)
-    assert proc.returncode == 0 and got["culprit"] == m4, [(s["index"], s["outcome"], s["reason"]) for s in got["steps"]]
+    assert proc.returncode == 0 and got["culprit"] == m4, [
+        (s["index"], s["outcome"], s["reason"]) for s in got["steps"]
+    ]
     assert len(got["merges"]) == 5 and "the merge of" in got["reason"]  # M1, M2, M3, the revert, M4
 
 
@@ -116,25 +176,47 @@ def test_no_path_a_measured_process_sees_names_its_side_or_its_check(tmp_path):
     """Red team (round 4): merged code read `warm-stack-candidate` in its working directory and so knew it was the
     scratch side of a stack check's leave-one-out (it framed an honest merge as a passenger). Every path a measured
     process can see — its cwd, {out}, AGENTSEARCH_WORKTREE/OUT, its stdout and stderr — is now an opaque name."""
+    import sys
+
     from ..conftest import make_repo
     from ..test_stack import CONFIG
 
-    import sys
-
-    repo = make_repo(tmp_path / "toy", {"agentsearch.toml": CONFIG.format(python=sys.executable), "bench/bench.py": PEEK_BENCH,
-                                        "src/__init__.py": "", "src/knobs.py": KNOBS})
+    repo = make_repo(
+        tmp_path / "toy",
+        {
+            "agentsearch.toml": CONFIG.format(python=sys.executable),
+            "bench/bench.py": PEEK_BENCH,
+            "src/__init__.py": "",
+            "src/knobs.py": KNOBS,
+        },
+    )
     assert run_cli("init", "-C", str(repo)).returncode == 0
-    queue_of(repo, tmp_path / "q", [("A 1.2", {"src/knobs.py": KNOBS.replace("A = 1.0", "A = 1.2")}),
-                                    ("A 1.4", {"src/knobs.py": KNOBS.replace("A = 1.0", "A = 1.4")})])
+    queue_of(
+        repo,
+        tmp_path / "q",
+        [
+            ("A 1.2", {"src/knobs.py": KNOBS.replace("A = 1.0", "A = 1.2")}),
+            ("A 1.4", {"src/knobs.py": KNOBS.replace("A = 1.0", "A = 1.4")}),
+        ],
+    )
     out = run_cli("episode", "-C", str(repo), "--patches", str(tmp_path / "q"), "--seed", "4", "--json", timeout=600)
     assert out.returncode == 0, out.stderr
-    assert json.loads(out.stdout)["stack"]["verdict"] in ("delivers", "inconclusive", "under-delivers")  # the end check ran
+    assert json.loads(out.stdout)["stack"]["verdict"] in (
+        "delivers",
+        "inconclusive",
+        "under-delivers",
+    )  # the end check ran
     assert run_cli("stack", "-C", str(repo), "--leave-one-out", "--seed", "2", timeout=600).returncode in (0, 1)
     from agentsearch.workspace import Workspace
     from history import HistoryLog
     from history.records import Trial
 
-    trials = [e.record for e in HistoryLog(Workspace.open(repo).state / "history.jsonl").entries() if isinstance(e.record, Trial)]
+    trials = [
+        e.record
+        for e in HistoryLog(Workspace.open(repo).state / "history.jsonl").entries()
+        if isinstance(e.record, Trial)
+    ]
     measured = [t for t in trials if t.ok]
-    assert len(measured) > 20 and all(t.metrics.get("leak") == 0 for t in measured), \
-        sorted({(t.side, t.phase, t.metrics.get("leak")) for t in measured})
+    assert len(measured) > 20 and all(t.metrics.get("leak") == 0 for t in measured), sorted(
+        {(t.side, t.phase, t.metrics.get("leak")) for t in measured}
+    )

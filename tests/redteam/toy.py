@@ -16,7 +16,9 @@ FAST = ENGINE.replace("SPEED = 1.0", "SPEED = 1.3")
 def fast_queue(repo: Path, queue: Path) -> Path:
     """A patch queue with one real win (the engine 30% faster)."""
     queue.mkdir()
-    (queue / "01-fast.patch").write_text(patch_from(repo, {"src/engine.py": FAST}, "fast", "Make the engine 30% faster"))
+    (queue / "01-fast.patch").write_text(
+        patch_from(repo, {"src/engine.py": FAST}, "fast", "Make the engine 30% faster")
+    )
     return queue
 
 
