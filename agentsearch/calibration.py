@@ -140,7 +140,8 @@ def analyze(
     guard = w is not None and w.name != config.objective.name
     # a guard is judged by the one-sided regression test at regression_alpha: its smallest detectable regression
     detect_level = config.gate.regression_alpha if guard else level
-    # the gate's engine sessions (restarts; alternate rounds): a session's effect on the mean (tau2) counts once per session
+    # the gate's engine sessions (restarts; alternate rounds): a session's effect on the mean (tau2) counts once per
+    # session
     restarts = restarts_for(w) if w is not None else 1
     per_session = pairs_per_session(budget, restarts, alternate) if alternate or restarts > 1 else 0
     walls = [t.wall_s for t in run_trials if t.ok]
@@ -243,7 +244,7 @@ def calibrate(
                         seeds.pair_seeds(master, w.name),
                         w.higher_is_better,
                         **options,
-                        on_pair=lambda r: say(w.name, f"A/A pair {r.pairs}/{pairs}"),  # called before the loop moves on
+                        on_pair=lambda r: say(w.name, f"A/A pair {r.pairs}/{pairs}"),  # noqa: B023 - called within the iteration
                     )
                     if run.failure:
                         raise AgentsearchError(f"calibration of {w.name!r} failed: {run.failure}")
@@ -307,7 +308,8 @@ def _machine_floors(
         notes.append(
             f"{seconds:g} s of a pure-CPU loop, {where}"
             + (
-                f"; too short for 3 pairs of {', '.join(short)}: run with --machine-probe {math.ceil(7 * max(out[w.name].trial_s or 0 for w in ws_))}"
+                f"; too short for 3 pairs of {', '.join(short)}: run with --machine-probe "
+                f"{math.ceil(7 * max(out[w.name].trial_s or 0 for w in ws_))}"
                 if short
                 else ""
             )

@@ -87,7 +87,10 @@ def strict_option(f: Callable[..., Any]) -> Callable[..., Any]:
         is_flag=True,
         expose_value=False,
         callback=_set_flag,
-        help="Refuse (exit 2) when the working copy of agentsearch.toml differs from the committed one in use (also AGENTSEARCH_STRICT_CONFIG=1).",
+        help=(
+            "Refuse (exit 2) when the working copy of agentsearch.toml differs from the committed one in use (also "
+            "AGENTSEARCH_STRICT_CONFIG=1)."
+        ),
     )(f)
 
 
@@ -651,7 +654,8 @@ def stack(
     seed: int | None,
     report: Path | None,
 ) -> None:
-    """What the merges of a range add up to: the tip against the range's start, beside the product of the merges' estimates.
+    """What the merges of a range add up to: the tip against the range's start, beside the product of the merges'
+    estimates.
 
     Verdict: delivers, under-delivers (significantly below the product) or inconclusive; with --leave-one-out each
     merge's marginal contribution today (passengers add nothing significant). Exit 0 when it delivers, 1 otherwise.

@@ -43,7 +43,8 @@ VERIFY_PROFILES = {"full": 0, "quick": 56}
 
 
 def doc(text: str, default: Any = dataclasses.MISSING, factory: Any = dataclasses.MISSING) -> Any:
-    """A dataclass field with its documentation attached (shown in the generated config reference, docs/reference/config.md, and in errors)."""
+    """A dataclass field with its documentation attached (shown in the generated config reference,
+    docs/reference/config.md, and in errors)."""
     if factory is not dataclasses.MISSING:
         return field(default_factory=factory, metadata={"doc": text})
     if default is dataclasses.MISSING:
@@ -65,7 +66,8 @@ class TargetConfig:
         None,
     )
     test: str | None = doc(
-        "Functional tests: a command run in the candidate's worktree (sandboxed) before any measurement; a non-zero exit rejects.",
+        "Functional tests: a command run in the candidate's worktree (sandboxed) before any measurement; a non-zero "
+        "exit rejects.",
         None,
     )
     test_timeout_s: float = doc("Timeout of the functional tests in seconds.", 900.0)
@@ -106,16 +108,19 @@ class WorkloadConfig:
         "tiny",
     )
     engine: Mapping[str, Any] = doc(
-        "vLLM kinds: engine arguments (max_num_seqs, block_size, enforce_eager, dtype, ...); the fork's serving.json overrides them.",
+        "vLLM kinds: engine arguments (max_num_seqs, block_size, enforce_eager, dtype, ...); the fork's serving.json "
+        "overrides them.",
         factory=dict,
     )
     params: Mapping[str, Any] = doc(
-        "vLLM kinds: workload parameters (prompts, input_len, output_len, length_dist, batch_size, iterations, max_concurrency, request_rate).",
+        "vLLM kinds: workload parameters (prompts, input_len, output_len, length_dist, batch_size, iterations, "
+        "max_concurrency, request_rate).",
         factory=dict,
     )
     restarts: int = doc(
-        "vLLM kinds: engine starts per side per evaluation (second level of replication). 4: each proposal's engine-session "
-        "effect is estimated on 3 degrees of freedom; with 2 (one) simulated false merges exceed the level under the instance effects measured here.",
+        "vLLM kinds: engine starts per side per evaluation (second level of replication). 4: each proposal's "
+        "engine-session effect is estimated on 3 degrees of freedom; with 2 (one) simulated false merges exceed the "
+        "level under the instance effects measured here.",
         4,
     )
     max_pairs: int | None = doc(
@@ -152,7 +157,8 @@ class WorkloadConfig:
             mml = self.engine.get("max_model_len")
             if mml is not None and (not isinstance(mml, int) or isinstance(mml, bool) or not 0 < mml <= 1 << 24):
                 raise ValueError(
-                    f"max_model_len must be a positive integer here (the serving load is planned for it), got {mml!r}|engine"
+                    "max_model_len must be a positive integer here (the serving load is planned for it), got "
+                    f"{mml!r}|engine"
                 )
             lower = tails.quantile_metric(self.metric) is not None
             if self.higher_is_better == lower:
@@ -219,7 +225,8 @@ class GateConfig:
     look_every: int = doc("Pairs between two looks of the sequential test.", D.LOOK_EVERY)
     max_pairs: int = doc("Pairs per workload at most (the full budget).", D.MAX_PAIRS)
     confirm_pairs: int = doc(
-        "Pairs of the confirmation run with fresh seeds (and, for engine workloads, fresh engines) before a merge (0 disables).",
+        "Pairs of the confirmation run with fresh seeds (and, for engine workloads, fresh engines) before a merge (0 "
+        "disables).",
         6,
     )
     plausibility: float = doc("A speedup beyond this factor is held for manual review.", 10.0)
@@ -278,17 +285,20 @@ class EngineConfig:
         P.AUTO,
     )
     memory_split: float = doc(
-        "One GPU: gpu_memory_utilization of each engine that shares it (placement shared; the distribution checks' engines).",
+        "One GPU: gpu_memory_utilization of each engine that shares it (placement shared; the distribution checks' "
+        "engines).",
         P.MEMORY_SPLIT,
     )
     warmup: int = doc("Unmeasured rounds at the start of every engine session, per side.", 1)
     foreign_load: float = doc(
-        "Flag a trial (`foreign_load`) when processes outside the comparison used more than this share of the cores during it.",
+        "Flag a trial (`foreign_load`) when processes outside the comparison used more than this share of the cores "
+        "during it.",
         quiet.FOREIGN_LOAD,
     )
     slices: int = doc(
         "Split each pair's two throughput trials into up to this many parts measured alternately on the two warm "
-        "engines (A B B A ...), so the halves of a pair run a fraction of a second apart (placement shared; 1: whole trials).",
+        "engines (A B B A ...), so the halves of a pair run a fraction of a second apart (placement shared; 1: whole "
+        "trials).",
         8,
     )
     cpus: str = doc(
@@ -298,8 +308,8 @@ class EngineConfig:
         "auto",
     )
     baseline_reuse: int = doc(
-        "Episodes: how many consecutive evaluations one baseline engine instance (and the baseline's worktree) may serve "
-        "while the baseline, config and environment hold (1: every evaluation starts its baseline afresh).",
+        "Episodes: how many consecutive evaluations one baseline engine instance (and the baseline's worktree) may "
+        "serve while the baseline, config and environment hold (1: every evaluation starts its baseline afresh).",
         2,
     )
 
@@ -342,7 +352,8 @@ def _check_caps(caps: Mapping[str, Any], field_name: str) -> None:
             or (key == "min_top1" and v > 1)
         ):
             raise ValueError(
-                f"cap {key!r}: expected a positive finite number{' <= 1' if key == 'min_top1' else ''}, got {v!r}|{field_name}"
+                f"cap {key!r}: expected a positive finite number{' <= 1' if key == 'min_top1' else ''}, got "
+                f"{v!r}|{field_name}"
             )
 
 
@@ -366,7 +377,8 @@ class VerifyConfig:
     model: str = doc("kind = \"vllm\": model directory, or \"tiny\" / \"smollm2\" (built offline).", "tiny")
     engine: Mapping[str, Any] = doc("kind = \"vllm\": engine arguments for the logprob engine.", factory=dict)
     caps: Mapping[str, Any] = doc(
-        "mode = \"approx\": limits, e.g. {kl_mean = 1e-3, kl_p99 = 1e-2, kl_max = 0.1, dlogprob_max = 0.5, min_top1 = 0.95}.",
+        "mode = \"approx\": limits, e.g. {kl_mean = 1e-3, kl_p99 = 1e-2, kl_max = 0.1, dlogprob_max = 0.5, "
+        "min_top1 = 0.95}.",
         factory=dict,
     )
     timeout_s: float = doc("Timeout of one logprob run in seconds.", 900.0)
@@ -528,8 +540,9 @@ class ExecutorConfig:
 @dataclass(frozen=True)
 class StackConfig:
     check: str = doc(
-        "end | every:N | off: when an episode runs the stack check (`agentsearch stack`) itself, over its own merges. end: when "
-        "the episode ends, if it merged at least 2 proposals; every:N: after every N merges of the episode; off: never.",
+        "end | every:N | off: when an episode runs the stack check (`agentsearch stack`) itself, over its own merges. "
+        "end: when the episode ends, if it merged at least 2 proposals; every:N: after every N merges of the episode; "
+        "off: never.",
         "end",
     )
     leave_one_out: bool = doc(
@@ -830,8 +843,8 @@ def load_config_text(text: str, source: str = CONFIG_FILE) -> Config:
     qm = tails.quantile_metric(objective.metric) if objective is not None and objective.kind == "vllm-serve" else None
     if qm is not None and qm.base in ("tpot", "itl"):
         raise ConfigError(
-            f"{source}: [[workload]] {objective.name if objective else ''} metric: {qm.name} as the objective can be won "
-            "by shaping the stream (tokens held back and sent in a burst); judge ttft, e2e, a rate or goodput as "
+            f"{source}: [[workload]] {objective.name if objective else ''} metric: {qm.name} as the objective can be "
+            "won by shaping the stream (tokens held back and sent in a burst); judge ttft, e2e, a rate or goodput as "
             "the objective and keep tpot and itl quantiles as guards"
         )
     for i, w in enumerate(workloads):
@@ -843,7 +856,8 @@ def load_config_text(text: str, source: str = CONFIG_FILE) -> Config:
     gate: GateConfig = sections["gate"]
     if gate.objective is not None and gate.objective not in names:
         raise ConfigError(
-            f"{source}: [gate] objective: expected one of the workload names ({', '.join(names)}), got {gate.objective!r}"
+            f"{source}: [gate] objective: expected one of the workload names ({', '.join(names)}), got "
+            f"{gate.objective!r}"
         )
     return Config(
         target=sections["target"],
@@ -893,7 +907,8 @@ def _sweep(raw: Any, source: str) -> SweepConfig:
 
 
 def reference_rows() -> list[tuple[str, str, str, str]]:
-    """(section, key, default, doc) for every key: the generated config reference (docs/hooks.py → docs/reference/config.md)."""
+    """(section, key, default, doc) for every key: the generated config reference
+    (docs/hooks.py → docs/reference/config.md)."""
     rows = []
     for section, cls in (
         ("[target]", TargetConfig),

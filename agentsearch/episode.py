@@ -1,5 +1,6 @@
-"""The episode loop: propose -> apply on the current baseline -> commit -> evaluate -> gate ->
-merge (CAS, evidence in the merge message and a git note) or reject -> record.
+"""An episode and its judging steps: propose -> apply on the current baseline -> commit -> evaluate -> gate ->
+merge (CAS, evidence in the merge message and a git note) or reject -> record. The loop that drives them, on any
+executor, is ``agentsearch.loop``; ``Episode``'s public methods are the steps it calls.
 
 Everything an episode did is in the history, and ``--resume`` rebuilds its state from the
 history alone: judged proposals are not re-run, an in-flight one is judged again from
@@ -21,14 +22,14 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from harness import environment, seeds
-from harness.trials import BASELINE, TrialRecord, tail
+from harness.trials import TrialRecord, tail
 from history import HistoryChanged, HistoryError
 from history import records as rec
 from history.insights import proposal_rows
 
 from . import proposers
 from .errors import AgentsearchError, CasError, ConfigError, LockedError, RunError, TargetError
-from .evaluation import Evaluation, evaluate
+from .evaluation import Evaluation
 from .gate import MERGE, REJECT, Check, Status, judge
 from .headline import headline, pct
 from .proposers.base import Candidate, Proposer
@@ -177,7 +178,7 @@ class Episode:
         """Finish the merges a crash cut off (their verdict is recorded, their merge is not)."""
         for p in sorted(self.state.proposals.values(), key=lambda p: p.number):
             if p.verdict and p.verdict["verdict"] == MERGE and p.merge is None:
-                self._merge(p)
+                self.merge(p)
 
     def stop_reason(self, pending: int = 0) -> str | None:
         """Why no further proposal may start (a budget ran out), or None. ``pending``: sessions in flight."""
@@ -204,60 +205,6 @@ class Episode:
         warm, self.warm = self.warm, None
         if warm is not None:
             warm.retire()
-
-    def run(self) -> dict[str, Any]:
-        try:
-            with history_stops_the_episode():
-                return self._run()
-        finally:
-            self.retire_warm()  # its engines shut down, its worktree removed: also on errors and Ctrl-C
-
-    def _run(self) -> dict[str, Any]:
-        # 1. finish what a crash cut off: agent sessions' workbenches (their proposals were never made: new
-        # sessions take their place), merges whose verdict is recorded, then an in-flight proposal
-        from .workbench import clear_leftovers
-
-        if clear_leftovers(self.ws):
-            self.say(self.plan.episode, "removed the workbenches of agent sessions a crash cut off")
-        self.complete_merges()
-        for p in sorted(self.state.proposals.values(), key=lambda p: p.number):
-            if p.verdict is None:
-                self.say(p.id, "resuming: judging the in-flight proposal again from scratch")
-                self._judge_safely(p, self._candidate_of(p))
-        # 2. new proposals until the queue or a budget runs out
-        agents = max(1, int(getattr(self.proposer, "agents", 1) or 1))
-        if agents > 1:
-            return self.finish(self._run_sessions(agents))
-        reason = "queue empty"
-        while True:
-            stop = self.stop_reason()
-            if stop is not None:
-                reason = stop
-                break
-            self.say(
-                f"{self.plan.episode}/{len(self.state.proposals) + 1:03d} propose",
-                f"asking the {self.proposer.name} proposer",
-            )
-            cand = self.proposer.next(self.state.judged_keys, self.context())
-            if cand is None:
-                break
-            p = self._create(cand)
-            self._judge_safely(p, cand)
-        return self.finish(reason)
-
-    def _run_sessions(self, agents: int) -> str:
-        """Up to ``agents`` proposer sessions at once (``SessionPool``); a finished session's proposal is created
-        and judged at once, in the order the sessions finish, while the others go on. Returns why it stopped."""
-        reason = "queue empty"
-        with SessionPool(self, agents) as pool:
-            while True:
-                reason = pool.fill() or reason
-                if not pool.inflight:
-                    break
-                for cand in pool.take(None):
-                    p = self._create(cand)
-                    self._judge_safely(p, cand)
-        return reason
 
     def finish(self, reason: str, **extra: Any) -> dict[str, Any]:
         """Distill the insights and record episode-finished; the summary (``extra`` added to it, not recorded)."""
@@ -358,7 +305,7 @@ class Episode:
         }
 
     # -------------------------------------------------------------- one proposal
-    def _candidate_of(self, p: ProposalState) -> Candidate:
+    def candidate_of(self, p: ProposalState) -> Candidate:
         c = p.created
         return Candidate(
             p.key,
@@ -370,7 +317,7 @@ class Episode:
             c.get("meta") or {},
         )
 
-    def _create(self, cand: Candidate) -> ProposalState:
+    def create(self, cand: Candidate) -> ProposalState:
         number = len(self.state.proposals) + 1
         pid = f"{self.plan.episode}/{number:03d}"
         self.say(pid, f"applying {cand.title!r}")
@@ -412,7 +359,7 @@ class Episode:
         self.state.proposals[number] = p
         return p
 
-    def _fresh_commit(self, p: ProposalState, cand: Candidate) -> tuple[str | None, str]:
+    def fresh_commit(self, p: ProposalState, cand: Candidate) -> tuple[str | None, str]:
         """The commit to judge: the recorded one if it is still on the current baseline, else re-applied."""
         base = self.ws.baseline_commit()
         recorded = p.created.get("commit")
@@ -431,65 +378,6 @@ class Episode:
         if error:
             return None, error
         return self.ws.commit_proposal(prop, cand.title, cand.rationale, cand.proposer), ""
-
-    def _judge_safely(self, p: ProposalState, cand: Candidate) -> None:
-        """Judge one proposal; an unexpected error while doing so is its REJECT ("internal
-        error: ..."), recorded like any verdict, and the queue moves on. Errors of the run
-        itself (RUN_ERRORS), Ctrl-C and SIGTERM still stop the episode."""
-        try:
-            self._judge(p, cand)
-        except RunError as exc:  # a failed preflight or a broken baseline: recorded, never as this proposal's verdict
-            if p.verdict is None:
-                self.record(
-                    rec.RunError(
-                        number=p.number,
-                        proposal=p.id,
-                        error=str(exc),
-                        kind=type(exc).__name__,
-                        baseline=self.ws.baseline_commit(),
-                    ),
-                    p.id,
-                )
-                raise RunError(f"{exc}; the episode stopped (`agentsearch episode --resume` continues it)") from None
-            raise
-        except RUN_ERRORS:
-            raise
-        except Exception as exc:  # noqa: BLE001 - adversarial code must not stop the episode
-            if p.verdict is not None:  # the verdict is recorded; what failed came after it (the merge)
-                raise
-            base = self.ws.baseline_commit()
-            self._verdict(
-                p,
-                _static_verdict(rec.CheckName.JUDGING.value, internal_reason(exc)),
-                base,
-                p.created.get("commit"),
-                None,
-            )
-
-    def _judge(self, p: ProposalState, cand: Candidate) -> None:
-        ready = self.prepare(p, cand)
-        if ready is None:
-            return
-        base, commit, content_key = ready
-        trees = {BASELINE: git.tree_of(self.ws.repo_dir, base), "candidate": git.tree_of(self.ws.repo_dir, commit)}
-        env_fp = environment.fingerprint()
-
-        def on_trial(t: TrialRecord) -> None:
-            self.record_trial(p, base, commit, t, trees, env_fp)
-
-        def say(stage: str, detail: str) -> None:
-            self.say(f"{p.id} {stage}", detail)
-
-        ev = evaluate(
-            self.ws,
-            commit,
-            seed=seeds.proposal_seed(self.plan.seed, p.number),
-            alpha=self.plan.alpha,
-            progress=say,
-            on_trial=on_trial,
-            warm=self.warm_baseline(),
-        )
-        self.record_evaluation(p, base, commit, ev, content_key)
 
     def record_trial(
         self,
@@ -530,7 +418,7 @@ class Episode:
             self.record(rec.Statistic.of({"number": p.number, **w.to_json()}), p.id)
         if ev.distribution is not None:
             self.record(rec.Distribution.of({"number": p.number, **ev.distribution.to_json()}), p.id)
-        self._verdict(p, ev.verdict, base, commit, ev, content_key, extra)
+        self.verdict(p, ev.verdict, base, commit, ev, content_key, extra)
 
     def prepare(self, p: ProposalState, cand: Candidate, twins: bool = True) -> tuple[str, str, str] | None:
         """The cheap refusals (does not apply, no change, already judged: a verdict at once, None),
@@ -538,7 +426,7 @@ class Episode:
         check is left for later (a parallel episode makes it when the proposal's turn comes)."""
         base = self.ws.baseline_commit()
         config = self.ws.config()
-        commit, error = self._fresh_commit(p, cand)
+        commit, error = self.fresh_commit(p, cand)
         if commit is None:
             reason = (
                 f"does not apply to the current baseline {base[:12]}: {error}"
@@ -551,13 +439,13 @@ class Episode:
             agent_error = (cand.meta or {}).get("error")
             if agent_error and not error:
                 reason += f" (the agent session ended with an error: {agent_error})"
-            self._verdict(p, _static_verdict(rec.CheckName.PATCH_APPLIES.value, reason, failure), base, None, None)
+            self.verdict(p, static_verdict(rec.CheckName.PATCH_APPLIES.value, reason, failure), base, None, None)
             return None
         content_key = _content_key(self.ws, base, commit, config.fingerprint())
         if git.tree_of(self.ws.repo_dir, commit) == git.tree_of(self.ws.repo_dir, base):
-            self._verdict(
+            self.verdict(
                 p,
-                _static_verdict(
+                static_verdict(
                     rec.CheckName.PATCH_APPLIES.value,
                     "the patch makes no change to the baseline",
                     rec.FailureKind.NO_CHANGE,
@@ -574,8 +462,8 @@ class Episode:
                 f"identical to {twin['proposal']} (same code, baseline, workloads and environment), judged "
                 f"{twin['verdict']}; not re-measured"
             )
-            self._verdict(
-                p, _static_verdict(rec.CheckName.NOT_A_DUPLICATE.value, reason), base, commit, None, content_key
+            self.verdict(
+                p, static_verdict(rec.CheckName.NOT_A_DUPLICATE.value, reason), base, commit, None, content_key
             )
             return None
         return base, commit, content_key
@@ -588,7 +476,11 @@ class Episode:
                 return e.data
         return None
 
-    def _verdict(
+    def reject_now(self, p: ProposalState, check: rec.CheckName, reason: str) -> None:
+        """``p``'s REJECT on ``check`` for ``reason``, without a measurement (an error while judging it)."""
+        self.verdict(p, static_verdict(check.value, reason), self.ws.baseline_commit(), p.created.get("commit"), None)
+
+    def verdict(
         self,
         p: ProposalState,
         verdict: Any,
@@ -631,9 +523,9 @@ class Episode:
             self.ws.remove_worktree(prop_path)
         if verdict.verdict == MERGE:
             self.retire_warm()  # the baseline moves
-            self._merge(p)
+            self.merge(p)
 
-    def _merge(self, p: ProposalState) -> None:
+    def merge(self, p: ProposalState) -> None:
         v = p.verdict
         assert v is not None
         cand, expected = v["candidate"], v["baseline"]
@@ -712,7 +604,7 @@ def latest_insights(entries: list[Any]) -> Mapping[str, Any] | None:
     return found[-1] if found else None
 
 
-def _static_verdict(check: str, reason: str, failure: rec.FailureKind | None = None) -> Any:
+def static_verdict(check: str, reason: str, failure: rec.FailureKind | None = None) -> Any:
     return judge([Check(check, Status.FAIL, reason, failure)])
 
 
@@ -728,7 +620,10 @@ def merge_message(v: Mapping[str, Any], history: tuple[int, str] | None = None) 
     if sp:
         head += f" ({sp - 1:+.1%} {v.get('objective', '')})".rstrip()
     extra = history_trailers(history) if history else ""
-    return f"{head}\n\n{evidence_text(v)}\nAgentsearch-Proposal: {v['proposal']}\nAgentsearch-Candidate: {v['candidate']}\n{extra}"
+    return (
+        f"{head}\n\n{evidence_text(v)}\nAgentsearch-Proposal: {v['proposal']}\n"
+        f"Agentsearch-Candidate: {v['candidate']}\n{extra}"
+    )
 
 
 def evidence_text(v: Mapping[str, Any]) -> str:
@@ -757,8 +652,8 @@ class SessionPool:
     sandboxed tools), each with its own workbench. ``fill`` starts sessions while the episode's budgets allow —
     sessions in flight count against the proposal budget, so no more proposals start than it allows; ``take``
     gives the finished sessions' candidates in the order they finished. A session that fails produces nothing
-    and blocks no other; one that finds nothing ends the queue (``empty``). Used by the local loop and by the
-    parallel episode (``agentsearch.parallel``)."""
+    and blocks no other; one that finds nothing ends the queue (``empty``). Used by the episode loop
+    (``agentsearch.loop``)."""
 
     def __init__(self, episode: Episode, agents: int):
         from concurrent.futures import ThreadPoolExecutor

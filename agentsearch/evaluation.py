@@ -577,7 +577,8 @@ def _guards(ctx: _Ctx) -> bool:
             continue
         g = _run_workload(ctx, w, "guard")
         if g is not None and not g.failure and g.decision is not None and g.decision.action == REGRESSED:
-            # confirmed like a win: measured again on fresh engines and seeds; only a regression that holds there rejects
+            # confirmed like a win: measured again on fresh engines and seeds; only a regression that holds there
+            # rejects
             ctx.say(f"{w.name} (guard)", f"{g.decision.reason}: measuring again on fresh engines")
             again = _run_workload(ctx, w, GUARD_CHECK)
             if again is None or again.failure or again.decision is None or again.decision.action == REGRESSED:

@@ -7,7 +7,7 @@ record and returns, e.g.::
 
 Every terminal view (evaluate, episode, history, review), the report title and the PR title use
 it, so a verdict reads the same everywhere. Pure: no I/O, no heavy imports.
-"""
+"""  # noqa: E501 - the example above is one line of output, not to be broken
 
 from __future__ import annotations
 

@@ -241,11 +241,11 @@ class _Session:
 def _clock_breach(walls: list[float], spans: list[float], calls: list[float]) -> str:
     """'' or how the worker's readings (µs per round: its round, its summed calls) disagree with the
     orchestrator's round trips ``walls`` (µs): longer than a round trip in any round, slow in every round."""
-    for r, (w, s_, c) in enumerate(zip(walls, spans, calls)):
+    for r, (w, s_, c) in enumerate(zip(walls, spans, calls, strict=True)):
         why = clock_disagrees(w / 1e6, max(s_, c) / 1e6, math.inf)
         if why:
             return f"{why} (round {r + 1}{', its calls' if c > s_ else ''})"
-    slow = [clock_disagrees(w / 1e6, s_ / 1e6, CLOCK_IPC_S) for w, s_ in zip(walls, spans)]
+    slow = [clock_disagrees(w / 1e6, s_ / 1e6, CLOCK_IPC_S) for w, s_ in zip(walls, spans, strict=True)]
     return f"{slow[len(slow) // 2]} (every round)" if all(slow) else ""
 
 
@@ -262,7 +262,7 @@ def _timed_trial(spec: CommandSpec, out_dir: Path) -> TrialOutcome:
     the median round trip. The worker's own readings only ever fail the trial (``_clock_breach``). Its
     outputs are read by the caller once this returns: every process of the trial is gone by then."""
     out = out_dir / f"metrics-{os.getpid()}-{time.monotonic_ns()}.json"
-    rfd, wfd = os.pipe()
+    rfd, wfd = sandbox.pipe()
     argv, _ = sandbox.wrap(
         shlex.split(substitute(spec.command, {"out": str(out), **spec.extra})) + ["--fd", str(wfd)], cwd=spec.worktree
     )
@@ -374,8 +374,8 @@ def _spec(
     prio = ",".join(priority) or "native"
     # the priority list comes from the side's serving.json: quoted, it is only ever an argument
     cmd = (
-        f"{sys.executable} {catalog.WORKER} {mode} --op {shlex.quote(op)} --priority {shlex.quote(prio)} --cases {cases} --rounds {ROUNDS} "
-        f"--samples {{out_dir}}/samples.npz --out {{out}}"
+        f"{sys.executable} {catalog.WORKER} {mode} --op {shlex.quote(op)} --priority {shlex.quote(prio)} --cases "
+        f"{cases} --rounds {ROUNDS} --samples {{out_dir}}/samples.npz --out {{out}}"
     )
     return CommandSpec(
         command=cmd,
@@ -473,22 +473,22 @@ def run(
         first: list[str] = []  # the candidate's first timed outputs are checked at once: a cheat stops early
 
         def on_check(side: str, path: Path) -> None:
-            if side == CANDIDATE and not first:
-                n, fails, err = _check(bpath, [path], ROUNDS)
-                first.append(
-                    err or (fails[0] if fails else "") or ("" if n == len(bench) * ROUNDS else "outputs missing")
+            if side == CANDIDATE and not first:  # noqa: B023 - called within the iteration
+                n, fails, err = _check(bpath, [path], ROUNDS)  # noqa: B023 - called within the iteration
+                first.append(  # noqa: B023 - called within the iteration
+                    err or (fails[0] if fails else "") or ("" if n == len(bench) * ROUNDS else "outputs missing")  # noqa: B023 - called within the iteration
                 )
-                if first[0]:
-                    raise _WrongTimed(first[0])
+                if first[0]:  # noqa: B023 - called within the iteration
+                    raise _WrongTimed(first[0])  # noqa: B023 - called within the iteration
             else:
-                to_check.append(path)
+                to_check.append(path)  # noqa: B023 - called within the iteration
 
         def factory(side: str, restart: int) -> _Session:
-            return _Session(sd, side, specs_[side], keep, on_check)
+            return _Session(sd, side, specs_[side], keep, on_check)  # noqa: B023 - called within the iteration
 
         def on_pair(run_: WorkloadRun) -> None:
             est = math.exp(sum(run_.log_ratios) / len(run_.log_ratios)) - 1
-            say("micro", f"{t.op}: pair {run_.pairs}/{design.max_pairs}, running estimate {est:+.2%}")
+            say("micro", f"{t.op}: pair {run_.pairs}/{design.max_pairs}, running estimate {est:+.2%}")  # noqa: B023 - called within the iteration
 
         try:
             wr = run_interleaved(

@@ -45,7 +45,8 @@ def profile(
         ) from None
     if w.kind not in PROFILABLE:
         raise AgentsearchError(
-            f"workload {w.name!r} is {w.kind}; profile runs the built-in {' / '.join(PROFILABLE)} workloads (pass --workload)"
+            f"workload {w.name!r} is {w.kind}; profile runs the built-in {' / '.join(PROFILABLE)} workloads (pass "
+            "--workload)"
         )
     name = f"profile-{commit[:10]}-{secrets.randbelow(100000):05d}"
     env = {

@@ -40,9 +40,16 @@ DIFF_INLINE_LINES = 150  # the PR body shows the diff itself up to this many lin
 # what each p-value tests (the gate's statistics: harness.statistics.PairedEstimate)
 P_TESTS = {
     "objective": "one-sided paired t-test on log(candidate/baseline), H1: the candidate is faster",
-    "guard": "one-sided paired t-test on log(candidate/baseline), H1: the candidate is slower (a small p is a regression)",
-    "confirmation": "one-sided paired t-test on log(candidate/baseline), H1: the candidate is slower (a small p would undo the win)",
-    "guard-check": "one-sided paired t-test on log(candidate/baseline) on fresh engines, H1: the candidate is slower (the guard's regression holds)",
+    "guard": (
+        "one-sided paired t-test on log(candidate/baseline), H1: the candidate is slower (a small p is a regression)"
+    ),
+    "confirmation": (
+        "one-sided paired t-test on log(candidate/baseline), H1: the candidate is slower (a small p would undo the win)"
+    ),
+    "guard-check": (
+        "one-sided paired t-test on log(candidate/baseline) on fresh engines, H1: the candidate is slower (the guard's "
+        "regression holds)"
+    ),
 }
 P_SHORT = {
     "objective": "t-test, H1 faster",
@@ -64,7 +71,10 @@ CHECK_NOTES = {
     "distribution": "token distributions match on the public corpus and the hidden holdout",
     "patch-applies": "the patch applies to the current baseline",
     "not-a-duplicate": "the same code was not judged before",
-    "micro": "kernel proposals: the op is right on every generated and hidden case and not slower at op level (before any engine)",
+    "micro": (
+        "kernel proposals: the op is right on every generated and hidden case and not slower at op level (before any "
+        "engine)"
+    ),
 }
 
 
@@ -134,7 +144,7 @@ class Evidence:
         v["workloads"] = {
             n: {
                 **w,
-                **dict(zip(("metric", "unit"), self.label(n, w))),
+                **dict(zip(("metric", "unit"), self.label(n, w), strict=True)),
                 "higher_is_better": w.get("higher_is_better", self.directions.get(n)),
             }
             for n, w in (v.get("workloads") or {}).items()
@@ -178,7 +188,8 @@ def gather(ws: Workspace, what: str) -> Evidence:
             sha = ws.resolve(what)
         except AgentsearchError:
             raise AgentsearchError(
-                f"{what!r} is neither a proposal, a branch nor a commit with a recorded verdict; see `agentsearch history`"
+                f"{what!r} is neither a proposal, a branch nor a commit with a recorded verdict; "
+                "see `agentsearch history`"
             ) from None
         merged = {e.record.new: e.proposal for e in entries if isinstance(e.record, Merge) and e.record.ok}
         for e in reversed(verdicts):
@@ -309,7 +320,7 @@ def session_table(trials: Sequence[Mapping[str, Any]], directions: Mapping[str, 
         clipped, _ = winsorize(
             [x for _, x in full]
         )  # as the gate, less the calibration's floor (not in the evidence): one stall does not decide it
-        for (session, _), x in zip(full, clipped):
+        for (session, _), x in zip(full, clipped, strict=True):
             by_workload.setdefault(workload, {}).setdefault((PHASE_RANK.get(phase, 3), session), []).append(x)
     phases = {v: k for k, v in PHASE_RANK.items()}
     out = []
@@ -333,8 +344,9 @@ def session_table(trials: Sequence[Mapping[str, Any]], directions: Mapping[str, 
             verdict = "cannot be compared (no session has two pairs)"
         elif p_value < SESSIONS_DIFFER_P:
             verdict = (
-                f"**differ** (one-way ANOVA p={p_value:.2g} < {SESSIONS_DIFFER_P:g}): part of this change is the luck of the engine "
-                "instances (or seeds) it was measured on; `agentsearch review --recheck` re-measures a merge on fresh ones"
+                f"**differ** (one-way ANOVA p={p_value:.2g} < {SESSIONS_DIFFER_P:g}): part of this change is the luck "
+                "of the engine instances (or seeds) it was measured on; `agentsearch review --recheck` re-measures a "
+                "merge on fresh ones"
             )
         else:
             verdict = f"agree (one-way ANOVA p={p_value:.2g})"
@@ -404,7 +416,7 @@ def plots(ev: Evidence, fmt: str = "png") -> dict[str, bytes]:
         _axes(a1, "pair (index)", f"{metric} ({u or 'as reported'})")
         a1.set_title(f"{workload} ({phase}): paired trials")
         a1.legend(fontsize=8)
-        ratios = [c / b for b, c in zip(base, cand)]
+        ratios = [c / b for b, c in zip(base, cand, strict=True)]
         a2.bar(xs, [r - 1 for r in ratios], color=["#2ca02c" if r >= 1 else "#d62728" for r in ratios])
         a2.axhline(0, color="black", lw=0.8)
         if w and w.get("ci"):
@@ -536,11 +548,14 @@ def _draws_line(dist: Mapping[str, Any]) -> str:
     if not d:
         return ""
     if not d.get("draws"):
-        return f"Draw test: {d.get('status', '?')} ({len(d.get('not_testable') or [])} of {d.get('contexts', 0)} contexts x settings have a single category)."
+        return (
+            f"Draw test: {d.get('status', '?')} ({len(d.get('not_testable') or [])} of {d.get('contexts', 0)} contexts "
+            "x settings have a single category)."
+        )
     return (
-        f"Draw test (same seeds on both sides): {d['changed']} of {d['draws']} draws changed (noise floor {d['floor_changed']}, "
-        f"unrelated seeds {d['unrelated_changed']}; Fisher p {_num(d.get('p'))}); {d['testable']} of {d['contexts']} contexts x settings "
-        f"testable: **{d['status']}**."
+        f"Draw test (same seeds on both sides): {d['changed']} of {d['draws']} draws changed (noise floor "
+        f"{d['floor_changed']}, unrelated seeds {d['unrelated_changed']}; Fisher p {_num(d.get('p'))}); "
+        f"{d['testable']} of {d['contexts']} contexts x settings testable: **{d['status']}**."
     )
 
 
@@ -824,15 +839,16 @@ def stack_markdown(r: Any, image: str | None = None) -> str:
             f"# Bisection of {code(r.workload, 40)}: {said(r.reason, 300)}",
             "",
             f"Range `{r.since[:12]}` → `{r.tip[:12]}`, {len(r.merges)} merge(s); {len(r.steps)} step(s) in "
-            f"{r.seconds:.0f} s. Each step measured the baseline after its commit *i* of the range against the range's start.",
+            f"{r.seconds:.0f} s. Each step measured the baseline after its commit *i* of the range against the range's "
+            "start.",
             "",
             "| step | commit # | commit | outcome | change | 95% CI | pairs | why |",
             "|---:|---:|---|---|---:|---|---:|---|",
         ]
         for i, s in enumerate(r.steps, 1):
             lines.append(
-                f"| {i} | {s.index} | `{s.commit[:12]}` | **{s.outcome}** | {_pct(s.speedup)} | {ci(s.ci)} | {s.pairs} | "
-                f"{said(s.reason, 160)} |"
+                f"| {i} | {s.index} | `{s.commit[:12]}` | **{s.outcome}** | {_pct(s.speedup)} | {ci(s.ci)} | {s.pairs} "
+                f"| {said(s.reason, 160)} |"
             )
         if r.culprit:
             lines += ["", f"The regression entered with merge `{r.culprit[:12]}` ({code(r.proposal or '—', 40)})."]
@@ -860,8 +876,8 @@ def stack_markdown(r: Any, image: str | None = None) -> str:
     ]
     for i, m in enumerate(r.merges, 1):
         lines.append(
-            f"| {i} | `{m.merge[:12]}` | {code(m.proposal or '—', 40)} | {code(m.title or '', 60)} | {_pct(m.speedup)} | "
-            f"{ci(m.ci)} | {m.source} |"
+            f"| {i} | `{m.merge[:12]}` | {code(m.proposal or '—', 40)} | {code(m.title or '', 60)} | {_pct(m.speedup)} "
+            f"| {ci(m.ci)} | {m.source} |"
         )
     if r.removals:
         lines += [
@@ -872,7 +888,8 @@ def stack_markdown(r: Any, image: str | None = None) -> str:
             "|---|---|---:|---|---:|---|",
         ]
         lines += [
-            f"| `{x.merge[:12]}` | **{x.decision}** | {_pct(x.marginal)} | {ci(x.ci)} | {x.pairs} | {said(x.reason, 200)} |"
+            f"| `{x.merge[:12]}` | **{x.decision}** | {_pct(x.marginal)} | {ci(x.ci)} | {x.pairs} | "
+            f"{said(x.reason, 200)} |"
             for x in r.removals
         ]
     if r.interference:
@@ -884,8 +901,9 @@ def stack_markdown(r: Any, image: str | None = None) -> str:
             "|---|---|---:|---:|---:|---|",
         ]
         lines += [
-            f"| {' + '.join('`' + m[:12] + '`' for m in x.merges)} | {'**yes**' if x.interfere else 'no'} | {_pct(x.joint)} | "
-            f"{_pct(x.expected)} | {'—' if x.p_value is None else f'{x.p_value:.2g}'} | {said(x.reason, 200)} |"
+            f"| {' + '.join('`' + m[:12] + '`' for m in x.merges)} | {'**yes**' if x.interfere else 'no'} | "
+            f"{_pct(x.joint)} | {_pct(x.expected)} | {'—' if x.p_value is None else f'{x.p_value:.2g}'} | "
+            f"{said(x.reason, 200)} |"
             for x in r.interference
         ]
     return "\n".join(lines) + "\n"
@@ -904,7 +922,7 @@ def pareto_plot(p: Any, fmt: str = "png") -> bytes:
 
     guards = p.guards()[:4] or ["(no guard)"]
     fig, axes = plt.subplots(1, len(guards), figsize=(4.6 * len(guards), 3.8), squeeze=False)
-    for ax, guard in zip(axes[0], guards):
+    for ax, guard in zip(axes[0], guards, strict=True):
         for i, t in enumerate(p.trades, 1):
             g = next((x for x in t.guards if x.workload == guard), None)
             o = t.objective
@@ -961,8 +979,8 @@ def pareto_markdown(p: Any, image: str | None = None) -> str:
         f"# Trades: {code(p.objective, 40)} against the guards",
         "",
         f"Range `{p.since[:12]}` → `{p.tip[:12]}`: {sum(t.merge is not None for t in p.trades)} merge(s) and "
-        f"{sum(t.merge is None for t in p.trades)} proposal(s) a guard rejected. Changes in the gate's sense (a latency's is "
-        f"baseline / candidate): positive is better; a guard's limit is {-p.max_regression:.0%}.",
+        f"{sum(t.merge is None for t in p.trades)} proposal(s) a guard rejected. Changes in the gate's sense (a "
+        f"latency's is baseline / candidate): positive is better; a guard's limit is {-p.max_regression:.0%}.",
         "",
     ]
     head = "| # | proposal | title | kept | objective | " + " | ".join(code(g, 30) for g in guards) + " |"

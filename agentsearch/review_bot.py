@@ -132,7 +132,8 @@ class Reviewer:
         ok = git.run_git("check-ref-format", "--branch", pr.base_ref, cwd=self.ws.repo_dir, check=False)
         if not pr.base_ref or not ok or pr.base_ref.startswith("-"):
             raise AgentsearchError(
-                f"pull request #{pr.number}: its base {rtext.clean(pr.base_ref, 80, one_line=True)!r} is not a branch name"
+                f"pull request #{pr.number}: its base {rtext.clean(pr.base_ref, 80, one_line=True)!r} is not a branch "
+                "name"
             )
         if not re.fullmatch(r"[0-9a-f]{40}", pr.head_sha):
             raise AgentsearchError(f"pull request #{pr.number}: the forge gave no commit for its head")
@@ -230,8 +231,8 @@ class Reviewer:
             )
         if self.ws.baseline_commit() != review.base:
             raise AgentsearchError(
-                f"--merge: the local {baseline} is not the base it was measured against ({review.base[:12]}); "
-                f"update it (`git fetch {self.cfg.remote} && git branch -f {baseline} {review.base[:12]}`) and run again"
+                f"--merge: the local {baseline} is not the base it was measured against ({review.base[:12]}); update "
+                f"it (`git fetch {self.cfg.remote} && git branch -f {baseline} {review.base[:12]}`) and run again"
             )
         new = self.ws.merge(
             review.head, review.base, f"agentsearch: merge pull request #{pr.number}\n\n{review.headline}\n"
@@ -357,8 +358,8 @@ class Reviewer:
 
     def reply(self, number: int, to: int, asked: str, text: str) -> Comment:
         body = (
-            f"{REPLY_MARKER.format(to)}\n> `/agentsearch {rtext.clean(asked, 60, one_line=True).replace('`', chr(39))}`\n\n"
-            f"{text}\n"
+            f"{REPLY_MARKER.format(to)}\n> `/agentsearch "
+            f"{rtext.clean(asked, 60, one_line=True).replace('`', chr(39))}`\n\n{text}\n"
         )
         return self.forge.create_comment(number, body)
 

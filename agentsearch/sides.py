@@ -388,6 +388,10 @@ class Sides:
             else:
                 os.unlink(entry.path)
 
+    def release(self) -> None:
+        """Undo what was entered on the way in (mounts, processes), keeping the worktrees and the scratch directory."""
+        self._stack.close()
+
     def close(self) -> None:
         """Remove the worktrees and the scratch directory (``keep_baseline``: all but the baseline's)."""
         try:
@@ -550,7 +554,7 @@ def sides(
         yield sd
     finally:
         if keep:
-            sd._stack.close()
+            sd.release()
         else:
             sd.close()
 

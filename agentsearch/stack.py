@@ -576,8 +576,8 @@ def bisect(
                 lo = mid
             else:
                 reason = (
-                    f"the step after commit {mid} stayed unknown ({st.reason}); the regression entered between commit {lo + 1} "
-                    f"({commits[lo + 1][:12]}) and commit {hi} ({commits[hi][:12]})"
+                    f"the step after commit {mid} stayed unknown ({st.reason}); the regression entered between commit "
+                    f"{lo + 1} ({commits[lo + 1][:12]}) and commit {hi} ({commits[hi][:12]})"
                 )
                 break
         if not reason:

@@ -414,7 +414,8 @@ def run_verify(
                 if kept.complete:
                     say(
                         "verify",
-                        f"the baseline's dumps are kept from an earlier check of {sd.commits[BASELINE][:10]}: its engine is not started",
+                        f"the baseline's dumps are kept from an earlier check of {sd.commits[BASELINE][:10]}: its "
+                        "engine is not started",
                     )
             elif side == CANDIDATE and main and kept is not None:
                 runners[side] = baseline_dumps.ReusingRunner(
@@ -515,8 +516,9 @@ def run_verify(
     for name, st in floor.items():
         if st.missing or st.dropped or st.token_mismatch or st.bad_divergences:
             reasons.append(
-                f"noise floor: the baseline is not self-consistent on {name} (missing {len(st.missing) + len(st.dropped)}, "
-                f"token mismatches {len(st.token_mismatch)}, divergences {len(st.bad_divergences)})"
+                f"noise floor: the baseline is not self-consistent on {name} (missing "
+                f"{len(st.missing) + len(st.dropped)}, token mismatches {len(st.token_mismatch)}, divergences "
+                f"{len(st.bad_divergences)})"
             )
     if kept is not None:
         # kept for the next check only when this one's baseline was self-consistent and its worktree as built
@@ -571,7 +573,8 @@ def _judge_sets(
     caps: dict[str, Any],
     dtype: str,
 ) -> tuple[dict[str, dict[str, Any]], list[str], dict[str, list[float]]]:
-    """(per set and path: passed and statistics; the reasons, "<set> <path>: ..."; per-position KL of the public set)."""
+    """(per set and path: passed and statistics; the reasons, "<set> <path>: ..."; per-position KL of the public
+    set)."""
     tie = DTYPE_FLOOR[dtype]["tie"]
     sets: dict[str, dict[str, Any]] = {}
     reasons: list[str] = []
@@ -668,8 +671,8 @@ class _Against:
                     cand_r = cand if own else (main_r if self.main else self._candidate_run(regime, n, ordered))
                     # the candidate against the reference: the drift budget
                     sets, why_ref, _ = _judge_sets(ref_r, cand_r, groups, rpaths, floor, mode, caps, vc.dtype)
-                    # the candidate against main in the same regime: the per-change rule, in every regime (the check's own
-                    # comparison is that already in the baseline's regime)
+                    # the candidate against main in the same regime: the per-change rule, in every regime (the
+                    # check's own comparison is that already in the baseline's regime)
                     if own and at_base:
                         why_main = ["the check's own comparison failed"] if candidate_failed else []
                     else:
@@ -690,17 +693,19 @@ class _Against:
                     if why_ref and not (ref_r is base and cand_r is cand and not vc.drift_budget):
                         # (where the reference is the baseline, judged alike, the check's own reasons say it)
                         reasons.append(
-                            f"drift budget ({words}) against the reference {self.reference[:10]} at {label}: {cut(why_ref)}"
+                            f"drift budget ({words}) against the reference {self.reference[:10]} at {label}: "
+                            f"{cut(why_ref)}"
                         )
                     if why_main and not (own and at_base):
                         reasons.append(f"against main at {label} ({vc.mode}): {cut(why_main)}")
                     if failed:
-                        # is main itself off the reference here, and the candidate no further from main than one change may be?
+                        # is main itself off the reference here, and the candidate no further from main than one
+                        # change may be?
                         msets, why_mref, _ = _judge_sets(ref_r, main_r, groups, rpaths, floor, mode, caps, vc.dtype)
                         mains.append({"regime": regime, "label": label, "passed": not why_mref, "sets": msets})
                         why_b = (
-                            f"main already diverges from the reference {self.reference[:10]} at {label} ({words}): {cut(why_mref, 2)}"
-                            + ("" if self.main else " — not this proposal's change")
+                            f"main already diverges from the reference {self.reference[:10]} at {label} ({words}): "
+                            f"{cut(why_mref, 2)}" + ("" if self.main else " — not this proposal's change")
                         )
                         blamed.append((bool(why_mref) and not why_main, why_b))
                 ok = True

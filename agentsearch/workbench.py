@@ -470,7 +470,8 @@ class Workbench:
         )
         if len(d) > self.budget.max_patch_mib << 20:
             raise AgentsearchError(
-                f"the change is {len(d) >> 20} MiB as a patch, more than [agent] max_patch_mib = {self.budget.max_patch_mib}"
+                f"the change is {len(d) >> 20} MiB as a patch, more than [agent] max_patch_mib = "
+                f"{self.budget.max_patch_mib}"
             )
         return d
 
@@ -607,8 +608,9 @@ class Workbench:
         lo = math.exp(2 * est.mean) / hi
         base_v, cand_v = r.values(BASELINE), r.values(CANDIDATE)
         line = (
-            f"{ADVISORY}: {w.name} speedup {est.speedup - 1:+.1%} [95% CI {lo - 1:+.1%}, {hi - 1:+.1%}] over {r.pairs} pairs "
-            f"(baseline median {sorted(base_v)[len(base_v) // 2]:.4g}, yours {sorted(cand_v)[len(cand_v) // 2]:.4g} {w.metric})"
+            f"{ADVISORY}: {w.name} speedup {est.speedup - 1:+.1%} [95% CI {lo - 1:+.1%}, {hi - 1:+.1%}] over {r.pairs} "
+            f"pairs (baseline median {sorted(base_v)[len(base_v) // 2]:.4g}, yours "
+            f"{sorted(cand_v)[len(cand_v) // 2]:.4g} {w.metric})"
         )
         return Answer(
             line
@@ -642,7 +644,8 @@ class Workbench:
         sha = self._changed()
         res = verify_public(self.ws, self.config, self.base, sha, self.say)
         lines = [
-            f"{res.verdict.upper()} on the public corpus ({res.public_size} prompts; advisory: the gate also checks prompts you never see)"
+            f"{res.verdict.upper()} on the public corpus ({res.public_size} prompts; advisory: the gate also checks "
+            "prompts you never see)"
         ]
         lines += [f"  - {r}" for r in res.reasons[:10]]
         for path, s in (res.sets.get("public") or {}).items():

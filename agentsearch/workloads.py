@@ -42,7 +42,7 @@ PERIOD_MAX = 4  # a tail that repeats a cycle of at most this many tokens is "pa
 
 def first_difference(x: tuple[int, ...], y: tuple[int, ...]) -> int | None:
     """The first position where ``x`` and ``y`` differ (the shorter one's length when one is a prefix), or None."""
-    for i, (p, q) in enumerate(zip(x, y)):
+    for i, (p, q) in enumerate(zip(x, y, strict=False)):
         if p != q:
             return i
     return None if len(x) == len(y) else min(len(x), len(y))
@@ -62,15 +62,15 @@ def agreement(a: tuple[tuple[int, ...], ...], b: tuple[tuple[int, ...], ...]) ->
     if not a:
         return 1.0, 1.0
     shares = []
-    for x, y in zip(a, b):
+    for x, y in zip(a, b, strict=True):
         d = first_difference(x, y)
         shares.append(1.0 if d is None else d / max(len(x), len(y)))
-    return sum(shares) / len(shares), sum(1 for x, y in zip(a, b) if x == y) / len(a)
+    return sum(shares) / len(shares), sum(1 for x, y in zip(a, b, strict=True) if x == y) / len(a)
 
 
 def divergence(base: tuple[tuple[int, ...], ...], cand: tuple[tuple[int, ...], ...]) -> str:
     """'' when every request agrees in full, else the first request that does not, in words."""
-    bad = [i for i, (x, y) in enumerate(zip(base, cand)) if x != y]
+    bad = [i for i, (x, y) in enumerate(zip(base, cand, strict=True)) if x != y]
     if not bad:
         return ""
     i = bad[0]
@@ -112,7 +112,10 @@ class OutputsMatch:
         if mine[1] is None or other[1] is None:
             return ""  # a workload without outputs (command workloads declare none)
         if other[2] != mine[2]:
-            return f"outputs check: the two sides processed different inputs for seed {seed} ({other[2]} vs {mine[2]} input tokens)"
+            return (
+                f"outputs check: the two sides processed different inputs for seed {seed} ({other[2]} vs {mine[2]} "
+                "input tokens)"
+            )
         if len(other[1]) != len(mine[1]):
             return f"outputs check: the two sides answered {len(other[1])} and {len(mine[1])} requests for seed {seed}"
         self.last = agreement(other[1], mine[1])

@@ -263,14 +263,16 @@ def wait_polling(reps: int = 7) -> dict[str, dict[str, float]]:
 def print_fence(res: dict[str, Any]) -> None:
     print(f"\n1. Fence overhead per tool call ({res['calls']} calls each, interleaved; ms)")
     print(
-        f"{'op':<10} {'workbench med':>13} {'p90':>7} {'host med':>9} {'p90':>7} {'overhead':>9} {'worker med':>11} {'sandbox':>8}"
+        f"{'op':<10} {'workbench med':>13} {'p90':>7} {'host med':>9} {'p90':>7} {'overhead':>9} "
+        f"{'worker med':>11} {'sandbox':>8}"
     )
     for op, r in res["ops"].items():
         w, h, hw = r["workbench"], r["host"], r.get("host worker")
+        worker_med = f"{hw['median_ms']:.1f}" if hw else "-"
+        sandbox_med = f"{r['sandbox_median_ms']:.1f}" if hw else "-"
         print(
             f"{op:<10} {w['median_ms']:>13.1f} {w['p90_ms']:>7.1f} {h['median_ms']:>9.3f} {h['p90_ms']:>7.3f} "
-            f"{r['overhead_median_ms']:>9.1f} {('%.1f' % hw['median_ms']) if hw else '-':>11} "
-            f"{('%.1f' % r['sandbox_median_ms']) if hw else '-':>8}"
+            f"{r['overhead_median_ms']:>9.1f} {worker_med:>11} {sandbox_med:>8}"
         )
     print(
         "   a child's end as seen by Popen.wait (median ms): "
@@ -316,7 +318,7 @@ def measured(k: int) -> list[dict[str, Any]]:
         {"tool": WB + "read", "input": {"path": "speed.txt"}},
         {"tool": WB + "edit", "input": {"path": "speed.txt", "old": "1.0", "new": "1.0" + "0" * k}},
         {"tool": WB + "measure", "input": {"pairs": 4}},
-        {"text": '{"title": "Respell the speed factor %d", "rationale": "same value", "category": "config"}' % k},
+        {"text": f'{{"title": "Respell the speed factor {k}", "rationale": "same value", "category": "config"}}'},
     ]
 
 
@@ -359,7 +361,7 @@ def run_episode(api_mod: Any, work: Path, name: str, script: Any, *args: str) ->
     started = next(e.ts for e in entries if e.kind == "episode-started")
     finished = next(e for e in entries if e.kind == "episode-finished")
     created = {e.data["proposal"]: e for e in entries if e.kind == "proposal-created"}
-    before = {e.seq: prev.ts for prev, e in zip(entries, entries[1:])}
+    before = {e.seq: prev.ts for prev, e in zip(entries, entries[1:], strict=False)}
     proposals = []
     for v in (e for e in entries if e.kind == "verdict"):
         c = created[v.data["proposal"]]
@@ -420,7 +422,8 @@ def broken(api_mod: Any, work: Path) -> dict[str, Any]:
 
 def print_broken(res: dict[str, Any]) -> None:
     print(
-        "\n2. A broken change (src/model.py SyntaxError), --budget 2: proposed untested vs caught by the workbench's `test`"
+        "\n2. A broken change (src/model.py SyntaxError), --budget 2: "
+        "proposed untested vs caught by the workbench's `test`"
     )
     print(
         f"{'agent':<8} {'verdicts':<32} {'func-fail judged':>16} {'harness s on them':>17} {'judging s (all)':>15} "
@@ -431,14 +434,17 @@ def print_broken(res: dict[str, Any]) -> None:
             f"{p['verdict']}" + (f"({p['failed_check']})" if p["failed_check"] else "") for p in ep["proposals"]
         )
         print(
-            f"{label:<8} {v:<32} {ep['functional_fail_proposals']:>16} {ep['functional_fail_judge_s']:>17.2f} {ep['judge_s_total']:>15.2f} "
-            f"{ep['tool_seconds_total']:>12.2f} {ep['session_s_total']:>15.2f} {ep['time_to_first_merge_s'] or float('nan'):>10.2f} "
+            f"{label:<8} {v:<32} {ep['functional_fail_proposals']:>16} {ep['functional_fail_judge_s']:>17.2f} "
+            f"{ep['judge_s_total']:>15.2f} "
+            f"{ep['tool_seconds_total']:>12.2f} {ep['session_s_total']:>15.2f} "
+            f"{ep['time_to_first_merge_s'] or float('nan'):>10.2f} "
             f"{ep['wall_s']:>9.2f}"
         )
     for label, ep in res.items():
         for p in ep["proposals"]:
             print(
-                f"   {label:<8} {p['proposal'].split('/')[-1]} {p['title'][:26]:<26} {p['verdict']:<6} judged {p['judge_s']:.2f} s "
+                f"   {label:<8} {p['proposal'].split('/')[-1]} {p['title'][:26]:<26} {p['verdict']:<6} "
+                f"judged {p['judge_s']:.2f} s "
                 f"(eval wall {p['eval_wall_s']}); proposer call {p['propose_s']:.2f} s, session {p['session_s']} s, "
                 f"tools {p['tool_seconds']} s: {' '.join(p['tools'])}"
             )
@@ -517,18 +523,20 @@ def concurrency(api_mod: Any, work: Path, ns: tuple[int, ...], repeats: int) -> 
             conc["serial_wall_s"] = serial["wall_s"]
             conc["saved_s"] = round(serial["wall_s"] - conc["wall_s"], 2)
             conc["saved_by_round_s"] = [
-                round(b["wall_s"] - a["wall_s"], 2) for a, b in zip(conc["runs"], serial["runs"])
+                round(b["wall_s"] - a["wall_s"], 2) for a, b in zip(conc["runs"], serial["runs"], strict=False)
             ]
     return out
 
 
 def print_concurrency(res: dict[str, Any]) -> None:
     print(
-        "\n3. Sessions at once: budget N, --agents N vs --agents 1 (each session: read, edit, measure 4 pairs, closing JSON); "
+        "\n3. Sessions at once: budget N, --agents N vs --agents 1 "
+        "(each session: read, edit, measure 4 pairs, closing JSON); "
         "medians over rounds"
     )
     print(
-        f"{'budget':>6} {'agents':>6} {'episode s':>9} {'(each round)':<18} {'sum session s':>13} {'mean session s':>14} "
+        f"{'budget':>6} {'agents':>6} {'episode s':>9} {'(each round)':<18} {'sum session s':>13} "
+        f"{'mean session s':>14} "
         f"{'max session s':>13} {'mean measure s':>14} {'sum tool s':>10} {'judging s':>9}  verdicts"
     )
 
@@ -543,14 +551,17 @@ def print_concurrency(res: dict[str, Any]) -> None:
         each = " ".join(f"{w:.1f}" for w in row["walls"])
         print(
             f"{row['budget']:>6} {row['agents']:>6} {f(row['wall_s'], 9)} {each:<18} {f(row['sum_session_s'], 13)} "
-            f"{f(row['mean_session_s'], 14)} {f(row['max_session_s'], 13)} {f(row['mean_measure_s'], 14)} {f(row['sum_tool_s'], 10)} "
+            f"{f(row['mean_session_s'], 14)} {f(row['max_session_s'], 13)} {f(row['mean_measure_s'], 14)} "
+            f"{f(row['sum_tool_s'], 10)} "
             f"{f(row['judge_s_total'], 9)}  {', '.join(row['verdicts'])}"
         )
     for row in res.values():
         if "saved_s" in row:
             print(
-                f"   budget {row['budget']}: {row['agents']} at once {row['wall_s']:.2f} s vs one at a time {row['serial_wall_s']:.2f} s: "
-                f"saved {row['saved_s']:.2f} s (by round: {row['saved_by_round_s']}; sessions summed {row['sum_session_s']:.2f} s)"
+                f"   budget {row['budget']}: {row['agents']} at once {row['wall_s']:.2f} s "
+                f"vs one at a time {row['serial_wall_s']:.2f} s: "
+                f"saved {row['saved_s']:.2f} s (by round: {row['saved_by_round_s']}; "
+                f"sessions summed {row['sum_session_s']:.2f} s)"
             )
 
 
@@ -598,7 +609,8 @@ def main() -> int:
     work.mkdir(parents=True, exist_ok=True)
     os.environ["AGENTSEARCH_LOG_DIR"] = str(work / "logs")
     print(
-        f"machine: {mach['cpus']} CPUs, load {mach['load_avg']}, {mach['system']}, python {mach['python']}, {mach['bwrap']}, "
+        f"machine: {mach['cpus']} CPUs, load {mach['load_avg']}, {mach['system']}, python {mach['python']}, "
+        f"{mach['bwrap']}, "
         f"claude-agent-sdk {mach['claude_agent_sdk']}"
     )
     result: dict[str, Any] = {"machine": mach, "command": " ".join([Path(sys.executable).name, *sys.argv])}

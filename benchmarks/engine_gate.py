@@ -403,12 +403,14 @@ def run_once(args: argparse.Namespace, reuse: int) -> str | None:
             }
         )
     print(
-        f"\n{'proposal':<28}{'kind':<7}{'verdict':<9}{'estimate':>10}{'pairs':>7}{'wall s':>8}{'engine s':>10}{'baseline':>10}  reason"
+        f"\n{'proposal':<28}{'kind':<7}{'verdict':<9}{'estimate':>10}{'pairs':>7}{'wall s':>8}{'engine s':>10}"
+        f"{'baseline':>10}  reason"
     )
     for r in rows:
         est = f"{r['speedup'] - 1:+.1%}" if r["speedup"] else "-"
         print(
-            f"{r['proposal']:<28}{r['kind']:<7}{r['verdict'] or '-':<9}{est:>10}{r['pairs'] or '-':>7}{r['wall_s'] or 0:>8.0f}"
+            f"{r['proposal']:<28}{r['kind']:<7}{r['verdict'] or '-':<9}{est:>10}{r['pairs'] or '-':>7}"
+            f"{r['wall_s'] or 0:>8.0f}"
             f"{r['engine_s'] or 0:>10.0f}{r['baseline']:>10}  {r['reason']}"
         )
     # per-pair SD of the A/A proposals' objective pairs (the engine's noise as the gate sees it)
@@ -428,7 +430,8 @@ def run_once(args: argparse.Namespace, reuse: int) -> str | None:
     by_kind = {r["kind"]: r for r in rows}
     engine = sum(r["engine_s"] or 0 for r in rows)
     line = (
-        f"baseline_reuse {reuse}, slices {args.slices or 'default'}, prompts {args.prompts or 'default'}: placement {args.placement}; "
+        f"baseline_reuse {reuse}, slices {args.slices or 'default'}, prompts {args.prompts or 'default'}: "
+        f"placement {args.placement}; "
         f"{len(rows)} proposals in {wall:.0f} s = "
         f"{3600 * len(rows) / wall:.1f} proposals/hour; mean wall per proposal {wall / max(1, len(rows)):.0f} s, "
         f"engines {engine:.0f} s in all; A/A per-pair SD {sd:.4f}, mean log-ratio {mean:+.4f} over {len(d)} pairs, "
@@ -446,13 +449,17 @@ def run_once(args: argparse.Namespace, reuse: int) -> str | None:
         est = [math.log(r["speedup"]) for r in tries if r["speedup"]]
         pooled = planted_effect(trials, {r["proposal"] for r in tries})
         print(
-            f"planted ({args.spin_us:g} us busy-wait removed): detected {hits}/{len(tries)} within {args.max_pairs} pairs "
-            f"(episode_budget {budget}); estimates {', '.join(f'{math.expm1(x):+.1%}' for x in est)}; the planted effect over all "
+            f"planted ({args.spin_us:g} us busy-wait removed): detected {hits}/{len(tries)} "
+            f"within {args.max_pairs} pairs "
+            f"(episode_budget {budget}); estimates {', '.join(f'{math.expm1(x):+.1%}' for x in est)}; "
+            "the planted effect over all "
             f"their pairs: {pooled}; pairs {', '.join(str(r['pairs']) for r in tries)}"
         )
     print(
-        f"trials: median {statistics.median(trial_s) if trial_s else float('nan'):.2f} s each, {foreign} flagged foreign_load; "
-        f"load average during the run: mean {statistics.mean(loads) if loads else float('nan'):.2f}, max {max(loads, default=float('nan')):.2f} "
+        f"trials: median {statistics.median(trial_s) if trial_s else float('nan'):.2f} s each, "
+        f"{foreign} flagged foreign_load; "
+        f"load average during the run: mean {statistics.mean(loads) if loads else float('nan'):.2f}, "
+        f"max {max(loads, default=float('nan')):.2f} "
         f"({os.cpu_count()} CPUs)",
         flush=True,
     )
@@ -474,7 +481,10 @@ def planted_effect(trials: list[dict], proposals: set[str]) -> str:
     if len(d) < 2:
         return "-"
     se = statistics.stdev(d) / math.sqrt(len(d))
-    return f"{math.expm1(statistics.mean(d)):+.2%} (± {1.96 * se:.2%}, {len(d)} pairs, per-pair SD {statistics.stdev(d):.4f})"
+    return (
+        f"{math.expm1(statistics.mean(d)):+.2%} (± {1.96 * se:.2%}, {len(d)} pairs, "
+        f"per-pair SD {statistics.stdev(d):.4f})"
+    )
 
 
 if __name__ == "__main__":

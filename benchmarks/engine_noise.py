@@ -123,7 +123,8 @@ def run_pairs(ws: Workspace, args: argparse.Namespace, env: dict[str, str]) -> i
             k.isdigit() and int(k) >= 1 and (not scale or scale.replace(".", "", 1).isdigit() and float(scale) > 0)
         ):
             raise SystemExit(
-                f"--slices {args.slices!r}: expected K or KxS per entry (K slices over S times the prompts), e.g. 8,16x2"
+                f"--slices {args.slices!r}: expected K or KxS per entry "
+                "(K slices over S times the prompts), e.g. 8,16x2"
             )
     base = ws.baseline_commit()
     pool = EnginePool()
@@ -192,14 +193,16 @@ def run_pairs(ws: Workspace, args: argparse.Namespace, env: dict[str, str]) -> i
                         per[spec].append((sess, r))
                         walls[spec].append(sum(wall) / 2)
                         print(
-                            f"  session {sess + 1} pair {p + 1}/{args.pairs} slices {spec}: log-ratio {r:+.4f}, {sum(wall) / 2:.1f} s per side, "
+                            f"  session {sess + 1} pair {p + 1}/{args.pairs} slices {spec}: log-ratio {r:+.4f}, "
+                            f"{sum(wall) / 2:.1f} s per side, "
                             f"load {os.getloadavg()[0]:.2f}",
                             flush=True,
                         )
             finally:
                 pool.close()
     print(
-        f"\n{'slices':<8}{'pair SD':>10}{'mean':>10}{'side s':>9}  (A/A, {args.pairs} pairs, pinned: {args.pin or 'no'})"
+        f"\n{'slices':<8}{'pair SD':>10}{'mean':>10}{'side s':>9}  "
+        f"(A/A, {args.pairs} pairs, pinned: {args.pin or 'no'})"
     )
     for k in slicings:
         means = [statistics.mean(r for s, r in per[k] if s == sess) for sess in range(args.sessions)]
@@ -210,8 +213,10 @@ def run_pairs(ws: Workspace, args: argparse.Namespace, env: dict[str, str]) -> i
         )
         between = statistics.stdev(means) if len(means) > 1 else float("nan")
         print(
-            f"{k:<8}{statistics.stdev(ratios[k]):>10.4f}{statistics.mean(ratios[k]):>+10.4f}{statistics.median(walls[k]):>9.1f}"
-            f"   within-session SD {within:.4f}; session means {' '.join(f'{m:+.3f}' for m in means)} (SD {between:.4f})"
+            f"{k:<8}{statistics.stdev(ratios[k]):>10.4f}{statistics.mean(ratios[k]):>+10.4f}"
+            f"{statistics.median(walls[k]):>9.1f}"
+            f"   within-session SD {within:.4f}; session means {' '.join(f'{m:+.3f}' for m in means)} "
+            f"(SD {between:.4f})"
         )
     return 0
 
@@ -252,7 +257,8 @@ def main() -> int:
             f"{r['startup_s']:>9.0f}{r['load']:>7.2f}"
         )
     print(
-        f"({args.trials} trials per variant on one seed; second engine {'parked beside it' if args.second_engine else 'none'}; "
+        f"({args.trials} trials per variant on one seed; "
+        f"second engine {'parked beside it' if args.second_engine else 'none'}; "
         f"{os.cpu_count()} CPUs)"
     )
     return 0

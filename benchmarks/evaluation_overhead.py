@@ -49,19 +49,22 @@ def main() -> int:
     result = evaluate(ws, "seqs32", progress=lambda stage, detail: print(f"  {stage}: {detail}", file=sys.stderr))
     t = result.timing()
     print(
-        f"fork created in {t_fork:.1f} s, tiny model ready in {t_model:.1f} s (one-time costs, not part of an evaluation)"
+        f"fork created in {t_fork:.1f} s, tiny model ready in {t_model:.1f} s "
+        "(one-time costs, not part of an evaluation)"
     )
     print(f"verdict: {result.verdict.verdict} {' / '.join(result.verdict.reasons)}")
     for name, w in result.workloads.items():
         if w.speedup:
             print(
-                f"  {name}: speedup {w.speedup:.3f} CI [{w.ci[0]:.3f}, {w.ci[1]:.3f}] after {w.pairs} pairs ({w.decision})"
+                f"  {name}: speedup {w.speedup:.3f} CI [{w.ci[0]:.3f}, {w.ci[1]:.3f}] "
+                f"after {w.pairs} pairs ({w.decision})"
             )
         else:
             print(f"  {name}: {w.decision}")
     trials = len(result.trials)
     print(
-        f"wall {t['wall_s']:.1f} s = engine start-up/shutdown {t['engine_s']:.1f} s + measurement {t['measurement_s']:.1f} s "
+        f"wall {t['wall_s']:.1f} s = engine start-up/shutdown {t['engine_s']:.1f} s "
+        f"+ measurement {t['measurement_s']:.1f} s "
         f"({trials} trials) + orchestration overhead {t['overhead_s']:.2f} s ({t['overhead_pct']:.2f}%)"
     )
     print(f"target overhead <= 2%: {'MET' if t['overhead_pct'] <= 2 else 'NOT MET'}")
@@ -69,7 +72,8 @@ def main() -> int:
         rest = t["wall_s"] - t["verify_s"]
         share = 100 * t["verify_s"] / rest if rest > 0 else float("inf")
         print(
-            f"distribution checks (verify, the last check) {t['verify_s']:.1f} s: +{share:.0f}% on the rest of the evaluation "
+            f"distribution checks (verify, the last check) {t['verify_s']:.1f} s: "
+            f"+{share:.0f}% on the rest of the evaluation "
             f"({rest:.1f} s); target <= 25%: {'MET' if share <= 25 else 'NOT MET'}"
         )
     return 0

@@ -122,7 +122,8 @@ def main() -> int:
             )
             r = rows[-1]
             print(
-                f"{label:10} #{number} status={r['status']} outcome={r['outcome']} {r['seconds']} s comments={r['comments']}\n"
+                f"{label:10} #{number} status={r['status']} outcome={r['outcome']} {r['seconds']} s "
+                f"comments={r['comments']}\n"
                 f"           {r['headline']}",
                 flush=True,
             )

@@ -62,10 +62,10 @@ class Scenario:
     loaded: bool = False  # every trial flagged foreign_load: the confirmation must be significant by itself
     instance: float = 0.0  # SD of an engine instance's own effect on its side's log-measurements (fixed for its life)
     restarts: int = 1  # engine sessions per side and evaluation
-    lottery: float = 0.0  # the attack: SD of an instance effect of the candidate's code alone (mean zero), unseen by the A/A calibration
-    sabotage: bool = (
-        False  # the lottery from slowdowns alone (-|N(0, lottery)|): what a candidate can draw without any real speedup
-    )
+    # the attack: SD of an instance effect of the candidate's code alone (mean zero), unseen by the A/A calibration
+    lottery: float = 0.0
+    # the lottery from slowdowns alone (-|N(0, lottery)|): what a candidate can draw without any real speedup
+    sabotage: bool = False
 
 
 class Clock:
@@ -213,7 +213,8 @@ def attack(args: argparse.Namespace, gate: GateConfig, rng: np.random.Generator)
         for r in (2, 5)
         for sd in (0.01, 0.02, 0.04)
     ]
-    # the same draws with every speedup taken away: a candidate with no real speedup on any instance can only slow some down
+    # the same draws with every speedup taken away: a candidate with no real speedup on any instance
+    # can only slow some down
     rows += [
         Scenario(f"CV 2.3%, restarts 2, lottery of slowdowns {sd:.0%}", 0.0226, restarts=2, lottery=sd, sabotage=True)
         for sd in (0.02, 0.04)
@@ -222,7 +223,8 @@ def attack(args: argparse.Namespace, gate: GateConfig, rng: np.random.Generator)
     if not rows:
         return
     print(
-        f"\nattack, a per-instance lottery (false merges of no-op candidates; the per-proposal level is {gate.proposal_alpha:.2%}):"
+        "\nattack, a per-instance lottery "
+        f"(false merges of no-op candidates; the per-proposal level is {gate.proposal_alpha:.2%}):"
     )
     for sc in rows:
         runs = [one(sc, 0.0, gate, rng, args.calibrate_pairs, args.same_instances) for _ in range(args.reps)]
@@ -245,7 +247,8 @@ def main() -> int:
         action="append",
         default=[],
         metavar="CV:INSTANCE:RESTARTS[:LOTTERY]",
-        help="a scenario of your own (repeatable; replaces the built-in ones): per-trial log SD, instance SD per side, sessions, "
+        help="a scenario of your own (repeatable; replaces the built-in ones): "
+        "per-trial log SD, instance SD per side, sessions, "
         "and the candidate's own per-instance SD (the lottery attack)",
     )
     ap.add_argument("--max-pairs", type=int, help="the objective's pair budget (default: the gate's, 20)")
@@ -264,11 +267,13 @@ def main() -> int:
         raise SystemExit(f"--max-pairs / --confirm-pairs: {str(exc).split('|')[0]}") from None
     t0 = time.perf_counter()
     print(
-        f"gate defaults: episode alpha {gate.alpha}, budget {gate.episode_budget} proposals -> per-proposal alpha {gate.proposal_alpha:.4f}; "
+        f"gate defaults: episode alpha {gate.alpha}, budget {gate.episode_budget} proposals "
+        f"-> per-proposal alpha {gate.proposal_alpha:.4f}; "
         f"min_effect {gate.min_effect:.0%}, pairs {gate.min_pairs}..{gate.max_pairs}, futility {gate.futility}"
     )
     print(
-        f"A/A calibration: {args.calibrate_pairs} pairs per simulated proposal; {args.reps} A/A and {args.reps // 2} win proposals per scenario\n"
+        f"A/A calibration: {args.calibrate_pairs} pairs per simulated proposal; "
+        f"{args.reps} A/A and {args.reps // 2} win proposals per scenario\n"
     )
     scenarios = [
         Scenario("CV 1%", 0.01),
@@ -289,12 +294,16 @@ def main() -> int:
     scenarios = [sc for sc in scenarios if args.only in sc.name]
     full = gate.max_pairs + gate.confirm_pairs
     print(
-        f"cost = pairs used / pairs of a full evaluation ({gate.max_pairs} objective + {gate.confirm_pairs} confirmation = {full}); "
+        "cost = pairs used / pairs of a full evaluation "
+        f"({gate.max_pairs} objective + {gate.confirm_pairs} confirmation = {full}); "
         f"'of budget' = / {gate.max_pairs} objective pairs alone\n"
     )
     pct = f"{args.effect * 100:g}%"
     detected = f"{pct} win detected"
-    header = f"{'scenario':32} {'A/A false merges':>17} {'A/A cost':>9} {'of budget':>10} {detected:>16} {'pairs (wins)':>13} {'rejected cost':>14}"
+    header = (
+        f"{'scenario':32} {'A/A false merges':>17} {'A/A cost':>9} {'of budget':>10} {detected:>16} "
+        f"{'pairs (wins)':>13} {'rejected cost':>14}"
+    )
     print(header)
     print("-" * len(header))
     rows = []
@@ -318,10 +327,12 @@ def main() -> int:
         rej_cost = np.mean(rejected) / full
         rows.append((sc, fm, aa_cost, power, win_pairs, rej_cost))
         print(
-            f"{sc.name:32} {fm:>17.2%} {aa_cost:>9.0%} {aa_pairs / gate.max_pairs:>10.0%} {power:>16.1%} {win_pairs:>13.1f} {rej_cost:>14.0%}"
+            f"{sc.name:32} {fm:>17.2%} {aa_cost:>9.0%} {aa_pairs / gate.max_pairs:>10.0%} {power:>16.1%} "
+            f"{win_pairs:>13.1f} {rej_cost:>14.0%}"
         )
     print(
-        f"\nwhere the true {pct} wins went (merged / won but refused by the confirmation / stopped by futility / inconclusive at max_pairs):"
+        f"\nwhere the true {pct} wins went "
+        "(merged / won but refused by the confirmation / stopped by futility / inconclusive at max_pairs):"
     )
     for name, c, n, differ in outcomes:
         flagged = f"  (Sessions 'differ' for {np.mean(differ):.1%} of the merges)" if differ else ""

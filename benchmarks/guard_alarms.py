@@ -69,10 +69,12 @@ def main() -> None:
         Scenario("CV 3%, no instance effect, 1 session", 0.03, restarts=1),
     ]
     print(
-        f"guard level (regression_alpha) {gate.regression_alpha}, floor -{gate.max_regression:.0%}; {args.reps} guards per cell"
+        f"guard level (regression_alpha) {gate.regression_alpha}, floor -{gate.max_regression:.0%}; "
+        f"{args.reps} guards per cell"
     )
     print(
-        f"{'scenario':<40} {'A/A: old rule':>13} {'first call':>10} {'after fresh':>11} {'-10%: first':>11} {'after fresh':>11}"
+        f"{'scenario':<40} {'A/A: old rule':>13} {'first call':>10} {'after fresh':>11} "
+        f"{'-10%: first':>11} {'after fresh':>11}"
     )
     t0 = time.time()
     for sc in scenarios:
@@ -80,7 +82,8 @@ def main() -> None:
         aa = [one(sc, 0.0, gate, rng, counted=True) for _ in range(args.reps)]
         bad = [one(sc, -0.10, gate, rng, counted=True) for _ in range(args.reps)]
         print(
-            f"{sc.name:<40} {old:>13.2%} {sum(a for a, _ in aa) / args.reps:>10.2%} {sum(b for _, b in aa) / args.reps:>11.2%} "
+            f"{sc.name:<40} {old:>13.2%} {sum(a for a, _ in aa) / args.reps:>10.2%} "
+            f"{sum(b for _, b in aa) / args.reps:>11.2%} "
             f"{sum(a for a, _ in bad) / args.reps:>11.1%} {sum(b for _, b in bad) / args.reps:>11.1%}",
             flush=True,
         )

@@ -45,7 +45,8 @@ def main() -> int:
         return 1
     rows = []
     print(
-        f"{'op':20s} {'provider':18s} {'native us':>10s} {'provider us':>12s} {'speedup':>8s} {'95% CI':>16s} {'pairs':>5s} {'s':>5s}  status"
+        f"{'op':20s} {'provider':18s} {'native us':>10s} {'provider us':>12s} {'speedup':>8s} {'95% CI':>16s} "
+        f"{'pairs':>5s} {'s':>5s}  status"
     )
     for p in catalog.providers(kind=args.kind):
         if args.op and p.op not in args.op:
@@ -84,7 +85,8 @@ def main() -> int:
             continue
         ci = f"[{r['ci'][0]:.2f}, {r['ci'][1]:.2f}]"
         print(
-            f"{p.op:20s} {p.name:18s} {r['baseline_us']:10.0f} {r['candidate_us']:12.0f} {r['speedup']:7.2f}x {ci:>16s} "
+            f"{p.op:20s} {p.name:18s} {r['baseline_us']:10.0f} {r['candidate_us']:12.0f} {r['speedup']:7.2f}x "
+            f"{ci:>16s} "
             f"{r['pairs']:5d} {wall:5.0f}  {data['status']}"
         )
         rows.append(

@@ -54,7 +54,8 @@ def main() -> int:
     unit = statistics.median(series)
     logs = [math.log(v) for v in series]
     print(
-        f"{len(series)} units of {unit * 1000:.1f} ms (median) on CPUs {args.cpus or 'any'}; unit log-speed SD {statistics.stdev(logs):.4f}, "
+        f"{len(series)} units of {unit * 1000:.1f} ms (median) on CPUs {args.cpus or 'any'}; "
+        f"unit log-speed SD {statistics.stdev(logs):.4f}, "
         f"slowest / median {max(series) / unit:.2f}"
     )
     print(f"\n{'part s':>7} {'speed SD':>9}  " + "  ".join(f"{'k=' + k:>13}" for k in args.slices.split(",")))
@@ -69,7 +70,8 @@ def main() -> int:
             cells.append(f"{f.pair_sd:>7.4f} ({f.pairs:>3})")
         print(f"{part:>7.2f} {speed:>9.4f}  " + "  ".join(cells))
     print(
-        "\ncells: per-pair SD of an A/A on a perfectly stable program (disjoint pairs the series holds); k = parts per side"
+        "\ncells: per-pair SD of an A/A on a perfectly stable program (disjoint pairs the series holds); "
+        "k = parts per side"
     )
     part, k = float(args.part_s.split(",")[0]), int(args.slices.split(",")[0])
     if args.window > 0:
@@ -84,7 +86,8 @@ def main() -> int:
             lag1 = float(np.corrcoef(logs_f[:-1], logs_f[1:])[0, 1]) if len(floors) > 2 else float("nan")
             print(
                 f"\nfloor (part {part:g} s, k={k}) per {args.window:g} s window: median {np.median(floors):.4f}, "
-                f"range {min(floors):.4f}-{max(floors):.4f} over {len(floors)} windows; autocorrelation of its log from one window "
+                f"range {min(floors):.4f}-{max(floors):.4f} over {len(floors)} windows; "
+                "autocorrelation of its log from one window "
                 f"to the next {lag1:+.2f}"
             )
             print("  " + " ".join(f"{f:.3f}" for f in floors))
@@ -94,7 +97,8 @@ def main() -> int:
         level = float(np.corrcoef(a[:n], b[:n])[0, 1])
         change = float(np.corrcoef(np.diff(a[:n]), np.diff(b[:n]))[0, 1])
         print(
-            f"\nCPUs {args.cpus or 'any'} and {args.other_cpu} at once, {n} bins of {part:g} s: log-speed correlation {level:+.2f}, "
+            f"\nCPUs {args.cpus or 'any'} and {args.other_cpu} at once, {n} bins of {part:g} s: "
+            f"log-speed correlation {level:+.2f}, "
             f"of bin-to-bin changes {change:+.2f}"
         )
     return 0

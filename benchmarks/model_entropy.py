@@ -84,11 +84,13 @@ def main() -> int:
         return 0
     print(f"{len(texts)} prompts of the verify corpus; entropy of the next-token distribution in nats")
     print(
-        f"{'model':<9} {'positions':>9} {'max ln V':>8} {'mean':>6} {'p10':>6} {'p50':>6} {'p90':>6} {'top-1 p':>7} {'top-1>.5':>8}"
+        f"{'model':<9} {'positions':>9} {'max ln V':>8} {'mean':>6} {'p10':>6} {'p50':>6} {'p90':>6} "
+        f"{'top-1 p':>7} {'top-1>.5':>8}"
     )
     for name, r in rows.items():
         print(
-            f"{name:<9} {r['positions']:>9} {r['max_entropy']:>8.2f} {r['entropy_mean']:>6.2f} {r['entropy_p10']:>6.2f} "
+            f"{name:<9} {r['positions']:>9} {r['max_entropy']:>8.2f} {r['entropy_mean']:>6.2f} "
+            f"{r['entropy_p10']:>6.2f} "
             f"{r['entropy_p50']:>6.2f} {r['entropy_p90']:>6.2f} {r['top1_prob_mean']:>7.3f} {r['top1_over_half']:>8.1%}"
         )
     return 0

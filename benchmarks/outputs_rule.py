@@ -66,7 +66,7 @@ def child(variant: str, model: str, seeds: int, prompts: int, input_len: int, ou
     for seed in range(1, seeds + 1):
         ps, outs = make_prompts(seed, prompts, input_len, output_len, "zipf", min(vocab, 16000))
         ps = [x[:512] for x in ps]
-        outs = [max(1, min(o, 1024 - len(x))) for x, o in zip(ps, outs)]
+        outs = [max(1, min(o, 1024 - len(x))) for x, o in zip(ps, outs, strict=True)]
         res = llm.generate(
             [TokensPrompt(prompt_token_ids=x) for x in ps],
             [SamplingParams(max_tokens=o, ignore_eos=True, temperature=0.0) for o in outs],
@@ -149,7 +149,8 @@ def main() -> int:
         print("the baseline engine failed: nothing to compare", file=sys.stderr)
         return 1
     print(
-        f"model {a.model}, {a.seeds} zipf batches of {a.prompts} requests (input {a.input_len}, output {a.output_len} mean), "
+        f"model {a.model}, {a.seeds} zipf batches of {a.prompts} requests "
+        f"(input {a.input_len}, output {a.output_len} mean), "
         f"greedy, float32, CPU; baseline engine {json.dumps(BASE_ENGINE)}"
     )
     print(f"{'variant':48} {'pairs':>5} {'per-request fails':>17} {'old rule fails':>14} {'divergent requests':>18}")
@@ -157,9 +158,11 @@ def main() -> int:
         if n == "baseline":
             continue
         pairs = len(r["outputs"])
-        fails = sum(1 for b, c in zip(base["outputs"], r["outputs"]) if b != c)
-        old = sum(1 for b, c in zip(base["outputs"], r["outputs"]) if not old_rule(b, c))
-        div = sum(1 for b, c in zip(base["outputs"], r["outputs"]) for x, y in zip(b, c) if x != y)
+        fails = sum(1 for b, c in zip(base["outputs"], r["outputs"], strict=False) if b != c)
+        old = sum(1 for b, c in zip(base["outputs"], r["outputs"], strict=False) if not old_rule(b, c))
+        div = sum(
+            1 for b, c in zip(base["outputs"], r["outputs"], strict=False) for x, y in zip(b, c, strict=False) if x != y
+        )
         total = sum(len(b) for b in base["outputs"])
         print(f"{n:48} {pairs:>5} {fails:>17} {old:>14} {div:>9} / {total:<7}")
     return 0

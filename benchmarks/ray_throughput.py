@@ -4,7 +4,8 @@ A local Ray cluster (a head without CPUs, four 1-CPU worker nodes, 100 MB object
 the same patch queue on a toy command target whose trials *sleep* (``--trial-s``, 0.3 s by
 default), so wall time, not the two cores of a small machine, bounds an evaluation. The queue has
 ``--wins`` real speedups (+30 %, each merged) spread among no-op rewordings (rejected), so merges
-move the baseline (each win in its own file, so all of them stack) while later proposals are in flight: those results are superseded (kept, never
+move the baseline (each win in its own file, so all of them stack) while later proposals are in flight: those \
+results are superseded (kept, never
 merged on) and judged again, the price of parallel speculation. For every worker count the
 verdicts and the final baseline tree must equal the local loop's (``--workers`` includes 0: the
 local loop itself).
@@ -201,7 +202,8 @@ def main() -> int:
         print(f"{'workers':>8} {'wall s':>8} {'props/h':>8} {'merged':>7} {'re-judged':>10}")
         for r in rows:
             print(
-                f"{'local' if r['workers'] == 0 else r['workers']:>8} {r['wall_s']:>8} {r['per_hour']:>8} {r['merged']:>7} {r['rejudged']:>10}"
+                f"{'local' if r['workers'] == 0 else r['workers']:>8} {r['wall_s']:>8} {r['per_hour']:>8} "
+                f"{r['merged']:>7} {r['rejudged']:>10}"
             )
         print(f"same verdicts and final baseline tree for every worker count: {'yes' if same else 'NO'}")
     return 0 if same else 1

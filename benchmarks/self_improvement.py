@@ -99,7 +99,8 @@ def main() -> None:
     )
     ok = fo / fw >= 2
     print(
-        f"target (with insights at least 2x as efficient to the first win): {'MET' if ok else 'NOT MET'}; {time.time() - t0:.0f} s"
+        f"target (with insights at least 2x as efficient to the first win): {'MET' if ok else 'NOT MET'}; "
+        f"{time.time() - t0:.0f} s"
     )
 
 

@@ -97,7 +97,10 @@ params = {{ prompts = 200, input_len = 16, output_len = 2, request_rate = 80, va
 metric = "ttft_ms"
 max_ms = 30
 """
-SPEED = "import json, sys, random\njson.dump({'x': float(open('f.txt').read()) * random.gauss(1, 0.01)}, open(sys.argv[1], 'w'))\n"
+SPEED = (
+    "import json, sys, random\n"
+    "json.dump({'x': float(open('f.txt').read()) * random.gauss(1, 0.01)}, open(sys.argv[1], 'w'))\n"
+)
 
 
 def git(repo: Path, *args: str) -> str:
@@ -191,7 +194,7 @@ def main() -> None:
             w = out.get("workloads", {})
 
             def cell(name: str) -> str:
-                s = w.get(name)
+                s = w.get(name)  # noqa: B023 - called within the iteration
                 return (
                     f"{s['decision']} {s['speedup'] - 1:+.1%}"
                     if s and s.get("speedup")
@@ -234,7 +237,8 @@ def main() -> None:
     rejected_p99 = sum(1 for r in ok if any(str(x).startswith("guard-workloads: ttft-p99") for x in r["reasons"]))
     rejected_p50 = sum(1 for r in ok if any(str(x).startswith("guard-workloads: ttft-p50") for x in r["reasons"]))
     print(
-        f"delay {args.delay_ms:g} ms: {len(ok)} runs; rejected by the p99 guard {rejected_p99}, by the median guard {rejected_p50}; "
+        f"delay {args.delay_ms:g} ms: {len(ok)} runs; rejected by the p99 guard {rejected_p99}, "
+        f"by the median guard {rejected_p50}; "
         f"merged {sum(r['verdict'] == 'merge' for r in ok)}; {sum(r['minutes'] for r in ok):.0f} min"
     )
     if args.out:

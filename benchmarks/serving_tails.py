@@ -168,12 +168,16 @@ def main() -> None:
     k = shape.tail_factor(rng)
     gate = GateConfig()
     print(
-        f"per-request TTFT: {'measured' if sample is not None else f'lognormal, log-SD {args.sigma}'}; trial noise {args.cv:.0%}, "
-        f"instance effect {args.instance:.0%}; guard level {gate.regression_alpha}, floor -{gate.max_regression:.0%}, "
-        f"max {gate.max_pairs} pairs, then {max(gate.confirm_pairs, LOADED_CONFIRM_PAIRS)} fresh pairs; {args.reps} guards per cell"
+        f"per-request TTFT: {'measured' if sample is not None else f'lognormal, log-SD {args.sigma}'}; "
+        f"trial noise {args.cv:.0%}, "
+        f"instance effect {args.instance:.0%}; guard level {gate.regression_alpha}, "
+        f"floor -{gate.max_regression:.0%}, "
+        f"max {gate.max_pairs} pairs, then {max(gate.confirm_pairs, LOADED_CONFIRM_PAIRS)} fresh pairs; "
+        f"{args.reps} guards per cell"
     )
     print(
-        f"tail-only regression: {TAIL_SHARE:.0%} of requests x{k:.2f} (p99 +10%, median unchanged); median regression: every request x1.10"
+        f"tail-only regression: {TAIL_SHARE:.0%} of requests x{k:.2f} (p99 +10%, median unchanged); "
+        "median regression: every request x1.10"
     )
     print(
         f"{'requests':>8} {'estimator':<11} {'A/A false':>9} {'tail +10%':>9} {'median +10%':>11} {'pairs (A/A)':>11}"

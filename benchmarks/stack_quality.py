@@ -74,7 +74,8 @@ def main() -> None:
         f"margin {a.margin:.0%}, {a.reps} stacks per row"
     )
     print(
-        f"{'merges':>6} {'effect':>7} {'true shortfall':>15} {'estimates':>22} {'under-delivers':>15} {'delivers':>9} {'inconclusive':>13}"
+        f"{'merges':>6} {'effect':>7} {'true shortfall':>15} {'estimates':>22} {'under-delivers':>15} "
+        f"{'delivers':>9} {'inconclusive':>13}"
     )
     rows = [(k, e, 0.0, 0.0) for k in (2, 4, 6) for e in (0.03, 0.10)]
     rows += [(k, 0.10, sf, 0.0) for k in (2, 4) for sf in (0.05, 0.10, 0.20)]
@@ -83,7 +84,8 @@ def main() -> None:
         r = rate(rng, a.reps, k, effect, shortfall, curse, a)
         what = "confirmation" if not curse else f"inflated +{curse:.0%} each"
         print(
-            f"{k:>6} {effect:>7.0%} {shortfall:>15.0%} {what:>22} {r['under-delivers']:>15.1%} {r['delivers']:>9.1%} {r['inconclusive']:>13.1%}"
+            f"{k:>6} {effect:>7.0%} {shortfall:>15.0%} {what:>22} {r['under-delivers']:>15.1%} "
+            f"{r['delivers']:>9.1%} {r['inconclusive']:>13.1%}"
         )
 
 

@@ -30,7 +30,11 @@ NORM = "vllm/ir/ops/layernorm.py"
 ROPE = "vllm/model_executor/layers/rotary_embedding/base.py"
 ACT = "vllm/model_executor/layers/activation.py"
 LOGITS = "vllm/model_executor/layers/logits_processor.py"
-SEED_DRAW = "            seeds[i] = torch.randint(\n                0, 2**31, (1,), generator=gen, dtype=torch.long\n            ).item()"
+SEED_DRAW = (
+    "            seeds[i] = torch.randint(\n"
+    "                0, 2**31, (1,), generator=gen, dtype=torch.long\n"
+    "            ).item()"
+)
 
 # name -> (expected: "caught" | "passed", [(file, old, new), ...])
 CHANGES: dict[str, tuple[str, list[tuple[str, str, str]]]] = {
@@ -72,7 +76,9 @@ CHANGES: dict[str, tuple[str, list[tuple[str, str, str]]]] = {
             (
                 LOGITS,
                 "            if self.scale != 1.0:\n                logits *= self.scale",
-                "            logits = logits * 1.001\n            if self.scale != 1.0:\n                logits *= self.scale",
+                "            logits = logits * 1.001\n"
+                "            if self.scale != 1.0:\n"
+                "                logits *= self.scale",
             )
         ],
     ),

@@ -227,7 +227,7 @@ def _compare_record(a: Record | None, b: Record | None, pid: str, path: str, st:
         st.exact = False
         return
     diverged = False
-    for i, (ea, eb) in enumerate(zip(a.topk, b.topk)):
+    for i, (ea, eb) in enumerate(zip(a.topk, b.topk, strict=False)):
         if not ea:
             continue  # nothing to compare against (the first prompt position has no logprobs)
         if not eb:  # a candidate listing nothing (or only NaN, which the worker drops) must not shrink the comparison
@@ -281,15 +281,18 @@ def judge_path(
         )
     if cand.dropped:
         reasons.append(
-            f"{path}: candidate listed no logprobs at {len(cand.dropped)} position(s) the baseline did, e.g. {cand.dropped[0]}"
+            f"{path}: candidate listed no logprobs at {len(cand.dropped)} position(s) the baseline did, "
+            f"e.g. {cand.dropped[0]}"
         )
     if cand.token_mismatch:
         reasons.append(
-            f"{path}: prompt tokens differ for {len(cand.token_mismatch)} prompt(s), e.g. {cand.token_mismatch[0]} (tokenization changed)"
+            f"{path}: prompt tokens differ for {len(cand.token_mismatch)} prompt(s), e.g. {cand.token_mismatch[0]} "
+            "(tokenization changed)"
         )
     if cand.bad_divergences:
         reasons.append(
-            f"{path}: greedy continuation diverged without a near tie in {len(cand.bad_divergences)} sequence(s), e.g. {cand.bad_divergences[0]}"
+            f"{path}: greedy continuation diverged without a near tie in {len(cand.bad_divergences)} sequence(s), "
+            f"e.g. {cand.bad_divergences[0]}"
         )
     if not cand.kl and not reasons:
         reasons.append(f"{path}: no positions compared")
@@ -347,8 +350,8 @@ def systematic_shift(signed: list[float], floor_signed: list[float], dtype: str)
     if p < SHIFT_ALPHA and abs(mean) > max(tiny, 3 * floor_mean):
         direction = "up" if mean > 0 else "down"
         return (
-            f"systematic shift: the top token's logprob moved {direction} at {max(pos, len(nonzero) - pos)} of {len(nonzero)} "
-            f"positions (mean {mean:+.3g}, sign test p={p:.2g})"
+            f"systematic shift: the top token's logprob moved {direction} at {max(pos, len(nonzero) - pos)} "
+            f"of {len(nonzero)} positions (mean {mean:+.3g}, sign test p={p:.2g})"
         )
     return ""
 
@@ -396,9 +399,9 @@ def judge_draws(
             continue
         testable += 1
         total += n
-        changed += sum(x != y for x, y in zip(a.tokens[:n], c.tokens[:n]))
-        floor_changed += sum(x != y for x, y in zip(a.tokens[:n], f.tokens[:n]))
-        unrelated_changed += sum(x != y for x, y in zip(a.tokens[:n], u.tokens[:n]))
+        changed += sum(x != y for x, y in zip(a.tokens[:n], c.tokens[:n], strict=True))
+        floor_changed += sum(x != y for x, y in zip(a.tokens[:n], f.tokens[:n], strict=True))
+        unrelated_changed += sum(x != y for x, y in zip(a.tokens[:n], u.tokens[:n], strict=True))
     stats: dict[str, Any] = {
         "contexts": len(keys),
         "testable": testable,
@@ -415,7 +418,8 @@ def judge_draws(
     if total and not reasons:
         if floor_changed * 2 > unrelated_changed:
             reasons.append(
-                f"draws: the baseline does not reproduce its own draws with the same seeds ({floor_changed} of {total} changed, "
+                f"draws: the baseline does not reproduce its own draws with the same seeds "
+                f"({floor_changed} of {total} changed, "
                 f"{unrelated_changed} with unrelated seeds); the sampler cannot be judged by draws"
             )
         else:

@@ -271,9 +271,15 @@ def clock_disagrees(wall_s: float, worker_s: float, allowance_s: float) -> str:
     """'' or how a worker's own reading of a span (``worker_s``) disagrees with the orchestrator's round trip
     around it (``wall_s``): longer than the round trip, or under half of it less ``allowance_s`` (it runs slow)."""
     if worker_s > wall_s + CLOCK_SLACK_S:
-        return f"{CLOCK_BREACH}: {worker_s * 1e3:.3f} ms on its clock in a round trip of {wall_s * 1e3:.3f} ms on the orchestrator's"
+        return (
+            f"{CLOCK_BREACH}: {worker_s * 1e3:.3f} ms on its clock in a round trip of {wall_s * 1e3:.3f} ms "
+            "on the orchestrator's"
+        )
     if worker_s < wall_s / 2 - allowance_s:
-        return f"{CLOCK_BREACH}: {worker_s * 1e3:.3f} ms on its clock, {wall_s * 1e3:.3f} ms on the orchestrator's: it runs slow"
+        return (
+            f"{CLOCK_BREACH}: {worker_s * 1e3:.3f} ms on its clock, {wall_s * 1e3:.3f} ms on the orchestrator's: "
+            "it runs slow"
+        )
     return ""
 
 
@@ -410,7 +416,7 @@ class WorkerSession(Parkable):
         env = child_env({**self.env, **extra}, self.worktree, None, self.log_path)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(self.worktree), self.env.get("PYTHONPATH", "")) if p)
         env.setdefault("PYTHONUNBUFFERED", "1")
-        rfd, wfd = os.pipe()
+        rfd, wfd = sandbox.pipe()
         argv, _ = sandbox.wrap([self.python, str(WORKER), "--fd", str(wfd), json.dumps(self.spec)], cwd=self.worktree)
         log = open(self.log_path, "ab")
         try:

@@ -98,7 +98,11 @@ def gpus() -> list[dict[str, str]]:
         return []
     if out.returncode != 0:
         return []
-    return [dict(zip(keys, (v.strip() for v in line.split(",")))) for line in out.stdout.splitlines() if line.strip()]
+    return [
+        dict(zip(keys, (v.strip() for v in line.split(",")), strict=False))
+        for line in out.stdout.splitlines()
+        if line.strip()
+    ]
 
 
 def conditions() -> dict[str, str]:
@@ -162,10 +166,10 @@ def same_devices(devices: list[str], table: list[dict[str, str]] | None = None) 
     by_index = {g.get("index"): g for g in table}
     seen = [by_index.get(d) for d in devices]
     if any(g is None for g in seen):
-        return f"GPU(s) {', '.join(d for d, g in zip(devices, seen) if g is None)} not found by nvidia-smi"
+        return f"GPU(s) {', '.join(d for d, g in zip(devices, seen, strict=True) if g is None)} not found by nvidia-smi"
     keys = ("name", "driver", "memory", "sm_max_mhz", "mem_max_mhz")
     first = {k: seen[0].get(k) for k in keys}  # type: ignore[union-attr]
-    for d, g in zip(devices[1:], seen[1:]):
+    for d, g in zip(devices[1:], seen[1:], strict=True):
         other = {k: g.get(k) for k in keys}  # type: ignore[union-attr]
         if other != first:
             diff = ", ".join(f"{k} {first[k]} vs {other[k]}" for k in keys if first[k] != other[k])

@@ -96,7 +96,8 @@ def speed_series(
 def ab_pairs(chunks: Sequence[float], part_chunks: int, slices: int, stride: int | None = None) -> list[float]:
     """A/A log-ratios (A over B, as speeds) from runs of the series, ``slices`` parts of ``part_chunks`` units per
     side, part i in the pair's order when i is even and reversed when odd, pairs alternating AB / BA. A pair starts
-    every ``stride`` units (default: where the last one ended; shorter strides reuse the series in overlapping pairs)."""
+    every ``stride`` units (default: where the last one ended; shorter strides reuse the series in overlapping
+    pairs)."""
     if part_chunks < 1 or slices < 1:
         raise ValueError("need part_chunks >= 1 and slices >= 1")
     span = 2 * slices * part_chunks
@@ -116,7 +117,8 @@ def ab_pairs(chunks: Sequence[float], part_chunks: int, slices: int, stride: int
 def pair_floor(
     chunks: Sequence[float], part_s: float, slices: int, cpus: Sequence[int] = (), seconds: float = 0.0
 ) -> MachineFloor | None:
-    """The floor for parts of ``part_s`` seconds in ``slices`` alternations (None: the series is too short for 3 pairs)."""
+    """The floor for parts of ``part_s`` seconds in ``slices`` alternations (None: the series is too short for 3
+    pairs)."""
     if part_s <= 0:
         raise ValueError("need part_s > 0")
     unit = statistics.median(chunks)

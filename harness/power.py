@@ -6,8 +6,9 @@ estimates each proposal's engine-session effect from the proposal's own sessions
 calibration's: with two sessions that estimate has one degree of freedom and often widens the interval), a
 first-session win must beat a margin, futility stops a true win now and then, a point estimate under half of
 ``min_effect`` is no win, and a win must hold on fresh engines (the confirmation). At a per-pair SD of 0.032
-with two sessions of 10 pairs the formula promises 90% for a 3% win; the decisions merge about 70% (with five sessions of
-6 pairs, the starter's objective, about 87%: the session effect is then estimated on 4 degrees of freedom).
+with two sessions of 10 pairs the formula promises 90% for a 3% win; the decisions merge about 70% (with five
+sessions of 6 pairs, the starter's objective, about 87%: the session effect is then estimated on 4 degrees of
+freedom).
 
 This module runs simulated proposals through ``interleave.run_interleaved`` and the decisions of
 ``sequential`` with a given prior (the calibration's, as the gate uses it): each side's log-measurement is
@@ -93,7 +94,8 @@ def found(
     guard: bool = False,
 ) -> bool:
     """One simulated proposal. Objective: is a speedup ``effect`` (0.03 = 3%) merged (a win, then confirmed on one fresh
-    pair of instances over ``confirm_pairs`` pairs when > 0)? ``guard``: is a slowdown ``effect`` flagged as a regression?"""
+    pair of instances over ``confirm_pairs`` pairs when > 0)? ``guard``: is a slowdown ``effect`` flagged as a
+    regression?"""
     shift = math.log1p(-effect) if guard else math.log1p(effect)
 
     def side(name: str, _restart: int) -> SimulatedSide:

@@ -26,6 +26,7 @@ runs in; ``wrap(argv, cwd=worktree)`` picks the sandbox whose worktree is ``cwd`
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import functools
 import glob
 import os
@@ -199,6 +200,18 @@ def use(containment: Containment | None) -> Iterator[None]:
 
 def active() -> Containment | None:
     return _active.boxes[-1] if _active.boxes else None
+
+
+def pipe() -> tuple[int, int]:
+    """``os.pipe()`` with both ends above the descriptors a sandbox's launcher claims (``SECCOMP_FD``; a POSIX
+    shell redirects single digits only). A child started through ``wrap`` is passed a descriptor by number; one
+    that landed on the launcher's would be replaced by the seccomp filter before the child ran (it read EBADF)."""
+    fds = []
+    for fd in os.pipe():
+        high = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, SECCOMP_FD + 1)
+        os.close(fd)
+        fds.append(high)
+    return fds[0], fds[1]
 
 
 def wrap(

@@ -36,7 +36,7 @@ import numpy as np
 from scipy import stats as sps
 
 from . import gate_defaults as D
-from .statistics import NoisePrior, PairedEstimate, _t_sf, by_cluster, paired_estimate, session_variance, winsorize
+from .statistics import NoisePrior, PairedEstimate, by_cluster, paired_estimate, session_variance, t_sf, winsorize
 
 CONTINUE = "continue"
 WIN = "win"
@@ -108,7 +108,7 @@ def decide_objective(
     if not known:
         # tau unknown (one session of several so far, no calibration): one engine pair's luck is not yet told
         # from the code's effect, so a win must beat the margin the SPRT tests for, not only zero
-        p = _t_sf(est.mean - margin, est.se, est.df)
+        p = t_sf(est.mean - margin, est.se, est.df)
     if p < level and est.mean >= target / 2:
         why = "" if known else f", by more than {math.expm1(margin):+.1%} on the first engine pair"
         return Decision(
@@ -123,8 +123,9 @@ def decide_objective(
         alt = design.min_effect * design.futility_factor
         return Decision(
             LOSE,
-            f"{why}: speedup {est.speedup - 1:+.2%} after {n} of {design.max_pairs} pairs; stopped early: the sequential "
-            f"futility test favours no speedup over {alt:+.1%} (it stops a real {alt:+.1%} this way at most ~{design.futility:.0%} of the time)",
+            f"{why}: speedup {est.speedup - 1:+.2%} after {n} of {design.max_pairs} pairs; stopped early: "
+            f"the sequential futility test favours no speedup over {alt:+.1%} (it stops a real {alt:+.1%} this way "
+            f"at most ~{design.futility:.0%} of the time)",
             est,
             level,
         )
@@ -249,7 +250,8 @@ def decide_confirmation(
         if p < D.REPLICATION_ALPHA:
             return Decision(
                 NOT_CONFIRMED,
-                f"did not replicate on fresh seeds: {won.speedup - 1:+.2%} when it won, {est.speedup - 1:+.2%} over {n} fresh pairs "
+                f"did not replicate on fresh seeds: {won.speedup - 1:+.2%} when it won, "
+                f"{est.speedup - 1:+.2%} over {n} fresh pairs "
                 f"(a gap this large by chance: p={p:.2g} < {D.REPLICATION_ALPHA:g})",
                 est,
                 D.REPLICATION_ALPHA,
@@ -261,7 +263,8 @@ def decide_confirmation(
         if p >= D.LOADED_CONFIRM_ALPHA:
             return Decision(
                 NOT_CONFIRMED,
-                f"measured mostly under foreign load, the win must hold significantly on fresh seeds: {est.speedup - 1:+.2%} over {n} "
+                f"measured mostly under foreign load, the win must hold significantly on fresh seeds: "
+                f"{est.speedup - 1:+.2%} over {n} "
                 f"pairs, p={p:.2g} not below {D.LOADED_CONFIRM_ALPHA:g}",
                 est,
                 D.LOADED_CONFIRM_ALPHA,

@@ -121,7 +121,8 @@ class ServeSession(Parkable):
         python: str = sys.executable,
         cpus: frozenset[int] | None = None,
     ):
-        self.cpus = cpus  # the server's processes pinned here once it is healthy (the load generator is not: it is the harness's)
+        # the server's processes pinned here once it is healthy (the load generator is not: it is the harness's)
+        self.cpus = cpus
         self.spec, self.worktree, self.client_path = dict(spec), worktree, client_path
         self.env, self.log_dir, self.metric = dict(env), log_dir, metric
         self.timeout_s, self.startup_timeout_s, self.python = timeout_s, startup_timeout_s, python
@@ -161,7 +162,7 @@ class ServeSession(Parkable):
         ]
         self.started_at = time.perf_counter()
         own_net = sandbox.active() is not None and sandbox.can_join_network()
-        rfd, wfd = os.pipe() if own_net else (-1, -1)
+        rfd, wfd = sandbox.pipe() if own_net else (-1, -1)
         try:
             with open(self.log_path, "ab") as log:
                 # sandboxed: the server gets a network namespace of its own (loopback only) and the load
@@ -341,8 +342,10 @@ class ServeSession(Parkable):
                 metrics,
                 wall,
                 (
-                    f"the load generator fell behind its schedule ({'; '.join(b for b in behind if b)} at {load.rate:g} requests/s): "
-                    f"this machine cannot send that rate on time; lower {'rate_max' if metric == tails.RATE_AT_SLO else 'request_rate'}"
+                    f"the load generator fell behind its schedule ({'; '.join(b for b in behind if b)} "
+                    f"at {load.rate:g} requests/s): "
+                    "this machine cannot send that rate on time; "
+                    f"lower {'rate_max' if metric == tails.RATE_AT_SLO else 'request_rate'}"
                 ),
                 self._log_tail(),
                 failure=MEASUREMENT_ERROR,
@@ -578,7 +581,7 @@ class BenchClient:
         env = child_env(self.env, self.log_dir, None, self.log_dir)
         env.pop("PYTHONPATH", None)  # and -I: the instrument imports nothing from a worktree, whatever it is given
         env.setdefault("PYTHONUNBUFFERED", "1")
-        rfd, wfd = os.pipe()
+        rfd, wfd = sandbox.pipe()
         try:
             with open(self.log_dir / "bench-client.log", "ab") as log:
                 self.proc = subprocess.Popen(

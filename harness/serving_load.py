@@ -226,7 +226,8 @@ def check_params(
             what = "a probe at rate_min" if searching else "a trial"
             raise ValueError(
                 f"{what} sends {int(prompts or DEFAULT_PROMPTS)} requests over {sending:.0f} s, beyond the workload's "
-                f"timeout_s of {timeout_s:g} s: raise {'rate_min' if searching else 'request_rate'} or timeout_s, or lower prompts"
+                f"timeout_s of {timeout_s:g} s: raise {'rate_min' if searching else 'request_rate'} or timeout_s, "
+                "or lower prompts"
             )
     qm = tails.quantile_metric(metric)
     if qm is not None:
@@ -305,7 +306,7 @@ def plan(
         ins = lengths.draw(rng, n, int(params.get("input_len", DEFAULT_INPUT_LEN)), dist)
         outs = lengths.draw(rng, n, int(params.get("output_len", DEFAULT_OUTPUT_LEN)), dist)
     ins = [max(1, min(i, max_model_len // 2)) for i in ins]  # every request fits the context
-    outs = [max(1, min(o, max_model_len - i)) for i, o in zip(ins, outs)]
+    outs = [max(1, min(o, max_model_len - i)) for i, o in zip(ins, outs, strict=True)]
     prompts = tuple(tuple(rng.randrange(10, vocab) for _ in range(i)) for i in ins)
     rate = _rate(params.get("request_rate"))
     arrivals = None

@@ -139,7 +139,8 @@ _LAYER = {
 
 
 def hf_name(gguf_name: str) -> str:
-    """GGUF tensor name → Hugging Face Llama name (``blk.3.attn_q.weight`` → ``model.layers.3.self_attn.q_proj.weight``)."""
+    """GGUF tensor name → Hugging Face Llama name
+    (``blk.3.attn_q.weight`` → ``model.layers.3.self_attn.q_proj.weight``)."""
     if gguf_name == "token_embd.weight":
         return "model.embed_tokens.weight"
     if gguf_name == "output_norm.weight":
@@ -313,7 +314,8 @@ def build(dest: Path, cache: Path | None = None, say: Say = _stderr) -> Path:
             bad = sorted(n for n in set(files) | set(EXPECTED) if files.get(n, {}).get("sha256") != EXPECTED.get(n))
             if bad:
                 raise RuntimeError(
-                    f"the build is not the pinned one ({', '.join(bad)} differ): check the gguf/numpy/tokenizers versions"
+                    f"the build is not the pinned one ({', '.join(bad)} differ): "
+                    "check the gguf/numpy/tokenizers versions"
                 )
         manifest = {
             "schema_version": SCHEMA_VERSION,

@@ -60,11 +60,11 @@ class PairedEstimate:
 
     def p_better(self) -> float:
         """One-sided p-value of H0: speedup <= 1 against 'the candidate is faster'."""
-        return _t_sf(self.mean, self.se, self.df)
+        return t_sf(self.mean, self.se, self.df)
 
     def p_worse(self) -> float:
         """One-sided p-value of H0: speedup >= 1 against 'the candidate is slower'."""
-        return _t_sf(-self.mean, self.se, self.df)
+        return t_sf(-self.mean, self.se, self.df)
 
     def upper(self, level: float) -> float:
         """One-sided upper confidence bound on the speedup at confidence ``level``."""
@@ -83,7 +83,7 @@ def _t_q(level: float, df: float) -> float:
     return float(sps.t.ppf(level, df))
 
 
-def _t_sf(mean: float, se: float, df: float) -> float:
+def t_sf(mean: float, se: float, df: float) -> float:
     if se == 0:
         return 0.0 if mean > 0 else 1.0
     return float(sps.t.sf(mean / se, df))
@@ -94,7 +94,7 @@ def log_ratios(baseline: Sequence[float], candidate: Sequence[float], higher_is_
     if len(baseline) != len(candidate):
         raise ValueError("baseline and candidate must have the same number of trials")
     out = []
-    for b, c in zip(baseline, candidate):
+    for b, c in zip(baseline, candidate, strict=True):
         if not (b > 0 and c > 0 and math.isfinite(b) and math.isfinite(c)):
             raise ValueError(f"metrics must be positive and finite, got baseline={b}, candidate={c}")
         r = math.log(c / b)
@@ -126,7 +126,7 @@ def winsorize(
 def by_cluster(x: Sequence[float], clusters: Sequence[int]) -> list[list[float]]:
     """The values of ``x`` grouped by cluster (engine session), clusters in order of first appearance."""
     groups: dict[int, list[float]] = {}
-    for v, c in zip(x, clusters):
+    for v, c in zip(x, clusters, strict=False):
         groups.setdefault(c, []).append(v)
     return list(groups.values())
 
@@ -169,7 +169,7 @@ def sessions_differ(groups: Sequence[Sequence[float]]) -> float | None:
         return None
     means = [float(np.mean(g)) for g in groups if len(g)]
     grand = float(np.mean([v for g in groups for v in g]))
-    between = sum(m_i * (m - grand) ** 2 for m_i, m in zip(sizes, means)) / (k - 1)
+    between = sum(m_i * (m - grand) ** 2 for m_i, m in zip(sizes, means, strict=True)) / (k - 1)
     ss, dof = _within_ss(groups)
     within = ss / dof
     if within <= 0:

@@ -1,4 +1,5 @@
-"""Serving metrics from per-request timings: what each one measures, its quantiles, and how many requests a quantile needs.
+"""Serving metrics from per-request timings: what each one measures, its quantiles, and how many requests a
+quantile needs.
 
 A serving trial sends its requests (``harness.serving_load``) and records, per request, when it was sent and when
 each streamed chunk of text came back. Every serving metric is computed here, from those records, the same way for

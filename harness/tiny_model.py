@@ -86,7 +86,7 @@ def build(dest: Path, spec: TinySpec = TinySpec()) -> Path:
         show_progress=False,
     )
     tok = PreTrainedTokenizerFast(
-        tokenizer_object=bpe._tokenizer,
+        tokenizer_object=bpe._tokenizer,  # noqa: SLF001 - the tokenizers library's documented way to wrap it
         bos_token="<s>",
         eos_token="</s>",
         unk_token="<unk>",

@@ -439,7 +439,8 @@ def check_metrics(data: Any) -> tuple[dict[str, Any] | None, str]:
             shown = sanitize(str(key))[:40]
             return (
                 None,
-                f"metric name {shown!r}{'...' if len(str(key)) > 40 else ''} is empty or longer than {MAX_METRIC_KEY_CHARS} characters",
+                f"metric name {shown!r}{'...' if len(str(key)) > 40 else ''} is empty or longer than "
+                f"{MAX_METRIC_KEY_CHARS} characters",
             )
         key = sanitize(key)
         if isinstance(value, float) and not math.isfinite(value):

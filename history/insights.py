@@ -288,7 +288,8 @@ def markdown(ins: Mapping[str, Any]) -> str:
             mean_effect = "—" if me is None else f"{me:+.1%}"
             best_effect = "—" if be is None else f"{be:+.1%}"
             lines.append(
-                f"| {text.md_inline(k)} | {v['tries']} | {v['wins']} | {v.get('failures', 0)} | {mean_effect} | {best_effect} |"
+                f"| {text.md_inline(k)} | {v['tries']} | {v['wins']} | {v.get('failures', 0)} "
+                f"| {mean_effect} | {best_effect} |"
             )
         lines.append("")
 
@@ -305,7 +306,8 @@ def markdown(ins: Mapping[str, Any]) -> str:
         for k, v in sorted(knobs.items()):
             me = v.get("mean_effect")
             lines.append(
-                f"| {text.md_inline(k)} | {v['tries']} | {v['wins']} | {v['failures']} | {'—' if me is None else f'{me:+.1%}'} "
+                f"| {text.md_inline(k)} | {v['tries']} | {v['wins']} | {v['failures']} "
+                f"| {'—' if me is None else f'{me:+.1%}'} "
                 f"| {text.md_inline(v.get('best_value'))} |"
             )
         lines.append("")
@@ -328,7 +330,8 @@ def markdown(ins: Mapping[str, Any]) -> str:
         per = (
             "no merged win yet"
             if ag.get("usd_per_merged_pct") is None
-            else f"${ag['usd_per_merged_pct']:.4f} and {ag['machine_s_per_merged_pct']:.1f} machine-seconds per merged percent"
+            else f"${ag['usd_per_merged_pct']:.4f} and {ag['machine_s_per_merged_pct']:.1f} "
+            "machine-seconds per merged percent"
         )
         calls = ", ".join(f"{k} {n}" for k, n in sorted((ag.get("calls") or {}).items()))
         lines += [

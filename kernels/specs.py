@@ -119,7 +119,7 @@ def compare(case: dict[str, Any], got: Sequence[Tensor], want: Sequence[Tensor])
     tol = OPS[case["op"]].tolerance(case["dtype"])
     if len(got) != len(want):
         return f"{len(got)} outputs, expected {len(want)}"
-    for i, (g, w) in enumerate(zip(got, want)):
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
         if tuple(g.shape) != tuple(w.shape):
             return f"output {i}: shape {tuple(g.shape)}, expected {tuple(w.shape)}"
         if g.dtype != w.dtype:
@@ -131,7 +131,8 @@ def compare(case: dict[str, Any], got: Sequence[Tensor], want: Sequence[Tensor])
         if bool(bad.any()):
             worst = float((g32 - w32).abs().max())
             return (
-                f"output {i}: {int(bad.sum())} of {bad.numel()} elements outside atol {tol['atol']:g} / rtol {tol['rtol']:g}"
+                f"output {i}: {int(bad.sum())} of {bad.numel()} elements outside "
+                f"atol {tol['atol']:g} / rtol {tol['rtol']:g}"
                 f" (max abs error {worst:.3g})"
             )
     return ""
@@ -181,7 +182,7 @@ def check_fn(fn: Callable[..., Any], cases: Sequence[dict[str, Any]], device: st
             failures.append(f"{describe(case)}: raised {type(exc).__name__}: {exc}")
             continue
         want = outputs_of(REFERENCES[case["op"]](*before))
-        if any(isinstance(a, Tensor) and not torch.equal(a, b) for a, b in zip(args, before)):
+        if any(isinstance(a, Tensor) and not torch.equal(a, b) for a, b in zip(args, before, strict=True)):
             failures.append(f"{describe(case)}: changed its inputs")
         elif aliases(got, spans):
             failures.append(f"{describe(case)}: returned a view of an input")

@@ -1,6 +1,7 @@
 """Run one side's IR-op providers, in that side's sandbox, in a fresh process (a script, not imported).
 
-    python kernels/worker.py {correct|time} --op OP --priority P1,P2 --cases CASES.json --samples OUT.npz --out METRICS.json [--fd N]
+    python kernels/worker.py {correct|time} --op OP --priority P1,P2 --cases CASES.json
+        --samples OUT.npz --out METRICS.json [--fd N]
 
 The side's own vLLM is imported (``PYTHONPATH`` = its worktree): its ``vllm.kernels`` registers its
 providers, and the op is called the way the engine calls it — ``set_priority`` then dispatch per call

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from agentsearch.config import CONFIG_FILE, load_config_text, reference_rows
@@ -32,7 +34,7 @@ def test_good_config_loads_with_defaults():
     assert c.gate.proposal_alpha == pytest.approx(0.05 / c.gate.episode_budget)
     assert c.verify is not None and c.verify.mode == "tight"
     # frozen
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         c.target.baseline = "x"  # type: ignore[misc]
 
 

@@ -42,3 +42,19 @@ def test_the_coverage_tracer_imports_only_the_standard_library():
             for name in names:
                 assert name.split(".")[0] not in OURS, f"{path.name} imports {name}"
             assert not (isinstance(node, ast.ImportFrom) and node.level), f"{path.name}: a relative import"
+
+
+def test_no_module_imports_another_modules_private_names():
+    """One module's private names (`_name`) are its own: another module that needs one needs a public name. (ruff's
+    SLF rule refuses `obj._name` outside the object's class; this refuses `from x import _name`.)"""
+    found = []
+    for pkg in OURS:
+        for path in sorted((ROOT / pkg).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ImportFrom):
+                    found += [
+                        f"{path.relative_to(ROOT)}:{node.lineno} imports {a.name} from {'.' * node.level}{node.module or ''}"
+                        for a in node.names
+                        if a.name.startswith("_") and not a.name.startswith("__")
+                    ]
+    assert not found, "\n".join(found)

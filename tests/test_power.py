@@ -133,7 +133,7 @@ def test_calibrate_simulates_the_noise_it_calibrated():
     got, across = [], []
     for i in range(300):
         rng = np.random.default_rng([7, i])
-        side = lambda name, _i: SimulatedSide(rng.normal(0.0, instance_sd), trial_sd, rng)  # noqa: E731
+        side = lambda name, _i: SimulatedSide(rng.normal(0.0, instance_sd), trial_sd, rng)  # noqa: E731, B023 - called within the iteration
         run = run_interleaved("obj", side, _fixed_design(20), _done, lambda k: k, True, restarts=2)
         noise = analyze("obj", run.trials, run.log_ratios, cfg, run.sessions, placement="shared")
         got.append(simulation_noise(noise, cfg, w))

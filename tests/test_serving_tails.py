@@ -122,7 +122,9 @@ def test_a_plan_is_the_same_on_both_sides_and_keeps_its_rate_and_burstiness():
     z = serving_load.plan(
         {"prompts": 500, "input_len": 300, "output_len": 300, "length_dist": "zipf"}, 3, 1000, max_model_len=512
     )
-    assert max(len(x) for x in z.prompts) <= 256 and all(len(x) + o <= 512 for x, o in zip(z.prompts, z.output_lens))
+    assert max(len(x) for x in z.prompts) <= 256 and all(
+        len(x) + o <= 512 for x, o in zip(z.prompts, z.output_lens, strict=True)
+    )
     assert statistics.pstdev(z.output_lens) > 0
 
 
@@ -421,10 +423,12 @@ def test_a_trace_of_real_lengths_is_drawn_the_same_on_both_sides(tmp_path):
     p = {"prompts": 200, "trace": "trace.jsonl"}
     a, b = serving_load.plan(p, 4, 1000, trace=trace), serving_load.plan(p, 4, 1000, trace=trace)
     assert a == b and a != serving_load.plan(p, 5, 1000, trace=trace)
-    pairs = [(len(x), o) for x, o in zip(a.prompts, a.output_lens)]
+    pairs = [(len(x), o) for x, o in zip(a.prompts, a.output_lens, strict=True)]
     assert len(set(pairs)) == 200 and all(pr in trace for pr in pairs)  # drawn without replacement while it lasts
     many = serving_load.plan({"prompts": 800}, 4, 1000, trace=trace)
-    assert len(many.prompts) == 800 and all((len(x), o) in trace for x, o in zip(many.prompts, many.output_lens))
+    assert len(many.prompts) == 800 and all(
+        (len(x), o) in trace for x, o in zip(many.prompts, many.output_lens, strict=True)
+    )
     for text, says in [
         ("not json\n", "line 1: not JSON"),
         ('{"input_len": 3}\n', "line 1: expected"),

@@ -55,15 +55,15 @@ def run(target: Path, as_json: bool, pairs: int, machine_probe_s: float = MACHIN
             )  # a regression: the slower side at that log-ratio
             sessions = (
                 (
-                    f" in engine sessions of {w.per_session} pairs (a session's effect on the mean: SD {w.between_var**0.5:.4f}, "
-                    f"from {w.sessions} sessions)"
+                    f" in engine sessions of {w.per_session} pairs (a session's effect on the mean: SD "
+                    f"{w.between_var**0.5:.4f}, from {w.sessions} sessions)"
                 )
                 if w.per_session
                 else ""
             )
             out.print(
-                f"{w.workload}: smallest {what} detectable with 90% power within {w.budget_pairs} pairs{sessions}: {sign:+.1%} "
-                "(one t-test at the last look)"
+                f"{w.workload}: smallest {what} detectable with 90% power within {w.budget_pairs} pairs{sessions}: "
+                f"{sign:+.1%} (one t-test at the last look)"
             )
         if w.detectable is not None or w.detectable_gate is not None:
             what = "regression flagged" if w.guard else "speedup merged"
@@ -78,7 +78,8 @@ def run(target: Path, as_json: bool, pairs: int, machine_probe_s: float = MACHIN
                 else f"{(-w.detectable_gate if w.guard else w.detectable_gate):+.1%}"
             )
             out.print(
-                f"{w.workload}: smallest {what} with 90% power by the gate's own decisions ({steps}; simulated at this noise): {found}"
+                f"{w.workload}: smallest {what} with 90% power by the gate's own decisions ({steps}; simulated at this "
+                f"noise): {found}"
             )
         quiet = [
             f"trials {w.trial_s:.2f} s each (median)" if w.trial_s is not None else "",
@@ -89,16 +90,18 @@ def run(target: Path, as_json: bool, pairs: int, machine_probe_s: float = MACHIN
         out.print(f"{w.workload}: " + "; ".join(q for q in quiet if q))
         if w.trial_s is not None and w.trial_s < SHORT_TRIAL_S:
             out.print(
-                f"{w.workload}: trials of {w.trial_s:.1f} s are short (jitter weighs more than in trials of {SHORT_TRIAL_S:g} s or more): "
-                "give each more work (vLLM workloads: params.prompts; commands: more iterations)"
+                f"{w.workload}: trials of {w.trial_s:.1f} s are short (jitter weighs more than in trials of "
+                f"{SHORT_TRIAL_S:g} s or more): give each more work (vLLM workloads: params.prompts; commands: more "
+                "iterations)"
             )
     for w in cal.workloads.values():
         if w.machine_floor_sd is not None:
             own = (w.sd_log_ratio**2 - w.machine_floor_sd**2) ** 0.5 if w.sd_log_ratio > w.machine_floor_sd else 0.0
             out.print(
-                f"{w.workload}: the machine alone (a pure-CPU loop, the same alternation: {w.slices} part(s) per side of "
-                f"{(w.trial_s or 0) / w.slices:.2f} s) gives a per-pair SD of {w.machine_floor_sd:.4f} (speed SD {w.machine_speed_sd:.1%} "
-                f"per part, {w.machine_floor_pairs} pairs); the engine's own share of {w.sd_log_ratio:.4f} is about {own:.4f}"
+                f"{w.workload}: the machine alone (a pure-CPU loop, the same alternation: {w.slices} part(s) per side "
+                f"of {(w.trial_s or 0) / w.slices:.2f} s) gives a per-pair SD of {w.machine_floor_sd:.4f} (speed SD "
+                f"{w.machine_speed_sd:.1%} per part, {w.machine_floor_pairs} pairs); the engine's own share of "
+                f"{w.sd_log_ratio:.4f} is about {own:.4f}"
             )
     if cal.machine_probe:
         out.print(f"machine probe: {cal.machine_probe}")

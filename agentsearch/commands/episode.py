@@ -14,7 +14,7 @@ from .. import episode as ep
 from .. import executors, preflight
 from ..errors import AgentsearchError
 from ..headline import pct
-from ..parallel import ParallelEpisode
+from ..loop import EpisodeLoop
 from ..records import check_consistent, open_log, read_entries
 from ..workspace import Workspace
 from ..workspace.workspace import new_episode_id
@@ -98,7 +98,8 @@ def run(
         else:
             if pending is not None:
                 raise AgentsearchError(
-                    f"episode {pending} is unfinished: continue it with `agentsearch episode --resume` (or close it with --abandon)"
+                    f"episode {pending} is unfinished: continue it with `agentsearch episode --resume` (or close it "
+                    "with --abandon)"
                 )
             options = {
                 "patches": str(patches) if patches else None,
@@ -110,7 +111,7 @@ def run(
                 ws, log, proposer, options, budget, seconds, seed, new_episode_id(), insights, cost_budget
             )
         episode.say = say
-        summary = ParallelEpisode(episode, runner).run() if runner is not None else episode.run()
+        summary = EpisodeLoop(episode, runner).run()  # runner None: in this process
     if as_json:
         print_json(summary)
     else:
@@ -182,7 +183,8 @@ def show(summary: dict[str, Any]) -> None:
             else f"${ag['usd_per_merged_pct']:.4f} and {ag['machine_s_per_merged_pct']:.1f} machine-s per merged %"
         )
         out.print(
-            f"agents: {ag['sessions']} sessions, ${ag['cost_usd']:.4f}, {ag['tool_seconds']:.0f} s of workbench calls; {per}"
+            f"agents: {ag['sessions']} sessions, ${ag['cost_usd']:.4f}, {ag['tool_seconds']:.0f} s of workbench calls; "
+            f"{per}"
         )
     out.print(
         f"{summary['judged']} judged, {summary['merged']} merged; baseline {summary['baseline_before'][:12]} -> "

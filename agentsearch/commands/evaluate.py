@@ -59,7 +59,8 @@ def show(result: Evaluation, ref_is_branch: bool | None = None, no_change: bool 
     )
     if no_change:
         out.print(
-            "  REF changes nothing (the same tree as the baseline): this was an A/A measurement of the baseline against itself"
+            "  REF changes nothing (the same tree as the baseline): this was an A/A measurement of the baseline "
+            "against itself"
         )
     for reason in v.reasons:
         out.print(f"  - {safe(reason)}")

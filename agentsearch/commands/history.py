@@ -104,11 +104,14 @@ def show(target: Path, as_json: bool) -> int:
         per = (
             "no merged win yet"
             if ag.get("usd_per_merged_pct") is None
-            else f"${ag['usd_per_merged_pct']:.4f} and {ag['machine_s_per_merged_pct']:.1f} machine-s per merged percent"
+            else (
+                f"${ag['usd_per_merged_pct']:.4f} and {ag['machine_s_per_merged_pct']:.1f} machine-s per merged percent"
+            )
         )
         out.print(
-            f"agents: {ag['sessions']} sessions, ${ag['cost_usd']:.4f}, {ag['tokens_in']} tokens in / {ag['tokens_out']} out, "
-            f"{ag['tool_seconds']:.0f} s of workbench calls; {ag['merged_pct']:+.1f}% merged: {per}"
+            f"agents: {ag['sessions']} sessions, ${ag['cost_usd']:.4f}, {ag['tokens_in']} tokens in / "
+            f"{ag['tokens_out']} out, {ag['tool_seconds']:.0f} s of workbench calls; {ag['merged_pct']:+.1f}% merged: "
+            f"{per}"
         )
     return 0
 

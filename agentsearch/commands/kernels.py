@@ -98,7 +98,8 @@ def bench(
     else:
         color = {"pass": "green", "fail": "red", "review": "yellow"}[check.status.value]
         out.print(
-            f"[bold {color}]{check.status.value.upper()}[/] {op}: {baseline_provider} ({base[:10]}) vs {candidate_provider} ({cand[:10]})"
+            f"[bold {color}]{check.status.value.upper()}[/] {op}: {baseline_provider} ({base[:10]}) vs "
+            f"{candidate_provider} ({cand[:10]})"
         )
         r = result.ops[0]
         out.print(

@@ -75,11 +75,13 @@ def refuse_unless_forced(ev: Any, force: bool) -> None:
         why = str(next(iter(ev.verdict.get("reasons") or []), "no reason recorded"))
         why = why if len(why) <= 120 else why[:119].rstrip() + "…"
         raise AgentsearchError(
-            f"{pid} was not a win (verdict {verdict}: {why}); `pr` opens pull requests for merges — pass --force to open one anyway"
+            f"{pid} was not a win (verdict {verdict}: {why}); `pr` opens pull requests for merges — pass --force to "
+            "open one anyway"
         )
     if ev.reverted:
         raise AgentsearchError(
-            f"{pid} was merged but reverted since by {str(ev.revert.get('new'))[:12]}; pass --force to open a pull request anyway"
+            f"{pid} was merged but reverted since by {str(ev.revert.get('new'))[:12]}; pass --force to open a pull "
+            "request anyway"
         )
 
 
@@ -109,12 +111,14 @@ def pr(
     url = git.remote_url(ws.repo_dir, remote)
     if url is None and not dry_run:
         raise AgentsearchError(
-            f"the target has no git remote {remote!r}; add one with `git remote add {remote} URL` or pass --remote NAME (or --dry-run)"
+            f"the target has no git remote {remote!r}; add one with `git remote add {remote} URL` or pass --remote "
+            "NAME (or --dry-run)"
         )
     gh = shutil.which("gh") if via == "gh" else None
     if via == "gh" and gh is None and not dry_run:
         raise AgentsearchError(
-            "GitHub CLI `gh` not found on PATH; install it (https://cli.github.com) and run `gh auth login`, or use --dry-run"
+            "GitHub CLI `gh` not found on PATH; install it (https://cli.github.com) and run `gh auth login`, or use "
+            "--dry-run"
         )
     forge = None
     if via == "forge" and not dry_run:  # before any push: a missing token is said first

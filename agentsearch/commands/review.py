@@ -84,7 +84,8 @@ def merges(ws: Workspace) -> list[dict[str, Any]]:
                 # main's divergence from the reference after this merge (history.drift): worst KL over regimes and paths
                 "drift_kl_max": drift[m].worst("kl_max") if m in drift else None,
                 "drift_same_top_pct": drift[m].worst("same_top_pct") if m in drift else None,
-                # the latest stack check's leave-one-out (agentsearch stack --leave-one-out): what it adds at today's tip
+                # the latest stack check's leave-one-out (agentsearch stack --leave-one-out): what it adds at
+                # today's tip
                 "marginal": removals[m].marginal if m in removals else None,
                 "today": removals[m].decision if m in removals else None,
             }
@@ -152,13 +153,13 @@ def run(target: Path, as_json: bool, what: str | None, recheck: bool, seed: int 
         )
         if any(r["today"] == "passenger" and not r["reverted"] for r in rows):
             out.print(
-                "a passenger adds nothing significant at today's tip (a later merge made it redundant): `agentsearch revert MERGE` "
-                "removes it"
+                "a passenger adds nothing significant at today's tip (a later merge made it redundant): "
+                "`agentsearch revert MERGE` removes it"
             )
         if any(r["sessions"] == "differ" and r["recheck"] is None and not r["reverted"] for r in rows):
             out.print(
-                "sessions 'differ': part of that win was the luck of the engine instances (or seeds) it ran on; re-measure it "
-                "on fresh ones with `agentsearch review MERGE --recheck`"
+                "sessions 'differ': part of that win was the luck of the engine instances (or seeds) it ran on; "
+                "re-measure it on fresh ones with `agentsearch review MERGE --recheck`"
             )
         return 0
     row = resolve_merge(ws, what)
@@ -208,8 +209,8 @@ def revert(target: Path, what: str, as_json: bool = False) -> int:
     if row["reverted"]:
         raise AgentsearchError(f"{row['merge'][:12]} was already reverted by {str(row['revert_commit'])[:12]}")
     message = (
-        f"agentsearch: revert {row['title'] or row['proposal']}\n\nReverts merge {row['merge']} ({row['proposal']}).\n\n"
-        f"Agentsearch-Revert: {row['merge']}\n"
+        f"agentsearch: revert {row['title'] or row['proposal']}\n\nReverts merge {row['merge']} "
+        f"({row['proposal']}).\n\nAgentsearch-Revert: {row['merge']}\n"
     )
     with ws.lock():
         old, new = ws.revert(row["merge"], message)

@@ -184,7 +184,8 @@ def run_bisect(
 def show_pareto(p: Any) -> None:
     guards = p.guards()
     out.print(
-        f"trades {p.since[:12]} → {p.tip[:12]}: objective {safe(p.objective)}, guards {', '.join(safe(g) for g in guards) or 'none'}"
+        f"trades {p.since[:12]} → {p.tip[:12]}: objective {safe(p.objective)}, guards "
+        f"{', '.join(safe(g) for g in guards) or 'none'}"
     )
 
     def cell(c: Any) -> str:

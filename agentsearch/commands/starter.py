@@ -46,7 +46,8 @@ higher_is_better = true
 timeout_s = 300
 # 5 engine sessions per side of 6 pairs ([gate] max_pairs 30). Simulated (benchmarks/gate_quality.py) at a per-pair
 # SD of 0.032: a true 3% win merged 87-90% of the time (2 sessions of 6, 12 pairs: 46%); a change of 20% or more
-# and (at a quiet hour) a no-op stop within the first two sessions as before; a close call runs on. Each proposal's engine-session
+# and (at a quiet hour) a no-op stop within the first two sessions as before; a close call runs on. \
+Each proposal's engine-session
 # effect is estimated on 4 degrees of freedom (2 sessions: 1), which keeps false merges within the level under an
 # engine-instance effect of SD 1.1% per side and makes the lottery attack (docs/measured.md) rarer.
 restarts = 5
@@ -60,7 +61,8 @@ metric = "output_tok_s"
 higher_is_better = true
 timeout_s = 300
 restarts = 1
-max_pairs = 16  # a warm load generator: a trial costs its requests (seconds), not a vLLM import; 16 pairs see a 10% regression at SD ~0.13
+max_pairs = 16  # a warm load generator: a trial costs its requests (seconds), not a vLLM import; \
+16 pairs see a 10% regression at SD ~0.13
 engine = {{ enforce_eager = true, max_model_len = 1024, dtype = "float32", distributed_executor_backend = "uni" }}
 params = {{ prompts = 16, input_len = 32, output_len = 32, max_concurrency = 1 }}
 

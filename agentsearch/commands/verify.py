@@ -50,7 +50,8 @@ def show(ref: str, r: VerifyResult) -> None:
     color = "green" if r.verdict == "pass" else "red"
     sel = f" (of {r.corpus_size})" if r.corpus_size and r.corpus_size != r.public_size + r.holdout_size else ""
     out.print(
-        f"[bold {color}]{r.verdict.upper()}[/] {safe(ref)}: mode {r.mode}, public {r.public_size} prompts, holdout {r.holdout_size} prompts{sel}"
+        f"[bold {color}]{r.verdict.upper()}[/] {safe(ref)}: mode {r.mode}, public {r.public_size} prompts, holdout "
+        f"{r.holdout_size} prompts{sel}"
     )
     for reason in r.reasons:
         out.print(f"  - {safe(reason)}")
@@ -94,18 +95,23 @@ def show(ref: str, r: VerifyResult) -> None:
     if d:
         if d.get("draws"):
             out.print(
-                f"draw test (same seeds on both sides): {d['changed']} of {d['draws']} draws changed; noise floor {d['floor_changed']}, "
-                f"unrelated seeds {d['unrelated_changed']}; Fisher p {_fmt(d.get('p'))}; {d['testable']} of {d['contexts']} contexts x settings "
-                f"testable: {d['status'].upper() if d['status'] == 'fail' else d['status']}"
+                f"draw test (same seeds on both sides): {d['changed']} of {d['draws']} draws changed; noise floor "
+                f"{d['floor_changed']}, unrelated seeds {d['unrelated_changed']}; Fisher p {_fmt(d.get('p'))}; "
+                f"{d['testable']} of {d['contexts']} contexts x settings testable: "
+                f"{d['status'].upper() if d['status'] == 'fail' else d['status']}"
             )
         else:
             out.print(
-                f"draw test: {d['status']} ({len(d.get('not_testable') or [])} of {d['contexts']} contexts x settings have a single category)"
+                f"draw test: {d['status']} ({len(d.get('not_testable') or [])} of {d['contexts']} contexts x settings "
+                "have a single category)"
             )
     against = r.reference
     if against:
         rt = Table(
-            title=f"against the reference {safe(str(against.get('commit'))[:12])} (judged with {safe(against.get('budget'))})"
+            title=(
+                f"against the reference {safe(str(against.get('commit'))[:12])} (judged with "
+                f"{safe(against.get('budget'))})"
+            )
         )
         for col in ("compared", "path", "positions", "mean KL ± SE", "max KL", "max |Δ logprob|", "same top", "pass"):
             rt.add_column(col)
@@ -126,7 +132,8 @@ def show(ref: str, r: VerifyResult) -> None:
         out.print(rt)
         if r.blame == "main":
             out.print(
-                "[bold red]main itself diverges from the reference[/] where this check failed: the cause is on main, not in this change"
+                "[bold red]main itself diverges from the reference[/] where this check failed: the cause is on main, "
+                "not in this change"
             )
     if r.floor:
         out.print(

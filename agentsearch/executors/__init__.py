@@ -2,7 +2,7 @@
 always was) or ``ray`` (in parallel, one evaluation per node of a Ray cluster).
 
 ``node`` is the code a worker node runs (a git bundle in, an ``Evaluation`` out);
-``ray_executor`` places those evaluations on the cluster. The orchestrator (``agentsearch.parallel``)
+``ray_executor`` places those evaluations on the cluster. The orchestrator (``agentsearch.loop``)
 stays the one writer of the history and the one mover of the baseline.
 """
 

@@ -215,7 +215,10 @@ class RayExecutor:
         waited = time.monotonic() - f.since
         if f.placed or waited < self.place_timeout_s:
             return ""
-        return f"its placement group got no place on node {f.node_id[:12]} in {waited:.0f} s (the node's resources are taken)"
+        return (
+            f"its placement group got no place on node {f.node_id[:12]} in {waited:.0f} s (the node's resources are "
+            "taken)"
+        )
 
     def _fault(self, f: _Flight, error: str) -> Fault:
         self.failures[f.node_id] = self.failures.get(f.node_id, 0) + 1

@@ -149,7 +149,8 @@ class ClaudeProposer:
         ok, why = sandbox_available()
         if not ok:
             raise ProposerError(
-                f"the Claude proposer runs the agent's tools only in the sandbox, and this machine cannot sandbox: {why}"
+                "the Claude proposer runs the agent's tools only in the sandbox, and this machine cannot sandbox: "
+                f"{why}"
             )
         agents = int(options.get("agents") or 1)
         if agents < 1:

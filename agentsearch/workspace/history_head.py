@@ -78,11 +78,17 @@ def baseline_disagreement(repo_dir: Path, branch: str, entries: Sequence[Any], p
         where = f"merge {sha[:12]} on {branch!r}"
         seq = tr.get(SEQ_TRAILER, "")
         if seq.isdigit() and int(seq) > len(entries):
-            return f"history truncated: {where} was made after history record {seq}, but the log has {len(entries)} records; {restore}"
+            return (
+                f"history truncated: {where} was made after history record {seq}, but the log has {len(entries)} "
+                f"records; {restore}"
+            )
         if seq.isdigit() and int(seq) > 0 and entries[int(seq) - 1].hash != tr.get(HASH_TRAILER):
             return f"history rewritten: record {seq} is not the one {where} was made after; {restore}"
         if tr.get(PROPOSAL_TRAILER) not in merged:
-            return f"history disagrees with the baseline: {where} ({tr.get(PROPOSAL_TRAILER)}) has no merge verdict in the history; {restore}"
+            return (
+                f"history disagrees with the baseline: {where} ({tr.get(PROPOSAL_TRAILER)}) has no merge verdict in "
+                f"the history; {restore}"
+            )
     return ""
 
 
@@ -110,8 +116,8 @@ def unjudged_commit(repo_dir: Path, branch: str, entries: Sequence[Any]) -> str:
     tip = git.resolve_commit(repo_dir, f"refs/heads/{branch}")
     if not git.is_ancestor(repo_dir, start, tip):
         return (
-            f"history does not vouch for {branch!r}: its tip {tip[:12]} does not descend from {start[:12]}, the baseline "
-            "the first recorded episode started on (the branch was reset or rewritten)"
+            f"history does not vouch for {branch!r}: its tip {tip[:12]} does not descend from {start[:12]}, the "
+            "baseline the first recorded episode started on (the branch was reset or rewritten)"
         )
     overrides = git.object_overrides(repo_dir)
     if overrides:  # agentsearch reads the stored objects; anyone else's git would see the replacements
@@ -146,6 +152,7 @@ def unjudged_commit(repo_dir: Path, branch: str, entries: Sequence[Any]) -> str:
     subject = clean(git.subject(repo_dir, sha), SUBJECT_CHARS, one_line=True)
     more = f" (and {len(bad) - 1} more after it)" if len(bad) > 1 else ""
     return (
-        f"history does not vouch for {branch!r}: commit {sha[:12]} \"{subject}\" was judged by no verdict (neither a merge "
-        f"nor a revert the history records){more}; everything on {branch!r} since {start[:12]} must come from agentsearch"
+        f"history does not vouch for {branch!r}: commit {sha[:12]} \"{subject}\" was judged by no verdict (neither a "
+        f"merge nor a revert the history records){more}; everything on {branch!r} since {start[:12]} must come from "
+        "agentsearch"
     )

@@ -148,7 +148,8 @@ class Workspace:
         text = git.show_file(self.repo_dir, head, CONFIG_FILE) if head else None
         if text is None:
             raise TargetError(
-                f"{path}: no {CONFIG_FILE} committed; add one (see docs/guide/own-target.md and docs/reference/config.md)"
+                f"{path}: no {CONFIG_FILE} committed; add one (see docs/guide/own-target.md and "
+                "docs/reference/config.md)"
             )
         return text
 
@@ -244,7 +245,8 @@ class Workspace:
         ):
             now = self.baseline_commit()
             raise CasError(
-                f"baseline {branch!r} moved from {expected_base[:12]} to {now[:12]} during the evaluation; not merged (re-evaluate against the new baseline)"
+                f"baseline {branch!r} moved from {expected_base[:12]} to {now[:12]} during the evaluation; not merged "
+                "(re-evaluate against the new baseline)"
             )
         self._sync_checkout(branch, expected_base, merge_commit)
         return merge_commit
@@ -266,7 +268,8 @@ class Workspace:
                 new = git.revert_merge(self.repo_dir, path, merge, message)
             except GitError as exc:
                 raise TargetError(
-                    f"the revert of {merge[:12]} does not apply cleanly on the baseline {tip[:12]} ({exc}); revert it by hand"
+                    f"the revert of {merge[:12]} does not apply cleanly on the baseline {tip[:12]} ({exc}); revert it "
+                    "by hand"
                 ) from None
         finally:
             git.remove_worktree(self.repo_dir, path)
@@ -309,7 +312,8 @@ class Workspace:
                 continue  # staged work of the user's, not a lag; a merge refuses it
             if git.files_match_index(path) and git.fast_forward_checkout(path, old, tip):
                 _tell(
-                    f"brought the checkout at {path} from {old[:12]} to {branch!r} at {tip[:12]} (its update had been cut off)"
+                    f"brought the checkout at {path} from {old[:12]} to {branch!r} at {tip[:12]} (its update had been "
+                    "cut off)"
                 )
             else:
                 _warn(_lag_warning(path, branch, old, tip))
@@ -317,9 +321,9 @@ class Workspace:
 
 def _lag_warning(path: Path, branch: str, old: str, new: str) -> str:
     return (
-        f"warning: the checkout at {path} still has the files of {old[:12]} while {branch!r} is at {new[:12]}; "
-        f"a commit there would undo the difference; bring it along with `git -C {path} read-tree -m -u {old[:12]} {new[:12]}` "
-        f"(it refuses rather than overwrite your edits)"
+        f"warning: the checkout at {path} still has the files of {old[:12]} while {branch!r} is at {new[:12]}; a "
+        f"commit there would undo the difference; bring it along with `git -C {path} read-tree -m -u {old[:12]} "
+        f"{new[:12]}` (it refuses rather than overwrite your edits)"
     )
 
 

@@ -28,7 +28,7 @@ def _install():
     resolved = {}
     seen = set()
     lock = threading.Lock()
-    out_path = os.path.join(out_dir, "hits-%d.txt" % os.getpid())
+    out_path = os.path.join(out_dir, f"hits-{os.getpid():d}.txt")
 
     def real(filename):
         r = resolved.get(filename)
@@ -45,7 +45,7 @@ def _install():
             seen.add(key)
             try:
                 with open(out_path, "a") as fh:
-                    fh.write("%s\t%d\n" % (path, line))
+                    fh.write(f"{path}\t{line:d}\n")
             except OSError:
                 pass
 

@@ -118,7 +118,7 @@ class Engine:
         # every request must fit the context: heavy-tailed lengths are clipped to max_model_len
         limit = int(self.engine_args.get("max_model_len") or 1024)
         prompts = [x[: max(1, limit // 2)] for x in prompts]
-        outs = [max(1, min(o, limit - len(x))) for x, o in zip(prompts, outs)]
+        outs = [max(1, min(o, limit - len(x))) for x, o in zip(prompts, outs, strict=True)]
         reqs = [TokensPrompt(prompt_token_ids=x) for x in prompts]
         sps = [self._sampling(o, p) for o in outs]
         t0 = time.perf_counter()
@@ -208,7 +208,7 @@ class Engine:
         r_dec = self.llm.generate(texts, dec, use_tqdm=False)
 
         with open(cmd["out"], "w") as out:
-            for it, a, b in zip(items, r_pre, r_dec):
+            for it, a, b in zip(items, r_pre, r_dec, strict=False):
                 prefill = {
                     "id": it["id"],
                     "path": "prefill",
@@ -270,7 +270,7 @@ def processed(llm, cmd: dict) -> None:
     for group in fit_groups([prompt_tokens(llm, t) + 1 for t in texts], budget):
         results += llm.generate([texts[i] for i in group], [sps[i] for i in group], use_tqdm=False)
     with open(cmd["out"], "w") as out:
-        for it, r in zip(items, results):
+        for it, r in zip(items, results, strict=False):
             o = r.outputs[0]
             out.write(
                 json.dumps(
@@ -312,7 +312,9 @@ def samples(llm, cmd: dict) -> None:
                     SamplingParams(n=reqs[g][2], max_tokens=1, seed=seed + n * si + reqs[g][1], **setting)
                     for g in group
                 ]
-                for g, r in zip(group, llm.generate([texts[reqs[g][0]] for g in group], sps, use_tqdm=False)):
+                for g, r in zip(
+                    group, llm.generate([texts[reqs[g][0]] for g in group], sps, use_tqdm=False), strict=False
+                ):
                     drawn[reqs[g][0]] += [int(o.token_ids[0]) for o in sorted(r.outputs, key=lambda o: o.index)]
             for j, it in enumerate(items):
                 out.write(

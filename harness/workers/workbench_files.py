@@ -2,9 +2,9 @@
 
 ``workbench_files.py REQUEST ANSWER``: one request as a JSON file, one JSON answer written to ANSWER:
 ``{"ok": true, "text": ...}`` or ``{"ok": false, "text": why}`` (both files in the session's private
-output directory, which the orchestrator reads without following links). Paths are relative to the working directory (the agent's worktree)
-or absolute; this script decides nothing about what may be reached — the sandbox around it does
-(only the worktree is writable, and nothing that judges the agent is mounted). It never follows a
+output directory, which the orchestrator reads without following links). Paths are relative to the working
+directory (the agent's worktree) or absolute; this script decides nothing about what may be reached — the
+sandbox around it does (only the worktree is writable, and nothing that judges the agent is mounted). It never follows a
 request outside what the process can open, and it writes only with ``O_NOFOLLOW`` on the last
 component so a link the agent planted is an error, not a redirection.
 

@@ -62,7 +62,8 @@ class FailureKind(str, Enum):
     COVERAGE = "coverage"  # the coverage pass itself failed
     WORKTREE_CHANGED = "worktree-changed"  # a run changed a worktree it must not
     MISSING = "missing"  # a required check did not run
-    MAIN_DIVERGES = "main-diverges"  # the outputs moved, and main itself diverges from the reference there: not the proposal's doing
+    # the outputs moved, and main itself diverges from the reference there: not the proposal's doing
+    MAIN_DIVERGES = "main-diverges"
 
 
 # the order the gate runs (and reports) the checks of an evaluation; agentsearch.gate requires them all

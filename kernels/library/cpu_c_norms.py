@@ -1,8 +1,8 @@
 """CPU providers for the RMS-norm IR ops through vLLM's own compiled CPU kernels (``torch.ops._C``).
 
 The fork registers its C kernels as the ``vllm_c`` provider only on GPUs; the CPU extension has the
-same ops (vectorised, one pass per row). Contiguous 2-D float32/bfloat16 inputs with a hidden size divisible by 16 only (the
-kernels assert whole vectors); anything else
+same ops (vectorised, one pass per row). Contiguous 2-D float32/bfloat16 inputs with a hidden size divisible
+by 16 only (the kernels assert whole vectors); anything else
 falls back to the next provider (``supports_args``).
 """
 
