@@ -88,15 +88,24 @@ class Plan:
 
 @dataclass
 class ProposalState:
+    """One proposal of the episode, as its records say: created, then its verdict, then its merge."""
+
     number: int
-    key: str
-    created: dict[str, Any]
-    verdict: dict[str, Any] | None = None
-    merge: dict[str, Any] | None = None
+    created: rec.ProposalCreated
+    verdict: rec.Verdict | None = None
+    merge: rec.Merge | None = None
 
     @property
     def id(self) -> str:
-        return self.created["proposal"]
+        return self.created.proposal
+
+    @property
+    def key(self) -> str:
+        return self.created.key
+
+    @property
+    def merged(self) -> bool:
+        return self.merge is not None and self.merge.ok
 
 
 @dataclass
@@ -123,8 +132,9 @@ def load_state(entries: list[Any], episode: str) -> EpisodeState:
         if e.kind in ("episode-started", "episode-resumed"):
             if state is not None and seg_start is not None:
                 state.used_s += seg_last - seg_start
-            if e.kind == "episode-started":
-                state = EpisodeState(Plan(**{k: v for k, v in e.data.items() if k in Plan.__dataclass_fields__}))
+            if isinstance(e.record, rec.EpisodeStarted):
+                started = e.record.to_json()
+                state = EpisodeState(Plan(**{k: v for k, v in started.items() if k in Plan.__dataclass_fields__}))
             seg_start = seg_last = e.ts
             if state is not None:
                 state.sessions += 1
@@ -132,15 +142,15 @@ def load_state(entries: list[Any], episode: str) -> EpisodeState:
         if state is None:
             continue
         seg_last = e.ts
-        d = e.record.to_json()  # upgraded to the current schema (older records too)
-        if e.kind == "proposal-created":
-            state.proposals[d["number"]] = ProposalState(d["number"], d["key"], d)
-        elif e.kind == "verdict" and d.get("number") in state.proposals:
-            state.proposals[d["number"]].verdict = d
-        elif e.kind == "merge" and d.get("number") in state.proposals:
-            state.proposals[d["number"]].merge = d
-        elif e.kind == "episode-finished":
-            state.finished = d
+        r = e.record  # upgraded to the current schema (older records too)
+        if isinstance(r, rec.ProposalCreated):
+            state.proposals[r.number] = ProposalState(r.number, r)
+        elif isinstance(r, rec.Verdict) and r.number in state.proposals:
+            state.proposals[r.number].verdict = r
+        elif isinstance(r, rec.Merge) and r.number in state.proposals:
+            state.proposals[r.number].merge = r
+        elif isinstance(r, rec.EpisodeFinished):
+            state.finished = r.to_json()
     if state is None:
         raise EpisodeError(f"episode {episode} has no episode-started record in the history")
     if seg_start is not None:
@@ -177,7 +187,7 @@ class Episode:
     def complete_merges(self) -> None:
         """Finish the merges a crash cut off (their verdict is recorded, their merge is not)."""
         for p in sorted(self.state.proposals.values(), key=lambda p: p.number):
-            if p.verdict and p.verdict["verdict"] == MERGE and p.merge is None:
+            if p.verdict and p.verdict.verdict == MERGE and p.merge is None:
                 self.merge(p)
 
     def stop_reason(self, pending: int = 0) -> str | None:
@@ -215,7 +225,7 @@ class Episode:
 
         last = list(self.log.entries())[-1:]
         if last and last[0].kind == "insight" and last[0].episode == self.plan.episode:  # a crash cut off the finish
-            data, path = dict(last[0].data), self.ws.state / "insights.md"
+            data, path = last[0].record.to_json(), self.ws.state / "insights.md"
         else:
             data, path = refresh(self.ws, self.log, self.plan.episode, llm=self.proposer.name == "claude")
         summary["insights"] = str(path)
@@ -231,7 +241,7 @@ class Episode:
         return summary
 
     def cost(self) -> float:
-        return sum(float((p.created.get("meta") or {}).get("cost_usd") or 0) for p in self.state.proposals.values())
+        return sum(float(p.created.meta.get("cost_usd") or 0) for p in self.state.proposals.values())
 
     def context(self, number: int | None = None) -> proposers.Context:
         """What the proposer may know: baseline files, the target's history, insights. ``number``: the
@@ -247,7 +257,7 @@ class Episode:
             extra={
                 "config": self.ws.config(),
                 "episode": self.plan.episode,
-                "profiles": [e.data for e in entries if e.kind == "profile"][-2:],
+                "profiles": [e.record.to_json() for e in entries if isinstance(e.record, rec.Profile)][-2:],
                 # agent proposers work on a fenced workbench of the baseline (agentsearch.workbench); the
                 # orchestrator takes its diff
                 "workspace": self.ws,
@@ -255,7 +265,7 @@ class Episode:
                 "say": self.say,
                 # an agent revising an earlier proposal of this episode starts from its change
                 "proposal_patch": lambda pid: next(
-                    (p.created.get("patch") for p in list(self.state.proposals.values()) if p.id == pid), None
+                    (p.created.patch for p in list(self.state.proposals.values()) if p.id == pid), None
                 ),
             },
         )
@@ -263,20 +273,20 @@ class Episode:
     def summary(self, reason: str) -> dict[str, Any]:
         rows = []
         for p in sorted(self.state.proposals.values(), key=lambda p: p.number):
-            v = p.verdict or {}
-            obj = (v.get("workloads") or {}).get(v.get("objective") or "", {})
+            v = p.verdict
+            obj = v.workloads.get(v.objective or "", {}) if v else {}
             rows.append(
                 {
                     "proposal": p.id,
-                    "title": p.created.get("title"),
-                    "branch": p.created.get("branch"),
-                    "verdict": v.get("verdict"),
-                    "speedup": v.get("speedup"),
-                    "reasons": v.get("reasons", []),
+                    "title": p.created.title,
+                    "branch": p.created.branch,
+                    "verdict": v.verdict if v else None,
+                    "speedup": v.speedup if v else None,
+                    "reasons": list(v.reasons) if v else [],
                     "pairs": obj.get("pairs"),
-                    "headline": headline(v) if v else None,
-                    "merged": bool(p.merge and p.merge.get("ok")),
-                    **({"parent": p.created["meta"]["parent"]} if (p.created.get("meta") or {}).get("parent") else {}),
+                    "headline": headline(v.to_json()) if v else None,
+                    "merged": p.merged,
+                    **({"parent": p.created.meta["parent"]} if p.created.meta.get("parent") else {}),
                 }
             )
         from history.records.agent_session import agent_costs
@@ -284,10 +294,10 @@ class Episode:
         agents = agent_costs(
             [
                 {
-                    "meta": p.created.get("meta"),
-                    "verdict": (p.verdict or {}).get("verdict"),
+                    "meta": p.created.meta,
+                    "verdict": p.verdict.verdict if p.verdict else None,
                     "reverted": False,
-                    "speedup": (p.verdict or {}).get("speedup"),
+                    "speedup": p.verdict.speedup if p.verdict else None,
                 }
                 for p in self.state.proposals.values()
             ]
@@ -308,13 +318,7 @@ class Episode:
     def candidate_of(self, p: ProposalState) -> Candidate:
         c = p.created
         return Candidate(
-            p.key,
-            c["title"],
-            c.get("rationale", ""),
-            c.get("category", "other"),
-            c.get("proposer", self.proposer.name),
-            c["patch"],
-            c.get("meta") or {},
+            p.key, c.title, c.rationale, c.category, c.proposer or self.proposer.name, c.patch, dict(c.meta)
         )
 
     def create(self, cand: Candidate) -> ProposalState:
@@ -354,16 +358,15 @@ class Episode:
             meta=dict(cand.meta),
         )
         self.record(created, pid)
-        data = created.to_json()
-        p = ProposalState(number, cand.key, data)
+        p = ProposalState(number, created)
         self.state.proposals[number] = p
         return p
 
     def fresh_commit(self, p: ProposalState, cand: Candidate) -> tuple[str | None, str]:
         """The commit to judge: the recorded one if it is still on the current baseline, else re-applied."""
         base = self.ws.baseline_commit()
-        recorded = p.created.get("commit")
-        if recorded and p.created.get("base") == base:
+        recorded = p.created.commit
+        if recorded and p.created.base == base:
             try:
                 self.ws.resolve(recorded)
                 return recorded, ""
@@ -371,8 +374,8 @@ class Episode:
                 pass
         if not cand.patch.strip():
             return None, ""
-        if not p.created.get("applied", True) and p.created.get("base") == base:
-            return None, p.created.get("apply_error") or "the patch does not apply"
+        if not p.created.applied and p.created.base == base:
+            return None, p.created.apply_error or "the patch does not apply"
         prop = self.ws.create_proposal(self.plan.episode, p.number, cand.title, base=base)
         error = git.apply_patch(prop.worktree, cand.patch)
         if error:
@@ -459,8 +462,8 @@ class Episode:
         twin = self._twin(content_key, p) if twins else None
         if twin is not None:
             reason = (
-                f"identical to {twin['proposal']} (same code, baseline, workloads and environment), judged "
-                f"{twin['verdict']}; not re-measured"
+                f"identical to {twin.proposal} (same code, baseline, workloads and environment), judged "
+                f"{twin.verdict}; not re-measured"
             )
             self.verdict(
                 p, static_verdict(rec.CheckName.NOT_A_DUPLICATE.value, reason), base, commit, None, content_key
@@ -468,17 +471,17 @@ class Episode:
             return None
         return base, commit, content_key
 
-    def _twin(self, content_key: str, p: ProposalState) -> Mapping[str, Any] | None:
+    def _twin(self, content_key: str, p: ProposalState) -> rec.Verdict | None:
         """The first verdict on the same content key in any episode of the history (the same
         candidate tree on the same baseline tree, config and environment), other than ``p``'s."""
         for e in self.log.entries():
-            if e.kind == "verdict" and e.proposal != p.id and e.data.get("content_key") == content_key:
-                return e.data
+            if isinstance(r := e.record, rec.Verdict) and e.proposal != p.id and r.content_key == content_key:
+                return r
         return None
 
     def reject_now(self, p: ProposalState, check: rec.CheckName, reason: str) -> None:
         """``p``'s REJECT on ``check`` for ``reason``, without a measurement (an error while judging it)."""
-        self.verdict(p, static_verdict(check.value, reason), self.ws.baseline_commit(), p.created.get("commit"), None)
+        self.verdict(p, static_verdict(check.value, reason), self.ws.baseline_commit(), p.created.commit, None)
 
     def verdict(
         self,
@@ -493,8 +496,8 @@ class Episode:
         data: dict[str, Any] = {
             "number": p.number,
             "proposal": p.id,
-            "title": p.created.get("title"),
-            "branch": p.created.get("branch"),
+            "title": p.created.title,
+            "branch": p.created.branch,
             "verdict": verdict.verdict,
             "reasons": list(verdict.reasons),
             "checks": [c.to_json() for c in verdict.checks],
@@ -516,8 +519,8 @@ class Episode:
         data.update(extra or {})
         record = rec.Verdict.of(data)
         self.record(record, p.id)
-        p.verdict = record.to_json()
-        self.say(p.id, headline(data))
+        p.verdict = record
+        self.say(p.id, headline(record.to_json()))
         prop_path = self.ws.worktrees / f"{self.plan.episode}-{p.number:03d}"
         if prop_path.exists():
             self.ws.remove_worktree(prop_path)
@@ -528,28 +531,29 @@ class Episode:
     def merge(self, p: ProposalState) -> None:
         v = p.verdict
         assert v is not None
-        cand, expected = v["candidate"], v["baseline"]
+        cand, expected = v.candidate, v.baseline
+        assert cand is not None  # a MERGE verdict names its candidate
         now = self.ws.baseline_commit()
-        note = evidence_text(v)
+        note = evidence_text(v.to_json())
         try:
             if git.is_ancestor(self.ws.repo_dir, cand, now) and now != expected:
                 merged = now  # the ref moved before a crash cut the record off
                 self.ws.sync_checkouts()  # ... and maybe the checkout's update too
             else:
-                merged = self.ws.merge(cand, expected, merge_message(v, self.log.head))
+                merged = self.ws.merge(cand, expected, merge_message(v.to_json(), self.log.head))
         except CasError as exc:
             record = rec.Merge(number=p.number, ok=False, old=expected, new=now, candidate=cand, error=str(exc))
             self.record(record, p.id)
-            p.merge = record.to_json()
+            p.merge = record
             self.say(p.id, f"not merged: {exc}")
             return
         git.add_note(self.ws.repo_dir, merged, note)
         record = rec.Merge(number=p.number, ok=True, old=expected, new=merged, candidate=cand)
         self.record(record, p.id)
-        p.merge = record.to_json()
+        p.merge = record
         self.say(p.id, f"merged: baseline {expected[:12]} -> {merged[:12]}")
         every = self.ws.config().stack.every
-        merged_now = sum(1 for q in self.state.proposals.values() if q.merge and q.merge.get("ok"))
+        merged_now = sum(1 for q in self.state.proposals.values() if q.merged)
         if every is not None and merged_now % every == 0:
             self.stack_check(f"{merged_now} merges")
 
@@ -600,7 +604,7 @@ class Episode:
 
 
 def latest_insights(entries: list[Any]) -> Mapping[str, Any] | None:
-    found = [e.data for e in entries if e.kind == "insight"]
+    found = [e.record.to_json() for e in entries if isinstance(e.record, rec.Insight)]
     return found[-1] if found else None
 
 

@@ -282,7 +282,8 @@ class EpisodeLoop:
                 return
         else:
             base, commit = ready
-        p.created = {**p.created, "base": base, "commit": commit}  # in memory: a re-applied commit is the one judged
+        # in memory: a re-applied commit is the one judged
+        p.created = dataclasses.replace(p.created, base=base, commit=commit)
         s.attempts += 1
         seed = seeds.proposal_seed(e.plan.seed, p.number)
         if self.local:

@@ -58,3 +58,15 @@ def test_no_module_imports_another_modules_private_names():
                         if a.name.startswith("_") and not a.name.startswith("__")
                     ]
     assert not found, "\n".join(found)
+
+
+def test_the_orchestrator_reads_records_typed_never_an_entrys_raw_data():
+    """A history entry's ``data`` is what was written, perhaps by an older version; ``entry.record`` is the same
+    record upgraded and validated. Only the history layer reads ``data`` (the upgrader, the hash chain)."""
+    found = [
+        f"{path.relative_to(ROOT)}:{node.lineno}"
+        for path in sorted((ROOT / "agentsearch").rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Attribute) and node.attr == "data"
+    ]
+    assert not found, "read entry.record instead of entry.data at " + ", ".join(found)

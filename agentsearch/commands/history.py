@@ -9,6 +9,7 @@ from typing import Any
 
 import click
 
+from history import records as rec
 from history.drift import DriftPoint, drift_curve
 from history.records import Evaluation as EvaluationRecord
 from history.records.agent_session import agent_costs
@@ -27,37 +28,35 @@ def rows(ws: Workspace) -> list[dict[str, Any]]:
     """Every evaluation (`evaluate`) and verdict (episodes) in order, with what became of a merge:
     merged, reverted, the last recheck."""
     entries = read_entries(ws)
-    merge_of = {e.proposal: e.data.get("new") for e in entries if e.kind == "merge" and e.data.get("ok")}
-    reverted = {e.data.get("merge"): e.data.get("new") for e in entries if e.kind == "revert"}
-    recheck: dict[str, bool] = {}
-    for e in entries:
-        if e.kind == "recheck":
-            recheck[e.data.get("merge")] = bool(e.data.get("holds"))
+    merge_of = {e.proposal: r.new for e in entries if isinstance(r := e.record, rec.Merge) and r.ok}
+    reverted = {r.merge: r.new for e in entries if isinstance(r := e.record, rec.Revert)}
+    recheck = {r.merge: r.holds for e in entries if isinstance(r := e.record, rec.Recheck)}
     units = _units(ws)
     out_rows = []
     for e in entries:
-        if e.kind not in ("evaluation", "verdict"):
+        r = e.record
+        if not isinstance(r, (rec.Verdict, rec.Evaluation)):
             continue
-        d = e.data
-        obj = (d.get("workloads") or {}).get(d.get("objective", ""), {})
-        merge = merge_of.get(e.proposal) if e.kind == "verdict" else None
+        obj = r.workloads.get(r.objective or "", {})
+        merge = merge_of.get(e.proposal) if isinstance(r, rec.Verdict) else None
         pairs = obj.get("pairs")
+        ref = r.ref if isinstance(r, rec.Evaluation) else None
         out_rows.append(
             {
                 "seq": e.seq,
-                "kind": "episode" if e.kind == "verdict" else "evaluate",
+                "kind": "episode" if isinstance(r, rec.Verdict) else "evaluate",
                 "episode": e.episode,
-                "proposal": e.proposal or d.get("ref"),
-                "title": d.get("title") or d.get("ref"),
-                "branch": d.get("branch") or d.get("ref"),
-                "candidate": (d.get("candidate") or "")[:12],
-                "baseline": (d.get("baseline") or "")[:12],
-                "verdict": d.get("verdict"),
+                "proposal": e.proposal or ref,
+                "title": (r.title if isinstance(r, rec.Verdict) else None) or ref,
+                "branch": (r.branch if isinstance(r, rec.Verdict) else None) or ref,
+                "candidate": (r.candidate or "")[:12],
+                "baseline": (r.baseline or "")[:12],
+                "verdict": r.verdict,
                 "speedup": obj.get("speedup"),
                 "ci": obj.get("ci"),
                 "pairs": None if pairs is None else int(pairs),
-                "reasons": list(d.get("reasons", [])),
-                "headline": headline(d, units),
+                "reasons": list(r.reasons),
+                "headline": headline(r.to_json(), units),
                 "merged": merge is not None,
                 "merge": merge,
                 "reverted": merge is not None and merge in reverted,
@@ -118,7 +117,7 @@ def show(target: Path, as_json: bool) -> int:
 
 def agents(ws: Workspace, data: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The agent sessions' costs over the history and what they bought (``agent_costs``)."""
-    meta = {e.proposal: e.data.get("meta") for e in read_entries(ws) if e.kind == "proposal-created"}
+    meta = {e.proposal: r.meta for e in read_entries(ws) if isinstance(r := e.record, rec.ProposalCreated)}
     return agent_costs(
         [
             {

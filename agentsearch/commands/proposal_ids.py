@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from history import records as rec
+
 from ..errors import AgentsearchError
 
 
@@ -24,5 +26,8 @@ def refuse_ambiguous(what: str, proposals: Iterable[str | None], exact: Iterable
 def refuse_ambiguous_verdict(entries: list[Any], what: str) -> None:
     """For `report` / `pr`: ``what`` among the proposals with a recorded verdict or evaluation."""
     judged = [e for e in entries if e.kind in ("verdict", "evaluation")]
-    exact = [x for e in judged for x in (e.proposal, e.data.get("branch"), e.data.get("ref"))]
+    exact = [e.proposal for e in judged] + [
+        r.branch if isinstance(r := e.record, rec.Verdict) else r.ref if isinstance(r, rec.Evaluation) else None
+        for e in judged
+    ]
     refuse_ambiguous(what, [e.proposal for e in judged], exact)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from history import HistoryError
+from history import records as rec
 from history.records.text import clean
 
 from ..errors import GitError
@@ -71,7 +72,8 @@ def baseline_disagreement(repo_dir: Path, branch: str, entries: Sequence[Any], p
     merged = {
         e.proposal
         for e in entries
-        if (e.kind == "verdict" and e.data.get("verdict") == "merge") or (e.kind == "merge" and e.data.get("ok"))
+        if (isinstance(e.record, rec.Verdict) and e.record.verdict == "merge")
+        or (isinstance(e.record, rec.Merge) and e.record.ok)
     }
     restore = f"restore {path} from a backup (agentsearch never rewrites history)"
     for sha, tr in git.trailer_merges(repo_dir, f"refs/heads/{branch}", start, PROPOSAL_TRAILER):
@@ -95,7 +97,7 @@ def baseline_disagreement(repo_dir: Path, branch: str, entries: Sequence[Any], p
 def episode_start(entries: Sequence[Any]) -> str | None:
     """The baseline commit the first recorded episode started on: from there on the history vouches for
     the baseline branch. None for a history without episodes (``evaluate`` only, or empty)."""
-    return next((e.data.get("baseline") for e in entries if e.kind == "episode-started"), None)
+    return next((e.record.baseline for e in entries if isinstance(e.record, rec.EpisodeStarted)), None)
 
 
 def unjudged_commit(repo_dir: Path, branch: str, entries: Sequence[Any]) -> str:
@@ -125,13 +127,14 @@ def unjudged_commit(repo_dir: Path, branch: str, entries: Sequence[Any]) -> str:
             f"history cannot vouch for {branch!r}: {', '.join(overrides[:3])} make git show other content under a "
             "judged commit; remove them (git replace -d …)"
         )
-    moves = [e for e in entries if (e.kind == "merge" and e.data.get("ok")) or e.kind == "revert"]
-    vouched = {e.data.get("new") for e in moves}
-
+    moves: list[rec.Merge | rec.Revert] = [
+        r for e in entries if isinstance(r := e.record, rec.Revert) or (isinstance(r, rec.Merge) and r.ok)
+    ]
+    vouched = {m.new for m in moves}
     judged = {
-        (e.data.get("baseline"), e.data.get("candidate"))
+        (r.baseline, r.candidate)
         for e in entries
-        if e.kind == "verdict" and e.data.get("verdict") == "merge" and e.data.get("candidate")
+        if isinstance(r := e.record, rec.Verdict) and r.verdict == "merge" and r.candidate
     }
     bad = []
     for sha, tree, parents in git.first_parent_line(repo_dir, tip, start):
@@ -141,11 +144,12 @@ def unjudged_commit(repo_dir: Path, branch: str, entries: Sequence[Any]) -> str:
             continue  # the merge of a recorded MERGE verdict whose merge record was cut off
         bad.append(sha)
     if not bad:
-        last = moves[-1].data.get("new") if moves else None
+        last = moves[-1].new if moves else None
+        what = "merge" if moves and isinstance(moves[-1], rec.Merge) else "revert"
         if last and not git.is_ancestor(repo_dir, last, tip):
             return (
                 f"history does not vouch for {branch!r}: its tip {tip[:12]} no longer contains {last[:12]}, the last "
-                f"{moves[-1].kind} the history records (rolled back without `agentsearch revert`)"
+                f"{what} the history records (rolled back without `agentsearch revert`)"
             )
         return ""
     sha = bad[0]
