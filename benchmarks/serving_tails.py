@@ -1,6 +1,7 @@
 """Tail-latency guards: false alarms and power, simulated request by request through the gate's own code (#41).
 
     .venv/bin/python benchmarks/serving_tails.py [--reps 400] [--seed 1] [--shape engine|lognormal]
+    .venv/bin/python benchmarks/serving_tails.py --goodput [--reps 1000] [--cv 0.117]
 
 Each trial draws ``n`` per-request TTFTs: a lognormal (median 1, log-SD ``--sigma``, or the shape measured on
 the embedded default's engine: ``--shape engine`` resamples the per-request TTFTs in ``--from``), times the
@@ -14,11 +15,18 @@ does. Scenarios: A/A (false alarms), a tail-only regression (2% of requests dela
 
 Prints, per requests-per-trial and estimator, the share of guards that end in a regression (after the fresh
 re-measurement), and the pairs used.
+
+``--goodput``: the goodput objective (requests per second that met the SLO, ``harness.tails``) judged as the gate
+judges an objective (``decide_objective`` at the proposal's level, then the confirmation on fresh instances), with
+the SLO placed where a given share of the baseline's requests meets it (the edge: 50%; easy: 99%). Scenarios: A/A
+(every merge is a false merge; the level is the gate's alpha per proposal) and a candidate whose requests are all
+10% faster (the goodput it gains depends on the SLO's place). Prints the share merged and the pairs used.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import sys
@@ -34,7 +42,16 @@ from agentsearch.gate_design import design_for, workload_design  # noqa: E402
 from harness import tails  # noqa: E402
 from harness.gate_defaults import LOADED_CONFIRM_PAIRS  # noqa: E402
 from harness.interleave import run_interleaved  # noqa: E402
-from harness.sequential import REGRESSED, confirmation_design, decide_guard, decide_regression  # noqa: E402
+from harness.sequential import (  # noqa: E402
+    OK,
+    REGRESSED,
+    WIN,
+    confirmation_design,
+    decide_confirmation,
+    decide_guard,
+    decide_objective,
+    decide_regression,
+)
 from harness.trials import CANDIDATE, TrialOutcome  # noqa: E402
 
 TAIL_SHARE = 0.02  # requests the tail-only regression delays
@@ -144,6 +161,91 @@ def one(
     return again.decision.action == REGRESSED, pairs
 
 
+class GoodputSim:
+    """A serving trial's goodput: ``n`` requests on the same schedule (``rate`` per second) on both sides, each
+    meeting the TTFT SLO or not; the trial's noise and the instance's effect scale every request's TTFT."""
+
+    def __init__(self, shape: Shape, n: int, cv: float, instance: float, slo: float, faster: float, side: str, rng):
+        self.shape, self.n, self.cv, self.slo, self.rng = shape, n, cv, slo, rng
+        self.mu = rng.normal(0.0, instance) if instance else 0.0
+        self.scale = 1.0 / faster if side == CANDIDATE else 1.0
+
+    def start(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def measure(self, seed: int) -> TrialOutcome:
+        x = self.shape.draw(self.rng, self.n) * self.scale * math.exp(self.mu + self.rng.normal(0.0, self.cv))
+        good = int(np.sum(x <= self.slo))
+        v = good * RATE / self.n  # requests per second that met the SLO, over the schedule's duration
+        if good == 0:  # no request met it: a non-positive value fails the trial, as in the gate
+            return TrialOutcome(False, None, {}, 0.0, error="no request met the SLO")
+        return TrialOutcome(True, v, {"v": v}, 0.0)
+
+
+RATE = 80.0  # requests per second (the engine benchmark's load)
+
+
+def one_goodput(
+    shape: Shape, n: int, cv: float, instance: float, slo: float, faster: float, gate: GateConfig, rng, restarts: int
+):
+    """(merged, pairs, outcome): the objective's sequential test, then the confirmation on fresh instances."""
+    design = design_for(gate)
+
+    def factory(side: str, i: int) -> GoodputSim:
+        return GoodputSim(shape, n, cv, instance, slo, faster, side, rng)
+
+    run = run_interleaved("goodput", factory, design, decide_objective, lambda i: i, True, restarts=restarts)
+    if run.failure or run.decision is None:
+        return False, run.pairs, "failed"
+    if run.decision.action != WIN:
+        return False, run.pairs, run.decision.action
+    conf = run_interleaved(
+        "goodput",
+        factory,
+        confirmation_design(gate.confirm_pairs),
+        functools.partial(decide_confirmation, won=run.decision.estimate),
+        lambda i: 10_000 + i,
+        True,
+    )
+    ok = conf.decision is not None and conf.decision.action == OK
+    return ok, run.pairs + conf.pairs, "merge" if ok else "not confirmed"
+
+
+def goodput(args: argparse.Namespace, shape: Shape, rng: np.random.Generator) -> None:
+    gate = GateConfig()
+    base = shape.draw(rng, 400_000)
+    print(
+        f"goodput objective: {RATE:g} requests/s, per-request TTFT lognormal (log-SD {args.sigma}), trial noise "
+        f"{args.cv:.1%}, instance effect {args.instance:.0%}, {args.restarts} engine sessions per side; "
+        f"level {gate.proposal_alpha:g} per proposal, max "
+        f"{gate.max_pairs} pairs, then {gate.confirm_pairs} fresh pairs; {args.reps} evaluations per cell"
+    )
+    print(f"{'requests':>8} {'SLO met':>7} {'A/A merged':>10} {'A/A failed':>10} {'-10% TTFT merged':>16} {'pairs':>6}")
+    t0 = time.time()
+    for n in (int(x) for x in args.requests.split(",")):
+        for met in (0.5, 0.8, 0.95, 0.99):
+            slo = float(np.quantile(base, met))
+            aa = [
+                one_goodput(shape, n, args.cv, args.instance, slo, 1.0, gate, rng, args.restarts)
+                for _ in range(args.reps)
+            ]
+            win = [
+                one_goodput(shape, n, args.cv, args.instance, slo, 1.10, gate, rng, args.restarts)
+                for _ in range(args.reps)
+            ]
+            merged = sum(m for m, _, _ in aa) / args.reps
+            failed = sum(o == "failed" for _, _, o in aa) / args.reps
+            print(
+                f"{n:>8} {met:>7.0%} {merged:>10.2%} {failed:>10.1%} {sum(m for m, _, _ in win) / args.reps:>16.1%} "
+                f"{np.mean([p for _, p, _ in aa]):>6.1f}",
+                flush=True,
+            )
+    print(f"runtime {time.time() - t0:.0f} s")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=400)
@@ -157,6 +259,8 @@ def main() -> None:
         "--instance", type=float, default=0.02, help="SD of an engine instance's effect, fixed for its life"
     )
     ap.add_argument("--requests", default="200,1000,2000")
+    ap.add_argument("--goodput", action="store_true", help="the goodput objective's false merges and power")
+    ap.add_argument("--restarts", type=int, default=1, help="--goodput: engine sessions per side (the objective's)")
     args = ap.parse_args()
     rng = np.random.default_rng(args.seed)
     sample = None
@@ -165,6 +269,9 @@ def main() -> None:
         sample = np.array([v for t in data["trials"] for v in t["metrics"].get("ttft_samples_ms", [])], dtype=float)
         sample = sample / np.median(sample)
     shape = Shape(args.sigma, sample)
+    if args.goodput:
+        goodput(args, shape, rng)
+        return
     k = shape.tail_factor(rng)
     gate = GateConfig()
     print(
