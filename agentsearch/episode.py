@@ -665,6 +665,7 @@ class SessionPool:
         self.e, self.agents = episode, agents
         self.pool = ThreadPoolExecutor(agents, thread_name_prefix="agent-session")
         self.futures: dict[Any, int] = {}
+        self.ready: list[Candidate] = []  # finished sessions' candidates not taken yet (they count as in flight)
         self.label = len(episode.state.proposals)  # sessions are labelled on from the proposals so far
         self.empty = False
 
@@ -676,7 +677,8 @@ class SessionPool:
 
     @property
     def inflight(self) -> int:
-        return len(self.futures)
+        """Sessions running, and finished ones whose candidate is not taken yet: each may become a proposal."""
+        return len(self.futures) + len(self.ready)
 
     def fill(self) -> str | None:
         """Start sessions up to ``agents`` in flight; why no more may start (a budget), or None."""
@@ -694,25 +696,28 @@ class SessionPool:
             stop = e.stop_reason(pending=self.inflight)
         return stop or ("queue empty" if self.empty else None)
 
-    def take(self, timeout: float | None) -> list[Candidate]:
-        """The candidates of the sessions that finished (waiting up to ``timeout`` s for one; None: until one does)."""
+    def take(self, timeout: float | None, limit: int | None = None) -> list[Candidate]:
+        """The candidates of the sessions that finished, in the order they finished, at most ``limit`` (the rest
+        wait for a later call). Waits up to ``timeout`` s for a session to finish (None: until one does) when
+        none is waiting already."""
         from concurrent.futures import FIRST_COMPLETED, wait
 
-        if not self.futures:
-            return []
-        done, _ = wait(list(self.futures), timeout=timeout, return_when=FIRST_COMPLETED)
-        out = []
-        for f in sorted(done, key=lambda f: self.futures[f]):
-            n = self.futures.pop(f)
-            try:
-                cand = f.result()
-            except Exception as exc:  # noqa: BLE001 - one session's failure is not the episode's
-                self.e.say(f"{self.e.plan.episode} session {n}", f"produced no proposal: {internal_reason(exc)}")
-                continue
-            if cand is None:
-                self.empty = True
-            else:
-                out.append(cand)
+        if self.futures:
+            done, _ = wait(list(self.futures), timeout=0 if self.ready else timeout, return_when=FIRST_COMPLETED)
+            for f in sorted(done, key=lambda f: self.futures[f]):
+                n = self.futures.pop(f)
+                try:
+                    cand = f.result()
+                except Exception as exc:  # noqa: BLE001 - one session's failure is not the episode's
+                    say = self.e.say
+                    say(f"{self.e.plan.episode} session {n}", f"produced no proposal: {internal_reason(exc)}")
+                    continue
+                if cand is None:
+                    self.empty = True
+                else:
+                    self.ready.append(cand)
+        n = len(self.ready) if limit is None else limit
+        out, self.ready = self.ready[:n], self.ready[n:]
         return out
 
 

@@ -107,11 +107,8 @@ class InProcess:
     def submit(self, job: Job, thin: bytes, avoid: str | None = None) -> bool:
         e = self.e
         p = e.state.proposals[job.number]
-        trees = {
-            BASELINE: git.tree_of(e.ws.repo_dir, job.baseline),
-            "candidate": git.tree_of(e.ws.repo_dir, job.candidate),
-        }
-        env_fp = environment.fingerprint()
+        trees: dict[str, str] = {}
+        env_fp = ""
 
         def on_trial(t: TrialRecord) -> None:
             e.record_trial(p, job.baseline, job.candidate, t, trees, env_fp)
@@ -122,6 +119,13 @@ class InProcess:
         t0 = time.monotonic()
         r: Result
         try:
+            trees.update(
+                {
+                    BASELINE: git.tree_of(e.ws.repo_dir, job.baseline),
+                    "candidate": git.tree_of(e.ws.repo_dir, job.candidate),
+                }
+            )
+            env_fp = environment.fingerprint()
             ev = evaluate(
                 e.ws,
                 job.candidate,
@@ -137,9 +141,8 @@ class InProcess:
         except RUN_ERRORS:
             raise
         except Exception as exc:  # noqa: BLE001 - adversarial code must not stop the episode
-            r = Result(
-                job, None, None, internal_reason(exc).removeprefix("internal error: "), "internal", trials_recorded=True
-            )
+            reason = internal_reason(exc).removeprefix("internal error: ")
+            r = Result(job, None, None, reason, "internal", trials_recorded=True)
         else:
             r = Result(job, None, ev, trials_recorded=True)
         self.done.append(dataclasses.replace(r, wall_s=time.monotonic() - t0))
@@ -174,9 +177,14 @@ class EpisodeLoop:
         self.rejudged = 0
         self.faults = 0
         self.lookahead = self.x.lookahead if self.local else LOOKAHEAD * self.x.parallel
-        self.repo_key = git.run_git(
-            "rev-list", "--max-parents=0", "--first-parent", episode.plan.baseline, cwd=self.ws.repo_dir
-        ).split()[0]
+        # names the target on every node (its root commit); a cluster's concern only
+        self.repo_key = (
+            ""
+            if self.local
+            else git.run_git(
+                "rev-list", "--max-parents=0", "--first-parent", episode.plan.baseline, cwd=self.ws.repo_dir
+            ).split()[0]
+        )
 
     # ------------------------------------------------------------------ the loop
     def run(self) -> dict[str, Any]:
@@ -207,8 +215,8 @@ class EpisodeLoop:
                     order.append(_Slot(p, e.candidate_of(p)))
             # 2. new proposals until the queue or a budget runs out
             sessions = SessionPool(e, agents) if agents > 1 else None
-            # agent sessions at once: in this process up to --agents, on a cluster within the lookahead
-            window = agents if self.local else self.lookahead
+            # agent sessions at once (up to --agents); on a cluster within the lookahead, in this process while
+            # no proposal waits to be judged (each is created and judged before the next is taken)
             while True:
                 if self._commit_head(order):
                     continue
@@ -216,10 +224,14 @@ class EpisodeLoop:
                     if s.job is None and s.result is None and self.x.free() > 0:
                         self._launch(s)
                 if sessions is not None:  # started while there is room, taken as they finish
-                    if stop is None and len(order) + sessions.inflight < window:
-                        stop = sessions.fill()
-                    for cand in sessions.take(None if self.local and not order else 0):
-                        self._add(order, cand)
+                    if not order if self.local else len(order) + sessions.inflight < self.lookahead:
+                        stop = sessions.fill()  # on every pass: a failed session's place is taken again
+                    if not self.local:
+                        for cand in sessions.take(0):
+                            self._add(order, cand)
+                    elif not order:
+                        for cand in sessions.take(None, limit=1):
+                            self._add(order, cand)
                 while sessions is None and stop is None and self.x.free() > 0 and len(order) < self.lookahead:
                     stop = e.stop_reason()
                     if stop is not None:
@@ -253,9 +265,11 @@ class EpisodeLoop:
                 for r in results:
                     self._received(order, r)
         finally:
-            if sessions is not None:
-                sessions.__exit__()
-            self.x.close()
+            try:
+                if sessions is not None:
+                    sessions.__exit__()
+            finally:
+                self.x.close()
         extra = {} if self.local else {"rejudged": self.rejudged, "node_faults": self.faults}
         return e.finish(stop or "queue empty", **extra)
 
@@ -266,7 +280,7 @@ class EpisodeLoop:
         order.append(s)
         if len(order) == 1:
             self._commit_head(order)
-        else:
+        elif not self.local:
             self._launch(s)
 
     # ------------------------------------------------------------------ launching
@@ -349,7 +363,7 @@ class EpisodeLoop:
 
     def _run_error(self, p: ProposalState, error: str, kind: str, baseline: str) -> None:
         self.e.record(rec.RunError(number=p.number, proposal=p.id, error=error, kind=kind, baseline=baseline), p.id)
-        raise RecordedRunError(f"{error}; the episode stopped (`agentsearch episode --resume` continues it)")
+        raise RecordedRunError(f"{error}; the episode stopped (`agentsearch episode --resume` continues it)") from None
 
     def _prepared(self, s: _Slot) -> tuple[str, str, str] | None:
         """``Episode.prepare`` with the proposal's errors as its REJECT."""
@@ -414,16 +428,14 @@ class EpisodeLoop:
         if ready is None:
             order.pop(0)
             return True
-        if ready[1] != job.candidate:
-            raise RunError(
-                f"{s.p.id}: the judged commit {job.candidate[:12]} is not the proposal's commit {ready[1][:12]}"
-            )
-        self._guarded(s, lambda: self._record(s, r, ready[2]))
+        self._guarded(s, lambda: self._record(s, r, ready[1], ready[2]))
         order.pop(0)
         return True
 
-    def _record(self, s: _Slot, r: Result, content_key: str) -> None:
+    def _record(self, s: _Slot, r: Result, commit: str, content_key: str) -> None:
         e, p, job = self.e, s.p, s.job
+        if job is not None and commit != job.candidate:
+            raise RunError(f"{p.id}: the judged commit {job.candidate[:12]} is not the proposal's commit {commit[:12]}")
         if job is None or r.job != job:  # the orchestrator's own job is what is recorded and merged, never an echo
             where = f"node {r.node.hostname}" if r.node else "the executor"
             raise RunError(f"{p.id}: {where} returned the result of another job")

@@ -383,3 +383,63 @@ def test_time_budget_and_abandon(tmp_path):
     assert run_cli("episode", "-C", str(repo), "--abandon").returncode == 0
     proc2 = run_cli("episode", "-C", str(repo), "--resume")
     assert proc2.returncode == 2 and "no unfinished episode" in proc2.stderr
+
+
+class Burst:
+    """An agent proposer whose sessions all finish at once (each returns its candidate at the first call)."""
+
+    name = "patches"
+    agents = 3
+
+    def __init__(self, cands: list) -> None:
+        import threading
+
+        self.cands, self.lock = list(cands), threading.Lock()
+
+    def next(self, judged: set, context: object):
+        with self.lock:
+            return self.cands.pop(0) if self.cands else None
+
+
+def test_agent_sessions_that_finish_at_once_are_judged_one_by_one_in_process(tmp_path):
+    """Three sessions finish together: in this process each proposal is created, judged and merged before the next
+    is created (its proposer context and baseline are the merged one's), nothing is measured ahead and then
+    superseded, and a finished session's candidate waits in the pool (counted against the budget)."""
+    from agentsearch import episode as ep
+    from agentsearch.loop import EpisodeLoop
+    from agentsearch.proposers.base import Candidate
+    from agentsearch.records import open_log
+    from agentsearch.workspace import Workspace
+    from agentsearch.workspace.workspace import new_episode_id
+
+    repo = make_target(tmp_path / "toy")
+    faster = patch_from(repo, {"src/engine.py": ENGINE.replace("SPEED = 1.0", "SPEED = 1.5")}, "a", "Faster")
+    comment = patch_from(repo, {"src/engine.py": ENGINE + "# a comment\n"}, "b", "A comment")
+    version = patch_from(repo, {"src/engine.py": ENGINE.replace('VERSION = "1"', 'VERSION = "2"')}, "c", "Version")
+    cands = [
+        Candidate(f"k{i}", t, "", "other", "patches", p, {})
+        for i, (t, p) in enumerate([("Faster", faster), ("A comment", comment), ("Version", version)])
+    ]
+    queue = tmp_path / "queue"  # the episode is started as a patch queue's; the burst proposer replaces it
+    queue.mkdir()
+    (queue / "a.patch").write_text(faster)
+    ws = Workspace.open(repo)
+    log = open_log(ws)
+    log.open()
+    e = ep.start(ws, log, "patches", {"patches": str(queue)}, 3, None, 7, new_episode_id())
+    e.proposer = Burst(cands)  # type: ignore[assignment]
+    summary = EpisodeLoop(e).run()
+    assert summary["judged"] == 3 and summary["merged"] >= 1, summary
+    kinds = [
+        (x.kind, x.proposal)
+        for x in HistoryLog(log.path).entries()
+        if x.kind in ("proposal-created", "trial", "verdict", "merge", "superseded")
+    ]
+    assert not any(k == "superseded" for k, _ in kinds)
+    created = [i for i, (k, _) in enumerate(kinds) if k == "proposal-created"]
+    for n, i in enumerate(created[1:]):  # every proposal is decided (and merged) before the next is created
+        before = {p for k, p in kinds[:i] if k == "verdict"}
+        assert kinds[created[n]][1] in before, kinds
+    for k, p in kinds:  # each trial belongs to the proposal created last
+        if k == "trial":
+            assert p == [q for kk, q in kinds[: kinds.index((k, p)) + 1] if kk == "proposal-created"][-1]
