@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from history.records import GATE_ORDER, CheckName, FailureKind, default_failure
+from history.records import GATE_ORDER, FailureKind, default_failure
+from history.records.checks import SKIPPABLE as CHECK_SKIPPABLE
 
 MERGE = "merge"
 REJECT = "reject"
@@ -29,16 +30,7 @@ class Status(str, Enum):
 # in the order an evaluation runs them (the names and their order: history.records.checks)
 REQUIRED_CHECKS = tuple(c.value for c in GATE_ORDER)
 # skipped only with the reason in its detail: the target opted out, the machine cannot, or it does not apply
-SKIPPABLE = {
-    c.value
-    for c in (
-        CheckName.DISTRIBUTION,
-        CheckName.CONFIRMATION,
-        CheckName.SANDBOX,
-        CheckName.COVERAGE,
-        CheckName.FUNCTIONAL_TESTS,
-    )
-}
+SKIPPABLE = {c.value for c in CHECK_SKIPPABLE}
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from harness import tails
 from history.drift import DriftPoint, drift_curve, worst_of_sets
 from history.records import Evaluation as EvaluationRecord
 from history.records import Merge, ProposalCreated, Revert, Trial, Verdict, text
+from history.records import checks as checks_vocabulary
 
 from . import __version__
 from .errors import AgentsearchError
@@ -57,25 +58,7 @@ P_SHORT = {
     "confirmation": "t-test, H1 slower",
     "guard-check": "t-test, H1 slower",
 }
-CHECK_NOTES = {
-    "based-on-baseline": "the candidate contains the baseline it was measured against",
-    "protected-paths": "no protected file (bench, config, harness inputs) was touched",
-    "sandbox": "both sides ran without network, with state, history and harness hidden",
-    "build": "both worktrees built and installed",
-    "functional-tests": "the target's own tests pass on the candidate",
-    "objective": "significant win on the objective (interleaved pairs, sequential test)",
-    "coverage": "the changed Python lines ran during the measurement",
-    "guard-workloads": "no other workload regressed significantly",
-    "confirmation": "the win held on fresh input seeds",
-    "plausibility": "the speedup is within the plausibility bound",
-    "distribution": "token distributions match on the public corpus and the hidden holdout",
-    "patch-applies": "the patch applies to the current baseline",
-    "not-a-duplicate": "the same code was not judged before",
-    "micro": (
-        "kernel proposals: the op is right on every generated and hidden case and not slower at op level (before any "
-        "engine)"
-    ),
-}
+CHECK_NOTES = checks_vocabulary.NOTES  # what each check vouches for (history.records.checks.CHECKS)
 
 
 def reproduce_command(v: Mapping[str, Any], repo: str | None = None) -> str | None:

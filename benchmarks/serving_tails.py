@@ -37,7 +37,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from agentsearch.config import GateConfig, WorkloadConfig  # noqa: E402
+from agentsearch.calibration import _done, _fixed_design, analyze  # noqa: E402
+from agentsearch.config import GateConfig, WorkloadConfig, load_config_text  # noqa: E402
 from agentsearch.gate_design import design_for, workload_design  # noqa: E402
 from harness import tails  # noqa: E402
 from harness.gate_defaults import LOADED_CONFIRM_PAIRS  # noqa: E402
@@ -52,6 +53,7 @@ from harness.sequential import (  # noqa: E402
     decide_objective,
     decide_regression,
 )
+from harness.statistics import NoisePrior  # noqa: E402
 from harness.trials import CANDIDATE, TrialOutcome  # noqa: E402
 
 TAIL_SHARE = 0.02  # requests the tail-only regression delays
@@ -186,18 +188,42 @@ class GoodputSim:
 
 
 RATE = 80.0  # requests per second (the engine benchmark's load)
+CAL_CONFIG = load_config_text('[[workload]]\nname = "goodput"\ncommand = "true"\nmetric = "v"\n')
 
 
 def one_goodput(
-    shape: Shape, n: int, cv: float, instance: float, slo: float, faster: float, gate: GateConfig, rng, restarts: int
+    shape: Shape,
+    n: int,
+    cv: float,
+    instance: float,
+    slo: float,
+    faster: float,
+    gate: GateConfig,
+    rng,
+    restarts: int,
+    calibrate_pairs: int,
 ):
-    """(merged, pairs, outcome): the objective's sequential test, then the confirmation on fresh instances."""
+    """(merged, pairs, outcome): the A/A calibration's prior (``agentsearch calibrate``: the baseline on both sides,
+    in as many engine sessions), the objective's sequential test, then the confirmation on fresh instances."""
     design = design_for(gate)
+    prior = None
+    if calibrate_pairs:
+
+        def aa(side: str, i: int) -> GoodputSim:
+            return GoodputSim(shape, n, cv, instance, slo, 1.0, side, rng)
+
+        cal = run_interleaved(
+            "goodput", aa, _fixed_design(calibrate_pairs), _done, lambda i: i, True, restarts=restarts
+        )
+        noise = analyze("goodput", cal.trials, cal.log_ratios, CAL_CONFIG, cal.sessions)
+        prior = NoisePrior(noise.var, noise.df, noise.between_var)
 
     def factory(side: str, i: int) -> GoodputSim:
         return GoodputSim(shape, n, cv, instance, slo, faster, side, rng)
 
-    run = run_interleaved("goodput", factory, design, decide_objective, lambda i: i, True, restarts=restarts)
+    run = run_interleaved(
+        "goodput", factory, design, decide_objective, lambda i: i, True, prior=prior, restarts=restarts
+    )
     if run.failure or run.decision is None:
         return False, run.pairs, "failed"
     if run.decision.action != WIN:
@@ -209,6 +235,7 @@ def one_goodput(
         functools.partial(decide_confirmation, won=run.decision.estimate),
         lambda i: 10_000 + i,
         True,
+        prior=prior,
     )
     ok = conf.decision is not None and conf.decision.action == OK
     return ok, run.pairs + conf.pairs, "merge" if ok else "not confirmed"
@@ -219,7 +246,8 @@ def goodput(args: argparse.Namespace, shape: Shape, rng: np.random.Generator) ->
     base = shape.draw(rng, 400_000)
     print(
         f"goodput objective: {RATE:g} requests/s, per-request TTFT lognormal (log-SD {args.sigma}), trial noise "
-        f"{args.cv:.1%}, instance effect {args.instance:.0%}, {args.restarts} engine sessions per side; "
+        f"{args.cv:.1%}, instance effect {args.instance:.0%}, {args.restarts} engine sessions per side, "
+        f"calibration {args.calibrate_pairs or 'none'} pairs; "
         f"level {gate.proposal_alpha:g} per proposal, max "
         f"{gate.max_pairs} pairs, then {gate.confirm_pairs} fresh pairs; {args.reps} evaluations per cell"
     )
@@ -229,11 +257,11 @@ def goodput(args: argparse.Namespace, shape: Shape, rng: np.random.Generator) ->
         for met in (0.5, 0.8, 0.95, 0.99):
             slo = float(np.quantile(base, met))
             aa = [
-                one_goodput(shape, n, args.cv, args.instance, slo, 1.0, gate, rng, args.restarts)
+                one_goodput(shape, n, args.cv, args.instance, slo, 1.0, gate, rng, args.restarts, args.calibrate_pairs)
                 for _ in range(args.reps)
             ]
             win = [
-                one_goodput(shape, n, args.cv, args.instance, slo, 1.10, gate, rng, args.restarts)
+                one_goodput(shape, n, args.cv, args.instance, slo, 1.10, gate, rng, args.restarts, args.calibrate_pairs)
                 for _ in range(args.reps)
             ]
             merged = sum(m for m, _, _ in aa) / args.reps
@@ -261,6 +289,9 @@ def main() -> None:
     ap.add_argument("--requests", default="200,1000,2000")
     ap.add_argument("--goodput", action="store_true", help="the goodput objective's false merges and power")
     ap.add_argument("--restarts", type=int, default=1, help="--goodput: engine sessions per side (the objective's)")
+    ap.add_argument(
+        "--calibrate-pairs", type=int, default=0, help="--goodput: pairs of the A/A calibration (0: no prior)"
+    )
     args = ap.parse_args()
     rng = np.random.default_rng(args.seed)
     sample = None

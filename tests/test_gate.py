@@ -252,3 +252,21 @@ def test_a_skipped_check_says_why():
     with pytest.raises(ValueError, match="needs its reason"):
         Check("distribution", S, "")
     assert Check("distribution", "skipped", "opted out").status is S  # type: ignore[arg-type]  # the value is coerced
+
+
+def test_every_check_has_its_facts_in_one_place():
+    """A check's note, default failure, skippability and place in the gate's order come from its one CheckSpec;
+    every name the evaluation's pipeline runs has one, and the gate's and the report's tables are derived."""
+    from agentsearch.evaluation import PIPELINE
+    from agentsearch.report import CHECK_NOTES
+    from history.records import CHECKS
+    from history.records.checks import DEFAULT_FAILURE, GATE_ORDER
+
+    names = [c.name for c in CHECKS]
+    assert sorted(names) == sorted(CheckName) and len(set(names)) == len(names)
+    assert all(c.note for c in CHECKS)
+    assert {name for name, _ in PIPELINE} <= set(names)
+    assert GATE_ORDER == tuple(c.name for c in CHECKS if c.required)
+    assert SKIPPABLE == {c.name.value for c in CHECKS if c.skippable}
+    assert CHECK_NOTES == {c.name.value: c.note for c in CHECKS}
+    assert DEFAULT_FAILURE == {c.name: c.default_failure for c in CHECKS}

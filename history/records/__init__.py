@@ -11,7 +11,17 @@ from collections.abc import Mapping
 from typing import Any
 
 from .base import SCHEMA_VERSION, Part, Record, RecordError
-from .checks import AVOID, BREAKING, GATE_ORDER, CheckName, FailureKind, decision_failure, default_failure
+from .checks import (
+    AVOID,
+    BREAKING,
+    CHECKS,
+    GATE_ORDER,
+    CheckName,
+    CheckSpec,
+    FailureKind,
+    decision_failure,
+    default_failure,
+)
 from .distribution import Distribution
 from .episode_finished import EpisodeFinished
 from .episode_resumed import EpisodeResumed
@@ -78,6 +88,8 @@ def load(kind: str, data: Mapping[str, Any], version: int) -> Record:
 __all__ = [
     "AVOID",
     "BREAKING",
+    "CHECKS",
+    "CheckSpec",
     "BY_KIND",
     "CATEGORIES",
     "CLASSES",

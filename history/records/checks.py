@@ -8,6 +8,7 @@ nothing reads it back. ``agentsearch.gate`` orders the checks; this module only 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from enum import Enum
 
 
@@ -66,20 +67,105 @@ class FailureKind(str, Enum):
     MAIN_DIVERGES = "main-diverges"
 
 
-# the order the gate runs (and reports) the checks of an evaluation; agentsearch.gate requires them all
-GATE_ORDER = (
-    CheckName.BASED_ON_BASELINE,
-    CheckName.PROTECTED_PATHS,
-    CheckName.SANDBOX,
-    CheckName.BUILD,
-    CheckName.FUNCTIONAL_TESTS,
-    CheckName.OBJECTIVE,
-    CheckName.COVERAGE,
-    CheckName.GUARD_WORKLOADS,
-    CheckName.CONFIRMATION,
-    CheckName.PLAUSIBILITY,
-    CheckName.DISTRIBUTION,
+@dataclass(frozen=True)
+class CheckSpec:
+    """One check's facts, in one place: what it vouches for (the report's note), the failure kind it has when its
+    site names none, whether a target may skip it (with the reason in its detail: it opted out, the machine cannot,
+    or it does not apply), and whether every evaluation must report it (the gate requires those, in this order).
+    The tables below are derived from ``CHECKS``; what a check runs is ``agentsearch.evaluation.PIPELINE``'s."""
+
+    name: CheckName
+    note: str
+    default_failure: FailureKind
+    skippable: bool = False
+    required: bool = False
+
+
+CHECKS: tuple[CheckSpec, ...] = (
+    # the episode's, before anything is measured
+    CheckSpec(CheckName.PATCH_APPLIES, "the patch applies to the current baseline", FailureKind.PATCH_FAILED),
+    CheckSpec(CheckName.NOT_A_DUPLICATE, "the same code was not judged before", FailureKind.DUPLICATE),
+    CheckSpec(CheckName.JUDGING, "judging the proposal raised no unexpected error", FailureKind.INTERNAL_ERROR),
+    # an evaluation's, in the order the gate runs and reports them
+    CheckSpec(
+        CheckName.BASED_ON_BASELINE,
+        "the candidate contains the baseline it was measured against",
+        FailureKind.STALE_BASE,
+        required=True,
+    ),
+    CheckSpec(
+        CheckName.PROTECTED_PATHS,
+        "no protected file (bench, config, harness inputs) was touched",
+        FailureKind.PROTECTED_PATH,
+        required=True,
+    ),
+    CheckSpec(
+        CheckName.SANDBOX,
+        "both sides ran without network, with state, history and harness hidden",
+        FailureKind.SANDBOX,
+        skippable=True,
+        required=True,
+    ),
+    CheckSpec(CheckName.BUILD, "both worktrees built and installed", FailureKind.BUILD_FAILED, required=True),
+    CheckSpec(
+        CheckName.FUNCTIONAL_TESTS,
+        "the target's own tests pass on the candidate",
+        FailureKind.TESTS_FAILED,
+        skippable=True,
+        required=True,
+    ),
+    CheckSpec(
+        CheckName.OBJECTIVE,
+        "significant win on the objective (interleaved pairs, sequential test)",
+        FailureKind.CRASH,
+        required=True,
+    ),
+    CheckSpec(
+        CheckName.COVERAGE,
+        "the changed Python lines ran during the measurement",
+        FailureKind.COVERAGE,
+        skippable=True,
+        required=True,
+    ),
+    CheckSpec(CheckName.GUARD_WORKLOADS, "no other workload regressed significantly", FailureKind.CRASH, required=True),
+    CheckSpec(
+        CheckName.CONFIRMATION,
+        "the win held on fresh input seeds",
+        FailureKind.CRASH,
+        skippable=True,
+        required=True,
+    ),
+    CheckSpec(
+        CheckName.PLAUSIBILITY,
+        "the speedup is within the plausibility bound",
+        FailureKind.INCONCLUSIVE,
+        required=True,
+    ),
+    CheckSpec(
+        CheckName.DISTRIBUTION,
+        "token distributions match on the public corpus and the hidden holdout",
+        FailureKind.DISTRIBUTION,
+        skippable=True,
+        required=True,
+    ),
+    # kernel proposals only: a wrong result at op level (a slowdown says SLOWER)
+    CheckSpec(
+        CheckName.MICRO,
+        "kernel proposals: the op is right on every generated and hidden case and not slower at op level (before "
+        "any engine)",
+        FailureKind.CHANGED_OUTPUTS,
+    ),
 )
+SPEC: dict[CheckName, CheckSpec] = {c.name: c for c in CHECKS}
+
+# the order the gate runs (and reports) the checks of an evaluation; agentsearch.gate requires them all
+GATE_ORDER = tuple(c.name for c in CHECKS if c.required)
+# skipped only with the reason in its detail
+SKIPPABLE = frozenset(c.name for c in CHECKS if c.skippable)
+# the kind a failed check has when its site says nothing more specific
+DEFAULT_FAILURE: dict[CheckName, FailureKind] = {c.name: c.default_failure for c in CHECKS}
+# what each check vouches for, in words (reports)
+NOTES: dict[str, str] = {c.name.value: c.note for c in CHECKS}
 
 # the candidate broke the workload (as opposed to not winning): the sweep bandit penalises these
 BREAKING = frozenset(
@@ -101,25 +187,6 @@ AVOID = frozenset(
         FailureKind.COVERAGE,
     }
 )
-
-# the kind a failed check has when its site says nothing more specific
-DEFAULT_FAILURE: dict[CheckName, FailureKind] = {
-    CheckName.PATCH_APPLIES: FailureKind.PATCH_FAILED,
-    CheckName.NOT_A_DUPLICATE: FailureKind.DUPLICATE,
-    CheckName.JUDGING: FailureKind.INTERNAL_ERROR,
-    CheckName.BASED_ON_BASELINE: FailureKind.STALE_BASE,
-    CheckName.PROTECTED_PATHS: FailureKind.PROTECTED_PATH,
-    CheckName.SANDBOX: FailureKind.SANDBOX,
-    CheckName.BUILD: FailureKind.BUILD_FAILED,
-    CheckName.FUNCTIONAL_TESTS: FailureKind.TESTS_FAILED,
-    CheckName.OBJECTIVE: FailureKind.CRASH,
-    CheckName.COVERAGE: FailureKind.COVERAGE,
-    CheckName.GUARD_WORKLOADS: FailureKind.CRASH,
-    CheckName.CONFIRMATION: FailureKind.CRASH,
-    CheckName.PLAUSIBILITY: FailureKind.INCONCLUSIVE,
-    CheckName.DISTRIBUTION: FailureKind.DISTRIBUTION,
-    CheckName.MICRO: FailureKind.CHANGED_OUTPUTS,  # a wrong result at op level; a slowdown says SLOWER
-}
 
 
 def default_failure(check: str) -> FailureKind:
