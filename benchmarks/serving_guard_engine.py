@@ -214,6 +214,13 @@ def main() -> None:
                 for side in ("baseline", "candidate")
             }
             attained = " ".join(f"{side} {sum(v) / len(v):.0%}" for side, v in met.items() if v and None not in v)
+            medians = sorted(
+                t["metrics"]["ttft_p50_ms"]
+                for t in out.get("trials", [])
+                if t.get("ok") and t["workload"] == "goodput" and t["metrics"].get("ttft_p50_ms")
+            )
+            if medians:
+                attained += f" (median TTFT {medians[len(medians) // 2]:.1f} ms)"
             fresh = w.get("ttft-p99 (fresh engines)")
             first = (
                 "confirmed" if fresh and fresh.get("decision") == "regressed" else ("not confirmed" if fresh else "-")
