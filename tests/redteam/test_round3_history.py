@@ -385,9 +385,30 @@ def test_a_forged_commit_graph_cannot_show_verify_another_tree(tmp_path: Path) -
     b[at : at + 20] = bytes.fromhex(git(r, "rev-parse", f"{cand}^{{tree}}").strip())
     graph.write_bytes(bytes(b))
     assert git(r, "log", "-1", "--format=%T", forged).strip() != evil_tree  # plain git now shows the judged tree
-    entries = [
-        NS(kind="episode-started", data={"baseline": base}),
-        NS(kind="verdict", data={"verdict": "merge", "baseline": base, "candidate": cand}),
-    ]
+    started = rec.EpisodeStarted(
+        episode="e1",
+        proposer="patches",
+        manifest={},
+        budget=1,
+        time_budget_s=None,
+        seed=1,
+        alpha=0.05,
+        baseline=base,
+        config_fingerprint="-",
+    )
+    merge = rec.Verdict(
+        number=1,
+        proposal="e1/001",
+        title="judged",
+        branch="b",
+        verdict="merge",
+        reasons=(),
+        checks=(),
+        baseline=base,
+        candidate=cand,
+        content_key=None,
+        speedup=None,
+    )
+    entries = [NS(kind="episode-started", record=started), NS(kind="verdict", record=merge)]
     why = unjudged_commit(r, "main", entries)
     assert f"commit {forged[:12]} \"Merge judged candidate\" was judged by no verdict" in why, why
