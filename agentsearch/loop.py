@@ -299,38 +299,24 @@ class EpisodeLoop:
         # in memory: a re-applied commit is the one judged
         p.created = dataclasses.replace(p.created, base=base, commit=commit)
         s.attempts += 1
-        seed = seeds.proposal_seed(e.plan.seed, p.number)
-        if self.local:
-            s.job = Job(
-                e.plan.episode,
-                p.id,
-                p.number,
-                base,
-                commit,
-                self.ws.baseline_branch,
-                seed,
-                e.plan.alpha,
-                self.repo_key,
-                attempt=s.attempts,
-            )
-            self.x.submit(s.job, b"")
-            return
-        state_files = {n: (self.ws.state / n).read_bytes() for n in SHIPPED_STATE if (self.ws.state / n).exists()}
-        s.job = Job(
+        job = Job(
             e.plan.episode,
             p.id,
             p.number,
             base,
             commit,
             self.ws.baseline_branch,
-            seed,
+            seeds.proposal_seed(e.plan.seed, p.number),
             e.plan.alpha,
             self.repo_key,
-            state_files,
-            s.attempts,
-            code_version(),
-            self.reference(base),
+            attempt=s.attempts,
         )
+        if self.local:  # evaluated here, now: nothing to ship
+            s.job = job
+            self.x.submit(job, b"")
+            return
+        state_files = {n: (self.ws.state / n).read_bytes() for n in SHIPPED_STATE if (self.ws.state / n).exists()}
+        s.job = dataclasses.replace(job, state_files=state_files, code=code_version(), reference=self.reference(base))
         thin = git.bundle(self.ws.repo_dir, {"base": base, "cand": commit}, exclude=(e.plan.baseline,))
         if not self.x.submit(s.job, thin, s.avoid):
             s.job, s.attempts = None, s.attempts - 1  # no node has room: launched later
