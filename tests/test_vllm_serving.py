@@ -111,17 +111,19 @@ def test_a_tail_only_regression_is_caught_by_the_p99_guard_and_not_by_the_median
         "tail guards: a toy objective, max_num_seqs 8",
     )
     fork = path
-    # one request in about 50 (by its prompt) waits 150 ms before it is served; the others do not
+    # one request in about 50 (by its prompt) waits a second before it is served; the others do not. A second, not the
+    # benchmark's 150 ms: beside another engine test on the other CI worker the baseline's own p99 reached the
+    # hundreds of milliseconds and a 150 ms tail was inside it (CI merged it once)
     commit(
         fork,
-        {"f.txt": "1.5", SERVING_PY: plant((fork / SERVING_PY).read_text(), 150)},
+        {"f.txt": "1.5", SERVING_PY: plant((fork / SERVING_PY).read_text(), 1000)},
         "faster, and a slow tail",
         branch="tail",
     )
     proc = run_cli("evaluate", "-C", str(fork), "tail", "--json", timeout=1500)
     assert proc.stdout, proc.stderr[-3000:]
     out = json.loads(proc.stdout)
-    assert out["verdict"] == "reject", out["reasons"]
+    assert out["verdict"] == "reject", (out["reasons"], out["workloads"])
     # the p99 guard names the tail, confirmed on fresh engines
     held = [
         r for r in out["reasons"] if r.startswith("guard-workloads: ttft-p99: the regression held on fresh engines")
