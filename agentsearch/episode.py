@@ -274,7 +274,7 @@ class Episode:
         rows = []
         for p in sorted(self.state.proposals.values(), key=lambda p: p.number):
             v = p.verdict
-            obj = v.workloads.get(v.objective or "", {}) if v else {}
+            obj = v.objective_summary if v else None
             rows.append(
                 {
                     "proposal": p.id,
@@ -283,8 +283,8 @@ class Episode:
                     "verdict": v.verdict if v else None,
                     "speedup": v.speedup if v else None,
                     "reasons": list(v.reasons) if v else [],
-                    "pairs": obj.get("pairs"),
-                    "headline": headline(v.to_json()) if v else None,
+                    "pairs": obj.pairs if obj else None,
+                    "headline": headline(v) if v else None,
                     "merged": p.merged,
                     **({"parent": p.created.meta["parent"]} if p.created.meta.get("parent") else {}),
                 }
@@ -418,7 +418,7 @@ class Episode:
     ) -> None:
         """The statistics, the distribution checks and the verdict of a finished evaluation (then the merge)."""
         for w in [*ev.workloads.values(), *([ev.confirmation] if ev.confirmation else [])]:
-            self.record(rec.Statistic.of({"number": p.number, **w.to_json()}), p.id)
+            self.record(rec.Statistic.of_summary(p.number, w), p.id)
         if ev.distribution is not None:
             self.record(rec.Distribution.of({"number": p.number, **ev.distribution.to_json()}), p.id)
         self.verdict(p, ev.verdict, base, commit, ev, content_key, extra)
@@ -520,7 +520,7 @@ class Episode:
         record = rec.Verdict.of(data)
         self.record(record, p.id)
         p.verdict = record
-        self.say(p.id, headline(record.to_json()))
+        self.say(p.id, headline(record))
         prop_path = self.ws.worktrees / f"{self.plan.episode}-{p.number:03d}"
         if prop_path.exists():
             self.ws.remove_worktree(prop_path)
@@ -534,13 +534,13 @@ class Episode:
         cand, expected = v.candidate, v.baseline
         assert cand is not None  # a MERGE verdict names its candidate
         now = self.ws.baseline_commit()
-        note = evidence_text(v.to_json())
+        note = evidence_text(v)
         try:
             if git.is_ancestor(self.ws.repo_dir, cand, now) and now != expected:
                 merged = now  # the ref moved before a crash cut the record off
                 self.ws.sync_checkouts()  # ... and maybe the checkout's update too
             else:
-                merged = self.ws.merge(cand, expected, merge_message(v.to_json(), self.log.head))
+                merged = self.ws.merge(cand, expected, merge_message(v, self.log.head))
         except CasError as exc:
             record = rec.Merge(number=p.number, ok=False, old=expected, new=now, candidate=cand, error=str(exc))
             self.record(record, p.id)
@@ -617,36 +617,30 @@ def _content_key(ws: Workspace, base: str, commit: str, config_fp: str) -> str:
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()
 
 
-def merge_message(v: Mapping[str, Any], history: tuple[int, str] | None = None) -> str:
+def merge_message(v: rec.Verdict, history: tuple[int, str] | None = None) -> str:
     """Subject, evidence and trailers; ``history``: the history head (seq, hash) the merge is made after."""
-    sp = v.get("speedup")
-    head = f"agentsearch: merge {v.get('title') or v['proposal']}"
-    if sp:
-        head += f" ({sp - 1:+.1%} {v.get('objective', '')})".rstrip()
+    head = f"agentsearch: merge {v.title or v.proposal}"
+    if v.speedup:
+        head += f" ({v.speedup - 1:+.1%} {v.objective or ''})".rstrip()
     extra = history_trailers(history) if history else ""
     return (
-        f"{head}\n\n{evidence_text(v)}\nAgentsearch-Proposal: {v['proposal']}\n"
-        f"Agentsearch-Candidate: {v['candidate']}\n{extra}"
+        f"{head}\n\n{evidence_text(v)}\nAgentsearch-Proposal: {v.proposal}\n"
+        f"Agentsearch-Candidate: {v.candidate}\n{extra}"
     )
 
 
-def evidence_text(v: Mapping[str, Any]) -> str:
+def evidence_text(v: rec.Verdict) -> str:
     """The evidence of a verdict in a few lines: for the merge message and the git note."""
-    lines = [f"Verdict: {v['verdict']} ({v['proposal']}, branch {v.get('branch')})", headline(v)]
-    for name, w in (v.get("workloads") or {}).items():
-        sp, ci = w.get("speedup"), w.get("ci")
-        if sp is None:
+    lines = [f"Verdict: {v.verdict} ({v.proposal}, branch {v.branch})", headline(v)]
+    for name, w in v.workloads.items():
+        if w.speedup is None:
             continue
-        ci_s = f" [{ci[0] - 1:+.1%}, {ci[1] - 1:+.1%}]" if ci else ""
-        p = w.get("p_value")
-        lines.append(
-            f"- {name} ({w['role']}): {sp - 1:+.2%}{ci_s}, p={p:.2g}, {w['pairs']} pairs"
-            if p is not None
-            else f"- {name} ({w['role']}): {sp - 1:+.2%}{ci_s}, {w['pairs']} pairs"
-        )
-    for c in v.get("checks", []):
-        lines.append(f"- check {c['name']}: {c['status']}" + (f" ({c['detail']})" if c.get("detail") else ""))
-    cmd = reproduce_command(v)  # from a checkout of the target: the same commits, seed and alpha
+        ci_s = f" [{w.ci[0] - 1:+.1%}, {w.ci[1] - 1:+.1%}]" if w.ci else ""
+        p = f", p={w.p_value:.2g}" if w.p_value is not None else ""
+        lines.append(f"- {name} ({w.role}): {w.speedup - 1:+.2%}{ci_s}{p}, {w.pairs} pairs")
+    for c in v.checks:
+        lines.append(f"- check {c.name}: {c.status}" + (f" ({c.detail})" if c.detail else ""))
+    cmd = reproduce_command(v.to_json())  # from a checkout of the target: the same commits, seed and alpha
     lines.append(f"Reproduce: {cmd}" if cmd else "Reproduce: (decided before any measurement)")
     return "\n".join(lines) + "\n"
 

@@ -27,7 +27,6 @@ from harness.interleave import WorkloadRun, run_interleaved
 from harness.logprobs import LogprobError
 from harness.seeds import confirmation_seeds, coverage_seed, guard_check_seeds, new_master, pair_seeds
 from harness.sequential import (
-    LOSE,
     OK,
     REGRESSED,
     WIN,
@@ -39,7 +38,8 @@ from harness.sequential import (
     decide_regression,
 )
 from harness.trials import BASELINE, CANDIDATE, MEASUREMENT_ERROR, TrialRecord, child_env, run_child, tail
-from history.records import CheckName, FailureKind, decision_failure
+from history.records import CheckName, FailureKind, WorkloadSummary, decision_failure
+from history.records import Evaluation as EvaluationRecord
 
 from . import calibration, containment, micro, preflight
 from . import sides as sides_mod
@@ -57,38 +57,6 @@ from .workspace import Workspace
 
 EVALUATION_SCHEMA = 1
 OnTrial = Callable[[TrialRecord], None]
-
-
-@dataclass(frozen=True)
-class WorkloadSummary:
-    name: str
-    role: str  # objective | guard | confirmation
-    pairs: int
-    max_pairs: int
-    decision: str
-    reason: str
-    speedup: float | None
-    ci: tuple[float, float] | None
-    p_value: float | None
-    baseline_median: float | None
-    candidate_median: float | None
-    winsorized: int
-    calibrated: bool
-    metric: str = ""  # the measured metric (its name and unit for headlines and tables)
-    unit: str = ""
-    foreign_load: int = 0  # timed trials taken while processes outside the comparison used the machine (harness.quiet)
-    trial_s: float | None = None  # median duration of one timed trial
-    higher_is_better: bool | None = None  # the metric's direction (None in records from before it was kept)
-
-    @property
-    def early_stop(self) -> bool:
-        return self.role != "confirmation" and self.decision in (WIN, LOSE, REGRESSED) and self.pairs < self.max_pairs
-
-    def to_json(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["ci"] = list(self.ci) if self.ci else None
-        d["early_stop"] = self.early_stop
-        return d
 
 
 @dataclass(frozen=True)
@@ -128,6 +96,10 @@ class Evaluation:
             "overhead_s": round(overhead, 3),
             "overhead_pct": round(100 * overhead / self.wall_s, 2) if self.wall_s else 0.0,
         }
+
+    def record(self, objective: str, **extra: Any) -> EvaluationRecord:
+        """The ``evaluation`` record of this evaluation (``objective``: the judged config's objective workload)."""
+        return EvaluationRecord.of({**self.to_json(), "objective": objective, **extra})
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -1,7 +1,7 @@
 """The one-line verdict with number and unit, and the unit of a metric: one place for both.
 
-``headline(data)`` reads an evaluation's JSON (``Evaluation.to_json()``) or an episode's verdict
-record and returns, e.g.::
+``headline(v)`` reads a judged record (an episode's ``Verdict``, an ``evaluate``'s ``Evaluation``: anything with their
+verdict, reasons, commits and typed workload summaries) and returns, e.g.::
 
     MERGE — output_tok_s 780.6 → 1,266 tok/s (+62.2%, 95% CI +17.6…+123.8%, p=0.0035, 12 pairs), guards ok, confirmed +114.0%
 
@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+from history.records import WorkloadSummary
 
 # a metric name's last part -> its unit (checked in order; the first match wins)
 _UNITS: tuple[tuple[str, str], ...] = (
@@ -83,14 +85,13 @@ def p_text(p: float | None) -> str:
     return "—" if p is None else f"{p:.2g}"
 
 
-def decision_label(w: Mapping[str, Any]) -> str:
+def decision_label(w: WorkloadSummary) -> str:
     """A workload's decision in words for tables: a futility stop is "no gain (stopped)" or
     "slower (stopped)", never "lose"; a confirmation that held is "confirmed"."""
-    d = w.get("decision") or "—"
-    reason = str(w.get("reason") or "")
+    d = w.decision or "—"
     if d == "lose":
-        return "slower (stopped)" if reason.startswith("slower") else "no gain (stopped)"
-    if d == "ok" and w.get("role") == "confirmation":
+        return "slower (stopped)" if w.reason.startswith("slower") else "no gain (stopped)"
+    if d == "ok" and w.role == "confirmation":
         return "confirmed"
     return {
         "win": "win",
@@ -104,66 +105,63 @@ def decision_label(w: Mapping[str, Any]) -> str:
     }.get(d, d)
 
 
-def objective_of(data: Mapping[str, Any]) -> tuple[str | None, Mapping[str, Any] | None]:
-    """(workload name, its summary) of the objective in an evaluation or verdict record."""
-    workloads = data.get("workloads") or {}
-    name = data.get("objective")
-    if name and name in workloads:
-        return name, workloads[name]
-    for n, w in workloads.items():
-        if w.get("role") == "objective":
-            return n, w
-    return name, None
+class Judged(Protocol):
+    """What a headline reads: history.records' ``Verdict`` and ``Evaluation`` are both."""
+
+    @property
+    def verdict(self) -> str: ...
+    @property
+    def reasons(self) -> Sequence[str]: ...
+    @property
+    def baseline(self) -> str: ...
+    @property
+    def candidate(self) -> str | None: ...
+    @property
+    def workloads(self) -> Mapping[str, WorkloadSummary]: ...
+    @property
+    def confirmation(self) -> WorkloadSummary | None: ...
+    @property
+    def objective_summary(self) -> WorkloadSummary | None: ...
 
 
-def measured(w: Mapping[str, Any], units: Mapping[str, str] | None = None, name: str | None = None) -> str:
+def measured(w: WorkloadSummary, units: Mapping[str, str] | None = None) -> str:
     """``output_tok_s 780.6 → 1,266 tok/s (+62.2%, 95% CI +17.6…+123.8%, p=0.0035, 12 pairs)``: the baseline's
     median, then that median moved by the paired estimate (``speedup``; for a lower-is-better metric divided by it), so
     the arrow and the percentage always agree. The candidate's own median could point the other way (660.5 → 657.3
-    beside a paired +0.5%): it pairs no trials and no engine sessions; the report's table shows both sides' medians."""
-    metric = w.get("metric") or name or w.get("name") or "objective"
-    u = w.get("unit") or (units or {}).get(name or w.get("name") or "") or unit(metric)
-    base, cand = w.get("baseline_median"), w.get("candidate_median")
-    speedup, higher = w.get("speedup"), w.get("higher_is_better")
-    if (
-        isinstance(higher, bool)
-        and isinstance(base, (int, float))
-        and isinstance(speedup, (int, float))
-        and 0 < speedup < math.inf
-    ):
-        cand = (
-            base * speedup if higher else base / speedup
-        )  # (no direction: a record from before it was kept shows the medians)
+    beside a paired +0.5%): it pairs no trials and no engine sessions; the report's table shows both sides' medians.
+    ``units``: workload name -> unit, for old records that do not carry their metric's unit."""
+    metric = w.metric or w.name or "objective"
+    u = w.unit or (units or {}).get(w.name) or unit(metric)
+    base, cand, speedup = w.baseline_median, w.candidate_median, w.speedup
+    if isinstance(w.higher_is_better, bool) and base is not None and speedup is not None and 0 < speedup < math.inf:
+        # (no direction: a record from before it was kept shows the medians)
+        cand = base * speedup if w.higher_is_better else base / speedup
     values = f"{number(base)} → {number(cand)}" + (f" {u}" if u else "")
     stats = [pct(speedup)]
-    if w.get("ci"):
-        stats.append(f"95% CI {ci_text(w.get('ci'))}")
-    if w.get("p_value") is not None:
-        stats.append(f"p={p_text(w.get('p_value'))}")
-    pairs = w.get("pairs")
-    if pairs is not None:
-        stats.append(f"{int(pairs)} pair" + ("" if int(pairs) == 1 else "s"))
+    if w.ci:
+        stats.append(f"95% CI {ci_text(w.ci)}")
+    if w.p_value is not None:
+        stats.append(f"p={p_text(w.p_value)}")
+    stats.append(f"{w.pairs} pair" + ("" if w.pairs == 1 else "s"))
     return f"{metric} {values} ({', '.join(stats)})"
 
 
-def _guards(data: Mapping[str, Any]) -> str | None:
-    guards = [(n, w) for n, w in (data.get("workloads") or {}).items() if w.get("role") == "guard"]
+def _guards(v: Judged) -> str | None:
+    guards = [w for w in v.workloads.values() if w.role == "guard"]
     if not guards:
         return None
-    bad = [
-        f"guard {n} {decision_label(w)} {pct(w.get('speedup'))}" for n, w in guards if w.get("decision") not in ("ok",)
-    ]
+    bad = [f"guard {w.name} {decision_label(w)} {pct(w.speedup)}" for w in guards if w.decision != "ok"]
     return ", ".join(bad) if bad else "guards ok"
 
 
-def _confirmation(data: Mapping[str, Any]) -> str | None:
-    c = data.get("confirmation")
-    if not c:
+def _confirmation(v: Judged) -> str | None:
+    c = v.confirmation
+    if c is None:
         return None
-    if c.get("decision") == "ok":
-        return f"confirmed {pct(c.get('speedup'))}"
-    if c.get("decision") == "not-confirmed":
-        return f"not confirmed on fresh seeds ({pct(c.get('speedup'))})"
+    if c.decision == "ok":
+        return f"confirmed {pct(c.speedup)}"
+    if c.decision == "not-confirmed":
+        return f"not confirmed on fresh seeds ({pct(c.speedup)})"
     return None
 
 
@@ -172,44 +170,38 @@ def _short(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
 
 
-def _first_reason(data: Mapping[str, Any], skip_objective: bool) -> str | None:
-    for r in data.get("reasons") or []:
-        if skip_objective and str(r).startswith("objective:"):
+def _first_reason(v: Judged, skip_objective: bool) -> str | None:
+    for r in v.reasons:
+        if skip_objective and r.startswith("objective:"):
             continue
-        return str(r)
+        return r
     return None
 
 
-def _objective_words(w: Mapping[str, Any]) -> str | None:
-    d = w.get("decision")
-    if d == "lose":
-        return (
-            "slower, stopped early"
-            if str(w.get("reason") or "").startswith("slower")
-            else "no worthwhile speedup, stopped early"
-        )
-    if d == "inconclusive":
+def _objective_words(w: WorkloadSummary) -> str | None:
+    if w.decision == "lose":
+        return "slower, stopped early" if w.reason.startswith("slower") else "no worthwhile speedup, stopped early"
+    if w.decision == "inconclusive":
         return "not significant"
-    if d == "failed":
+    if w.decision == "failed":
         return "measurement failed"
     return None
 
 
-def headline(data: Mapping[str, Any], units: Mapping[str, str] | None = None, reason_chars: int = 120) -> str:
-    """The verdict in one line, from an evaluation's JSON or a verdict record.
+def headline(v: Judged, units: Mapping[str, str] | None = None, reason_chars: int = 120) -> str:
+    """The verdict in one line.
 
     ``units``: workload name -> unit, for old records that do not carry their metric's unit."""
-    verdict = str(data.get("verdict") or "?").upper()
-    name, obj = objective_of(data)
-    parts: list[str] = []
-    if obj is not None and obj.get("speedup") is not None:
-        parts.append(measured(obj, units, name))
+    verdict = (v.verdict or "?").upper()
+    obj = v.objective_summary
+    measured_obj = obj is not None and obj.speedup is not None
+    parts: list[str] = [measured(obj, units)] if obj is not None and measured_obj else []
     tail: list[str] = []
     if verdict == "MERGE":
-        tail += [x for x in (_guards(data), _confirmation(data)) if x]
+        tail += [x for x in (_guards(v), _confirmation(v)) if x]
     else:
         words = _objective_words(obj) if obj is not None else None
-        guards, confirmation = _guards(data), _confirmation(data)
+        guards, confirmation = _guards(v), _confirmation(v)
         if words:
             tail.append(words)
         elif guards and guards != "guards ok":
@@ -217,10 +209,10 @@ def headline(data: Mapping[str, Any], units: Mapping[str, str] | None = None, re
         elif confirmation and not confirmation.startswith("confirmed"):
             tail.append(confirmation)
         else:
-            why = _first_reason(data, skip_objective=obj is not None and obj.get("speedup") is not None)
+            why = _first_reason(v, skip_objective=measured_obj)
             if why:
                 tail.append(_short(why, reason_chars))
-    if data.get("candidate") and data.get("candidate") == data.get("baseline"):
+    if v.candidate and v.candidate == v.baseline:
         tail.append("no change: the candidate is the baseline")
     body = ", ".join(parts + tail)
     return f"{verdict} — {body}" if body else verdict

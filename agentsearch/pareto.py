@@ -10,12 +10,11 @@ Changes are speedups in the gate's sense (for a latency, baseline / candidate), 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from history.records import Evaluation as EvaluationRecord
-from history.records import Merge, Revert, Verdict
+from history.records import Merge, Revert, Verdict, WorkloadSummary
 
 from .records import read_entries
 from .stack import merge_range
@@ -86,16 +85,8 @@ class Pareto:
         return list(dict.fromkeys(g.workload for t in self.trades for g in t.guards))
 
 
-def _change(name: str, w: Mapping[str, Any]) -> Change:
-    ci = w.get("ci")
-    sp = w.get("speedup")
-    return Change(
-        name,
-        str(w.get("metric") or ""),
-        float(sp) if isinstance(sp, (int, float)) and not isinstance(sp, bool) else None,
-        tuple(float(x) for x in ci) if isinstance(ci, (list, tuple)) and len(ci) == 2 else None,
-        str(w.get("decision") or ""),
-    )
+def _change(name: str, w: WorkloadSummary) -> Change:
+    return Change(name, w.metric, w.speedup, (w.ci[0], w.ci[1]) if w.ci and len(w.ci) == 2 else None, w.decision)
 
 
 def _trade(proposal: str, v: Verdict | EvaluationRecord, merge: str | None) -> Trade:
@@ -103,9 +94,7 @@ def _trade(proposal: str, v: Verdict | EvaluationRecord, merge: str | None) -> T
     obj = None
     guards: dict[str, Change] = {}
     for name, w in v.workloads.items():
-        if not isinstance(w, Mapping):
-            continue
-        role = w.get("role")
+        role = w.role
         if name == objective or role == "objective":
             obj = _change(name, w)
         elif role == "guard":

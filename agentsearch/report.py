@@ -12,6 +12,7 @@ the same baseline commit with the same seed and alpha (also the git note's repro
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import math
 import re
@@ -26,7 +27,7 @@ import templates as _templates
 from harness import tails
 from history.drift import DriftPoint, drift_curve, worst_of_sets
 from history.records import Evaluation as EvaluationRecord
-from history.records import Merge, ProposalCreated, Revert, Trial, Verdict, text
+from history.records import Merge, ProposalCreated, Revert, Trial, Verdict, WorkloadSummary, text
 from history.records import checks as checks_vocabulary
 
 from . import __version__
@@ -86,7 +87,7 @@ def reproduce_command(v: Mapping[str, Any], repo: str | None = None) -> str | No
 class Evidence:
     what: str
     kind: str  # "proposal" (episode verdict) or "evaluation" (agentsearch evaluate)
-    verdict: Mapping[str, Any]
+    verdict: Verdict | EvaluationRecord
     trials: list[Mapping[str, Any]]
     proposal: Mapping[str, Any] = field(default_factory=dict)  # its proposal-created record
     merge: Mapping[str, Any] | None = None
@@ -108,40 +109,51 @@ class Evidence:
 
     @property
     def candidate(self) -> str | None:
-        return self.verdict.get("candidate")
+        return self.verdict.candidate
 
     @property
     def baseline(self) -> str | None:
-        return self.verdict.get("baseline")
+        return self.verdict.baseline
+
+    @property
+    def fields(self) -> dict[str, Any]:
+        """The verdict's recorded fields as the templates read them (its open ones too: distribution, timing, ...)."""
+        return self.verdict.to_json()
 
     @property
     def reverted(self) -> bool:
         return self.revert is not None
 
     def reproduce(self, local: bool = True) -> str:
-        cmd = reproduce_command(self.verdict, self.repo if local else None)
+        cmd = reproduce_command(self.fields, self.repo if local else None)
         return cmd or "(this verdict was reached before any measurement: re-run the episode's proposal to reproduce it)"
 
     def headline(self) -> str:
-        v = dict(self.verdict)  # old records do not carry their metric and direction: fill them in from the config
-        v["workloads"] = {
-            n: {
-                **w,
-                **dict(zip(("metric", "unit"), self.label(n, w), strict=True)),
-                "higher_is_better": w.get("higher_is_better", self.directions.get(n)),
-            }
-            for n, w in (v.get("workloads") or {}).items()
-        }
+        # old records do not carry their metric and direction: filled in from the config
+        v = dataclasses.replace(
+            self.verdict,
+            workloads={n: self.described(n, w) for n, w in self.verdict.workloads.items()},
+            confirmation=self.described(self.verdict.confirmation.name, self.verdict.confirmation)
+            if self.verdict.confirmation
+            else None,
+        )
         line = headline(v, self.units)
         if self.revert:
             line += f"; reverted since by {str(self.revert.get('new') or '?')[:12]}"
         return line
 
-    def label(self, workload: str, summary: Mapping[str, Any] | None = None) -> tuple[str, str]:
+    def described(self, workload: str, summary: WorkloadSummary) -> WorkloadSummary:
+        """``summary`` with its metric, unit and direction (from the config where an old record lacks them)."""
+        metric, u = self.label(workload, summary)
+        higher = summary.higher_is_better
+        return dataclasses.replace(
+            summary, metric=metric, unit=u, higher_is_better=self.directions.get(workload) if higher is None else higher
+        )
+
+    def label(self, workload: str, summary: WorkloadSummary | None = None) -> tuple[str, str]:
         """(metric, unit) of a workload: from its summary (newer records), else the config."""
-        s = summary or {}
-        metric = s.get("metric") or self.metrics.get(workload) or workload
-        return metric, s.get("unit") or self.units.get(workload) or unit(metric)
+        metric = (summary.metric if summary else "") or self.metrics.get(workload) or workload
+        return metric, (summary.unit if summary else "") or self.units.get(workload) or unit(metric)
 
 
 def versions() -> dict[str, str]:
@@ -183,7 +195,9 @@ def gather(ws: Workspace, what: str) -> Evidence:
                 break
     if chosen is None:
         raise AgentsearchError(f"no verdict recorded for {what!r}; run `agentsearch evaluate {what}` first")
-    d = chosen.record.to_json()  # upgraded to today's schema (failure kinds on older records too)
+    record = chosen.record
+    assert isinstance(record, (Verdict, EvaluationRecord))
+    d = record.to_json()  # upgraded to today's schema (failure kinds on older records too)
     if isinstance(chosen.record, Verdict):
         cand = chosen.record.candidate
         trials: list[Mapping[str, Any]] = [
@@ -236,7 +250,7 @@ def gather(ws: Workspace, what: str) -> Evidence:
     return Evidence(
         what,
         kind,
-        d,
+        record,
         trials,
         created,
         merge,
@@ -385,11 +399,7 @@ def plots(ev: Evidence, fmt: str = "png") -> dict[str, bytes]:
         xs = [i + 1 for i, _ in full]
         base = [p["baseline"] for _, p in full]
         cand = [p["candidate"] for _, p in full]
-        w = (
-            (ev.verdict.get("workloads") or {}).get(workload)
-            if phase != "confirmation"
-            else ev.verdict.get("confirmation")
-        )
+        w = ev.verdict.workloads.get(workload) if phase != "confirmation" else ev.verdict.confirmation
         metric, u = ev.label(workload, w)
         fig, (a1, a2) = plt.subplots(
             1, 2, figsize=(9.5, 3.4), layout="constrained"
@@ -402,8 +412,8 @@ def plots(ev: Evidence, fmt: str = "png") -> dict[str, bytes]:
         ratios = [c / b for b, c in zip(base, cand, strict=True)]
         a2.bar(xs, [r - 1 for r in ratios], color=["#2ca02c" if r >= 1 else "#d62728" for r in ratios])
         a2.axhline(0, color="black", lw=0.8)
-        if w and w.get("ci"):
-            lo, hi = w["ci"][0] - 1, w["ci"][1] - 1
+        if w and w.ci:
+            lo, hi = w.ci[0] - 1, w.ci[1] - 1
             a2.axhspan(lo, hi, color="#1f77b4", alpha=0.15, label="95% CI of the speedup")
             a2.legend(fontsize=8)
         sessions = [p.get("session", 0) for _, p in full]
@@ -418,7 +428,7 @@ def plots(ev: Evidence, fmt: str = "png") -> dict[str, bytes]:
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # pairs are counted
         # file names: a micro stage's workload is "micro:<op>", and ':' is no character for a file on every system
         out[re.sub(r"[^A-Za-z0-9_.-]", "-", f"trials-{workload}-{phase}")] = _save(fig, fmt)
-    dist = ev.verdict.get("distribution")
+    dist = ev.fields.get("distribution")
     if dist:
         floor = dist.get("noise_floor") or {}
         for path in ("prefill", "decode", "sample"):
@@ -466,7 +476,7 @@ def plots(ev: Evidence, fmt: str = "png") -> dict[str, bytes]:
 def _drift_points(ev: Evidence) -> list[tuple[str, float]]:
     """(label, worst KL max against the reference) after each earlier merge, then this candidate's; [] when this
     check made no reference comparison."""
-    ref = (ev.verdict.get("distribution") or {}).get("reference") or {}
+    ref = (ev.fields.get("distribution") or {}).get("reference") or {}
     mine = DriftPoint(
         0,
         "",
@@ -543,25 +553,23 @@ def _draws_line(dist: Mapping[str, Any]) -> str:
 
 
 def context(ev: Evidence, images: Mapping[str, str], local: bool = True) -> dict[str, Any]:
-    v = ev.verdict
+    v = ev.fields
     order = {"objective": 0, "guard": 1, "guard-check": 2, "confirmation": 3}
-    named = sorted((v.get("workloads") or {}).items(), key=lambda kv: order.get(kv[1].get("role"), 3))
-    if v.get("confirmation"):
-        c = v["confirmation"]
-        named.append((c.get("name") or "", c))
+    named = sorted(ev.verdict.workloads.items(), key=lambda kv: order.get(kv[1].role, 3))
+    if ev.verdict.confirmation is not None:
+        named.append((ev.verdict.confirmation.name, ev.verdict.confirmation))
     workloads = []
     for name, w in named:
         metric, u = ev.label(name, w)
-        role = w.get("role") or ""
         workloads.append(
             {
-                **w,
-                "name": w.get("name") or name,
+                **w.to_json(),
+                "name": w.name or name,
                 "metric": metric,
                 "unit": u,
                 "label": decision_label(w),
-                "p_test": P_SHORT.get(role, "t-test"),
-                "ci_text": ci_text(w.get("ci")) + ("%" if w.get("ci") else ""),
+                "p_test": P_SHORT.get(w.role, "t-test"),
+                "ci_text": ci_text(w.ci) + ("%" if w.ci else ""),
             }
         )
     roles = [w.get("role") for w in workloads if w.get("p_value") is not None]
@@ -699,7 +707,7 @@ def render_pr_review(ev: Evidence, **review: Any) -> str:
 
 def to_json(ev: Evidence, **extra: Any) -> dict[str, Any]:
     """The machine-readable form of a report (``report --json``, ``pr --json``)."""
-    v = ev.verdict
+    v = ev.fields
     return {
         "schema_version": REPORT_SCHEMA,
         "what": ev.what,

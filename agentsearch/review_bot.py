@@ -53,18 +53,18 @@ NO_PERMISSION = "commands are taken from users with write permission on the repo
 AA_WINDOW = 500  # the latest verdicts looked at for this target's measured A/A false-merge rate
 
 
-def outcome_of(data: dict[str, Any]) -> tuple[str, str]:
-    """(outcome, status description) of an evaluation's JSON."""
-    verdict, failure = data.get("verdict"), data.get("failure")
+def outcome_of(record: EvaluationRecord) -> tuple[str, str]:
+    """(outcome, status description) of an evaluation."""
+    verdict, failure = record.verdict, (record.failure.value if record.failure else None)
     if verdict == MERGE:
-        return "success", "merge-worthy: " + headline(data, reason_chars=60).partition(" — ")[2]
+        return "success", "merge-worthy: " + headline(record, reason_chars=60).partition(" — ")[2]
     if verdict == REVIEW:
         return "neutral", "held for review: a speedup too large to trust without a person reading the report"
     if failure in NEUTRAL:
         return "neutral", NEUTRAL[failure]
     if failure in ERROR:
         return "error", "agentsearch could not judge this head: " + str(failure)
-    return "failure", headline(data, reason_chars=100)
+    return "failure", headline(record, reason_chars=100)
 
 
 @dataclass
@@ -188,13 +188,14 @@ class Reviewer:
             except ForgeError:
                 pass
             raise
-        data = result.to_json()
-        data["objective"] = self.ws.config(result.baseline).objective.name
-        data["title"] = f"pull request #{pr.number} at {head[:12]}"  # ours: the PR's own title is not shown
+        record = result.record(
+            self.ws.config(result.baseline).objective.name,
+            title=f"pull request #{pr.number} at {head[:12]}",  # ours: the PR's own title is not shown
+        )
         k = 1 + sum(r.head == head for r in self.history(pr.number).reviews)
         eval_id = f"pr-{pr.number}/{head[:12]}/{k}"
-        append(self.ws, EvaluationRecord.of(data), None, eval_id)
-        outcome, _ = outcome_of(data)
+        append(self.ws, record, None, eval_id)
+        outcome, _ = outcome_of(record)
         review = PrReview(
             forge=self.forge.identity,
             number=pr.number,
@@ -204,7 +205,7 @@ class Reviewer:
             evaluation=eval_id,
             verdict=result.verdict.verdict,
             outcome=outcome,
-            headline=headline(data),
+            headline=headline(record),
             seed=result.seed,
             trigger=trigger,
             supersedes=before[-1].head if before else None,
@@ -265,7 +266,7 @@ class Reviewer:
         body = self.render(pr, review, h, not_merged)
         existing = self.our_comment(pr.number, h)
         comment = self.forge.edit_comment(existing.id, body) if existing else self.forge.create_comment(pr.number, body)
-        _, description = outcome_of(self._data(review))
+        _, description = outcome_of(self._record(review))
         context = self.context(review.base_ref)
         self.forge.set_status(review.head, review.outcome, context, description, comment.html_url or None)
         if self.cfg.check_runs:
@@ -283,10 +284,10 @@ class Reviewer:
         self.say("posted", f"#{pr.number} {review.outcome}: {comment.html_url or comment.id}")
         return posted
 
-    def _data(self, review: PrReview) -> dict[str, Any]:
+    def _record(self, review: PrReview) -> EvaluationRecord:
         for e in reversed(read_entries(self.ws)):
             if isinstance(e.record, EvaluationRecord) and e.proposal == review.evaluation:
-                return e.record.to_json()
+                return e.record
         raise AgentsearchError(f"no evaluation recorded for {review.evaluation}")
 
     def aa_rate(self) -> tuple[int, int]:
@@ -310,9 +311,7 @@ class Reviewer:
             seen += 1
             if seen > AA_WINDOW:
                 break
-            measured = any(
-                isinstance(w, dict) and (w.get("pairs") or 0) > 0 for w in (r.to_json().get("workloads") or {}).values()
-            )
+            measured = any(w.pairs > 0 for w in r.workloads.values())
             if measured and tree(r.candidate) == tree(r.baseline):
                 judged += 1
                 merged += r.verdict == MERGE
@@ -321,7 +320,7 @@ class Reviewer:
     def render(self, pr: PullRequest, review: PrReview, h: PrHistory, not_merged: str | None = None) -> str:
         ev = gather(self.ws, review.evaluation)
         merged, judged = self.aa_rate()
-        alpha = ev.verdict.get("alpha") or self.ws.config(review.base).gate.alpha
+        alpha = ev.fields.get("alpha") or self.ws.config(review.base).gate.alpha
         merge_commit = next(
             (
                 e.record.new

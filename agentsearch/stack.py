@@ -27,16 +27,16 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from history.records import EpisodeStarted, Merge, Revert, Verdict
+from history.records import EpisodeStarted, Merge, Revert, Verdict, WorkloadSummary
 from history.records import Evaluation as EvaluationRecord
 from history.records.stack import BisectStep, Interference, Removal, StackBisect, StackCheck, StackMerge
 
 from .errors import AgentsearchError
-from .evaluation import Evaluation, WorkloadSummary, evaluate
+from .evaluation import Evaluation, evaluate
 from .progress import Say
 from .records import append, read_entries
 from .warm_baseline import WarmBaseline
@@ -89,13 +89,15 @@ def merge_range(ws: Workspace, since: str | None) -> Range:
         v = verdicts.get(e.proposal)
         # the confirmation's estimate where it ran: fresh seeds and a fixed number of pairs, so not inflated by the
         # objective's early stop (a sequential test that stops on a win overestimates it: the winner's curse)
-        conf = v.extra.get("confirmation") if v else None
-        if isinstance(conf, Mapping) and conf.get("speedup") and conf.get("ci"):
-            source, speedup, ci = "confirmation", conf["speedup"], conf["ci"]
+        conf = v.confirmation if v else None
+        speedup: float | None
+        ci: list[float] | None
+        if conf is not None and conf.speedup and conf.ci:
+            source, speedup, ci = "confirmation", conf.speedup, list(conf.ci)
         else:
-            stat = (v.workloads.get(v.objective or "") or {}) if v else {}
-            speedup = (v.speedup if isinstance(v, Verdict) else stat.get("speedup")) if v else None
-            source, ci = "objective", stat.get("ci")
+            stat = v.objective_summary if v else None
+            speedup = (v.speedup if isinstance(v, Verdict) else stat.speedup if stat else None) if v else None
+            source, ci = "objective", (list(stat.ci) if stat and stat.ci else None)
         title = (v.title if isinstance(v, Verdict) else v.extra.get("title")) if v else None
         merges.append(
             StackMerge(

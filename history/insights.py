@@ -17,7 +17,18 @@ from typing import Any
 
 import pandas as pd
 
-from .records import BREAKING, CheckName, FailureKind, Merge, ProposalCreated, Revert, StackCheck, Verdict, text
+from .records import (
+    BREAKING,
+    CheckName,
+    FailureKind,
+    Merge,
+    ProposalCreated,
+    Revert,
+    StackCheck,
+    Verdict,
+    WorkloadSummary,
+    text,
+)
 from .records.agent_session import agent_costs
 
 INSIGHTS_SCHEMA = 1
@@ -230,14 +241,15 @@ def distill(entries: Iterable[Any], knob_order: Mapping[str, list[Any]] | None =
         by_file = _group(files, "file")
     by_workload: dict[str, dict[str, Any]] = {}
     for r in rows:
-        for name, w in (r.get("workloads") or {}).items():
-            if w.get("role") == "guard-check":  # a guard's re-measurement on fresh engines: part of that guard's call
+        summaries: Mapping[str, WorkloadSummary] = r.get("workloads") or {}
+        for name, w in summaries.items():
+            if w.role == "guard-check":  # a guard's re-measurement on fresh engines: part of that guard's call
                 continue
             s = by_workload.setdefault(name, {"measured": 0, "wins": 0, "regressions": 0, "failures": 0})
             s["measured"] += 1
-            s["wins"] += int(w.get("decision") == "win" and not r.get("reverted"))
-            s["regressions"] += int(w.get("decision") == "regressed")
-            s["failures"] += int(w.get("decision") == "failed")
+            s["wins"] += int(w.decision == "win" and not r.get("reverted"))
+            s["regressions"] += int(w.decision == "regressed")
+            s["failures"] += int(w.decision == "failed")
     knobs = knob_table(rows, knob_order)
     judged = int(len(df))
     return {

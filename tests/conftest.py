@@ -92,6 +92,21 @@ def _isolate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
             monkeypatch.delenv(k)
 
 
+def evaluation_record(**fields):
+    """An ``evaluation`` record with the fields a test sets; workload summaries may name only what matters (the rest:
+    what a short comparison records)."""
+    from history.records import Evaluation
+
+    def summary(name, w):
+        return {"name": name, "max_pairs": 12, "winsorized": 0, "calibrated": False, "reason": "", "pairs": 0, **w}
+
+    data = {"ref": "x", "seed": 0, "checks": [], "reasons": [], "baseline": "a" * 40, "candidate": "c" * 40, **fields}
+    data["workloads"] = {n: summary(n, w) for n, w in (fields.get("workloads") or {}).items()}
+    if fields.get("confirmation"):
+        data["confirmation"] = summary(fields["confirmation"].get("name", "objective"), fields["confirmation"])
+    return Evaluation.of(data)
+
+
 def run_cli(*args: str, cwd: Path | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
     """Run the real console entry point in a child process."""
     return subprocess.run(

@@ -12,7 +12,7 @@ from agentsearch.workspace import Workspace
 from harness.corpus import NATURAL, build, load, select, split
 from harness.distribution import PathStats, Record, compare, compare_position, judge_draws, judge_path, systematic_shift
 
-from .conftest import ROOT, commit, git, make_repo, run_cli
+from .conftest import ROOT, commit, evaluation_record, git, make_repo, run_cli
 
 LM = (ROOT / "tests" / "toy_lm.py").read_text()
 CONFIG = """
@@ -401,9 +401,7 @@ def test_report_distribution_section_shows_the_statistics(fmt):
         "languages": {},
         "noise_floor": {},
     }
-    text, _ = render(
-        Evidence("x", "evaluation", {"ref": "b", "verdict": "merge", "distribution": dist, "checks": []}, []), fmt
-    )
+    text, _ = render(Evidence("x", "evaluation", evaluation_record(verdict="merge", distribution=dist), []), fmt)
     assert "6.28e-08 ± 3.1e-09" in text and "99.50 ± 0.10 %" in text and "2.4e-05" in text
     assert "3.2e-07" in text and "3.7e-08" in text  # percentiles 99.9 and 50
     assert "(chosen from 336)" in text and "0 of 400 draws changed" in text and "unrelated seeds 392" in text
@@ -429,9 +427,7 @@ def test_report_distribution_section_shows_the_statistics(fmt):
         },
         "sample": {"passed": True, "contexts": 8, "tv_max": 0.1},
     }
-    text, _ = render(
-        Evidence("x", "evaluation", {"ref": "b", "verdict": "merge", "distribution": old, "checks": []}, []), fmt
-    )
+    text, _ = render(Evidence("x", "evaluation", evaluation_record(verdict="merge", distribution=old), []), fmt)
     assert "100.00 %" in text and "Draw test" not in text
 
 

@@ -247,6 +247,7 @@ def test_pr_opens_a_pull_request_through_the_forge_api(tmp_path, monkeypatch):
         ep = run_cli(
             "episode", "-C", str(repo), "--patches", str(tmp_path / "queue"), "--seed", "2", "--json", timeout=600
         )
+        assert ep.stdout, ep.stderr[-3000:]
         assert json.loads(ep.stdout)["proposals"][0]["verdict"] == "merge", ep.stderr[-2000:]
         monkeypatch.delenv("AGENTSEARCH_FORGE_TOKEN")
         no_token = run_cli("pr", "-C", str(repo), "001")

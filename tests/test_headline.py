@@ -5,6 +5,9 @@ from __future__ import annotations
 import pytest
 
 from agentsearch.headline import ci_text, decision_label, headline, measured, number, unit
+from history.records import WorkloadSummary
+
+from .conftest import evaluation_record
 
 
 @pytest.mark.parametrize(
@@ -51,6 +54,19 @@ def test_numbers_are_short_and_separated():
     assert ci_text([0.97, 1.05]) == "-3.0…+5.0%"
 
 
+def summary(w, name="throughput"):
+    """A typed workload summary from the fields a test sets (the rest: what a short comparison records)."""
+    return WorkloadSummary.from_json({"name": name, "max_pairs": 12, "winsorized": 0, "calibrated": False, **w})
+
+
+def typed(rec):
+    """The evaluation record a headline reads, from a test's dict of the fields that matter."""
+    rec = dict(rec)
+    if rec.get("confirmation"):
+        rec["confirmation"] = {"name": "throughput", **rec["confirmation"]}
+    return evaluation_record(**rec)
+
+
 def workload(role, speedup, decision, **kw):
     base = {
         "role": role,
@@ -94,7 +110,7 @@ def merge_record():
 
 
 def test_merge_headline_has_number_unit_ci_p_pairs_guards_confirmation():
-    assert headline(merge_record()) == (
+    assert headline(typed(merge_record())) == (
         "MERGE — output_tok_s 780.6 → 1,266 tok/s (+62.2%, 95% CI +17.6…+123.8%, p=0.0035, 12 pairs), "
         "guards ok, confirmed +114.0%"
     )
@@ -105,19 +121,23 @@ def test_the_arrow_moves_the_baseline_by_the_paired_estimate_so_it_agrees_with_t
     rec.update(verdict="reject", confirmation=None)
     # the main job's KV-cache proposal: side medians 660.5 and 657.3 (-0.5%), the paired estimate +0.5%
     rec["workloads"]["throughput"].update(decision="lose", speedup=1.005, baseline_median=660.5, candidate_median=657.3)
-    assert headline(rec).startswith("REJECT — output_tok_s 660.5 → 663.8 tok/s (+0.5%")
+    assert headline(typed(rec)).startswith("REJECT — output_tok_s 660.5 → 663.8 tok/s (+0.5%")
     latency = workload("objective", 1.25, "win", base=100.0, cand=81.0, metric="ttft_ms", higher_is_better=False)
-    assert measured(latency).startswith("ttft_ms 100 → 80 ms (+25.0%")  # speedup = base / cand for a latency
+    assert measured(summary(latency, "ttft")).startswith(
+        "ttft_ms 100 → 80 ms (+25.0%"
+    )  # speedup = base / cand for a latency
     del rec["workloads"]["throughput"]["higher_is_better"]  # a record from before the direction was kept
-    assert headline(rec).startswith("REJECT — output_tok_s 660.5 → 657.3 tok/s (+0.5%")
+    assert headline(typed(rec)).startswith("REJECT — output_tok_s 660.5 → 657.3 tok/s (+0.5%")
 
 
 def test_old_records_without_metric_fall_back_to_the_workload_name_and_given_units():
     rec = merge_record()
     for key in ("metric", "unit"):
         del rec["workloads"]["throughput"][key]
-    assert headline(rec).startswith("MERGE — throughput 780.6 → 1,266 (+62.2%")
-    assert headline(rec, units={"throughput": "tok/s"}).startswith("MERGE — throughput 780.6 → 1,266 tok/s (+62.2%")
+    assert headline(typed(rec)).startswith("MERGE — throughput 780.6 → 1,266 (+62.2%")
+    assert headline(typed(rec), units={"throughput": "tok/s"}).startswith(
+        "MERGE — throughput 780.6 → 1,266 tok/s (+62.2%"
+    )
 
 
 def test_futility_stop_reads_as_no_gain_not_lose():
@@ -137,40 +157,40 @@ def test_futility_stop_reads_as_no_gain_not_lose():
             reason="no worthwhile speedup: speedup +0.40% ...",
         )
     }
-    line = headline(rec)
+    line = headline(typed(rec))
     assert line == (
         "REJECT — output_tok_s 780 → 783.1 tok/s (+0.4%, 95% CI -2.0…+3.0%, p=0.4, 5 pairs), "
         "no worthwhile speedup, stopped early"
     )
     assert "lose" not in line
-    assert decision_label(rec["workloads"]["throughput"]) == "no gain (stopped)"
+    assert decision_label(summary(rec["workloads"]["throughput"])) == "no gain (stopped)"
     slower = workload("objective", 0.8, "lose", reason="slower: speedup -20%")
-    assert decision_label(slower) == "slower (stopped)"
+    assert decision_label(summary(slower)) == "slower (stopped)"
 
 
 def test_no_op_is_said():
     rec = merge_record()
     rec.update(verdict="reject", candidate="a" * 40, confirmation=None)
     rec["workloads"]["throughput"].update(decision="lose", speedup=1.0)
-    line = headline(rec)
+    line = headline(typed(rec))
     assert line.endswith("no worthwhile speedup, stopped early, no change: the candidate is the baseline")
 
 
 def test_later_failures_name_the_check():
     rec = merge_record()
     rec.update(verdict="reject", reasons=["distribution: prefill: max KL 0.4 above the floor " + "x" * 300])
-    line = headline(rec)
+    line = headline(typed(rec))
     assert line.startswith("REJECT — output_tok_s 780.6 → 1,266 tok/s (+62.2%")
     assert ", distribution: prefill: max KL 0.4" in line and line.endswith("…") and len(line) < 260
     rec["workloads"]["serve-c1"].update(decision="regressed", speedup=0.95)
     rec["reasons"] = ["guard-workloads: serve-c1: regressed"]
-    assert headline(rec).endswith("guard serve-c1 regressed -5.0%")
+    assert headline(typed(rec)).endswith("guard serve-c1 regressed -5.0%")
     rec["workloads"]["serve-c1"].update(decision="ok")
     rec["confirmation"].update(decision="not-confirmed", speedup=0.99)
-    assert headline(rec).endswith("not confirmed on fresh seeds (-1.0%)")
+    assert headline(typed(rec)).endswith("not confirmed on fresh seeds (-1.0%)")
 
 
 def test_nothing_measured_gives_the_first_reason():
     rec = {"verdict": "reject", "reasons": ["patch-applies: the patch makes no change to the baseline"], "checks": []}
-    assert headline(rec) == "REJECT — patch-applies: the patch makes no change to the baseline"
-    assert headline({"verdict": "review", "reasons": []}) == "REVIEW"
+    assert headline(typed(rec)) == "REJECT — patch-applies: the patch makes no change to the baseline"
+    assert headline(typed({"verdict": "review", "reasons": []})) == "REVIEW"

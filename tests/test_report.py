@@ -17,7 +17,7 @@ import pytest
 from agentsearch.workspace import Workspace
 from history import HistoryLog
 
-from .conftest import ROOT, git, run_cli
+from .conftest import ROOT, evaluation_record, git, run_cli
 from .test_episode import BENCH, ENGINE, episode_json, make_target, patch_from
 
 # the one-line verdict: metric, both medians with the unit, change, CI, p and pairs
@@ -487,7 +487,9 @@ def test_report_shows_each_engine_session_and_flags_sessions_that_disagree(tmp_p
         )  # a latency: lower is better
         + _session_trials("old", [("objective", 0, 0.3), ("objective", 1, -0.3)], rng)
     )  # no direction in the config: left out
-    ev = Evidence("x", "evaluation", {"verdict": "merge", "ref": "x"}, trials, directions={"tput": True, "ttft": False})
+    ev = Evidence(
+        "x", "evaluation", evaluation_record(verdict="merge"), trials, directions={"tput": True, "ttft": False}
+    )
     md, _ = render(ev, "md")
     section = md.split("### Sessions", 1)[1].split("## Distribution checks", 1)[0]
     tput, ttft = section.split("**tput**", 1)[1].split("**ttft**", 1)
@@ -512,7 +514,7 @@ def test_report_shows_each_engine_session_and_flags_sessions_that_disagree(tmp_p
     resumed = [
         t for t in resumed if not (t["phase"] == "objective" and t["pair"] >= 10)
     ]  # 6 pairs in session 0, 4 in session 1
-    ev2 = Evidence("x", "evaluation", {"verdict": "merge"}, crashed + resumed, directions={"tput": True})
+    ev2 = Evidence("x", "evaluation", evaluation_record(verdict="merge"), crashed + resumed, directions={"tput": True})
     section = render(ev2, "md")[0].split("### Sessions", 1)[1]
     rows = re.findall(r"^\| (\w+) \| ([\w ]+) \| (\d+) \| ([+-][\d.]+)% \|$", section, re.M)
     assert [(r[0], r[1], r[2]) for r in rows] == [
@@ -525,7 +527,7 @@ def test_report_shows_each_engine_session_and_flags_sessions_that_disagree(tmp_p
     single = Evidence(
         "x",
         "evaluation",
-        {"verdict": "merge"},
+        evaluation_record(verdict="merge"),
         _session_trials("tput", [("objective", 0, 0.06)], rng),
         directions={"tput": True},
     )
@@ -552,13 +554,13 @@ def test_an_old_records_headline_takes_the_direction_from_the_config():
     ev = Evidence(
         "x",
         "evaluation",
-        {"verdict": "merge", "ref": "x", "objective": "ttft", "workloads": {"ttft": summary}},
+        evaluation_record(verdict="merge", objective="ttft", workloads={"ttft": summary}),
         [],
         directions={"ttft": False},
     )
     assert ev.headline().startswith("MERGE — ttft_ms 100 → 80 ms (+25.0%"), ev.headline()
     unknown = Evidence(
-        "x", "evaluation", {"verdict": "merge", "ref": "x", "objective": "ttft", "workloads": {"ttft": summary}}, []
+        "x", "evaluation", evaluation_record(verdict="merge", objective="ttft", workloads={"ttft": summary}), []
     )
     assert unknown.headline().startswith(
         "MERGE — ttft_ms 100 → 81 ms (+25.0%"

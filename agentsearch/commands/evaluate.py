@@ -34,24 +34,25 @@ def run(
         result = evaluate(
             ws, ref, seed=seed, progress=say, keep_worktrees=keep_worktrees, baseline=baseline, alpha=alpha
         )
-        data = result.to_json()
-        data["objective"] = ws.config(result.baseline).objective.name
-        record_evaluation(ws, data)
+        objective = ws.config(result.baseline).objective.name
+        record = result.record(objective)
+        record_evaluation(ws, record)
     if as_json:
-        print_json({**data, "headline": headline(data)})
+        print_json({**result.to_json(), "objective": objective, "headline": headline(record)})
     else:
         same = git.tree_of(ws.repo_dir, result.candidate) == git.tree_of(ws.repo_dir, result.baseline)
-        show(result, git.branch_exists(ws.repo_dir, ref), no_change=same)
+        show(result, objective, git.branch_exists(ws.repo_dir, ref), no_change=same)
     return 0 if result.verdict.verdict == MERGE else EXIT_GATE_REJECT
 
 
-def show(result: Evaluation, ref_is_branch: bool | None = None, no_change: bool = False, advice: bool = True) -> None:
+def show(
+    result: Evaluation, objective: str, ref_is_branch: bool | None = None, no_change: bool = False, advice: bool = True
+) -> None:
     """The verdict in one line (number and unit), what evaluate did not do, reasons, the
     per-workload table (fits 80 columns: the CI is never cut), the gate checks and the time."""
     v = result.verdict
-    data = result.to_json()
     color = {"merge": "green", "reject": "red", "review": "yellow"}[v.verdict]
-    line = headline(data)
+    line = headline(result.record(objective))
     word, _, rest = line.partition(" — ")
     out.print(f"[bold {color}]{word}[/]" + (f" — {safe(rest)}" if rest else ""))
     out.print(
@@ -86,7 +87,7 @@ def show(result: Evaluation, ref_is_branch: bool | None = None, no_change: bool 
                 "—" if w.ci is None else ci_text(w.ci),
                 p_text(w.p_value),
                 str(w.pairs),
-                decision_label(w.to_json()),
+                decision_label(w),
             )
         t.caption = "* objective" + ("; confirm: the objective again on fresh seeds" if result.confirmation else "")
         out.print(t)

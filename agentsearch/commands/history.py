@@ -37,9 +37,8 @@ def rows(ws: Workspace) -> list[dict[str, Any]]:
         r = e.record
         if not isinstance(r, (rec.Verdict, rec.Evaluation)):
             continue
-        obj = r.workloads.get(r.objective or "", {})
+        obj = r.objective_summary
         merge = merge_of.get(e.proposal) if isinstance(r, rec.Verdict) else None
-        pairs = obj.get("pairs")
         ref = r.ref if isinstance(r, rec.Evaluation) else None
         out_rows.append(
             {
@@ -52,11 +51,11 @@ def rows(ws: Workspace) -> list[dict[str, Any]]:
                 "candidate": (r.candidate or "")[:12],
                 "baseline": (r.baseline or "")[:12],
                 "verdict": r.verdict,
-                "speedup": obj.get("speedup"),
-                "ci": obj.get("ci"),
-                "pairs": None if pairs is None else int(pairs),
+                "speedup": obj.speedup if obj else None,
+                "ci": list(obj.ci) if obj and obj.ci else None,
+                "pairs": obj.pairs if obj else None,
                 "reasons": list(r.reasons),
-                "headline": headline(r.to_json(), units),
+                "headline": headline(r, units),
                 "merged": merge is not None,
                 "merge": merge,
                 "reverted": merge is not None and merge in reverted,
@@ -236,5 +235,7 @@ def verify_chain(target: Path, as_json: bool = False) -> int:
     return 0
 
 
-def record_evaluation(ws: Workspace, data: dict, proposal: str | None = None, episode: str | None = None) -> None:
-    append(ws, EvaluationRecord.of(data), episode, proposal)
+def record_evaluation(
+    ws: Workspace, record: EvaluationRecord, proposal: str | None = None, episode: str | None = None
+) -> None:
+    append(ws, record, episode, proposal)

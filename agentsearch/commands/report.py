@@ -8,13 +8,12 @@ import shlex
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Any
 
 import click
 
 from ..errors import AgentsearchError
 from ..records import read_entries
-from ..report import gather, plots, render, render_pr, to_json
+from ..report import Evidence, gather, plots, render, render_pr, to_json
 from ..workspace import Workspace, git
 from .output import out, print_json
 from .proposal_ids import refuse_ambiguous_verdict
@@ -59,26 +58,26 @@ def github_repo(url: str | None) -> str | None:
     return f"{m.group(1)}/{m.group(2)}" if m else None
 
 
-def pr_title(ev: Any) -> str:
-    title = ev.verdict.get("title") or ev.proposal.get("title") or ev.verdict.get("branch") or ev.what
+def pr_title(ev: Evidence) -> str:
+    title = ev.fields.get("title") or ev.proposal.get("title") or ev.fields.get("branch") or ev.what
     text = f"[agentsearch] {title}: {ev.headline()}"
     return text if len(text) <= PR_TITLE_CHARS else text[: PR_TITLE_CHARS - 1].rstrip() + "…"
 
 
-def refuse_unless_forced(ev: Any, force: bool) -> None:
+def refuse_unless_forced(ev: Evidence, force: bool) -> None:
     """`pr` is for wins that stand: a rejection, a review verdict or a reverted merge needs --force."""
     if force:
         return
-    pid = ev.verdict.get("proposal") or ev.what
-    verdict = ev.verdict.get("verdict")
+    pid = ev.fields.get("proposal") or ev.what
+    verdict = ev.verdict.verdict
     if verdict != "merge":
-        why = str(next(iter(ev.verdict.get("reasons") or []), "no reason recorded"))
+        why = str(next(iter(ev.verdict.reasons), "no reason recorded"))
         why = why if len(why) <= 120 else why[:119].rstrip() + "…"
         raise AgentsearchError(
             f"{pid} was not a win (verdict {verdict}: {why}); `pr` opens pull requests for merges — pass --force to "
             "open one anyway"
         )
-    if ev.reverted:
+    if ev.revert is not None:
         raise AgentsearchError(
             f"{pid} was merged but reverted since by {str(ev.revert.get('new'))[:12]}; pass --force to open a pull "
             "request anyway"
@@ -100,7 +99,7 @@ def pr(
     ws = Workspace.open(target)
     refuse_ambiguous_verdict(read_entries(ws), what)
     ev = gather(ws, what)
-    branch = ev.verdict.get("branch") or ev.proposal.get("branch")
+    branch = ev.fields.get("branch") or ev.proposal.get("branch")
     if not branch or ev.kind != "proposal":
         raise AgentsearchError(
             f"{what!r} is not an episode proposal with a branch; `pr` opens a PR for a proposal branch"
@@ -126,7 +125,7 @@ def pr(
 
         forge = Forge.from_config(ws.config().forge, url)
 
-    pid = ev.verdict["proposal"]
+    pid = ev.fields["proposal"]
     body = output or (ws.state / "tmp" / f"pr-{pid.replace('/', '-')}.md")
     body.parent.mkdir(parents=True, exist_ok=True)
     pngs = {f"{k}.png": b for k, b in plots(ev, "png").items()} if with_plots else {}

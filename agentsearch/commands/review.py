@@ -195,7 +195,7 @@ def run(target: Path, as_json: bool, what: str | None, recheck: bool, seed: int 
     if as_json:
         print_json({**data, "evaluation": ev.to_json()})
     else:
-        show_evaluation(ev, advice=False)
+        show_evaluation(ev, ws.config(ev.baseline).objective.name, advice=False)
         out.print(
             f"recheck of {row['merge'][:12]} against its parent {parent[:12]} with fresh seeds (seed {ev.seed}): "
             + ("[green]the win still holds[/]" if holds else "[red]the win does NOT hold[/]")

@@ -38,7 +38,7 @@ from .repair import Repair
 from .revert import Revert
 from .run_error import RunError
 from .stack import BisectStep, Interference, Removal, StackBisect, StackCheck, StackMerge
-from .statistic import Statistic
+from .statistic import Statistic, WorkloadSummary
 from .superseded import Superseded
 from .trial import Trial
 from .upgrade import UPGRADERS, upgrade
@@ -121,6 +121,7 @@ __all__ = [
     "Revert",
     "RunError",
     "Statistic",
+    "WorkloadSummary",
     "Superseded",
     "Trial",
     "Verdict",

@@ -8,6 +8,7 @@ from typing import Any, ClassVar
 
 from .base import Record
 from .checks import FailureKind
+from .statistic import WorkloadSummary, objective_in
 from .verdict import CheckResult, failures_of
 
 
@@ -27,8 +28,13 @@ class Evaluation(Record):
     objective: str | None = None
     failed_check: str | None = None
     failure: FailureKind | None = None
-    workloads: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    workloads: Mapping[str, WorkloadSummary] = field(default_factory=dict)  # per workload, measured
+    confirmation: WorkloadSummary | None = None  # the objective measured again on fresh engines and seeds
     extra: Mapping[str, Any] = field(default_factory=dict, kw_only=True)
+
+    @property
+    def objective_summary(self) -> WorkloadSummary | None:
+        return objective_in(self.workloads, self.objective)
 
     @property
     def failures(self) -> tuple[FailureKind, ...]:

@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 
 from .base import Part, Record
 from .checks import FailureKind
+from .statistic import WorkloadSummary, objective_in
 
 
 @dataclass(frozen=True)
@@ -54,8 +55,13 @@ class Verdict(Record):
     objective: str | None = None  # the objective workload's name (measured verdicts)
     failed_check: str | None = None  # the first failed check (a CheckName value); None for a merge
     failure: FailureKind | None = None  # its failure kind
-    workloads: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # per workload: a statistic's fields
+    workloads: Mapping[str, WorkloadSummary] = field(default_factory=dict)  # per workload, measured
+    confirmation: WorkloadSummary | None = None  # the objective measured again on fresh engines and seeds
     extra: Mapping[str, Any] = field(default_factory=dict, kw_only=True)
+
+    @property
+    def objective_summary(self) -> WorkloadSummary | None:
+        return objective_in(self.workloads, self.objective)
 
     @property
     def failures(self) -> tuple[FailureKind, ...]:
