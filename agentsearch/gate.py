@@ -8,9 +8,8 @@ speedup is held for manual REVIEW (never merged automatically).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
 
-from history.records import GATE_ORDER, FailureKind, default_failure
+from history.records import GATE_ORDER, CheckResult, CheckStatus, FailureKind, default_failure
 from history.records.checks import SKIPPABLE as CHECK_SKIPPABLE
 
 MERGE = "merge"
@@ -20,11 +19,7 @@ REVIEW = "review"
 VERDICT_SCHEMA = 1
 
 
-class Status(str, Enum):
-    PASS = "pass"
-    FAIL = "fail"
-    SKIPPED = "skipped"  # allowed only where the target opts out (e.g. no [verify] section)
-    REVIEW = "review"  # passed, but needs a person (plausibility bound)
+Status = CheckStatus
 
 
 # in the order an evaluation runs them (the names and their order: history.records.checks)
@@ -34,16 +29,12 @@ SKIPPABLE = {c.value for c in CHECK_SKIPPABLE}
 
 
 @dataclass(frozen=True)
-class Check:
-    name: str
-    status: Status
-    detail: str
-    failure: FailureKind | None = None  # a failed check's kind; None: the check's default kind
+class Check(CheckResult):
+    """A check as the gate takes it: the recorded ``CheckResult`` under the fail-closed rules (a skip needs its reason
+    and a skippable check, a failure its reason; a failure's kind defaults to the check's)."""
 
     def __post_init__(self) -> None:
-        object.__setattr__(
-            self, "status", Status(self.status)
-        )  # anything else ("error", None, "FAIL") raises: never a pass
+        super().__post_init__()
         if self.status == Status.SKIPPED and not self.detail:
             raise ValueError(f"check {self.name!r}: a skipped check needs its reason")
         if self.status == Status.SKIPPED and self.name not in SKIPPABLE:
@@ -54,14 +45,6 @@ class Check:
             object.__setattr__(self, "failure", default_failure(self.name))
         if self.status != Status.FAIL:
             object.__setattr__(self, "failure", None)
-
-    def to_json(self) -> dict[str, str | None]:
-        return {
-            "name": self.name,
-            "status": self.status.value,
-            "detail": self.detail,
-            "failure": self.failure.value if self.failure else None,
-        }
 
 
 @dataclass(frozen=True)

@@ -89,13 +89,13 @@ class Evidence:
     kind: str  # "proposal" (episode verdict) or "evaluation" (agentsearch evaluate)
     verdict: Verdict | EvaluationRecord
     trials: list[Mapping[str, Any]]
-    proposal: Mapping[str, Any] = field(default_factory=dict)  # its proposal-created record
-    merge: Mapping[str, Any] | None = None
+    proposal: ProposalCreated | None = None  # an episode proposal's proposal-created record
+    merge: Merge | None = None
     diffstat: str = ""
     versions: Mapping[str, str] = field(default_factory=dict)
     repo: str = ""
     seq: int = 0
-    revert: Mapping[str, Any] | None = None  # the revert record when the merge was reverted since
+    revert: Revert | None = None  # the revert record when the merge was reverted since
     diff: str = ""  # the change itself (git diff baseline..candidate)
     metrics: Mapping[str, str] = field(default_factory=dict)  # workload -> metric (from the baseline's config)
     units: Mapping[str, str] = field(default_factory=dict)  # workload -> unit
@@ -114,6 +114,17 @@ class Evidence:
     @property
     def baseline(self) -> str | None:
         return self.verdict.baseline
+
+    @property
+    def title(self) -> str | None:
+        """The verdict's title (an episode proposal's, or one an evaluation was given), else its proposal's."""
+        title = self.verdict.title if isinstance(self.verdict, Verdict) else self.verdict.extra.get("title")
+        return str(title) if title else (self.proposal.title if self.proposal else None)
+
+    @property
+    def branch(self) -> str | None:
+        branch = self.verdict.branch if isinstance(self.verdict, Verdict) else None
+        return branch or (self.proposal.branch if self.proposal else None)
 
     @property
     def fields(self) -> dict[str, Any]:
@@ -139,7 +150,7 @@ class Evidence:
         )
         line = headline(v, self.units)
         if self.revert:
-            line += f"; reverted since by {str(self.revert.get('new') or '?')[:12]}"
+            line += f"; reverted since by {self.revert.new[:12]}"
         return line
 
     def described(self, workload: str, summary: WorkloadSummary) -> WorkloadSummary:
@@ -205,20 +216,13 @@ def gather(ws: Workspace, what: str) -> Evidence:
             for e in entries
             if isinstance(e.record, Trial) and e.proposal == chosen.proposal and e.record.candidate == cand
         ]
-        created: Mapping[str, Any] = next(
-            (
-                e.record.to_json()
-                for e in entries
-                if isinstance(e.record, ProposalCreated) and e.proposal == chosen.proposal
-            ),
-            {},
+        created = next(
+            (e.record for e in entries if isinstance(e.record, ProposalCreated) and e.proposal == chosen.proposal), None
         )
-        merge = next(
-            (e.record.to_json() for e in entries if isinstance(e.record, Merge) and e.proposal == chosen.proposal), None
-        )
+        merge = next((e.record for e in entries if isinstance(e.record, Merge) and e.proposal == chosen.proposal), None)
         kind = "proposal"
     else:
-        trials, created, merge, kind = list(d.get("trials", [])), {}, None, "evaluation"
+        trials, created, merge, kind = list(d.get("trials", [])), None, None, "evaluation"
     diffstat = diff = ""
     if d.get("baseline") and d.get("candidate"):
         try:
@@ -227,15 +231,8 @@ def gather(ws: Workspace, what: str) -> Evidence:
         except AgentsearchError:
             diffstat = "(commits no longer in the repository)"
     revert = None
-    if merge and merge.get("ok"):
-        revert = next(
-            (
-                e.record.to_json()
-                for e in entries
-                if isinstance(e.record, Revert) and e.record.merge == merge.get("new")
-            ),
-            None,
-        )
+    if merge is not None and merge.ok:
+        revert = next((e.record for e in entries if isinstance(e.record, Revert) and e.record.merge == merge.new), None)
     metrics: dict[str, str] = {}
     units: dict[str, str] = {}
     directions: dict[str, bool] = {}
@@ -596,7 +593,7 @@ def context(ev: Evidence, images: Mapping[str, str], local: bool = True) -> dict
                     for path, st in (paths or {}).items():
                         ref_rows.append(_dist_row(f"{who} at {r.get('label', '?')}, {name}", path, st))
     env = dict(v.get("environment") or {})
-    title = v.get("title") or ev.proposal.get("title") or v.get("ref") or ev.what
+    title = ev.title or v.get("ref") or ev.what
     diff_lines = ev.diff.count("\n")
     small = bool(ev.diff) and diff_lines <= DIFF_INLINE_LINES and "GIT binary patch" not in ev.diff
     verdict = (v.get("verdict") or "?").upper()
@@ -625,9 +622,9 @@ def context(ev: Evidence, images: Mapping[str, str], local: bool = True) -> dict
         "environment": env,
         "versions": ev.versions,
         "reproduce": ev.reproduce(local),
-        "rationale": ev.proposal.get("rationale") or "",
-        "category": ev.proposal.get("category") or "",
-        "proposer": ev.proposal.get("proposer") or "human (agentsearch evaluate)",
+        "rationale": ev.proposal.rationale if ev.proposal else "",
+        "category": ev.proposal.category if ev.proposal else "",
+        "proposer": ev.proposal.proposer if ev.proposal else "human (agentsearch evaluate)",
         "pct": _pct,
         "num": _num,
         "number": number,
@@ -636,8 +633,8 @@ def context(ev: Evidence, images: Mapping[str, str], local: bool = True) -> dict
         "diff_lines": diff_lines,
         "sessions": engine_sessions(ev),
         "agent": agent_session(ev),
-        "parent": (ev.proposal.get("meta") or {}).get("parent"),
-        "revision": (ev.proposal.get("meta") or {}).get("revision"),
+        "parent": ev.proposal.meta.get("parent") if ev.proposal else None,
+        "revision": ev.proposal.meta.get("revision") if ev.proposal else None,
     }
 
 
@@ -646,7 +643,7 @@ def agent_session(ev: Evidence) -> dict[str, Any] | None:
     from history.records.agent_session import AgentSession
 
     try:
-        s = AgentSession.of(ev.proposal.get("meta"))
+        s = AgentSession.of(ev.proposal.meta if ev.proposal else None)
     except ValueError:
         return None
     if s is None:
@@ -715,14 +712,14 @@ def to_json(ev: Evidence, **extra: Any) -> dict[str, Any]:
         "proposal": v.get("proposal"),
         "verdict": v.get("verdict"),
         "headline": ev.headline(),
-        "title": v.get("title") or ev.proposal.get("title") or v.get("ref"),
+        "title": ev.title or v.get("ref"),
         "reasons": list(v.get("reasons") or []),
         "candidate": ev.candidate,
         "baseline": ev.baseline,
-        "branch": v.get("branch") or ev.proposal.get("branch"),
-        "merged": bool(ev.merge and ev.merge.get("ok")),
+        "branch": ev.branch,
+        "merged": bool(ev.merge and ev.merge.ok),
         "reverted": ev.reverted,
-        "revert_commit": (ev.revert or {}).get("new"),
+        "revert_commit": ev.revert.new if ev.revert else None,
         "reproduce": reproduce_command(v),
         **extra,
     }

@@ -373,8 +373,9 @@ def test_evaluate_tables_keep_the_ci_on_80_columns(monkeypatch):
     from rich.console import Console
 
     import agentsearch.commands.evaluate as evaluate_cmd
-    from agentsearch.evaluation import Evaluation, WorkloadSummary
+    from agentsearch.evaluation import Evaluation
     from agentsearch.gate import REQUIRED_CHECKS, Check, Status, judge
+    from history.records import WorkloadSummary
 
     console = Console(width=80, record=True, highlight=False)
     monkeypatch.setattr(evaluate_cmd, "out", console)
@@ -392,7 +393,7 @@ def test_evaluate_tables_keep_the_ci_on_80_columns(monkeypatch):
     result = Evaluation(
         "perf/x", "a" * 40, "b" * 40, 5, judge(checks), {"throughput": objective, "g": guard}, None, (), "fp", {}, 0.02
     )
-    evaluate_cmd.show(result, ref_is_branch=True)
+    evaluate_cmd.show(result, "throughput", ref_is_branch=True)
     text = console.export_text()
     assert max(map(len, text.splitlines())) <= 80, text
     row = [ln for ln in text.splitlines() if ln.startswith("throughput*")][0]

@@ -59,7 +59,7 @@ def github_repo(url: str | None) -> str | None:
 
 
 def pr_title(ev: Evidence) -> str:
-    title = ev.fields.get("title") or ev.proposal.get("title") or ev.fields.get("branch") or ev.what
+    title = ev.title or ev.branch or ev.what
     text = f"[agentsearch] {title}: {ev.headline()}"
     return text if len(text) <= PR_TITLE_CHARS else text[: PR_TITLE_CHARS - 1].rstrip() + "…"
 
@@ -79,8 +79,7 @@ def refuse_unless_forced(ev: Evidence, force: bool) -> None:
         )
     if ev.revert is not None:
         raise AgentsearchError(
-            f"{pid} was merged but reverted since by {str(ev.revert.get('new'))[:12]}; pass --force to open a pull "
-            "request anyway"
+            f"{pid} was merged but reverted since by {ev.revert.new[:12]}; pass --force to open a pull request anyway"
         )
 
 
@@ -99,7 +98,7 @@ def pr(
     ws = Workspace.open(target)
     refuse_ambiguous_verdict(read_entries(ws), what)
     ev = gather(ws, what)
-    branch = ev.fields.get("branch") or ev.proposal.get("branch")
+    branch = ev.branch
     if not branch or ev.kind != "proposal":
         raise AgentsearchError(
             f"{what!r} is not an episode proposal with a branch; `pr` opens a PR for a proposal branch"

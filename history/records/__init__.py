@@ -42,7 +42,7 @@ from .statistic import Statistic, WorkloadSummary
 from .superseded import Superseded
 from .trial import Trial
 from .upgrade import UPGRADERS, upgrade
-from .verdict import CheckResult, Verdict
+from .verdict import CheckResult, CheckStatus, Verdict
 
 CLASSES: tuple[type[Record], ...] = (
     EpisodeStarted,
@@ -99,6 +99,7 @@ __all__ = [
     "UPGRADERS",
     "CheckName",
     "CheckResult",
+    "CheckStatus",
     "Distribution",
     "EpisodeFinished",
     "EpisodeResumed",

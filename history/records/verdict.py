@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any, ClassVar
 
 from .base import Part, Record
@@ -17,18 +18,28 @@ from .checks import FailureKind
 from .statistic import WorkloadSummary, objective_in
 
 
+class CheckStatus(StrEnum):
+    PASS = "pass"
+    FAIL = "fail"
+    SKIPPED = "skipped"  # allowed only where the target opts out (e.g. no [verify] section)
+    REVIEW = "review"  # passed, but needs a person (plausibility bound)
+
+
 @dataclass(frozen=True)
 class CheckResult(Part):
-    """One check as recorded: its name (a CheckName value), status, detail and failure kind."""
+    """One check as the gate judged it and as recorded: its name (a CheckName value), status, detail and failure kind.
+    The gate builds its checks as ``agentsearch.gate.Check`` (this class with the gate's fail-closed rules)."""
 
     name: str
-    status: str  # pass | fail | skipped | review
+    status: CheckStatus
     detail: str
     failure: FailureKind | None = None  # set when status is fail
 
     def __post_init__(self) -> None:
-        if self.status not in ("pass", "fail", "skipped", "review"):
-            raise ValueError(f"check {self.name!r}: unknown status {self.status!r}")
+        try:
+            object.__setattr__(self, "status", CheckStatus(self.status))  # "error", None, "FAIL": never a pass
+        except ValueError:
+            raise ValueError(f"check {self.name!r}: unknown status {self.status!r}") from None
 
 
 def failures_of(checks: tuple[CheckResult, ...]) -> tuple[FailureKind, ...]:
