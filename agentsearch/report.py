@@ -127,6 +127,16 @@ class Evidence:
         return branch or (self.proposal.branch if self.proposal else None)
 
     @property
+    def proposal_id(self) -> str | None:
+        return self.verdict.proposal if isinstance(self.verdict, Verdict) else None
+
+    @property
+    def alpha(self) -> float | None:
+        """The false-merge level the verdict spent (None: a record from before it was kept)."""
+        alpha = self.verdict.alpha if isinstance(self.verdict, EvaluationRecord) else self.verdict.extra.get("alpha")
+        return float(alpha) if isinstance(alpha, (int, float)) and not isinstance(alpha, bool) else None
+
+    @property
     def fields(self) -> dict[str, Any]:
         """The verdict's recorded fields as the templates read them (its open ones too: distribution, timing, ...)."""
         return self.verdict.to_json()

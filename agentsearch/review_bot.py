@@ -320,7 +320,7 @@ class Reviewer:
     def render(self, pr: PullRequest, review: PrReview, h: PrHistory, not_merged: str | None = None) -> str:
         ev = gather(self.ws, review.evaluation)
         merged, judged = self.aa_rate()
-        alpha = ev.fields.get("alpha") or self.ws.config(review.base).gate.alpha
+        alpha = ev.alpha or self.ws.config(review.base).gate.alpha
         merge_commit = next(
             (
                 e.record.new

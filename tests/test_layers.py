@@ -70,3 +70,18 @@ def test_the_orchestrator_reads_records_typed_never_an_entrys_raw_data():
         if isinstance(node, ast.Attribute) and node.attr == "data"
     ]
     assert not found, "read entry.record instead of entry.data at " + ", ".join(found)
+
+
+def test_the_orchestrator_never_reads_a_record_back_from_its_json():
+    """A record's fields are read by attribute; ``record.to_json()`` is for writing and showing, never for reading a
+    field back by key (``r.to_json().get("speedup")``, ``r.to_json()["workloads"]``)."""
+    found = [
+        f"{path.relative_to(ROOT)}:{node.lineno}"
+        for path in sorted((ROOT / "agentsearch").rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if (isinstance(node, ast.Subscript) or (isinstance(node, ast.Attribute) and node.attr == "get"))
+        and isinstance(inner := node.value, ast.Call)
+        and isinstance(inner.func, ast.Attribute)
+        and inner.func.attr == "to_json"
+    ]
+    assert not found, "read the record's attribute instead of its JSON at " + ", ".join(found)

@@ -68,7 +68,7 @@ def refuse_unless_forced(ev: Evidence, force: bool) -> None:
     """`pr` is for wins that stand: a rejection, a review verdict or a reverted merge needs --force."""
     if force:
         return
-    pid = ev.fields.get("proposal") or ev.what
+    pid = ev.proposal_id or ev.what
     verdict = ev.verdict.verdict
     if verdict != "merge":
         why = str(next(iter(ev.verdict.reasons), "no reason recorded"))
@@ -124,7 +124,7 @@ def pr(
 
         forge = Forge.from_config(ws.config().forge, url)
 
-    pid = ev.fields["proposal"]
+    pid = ev.proposal_id or ev.what
     body = output or (ws.state / "tmp" / f"pr-{pid.replace('/', '-')}.md")
     body.parent.mkdir(parents=True, exist_ok=True)
     pngs = {f"{k}.png": b for k, b in plots(ev, "png").items()} if with_plots else {}
