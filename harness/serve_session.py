@@ -574,6 +574,7 @@ class BenchClient:
         self._rfd: int | None = None
         self._buf = b""
         self.served = 0  # benchmarks run by this process
+        self.nice: int | None = None  # its scheduling niceness (workers/bench_client.py raises it where it may)
 
     def start(self) -> float:
         """Spawn it and wait for its import; the seconds waited. Raises WorkerError when it does not come up."""
@@ -603,6 +604,8 @@ class BenchClient:
         msg = self._read(CLIENT_START_S, "the load generator's start-up")
         if msg.get("event") != "ready":
             raise WorkerError(f"the load generator did not start: {tail(str(msg.get('error')), 1)}")
+        nice = msg.get("nice")
+        self.nice = nice if isinstance(nice, int) and not isinstance(nice, bool) else None
         return time.perf_counter() - t0
 
     def alive(self) -> bool:
