@@ -7,6 +7,7 @@ here) and up to 6 pairs of 16-request serving trials, then two fresh servers for
 from __future__ import annotations
 
 import json
+import statistics
 
 import pytest
 
@@ -103,7 +104,10 @@ def test_a_tail_only_regression_is_caught_by_the_p99_guard_and_not_by_the_median
     commit(
         path,
         {
-            "agentsearch.toml": CONFIG.format(site=site, python=sys.executable),
+            # [engine] cpus = "none": the servers float over both CPUs. Pinned to the last CPU ("auto"), they shared it
+            # with the other CI worker's engines, fell behind 80 requests/s (the baseline's median TTFT 30 ms to 1 s
+            # from trial to trial) and the p99 guard saw no significant regression for a 1 s tail
+            "agentsearch.toml": CONFIG.format(site=site, python=sys.executable) + '\n[engine]\ncpus = "none"\n',
             "speed.py": SPEED,
             "f.txt": "1.0",
             "serving.json": serving(8),
@@ -133,17 +137,20 @@ def test_a_tail_only_regression_is_caught_by_the_p99_guard_and_not_by_the_median
     ]
     w = out["workloads"]
     assert w["ttft-p99"]["speedup"] < 0.8, w["ttft-p99"]
-    # the median guard judged the same change and saw no regression: it passed, not slower beyond its floor (a held
-    # request leaves the others a lighter batch: one run here read the median +27% faster over 3 pairs)
-    assert w["ttft-p50"]["decision"] == "ok" and w["ttft-p50"]["speedup"] > 0.9, w["ttft-p50"]
+    # the median guard judged the same change and saw no regression: it passed (its estimate is noise around no change:
+    # a held request leaves the others a lighter batch, and one run here read the median +27% faster over 3 pairs,
+    # another beside two engine tests +34% over 6)
+    assert w["ttft-p50"]["decision"] == "ok", w["ttft-p50"]
     trials = [t for t in out["trials"] if t["ok"] and t["workload"] == "ttft-p99"]
     for t in trials:  # each p99 trial: 1,000 measured requests, sent on schedule
         m = t["metrics"]
-        assert m["requests"] == 1000 and m["generator_lag_p99_ms"] < 10, m
+        assert m["requests"] == 1000 and m["generator_lag_p99_ms"] < 50, m  # (22 ms seen beside two engine tests)
         assert m["ttft_p50_ms"] < m["ttft_p99_ms"]
     base = [t["metrics"] for t in trials if t["side"] == "baseline"]
     cand = [t["metrics"] for t in trials if t["side"] == "candidate"]
-    assert min(c["ttft_p99_ms"] for c in cand) > max(b["ttft_p99_ms"] for b in base)  # the tail, every trial
+    # the tail, trial by trial: the held second in the candidate's p99 (a baseline trial under foreign load can reach a
+    # second too, so the medians are compared, not every trial)
+    assert statistics.median(c["ttft_p99_ms"] for c in cand) > statistics.median(b["ttft_p99_ms"] for b in base) + 500
     # the report says what each serving metric measures
     report = run_cli("report", "-C", str(fork), "tail", timeout=120)
     assert report.returncode == 0, report.stderr[-2000:]
