@@ -93,6 +93,7 @@ def test_a_tail_only_regression_is_caught_by_the_p99_guard_and_not_by_the_median
     import sys
 
     from benchmarks.serving_guard_engine import CONFIG, SERVING_PY, SPEED, plant
+    from harness.serving_load import LAG_FLOOR_S
 
     path = tmp_path_factory.mktemp("vllm-tail") / "fork"
     assert run_cli("init", "--from-installed", "vllm", str(path)).returncode == 0
@@ -144,7 +145,9 @@ def test_a_tail_only_regression_is_caught_by_the_p99_guard_and_not_by_the_median
     trials = [t for t in out["trials"] if t["ok"] and t["workload"] == "ttft-p99"]
     for t in trials:  # each p99 trial: 1,000 measured requests, sent on schedule
         m = t["metrics"]
-        assert m["requests"] == 1000 and m["generator_lag_p99_ms"] < 50, m  # (22 ms seen beside two engine tests)
+        # sent on schedule by the harness's own rule (a trial over it fails): CI saw p99 lags up to 75 ms beside the
+        # other worker's engine starts, 1-3 ms alone
+        assert m["requests"] == 1000 and 0 <= m["generator_lag_p99_ms"] < 1000 * LAG_FLOOR_S, m
         assert m["ttft_p50_ms"] < m["ttft_p99_ms"]
     base = [t["metrics"] for t in trials if t["side"] == "baseline"]
     cand = [t["metrics"] for t in trials if t["side"] == "candidate"]
