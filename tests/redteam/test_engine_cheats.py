@@ -396,9 +396,7 @@ def test_a_daemon_that_left_the_engines_process_tree_is_pinned_too(tmp_path):
     repo = target(tmp_path, engine='cpus = "1"', vllm=CPU_VLLM, gate='sandbox = "off"')
     commit(repo, {"vllm/__init__.py": CPU_VLLM + DAEMON}, "a daemon on the other core", branch="daemon")
     rc, out = evaluate(repo, "daemon")
-    # never merged; a reject, or (sandbox off) a hold for review when foreign load made a small gain read significant,
-    # as one CI run did: what this test is about is the pinning below and the size of the gain
-    assert rc == 4 and out["verdict"] in ("reject", "review"), out["reasons"]
+    assert rc == 4 and out["verdict"] == "reject", out["reasons"]
     # not significantly faster than +10%: a full CI run with every trial under foreign load read 1.11x, noise the
     # 95% interval covers; a daemon on the other core would be ~1.3-2x
     assert out["workloads"]["throughput"]["ci"][0] < 1.1, (out["reasons"], out["workloads"]["throughput"])
