@@ -490,6 +490,11 @@ def _run_workload(
         )
         return None
     emit(r)
+    if r.remeasured:
+        say(
+            f"{w.name} ({role})",
+            f"{r.remeasured} of the baseline's trials measured again: the load generator fell behind its schedule",
+        )
     summary = summarize(r, role, w, wdesign, prior is not None)
     if role == "confirmation":
         st.confirmation = summary
@@ -509,7 +514,8 @@ def _judged(ctx: _Ctx, r: WorkloadRun | None, check: str, name: str, wanted: str
         last = r.trials[-1] if r.trials else None
         if r.failure_kind == MEASUREMENT_ERROR and last is not None and last.side == BASELINE:
             # the instrument failed while the candidate's engine was parked: nothing the candidate did
-            raise RunError(f"{name}: {r.failure} (on the baseline's trial: the run's error, nothing was judged)")
+            again = f"; {r.remeasured} measured again before it" if r.remeasured else ""
+            raise RunError(f"{name}: {r.failure} (on the baseline's trial{again}: the run's error, nothing was judged)")
         st.add(check, Status.FAIL, r.failure, FailureKind(r.failure_kind or FailureKind.CRASH))
         if last is not None and not last.ok and last.side == BASELINE and not blames_candidate(last.error):
             st.baseline_failure = (name, r.failure)

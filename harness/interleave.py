@@ -5,7 +5,11 @@ sides of a pair get the same input seed. A side is measured through a ``Session`
 command workload every measurement is a fresh child process; a warm-engine workload keeps
 one process per side alive across many pairs and restarts both sides ``restarts`` times (the
 second level of replication). Sessions are always closed, also on errors and Ctrl-C.
-A failed trial ends the workload at once with its reason; nothing is retried.
+A failed trial ends the workload at once with its reason. One exception: the baseline's trial on which the
+instrument was disturbed (``TrialOutcome.disturbed``: a load generator that fell behind its schedule under the
+machine's other load) is measured again, at most ``MAX_REMEASURED`` times per workload; the disturbed attempt is
+recorded as a failed trial. The candidate's never is: a candidate that can disturb the instrument during its own
+trial could otherwise throw away the trials it lost.
 """
 
 from __future__ import annotations
@@ -22,6 +26,9 @@ from .quiet import Probe
 from .sequential import CONTINUE, Decision, SequentialDesign
 from .statistics import NoisePrior
 from .trials import BASELINE, CANDIDATE, CRASH, CommandSpec, TrialOutcome, TrialRecord, run_command_trial
+
+# per workload run, how many of the baseline's disturbed trials are measured again (a third is the run's error)
+MAX_REMEASURED = 2
 
 
 class Session(Protocol):
@@ -64,6 +71,7 @@ class WorkloadRun:
     decision: Decision | None = None
     failure: str | None = None
     failure_kind: str = ""  # one of harness.trials.TRIAL_FAILURES when failure is set
+    remeasured: int = 0  # the baseline's disturbed trials measured again (each recorded as a failed trial)
 
     @property
     def pairs(self) -> int:
@@ -130,6 +138,13 @@ def run_interleaved(
                 order = order_of(pair)
                 sides = (BASELINE, CANDIDATE) if order == "AB" else (CANDIDATE, BASELINE)
                 got = _measure_pair(sessions, sides, seed, probe, slices)
+                while _again(run, got.get(BASELINE)):
+                    position = sides.index(BASELINE)
+                    run.trials.append(_record(workload, BASELINE, seed, pair, position, order, idx, got[BASELINE]))
+                    if got.get(CANDIDATE) is not None and got[CANDIDATE].ok:
+                        got[BASELINE] = _timed(sessions[BASELINE], seed, probe)  # the candidate's trial stands
+                    else:
+                        got = _measure_pair(sessions, sides, seed, probe, slices)
                 for position, side in enumerate(sides):
                     if side not in got:
                         continue
@@ -201,6 +216,9 @@ def _alternating(
             for j in range(n):
                 seed = seed_of(pair + j)
                 outcome = _timed(s, seed, probe)
+                while first == BASELINE and _again(run, outcome):
+                    run.trials.append(_record(run.workload, first, seed, pair + j, 0, order, r, outcome))
+                    outcome = _timed(s, seed, probe)
                 run.trials.append(_record(run.workload, first, seed, pair + j, 0, order, r, outcome))
                 if not outcome.ok:
                     run.failure = (
@@ -215,6 +233,9 @@ def _alternating(
             for j in range(n):
                 seed = seed_of(pair)
                 outcome = _timed(s, seed, probe)
+                while second == BASELINE and _again(run, outcome):
+                    run.trials.append(_record(run.workload, second, seed, pair, 1, order, r, outcome))
+                    outcome = _timed(s, seed, probe)
                 run.trials.append(_record(run.workload, second, seed, pair, 1, order, r, outcome))
                 if not outcome.ok:
                     run.failure = (
@@ -288,10 +309,11 @@ def _warm_up(
     order: str = "AB",
 ) -> bool:
     """Unmeasured rounds at the start of a session; a failed one fails the workload (False) and is
-    recorded as that side's failed trial (pair -1), so a failure is blamed on the side it happened to."""
+    recorded as that side's failed trial (pair -1), so a failure is blamed on the side it happened to. A disturbed
+    one (its requests served, its timing off) warmed the session as well as any: nothing of it is judged."""
     for i in range(warmup):
         outcome = session.measure(seed_of(-1 - i))
-        if not outcome.ok:
+        if not outcome.ok and not outcome.disturbed:
             run.trials.append(_record(run.workload, side, seed_of(-1 - i), -1, 0, order, idx, outcome))
             run.failure = f"{side} warm-up failed ({run.workload}, session {idx + 1}): {outcome.error}"
             run.failure_kind = outcome.failure or CRASH
@@ -341,6 +363,15 @@ def _measure_pair(
 def _parts(session: Session, seed: int) -> int:
     parts = getattr(session, "parts", None)
     return 1 if parts is None else max(1, int(parts(seed)))
+
+
+def _again(run: WorkloadRun, baseline: TrialOutcome | None) -> bool:
+    """Whether the baseline's trial is measured again: the instrument was disturbed on it and the workload has not
+    used its ``MAX_REMEASURED`` yet (counted here)."""
+    if baseline is None or baseline.ok or not baseline.disturbed or run.remeasured >= MAX_REMEASURED:
+        return False
+    run.remeasured += 1
+    return True
 
 
 def _timed(session: Session, seed: int, probe: Callable[[], Probe] | None) -> TrialOutcome:

@@ -349,6 +349,7 @@ class ServeSession(Parkable):
                 ),
                 self._log_tail(),
                 failure=MEASUREMENT_ERROR,
+                disturbed=True,
             )
         d = metrics["duration_s"]
         if not isinstance(d, (int, float)) or isinstance(d, bool) or not 0 < d <= wall:

@@ -86,6 +86,9 @@ class TrialOutcome:
     # never recorded in the history
     outputs: tuple[tuple[int, ...], ...] | None = None
     failure: str = ""  # when not ok: one of TRIAL_FAILURES ('' = crash); history.records.FailureKind values
+    # when not ok: the instrument was disturbed (a load generator behind its schedule under the machine's other
+    # load), not broken: the same trial measured again may succeed (harness.interleave re-measures the baseline's)
+    disturbed: bool = False
 
 
 @dataclass(frozen=True)
