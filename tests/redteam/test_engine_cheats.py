@@ -11,6 +11,7 @@ engine is in tests/test_vllm_integration.py (fast only when not verified).
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 import pytest
@@ -396,10 +397,11 @@ def test_a_daemon_that_left_the_engines_process_tree_is_pinned_too(tmp_path):
     repo = target(tmp_path, engine='cpus = "1"', vllm=CPU_VLLM, gate='sandbox = "off"')
     commit(repo, {"vllm/__init__.py": CPU_VLLM + DAEMON}, "a daemon on the other core", branch="daemon")
     rc, out = evaluate(repo, "daemon")
-    assert rc == 4 and out["verdict"] == "reject", out["reasons"]
-    # not significantly faster than +10%: a full CI run with every trial under foreign load read 1.11x, noise the
-    # 95% interval covers; a daemon on the other core would be ~1.3-2x
-    assert out["workloads"]["throughput"]["ci"][0] < 1.1, (out["reasons"], out["workloads"]["throughput"])
+    # never merged. Not always a reject: under foreign load on the pinned CPU the candidate's two runnable processes
+    # (engine and daemon) get a larger share of it than the baseline's one (the kernel shares a CPU per task), so one
+    # CI run read +21% [+15.8, +26.5] and held it for review (sandbox off); on a quiet CPU the share is the same
+    # (about 1.0x). A gain of contention, not of the escape: docs/roadmap.md
+    assert rc == 4 and out["verdict"] in ("reject", "review"), out["reasons"]
     # the daemon shared the engine's CPU (it is in the cpuset) and its CPU time was the engine's (the cgroup's
     # account): every candidate measurement pinned, within what one CPU gives
     mine = [t for t in out["trials"] if t["side"] == "candidate"]
@@ -407,7 +409,15 @@ def test_a_daemon_that_left_the_engines_process_tree_is_pinned_too(tmp_path):
         t["ok"] and t["metrics"]["cpus_pinned"] == 1 and t["metrics"]["cpu_s"] <= t["wall_s"] * 1.01 + 0.005
         for t in mine
     ), mine
-    assert not any(t["side"] == "baseline" and not t["ok"] for t in out["trials"])
+    base = [t for t in out["trials"] if t["side"] == "baseline"]
+    assert base and all(t["ok"] for t in base)
+    # and all of it: the same work on both sides, so the same CPU time whatever the load (a daemon whose CPU time went
+    # uncounted would leave the candidate about half the baseline's: half its work is the daemon's)
+    cpu = {
+        side: statistics.median(t["metrics"]["cpu_s"] for t in ts if t["pair"] >= 0)
+        for side, ts in (("b", base), ("c", mine))
+    }
+    assert 0.8 < cpu["c"] / cpu["b"] < 1.25, cpu
 
 
 # the candidate patches the harness's own worker (it runs in the candidate's process): it reports a tripled
