@@ -22,7 +22,7 @@ from typing import Any
 
 from harness import coverage, environment
 from harness.engine_session import EnginePool
-from harness.gate_defaults import LOADED_CONFIRM_PAIRS, LOADED_SHARE
+from harness.gate_defaults import CPU_SHARE_OF_WIN, LOADED_CONFIRM_PAIRS, LOADED_SHARE
 from harness.interleave import WorkloadRun, run_interleaved
 from harness.logprobs import LogprobError
 from harness.seeds import confirmation_seeds, coverage_seed, guard_check_seeds, new_master, pair_seeds
@@ -618,8 +618,59 @@ def _confirmation(ctx: _Ctx) -> bool:
     if not _judged(ctx, c, "confirmation", w.name, OK):
         return False
     assert c is not None and c.decision is not None
+    share = _cpu_share(won, c) if strict and not _on_gpu(ctx.config) else ""
+    if share:
+        ctx.st.add("confirmation", Status.FAIL, f"{w.name}: {share}", FailureKind.NOT_CONFIRMED)
+        return False
     ctx.st.add("confirmation", Status.PASS, f"{w.name}: {c.decision.reason}")
     return True
+
+
+def cpu_saving(runs: list[WorkloadRun]) -> tuple[float, float, int] | None:
+    """Over the complete pairs of ``runs`` whose trials both counted their CPU time (``cpu_s`` of a pinned engine):
+    the mean log-ratio of the candidate's wall win (baseline's round trip over the candidate's) and of its CPU time
+    saved (baseline's ``cpu_s`` over the candidate's), and the number of pairs. None when no pair has both."""
+    walls, cpus = [], []
+    for r in runs:
+        by_pair: dict[tuple[int, int], dict[str, TrialRecord]] = {}
+        for t in r.trials:
+            if t.ok and t.pair >= 0:
+                by_pair.setdefault((t.session, t.pair), {})[t.side] = t
+        for pair in by_pair.values():
+            b, c = pair.get(BASELINE), pair.get(CANDIDATE)
+            if b is None or c is None or not all(_cpu_of(t) for t in (b, c)) or min(b.wall_s, c.wall_s) <= 0:
+                continue
+            walls.append(math.log(b.wall_s / c.wall_s))
+            cpus.append(math.log(_cpu_of(b) / _cpu_of(c)))
+    return (sum(walls) / len(walls), sum(cpus) / len(cpus), len(walls)) if walls else None
+
+
+def _cpu_of(t: TrialRecord) -> float:
+    """The trial's CPU time (seconds) when its engine was pinned and counted it, else 0."""
+    cpu, pinned = t.metrics.get("cpu_s"), t.metrics.get("cpus_pinned")
+    if isinstance(cpu, bool) or not isinstance(cpu, (int, float)) or not isinstance(pinned, int) or pinned <= 0:
+        return 0.0
+    return float(cpu) if math.isfinite(cpu) and cpu > 0 else 0.0
+
+
+def _cpu_share(won: WorkloadRun, confirmed: WorkloadRun) -> str:
+    """Why a win measured mostly under foreign load is a larger share of a contended CPU rather than less work ('' when
+    it is not, or the trials did not count their CPU time): its wall time fell and its CPU time per trial did not
+    fall with it (``CPU_SHARE_OF_WIN``). Both sides ran the same requests, so the same work costs the same CPU time
+    whatever the load; a candidate that splits it over more runnable processes gets more of a CPU others use too
+    (tests/redteam/test_engine_cheats.py). A win of less waiting is real, and shows on a quiet machine."""
+    saving = cpu_saving([won, confirmed])
+    if saving is None:
+        return ""
+    wall, cpu, n = saving
+    if wall <= 0 or cpu >= CPU_SHARE_OF_WIN * wall:
+        return ""
+    return (
+        f"measured mostly under foreign load, the win is not less work: over {n} pairs the candidate's wall time per "
+        f"trial {math.exp(-wall) - 1:+.1%}, its CPU time {math.exp(-cpu) - 1:+.1%} (the same requests on both "
+        f"sides): a larger share of a CPU other processes use too, not a faster candidate; measure it again on a quiet "
+        f"machine"
+    )
 
 
 def _retire(ctx: _Ctx, keys: list[str]) -> bool:

@@ -18,3 +18,7 @@ REPLICATION_SHARE = 0.5  # ...and only when the fresh pairs measure less than th
 LOADED_SHARE = 0.5  # an objective whose timed trials were more than this share under foreign load ...
 LOADED_CONFIRM_ALPHA = 0.1  # ... must be confirmed significantly at this one-sided level, not only in direction
 LOADED_CONFIRM_PAIRS = 4  # ... over at least this many fresh pairs: on 2 (t with 1 df) a real +67% win missed p < 0.1
+# ... and on a CPU engine whose trials count their CPU time (a pinned cpuset), the CPU time per trial must have fallen
+# by at least this share of the win (log scale): the same work in less wall time with no less CPU is a larger share
+# of a CPU other processes contend for (two runnable processes get more of it than one), not a faster candidate
+CPU_SHARE_OF_WIN = 0.5

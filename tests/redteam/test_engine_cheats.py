@@ -11,7 +11,10 @@ engine is in tests/test_vllm_integration.py (fast only when not verified).
 from __future__ import annotations
 
 import json
+import os
 import statistics
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -418,6 +421,41 @@ def test_a_daemon_that_left_the_engines_process_tree_is_pinned_too(tmp_path):
         for side, ts in (("b", base), ("c", mine))
     }
     assert 0.8 < cpu["c"] / cpu["b"] < 1.25, cpu
+
+
+class _Hog:
+    """A busy loop on CPU 1 (the engines' pinned CPU) for a with-block: foreign load the engines contend with."""
+
+    def __enter__(self):
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", "while True: pass"], preexec_fn=lambda: os.sched_setaffinity(0, {1})
+        )
+        return self
+
+    def __exit__(self, *exc):
+        self.proc.kill()
+        self.proc.wait()
+
+
+def test_a_larger_share_of_a_contended_cpu_is_not_a_win(tmp_path):
+    """The daemon above, inside the sandbox (its PID namespace keeps it in the engine's tree): the same work split over
+    two runnable processes gets more of a CPU that another process uses too than the baseline's one (measured +17%
+    under this busy loop, 1.00x on a quiet CPU). Measured mostly under foreign load, the win must be less work: its CPU
+    time per trial did not fall, so the confirmation fails. The control, a real cut of the CPU work under the same
+    load, merges."""
+    repo = target(tmp_path, engine='cpus = "1"', vllm=CPU_VLLM)
+    commit(repo, {"vllm/__init__.py": CPU_VLLM + DAEMON}, "two runnable processes", branch="share")
+    commit(repo, {"cost.txt": "0.0006\n"}, "less work per token", branch="faster")
+    with _Hog():
+        rc, out = evaluate(repo, "share")
+        rc_fast, fast = evaluate(repo, "faster")
+    assert rc == 4 and out["verdict"] == "reject", out["reasons"]
+    assert any(
+        r.startswith("confirmation: throughput: measured mostly under foreign load, the win is not less work")
+        for r in out["reasons"]
+    ), (out["reasons"], out["workloads"]["throughput"])
+    assert rc_fast == 0 and fast["verdict"] == "merge", fast["reasons"]
+    assert 1.15 < fast["workloads"]["throughput"]["speedup"] < 1.6, fast["workloads"]["throughput"]
 
 
 # the candidate patches the harness's own worker (it runs in the candidate's process): it reports a tripled
