@@ -486,45 +486,30 @@ class Episode:
     def verdict(
         self,
         p: ProposalState,
-        verdict: Any,
+        judgement: rec.Judgement,
         base: str,
         commit: str | None,
         ev: Evaluation | None,
         content_key: str | None = None,
         extra: Mapping[str, Any] | None = None,
     ) -> None:
-        data: dict[str, Any] = {
-            "number": p.number,
-            "proposal": p.id,
-            "title": p.created.title,
-            "branch": p.created.branch,
-            "verdict": verdict.verdict,
-            "reasons": list(verdict.reasons),
-            "checks": [c.to_json() for c in verdict.checks],
-            "baseline": base,
-            "candidate": commit,
-            "content_key": content_key,
-            "speedup": None,
-            "failed_check": verdict.failed_check,
-            "failure": verdict.failure.value if verdict.failure else None,
-        }
-        if ev is not None:
-            full = ev.to_json()
-            full.pop("trials", None)
-            obj = self.ws.config().objective.name
-            data.update({k: v for k, v in full.items() if k not in data or k in ("baseline", "candidate")})
-            data["objective"] = obj
-            w = ev.workloads.get(obj)
-            data["speedup"] = w.speedup if w else None
-        data.update(extra or {})
-        record = rec.Verdict.of(data)
+        """Record ``p``'s verdict (from its evaluation ``ev`` when it was measured: ``judgement`` is then
+        ``ev.verdict``), then merge a MERGE."""
+        header = {"number": p.number, "proposal": p.id, "title": p.created.title, "branch": p.created.branch}
+        if ev is None:
+            record = rec.Verdict.static(
+                judgement, **header, baseline=base, candidate=commit, content_key=content_key, **(extra or {})
+            )
+        else:
+            objective = self.ws.config().objective.name
+            record = rec.Verdict.measured(ev.record(objective), **header, content_key=content_key, **(extra or {}))
         self.record(record, p.id)
         p.verdict = record
         self.say(p.id, headline(record))
         prop_path = self.ws.worktrees / f"{self.plan.episode}-{p.number:03d}"
         if prop_path.exists():
             self.ws.remove_worktree(prop_path)
-        if verdict.verdict == MERGE:
+        if record.verdict == MERGE:
             self.retire_warm()  # the baseline moves
             self.merge(p)
 
@@ -608,7 +593,7 @@ def latest_insights(entries: list[Any]) -> Mapping[str, Any] | None:
     return found[-1] if found else None
 
 
-def static_verdict(check: str, reason: str, failure: rec.FailureKind | None = None) -> Any:
+def static_verdict(check: str, reason: str, failure: rec.FailureKind | None = None) -> rec.Judgement:
     return judge([Check(check, Status.FAIL, reason, failure)])
 
 
@@ -640,7 +625,7 @@ def evidence_text(v: rec.Verdict) -> str:
         lines.append(f"- {name} ({w.role}): {w.speedup - 1:+.2%}{ci_s}{p}, {w.pairs} pairs")
     for c in v.checks:
         lines.append(f"- check {c.name}: {c.status}" + (f" ({c.detail})" if c.detail else ""))
-    cmd = reproduce_command(v.to_json())  # from a checkout of the target: the same commits, seed and alpha
+    cmd = reproduce_command(v)  # from a checkout of the target: the same commits, seed and alpha
     lines.append(f"Reproduce: {cmd}" if cmd else "Reproduce: (decided before any measurement)")
     return "\n".join(lines) + "\n"
 

@@ -38,14 +38,14 @@ from harness.sequential import (
     decide_regression,
 )
 from harness.trials import BASELINE, CANDIDATE, MEASUREMENT_ERROR, TrialRecord, child_env, run_child, tail
-from history.records import CheckName, FailureKind, WorkloadSummary, decision_failure
+from history.records import CheckName, FailureKind, Judgement, WorkloadSummary, decision_failure
 from history.records import Evaluation as EvaluationRecord
 
 from . import calibration, containment, micro, preflight
 from . import sides as sides_mod
 from .config import Config, WorkloadConfig
 from .errors import AgentsearchError, RunError
-from .gate import Check, Status, Verdict, judge
+from .gate import Check, Status, judge
 from .gate_design import design_for, workload_design
 from .headline import unit as metric_unit
 from .progress import Say
@@ -65,7 +65,7 @@ class Evaluation:
     baseline: str
     candidate: str
     seed: int
-    verdict: Verdict
+    verdict: Judgement
     workloads: dict[str, WorkloadSummary]
     confirmation: WorkloadSummary | None
     trials: tuple[TrialRecord, ...]
@@ -104,8 +104,7 @@ class Evaluation:
     def to_json(self) -> dict[str, Any]:
         return {
             "schema_version": self.schema_version,
-            "verdict": self.verdict.verdict,
-            "reasons": list(self.verdict.reasons),
+            **self.verdict.to_json(),
             "ref": self.ref,
             "baseline": self.baseline,
             "candidate": self.candidate,
@@ -116,9 +115,6 @@ class Evaluation:
             "distribution": self.distribution.to_json() if self.distribution else None,
             "coverage": dataclasses.asdict(self.coverage) if self.coverage else None,
             "micro": self.micro.to_json() if self.micro else None,
-            "checks": [c.to_json() for c in self.verdict.checks],
-            "failed_check": self.verdict.failed_check,
-            "failure": self.verdict.failure.value if self.verdict.failure else None,
             "config_fingerprint": self.config_fingerprint,
             "environment": self.environment,
             "wall_s": round(self.wall_s, 3),

@@ -9,15 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from history.records import GATE_ORDER, CheckResult, CheckStatus, FailureKind, default_failure
+from history.records import GATE_ORDER, CheckResult, CheckStatus, FailureKind, Judgement, Outcome, default_failure
 from history.records.checks import SKIPPABLE as CHECK_SKIPPABLE
 
-MERGE = "merge"
-REJECT = "reject"
-REVIEW = "review"
-
-VERDICT_SCHEMA = 1
-
+MERGE, REJECT, REVIEW = Outcome.MERGE, Outcome.REJECT, Outcome.REVIEW
 
 Status = CheckStatus
 
@@ -47,23 +42,7 @@ class Check(CheckResult):
             object.__setattr__(self, "failure", None)
 
 
-@dataclass(frozen=True)
-class Verdict:
-    verdict: str
-    reasons: tuple[str, ...]
-    checks: tuple[Check, ...]
-    schema_version: int = VERDICT_SCHEMA
-    failed_check: str | None = None  # the check whose reason comes first (a rejection's cause)
-    failure: FailureKind | None = None  # its kind (MISSING when a required check did not run)
-
-    def __post_init__(self) -> None:
-        if self.verdict not in (MERGE, REJECT, REVIEW):
-            raise ValueError(f"unknown verdict {self.verdict!r}")
-        if self.verdict != MERGE and not self.reasons:
-            raise ValueError("a rejection needs at least one reason")
-
-
-def judge(checks: list[Check]) -> Verdict:
+def judge(checks: list[Check]) -> Judgement:
     """Merge iff every required check passed (or was legitimately skipped), each reported once.
 
     The reasons come in the gate's order (required checks, then the others as first reported); a
@@ -97,12 +76,12 @@ def judge(checks: list[Check]) -> Verdict:
     ordered = tuple(c for n in names for c in by_name.get(n, []))
     if causes:  # the first failure is the cause; 'did not run' entries after it are consequences
         name, kind = causes[0]
-        return Verdict(REJECT, tuple(_trim(reasons)), ordered, failed_check=name, failure=kind)
+        return Judgement(REJECT, tuple(_trim(reasons)), ordered, failed_check=name, failure=kind)
     if missing:
-        return Verdict(REJECT, tuple(reasons), ordered, failed_check=missing[0], failure=FailureKind.MISSING)
+        return Judgement(REJECT, tuple(reasons), ordered, failed_check=missing[0], failure=FailureKind.MISSING)
     if review:
-        return Verdict(REVIEW, tuple(reasons), ordered)
-    return Verdict(MERGE, (), ordered)
+        return Judgement(REVIEW, tuple(reasons), ordered)
+    return Judgement(MERGE, (), ordered)
 
 
 def _trim(reasons: list[str]) -> list[str]:

@@ -62,24 +62,16 @@ P_SHORT = {
 CHECK_NOTES = checks_vocabulary.NOTES  # what each check vouches for (history.records.checks.CHECKS)
 
 
-def reproduce_command(v: Mapping[str, Any], repo: str | None = None) -> str | None:
+def reproduce_command(v: Verdict | EvaluationRecord, repo: str | None = None) -> str | None:
     """The command that reproduces verdict ``v``: the same candidate and baseline commits, seed
     and alpha. ``repo`` adds ``-C REPO`` (a local report); without it the command is run from a
     checkout of the target (git notes, PR bodies: no local path). None before any measurement."""
-    if not v.get("candidate") or not v.get("baseline") or v.get("seed") is None:
+    if not v.candidate or not v.baseline or v.seed is None:
         return None
-    cmd = [
-        "agentsearch",
-        "evaluate",
-        *(["-C", repo] if repo else []),
-        v["candidate"],
-        "--baseline",
-        v["baseline"],
-        "--seed",
-        str(v["seed"]),
-    ]
-    if v.get("alpha") is not None:
-        cmd += ["--alpha", repr(v["alpha"])]
+    cmd = ["agentsearch", "evaluate", *(["-C", repo] if repo else []), v.candidate, "--baseline", v.baseline]
+    cmd += ["--seed", str(v.seed)]
+    if v.alpha is not None:
+        cmd += ["--alpha", repr(v.alpha)]
     return shlex.join(cmd)
 
 
@@ -133,8 +125,7 @@ class Evidence:
     @property
     def alpha(self) -> float | None:
         """The false-merge level the verdict spent (None: a record from before it was kept)."""
-        alpha = self.verdict.alpha if isinstance(self.verdict, EvaluationRecord) else self.verdict.extra.get("alpha")
-        return float(alpha) if isinstance(alpha, (int, float)) and not isinstance(alpha, bool) else None
+        return self.verdict.alpha
 
     @property
     def fields(self) -> dict[str, Any]:
@@ -146,7 +137,7 @@ class Evidence:
         return self.revert is not None
 
     def reproduce(self, local: bool = True) -> str:
-        cmd = reproduce_command(self.fields, self.repo if local else None)
+        cmd = reproduce_command(self.verdict, self.repo if local else None)
         return cmd or "(this verdict was reached before any measurement: re-run the episode's proposal to reproduce it)"
 
     def headline(self) -> str:
@@ -583,10 +574,10 @@ def context(ev: Evidence, images: Mapping[str, str], local: bool = True) -> dict
     p_tests = {r: P_TESTS[r] for r in order if r in roles and r in P_TESTS}
     # what each serving metric measures (harness.tails: one definition each, from where to where)
     definitions = {w["metric"]: d for w in workloads if (d := tails.definition(str(w["metric"])))}
-    checks = [{**c, "note": CHECK_NOTES.get(c["name"], "")} for c in v.get("checks", [])]
+    checks = [{**c.to_json(), "note": CHECK_NOTES.get(c.name, "")} for c in ev.verdict.checks]
     tally: dict[str, int] = {}
-    for c in checks:
-        tally[c["status"]] = tally.get(c["status"], 0) + 1
+    for check in ev.verdict.checks:
+        tally[check.status.value] = tally.get(check.status.value, 0) + 1
     dist = v.get("distribution")
     dist_rows, lang_rows, ref_rows = [], [], []
     if dist:
@@ -603,10 +594,10 @@ def context(ev: Evidence, images: Mapping[str, str], local: bool = True) -> dict
                     for path, st in (paths or {}).items():
                         ref_rows.append(_dist_row(f"{who} at {r.get('label', '?')}, {name}", path, st))
     env = dict(v.get("environment") or {})
-    title = ev.title or v.get("ref") or ev.what
+    title = ev.title or ev.verdict.ref or ev.what
     diff_lines = ev.diff.count("\n")
     small = bool(ev.diff) and diff_lines <= DIFF_INLINE_LINES and "GIT binary patch" not in ev.diff
-    verdict = (v.get("verdict") or "?").upper()
+    verdict = ev.verdict.verdict.upper()
     return {
         "ev": ev,
         "v": v,
@@ -615,7 +606,7 @@ def context(ev: Evidence, images: Mapping[str, str], local: bool = True) -> dict
         "verdict": verdict,
         "badge": f"{verdict}, REVERTED" if ev.revert else verdict,
         "revert": ev.revert,
-        "reasons": v.get("reasons", []),
+        "reasons": list(ev.verdict.reasons),
         "workloads": workloads,
         "p_tests": p_tests,
         "definitions": definitions,
@@ -714,23 +705,22 @@ def render_pr_review(ev: Evidence, **review: Any) -> str:
 
 def to_json(ev: Evidence, **extra: Any) -> dict[str, Any]:
     """The machine-readable form of a report (``report --json``, ``pr --json``)."""
-    v = ev.fields
     return {
         "schema_version": REPORT_SCHEMA,
         "what": ev.what,
         "kind": ev.kind,
-        "proposal": v.get("proposal"),
-        "verdict": v.get("verdict"),
+        "proposal": ev.proposal_id,
+        "verdict": ev.verdict.verdict.value,
         "headline": ev.headline(),
-        "title": ev.title or v.get("ref"),
-        "reasons": list(v.get("reasons") or []),
+        "title": ev.title or ev.verdict.ref,
+        "reasons": list(ev.verdict.reasons),
         "candidate": ev.candidate,
         "baseline": ev.baseline,
         "branch": ev.branch,
         "merged": bool(ev.merge and ev.merge.ok),
         "reverted": ev.reverted,
         "revert_commit": ev.revert.new if ev.revert else None,
-        "reproduce": reproduce_command(v),
+        "reproduce": reproduce_command(ev.verdict),
         **extra,
     }
 

@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from agentsearch.gate import MERGE, REJECT, REQUIRED_CHECKS, REVIEW, SKIPPABLE, Check, Status, Verdict, judge
+from agentsearch.gate import MERGE, REJECT, REQUIRED_CHECKS, REVIEW, SKIPPABLE, Check, Judgement, Status, judge
 from history.records import CheckName, FailureKind, default_failure
 
 P, F, S, R = Status.PASS, Status.FAIL, Status.SKIPPED, Status.REVIEW
@@ -197,12 +197,12 @@ def test_a_failure_needs_a_reason_and_gets_its_checks_default_kind():
 
 def test_a_verdict_is_one_of_three_and_a_rejection_says_why():
     with pytest.raises(ValueError, match="unknown verdict"):
-        Verdict("maybe", ("x",), ())
+        Judgement("maybe", ("x",), ())
     with pytest.raises(ValueError, match="needs at least one reason"):
-        Verdict(REJECT, (), ())
+        Judgement(REJECT, (), ())
     with pytest.raises(ValueError, match="needs at least one reason"):
-        Verdict(REVIEW, (), ())
-    assert Verdict(MERGE, (), ()).verdict == MERGE
+        Judgement(REVIEW, (), ())
+    assert Judgement(MERGE, (), ()).verdict == MERGE
 
 
 def test_merge_only_when_every_required_check_passed_once_and_nothing_failed():

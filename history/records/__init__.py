@@ -42,7 +42,7 @@ from .statistic import Statistic, WorkloadSummary
 from .superseded import Superseded
 from .trial import Trial
 from .upgrade import UPGRADERS, upgrade
-from .verdict import CheckResult, CheckStatus, Verdict
+from .verdict import CheckResult, CheckStatus, Judgement, Outcome, Verdict
 
 CLASSES: tuple[type[Record], ...] = (
     EpisodeStarted,
@@ -100,6 +100,8 @@ __all__ = [
     "CheckName",
     "CheckResult",
     "CheckStatus",
+    "Judgement",
+    "Outcome",
     "Distribution",
     "EpisodeFinished",
     "EpisodeResumed",

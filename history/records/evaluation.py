@@ -9,15 +9,18 @@ from typing import Any, ClassVar
 from .base import Record
 from .checks import FailureKind
 from .statistic import WorkloadSummary, objective_in
-from .verdict import CheckResult, failures_of
+from .verdict import CheckResult, JudgedFields, Outcome
 
 
 @dataclass(frozen=True)
-class Evaluation(Record):
+class Evaluation(JudgedFields, Record):
+    """What `agentsearch evaluate REF` judged: the judgement, the workloads' summaries, and (in ``extra``) the
+    distribution, coverage, environment, timing and trials."""
+
     KIND: ClassVar[str] = "evaluation"
     OPEN: ClassVar[bool] = True  # distribution, coverage, environment, timing, trials, ... are kept in ``extra``
 
-    verdict: str  # merge | reject | review
+    verdict: Outcome
     reasons: tuple[str, ...]
     ref: str
     baseline: str
@@ -35,7 +38,3 @@ class Evaluation(Record):
     @property
     def objective_summary(self) -> WorkloadSummary | None:
         return objective_in(self.workloads, self.objective)
-
-    @property
-    def failures(self) -> tuple[FailureKind, ...]:
-        return failures_of(self.checks)

@@ -11,11 +11,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from .base import Part, Record
 from .checks import FailureKind
 from .statistic import WorkloadSummary, objective_in
+
+if TYPE_CHECKING:
+    from .evaluation import Evaluation
 
 
 class CheckStatus(StrEnum):
@@ -47,8 +50,63 @@ def failures_of(checks: tuple[CheckResult, ...]) -> tuple[FailureKind, ...]:
     return tuple(c.failure for c in checks if c.status == "fail" and c.failure is not None)
 
 
+class Outcome(StrEnum):
+    """The gate's three answers (equal to their strings: ``Outcome.MERGE == "merge"``)."""
+
+    MERGE = "merge"
+    REJECT = "reject"
+    REVIEW = "review"  # every check passed, one needs a person (never merged automatically)
+
+
 @dataclass(frozen=True)
-class Verdict(Record):
+class Judgement(Part):
+    """The gate's answer on one proposal (``agentsearch.gate.judge``): the outcome, the reasons for people, the
+    checks it was made from, and structurally why a rejection happened (its first failed check and that check's
+    failure kind). A ``Verdict`` and an ``Evaluation`` record carry these same fields (``judgement`` gives them back
+    as this part); the log keeps them flat, as every released version wrote them."""
+
+    verdict: Outcome
+    reasons: tuple[str, ...]
+    checks: tuple[CheckResult, ...]
+    failed_check: str | None = None  # the first failed check (a CheckName value); None for a merge or a review
+    failure: FailureKind | None = None  # its failure kind
+
+    def __post_init__(self) -> None:
+        try:
+            object.__setattr__(self, "verdict", Outcome(self.verdict))
+        except ValueError:
+            raise ValueError(f"unknown verdict {self.verdict!r}") from None
+        if self.verdict != Outcome.MERGE and not self.reasons:
+            raise ValueError("a rejection needs at least one reason")
+
+    @property
+    def failures(self) -> tuple[FailureKind, ...]:
+        return failures_of(self.checks)
+
+
+class JudgedFields:
+    """What a record that carries a judgement's fields reads from them."""
+
+    verdict: Outcome
+    reasons: tuple[str, ...]
+    checks: tuple[CheckResult, ...]
+    failed_check: str | None
+    failure: FailureKind | None
+
+    @property
+    def judgement(self) -> Judgement:
+        return Judgement(self.verdict, self.reasons, self.checks, self.failed_check, self.failure)
+
+    @property
+    def failures(self) -> tuple[FailureKind, ...]:
+        return failures_of(self.checks)
+
+
+@dataclass(frozen=True)
+class Verdict(JudgedFields, Record):
+    """The verdict on one proposal of an episode: its judgement, and for a measured one the evaluation's fields
+    (``measured``); a static one (``static``: the patch does not apply, a duplicate, an error) has none."""
+
     KIND: ClassVar[str] = "verdict"
     OPEN: ClassVar[bool] = True  # the evaluation's fields (workloads, distribution, timing, ...) are kept in ``extra``
 
@@ -56,7 +114,7 @@ class Verdict(Record):
     proposal: str
     title: str | None
     branch: str | None
-    verdict: str  # merge | reject | review
+    verdict: Outcome
     reasons: tuple[str, ...]  # for people: "<check>: <detail>"
     checks: tuple[CheckResult, ...]
     baseline: str  # the baseline commit it was judged on
@@ -68,12 +126,29 @@ class Verdict(Record):
     failure: FailureKind | None = None  # its failure kind
     workloads: Mapping[str, WorkloadSummary] = field(default_factory=dict)  # per workload, measured
     confirmation: WorkloadSummary | None = None  # the objective measured again on fresh engines and seeds
+    # a measured verdict's evaluation: the ref it judged, its master seed and the false-merge level it spent (None
+    # before any measurement, and alpha in records from before it was kept)
+    ref: str | None = None
+    seed: int | None = None
+    alpha: float | None = None
     extra: Mapping[str, Any] = field(default_factory=dict, kw_only=True)
 
     @property
     def objective_summary(self) -> WorkloadSummary | None:
         return objective_in(self.workloads, self.objective)
 
-    @property
-    def failures(self) -> tuple[FailureKind, ...]:
-        return failures_of(self.checks)
+    @classmethod
+    def static(cls, judgement: Judgement, **fields: Any) -> Verdict:
+        """The verdict of a proposal judged without a measurement (``fields``: number, proposal, title, branch,
+        baseline, candidate, content_key)."""
+        return cls.of({**judgement.to_json(), "speedup": None, **fields})
+
+    @classmethod
+    def measured(cls, evaluation: Evaluation, **fields: Any) -> Verdict:
+        """The verdict of a measured proposal: its evaluation's judgement and fields (not its trials, which are
+        records of their own), the objective's speedup, and ``fields`` (number, proposal, title, branch,
+        content_key, and whatever the executor adds)."""
+        data = evaluation.to_json()
+        data.pop("trials", None)
+        s = evaluation.objective_summary
+        return cls.of({**data, "speedup": s.speedup if s else None, **fields})
