@@ -342,8 +342,15 @@ def test_an_engine_that_leaves_its_cpu_pinning_is_caught(tmp_path):
     rc, out = evaluate(repo, "unpinned")
     assert rc == 4 and out["verdict"] == "reject", out["reasons"]
     caught = any("candidate" in r and "left its CPU pinning" in r for r in out["reasons"])
-    # not significantly faster than +10% (unpinned: ~1.3x; a full CI run under foreign load read a pinned cheat at 1.11x)
-    assert caught or out["workloads"]["throughput"]["ci"][0] < 1.1, (out["reasons"], out["workloads"]["throughput"])
+    # or its second process, held in the cpuset, took a larger share of a CPU foreign load contended for (the
+    # confirmation's CPU-time account: test_a_larger_share_of_a_contended_cpu_is_not_a_win)
+    shared = any("the win is not less work" in r for r in out["reasons"])
+    # else not significantly faster than +10% (unpinned: ~1.3x; a full CI run under foreign load read a pinned cheat
+    # at 1.11x)
+    assert caught or shared or out["workloads"]["throughput"]["ci"][0] < 1.1, (
+        out["reasons"],
+        out["workloads"]["throughput"],
+    )
     assert not any(t["side"] == "baseline" and not t["ok"] for t in out["trials"])  # the honest side stays within it
     pinned = [t["metrics"] for t in out["trials"] if t["ok"] and "cpus_pinned" in t["metrics"]]
     assert pinned and all(m["cpus_pinned"] == 1 and m["cpu_s"] <= m["elapsed_s"] * 1.01 + 0.005 for m in pinned)
