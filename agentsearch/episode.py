@@ -394,17 +394,7 @@ class Episode:
     ) -> None:
         key = hashlib.sha256(json.dumps([trees[t.side], t.workload, t.seed, env_fp]).encode()).hexdigest()[:20]
         self.record(
-            rec.Trial.of(
-                {
-                    "number": p.number,
-                    "candidate": commit,
-                    "baseline": base,
-                    "measurement": key,
-                    **asdict(t),
-                    **(extra or {}),
-                }
-            ),
-            p.id,
+            rec.Trial.of_run(t, number=p.number, candidate=commit, baseline=base, measurement=key, extra=extra), p.id
         )
 
     def record_evaluation(
@@ -502,7 +492,7 @@ class Episode:
             )
         else:
             objective = self.ws.config().objective.name
-            record = rec.Verdict.measured(ev.record(objective), **header, content_key=content_key, **(extra or {}))
+            record = ev.record(objective).as_verdict(**header, content_key=content_key, **(extra or {}))
         self.record(record, p.id)
         p.verdict = record
         self.say(p.id, headline(record))

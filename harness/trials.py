@@ -32,16 +32,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from history.records.trial import BASELINE as BASELINE
+from history.records.trial import CANDIDATE as CANDIDATE
+from history.records.trial import TrialRecord as TrialRecord
+
 from . import lengths, reaper, sandbox
 
-TRIAL_SCHEMA = 1
 # why a trial failed, as a word (the values of history.records.FailureKind a trial can have)
 CRASH, TIMEOUT, CHANGED_OUTPUTS, WORKTREE_CHANGED = "crash", "timeout", "changed-outputs", "worktree-changed"
 # the instrument failed (a load generator that fell behind its schedule): on the baseline's trial, the run's error
 MEASUREMENT_ERROR = "measurement-error"
 TRIAL_FAILURES = (CRASH, TIMEOUT, CHANGED_OUTPUTS, WORKTREE_CHANGED, MEASUREMENT_ERROR)
-BASELINE = "baseline"
-CANDIDATE = "candidate"
 
 # what a child inherits from the orchestrator; everything else comes from the target's config
 ENV_WHITELIST = (
@@ -89,36 +90,6 @@ class TrialOutcome:
     # when not ok: the instrument was disturbed (a load generator behind its schedule under the machine's other
     # load), not broken: the same trial measured again may succeed (harness.interleave re-measures the baseline's)
     disturbed: bool = False
-
-
-@dataclass(frozen=True)
-class TrialRecord:
-    """One trial as recorded: outcome plus where it sat in the interleaved schedule."""
-
-    workload: str
-    side: str
-    seed: int
-    pair: int
-    position: int  # 0 = first of its pair, 1 = second
-    order: str  # "AB" (baseline first) or "BA"
-    session: int  # engine/session restart index
-    ok: bool
-    value: float | None
-    metrics: Mapping[str, Any]
-    wall_s: float
-    error: str = ""
-    stderr_tail: str = ""
-    phase: str = "objective"  # objective | guard | confirmation | calibration
-    schema_version: int = TRIAL_SCHEMA
-    failure: str = ""  # when not ok: one of TRIAL_FAILURES
-
-    def __post_init__(self) -> None:
-        if self.side not in (BASELINE, CANDIDATE):
-            raise ValueError(f"side must be baseline or candidate, got {self.side!r}")
-        if self.ok and (self.value is None or not math.isfinite(self.value) or self.value <= 0):
-            raise ValueError("a successful trial needs a positive, finite value")
-        if not self.ok and not self.error:
-            raise ValueError("a failed trial needs an error")
 
 
 @dataclass(frozen=True)

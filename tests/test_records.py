@@ -170,8 +170,14 @@ def test_entries_are_read_again_from_where_the_file_changed(schema1: Path):
     first = list(log.entries())
     again = list(log.entries())
     assert [e.hash for e in again] == [e.hash for e in first] and again[0] is first[0]  # parsed once
-    _rewrite(path, 3, lambda d: d.update(value=-1.0))  # rewritten under the reader: read again, validated again
-    assert [e.record.value for e in log.entries() if e.seq == 3] == [-1.0]
+    _rewrite(path, 3, lambda d: d.update(value=123.5))  # rewritten under the reader: read again, validated again
+    assert [e.record.value for e in log.entries() if e.seq == 3] == [123.5]
+    _rewrite(path, 3, lambda d: d.update(value=-1.0))  # a successful trial's value is positive: the line is refused
+    with pytest.raises(
+        HistoryError, match=r"history.jsonl:3: invalid trial record: .*a successful trial needs a positive"
+    ):
+        list(log.entries())
+    _rewrite(path, 3, lambda d: d.update(value=123.5))
     path.write_text("".join(path.read_text().splitlines(keepends=True)[:5]))
     assert len(list(log.entries())) == 5
 

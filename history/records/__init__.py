@@ -40,7 +40,7 @@ from .run_error import RunError
 from .stack import BisectStep, Interference, Removal, StackBisect, StackCheck, StackMerge
 from .statistic import Statistic, WorkloadSummary
 from .superseded import Superseded
-from .trial import Trial
+from .trial import Trial, TrialRecord
 from .upgrade import UPGRADERS, upgrade
 from .verdict import CheckResult, CheckStatus, Judgement, Outcome, Verdict
 
@@ -127,6 +127,7 @@ __all__ = [
     "WorkloadSummary",
     "Superseded",
     "Trial",
+    "TrialRecord",
     "Verdict",
     "decision_failure",
     "default_failure",

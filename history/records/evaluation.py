@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 from .base import Record
 from .checks import FailureKind
 from .statistic import WorkloadSummary, objective_in
-from .verdict import CheckResult, JudgedFields, Outcome
+from .verdict import CheckResult, JudgedFields, Outcome, Verdict
 
 
 @dataclass(frozen=True)
@@ -38,3 +38,12 @@ class Evaluation(JudgedFields, Record):
     @property
     def objective_summary(self) -> WorkloadSummary | None:
         return objective_in(self.workloads, self.objective)
+
+    def as_verdict(self, **fields: Any) -> Verdict:
+        """The verdict of a measured proposal: this evaluation's judgement and fields (not its trials, which are
+        records of their own), the objective's speedup, and ``fields`` (number, proposal, title, branch,
+        content_key, and whatever the executor adds)."""
+        data = self.to_json()
+        data.pop("trials", None)
+        s = self.objective_summary
+        return Verdict.of({**data, "speedup": s.speedup if s else None, **fields})

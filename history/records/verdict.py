@@ -11,14 +11,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 from .base import Part, Record
 from .checks import FailureKind
 from .statistic import WorkloadSummary, objective_in
-
-if TYPE_CHECKING:
-    from .evaluation import Evaluation
 
 
 class CheckStatus(StrEnum):
@@ -105,7 +102,7 @@ class JudgedFields:
 @dataclass(frozen=True)
 class Verdict(JudgedFields, Record):
     """The verdict on one proposal of an episode: its judgement, and for a measured one the evaluation's fields
-    (``measured``); a static one (``static``: the patch does not apply, a duplicate, an error) has none."""
+    (``Evaluation.as_verdict``); a static one (``static``: the patch does not apply, a duplicate, an error) has none."""
 
     KIND: ClassVar[str] = "verdict"
     OPEN: ClassVar[bool] = True  # the evaluation's fields (workloads, distribution, timing, ...) are kept in ``extra``
@@ -142,13 +139,3 @@ class Verdict(JudgedFields, Record):
         """The verdict of a proposal judged without a measurement (``fields``: number, proposal, title, branch,
         baseline, candidate, content_key)."""
         return cls.of({**judgement.to_json(), "speedup": None, **fields})
-
-    @classmethod
-    def measured(cls, evaluation: Evaluation, **fields: Any) -> Verdict:
-        """The verdict of a measured proposal: its evaluation's judgement and fields (not its trials, which are
-        records of their own), the objective's speedup, and ``fields`` (number, proposal, title, branch,
-        content_key, and whatever the executor adds)."""
-        data = evaluation.to_json()
-        data.pop("trials", None)
-        s = evaluation.objective_summary
-        return cls.of({**data, "speedup": s.speedup if s else None, **fields})
