@@ -273,16 +273,20 @@ SESSIONS_DIFFER_P = 0.05  # below it, the report says the sessions disagree
 def _paired(trials: Sequence[Mapping[str, Any]]) -> dict[tuple[str, str], dict[int, dict[str, Any]]]:
     """{(workload, phase): {pair: {"baseline": value, "candidate": value, "session": index}}} of the ok trials of the
     last attempt: an evaluation resumed after a crash measures the same commit and seeds again from pair 0, so a trial
-    whose (workload, phase, pair, side) was recorded already starts a new attempt and the earlier one is dropped."""
+    whose (workload, phase, pair, side) was measured already starts a new attempt and the earlier one is dropped. A
+    failed trial before it is not a measurement: the baseline's disturbed trial measured again (harness.interleave)
+    is the same attempt."""
     groups: dict[tuple[str, str], dict[int, dict[str, Any]]] = {}
     seen: set[tuple[str, str, int, str]] = set()
     for t in trials:
+        if not t.get("ok"):
+            continue
         key = (t["workload"], t.get("phase", "objective"), t["pair"], t["side"])
         if key in seen:
             groups.clear()
             seen.clear()
         seen.add(key)
-        if t.get("ok") and t.get("value") is not None:
+        if t.get("value") is not None:
             p = groups.setdefault((t["workload"], t.get("phase", "objective")), {}).setdefault(t["pair"], {})
             p[t["side"]] = t["value"]
             p["session"] = t.get("session", 0)

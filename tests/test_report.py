@@ -523,6 +523,21 @@ def test_report_shows_each_engine_session_and_flags_sessions_that_disagree(tmp_p
         ("confirmation", "fresh 1", "6"),
     ], rows
     assert all(float(r[3]) > 0 for r in rows) and "agree (one-way ANOVA p=" in section, section
+    # a baseline trial the load generator was disturbed on, measured again (harness.interleave): the same attempt,
+    # every pair kept
+    again = _session_trials("tput", [("objective", 0, 0.06), ("objective", 1, 0.06)], rng)
+    first = next(i for i, t in enumerate(again) if t["side"] == "baseline" and t["pair"] == 3)
+    disturbed = {**again[first], "ok": False, "value": None, "failure": "measurement-error", "error": "fell behind"}
+    ev3 = Evidence(
+        "x",
+        "evaluation",
+        evaluation_record(verdict="merge"),
+        [*again[:first], disturbed, *again[first:]],
+        directions={"tput": True},
+    )
+    section = render(ev3, "md")[0].split("### Sessions", 1)[1]
+    rows = re.findall(r"^\| (\w+) \| ([\w ]+) \| (\d+) \| ([+-][\d.]+)% \|$", section, re.M)
+    assert [(r[0], r[1], r[2]) for r in rows] == [("objective", "1", "6"), ("objective", "2", "6")], rows
     # one session per workload: no section
     single = Evidence(
         "x",
