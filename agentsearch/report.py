@@ -128,11 +128,6 @@ class Evidence:
         return self.verdict.alpha
 
     @property
-    def fields(self) -> dict[str, Any]:
-        """The verdict's recorded fields as the templates read them (its open ones too: distribution, timing, ...)."""
-        return self.verdict.to_json()
-
-    @property
     def reverted(self) -> bool:
         return self.revert is not None
 
@@ -430,7 +425,7 @@ def plots(ev: Evidence, fmt: str = "png") -> dict[str, bytes]:
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # pairs are counted
         # file names: a micro stage's workload is "micro:<op>", and ':' is no character for a file on every system
         out[re.sub(r"[^A-Za-z0-9_.-]", "-", f"trials-{workload}-{phase}")] = _save(fig, fmt)
-    dist = ev.fields.get("distribution")
+    dist = ev.verdict.distribution
     if dist:
         floor = dist.get("noise_floor") or {}
         for path in ("prefill", "decode", "sample"):
@@ -478,7 +473,7 @@ def plots(ev: Evidence, fmt: str = "png") -> dict[str, bytes]:
 def _drift_points(ev: Evidence) -> list[tuple[str, float]]:
     """(label, worst KL max against the reference) after each earlier merge, then this candidate's; [] when this
     check made no reference comparison."""
-    ref = (ev.fields.get("distribution") or {}).get("reference") or {}
+    ref = (ev.verdict.distribution or {}).get("reference") or {}
     mine = DriftPoint(
         0,
         "",
@@ -555,7 +550,6 @@ def _draws_line(dist: Mapping[str, Any]) -> str:
 
 
 def context(ev: Evidence, images: Mapping[str, str], local: bool = True) -> dict[str, Any]:
-    v = ev.fields
     order = {"objective": 0, "guard": 1, "guard-check": 2, "confirmation": 3}
     named = sorted(ev.verdict.workloads.items(), key=lambda kv: order.get(kv[1].role, 3))
     if ev.verdict.confirmation is not None:
@@ -582,7 +576,7 @@ def context(ev: Evidence, images: Mapping[str, str], local: bool = True) -> dict
     tally: dict[str, int] = {}
     for check in ev.verdict.checks:
         tally[check.status.value] = tally.get(check.status.value, 0) + 1
-    dist = v.get("distribution")
+    dist = ev.verdict.distribution
     dist_rows, lang_rows, ref_rows = [], [], []
     if dist:
         for name in ("public", "holdout"):
@@ -597,14 +591,14 @@ def context(ev: Evidence, images: Mapping[str, str], local: bool = True) -> dict
                 for name, paths in (r.get("sets") or {}).items():
                     for path, st in (paths or {}).items():
                         ref_rows.append(_dist_row(f"{who} at {r.get('label', '?')}, {name}", path, st))
-    env = dict(v.get("environment") or {})
+    env = dict(ev.verdict.environment)
     title = ev.title or ev.verdict.ref or ev.what
     diff_lines = ev.diff.count("\n")
     small = bool(ev.diff) and diff_lines <= DIFF_INLINE_LINES and "GIT binary patch" not in ev.diff
     verdict = ev.verdict.verdict.upper()
     return {
         "ev": ev,
-        "v": v,
+        "v": ev.verdict,
         "title": title,
         "headline": ev.headline(),
         "verdict": verdict,
@@ -623,7 +617,7 @@ def context(ev: Evidence, images: Mapping[str, str], local: bool = True) -> dict
         "reference": (dist or {}).get("reference") or {},
         "images": images,
         "draws_line": _draws_line(dist) if dist else "",
-        "coverage": v.get("coverage"),
+        "coverage": ev.verdict.coverage,
         "environment": env,
         "versions": ev.versions,
         "reproduce": ev.reproduce(local),
@@ -633,7 +627,7 @@ def context(ev: Evidence, images: Mapping[str, str], local: bool = True) -> dict
         "pct": _pct,
         "num": _num,
         "number": number,
-        "timing": v.get("timing") or {},
+        "timing": ev.verdict.timing,
         "diff": ev.diff if small else "",
         "diff_lines": diff_lines,
         "sessions": engine_sessions(ev),

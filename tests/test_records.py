@@ -269,3 +269,20 @@ def test_insights_and_the_bandit_read_failure_kinds_not_english(schema1: Path):
     assert before["reasons"] == {"objective": 2, "patch-applies": 1, "reverted": 1}
     assert before["knobs"]["k"]["failures"] == 1 and before["by_category"]["other"]["failures"] == 1
     assert any("broke the workload" in x for x in before["lessons"]["avoid"])
+
+
+def test_a_trial_record_is_the_harness_trial_and_where_it_belongs():
+    """One class per trial (issue #38): the harness's TrialRecord is the record's base, validated the same."""
+    t = rec.TrialRecord("w", "baseline", 7, 0, 1, "BA", 0, True, 12.5, {"cpu_s": 0.1}, 0.3, phase="guard")
+    r = rec.Trial.of_run(t, number=2, candidate="c" * 40, baseline="b" * 40, measurement="k", extra={"node": "n1"})
+    assert isinstance(r, rec.TrialRecord) and (r.workload, r.seed, r.phase, r.value) == ("w", 7, "guard", 12.5)
+    assert r.number == 2 and r.extra == {"node": "n1"} and r.schema_version == rec.SCHEMA_VERSION
+    assert rec.Trial.from_json(r.to_json()) == r and r.to_json()["node"] == "n1"
+    for bad, says in (
+        ({"side": "both"}, "side must be baseline or candidate"),
+        ({"value": -1.0}, "a successful trial needs a positive, finite value"),
+        ({"value": float("nan")}, "a successful trial needs a positive, finite value"),
+        ({"ok": False, "value": None}, "a failed trial needs an error"),
+    ):
+        with pytest.raises(rec.RecordError, match=says):
+            dataclasses.replace(t, **bad)

@@ -9,11 +9,11 @@ from typing import Any, ClassVar
 from .base import Record
 from .checks import FailureKind
 from .statistic import WorkloadSummary, objective_in
-from .verdict import CheckResult, JudgedFields, Outcome, Verdict
+from .verdict import CheckResult, JudgedFields, MeasuredFields, Outcome, Verdict
 
 
 @dataclass(frozen=True)
-class Evaluation(JudgedFields, Record):
+class Evaluation(JudgedFields, MeasuredFields, Record):
     """What `agentsearch evaluate REF` judged: the judgement, the workloads' summaries, and (in ``extra``) the
     distribution, coverage, environment, timing and trials."""
 

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -70,7 +71,7 @@ class Trial(TrialRecord, Record):
     ) -> Trial:
         """The record of trial ``t`` of proposal ``number`` (``extra``: what the executor adds, e.g. its node)."""
         return cls(
-            **{f: getattr(t, f) for f in TrialRecord.__dataclass_fields__},
+            **{f.name: getattr(t, f.name) for f in dataclasses.fields(TrialRecord)},
             number=number,
             candidate=candidate,
             baseline=baseline,

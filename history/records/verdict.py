@@ -100,7 +100,21 @@ class JudgedFields:
 
 
 @dataclass(frozen=True)
-class Verdict(JudgedFields, Record):
+class MeasuredFields(Part):
+    """What an evaluation recorded beside its judgement and workloads, kept by its ``evaluation`` record and a
+    measured ``verdict`` alike (empty on a static verdict). Their insides are the writers' (``harness.environment``,
+    ``Evaluation.timing``, ``CoverageReport``, ``VerifyResult``): the records keep them as written."""
+
+    environment: Mapping[str, Any] = field(default_factory=dict, kw_only=True)  # the machine and its software
+    timing: Mapping[str, Any] = field(default_factory=dict, kw_only=True)  # wall time split (engine, measurement)
+    coverage: Mapping[str, Any] | None = field(default=None, kw_only=True)  # the coverage pass, when it ran
+    distribution: Mapping[str, Any] | None = field(default=None, kw_only=True)  # the distribution checks
+    baseline_side: str = field(default="fresh", kw_only=True)  # "warm": kept from the episode's previous evaluation
+    baseline_engines_reused: int = field(default=0, kw_only=True)  # baseline engines kept warm
+
+
+@dataclass(frozen=True)
+class Verdict(JudgedFields, MeasuredFields, Record):
     """The verdict on one proposal of an episode: its judgement, and for a measured one the evaluation's fields
     (``Evaluation.as_verdict``); a static one (``static``: the patch does not apply, a duplicate, an error) has none."""
 
