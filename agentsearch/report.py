@@ -27,7 +27,7 @@ import templates as _templates
 from harness import tails
 from history.drift import DriftPoint, drift_curve, worst_of_sets
 from history.records import Evaluation as EvaluationRecord
-from history.records import Merge, ProposalCreated, Revert, Trial, Verdict, WorkloadSummary, text
+from history.records import Merge, ProposalCreated, Revert, Trial, TrialRecord, Verdict, WorkloadSummary, text
 from history.records import checks as checks_vocabulary
 
 from . import __version__
@@ -80,7 +80,7 @@ class Evidence:
     what: str
     kind: str  # "proposal" (episode verdict) or "evaluation" (agentsearch evaluate)
     verdict: Verdict | EvaluationRecord
-    trials: list[Mapping[str, Any]]
+    trials: Sequence[TrialRecord]
     proposal: ProposalCreated | None = None  # an episode proposal's proposal-created record
     merge: Merge | None = None
     diffstat: str = ""
@@ -204,11 +204,10 @@ def gather(ws: Workspace, what: str) -> Evidence:
         raise AgentsearchError(f"no verdict recorded for {what!r}; run `agentsearch evaluate {what}` first")
     record = chosen.record
     assert isinstance(record, (Verdict, EvaluationRecord))
-    d = record.to_json()  # upgraded to today's schema (failure kinds on older records too)
-    if isinstance(chosen.record, Verdict):
-        cand = chosen.record.candidate
-        trials: list[Mapping[str, Any]] = [
-            e.record.to_json()
+    if isinstance(record, Verdict):
+        cand = record.candidate
+        trials: Sequence[TrialRecord] = [
+            e.record
             for e in entries
             if isinstance(e.record, Trial) and e.proposal == chosen.proposal and e.record.candidate == cand
         ]
@@ -218,12 +217,12 @@ def gather(ws: Workspace, what: str) -> Evidence:
         merge = next((e.record for e in entries if isinstance(e.record, Merge) and e.proposal == chosen.proposal), None)
         kind = "proposal"
     else:
-        trials, created, merge, kind = list(d.get("trials", [])), None, None, "evaluation"
+        trials, created, merge, kind = record.trials, None, None, "evaluation"
     diffstat = diff = ""
-    if d.get("baseline") and d.get("candidate"):
+    if record.baseline and record.candidate:
         try:
-            diffstat = git.diff_stat(ws.repo_dir, d["baseline"], d["candidate"]).rstrip()
-            diff = git.diff_text(ws.repo_dir, d["baseline"], d["candidate"])
+            diffstat = git.diff_stat(ws.repo_dir, record.baseline, record.candidate).rstrip()
+            diff = git.diff_text(ws.repo_dir, record.baseline, record.candidate)
         except AgentsearchError:
             diffstat = "(commits no longer in the repository)"
     revert = None
@@ -233,7 +232,7 @@ def gather(ws: Workspace, what: str) -> Evidence:
     units: dict[str, str] = {}
     directions: dict[str, bool] = {}
     try:  # the config the verdict was reached under (old records do not carry their metric)
-        for w in ws.config(d.get("baseline")).workloads:
+        for w in ws.config(record.baseline or None).workloads:
             metrics[w.name] = w.metric
             units[w.name] = unit(w.metric, w.unit)
             directions[w.name] = w.higher_is_better
@@ -265,7 +264,7 @@ PHASE_RANK = {"objective": 0, "guard": 1, "guard-check": 2, "confirmation": 3}
 SESSIONS_DIFFER_P = 0.05  # below it, the report says the sessions disagree
 
 
-def _paired(trials: Sequence[Mapping[str, Any]]) -> dict[tuple[str, str], dict[int, dict[str, Any]]]:
+def _paired(trials: Sequence[TrialRecord]) -> dict[tuple[str, str], dict[int, dict[str, Any]]]:
     """{(workload, phase): {pair: {"baseline": value, "candidate": value, "session": index}}} of the ok trials of the
     last attempt: an evaluation resumed after a crash measures the same commit and seeds again from pair 0, so a trial
     whose (workload, phase, pair, side) was measured already starts a new attempt and the earlier one is dropped. A
@@ -274,17 +273,17 @@ def _paired(trials: Sequence[Mapping[str, Any]]) -> dict[tuple[str, str], dict[i
     groups: dict[tuple[str, str], dict[int, dict[str, Any]]] = {}
     seen: set[tuple[str, str, int, str]] = set()
     for t in trials:
-        if not t.get("ok"):
+        if not t.ok:
             continue
-        key = (t["workload"], t.get("phase", "objective"), t["pair"], t["side"])
+        key = (t.workload, t.phase, t.pair, t.side)
         if key in seen:
             groups.clear()
             seen.clear()
         seen.add(key)
-        if t.get("value") is not None:
-            p = groups.setdefault((t["workload"], t.get("phase", "objective")), {}).setdefault(t["pair"], {})
-            p[t["side"]] = t["value"]
-            p["session"] = t.get("session", 0)
+        if t.value is not None:
+            p = groups.setdefault((t.workload, t.phase), {}).setdefault(t.pair, {})
+            p[t.side] = t.value
+            p["session"] = t.session
     return groups
 
 
@@ -293,7 +292,7 @@ def engine_sessions(ev: Evidence) -> list[dict[str, Any]]:
     return session_table(ev.trials, ev.directions)
 
 
-def session_table(trials: Sequence[Mapping[str, Any]], directions: Mapping[str, bool]) -> list[dict[str, Any]]:
+def session_table(trials: Sequence[TrialRecord], directions: Mapping[str, bool]) -> list[dict[str, Any]]:
     """Per workload measured on two or more engine sessions (``restarts``, the confirmation's fresh engines): each
     session's pairs and change, and whether the sessions agree (``harness.statistics.sessions_differ``). The gate
     counts the session effect in its standard error; this table lets a reviewer see a win that rests on instances

@@ -160,7 +160,7 @@ def one(
     ok = conf.decision.action == OK
     # the report's Sessions table over the same trials (agentsearch.report.session_table)
     trials = [
-        {**dataclasses.asdict(t), "phase": phase}
+        dataclasses.replace(t, phase=phase)
         for phase, r in (("objective", run), ("confirmation", conf))
         for t in r.trials
     ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -16,6 +17,7 @@ import pytest
 
 from agentsearch.workspace import Workspace
 from history import HistoryLog
+from history.records import TrialRecord
 
 from .conftest import ROOT, evaluation_record, git, run_cli
 from .test_episode import BENCH, ENGINE, episode_json, make_target, patch_from
@@ -448,7 +450,7 @@ def test_review_recheck_and_revert_a_real_merge(judged):
     assert rows[0]["sessions"] == sessions and rows[0]["objective"] == "speed"
 
 
-def _session_trials(workload: str, changes: list[tuple[str, int, float]], rng, higher: bool = True) -> list[dict]:
+def _session_trials(workload: str, changes: list[tuple[str, int, float]], rng, higher: bool = True) -> list:
     """Paired trial records of ``workload``: per (phase, session, change) six pairs at 1% noise."""
     import math
 
@@ -460,15 +462,9 @@ def _session_trials(workload: str, changes: list[tuple[str, int, float]], rng, h
             c = b * (1 + change) ** (1 if higher else -1) * math.exp(rng.normal(0, 0.01))
             for side, v in (("baseline", b), ("candidate", c)):
                 out.append(
-                    {
-                        "workload": workload,
-                        "side": side,
-                        "value": v,
-                        "ok": True,
-                        "pair": i,
-                        "session": session,
-                        "phase": phase,
-                    }
+                    TrialRecord(
+                        workload, side, 1000 + i, i, int(side == "candidate"), "AB", session, True, v, phase=phase
+                    )
                 )
     return out
 
@@ -512,7 +508,7 @@ def test_report_shows_each_engine_session_and_flags_sessions_that_disagree(tmp_p
     crashed = _session_trials("tput", [("objective", 0, -0.10), ("objective", 1, -0.10)], rng)  # pairs 0..11
     resumed = _session_trials("tput", [("objective", 0, 0.06), ("objective", 1, 0.06), ("confirmation", 0, 0.06)], rng)
     resumed = [
-        t for t in resumed if not (t["phase"] == "objective" and t["pair"] >= 10)
+        t for t in resumed if not (t.phase == "objective" and t.pair >= 10)
     ]  # 6 pairs in session 0, 4 in session 1
     ev2 = Evidence("x", "evaluation", evaluation_record(verdict="merge"), crashed + resumed, directions={"tput": True})
     section = render(ev2, "md")[0].split("### Sessions", 1)[1]
@@ -526,8 +522,10 @@ def test_report_shows_each_engine_session_and_flags_sessions_that_disagree(tmp_p
     # a baseline trial the load generator was disturbed on, measured again (harness.interleave): the same attempt,
     # every pair kept
     again = _session_trials("tput", [("objective", 0, 0.06), ("objective", 1, 0.06)], rng)
-    first = next(i for i, t in enumerate(again) if t["side"] == "baseline" and t["pair"] == 3)
-    disturbed = {**again[first], "ok": False, "value": None, "failure": "measurement-error", "error": "fell behind"}
+    first = next(i for i, t in enumerate(again) if t.side == "baseline" and t.pair == 3)
+    disturbed = dataclasses.replace(
+        again[first], ok=False, value=None, failure="measurement-error", error="fell behind"
+    )
     ev3 = Evidence(
         "x",
         "evaluation",

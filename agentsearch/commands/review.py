@@ -23,12 +23,10 @@ def merges(ws: Workspace) -> list[dict[str, Any]]:
     entries = read_entries(ws)
     verdicts = {e.proposal: e.record for e in entries if isinstance(e.record, Verdict)}
     merged = {e.proposal for e in entries if isinstance(e.record, Merge) and e.record.ok}
-    trials: dict[
-        str | None, list[dict[str, Any]]
-    ] = {}  # each merged proposal's trials (of its merged candidate: below)
+    trials: dict[str | None, list[Trial]] = {}  # each merged proposal's trials (of its merged candidate: below)
     for e in entries:
         if isinstance(e.record, Trial) and e.proposal in merged:
-            trials.setdefault(e.proposal, []).append(e.record.to_json())
+            trials.setdefault(e.proposal, []).append(e.record)
     configs: dict[str, tuple[dict[str, bool], str]] = {}
 
     def judged_by(baseline: str) -> tuple[dict[str, bool], str]:
@@ -60,7 +58,7 @@ def merges(ws: Workspace) -> list[dict[str, Any]]:
         except AgentsearchError:
             on_baseline = False
         rc, rv = rechecks.get(m), reverted.get(m)
-        mine = [t for t in trials.get(e.proposal, []) if t.get("candidate") == merge.candidate]
+        mine = [t for t in trials.get(e.proposal, []) if t.candidate == merge.candidate]
         directions, objective = judged_by(merge.old)
         sessions = next((s for s in session_table(mine, directions) if s["workload"] == objective), None)
         rows.append(

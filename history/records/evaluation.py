@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -9,6 +10,7 @@ from typing import Any, ClassVar
 from .base import Record
 from .checks import FailureKind
 from .statistic import WorkloadSummary, objective_in
+from .trial import TrialRecord
 from .verdict import CheckResult, JudgedFields, MeasuredFields, Outcome, Verdict
 
 
@@ -47,3 +49,15 @@ class Evaluation(JudgedFields, MeasuredFields, Record):
         data.pop("trials", None)
         s = self.objective_summary
         return Verdict.of({**data, "speedup": s.speedup if s else None, **fields})
+
+    @property
+    def trials(self) -> tuple[TrialRecord, ...]:
+        """The evaluation's trials, as the harness recorded them (keys a released version wrote beside a trial's
+        fields, such as its own ``schema_version``, are left out)."""
+        raw = self.extra.get("trials") or ()
+        known = {f.name for f in dataclasses.fields(TrialRecord)}
+        return tuple(
+            TrialRecord.from_json({k: v for k, v in t.items() if k in known}, f"evaluation.trials[{i}]")
+            for i, t in enumerate(raw)
+            if isinstance(t, Mapping)
+        )
