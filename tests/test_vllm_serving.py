@@ -133,11 +133,21 @@ def test_a_tail_only_regression_is_caught_by_the_p99_guard_and_not_by_the_median
     held = [
         r for r in out["reasons"] if r.startswith("guard-workloads: ttft-p99: the regression held on fresh engines")
     ]
-    assert held and "the candidate trades ttft-p99 (ttft_p99_ms)" in held[0] and "for speed (x) +" in held[0], out[
-        "reasons"
+    # or, measured again on fresh engines, a candidate trial's load generator fell behind its schedule: a rejection
+    # too (the instrument is never re-run on the candidate's trial), after the guard's first run saw the regression.
+    # One full CI run with more tests beside it than CI has ended so
+    behind = [
+        r
+        for r in out["reasons"]
+        if r.startswith("guard-workloads: candidate trial failed (ttft-p99")
+        and "the load generator fell behind its schedule" in r
+        and "(first run: regressed by" in r
     ]
+    assert (held and "the candidate trades ttft-p99 (ttft_p99_ms)" in held[0] and "for speed (x) +" in held[0]) or (
+        behind
+    ), out["reasons"]
     w = out["workloads"]
-    assert w["ttft-p99"]["speedup"] < 0.8, w["ttft-p99"]
+    assert w["ttft-p99"]["decision"] == "regressed" and w["ttft-p99"]["speedup"] < 0.8, w["ttft-p99"]
     # the median guard judged the same change and saw no regression: it passed (its estimate is noise around no change:
     # a held request leaves the others a lighter batch, and one run here read the median +27% faster over 3 pairs,
     # another beside two engine tests +34% over 6)
