@@ -25,6 +25,7 @@ from harness.engine_session import EnginePool
 from harness.gate_defaults import CPU_SHARE_OF_WIN, LOADED_CONFIRM_PAIRS, LOADED_SHARE
 from harness.interleave import WorkloadRun, run_interleaved
 from harness.logprobs import LogprobError
+from harness.quiet import FOREIGN_LOAD
 from harness.seeds import confirmation_seeds, coverage_seed, guard_check_seeds, new_master, pair_seeds
 from harness.sequential import (
     OK,
@@ -614,7 +615,8 @@ def _confirmation(ctx: _Ctx) -> bool:
     if not _judged(ctx, c, "confirmation", w.name, OK):
         return False
     assert c is not None and c.decision is not None
-    share = _cpu_share(won, c) if strict and not _on_gpu(ctx.config) else ""
+    contended = strict or pinned_contention(won) > LOADED_SHARE
+    share = _cpu_share(won, c) if contended and not _on_gpu(ctx.config) else ""
     if share:
         ctx.st.add("confirmation", Status.FAIL, f"{w.name}: {share}", FailureKind.NOT_CONFIRMED)
         return False
@@ -641,6 +643,24 @@ def cpu_saving(runs: list[WorkloadRun]) -> tuple[float, float, int] | None:
     return (sum(walls) / len(walls), sum(cpus) / len(cpus), len(walls)) if walls else None
 
 
+def pinned_contention(r: WorkloadRun) -> float:
+    """The share of ``r``'s pairs with a timed trial whose pinned CPUs other processes used for more than
+    ``FOREIGN_LOAD`` of them (``cpus_busy_s`` beyond the engine's ``cpu_s``): contention on the engine's own CPUs,
+    which the machine-wide probe misses when it is under a quarter of the machine (one busy process on an engine's
+    one CPU is half a core of two). 0 when the trials did not count it."""
+    pairs: dict[tuple[int, int], bool] = {}
+    for t in r.trials:
+        if t.pair < 0 or not t.ok:
+            continue
+        busy, cpu, n = t.metrics.get("cpus_busy_s"), _cpu_of(t), t.metrics.get("cpus_pinned")
+        if not isinstance(busy, (int, float)) or isinstance(busy, bool) or not cpu or not isinstance(n, int):
+            continue
+        key = (t.session, t.pair)
+        foreign = (busy - cpu) / (t.wall_s * n) if t.wall_s > 0 and n > 0 else 0.0
+        pairs[key] = pairs.get(key, False) or foreign > FOREIGN_LOAD
+    return sum(pairs.values()) / len(pairs) if pairs else 0.0
+
+
 def _cpu_of(t: TrialRecord) -> float:
     """The trial's CPU time (seconds) when its engine was pinned and counted it, else 0."""
     cpu, pinned = t.metrics.get("cpu_s"), t.metrics.get("cpus_pinned")
@@ -650,7 +670,8 @@ def _cpu_of(t: TrialRecord) -> float:
 
 
 def _cpu_share(won: WorkloadRun, confirmed: WorkloadRun) -> str:
-    """Why a win measured mostly under foreign load is a larger share of a contended CPU rather than less work ('' when
+    """Why a win measured mostly under foreign load (on the machine or on the engine's pinned CPUs) is a larger share
+    of a contended CPU rather than less work ('' when
     it is not, or the trials did not count their CPU time): its wall time fell and its CPU time per trial did not
     fall with it (``CPU_SHARE_OF_WIN``). Both sides ran the same requests, so the same work costs the same CPU time
     whatever the load; a candidate that splits it over more runnable processes gets more of a CPU others use too
@@ -662,7 +683,7 @@ def _cpu_share(won: WorkloadRun, confirmed: WorkloadRun) -> str:
     if wall <= 0 or cpu >= CPU_SHARE_OF_WIN * wall:
         return ""
     return (
-        f"measured mostly under foreign load, the win is not less work: over {n} pairs the candidate's wall time per "
+        f"measured mostly under contention, the win is not less work: over {n} pairs the candidate's wall time per "
         f"trial {math.exp(-wall) - 1:+.1%}, its CPU time {math.exp(-cpu) - 1:+.1%} (the same requests on both "
         f"sides): a larger share of a CPU other processes use too, not a faster candidate; measure it again on a quiet "
         f"machine"

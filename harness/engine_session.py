@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, NoReturn
 
-from . import lengths, sandbox
+from . import lengths, quiet, sandbox
 from .cgroups import CpusetGroup, Group
 from .seeds import batch_seed
 from .trials import (
@@ -171,15 +171,28 @@ class Parkable:
             )
         return ""
 
-    def _envelope(self, cpu0: float | None, wall: float, metrics: dict[str, Any] | None = None) -> str:
-        """The CPU-envelope check of a pinned engine's measurement that started at ``cpu0`` (its CPU time then);
-        records ``cpu_s`` (CPU time used) and ``cpus_pinned`` in ``metrics``."""
+    def _start_clock(self) -> tuple[float | None, float | None]:
+        """(the engine's CPU time, its pinned CPUs' busy time) at a measurement's start; (None, None) unpinned."""
+        if not self.cpus:
+            return None, None
+        return self.cpu_seconds(), quiet.cpus_busy_s(self.cpus)
+
+    def _envelope(
+        self, start: tuple[float | None, float | None], wall: float, metrics: dict[str, Any] | None = None
+    ) -> str:
+        """The CPU-envelope check of a pinned engine's measurement that started at ``start`` (``_start_clock``);
+        records ``cpu_s`` (CPU time used), ``cpus_pinned`` and ``cpus_busy_s`` (the pinned CPUs' busy time, every
+        process's: what is more than ``cpu_s`` other processes took of them) in ``metrics``."""
+        cpu0, busy0 = start
         if cpu0 is None:
             return ""
         now = self.cpu_seconds()
         used = None if now is None else now - cpu0
         if metrics is not None and used is not None and self.cpus:
             metrics.update(cpu_s=round(used, 4), cpus_pinned=len(self.cpus))
+            busy = quiet.cpus_busy_s(self.cpus) if busy0 is not None else None
+            if busy is not None and busy0 is not None:
+                metrics["cpus_busy_s"] = round(busy - busy0, 3)
         return self.over_envelope(used, wall)
 
     def _new_group(self) -> Callable[[], None] | None:
@@ -331,7 +344,12 @@ def on_orchestrator_clock(metrics: dict[str, Any], outputs: tuple[tuple[int, ...
 
 DEFAULT_PROMPTS = 64  # a throughput trial's prompts when the workload does not say (the worker's default too)
 SLICEABLE_METRICS = ("output_tok_s", "total_tok_s", "requests_s", "elapsed_s")  # what combine_parts recomputes
-HARNESS_KEYS = ("cpu_s", "cpus_pinned", "slices")  # metrics only the orchestrator writes (a worker's are dropped)
+HARNESS_KEYS = (
+    "cpu_s",
+    "cpus_pinned",
+    "cpus_busy_s",
+    "slices",
+)  # metrics only the orchestrator writes (a worker's are dropped)
 
 
 def combine_parts(parts: list[TrialOutcome], metric: str) -> TrialOutcome:
@@ -351,6 +369,8 @@ def combine_parts(parts: list[TrialOutcome], metric: str) -> TrialOutcome:
         metrics.update(
             cpu_s=round(sum(p.metrics["cpu_s"] for p in parts), 4), cpus_pinned=parts[0].metrics["cpus_pinned"]
         )
+    if all("cpus_busy_s" in p.metrics for p in parts):
+        metrics["cpus_busy_s"] = round(sum(p.metrics["cpus_busy_s"] for p in parts), 3)
     if wall <= 0 or any(p.outputs is None for p in parts):
         return TrialOutcome(
             False, None, metrics, wall, "a part of the trial has no time or no outputs on the orchestrator's clock"
@@ -477,7 +497,7 @@ class WorkerSession(Parkable):
         not_ready = self._not_ready()
         if not_ready is not None:
             return not_ready
-        cpu0 = self.cpu_seconds() if self.cpus else None
+        clock = self._start_clock()
         t0 = time.perf_counter()
         try:
             cmd: dict[str, Any] = {"cmd": "measure", "seed": seed}
@@ -495,7 +515,7 @@ class WorkerSession(Parkable):
         metrics = {k: v for k, v in dict(msg.get("metrics", {})).items() if k not in HARNESS_KEYS}
         metrics["engine_startup_s"] = self.ready.get("startup_s")
         outputs, why = parse_outputs(msg.get("outputs"))
-        why = why or self._envelope(cpu0, wall, metrics) or on_orchestrator_clock(metrics, outputs, wall)
+        why = why or self._envelope(clock, wall, metrics) or on_orchestrator_clock(metrics, outputs, wall)
         if why:
             return TrialOutcome(False, None, metrics, wall, why, self.log_tail())
         err = metric_error(metrics, metric)
@@ -519,7 +539,7 @@ class WorkerSession(Parkable):
         not_ready = self._not_ready()
         if not_ready is not None:
             return not_ready
-        cpu0 = self.cpu_seconds() if self.cpus else None
+        clock = self._start_clock()
         t_all = time.perf_counter()
         iters = int(params.get("iterations", 5))
         lat: list[float] = []
@@ -549,7 +569,7 @@ class WorkerSession(Parkable):
             return TrialOutcome(
                 False, None, {}, time.perf_counter() - t_all, str(exc), self.log_tail(), failure=_kind(exc)
             )
-        why = self._envelope(cpu0, time.perf_counter() - t_all)
+        why = self._envelope(clock, time.perf_counter() - t_all)
         if why:
             return TrialOutcome(False, None, {}, time.perf_counter() - t_all, why, self.log_tail())
         lat.sort()

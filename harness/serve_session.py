@@ -266,7 +266,7 @@ class ServeSession(Parkable):
             return TrialOutcome(
                 False, None, {}, time.perf_counter() - t0, f"load generator: {exc}", self._log_tail(), failure=CRASH
             )
-        cpu0 = self.cpu_seconds() if self.cpus else None
+        clock = self._start_clock()
         if metric == tails.RATE_AT_SLO:
             out = self._search(seed, p, slos, metric)
         else:
@@ -275,7 +275,7 @@ class ServeSession(Parkable):
             return out
         wall = time.perf_counter() - t0
         metrics = dict(out.metrics)
-        over = self._envelope(cpu0, wall, metrics)  # pinned: the server used no more CPU time than its CPUs give
+        over = self._envelope(clock, wall, metrics)  # pinned: the server used no more CPU time than its CPUs give
         if over:
             return TrialOutcome(False, None, metrics, wall, over, self._log_tail())
         return TrialOutcome(True, out.value, metrics, wall, outputs=out.outputs)

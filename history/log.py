@@ -137,6 +137,9 @@ def _parse(raw: str, where: str) -> Entry:
             v=d["v"],
         )
     except RecordError as exc:
+        body = {k: d.get(k) for k in ("v", "seq", "ts", "kind", "episode", "proposal", "data", "prev")}
+        if _digest(body) != d.get("hash"):  # an edited line says so first, whatever the edit broke
+            raise HistoryError(f"{where}: hash mismatch (the line was edited)") from None
         raise HistoryError(f"{where}: invalid {d.get('kind')} record: {exc}") from None
     except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
         raise HistoryError(f"{where}: not a history record ({exc})") from None

@@ -457,10 +457,18 @@ def test_a_larger_share_of_a_contended_cpu_is_not_a_win(tmp_path):
         rc, out = evaluate(repo, "share")
         rc_fast, fast = evaluate(repo, "faster")
     assert rc == 4 and out["verdict"] == "reject", out["reasons"]
-    assert any(
-        r.startswith("confirmation: throughput: measured mostly under foreign load, the win is not less work")
+    # when its objective won (the share is often enough for it: +14% to +18% here), the CPU-time account rejects it;
+    # otherwise the objective itself was inconclusive (+3% to +10% beside other tests)
+    won = any(c["name"] == "objective" and c["status"] == "pass" for c in out["checks"])
+    assert not won or any(
+        r.startswith("confirmation: throughput: measured mostly under contention, the win is not less work")
         for r in out["reasons"]
     ), (out["reasons"], out["workloads"]["throughput"])
+    # the engines' CPU was contended: its busy time beyond the engine's own on most pairs (the probe of the whole
+    # machine flags fewer: one busy process on one CPU of two is under its threshold at times)
+    timed = [t for t in out["trials"] if t["ok"] and t["pair"] >= 0]
+    contended = [t for t in timed if (t["metrics"]["cpus_busy_s"] - t["metrics"]["cpu_s"]) / t["wall_s"] > 0.25]
+    assert len(contended) > len(timed) / 2, [(t["metrics"], t["wall_s"]) for t in timed]
     assert rc_fast == 0 and fast["verdict"] == "merge", fast["reasons"]
     assert 1.15 < fast["workloads"]["throughput"]["speedup"] < 1.6, fast["workloads"]["throughput"]
 
