@@ -644,20 +644,18 @@ def cpu_saving(runs: list[WorkloadRun]) -> tuple[float, float, int] | None:
 
 
 def pinned_contention(r: WorkloadRun) -> float:
-    """The share of ``r``'s pairs with a timed trial whose pinned CPUs other processes used for more than
-    ``FOREIGN_LOAD`` of them (``cpus_busy_s`` beyond the engine's ``cpu_s``): contention on the engine's own CPUs,
-    which the machine-wide probe misses when it is under a quarter of the machine (one busy process on an engine's
-    one CPU is half a core of two). 0 when the trials did not count it."""
+    """The share of ``r``'s pairs with a timed trial during which a runnable process of the engine waited for a CPU
+    more than ``FOREIGN_LOAD`` of the time (``cpu_wait_s``, the engine cgroup's pressure stall): contention on the
+    engine's own CPUs, which the machine-wide probe misses when it is under a quarter of the machine (one busy
+    process on an engine's one CPU is half a core of two). A sleeping engine waits for nothing. 0 when the trials
+    did not count it."""
     pairs: dict[tuple[int, int], bool] = {}
     for t in r.trials:
-        if t.pair < 0 or not t.ok:
-            continue
-        busy, cpu, n = t.metrics.get("cpus_busy_s"), _cpu_of(t), t.metrics.get("cpus_pinned")
-        if not isinstance(busy, (int, float)) or isinstance(busy, bool) or not cpu or not isinstance(n, int):
+        wait = t.metrics.get("cpu_wait_s")
+        if t.pair < 0 or not t.ok or t.wall_s <= 0 or isinstance(wait, bool) or not isinstance(wait, (int, float)):
             continue
         key = (t.session, t.pair)
-        foreign = (busy - cpu) / (t.wall_s * n) if t.wall_s > 0 and n > 0 else 0.0
-        pairs[key] = pairs.get(key, False) or foreign > FOREIGN_LOAD
+        pairs[key] = pairs.get(key, False) or wait / t.wall_s > FOREIGN_LOAD
     return sum(pairs.values()) / len(pairs) if pairs else 0.0
 
 

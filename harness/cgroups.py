@@ -92,6 +92,19 @@ class Group:
             pass
         return None
 
+    def cpu_wait_seconds(self) -> float | None:
+        """How long, so far, some runnable process of the group waited for a CPU (``cpu.pressure``: the kernel's
+        pressure-stall "some" total); None where the kernel does not keep it. Over a trial, a fraction of its wall time
+        that says how contended the group's CPUs were for it: a process that sleeps waits for nothing."""
+        try:
+            for line in (self.path / "cpu.pressure").read_text().splitlines():
+                if line.startswith("some "):
+                    total = dict(kv.split("=", 1) for kv in line.split()[1:] if "=" in kv).get("total")
+                    return int(total) / 1e6 if total is not None else None
+        except (OSError, ValueError):
+            pass
+        return None
+
     def pids(self) -> list[int]:
         return procs(self.path)
 

@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, NoReturn
 
-from . import lengths, quiet, sandbox
+from . import lengths, sandbox
 from .cgroups import CpusetGroup, Group
 from .seeds import batch_seed
 from .trials import (
@@ -172,27 +172,28 @@ class Parkable:
         return ""
 
     def _start_clock(self) -> tuple[float | None, float | None]:
-        """(the engine's CPU time, its pinned CPUs' busy time) at a measurement's start; (None, None) unpinned."""
-        if not self.cpus:
+        """(the engine's CPU time, how long its runnable processes have waited for a CPU) at a measurement's start;
+        (None, None) unpinned."""
+        if not self.cpus or self.group is None:
             return None, None
-        return self.cpu_seconds(), quiet.cpus_busy_s(self.cpus)
+        return self.cpu_seconds(), self.group.cpu_wait_seconds()
 
     def _envelope(
         self, start: tuple[float | None, float | None], wall: float, metrics: dict[str, Any] | None = None
     ) -> str:
         """The CPU-envelope check of a pinned engine's measurement that started at ``start`` (``_start_clock``);
-        records ``cpu_s`` (CPU time used), ``cpus_pinned`` and ``cpus_busy_s`` (the pinned CPUs' busy time, every
-        process's: what is more than ``cpu_s`` other processes took of them) in ``metrics``."""
-        cpu0, busy0 = start
+        records ``cpu_s`` (CPU time used), ``cpus_pinned`` and ``cpu_wait_s`` (how long a runnable process of the
+        engine waited for a CPU: contention on its CPUs, from other processes or its own) in ``metrics``."""
+        cpu0, wait0 = start
         if cpu0 is None:
             return ""
         now = self.cpu_seconds()
         used = None if now is None else now - cpu0
         if metrics is not None and used is not None and self.cpus:
             metrics.update(cpu_s=round(used, 4), cpus_pinned=len(self.cpus))
-            busy = quiet.cpus_busy_s(self.cpus) if busy0 is not None else None
-            if busy is not None and busy0 is not None:
-                metrics["cpus_busy_s"] = round(busy - busy0, 3)
+            wait = self.group.cpu_wait_seconds() if self.group is not None and wait0 is not None else None
+            if wait is not None and wait0 is not None:
+                metrics["cpu_wait_s"] = round(wait - wait0, 4)
         return self.over_envelope(used, wall)
 
     def _new_group(self) -> Callable[[], None] | None:
@@ -344,12 +345,7 @@ def on_orchestrator_clock(metrics: dict[str, Any], outputs: tuple[tuple[int, ...
 
 DEFAULT_PROMPTS = 64  # a throughput trial's prompts when the workload does not say (the worker's default too)
 SLICEABLE_METRICS = ("output_tok_s", "total_tok_s", "requests_s", "elapsed_s")  # what combine_parts recomputes
-HARNESS_KEYS = (
-    "cpu_s",
-    "cpus_pinned",
-    "cpus_busy_s",
-    "slices",
-)  # metrics only the orchestrator writes (a worker's are dropped)
+HARNESS_KEYS = ("cpu_s", "cpus_pinned", "cpu_wait_s", "slices")  # metrics only the orchestrator writes
 
 
 def combine_parts(parts: list[TrialOutcome], metric: str) -> TrialOutcome:
@@ -369,8 +365,8 @@ def combine_parts(parts: list[TrialOutcome], metric: str) -> TrialOutcome:
         metrics.update(
             cpu_s=round(sum(p.metrics["cpu_s"] for p in parts), 4), cpus_pinned=parts[0].metrics["cpus_pinned"]
         )
-    if all("cpus_busy_s" in p.metrics for p in parts):
-        metrics["cpus_busy_s"] = round(sum(p.metrics["cpus_busy_s"] for p in parts), 3)
+    if all("cpu_wait_s" in p.metrics for p in parts):
+        metrics["cpu_wait_s"] = round(sum(p.metrics["cpu_wait_s"] for p in parts), 4)
     if wall <= 0 or any(p.outputs is None for p in parts):
         return TrialOutcome(
             False, None, metrics, wall, "a part of the trial has no time or no outputs on the orchestrator's clock"

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Collection
 from dataclasses import dataclass
 
 FOREIGN_LOAD = 0.25  # flag a trial when other processes used more than this share of the cores
@@ -41,25 +40,6 @@ def _busy_jiffies() -> int | None:
     if not parts or parts[0] != "cpu":
         return None
     return _busy(parts[1:])
-
-
-def cpus_busy_s(cpus: Collection[int]) -> float | None:
-    """Busy time (seconds, every process's) of the CPUs ``cpus`` since boot, from /proc/stat's per-CPU lines; None
-    where the machine does not say. Around a pinned engine's trial, this minus the engine's own CPU time is what other
-    processes took of its CPUs: contention the machine-wide probe may not see (one busy process on an engine's one
-    CPU is half a core of foreign use on two)."""
-    want = {f"cpu{c}" for c in cpus}
-    total, seen = 0, 0
-    try:
-        with open("/proc/stat") as fh:
-            for line in fh:
-                parts = line.split()
-                if parts and parts[0] in want:
-                    total += _busy(parts[1:])
-                    seen += 1
-    except (OSError, ValueError):
-        return None
-    return total / _TICK if want and seen == len(want) else None
 
 
 def _tree_jiffies(root: int) -> int:
@@ -148,4 +128,4 @@ class Probe:
         return out
 
 
-__all__ = ["Probe", "FOREIGN_LOAD", "SHORT_TRIAL_S", "cpu_mhz", "cpus_busy_s", "load1"]
+__all__ = ["Probe", "FOREIGN_LOAD", "SHORT_TRIAL_S", "cpu_mhz", "load1"]
