@@ -42,12 +42,14 @@ DEFAULT_PROMPTS, DEFAULT_INPUT_LEN, DEFAULT_OUTPUT_LEN, DEFAULT_CONCURRENCY = 32
 MAX_RATE = 500.0  # requests per second one warm generator process sends on schedule here (benchmarks/serving_tails.py)
 MAX_REQUESTS = 20_000  # per trial (one JSON message each way)
 MAX_TOKENS = 2_000_000  # output tokens per trial: the report's per-token gaps stay under the generator's read cap
-# The generator keeps up while its lag behind the schedule is small on average (mean under 5 ms or a quarter of the
+# The generator keeps up while its lag behind the schedule is small on average (mean under 20 ms or a quarter of the
 # mean inter-arrival time) and never long (p99 under 100 ms or four inter-arrival times). On a quiet machine here
 # its p99 lag is 1.3-2.8 ms at 80-100 requests/s; a test suite running beside it made stalls of 13 and 26 ms, which
-# bunch two requests in a Poisson stream (noise, not a broken load). A generator that cannot keep its rate falls
-# further behind with every request: its mean lag grows without bound.
-MEAN_LAG_FLOOR_S, MEAN_LAG_SHARE = 0.005, 0.25
+# bunch two requests in a Poisson stream (noise, not a broken load), and three full CI runs beside the other
+# worker's engines read mean lags of 6.2 to 8.3 ms on single trials (a 5 ms floor made each the run's error or a
+# rejection). A generator that cannot keep its rate falls further behind with every request: its mean lag grows
+# without bound (10% short of 80 requests/s, the last of 1,000 requests is over a second late, the mean half that).
+MEAN_LAG_FLOOR_S, MEAN_LAG_SHARE = 0.020, 0.25
 LAG_FLOOR_S, LAG_SHARE = 0.100, 4.0
 PARAMS = (
     "prompts",

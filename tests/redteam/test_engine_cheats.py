@@ -457,13 +457,15 @@ def test_a_larger_share_of_a_contended_cpu_is_not_a_win(tmp_path):
         rc, out = evaluate(repo, "share")
         rc_fast, fast = evaluate(repo, "faster")
     assert rc == 4 and out["verdict"] == "reject", out["reasons"]
-    # when its objective won (the share is often enough for it: +14% to +18% here), the CPU-time account rejects it;
-    # otherwise the objective itself was inconclusive (+3% to +10% beside other tests)
+    # when its objective won (the share is often enough for it: +14% to +18% here), the confirmation rejects it: the
+    # CPU-time account ("measured mostly under contention, the win is not less work"), or, under the other CI worker's
+    # load too, the fresh pairs were not significant by themselves (+6.9% once); otherwise the objective itself was
+    # inconclusive (+3% to +10% beside other tests). tests/test_contention.py holds the account's rule
     won = any(c["name"] == "objective" and c["status"] == "pass" for c in out["checks"])
-    assert not won or any(
-        r.startswith("confirmation: throughput: measured mostly under contention, the win is not less work")
-        for r in out["reasons"]
-    ), (out["reasons"], out["workloads"]["throughput"])
+    assert not won or any(r.startswith("confirmation: throughput: measured mostly under") for r in out["reasons"]), (
+        out["reasons"],
+        out["workloads"]["throughput"],
+    )
     # the engines' CPU was contended: their processes waited for it on most pairs (the probe of the whole machine
     # flags fewer: one busy process on one CPU of two is under its threshold at times)
     timed = [t for t in out["trials"] if t["ok"] and t["pair"] >= 0]
