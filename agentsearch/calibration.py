@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from harness import environment, machine_noise, power, seeds
-from harness.engine_session import EnginePool
+from harness.engine_pool import EnginePool
 from harness.gate_defaults import CALIBRATION_PAIRS, MACHINE_PROBE_S
 from harness.interleave import pairs_per_session, run_interleaved
 from harness.sequential import OK, Decision, SequentialDesign
@@ -254,7 +254,7 @@ def calibrate(
                         run.log_ratios,
                         config,
                         run.sessions,
-                        placement_for(config).describe() if w.kind != "command" else "",
+                        placement_for(config).describe() if w.spec.engine else "",
                         options["alternate"],
                     )
             finally:
@@ -282,7 +282,7 @@ def _machine_floors(
 ) -> tuple[dict[str, WorkloadNoise], str]:
     """The warm-engine workloads' results with their machine floors, one probe per set of engine CPUs; and what
     was probed. A probe that fails leaves the floors out (it judges nothing) and says why."""
-    warm = [w for w in config.workloads if w.kind != "command" and w.name in results]
+    warm = [w for w in config.workloads if w.spec.engine and w.name in results]
     if seconds <= 0 or not warm:
         return results, "not probed" if seconds <= 0 else "not probed (no warm-engine workload)"
     place = placement_for(config)

@@ -32,7 +32,36 @@ from .globs import normalize as normalize_glob
 CONFIG_FILE = "agentsearch.toml"
 SCHEMA_VERSION = 1
 
-WORKLOAD_KINDS = ("command", "vllm-throughput", "vllm-latency", "vllm-serve")
+
+@dataclass(frozen=True)
+class WorkloadKind:
+    """What one kind of workload is: the one place for everything that differs between kinds. A new kind is a row of
+    ``WORKLOAD_KINDS`` (and, for an engine kind, the worker's mode of the same name in harness/workers)."""
+
+    name: str
+    about: str  # for people (docs, errors)
+    engine: bool  # runs in a vLLM engine kept warm over a session of trials (restarts, placement, warm-up, start-up)
+    serving: bool = False  # an OpenAI-compatible server under the open-loop load generator (SLOs, traces)
+    profilable: bool = False  # `agentsearch profile` can rank where its time goes
+    outputs: str = "tokens"  # the outputs check: the sides' generated "tokens", or the command's reported "digest"
+
+    def sessions(self, restarts: int) -> int:
+        """Engine sessions per side per evaluation: an engine kind restarts ``restarts`` times; a command's trials
+        are fresh processes already."""
+        return restarts if self.engine else 1
+
+
+WORKLOAD_KINDS: dict[str, WorkloadKind] = {
+    k.name: k
+    for k in (
+        WorkloadKind(
+            "command", "your command, a fresh process per trial, printing JSON", engine=False, outputs="digest"
+        ),
+        WorkloadKind("vllm-throughput", "offline generation throughput in a warm engine", engine=True, profilable=True),
+        WorkloadKind("vllm-latency", "batch latency in a warm engine", engine=True, profilable=True),
+        WorkloadKind("vllm-serve", "an OpenAI-compatible server under open-loop load", engine=True, serving=True),
+    )
+}
 INSTALL_MODES = ("none", "overlay", "command")
 VERIFY_MODES = ("exact", "tight", "approx")
 # models `agentsearch model NAME` builds offline: a workload or [verify] may name one instead of a
@@ -93,7 +122,7 @@ class TargetConfig:
 class WorkloadConfig:
     name: str = doc("Unique workload name.")
     metric: str = doc("Key of the metric in the workload's JSON output that the gate judges.")
-    kind: str = doc("command | vllm-throughput | vllm-latency | vllm-serve.", "command")
+    kind: str = doc("; ".join(f"{k.name}: {k.about}" for k in WORKLOAD_KINDS.values()) + ".", "command")
     command: str | None = doc(
         "Shell command for kind = \"command\"; `{worktree}`, `{seed}`, `{out}` are substituted.", None
     )
@@ -134,6 +163,11 @@ class WorkloadConfig:
         None,
     )
 
+    @property
+    def spec(self) -> WorkloadKind:
+        """What this workload's kind is (validated on load)."""
+        return WORKLOAD_KINDS[self.kind]
+
     def __post_init__(self) -> None:
         if self.outputs is not None and (not self.outputs or self.outputs == self.metric):
             raise ValueError(f"expected a key other than the metric, got {self.outputs!r}|outputs")
@@ -143,13 +177,13 @@ class WorkloadConfig:
             raise ValueError(f"expected an integer >= 2, got {self.max_pairs}|max_pairs")
         if self.kind not in WORKLOAD_KINDS:
             raise ValueError(f"expected one of {', '.join(WORKLOAD_KINDS)}, got {self.kind!r}|kind")
-        if self.kind == "command" and not self.command:
+        if not self.spec.engine and not self.command:
             raise ValueError("a command workload needs `command`|command")
         if not self.name or any(c in self.name for c in "/ \t"):
             raise ValueError(f"expected a name without spaces or '/', got {self.name!r}|name")
         _check_seconds(self.timeout_s, "timeout_s")
         _check_seconds(self.startup_timeout_s, "startup_timeout_s")
-        if self.kind == "vllm-serve":
+        if self.spec.serving:
             try:
                 serving_load.check_params(self.params, self.metric, timeout_s=self.timeout_s)
             except ValueError as exc:
@@ -840,7 +874,7 @@ def load_config_text(text: str, source: str = CONFIG_FILE) -> Config:
         )
     named = sections["gate"].objective or workloads[0].name
     objective = next((w for w in workloads if w.name == named), None)
-    qm = tails.quantile_metric(objective.metric) if objective is not None and objective.kind == "vllm-serve" else None
+    qm = tails.quantile_metric(objective.metric) if objective is not None and objective.spec.serving else None
     if qm is not None and qm.base in ("tpot", "itl"):
         raise ConfigError(
             f"{source}: [[workload]] {objective.name if objective else ''} metric: {qm.name} as the objective can be "
@@ -848,7 +882,7 @@ def load_config_text(text: str, source: str = CONFIG_FILE) -> Config:
             "the objective and keep tpot and itl quantiles as guards"
         )
     for i, w in enumerate(workloads):
-        if w.kind == "vllm-serve" and w.metric == tails.RATE_AT_SLO:
+        if w.spec.serving and w.metric == tails.RATE_AT_SLO:
             try:
                 serving_load.check_params(w.params, w.metric, [x.slo() for x in slos])
             except ValueError as exc:

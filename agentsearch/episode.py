@@ -25,7 +25,7 @@ from harness import environment, seeds
 from harness.trials import TrialRecord, tail
 from history import HistoryChanged, HistoryError
 from history import records as rec
-from history.insights import proposal_rows
+from history.proposals import Proposal, agent_costs, proposals_of
 
 from . import proposers
 from .errors import AgentsearchError, CasError, ConfigError, LockedError, RunError, TargetError
@@ -87,31 +87,9 @@ class Plan:
 
 
 @dataclass
-class ProposalState:
-    """One proposal of the episode, as its records say: created, then its verdict, then its merge."""
-
-    number: int
-    created: rec.ProposalCreated
-    verdict: rec.Verdict | None = None
-    merge: rec.Merge | None = None
-
-    @property
-    def id(self) -> str:
-        return self.created.proposal
-
-    @property
-    def key(self) -> str:
-        return self.created.key
-
-    @property
-    def merged(self) -> bool:
-        return self.merge is not None and self.merge.ok
-
-
-@dataclass
 class EpisodeState:
     plan: Plan
-    proposals: dict[int, ProposalState] = field(default_factory=dict)
+    proposals: dict[int, Proposal] = field(default_factory=dict)
     finished: dict[str, Any] | None = None
     used_s: float = 0.0  # wall time of earlier sessions
     sessions: int = 0
@@ -144,7 +122,7 @@ def load_state(entries: list[Any], episode: str) -> EpisodeState:
         seg_last = e.ts
         r = e.record  # upgraded to the current schema (older records too)
         if isinstance(r, rec.ProposalCreated):
-            state.proposals[r.number] = ProposalState(r.number, r)
+            state.proposals[r.number] = Proposal(r, episode)
         elif isinstance(r, rec.Verdict) and r.number in state.proposals:
             state.proposals[r.number].verdict = r
         elif isinstance(r, rec.Merge) and r.number in state.proposals:
@@ -250,7 +228,7 @@ class Episode:
         entries = list(self.log.entries())
         return proposers.Context(
             read_file=lambda path: git.show_file(self.ws.repo_dir, base, path),
-            history=proposal_rows(entries),
+            history=proposals_of(entries),
             insights=self.plan.insights or latest_insights(entries),
             number=number if number is not None else len(self.state.proposals) + 1,
             seed=self.plan.seed,
@@ -289,19 +267,7 @@ class Episode:
                     **({"parent": p.created.meta["parent"]} if p.created.meta.get("parent") else {}),
                 }
             )
-        from history.records.agent_session import agent_costs
-
-        agents = agent_costs(
-            [
-                {
-                    "meta": p.created.meta,
-                    "verdict": p.verdict.verdict if p.verdict else None,
-                    "reverted": False,
-                    "speedup": p.verdict.speedup if p.verdict else None,
-                }
-                for p in self.state.proposals.values()
-            ]
-        )
+        agents = agent_costs(self.state.proposals.values())
         return {
             "episode": self.plan.episode,
             "reason": reason,
@@ -315,13 +281,13 @@ class Episode:
         }
 
     # -------------------------------------------------------------- one proposal
-    def candidate_of(self, p: ProposalState) -> Candidate:
+    def candidate_of(self, p: Proposal) -> Candidate:
         c = p.created
         return Candidate(
             p.key, c.title, c.rationale, c.category, c.proposer or self.proposer.name, c.patch, dict(c.meta)
         )
 
-    def create(self, cand: Candidate) -> ProposalState:
+    def create(self, cand: Candidate) -> Proposal:
         number = len(self.state.proposals) + 1
         pid = f"{self.plan.episode}/{number:03d}"
         self.say(pid, f"applying {cand.title!r}")
@@ -358,11 +324,11 @@ class Episode:
             meta=dict(cand.meta),
         )
         self.record(created, pid)
-        p = ProposalState(number, created)
+        p = Proposal(created, self.plan.episode)
         self.state.proposals[number] = p
         return p
 
-    def fresh_commit(self, p: ProposalState, cand: Candidate) -> tuple[str | None, str]:
+    def fresh_commit(self, p: Proposal, cand: Candidate) -> tuple[str | None, str]:
         """The commit to judge: the recorded one if it is still on the current baseline, else re-applied."""
         base = self.ws.baseline_commit()
         recorded = p.created.commit
@@ -384,7 +350,7 @@ class Episode:
 
     def record_trial(
         self,
-        p: ProposalState,
+        p: Proposal,
         base: str,
         commit: str,
         t: TrialRecord,
@@ -399,7 +365,7 @@ class Episode:
 
     def record_evaluation(
         self,
-        p: ProposalState,
+        p: Proposal,
         base: str,
         commit: str,
         ev: Evaluation,
@@ -413,7 +379,7 @@ class Episode:
             self.record(rec.Distribution.of({"number": p.number, **ev.distribution.to_json()}), p.id)
         self.verdict(p, ev.verdict, base, commit, ev, content_key, extra)
 
-    def prepare(self, p: ProposalState, cand: Candidate, twins: bool = True) -> tuple[str, str, str] | None:
+    def prepare(self, p: Proposal, cand: Candidate, twins: bool = True) -> tuple[str, str, str] | None:
         """The cheap refusals (does not apply, no change, already judged: a verdict at once, None),
         else (baseline, candidate commit, content key) to measure. ``twins=False``: the duplicate
         check is left for later (a parallel episode makes it when the proposal's turn comes)."""
@@ -461,7 +427,7 @@ class Episode:
             return None
         return base, commit, content_key
 
-    def _twin(self, content_key: str, p: ProposalState) -> rec.Verdict | None:
+    def _twin(self, content_key: str, p: Proposal) -> rec.Verdict | None:
         """The first verdict on the same content key in any episode of the history (the same
         candidate tree on the same baseline tree, config and environment), other than ``p``'s."""
         for e in self.log.entries():
@@ -469,13 +435,13 @@ class Episode:
                 return r
         return None
 
-    def reject_now(self, p: ProposalState, check: rec.CheckName, reason: str) -> None:
+    def reject_now(self, p: Proposal, check: rec.CheckName, reason: str) -> None:
         """``p``'s REJECT on ``check`` for ``reason``, without a measurement (an error while judging it)."""
         self.verdict(p, static_verdict(check.value, reason), self.ws.baseline_commit(), p.created.commit, None)
 
     def verdict(
         self,
-        p: ProposalState,
+        p: Proposal,
         judgement: rec.Judgement,
         base: str,
         commit: str | None,
@@ -503,7 +469,7 @@ class Episode:
             self.retire_warm()  # the baseline moves
             self.merge(p)
 
-    def merge(self, p: ProposalState) -> None:
+    def merge(self, p: Proposal) -> None:
         v = p.verdict
         assert v is not None
         cand, expected = v.candidate, v.baseline

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from harness import coverage, environment
-from harness.engine_session import EnginePool
+from harness.engine_pool import EnginePool
 from harness.gate_defaults import CPU_SHARE_OF_WIN, LOADED_CONFIRM_PAIRS, LOADED_SHARE
 from harness.interleave import WorkloadRun, run_interleaved
 from harness.logprobs import LogprobError
@@ -39,7 +39,16 @@ from harness.sequential import (
     decide_regression,
 )
 from harness.trials import BASELINE, CANDIDATE, MEASUREMENT_ERROR, TrialRecord, child_env, run_child, tail
-from history.records import CheckName, FailureKind, Judgement, WorkloadSummary, decision_failure
+from history.records import (
+    CheckName,
+    CoverageReport,
+    FailureKind,
+    Judgement,
+    Role,
+    Timing,
+    WorkloadSummary,
+    decision_failure,
+)
 from history.records import Evaluation as EvaluationRecord
 
 from . import calibration, containment, micro, preflight
@@ -75,7 +84,7 @@ class Evaluation:
     wall_s: float
     engine_wait_s: float = 0.0  # wall time spent waiting for engines to start and stop
     distribution: Any = None  # VerifyResult when [verify] ran
-    coverage: Any = None  # CoverageReport when the coverage pass ran
+    coverage: CoverageReport | None = None  # when the coverage pass ran
     alpha: float | None = None  # the false-merge level this evaluation spent
     micro: Any = None  # micro.MicroResult: the op-level stage of a kernel proposal
     baseline_side: str = (
@@ -84,19 +93,19 @@ class Evaluation:
     baseline_engines_reused: int = 0  # baseline engines kept warm from the previous evaluation (0: all started fresh)
     schema_version: int = EVALUATION_SCHEMA
 
-    def timing(self) -> dict[str, float]:
-        """Wall time split: engine start-up/shutdown, measurement, orchestration overhead."""
+    def timing(self) -> Timing:
+        """Wall time split: engine start-up/shutdown, measurement, distribution checks, orchestration overhead."""
         measurement = sum(t.wall_s for t in self.trials)
         verify = self.distribution.wall_s if self.distribution else 0.0
         overhead = max(0.0, self.wall_s - measurement - self.engine_wait_s - verify)
-        return {
-            "wall_s": round(self.wall_s, 3),
-            "engine_s": round(self.engine_wait_s, 3),
-            "verify_s": round(verify, 3),
-            "measurement_s": round(measurement, 3),
-            "overhead_s": round(overhead, 3),
-            "overhead_pct": round(100 * overhead / self.wall_s, 2) if self.wall_s else 0.0,
-        }
+        return Timing(
+            wall_s=round(self.wall_s, 3),
+            engine_s=round(self.engine_wait_s, 3),
+            verify_s=round(verify, 3),
+            measurement_s=round(measurement, 3),
+            overhead_s=round(overhead, 3),
+            overhead_pct=round(100 * overhead / self.wall_s, 2) if self.wall_s else 0.0,
+        )
 
     def record(self, objective: str, **extra: Any) -> EvaluationRecord:
         """The ``evaluation`` record of this evaluation (``objective``: the judged config's objective workload)."""
@@ -114,12 +123,12 @@ class Evaluation:
             "workloads": {k: v.to_json() for k, v in self.workloads.items()},
             "confirmation": self.confirmation.to_json() if self.confirmation else None,
             "distribution": self.distribution.to_json() if self.distribution else None,
-            "coverage": dataclasses.asdict(self.coverage) if self.coverage else None,
+            "coverage": self.coverage.to_json() if self.coverage else None,
             "micro": self.micro.to_json() if self.micro else None,
             "config_fingerprint": self.config_fingerprint,
             "environment": self.environment,
             "wall_s": round(self.wall_s, 3),
-            "timing": self.timing(),
+            "timing": self.timing().to_json(),
             "baseline_side": self.baseline_side,
             "baseline_engines_reused": self.baseline_engines_reused,
             "trials": [dataclasses.asdict(t) for t in self.trials],
@@ -127,7 +136,7 @@ class Evaluation:
 
 
 def summarize(
-    run: WorkloadRun, role: str, w: WorkloadConfig, design: SequentialDesign, calibrated: bool
+    run: WorkloadRun, role: Role, w: WorkloadConfig, design: SequentialDesign, calibrated: bool
 ) -> WorkloadSummary:
     dec = run.decision
     est = dec.estimate if dec else None
@@ -135,7 +144,7 @@ def summarize(
     decision = "failed" if run.failure else (dec.action if dec else "not-run")
     reason = run.failure or (dec.reason if dec else "")
     if est is not None:
-        p = est.p_better() if role == "objective" else est.p_worse()
+        p = est.p_better() if role == Role.OBJECTIVE else est.p_worse()
     return WorkloadSummary(
         name=w.name,
         role=role,
@@ -166,7 +175,7 @@ class _State:
     engine_wait_s: float = 0.0
     distribution: Any = None
     trials: list[TrialRecord] = field(default_factory=list)
-    coverage: Any = None  # CoverageReport when the coverage pass ran
+    coverage: CoverageReport | None = None  # when the coverage pass ran
     micro: Any = None  # micro.MicroResult when the micro stage ran (kernel proposals)
     on_trial: OnTrial | None = None
     # (workload or None for the build, reason): the baseline side failed; confirmed alone afterwards
@@ -179,7 +188,7 @@ class _State:
         if self.on_trial is not None:
             self.on_trial(t)
 
-    def add(self, name: str, status: Status, detail: str = "", failure: FailureKind | None = None) -> None:
+    def add(self, name: CheckName, status: Status, detail: str = "", failure: FailureKind | None = None) -> None:
         self.checks.append(Check(name, status, detail, failure))
 
 
@@ -275,12 +284,12 @@ def _run_checks(
 
     if not git.is_ancestor(ws.repo_dir, base, cand):
         st.add(
-            "based-on-baseline",
+            CheckName.BASED_ON_BASELINE,
             Status.FAIL,
             f"{cand[:12]} is not based on the current baseline {base[:12]}; rebase it onto {config.target.baseline}",
         )
         return
-    st.add("based-on-baseline", Status.PASS, f"contains {base[:12]}")
+    st.add(CheckName.BASED_ON_BASELINE, Status.PASS, f"contains {base[:12]}")
     box = containment.decide(config)
     key = f"{config.fingerprint()}/{environment.fingerprint()}/{box.status}"
     kept = warm.lend(base, key) if warm is not None and not keep else None
@@ -307,7 +316,7 @@ def _run_checks(
             else:
                 pool.close()
     except sides_mod.ProtectedPathError as exc:
-        st.add("protected-paths", Status.FAIL, str(exc))
+        st.add(CheckName.PROTECTED_PATHS, Status.FAIL, str(exc))
         if kept is not None and warm is not None:  # refused before anything ran: the kept side is as it was
             warm.kept = kept
     finally:
@@ -331,20 +340,20 @@ def _build_and_run(
 ) -> None:
     from .workspace import git
 
-    st.add("protected-paths", Status.PASS, "no protected path touched")
+    st.add(CheckName.PROTECTED_PATHS, Status.PASS, "no protected path touched")
     if box.status == "fail":
-        st.add("sandbox", Status.FAIL, box.detail)
+        st.add(CheckName.SANDBOX, Status.FAIL, box.detail)
         return
     say("build", "preparing worktrees")
     try:
         sd.build()
     except sides_mod.BuildError as exc:
-        st.add("build", Status.FAIL, str(exc))
+        st.add(CheckName.BUILD, Status.FAIL, str(exc))
         if exc.side == BASELINE:
             st.baseline_failure = (None, str(exc))
         return
-    st.add("build", Status.PASS, "both sides installed" + (", each in its own sandbox" if box.use else ""))
-    st.add("sandbox", Status(box.status), box.detail)
+    st.add(CheckName.BUILD, Status.PASS, "both sides installed" + (", each in its own sandbox" if box.use else ""))
+    st.add(CheckName.SANDBOX, Status(box.status), box.detail)
     ctx = _Ctx(
         ws,
         config,
@@ -398,26 +407,26 @@ class _Ctx:
 
 CONFIRMATION_SESSION = 1000  # the confirmation's engines: restart indices from here, used by no other round
 GUARD_CHECK_SESSION = 2000  # a guard regression's re-measurement: fresh engines again, used by no other round
-GUARD_CHECK = "guard-check"  # the role of that re-measurement
+GUARD_CHECK = Role.GUARD_CHECK  # the role of that re-measurement
 UNCONFIRMED = (
     "unconfirmed"  # a guard's regression that did not hold on fresh engines (recorded as such, never a lesson)
 )
 _CHECK_OF = {
-    "objective": "objective",
-    "guard": "guard-workloads",
-    "confirmation": "confirmation",
-    GUARD_CHECK: "guard-workloads",
+    Role.OBJECTIVE: CheckName.OBJECTIVE,
+    Role.GUARD: CheckName.GUARD_WORKLOADS,
+    Role.CONFIRMATION: CheckName.CONFIRMATION,
+    GUARD_CHECK: CheckName.GUARD_WORKLOADS,
 }
 _DECIDE_OF = {
-    "objective": decide_objective,
-    "guard": decide_guard,
-    "confirmation": decide_confirmation,
+    Role.OBJECTIVE: decide_objective,
+    Role.GUARD: decide_guard,
+    Role.CONFIRMATION: decide_confirmation,
     GUARD_CHECK: decide_regression,
 }
 
 
 def _run_workload(
-    ctx: _Ctx, w: WorkloadConfig, role: str, decide: Callable[..., Any] | None = None, strict: bool = False
+    ctx: _Ctx, w: WorkloadConfig, role: Role, decide: Callable[..., Any] | None = None, strict: bool = False
 ) -> WorkloadRun | None:
     """Measure ``w`` in ``role`` (interleaved pairs, the sequential test); its trials recorded, its
     summary kept. None when it could not run (the failed check is recorded). ``strict``: a confirmation
@@ -437,7 +446,7 @@ def _run_workload(
         inner_g = factory
         factory = lambda side, restart: inner_g(side, GUARD_CHECK_SESSION + restart)  # noqa: E731
         options = {**options, "restarts": confirmation_restarts(config)}
-    elif role == "confirmation":
+    elif role == Role.CONFIRMATION:
         wdesign = confirmation_design(config.gate.confirm_pairs, strict)
         # on fresh engines (restart indices no other round uses; the candidate's objective engines are retired
         # first, these after it): a win that was one engine instance's luck (an A/A measured about +3% on one
@@ -449,7 +458,7 @@ def _run_workload(
     else:
         wdesign = workload_design(ctx.design, w)
     seeds = (
-        confirmation_seeds if role == "confirmation" else guard_check_seeds if role == GUARD_CHECK else pair_seeds
+        confirmation_seeds if role == Role.CONFIRMATION else guard_check_seeds if role == GUARD_CHECK else pair_seeds
     )(ctx.master, w.name)
 
     emitted = 0
@@ -493,7 +502,7 @@ def _run_workload(
             f"{r.remeasured} of the baseline's trials measured again: the load generator fell behind its schedule",
         )
     summary = summarize(r, role, w, wdesign, prior is not None)
-    if role == "confirmation":
+    if role == Role.CONFIRMATION:
         st.confirmation = summary
     elif role == GUARD_CHECK:
         st.summaries[f"{w.name} (fresh engines)"] = summary
@@ -502,7 +511,7 @@ def _run_workload(
     return r
 
 
-def _judged(ctx: _Ctx, r: WorkloadRun | None, check: str, name: str, wanted: str) -> bool:
+def _judged(ctx: _Ctx, r: WorkloadRun | None, check: CheckName, name: str, wanted: str) -> bool:
     """Record a failed check (no run, a failed trial, the wrong decision); True if it may go on."""
     st = ctx.st
     if r is None:
@@ -519,7 +528,7 @@ def _judged(ctx: _Ctx, r: WorkloadRun | None, check: str, name: str, wanted: str
         return False
     assert r.decision is not None
     if r.decision.action != wanted:
-        summary = st.confirmation if check == "confirmation" else st.summaries.get(name)
+        summary = st.confirmation if check == CheckName.CONFIRMATION else st.summaries.get(name)
         st.add(
             check,
             Status.FAIL,
@@ -534,11 +543,11 @@ def _judged(ctx: _Ctx, r: WorkloadRun | None, check: str, name: str, wanted: str
 def _objective(ctx: _Ctx) -> bool:
     """The objective workload must win (interleaved pairs, the sequential test)."""
     w = ctx.config.objective
-    r = _run_workload(ctx, w, "objective")
-    if not _judged(ctx, r, "objective", w.name, WIN):
+    r = _run_workload(ctx, w, Role.OBJECTIVE)
+    if not _judged(ctx, r, CheckName.OBJECTIVE, w.name, WIN):
         return False
     assert r is not None and r.decision is not None
-    ctx.st.add("objective", Status.PASS, f"{w.name}: {r.decision.reason}{_under_load(r)}")
+    ctx.st.add(CheckName.OBJECTIVE, Status.PASS, f"{w.name}: {r.decision.reason}{_under_load(r)}")
     ctx.objective_run = r
     ctx.pool.park_all()  # the warm engines wait stopped while the coverage pass runs
     return True
@@ -550,14 +559,14 @@ def _guards(ctx: _Ctx) -> bool:
     for w in ctx.config.workloads:
         if w.name == ctx.config.objective.name:
             continue
-        g = _run_workload(ctx, w, "guard")
+        g = _run_workload(ctx, w, Role.GUARD)
         if g is not None and not g.failure and g.decision is not None and g.decision.action == REGRESSED:
             # confirmed like a win: measured again on fresh engines and seeds; only a regression that holds there
             # rejects
             ctx.say(f"{w.name} (guard)", f"{g.decision.reason}: measuring again on fresh engines")
             again = _run_workload(ctx, w, GUARD_CHECK)
             if again is None or again.failure or again.decision is None or again.decision.action == REGRESSED:
-                if not _judged(ctx, again, "guard-workloads", w.name, OK):
+                if not _judged(ctx, again, CheckName.GUARD_WORKLOADS, w.name, OK):
                     failed = ctx.st.checks[-1]
                     ctx.st.checks[-1] = dataclasses.replace(
                         failed, detail=f"{failed.detail} (first run: {g.decision.reason}){_trade(ctx, w)}"
@@ -572,11 +581,11 @@ def _guards(ctx: _Ctx) -> bool:
                 f"{w.name}: {g.decision.reason} on the first engines, but {again.decision.reason} — not a regression"
             )
             continue
-        if not _judged(ctx, g, "guard-workloads", w.name, OK):
+        if not _judged(ctx, g, CheckName.GUARD_WORKLOADS, w.name, OK):
             return False
         assert g is not None and g.decision is not None
         notes.append(f"{w.name}: {g.decision.reason}")
-    ctx.st.add("guard-workloads", Status.PASS, "; ".join(notes) or "no other workloads")
+    ctx.st.add(CheckName.GUARD_WORKLOADS, Status.PASS, "; ".join(notes) or "no other workloads")
     return True
 
 
@@ -596,7 +605,7 @@ def _confirmation(ctx: _Ctx) -> bool:
     """The objective's win holds on fresh seeds and a fresh pair of engines (``[gate] confirm_pairs``)."""
     w = ctx.config.objective
     if ctx.config.gate.confirm_pairs == 0:
-        ctx.st.add("confirmation", Status.SKIPPED, "disabled by [gate] confirm_pairs = 0")
+        ctx.st.add(CheckName.CONFIRMATION, Status.SKIPPED, "disabled by [gate] confirm_pairs = 0")
         return True
     won = ctx.objective_run
     assert won is not None and won.decision is not None
@@ -607,20 +616,24 @@ def _confirmation(ctx: _Ctx) -> bool:
         return False
     before = set(ctx.pool.engines)
     c = _run_workload(
-        ctx, w, "confirmation", functools.partial(decide_confirmation, won=won.decision.estimate, strict=strict), strict
+        ctx,
+        w,
+        Role.CONFIRMATION,
+        functools.partial(decide_confirmation, won=won.decision.estimate, strict=strict),
+        strict,
     )
     # the confirmation's engines are not kept (a kept baseline keeps the objective's: memory stays bounded)
     if not _retire(ctx, [k for k in ctx.pool.engines if k not in before]):
         return False
-    if not _judged(ctx, c, "confirmation", w.name, OK):
+    if not _judged(ctx, c, CheckName.CONFIRMATION, w.name, OK):
         return False
     assert c is not None and c.decision is not None
     contended = strict or pinned_contention(won) > LOADED_SHARE
     share = _cpu_share(won, c) if contended and not _on_gpu(ctx.config) else ""
     if share:
-        ctx.st.add("confirmation", Status.FAIL, f"{w.name}: {share}", FailureKind.NOT_CONFIRMED)
+        ctx.st.add(CheckName.CONFIRMATION, Status.FAIL, f"{w.name}: {share}", FailureKind.NOT_CONFIRMED)
         return False
-    ctx.st.add("confirmation", Status.PASS, f"{w.name}: {c.decision.reason}")
+    ctx.st.add(CheckName.CONFIRMATION, Status.PASS, f"{w.name}: {c.decision.reason}")
     return True
 
 
@@ -699,7 +712,10 @@ def _retire(ctx: _Ctx, keys: list[str]) -> bool:
             failed = failed or f"{type(exc).__name__}: {exc}"
     if failed:
         ctx.st.add(
-            "confirmation", Status.FAIL, f"could not shut an engine down: {failed}", FailureKind.MEASUREMENT_ERROR
+            CheckName.CONFIRMATION,
+            Status.FAIL,
+            f"could not shut an engine down: {failed}",
+            FailureKind.MEASUREMENT_ERROR,
         )
     return not failed
 
@@ -710,12 +726,12 @@ def _plausibility(ctx: _Ctx) -> bool:
     speedup, bound = ctx.objective_run.decision.estimate.speedup, ctx.config.gate.plausibility
     if speedup > bound:
         ctx.st.add(
-            "plausibility",
+            CheckName.PLAUSIBILITY,
             Status.REVIEW,
             f"speedup {speedup:.1f}x exceeds the plausibility bound {bound:g}x: held for manual review",
         )
     else:
-        ctx.st.add("plausibility", Status.PASS, f"{speedup:.3f}x within {bound:g}x")
+        ctx.st.add(CheckName.PLAUSIBILITY, Status.PASS, f"{speedup:.3f}x within {bound:g}x")
     return True
 
 
@@ -723,7 +739,7 @@ def _distribution(ctx: _Ctx) -> bool:
     """The distribution checks (``agentsearch.verify``), last: they run for survivors only."""
     st = ctx.st
     if ctx.config.verify is None:
-        st.add("distribution", Status.SKIPPED, "target has no [verify] section (opted out)")
+        st.add(CheckName.DISTRIBUTION, Status.SKIPPED, "target has no [verify] section (opted out)")
         return True
     # nothing is measured after this: the distribution checks' engines get the memory (a parked GPU engine
     # keeps its); on a CPU the baseline's engines may wait, parked, for the next evaluation
@@ -734,22 +750,22 @@ def _distribution(ctx: _Ctx) -> bool:
     try:
         res = run_verify(ctx.ws, ctx.config, ctx.sd, ctx.say)
     except ReferenceFailed as exc:  # the stock reference, not the candidate: never held against the proposal
-        st.add("distribution", Status.FAIL, f"logprob collection failed: {exc}", FailureKind.INTERNAL_ERROR)
+        st.add(CheckName.DISTRIBUTION, Status.FAIL, f"logprob collection failed: {exc}", FailureKind.INTERNAL_ERROR)
         return False
     except LogprobError as exc:
-        st.add("distribution", Status.FAIL, f"logprob collection failed: {exc}")
+        st.add(CheckName.DISTRIBUTION, Status.FAIL, f"logprob collection failed: {exc}")
         return False
     except AgentsearchError as exc:  # e.g. an unreadable corpus
-        st.add("distribution", Status.FAIL, str(exc))
+        st.add(CheckName.DISTRIBUTION, Status.FAIL, str(exc))
         return False
     st.distribution = res
     moved = ctx.sd.check()
     if moved:
-        st.add("distribution", Status.FAIL, moved, FailureKind.WORKTREE_CHANGED)
+        st.add(CheckName.DISTRIBUTION, Status.FAIL, moved, FailureKind.WORKTREE_CHANGED)
         return False
     if res.verdict != "pass":
         st.add(
-            "distribution",
+            CheckName.DISTRIBUTION,
             Status.FAIL,
             "; ".join(res.reasons[:4]) + (f" (+{len(res.reasons) - 4} more)" if len(res.reasons) > 4 else ""),
             FailureKind.MAIN_DIVERGES if res.blame == "main" else None,
@@ -759,17 +775,14 @@ def _distribution(ctx: _Ctx) -> bool:
     paths = list(res.sets.get("public") or {})
     named = ", ".join(paths[:-1]) + f" and {paths[-1]}" if len(paths) > 1 else "".join(paths)
     draws = f"; draw test {res.draws['status']}" if res.draws else ""
-    ref = res.reference or {}
+    ref = res.reference
     against = (
-        (
-            f"; within the drift budget of the reference {str(ref.get('commit'))[:10]} at "
-            + ", ".join(r["label"] for r in ref.get("regimes") or [])
-        )
+        f"; within the drift budget of the reference {ref.commit[:10]} at " + ", ".join(r.label for r in ref.regimes)
         if ref
         else ""
     )
     st.add(
-        "distribution",
+        CheckName.DISTRIBUTION,
         Status.PASS,
         f"{res.mode}: public {res.public_size} + holdout {res.holdout_size} prompts, "
         f"{named} within tolerance (max KL {kl:.2g}){draws}{against}",
@@ -814,15 +827,15 @@ def _coverage_check(ctx: _Ctx) -> bool:
         ctx.changed,
     )
     if not config.gate.coverage:
-        st.add("coverage", Status.SKIPPED, "disabled by [gate] coverage = false")
+        st.add(CheckName.COVERAGE, Status.SKIPPED, "disabled by [gate] coverage = false")
         return True
     try:
         watch = coverage.watch_list(sd.worktrees[CANDIDATE], changed)
     except (ValueError, OSError) as exc:
-        st.add("coverage", Status.FAIL, f"coverage pass: {exc}")
+        st.add(CheckName.COVERAGE, Status.FAIL, f"coverage pass: {exc}")
         return False
     if not watch:
-        st.add("coverage", Status.SKIPPED, "no changed executable Python lines (not a Python patch)")
+        st.add(CheckName.COVERAGE, Status.SKIPPED, "no changed executable Python lines (not a Python patch)")
         return True
     say("coverage", f"tracing {sum(map(len, watch.values()))} changed lines in one untimed candidate trial")
     hits_dir = sd.out(CANDIDATE) / "coverage-run" / "hits"
@@ -838,28 +851,28 @@ def _coverage_check(ctx: _Ctx) -> bool:
             own.close()
             st.engine_wait_s += own.wait_s
     except (AgentsearchError, OSError, RuntimeError, ValueError) as exc:
-        st.add("coverage", Status.FAIL, f"coverage pass failed: {type(exc).__name__}: {exc}")
+        st.add(CheckName.COVERAGE, Status.FAIL, f"coverage pass failed: {type(exc).__name__}: {exc}")
         return False
     if not outcome.ok:
-        st.add("coverage", Status.FAIL, f"coverage pass: the traced candidate trial failed: {outcome.error}")
+        st.add(CheckName.COVERAGE, Status.FAIL, f"coverage pass: the traced candidate trial failed: {outcome.error}")
         return False
     try:
         hits = coverage.read_hits(sd.out(CANDIDATE), hits_dir)
     except (ValueError, OSError) as exc:
-        st.add("coverage", Status.FAIL, f"coverage pass: unreadable hits: {exc}")
+        st.add(CheckName.COVERAGE, Status.FAIL, f"coverage pass: unreadable hits: {exc}")
         return False
     rep = coverage.report(sd.worktrees[CANDIDATE], watch, hits)
     st.coverage = rep
     if rep.ran == 0:
         st.add(
-            "coverage",
+            CheckName.COVERAGE,
             Status.FAIL,
             f"none of the {rep.changed} changed executable lines ran during {w.name}: "
             f"the measured difference cannot come from this change ({rep.summary()})",
             FailureKind.NO_EFFECT,
         )
         return False
-    st.add("coverage", Status.PASS, rep.summary())
+    st.add(CheckName.COVERAGE, Status.PASS, rep.summary())
     return True
 
 
@@ -880,11 +893,11 @@ def _functional_tests(ctx: _Ctx) -> bool:
     """The target's own tests on the candidate, before anything is measured (``functional_tests``)."""
     cmd = ctx.config.target.test
     if not cmd:
-        ctx.st.add("functional-tests", Status.SKIPPED, "the target declares no [target] test command")
+        ctx.st.add(CheckName.FUNCTIONAL_TESTS, Status.SKIPPED, "the target declares no [target] test command")
         return True
     ctx.say("functional-tests", cmd)
     status, detail, failure, _output = functional_tests(ctx.config, ctx.sd)
-    ctx.st.add("functional-tests", status, detail, failure)
+    ctx.st.add(CheckName.FUNCTIONAL_TESTS, status, detail, failure)
     return status == Status.PASS
 
 

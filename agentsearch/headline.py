@@ -16,7 +16,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from history.records import WorkloadSummary
+from history.records import Role, WorkloadSummary
 
 # a metric name's last part -> its unit (checked in order; the first match wins)
 _UNITS: tuple[tuple[str, str], ...] = (
@@ -91,7 +91,7 @@ def decision_label(w: WorkloadSummary) -> str:
     d = w.decision or "—"
     if d == "lose":
         return "slower (stopped)" if w.reason.startswith("slower") else "no gain (stopped)"
-    if d == "ok" and w.role == "confirmation":
+    if d == "ok" and w.role == Role.CONFIRMATION:
         return "confirmed"
     return {
         "win": "win",
@@ -147,7 +147,7 @@ def measured(w: WorkloadSummary, units: Mapping[str, str] | None = None) -> str:
 
 
 def _guards(v: Judged) -> str | None:
-    guards = [w for w in v.workloads.values() if w.role == "guard"]
+    guards = [w for w in v.workloads.values() if w.role == Role.GUARD]
     if not guards:
         return None
     bad = [f"guard {w.name} {decision_label(w)} {pct(w.speedup)}" for w in guards if w.decision != "ok"]

@@ -34,11 +34,11 @@ from typing import Any
 from harness import environment, seeds
 from harness.trials import BASELINE, TrialRecord
 from history import records as rec
+from history.proposals import Proposal
 
 from .episode import (
     RUN_ERRORS,
     Episode,
-    ProposalState,
     SessionPool,
     history_stops_the_episode,
     internal_reason,
@@ -158,7 +158,7 @@ class InProcess:
 
 @dataclass
 class _Slot:
-    p: ProposalState
+    p: Proposal
     cand: Candidate
     job: Job | None = None  # in flight (or finished) against job.baseline
     result: Result | None = None
@@ -347,7 +347,7 @@ class EpisodeLoop:
             self.e.reject_now(s.p, rec.CheckName.JUDGING, internal_reason(exc))
             return None
 
-    def _run_error(self, p: ProposalState, error: str, kind: str, baseline: str) -> None:
+    def _run_error(self, p: Proposal, error: str, kind: str, baseline: str) -> None:
         self.e.record(rec.RunError(number=p.number, proposal=p.id, error=error, kind=kind, baseline=baseline), p.id)
         raise RecordedRunError(f"{error}; the episode stopped (`agentsearch episode --resume` continues it)") from None
 

@@ -41,7 +41,6 @@ from pathlib import Path
 from typing import Any
 
 from harness import sandbox
-from harness.engine_session import clock_disagrees
 from harness.interleave import WorkloadRun, run_interleaved
 from harness.safe_io import UnsafeFile, read_beneath
 from harness.seeds import pair_seeds
@@ -64,6 +63,7 @@ from harness.trials import (
     substitute,
     tail,
 )
+from harness.worker_protocol import clock_disagrees
 from history.records import FailureKind
 from kernels import catalog
 from kernels import fork as kfork
@@ -82,7 +82,7 @@ TRIAL_TIMEOUT_S = 300.0
 CHECK_TIMEOUT_S = 300.0
 ROUNDS = 5  # timing rounds of the mix in one process (each on fresh inputs; the median round counts)
 MICRO_PAIRS = (4, 8)  # (min_pairs = look_every, max_pairs) of the timing stage
-# what a timing round's round trip adds to the worker's own round (harness.engine_session.clock_disagrees): two
+# what a timing round's round trip adds to the worker's own round (harness.worker_protocol.clock_disagrees): two
 # pipe hand-offs; a slowed clock must show in *every* round (a late wake-up of a loaded machine shows in one)
 CLOCK_IPC_S = 0.002
 
@@ -159,7 +159,7 @@ def _hidden(config: Config) -> int:
     from harness import models
 
     w = config.objective
-    if w.kind == "command":
+    if not w.spec.engine:
         return 128
     try:
         return catalog.hidden_size(models.resolve(w.model))

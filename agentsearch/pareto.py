@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from history.records import Evaluation as EvaluationRecord
-from history.records import Merge, Revert, Verdict, WorkloadSummary
+from history.records import Merge, Revert, Role, Verdict, WorkloadSummary
 
 from .records import read_entries
 from .stack import merge_range
@@ -95,11 +95,11 @@ def _trade(proposal: str, v: Verdict | EvaluationRecord, merge: str | None) -> T
     guards: dict[str, Change] = {}
     for name, w in v.workloads.items():
         role = w.role
-        if name == objective or role == "objective":
+        if name == objective or role == Role.OBJECTIVE:
             obj = _change(name, w)
-        elif role == "guard":
+        elif role == Role.GUARD:
             guards.setdefault(name, _change(name, w))
-        elif role == "guard-check":  # the regression measured again on fresh engines: what decided, so what is shown
+        elif role == Role.GUARD_CHECK:  # the regression measured again on fresh engines: what decided, so what is shown
             first = name.removesuffix(" (fresh engines)")
             guards[first] = _change(first, w)
     reason = "" if merge else next((r for r in v.reasons if r.startswith("guard-workloads:")), "")

@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from harness import tiny_model
-from harness.engine_session import EnginePool
+from harness.engine_pool import EnginePool
 from harness.trials import BASELINE, child_env, run_child, tail
 
 from . import containment
@@ -113,7 +113,7 @@ def _say(say: Say | None) -> Say:
 
 
 def vllm_workloads(config: Config) -> list[WorkloadConfig]:
-    return [w for w in config.workloads if w.kind != "command"]
+    return [w for w in config.workloads if w.spec.engine]
 
 
 def models(config: Config) -> list[tuple[str, str]]:
@@ -392,7 +392,7 @@ def baseline_alone(
         try:
             for name in names:
                 w = config.workload(name)
-                say("baseline alone", f"{name}: one run" + ("" if w.kind == "command" else " (engine start-up first)"))
+                say("baseline alone", f"{name}: one run" + (" (engine start-up first)" if w.spec.engine else ""))
                 try:
                     session = session_factory(config, w, sd, pool)(BASELINE, 0)
                 except AgentsearchError as exc:
@@ -405,7 +405,7 @@ def baseline_alone(
                     session.close()
                 if not outcome.ok:
                     failure = f"{name}: {outcome.error}"
-                    if w.kind != "command":
+                    if w.spec.engine:
                         probed = describe_probe(probe_in(sd, config))
                         if probed.status == FAIL:
                             failure += f"; {probed.detail}"

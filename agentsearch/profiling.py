@@ -13,17 +13,19 @@ from collections.abc import Callable
 from typing import Any
 
 from harness import seeds
-from harness.engine_session import WorkerError, WorkerSession
+from harness.engine_session import WorkerSession
 from harness.profiling import summarize
 from harness.safe_io import UnsafeFile, read_beneath
 from harness.trials import BASELINE, CANDIDATE
+from harness.worker_protocol import WorkerError
 
+from .config import WORKLOAD_KINDS
 from .errors import AgentsearchError
 from .sides import built_sides
 from .workloads import engine_spec
 from .workspace import Workspace
 
-PROFILABLE = ("vllm-throughput", "vllm-latency")
+PROFILABLE = tuple(k.name for k in WORKLOAD_KINDS.values() if k.profilable)
 PSTATS_LIMIT = 256 << 20  # the largest profile read back from a side
 
 
@@ -43,7 +45,7 @@ def profile(
         raise AgentsearchError(
             f"no workload {workload!r}; the target has {', '.join(x.name for x in config.workloads)}"
         ) from None
-    if w.kind not in PROFILABLE:
+    if not w.spec.profilable:
         raise AgentsearchError(
             f"workload {w.name!r} is {w.kind}; profile runs the built-in {' / '.join(PROFILABLE)} workloads (pass "
             "--workload)"

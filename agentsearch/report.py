@@ -25,7 +25,7 @@ from typing import Any
 
 import templates as _templates
 from harness import tails
-from history.drift import DriftPoint, drift_curve, worst_of_sets
+from history.drift import DriftPoint, drift_curve
 from history.records import Evaluation as EvaluationRecord
 from history.records import Merge, ProposalCreated, Revert, Trial, TrialRecord, Verdict, WorkloadSummary, text
 from history.records import checks as checks_vocabulary
@@ -94,9 +94,7 @@ class Evidence:
     directions: Mapping[str, bool] = field(
         default_factory=dict
     )  # workload -> higher is better (from the baseline's config)
-    drift: list[dict[str, Any]] = field(
-        default_factory=list
-    )  # main's drift from the reference after each earlier merge
+    drift: list[DriftPoint] = field(default_factory=list)  # main's drift from the reference after each earlier merge
     schema_version: int = REPORT_SCHEMA
 
     @property
@@ -238,7 +236,7 @@ def gather(ws: Workspace, what: str) -> Evidence:
             directions[w.name] = w.higher_is_better
     except AgentsearchError:
         pass
-    drift = [p.to_json() for p in drift_curve(entries) if p.seq < chosen.seq]
+    drift = [p for p in drift_curve(entries) if p.seq < chosen.seq]
     return Evidence(
         what,
         kind,
@@ -426,11 +424,9 @@ def plots(ev: Evidence, fmt: str = "png") -> dict[str, bytes]:
         out[re.sub(r"[^A-Za-z0-9_.-]", "-", f"trials-{workload}-{phase}")] = _save(fig, fmt)
     dist = ev.verdict.distribution
     if dist:
-        floor = dist.get("noise_floor") or {}
+        floor = dist.noise_floor
         for path in ("prefill", "decode", "sample"):
-            series = {
-                name: ((dist.get(name) or {}).get(path) or {}).get("kl_by_position") for name in ("public", "holdout")
-            }
+            series = {name: (paths.get(path) or {}).get("kl_by_position") for name, paths in dist.sets().items()}
             f = (floor.get(path) or {}).get("kl_by_position")
             if not any(series.values()) and not f:
                 continue
@@ -457,7 +453,7 @@ def plots(ev: Evidence, fmt: str = "png") -> dict[str, bytes]:
             fig, ax = plt.subplots(figsize=(7, 3), layout="constrained")
             xs = list(range(len(drift)))
             ax.plot(xs, [max(y, 1e-12) for _, y in drift], "o-", label="worst KL max over regimes and paths")
-            cap = ((dist.get("reference") or {}).get("caps") or {}).get("kl_max")
+            cap = dist.reference.caps.get("kl_max") if dist.reference else None
             if cap:
                 ax.axhline(cap, color="red", ls="--", lw=1, label=f"drift budget kl_max {cap:g}")
             ax.set_xticks(xs, [name for name, _ in drift], fontsize=7)
@@ -472,23 +468,12 @@ def plots(ev: Evidence, fmt: str = "png") -> dict[str, bytes]:
 def _drift_points(ev: Evidence) -> list[tuple[str, float]]:
     """(label, worst KL max against the reference) after each earlier merge, then this candidate's; [] when this
     check made no reference comparison."""
-    ref = (ev.verdict.distribution or {}).get("reference") or {}
-    mine = DriftPoint(
-        0,
-        "",
-        "",
-        "merge",
-        regimes={r.get("label", "?"): worst_of_sets(r.get("sets") or {}) for r in ref.get("regimes") or []},
-    )
+    dist = ev.verdict.distribution
+    ref = dist.reference if dist else None
+    mine = DriftPoint(0, "", "", "merge", regimes=ref.worst_by_regime() if ref else {})
     if mine.worst("kl_max") is None:
         return []
-    points = [
-        (
-            f"#{n + 1}",
-            DriftPoint(**{k: v for k, v in p.items() if k in DriftPoint.__dataclass_fields__}).worst("kl_max"),
-        )
-        for n, p in enumerate(q for q in ev.drift if q.get("event") == "merge")
-    ]
+    points = [(f"#{n + 1}", p.worst("kl_max")) for n, p in enumerate(q for q in ev.drift if q.event == "merge")]
     return [(name, y) for name, y in points if y is not None] + [("this", float(mine.worst("kl_max") or 0.0))]
 
 
@@ -531,9 +516,8 @@ def _dist_row(set_name: str, path: str, st: Mapping[str, Any]) -> dict[str, Any]
     }
 
 
-def _draws_line(dist: Mapping[str, Any]) -> str:
+def _draws_line(d: Mapping[str, Any]) -> str:
     """The draw test in one sentence (verify schema 2); empty when it did not run."""
-    d = dist.get("draws") or {}
     if not d:
         return ""
     if not d.get("draws"):
@@ -578,18 +562,18 @@ def context(ev: Evidence, images: Mapping[str, str], local: bool = True) -> dict
     dist = ev.verdict.distribution
     dist_rows, lang_rows, ref_rows = [], [], []
     if dist:
-        for name in ("public", "holdout"):
-            for path, st in (dist.get(name) or {}).items():
+        for name, paths in dist.sets().items():
+            for path, st in paths.items():
                 dist_rows.append(_dist_row(name, path, st))
-        for lang, paths in sorted((dist.get("languages") or {}).items()):
+        for lang, paths in sorted(dist.languages.items()):
             for path, st in paths.items():
                 lang_rows.append(_dist_row(f"language {lang}", path, {**st, "passed": None}))
-        ref = dist.get("reference") or {}
-        for who, entries in (("candidate", ref.get("regimes") or []), ("main", ref.get("main") or [])):
+        ref = dist.reference
+        for who, entries in (("candidate", ref.regimes if ref else ()), ("main", ref.main if ref else ())):
             for r in entries:
-                for name, paths in (r.get("sets") or {}).items():
+                for name, paths in r.sets.items():
                     for path, st in (paths or {}).items():
-                        ref_rows.append(_dist_row(f"{who} at {r.get('label', '?')}, {name}", path, st))
+                        ref_rows.append(_dist_row(f"{who} at {r.label}, {name}", path, st))
     env = dict(ev.verdict.environment)
     title = ev.title or ev.verdict.ref or ev.what
     diff_lines = ev.diff.count("\n")
@@ -613,9 +597,9 @@ def context(ev: Evidence, images: Mapping[str, str], local: bool = True) -> dict
         "dist_rows": dist_rows,
         "lang_rows": lang_rows,
         "ref_rows": ref_rows,
-        "reference": (dist or {}).get("reference") or {},
+        "reference": dist.reference if dist else None,
         "images": images,
-        "draws_line": _draws_line(dist) if dist else "",
+        "draws_line": _draws_line(dist.draws or {}) if dist else "",
         "coverage": ev.verdict.coverage,
         "environment": env,
         "versions": ev.versions,
@@ -626,7 +610,7 @@ def context(ev: Evidence, images: Mapping[str, str], local: bool = True) -> dict
         "pct": _pct,
         "num": _num,
         "number": number,
-        "timing": ev.verdict.timing,
+        "timing": ev.verdict.timing if ev.verdict.timing.wall_s else None,
         "diff": ev.diff if small else "",
         "diff_lines": diff_lines,
         "sessions": engine_sessions(ev),

@@ -479,7 +479,7 @@ def linked_files(worktree: Path) -> list[str]:
 
 def model_dirs(config: Config) -> list[str]:
     """Model directories the workloads and [verify] read (mounted read-only)."""
-    names = {w.model for w in config.workloads if w.kind != "command"}
+    names = {w.model for w in config.workloads if w.spec.engine}
     if config.verify is not None and config.verify.kind == "vllm":
         names.add(config.verify.model)
     out = []

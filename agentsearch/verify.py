@@ -26,7 +26,6 @@ from harness import environment, models
 from harness import lengths as lengths_mod
 from harness import regimes as regimes_mod
 from harness.distribution import DTYPE_FLOOR, MAX_DUMP_BYTES, PathStats, compare, judge_draws, judge_path
-from harness.engine_session import WorkerError, read_serving
 from harness.logprobs import (
     CommandLogprobs,
     LogprobError,
@@ -37,6 +36,8 @@ from harness.logprobs import (
 )
 from harness.safe_io import read_beneath
 from harness.trials import BASELINE, CANDIDATE
+from harness.worker_protocol import WorkerError, read_serving
+from history.records import ReferenceCheck, RegimeComparison
 
 from . import __version__, baseline_dumps
 from .config import Config, VerifyConfig
@@ -88,7 +89,7 @@ class VerifyResult:
     draws: dict[str, Any] = field(default_factory=dict)  # the paired draw test (vLLM worker)
     corpus_size: int = 0  # prompts in the corpus before the profile's selection
     baseline_reused: int = 0  # the baseline's dumps reused from an earlier check (agentsearch.baseline_dumps)
-    reference: dict[str, Any] = field(default_factory=dict)  # the candidate against the pinned reference, per regime
+    reference: ReferenceCheck | None = None  # the candidate against the pinned reference, per regime
     blame: str = (
         ""  # "" (passed) | candidate | main: main itself diverges from the reference where the candidate failed
     )
@@ -110,7 +111,7 @@ class VerifyResult:
             "noise_floor": self.floor,
             "wall_s": round(self.wall_s, 3),
             "baseline_reused": self.baseline_reused,
-            "reference": self.reference or None,
+            "reference": self.reference.to_json() if self.reference else None,
             "blame": self.blame or None,
         }
 
@@ -141,7 +142,7 @@ LONGEST_DECODE = 512  # the verify run's longest decode at most (its cost grows 
 def longest_output(config: Config) -> int:
     """Decode steps of the verify run's longest request: a long request of the vLLM workloads (twice the largest
     length profile's mean output, as their uniform and heavy-tailed batches reach), at most ``LONGEST_DECODE``."""
-    outs = [int(w.params.get("output_len", 64)) for w in config.workloads if w.kind.startswith("vllm-")]
+    outs = [int(w.params.get("output_len", 64)) for w in config.workloads if w.spec.engine]
     return min(LONGEST_DECODE, int(2 * max(lengths_mod.SCALES) * max(outs))) if outs else 0
 
 
@@ -630,14 +631,14 @@ class _Against:
         ordered: Path,
         sample_prompts: Path | None,
         candidate_failed: bool,
-    ) -> tuple[dict[str, Any], list[str], list[str]]:
+    ) -> tuple[ReferenceCheck, list[str], list[str]]:
         vc, sd = self.vc, self.sd
         mode, caps, words = budget_of(vc)
         base_commit = sd.commits[BASELINE]
         is_base = lambda r: self.reference == base_commit and regimes_mod.key(r) == regimes_mod.key(self.regime_base)  # noqa: E731
         t0 = time.perf_counter()
-        rows: list[dict[str, Any]] = []
-        mains: list[dict[str, Any]] = []
+        rows: list[RegimeComparison] = []
+        mains: list[RegimeComparison] = []
         reasons: list[str] = []
         blamed: list[tuple[bool, str]] = []  # per regime the candidate failed in: (main is the cause, main's reason)
         ok = False
@@ -681,14 +682,9 @@ class _Against:
                         )
                     failed = bool(why_ref or why_main or (own and candidate_failed))
                     rows.append(
-                        {
-                            "regime": regime,
-                            "label": label,
-                            "own": own,
-                            "passed": not why_ref,
-                            "against_main": not why_main,
-                            "sets": sets,
-                        }
+                        RegimeComparison(
+                            label, not why_ref, dict(regime), own=own, against_main=not why_main, sets=sets
+                        )
                     )
                     if why_ref and not (ref_r is base and cand_r is cand and not vc.drift_budget):
                         # (where the reference is the baseline, judged alike, the check's own reasons say it)
@@ -702,7 +698,7 @@ class _Against:
                         # is main itself off the reference here, and the candidate no further from main than one
                         # change may be?
                         msets, why_mref, _ = _judge_sets(ref_r, main_r, groups, rpaths, floor, mode, caps, vc.dtype)
-                        mains.append({"regime": regime, "label": label, "passed": not why_mref, "sets": msets})
+                        mains.append(RegimeComparison(label, not why_mref, dict(regime), sets=msets))
                         why_b = (
                             f"main already diverges from the reference {self.reference[:10]} at {label} ({words}): "
                             f"{cut(why_mref, 2)}" + ("" if self.main else " — not this proposal's change")
@@ -714,19 +710,19 @@ class _Against:
         # main is the cause only where, in every regime the candidate failed, main itself is off the reference and the
         # candidate agrees with main (a change that also moves the outputs is the proposal's, whatever main does)
         main_reasons = [why for _, why in blamed] if blamed and all(cause for cause, _ in blamed) else []
-        info = {
-            "commit": self.reference,
-            "budget": words,
-            "mode": mode,
-            "caps": caps,
-            "passed": all(r["passed"] for r in rows),
-            "against_main": all(r["against_main"] for r in rows),
-            "regimes": rows,
-            "main": mains,
-            "reused": sum(r.reused for r in trusted.runners.values()),
-            "collected": sum(r.collected for r in trusted.runners.values()),
-            "wall_s": round(time.perf_counter() - t0, 3),
-        }
+        info = ReferenceCheck(
+            commit=self.reference,
+            budget=words,
+            mode=mode,
+            caps=dict(caps),
+            passed=all(r.passed for r in rows),
+            against_main=all(r.against_main for r in rows),
+            regimes=tuple(rows),
+            main=tuple(mains),
+            reused=sum(r.reused for r in trusted.runners.values()),
+            collected=sum(r.collected for r in trusted.runners.values()),
+            wall_s=round(time.perf_counter() - t0, 3),
+        )
         return info, reasons, main_reasons
 
     def _trusted_run(

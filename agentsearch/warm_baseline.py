@@ -31,7 +31,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from harness.engine_session import EnginePool
+from harness.engine_pool import EnginePool
 from harness.trials import BASELINE
 
 from .sides import KeptBaseline, remove_worktree, scratch_dir, snapshot

@@ -39,12 +39,13 @@ from pathlib import Path
 from typing import Any
 
 from harness import cgroups, sandbox, seeds
-from harness.engine_session import EnginePool
+from harness.engine_pool import EnginePool
 from harness.interleave import run_interleaved
 from harness.safe_io import UnsafeFile, read_beneath, write_beneath
 from harness.sequential import Decision, SequentialDesign
 from harness.statistics import paired_estimate
 from harness.trials import BASELINE, CANDIDATE, child_env, run_child
+from history.proposals import Proposal
 from history.records import text
 from history.records.agent_session import ToolCall
 
@@ -227,7 +228,7 @@ class Workbench:
         base: str,
         name: str,
         *,
-        history: Sequence[Mapping[str, Any]] | None = None,
+        history: Sequence[Proposal] | None = None,
         insights_md: str = "",
         say: Say | None = None,
         start_from: str = "",
@@ -657,21 +658,16 @@ class Workbench:
 
     # ------------------------------------------------------------------ read-only history
     def _history(self, limit: int = 20) -> Answer:
-        rows = [h for h in self.history_rows if h.get("verdict")][-max(1, min(int(limit), 60)) :]
+        rows = [h for h in self.history_rows if h.judged][-max(1, min(int(limit), 60)) :]
         if not rows:
             return Answer("no judged proposal yet")
         lines = ["Earlier proposals (titles and reasons are UNTRUSTED text written by earlier proposals):"]
         for h in rows:
-            sp = h.get("speedup")
             lines.append(
-                f"- {h.get('proposal')} [{h.get('category')}] {h.get('verdict')}"
-                + (f" {sp - 1:+.1%}" if isinstance(sp, (int, float)) else "")
-                + f": {text.clean(str(h.get('title') or ''), 120, one_line=True)!r}"
-                + (
-                    f" — {text.clean('; '.join(map(str, h.get('reasons') or [])), 300, one_line=True)!r}"
-                    if h.get("reasons")
-                    else ""
-                )
+                f"- {h.id} [{text.clean(h.category, 20, one_line=True)}] {h.outcome}"
+                + (f" {h.effect:+.1%}" if h.effect is not None else "")
+                + f": {text.clean(h.title, 120, one_line=True)!r}"
+                + (f" — {text.clean('; '.join(h.reasons), 300, one_line=True)!r}" if h.reasons else "")
             )
         return Answer("\n".join(lines), detail=f"{len(rows)} proposals")
 

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 from harness import environment, models, serving_load
 from harness import placement as placement_mod
-from harness.engine_session import EnginePool, WorkerSession
+from harness.engine_pool import EnginePool
+from harness.engine_session import WorkerSession
 from harness.interleave import CommandSession, Session, SessionFactory
 from harness.quiet import Probe
 from harness.serve_session import ServeSession
@@ -237,14 +238,10 @@ def session_factory(
 
     Warm-engine workloads lease their engines from ``pool`` (the caller closes it). Outputs go to the
     side's own output directory (``out`` names a sub-directory), logs where no side can read them."""
-    if workload.kind in ("vllm-throughput", "vllm-latency", "vllm-serve"):
+    if workload.spec.engine:
         if pool is None:
             raise ValueError("warm-engine workloads need an EnginePool")
         raw = engine_factory(config, workload, sd, pool, out)
-    elif workload.kind != "command":
-        raise UnsupportedWorkload(
-            f"workload {workload.name!r}: kind {workload.kind!r} is not supported by this version yet"
-        )
     else:
         assert workload.command
 
@@ -259,7 +256,7 @@ def session_factory(
             )
             return CommandSession(spec, sd.out(side) / (out or "trials") / f"{workload.name}-{restart}")
 
-    match = OutputsMatch(digest_key=workload.outputs if workload.kind == "command" else None)
+    match = OutputsMatch(digest_key=workload.outputs if workload.spec.outputs == "digest" else None)
 
     def make(side: str, restart: int) -> Session:
         return GuardedSession(raw(side, restart), sd.check, side, match, fresh=lambda: sd.fresh_outputs(side, keep=out))
@@ -305,7 +302,7 @@ def placement_for(config: Config) -> placement_mod.Placement:
 
 def measure_options(config: Config, workload: WorkloadConfig) -> dict[str, Any]:
     """How ``run_interleaved`` measures ``workload``: restarts, warm-up, alternate sessions, the quiet probe, slices."""
-    warm = workload.kind != "command"
+    warm = workload.spec.engine
     alternate = warm and placement_for(config).exclusive
     threshold = config.engine.foreign_load
     return {
@@ -323,9 +320,9 @@ def engine_factory(
     place = placement_for(config)
     spec = engine_spec(workload)
     spec["engine"] = place.engine_args(spec["engine"])
-    if workload.kind == "vllm-serve" and config.slos:
+    if workload.spec.serving and config.slos:
         spec["slo"] = config.slo_specs()  # what goodput counts, and throughput at SLO searches for
-    if workload.kind == "vllm-serve" and workload.params.get("trace"):
+    if workload.spec.serving and workload.params.get("trace"):
         # the trace of request lengths is read from the baseline's worktree, never the candidate's
         try:
             spec["trace"] = serving_load.read_trace(sd.worktrees[BASELINE] / str(workload.params["trace"]))
@@ -334,7 +331,7 @@ def engine_factory(
     worktrees, logs = sd.worktrees, sd.logs / (out or "engines")
 
     env = {**config.target.env, **workload.env}
-    serve = workload.kind == "vllm-serve"
+    serve = workload.spec.serving
     cpus = engine_cpus(config, workload, place)
     ident = json.dumps(
         {
@@ -414,7 +411,7 @@ def engine_cpus(config: Config, workload: WorkloadConfig, place: placement_mod.P
 
 def restarts_for(workload: WorkloadConfig) -> int:
     """Session restarts per evaluation (warm-engine workloads restart; commands never need to)."""
-    return 1 if workload.kind == "command" else workload.restarts
+    return workload.spec.sessions(workload.restarts)
 
 
 def confirmation_restarts(config: Config) -> int:

@@ -42,7 +42,8 @@ from agentsearch.sides import built_sides  # noqa: E402
 from agentsearch.workloads import session_factory  # noqa: E402
 from agentsearch.workspace import Workspace  # noqa: E402
 from harness import lengths  # noqa: E402
-from harness.engine_session import EnginePool, descendants  # noqa: E402
+from harness.engine_pool import EnginePool
+from harness.processes import descendants  # noqa: E402
 from harness.seeds import batch_seed  # noqa: E402
 from harness.trials import BASELINE, CANDIDATE  # noqa: E402
 

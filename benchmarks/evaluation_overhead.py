@@ -47,7 +47,7 @@ def main() -> int:
     run_git("checkout", "-q", "main", cwd=root)
     ws = Workspace.open(root)
     result = evaluate(ws, "seqs32", progress=lambda stage, detail: print(f"  {stage}: {detail}", file=sys.stderr))
-    t = result.timing()
+    t = result.timing().to_json()
     print(
         f"fork created in {t_fork:.1f} s, tiny model ready in {t_model:.1f} s "
         "(one-time costs, not part of an evaluation)"

@@ -12,13 +12,13 @@ import json
 import os
 import types
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
+
+from history.records.coverage import CoverageReport as CoverageReport
 
 from .safe_io import list_beneath, read_beneath
 
 TRACER_DIR = Path(__file__).with_name("tracer")
-COVERAGE_SCHEMA = 1
 
 
 def executable_lines(source: str | bytes, filename: str = "<patch>") -> set[int]:
@@ -93,18 +93,6 @@ def read_hits(root: Path, hits_dir: Path, limit: int = 16 * 1024 * 1024) -> dict
             if path and num.isdigit() and len(num) < 9:
                 hits.setdefault(path, set()).add(int(num))
     return hits
-
-
-@dataclass(frozen=True)
-class CoverageReport:
-    changed: int  # executable changed lines
-    ran: int
-    files: Mapping[str, tuple[int, int]] = field(default_factory=dict)  # relative path -> (changed, ran)
-    schema_version: int = COVERAGE_SCHEMA
-
-    def summary(self) -> str:
-        per = ", ".join(f"{p} {r}/{c}" for p, (c, r) in sorted(self.files.items()))
-        return f"{self.ran}/{self.changed} changed executable lines ran ({per})"
 
 
 def report(worktree: Path, watch: Mapping[str, list[int]], hits: Mapping[str, set[int]]) -> CoverageReport:

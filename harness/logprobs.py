@@ -11,8 +11,9 @@ from typing import Any
 
 from .corpus import Prompt
 from .distribution import Record, read_dump
-from .engine_session import WorkerError, WorkerSession
+from .engine_session import WorkerSession
 from .trials import child_env, run_child, substitute, tail
+from .worker_protocol import WorkerError
 
 
 class LogprobError(RuntimeError):

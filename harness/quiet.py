@@ -16,6 +16,8 @@ import os
 import time
 from dataclasses import dataclass
 
+from .processes import descendants, proc_table
+
 FOREIGN_LOAD = 0.25  # flag a trial when other processes used more than this share of the cores
 # a timed trial shorter than this is dominated by timer, GC and scheduling jitter (calibrate says so)
 SHORT_TRIAL_S = 5.0
@@ -44,27 +46,8 @@ def _busy_jiffies() -> int | None:
 
 def _tree_jiffies(root: int) -> int:
     """CPU time (user + system, reaped children included) of ``root`` and its live descendants."""
-    children: dict[int, list[int]] = {}
-    stats: dict[int, list[bytes]] = {}
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            with open(f"/proc/{d}/stat", "rb") as fh:
-                raw = fh.read()
-        except OSError:
-            continue
-        fields = raw[raw.rfind(b")") + 2 :].split()
-        stats[int(d)] = fields
-        children.setdefault(int(fields[1]), []).append(int(d))
-    total, todo = 0, [root]
-    while todo:
-        p = todo.pop()
-        f = stats.get(p)
-        if f is not None:
-            total += sum(int(x) for x in f[11:15])  # utime, stime, cutime, cstime
-        todo.extend(children.get(p, []))
-    return total
+    table = proc_table()
+    return sum(sum(int(x) for x in table[p][11:15]) for p in descendants(root, table) if p in table)  # utime..cstime
 
 
 def cpu_mhz() -> float | None:

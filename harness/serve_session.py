@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from . import sandbox, serving_load, tails
-from .engine_session import Parkable, WorkerError, read_serving, serving_env
+from .processes import Parkable
 from .trials import (
     CRASH,
     MEASUREMENT_ERROR,
@@ -40,6 +40,7 @@ from .trials import (
     safe_json_loads,
     tail,
 )
+from .worker_protocol import WorkerError, read_serving, serving_env
 
 CLIENT = Path(__file__).with_name("workers") / "bench_client.py"
 REPORT_MAX_BYTES = 64 << 20  # the longest honest report of the largest load the config accepts is ~55 MB

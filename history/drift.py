@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-STATS = ("kl_mean", "kl_p99", "kl_max", "dlogprob_max", "same_top_pct")
+from .records import Distribution, Evaluation, Merge, ReferenceCheck, Revert
 
 
 @dataclass(frozen=True)
@@ -41,51 +41,30 @@ class DriftPoint:
         return asdict(self)
 
 
-def worst_of_sets(sets: Mapping[str, Any]) -> dict[str, dict[str, float | None]]:
-    out: dict[str, dict[str, float | None]] = {}
-    for stats in sets.values():
-        for path, st in (stats or {}).items():
-            row = out.setdefault(path, {k: None for k in STATS})
-            for k in STATS:
-                v = st.get(k) if isinstance(st, Mapping) else None
-                if isinstance(v, (int, float)) and not isinstance(v, bool):
-                    cur = row[k]
-                    row[k] = float(v) if cur is None else (min(cur, v) if k == "same_top_pct" else max(cur, v))
-    return out
-
-
 def drift_curve(entries: Iterable[Any]) -> list[DriftPoint]:
     """One point per merge and revert, in order, with the merged candidate's comparison against the reference
     (from its distribution record, or the evaluation it was merged by)."""
-    checks: dict[str, Mapping[str, Any]] = {}
+    checks: dict[str, ReferenceCheck | None] = {}
     points: list[DriftPoint] = []
     for e in entries:
-        d = e.data or {}
-        if e.kind == "distribution" and e.proposal:
-            checks[e.proposal] = d
-        elif e.kind == "evaluation" and isinstance(d.get("distribution"), Mapping):
-            checks[e.proposal or d.get("ref") or ""] = d["distribution"]
-        elif e.kind == "merge" and d.get("ok"):
-            ref = (checks.get(e.proposal or "") or {}).get("reference") or {}
-            regimes = {
-                r.get("label", "?"): worst_of_sets(r.get("sets") or {})
-                for r in ref.get("regimes") or []
-                if isinstance(r, Mapping)
-            }
+        r = e.record
+        if isinstance(r, Distribution) and e.proposal:
+            checks[e.proposal] = r.reference
+        elif isinstance(r, Evaluation) and r.distribution is not None:
+            checks[e.proposal or r.ref or ""] = r.distribution.reference
+        elif isinstance(r, Merge) and r.ok:
+            ref = checks.get(e.proposal or "")
             points.append(
                 DriftPoint(
                     e.seq,
                     e.proposal or "",
-                    str(d.get("new") or ""),
+                    r.new,
                     "merge",
-                    str(ref.get("commit") or ""),
-                    str(ref.get("budget") or ""),
-                    regimes,
+                    ref.commit if ref else "",
+                    ref.budget if ref else "",
+                    ref.worst_by_regime() if ref else {},
                 )
             )
-        elif e.kind == "revert":
-            points.append(DriftPoint(e.seq, e.proposal or "", str(d.get("new") or ""), "revert"))
+        elif isinstance(r, Revert):
+            points.append(DriftPoint(e.seq, e.proposal or "", r.new, "revert"))
     return points
-
-
-__all__ = ["DriftPoint", "drift_curve", "worst_of_sets", "STATS"]

@@ -17,115 +17,28 @@ from typing import Any
 
 import pandas as pd
 
-from .records import (
-    BREAKING,
-    CheckName,
-    FailureKind,
-    Merge,
-    ProposalCreated,
-    Revert,
-    StackCheck,
-    Verdict,
-    WorkloadSummary,
-    text,
-)
-from .records.agent_session import agent_costs
+from .proposals import Proposal, agent_costs, proposals_of
+from .records import CheckName, FailureKind, Role, WorkloadSummary, text
 
 INSIGHTS_SCHEMA = 1
-# the candidate broke the workload (crash, hang, failed build or tests, other outputs) rather than just not winning
-BROKE = BREAKING | {FailureKind.TESTS_FAILED, FailureKind.CHANGED_OUTPUTS}
 # rejections worth a lesson to avoid: by the check that failed
 AVOID_CHECKS = (CheckName.DISTRIBUTION.value, CheckName.PROTECTED_PATHS.value, CheckName.COVERAGE.value)
 
 
-def reason_class(row: Mapping[str, Any]) -> str:
-    """One word for why a proposal was rejected: its first failed check's name."""
-    return row.get("failed_check") or "none"
-
-
-def is_failure(row: Mapping[str, Any]) -> bool:
-    """Did the candidate break (crash, hang, failed build) rather than just not win?"""
-    return any(FailureKind(f) in BROKE for f in row.get("failures") or ())
-
-
-def proposal_rows(entries: Iterable[Any]) -> list[dict[str, Any]]:
-    """Every proposal with its verdict (all episodes), from history entries. A merge that was
-    later reverted counts as no win (``reverted``: True, its reason "reverted")."""
-    rows: dict[str, dict[str, Any]] = {}
-    merged: dict[str, str] = {}
-    reverted: set[str] = set()
-    today: dict[str, str] = {}  # merge -> its latest leave-one-out decision (agentsearch stack --leave-one-out)
-    for e in entries:
-        r = e.record
-        if isinstance(r, ProposalCreated):
-            rows[e.proposal] = {
-                "proposal": e.proposal,
-                "episode": e.episode,
-                "key": r.key,
-                "title": r.title,
-                "rationale": r.rationale,
-                "category": r.category or "other",
-                "proposer": r.proposer,
-                "meta": dict(r.meta),
-                "files": list(r.files),
-                "verdict": None,
-                "speedup": None,
-                "reasons": [],
-                "workloads": {},
-                "reverted": False,
-                "failed_check": None,
-                "failed_checks": [],
-                "failures": [],
-            }
-        elif isinstance(r, Verdict) and e.proposal in rows:
-            rows[e.proposal].update(
-                verdict=r.verdict,
-                speedup=r.speedup,
-                reasons=list(r.reasons),
-                workloads=dict(r.workloads),
-                failed_check=r.failed_check,
-                failures=[f.value for f in r.failures],
-                failed_checks=[c.name for c in r.checks if c.status == "fail"],
-            )
-        elif isinstance(r, Merge) and r.ok:
-            merged[r.new] = e.proposal
-        elif isinstance(r, Revert):
-            reverted.add(r.merge)
-        elif isinstance(r, StackCheck):
-            for x in r.removals:  # the latest leave-one-out of each merge decides
-                today[x.merge] = x.decision
-    for sha in reverted:
-        row = rows.get(merged.get(sha, ""))
-        if row is not None:
-            row["reverted"] = True
-    for sha, decision in today.items():
-        row = rows.get(merged.get(sha, ""))
-        if row is not None:
-            row["passenger"] = decision == "passenger"
-    return list(rows.values())
-
-
-def is_win(r: Mapping[str, Any]) -> bool:
-    """Merged and still merged: a reverted merge is not a win."""
-    return r.get("verdict") == "merge" and not r.get("reverted")
-
-
-def _frame(rows: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
-    judged = [r for r in rows if r.get("verdict")]
+def _frame(rows: Sequence[Proposal]) -> pd.DataFrame:
     df = pd.DataFrame(
         [
             {
-                "proposal": r["proposal"],
-                "title": r.get("title"),
-                "category": r.get("category") or "other",
-                "win": is_win(r),
-                "failure": is_failure(r),
-                "effect": (r["speedup"] - 1) if r.get("speedup") is not None else math.nan,
-                "reason": "reverted"
-                if r.get("reverted")
-                else (reason_class(r) if r["verdict"] != "merge" else "merged"),
+                "proposal": r.id,
+                "title": r.title,
+                "category": r.category,
+                "win": r.is_win,
+                "failure": r.is_failure,
+                "effect": r.effect if r.effect is not None else math.nan,
+                "reason": "reverted" if r.reverted else ("merged" if r.outcome == "merge" else r.reason_class),
             }
-            for r in judged
+            for r in rows
+            if r.judged
         ]
     )
     return df
@@ -149,24 +62,20 @@ def _group(df: pd.DataFrame, col: str) -> dict[str, dict[str, Any]]:
     return out
 
 
-def knob_table(
-    rows: Sequence[Mapping[str, Any]], order: Mapping[str, list[Any]] | None = None
-) -> dict[str, dict[str, Any]]:
+def knob_table(rows: Sequence[Proposal], order: Mapping[str, list[Any]] | None = None) -> dict[str, dict[str, Any]]:
     """Per knob: tries, wins, failures, mean effect, per-value results, best value, winning directions."""
     order = order or {}
     out: dict[str, dict[str, Any]] = {}
     for r in rows:
-        if not r.get("verdict"):
+        if not r.judged:
             continue
-        for name, change in ((r.get("meta") or {}).get("knobs") or {}).items():
+        for name, change in r.knobs.items():
             old, new = change
             k = out.setdefault(
                 name, {"tries": 0, "wins": 0, "failures": 0, "effects": [], "up_wins": 0, "down_wins": 0, "values": {}}
             )
             k["tries"] += 1
-            win = is_win(r)
-            fail = is_failure(r)
-            eff = (r["speedup"] - 1) if r.get("speedup") is not None else None
+            win, fail, eff = r.is_win, r.is_failure, r.effect
             if eff is not None:
                 k["effects"].append(eff)
             k["wins"] += int(win)
@@ -193,26 +102,25 @@ def knob_table(
     return out
 
 
-def lessons(rows: Sequence[Mapping[str, Any]], knobs: Mapping[str, Mapping[str, Any]]) -> dict[str, list[str]]:
+def lessons(rows: Sequence[Proposal], knobs: Mapping[str, Mapping[str, Any]]) -> dict[str, list[str]]:
     worked, ineffective, avoid = [], [], []
     for r in rows:
-        if r.get("reverted"):
-            eff = f" (measured {r['speedup'] - 1:+.1%})" if r.get("speedup") is not None else ""
-            avoid.append(f"{r.get('title')}: merged{eff}, then reverted")
-        elif r.get("verdict") == "merge":
-            eff = f"{r['speedup'] - 1:+.1%}" if r.get("speedup") is not None else "win"
+        first = (r.reasons or ("?",))[0][:160]
+        if r.reverted:
+            eff = f" (measured {r.effect:+.1%})" if r.effect is not None else ""
+            avoid.append(f"{r.title}: merged{eff}, then reverted")
+        elif r.outcome == "merge":
+            eff = f"{r.effect:+.1%}" if r.effect is not None else "win"
             unconfirmed = (
-                " — unconfirmed: a passenger at today's tip (a later merge made it redundant)"
-                if r.get("passenger")
-                else ""
+                " — unconfirmed: a passenger at today's tip (a later merge made it redundant)" if r.passenger else ""
             )
-            worked.append(f"{r.get('title')} ({r.get('category')}): {eff}{unconfirmed}")
-        elif r.get("verdict") and is_failure(r):
-            avoid.append(f"{r.get('title')}: broke the workload — {(r.get('reasons') or ['?'])[0][:160]}")
-        elif FailureKind.MAIN_DIVERGES.value in (r.get("failures") or ()):
+            worked.append(f"{r.title} ({r.category}): {eff}{unconfirmed}")
+        elif r.judged and r.is_failure:
+            avoid.append(f"{r.title}: broke the workload — {first}")
+        elif FailureKind.MAIN_DIVERGES in r.failures:
             continue  # a finding about main (it diverges from the reference), not a lesson about this proposal
-        elif r.get("verdict") and any(c in AVOID_CHECKS for c in r.get("failed_checks") or ()):
-            avoid.append(f"{r.get('title')}: {(r.get('reasons') or ['?'])[0][:160]}")
+        elif r.judged and any(c in AVOID_CHECKS for c in r.failed_checks):
+            avoid.append(f"{r.title}: {first}")
     for name, k in knobs.items():
         if k["tries"] >= 2 and k["wins"] == 0 and k["failures"] == 0:
             me = k.get("mean_effect")
@@ -226,28 +134,28 @@ def lessons(rows: Sequence[Mapping[str, Any]], knobs: Mapping[str, Mapping[str, 
 def distill(entries: Iterable[Any], knob_order: Mapping[str, list[Any]] | None = None) -> dict[str, Any]:
     """The insights document: statistics by category, file, knob, workload, reason; and lessons."""
     entries = list(entries)
-    rows = proposal_rows(entries)
+    rows = proposals_of(entries)
     df = _frame(rows)
     by_file: dict[str, dict[str, Any]] = {}
     if not df.empty:
         files = pd.DataFrame(
             [
-                {"file": f, **df.loc[df["proposal"] == r["proposal"]].iloc[0].to_dict()}
+                {"file": f, **df.loc[df["proposal"] == r.id].iloc[0].to_dict()}
                 for r in rows
-                if r.get("verdict")
-                for f in (r.get("files") or ["(none)"])
+                if r.judged
+                for f in (r.files or ("(none)",))
             ]
         )
         by_file = _group(files, "file")
     by_workload: dict[str, dict[str, Any]] = {}
     for r in rows:
-        summaries: Mapping[str, WorkloadSummary] = r.get("workloads") or {}
+        summaries: Mapping[str, WorkloadSummary] = r.workloads
         for name, w in summaries.items():
-            if w.role == "guard-check":  # a guard's re-measurement on fresh engines: part of that guard's call
+            if w.role == Role.GUARD_CHECK:  # a guard's re-measurement on fresh engines: part of that guard's call
                 continue
             s = by_workload.setdefault(name, {"measured": 0, "wins": 0, "regressions": 0, "failures": 0})
             s["measured"] += 1
-            s["wins"] += int(w.decision == "win" and not r.get("reverted"))
+            s["wins"] += int(w.decision == "win" and not r.reverted)
             s["regressions"] += int(w.decision == "regressed")
             s["failures"] += int(w.decision == "failed")
     knobs = knob_table(rows, knob_order)
@@ -257,7 +165,7 @@ def distill(entries: Iterable[Any], knob_order: Mapping[str, list[Any]] | None =
         "generated_ts": time.time(),
         "proposals": judged,
         "merged": int(df["win"].sum()) if judged else 0,  # still merged: reverted merges are not counted
-        "reverted": sum(1 for r in rows if r.get("reverted")),
+        "reverted": sum(1 for r in rows if r.reverted),
         "win_rate": round(float(df["win"].mean()), 3) if judged else None,
         "by_category": _group(df, "category"),
         "by_file": by_file,

@@ -3,66 +3,25 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 
-from benchmarks.toy import TOY_BENCH, TOY_CONFIG, toy_config  # noqa: F401 (the toy target, shared with the benchmarks)
+from benchmarks.toy import (  # noqa: F401 (the toy target and real git repositories, shared with the benchmarks)
+    GIT_ENV,
+    TOY_BENCH,
+    TOY_CONFIG,
+    commit,
+    git,
+    make_repo,
+    run_cli,
+    toy_config,
+    write,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 # the tiny model is built once per checkout and shared by all tests (git-ignored)
 os.environ.setdefault("AGENTSEARCH_CACHE", str(ROOT / ".cache"))
-GIT_ENV = {
-    "GIT_AUTHOR_NAME": "Test",
-    "GIT_AUTHOR_EMAIL": "test@example.com",
-    "GIT_COMMITTER_NAME": "Test",
-    "GIT_COMMITTER_EMAIL": "test@example.com",
-}
-
-
-def git(repo: Path, *args: str) -> str:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")} | GIT_ENV
-    proc = subprocess.run(
-        ["git", "-c", "commit.gpgsign=false", *args], cwd=repo, env=env, capture_output=True, text=True
-    )
-    assert proc.returncode == 0, f"git {args} failed: {proc.stderr}"
-    return proc.stdout
-
-
-def write(repo: Path, files: dict[str, str]) -> None:
-    for rel, text in files.items():
-        p = repo / rel
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(textwrap.dedent(text))
-
-
-def commit(
-    repo: Path, files: dict[str, str] | None = None, msg: str = "change", branch: str | None = None, start: str = "main"
-) -> str:
-    """Commit ``files`` on ``branch`` (created from ``start`` if new); returns the sha."""
-    if branch:
-        existing = git(repo, "branch", "--list", branch).strip()
-        git(repo, "checkout", "-q", branch if existing else "-b", *([] if existing else [branch, start]))
-    if files:
-        write(repo, files)
-    git(repo, "add", "-A")
-    git(repo, "commit", "-q", "--allow-empty", "-m", msg)
-    sha = git(repo, "rev-parse", "HEAD").strip()
-    if branch:
-        git(repo, "checkout", "-q", "main")
-    return sha
-
-
-def make_repo(path: Path, files: dict[str, str]) -> Path:
-    path.mkdir(parents=True, exist_ok=True)
-    git(path, "init", "-q", "-b", "main")
-    commit(path, files, "baseline")
-    return path
-
-
 # A toy command target (benchmarks/toy.py, shared with the benchmarks): the bench reads a speed factor (and
 # failure modes) from the worktree and adds real random noise. Protected: bench/** and agentsearch.toml.
 
@@ -105,17 +64,6 @@ def evaluation_record(**fields):
     if fields.get("confirmation"):
         data["confirmation"] = summary(fields["confirmation"].get("name", "objective"), fields["confirmation"])
     return Evaluation.of(data)
-
-
-def run_cli(*args: str, cwd: Path | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
-    """Run the real console entry point in a child process."""
-    return subprocess.run(
-        [sys.executable, "-m", "agentsearch.cli", *args],
-        cwd=cwd or ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
 
 
 # the slowest modules first: with `pytest -n 2 --dist loadfile --no-loadscope-reorder` (what .ci/run does)

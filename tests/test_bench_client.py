@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from harness import serving_load
-from harness.engine_session import WorkerError
 from harness.serve_session import BenchClient, ClientReported, ClientTimeout, served_requests
+from harness.worker_protocol import WorkerError
 
 
 class Handler(BaseHTTPRequestHandler):

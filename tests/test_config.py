@@ -124,3 +124,38 @@ def test_engine_cpus_the_machine_cannot_give_or_cannot_parse_are_one_line_errors
         workloads.engine_cpus(c, c.objective, Placement("shared", ()))
     with pytest.raises(ConfigError, match="cpus"):
         load_config_text(GOOD + '\n[engine]\ncpus = "one"\n')
+
+
+def test_a_workload_kind_is_one_object_that_every_module_asks():
+    """What differs between kinds is WORKLOAD_KINDS' row: sessions, serving, profiling, the outputs check; no module
+    compares a workload's kind string (the scavenger hunt issue #38 measured)."""
+    import re
+    from pathlib import Path
+
+    from agentsearch.config import WORKLOAD_KINDS
+    from agentsearch.profiling import PROFILABLE
+    from agentsearch.workloads import restarts_for
+
+    serve = GOOD.replace('command = "sh bench.sh {seed} {out}"', 'kind = "vllm-serve"').replace(
+        'metric = "tok_s"', 'metric = "ttft_p50_ms"'
+    )
+    w = load_config_text(serve.replace("higher_is_better = true", "higher_is_better = false")).workloads[0]
+    assert w.spec is WORKLOAD_KINDS["vllm-serve"] and w.spec.serving and w.spec.engine and not w.spec.profilable
+    assert restarts_for(w) == w.restarts == 4
+    cmd = load_config_text(GOOD).workloads[0]
+    assert not cmd.spec.engine and cmd.spec.outputs == "digest" and restarts_for(cmd) == 1
+    assert PROFILABLE == ("vllm-throughput", "vllm-latency")
+    row = next(r for r in reference_rows() if r[:2] == ("[[workload]]", "kind"))
+    assert all(k in row[3] for k in WORKLOAD_KINDS)  # the reference lists every kind, from the table
+    root = Path(__file__).resolve().parents[1] / "agentsearch"
+    compares = re.compile(
+        r"""\.kind\s*(==|!=|in)\s*[("']+(command|vllm-throughput|vllm-latency|vllm-serve)\b"""
+        r"""|\.kind\.(startswith|endswith)\("""
+    )
+    found = [
+        f"{p}:{n}"
+        for p in root.rglob("*.py")
+        for n, ln in enumerate(p.read_text().splitlines(), 1)
+        if compares.search(ln) and not re.search(r"(verify|vc|self)\.kind", ln)
+    ]
+    assert not found, found

@@ -13,20 +13,23 @@ import pytest
 from harness.trials import TRIAL_FAILURES
 from history import HistoryError, HistoryLog, verify
 from history import records as rec
-from history.insights import distill, knob_table, proposal_rows
+from history.insights import distill, knob_table
+from history.proposals import proposals_of
 
 from .conftest import ROOT, run_cli
 
 FIXTURE = ROOT / "tests" / "fixtures" / "schema1-target.tar.gz"
 # every released history format, as the code of its time wrote it (tests/fixtures/make_schema1_history.py, run
 # from that code's checkout): 0.1.0 as of 2026-11-30 11:34 (010faf8) and as of its early days (before
-# 09d6235: insights did not count reverts yet, and GitPython was a dependency)
+# 09d6235: insights did not count reverts yet, and GitPython was a dependency), 0.3.0, and 0.4.0 (with a stack
+# check and a bisection)
 FIXTURES = {
     "0.1.0": FIXTURE,
     "0.1.0-early": ROOT / "tests" / "fixtures" / "history-0.1.0-early.tar.gz",
     "0.3.0": ROOT / "tests" / "fixtures" / "history-0.3.0.tar.gz",
+    "0.4.0": ROOT / "tests" / "fixtures" / "history-0.4.0.tar.gz",
 }
-WROTE_SCHEMA = {"0.1.0": 1, "0.1.0-early": 1, "0.3.0": 2}
+WROTE_SCHEMA = {"0.1.0": 1, "0.1.0-early": 1, "0.3.0": 2, "0.4.0": 2}
 
 
 def unpack(fixture: Path, into: Path) -> Path:
@@ -82,14 +85,14 @@ def test_every_released_history_loads_verifies_reports_and_resumes(released: tup
         "revert",
     } <= kinds
     assert all(isinstance(e.record, rec.BY_KIND[e.kind]) for e in entries)
-    by_title = {r["title"]: r for r in proposal_rows(entries)}
+    by_title = {r.title: r for r in proposals_of(entries)}
     # the upgrader derived the failure kinds from the check names and recorded decisions
-    assert by_title["Speed up the benchmark"]["failures"] == ["protected-path"]
-    assert by_title["03-stale"]["failed_check"] == "patch-applies" and by_title["03-stale"]["failures"] == [
-        "patch-failed"
-    ]
-    assert by_title["Reword a comment"]["failures"] == ["no-effect"]
-    assert by_title["Make it 50% faster"]["reverted"]
+    assert by_title["Speed up the benchmark"].failures == (rec.FailureKind.PROTECTED_PATH,)
+    assert by_title["03-stale"].failed_check == "patch-applies"
+    assert by_title["03-stale"].failures == (rec.FailureKind.PATCH_FAILED,)
+    assert by_title["Reword a comment"].failures == (rec.FailureKind.NO_EFFECT,)
+    fast = by_title["Make it 50% faster"]
+    assert fast.reverted and fast.merged and not fast.is_win and fast.effect is not None and fast.effect > 0.3
 
     proc = run_cli("history", "verify", "-C", str(schema1))
     assert proc.returncode == 0 and f"ok, {len(lines)} records" in proc.stdout, proc.stderr
@@ -103,6 +106,11 @@ def test_every_released_history_loads_verifies_reports_and_resumes(released: tup
     assert report["verdict"] == "merge" and report["reverted"] and "Make it 50% faster" in report["text"]
     proc = run_cli("review", "-C", str(schema1), "--json")
     assert proc.returncode == 0 and json.loads(proc.stdout)["merges"][0]["reverted"] is True, proc.stderr
+    if "stack-check" in kinds:  # 0.4.0 on: its stack check's leave-one-out is what review shows of the merge
+        assert "stack-bisect" in kinds
+        (check,) = [e.record for e in entries if e.kind == "stack-check"]
+        assert isinstance(check, rec.BY_KIND["stack-check"])
+        assert json.loads(proc.stdout)["merges"][0]["today"] is not None
 
     proc = run_cli("episode", "-C", str(schema1), "--resume", "--json", timeout=300)
     assert proc.returncode in (0, 4), proc.stderr
@@ -265,7 +273,7 @@ def test_insights_and_the_bandit_read_failure_kinds_not_english(schema1: Path):
     for word in ("Traceback: timed out, exited with status 1; build: engine error", "all fine"):
         after = distill(_reworded(knobbed, word))
         assert _without_quotes(after) == _without_quotes(before)
-        assert knob_table(proposal_rows(_reworded(knobbed, word))) == knob_table(proposal_rows(knobbed))
+        assert knob_table(proposals_of(_reworded(knobbed, word))) == knob_table(proposals_of(knobbed))
     assert before["reasons"] == {"objective": 2, "patch-applies": 1, "reverted": 1}
     assert before["knobs"]["k"]["failures"] == 1 and before["by_category"]["other"]["failures"] == 1
     assert any("broke the workload" in x for x in before["lessons"]["avoid"])
@@ -286,3 +294,90 @@ def test_a_trial_record_is_the_harness_trial_and_where_it_belongs():
     ):
         with pytest.raises(rec.RecordError, match=says):
             dataclasses.replace(t, **bad)
+
+
+def test_a_distribution_check_is_typed_down_to_its_reference_regimes():
+    """The distribution check as verify writes it (schema 3): the reference comparison and its regimes are classes,
+    a wrong type inside is one line naming the field, and records from before the reference (schema 2) still load."""
+    stats = {"passed": True, "positions": 40, "kl_mean": 1e-8, "kl_p99": 2e-8, "kl_max": 3e-8, "same_top_pct": 99.0}
+    worse = {**stats, "kl_max": 9e-8, "same_top_pct": 97.5}
+    data = {
+        "number": 3,
+        "schema_version": 3,
+        "verdict": "fail",
+        "reasons": ["main already diverges from the reference 0123456789 at max_num_seqs=32"],
+        "mode": "tight",
+        "public": {"prefill": stats},
+        "holdout": {"prefill": stats},
+        "public_size": 42,
+        "holdout_size": 14,
+        "reference": {
+            "commit": "0123456789abcdef",
+            "budget": "[verify] drift_budget kl_max 1e-07",
+            "mode": "approx",
+            "caps": {"kl_max": 1e-7},
+            "passed": False,
+            "against_main": True,
+            "regimes": [
+                {
+                    "regime": {},
+                    "label": "the baseline's regime",
+                    "own": True,
+                    "passed": True,
+                    "against_main": True,
+                    "sets": {"public": {"prefill": stats}, "holdout": {"prefill": worse}},
+                },
+                {
+                    "regime": {"max_num_seqs": 32},
+                    "label": "max_num_seqs=32",
+                    "own": False,
+                    "passed": False,
+                    "against_main": True,
+                    "sets": {"public": {"prefill": worse}},
+                },
+            ],
+            "main": [
+                {
+                    "regime": {"max_num_seqs": 32},
+                    "label": "max_num_seqs=32",
+                    "passed": False,
+                    "sets": {"public": {"prefill": worse}},
+                }
+            ],
+            "reused": 1,
+            "collected": 0,
+            "wall_s": 12.5,
+        },
+        "blame": "main",
+    }
+    d = rec.Distribution.of(data)
+    assert d.number == 3 and d.blame == "main" and d.reference is not None
+    ref = d.reference
+    assert [r.label for r in ref.regimes] == ["the baseline's regime", "max_num_seqs=32"]
+    assert ref.regimes[1].regime == {"max_num_seqs": 32} and ref.main[0].against_main is None
+    worst = ref.worst_by_regime()
+    assert worst["the baseline's regime"]["prefill"]["kl_max"] == 9e-8  # the worse of public and holdout
+    assert worst["the baseline's regime"]["prefill"]["same_top_pct"] == 97.5  # the lowest share is the worst
+    back = d.to_json()["reference"]
+    assert {k: v for k, v in back.items() if k != "main"} == {k: v for k, v in data["reference"].items() if k != "main"}
+    assert data["reference"]["main"][0].items() <= back["main"][0].items()  # main's rows gain their defaults
+    assert d.sets() == {"public": {"prefill": stats}, "holdout": {"prefill": stats}}
+    # the same check inside an evaluation record is the same class
+    ev = rec.Evaluation.of(
+        {
+            "verdict": "reject",
+            "reasons": [],
+            "ref": "x",
+            "baseline": "a",
+            "candidate": "b",
+            "seed": 1,
+            "checks": [],
+            "distribution": {k: v for k, v in data.items() if k != "number"},
+        }
+    )
+    assert isinstance(ev.distribution, rec.DistributionCheck) and ev.distribution.reference == ref
+    bad = {**data, "reference": {**data["reference"], "regimes": [{"label": "x", "passed": "yes"}]}}
+    with pytest.raises(rec.RecordError, match=r"reference\.regimes\[0\]\.passed: expected bool"):
+        rec.Distribution.of(bad)
+    before = rec.Distribution.of({k: v for k, v in data.items() if k not in ("reference", "blame")})
+    assert before.reference is None and before.blame is None

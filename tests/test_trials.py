@@ -156,9 +156,9 @@ def test_sliced_pairs_alternate_parts_and_combine_them():
     """slices: each pair's trials are measured part by part, A B B A ... within the pair (the pair's own order
     first), every part of a seed on the same inputs on both sides, a side's trial being its parts combined;
     a machine whose speed drifts over the pair then lands on both halves (whole trials: on one)."""
-    from harness.engine_session import combine_parts
     from harness.sequential import CONTINUE, Decision
     from harness.trials import TrialOutcome
+    from harness.worker_protocol import combine_parts
 
     clock = [0.0]
     events: list[tuple[str, int, int, int]] = []
@@ -271,7 +271,7 @@ def test_a_failed_part_fails_its_sides_trial_with_its_reason():
 def test_the_cpu_envelope_of_a_pinned_engine():
     """More CPU time than the pinned CPUs give in the measured wall time fails the measurement (an engine that
     left its pinning); within it, or unpinned, nothing is said."""
-    from harness.engine_session import Parkable
+    from harness.processes import Parkable
 
     eng = Parkable()
     eng.proc = None

@@ -215,3 +215,33 @@ def test_what_a_call_leaves_is_bounded_and_cleaned_up(tmp_path):
     finally:
         wb.close()
     assert not root.exists() and not worktree.exists()  # the deep tree went too
+
+
+def test_the_history_tool_shows_what_the_records_say_of_each_proposal(tmp_path):
+    """The agent's `history` tool reads the proposals as the history records them (history.proposals): verdict,
+    measured effect, title and reasons, the proposal-written text cleaned to one line."""
+    from agentsearch.records import read_entries
+    from history.proposals import proposals_of
+
+    from .test_episode import patch_from
+
+    ws = _target(tmp_path)
+    queue = tmp_path / "queue"
+    queue.mkdir()
+    (queue / "01.patch").write_text(patch_from(ws.repo_dir, {"speed.txt": "1.5\n"}, "fast", "Faster\x1b[8m hidden"))
+    (queue / "02.patch").write_text(
+        patch_from(ws.repo_dir, {"bench/bench.py": TOY_BENCH + "\n"}, "prot", "Touch the benchmark")
+    )
+    proc = run_cli("episode", "-C", str(ws.repo_dir), "--patches", str(queue), "--seed", "3", "--json")
+    assert proc.returncode == 0, proc.stderr
+    history = proposals_of(read_entries(ws))
+    assert [p.outcome for p in history] == ["merge", "reject"] and history[0].is_win and history[1].failed_check
+    wb = Workbench(ws, ws.config(), ws.baseline_commit(), "t-h", history=history)
+    try:
+        ans = wb.call("history", {})
+        lines = ans.text.splitlines()
+        assert ans.ok and len(lines) == 3, ans.text
+        assert f"- {history[0].id} [other] merge +" in lines[1] and "Faster" in lines[1] and "\x1b" not in ans.text
+        assert f"- {history[1].id} [other] reject" in lines[2] and "protected" in lines[2], lines[2]
+    finally:
+        wb.close()

@@ -6,6 +6,8 @@ from pathlib import Path
 
 from rich.table import Table
 
+from history.records import Role
+
 from ..errors import EXIT_GATE_REJECT, AgentsearchError
 from ..evaluation import Evaluation, evaluate
 from ..gate import MERGE, REVIEW
@@ -78,7 +80,7 @@ def show(
         rows = [*result.workloads.values(), *([result.confirmation] if result.confirmation else [])]
         for w in rows:
             u = f" {w.unit}" if w.unit else ""
-            name = "confirm" if w.role == "confirmation" else w.name + ("*" if w.role == "objective" else "")
+            name = "confirm" if w.role == Role.CONFIRMATION else w.name + ("*" if w.role == Role.OBJECTIVE else "")
             t.add_row(
                 safe(name),
                 number(w.baseline_median),
@@ -98,21 +100,9 @@ def show(
     for check in v.checks:
         c.add_row(check.name, check.status.value, safe(check.detail))
     out.print(c)
-    out.print(timing_line(result.timing()))
+    out.print(result.timing().line())
     if advice:
         out.print(next_step(result, ref_is_branch))
-
-
-def timing_line(t: dict[str, float]) -> str:
-    """Where the wall time went; the parts add up to the wall time. Nothing measured (an
-    instant reject) says so instead of an 'overhead' percentage."""
-    if t["measurement_s"] == 0 and t["engine_s"] == 0 and t["verify_s"] == 0:
-        return f"time: {t['wall_s']:.1f} s, nothing measured (stopped before the first trial)"
-    parts = [f"engines {t['engine_s']:.1f} s", f"measurement {t['measurement_s']:.1f} s"]
-    if t["verify_s"]:
-        parts.append(f"distribution checks {t['verify_s']:.1f} s")
-    parts.append(f"build, tests and orchestration {t['overhead_s']:.1f} s ({t['overhead_pct']:.1f}%)")
-    return f"time: {t['wall_s']:.1f} s = " + " + ".join(parts)
 
 
 def next_step(result: Evaluation, ref_is_branch: bool | None) -> str:

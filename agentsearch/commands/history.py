@@ -11,8 +11,8 @@ import click
 
 from history import records as rec
 from history.drift import DriftPoint, drift_curve
+from history.proposals import agent_costs, proposals_of
 from history.records import Evaluation as EvaluationRecord
-from history.records.agent_session import agent_costs
 
 from ..errors import EXIT_FAIL, AgentsearchError
 from ..headline import headline, pct, unit
@@ -97,7 +97,7 @@ def show(target: Path, as_json: bool) -> int:
     out.print(table(data, out.width))
     if drift:
         out.print(drift_table(drift, out.width))
-    ag = agents(ws, data)
+    ag = agents(ws)
     if ag:
         per = (
             "no merged win yet"
@@ -114,21 +114,9 @@ def show(target: Path, as_json: bool) -> int:
     return 0
 
 
-def agents(ws: Workspace, data: list[dict[str, Any]]) -> dict[str, Any] | None:
+def agents(ws: Workspace) -> dict[str, Any] | None:
     """The agent sessions' costs over the history and what they bought (``agent_costs``)."""
-    meta = {e.proposal: r.meta for e in read_entries(ws) if isinstance(r := e.record, rec.ProposalCreated)}
-    return agent_costs(
-        [
-            {
-                "meta": meta.get(r["proposal"]),
-                "verdict": r["verdict"],
-                "speedup": r["speedup"],
-                "reverted": r["reverted"] or (r["verdict"] == "merge" and not r["merged"]),
-            }
-            for r in data
-            if r["kind"] == "episode"
-        ]
-    )
+    return agent_costs(p for p in proposals_of(read_entries(ws)) if p.judged)
 
 
 def _g(v: float | None) -> str:

@@ -107,27 +107,22 @@ def show(ref: str, r: VerifyResult) -> None:
             )
     against = r.reference
     if against:
-        rt = Table(
-            title=(
-                f"against the reference {safe(str(against.get('commit'))[:12])} (judged with "
-                f"{safe(against.get('budget'))})"
-            )
-        )
+        rt = Table(title=(f"against the reference {safe(against.commit[:12])} (judged with {safe(against.budget)})"))
         for col in ("compared", "path", "positions", "mean KL ± SE", "max KL", "max |Δ logprob|", "same top", "pass"):
             rt.add_column(col)
-        for who, entries in (("candidate", against.get("regimes") or []), ("main", against.get("main") or [])):
+        for who, entries in (("candidate", against.regimes), ("main", against.main)):
             for entry in entries:
-                for set_name, paths in (entry.get("sets") or {}).items():
-                    for path, s in paths.items():
+                for set_name, ref_paths in entry.sets.items():
+                    for path, rs in ref_paths.items():
                         rt.add_row(
-                            f"{who} at {safe(entry.get('label'))}, {set_name}",
+                            f"{who} at {safe(entry.label)}, {set_name}",
                             path,
-                            str(s["positions"]),
-                            _kl(s),
-                            _fmt(s["kl_max"]),
-                            _fmt(s["dlogprob_max"]),
-                            _same_top(s),
-                            "yes" if s["passed"] else "NO",
+                            str(rs["positions"]),
+                            _kl(rs),
+                            _fmt(rs["kl_max"]),
+                            _fmt(rs["dlogprob_max"]),
+                            _same_top(rs),
+                            "yes" if rs["passed"] else "NO",
                         )
         out.print(rt)
         if r.blame == "main":

@@ -221,7 +221,7 @@ def serving_unisolated(ws: Workspace, baseline: str) -> str:
     of its own (that needs root and nsenter); on a Ray node the cluster's control store listens on
     that network without authentication, so candidate code could submit a task outside any sandbox.
     Such a node is the run's problem (a set-up to fix), never a verdict."""
-    if not any(w.kind == "vllm-serve" for w in ws.config(baseline).workloads):
+    if not any(w.spec.serving for w in ws.config(baseline).workloads):
         return ""
     if sandbox.probe()[0] and sandbox.can_join_network():
         return ""

@@ -7,6 +7,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from history.proposals import Proposal
 from history.records import CATEGORIES, text
 
 from ..errors import AgentsearchError
@@ -45,7 +46,7 @@ class Context:
     the target's history of proposals (all episodes), the distilled insights, and where it is."""
 
     read_file: Callable[[str], str | None]
-    history: Sequence[Mapping[str, Any]]  # {key, title, category, proposer, meta, verdict, speedup, reasons}
+    history: Sequence[Proposal]  # every proposal of the target so far (all episodes), as its records say
     insights: Mapping[str, Any] | None
     number: int  # the proposal about to be created
     seed: int  # the episode's master seed

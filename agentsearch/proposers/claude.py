@@ -26,6 +26,7 @@ from typing import Any
 import jinja2
 
 import templates as _templates
+from history.proposals import Proposal
 from history.records import text
 from history.records.agent_session import AgentSession
 
@@ -75,7 +76,7 @@ def render_prompt(
     )
     env.filters["untrusted_block"] = lambda s, limit=6000: text.clean("" if s is None else s, limit).replace(nonce, "")
     config = ctx.extra.get("config")
-    recent = [h for h in ctx.history if h.get("verdict")][-12:]
+    recent = [h for h in ctx.history if h.judged][-12:]
     insights_md = insights_markdown(ctx)
     return env.get_template("agent_prompt.md.j2").render(
         config=config,
@@ -83,7 +84,7 @@ def render_prompt(
         objective=config.objective.name if config else "",
         protected=protected,
         recent=recent,
-        rejections=[h for h in recent if h["verdict"] != "merge"][-6:],
+        rejections=[h for h in recent if h.outcome != "merge"][-6:],
         insights=insights_md,
         profiles=ctx.extra.get("profiles") or [],
         categories=CATEGORIES,
@@ -165,26 +166,25 @@ class ClaudeProposer:
     def manifest(self) -> dict[str, Any]:
         return {"model": self.model, "max_turns": self.max_turns, "agents": self.agents}
 
-    def revision_parent(self, ctx: Context, limit: int) -> Mapping[str, Any] | None:
+    def revision_parent(self, ctx: Context, limit: int) -> Proposal | None:
         """The latest rejected agent proposal of this episode that changed something, is fewer than ``limit``
         revisions deep and has no revision yet (claimed for this session); None when there is none. From the
         history alone, so a resumed episode picks up the same line of work."""
         if limit < 1:
             return None
         episode = ctx.extra.get("episode")
-        rows = [h for h in ctx.history if h.get("episode") == episode and h.get("proposer") == self.name]
-        revised = {(h.get("meta") or {}).get("parent") for h in rows}
+        rows = [h for h in ctx.history if h.episode == episode and h.proposer == self.name]
+        revised = {h.parent for h in rows}
         with self._lock:
             for h in reversed(rows):
-                pid, depth = h.get("proposal"), int((h.get("meta") or {}).get("revision") or 0)
                 if (
-                    h.get("verdict") == "reject"
-                    and h.get("files")
-                    and depth < limit
-                    and pid not in revised
-                    and pid not in self._claimed
+                    h.outcome == "reject"
+                    and h.files
+                    and h.revision < limit
+                    and h.id not in revised
+                    and h.id not in self._claimed
                 ):
-                    self._claimed.add(pid)
+                    self._claimed.add(h.id)
                     return h
         return None
 
@@ -193,7 +193,7 @@ class ClaudeProposer:
         parent = self.revision_parent(ctx, config.agent.revisions)
         start_from = ""
         if parent is not None:
-            start_from = ctx.extra["proposal_patch"](parent["proposal"]) or ""
+            start_from = ctx.extra["proposal_patch"](parent.id) or ""
         protected = ("agentsearch.toml", *config.target.protected)
         # the session's label and a nonce: sessions that ran at once, or before a crash, never share a key or a worktree
         label = f"{ctx.number:03d}-{secrets.token_hex(3)}"
@@ -216,15 +216,15 @@ class ClaudeProposer:
             revising = None
             if parent is not None:
                 revising = {
-                    "proposal": parent["proposal"],
-                    "title": parent.get("title"),
-                    "rationale": parent.get("rationale") or "",
-                    "reasons": parent.get("reasons") or [],
-                    "failed_checks": parent.get("failed_checks") or [],
-                    "workloads": parent.get("workloads") or {},
+                    "proposal": parent.id,
+                    "title": parent.title,
+                    "rationale": parent.rationale,
+                    "reasons": list(parent.reasons),
+                    "failed_checks": list(parent.failed_checks),
+                    "workloads": dict(parent.workloads),
                     "applied": not bench.start_error,
                     "error": bench.start_error,
-                    "revision": int((parent.get("meta") or {}).get("revision") or 0) + 1,
+                    "revision": parent.revision + 1,
                 }
             prompt = render_prompt(ctx, protected, label, self.agents, revising)
             outcome = run_session(
@@ -264,6 +264,6 @@ class ClaudeProposer:
             "session": session.to_json(),
         }
         if parent is not None:  # a revision: linked to its parent in the history and the report
-            meta.update(parent=parent["proposal"], revision=int((parent.get("meta") or {}).get("revision") or 0) + 1)
+            meta.update(parent=parent.id, revision=parent.revision + 1)
         rationale = final["rationale"] + (f"\n\n(agent session error: {session.error})" if session.error else "")
         return Candidate(key, final["title"], rationale, final["category"], self.name, patch, meta)

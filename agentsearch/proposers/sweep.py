@@ -191,7 +191,7 @@ class Sweep:
 
     def next(self, judged: set[str], ctx: Context) -> Candidate | None:
         self._kernel_knobs(ctx)
-        seen = set(judged) | {h["key"] for h in ctx.history if h.get("key")}
+        seen = set(judged) | {h.key for h in ctx.history if h.key}
         stats = self.stats(ctx)
         prior = self._prior(ctx)
         for name in self.order(ctx):

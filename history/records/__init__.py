@@ -22,7 +22,8 @@ from .checks import (
     decision_failure,
     default_failure,
 )
-from .distribution import Distribution
+from .coverage import CoverageReport
+from .distribution import STATS, Distribution, DistributionCheck, ReferenceCheck, RegimeComparison, worst_of_sets
 from .episode_finished import EpisodeFinished
 from .episode_resumed import EpisodeResumed
 from .episode_started import EpisodeStarted
@@ -38,8 +39,9 @@ from .repair import Repair
 from .revert import Revert
 from .run_error import RunError
 from .stack import BisectStep, Interference, Removal, StackBisect, StackCheck, StackMerge
-from .statistic import Statistic, WorkloadSummary
+from .statistic import Role, Statistic, WorkloadSummary
 from .superseded import Superseded
+from .timing import Timing
 from .trial import Trial, TrialRecord
 from .upgrade import UPGRADERS, upgrade
 from .verdict import CheckResult, CheckStatus, Judgement, Outcome, Verdict
@@ -102,7 +104,13 @@ __all__ = [
     "CheckStatus",
     "Judgement",
     "Outcome",
+    "CoverageReport",
     "Distribution",
+    "DistributionCheck",
+    "ReferenceCheck",
+    "RegimeComparison",
+    "STATS",
+    "worst_of_sets",
     "EpisodeFinished",
     "EpisodeResumed",
     "EpisodeStarted",
@@ -123,9 +131,11 @@ __all__ = [
     "Repair",
     "Revert",
     "RunError",
+    "Role",
     "Statistic",
     "WorkloadSummary",
     "Superseded",
+    "Timing",
     "Trial",
     "TrialRecord",
     "Verdict",

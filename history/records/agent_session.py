@@ -7,7 +7,7 @@ lines, the tail of an error): it is cleaned and capped when recorded and shown o
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -91,31 +91,3 @@ class AgentSession(Part):
             for k, n in s.by_kind().items():
                 tot["calls"][k] = tot["calls"].get(k, 0) + n
         return tot
-
-
-def agent_costs(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
-    """What the agent sessions cost (dollars, tokens, machine seconds, calls by kind) and what they bought:
-    dollars and machine-seconds per merged percent of the objective (merges still standing). None: no agent."""
-    sessions = []
-    merged_pct = 0.0
-    for r in rows:
-        try:
-            s = AgentSession.of(r.get("meta"))
-        except ValueError:  # a session account that does not fit: counted as no agent's
-            s = None
-        if s is None:
-            continue
-        sessions.append(s)
-        if r.get("verdict") == "merge" and not r.get("reverted") and isinstance(r.get("speedup"), (int, float)):
-            merged_pct += (float(r["speedup"]) - 1.0) * 100.0
-    if not sessions:
-        return None
-    tot = AgentSession.totals(sessions)
-    machine_s = tot["tool_seconds"]
-    tot.update(
-        merged_pct=round(merged_pct, 3),
-        cost_usd=round(tot["cost_usd"], 6),
-        usd_per_merged_pct=round(tot["cost_usd"] / merged_pct, 6) if merged_pct > 0 else None,
-        machine_s_per_merged_pct=round(machine_s / merged_pct, 3) if merged_pct > 0 else None,
-    )
-    return tot

@@ -5,11 +5,22 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any, ClassVar, TypeVar
 
 from .base import Part, Record
 
 S = TypeVar("S", bound="WorkloadSummary")
+
+
+class Role(StrEnum):
+    """What a workload's measurement was for (every release wrote these words)."""
+
+    OBJECTIVE = "objective"  # the win the gate asks for
+    GUARD = "guard"  # another workload that must not regress
+    CONFIRMATION = "confirmation"  # the objective again, on fresh engines and seeds
+    GUARD_CHECK = "guard-check"  # a guard's regression measured again on fresh engines: part of that guard's call
+
 
 # harness.sequential's decisions that stop a comparison before its last pair
 STOPPING = ("win", "lose", "regressed")
@@ -22,7 +33,7 @@ class WorkloadSummary(Part):
     OPEN: ClassVar[bool] = True  # a summary may grow fields; an older reader keeps them in ``extra``
 
     name: str  # the workload
-    role: str  # objective | guard | confirmation
+    role: Role
     pairs: int
     max_pairs: int
     decision: str  # harness.sequential: win, lose, inconclusive, ok, regressed, not-confirmed, failed, not-run
@@ -43,7 +54,7 @@ class WorkloadSummary(Part):
 
     @property
     def early_stop(self) -> bool:
-        return self.role != "confirmation" and self.decision in STOPPING and self.pairs < self.max_pairs
+        return self.role != Role.CONFIRMATION and self.decision in STOPPING and self.pairs < self.max_pairs
 
     @classmethod
     def from_json(cls: type[S], data: Mapping[str, Any], where: str = "") -> S:
@@ -59,7 +70,7 @@ def objective_in(workloads: Mapping[str, WorkloadSummary], name: str | None) -> 
     by its role."""
     if name and name in workloads:
         return workloads[name]
-    return next((w for w in workloads.values() if w.role == "objective"), None)
+    return next((w for w in workloads.values() if w.role == Role.OBJECTIVE), None)
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,10 @@ from typing import Any, ClassVar
 
 from .base import Part, Record
 from .checks import FailureKind
+from .coverage import CoverageReport
+from .distribution import DistributionCheck
 from .statistic import WorkloadSummary, objective_in
+from .timing import Timing
 
 
 class CheckStatus(StrEnum):
@@ -36,6 +39,7 @@ class CheckResult(Part):
     failure: FailureKind | None = None  # set when status is fail
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "name", str(self.name))  # a CheckName is kept as its word
         try:
             object.__setattr__(self, "status", CheckStatus(self.status))  # "error", None, "FAIL": never a pass
         except ValueError:
@@ -102,13 +106,14 @@ class JudgedFields:
 @dataclass(frozen=True)
 class MeasuredFields(Part):
     """What an evaluation recorded beside its judgement and workloads, kept by its ``evaluation`` record and a
-    measured ``verdict`` alike (empty on a static verdict). Their insides are the writers' (``harness.environment``,
-    ``Evaluation.timing``, ``CoverageReport``, ``VerifyResult``): the records keep them as written."""
+    measured ``verdict`` alike (empty on a static verdict). The distribution check, the coverage pass and the timing
+    are typed (``DistributionCheck``, ``CoverageReport``, ``Timing``); the environment is ``harness.environment``'s
+    facts about the machine and its software, kept as written."""
 
     environment: Mapping[str, Any] = field(default_factory=dict, kw_only=True)  # the machine and its software
-    timing: Mapping[str, Any] = field(default_factory=dict, kw_only=True)  # wall time split (engine, measurement)
-    coverage: Mapping[str, Any] | None = field(default=None, kw_only=True)  # the coverage pass, when it ran
-    distribution: Mapping[str, Any] | None = field(default=None, kw_only=True)  # the distribution checks
+    timing: Timing = field(default_factory=Timing, kw_only=True)  # wall time split (all 0 on a static verdict)
+    coverage: CoverageReport | None = field(default=None, kw_only=True)  # the coverage pass, when it ran
+    distribution: DistributionCheck | None = field(default=None, kw_only=True)  # the distribution checks
     baseline_side: str = field(default="fresh", kw_only=True)  # "warm": kept from the episode's previous evaluation
     baseline_engines_reused: int = field(default=0, kw_only=True)  # baseline engines kept warm
 

@@ -10,113 +10,27 @@ engine is in tests/test_vllm_integration.py (fast only when not verified).
 
 from __future__ import annotations
 
-import json
-import os
 import statistics
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from agentsearch.workspace import Workspace
+from benchmarks.toy_engine import (
+    CONFIG,
+    CPU_VLLM,
+    DAEMON,
+    LATENCY,
+    THROUGHPUT,
+    TOY_INPUTS,
+    TOY_VLLM,
+    Hog,
+    evaluate,
+    target,
+)
 
 from ..conftest import commit, make_repo, run_cli
 
 pytestmark = pytest.mark.timeout(300)
-
-TOY_VLLM = '''
-import os, time
-__version__ = "0.0+toy"
-
-
-class SamplingParams:
-    def __init__(self, max_tokens=16, ignore_eos=False, temperature=0.0, seed=None, **kw):
-        self.max_tokens, self.temperature = max_tokens, temperature
-
-
-class _Completion:
-    def __init__(self, token_ids):
-        self.token_ids = token_ids
-
-
-class _Result:
-    def __init__(self, prompt_token_ids, token_ids):
-        self.prompt_token_ids, self.outputs = prompt_token_ids, [_Completion(token_ids)]
-
-
-def greedy(ids, n):
-    h, out = sum(ids) % 9973, []
-    for _ in range(n):
-        h = (h * 31 + 7) % 9973
-        out.append(h)
-    return out
-
-
-class LLM:
-    def __init__(self, model=None, **engine):
-        self.cost = float(open("cost.txt").read())  # seconds of "work" per generated token
-
-    def generate(self, prompts, sampling_params=None, use_tqdm=False):
-        sps = sampling_params if isinstance(sampling_params, list) else [sampling_params] * len(prompts)
-        out = []
-        for p, sp in zip(prompts, sps):
-            ids = list(p["prompt_token_ids"])
-            time.sleep(self.cost * sp.max_tokens)
-            out.append(_Result(ids, greedy(ids, sp.max_tokens)))
-        return out
-'''
-
-TOY_INPUTS = '''
-def TokensPrompt(**kw):
-    return dict(kw)
-'''
-
-CONFIG = """
-[target]
-baseline = "main"
-protected = ["bench/**"]
-
-[[workload]]
-name = "{name}"
-kind = "{kind}"
-model = "{model}"
-metric = "{metric}"
-higher_is_better = {hib}
-timeout_s = 60
-restarts = 1
-params = {{ prompts = 16, input_len = 16, output_len = 16, batch_size = 4, iterations = 3, vary_lengths = false }}
-
-[gate]
-max_pairs = 8
-confirm_pairs = 3
-coverage = false
-"""
-
-TOY_MODEL = str(Path(__file__).resolve().parent / "toy-model")  # a model directory (the toy engine ignores it)
-THROUGHPUT = dict(name="throughput", kind="vllm-throughput", metric="output_tok_s", hib="true", model=TOY_MODEL)
-LATENCY = dict(name="latency", kind="vllm-latency", metric="latency_mean_s", hib="false", model=TOY_MODEL)
-
-
-def target(tmp_path, workload=THROUGHPUT, engine: str = "", vllm: str = TOY_VLLM, gate: str = ""):
-    """A toy vLLM fork (``engine``: lines of an [engine] section to add to its config; ``gate``: of its [gate])."""
-    config = CONFIG.format(**workload).replace(
-        "coverage = false\n", f"coverage = false\n{gate}\n" if gate else "coverage = false\n"
-    )
-    config += f"\n[engine]\n{engine}\n" if engine else ""
-    repo = make_repo(
-        tmp_path / "fork",
-        {"agentsearch.toml": config, "vllm/__init__.py": vllm, "vllm/inputs.py": TOY_INPUTS, "cost.txt": "0.0008\n"},
-    )
-    proc = run_cli("init", "-C", str(repo))
-    assert proc.returncode == 0, proc.stderr
-    return repo
-
-
-def evaluate(repo, ref):
-    proc = run_cli("evaluate", "-C", str(repo), ref, "--json", timeout=280)
-    assert proc.stdout, proc.stderr
-    return proc.returncode, json.loads(proc.stdout)
 
 
 def test_honest_engine_speedup_merges_with_matching_outputs(tmp_path):
@@ -249,11 +163,6 @@ def test_a_changed_decoding_default_is_caught(tmp_path):
     assert any("generated" in r or "outputs check" in r for r in out["reasons"]), out["reasons"]
 
 
-CPU_VLLM = TOY_VLLM.replace(
-    "            time.sleep(self.cost * sp.max_tokens)\n",
-    "            for _ in range(int(self.cost * 2.5e7 * sp.max_tokens)):  # CPU-bound work: slowed by competition\n                pass\n",
-)
-
 # the candidate's engine starts hogs that burn both cores exactly while it is idle, i.e. while the
 # baseline is being measured; its own rounds run on a quiet machine
 IDLE_HOG = '''
@@ -356,49 +265,6 @@ def test_an_engine_that_leaves_its_cpu_pinning_is_caught(tmp_path):
     assert pinned and all(m["cpus_pinned"] == 1 and m["cpu_s"] <= m["elapsed_s"] * 1.01 + 0.005 for m in pinned)
 
 
-# the candidate's engine starts a daemon while it boots (before it is pinned): double-forked, it is no longer in
-# the engine's process tree; at every measurement it unpins itself and does half of the CPU-bound work
-DAEMON = '''
-def _daemon_start():
-    todo_r, todo_w = os.pipe()
-    done_r, done_w = os.pipe()
-    if os.fork() == 0:
-        os.setsid()
-        if os.fork() == 0:  # the daemon: reparented away from the engine's tree
-            while True:
-                n = int.from_bytes(os.read(todo_r, 8), "big")
-                try:
-                    os.sched_setaffinity(0, set(range(os.cpu_count())))
-                except OSError:
-                    pass
-                for _ in range(n):
-                    pass
-                os.write(done_w, b"1")
-        os._exit(0)
-    os.wait()
-    return todo_w, done_r
-
-
-_TODO, _DONE = _daemon_start()
-
-
-def _generate(self, prompts, sampling_params=None, use_tqdm=False):
-    os.sched_setaffinity(0, set(range(os.cpu_count())))
-    sps = sampling_params if isinstance(sampling_params, list) else [sampling_params] * len(prompts)
-    work = [int(self.cost * 2.5e7 * sp.max_tokens) for sp in sps]
-    half = len(work) // 2
-    os.write(_TODO, sum(work[half:]).to_bytes(8, "big"))
-    for n in work[:half]:
-        for _ in range(n):
-            pass
-    os.read(_DONE, 1)
-    return [_Result(list(p["prompt_token_ids"]), greedy(list(p["prompt_token_ids"]), sp.max_tokens)) for p, sp in zip(prompts, sps)]
-
-
-LLM.generate = _generate
-'''
-
-
 def test_a_daemon_that_left_the_engines_process_tree_is_pinned_too(tmp_path):
     """Like the unpinned engine above, through a daemon started before the engine was pinned and no longer among
     its descendants: it is in the engine's cgroup, so it is pinned with it and its CPU time is the engine's (before
@@ -430,20 +296,6 @@ def test_a_daemon_that_left_the_engines_process_tree_is_pinned_too(tmp_path):
     assert 0.8 < cpu["c"] / cpu["b"] < 1.25, cpu
 
 
-class _Hog:
-    """A busy loop on CPU 1 (the engines' pinned CPU) for a with-block: foreign load the engines contend with."""
-
-    def __enter__(self):
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", "while True: pass"], preexec_fn=lambda: os.sched_setaffinity(0, {1})
-        )
-        return self
-
-    def __exit__(self, *exc):
-        self.proc.kill()
-        self.proc.wait()
-
-
 def test_a_larger_share_of_a_contended_cpu_is_not_a_win(tmp_path):
     """The daemon above, inside the sandbox (its PID namespace keeps it in the engine's tree): the same work split over
     two runnable processes gets more of a CPU that another process uses too than the baseline's one (measured +17%
@@ -453,7 +305,7 @@ def test_a_larger_share_of_a_contended_cpu_is_not_a_win(tmp_path):
     repo = target(tmp_path, engine='cpus = "1"', vllm=CPU_VLLM)
     commit(repo, {"vllm/__init__.py": CPU_VLLM + DAEMON}, "two runnable processes", branch="share")
     commit(repo, {"cost.txt": "0.0006\n"}, "less work per token", branch="faster")
-    with _Hog():
+    with Hog():
         rc, out = evaluate(repo, "share")
         rc_fast, fast = evaluate(repo, "faster")
     assert rc == 4 and out["verdict"] == "reject", out["reasons"]

@@ -214,7 +214,7 @@ def test_the_coverage_pass_is_not_steered_by_the_candidates_outputs(tmp_path, at
 
 
 def test_a_committed_link_to_dev_zero_is_refused_not_read(tmp_path):
-    from .test_engine_cheats import CONFIG, THROUGHPUT, TOY_INPUTS, TOY_VLLM
+    from benchmarks.toy_engine import CONFIG, THROUGHPUT, TOY_INPUTS, TOY_VLLM
 
     repo = make_repo(
         tmp_path / "fork",

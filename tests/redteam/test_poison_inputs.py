@@ -21,8 +21,9 @@ from pathlib import Path
 import pytest
 
 from agentsearch.workspace import Workspace
-from harness.engine_session import MAX_MESSAGE_BYTES, WorkerError, WorkerSession
+from harness.engine_session import WorkerSession
 from harness.trials import MAX_METRIC_KEYS, REASON_CHARS, TAIL_CHARS, CommandSpec, read_metrics, run_child, tail
+from harness.worker_protocol import MAX_MESSAGE_BYTES, WorkerError
 
 from ..conftest import ROOT, commit, git, make_repo, run_cli, write
 

@@ -631,7 +631,7 @@ def test_stubbed_regimes_an_honest_regime_change_that_wakes_mains_drift_is_blame
         {"baseline": x0, "candidate": xm},
         {("reference", 32): x0, ("reference", 4): x0, ("candidate", 4): x0, ("baseline", 32): xm},
     )
-    assert [r["label"] for r in res.reference["regimes"]] == [
+    assert res.reference is not None and [r.label for r in res.reference.regimes] == [
         "max_num_seqs 32",
         "max_num_seqs 4",
     ]  # its own, then the old
@@ -679,5 +679,5 @@ def test_stubbed_regimes_the_per_change_caps_hold_in_every_regime(tmp_path, monk
     assert ("candidate", 32) in made  # the old regime was run ...
     assert res.verdict == "fail", (
         res.reasons,
-        res.reference["regimes"][1]["sets"]["public"]["prefill"]["kl_max"],
+        res.reference.regimes[1].sets["public"]["prefill"]["kl_max"],
     )  # ... and judged

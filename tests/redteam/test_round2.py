@@ -14,10 +14,10 @@ import sys
 import pytest
 
 from agentsearch.workspace import Workspace
+from benchmarks.toy_engine import CONFIG, CPU_VLLM, LATENCY, THROUGHPUT, TOY_INPUTS, TOY_VLLM, target
+from benchmarks.toy_engine import evaluate as evaluate_engine
 
 from ..conftest import commit, git, make_repo, run_cli
-from .test_engine_cheats import CONFIG, CPU_VLLM, LATENCY, THROUGHPUT, TOY_INPUTS, TOY_VLLM, target
-from .test_engine_cheats import evaluate as evaluate_engine
 from .test_isolation import OUTPUT_BENCH, assert_no_win, evaluate, make_target
 
 pytestmark = pytest.mark.timeout(300)

@@ -23,9 +23,9 @@ import pytest
 
 from agentsearch.errors import ConfigError
 from harness import serve_session, serving_load, tails
-from harness.engine_session import WorkerError
 from harness.serve_session import BenchClient, ServeSession, served_requests, serving_engine
 from harness.trials import TrialOutcome
+from harness.worker_protocol import WorkerError
 from harness.workers import bench_client
 
 from ..test_serving_tails import config

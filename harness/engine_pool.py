@@ -1,0 +1,186 @@
+"""The engines of one evaluation: ``EnginePool`` keeps one warm worker per side, restart and engine identity, shared
+by every phase and workload; ``EngineLease`` is a workload's hold on them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from . import lengths
+from .seeds import batch_seed
+from .trials import TrialOutcome
+from .worker_protocol import DEFAULT_PROMPTS, SLICEABLE_METRICS, combine_parts
+
+
+class EnginePool:
+    """Warm engines shared by every phase and workload of one evaluation.
+
+    Workloads whose engine (model, engine arguments, environment) is the same reuse the same
+    warm process per side and restart index: objective, guard and confirmation rounds do not
+    pay another start-up. ``close()`` ends them all.
+    """
+
+    def __init__(self) -> None:
+        self.engines: dict[str, Any] = {}  # WorkerSession or ServeSession
+        self.wait_s = 0.0
+
+    def lease(
+        self,
+        key: str,
+        make: Callable[[], Any],
+        kind: str,
+        params: Mapping[str, Any],
+        metric: str,
+        exclusive: bool = False,
+    ) -> EngineLease:
+        """A lease on the engine ``key`` (made by ``make()`` the first time it is asked for). An
+        ``exclusive`` lease (placement ``alternate``) shuts every other engine down before its engine
+        starts, and its own engine when the session closes: one engine at a time, each session fresh."""
+        if key not in self.engines:
+            self.engines[key] = make()
+        return EngineLease(self, key, kind, params, metric, exclusive)
+
+    def retire(self, key: str) -> None:
+        """Shut engine ``key`` down now (its wait time counted) and forget it."""
+        eng = self.engines.pop(key, None)
+        if eng is not None:
+            try:
+                eng.close()
+            finally:
+                self.wait_s += eng.wait_s
+
+    def retire_others(self, key: str) -> None:
+        first: BaseException | None = None
+        for k in [k for k in self.engines if k != key]:
+            try:
+                self.retire(k)
+            except BaseException as exc:  # noqa: BLE001 - retire the others too
+                first = first or exc
+        if first is not None:
+            raise first
+
+    def __len__(self) -> int:
+        return len(self.engines)
+
+    def activate(self, key: str) -> None:
+        """Only engine ``key`` runs: every other engine of the pool is parked (stopped) until its turn.
+
+        Engines still booting finish first (both sides boot concurrently; nothing is measured meanwhile),
+        unless engine ``key`` failed to start: its measure reports that at once."""
+        if self.engines[key].start_error:
+            return
+        for eng in self.engines.values():
+            if not eng.parked and eng.proc is not None:
+                eng.wait_ready()
+        for k, eng in self.engines.items():
+            if k != key:
+                eng.park()
+        self.engines[key].unpark()
+
+    def park_all(self) -> None:
+        for eng in self.engines.values():
+            eng.park()
+
+    def adopt(self, engines: Mapping[str, Any]) -> None:
+        """Take warm engines over from another pool (a kept baseline): leased like any of this pool's,
+        parked until their turn."""
+        for key, eng in engines.items():
+            self.engines[key] = eng
+            eng.park()
+
+    def release(self, keep: Callable[[str], bool]) -> dict[str, Any]:
+        """Hand the engines whose key ``keep`` accepts back, parked, if they are up and healthy; close
+        every other one (as ``close``). Their wait time so far is counted here."""
+        kept: dict[str, Any] = {}
+        first: BaseException | None = None
+        for key, eng in list(self.engines.items()):
+            healthy = eng.proc is not None and eng.proc.poll() is None and not eng.start_error
+            if keep(key) and healthy:
+                eng.park()
+                self.wait_s += eng.wait_s
+                eng.wait_s = 0.0
+                kept[key] = eng
+                continue
+            try:
+                eng.close()
+            except BaseException as exc:  # noqa: BLE001 - close the others too
+                first = first or exc
+            self.wait_s += eng.wait_s
+        self.engines.clear()
+        if first is not None:
+            for eng in kept.values():  # an error on the way out keeps nothing warm
+                eng.close()
+            raise first
+        return kept
+
+    def close(self) -> None:
+        """Shut every engine down (all closed even if one fails; the first failure re-raised)."""
+        self.release(lambda _key: False)
+
+
+class EngineLease:
+    """A Session view of a pooled engine: start() boots it once, close() leaves it warm."""
+
+    def __init__(
+        self, pool: EnginePool, key: str, kind: str, params: Mapping[str, Any], metric: str, exclusive: bool = False
+    ):
+        self.pool, self.key, self.kind, self.params, self.metric = pool, key, kind, params, metric
+        self.exclusive = exclusive
+
+    @property
+    def engine(self) -> Any:
+        return self.pool.engines[self.key]
+
+    def start(self) -> None:
+        if self.exclusive:
+            self.pool.retire_others(self.key)
+        eng = self.engine
+        if eng.proc is None and not eng.start_error:
+            eng.start()
+
+    def boot_failed(self) -> bool | None:
+        return self.engine.boot_failed()
+
+    def add_wait(self, seconds: float) -> None:
+        """Time spent waiting for start-ups outside the engine's own waits (counted as engine time)."""
+        self.engine.wait_s += seconds
+
+    def measure(self, seed: int) -> TrialOutcome:
+        self.pool.activate(self.key)
+        try:
+            default_len = 32 if self.kind == "vllm-serve" else 64  # harness.serving_load's default, the workers'
+            return self.engine.measure(seed, self.kind, lengths.vary(self.params, seed, default_len), self.metric)
+        finally:
+            self._done()
+
+    def _done(self) -> None:
+        """Park the engine as soon as its answer is in (shared placement): work it put off until after answering
+        runs inside its next measurement, never between the two sides' timed windows."""
+        if not self.exclusive and len(self.pool.engines) > 1:
+            self.engine.park()
+
+    def parts(self, seed: int) -> int:
+        """Into how many parts a trial of ``seed`` can be split (``harness.interleave``'s slices): its prompts,
+        for a throughput trial of a shared engine; 1 (whole trials only) for anything else."""
+        if self.kind != "vllm-throughput" or self.exclusive or self.metric not in SLICEABLE_METRICS:
+            return 1
+        return max(1, int(lengths.vary(self.params, seed).get("prompts", DEFAULT_PROMPTS)))
+
+    def measure_part(self, seed: int, part: int, parts: int) -> TrialOutcome:
+        """Part ``part`` of ``parts`` of the trial of ``seed``: its share of the prompts, on inputs of their own
+        (``batch_seed``), the same length profile as the whole trial."""
+        self.pool.activate(self.key)
+        params = lengths.vary(self.params, seed)
+        total = int(params.get("prompts", DEFAULT_PROMPTS))
+        params["prompts"] = total // parts + (1 if part < total % parts else 0)
+        try:
+            return self.engine.measure(batch_seed(seed, part), self.kind, params, self.metric)
+        finally:
+            self._done()
+
+    def combine(self, seed: int, parts: list[TrialOutcome]) -> TrialOutcome:
+        return combine_parts(parts, self.metric)
+
+    def close(self) -> None:
+        if self.exclusive:
+            self.pool.retire(self.key)
