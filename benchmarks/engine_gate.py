@@ -94,7 +94,7 @@ def objective_only(
     )
 
 
-def _at_schedule_start(source: str, lines: str) -> str:
+def at_schedule_start(source: str, lines: str) -> str:
     """``source`` with ``lines`` inserted as the first statements of ``Scheduler.schedule``."""
     m = re.search(r"\n    def schedule\(self[^)]*\)[^:]*:\n", source)
     if m is None:
@@ -107,7 +107,7 @@ def _at_schedule_start(source: str, lines: str) -> str:
 def with_sleep(source: str, ms: float) -> str:
     """``Scheduler.schedule`` with ``time.sleep(ms / 1000)`` as its first statement (``ms`` 0: none)."""
     source = re.sub(rf"\n[ ]*time\.sleep\([^)]*\)  {re.escape(SLEEP_MARK)}", "", source)
-    return _at_schedule_start(source, f"        time.sleep({ms / 1000!r})  {SLEEP_MARK}\n") if ms > 0 else source
+    return at_schedule_start(source, f"        time.sleep({ms / 1000!r})  {SLEEP_MARK}\n") if ms > 0 else source
 
 
 def with_spin(source: str, us: float) -> str:
@@ -118,7 +118,7 @@ def with_spin(source: str, us: float) -> str:
         f"        _spin_until = time.perf_counter() + {us / 1e6!r}  {SPIN_MARK}\n"
         f"        while time.perf_counter() < _spin_until: pass  {SPIN_MARK}\n"
     )
-    return _at_schedule_start(source, wait) if us > 0 else source
+    return at_schedule_start(source, wait) if us > 0 else source
 
 
 def make_fork(

@@ -1,0 +1,218 @@
+"""The demo's guards on the real engine, A/A: how often serve-c1 and serve-c8 call a false regression (#43).
+
+    flock /tmp/agentsearch-engine.lock .venv/bin/python benchmarks/guard_aa_engine.py [--runs 5] [--slow-ms 0]
+        [--out docs/data/guard-aa-engine.jsonl]
+    .venv/bin/python benchmarks/guard_aa_engine.py --summary docs/data/guard-aa-engine.jsonl
+
+A fork of the embedded vLLM (``agentsearch init --from-installed vllm``) with the starter's two serving guards
+exactly as the demo runs them (``serve-c1``: concurrency 1, 16 pairs at most; ``serve-c8``: concurrency 8, 20
+pairs), the starter's ``[target]`` and ``[gate]``. The objective is a toy command the candidate makes 1.5x
+faster, so every evaluation reaches the guards (a real objective would stop an A/A candidate before them); the
+distribution checks are off (they judge outputs, not speed, and would double each run's cost). Each run is one
+``agentsearch evaluate`` of a fresh candidate branch:
+
+- ``--slow-ms 0``: the candidate changes a comment in the scheduler (an A/A for both guards): every guard
+  rejection is a false alarm; a first call that the fresh-engine re-measure did not confirm is counted apart.
+- ``--slow-ms S``: every scheduler step of the candidate sleeps S ms more: a real regression the guards
+  should catch (confirmed on fresh engines).
+
+Each run appends one JSON line to ``--out`` (its start time, hour, verdict and each guard's first call and
+re-measure), so runs made at different hours and sessions add up; ``--summary FILE`` prints the table of
+every line in FILE (per hour and in total). Prints one line per run as it ends.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from datetime import UTC, datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.engine_gate import SCHEDULER, at_schedule_start  # noqa: E402 (the repository root first)
+from benchmarks.toy import git  # noqa: E402
+
+CLI = [sys.executable, "-m", "agentsearch.cli"]
+GUARDS = ("serve-c1", "serve-c8")
+SPEED_WORKLOAD = f'''[[workload]]
+name = "speed"
+command = "{sys.executable} speed.py {{out}}"
+metric = "x"
+restarts = 1
+
+'''
+SPEED = (
+    "import json, sys, random\n"
+    "json.dump({'x': float(open('f.txt').read()) * random.gauss(1, 0.01)}, open(sys.argv[1], 'w'))\n"
+)
+
+
+def demo_guards_config(starter: str) -> str:
+    """The starter config with its objective replaced by the toy ``speed`` command and no ``[verify]`` or
+    ``[sweep]``: the guard workloads, ``[target]`` and ``[gate]`` as the demo has them."""
+    blocks = re.split(r"\n(?=\[)", starter)
+    kept: list[str] = []
+    for block in blocks:
+        head = block.split("\n", 1)[0].strip()
+        if head == "[[workload]]":
+            name = re.search(r'^name = "([^"]+)"', block, re.M)
+            if not name or name.group(1) not in GUARDS:
+                continue
+        elif head.startswith(("[verify", "[sweep", "[[sweep", "[stack")):
+            continue
+        kept.append(block)
+    text = "\n".join(kept)
+    at = text.index("[[workload]]")
+    missing = [g for g in GUARDS if f'name = "{g}"' not in text]
+    if missing:
+        raise SystemExit(f"error: the starter config has no workload {missing}: this benchmark needs updating")
+    return text[:at] + SPEED_WORKLOAD + text[at:] + "\n"
+
+
+def make_fork(where: Path) -> Path:
+    fork = where / "fork"
+    subprocess.run([*CLI, "init", "--from-installed", "vllm", str(fork)], check=True, capture_output=True, cwd=ROOT)
+    (fork / "agentsearch.toml").write_text(demo_guards_config((fork / "agentsearch.toml").read_text()))
+    (fork / "speed.py").write_text(SPEED)
+    (fork / "f.txt").write_text("1.0")
+    git(fork, "add", "-A")
+    git(fork, "commit", "-qm", "the demo's guards behind a toy objective")
+    return fork
+
+
+def plant(src: str, slow_ms: float, note: str) -> str:
+    """The scheduler with a comment (``slow_ms`` 0: nothing that runs changes) or a sleep in every step."""
+    body = f"        # {note}\n"
+    if slow_ms > 0:
+        body += f"        __import__('time').sleep({slow_ms / 1000!r})\n"
+    return at_schedule_start(src, body)
+
+
+def candidate(fork: Path, i: int, slow_ms: float) -> str:
+    branch = f"run-{i}-{int(time.time())}"
+    git(fork, "checkout", "-q", "-b", branch, "main")
+    (fork / "f.txt").write_text("1.5")
+    (fork / SCHEDULER).write_text(plant((fork / SCHEDULER).read_text(), slow_ms, f"run {i}: {branch}"))
+    git(fork, "commit", "-qam", f"run {i}")
+    git(fork, "checkout", "-q", "main")
+    return branch
+
+
+def guard_row(workloads: dict, name: str) -> dict:
+    first = workloads.get(name) or {}
+    again = workloads.get(f"{name} (fresh engines)") or {}
+    return {
+        "decision": first.get("decision", "not run"),
+        "speedup": first.get("speedup"),
+        "pairs": first.get("pairs"),
+        "p_value": first.get("p_value"),
+        "fresh": again.get("decision"),
+        "fresh_speedup": again.get("speedup"),
+    }
+
+
+def cell(g: dict) -> str:
+    s = f"{g['decision']}"
+    if g.get("speedup"):
+        s += f" {g['speedup'] - 1:+.1%}"
+    if g.get("fresh"):
+        s += f" -> {g['fresh']}"
+    return s
+
+
+def summary(lines: list[dict]) -> None:
+    ok = [r for r in lines if "verdict" in r]
+    by_hour: dict[int, list[dict]] = defaultdict(list)
+    for r in ok:
+        by_hour[r["hour"]].append(r)
+    print(
+        f"{'hour (UTC)':>10} {'runs':>4} " + " ".join(f"{g + ' first call':>17} {g + ' rejected':>16}" for g in GUARDS)
+    )
+    for hour, rows in sorted(by_hour.items()):
+        print(
+            f"{hour:>10} {len(rows):>4} "
+            + " ".join(
+                f"{sum(r['guards'][g]['decision'] in ('regressed', 'unconfirmed') for r in rows):>17} "
+                f"{sum(r['guards'][g]['decision'] == 'regressed' for r in rows):>16}"
+                for g in GUARDS
+            )
+        )
+    for slow in sorted({r["slow_ms"] for r in ok}):
+        rows = [r for r in ok if r["slow_ms"] == slow]
+        calls = {g: sum(r["guards"][g]["decision"] in ("regressed", "unconfirmed") for r in rows) for g in GUARDS}
+        rejected = {g: sum(r["guards"][g]["decision"] == "regressed" for r in rows) for g in GUARDS}
+        merged = sum(r["verdict"] == "merge" for r in rows)
+        hours = len({r["hour"] for r in rows})
+        what = "A/A" if slow == 0 else f"slow {slow:g} ms/step"
+        print(
+            f"{what}: {len(rows)} evaluations over {hours} hours; "
+            + "; ".join(f"{g}: first call {calls[g]}, rejected after fresh engines {rejected[g]}" for g in GUARDS)
+            + f"; merged {merged}; {sum(r['minutes'] for r in rows):.0f} min"
+        )
+    errors = len(lines) - len(ok)
+    if errors:
+        print(f"{errors} runs ended in the run's error (not counted)")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--slow-ms", type=float, default=0.0, help="the candidate's extra sleep per scheduler step")
+    ap.add_argument("--out", default="", help="append one JSON line per run here")
+    ap.add_argument("--summary", default="", help="print the table of the runs in this file and exit")
+    args = ap.parse_args()
+    if args.summary:
+        summary([json.loads(line) for line in Path(args.summary).read_text().splitlines() if line.strip()])
+        return
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="guard-aa-") as tmp:
+        fork = make_fork(Path(tmp))
+        print(f"{'run':>3} {'start':<17} {'verdict':<7} {'serve-c1':<32} {'serve-c8':<32} {'min':>5}", flush=True)
+        for i in range(args.runs):
+            branch = candidate(fork, i, args.slow_ms)
+            start = datetime.now(UTC)
+            t0 = time.time()
+            proc = subprocess.run(
+                [*CLI, "evaluate", "-C", str(fork), branch, "--json"], capture_output=True, text=True, cwd=ROOT
+            )
+            row: dict = {
+                "start": start.isoformat(timespec="seconds"),
+                "hour": start.hour,
+                "slow_ms": args.slow_ms,
+                "minutes": (time.time() - t0) / 60,
+            }
+            try:
+                out = json.loads(proc.stdout)
+            except json.JSONDecodeError:
+                row["error"] = (proc.stderr.strip().splitlines() or ["no output"])[-1][:500]
+                print(f"{i:>3} {row['start'][:16]:<17} error: {row['error']}", flush=True)
+            else:
+                w = out.get("workloads", {})
+                row.update(
+                    verdict=out["verdict"],
+                    reasons=out.get("reasons", [])[:3],
+                    guards={g: guard_row(w, g) for g in GUARDS},
+                )
+                print(
+                    f"{i:>3} {row['start'][:16]:<17} {out['verdict']:<7} "
+                    + " ".join(f"{cell(row['guards'][g]):<32}" for g in GUARDS)
+                    + f" {row['minutes']:>5.1f}",
+                    flush=True,
+                )
+            rows.append(row)
+            if args.out:
+                with open(args.out, "a") as f:
+                    f.write(json.dumps(row) + "\n")
+    summary(rows)
+
+
+if __name__ == "__main__":
+    main()

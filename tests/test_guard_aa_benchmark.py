@@ -1,0 +1,51 @@
+"""benchmarks/guard_aa_engine.py measures the demo's own guards: its config must keep them as the starter writes them."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from agentsearch.commands.starter import starter_config
+from benchmarks.guard_aa_engine import GUARDS, demo_guards_config, plant, summary
+
+
+def test_the_benchmark_keeps_the_starters_guards_and_gate_behind_a_toy_objective():
+    starter = tomllib.loads(starter_config(Path("/site")))
+    ours = tomllib.loads(demo_guards_config(starter_config(Path("/site"))))
+    assert [w["name"] for w in ours["workload"]] == ["speed", *GUARDS]
+    for g in GUARDS:
+        assert next(w for w in ours["workload"] if w["name"] == g) == next(
+            w for w in starter["workload"] if w["name"] == g
+        )
+    assert ours["gate"] == starter["gate"] and ours["target"] == starter["target"]
+    assert "verify" not in ours and "sweep" not in ours
+
+
+def test_an_aa_candidate_changes_a_comment_and_a_slow_one_sleeps_in_every_scheduler_step():
+    src = (
+        "class Scheduler:\n    def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:\n        x = 1\n"
+    )
+    aa = plant(src, 0, "run 3")
+    assert aa.replace("        # run 3\n", "") == src and "sleep" not in aa
+    assert "sleep(0.002)" in plant(src, 2, "run 3")
+    with pytest.raises(SystemExit):
+        plant("def other(): pass\n", 0, "x")
+
+
+def test_the_summary_counts_first_calls_and_confirmed_rejections_apart(capsys):
+    def row(hour, c1, c1_fresh=None, verdict="merge"):
+        return {
+            "hour": hour,
+            "slow_ms": 0.0,
+            "minutes": 5.0,
+            "verdict": verdict,
+            "guards": {"serve-c1": {"decision": c1, "fresh": c1_fresh}, "serve-c8": {"decision": "ok"}},
+        }
+
+    summary([row(1, "ok"), row(1, "unconfirmed", "ok"), row(5, "regressed", "regressed", "reject"), {"error": "x"}])
+    out = capsys.readouterr().out
+    assert "A/A: 3 evaluations over 2 hours" in out
+    assert "serve-c1: first call 2, rejected after fresh engines 1" in out
+    assert "merged 2" in out and "1 runs ended in the run's error" in out
