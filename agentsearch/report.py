@@ -27,7 +27,7 @@ import templates as _templates
 from harness import tails
 from history.drift import DriftPoint, drift_curve
 from history.records import Evaluation as EvaluationRecord
-from history.records import Merge, ProposalCreated, Revert, Trial, TrialRecord, Verdict, WorkloadSummary, text
+from history.records import Merge, ProposalCreated, Revert, Role, Trial, TrialRecord, Verdict, WorkloadSummary, text
 from history.records import checks as checks_vocabulary
 
 from . import __version__
@@ -41,23 +41,23 @@ TEMPLATES = Path(_templates.__file__).resolve().parent
 DIFF_INLINE_LINES = 150  # the PR body shows the diff itself up to this many lines (else the diff stat)
 # what each p-value tests (the gate's statistics: harness.statistics.PairedEstimate)
 P_TESTS = {
-    "objective": "one-sided paired t-test on log(candidate/baseline), H1: the candidate is faster",
-    "guard": (
+    Role.OBJECTIVE: "one-sided paired t-test on log(candidate/baseline), H1: the candidate is faster",
+    Role.GUARD: (
         "one-sided paired t-test on log(candidate/baseline), H1: the candidate is slower (a small p is a regression)"
     ),
-    "confirmation": (
+    Role.CONFIRMATION: (
         "one-sided paired t-test on log(candidate/baseline), H1: the candidate is slower (a small p would undo the win)"
     ),
-    "guard-check": (
+    Role.GUARD_CHECK: (
         "one-sided paired t-test on log(candidate/baseline) on fresh engines, H1: the candidate is slower (the guard's "
         "regression holds)"
     ),
 }
 P_SHORT = {
-    "objective": "t-test, H1 faster",
-    "guard": "t-test, H1 slower",
-    "confirmation": "t-test, H1 slower",
-    "guard-check": "t-test, H1 slower",
+    Role.OBJECTIVE: "t-test, H1 faster",
+    Role.GUARD: "t-test, H1 slower",
+    Role.CONFIRMATION: "t-test, H1 slower",
+    Role.GUARD_CHECK: "t-test, H1 slower",
 }
 CHECK_NOTES = checks_vocabulary.NOTES  # what each check vouches for (history.records.checks.CHECKS)
 
@@ -258,7 +258,6 @@ def gather(ws: Workspace, what: str) -> Evidence:
 
 
 # ---------------------------------------------------------------------------- engine sessions
-PHASE_RANK = {"objective": 0, "guard": 1, "guard-check": 2, "confirmation": 3}
 SESSIONS_DIFFER_P = 0.05  # below it, the report says the sessions disagree
 
 
@@ -312,19 +311,19 @@ def session_table(trials: Sequence[TrialRecord], directions: Mapping[str, bool])
             [x for _, x in full]
         )  # as the gate, less the calibration's floor (not in the evidence): one stall does not decide it
         for (session, _), x in zip(full, clipped, strict=True):
-            by_workload.setdefault(workload, {}).setdefault((PHASE_RANK.get(phase, 3), session), []).append(x)
-    phases = {v: k for k, v in PHASE_RANK.items()}
+            by_workload.setdefault(workload, {}).setdefault((Role.rank(phase), session), []).append(x)
+    phases = dict(enumerate(Role))
     out = []
     for workload, groups in sorted(by_workload.items(), key=lambda kv: (min(k for k, _ in kv[1]), kv[0])):
         if len(groups) < 2:
             continue
         rows: list[dict[str, Any]] = []
         for (rank, session), d in sorted(groups.items()):
-            phase = phases.get(rank, "?")  # the confirmation runs on engines of its own (agentsearch.evaluation)
+            phase = str(phases.get(rank, "?"))  # the confirmation runs on engines of its own (agentsearch.evaluation)
             rows.append(
                 {
                     "phase": phase,
-                    "engines": f"{'fresh ' if phase == 'confirmation' else ''}{session + 1}",
+                    "engines": f"{'fresh ' if phase == Role.CONFIRMATION else ''}{session + 1}",
                     "pairs": len(d),
                     "change": math.exp(sum(d) / len(d)),
                 }
@@ -386,14 +385,14 @@ def plots(ev: Evidence, fmt: str = "png") -> dict[str, bytes]:
     plt.rcParams["svg.hashsalt"] = "agentsearch"  # stable ids
     out: dict[str, bytes] = {}
     groups = _paired(ev.trials)
-    for (workload, phase), pairs in sorted(groups.items(), key=lambda kv: (PHASE_RANK.get(kv[0][1], 3), kv[0][0])):
+    for (workload, phase), pairs in sorted(groups.items(), key=lambda kv: (Role.rank(kv[0][1]), kv[0][0])):
         full = sorted((i, p) for i, p in pairs.items() if "baseline" in p and "candidate" in p)
         if not full:
             continue
         xs = [i + 1 for i, _ in full]
         base = [p["baseline"] for _, p in full]
         cand = [p["candidate"] for _, p in full]
-        w = ev.verdict.workloads.get(workload) if phase != "confirmation" else ev.verdict.confirmation
+        w = ev.verdict.workloads.get(workload) if phase != Role.CONFIRMATION else ev.verdict.confirmation
         metric, u = ev.label(workload, w)
         fig, (a1, a2) = plt.subplots(
             1, 2, figsize=(9.5, 3.4), layout="constrained"
@@ -533,8 +532,7 @@ def _draws_line(d: Mapping[str, Any]) -> str:
 
 
 def context(ev: Evidence, images: Mapping[str, str], local: bool = True) -> dict[str, Any]:
-    order = {"objective": 0, "guard": 1, "guard-check": 2, "confirmation": 3}
-    named = sorted(ev.verdict.workloads.items(), key=lambda kv: order.get(kv[1].role, 3))
+    named = sorted(ev.verdict.workloads.items(), key=lambda kv: Role.rank(kv[1].role))
     if ev.verdict.confirmation is not None:
         named.append((ev.verdict.confirmation.name, ev.verdict.confirmation))
     workloads = []
@@ -552,7 +550,7 @@ def context(ev: Evidence, images: Mapping[str, str], local: bool = True) -> dict
             }
         )
     roles = [w.get("role") for w in workloads if w.get("p_value") is not None]
-    p_tests = {r: P_TESTS[r] for r in order if r in roles and r in P_TESTS}
+    p_tests = {r: P_TESTS[r] for r in Role if r in roles and r in P_TESTS}
     # what each serving metric measures (harness.tails: one definition each, from where to where)
     definitions = {w["metric"]: d for w in workloads if (d := tails.definition(str(w["metric"])))}
     checks = [{**c.to_json(), "note": CHECK_NOTES.get(c.name, "")} for c in ev.verdict.checks]

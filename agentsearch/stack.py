@@ -141,7 +141,7 @@ def stack_verdict(
 ) -> tuple[str, tuple[str, ...]]:
     """under-delivers: the tip falls short of the product by more than ``margin`` (a fraction: the gate's
     min_effect, the smallest difference worth acting on), one-sided at ``alpha`` on the log scale."""
-    from scipy.stats import norm
+    from harness.statistics import normal_cdf
 
     c, p = _log_se(cumulative, ci), _log_se(prod, prod_ci)
     if c is None:
@@ -151,7 +151,7 @@ def stack_verdict(
             "a merge of the range has no recorded estimate with an interval: no product to compare",
         )
     z = (c[0] - p[0] - math.log(1.0 - margin)) / math.hypot(c[1], p[1])
-    pv = float(norm.cdf(z))
+    pv = normal_cdf(z)
     if pv < alpha:
         return "under-delivers", (
             f"the tip is {cumulative:.3f}x the start, more than {margin:.0%} below the product of the "
@@ -345,7 +345,7 @@ def _remove_pair(
     say: Say,
     singles: dict[str, Removal] | None = None,
 ) -> Interference:
-    from scipy.stats import norm
+    from harness.statistics import normal_cdf
 
     pair = (a.merge, b.merge)
     try:
@@ -373,7 +373,7 @@ def _remove_pair(
         )
     (lj, sj), (la, sa), (lb, sb) = parts  # type: ignore[misc]
     z = (lj - la - lb) / math.sqrt(sj**2 + sa**2 + sb**2)
-    pv = float(2 * norm.sf(abs(z)))
+    pv = 2 * normal_cdf(-abs(z))
     expected = math.exp(la + lb)
     interfere = pv < alpha
     how = (
@@ -407,7 +407,7 @@ def workload_pairs(ev: Evaluation, workload: str, higher_is_better: bool, offset
 
     sides: dict[tuple[str, int, int], dict[str, float]] = {}
     for t in ev.trials:
-        if t.workload == workload and t.ok and t.value is not None and t.phase != "calibration":
+        if t.workload == workload and t.ok and t.value is not None:
             sides.setdefault((t.phase, t.session, t.pair), {})[t.side] = t.value
     keys = sorted(k for k, v in sides.items() if BASELINE in v and CANDIDATE in v)
     d = log_ratios([sides[k][BASELINE] for k in keys], [sides[k][CANDIDATE] for k in keys], higher_is_better)
@@ -434,9 +434,7 @@ def _step(
     than the smallest effect worth acting on), same when it lies above. Inside the range (``tip``: the tip's
     estimate): different / same when the interval lies below / above the midpoint of the start's level and the
     tip's (log scale): nearer the tip / the start. Unknown: neither."""
-    from scipy.stats import t as student
-
-    from harness.statistics import paired_estimate
+    from harness.statistics import paired_estimate, student_t_ppf
 
     higher = next(w.higher_is_better for w in ws.config(since).workloads if w.name == workload)
     d: list[float] = []
@@ -455,7 +453,7 @@ def _step(
             say("bisect", f"{workload}: {len(d)} pairs so far, measuring again on fresh seeds")
             continue
         est = paired_estimate(d, clusters=clusters)
-        half = float(student.ppf(1 - alpha / 2, est.df)) * est.se
+        half = student_t_ppf(1 - alpha / 2, est.df) * est.se
         lo, hi = math.exp(est.mean - half), math.exp(est.mean + half)
         text = f"{workload} {est.speedup:.3f}x the start [{lo:.3f}, {hi:.3f}] over {est.n} pairs"
         below, above = (1.0 - margin, 1.0 - margin) if tip is None else (math.sqrt(tip), math.sqrt(tip))

@@ -34,10 +34,17 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from scipy import stats as sps
 
 PATHS = ("prefill", "decode", "sample", "draws")
 KL_PERCENTILES = (99.9, 99, 95, 90, 50)
+
+
+def _stats() -> Any:
+    """scipy.stats, imported where a distribution check first tests (its import costs every process 0.7 s)."""
+    from scipy import stats
+
+    return stats
+
 
 # Smallest differences "tight" mode always tolerates, per dtype (reassociation of fused or
 # reordered matmuls moves float32 logprobs by about 1e-6; bf16/fp16 by far more).
@@ -328,7 +335,7 @@ def judge_path(
             and max(cand.kl) > DTYPE_FLOOR.get(dtype, DTYPE_FLOOR["float32"])["kl_max"]
         ):
             # consistency: are the candidate's divergences stochastically larger than the floor's?
-            u = sps.mannwhitneyu(cand.kl, floor.kl, alternative="greater")
+            u = _stats().mannwhitneyu(cand.kl, floor.kl, alternative="greater")
             if u.pvalue < 1e-3:
                 reasons.append(f"{path}: divergences larger than the noise floor (Mann-Whitney p={u.pvalue:.2g})")
     shift = systematic_shift(cand.signed, floor.signed, dtype)
@@ -343,7 +350,7 @@ def systematic_shift(signed: list[float], floor_signed: list[float], dtype: str)
     if len(nonzero) < 20:
         return ""
     pos = sum(1 for x in nonzero if x > 0)
-    p = float(sps.binomtest(pos, len(nonzero), 0.5).pvalue)
+    p = float(_stats().binomtest(pos, len(nonzero), 0.5).pvalue)
     mean = float(np.mean(signed))
     floor_mean = abs(float(np.mean(floor_signed))) if floor_signed else 0.0
     tiny = DTYPE_FLOOR.get(dtype, DTYPE_FLOOR["float32"])["dlogprob_max"] / 100
@@ -424,7 +431,7 @@ def judge_draws(
             )
         else:
             p = float(
-                sps.fisher_exact(
+                _stats().fisher_exact(
                     [[changed, total - changed], [floor_changed, total - floor_changed]], alternative="greater"
                 )[1]
             )

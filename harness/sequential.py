@@ -33,10 +33,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats as sps
 
 from . import gate_defaults as D
-from .statistics import NoisePrior, PairedEstimate, by_cluster, paired_estimate, session_variance, t_sf, winsorize
+from .statistics import (
+    NoisePrior,
+    PairedEstimate,
+    by_cluster,
+    paired_estimate,
+    session_variance,
+    student_t_sf,
+    t_sf,
+    winsorize,
+)
 
 CONTINUE = "continue"
 WIN = "win"
@@ -290,4 +298,4 @@ def replication_p(won: PairedEstimate, fresh: PairedEstimate) -> float:
         return 0.0 if gap > 0 else 1.0
     terms = (var_w**2 / won.df if won.df > 0 else 0.0) + (var_f**2 / fresh.df if fresh.df > 0 else 0.0)
     df = (var_w + var_f) ** 2 / terms if terms > 0 else 1.0
-    return float(sps.t.sf(gap / se, max(1.0, df)))
+    return student_t_sf(gap / se, max(1.0, df))

@@ -16,10 +16,18 @@ S = TypeVar("S", bound="WorkloadSummary")
 class Role(StrEnum):
     """What a workload's measurement was for (every release wrote these words)."""
 
+    # in the order an evaluation measures them (and a report shows them)
     OBJECTIVE = "objective"  # the win the gate asks for
     GUARD = "guard"  # another workload that must not regress
-    CONFIRMATION = "confirmation"  # the objective again, on fresh engines and seeds
     GUARD_CHECK = "guard-check"  # a guard's regression measured again on fresh engines: part of that guard's call
+    CONFIRMATION = "confirmation"  # the objective again, on fresh engines and seeds
+
+    @staticmethod
+    def rank(value: str) -> int:
+        """The position of a recorded role (a trial's ``phase``, a summary's ``role``) in that order; a word this
+        release does not know goes last."""
+        order = [r.value for r in Role]
+        return order.index(value) if value in order else len(order)
 
 
 # harness.sequential's decisions that stop a comparison before its last pair

@@ -35,7 +35,7 @@ class TrialRecord(Part):
     wall_s: float = 0.0  # the orchestrator's round trip
     error: str = ""  # for people: why it failed
     stderr_tail: str = ""
-    phase: str = "objective"  # objective | guard | guard-check | confirmation | calibration
+    phase: str = "objective"  # the round that measured it: a statistic.Role value
     failure: str = ""  # a FailureKind value when it failed (crash, timeout, changed-outputs, ...); '' when ok or older
 
     def __post_init__(self) -> None:
