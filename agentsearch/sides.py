@@ -34,6 +34,7 @@ from typing import Any
 
 from harness import coverage, models, sandbox
 from harness.engine_session import WORKER
+from harness.serve_session import SERVER
 from harness.trials import BASELINE, child_env, run_child, tail
 from kernels.catalog import ROOT as KERNELS_DIR
 
@@ -269,6 +270,7 @@ class Sides:
                 *self.read_only,
                 str(self.inputs),
                 str(WORKER),
+                str(SERVER),
                 str(coverage.TRACER_DIR),
                 str(KERNELS_DIR),
                 *model_dirs(self.config),

@@ -43,6 +43,7 @@ from .trials import (
 from .worker_protocol import WorkerError, read_serving, serving_env
 
 CLIENT = Path(__file__).with_name("workers") / "bench_client.py"
+SERVER = Path(__file__).with_name("workers") / "vllm_serve.py"  # `vllm serve`, model classes inspected in-process
 REPORT_MAX_BYTES = 64 << 20  # the longest honest report of the largest load the config accepts is ~55 MB
 CLIENT_START_S = 300.0  # the load generator's import of vLLM, at most
 
@@ -151,8 +152,7 @@ class ServeSession(Parkable):
         self.port = free_port()
         argv: list[str] | str = [
             self.python,
-            "-m",
-            "vllm.entrypoints.cli.main",
+            str(SERVER),
             "serve",
             self.spec["model"],
             "--host",

@@ -125,10 +125,27 @@ def test_a_tail_only_regression_is_caught_by_the_p99_guard_and_not_by_the_median
         "faster, and a slow tail",
         branch="tail",
     )
-    proc = run_cli("evaluate", "-C", str(fork), "tail", "--json", timeout=1500)
-    assert proc.stdout, proc.stderr[-3000:]
-    out = json.loads(proc.stdout)
-    assert out["verdict"] == "reject", (out["reasons"], out["workloads"])
+
+    def behind_only(reasons: list[str]) -> bool:
+        """Rejected only because a trial's load generator fell behind its schedule on this machine (the instrument's
+        failure, never re-run on a candidate's trial) before the p99 guard's first call."""
+        return (
+            bool(reasons)
+            and all("the load generator fell behind its schedule" in r for r in reasons)
+            and not any("(first run: regressed by" in r for r in reasons)
+        )
+
+    # A full CI run once rejected on the first run's candidate trial this way (p99 lag 175 ms > 100 ms beside the other
+    # worker's engine test), before any guard judged: the verdict is right (fail-closed) but says nothing about the
+    # guard, so that one outcome is measured once more on fresh engines and seeds
+    for attempt in range(2):
+        proc = run_cli("evaluate", "-C", str(fork), "tail", "--json", timeout=1500)
+        assert proc.stdout, proc.stderr[-3000:]
+        out = json.loads(proc.stdout)
+        assert out["verdict"] == "reject", (out["reasons"], out["workloads"])
+        if not behind_only(out["reasons"]):
+            break
+        print(f"attempt {attempt + 1}: {out['reasons'][0]}")
     # the p99 guard names the tail, confirmed on fresh engines
     held = [
         r for r in out["reasons"] if r.startswith("guard-workloads: ttft-p99: the regression held on fresh engines")

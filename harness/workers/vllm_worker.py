@@ -57,6 +57,25 @@ def make_prompts(seed: int, n: int, input_len: int, output_len: int, dist: str, 
     return prompts, outs
 
 
+def inspect_models_in_process() -> bool:
+    """vLLM inspects a model's class in a fresh Python process (a second import of vLLM and torch: about 10 s of
+    CPU here) unless ``$VLLM_CACHE_ROOT/modelinfos`` has the answer, and in a sandbox that cache is new for every
+    engine (its home is a tmpfs), so every start paid it. On a CPU nothing is at stake in answering in this process
+    (the subprocess keeps CUDA out of a parent that forks workers): the same class is imported and inspected, a few
+    milliseconds after vLLM itself. Both sides run this worker, so both get it; a vLLM without the hook, or on
+    another platform, is left as it is. True when the hook was replaced."""
+    try:
+        from vllm.model_executor.models import registry
+        from vllm.platforms import current_platform
+
+        if not current_platform.is_cpu() or not callable(getattr(registry, "_run_in_subprocess", None)):
+            return False
+    except Exception:  # an older or changed vLLM: its own behaviour
+        return False
+    registry._run_in_subprocess = lambda fn: fn()  # noqa: SLF001 - vLLM's hook, replaced for this process only
+    return True
+
+
 class Engine:
     def __init__(self, spec: dict):
         self.spec = spec
@@ -83,6 +102,7 @@ class Engine:
                 engine[key] = value
         self.engine_args = engine
         t1 = time.perf_counter()
+        self.models_in_process = inspect_models_in_process()
         self.llm = LLM(model=spec["model"], **engine)
         self.startup_s = time.perf_counter() - t1
         self.vocab = int(spec.get("vocab", 16000))
