@@ -14,7 +14,7 @@ import sys
 
 if __name__ == "__main__":
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # this folder first: its vllm_worker, not a side's
-    from vllm_worker import inspect_models_in_process
+    from vllm_worker import inspect_models_in_process  # type: ignore[import-not-found]  # (run as a script)
 
     inspect_models_in_process()
     sys.argv = ["vllm", *sys.argv[1:]]
