@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from history.records import EpisodeStarted, Merge, Revert, Verdict, WorkloadSummary
+from history.records import EpisodeStarted, Merge, Revert, Role, Verdict, WorkloadSummary
 from history.records import Evaluation as EvaluationRecord
 from history.records.stack import BisectStep, Interference, Removal, StackBisect, StackCheck, StackMerge
 
@@ -42,6 +42,8 @@ from .records import append, read_entries
 from .warm_baseline import WarmBaseline
 from .workspace import Workspace, git
 
+ROUNDS = frozenset(r.value for r in Role)  # the rounds a trial's phase may name (a word a later release adds is
+# left out of the pooled pairs rather than guessed)
 SCRATCH_REFS = "refs/agentsearch/stack/"
 Z95 = 1.959963984540054
 UNKNOWN_RETRIES = 3  # an unknown bisect step is measured again on fresh seeds, its pairs pooled, up to this many times
@@ -407,7 +409,7 @@ def workload_pairs(ev: Evaluation, workload: str, higher_is_better: bool, offset
 
     sides: dict[tuple[str, int, int], dict[str, float]] = {}
     for t in ev.trials:
-        if t.workload == workload and t.ok and t.value is not None:
+        if t.workload == workload and t.ok and t.value is not None and t.phase in ROUNDS:  # a round it judged
             sides.setdefault((t.phase, t.session, t.pair), {})[t.side] = t.value
     keys = sorted(k for k, v in sides.items() if BASELINE in v and CANDIDATE in v)
     d = log_ratios([sides[k][BASELINE] for k in keys], [sides[k][CANDIDATE] for k in keys], higher_is_better)

@@ -81,7 +81,9 @@ class PairedEstimate:
 # The distributions, from scipy.special: the same functions scipy.stats evaluates, without its import (about
 # 0.7 s of CPU in every process that judges, CLI commands included); imported where first called.
 def student_t_ppf(p: float, df: float) -> float:
-    """The ``p`` quantile of Student's t with ``df`` degrees of freedom (``scipy.stats.t.ppf``)."""
+    """The ``p`` quantile of Student's t with ``df`` degrees of freedom (``scipy.stats.t.ppf``, its ends included)."""
+    if p <= 0 or p >= 1:
+        return -math.inf if p == 0 else math.inf if p == 1 else math.nan
     from scipy.special import stdtrit
 
     return float(stdtrit(df, p))
@@ -95,7 +97,9 @@ def student_t_sf(x: float, df: float) -> float:
 
 
 def f_sf(x: float, dfn: float, dfd: float) -> float:
-    """P(F > x) for the F distribution (``scipy.stats.f.sf``)."""
+    """P(F > x) for the F distribution (``scipy.stats.f.sf``; 1 for x <= 0)."""
+    if x <= 0:
+        return 1.0
     from scipy.special import fdtrc
 
     return float(fdtrc(dfn, dfd, x))

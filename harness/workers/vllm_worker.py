@@ -63,7 +63,10 @@ def inspect_models_in_process() -> bool:
     engine (its home is a tmpfs), so every start paid it. On a CPU nothing is at stake in answering in this process
     (the subprocess keeps CUDA out of a parent that forks workers): the same class is imported and inspected, a few
     milliseconds after vLLM itself. Both sides run this worker, so both get it; a vLLM without the hook, or on
-    another platform, is left as it is. True when the hook was replaced."""
+    another platform, is left as it is. True when the hook was replaced. What differs from a stock start with a warm
+    cache: the model's module is imported while the engine's config is built rather than when its weights load (after
+    the platform sets its environment defaults); torch's inductor config, which reads some of them, is imported by
+    ``from vllm import LLM`` before either."""
     try:
         from vllm.model_executor.models import registry
         from vllm.platforms import current_platform
