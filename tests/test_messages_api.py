@@ -31,7 +31,7 @@ from claude_agent_sdk.types import CanUseToolShadowedWarning
 
 from tests.messages_api import EXHAUSTED_TEXT, INPUT_TOKENS, OUTPUT_TOKENS, ScriptedMessagesAPI, cli_env, sse_events
 
-CLI_VERSION = "2.1.332"
+CLI_VERSION = "2.1.337"  # the CLI claude-agent-sdk 0.2.190 bundles (pyproject.toml pins it)
 FINAL = 'Done. {"verdict": "ok", "echoed": 2}'
 
 pytestmark = pytest.mark.timeout(180)
