@@ -32,20 +32,19 @@ FILES = {
 }
 
 
-def test_the_launcher_uses_its_own_worker_and_replaces_only_the_sides_inspection_hook(tmp_path: Path) -> None:
+def launch(tmp_path: Path, files: dict[str, str], *args: str) -> tuple[Path, subprocess.CompletedProcess]:
+    """The launcher with a side's worktree made of ``files`` on PYTHONPATH (as serve_session starts it, unsandboxed)."""
     side = tmp_path / "worktree"
-    for rel, text in FILES.items():
+    for rel, text in files.items():
         (side / rel).parent.mkdir(parents=True, exist_ok=True)
         (side / rel).write_text(text)
     env = {**os.environ, "PYTHONPATH": str(side), "PYTHONDONTWRITEBYTECODE": "1"}
-    proc = subprocess.run(
-        [sys.executable, str(SERVER), "serve", "model", "--port", "1"],
-        cwd=side,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    argv = [sys.executable, str(SERVER), *args]
+    return side, subprocess.run(argv, cwd=side, env=env, capture_output=True, text=True, timeout=60)
+
+
+def test_the_launcher_uses_its_own_worker_and_replaces_only_the_sides_inspection_hook(tmp_path: Path) -> None:
+    side, proc = launch(tmp_path, FILES, "serve", "model", "--port", "1")
     assert proc.returncode == 0, proc.stderr
     # vLLM's command line got the arguments as `vllm serve ...` would, and the inspection ran in this process
     assert proc.stdout.strip() == "argv ['serve', 'model', '--port', '1'] inspected 42", proc.stdout
@@ -53,13 +52,6 @@ def test_the_launcher_uses_its_own_worker_and_replaces_only_the_sides_inspection
 
 
 def test_on_another_platform_the_hook_is_left_as_it_is(tmp_path: Path) -> None:
-    side = tmp_path / "worktree"
-    files = dict(FILES, **{"vllm/platforms/__init__.py": FILES["vllm/platforms/__init__.py"].replace("True", "False")})
-    for rel, text in files.items():
-        (side / rel).parent.mkdir(parents=True, exist_ok=True)
-        (side / rel).write_text(text)
-    env = {**os.environ, "PYTHONPATH": str(side), "PYTHONDONTWRITEBYTECODE": "1"}
-    proc = subprocess.run(
-        [sys.executable, str(SERVER), "serve", "model"], cwd=side, env=env, capture_output=True, text=True, timeout=60
-    )
+    gpu = FILES["vllm/platforms/__init__.py"].replace("True", "False")
+    _, proc = launch(tmp_path, {**FILES, "vllm/platforms/__init__.py": gpu}, "serve", "model")
     assert "the subprocess hook ran" in proc.stderr + proc.stdout  # vLLM's own behaviour: its subprocess
