@@ -128,8 +128,20 @@ def cell(g: dict) -> str:
     return s
 
 
-def summary(lines: list[dict]) -> None:
+def summary(lines: list[dict], runs: bool = False) -> None:
     ok = [r for r in lines if "verdict" in r]
+    if runs:  # one row per run: when, the verdict, each guard's call, change and pairs
+        print(f"{'start (UTC)':<17} {'verdict':<7} " + " ".join(f"{g:<34}" for g in GUARDS) + f" {'min':>5}")
+        for r in ok:
+            cells = []
+            for g in GUARDS:
+                c = r["guards"][g]
+                cells.append(f"{cell(c)} ({c.get('pairs')} pairs, p {c.get('p_value') or 0:.2f})")
+            print(
+                f"{r['start'][:16]:<17} {r['verdict']:<7} "
+                + " ".join(f"{x:<34}" for x in cells)
+                + f" {r['minutes']:>5.1f}"
+            )
     by_hour: dict[int, list[dict]] = defaultdict(list)
     for r in ok:
         by_hour[r["hour"]].append(r)
@@ -170,7 +182,7 @@ def main() -> None:
     ap.add_argument("--summary", default="", help="print the table of the runs in this file and exit")
     args = ap.parse_args()
     if args.summary:
-        summary([json.loads(line) for line in Path(args.summary).read_text().splitlines() if line.strip()])
+        summary([json.loads(line) for line in Path(args.summary).read_text().splitlines() if line.strip()], runs=True)
         return
     rows = []
     with tempfile.TemporaryDirectory(prefix="guard-aa-") as tmp:
