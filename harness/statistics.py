@@ -67,14 +67,14 @@ class PairedEstimate:
 
     def upper(self, level: float) -> float:
         """One-sided upper confidence bound on the speedup at confidence ``level``."""
-        return math.exp(self.mean + _t_q(level, self.df) * self.se)
+        return math.exp(self.mean + student_t_ppf(level, self.df) * self.se)
 
     def lower(self, level: float) -> float:
-        return math.exp(self.mean - _t_q(level, self.df) * self.se)
+        return math.exp(self.mean - student_t_ppf(level, self.df) * self.se)
 
     def ci(self, level: float = 0.95) -> tuple[float, float]:
         """Two-sided confidence interval on the speedup."""
-        q = _t_q(1 - (1 - level) / 2, self.df)
+        q = student_t_ppf(1 - (1 - level) / 2, self.df)
         return (math.exp(self.mean - q * self.se), math.exp(self.mean + q * self.se))
 
 
@@ -110,10 +110,6 @@ def normal_cdf(z: float) -> float:
     from scipy.special import ndtr
 
     return float(ndtr(z))
-
-
-def _t_q(level: float, df: float) -> float:
-    return student_t_ppf(level, df)
 
 
 def t_sf(mean: float, se: float, df: float) -> float:
@@ -346,7 +342,8 @@ def pairs_for_power(
         return 2
     for n in range(2, limit + 1):
         df = n - 1 + df_prior
-        if delta >= (_t_q(1 - alpha, df) + _t_q(power, df)) * mean_sd(sd, n, between_var, per_session):
+        q = student_t_ppf(1 - alpha, df) + student_t_ppf(power, df)
+        if delta >= q * mean_sd(sd, n, between_var, per_session):
             return n
     return limit
 
@@ -365,4 +362,5 @@ def min_detectable(
     if sd < 0 or pairs < 2 or not (0 < alpha < 1):
         raise ValueError("need sd >= 0, pairs >= 2 and 0 < alpha < 1")
     df = pairs - 1 + df_prior
-    return math.expm1((_t_q(1 - alpha, df) + _t_q(power, df)) * mean_sd(sd, pairs, between_var, per_session))
+    q = student_t_ppf(1 - alpha, df) + student_t_ppf(power, df)
+    return math.expm1(q * mean_sd(sd, pairs, between_var, per_session))
