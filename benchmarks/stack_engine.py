@@ -257,7 +257,11 @@ def run_once(case: str, loo: bool, seed: int, keep: Path | None, dry_run: bool) 
             for p in sorted(queue.iterdir()):
                 print(p.name)
                 diff = p.read_text().split("\n---\n", 1)[-1]
-                print("\n".join(x for x in diff.splitlines() if x[:1] in ("+", "-") and x[:3] not in ("+++", "---")))
+                print(
+                    "\n".join(
+                        x for x in diff.splitlines() if x[:1] in ("+", "-") and x[:3] not in ("+++", "---", "-- ")
+                    )
+                )
             return None
         start = datetime.now(UTC)
         t0 = time.time()

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from agentsearch.commands.starter import starter_config
-from benchmarks.guard_aa_engine import GUARDS, demo_guards_config, plant, summary
+from benchmarks.guard_aa_engine import GUARDS, demo_guards_config, plant, power_config, summary
 
 
 def test_the_benchmark_keeps_the_starters_guards_and_gate_behind_a_toy_objective():
@@ -21,6 +21,9 @@ def test_the_benchmark_keeps_the_starters_guards_and_gate_behind_a_toy_objective
         )
     assert ours["gate"] == starter["gate"] and ours["target"] == starter["target"]
     assert "verify" not in ours and "sweep" not in ours
+    # a power run (--slow-ms) turns only the coverage check off: the toy objective runs no scheduler line
+    power = tomllib.loads(power_config(demo_guards_config(starter_config(Path("/site")))))
+    assert power["gate"] == {**starter["gate"], "coverage": False} and power["workload"] == ours["workload"]
 
 
 def test_an_aa_candidate_changes_a_comment_and_a_slow_one_sleeps_in_every_scheduler_step():
