@@ -25,7 +25,16 @@ from typing import Protocol
 from .quiet import Probe
 from .sequential import CONTINUE, Decision, SequentialDesign
 from .statistics import NoisePrior
-from .trials import BASELINE, CANDIDATE, CRASH, CommandSpec, TrialOutcome, TrialRecord, run_command_trial
+from .trials import (
+    BASELINE,
+    CANDIDATE,
+    CHANGED_OUTPUTS,
+    CRASH,
+    CommandSpec,
+    TrialOutcome,
+    TrialRecord,
+    run_command_trial,
+)
 
 # per workload run, how many of the baseline's disturbed trials are measured again (a third is the run's error)
 MAX_REMEASURED = 2
@@ -79,6 +88,16 @@ class WorkloadRun:
 
     def values(self, side: str) -> list[float]:
         return [t.value for t in self.trials if t.side == side and t.ok and t.value is not None]
+
+
+def trial_failure(side: str, workload: str, pair: int, seed: int, outcome: TrialOutcome) -> str:
+    """Why a run stopped at a failed trial. The outputs check compares the sides when a pair's second trial ends, so
+    its failure is the pair's, not that side's: it names no side (it read "baseline trial failed" when the baseline
+    happened to run second, for a candidate whose greedy tokens differed)."""
+    where = f"({workload}, pair {pair}, seed {seed})"
+    if outcome.failure == CHANGED_OUTPUTS:
+        return f"the sides' outputs differ {where}: {outcome.error}"
+    return f"{side} trial failed {where}: {outcome.error}"
 
 
 def order_of(pair: int) -> str:
@@ -151,7 +170,7 @@ def run_interleaved(
                     outcome = got[side]
                     run.trials.append(_record(workload, side, seed, pair, position, order, idx, outcome))
                     if not outcome.ok:
-                        run.failure = f"{side} trial failed ({workload}, pair {pair + 1}, seed {seed}): {outcome.error}"
+                        run.failure = trial_failure(side, workload, pair + 1, seed, outcome)
                         run.failure_kind = outcome.failure or CRASH
                         return run
                 _pair_done(run, got, higher_is_better, idx)
@@ -221,9 +240,7 @@ def _alternating(
                     outcome = _timed(s, seed, probe)
                 run.trials.append(_record(run.workload, first, seed, pair + j, 0, order, r, outcome))
                 if not outcome.ok:
-                    run.failure = (
-                        f"{first} trial failed ({run.workload}, pair {pair + j + 1}, seed {seed}): {outcome.error}"
-                    )
+                    run.failure = trial_failure(first, run.workload, pair + j + 1, seed, outcome)
                     run.failure_kind = outcome.failure or CRASH
                     return
                 held.append(outcome)
@@ -238,9 +255,7 @@ def _alternating(
                     outcome = _timed(s, seed, probe)
                 run.trials.append(_record(run.workload, second, seed, pair, 1, order, r, outcome))
                 if not outcome.ok:
-                    run.failure = (
-                        f"{second} trial failed ({run.workload}, pair {pair + 1}, seed {seed}): {outcome.error}"
-                    )
+                    run.failure = trial_failure(second, run.workload, pair + 1, seed, outcome)
                     run.failure_kind = outcome.failure or CRASH
                     return
                 _pair_done(run, {first: held[j], second: outcome}, higher_is_better, r)

@@ -119,6 +119,8 @@ def test_an_outputs_mismatch_found_after_the_baselines_trial_is_the_candidates(t
     assert (
         "outputs check" in out["reasons"][0] and "baseline alone" not in proc.stderr
     )  # no re-run: the comparison is the candidate's
+    # and the reason names the pair, not the side measured second (it read "baseline trial failed" in a demo)
+    assert "the sides' outputs differ (speed, pair 2" in out["reasons"][0] and "trial failed" not in out["reasons"][0]
 
 
 def test_poisoning_the_baseline_at_run_time_is_the_candidates_rejection_not_the_runs_error(tmp_path):
