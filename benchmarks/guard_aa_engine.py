@@ -1,6 +1,7 @@
 """The demo's guards on the real engine, A/A: how often serve-c1 and serve-c8 call a false regression (#43).
 
     flock /tmp/agentsearch-engine.lock .venv/bin/python benchmarks/guard_aa_engine.py [--runs 5] [--slow-ms 0]
+        [--delay-ms 0]
         [--out docs/data/guard-aa-engine.jsonl]
     .venv/bin/python benchmarks/guard_aa_engine.py --summary docs/data/guard-aa-engine.jsonl
 
@@ -14,8 +15,14 @@ distribution checks are off (they judge outputs, not speed, and would double eac
 - ``--slow-ms 0``: the candidate changes a comment in the scheduler (an A/A for both guards): every guard
   rejection is a false alarm; a first call that the fresh-engine re-measure did not confirm is counted apart.
 - ``--slow-ms S``: every scheduler step of the candidate sleeps S ms more: a real regression the guards
-  should catch (confirmed on fresh engines). The gate's coverage check is off for these runs: the toy objective
-  runs no scheduler line, and the check would reject before any guard measured.
+  should catch (confirmed on fresh engines)? Measured 2026-12-06: not on this machine. With 0.3 ms the candidate's
+  servers were 2-5% *faster* at both concurrencies (a sleeping engine core leaves its CPU to the API server).
+- ``--delay-ms D``: every request the candidate's server answers waits D ms in the completion handler (an
+  ``asyncio.sleep`` before it is served, ``benchmarks/serving_guard_engine.py``'s anchor): a regression on the
+  serving path itself, the power runs' planted regression.
+
+The gate's coverage check is off for both kinds of power runs: the toy objective runs none of the changed lines, and
+the check would reject before any guard measured.
 
 Each run appends one JSON line to ``--out`` (its start time, hour, verdict and each guard's first call and
 re-measure), so runs made at different hours and sessions add up; ``--summary FILE`` prints the table of
@@ -39,6 +46,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.engine_gate import SCHEDULER, at_schedule_start  # noqa: E402 (the repository root first)
+from benchmarks.serving_guard_engine import ANCHOR, SERVING_PY  # noqa: E402
 from benchmarks.toy import git  # noqa: E402
 
 CLI = [sys.executable, "-m", "agentsearch.cli"]
@@ -87,11 +95,11 @@ def power_config(text: str) -> str:
     return text.replace("\n[gate]\n", "\n[gate]\ncoverage = false\n", 1)
 
 
-def make_fork(where: Path, slow_ms: float = 0.0) -> Path:
+def make_fork(where: Path, power: bool = False) -> Path:
     fork = where / "fork"
     subprocess.run([*CLI, "init", "--from-installed", "vllm", str(fork)], check=True, capture_output=True, cwd=ROOT)
     config = demo_guards_config((fork / "agentsearch.toml").read_text())
-    (fork / "agentsearch.toml").write_text(power_config(config) if slow_ms > 0 else config)
+    (fork / "agentsearch.toml").write_text(power_config(config) if power else config)
     (fork / "speed.py").write_text(SPEED)
     (fork / "f.txt").write_text("1.0")
     git(fork, "add", "-A")
@@ -107,11 +115,20 @@ def plant(src: str, slow_ms: float, note: str) -> str:
     return at_schedule_start(src, body)
 
 
-def candidate(fork: Path, i: int, slow_ms: float) -> str:
+def delayed(src: str, delay_ms: float) -> str:
+    """The completion handler with every request waiting ``delay_ms`` before it is served."""
+    if src.count(ANCHOR) != 1:
+        raise SystemExit(f"error: {SERVING_PY} changed: the planted delay has no single anchor")
+    return src.replace(ANCHOR, f"        await __import__('asyncio').sleep({delay_ms / 1000!r})\n{ANCHOR}")
+
+
+def candidate(fork: Path, i: int, slow_ms: float, delay_ms: float = 0.0) -> str:
     branch = f"run-{i}-{int(time.time())}"
     git(fork, "checkout", "-q", "-b", branch, "main")
     (fork / "f.txt").write_text("1.5")
     (fork / SCHEDULER).write_text(plant((fork / SCHEDULER).read_text(), slow_ms, f"run {i}: {branch}"))
+    if delay_ms > 0:
+        (fork / SERVING_PY).write_text(delayed((fork / SERVING_PY).read_text(), delay_ms))
     git(fork, "commit", "-qam", f"run {i}")
     git(fork, "checkout", "-q", "main")
     return branch
@@ -139,23 +156,36 @@ def cell(g: dict) -> str:
     return s
 
 
+def kind(r: dict) -> str:
+    """A/A, or the planted regression of a power run."""
+    slow, delay = r.get("slow_ms", 0.0), r.get("delay_ms", 0.0)
+    if not slow and not delay:
+        return "A/A"
+    return " ".join(w for w in (f"+{slow:g}ms/step" if slow else "", f"+{delay:g}ms/req" if delay else "") if w)
+
+
 def summary(lines: list[dict], runs: bool = False) -> None:
     ok = [r for r in lines if "verdict" in r]
     if runs:  # one row per run: when, the verdict, each guard's call, change and pairs
-        print(f"{'start (UTC)':<17} {'verdict':<7} " + " ".join(f"{g:<34}" for g in GUARDS) + f" {'min':>5}")
+        print(
+            f"{'start (UTC)':<17} {'candidate':<10} {'verdict':<7} "
+            + " ".join(f"{g:<34}" for g in GUARDS)
+            + f" {'min':>5}"
+        )
         for r in ok:
             cells = []
             for g in GUARDS:
                 c = r["guards"][g]
                 cells.append(f"{cell(c)} ({c.get('pairs')} pairs, p {c.get('p_value') or 0:.2f})")
             print(
-                f"{r['start'][:16]:<17} {r['verdict']:<7} "
+                f"{r['start'][:16]:<17} {kind(r):<10} {r['verdict']:<7} "
                 + " ".join(f"{x:<34}" for x in cells)
                 + f" {r['minutes']:>5.1f}"
             )
     by_hour: dict[int, list[dict]] = defaultdict(list)
     for r in ok:
-        by_hour[r["hour"]].append(r)
+        if kind(r) == "A/A":  # the hours table counts false alarms: A/A runs only
+            by_hour[r["hour"]].append(r)
     print(
         f"{'hour (UTC)':>10} {'runs':>4} " + " ".join(f"{g + ' first call':>17} {g + ' rejected':>16}" for g in GUARDS)
     )
@@ -168,13 +198,21 @@ def summary(lines: list[dict], runs: bool = False) -> None:
                 for g in GUARDS
             )
         )
-    for slow in sorted({r["slow_ms"] for r in ok}):
-        rows = [r for r in ok if r["slow_ms"] == slow]
+    for slow, delay in sorted({(r["slow_ms"], r.get("delay_ms", 0.0)) for r in ok}):
+        rows = [r for r in ok if r["slow_ms"] == slow and r.get("delay_ms", 0.0) == delay]
         calls = {g: sum(r["guards"][g]["decision"] in ("regressed", "unconfirmed") for r in rows) for g in GUARDS}
         rejected = {g: sum(r["guards"][g]["decision"] == "regressed" for r in rows) for g in GUARDS}
         merged = sum(r["verdict"] == "merge" for r in rows)
         hours = len({r["hour"] for r in rows})
-        what = "A/A" if slow == 0 else f"slow {slow:g} ms/step"
+        what = (
+            "A/A"
+            if slow == 0 and delay == 0
+            else " and ".join(
+                w
+                for w in (f"slow {slow:g} ms/step" if slow else "", f"delay {delay:g} ms/request" if delay else "")
+                if w
+            )
+        )
         print(
             f"{what}: {len(rows)} evaluations over {hours} hours; "
             + "; ".join(f"{g}: first call {calls[g]}, rejected after fresh engines {rejected[g]}" for g in GUARDS)
@@ -189,6 +227,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--slow-ms", type=float, default=0.0, help="the candidate's extra sleep per scheduler step")
+    ap.add_argument("--delay-ms", type=float, default=0.0, help="the candidate's extra wait per request served")
     ap.add_argument("--out", default="", help="append one JSON line per run here")
     ap.add_argument("--summary", default="", help="print the table of the runs in this file and exit")
     args = ap.parse_args()
@@ -197,10 +236,10 @@ def main() -> None:
         return
     rows = []
     with tempfile.TemporaryDirectory(prefix="guard-aa-") as tmp:
-        fork = make_fork(Path(tmp), args.slow_ms)
+        fork = make_fork(Path(tmp), power=args.slow_ms > 0 or args.delay_ms > 0)
         print(f"{'run':>3} {'start':<17} {'verdict':<7} {'serve-c1':<32} {'serve-c8':<32} {'min':>5}", flush=True)
         for i in range(args.runs):
-            branch = candidate(fork, i, args.slow_ms)
+            branch = candidate(fork, i, args.slow_ms, args.delay_ms)
             start = datetime.now(UTC)
             t0 = time.time()
             proc = subprocess.run(
@@ -210,6 +249,7 @@ def main() -> None:
                 "start": start.isoformat(timespec="seconds"),
                 "hour": start.hour,
                 "slow_ms": args.slow_ms,
+                "delay_ms": args.delay_ms,
                 "minutes": (time.time() - t0) / 60,
             }
             try:

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from agentsearch.commands.starter import starter_config
-from benchmarks.guard_aa_engine import GUARDS, demo_guards_config, plant, power_config, summary
+from benchmarks.guard_aa_engine import GUARDS, delayed, demo_guards_config, plant, power_config, summary
+from benchmarks.serving_guard_engine import ANCHOR
 
 
 def test_the_benchmark_keeps_the_starters_guards_and_gate_behind_a_toy_objective():
@@ -37,6 +38,15 @@ def test_an_aa_candidate_changes_a_comment_and_a_slow_one_sleeps_in_every_schedu
         plant("def other(): pass\n", 0, "x")
 
 
+def test_a_delayed_candidate_waits_before_every_request_it_serves():
+    src = f"    async def create_completion(self, request):\n        x = 1\n{ANCHOR}self._inner(request))\n"
+    got = delayed(src, 12)
+    assert got.count("asyncio').sleep(0.012)") == 1 and got.index("sleep(0.012)") < got.index(ANCHOR)
+    assert "zlib" not in got  # every request, not one in fifty
+    with pytest.raises(SystemExit):
+        delayed("async def other(): pass\n", 12)
+
+
 def test_the_summary_counts_first_calls_and_confirmed_rejections_apart(capsys):
     def row(hour, c1, c1_fresh=None, verdict="merge"):
         return {
@@ -47,8 +57,19 @@ def test_the_summary_counts_first_calls_and_confirmed_rejections_apart(capsys):
             "guards": {"serve-c1": {"decision": c1, "fresh": c1_fresh}, "serve-c8": {"decision": "ok"}},
         }
 
-    summary([row(1, "ok"), row(1, "unconfirmed", "ok"), row(5, "regressed", "regressed", "reject"), {"error": "x"}])
+    summary(
+        [
+            row(1, "ok"),
+            row(1, "unconfirmed", "ok"),
+            row(5, "regressed", "regressed", "reject"),
+            {"error": "x"},
+            {**row(2, "regressed", "regressed", "reject"), "delay_ms": 12.0},
+        ]
+    )
     out = capsys.readouterr().out
     assert "A/A: 3 evaluations over 2 hours" in out
     assert "serve-c1: first call 2, rejected after fresh engines 1" in out
     assert "merged 2" in out and "1 runs ended in the run's error" in out
+    assert (
+        "delay 12 ms/request: 1 evaluations over 1 hours; serve-c1: first call 1, rejected after fresh engines 1" in out
+    )
