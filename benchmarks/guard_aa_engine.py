@@ -134,10 +134,25 @@ def candidate(fork: Path, i: int, slow_ms: float, delay_ms: float = 0.0) -> str:
     return branch
 
 
-def guard_row(workloads: dict, name: str) -> dict:
+def baseline_e2e_ms(trials: list[dict], name: str) -> float | None:
+    """The median over the baseline's trials of ``name`` of each trial's median request latency (ms): what a planted
+    wait per request (``--delay-ms``) is a share of."""
+    values = sorted(
+        t["metrics"]["e2e_p50_ms"]
+        for t in trials
+        if t.get("workload") == name
+        and t.get("side") == "baseline"
+        and t.get("ok")
+        and isinstance((t.get("metrics") or {}).get("e2e_p50_ms"), (int, float))
+    )
+    return values[len(values) // 2] if values else None
+
+
+def guard_row(workloads: dict, name: str, trials: list[dict] | None = None) -> dict:
     first = workloads.get(name) or {}
     again = workloads.get(f"{name} (fresh engines)") or {}
     return {
+        "baseline_e2e_ms": baseline_e2e_ms(trials or [], name),
         "decision": first.get("decision", "not run"),
         "speedup": first.get("speedup"),
         "pairs": first.get("pairs"),
@@ -262,7 +277,7 @@ def main() -> None:
                 row.update(
                     verdict=out["verdict"],
                     reasons=out.get("reasons", [])[:3],
-                    guards={g: guard_row(w, g) for g in GUARDS},
+                    guards={g: guard_row(w, g, out.get("trials") or []) for g in GUARDS},
                 )
                 print(
                     f"{i:>3} {row['start'][:16]:<17} {out['verdict']:<7} "

@@ -8,7 +8,15 @@ from pathlib import Path
 import pytest
 
 from agentsearch.commands.starter import starter_config
-from benchmarks.guard_aa_engine import GUARDS, delayed, demo_guards_config, plant, power_config, summary
+from benchmarks.guard_aa_engine import (
+    GUARDS,
+    baseline_e2e_ms,
+    delayed,
+    demo_guards_config,
+    plant,
+    power_config,
+    summary,
+)
 from benchmarks.serving_guard_engine import ANCHOR
 
 
@@ -73,3 +81,13 @@ def test_the_summary_counts_first_calls_and_confirmed_rejections_apart(capsys):
     assert (
         "delay 12 ms/request: 1 evaluations over 1 hours; serve-c1: first call 1, rejected after fresh engines 1" in out
     )
+
+
+def test_a_run_records_the_baselines_request_latency_a_planted_delay_is_a_share_of():
+    def t(side, e2e, workload="serve-c1", ok=True):
+        return {"workload": workload, "side": side, "ok": ok, "metrics": {"e2e_p50_ms": e2e}}
+
+    trials = [t("baseline", 100.0), t("baseline", 120.0), t("baseline", 110.0), t("candidate", 500.0)]
+    trials += [t("baseline", 900.0, "serve-c8"), t("baseline", 5.0, ok=False), {"workload": "serve-c1", "side": "x"}]
+    assert baseline_e2e_ms(trials, "serve-c1") == 110.0 and baseline_e2e_ms(trials, "serve-c8") == 900.0
+    assert baseline_e2e_ms([], "serve-c1") is None
