@@ -360,13 +360,13 @@ def test_a_guard_regression_must_hold_on_fresh_engines_and_seeds(tmp_path, real)
     holds and rejects, both measurements named."""
     from harness.seeds import pair_seeds
 
-    guard = '\n[[workload]]\nname = "guard"\ncommand = "{python} bench/guard.py {{seed}} {{out}}"\nmetric = "req_s"\ntimeout_s = 4\n'.replace(
+    guard = '\n[[workload]]\nname = "guard"\ncommand = "{python} bench/guard.py {{seed}} {{out}}"\nmetric = "req_s"\ntimeout_s = 30\n'.replace(
         "{python}", sys.executable
     )
     repo = make_repo(
         tmp_path / "toy",
         {
-            "agentsearch.toml": toy_config(timeout=4, extra=guard).replace("{{", "{").replace("}}", "}"),
+            "agentsearch.toml": toy_config(timeout=30, extra=guard).replace("{{", "{").replace("}}", "}"),
             "bench/bench.py": TOY_BENCH,
             "bench/guard.py": GUARD_BENCH,
             "speed.txt": "1.0\n",
@@ -382,7 +382,11 @@ def test_a_guard_regression_must_hold_on_fresh_engines_and_seeds(tmp_path, real)
     )
     rc, out = evaluate(repo, "fast", "--seed", "5")
     w = out["workloads"]
-    assert w["guard"]["decision"] == ("regressed" if real else "unconfirmed"), w["guard"]
+    assert w["guard"]["decision"] == ("regressed" if real else "unconfirmed"), (
+        w["guard"],
+        out["reasons"],
+        out["checks"],
+    )
     again = w["guard (fresh engines)"]
     assert again["role"] == "guard-check" and again["pairs"] >= LOADED_CONFIRM_PAIRS
     guard_check = next(c for c in out["checks"] if c["name"] == "guard-workloads")
