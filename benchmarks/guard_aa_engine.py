@@ -179,6 +179,18 @@ def kind(r: dict) -> str:
     return " ".join(w for w in (f"+{slow:g}ms/step" if slow else "", f"+{delay:g}ms/req" if delay else "") if w)
 
 
+def planted(rows: list[dict], delay_ms: float) -> str:
+    """The regression a wait of ``delay_ms`` per request plants in serve-c1 (concurrency 1: every request is
+    ``delay_ms`` longer, so output tokens per second fall by d / (e2e + d)), over the runs that recorded the
+    baseline's median request latency; '' when none did."""
+    e2e = sorted(x for r in rows if (x := r["guards"]["serve-c1"].get("baseline_e2e_ms")))
+    if not delay_ms or not e2e:
+        return ""
+    lo, hi = delay_ms / (e2e[-1] + delay_ms), delay_ms / (e2e[0] + delay_ms)
+    span = f"baseline requests {e2e[0]:.0f}-{e2e[-1]:.0f} ms, {len(e2e)} runs"
+    return f" (serve-c1 planted {lo:.1%}-{hi:.1%} slower: {span})"
+
+
 def summary(lines: list[dict], runs: bool = False) -> None:
     ok = [r for r in lines if "verdict" in r]
     if runs:  # one row per run: when, the verdict, each guard's call, change and pairs
@@ -232,6 +244,7 @@ def summary(lines: list[dict], runs: bool = False) -> None:
             f"{what}: {len(rows)} evaluations over {hours} hours; "
             + "; ".join(f"{g}: first call {calls[g]}, rejected after fresh engines {rejected[g]}" for g in GUARDS)
             + f"; merged {merged}; {sum(r['minutes'] for r in rows):.0f} min"
+            + planted(rows, delay)
         )
     errors = len(lines) - len(ok)
     if errors:

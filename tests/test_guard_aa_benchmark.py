@@ -74,6 +74,9 @@ def test_the_summary_counts_first_calls_and_confirmed_rejections_apart(capsys):
             {**row(2, "regressed", "regressed", "reject"), "delay_ms": 12.0},
         ]
     )
+    # a power row names the share of serve-c1 it planted (d / (e2e + d)) only where its baseline latency was recorded
+    powered = {**row(3, "regressed", "regressed", "reject"), "delay_ms": 15.0}
+    powered["guards"]["serve-c1"]["baseline_e2e_ms"] = 135.0
     out = capsys.readouterr().out
     assert "A/A: 3 evaluations over 2 hours" in out
     assert "serve-c1: first call 2, rejected after fresh engines 1" in out
@@ -81,6 +84,9 @@ def test_the_summary_counts_first_calls_and_confirmed_rejections_apart(capsys):
     assert (
         "delay 12 ms/request: 1 evaluations over 1 hours; serve-c1: first call 1, rejected after fresh engines 1" in out
     )
+    assert "planted" not in out
+    summary([powered])
+    assert "(serve-c1 planted 10.0%-10.0% slower: baseline requests 135-135 ms, 1 runs)" in capsys.readouterr().out
 
 
 def test_a_run_records_the_baselines_request_latency_a_planted_delay_is_a_share_of():
