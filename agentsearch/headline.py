@@ -183,9 +183,7 @@ def _objective_words(w: WorkloadSummary) -> str | None:
         return "slower, stopped early" if w.reason.startswith("slower") else "no worthwhile speedup, stopped early"
     if w.decision == "inconclusive":
         return "not significant"
-    if w.decision == "failed":
-        return "measurement failed"
-    return None
+    return None  # "failed": the check's own reason says what failed (outputs that differ, an engine that died)
 
 
 def headline(v: Judged, units: Mapping[str, str] | None = None, reason_chars: int = 120) -> str:
@@ -209,7 +207,7 @@ def headline(v: Judged, units: Mapping[str, str] | None = None, reason_chars: in
         elif confirmation and not confirmation.startswith("confirmed"):
             tail.append(confirmation)
         else:
-            why = _first_reason(v, skip_objective=measured_obj)
+            why = _first_reason(v, skip_objective=measured_obj and obj is not None and obj.decision != "failed")
             if why:
                 tail.append(_short(why, reason_chars))
     if v.candidate and v.candidate == v.baseline:

@@ -190,6 +190,18 @@ def test_later_failures_name_the_check():
     assert headline(typed(rec)).endswith("not confirmed on fresh seeds (-1.0%)")
 
 
+def test_a_failed_objective_says_what_failed_not_measurement_failed():
+    """The demo of 2026-12-06 05:00: a compiled model's greedy tokens differed in pair 6; the headline said
+    "measurement failed", as if the instrument broke. It names the objective's own reason."""
+    rec = merge_record()
+    why = "objective: the sides' outputs differ (throughput, pair 6, seed 1175202740): outputs check: " + "x" * 200
+    rec.update(verdict="reject", confirmation=None, reasons=[why])
+    rec["workloads"]["throughput"].update(decision="failed", pairs=5)
+    line = headline(typed(rec))
+    assert ", objective: the sides' outputs differ (throughput, pair 6" in line and line.endswith("…"), line
+    assert "measurement failed" not in line
+
+
 def test_nothing_measured_gives_the_first_reason():
     rec = {"verdict": "reject", "reasons": ["patch-applies: the patch makes no change to the baseline"], "checks": []}
     assert headline(typed(rec)) == "REJECT — patch-applies: the patch makes no change to the baseline"
