@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import subprocess
 import sys
@@ -148,6 +149,21 @@ def baseline_e2e_ms(trials: list[dict], name: str) -> float | None:
     return values[len(values) // 2] if values else None
 
 
+def pair_log_ratios(trials: list[dict], name: str, phase: str) -> list[list[float]]:
+    """[session, log(candidate / baseline)] of each complete pair of ``name`` measured in ``phase`` ("guard": the
+    first run, "guard-check": the fresh engines), in pair order: what tells an engine instance's effect (every pair
+    of a session off by the same amount) from per-pair noise."""
+    sides: dict[int, dict[str, dict]] = defaultdict(dict)
+    for t in trials:
+        if t.get("workload") == name and t.get("phase") == phase and t.get("ok") and (t.get("pair") or 0) >= 0:
+            sides[t["pair"]][t["side"]] = t
+    return [
+        [p["candidate"].get("session", 0), round(math.log(p["candidate"]["value"] / p["baseline"]["value"]), 4)]
+        for _, p in sorted(sides.items())
+        if "candidate" in p and "baseline" in p and p["candidate"].get("value") and p["baseline"].get("value")
+    ]
+
+
 def guard_row(workloads: dict, name: str, trials: list[dict] | None = None) -> dict:
     first = workloads.get(name) or {}
     again = workloads.get(f"{name} (fresh engines)") or {}
@@ -159,6 +175,8 @@ def guard_row(workloads: dict, name: str, trials: list[dict] | None = None) -> d
         "p_value": first.get("p_value"),
         "fresh": again.get("decision"),
         "fresh_speedup": again.get("speedup"),
+        "pairs_first": pair_log_ratios(trials or [], name, "guard"),
+        "pairs_fresh": pair_log_ratios(trials or [], name, "guard-check"),
     }
 
 

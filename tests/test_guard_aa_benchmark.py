@@ -13,6 +13,7 @@ from benchmarks.guard_aa_engine import (
     baseline_e2e_ms,
     delayed,
     demo_guards_config,
+    pair_log_ratios,
     plant,
     power_config,
     summary,
@@ -97,3 +98,24 @@ def test_a_run_records_the_baselines_request_latency_a_planted_delay_is_a_share_
     trials += [t("baseline", 900.0, "serve-c8"), t("baseline", 5.0, ok=False), {"workload": "serve-c1", "side": "x"}]
     assert baseline_e2e_ms(trials, "serve-c1") == 110.0 and baseline_e2e_ms(trials, "serve-c8") == 900.0
     assert baseline_e2e_ms([], "serve-c1") is None
+
+
+def test_a_run_keeps_each_pairs_log_ratio_per_session_first_run_and_fresh_engines_apart():
+    def t(side, value, pair, phase="guard", session=0, ok=True):
+        return {
+            "workload": "serve-c1",
+            "side": side,
+            "value": value,
+            "pair": pair,
+            "phase": phase,
+            "session": session,
+            "ok": ok,
+        }
+
+    trials = [t("baseline", 100.0, 0), t("candidate", 90.0, 0), t("candidate", 80.0, 1), t("baseline", 100.0, 1)]
+    trials += [t("baseline", 100.0, 2), t("candidate", 1.0, 2, ok=False)]  # an incomplete pair is left out
+    trials += [t("baseline", 50.0, 0, "guard-check", 2000), t("candidate", 55.0, 0, "guard-check", 2000)]
+    trials += [t("baseline", 100.0, -1), t("candidate", 1.0, -1)]  # a failed warm-up round is no pair
+    assert pair_log_ratios(trials, "serve-c1", "guard") == [[0, -0.1054], [0, -0.2231]]
+    assert pair_log_ratios(trials, "serve-c1", "guard-check") == [[2000, 0.0953]]
+    assert pair_log_ratios(trials, "serve-c8", "guard") == []
