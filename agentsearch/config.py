@@ -263,6 +263,16 @@ class GateConfig:
         "disables).",
         6,
     )
+    guard_check_pairs: int = doc(
+        "Pairs of the re-measure of a guard's regression on fresh engines and seeds: a guard rejects only when its "
+        "regression holds there (at least 4).",
+        D.GUARD_CHECK_PAIRS,
+    )
+    guard_check_sessions: int = doc(
+        "Fresh engine sessions those pairs run over; their spread enters the error, so that one more pair of engine "
+        "instances cannot decide.",
+        D.GUARD_CHECK_SESSIONS,
+    )
     plausibility: float = doc("A speedup beyond this factor is held for manual review.", 10.0)
     sandbox: str = doc(
         "auto | required | off: run both sides in bubblewrap (no network; state, history and harness hidden). "
@@ -284,6 +294,16 @@ class GateConfig:
             (self.look_every >= 1, "look_every", "an integer >= 1"),
             (self.max_pairs >= self.min_pairs, "max_pairs", "an integer >= min_pairs"),
             (self.confirm_pairs >= 0, "confirm_pairs", "an integer >= 0"),
+            (
+                self.guard_check_pairs >= D.LOADED_CONFIRM_PAIRS,
+                "guard_check_pairs",
+                f"an integer >= {D.LOADED_CONFIRM_PAIRS}",
+            ),
+            (
+                1 <= self.guard_check_sessions <= self.guard_check_pairs,
+                "guard_check_sessions",
+                "an integer >= 1 and at most guard_check_pairs",
+            ),
             (self.plausibility > 1, "plausibility", "a factor > 1"),
         ]
         for ok, key, expected in checks:

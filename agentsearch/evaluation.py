@@ -22,7 +22,7 @@ from typing import Any
 
 from harness import coverage, environment
 from harness.engine_pool import EnginePool
-from harness.gate_defaults import CPU_SHARE_OF_WIN, LOADED_CONFIRM_PAIRS, LOADED_SHARE
+from harness.gate_defaults import CPU_SHARE_OF_WIN, LOADED_SHARE
 from harness.interleave import WorkloadRun, run_interleaved
 from harness.logprobs import LogprobError
 from harness.quiet import FOREIGN_LOAD
@@ -37,6 +37,7 @@ from harness.sequential import (
     decide_guard,
     decide_objective,
     decide_regression,
+    guard_check_design,
 )
 from harness.trials import BASELINE, CANDIDATE, MEASUREMENT_ERROR, TrialRecord, child_env, run_child, tail
 from history.records import (
@@ -62,7 +63,14 @@ from .progress import Say
 from .sides import Sides
 from .verify import ReferenceFailed, run_verify
 from .warm_baseline import WarmBaseline, is_baseline_engine
-from .workloads import blames_candidate, confirmation_restarts, measure_options, placement_for, session_factory
+from .workloads import (
+    blames_candidate,
+    confirmation_restarts,
+    guard_check_sessions,
+    measure_options,
+    placement_for,
+    session_factory,
+)
 from .workspace import Workspace
 
 EVALUATION_SCHEMA = 1
@@ -441,11 +449,12 @@ def _run_workload(
         return None
     if role == GUARD_CHECK:
         # a guard's regression, measured again on fresh engines and seeds before it may reject (regressions are
-        # confirmed like wins): enough pairs to be significant by themselves
-        wdesign = confirmation_design(max(config.gate.confirm_pairs, LOADED_CONFIRM_PAIRS), strict=True)
+        # confirmed like wins): enough pairs to be significant by themselves, over several fresh sessions (one more
+        # pair of engine instances can be as far apart as the regression)
+        wdesign = guard_check_design(config.gate.guard_check_pairs)
         inner_g = factory
         factory = lambda side, restart: inner_g(side, GUARD_CHECK_SESSION + restart)  # noqa: E731
-        options = {**options, "restarts": confirmation_restarts(config)}
+        options = {**options, "restarts": guard_check_sessions(config)}
     elif role == Role.CONFIRMATION:
         wdesign = confirmation_design(config.gate.confirm_pairs, strict)
         # on fresh engines (restart indices no other round uses; the candidate's objective engines are retired

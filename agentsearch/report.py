@@ -49,8 +49,8 @@ P_TESTS = {
         "one-sided paired t-test on log(candidate/baseline), H1: the candidate is slower (a small p would undo the win)"
     ),
     Role.GUARD_CHECK: (
-        "one-sided paired t-test on log(candidate/baseline) on fresh engines, H1: the candidate is slower (the guard's "
-        "regression holds)"
+        "one-sided paired t-test on log(candidate/baseline) on fresh engine sessions (their spread in the error), H1: "
+        "the candidate is slower (the guard's regression holds)"
     ),
 }
 P_SHORT = {

@@ -420,8 +420,16 @@ def confirmation_restarts(config: Config) -> int:
     return 2 if placement_for(config).mode == placement_mod.SPLIT else 1
 
 
+def guard_check_sessions(config: Config) -> int:
+    """Fresh engine sessions of a guard's re-measure (``[gate] guard_check_sessions``), a multiple of the
+    confirmation's (so that under split placement the sides swap devices evenly)."""
+    per = confirmation_restarts(config)
+    return -(-config.gate.guard_check_sessions // per) * per
+
+
 __all__ = [
     "session_factory",
+    "guard_check_sessions",
     "restarts_for",
     "confirmation_restarts",
     "measure_options",

@@ -5,8 +5,8 @@
 A guard workload is measured with ``run_interleaved`` + ``decide_guard`` on simulated engine sessions
 (``benchmarks.gate_quality.SimSession``: a per-pair noise and, per engine instance, an effect fixed for
 its life), with the gate's guard design (``agentsearch.gate_design.workload_design``). A regression call
-is then re-measured on a fresh pair of instances and fresh seeds with ``decide_regression``, as
-``agentsearch.evaluation`` does. For each scenario it prints the rate of regression calls before and
+is then re-measured on fresh instances (``[gate] guard_check_sessions``) and seeds with ``decide_regression``,
+as ``agentsearch.evaluation`` does. For each scenario it prints the rate of regression calls before and
 after that re-measurement, for an A/A guard (a false alarm), for a planted 10% regression (power) and,
 for comparison, the old rule (``--`` column: the first call alone, sessions not counted).
 """
@@ -25,9 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from agentsearch.config import GateConfig, WorkloadConfig  # noqa: E402
 from agentsearch.gate_design import design_for, workload_design  # noqa: E402
 from benchmarks.gate_quality import Clock, Scenario, SimSession  # noqa: E402
-from harness.gate_defaults import LOADED_CONFIRM_PAIRS  # noqa: E402
 from harness.interleave import run_interleaved  # noqa: E402
-from harness.sequential import REGRESSED, confirmation_design, decide_guard, decide_regression  # noqa: E402
+from harness.sequential import REGRESSED, decide_guard, decide_regression, guard_check_design  # noqa: E402
 
 
 def one(sc: Scenario, effect: float, gate: GateConfig, rng: np.random.Generator, counted: bool) -> tuple[bool, bool]:
@@ -41,14 +40,14 @@ def one(sc: Scenario, effect: float, gate: GateConfig, rng: np.random.Generator,
     assert run.decision is not None
     if run.decision.action != REGRESSED:
         return False, False
-    check = confirmation_design(max(gate.confirm_pairs, LOADED_CONFIRM_PAIRS), strict=True)
     again = run_interleaved(
         "guard",
         lambda side, i: SimSession(sc, effect, side, clock, rng),
-        check,
+        guard_check_design(gate.guard_check_pairs),
         decide_regression,
         lambda i: 20_000 + i,
         True,
+        restarts=gate.guard_check_sessions,
     )
     assert again.decision is not None
     return True, again.decision.action == REGRESSED

@@ -41,7 +41,6 @@ from agentsearch.calibration import _done, _fixed_design, analyze  # noqa: E402
 from agentsearch.config import GateConfig, WorkloadConfig, load_config_text  # noqa: E402
 from agentsearch.gate_design import design_for, workload_design  # noqa: E402
 from harness import tails  # noqa: E402
-from harness.gate_defaults import LOADED_CONFIRM_PAIRS  # noqa: E402
 from harness.interleave import run_interleaved  # noqa: E402
 from harness.sequential import (  # noqa: E402
     OK,
@@ -52,6 +51,7 @@ from harness.sequential import (  # noqa: E402
     decide_guard,
     decide_objective,
     decide_regression,
+    guard_check_design,
 )
 from harness.statistics import NoisePrior  # noqa: E402
 from harness.trials import CANDIDATE, TrialOutcome  # noqa: E402
@@ -150,14 +150,14 @@ def one(
     pairs = run.pairs
     if run.decision.action != REGRESSED:
         return False, pairs
-    check = confirmation_design(max(gate.confirm_pairs, LOADED_CONFIRM_PAIRS), strict=True)
     again = run_interleaved(
         "guard",
         lambda side, i: Sim(shape, n, cv, instance, kind, k, est, side, rng),
-        check,
+        guard_check_design(gate.guard_check_pairs),
         decide_regression,
         lambda i: 20_000 + i,
         False,
+        restarts=gate.guard_check_sessions,
     )
     assert again.decision is not None
     return again.decision.action == REGRESSED, pairs
@@ -310,7 +310,8 @@ def main() -> None:
         f"trial noise {args.cv:.0%}, "
         f"instance effect {args.instance:.0%}; guard level {gate.regression_alpha}, "
         f"floor -{gate.max_regression:.0%}, "
-        f"max {gate.max_pairs} pairs, then {max(gate.confirm_pairs, LOADED_CONFIRM_PAIRS)} fresh pairs; "
+        f"max {gate.max_pairs} pairs, then {guard_check_design(gate.guard_check_pairs).max_pairs} fresh pairs "
+        f"over {gate.guard_check_sessions} sessions; "
         f"{args.reps} guards per cell"
     )
     print(

@@ -22,3 +22,10 @@ LOADED_CONFIRM_PAIRS = 4  # ... over at least this many fresh pairs: on 2 (t wit
 # by at least this share of the win (log scale): the same work in less wall time with no less CPU is a larger share
 # of a CPU other processes contend for (two runnable processes get more of it than one), not a faster candidate
 CPU_SHARE_OF_WIN = 0.5
+# a guard's regression is measured again on fresh engines and seeds before it may reject: at least this many fresh
+# pairs over this many fresh engine sessions, the between-session spread in the standard error. One session of 4
+# pairs was one more pair of engine instances: simulated (benchmarks/guard_alarms.py, instances ~3-5% apart) a planted
+# 10% regression was confirmed in 49-57% of evaluations, with 12 pairs over 3 sessions in 58-81%, at no more A/A
+# false alarms (2-3%); on the engine (2026-12-06) one fresh pair read a planted 8% regression as +15%
+GUARD_CHECK_PAIRS = 12
+GUARD_CHECK_SESSIONS = 3

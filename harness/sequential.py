@@ -235,6 +235,13 @@ def confirmation_design(pairs: int, strict: bool = False) -> SequentialDesign:
     return SequentialDesign(alpha=0.5, min_pairs=pairs, max_pairs=pairs, look_every=pairs)
 
 
+def guard_check_design(pairs: int = D.GUARD_CHECK_PAIRS) -> SequentialDesign:
+    """The fixed-size re-measure of a guard's regression on fresh engines and seeds (``decide_regression``): ``pairs``
+    (``[gate] guard_check_pairs``, at least ``LOADED_CONFIRM_PAIRS``), run over ``[gate] guard_check_sessions`` fresh
+    engine sessions."""
+    return confirmation_design(pairs, strict=True)
+
+
 def decide_confirmation(
     design: SequentialDesign,
     d: Sequence[float],

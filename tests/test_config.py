@@ -31,6 +31,7 @@ def test_good_config_loads_with_defaults():
     assert c.workloads[0].name == "decode" and c.workloads[0].timeout_s == 600.0
     assert c.objective.name == "decode"
     assert c.gate.alpha == 0.05 and c.gate.min_effect == 0.02
+    assert (c.gate.guard_check_pairs, c.gate.guard_check_sessions) == (12, 3)  # a guard's re-measure, fresh engines
     assert c.gate.proposal_alpha == pytest.approx(0.05 / c.gate.episode_budget)
     assert c.verify is not None and c.verify.mode == "tight"
     # frozen
@@ -57,6 +58,11 @@ def test_fingerprint_tracks_measurement_fields_only():
         ("[target]\nbaseline='main'\n", "missing required [[workload]]"),
         (GOOD + "\n[gate]\nalpha = 2\n", "[gate] alpha: expected a number strictly between 0 and 1"),
         (GOOD + "\n[gate]\nobjective = 'nope'\n", "[gate] objective: expected one of the workload names"),
+        (GOOD + "\n[gate]\nguard_check_pairs = 2\n", "[gate] guard_check_pairs: expected an integer >= 4, got 2"),
+        (
+            GOOD + "\n[gate]\nguard_check_pairs = 4\nguard_check_sessions = 5\n",
+            "[gate] guard_check_sessions: expected an integer >= 1 and at most guard_check_pairs, got 5",
+        ),
         (GOOD + "\n[extras]\nx = 1\n", "unknown section [extras]"),
         (GOOD.replace('command = "sh bench.sh {seed} {out}"\n', ""), "a command workload needs `command`"),
         (GOOD.replace('name = "decode"', 'name = "a b"'), "expected a name without spaces"),

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from agentsearch.workspace import Workspace
-from harness.gate_defaults import LOADED_CONFIRM_PAIRS
+from harness.gate_defaults import GUARD_CHECK_PAIRS, GUARD_CHECK_SESSIONS, LOADED_CONFIRM_PAIRS
 
 from .conftest import TOY_BENCH, commit, make_repo, run_cli, toy_config
 
@@ -388,7 +388,10 @@ def test_a_guard_regression_must_hold_on_fresh_engines_and_seeds(tmp_path, real)
         out["checks"],
     )
     again = w["guard (fresh engines)"]
-    assert again["role"] == "guard-check" and again["pairs"] >= LOADED_CONFIRM_PAIRS
+    assert again["role"] == "guard-check" and again["pairs"] == GUARD_CHECK_PAIRS
+    # over GUARD_CHECK_SESSIONS engine sessions of its own
+    fresh_sessions = {t["session"] for t in out["trials"] if t["phase"] == "guard-check"}
+    assert len(fresh_sessions) == GUARD_CHECK_SESSIONS, fresh_sessions
     guard_check = next(c for c in out["checks"] if c["name"] == "guard-workloads")
     if real:
         assert rc != 0 and out["verdict"] == "reject" and guard_check["status"] == "fail"
