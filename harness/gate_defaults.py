@@ -24,8 +24,9 @@ LOADED_CONFIRM_PAIRS = 4  # ... over at least this many fresh pairs: on 2 (t wit
 CPU_SHARE_OF_WIN = 0.5
 # a guard's regression is measured again on fresh engines and seeds before it may reject: at least this many fresh
 # pairs over this many fresh engine sessions, the between-session spread in the standard error. One session of 4
-# pairs was one more pair of engine instances: simulated (benchmarks/guard_alarms.py, instances ~3-5% apart) a planted
-# 10% regression was confirmed in 49-57% of evaluations, with 12 pairs over 3 sessions in 58-81%, at no more A/A
-# false alarms (2-3%); on the engine (2026-12-06) one fresh pair read a planted 8% regression as +15%
-GUARD_CHECK_PAIRS = 12
-GUARD_CHECK_SESSIONS = 3
+# pairs was one more pair of engine instances: on the engine (2026-12-06) one read a planted 8% regression as +15%;
+# simulated with instances 3-5% apart (docs/2026-12-06-guard-aa-engine.md) it confirmed a real 10% regression in
+# 27-70% of evaluations and let 13% of A/A guards reject where per-pair noise is low; 16 pairs over 4 sessions:
+# 48-86%, A/A at most 3.5%
+GUARD_CHECK_PAIRS = 16
+GUARD_CHECK_SESSIONS = 4

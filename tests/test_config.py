@@ -31,7 +31,7 @@ def test_good_config_loads_with_defaults():
     assert c.workloads[0].name == "decode" and c.workloads[0].timeout_s == 600.0
     assert c.objective.name == "decode"
     assert c.gate.alpha == 0.05 and c.gate.min_effect == 0.02
-    assert (c.gate.guard_check_pairs, c.gate.guard_check_sessions) == (12, 3)  # a guard's re-measure, fresh engines
+    assert (c.gate.guard_check_pairs, c.gate.guard_check_sessions) == (16, 4)  # a guard's re-measure, fresh engines
     assert c.gate.proposal_alpha == pytest.approx(0.05 / c.gate.episode_budget)
     assert c.verify is not None and c.verify.mode == "tight"
     # frozen

@@ -432,14 +432,21 @@ def test_a_guard_regression_is_checked_over_several_fresh_sessions_so_one_fresh_
 
     check = guard_check_design()
     assert check.max_pairs == check.min_pairs == GUARD_CHECK_PAIRS >= 12 and GUARD_CHECK_SESSIONS >= 3
+    per = GUARD_CHECK_PAIRS // GUARD_CHECK_SESSIONS
 
     def again(slow):
         return run_interleaved(
-            "serve-c1", _instances(slow, cv=0.03), check, decide_regression, lambda i: 1000 + i, True, restarts=3
+            "serve-c1",
+            _instances(slow, cv=0.03),
+            check,
+            decide_regression,
+            lambda i: 1000 + i,
+            True,
+            restarts=GUARD_CHECK_SESSIONS,
         )
 
     one_slow = again({("candidate", 0): 0.85})
     assert one_slow.decision is not None and one_slow.decision.action != REGRESSED, one_slow.decision.reason
-    assert one_slow.sessions == [0] * 4 + [1] * 4 + [2] * 4
-    real = again({("candidate", 0): 0.9, ("candidate", 1): 0.9 * 1.05, ("candidate", 2): 0.9})
+    assert one_slow.sessions == [s for s in range(GUARD_CHECK_SESSIONS) for _ in range(per)]
+    real = again({("candidate", i): 0.9 * (1.05 if i == 1 else 1.0) for i in range(GUARD_CHECK_SESSIONS)})
     assert real.decision is not None and real.decision.action == REGRESSED, real.decision.reason
