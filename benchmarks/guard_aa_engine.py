@@ -46,11 +46,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.engine_gate import SCHEDULER, at_schedule_start  # noqa: E402 (the repository root first)
+from agentsearch.config import load_config_text  # noqa: E402 (the repository root first)
+from benchmarks.engine_gate import SCHEDULER, at_schedule_start  # noqa: E402
 from benchmarks.serving_guard_engine import ANCHOR, SERVING_PY  # noqa: E402
 from benchmarks.toy import git  # noqa: E402
 
 CLI = [sys.executable, "-m", "agentsearch.cli"]
+ONE_FRESH_PAIR = [4, 1]  # a guard's re-measure before 2026-12-06 (pairs, sessions): rows without "guard_check"
 GUARDS = ("serve-c1", "serve-c8")
 SPEED_WORKLOAD = f'''[[workload]]
 name = "speed"
@@ -197,6 +199,12 @@ def kind(r: dict) -> str:
     return " ".join(w for w in (f"+{slow:g}ms/step" if slow else "", f"+{delay:g}ms/req" if delay else "") if w)
 
 
+def recheck(r: dict) -> tuple[int, int]:
+    """The design of a run's guard re-measure on fresh engines: (pairs, sessions)."""
+    pairs, sessions = r.get("guard_check") or ONE_FRESH_PAIR
+    return int(pairs), int(sessions)
+
+
 def planted(rows: list[dict], delay_ms: float) -> str:
     """The regression a wait of ``delay_ms`` per request plants in serve-c1 (concurrency 1: every request is
     ``delay_ms`` longer, so output tokens per second fall by d / (e2e + d)), over the runs that recorded the
@@ -243,8 +251,8 @@ def summary(lines: list[dict], runs: bool = False) -> None:
                 for g in GUARDS
             )
         )
-    for slow, delay in sorted({(r["slow_ms"], r.get("delay_ms", 0.0)) for r in ok}):
-        rows = [r for r in ok if r["slow_ms"] == slow and r.get("delay_ms", 0.0) == delay]
+    for slow, delay, check in sorted({(r["slow_ms"], r.get("delay_ms", 0.0), recheck(r)) for r in ok}):
+        rows = [r for r in ok if r["slow_ms"] == slow and r.get("delay_ms", 0.0) == delay and recheck(r) == check]
         calls = {g: sum(r["guards"][g]["decision"] in ("regressed", "unconfirmed") for r in rows) for g in GUARDS}
         rejected = {g: sum(r["guards"][g]["decision"] == "regressed" for r in rows) for g in GUARDS}
         merged = sum(r["verdict"] == "merge" for r in rows)
@@ -258,6 +266,7 @@ def summary(lines: list[dict], runs: bool = False) -> None:
                 if w
             )
         )
+        what += f", re-measure {check[0]} pairs/{check[1]} sessions"
         print(
             f"{what}: {len(rows)} evaluations over {hours} hours; "
             + "; ".join(f"{g}: first call {calls[g]}, rejected after fresh engines {rejected[g]}" for g in GUARDS)
@@ -283,6 +292,7 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory(prefix="guard-aa-") as tmp:
         fork = make_fork(Path(tmp), power=args.slow_ms > 0 or args.delay_ms > 0)
+        gate = load_config_text((fork / "agentsearch.toml").read_text()).gate
         print(f"{'run':>3} {'start':<17} {'verdict':<7} {'serve-c1':<32} {'serve-c8':<32} {'min':>5}", flush=True)
         for i in range(args.runs):
             branch = candidate(fork, i, args.slow_ms, args.delay_ms)
@@ -297,6 +307,7 @@ def main() -> None:
                 "slow_ms": args.slow_ms,
                 "delay_ms": args.delay_ms,
                 "minutes": (time.time() - t0) / 60,
+                "guard_check": [gate.guard_check_pairs, gate.guard_check_sessions],  # the re-measure's design
             }
             try:
                 out = json.loads(proc.stdout)

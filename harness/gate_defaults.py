@@ -26,7 +26,7 @@ CPU_SHARE_OF_WIN = 0.5
 # pairs over this many fresh engine sessions, the between-session spread in the standard error. One session of 4
 # pairs was one more pair of engine instances: on the engine (2026-12-06) one read a planted 8% regression as +15%;
 # simulated with instances 3-5% apart (docs/2026-12-06-guard-aa-engine.md) it confirmed a real 10% regression in
-# 27-70% of evaluations and let 13% of A/A guards reject where per-pair noise is low; 16 pairs over 4 sessions:
-# 48-86%, A/A at most 3.5%
+# 22-70% of evaluations and let 10.7% of A/A guards reject where per-pair noise is low; 16 pairs over 4 sessions:
+# 41-86%, A/A at most 3.2%
 GUARD_CHECK_PAIRS = 16
 GUARD_CHECK_SESSIONS = 4

@@ -76,18 +76,21 @@ def test_the_summary_counts_first_calls_and_confirmed_rejections_apart(capsys):
         ]
     )
     # a power row names the share of serve-c1 it planted (d / (e2e + d)) only where its baseline latency was recorded
-    powered = {**row(3, "regressed", "regressed", "reject"), "delay_ms": 15.0}
+    powered = {**row(3, "regressed", "regressed", "reject"), "delay_ms": 15.0, "guard_check": [16, 4]}
     powered["guards"]["serve-c1"]["baseline_e2e_ms"] = 135.0
     out = capsys.readouterr().out
-    assert "A/A: 3 evaluations over 2 hours" in out
+    assert "A/A, re-measure 4 pairs/1 sessions: 3 evaluations over 2 hours" in out  # rows from before "guard_check"
     assert "serve-c1: first call 2, rejected after fresh engines 1" in out
     assert "merged 2" in out and "1 runs ended in the run's error" in out
     assert (
-        "delay 12 ms/request: 1 evaluations over 1 hours; serve-c1: first call 1, rejected after fresh engines 1" in out
+        "delay 12 ms/request, re-measure 4 pairs/1 sessions: 1 evaluations over 1 hours; serve-c1: first call 1, "
+        "rejected after fresh engines 1" in out
     )
     assert "planted" not in out
     summary([powered])
-    assert "(serve-c1 planted 10.0%-10.0% slower: baseline requests 135-135 ms, 1 runs)" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "delay 15 ms/request, re-measure 16 pairs/4 sessions: 1 evaluations" in out
+    assert "(serve-c1 planted 10.0%-10.0% slower: baseline requests 135-135 ms, 1 runs)" in out
 
 
 def test_a_run_records_the_baselines_request_latency_a_planted_delay_is_a_share_of():
