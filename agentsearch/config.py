@@ -300,9 +300,9 @@ class GateConfig:
                 f"an integer >= {D.LOADED_CONFIRM_PAIRS}",
             ),
             (
-                1 <= self.guard_check_sessions <= self.guard_check_pairs,
+                1 <= self.guard_check_sessions and 2 * self.guard_check_sessions <= self.guard_check_pairs,
                 "guard_check_sessions",
-                "an integer >= 1 and at most guard_check_pairs",
+                "an integer >= 1 and at most guard_check_pairs / 2 (two pairs per session at least)",
             ),
             (self.plausibility > 1, "plausibility", "a factor > 1"),
         ]

@@ -573,7 +573,16 @@ def _guards(ctx: _Ctx) -> bool:
             # confirmed like a win: measured again on fresh engines and seeds; only a regression that holds there
             # rejects
             ctx.say(f"{w.name} (guard)", f"{g.decision.reason}: measuring again on fresh engines")
+            # memory for the fresh sessions (under shared placement every session's engines stay up, frozen, until
+            # they are retired): the candidate's engines so far go (a later guard starts its own again)
+            if not _retire(ctx, [k for k in ctx.pool.engines if not is_baseline_engine(k)], CheckName.GUARD_WORKLOADS):
+                return False
+            before = set(ctx.pool.engines)
             again = _run_workload(ctx, w, GUARD_CHECK)
+            # nor are the re-measure's kept: memory stays bounded, and a later re-measure (this proposal's next guard,
+            # the next proposal's with a kept baseline) starts fresh engines instead of reusing these
+            if not _retire(ctx, [k for k in ctx.pool.engines if k not in before], CheckName.GUARD_WORKLOADS):
+                return False
             if again is None or again.failure or again.decision is None or again.decision.action == REGRESSED:
                 if not _judged(ctx, again, CheckName.GUARD_WORKLOADS, w.name, OK):
                     failed = ctx.st.checks[-1]
@@ -710,9 +719,9 @@ def _cpu_share(won: WorkloadRun, confirmed: WorkloadRun) -> str:
     )
 
 
-def _retire(ctx: _Ctx, keys: list[str]) -> bool:
-    """Shut the engines ``keys`` down now (all of them, even if one fails); a failure is the confirmation's
-    measurement error (fail closed), not a traceback."""
+def _retire(ctx: _Ctx, keys: list[str], check: CheckName = CheckName.CONFIRMATION) -> bool:
+    """Shut the engines ``keys`` down now (all of them, even if one fails); a failure is ``check``'s measurement
+    error (fail closed), not a traceback."""
     failed = ""
     for key in keys:
         try:
@@ -721,7 +730,7 @@ def _retire(ctx: _Ctx, keys: list[str]) -> bool:
             failed = failed or f"{type(exc).__name__}: {exc}"
     if failed:
         ctx.st.add(
-            CheckName.CONFIRMATION,
+            check,
             Status.FAIL,
             f"could not shut an engine down: {failed}",
             FailureKind.MEASUREMENT_ERROR,

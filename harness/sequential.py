@@ -204,9 +204,10 @@ def decide_guard(
 def decide_regression(
     design: SequentialDesign, d: Sequence[float], prior: NoisePrior | None = None, clusters: Sequence[int] | None = None
 ) -> Decision:
-    """Does a guard's regression hold on fresh engines and seeds? (A fixed-size run, ``confirmation_design``.)
-    REGRESSED when the fresh pairs are significantly below the floor by themselves (one-sided, at the design's
-    ``regression_alpha``); OK otherwise: the first call was one engine pair's luck, not the code's."""
+    """Does a guard's regression hold on fresh engines and seeds? (A fixed-size run, ``guard_check_design``, over
+    several fresh sessions: ``clusters`` puts their spread in the error.) REGRESSED when the fresh pairs are
+    significantly below the floor by themselves (one-sided, at the design's ``regression_alpha``); OK otherwise: the
+    first call was its engine instances' luck, not the code's."""
     est = paired_estimate(d, prior, clusters=clusters)
     floor = 1 - design.max_regression
     p = est.p_worse()

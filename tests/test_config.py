@@ -60,8 +60,9 @@ def test_fingerprint_tracks_measurement_fields_only():
         (GOOD + "\n[gate]\nobjective = 'nope'\n", "[gate] objective: expected one of the workload names"),
         (GOOD + "\n[gate]\nguard_check_pairs = 2\n", "[gate] guard_check_pairs: expected an integer >= 4, got 2"),
         (
-            GOOD + "\n[gate]\nguard_check_pairs = 4\nguard_check_sessions = 5\n",
-            "[gate] guard_check_sessions: expected an integer >= 1 and at most guard_check_pairs, got 5",
+            GOOD + "\n[gate]\nguard_check_pairs = 8\nguard_check_sessions = 5\n",
+            "[gate] guard_check_sessions: expected an integer >= 1 and at most guard_check_pairs / 2 (two pairs per session at "
+            "least), got 5",
         ),
         (GOOD + "\n[extras]\nx = 1\n", "unknown section [extras]"),
         (GOOD.replace('command = "sh bench.sh {seed} {out}"\n', ""), "a command workload needs `command`"),
