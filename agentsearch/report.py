@@ -319,11 +319,11 @@ def session_table(trials: Sequence[TrialRecord], directions: Mapping[str, bool])
             continue
         rows: list[dict[str, Any]] = []
         for (rank, session), d in sorted(groups.items()):
-            phase = str(phases.get(rank, "?"))  # the confirmation runs on engines of its own (agentsearch.evaluation)
+            phase = str(phases.get(rank, "?"))  # the confirmation and a guard re-measure run on engines of their own
             rows.append(
                 {
                     "phase": phase,
-                    "engines": f"{'fresh ' if phase == Role.CONFIRMATION else ''}{session + 1}",
+                    "engines": f"{'fresh ' if phase in (Role.CONFIRMATION, Role.GUARD_CHECK) else ''}{session + 1}",
                     "pairs": len(d),
                     "change": math.exp(sum(d) / len(d)),
                 }
