@@ -451,7 +451,8 @@ def _run_workload(
         # a guard's regression, measured again on fresh engines and seeds before it may reject (regressions are
         # confirmed like wins): enough pairs to be significant by themselves, over several fresh sessions (one more
         # pair of engine instances can be as far apart as the regression)
-        wdesign = guard_check_design(config.gate.guard_check_pairs)
+        gate = config.gate
+        wdesign = guard_check_design(gate.guard_check_pairs, gate.max_regression, gate.regression_alpha)
         inner_g = factory
         factory = lambda side, restart: inner_g(side, GUARD_CHECK_SESSION + restart)  # noqa: E731
         options = {**options, "restarts": guard_check_sessions(config)}

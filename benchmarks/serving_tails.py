@@ -153,7 +153,7 @@ def one(
     again = run_interleaved(
         "guard",
         lambda side, i: Sim(shape, n, cv, instance, kind, k, est, side, rng),
-        guard_check_design(gate.guard_check_pairs),
+        guard_check_design(gate.guard_check_pairs, gate.max_regression, gate.regression_alpha),
         decide_regression,
         lambda i: 20_000 + i,
         False,
@@ -310,7 +310,7 @@ def main() -> None:
         f"trial noise {args.cv:.0%}, "
         f"instance effect {args.instance:.0%}; guard level {gate.regression_alpha}, "
         f"floor -{gate.max_regression:.0%}, "
-        f"max {gate.max_pairs} pairs, then {guard_check_design(gate.guard_check_pairs).max_pairs} fresh pairs "
+        f"max {gate.max_pairs} pairs, then {gate.guard_check_pairs} fresh pairs "
         f"over {gate.guard_check_sessions} sessions; "
         f"{args.reps} guards per cell"
     )

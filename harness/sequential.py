@@ -28,6 +28,7 @@ Error control (documented in docs/design/gate.md):
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -236,11 +237,18 @@ def confirmation_design(pairs: int, strict: bool = False) -> SequentialDesign:
     return SequentialDesign(alpha=0.5, min_pairs=pairs, max_pairs=pairs, look_every=pairs)
 
 
-def guard_check_design(pairs: int = D.GUARD_CHECK_PAIRS) -> SequentialDesign:
+def guard_check_design(
+    pairs: int = D.GUARD_CHECK_PAIRS,
+    max_regression: float = D.MAX_REGRESSION,
+    regression_alpha: float = D.REGRESSION_ALPHA,
+) -> SequentialDesign:
     """The fixed-size re-measure of a guard's regression on fresh engines and seeds (``decide_regression``): ``pairs``
     (``[gate] guard_check_pairs``, at least ``LOADED_CONFIRM_PAIRS``), run over ``[gate] guard_check_sessions`` fresh
-    engine sessions."""
-    return confirmation_design(pairs, strict=True)
+    engine sessions, against the gate's own floor (``max_regression``) at its level (``regression_alpha``): the
+    first run called the regression against those."""
+    return dataclasses.replace(
+        confirmation_design(pairs, strict=True), max_regression=max_regression, regression_alpha=regression_alpha
+    )
 
 
 def decide_confirmation(

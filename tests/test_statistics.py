@@ -450,3 +450,25 @@ def test_a_guard_regression_is_checked_over_several_fresh_sessions_so_one_fresh_
     assert one_slow.sessions == [s for s in range(GUARD_CHECK_SESSIONS) for _ in range(per)]
     real = again({("candidate", i): 0.9 * (1.05 if i == 1 else 1.0) for i in range(GUARD_CHECK_SESSIONS)})
     assert real.decision is not None and real.decision.action == REGRESSED, real.decision.reason
+
+
+def test_a_guards_re_measure_judges_against_the_gates_own_floor_and_level():
+    """A target that allows its guards 30% (``[gate] max_regression = 0.3``) called a regression against that floor;
+    its re-measure must hold it against the same floor, not the default 1%: 10% slower on every fresh instance is
+    within what the target allows, 40% slower is not."""
+    from harness.gate_defaults import GUARD_CHECK_SESSIONS
+    from harness.interleave import run_interleaved
+    from harness.sequential import REGRESSED, decide_regression, guard_check_design
+
+    lenient = guard_check_design(max_regression=0.3)
+    assert (lenient.max_regression, guard_check_design(regression_alpha=0.01).regression_alpha) == (0.3, 0.01)
+
+    def again(design, factor):
+        slow = {("candidate", i): factor for i in range(GUARD_CHECK_SESSIONS)}
+        return run_interleaved(
+            "g", _instances(slow), design, decide_regression, lambda i: i, True, restarts=GUARD_CHECK_SESSIONS
+        ).decision
+
+    assert again(guard_check_design(), 0.9).action == REGRESSED  # the default floor: 1%
+    assert again(lenient, 0.9).action != REGRESSED
+    assert again(lenient, 0.6).action == REGRESSED
