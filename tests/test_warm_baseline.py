@@ -19,6 +19,16 @@ from .test_vllm_integration import workers_alive
 pytestmark = pytest.mark.timeout(300)
 
 
+def episode_of_losers(fork, branches: str, seed: int):
+    """An episode of the branches ``branches`` that merges none: its history and its verdicts in order."""
+    git(fork, "checkout", "-q", "main")
+    proc = run_cli("episode", "-C", str(fork), "--branches", branches, "--seed", str(seed), "--json", timeout=280)
+    out = json.loads(proc.stdout)
+    assert proc.returncode == 0 and out["merged"] == 0, out
+    log = HistoryLog(Workspace.open(fork).state / "history.jsonl")
+    return log, sorted((e.record for e in log.entries() if e.kind == "verdict"), key=lambda v: v.number)
+
+
 def test_an_episode_keeps_the_baseline_warm_across_rejections_for_at_most_reuse_evaluations(tmp_path):
     """Three losers in one episode (baseline_reuse 2): the second evaluation measures the baseline on the first
     one's engine (the same instance: its start-up time recorded with every trial is the same), the third on a fresh
@@ -27,12 +37,7 @@ def test_an_episode_keeps_the_baseline_warm_across_rejections_for_at_most_reuse_
     fork = target(tmp_path, engine="baseline_reuse = 2")
     for i, cost in enumerate(("0.0024", "0.0020", "0.0016")):  # 2-3x the baseline's work per token: clear losers
         commit(fork, {"cost.txt": cost + "\n"}, f"{cost} s per token", branch=f"slow/{i}")
-    git(fork, "checkout", "-q", "main")
-    proc = run_cli("episode", "-C", str(fork), "--branches", "slow/*", "--seed", "3", "--json", timeout=280)
-    out = json.loads(proc.stdout)
-    assert proc.returncode == 0 and out["merged"] == 0, out
-    log = HistoryLog(Workspace.open(fork).state / "history.jsonl")
-    verdicts = sorted((e.record for e in log.entries() if e.kind == "verdict"), key=lambda v: v.number)
+    log, verdicts = episode_of_losers(fork, "slow/*", 3)
     assert [v.verdict for v in verdicts] == ["reject"] * 3, [v.reasons for v in verdicts]
     assert [(v.baseline_side, v.baseline_engines_reused) for v in verdicts] == [("fresh", 0), ("warm", 1), ("warm", 0)]
     startup: dict[tuple[int, str], set[float]] = {}
@@ -83,12 +88,7 @@ def test_a_guards_re_measure_starts_fresh_engines_per_session_and_keeps_none_for
     assert slow_short != TOY_VLLM
     for i in range(2):
         commit(fork, {"vllm/__init__.py": slow_short + f"# {i}\n"}, f"long outputs faster {i}", branch=f"trade/{i}")
-    git(fork, "checkout", "-q", "main")
-    proc = run_cli("episode", "-C", str(fork), "--branches", "trade/*", "--seed", "4", "--json", timeout=280)
-    out = json.loads(proc.stdout)
-    assert proc.returncode == 0 and out["merged"] == 0, out
-    log = HistoryLog(Workspace.open(fork).state / "history.jsonl")
-    verdicts = sorted((e.record for e in log.entries() if e.kind == "verdict"), key=lambda v: v.number)
+    log, verdicts = episode_of_losers(fork, "trade/*", 4)
     assert [v.verdict for v in verdicts] == ["reject"] * 2, [v.reasons for v in verdicts]
     assert all("short: the regression held on fresh engines" in v.reasons[0] for v in verdicts), verdicts[0].reasons
     engines: dict[tuple[int, str], set[float]] = {}  # (proposal, phase) -> the baseline engines it measured on
