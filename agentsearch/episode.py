@@ -510,12 +510,7 @@ class Episode:
             if e.episode == self.plan.episode and isinstance(e.record, rec.StackCheck)
         ]
         if done and done[-1].tip == tip:  # a resumed episode: this tip was checked before the crash
-            return {
-                "verdict": done[-1].verdict,
-                "cumulative": done[-1].cumulative,
-                "product": done[-1].product,
-                "passengers": list(done[-1].passengers),
-            }
+            return done[-1].summary()
         self.retire_warm()  # the baseline moved with the merges: its kept side is stale, and its memory is needed
         self.say(f"{self.plan.episode} stack", f"{why}: measuring what this episode's merges add up to")
         try:
@@ -534,14 +529,10 @@ class Episode:
         self.say(
             f"{self.plan.episode} stack",
             f"{r.verdict}: the tip {pct(r.cumulative)} over the episode's start, the merges' "
-            f"estimates multiply to {pct(r.product)}",
+            f"estimates multiply to {pct(r.product)}"
+            + "".join(f"; guard {g} regressed over the episode" for g in r.regressed_guards),
         )
-        return {
-            "verdict": r.verdict,
-            "cumulative": r.cumulative,
-            "product": r.product,
-            "passengers": list(r.passengers),
-        }
+        return r.summary()
 
 
 def latest_insights(entries: list[Any]) -> Mapping[str, Any] | None:

@@ -821,7 +821,7 @@ def stack_markdown(r: Any, image: str | None = None) -> str:
             lines += ["", f"The regression entered with merge `{r.culprit[:12]}` ({code(r.proposal or '—', 40)})."]
         return "\n".join(lines) + "\n"
     lines += [
-        f"# Stack check: {r.verdict.upper()}",
+        f"# Stack check: {r.verdict.upper()}" + "".join(f", guard {code(g, 40)} REGRESSED" for g in r.regressed_guards),
         "",
         f"Range `{r.since[:12]}` → `{r.tip[:12]}`, {len(r.merges)} merge(s), objective {code(r.objective, 40)}; "
         f"{r.seconds:.0f} s in all (seed {r.seed}).",
@@ -846,6 +846,20 @@ def stack_markdown(r: Any, image: str | None = None) -> str:
             f"| {i} | `{m.merge[:12]}` | {code(m.proposal or '—', 40)} | {code(m.title or '', 60)} | {_pct(m.speedup)} "
             f"| {ci(m.ci)} | {m.source} |"
         )
+    if r.guards:
+        lines += [
+            "",
+            "## Guards: the tip against the start",
+            "",
+            "| guard | decision | change | 95% CI | pairs | why |",
+            "|---|---|---:|---|---:|---|",
+        ]
+        lines += [
+            f"| {code(g.name, 40)}{' (fresh engines)' if g.role == Role.GUARD_CHECK else ''} | **{g.decision}** | "
+            f"{_pct(g.speedup)} | {ci(g.ci)} | {g.pairs} | "
+            f"{said(g.reason, 200)} |"
+            for g in r.guards
+        ]
     if r.removals:
         lines += [
             "",
@@ -855,7 +869,8 @@ def stack_markdown(r: Any, image: str | None = None) -> str:
             "|---|---|---:|---|---:|---|",
         ]
         lines += [
-            f"| `{x.merge[:12]}` | **{x.decision}** | {_pct(x.marginal)} | {ci(x.ci)} | {x.pairs} | "
+            f"| `{x.merge[:12]}` | **{x.decision}**{', shrank' if x.shrank else ''} | {_pct(x.marginal)} | {ci(x.ci)} "
+            f"| {x.pairs} | "
             f"{said(x.reason, 200)} |"
             for x in r.removals
         ]

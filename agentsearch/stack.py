@@ -25,6 +25,7 @@ is *different* when its interval lies below 1 - ``min_effect``; a step inside th
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable
@@ -33,7 +34,15 @@ from typing import Any
 
 from history.records import EpisodeStarted, Merge, Revert, Role, Verdict, WorkloadSummary
 from history.records import Evaluation as EvaluationRecord
-from history.records.stack import BisectStep, Interference, Removal, StackBisect, StackCheck, StackMerge
+from history.records.stack import (
+    BisectStep,
+    Interference,
+    Removal,
+    StackBisect,
+    StackCheck,
+    StackMerge,
+    regressed,
+)
 
 from .errors import AgentsearchError
 from .evaluation import Evaluation, evaluate
@@ -128,14 +137,55 @@ def _log_se(speedup: float | None, ci: Any) -> tuple[float, float] | None:
     return math.log(speedup), (math.log(hi) - math.log(lo)) / (2 * Z95)
 
 
-def product(merges: tuple[StackMerge, ...]) -> tuple[float | None, tuple[float, float] | None]:
-    """The product of the merges' estimates and its 95% interval (independent estimates, log scale)."""
+def passed(x: float, se: float) -> float:
+    """The mean of a normal estimate ``x`` (standard error ``se``) that was kept only because it was above zero: the
+    ``mu`` with E[X | X > 0] = ``x``, i.e. mu + se * phi(mu/se) / Phi(mu/se) = x (the truncated normal's mean), at
+    least ``x`` - 4 ``se``. A confirmation passes only when it measures a speedup, so a merge's estimate near zero is
+    biased up by up to 0.8 standard errors; a clear win (x several se above zero) is unchanged."""
+    from harness.statistics import normal_cdf
+
+    if se <= 0 or not math.isfinite(x) or not math.isfinite(se):
+        return x
+
+    def mean_kept(mu: float) -> float:
+        a = mu / se
+        return mu + se * math.exp(-0.5 * a * a) / math.sqrt(2 * math.pi) / max(normal_cdf(a), 1e-300)
+
+    lo, hi = x - 4 * se, x
+    if mean_kept(lo) >= x:
+        return lo
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if mean_kept(mid) < x else (lo, mid)
+    return (lo + hi) / 2
+
+
+def product(merges: tuple[StackMerge, ...], selection: bool = True) -> tuple[float | None, tuple[float, float] | None]:
+    """The product of the merges' estimates and its 95% interval (independent estimates, log scale). With
+    ``selection``, a confirmation's estimate is taken as kept only above zero (``passed``): a stack of merges that won
+    by chance would otherwise be called short of a product their luck made."""
     parts = [_log_se(m.speedup, m.ci) for m in merges]
     if any(p is None for p in parts):
         return None, None
-    est = sum(p[0] for p in parts if p)
+    centres = [
+        passed(p[0], p[1]) if selection and m.source == "confirmation" else p[0]
+        for m, p in zip(merges, parts, strict=True)
+        if p
+    ]
+    est = sum(centres)
     se = math.sqrt(sum(p[1] ** 2 for p in parts if p))
     return math.exp(est), (math.exp(est - Z95 * se), math.exp(est + Z95 * se))
+
+
+def shortfall_p(got: float | None, got_ci: Any, claimed: float | None, claimed_ci: Any, margin: float) -> float | None:
+    """One-sided p that ``got`` falls short of ``claimed`` by more than ``margin`` (a fraction), on the log scale with
+    both intervals' errors; None when a number or an interval is missing."""
+    from harness.statistics import normal_cdf
+
+    c, p = _log_se(got, got_ci), _log_se(claimed, claimed_ci)
+    if c is None or p is None:
+        return None
+    return normal_cdf((c[0] - p[0] - math.log(1.0 - margin)) / math.hypot(c[1], p[1]))
 
 
 def stack_verdict(
@@ -143,17 +193,13 @@ def stack_verdict(
 ) -> tuple[str, tuple[str, ...]]:
     """under-delivers: the tip falls short of the product by more than ``margin`` (a fraction: the gate's
     min_effect, the smallest difference worth acting on), one-sided at ``alpha`` on the log scale."""
-    from harness.statistics import normal_cdf
-
-    c, p = _log_se(cumulative, ci), _log_se(prod, prod_ci)
-    if c is None:
+    if _log_se(cumulative, ci) is None:
         return "inconclusive", ("the cumulative gain has no number (the evaluation did not measure it)",)
-    if p is None:
+    pv = shortfall_p(cumulative, ci, prod, prod_ci, margin)
+    if pv is None:
         return "inconclusive", (
             "a merge of the range has no recorded estimate with an interval: no product to compare",
         )
-    z = (c[0] - p[0] - math.log(1.0 - margin)) / math.hypot(c[1], p[1])
-    pv = normal_cdf(z)
     if pv < alpha:
         return "under-delivers", (
             f"the tip is {cumulative:.3f}x the start, more than {margin:.0%} below the product of the "
@@ -164,6 +210,16 @@ def stack_verdict(
             f"the tip is {cumulative:.3f}x the start [{ci[0]:.3f}, {ci[1]:.3f}]: not a significant gain",
         )
     return "delivers", ()
+
+
+def guard_reasons(guards: tuple[WorkloadSummary, ...], limit: float) -> tuple[str, ...]:
+    """A line for each guard the tip regressed against the start (confirmed on fresh engines), naming the command
+    that finds the merge where it entered."""
+    return tuple(
+        f"guard {g.name} regressed against the start beyond the {limit:.0%} limit: {g.reason} — "
+        f"`agentsearch stack bisect --metric {g.name}` names the merge where it entered"
+        for g in regressed(guards)
+    )
 
 
 def _summary(ev: Evaluation | None, workload: str) -> WorkloadSummary | None:
@@ -195,6 +251,9 @@ def check(
     )
     if s is None or s.speedup is None:
         reasons = (*reasons, *(f"evaluation: {r}" for r in ev.verdict.reasons[:3]))
+    # the guards, the tip against the start: merges each within the guard's limit can add up to more than it
+    guards = tuple(w for w in ev.workloads.values() if w.role in (Role.GUARD, Role.GUARD_CHECK))
+    reasons = (*reasons, *guard_reasons(guards, config.gate.max_regression))
     removals: list[Removal] = []
     joint: list[Interference] = []
     if leave_one_out:
@@ -215,6 +274,31 @@ def check(
                 )
         finally:
             warm.retire()
+        removals = [
+            _shrank(r, m, config.gate.alpha, config.gate.min_effect) for r, m in zip(removals, rng.merges, strict=True)
+        ]
+        lost = [r for r in removals if r.shrank]
+        if lost:
+            reasons = (
+                *reasons,
+                "adds significantly less at the tip than it was merged on: "
+                + ", ".join(
+                    f"{r.merge[:12]} (today {r.marginal:.3f}x, merged on {m.speedup:.3f}x)"
+                    for r, m in zip(removals, rng.merges, strict=True)
+                    if r.shrank and r.marginal is not None and m.speedup is not None
+                )
+                + (
+                    " — where the stack's gain was lost"
+                    if verdict == "under-delivers"
+                    else " — a later merge took its gain over, or it no longer pays at the tip"
+                ),
+            )
+    elif verdict == "under-delivers":
+        reasons = (
+            *reasons,
+            "`agentsearch stack --leave-one-out` measures what each merge adds today: the ones far below their "
+            "estimates are where the gain was lost",
+        )
     record = StackCheck(
         since=rng.since,
         tip=rng.tip,
@@ -231,6 +315,7 @@ def check(
         removals=tuple(removals),
         interference=tuple(joint),
         seconds=round(time.perf_counter() - t0, 3),
+        guards=guards,
     )
     if write is not None:
         write(record)
@@ -333,6 +418,13 @@ def _remove(
     return Removal(
         merge=m.merge, decision=decision, reason=reason, scratch=scratch, marginal=marginal, ci=ci, pairs=pairs
     )
+
+
+def _shrank(r: Removal, m: StackMerge, alpha: float, margin: float) -> Removal:
+    """The removal, marked where the merge adds significantly less today than it was merged on (by more than
+    ``margin``, one-sided at ``alpha``, log scale, both intervals' errors): where a stack's gain was lost."""
+    pv = shortfall_p(r.marginal, r.ci, m.speedup, m.ci, margin)
+    return dataclasses.replace(r, shrank=None if pv is None else pv < alpha)
 
 
 def _remove_pair(

@@ -44,6 +44,13 @@ def merges(ws: Workspace) -> list[dict[str, Any]]:
     removals = {
         r.merge: r for e in entries if isinstance(e.record, StackCheck) for r in e.record.removals
     }  # the latest leave-one-out
+    partners: dict[str, list[str]] = {}  # the merges each interferes with, in the latest check that removed it
+    for e in entries:
+        if isinstance(e.record, StackCheck) and e.record.removals:
+            for r in e.record.removals:
+                partners[r.merge] = [
+                    x for pair in e.record.interfering if r.merge in pair for x in pair if x != r.merge
+                ]
     tip = ws.baseline_commit()
     drift = {p.commit: p for p in drift_curve(entries) if p.event == "merge"}
     rows = []
@@ -86,6 +93,8 @@ def merges(ws: Workspace) -> list[dict[str, Any]]:
                 # today's tip
                 "marginal": removals[m].marginal if m in removals else None,
                 "today": removals[m].decision if m in removals else None,
+                # ... and the merges it interferes with there (removed together, they differ from apart)
+                "interferes_with": partners.get(m, []),
             }
         )
     return rows
@@ -149,6 +158,20 @@ def run(target: Path, as_json: bool, what: str | None, recheck: bool, seed: int 
                 right=(1, 5, 6),
             )
         )
+        order = {r["merge"]: i for i, r in enumerate(rows)}
+        pairs = sorted(
+            {
+                tuple(sorted((r["merge"], x), key=lambda m: order.get(m, -1)))
+                for r in rows
+                for x in r["interferes_with"]
+            },
+            key=lambda pair: [order.get(m, -1) for m in pair],
+        )
+        for a, b in pairs:
+            out.print(
+                f"{a[:12]} and {b[:12]} interfere: removed together they differ from apart (one holds the other's "
+                "gain, or they cancel); see the latest `agentsearch stack --leave-one-out`"
+            )
         if any(r["today"] == "passenger" and not r["reverted"] for r in rows):
             out.print(
                 "a passenger adds nothing significant at today's tip (a later merge made it redundant): "

@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from history.records import Role
 from history.records.stack import StackBisect, StackCheck
 
 from ..errors import EXIT_FAIL, AgentsearchError
@@ -38,7 +39,14 @@ def show_check(r: StackCheck) -> None:
     )
     if r.removals:
         rows = [
-            [x.merge[:12], x.decision, pct(x.marginal), _ci(x.ci), str(x.pairs), safe(x.reason[:80])]
+            [
+                x.merge[:12],
+                x.decision + (", shrank" if x.shrank else ""),
+                pct(x.marginal),
+                _ci(x.ci),
+                str(x.pairs),
+                safe(x.reason[:80]),
+            ]
             for x in r.removals
         ]
         out.print(
@@ -69,6 +77,26 @@ def show_check(r: StackCheck) -> None:
                 rows,
                 out.width,
                 right=(2, 3),
+            )
+        )
+    if r.guards:
+        rows = [
+            [
+                safe(g.name) + (" (fresh engines)" if g.role == Role.GUARD_CHECK else ""),
+                g.decision,
+                pct(g.speedup),
+                _ci(g.ci),
+                str(g.pairs),
+            ]
+            for g in r.guards
+        ]
+        out.print(
+            compact_table(
+                "guards, the tip against the start (a regression re-measured on fresh engines)",
+                ["guard", "decision", "Δ", "95% CI", "pairs"],
+                rows,
+                out.width,
+                right=(2, 4),
             )
         )
     colour = {"delivers": "green", "under-delivers": "red"}.get(r.verdict, "yellow")
@@ -162,7 +190,7 @@ def run(
         report,
         lambda ws, say: check(ws, since, seed=seed, leave_one_out=leave_one_out, progress=say),
         show_check,
-        lambda r: r.verdict == "delivers",
+        lambda r: r.holds,
     )
 
 

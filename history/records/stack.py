@@ -9,13 +9,21 @@ where a workload's regression entered, with each step's evidence.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from .base import Part, Record
+from .statistic import Role, WorkloadSummary
 
 STACK_VERDICTS = ("delivers", "under-delivers", "inconclusive")
 REMOVAL_DECISIONS = ("contributes", "passenger", "harmful", "unknown", "does-not-revert")
 STEP_OUTCOMES = ("different", "same", "unknown")
+REGRESSED = "regressed"  # harness.sequential.REGRESSED: a guard's decision (history sits below harness)
+
+
+def regressed(guards: tuple[WorkloadSummary, ...]) -> tuple[WorkloadSummary, ...]:
+    """The guards that regressed beyond the gate's limit, confirmed on fresh engines (a first call that did not hold
+    is recorded ``unconfirmed``)."""
+    return tuple(g for g in guards if g.role == Role.GUARD and g.decision == REGRESSED)
 
 
 @dataclass(frozen=True)
@@ -44,6 +52,9 @@ class Removal(Part):
     marginal: float | None = None  # the tip's speedup over the scratch commit: what this merge adds today
     ci: tuple[float, ...] | None = None
     pairs: int = 0
+    # what it adds today is significantly below what it was merged on, by more than [gate] min_effect: where a
+    # stack's gain was lost (None: not tested, a number missing; checks before 0.6)
+    shrank: bool | None = None
 
     def __post_init__(self) -> None:
         if self.decision not in REMOVAL_DECISIONS:
@@ -85,6 +96,9 @@ class StackCheck(Record):
     removals: tuple[Removal, ...] = ()  # leave-one-out, when asked for
     interference: tuple[Interference, ...] = ()  # the pairs the removals pointed to, tested
     seconds: float = 0.0  # what the whole check cost in wall time
+    # the guards, the tip against the start, as the gate judged them (a regression re-measured on fresh engines);
+    # empty in checks recorded before 0.6
+    guards: tuple[WorkloadSummary, ...] = ()
 
     def __post_init__(self) -> None:
         if self.verdict not in STACK_VERDICTS:
@@ -97,8 +111,34 @@ class StackCheck(Record):
         return tuple(r.merge for r in self.removals if r.decision == "passenger")
 
     @property
+    def shrank(self) -> tuple[str, ...]:
+        """The merges whose contribution today is significantly below their estimate when merged."""
+        return tuple(r.merge for r in self.removals if r.shrank)
+
+    @property
     def interfering(self) -> tuple[tuple[str, ...], ...]:
         return tuple(i.merges for i in self.interference if i.interfere)
+
+    @property
+    def regressed_guards(self) -> tuple[str, ...]:
+        """The guards the tip regressed against the start beyond ``[gate] max_regression``, confirmed on fresh
+        engines: merges each within the limit that add up to more than it (``stack bisect --metric`` names where)."""
+        return tuple(g.name for g in regressed(self.guards))
+
+    @property
+    def holds(self) -> bool:
+        """Main is what its merges claimed: the gain delivered, and no guard regressed over the range."""
+        return self.verdict == "delivers" and not self.regressed_guards
+
+    def summary(self) -> dict[str, Any]:
+        """The check in a line of an episode's JSON."""
+        return {
+            "verdict": self.verdict,
+            "cumulative": self.cumulative,
+            "product": self.product,
+            "passengers": list(self.passengers),
+            "regressed_guards": list(self.regressed_guards),
+        }
 
 
 @dataclass(frozen=True)
