@@ -327,8 +327,13 @@ def run_once(case: str, loo: bool, seed: int, keep: Path | None, dry_run: bool) 
                             "marginal": r.get("marginal"),
                             "ci": r.get("ci"),
                             "pairs": r.get("pairs"),
+                            "shrank": r.get("shrank"),  # since 2026-12-06 (agentsearch 0.5.0 + #39)
                         }
                         for r in s.get("removals", [])
+                    ],
+                    "guards": [
+                        {"name": g["name"], "role": g["role"], "decision": g["decision"], "speedup": g.get("speedup")}
+                        for g in s.get("guards", [])
                     ],
                     "interfering": [
                         sorted(index.get(m) for m in p["merges"]) for p in s.get("interference", []) if p["interfere"]
