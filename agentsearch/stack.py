@@ -42,6 +42,7 @@ from history.records.stack import (
     StackCheck,
     StackMerge,
     regressed,
+    unresolved,
 )
 
 from .errors import AgentsearchError
@@ -137,55 +138,54 @@ def _log_se(speedup: float | None, ci: Any) -> tuple[float, float] | None:
     return math.log(speedup), (math.log(hi) - math.log(lo)) / (2 * Z95)
 
 
-def passed(x: float, se: float) -> float:
-    """The mean of a normal estimate ``x`` (standard error ``se``) that was kept only because it was above zero: the
-    ``mu`` with E[X | X > 0] = ``x``, i.e. mu + se * phi(mu/se) / Phi(mu/se) = x (the truncated normal's mean), at
-    least ``x`` - 4 ``se``. A confirmation passes only when it measures a speedup, so a merge's estimate near zero is
-    biased up by up to 0.8 standard errors; a clear win (x several se above zero) is unchanged."""
+def kept(x: float, se: float) -> float:
+    """A normal estimate ``x`` (log scale, standard error ``se``) that was kept only because it was above zero,
+    corrected for that selection: ``x - se * phi(x/se) / Phi(x/se)``, the truncated normal's bias evaluated at the
+    estimate (a plug-in correction). A confirmation passes only when it measures a speedup, so a merge's estimate near
+    zero is biased up; the correction is at most 0.8 ``se`` (at ``x`` = 0) and nil for a clear win (0.004 ``se`` at
+    3 ``se`` above zero). Inverting the truncated mean instead over-corrects (by ~0.8 ``se`` when the true effect is
+    zero, down to ``x`` - 4 ``se`` for one that barely passed) and lost half the power against small real
+    shortfalls in simulation (benchmarks/stack_quality.py)."""
     from harness.statistics import normal_cdf
 
     if se <= 0 or not math.isfinite(x) or not math.isfinite(se):
         return x
+    a = x / se
+    return x - se * math.exp(-0.5 * a * a) / math.sqrt(2 * math.pi) / max(normal_cdf(a), 1e-300)
 
-    def mean_kept(mu: float) -> float:
-        a = mu / se
-        return mu + se * math.exp(-0.5 * a * a) / math.sqrt(2 * math.pi) / max(normal_cdf(a), 1e-300)
 
-    lo, hi = x - 4 * se, x
-    if mean_kept(lo) >= x:
-        return lo
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if mean_kept(mid) < x else (lo, mid)
-    return (lo + hi) / 2
+def claimed(m: StackMerge, selection: bool = True) -> tuple[float, float] | None:
+    """What a merge was merged on: (log speedup, its standard error), a confirmation's corrected for its pass
+    condition (``kept``); None when a number or its interval is missing."""
+    part = _log_se(m.speedup, m.ci)
+    if part is None or not selection or m.source != "confirmation":
+        return part
+    return kept(*part), part[1]
 
 
 def product(merges: tuple[StackMerge, ...], selection: bool = True) -> tuple[float | None, tuple[float, float] | None]:
     """The product of the merges' estimates and its 95% interval (independent estimates, log scale). With
-    ``selection``, a confirmation's estimate is taken as kept only above zero (``passed``): a stack of merges that won
-    by chance would otherwise be called short of a product their luck made."""
-    parts = [_log_se(m.speedup, m.ci) for m in merges]
+    ``selection``, each confirmation's estimate is corrected for its pass condition (``kept``): a stack of merges that
+    won by chance would otherwise be called short of a product their luck made."""
+    parts = [claimed(m, selection) for m in merges]
     if any(p is None for p in parts):
         return None, None
-    centres = [
-        passed(p[0], p[1]) if selection and m.source == "confirmation" else p[0]
-        for m, p in zip(merges, parts, strict=True)
-        if p
-    ]
-    est = sum(centres)
+    est = sum(p[0] for p in parts if p)
     se = math.sqrt(sum(p[1] ** 2 for p in parts if p))
     return math.exp(est), (math.exp(est - Z95 * se), math.exp(est + Z95 * se))
 
 
-def shortfall_p(got: float | None, got_ci: Any, claimed: float | None, claimed_ci: Any, margin: float) -> float | None:
-    """One-sided p that ``got`` falls short of ``claimed`` by more than ``margin`` (a fraction), on the log scale with
+def shortfall_p(got: float | None, got_ci: Any, then: float | None, then_ci: Any, margin: float) -> float | None:
+    """One-sided p that ``got`` falls short of ``then`` by more than ``margin`` (a fraction), on the log scale with
     both intervals' errors; None when a number or an interval is missing."""
+    c, p = _log_se(got, got_ci), _log_se(then, then_ci)
+    return None if c is None or p is None else _shortfall(c, p, margin)
+
+
+def _shortfall(got: tuple[float, float], then: tuple[float, float], margin: float) -> float:
     from harness.statistics import normal_cdf
 
-    c, p = _log_se(got, got_ci), _log_se(claimed, claimed_ci)
-    if c is None or p is None:
-        return None
-    return normal_cdf((c[0] - p[0] - math.log(1.0 - margin)) / math.hypot(c[1], p[1]))
+    return normal_cdf((got[0] - then[0] - math.log(1.0 - margin)) / math.hypot(got[1], then[1]))
 
 
 def stack_verdict(
@@ -212,14 +212,28 @@ def stack_verdict(
     return "delivers", ()
 
 
-def guard_reasons(guards: tuple[WorkloadSummary, ...], limit: float) -> tuple[str, ...]:
-    """A line for each guard the tip regressed against the start (confirmed on fresh engines), naming the command
-    that finds the merge where it entered."""
-    return tuple(
-        f"guard {g.name} regressed against the start beyond the {limit:.0%} limit: {g.reason} — "
-        f"`agentsearch stack bisect --metric {g.name}` names the merge where it entered"
+def guard_reasons(
+    guards: tuple[WorkloadSummary, ...], limit: float, missing: tuple[str, ...], stopped: str
+) -> tuple[str, ...]:
+    """A line for each guard the tip regressed against the start (held on fresh engines), naming the command that
+    finds the merge where it entered; for each whose re-measure did not finish; and for the guards (``missing``) the
+    evaluation never measured (``stopped``: why it stopped before them)."""
+    lines = [
+        f"guard {g.name} regressed against the start beyond the {limit:.0%} limit, and held on fresh engines: "
+        f"{g.reason} — `agentsearch stack bisect --metric {g.name}` names the merge where it entered"
         for g in regressed(guards)
-    )
+    ]
+    lines += [
+        f"guard {g.name}: a regression on the first engines ({g.reason}) whose re-measure on fresh engines did not "
+        "finish: not known either way"
+        for g in unresolved(guards)
+    ]
+    if missing:
+        lines.append(
+            f"guard{'s' if len(missing) > 1 else ''} {', '.join(missing)} not measured: the evaluation stopped before "
+            f"{'them' if len(missing) > 1 else 'it'} ({stopped or 'no reason recorded'})"
+        )
+    return tuple(lines)
 
 
 def _summary(ev: Evaluation | None, workload: str) -> WorkloadSummary | None:
@@ -253,7 +267,12 @@ def check(
         reasons = (*reasons, *(f"evaluation: {r}" for r in ev.verdict.reasons[:3]))
     # the guards, the tip against the start: merges each within the guard's limit can add up to more than it
     guards = tuple(w for w in ev.workloads.values() if w.role in (Role.GUARD, Role.GUARD_CHECK))
-    reasons = (*reasons, *guard_reasons(guards, config.gate.max_regression))
+    measured = {g.name for g in guards if g.role == Role.GUARD}
+    unmeasured = tuple(w.name for w in config.workloads if w.name != objective and w.name not in measured)
+    reasons = (
+        *reasons,
+        *guard_reasons(guards, config.gate.max_regression, unmeasured, next(iter(ev.verdict.reasons), "")),
+    )
     removals: list[Removal] = []
     joint: list[Interference] = []
     if leave_one_out:
@@ -316,6 +335,7 @@ def check(
         interference=tuple(joint),
         seconds=round(time.perf_counter() - t0, 3),
         guards=guards,
+        unmeasured=unmeasured,
     )
     if write is not None:
         write(record)
@@ -423,8 +443,10 @@ def _remove(
 def _shrank(r: Removal, m: StackMerge, alpha: float, margin: float) -> Removal:
     """The removal, marked where the merge adds significantly less today than it was merged on (by more than
     ``margin``, one-sided at ``alpha``, log scale, both intervals' errors): where a stack's gain was lost."""
-    pv = shortfall_p(r.marginal, r.ci, m.speedup, m.ci, margin)
-    return dataclasses.replace(r, shrank=None if pv is None else pv < alpha)
+    got, then = _log_se(r.marginal, r.ci), claimed(m)
+    if got is None or then is None:
+        return dataclasses.replace(r, shrank=None)
+    return dataclasses.replace(r, shrank=_shortfall(got, then, margin) < alpha)
 
 
 def _remove_pair(

@@ -89,6 +89,7 @@ def main() -> None:
     rows = [(k, e, 0.0, 0.0) for k in (2, 4, 6) for e in (0.0, 0.01)]  # A/A-like: merges that won by luck
     rows += [(k, e, 0.0, 0.0) for k in (2, 4, 6) for e in (0.03, 0.10)]
     rows += [(k, 0.10, sf, 0.0) for k in (2, 4) for sf in (0.05, 0.10, 0.20)]
+    rows += [(k, 0.03, 0.10, 0.0) for k in (2, 6)]  # small wins: where the correction costs power
     rows += [(k, 0.10, 0.0, 0.03) for k in (2, 4, 6)]
     for k, effect, shortfall, curse in rows:
         r = rate(rng, a.reps, k, effect, shortfall, curse, a)

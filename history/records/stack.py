@@ -21,9 +21,18 @@ REGRESSED = "regressed"  # harness.sequential.REGRESSED: a guard's decision (his
 
 
 def regressed(guards: tuple[WorkloadSummary, ...]) -> tuple[WorkloadSummary, ...]:
-    """The guards that regressed beyond the gate's limit, confirmed on fresh engines (a first call that did not hold
-    is recorded ``unconfirmed``)."""
-    return tuple(g for g in guards if g.role == Role.GUARD and g.decision == REGRESSED)
+    """The guards that regressed beyond the gate's limit and held on fresh engines: a first call and its re-measure
+    both ``regressed`` (a first call that did not hold is recorded ``unconfirmed``; one whose re-measure did not finish
+    is in ``unresolved``)."""
+    held = {g.name for g in guards if g.role == Role.GUARD_CHECK and g.decision == REGRESSED}
+    return tuple(g for g in guards if g.role == Role.GUARD and g.decision == REGRESSED and g.name in held)
+
+
+def unresolved(guards: tuple[WorkloadSummary, ...]) -> tuple[WorkloadSummary, ...]:
+    """The guards whose first call was a regression and whose re-measure on fresh engines did not finish (failed,
+    or never ran): not known either way."""
+    done = {g.name for g in regressed(guards)}
+    return tuple(g for g in guards if g.role == Role.GUARD and g.decision == REGRESSED and g.name not in done)
 
 
 @dataclass(frozen=True)
@@ -53,7 +62,7 @@ class Removal(Part):
     ci: tuple[float, ...] | None = None
     pairs: int = 0
     # what it adds today is significantly below what it was merged on, by more than [gate] min_effect: where a
-    # stack's gain was lost (None: not tested, a number missing; checks before 0.6)
+    # stack's gain was lost (None: not tested, a number missing; checks before 2026-12-06)
     shrank: bool | None = None
 
     def __post_init__(self) -> None:
@@ -90,15 +99,18 @@ class StackCheck(Record):
     seed: int
     cumulative: float | None  # the tip's speedup over the start
     ci: tuple[float, ...] | None
-    product: float | None  # the product of the merges' own estimates
+    # the product of the merges' own estimates (since 2026-12-06: each confirmation corrected for its pass
+    # condition, agentsearch.stack.kept)
+    product: float | None
     product_ci: tuple[float, ...] | None
     pairs: int = 0
     removals: tuple[Removal, ...] = ()  # leave-one-out, when asked for
     interference: tuple[Interference, ...] = ()  # the pairs the removals pointed to, tested
     seconds: float = 0.0  # what the whole check cost in wall time
     # the guards, the tip against the start, as the gate judged them (a regression re-measured on fresh engines);
-    # empty in checks recorded before 0.6
+    # empty in checks recorded before 2026-12-06
     guards: tuple[WorkloadSummary, ...] = ()
+    unmeasured: tuple[str, ...] = ()  # guards of the config the evaluation stopped before (since 2026-12-06)
 
     def __post_init__(self) -> None:
         if self.verdict not in STACK_VERDICTS:
@@ -127,8 +139,14 @@ class StackCheck(Record):
 
     @property
     def holds(self) -> bool:
-        """Main is what its merges claimed: the gain delivered, and no guard regressed over the range."""
-        return self.verdict == "delivers" and not self.regressed_guards
+        """Main is what its merges claimed: the gain delivered, and every guard measured and within its limit over
+        the range."""
+        return (
+            self.verdict == "delivers"
+            and not self.regressed_guards
+            and not unresolved(self.guards)
+            and not self.unmeasured
+        )
 
     def summary(self) -> dict[str, Any]:
         """The check in a line of an episode's JSON."""
@@ -138,6 +156,7 @@ class StackCheck(Record):
             "product": self.product,
             "passengers": list(self.passengers),
             "regressed_guards": list(self.regressed_guards),
+            "holds": self.holds,
         }
 
 
