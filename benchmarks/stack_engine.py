@@ -339,6 +339,10 @@ def run_once(case: str, loo: bool, seed: int, keep: Path | None, dry_run: bool) 
                         sorted(index.get(m) for m in p["merges"]) for p in s.get("interference", []) if p["interfere"]
                     ],
                     "pairs_tested": [sorted(index.get(m) for m in p["merges"]) for p in s.get("interference", [])],
+                    "interference": [  # each tested pair: without both, against the product of the single removals
+                        {k: p.get(k) for k in ("joint", "ci", "expected", "p_value", "pairs", "reason")}
+                        for p in s.get("interference", [])
+                    ],
                     "seconds": s.get("seconds"),
                 }
         elif len(merges) == len(COSTS[case]):
