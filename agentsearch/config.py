@@ -604,10 +604,18 @@ class StackConfig:
         "per merge, and per pair a passenger points to).",
         False,
     )
+    removal_pairs: int = doc(
+        "Leave-one-out: each removal (and each pair a passenger points to) is measured over at least this many pairs "
+        "(at most [gate] max_pairs) before its test may stop: the interference test compares three intervals, and "
+        "a removal that stopped after its first significant look is too wide for it.",
+        12,
+    )
 
     def __post_init__(self) -> None:
         if self.every is None and self.check not in ("end", "off"):
             raise ValueError(f"expected end, off or every:N (N an integer >= 1), got {self.check!r}|check")
+        if self.removal_pairs < 2:
+            raise ValueError(f"expected an integer >= 2, got {self.removal_pairs!r}|removal_pairs")
 
     @property
     def every(self) -> int | None:

@@ -525,7 +525,7 @@ class Episode:
         except Exception as exc:  # noqa: BLE001 - merged code runs in it: its failure is the check's, never the episode's
             why = tail(str(exc) or type(exc).__name__, 1)
             self.say(f"{self.plan.episode} stack", f"the stack check failed: {why}")
-            return {"verdict": "inconclusive", "error": why}
+            return {"verdict": "inconclusive", "error": why, "holds": False, "regressed_guards": []}
         self.say(
             f"{self.plan.episode} stack",
             f"{r.verdict}: the tip {pct(r.cumulative)} over the episode's start, the merges' "

@@ -211,11 +211,14 @@ def evaluate(
     on_trial: OnTrial | None = None,
     baseline: str | None = None,
     warm: WarmBaseline | None = None,
+    min_pairs: int | None = None,
 ) -> Evaluation:
     """Measure ``ref`` against the current baseline (or the commit ``baseline``) and judge it. Never merges.
 
     ``warm``: the episode's kept baseline side (``agentsearch.warm_baseline``): reused when it is still
-    this baseline under the same config and environment, and kept again after a clean evaluation."""
+    this baseline under the same config and environment, and kept again after a clean evaluation.
+    ``min_pairs``: the objective's sequential test looks first after this many pairs (at most its ``max_pairs``),
+    for an estimate whose interval is used afterwards (a stack check's leave-one-out), not only its decision."""
     say = progress or (lambda stage, detail: None)
     base = ws.resolve(baseline) if baseline else ws.baseline_commit()
     config = ws.config(base)
@@ -238,6 +241,7 @@ def evaluate(
             say,
             keep_worktrees,
             warm if warm is not None and warm.enabled else None,
+            min_pairs,
         )
     except KeyboardInterrupt:
         raise
@@ -283,6 +287,7 @@ def _run_checks(
     say: Say,
     keep: bool,
     warm: WarmBaseline | None = None,
+    min_pairs: int | None = None,
 ) -> None:
     """The checks before the sides exist (based-on-baseline), while they are made (protected paths,
     sandbox, build), then ``PIPELINE`` in order until a step stops it. With ``warm``, the baseline side
@@ -313,7 +318,19 @@ def _run_checks(
                 )
             try:
                 _build_and_run(
-                    ws, config, base, cand, master, alpha, st, say, sd, box, pool, warm is not None and not keep
+                    ws,
+                    config,
+                    base,
+                    cand,
+                    master,
+                    alpha,
+                    st,
+                    say,
+                    sd,
+                    box,
+                    pool,
+                    warm is not None and not keep,
+                    min_pairs,
                 )
             except BaseException:
                 pool.close()
@@ -345,6 +362,7 @@ def _build_and_run(
     box: Any,
     pool: EnginePool,
     warm: bool,
+    min_pairs: int | None = None,
 ) -> None:
     from .workspace import git
 
@@ -374,13 +392,20 @@ def _build_and_run(
         sd,
         pool,
         git.changed_lines(ws.repo_dir, base, cand),
-        design_for(config.gate, alpha),
+        _at_least(design_for(config.gate, alpha), min_pairs),
         calibration.load(ws),
         warm=warm,
     )
     for _name, step in PIPELINE:
         if not step(ctx):
             return
+
+
+def _at_least(design: SequentialDesign, min_pairs: int | None) -> SequentialDesign:
+    """``design`` with its first look after ``min_pairs`` pairs (never past its ``max_pairs``)."""
+    if min_pairs is None or min_pairs <= design.min_pairs:
+        return design
+    return dataclasses.replace(design, min_pairs=min(min_pairs, design.max_pairs))
 
 
 def _may_keep(sd: Sides, st: _State) -> bool:

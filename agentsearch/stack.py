@@ -41,6 +41,7 @@ from history.records.stack import (
     StackBisect,
     StackCheck,
     StackMerge,
+    failing,
     regressed,
     unresolved,
 )
@@ -228,6 +229,7 @@ def guard_reasons(
         "finish: not known either way"
         for g in unresolved(guards)
     ]
+    lines += [f"guard {g.name} was not judged at the tip ({g.decision}): {g.reason}" for g in failing(guards)]
     if missing:
         lines.append(
             f"guard{'s' if len(missing) > 1 else ''} {', '.join(missing)} not measured: the evaluation stopped before "
@@ -283,12 +285,26 @@ def check(
                     "stack",
                     f"leave-one-out {i}/{len(rng.merges)}: the tip without {m.merge[:12]} ({m.title or m.proposal})",
                 )
-                removals.append(_remove(ws, rng.tip, m, objective, seed, warm, say, config.gate.min_effect))
+                removals.append(
+                    _remove(
+                        ws, rng.tip, m, objective, seed, warm, say, config.gate.min_effect, config.stack.removal_pairs
+                    )
+                )
             for a, b in pointed_pairs(rng.merges, removals):
                 say("stack", f"interference: the tip without both {a.merge[:12]} and {b.merge[:12]}")
                 joint.append(
                     _remove_pair(
-                        ws, rng.tip, a, b, objective, seed, warm, config.gate.alpha, say, {r.merge: r for r in removals}
+                        ws,
+                        rng.tip,
+                        a,
+                        b,
+                        objective,
+                        seed,
+                        warm,
+                        config.gate.alpha,
+                        say,
+                        {r.merge: r for r in removals},
+                        config.stack.removal_pairs,
                     )
                 )
         finally:
@@ -402,13 +418,14 @@ def _remove(
     warm: WarmBaseline,
     say: Say,
     margin: float = 0.02,
+    min_pairs: int | None = None,
 ) -> Removal:
     try:
         scratch = scratch_without(ws, tip, m.merge)
     except AgentsearchError as exc:
         return Removal(merge=m.merge, decision="does-not-revert", reason=str(exc))
     # the scratch commit is the candidate, the tip the baseline: the tip's side stays warm for the next removal
-    ev = evaluate(ws, scratch, seed=seed, progress=say, baseline=tip, warm=warm)
+    ev = evaluate(ws, scratch, seed=seed, progress=say, baseline=tip, warm=warm, min_pairs=min_pairs)
     got = _marginal(ev, objective)
     if got is None:
         why = "; ".join(ev.verdict.reasons[:2]) or "no number"
@@ -460,6 +477,7 @@ def _remove_pair(
     alpha: float,
     say: Say,
     singles: dict[str, Removal] | None = None,
+    min_pairs: int | None = None,
 ) -> Interference:
     from harness.statistics import normal_cdf
 
@@ -468,7 +486,7 @@ def _remove_pair(
         scratch = scratch_without(ws, tip, b.merge, a.merge)  # the newer one first
     except AgentsearchError as exc:
         return Interference(merges=pair, interfere=False, reason=f"not tested: {exc}")
-    ev = evaluate(ws, scratch, seed=seed, progress=say, baseline=tip, warm=warm)
+    ev = evaluate(ws, scratch, seed=seed, progress=say, baseline=tip, warm=warm, min_pairs=min_pairs)
     got = _marginal(ev, objective)
     one = singles or {}
     ra, rb = one.get(a.merge), one.get(b.merge)

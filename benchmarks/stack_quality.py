@@ -13,7 +13,7 @@ estimates, inflated by the winner's curse (``--curse``), to show why the confirm
 A merge's confirmation is kept only when it measures a speedup (``decide_confirmation``): each is drawn again until
 its mean is above zero. A/A-like stacks (true effect 0 or 1% per merge: merges that won by luck) are the case where
 that selection matters; the column *unadjusted* judges them against the raw product, the others against the product
-the stack check uses (each confirmation taken as kept only above zero, ``agentsearch.stack.passed``).
+the stack check uses (each confirmation corrected for its pass condition, ``agentsearch.stack.kept``).
 
     python benchmarks/stack_quality.py [--reps 4000] [--seed 1] [--sd 0.03] [--pairs 12] [--confirm-pairs 4]
 """

@@ -32,6 +32,7 @@ def test_good_config_loads_with_defaults():
     assert c.objective.name == "decode"
     assert c.gate.alpha == 0.05 and c.gate.min_effect == 0.02
     assert (c.gate.guard_check_pairs, c.gate.guard_check_sessions) == (16, 4)  # a guard's re-measure, fresh engines
+    assert (c.stack.check, c.stack.leave_one_out, c.stack.removal_pairs) == ("end", False, 12)
     assert c.gate.proposal_alpha == pytest.approx(0.05 / c.gate.episode_budget)
     assert c.verify is not None and c.verify.mode == "tight"
     # frozen
@@ -64,6 +65,7 @@ def test_fingerprint_tracks_measurement_fields_only():
             "[gate] guard_check_sessions: expected an integer >= 1 and at most guard_check_pairs / 2 (two pairs per session at "
             "least), got 5",
         ),
+        (GOOD + "\n[stack]\nremoval_pairs = 1\n", "[stack] removal_pairs: expected an integer >= 2, got 1"),
         (GOOD + "\n[extras]\nx = 1\n", "unknown section [extras]"),
         (GOOD.replace('command = "sh bench.sh {seed} {out}"\n', ""), "a command workload needs `command`"),
         (GOOD.replace('name = "decode"', 'name = "a b"'), "expected a name without spaces"),

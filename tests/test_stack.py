@@ -176,6 +176,8 @@ def test_a_guard_counts_as_regressed_over_the_range_only_when_it_held_on_fresh_e
     assert lines[1].startswith("guard c1: a regression on the first engines") and "not known either way" in lines[1]
     assert lines[2] == "guard tail not measured: the evaluation stopped before it (guard c8 regressed)"
     assert guard_reasons((ok,), 0.2, (), "") == ()
+    crashed = g("c2", Role.GUARD, "failed")
+    assert guard_reasons((crashed,), 0.2, (), "") == ("guard c2 was not judged at the tip (failed): c2 failed",)
 
     def check(guards, unmeasured=()):
         return StackCheck(
@@ -185,7 +187,8 @@ def test_a_guard_counts_as_regressed_over_the_range_only_when_it_held_on_fresh_e
 
     assert check((first, fresh)).regressed_guards == ("c8",) and not check((first, fresh)).holds
     assert check((first,)).regressed_guards == () and not check((first,)).holds  # not confirmed: not known
-    assert not check((ok,), ("tail",)).holds and check((ok,)).holds
+    assert not check((ok,), ("tail",)).holds and check((ok,)).holds and not check((ok, crashed)).holds
+    assert check((g("c1", Role.GUARD, "unconfirmed"),)).holds  # a first call that did not hold is within the limit
     assert check((first, fresh)).summary()["regressed_guards"] == ["c8"]
     # the record round-trips through the history's JSON, and a check recorded before guards were kept still opens
     again = StackCheck.from_json(check((first, fresh, ok), ("tail",)).to_json())
@@ -227,11 +230,13 @@ def test_a_stack_that_delivers_and_a_merge_that_became_a_passenger(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     got = json.loads(proc.stdout)
-    assert got["verdict"] == "delivers", got["reasons"]
+    assert got["verdict"] == "delivers" and got["holds"] and got["regressed_guards"] == [], got["reasons"]
     assert [m["merge"] for m in got["merges"]] == [first, second]
     assert 1.45 < got["cumulative"] < 1.7 and got["ci"][0] / 1.1 < got["product"] < got["ci"][1] * 1.1
     by = {r["merge"]: r for r in got["removals"]}
     assert by[first]["decision"] == "passenger" and by[second]["decision"] == "contributes", got["removals"]
+    # each removal ran its [stack] removal_pairs (12, this target's max_pairs too) before its test could stop
+    assert [r["pairs"] for r in got["removals"]] == [12, 12] and got["interference"][0]["pairs"] == 12
     assert 1.1 < by[second]["marginal"] < 1.3 and by[first]["ci"][0] <= 1.0
     # merge 1 adds far less today than the +30% it was merged on (merge 2 took it over); merge 2 what it merged on
     assert by[first]["shrank"] is True and by[second]["shrank"] is False, got["removals"]

@@ -173,7 +173,12 @@ def _measure(target: Path, as_json: bool, report: Path | None, measure: Any, sho
     if report is not None:
         write_report(record, report)
     if as_json:
-        print_json(record.to_json())
+        extra = (
+            {"holds": record.holds, "regressed_guards": list(record.regressed_guards)}
+            if isinstance(record, StackCheck)
+            else {}
+        )
+        print_json({**record.to_json(), **extra})  # what the exit status says, in words
     else:
         show(record)
     return 0 if ok(record) else EXIT_FAIL

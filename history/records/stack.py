@@ -18,6 +18,7 @@ STACK_VERDICTS = ("delivers", "under-delivers", "inconclusive")
 REMOVAL_DECISIONS = ("contributes", "passenger", "harmful", "unknown", "does-not-revert")
 STEP_OUTCOMES = ("different", "same", "unknown")
 REGRESSED = "regressed"  # harness.sequential.REGRESSED: a guard's decision (history sits below harness)
+JUDGED = ("ok", "unconfirmed")  # a guard within its limit: passed, or a first call that did not hold on fresh engines
 
 
 def regressed(guards: tuple[WorkloadSummary, ...]) -> tuple[WorkloadSummary, ...]:
@@ -26,6 +27,11 @@ def regressed(guards: tuple[WorkloadSummary, ...]) -> tuple[WorkloadSummary, ...
     is in ``unresolved``)."""
     held = {g.name for g in guards if g.role == Role.GUARD_CHECK and g.decision == REGRESSED}
     return tuple(g for g in guards if g.role == Role.GUARD and g.decision == REGRESSED and g.name in held)
+
+
+def failing(guards: tuple[WorkloadSummary, ...]) -> tuple[WorkloadSummary, ...]:
+    """The guards whose run at the tip ended in neither a pass nor a regression (failed, not run): not judged."""
+    return tuple(g for g in guards if g.role == Role.GUARD and g.decision not in (*JUDGED, REGRESSED))
 
 
 def unresolved(guards: tuple[WorkloadSummary, ...]) -> tuple[WorkloadSummary, ...]:
@@ -145,6 +151,7 @@ class StackCheck(Record):
             self.verdict == "delivers"
             and not self.regressed_guards
             and not unresolved(self.guards)
+            and not failing(self.guards)
             and not self.unmeasured
         )
 
