@@ -497,6 +497,13 @@ def report(target: Path, what: str, fmt: str, output: Path | None, as_json: bool
 @click.option("--draft", is_flag=True, help="Open the pull request as a draft.")
 @click.option("--force", is_flag=True, help="Open it even for a rejected, review or reverted proposal.")
 @click.option(
+    "--revert",
+    "revert_merge",
+    is_flag=True,
+    help="PROPOSAL is a merge (commit or proposal id, `agentsearch review`): push a branch reverting it and open a "
+    "pull request with the stack check's evidence against it (a passenger; --force for any merge).",
+)
+@click.option(
     "--plots/--no-plots",
     "with_plots",
     default=True,
@@ -521,13 +528,31 @@ def pr(
     with_plots: bool,
     via: str,
     as_json: bool,
+    revert_merge: bool,
 ) -> None:
     """Push a proposal's branch and open a pull request (the forge's REST API, or `gh`) with its evidence: the
     one-line verdict, a compact table, plots, folded details and the command that reproduces it.
 
-    Only for merges that stand: a rejected or reverted proposal needs --force."""
+    Only for merges that stand: a rejected or reverted proposal needs --force. With --revert, a pull request that
+    takes a merge off the baseline (a passenger, harmful, or a win whose recheck did not hold; --force for any)."""
     from .commands.report import pr as run
+    from .commands.report import pr_revert
 
+    if revert_merge:
+        dispatch(
+            pr_revert,
+            config=True,
+            target=target,
+            what=proposal,
+            remote=remote,
+            dry_run=dry_run,
+            output=output,
+            force=force,
+            draft=draft,
+            as_json=as_json,
+            via=via,
+        )
+        return
     dispatch(
         run,
         config=True,

@@ -891,6 +891,116 @@ def stack_markdown(r: Any, image: str | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
+# ---------------------------------------------------------------------------- a revert's pull request (pr --revert)
+@dataclass(frozen=True)
+class RevertCase:
+    """Why a merge should come off the baseline, for a pull request that reverts it (`agentsearch pr --revert`):
+    the latest stack check that removed it (its leave-one-out row and the pairs it interferes in), and the latest
+    recheck of it against its parent. Either can be missing; ``grounds`` says whether they call for the revert."""
+
+    merge: str
+    proposal: str | None
+    title: str | None
+    base: str  # the baseline branch the revert is proposed on
+    tip: str  # the baseline's tip the revert commit sits on
+    commit: str  # the revert commit
+    branch: str  # the branch holding it
+    check: Any = None  # the latest StackCheck that removed the merge
+    removal: Any = None  # its Removal of the merge
+    partners: tuple[str, ...] = ()  # the merges it interferes with in that check
+    recheck: Any = None  # the latest Recheck of the merge
+
+    @property
+    def grounds(self) -> tuple[str, ...]:
+        """What the history says against the merge: a passenger or harmful at today's tip, a recheck that did not
+        hold. Empty: nothing measured calls for the revert."""
+        out = []
+        if self.removal is not None and self.removal.decision in ("passenger", "harmful"):
+            out.append(self.removal.decision)
+        if self.recheck is not None and not self.recheck.holds:
+            out.append("recheck does not hold")
+        return tuple(out)
+
+
+def revert_title(c: RevertCase) -> str:
+    """A revert's pull-request title: plain text (a forge shows a title as text), one line, the merge's title cut."""
+    name = _clean(c.title or c.proposal or c.merge[:12], 120)
+    why = ", ".join(c.grounds) or "asked by hand"
+    return f"[agentsearch] revert {name}: {why}"
+
+
+def revert_markdown(c: RevertCase) -> str:
+    """A revert's pull-request body: the evidence against the merge (the stack check's leave-one-out row, the
+    interference, the recheck), what the branch holds, and the commands that measure it again. Every text a proposal
+    wrote is cleaned and shown as code."""
+
+    def code(x: Any, limit: int = 80) -> str:
+        return "`" + _clean(str(x), limit).replace("`", "'") + "`"
+
+    def said(x: Any, limit: int) -> str:
+        return text.md_inline(str(x), limit)
+
+    def ci(v: Any) -> str:
+        return f"[{_pct(v[0])}, {_pct(v[1])}]" if v and len(v) == 2 else "—"
+
+    name = code(c.title or c.proposal or c.merge[:12], 80)
+    lines = [
+        f"### Revert `{c.merge[:12]}`: {', '.join(c.grounds) or 'asked by hand (nothing measured calls for it)'}",
+        "",
+        f"This branch reverts merge `{c.merge[:12]}` ({name}, proposal {code(c.proposal or '—', 40)}) on top of "
+        f"`{c.base}` at `{c.tip[:12]}`: commit `{c.commit[:12]}`.",
+        "",
+    ]
+    k, r = c.check, c.removal
+    if k is not None and r is not None:
+        merged = next((m for m in k.merges if m.merge == c.merge), None)
+        lines += [
+            f"**Leave-one-out** (`agentsearch stack`, range `{k.since[:12]}` → `{k.tip[:12]}`, the stack "
+            f"**{k.verdict}**: the tip {_pct(k.cumulative)} over the start): today's tip against the tip without this "
+            "merge.",
+            "",
+            "| merged on | 95% CI | today (marginal) | 95% CI | pairs | decision | why |",
+            "|---:|---|---:|---|---:|---|---|",
+            f"| {_pct(merged.speedup) if merged else '—'} | {ci(merged.ci) if merged else '—'} | {_pct(r.marginal)} "
+            f"| {ci(r.ci)} | {r.pairs} | **{r.decision}**{', shrank' if r.shrank else ''} | {said(r.reason, 200)} |",
+            "",
+        ]
+        if r.decision == "harmful":
+            lines += [
+                "*Harmful*: the tip is significantly slower with this merge. Either it costs speed today, or code in "
+                "the stack behaves differently when measured: look at it (`agentsearch review MERGE --recheck`) before "
+                "merging this.",
+                "",
+            ]
+        if c.partners:
+            lines += [
+                "It interferes with "
+                + ", ".join(f"`{m[:12]}`" for m in c.partners)
+                + ": removed together they differ from apart (one holds the other's gain, or they cancel). Measure "
+                "the revert before merging it.",
+                "",
+            ]
+    else:
+        lines += ["No stack check has removed this merge yet (`agentsearch stack --leave-one-out`).", ""]
+    if c.recheck is not None:
+        lines += [
+            f"**Recheck** against its parent `{c.recheck.parent[:12]}` (seed {c.recheck.seed}): "
+            + ("the win still holds" if c.recheck.holds else "the win does **not** hold")
+            + f", {_pct(c.recheck.speedup)}.",
+            "",
+        ]
+    since = c.check.since[:12] if c.check is not None else "REF"
+    lines += [
+        "Measure the revert against the baseline, and the stack again once it is in:",
+        "",
+        "```bash",
+        f"agentsearch evaluate {c.branch}",
+        f"agentsearch stack --since {since} --leave-one-out",
+        "```",
+    ]
+    return "\n".join(lines) + "\n"
+
+
 # ---------------------------------------------------------------------------- the trade view (agentsearch stack pareto)
 def pareto_plot(p: Any, fmt: str = "png") -> bytes:
     """One panel per guard: the objective's change (x) against the guard's (y), each with its 95% interval; merges

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
 import sys
 from pathlib import Path
 
@@ -15,7 +16,10 @@ from agentsearch.workspace import Workspace
 from history import HistoryLog
 from history.records.stack import StackBisect, StackCheck, StackMerge
 
-from .conftest import commit, git, make_repo, run_cli
+from .conftest import ROOT, commit, git, make_repo, run_cli
+
+sys.path.insert(0, str(ROOT))
+from benchmarks.fakeforge import FakeForge  # noqa: E402
 
 BENCH = """\
 import json, os, random, sys
@@ -197,11 +201,22 @@ def test_a_guard_counts_as_regressed_over_the_range_only_when_it_held_on_fresh_e
     assert StackCheck.from_json(old).holds
 
 
-def test_a_stack_that_delivers_and_a_merge_that_became_a_passenger(tmp_path):
+def test_a_stack_that_delivers_and_a_merge_that_became_a_passenger(tmp_path, monkeypatch):
     """Merge 1 removes a planted cost (+30%); merge 2 rewrites the code so the cost is gone anyway and runs 20% faster
     (+20% on top of merge 1). The tip delivers the product; leave-one-out finds merge 1 a passenger today, and the
-    pair it points to interferes (merge 2 holds merge 1's gain)."""
-    repo = target(tmp_path / "toy")
+    pair it points to interferes (merge 2 holds merge 1's gain). `pr --revert` then proposes the passenger's removal
+    on a forge (a real HTTP server on loopback, a real bare remote) with that evidence."""
+    bare = tmp_path / "remote.git"
+    fake = FakeForge(bare).start()
+    try:
+        repo = target(tmp_path / "toy", f'\n[forge]\nkind = "github"\nurl = "{fake.url}"\nrepo = "acme/fork"\n')
+        monkeypatch.setenv("AGENTSEARCH_FORGE_TOKEN", fake.token)
+        passenger_case(tmp_path, repo, fake)
+    finally:
+        fake.stop()
+
+
+def passenger_case(tmp_path: Path, repo: Path, fake: FakeForge) -> None:
     fast = KNOBS.replace("FAST_PATH = False", "FAST_PATH = True")
     rewrite = fast.replace("A = 1.0", "A = 1.2").replace(
         "    cost = 1.0 if FAST_PATH else 1.3\n    return A / cost", "    return A"
@@ -284,6 +299,34 @@ def test_a_stack_that_delivers_and_a_merge_that_became_a_passenger(tmp_path):
     assert f"{first[:12]} and {second[:12]} interfere" in listed.stdout
     human = run_cli("stack", "-C", str(repo), "--since", "HEAD~2", "--seed", "4", timeout=900)
     assert human.returncode == 0 and "delivers" in human.stdout and "product of their estimates" in human.stdout
+
+    # pr --revert: a branch with the passenger's revert on top of main, pushed, and a pull request with the leave-one-out
+    # evidence against it; the baseline does not move. A merge that contributes needs --force.
+    subprocess.run(["git", "clone", "-q", "--bare", str(repo), str(fake.bare)], check=True)
+    git(repo, "remote", "add", "origin", str(fake.bare))
+    refused = run_cli("pr", "-C", str(repo), "--revert", second[:12])
+    said = [ln for ln in refused.stderr.splitlines() if ln.startswith("agentsearch:")]
+    assert refused.returncode == 2 and len(said) == 1 and "calls it contributes" in said[0] and not fake.prs, said
+    dry = run_cli("pr", "-C", str(repo), "--revert", first[:12], "--dry-run", "--json")
+    assert dry.returncode == 0 and json.loads(dry.stdout)["grounds"] == ["passenger"] and not fake.prs, dry.stderr
+    proc = run_cli("pr", "-C", str(repo), "--revert", first, "--json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    opened = json.loads(proc.stdout)
+    (pr,) = fake.prs.values()
+    assert opened["url"] == pr["html_url"] and pr["base"]["ref"] == "main" and pr["head"]["ref"] == opened["branch"]
+    revert = fake._git("rev-parse", f"refs/heads/{opened['branch']}")
+    assert revert == opened["revert"] and git(repo, "rev-parse", f"{revert}^").strip() == second
+    assert git(repo, "rev-parse", "main").strip() == second  # proposed, not applied
+    assert git(repo, "show", f"{revert}:src/knobs.py") == git(repo, "show", f"{first}^:src/knobs.py").replace(
+        "A = 1.0", "A = 1.2"
+    ).replace("    cost = 1.0 if FAST_PATH else 1.3\n    return A / cost", "    return A")
+    assert pr["title"] == "[agentsearch] revert Take the fast path: passenger"
+    body = pr["body"]
+    assert body.startswith(f"### Revert `{first[:12]}`: passenger") and "| **passenger**, shrank |" in body
+    assert f"It interferes with `{second[:12]}`" in body and f"agentsearch evaluate {opened['branch']}" in body
+    # the same case as the record says: its marginal contribution and interval, as the stack check printed them
+    lo, hi = by[first]["ci"]
+    assert f"| {by[first]['marginal'] - 1:+.2%} | [{lo - 1:+.2%}, {hi - 1:+.2%}] | 12 |" in body, body
 
 
 def test_bisect_names_the_merge_where_a_guard_regression_entered(tmp_path):

@@ -3,17 +3,20 @@ forge through its REST API, agentsearch.forge, or with the GitHub CLI: --via gh)
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import shlex
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import click
 
 from ..errors import AgentsearchError
+from ..headline import pct
 from ..records import read_entries
-from ..report import Evidence, gather, plots, render, render_pr, to_json
+from ..report import Evidence, RevertCase, gather, plots, render, render_pr, revert_markdown, revert_title, to_json
 from ..workspace import Workspace, git
 from .output import out, print_json
 from .proposal_ids import refuse_ambiguous_verdict
@@ -106,24 +109,7 @@ def pr(
     refuse_unless_forced(ev, force)
     if not git.branch_exists(ws.repo_dir, branch):
         raise AgentsearchError(f"branch {branch!r} no longer exists in {ws.repo_dir}")
-    url = git.remote_url(ws.repo_dir, remote)
-    if url is None and not dry_run:
-        raise AgentsearchError(
-            f"the target has no git remote {remote!r}; add one with `git remote add {remote} URL` or pass --remote "
-            "NAME (or --dry-run)"
-        )
-    gh = shutil.which("gh") if via == "gh" else None
-    if via == "gh" and gh is None and not dry_run:
-        raise AgentsearchError(
-            "GitHub CLI `gh` not found on PATH; install it (https://cli.github.com) and run `gh auth login`, or use "
-            "--dry-run"
-        )
-    forge = None
-    if via == "forge" and not dry_run:  # before any push: a missing token is said first
-        from ..forge import Forge
-
-        forge = Forge.from_config(ws.config().forge, url)
-
+    url, gh, forge = channel(ws, remote, dry_run, via)
     pid = ev.proposal_id or ev.what
     body = output or (ws.state / "tmp" / f"pr-{pid.replace('/', '-')}.md")
     body.parent.mkdir(parents=True, exist_ok=True)
@@ -151,54 +137,185 @@ def pr(
             + ".</sub>"
         )
     body.write_text(render_pr(ev, images, note))
+    extra = [(evidence, True)] if evidence else []
+    record, link = publish(ws, remote, branch, extra, pr_title(ev), body, draft, dry_run, via, gh, forge, as_json)
+    if as_json:
+        print_json(
+            to_json(
+                ev, **record, url=link, evidence_branch=evidence, evidence_commit=evidence_commit, plots=sorted(pngs)
+            )
+        )
+    elif not dry_run:
+        click.echo(link or f"pull request opened for {branch}")
+    return 0
+
+
+def channel(ws: Workspace, remote: str, dry_run: bool, via: str) -> tuple[str | None, str | None, Any]:
+    """Before anything is pushed: the remote's URL, the `gh` binary (--via gh) and the forge adapter (--via forge),
+    each missing one said in one line (a dry run needs none of them)."""
+    url = git.remote_url(ws.repo_dir, remote)
+    if url is None and not dry_run:
+        raise AgentsearchError(
+            f"the target has no git remote {remote!r}; add one with `git remote add {remote} URL` or pass --remote "
+            "NAME (or --dry-run)"
+        )
+    gh = shutil.which("gh") if via == "gh" else None
+    if via == "gh" and gh is None and not dry_run:
+        raise AgentsearchError(
+            "GitHub CLI `gh` not found on PATH; install it (https://cli.github.com) and run `gh auth login`, or use "
+            "--dry-run"
+        )
+    forge = None
+    if via == "forge" and not dry_run:  # before any push: a missing token is said first
+        from ..forge import Forge
+
+        forge = Forge.from_config(ws.config().forge, url)
+    return url, gh, forge
+
+
+REVERT_PREFIX = "agentsearch/revert-"  # + the merge's first 12 hex digits: a branch holding its revert
+
+
+def pr_revert(
+    target: Path,
+    what: str,
+    remote: str,
+    dry_run: bool,
+    output: Path | None,
+    force: bool = False,
+    draft: bool = False,
+    as_json: bool = False,
+    via: str = "forge",
+) -> int:
+    """`agentsearch pr --revert MERGE`: a branch with MERGE's revert on top of the baseline's tip, pushed, and a pull
+    request with the evidence against it (the latest stack check's leave-one-out, its interference, a recheck). The
+    baseline itself does not move (`agentsearch revert` moves it). Without --force, only for a merge the history
+    calls a passenger, harmful, or a win that does not hold."""
+    from history.records import Recheck, StackCheck
+
+    from .review import resolve_merge
+
+    ws = Workspace.open(target)
+    row = resolve_merge(ws, what)
+    merge = row["merge"]
+    if row["reverted"]:
+        raise AgentsearchError(f"{merge[:12]} was already reverted by {str(row['revert_commit'])[:12]}")
+    if not row["on_baseline"]:
+        raise AgentsearchError(f"{merge[:12]} is not on the baseline {ws.baseline_branch!r}; nothing to revert")
+    check = removal = recheck = None
+    for e in read_entries(ws):  # the latest of each
+        if isinstance(e.record, StackCheck):
+            mine = next((r for r in e.record.removals if r.merge == merge), None)
+            if mine is not None:
+                check, removal = e.record, mine
+        elif isinstance(e.record, Recheck) and e.record.merge == merge:
+            recheck = e.record
+    case = RevertCase(
+        merge=merge,
+        proposal=row["proposal"],
+        title=row["title"],
+        base=ws.baseline_branch,
+        tip="",
+        commit="",
+        branch=REVERT_PREFIX + merge[:12],
+        check=check,
+        removal=removal,
+        partners=tuple(row["interferes_with"]),
+        recheck=recheck,
+    )
+    if not case.grounds and not force:
+        today = (
+            f"the latest stack check calls it {removal.decision} at today's tip ({pct(removal.marginal)})"
+            if removal is not None
+            else "no stack check has removed it"
+        )
+        raise AgentsearchError(
+            f"nothing measured calls for reverting {merge[:12]}: {today}"
+            + ("" if recheck is None else ", and its recheck holds")
+            + "; measure it with `agentsearch stack --leave-one-out` (or `agentsearch review MERGE --recheck`), or "
+            "pass --force"
+        )
+    url, gh, forge = channel(ws, remote, dry_run, via)
+    message = (
+        f"agentsearch: revert {row['title'] or row['proposal']}\n\nReverts merge {merge} ({row['proposal']}).\n\n"
+        f"Agentsearch-Revert: {merge}\n"
+    )
+    try:
+        tip, commit = ws.revert_commit(merge, message)
+    except AgentsearchError:
+        if forge is not None:
+            forge.close()
+        raise
+    git.run_git("update-ref", f"refs/heads/{case.branch}", commit, cwd=ws.repo_dir)
+    case = dataclasses.replace(case, tip=tip, commit=commit)
+    body = output or (ws.state / "tmp" / f"pr-revert-{merge[:12]}.md")
+    body.parent.mkdir(parents=True, exist_ok=True)
+    body.write_text(revert_markdown(case))
+    # the branch is ours (agentsearch/revert-*): a second `pr --revert` after the baseline moved replaces it
+    record, link = publish(
+        ws, remote, case.branch, [], revert_title(case), body, draft, dry_run, via, gh, forge, as_json
+    )
+    if as_json:
+        print_json(
+            {
+                **record,
+                "merge": merge,
+                "proposal": row["proposal"],
+                "grounds": list(case.grounds),
+                "revert": commit,
+                "url": link,
+            }
+        )
+    elif not dry_run:
+        click.echo(link or f"pull request opened for {case.branch}")
+    return 0
+
+
+def publish(
+    ws: Workspace,
+    remote: str,
+    branch: str,
+    extra: list[tuple[str, bool]],
+    title: str,
+    body: Path,
+    draft: bool,
+    dry_run: bool,
+    via: str,
+    gh: str | None,
+    forge: Any,
+    as_json: bool,
+) -> tuple[dict[str, Any], str | None]:
+    """Push ``branch`` (and the ``extra`` branches: name, force) to ``remote`` and open a pull request from it onto
+    the baseline with ``body`` (a file): through the forge's REST API, or `gh`. With ``dry_run`` nothing is pushed:
+    the commands are printed (unless --json). Returns the record `pr --json` prints and the pull request's link."""
     base = ws.config().target.baseline
-    title = pr_title(ev)
     pushes = [["git", "push", remote, f"refs/heads/{branch}:refs/heads/{branch}"]]
-    if evidence:
-        pushes.append(["git", "push", remote, f"+refs/heads/{evidence}:refs/heads/{evidence}"])
+    pushes += [["git", "push", remote, f"+refs/heads/{name}:refs/heads/{name}"] for name, _ in extra]
     if via == "gh":
-        create = [
-            "gh",
-            "pr",
-            "create",
-            "--head",
-            branch,
-            "--base",
-            base,
-            "--title",
-            title,
-            "--body-file",
-            str(body),
-        ] + (["--draft"] if draft else [])
+        create = ["gh", "pr", "create", "--head", branch, "--base", base, "--title", title, "--body-file", str(body)]
+        create += ["--draft"] if draft else []
     else:
         cfg = ws.config().forge
-        create = ["POST", f"{cfg.kind} {cfg.url} pulls", f"head={branch}", f"base={base}", f"body={body}"] + (
-            ["draft"] if draft else []
-        )
-    record = {
+        create = ["POST", f"{cfg.kind} {cfg.url} pulls", f"head={branch}", f"base={base}", f"body={body}"]
+        create += ["draft"] if draft else []
+    record: dict[str, Any] = {
         "branch": branch,
         "base": base,
         "title": title,
         "draft": draft,
         "dry_run": dry_run,
         "body_file": str(body),
-        "evidence_branch": evidence,
-        "evidence_commit": evidence_commit,
-        "plots": sorted(pngs),
         "push": [shlex.join(p) for p in pushes],
         "create": shlex.join(create),
-        "url": None,
     }
     if dry_run:
-        if as_json:
-            print_json(to_json(ev, **record))
-        else:
+        if not as_json:
             out.print(f"PR body written to {body}")
             for p in pushes:
                 click.echo(shlex.join(["git", "-C", str(ws.repo_dir), *p[1:]]))
             click.echo(shlex.join(create))
-        return 0
-    for name, force_push in [(branch, False)] + ([(evidence, True)] if evidence else []):
+        return record, None
+    for name, force_push in [(branch, False), *extra]:
         err = git.push(ws.repo_dir, remote, name, force=force_push)
         if err:
             raise AgentsearchError(f"git push {remote} {name} failed: {err}; check the remote's URL and your access")
@@ -208,14 +325,10 @@ def pr(
         finally:
             forge.close()
     else:
-        assert gh is not None  # checked above for every run that is not a dry run
+        assert gh is not None  # checked by the caller for every run that is not a dry run
         proc = subprocess.run([gh, *create[1:]], cwd=str(ws.repo_dir), capture_output=True, text=True)
         if proc.returncode != 0:
             last = (proc.stderr.strip() or proc.stdout.strip() or "no output").splitlines()[-1]
             raise AgentsearchError(f"gh pr create failed: {last}")
         link = proc.stdout.strip()
-    if as_json:
-        print_json(to_json(ev, **{**record, "url": link or None}))
-    else:
-        click.echo(link or f"pull request opened for {branch}")
-    return 0
+    return record, link or None

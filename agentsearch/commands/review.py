@@ -175,7 +175,7 @@ def run(target: Path, as_json: bool, what: str | None, recheck: bool, seed: int 
         if any(r["today"] == "passenger" and not r["reverted"] for r in rows):
             out.print(
                 "a passenger adds nothing significant at today's tip (a later merge made it redundant): "
-                "`agentsearch revert MERGE` removes it"
+                "`agentsearch revert MERGE` removes it (`agentsearch pr --revert MERGE` proposes that on the forge)"
             )
         if any(r["sessions"] == "differ" and r["recheck"] is None and not r["reverted"] for r in rows):
             out.print(

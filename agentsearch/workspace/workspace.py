@@ -253,13 +253,24 @@ class Workspace:
 
     def revert(self, merge: str, message: str) -> tuple[str, str]:
         """Revert ``merge`` on the baseline with a new commit (CAS); returns (old tip, new tip)."""
+        branch = self.baseline_branch
+        self.refuse_dirty_checkouts(branch)
+        tip, new = self.revert_commit(merge, message)
+        if not git.update_ref_cas(self.repo_dir, f"refs/heads/{branch}", new, tip, f"agentsearch: revert {merge[:12]}"):
+            raise CasError(f"baseline {branch!r} moved during the revert; run it again")
+        self._sync_checkout(branch, tip, new)
+        return tip, new
+
+    def revert_commit(self, merge: str, message: str) -> tuple[str, str]:
+        """A commit on top of the baseline's tip that reverts ``merge``, on no branch; returns (tip, the commit).
+
+        Raises TargetError when ``merge`` is not on the baseline or its revert does not apply cleanly."""
         from ..errors import GitError
 
         branch = self.baseline_branch
         tip = self.baseline_commit()
         if not git.is_ancestor(self.repo_dir, merge, tip):
             raise TargetError(f"{merge[:12]} is not on the baseline {branch!r}; nothing to revert")
-        self.refuse_dirty_checkouts(branch)
         path = self.worktrees / f"revert-{merge[:12]}"
         git.remove_worktree(self.repo_dir, path)
         git.add_worktree(self.repo_dir, path, tip)
@@ -273,9 +284,6 @@ class Workspace:
                 ) from None
         finally:
             git.remove_worktree(self.repo_dir, path)
-        if not git.update_ref_cas(self.repo_dir, f"refs/heads/{branch}", new, tip, f"agentsearch: revert {merge[:12]}"):
-            raise CasError(f"baseline {branch!r} moved during the revert; run it again")
-        self._sync_checkout(branch, tip, new)
         return tip, new
 
     # ------------------------------------------------------------------ checkouts of the baseline

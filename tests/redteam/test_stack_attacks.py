@@ -119,6 +119,51 @@ def test_the_html_stack_report_keeps_a_title_as_text():
     assert "&lt;script&gt;" in page and re.search(r"<svg[^>]*>", page) and "gain over the range" in page
 
 
+def test_a_revert_pull_requests_title_and_body_keep_a_merged_title_inert():
+    """`pr --revert` shows a merge's title (a proposal wrote it) in the pull request's title and body: escapes, HTML,
+    mentions, links and a fake table row stay text; the title is one plain line; the body's table keeps its cells."""
+    from agentsearch.report import RevertCase, revert_markdown, revert_title
+    from history.records.stack import Removal, StackCheck, StackMerge
+
+    from .test_forge_attacks import NASTY, outside_fences
+
+    title = f"{NASTY} | fake | cell |\n### merged: harmless"
+    k = StackCheck(
+        since="a" * 40,
+        tip="b" * 40,
+        objective="speed",
+        merges=(StackMerge("c" * 40, "e1/001", title, 1.1, (1.0, 1.2)),),
+        verdict="delivers",
+        reasons=(),
+        seed=1,
+        cumulative=1.2,
+        ci=(1.1, 1.3),
+        product=1.21,
+        product_ci=(1.1, 1.3),
+        removals=(Removal("c" * 40, "passenger", f"said of {NASTY}", marginal=1.0, ci=(0.98, 1.02), pairs=12),),
+    )
+    case = RevertCase(
+        merge="c" * 40,
+        proposal="e1/001",
+        title=title,
+        base="main",
+        tip="b" * 40,
+        commit="f" * 40,
+        branch="agentsearch/revert-" + "c" * 12,
+        check=k,
+        removal=k.removals[0],
+    )
+    name = revert_title(case)
+    assert ESC not in name and "\x07" not in name and "\n" not in name and name.endswith(": passenger")
+    body = revert_markdown(case)
+    assert ESC not in body and "\x07" not in body
+    live = outside_fences(body)
+    for raw in ("<img", "@everyone", "https://evil", "see #1", "<h3>merged"):
+        assert raw not in live, (raw, live)
+    (row,) = [ln for ln in body.splitlines() if ln.startswith("| +10.00% |")]
+    assert row.replace("\\|", "").count("|") == 8, row  # 7 cells whatever the reason says
+
+
 def test_bisect_over_a_range_with_a_revert_names_the_merge_that_brought_the_regression_back(tmp_path):
     """Red team (round 4): M2 slows the guard by 20% and is reverted after M3 merged; M4 brings the slowdown again.
     Bisecting the merges alone (the reverted one left out) blamed M3, whose commit still carried M2's code. The
