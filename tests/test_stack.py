@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -397,6 +398,44 @@ def test_bisect_names_the_merge_where_a_guard_regression_entered(tmp_path):
     assert md.count("| **different** |") + md.count("| **same** |") == len(rec.steps)
     nothing = run_cli("stack", "bisect", "-C", str(repo), "--metric", "speed", "--json", "--seed", "6", timeout=900)
     assert nothing.returncode == 1 and json.loads(nothing.stdout)["culprit"] is None  # the objective only got faster
+
+
+def test_a_bisect_step_halfway_between_the_start_and_the_tip_is_unknown_and_said_so(tmp_path):
+    """Two wins; the first slows the guard to 0.8x, the second to 0.64x (each within this target's max_regression of
+    30%). Bisection: the tip is different; after merge 1 the guard sits exactly halfway (log scale) between the
+    start's level and the tip's, so no interval can lie on either side: the step is unknown, measured again on fresh
+    seeds with its pairs pooled (three more times), and the search stops naming the range it narrowed down to,
+    never a merge."""
+    from agentsearch.stack import UNKNOWN_RETRIES
+
+    repo = target(tmp_path / "toy", '\n[stack]\ncheck = "off"\n')
+    one = KNOBS.replace("A = 1.0", "A = 1.2").replace("G = 1.0", "G = 0.8")
+    two = one.replace("A = 1.2", "A = 1.4").replace("G = 0.8", "G = 0.64")
+    queue_of(repo, tmp_path / "queue", [("Speed 1.2", {"src/knobs.py": one}), ("Speed 1.4", {"src/knobs.py": two})])
+    out = episode(repo, tmp_path / "queue")
+    assert [p["verdict"] for p in out["proposals"]] == ["merge", "merge"], out
+    first, second = (git(repo, "rev-parse", f"main~{i}").strip() for i in (1, 0))
+    proc = run_cli(
+        "stack", "bisect", "-C", str(repo), "--metric", "guard", "--json", "--seed", "8", "--report",
+        str(tmp_path / "b.md"), timeout=900,
+    )  # fmt: skip
+    got = json.loads(proc.stdout)
+    steps = [(s["index"], s["outcome"]) for s in got["steps"]]
+    assert proc.returncode == 1 and got["culprit"] is None and steps == [(2, "different"), (1, "unknown")], got
+    tip, mid = got["steps"]
+    assert 0.62 < tip["speedup"] < 0.66 and mid["speedup"] is None and mid["ci"] is None
+    # the unknown step pooled the pairs of its first measurement and of every re-measure on fresh seeds
+    assert mid["pairs"] >= (1 + UNKNOWN_RETRIES) * 2 and mid["reason"].startswith(f"unknown after {mid['pairs']} pairs")
+    level = re.search(r"guard (\d\.\d+)x the start \[", mid["reason"])
+    assert level and 0.78 < float(level.group(1)) < 0.82, mid["reason"]
+    assert (
+        "stayed unknown" in got["reason"]
+        and f"between commit 1 ({first[:12]}) and commit 2 ({second[:12]})" in got["reason"]
+    ), got["reason"]
+    (rec,) = records(repo, StackBisect)
+    assert [s.outcome for s in rec.steps] == ["different", "unknown"] and rec.culprit is None
+    md = (tmp_path / "b.md").read_text()
+    assert "| **unknown** |" in md and "The regression entered" not in md
 
 
 def test_an_episode_killed_during_its_stack_check_resumes_and_checks_once(tmp_path):
