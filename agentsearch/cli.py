@@ -535,38 +535,13 @@ def pr(
 
     Only for merges that stand: a rejected or reverted proposal needs --force. With --revert, a pull request that
     takes a merge off the baseline (a passenger, harmful, or a win whose recheck did not hold; --force for any)."""
-    from .commands.report import pr as run
-    from .commands.report import pr_revert
+    from .commands.report import PullRequest, pr, pr_revert
 
+    how = PullRequest(remote=remote, dry_run=dry_run, output=output, force=force, draft=draft, via=via, as_json=as_json)
     if revert_merge:
-        dispatch(
-            pr_revert,
-            config=True,
-            target=target,
-            what=proposal,
-            remote=remote,
-            dry_run=dry_run,
-            output=output,
-            force=force,
-            draft=draft,
-            as_json=as_json,
-            via=via,
-        )
-        return
-    dispatch(
-        run,
-        config=True,
-        target=target,
-        what=proposal,
-        remote=remote,
-        dry_run=dry_run,
-        output=output,
-        force=force,
-        draft=draft,
-        with_plots=with_plots,
-        as_json=as_json,
-        via=via,
-    )
+        dispatch(pr_revert, config=True, target=target, what=proposal, how=how)
+    else:
+        dispatch(pr, config=True, target=target, what=proposal, how=how, with_plots=with_plots)
 
 
 @main.command(context_settings=CONTEXT)

@@ -991,10 +991,14 @@ def revert_markdown(c: RevertCase) -> str:
         ]
     since = c.check.since[:12] if c.check is not None else "REF"
     lines += [
-        "Measure the revert against the baseline, and the stack again once it is in:",
+        "Measure the revert against the baseline; apply it with agentsearch (the baseline moves only through it, "
+        f"so the history keeps vouching for it: this branch's commit lands while `{c.base}` is still at "
+        f"`{c.tip[:12]}`), push `{c.base}`, and measure the stack again:",
         "",
         "```bash",
         f"agentsearch evaluate {c.branch}",
+        f"agentsearch revert {c.merge[:12]}",
+        f"git push origin {c.base}",
         f"agentsearch stack --since {since} --leave-one-out",
         "```",
     ]

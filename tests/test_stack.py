@@ -328,6 +328,16 @@ def passenger_case(tmp_path: Path, repo: Path, fake: FakeForge) -> None:
     # the same case as the record says: its marginal contribution and interval, as the stack check printed them
     lo, hi = by[first]["ci"]
     assert f"| {by[first]['marginal'] - 1:+.2%} | [{lo - 1:+.2%}, {hi - 1:+.2%}] | 12 |" in body, body
+    # approved: `agentsearch revert` lands the pull request's own commit (the baseline has not moved), recorded, so the
+    # history vouches for the baseline and the forge sees its head on the base once main is pushed
+    applied = run_cli("revert", "-C", str(repo), first[:12], "--json")
+    assert applied.returncode == 0 and json.loads(applied.stdout)["new"] == revert, applied.stderr
+    assert (
+        git(repo, "rev-parse", "main").strip() == revert
+        and run_cli("history", "verify", "-C", str(repo)).returncode == 0
+    )
+    again = run_cli("pr", "-C", str(repo), "--revert", first[:12])
+    assert again.returncode == 2 and "already reverted" in again.stderr and len(fake.prs) == 1
 
 
 def test_bisect_names_the_merge_where_a_guard_regression_entered(tmp_path):

@@ -8,6 +8,7 @@ import re
 import shlex
 import shutil
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -86,18 +87,20 @@ def refuse_unless_forced(ev: Evidence, force: bool) -> None:
         )
 
 
-def pr(
-    target: Path,
-    what: str,
-    remote: str,
-    dry_run: bool,
-    output: Path | None,
-    force: bool = False,
-    draft: bool = False,
-    with_plots: bool = True,
-    as_json: bool = False,
-    via: str = "forge",
-) -> int:
+@dataclass(frozen=True)
+class PullRequest:
+    """How `agentsearch pr` opens a pull request (its options, shared by a proposal's and a revert's)."""
+
+    remote: str = "origin"
+    dry_run: bool = False
+    output: Path | None = None  # where the body goes (default: the state dir)
+    force: bool = False
+    draft: bool = False
+    via: str = "forge"  # forge (its REST API) | gh
+    as_json: bool = False
+
+
+def pr(target: Path, what: str, how: PullRequest, with_plots: bool = True) -> int:
     ws = Workspace.open(target)
     refuse_ambiguous_verdict(read_entries(ws), what)
     ev = gather(ws, what)
@@ -106,12 +109,12 @@ def pr(
         raise AgentsearchError(
             f"{what!r} is not an episode proposal with a branch; `pr` opens a PR for a proposal branch"
         )
-    refuse_unless_forced(ev, force)
+    refuse_unless_forced(ev, how.force)
     if not git.branch_exists(ws.repo_dir, branch):
         raise AgentsearchError(f"branch {branch!r} no longer exists in {ws.repo_dir}")
-    url, gh, forge = channel(ws, remote, dry_run, via)
+    url, gh, forge = channel(ws, how)
     pid = ev.proposal_id or ev.what
-    body = output or (ws.state / "tmp" / f"pr-{pid.replace('/', '-')}.md")
+    body = how.output or (ws.state / "tmp" / f"pr-{pid.replace('/', '-')}.md")
     body.parent.mkdir(parents=True, exist_ok=True)
     pngs = {f"{k}.png": b for k, b in plots(ev, "png").items()} if with_plots else {}
     evidence = evidence_commit = None
@@ -138,21 +141,22 @@ def pr(
         )
     body.write_text(render_pr(ev, images, note))
     extra = [(evidence, True)] if evidence else []
-    record, link = publish(ws, remote, branch, extra, pr_title(ev), body, draft, dry_run, via, gh, forge, as_json)
-    if as_json:
+    record, link = publish(ws, how, branch, extra, pr_title(ev), body, gh, forge)
+    if how.as_json:
         print_json(
             to_json(
                 ev, **record, url=link, evidence_branch=evidence, evidence_commit=evidence_commit, plots=sorted(pngs)
             )
         )
-    elif not dry_run:
+    elif not how.dry_run:
         click.echo(link or f"pull request opened for {branch}")
     return 0
 
 
-def channel(ws: Workspace, remote: str, dry_run: bool, via: str) -> tuple[str | None, str | None, Any]:
+def channel(ws: Workspace, how: PullRequest) -> tuple[str | None, str | None, Any]:
     """Before anything is pushed: the remote's URL, the `gh` binary (--via gh) and the forge adapter (--via forge),
     each missing one said in one line (a dry run needs none of them)."""
+    remote, dry_run, via = how.remote, how.dry_run, how.via
     url = git.remote_url(ws.repo_dir, remote)
     if url is None and not dry_run:
         raise AgentsearchError(
@@ -173,27 +177,14 @@ def channel(ws: Workspace, remote: str, dry_run: bool, via: str) -> tuple[str | 
     return url, gh, forge
 
 
-REVERT_PREFIX = "agentsearch/revert-"  # + the merge's first 12 hex digits: a branch holding its revert
-
-
-def pr_revert(
-    target: Path,
-    what: str,
-    remote: str,
-    dry_run: bool,
-    output: Path | None,
-    force: bool = False,
-    draft: bool = False,
-    as_json: bool = False,
-    via: str = "forge",
-) -> int:
+def pr_revert(target: Path, what: str, how: PullRequest) -> int:
     """`agentsearch pr --revert MERGE`: a branch with MERGE's revert on top of the baseline's tip, pushed, and a pull
     request with the evidence against it (the latest stack check's leave-one-out, its interference, a recheck). The
     baseline itself does not move (`agentsearch revert` moves it). Without --force, only for a merge the history
     calls a passenger, harmful, or a win that does not hold."""
     from history.records import Recheck, StackCheck
 
-    from .review import resolve_merge
+    from .review import REVERT_PREFIX, resolve_merge, revert_message
 
     ws = Workspace.open(target)
     row = resolve_merge(ws, what)
@@ -223,7 +214,7 @@ def pr_revert(
         partners=tuple(row["interferes_with"]),
         recheck=recheck,
     )
-    if not case.grounds and not force:
+    if not case.grounds and not how.force:
         today = (
             f"the latest stack check calls it {removal.decision} at today's tip ({pct(removal.marginal)})"
             if removal is not None
@@ -235,27 +226,21 @@ def pr_revert(
             + "; measure it with `agentsearch stack --leave-one-out` (or `agentsearch review MERGE --recheck`), or "
             "pass --force"
         )
-    url, gh, forge = channel(ws, remote, dry_run, via)
-    message = (
-        f"agentsearch: revert {row['title'] or row['proposal']}\n\nReverts merge {merge} ({row['proposal']}).\n\n"
-        f"Agentsearch-Revert: {merge}\n"
-    )
+    _, gh, forge = channel(ws, how)
     try:
-        tip, commit = ws.revert_commit(merge, message)
+        tip, commit = ws.revert_commit(merge, revert_message(row))
     except AgentsearchError:
         if forge is not None:
             forge.close()
         raise
     git.run_git("update-ref", f"refs/heads/{case.branch}", commit, cwd=ws.repo_dir)
     case = dataclasses.replace(case, tip=tip, commit=commit)
-    body = output or (ws.state / "tmp" / f"pr-revert-{merge[:12]}.md")
+    body = how.output or (ws.state / "tmp" / f"pr-revert-{merge[:12]}.md")
     body.parent.mkdir(parents=True, exist_ok=True)
     body.write_text(revert_markdown(case))
     # the branch is ours (agentsearch/revert-*): a second `pr --revert` after the baseline moved replaces it
-    record, link = publish(
-        ws, remote, case.branch, [], revert_title(case), body, draft, dry_run, via, gh, forge, as_json
-    )
-    if as_json:
+    record, link = publish(ws, how, case.branch, [], revert_title(case), body, gh, forge, replace=True)
+    if how.as_json:
         print_json(
             {
                 **record,
@@ -266,32 +251,31 @@ def pr_revert(
                 "url": link,
             }
         )
-    elif not dry_run:
+    elif not how.dry_run:
         click.echo(link or f"pull request opened for {case.branch}")
     return 0
 
 
 def publish(
     ws: Workspace,
-    remote: str,
+    how: PullRequest,
     branch: str,
     extra: list[tuple[str, bool]],
     title: str,
     body: Path,
-    draft: bool,
-    dry_run: bool,
-    via: str,
     gh: str | None,
     forge: Any,
-    as_json: bool,
+    replace: bool = False,
 ) -> tuple[dict[str, Any], str | None]:
-    """Push ``branch`` (and the ``extra`` branches: name, force) to ``remote`` and open a pull request from it onto
-    the baseline with ``body`` (a file): through the forge's REST API, or `gh`. With ``dry_run`` nothing is pushed:
-    the commands are printed (unless --json). Returns the record `pr --json` prints and the pull request's link."""
+    """Push ``branch`` (``replace``: over whatever is there) and the ``extra`` branches (name, force) to ``remote``
+    and open a pull request from ``branch`` onto the baseline with ``body`` (a file): through the forge's REST API,
+    or `gh`. With ``dry_run`` nothing is pushed: the commands are printed (unless --json). Returns the record
+    `pr --json` prints and the pull request's link."""
+    remote, draft, dry_run = how.remote, how.draft, how.dry_run
     base = ws.config().target.baseline
-    pushes = [["git", "push", remote, f"refs/heads/{branch}:refs/heads/{branch}"]]
-    pushes += [["git", "push", remote, f"+refs/heads/{name}:refs/heads/{name}"] for name, _ in extra]
-    if via == "gh":
+    branches = [(branch, replace), *extra]
+    pushes = [["git", "push", remote, f"{'+' * force}refs/heads/{name}:refs/heads/{name}"] for name, force in branches]
+    if how.via == "gh":
         create = ["gh", "pr", "create", "--head", branch, "--base", base, "--title", title, "--body-file", str(body)]
         create += ["--draft"] if draft else []
     else:
@@ -309,13 +293,13 @@ def publish(
         "create": shlex.join(create),
     }
     if dry_run:
-        if not as_json:
+        if not how.as_json:
             out.print(f"PR body written to {body}")
             for p in pushes:
                 click.echo(shlex.join(["git", "-C", str(ws.repo_dir), *p[1:]]))
             click.echo(shlex.join(create))
         return record, None
-    for name, force_push in [(branch, False), *extra]:
+    for name, force_push in branches:
         err = git.push(ws.repo_dir, remote, name, force=force_push)
         if err:
             raise AgentsearchError(f"git push {remote} {name} failed: {err}; check the remote's URL and your access")

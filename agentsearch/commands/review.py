@@ -224,17 +224,30 @@ def run(target: Path, as_json: bool, what: str | None, recheck: bool, seed: int 
     return 0 if holds else EXIT_FAIL
 
 
+REVERT_PREFIX = "agentsearch/revert-"  # + a merge's first 12 hex digits: the branch `pr --revert` pushes its revert on
+
+
+def revert_message(row: dict[str, Any]) -> str:
+    """The commit message of a merge's revert (`revert`, `pr --revert`): the merge's title, cleaned to one line."""
+    from history.records.text import clean
+
+    title = clean(row["title"] or row["proposal"] or row["merge"][:12], 200, one_line=True)
+    merge = row["merge"]
+    return f"agentsearch: revert {title}\n\nReverts merge {merge} ({row['proposal']}).\n\nAgentsearch-Revert: {merge}\n"
+
+
 def revert(target: Path, what: str, as_json: bool = False) -> int:
     ws = Workspace.open(target)
     row = resolve_merge(ws, what)
     if row["reverted"]:
         raise AgentsearchError(f"{row['merge'][:12]} was already reverted by {str(row['revert_commit'])[:12]}")
-    message = (
-        f"agentsearch: revert {row['title'] or row['proposal']}\n\nReverts merge {row['merge']} "
-        f"({row['proposal']}).\n\nAgentsearch-Revert: {row['merge']}\n"
+    message = revert_message(row)
+    branch = REVERT_PREFIX + row["merge"][:12]  # `pr --revert`'s: its commit lands when the baseline has not moved
+    prepared = (
+        git.resolve_commit(ws.repo_dir, f"refs/heads/{branch}") if git.branch_exists(ws.repo_dir, branch) else None
     )
     with ws.lock():
-        old, new = ws.revert(row["merge"], message)
+        old, new = ws.revert(row["merge"], message, prepared)
         append(ws, Revert(merge=row["merge"], old=old, new=new), None, row["proposal"])
     if as_json:
         print_json({"merge": row["merge"], "proposal": row["proposal"], "title": row["title"], "old": old, "new": new})

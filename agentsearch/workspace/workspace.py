@@ -251,11 +251,20 @@ class Workspace:
         self._sync_checkout(branch, expected_base, merge_commit)
         return merge_commit
 
-    def revert(self, merge: str, message: str) -> tuple[str, str]:
-        """Revert ``merge`` on the baseline with a new commit (CAS); returns (old tip, new tip)."""
+    def revert(self, merge: str, message: str, prepared: str | None = None) -> tuple[str, str]:
+        """Revert ``merge`` on the baseline with a new commit (CAS); returns (old tip, new tip).
+
+        ``prepared``: a revert commit made earlier (`pr --revert`'s branch, the head of its pull request). It lands
+        instead of the new one when it is exactly that revert: one parent, the tip, and the same tree."""
         branch = self.baseline_branch
         self.refuse_dirty_checkouts(branch)
         tip, new = self.revert_commit(merge, message)
+        if prepared and git.run_git("rev-list", "--parents", "-n", "1", prepared, cwd=self.repo_dir).split() == [
+            prepared,
+            tip,
+        ]:
+            if git.tree_of(self.repo_dir, prepared) == git.tree_of(self.repo_dir, new):
+                new = prepared
         if not git.update_ref_cas(self.repo_dir, f"refs/heads/{branch}", new, tip, f"agentsearch: revert {merge[:12]}"):
             raise CasError(f"baseline {branch!r} moved during the revert; run it again")
         self._sync_checkout(branch, tip, new)
