@@ -535,9 +535,11 @@ def pr(
 
     Only for merges that stand: a rejected or reverted proposal needs --force. With --revert, a pull request that
     takes a merge off the baseline (a passenger, harmful, or a win whose recheck did not hold; --force for any)."""
-    from .commands.report import PullRequest, pr, pr_revert
+    from .commands.report import PullRequestOptions, pr, pr_revert
 
-    how = PullRequest(remote=remote, dry_run=dry_run, output=output, force=force, draft=draft, via=via, as_json=as_json)
+    how = PullRequestOptions(
+        remote=remote, dry_run=dry_run, output=output, force=force, draft=draft, via=via, as_json=as_json
+    )
     if revert_merge:
         dispatch(pr_revert, config=True, target=target, what=proposal, how=how)
     else:

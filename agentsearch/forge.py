@@ -312,6 +312,11 @@ class Forge:
             data["draft"] = True
         return PullRequest.of(self._json("POST", f"/repos/{self.repo}/pulls", json=data))
 
+    def edit_pull(self, number: int, title: str, body: str) -> PullRequest:
+        return PullRequest.of(
+            self._json("PATCH", f"/repos/{self.repo}/pulls/{int(number)}", json={"title": title, "body": _cap(body)})
+        )
+
     def comments(self, number: int) -> list[Comment]:
         """The PR's comments, oldest first; one this adapter cannot read is left out (it can be no command and no
         comment of ours: we only ever read what we wrote through the same shapes)."""

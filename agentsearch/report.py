@@ -905,17 +905,24 @@ class RevertCase:
     tip: str  # the baseline's tip the revert commit sits on
     commit: str  # the revert commit
     branch: str  # the branch holding it
+    remote: str = "origin"  # where the branch goes
     check: Any = None  # the latest StackCheck that removed the merge
     removal: Any = None  # its Removal of the merge
     partners: tuple[str, ...] = ()  # the merges it interferes with in that check
     recheck: Any = None  # the latest Recheck of the merge
 
     @property
+    def current(self) -> bool:
+        """Whether the stack check measured the baseline's tip as it is (no commit landed on it since)."""
+        return self.check is not None and self.check.tip == self.tip
+
+    @property
     def grounds(self) -> tuple[str, ...]:
-        """What the history says against the merge: a passenger or harmful at today's tip, a recheck that did not
-        hold. Empty: nothing measured calls for the revert."""
+        """What the history says against the merge: a passenger or harmful at today's tip (a check of an older tip
+        is no ground: a later merge may have changed what this one adds), a recheck that did not hold. Empty:
+        nothing measured calls for the revert."""
         out = []
-        if self.removal is not None and self.removal.decision in ("passenger", "harmful"):
+        if self.current and self.removal is not None and self.removal.decision in ("passenger", "harmful"):
             out.append(self.removal.decision)
         if self.recheck is not None and not self.recheck.holds:
             out.append("recheck does not hold")
@@ -926,7 +933,7 @@ def revert_title(c: RevertCase) -> str:
     """A revert's pull-request title: plain text (a forge shows a title as text), one line, the merge's title cut."""
     name = _clean(c.title or c.proposal or c.merge[:12], 120)
     why = ", ".join(c.grounds) or "asked by hand"
-    return f"[agentsearch] revert {name}: {why}"
+    return f"[agentsearch] revert ({why}): {name}"  # our words first: the title a proposal wrote cannot add grounds
 
 
 def revert_markdown(c: RevertCase) -> str:
@@ -954,9 +961,15 @@ def revert_markdown(c: RevertCase) -> str:
     k, r = c.check, c.removal
     if k is not None and r is not None:
         merged = next((m for m in k.merges if m.merge == c.merge), None)
+        when = (
+            "today's tip"
+            if c.current
+            else f"the tip of then, `{k.tip[:12]}` — **not today's** (`{c.tip[:12]}`): measure it again before "
+            "trusting this"
+        )
         lines += [
             f"**Leave-one-out** (`agentsearch stack`, range `{k.since[:12]}` → `{k.tip[:12]}`, the stack "
-            f"**{k.verdict}**: the tip {_pct(k.cumulative)} over the start): today's tip against the tip without this "
+            f"**{k.verdict}**: the tip {_pct(k.cumulative)} over the start): {when}, against that tip without this "
             "merge.",
             "",
             "| merged on | 95% CI | today (marginal) | 95% CI | pairs | decision | why |",
@@ -998,7 +1011,7 @@ def revert_markdown(c: RevertCase) -> str:
         "```bash",
         f"agentsearch evaluate {c.branch}",
         f"agentsearch revert {c.merge[:12]}",
-        f"git push origin {c.base}",
+        f"git push {c.remote} {c.base}",
         f"agentsearch stack --since {since} --leave-one-out",
         "```",
     ]

@@ -172,6 +172,8 @@ class FakeForge:
             state = query.get("state", "open")
             return self._page([p for p in self.prs.values() if state == "all" or p["state"] == state], rest, query)
         if rest == "/pulls" and method == "POST":
+            if any(p["head"]["ref"] == body.get("head") and p["state"] == "open" for p in self.prs.values()):
+                return 422, {"message": f"A pull request already exists for {body.get('head')}."}, {}
             try:
                 sha = self._git("rev-parse", f"refs/heads/{body['head']}")
             except subprocess.CalledProcessError:
@@ -199,6 +201,15 @@ class FakeForge:
         if m and method == "GET":
             pr = self.prs.get(int(m.group(1)))
             return (200, pr, {}) if pr else (404, {"message": "Not Found"}, {})
+        if m and method == "PATCH":
+            pr = self.prs.get(int(m.group(1)))
+            if pr is None:
+                return 404, {"message": "Not Found"}, {}
+            if pr["user"]["login"] != login and self.permissions.get(login) not in ("write", "admin", "owner"):
+                return 403, {"message": "Must have write access to edit a pull request"}, {}
+            pr.update({k: str(body[k]) for k in ("title", "body") if k in body})
+            pr["head"]["sha"] = self._git("rev-parse", f"refs/heads/{pr['head']['ref']}")
+            return 200, pr, {}
         m = re.fullmatch(r"/issues/(\d+)/comments", rest)
         if m:
             number = int(m.group(1))

@@ -321,17 +321,25 @@ def passenger_case(tmp_path: Path, repo: Path, fake: FakeForge) -> None:
     assert git(repo, "show", f"{revert}:src/knobs.py") == git(repo, "show", f"{first}^:src/knobs.py").replace(
         "A = 1.0", "A = 1.2"
     ).replace("    cost = 1.0 if FAST_PATH else 1.3\n    return A / cost", "    return A")
-    assert pr["title"] == "[agentsearch] revert Take the fast path: passenger"
+    assert pr["title"] == "[agentsearch] revert (passenger): Take the fast path"
     body = pr["body"]
     assert body.startswith(f"### Revert `{first[:12]}`: passenger") and "| **passenger**, shrank |" in body
     assert f"It interferes with `{second[:12]}`" in body and f"agentsearch evaluate {opened['branch']}" in body
     # the same case as the record says: its marginal contribution and interval, as the stack check printed them
     lo, hi = by[first]["ci"]
     assert f"| {by[first]['marginal'] - 1:+.2%} | [{lo - 1:+.2%}, {hi - 1:+.2%}] | 12 |" in body, body
+    # asked again: the branch is replaced and the same pull request's title and body follow (a forge refuses a second
+    # pull request of one head)
+    pr["body"] = "stale"
+    assert run_cli("pr", "-C", str(repo), "--revert", first[:12]).returncode == 0 and len(fake.prs) == 1
+    assert pr["body"].startswith(f"### Revert `{first[:12]}`: passenger")
+    revert = fake._git("rev-parse", f"refs/heads/{opened['branch']}")  # made again, on the same tip
+    assert git(repo, "rev-parse", f"{revert}^").strip() == second
     # approved: `agentsearch revert` lands the pull request's own commit (the baseline has not moved), recorded, so the
     # history vouches for the baseline and the forge sees its head on the base once main is pushed
     applied = run_cli("revert", "-C", str(repo), first[:12], "--json")
     assert applied.returncode == 0 and json.loads(applied.stdout)["new"] == revert, applied.stderr
+    assert json.loads(applied.stdout)["pull_request_commit"] is True
     assert (
         git(repo, "rev-parse", "main").strip() == revert
         and run_cli("history", "verify", "-C", str(repo)).returncode == 0

@@ -88,7 +88,7 @@ def refuse_unless_forced(ev: Evidence, force: bool) -> None:
 
 
 @dataclass(frozen=True)
-class PullRequest:
+class PullRequestOptions:
     """How `agentsearch pr` opens a pull request (its options, shared by a proposal's and a revert's)."""
 
     remote: str = "origin"
@@ -100,7 +100,7 @@ class PullRequest:
     as_json: bool = False
 
 
-def pr(target: Path, what: str, how: PullRequest, with_plots: bool = True) -> int:
+def pr(target: Path, what: str, how: PullRequestOptions, with_plots: bool = True) -> int:
     ws = Workspace.open(target)
     refuse_ambiguous_verdict(read_entries(ws), what)
     ev = gather(ws, what)
@@ -113,6 +113,18 @@ def pr(target: Path, what: str, how: PullRequest, with_plots: bool = True) -> in
     if not git.branch_exists(ws.repo_dir, branch):
         raise AgentsearchError(f"branch {branch!r} no longer exists in {ws.repo_dir}")
     url, gh, forge = channel(ws, how)
+    try:
+        return _pr(ws, ev, how, with_plots, url, gh, forge)
+    finally:
+        if forge is not None:
+            forge.close()
+
+
+def _pr(
+    ws: Workspace, ev: Evidence, how: PullRequestOptions, with_plots: bool, url: str | None, gh: str | None, forge: Any
+) -> int:
+    branch = ev.branch
+    assert branch is not None  # checked by pr
     pid = ev.proposal_id or ev.what
     body = how.output or (ws.state / "tmp" / f"pr-{pid.replace('/', '-')}.md")
     body.parent.mkdir(parents=True, exist_ok=True)
@@ -153,7 +165,7 @@ def pr(target: Path, what: str, how: PullRequest, with_plots: bool = True) -> in
     return 0
 
 
-def channel(ws: Workspace, how: PullRequest) -> tuple[str | None, str | None, Any]:
+def channel(ws: Workspace, how: PullRequestOptions) -> tuple[str | None, str | None, Any]:
     """Before anything is pushed: the remote's URL, the `gh` binary (--via gh) and the forge adapter (--via forge),
     each missing one said in one line (a dry run needs none of them)."""
     remote, dry_run, via = how.remote, how.dry_run, how.via
@@ -177,14 +189,12 @@ def channel(ws: Workspace, how: PullRequest) -> tuple[str | None, str | None, An
     return url, gh, forge
 
 
-def pr_revert(target: Path, what: str, how: PullRequest) -> int:
+def pr_revert(target: Path, what: str, how: PullRequestOptions) -> int:
     """`agentsearch pr --revert MERGE`: a branch with MERGE's revert on top of the baseline's tip, pushed, and a pull
     request with the evidence against it (the latest stack check's leave-one-out, its interference, a recheck). The
-    baseline itself does not move (`agentsearch revert` moves it). Without --force, only for a merge the history
-    calls a passenger, harmful, or a win that does not hold."""
-    from history.records import Recheck, StackCheck
-
-    from .review import REVERT_PREFIX, resolve_merge, revert_message
+    baseline itself does not move (`agentsearch revert` moves it). Without --force, only for a merge that a check of
+    today's tip calls a passenger or harmful, or a win whose recheck did not hold."""
+    from .review import REVERT_PREFIX, interferes_with, latest_rechecks, latest_removals, resolve_merge, revert_message
 
     ws = Workspace.open(target)
     row = resolve_merge(ws, what)
@@ -193,53 +203,52 @@ def pr_revert(target: Path, what: str, how: PullRequest) -> int:
         raise AgentsearchError(f"{merge[:12]} was already reverted by {str(row['revert_commit'])[:12]}")
     if not row["on_baseline"]:
         raise AgentsearchError(f"{merge[:12]} is not on the baseline {ws.baseline_branch!r}; nothing to revert")
-    check = removal = recheck = None
-    for e in read_entries(ws):  # the latest of each
-        if isinstance(e.record, StackCheck):
-            mine = next((r for r in e.record.removals if r.merge == merge), None)
-            if mine is not None:
-                check, removal = e.record, mine
-        elif isinstance(e.record, Recheck) and e.record.merge == merge:
-            recheck = e.record
+    entries = read_entries(ws)
+    check, removal = latest_removals(entries).get(merge, (None, None))
     case = RevertCase(
         merge=merge,
         proposal=row["proposal"],
         title=row["title"],
         base=ws.baseline_branch,
-        tip="",
+        tip=ws.baseline_commit(),
         commit="",
         branch=REVERT_PREFIX + merge[:12],
+        remote=how.remote,
         check=check,
         removal=removal,
-        partners=tuple(row["interferes_with"]),
-        recheck=recheck,
+        partners=tuple(interferes_with(check, merge)) if check is not None else (),
+        recheck=latest_rechecks(entries).get(merge),
     )
     if not case.grounds and not how.force:
-        today = (
-            f"the latest stack check calls it {removal.decision} at today's tip ({pct(removal.marginal)})"
-            if removal is not None
-            else "no stack check has removed it"
-        )
+        if removal is None:
+            today = "no stack check has removed it"
+        elif check is not None and not case.current:
+            today = (
+                f"the latest stack check that removed it measured {check.tip[:12]}, not today's tip {case.tip[:12]} "
+                f"(it called it {removal.decision} there)"
+            )
+        else:
+            today = f"the latest stack check calls it {removal.decision} at today's tip ({pct(removal.marginal)})"
         raise AgentsearchError(
             f"nothing measured calls for reverting {merge[:12]}: {today}"
-            + ("" if recheck is None else ", and its recheck holds")
+            + ("" if case.recheck is None else ", and its recheck holds")
             + "; measure it with `agentsearch stack --leave-one-out` (or `agentsearch review MERGE --recheck`), or "
             "pass --force"
         )
     _, gh, forge = channel(ws, how)
     try:
-        tip, commit = ws.revert_commit(merge, revert_message(row))
-    except AgentsearchError:
+        with ws.lock():
+            tip, commit = ws.revert_commit(merge, revert_message(row))
+            git.run_git("update-ref", f"refs/heads/{case.branch}", commit, cwd=ws.repo_dir)
+        case = dataclasses.replace(case, tip=tip, commit=commit)
+        body = how.output or (ws.state / "tmp" / f"pr-revert-{merge[:12]}.md")
+        body.parent.mkdir(parents=True, exist_ok=True)
+        body.write_text(revert_markdown(case))
+        # the branch is ours (agentsearch/revert-*): a second `pr --revert` replaces it, and updates its pull request
+        record, link = publish(ws, how, case.branch, [], revert_title(case), body, gh, forge, replace=True)
+    finally:
         if forge is not None:
             forge.close()
-        raise
-    git.run_git("update-ref", f"refs/heads/{case.branch}", commit, cwd=ws.repo_dir)
-    case = dataclasses.replace(case, tip=tip, commit=commit)
-    body = how.output or (ws.state / "tmp" / f"pr-revert-{merge[:12]}.md")
-    body.parent.mkdir(parents=True, exist_ok=True)
-    body.write_text(revert_markdown(case))
-    # the branch is ours (agentsearch/revert-*): a second `pr --revert` after the baseline moved replaces it
-    record, link = publish(ws, how, case.branch, [], revert_title(case), body, gh, forge, replace=True)
     if how.as_json:
         print_json(
             {
@@ -258,7 +267,7 @@ def pr_revert(target: Path, what: str, how: PullRequest) -> int:
 
 def publish(
     ws: Workspace,
-    how: PullRequest,
+    how: PullRequestOptions,
     branch: str,
     extra: list[tuple[str, bool]],
     title: str,
@@ -299,15 +308,21 @@ def publish(
                 click.echo(shlex.join(["git", "-C", str(ws.repo_dir), *p[1:]]))
             click.echo(shlex.join(create))
         return record, None
+    # the open pull request of this head, if any (a forge refuses a second one): listed before anything is pushed
+    mine = (
+        [p for p in forge.pulls()[0] if p.head_ref == branch and p.head_repo in (None, forge.repo)]
+        if forge is not None and replace
+        else []
+    )
     for name, force_push in branches:
         err = git.push(ws.repo_dir, remote, name, force=force_push)
         if err:
             raise AgentsearchError(f"git push {remote} {name} failed: {err}; check the remote's URL and your access")
     if forge is not None:
-        try:
+        if mine:  # its head was just replaced: its title and body follow
+            link = forge.edit_pull(mine[0].number, title, body.read_text()).html_url
+        else:
             link = forge.create_pull(branch, base, title, body.read_text(), draft).html_url
-        finally:
-            forge.close()
     else:
         assert gh is not None  # checked by the caller for every run that is not a dry run
         proc = subprocess.run([gh, *create[1:]], cwd=str(ws.repo_dir), capture_output=True, text=True)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from history.drift import drift_curve
 from history.records import Merge, Recheck, Revert, StackCheck, Trial, Verdict
+from history.records.stack import Removal
 
 from ..errors import EXIT_FAIL, AgentsearchError
 from ..gate import MERGE
@@ -16,6 +18,20 @@ from ..report import session_table
 from ..workspace import Workspace, git
 from .output import compact_table, out, print_json, progress, safe
 from .proposal_ids import refuse_ambiguous
+
+
+def latest_removals(entries: Sequence[Any]) -> dict[str, tuple[StackCheck, Removal]]:
+    """Each merge's latest leave-one-out: the stack check that last removed it, and that removal."""
+    return {r.merge: (e.record, r) for e in entries if isinstance(e.record, StackCheck) for r in e.record.removals}
+
+
+def latest_rechecks(entries: Sequence[Any]) -> dict[str, Recheck]:
+    return {e.record.merge: e.record for e in entries if isinstance(e.record, Recheck)}
+
+
+def interferes_with(check: StackCheck, merge: str) -> list[str]:
+    """The merges ``merge`` interferes with in ``check`` (removed together they differ from apart)."""
+    return [x for pair in check.interfering if merge in pair for x in pair if x != merge]
 
 
 def merges(ws: Workspace) -> list[dict[str, Any]]:
@@ -40,17 +56,10 @@ def merges(ws: Workspace) -> list[dict[str, Any]]:
         return configs[baseline]
 
     reverted = {e.record.merge: e.record for e in entries if isinstance(e.record, Revert)}
-    rechecks = {e.record.merge: e.record for e in entries if isinstance(e.record, Recheck)}  # the latest of each
-    removals = {
-        r.merge: r for e in entries if isinstance(e.record, StackCheck) for r in e.record.removals
-    }  # the latest leave-one-out
-    partners: dict[str, list[str]] = {}  # the merges each interferes with, in the latest check that removed it
-    for e in entries:
-        if isinstance(e.record, StackCheck) and e.record.removals:
-            for r in e.record.removals:
-                partners[r.merge] = [
-                    x for pair in e.record.interfering if r.merge in pair for x in pair if x != r.merge
-                ]
+    rechecks = latest_rechecks(entries)
+    removed = latest_removals(entries)
+    removals = {m: r for m, (_, r) in removed.items()}
+    partners = {m: interferes_with(k, m) for m, (k, _) in removed.items()}
     tip = ws.baseline_commit()
     drift = {p.commit: p for p in drift_curve(entries) if p.event == "merge"}
     rows = []
@@ -249,8 +258,25 @@ def revert(target: Path, what: str, as_json: bool = False) -> int:
     with ws.lock():
         old, new = ws.revert(row["merge"], message, prepared)
         append(ws, Revert(merge=row["merge"], old=old, new=new), None, row["proposal"])
+    landed = prepared is not None and new == prepared
     if as_json:
-        print_json({"merge": row["merge"], "proposal": row["proposal"], "title": row["title"], "old": old, "new": new})
+        print_json(
+            {
+                "merge": row["merge"],
+                "proposal": row["proposal"],
+                "title": row["title"],
+                "old": old,
+                "new": new,
+                "pull_request_commit": landed,
+            }
+        )
         return 0
     out.print(f"reverted {row['merge'][:12]} ({row['proposal']}): baseline {old[:12]} -> {new[:12]}")
+    if landed:
+        out.print(f"that is the commit of branch {branch} (the revert's pull request): push {ws.baseline_branch}")
+    elif prepared is not None:
+        out.print(
+            f"branch {branch} (the revert's pull request) holds another commit, made on an older tip or changed since: "
+            "close that pull request, never merge it on the forge (the baseline moves only through agentsearch)"
+        )
     return 0

@@ -8,6 +8,7 @@ output; the verbs below are named by intent.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -320,6 +321,19 @@ def revert_merge(repo_dir: Path, worktree: Path, merge: str, message: str) -> st
     run_git(*args, cwd=worktree)
     run_git("commit", "--quiet", "--no-verify", "-F", "-", cwd=worktree, input=message)
     return run_git("rev-parse", "HEAD", cwd=worktree).strip()
+
+
+def same_commit_but_dates(repo_dir: Path, a: str, b: str) -> bool:
+    """Whether commits ``a`` and ``b`` are the same but for their author and committer dates: the same tree,
+    parents, identities and message, and no header one has that the other lacks (a signature, an encoding)."""
+
+    def shape(commit: str) -> list[str]:
+        raw = run_git("cat-file", "commit", commit, cwd=repo_dir)
+        head, _, message = raw.partition("\n\n")
+        lines = [re.sub(r"^((?:author|committer) .*>) \d+ [+-]\d{4}$", r"\1", ln) for ln in head.split("\n")]
+        return lines + ["", message]
+
+    return shape(a) == shape(b)
 
 
 def first_parent(repo_dir: Path, commit: str) -> str:

@@ -255,16 +255,13 @@ class Workspace:
         """Revert ``merge`` on the baseline with a new commit (CAS); returns (old tip, new tip).
 
         ``prepared``: a revert commit made earlier (`pr --revert`'s branch, the head of its pull request). It lands
-        instead of the new one when it is exactly that revert: one parent, the tip, and the same tree."""
+        instead of the new one when it is exactly that revert: the same tree, parent (the tip), author, committer
+        and message, no other header; only the dates may differ."""
         branch = self.baseline_branch
         self.refuse_dirty_checkouts(branch)
         tip, new = self.revert_commit(merge, message)
-        if prepared and git.run_git("rev-list", "--parents", "-n", "1", prepared, cwd=self.repo_dir).split() == [
-            prepared,
-            tip,
-        ]:
-            if git.tree_of(self.repo_dir, prepared) == git.tree_of(self.repo_dir, new):
-                new = prepared
+        if prepared and git.same_commit_but_dates(self.repo_dir, prepared, new):
+            new = prepared
         if not git.update_ref_cas(self.repo_dir, f"refs/heads/{branch}", new, tip, f"agentsearch: revert {merge[:12]}"):
             raise CasError(f"baseline {branch!r} moved during the revert; run it again")
         self._sync_checkout(branch, tip, new)

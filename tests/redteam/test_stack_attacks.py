@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import subprocess
 
 from ..conftest import git, run_cli
 from ..test_stack import KNOBS, queue_of, target
@@ -140,7 +142,9 @@ def test_a_revert_pull_requests_title_and_body_keep_a_merged_title_inert():
         ci=(1.1, 1.3),
         product=1.21,
         product_ci=(1.1, 1.3),
-        removals=(Removal("c" * 40, "passenger", f"said of {NASTY}", marginal=1.0, ci=(0.98, 1.02), pairs=12),),
+        removals=(
+            Removal("c" * 40, "passenger", f"said of {NASTY} | a | b |", marginal=1.0, ci=(0.98, 1.02), pairs=12),
+        ),
     )
     case = RevertCase(
         merge="c" * 40,
@@ -154,7 +158,12 @@ def test_a_revert_pull_requests_title_and_body_keep_a_merged_title_inert():
         removal=k.removals[0],
     )
     name = revert_title(case)
-    assert ESC not in name and "\x07" not in name and "\n" not in name and name.endswith(": passenger")
+    assert (
+        ESC not in name
+        and "\x07" not in name
+        and "\n" not in name
+        and name.startswith("[agentsearch] revert (passenger): ")
+    )
     body = revert_markdown(case)
     assert ESC not in body and "\x07" not in body
     live = outside_fences(body)
@@ -162,6 +171,52 @@ def test_a_revert_pull_requests_title_and_body_keep_a_merged_title_inert():
         assert raw not in live, (raw, live)
     (row,) = [ln for ln in body.splitlines() if ln.startswith("| +10.00% |")]
     assert row.replace("\\|", "").count("|") == 8, row  # 7 cells whatever the reason says
+    # a title cannot add grounds: ours come first, its words after
+    forced = dataclasses.replace(case, title="Drop X: passenger, recheck does not hold", removal=None, check=None)
+    assert revert_title(forced) == "[agentsearch] revert (asked by hand): Drop X: passenger, recheck does not hold"
+    # a check of an older tip is no ground (a later merge may have changed what this one adds), and the body says so
+    later = dataclasses.replace(case, tip="e" * 40)
+    assert later.grounds == () and "**not today's**" in revert_markdown(later)
+
+
+def test_revert_lands_a_prepared_commit_only_when_it_is_that_revert_but_for_its_dates(tmp_path):
+    """`agentsearch revert` lands the commit of `pr --revert`'s branch instead of making its own only when the two
+    are the same commit but for their dates: a changed message (a `Fixes #1` that closes an issue once pushed, an
+    escape), an extra header, another tree or parent does not land."""
+    from agentsearch.workspace import git as g
+
+    from ..conftest import commit, make_repo
+
+    repo = make_repo(tmp_path / "r", {"a.txt": "1\n"})
+    commit(repo, {"a.txt": "2\n"}, "two")
+    tree, parent = git(repo, "rev-parse", "HEAD^{tree}").strip(), git(repo, "rev-parse", "HEAD^").strip()
+
+    def make(message: str, date: str, extra: str = "", of_tree: str = tree, of_parent: str = parent) -> str:
+        who = f"agentsearch <agentsearch@localhost> {date} +0000"
+        raw = f"tree {of_tree}\nparent {of_parent}\nauthor {who}\ncommitter {who}\n{extra}\n{message}"
+        return subprocess.run(
+            ["git", "hash-object", "-t", "commit", "-w", "--stdin"], cwd=repo, input=raw, text=True,
+            capture_output=True, check=True,
+        ).stdout.strip()  # fmt: skip
+
+    ours = make("agentsearch: revert x\n\nAgentsearch-Revert: abc\n", "1700000000")
+    assert g.same_commit_but_dates(repo, make("agentsearch: revert x\n\nAgentsearch-Revert: abc\n", "1800000000"), ours)
+    for other in (
+        make("agentsearch: revert x\n\nFixes #1\nAgentsearch-Revert: abc\n", "1700000000"),
+        make("agentsearch: revert x\x1b[2K\n\nAgentsearch-Revert: abc\n", "1700000000"),
+        make("agentsearch: revert x\n\nAgentsearch-Revert: abc\n", "1700000000", extra="encoding ISO-8859-1\n"),
+        make(
+            "agentsearch: revert x\n\nAgentsearch-Revert: abc\n",
+            "1700000000",
+            of_parent=git(repo, "rev-parse", "HEAD").strip(),
+        ),
+        make(
+            "agentsearch: revert x\n\nAgentsearch-Revert: abc\n",
+            "1700000000",
+            of_tree=git(repo, "rev-parse", "HEAD^^{tree}").strip(),
+        ),
+    ):
+        assert not g.same_commit_but_dates(repo, other, ours)
 
 
 def test_bisect_over_a_range_with_a_revert_names_the_merge_that_brought_the_regression_back(tmp_path):
