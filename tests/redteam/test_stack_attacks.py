@@ -60,29 +60,26 @@ def test_a_merged_title_cannot_lie_and_a_merge_that_no_longer_reverts_is_said_no
     assert "merged 2" not in human.stdout and "tidy" in human.stdout
 
 
+def a_check(merges: tuple, **kw):
+    """A stack check of ``merges`` from a range `aaa…` → `bbb…` that delivers (``kw`` overrides), for the renderers."""
+    from history.records.stack import StackCheck
+
+    fields = dict(since="a" * 40, tip="b" * 40, objective="speed", verdict="delivers", reasons=(), seed=1)
+    fields |= dict(cumulative=1.2, ci=(1.1, 1.3), product=1.21, product_ci=(1.1, 1.3))
+    return StackCheck(merges=merges, **(fields | kw))
+
+
 def test_a_title_cannot_break_the_stack_reports_table_or_its_plot():
     """A title with '|' and backticks stays in its cell; one with TeX between dollar signs is not parsed as
     mathtext (a malformed formula made matplotlib raise, and the report with it)."""
     from agentsearch.report import stack_markdown, stack_waterfall
-    from history.records.stack import StackCheck, StackMerge
+    from history.records.stack import StackMerge
 
     merges = (
         StackMerge("c" * 40, "e1/001", "a | b `c` | fake cell", 1.1, (1.0, 1.2)),
         StackMerge("d" * 40, "e1/002", r"$\undefinedmacro{x}$ and $\frac{$", 1.1, (1.0, 1.2)),
     )
-    r = StackCheck(
-        since="a" * 40,
-        tip="b" * 40,
-        objective="speed",
-        merges=merges,
-        verdict="delivers",
-        reasons=(),
-        seed=1,
-        cumulative=1.2,
-        ci=(1.1, 1.3),
-        product=1.21,
-        product_ci=(1.1, 1.3),
-    )
+    r = a_check(merges)
     assert stack_waterfall(r, "png")[:4] == b"\x89PNG"
     rows = [ln for ln in stack_markdown(r).splitlines() if ln.startswith("| 1 |")]
     assert len(rows) == 1 and rows[0].replace("\\|", "").count("|") == 8, rows  # 7 cells, however the title is made
@@ -94,25 +91,19 @@ def test_the_html_stack_report_keeps_a_title_as_text():
     import re
 
     from agentsearch.report import stack_html
-    from history.records.stack import Removal, StackCheck, StackMerge
+    from history.records.stack import Removal, StackMerge
 
     evil = '<script>alert(1)</script><img src=x onerror=alert(2)> [ok](javascript:alert(3)) </td></tr></table>'
     merges = (
         StackMerge("c" * 40, "e1/001", evil, 1.1, (1.0, 1.2)),
         StackMerge("d" * 40, "e1/002", "fine", 1.1, (1.0, 1.2)),
     )
-    r = StackCheck(
-        since="a" * 40,
-        tip="b" * 40,
-        objective="speed",
-        merges=merges,
+    r = a_check(
+        merges,
         verdict="under-delivers",
         reasons=(f"why: {evil}",),
-        seed=1,
         cumulative=1.05,
         ci=(1.0, 1.1),
-        product=1.21,
-        product_ci=(1.1, 1.3),
         removals=(Removal("c" * 40, "passenger", f"{evil} said the test", marginal=1.0, ci=(0.98, 1.02), pairs=6),),
     )
     page = stack_html(r)
@@ -125,23 +116,13 @@ def test_a_revert_pull_requests_title_and_body_keep_a_merged_title_inert():
     """`pr --revert` shows a merge's title (a proposal wrote it) in the pull request's title and body: escapes, HTML,
     mentions, links and a fake table row stay text; the title is one plain line; the body's table keeps its cells."""
     from agentsearch.report import RevertCase, revert_markdown, revert_title
-    from history.records.stack import Removal, StackCheck, StackMerge
+    from history.records.stack import Removal, StackMerge
 
     from .test_forge_attacks import NASTY, outside_fences
 
     title = f"{NASTY} | fake | cell |\n### merged: harmless"
-    k = StackCheck(
-        since="a" * 40,
-        tip="b" * 40,
-        objective="speed",
-        merges=(StackMerge("c" * 40, "e1/001", title, 1.1, (1.0, 1.2)),),
-        verdict="delivers",
-        reasons=(),
-        seed=1,
-        cumulative=1.2,
-        ci=(1.1, 1.3),
-        product=1.21,
-        product_ci=(1.1, 1.3),
+    k = a_check(
+        (StackMerge("c" * 40, "e1/001", title, 1.1, (1.0, 1.2)),),
         removals=(
             Removal("c" * 40, "passenger", f"said of {NASTY} | a | b |", marginal=1.0, ci=(0.98, 1.02), pairs=12),
         ),
