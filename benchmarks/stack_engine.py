@@ -288,7 +288,13 @@ def run_once(case: str, loo: bool, seed: int, keep: Path | None, dry_run: bool) 
         start = datetime.now(UTC)
         t0 = time.time()
         proc = progress([*CLI, "episode", "-C", str(fork), "--patches", str(queue), "--seed", str(seed), "--json"])
-        row: dict = {"case": case, "loo": loo, "start": start.isoformat(timespec="seconds"), "hour": start.hour}
+        row: dict = {
+            "case": case,
+            "loo": loo,
+            "seed": seed,
+            "start": start.isoformat(timespec="seconds"),
+            "hour": start.hour,
+        }
         try:
             out = json.loads(proc.stdout)
         except json.JSONDecodeError:
