@@ -333,8 +333,12 @@ def passenger_case(tmp_path: Path, repo: Path, fake: FakeForge) -> None:
     pr["body"] = "stale"
     assert run_cli("pr", "-C", str(repo), "--revert", first[:12]).returncode == 0 and len(fake.prs) == 1
     assert pr["body"].startswith(f"### Revert `{first[:12]}`: passenger")
-    revert = fake._git("rev-parse", f"refs/heads/{opened['branch']}")  # made again, on the same tip
-    assert git(repo, "rev-parse", f"{revert}^").strip() == second
+    # the same revert on the same tip: the branch, and so the pull request's head, stay where they were
+    assert (
+        fake._git("rev-parse", f"refs/heads/{opened['branch']}")
+        == revert
+        == git(repo, "rev-parse", opened["branch"]).strip()
+    )
     # approved: `agentsearch revert` lands the pull request's own commit (the baseline has not moved), recorded, so the
     # history vouches for the baseline and the forge sees its head on the base once main is pushed
     applied = run_cli("revert", "-C", str(repo), first[:12], "--json")

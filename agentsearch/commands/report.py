@@ -239,8 +239,16 @@ def pr_revert(target: Path, what: str, how: PullRequestOptions) -> int:
     try:
         with ws.lock():
             tip, commit = ws.revert_commit(merge, revert_message(row))
-            git.run_git("update-ref", f"refs/heads/{case.branch}", commit, cwd=ws.repo_dir)
-        case = dataclasses.replace(case, tip=tip, commit=commit)
+            if tip != case.tip:
+                raise AgentsearchError(
+                    f"the baseline moved ({case.tip[:12]} -> {tip[:12]}) while the revert was prepared; run it again"
+                )
+            held = git.resolve_commit(ws.repo_dir, case.branch) if git.branch_exists(ws.repo_dir, case.branch) else None
+            if held is not None and git.same_commit_but_dates(ws.repo_dir, held, commit):
+                commit = held  # the same revert on the same tip: the branch (and its pull request's head) stays
+            elif held is None or not how.dry_run:  # a dry run never moves a branch a pull request may have
+                git.run_git("update-ref", f"refs/heads/{case.branch}", commit, cwd=ws.repo_dir)
+        case = dataclasses.replace(case, commit=commit)
         body = how.output or (ws.state / "tmp" / f"pr-revert-{merge[:12]}.md")
         body.parent.mkdir(parents=True, exist_ok=True)
         body.write_text(revert_markdown(case))

@@ -327,13 +327,23 @@ def same_commit_but_dates(repo_dir: Path, a: str, b: str) -> bool:
     """Whether commits ``a`` and ``b`` are the same but for their author and committer dates: the same tree,
     parents, identities and message, and no header one has that the other lacks (a signature, an encoding)."""
 
-    def shape(commit: str) -> list[str]:
+    dated = re.compile(r"^((?:author|committer) .*>) [0-9]+ [+-][0-9]{4}$", re.ASCII)
+
+    def shape(commit: str) -> list[str] | None:
         raw = run_git("cat-file", "commit", commit, cwd=repo_dir)
         head, _, message = raw.partition("\n\n")
-        lines = [re.sub(r"^((?:author|committer) .*>) \d+ [+-]\d{4}$", r"\1", ln) for ln in head.split("\n")]
+        lines = []
+        for ln in head.split("\n"):
+            if ln.startswith(("author ", "committer ")):
+                m = dated.match(ln)
+                if m is None:  # an identity line without a well-formed date: nothing to compare it by
+                    return None
+                ln = m.group(1) + " <date>"
+            lines.append(ln)
         return lines + ["", message]
 
-    return shape(a) == shape(b)
+    sa, sb = shape(a), shape(b)
+    return sa is not None and sa == sb
 
 
 def first_parent(repo_dir: Path, commit: str) -> str:

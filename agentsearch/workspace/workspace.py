@@ -258,6 +258,8 @@ class Workspace:
         instead of the new one when it is exactly that revert: the same tree, parent (the tip), author, committer
         and message, no other header; only the dates may differ."""
         branch = self.baseline_branch
+        if not git.is_ancestor(self.repo_dir, merge, self.baseline_commit()):
+            raise TargetError(f"{merge[:12]} is not on the baseline {branch!r}; nothing to revert")
         self.refuse_dirty_checkouts(branch)
         tip, new = self.revert_commit(merge, message)
         if prepared and git.same_commit_but_dates(self.repo_dir, prepared, new):

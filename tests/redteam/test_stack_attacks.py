@@ -182,6 +182,13 @@ def test_revert_lands_a_prepared_commit_only_when_it_is_that_revert_but_for_its_
 
     ours = make("agentsearch: revert x\n\nAgentsearch-Revert: abc\n", "1700000000")
     assert g.same_commit_but_dates(repo, make("agentsearch: revert x\n\nAgentsearch-Revert: abc\n", "1800000000"), ours)
+    no_date = make("agentsearch: revert x\n\nAgentsearch-Revert: abc\n", "1700000000")
+    raw = git(repo, "cat-file", "commit", no_date).replace(" 1700000000 +0000", "", 1)  # an author line without one
+    undated = subprocess.run(
+        ["git", "hash-object", "-t", "commit", "-w", "--stdin", "--literally"], cwd=repo, input=raw, text=True,
+        capture_output=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    assert not g.same_commit_but_dates(repo, undated, ours) and not g.same_commit_but_dates(repo, undated, undated)
     for other in (
         make("agentsearch: revert x\n\nFixes #1\nAgentsearch-Revert: abc\n", "1700000000"),
         make("agentsearch: revert x\x1b[2K\n\nAgentsearch-Revert: abc\n", "1700000000"),
