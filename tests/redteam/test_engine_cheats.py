@@ -324,17 +324,17 @@ def test_a_larger_share_of_a_contended_cpu_is_not_a_win(tmp_path):
     timed = [t for t in out["trials"] if t["ok"] and t["pair"] >= 0]
     contended = [t for t in timed if t["metrics"]["cpu_wait_s"] / t["wall_s"] > 0.25]
     assert len(contended) > len(timed) / 2, [(t["metrics"], t["wall_s"]) for t in timed]
-    # the control: the CPU-time account never refuses a real cut of the work. It merges; or, under the other CI
-    # worker's load too (the hog's share swinging from pair to pair), its fresh pairs are a win of their own that the
-    # replication test finds too far below a lucky first estimate (+46.7% when it won, +18.1% over 4 fresh pairs,
-    # once in CI): the gate's refusal of a win it cannot reproduce, not the account's
-    assert not any("measured mostly under" in r for r in fast["reasons"]), fast["reasons"]
+    # the control: the CPU-time account ("the win is not less work") never refuses a real cut of the work. It merges;
+    # or, under the other CI worker's load too (the hog's share swinging from pair to pair), its 4 fresh pairs are a
+    # win that the gate's rules for noisy confirmations do not take: too far below a lucky first estimate (+46.7%
+    # when it won, +18.1% fresh), or not significant by themselves (+21.0%, p = 0.11). Each seen once in CI.
+    assert not any("the win is not less work" in r for r in fast["reasons"]), fast["reasons"]
     if fast["verdict"] != "merge":
         fresh = [
-            re.search(r"did not replicate on fresh seeds: .*?([+-]\d+\.\d+)% over \d+ fresh pairs", r)
+            re.search(r"([+-]\d+\.\d+)% over \d+ fresh pairs|on fresh seeds: ([+-]\d+\.\d+)% over \d+ pairs", r)
             for r in fast["reasons"]
         ]
-        assert rc_fast == 4 and fresh and all(m and float(m.group(1)) > 0 for m in fresh), fast["reasons"]
+        assert rc_fast == 4 and fresh and all(m and float(m.group(1) or m.group(2)) > 0 for m in fresh), fast["reasons"]
     assert 1.15 < fast["workloads"]["throughput"]["speedup"] < 1.6, fast["workloads"]["throughput"]
 
 
