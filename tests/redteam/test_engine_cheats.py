@@ -315,7 +315,11 @@ def test_a_larger_share_of_a_contended_cpu_is_not_a_win(tmp_path):
     # load too, the fresh pairs were not significant by themselves (+6.9% once); otherwise the objective itself was
     # inconclusive (+3% to +10% beside other tests). tests/test_contention.py holds the account's rule
     won = any(c["name"] == "objective" and c["status"] == "pass" for c in out["checks"])
-    assert not won or any(r.startswith("confirmation: throughput: measured mostly under") for r in out["reasons"]), (
+    # (under heavier load still, the replication test may refuse it first: rejected all the same)
+    assert not won or any(
+        r.startswith("confirmation: throughput: measured mostly under") or "did not replicate on fresh seeds" in r
+        for r in out["reasons"]
+    ), (
         out["reasons"],
         out["workloads"]["throughput"],
     )
@@ -335,7 +339,7 @@ def test_a_larger_share_of_a_contended_cpu_is_not_a_win(tmp_path):
             for r in fast["reasons"]
         ]
         assert rc_fast == 4 and fresh and all(m and float(m.group(1) or m.group(2)) > 0 for m in fresh), fast["reasons"]
-    assert 1.15 < fast["workloads"]["throughput"]["speedup"] < 1.6, fast["workloads"]["throughput"]
+    assert 1.1 < fast["workloads"]["throughput"]["speedup"] < 2.0, fast["workloads"]["throughput"]  # 1.15-1.6 quiet
 
 
 # the candidate patches the harness's own worker (it runs in the candidate's process): it reports a tripled
