@@ -243,7 +243,7 @@ def pr_revert(target: Path, what: str, how: PullRequestOptions) -> int:
                 raise AgentsearchError(
                     f"the baseline moved ({case.tip[:12]} -> {tip[:12]}) while the revert was prepared; run it again"
                 )
-            held = git.resolve_commit(ws.repo_dir, case.branch) if git.branch_exists(ws.repo_dir, case.branch) else None
+            held = git.branch_commit(ws.repo_dir, case.branch)
             if held is not None and git.same_commit_but_dates(ws.repo_dir, held, commit):
                 commit = held  # the same revert on the same tip: the branch (and its pull request's head) stays
             elif held is None or not how.dry_run:  # a dry run never moves a branch a pull request may have

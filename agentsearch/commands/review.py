@@ -252,9 +252,7 @@ def revert(target: Path, what: str, as_json: bool = False) -> int:
         raise AgentsearchError(f"{row['merge'][:12]} was already reverted by {str(row['revert_commit'])[:12]}")
     message = revert_message(row)
     branch = REVERT_PREFIX + row["merge"][:12]  # `pr --revert`'s: its commit lands when the baseline has not moved
-    prepared = (
-        git.resolve_commit(ws.repo_dir, f"refs/heads/{branch}") if git.branch_exists(ws.repo_dir, branch) else None
-    )
+    prepared = git.branch_commit(ws.repo_dir, branch)
     with ws.lock():
         old, new = ws.revert(row["merge"], message, prepared)
         append(ws, Revert(merge=row["merge"], old=old, new=new), None, row["proposal"])

@@ -115,7 +115,13 @@ def resolve_commit(repo_dir: Path, ref: str) -> str:
 
 
 def branch_exists(repo_dir: Path, branch: str) -> bool:
-    return bool(run_git("rev-parse", "--verify", "--quiet", f"refs/heads/{branch}", cwd=repo_dir, check=False).strip())
+    return branch_commit(repo_dir, branch) is not None
+
+
+def branch_commit(repo_dir: Path, branch: str) -> str | None:
+    """The commit ``branch`` points to; None when there is no such branch."""
+    out = run_git("rev-parse", "--verify", "--quiet", f"refs/heads/{branch}^{{commit}}", cwd=repo_dir, check=False)
+    return out.strip() or None
 
 
 def show_file(repo_dir: Path, commit: str, path: str) -> str | None:
