@@ -646,6 +646,12 @@ def profile(target: Path, as_json: bool, ref: str | None, workload: str | None, 
     help="Also write the check as a Markdown report there (its waterfall "
     "plot beside it, PNG), or as one HTML page when PATH ends in .html.",
 )
+@click.option(
+    "--resume",
+    is_flag=True,
+    help="Continue a killed check from its last measured part (its own range and options).",
+)
+@click.option("--fresh", is_flag=True, help="Discard an unfinished check and start a new one.")
 @click.pass_context
 def stack(
     ctx: click.Context,
@@ -655,12 +661,15 @@ def stack(
     leave_one_out: bool,
     seed: int | None,
     report: Path | None,
+    resume: bool,
+    fresh: bool,
 ) -> None:
     """What the merges of a range add up to: the tip against the range's start, beside the product of the merges'
     estimates.
 
     Verdict: delivers, under-delivers (significantly below the product) or inconclusive; with --leave-one-out each
     merge's marginal contribution today (passengers add nothing significant). Exit 0 when it delivers, 1 otherwise.
+    A check keeps its progress after every measured part: a killed one continues with --resume.
     """
     if ctx.invoked_subcommand is None:
         from .commands.stack import run
@@ -674,6 +683,8 @@ def stack(
             leave_one_out=leave_one_out,
             seed=seed,
             report=report,
+            resume=resume,
+            fresh=fresh,
         )
 
 

@@ -513,6 +513,15 @@ class Episode:
             return done[-1].summary()
         self.retire_warm()  # the baseline moved with the merges: its kept side is stale, and its memory is needed
         self.say(f"{self.plan.episode} stack", f"{why}: measuring what this episode's merges add up to")
+        # a check the crash cut off continues from its last measured part; one of another tip (or unreadable) is
+        # dropped: this tip is measured afresh
+        journal = stack.Journal(self.ws.state, self.plan.episode)
+        try:
+            saved = journal.load()
+        except AgentsearchError:
+            saved = None
+        if saved is None or saved[0].tip != tip:
+            journal.clear()
         try:
             r = stack.check(
                 self.ws,
@@ -521,6 +530,7 @@ class Episode:
                 leave_one_out=self.ws.config().stack.leave_one_out,
                 progress=self.say,
                 write=lambda record: self.record(record, None),
+                journal=journal,
             )
         except Exception as exc:  # noqa: BLE001 - merged code runs in it: its failure is the check's, never the episode's
             why = tail(str(exc) or type(exc).__name__, 1)

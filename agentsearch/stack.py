@@ -26,13 +26,15 @@ is *different* when its interval lies below 1 - ``min_effect``; a step inside th
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from history.records import EpisodeStarted, Merge, Revert, Role, Verdict, WorkloadSummary
+from history.records import EpisodeStarted, Merge, RecordError, Revert, Role, Verdict, WorkloadSummary
 from history.records import Evaluation as EvaluationRecord
 from history.records.stack import (
     BisectStep,
@@ -51,7 +53,8 @@ from .evaluation import Evaluation, evaluate
 from .progress import Say
 from .records import append, read_entries
 from .warm_baseline import WarmBaseline
-from .workspace import Workspace, git
+from .workspace import git
+from .workspace.workspace import Workspace, atomic_write
 
 ROUNDS = frozenset(r.value for r in Role)  # the rounds a trial's phase may name (a word a later release adds is
 # left out of the pooled pairs rather than guessed)
@@ -242,23 +245,58 @@ def _summary(ev: Evaluation | None, workload: str) -> WorkloadSummary | None:
     return ev.workloads.get(workload) if ev is not None else None
 
 
-def check(
-    ws: Workspace,
-    since: str | None = None,
-    *,
-    seed: int | None = None,
-    leave_one_out: bool = False,
-    progress: Say | None = None,
-    write: Callable[[StackCheck], None] | None = None,
-) -> StackCheck:
-    """Measure the tip against the range's start (and, asked, each merge's marginal contribution); record it
-    (``write``: how, where the caller holds the history open — an episode; default: append to it)."""
-    say = progress or (lambda stage, detail: None)
+class Journal:
+    """A stand-alone stack check's progress: the tip's measurement and each leave-one-out part as it is measured, in
+    the workspace's state (``stack-progress.json``), so that ``agentsearch stack --resume`` continues a killed check
+    from its last measured part; removed once the check is in the history. The partial check is a ``StackCheck``
+    (its removals and interference so far), written whole after every part (atomically)."""
+
+    FILE = "stack-progress.json"
+    VERSION = 1
+
+    def __init__(self, state: Path, episode: str | None = None) -> None:
+        """``episode``: the check an episode runs over its merges keeps its own file (its ``--resume`` continues it)."""
+        self.path = state / (self.FILE if episode is None else f"stack-progress-{episode}.json")
+
+    def load(self) -> tuple[StackCheck, bool, int | None] | None:
+        """The saved check, whether it leaves one out, and its requested seed; None: no check is unfinished."""
+        try:
+            data = json.loads(self.path.read_text())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as exc:
+            raise AgentsearchError(
+                f"{self.path}: unreadable ({exc}); start afresh with `agentsearch stack --fresh`"
+            ) from None
+        try:
+            if not isinstance(data, dict) or data.get("version") != self.VERSION:
+                raise RecordError(f"version {data.get('version') if isinstance(data, dict) else data!r}")
+            seed = data["seed"]
+            if not (seed is None or (isinstance(seed, int) and not isinstance(seed, bool))):
+                raise RecordError(f"seed {seed!r}")
+            return StackCheck.from_json(data["check"], self.FILE), bool(data["leave_one_out"]), seed
+        except (RecordError, KeyError, TypeError) as exc:
+            raise AgentsearchError(
+                f"{self.path}: not a stack check's progress ({exc}); start afresh with `agentsearch stack --fresh`"
+            ) from None
+
+    def save(self, partial: StackCheck, leave_one_out: bool, seed: int | None) -> None:
+        atomic_write(
+            self.path,
+            json.dumps(
+                {"version": self.VERSION, "leave_one_out": leave_one_out, "seed": seed, "check": partial.to_json()}
+            ),
+        )
+
+    def clear(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+
+def _measure_tip(ws: Workspace, rng: Range, seed: int | None, say: Say) -> StackCheck:
+    """The tip against the range's start: the check without its leave-one-out parts."""
     t0 = time.perf_counter()
-    rng = merge_range(ws, since)
     config = ws.config(rng.since)  # the config evaluate judges by: the baseline side's
     objective = config.objective.name
-    say("stack", f"the tip {rng.tip[:12]} against {rng.since[:12]}: {len(rng.merges)} merge(s)")
     ev = evaluate(ws, rng.tip, seed=seed, progress=say, baseline=rng.since)
     s = _summary(ev, objective)
     prod, prod_ci = product(rng.merges)
@@ -275,12 +313,81 @@ def check(
         *reasons,
         *guard_reasons(guards, config.gate.max_regression, unmeasured, next(iter(ev.verdict.reasons), "")),
     )
-    removals: list[Removal] = []
-    joint: list[Interference] = []
+    return StackCheck(
+        since=rng.since,
+        tip=rng.tip,
+        objective=objective,
+        merges=rng.merges,
+        verdict=verdict,
+        reasons=reasons,
+        seed=ev.seed,
+        cumulative=s.speedup if s else None,
+        ci=tuple(s.ci) if s and s.ci else None,
+        product=prod,
+        product_ci=prod_ci,
+        pairs=s.pairs if s else 0,
+        seconds=round(time.perf_counter() - t0, 3),
+        guards=guards,
+        unmeasured=unmeasured,
+    )
+
+
+def check(
+    ws: Workspace,
+    since: str | None = None,
+    *,
+    seed: int | None = None,
+    leave_one_out: bool = False,
+    progress: Say | None = None,
+    write: Callable[[StackCheck], None] | None = None,
+    journal: Journal | None = None,
+) -> StackCheck:
+    """Measure the tip against the range's start (and, asked, each merge's marginal contribution); record it
+    (``write``: how, where the caller holds the history open — an episode; default: append to it).
+
+    ``journal``: keep the progress there after every measured part, and continue the check it holds (its range, its
+    options), if any; the journal is cleared once the check is recorded."""
+    say = progress or (lambda stage, detail: None)
+    saved = journal.load() if journal is not None else None
+    if saved is not None:
+        partial, leave_one_out, seed = saved
+        rng = merge_range(ws, partial.since)
+        if rng.tip != partial.tip or [m.merge for m in rng.merges] != [m.merge for m in partial.merges]:
+            raise AgentsearchError(
+                f"the unfinished stack check measured {partial.tip[:12]} against {partial.since[:12]}; main is now "
+                f"at {rng.tip[:12]}: start afresh with `agentsearch stack --fresh`"
+            )
+        say(
+            "stack",
+            f"resuming the check of {rng.tip[:12]} against {rng.since[:12]}: the tip measured, "
+            f"{len(partial.removals)} of {len(rng.merges) if leave_one_out else 0} removal(s) and "
+            f"{len(partial.interference)} joint removal(s) done",
+        )
+    else:
+        rng = merge_range(ws, since)
+        say("stack", f"the tip {rng.tip[:12]} against {rng.since[:12]}: {len(rng.merges)} merge(s)")
+        partial = _measure_tip(ws, rng, seed, say)
+        if journal is not None:
+            journal.save(partial, leave_one_out, seed)
+    t0 = time.perf_counter() - partial.seconds  # the time of every run that measured this check
+    config = ws.config(rng.since)
+    objective, reasons, verdict = partial.objective, partial.reasons, partial.verdict
+    removals: list[Removal] = list(partial.removals)
+    joint: list[Interference] = list(partial.interference)
+
+    def keep() -> None:
+        if journal is not None:
+            now = round(time.perf_counter() - t0, 3)
+            journal.save(
+                dataclasses.replace(partial, removals=tuple(removals), interference=tuple(joint), seconds=now),
+                leave_one_out,
+                seed,
+            )
+
     if leave_one_out:
         warm = WarmBaseline(ws, "stack", reuse=max(1, 2 * len(rng.merges)))
         try:
-            for i, m in enumerate(rng.merges, 1):
+            for i, m in enumerate(rng.merges[len(removals) :], len(removals) + 1):
                 say(
                     "stack",
                     f"leave-one-out {i}/{len(rng.merges)}: the tip without {m.merge[:12]} ({m.title or m.proposal})",
@@ -290,7 +397,8 @@ def check(
                         ws, rng.tip, m, objective, seed, warm, say, config.gate.min_effect, config.stack.removal_pairs
                     )
                 )
-            for a, b in pointed_pairs(rng.merges, removals):
+                keep()
+            for a, b in pointed_pairs(rng.merges, removals)[len(joint) :]:
                 say("stack", f"interference: the tip without both {a.merge[:12]} and {b.merge[:12]}")
                 joint.append(
                     _remove_pair(
@@ -307,6 +415,7 @@ def check(
                         config.stack.removal_pairs,
                     )
                 )
+                keep()
         finally:
             warm.retire()
         removals = [
@@ -334,29 +443,19 @@ def check(
             "`agentsearch stack --leave-one-out` measures what each merge adds today: the ones far below their "
             "estimates are where the gain was lost",
         )
-    record = StackCheck(
-        since=rng.since,
-        tip=rng.tip,
-        objective=objective,
-        merges=rng.merges,
-        verdict=verdict,
+    record = dataclasses.replace(
+        partial,
         reasons=reasons,
-        seed=ev.seed,
-        cumulative=s.speedup if s else None,
-        ci=tuple(s.ci) if s and s.ci else None,
-        product=prod,
-        product_ci=prod_ci,
-        pairs=s.pairs if s else 0,
         removals=tuple(removals),
         interference=tuple(joint),
         seconds=round(time.perf_counter() - t0, 3),
-        guards=guards,
-        unmeasured=unmeasured,
     )
     if write is not None:
         write(record)
     else:
         append(ws, record, None, None)
+    if journal is not None:
+        journal.clear()
     return record
 
 

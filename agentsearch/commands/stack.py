@@ -185,18 +185,41 @@ def _measure(target: Path, as_json: bool, report: Path | None, measure: Any, sho
 
 
 def run(
-    target: Path, as_json: bool, since: str | None, leave_one_out: bool, seed: int | None, report: Path | None = None
+    target: Path,
+    as_json: bool,
+    since: str | None,
+    leave_one_out: bool,
+    seed: int | None,
+    report: Path | None = None,
+    resume: bool = False,
+    fresh: bool = False,
 ) -> int:
-    from ..stack import check
+    from ..stack import Journal, check
 
-    return _measure(
-        target,
-        as_json,
-        report,
-        lambda ws, say: check(ws, since, seed=seed, leave_one_out=leave_one_out, progress=say),
-        show_check,
-        lambda r: r.holds,
-    )
+    if resume and (fresh or since is not None or leave_one_out or seed is not None):
+        raise AgentsearchError(
+            "--resume continues the unfinished check with its own range and options: drop --fresh, --since, "
+            "--leave-one-out and --seed"
+        )
+
+    def measure(ws: Workspace, say: Any) -> StackCheck:
+        journal = Journal(ws.state)
+        if fresh:
+            journal.clear()
+        elif resume and not journal.path.exists():
+            raise AgentsearchError("no unfinished stack check to resume; start one with `agentsearch stack`")
+        elif not resume and journal.path.exists():
+            saved = journal.load()
+            done = (
+                f" ({len(saved[0].removals)} of {len(saved[0].merges)} removals measured)" if saved and saved[1] else ""
+            )
+            raise AgentsearchError(
+                f"a stack check of {saved[0].tip[:12] if saved else 'the tip'} is unfinished{done}: continue it with "
+                "`agentsearch stack --resume`, or discard it with `agentsearch stack --fresh`"
+            )
+        return check(ws, since, seed=seed, leave_one_out=leave_one_out, progress=say, journal=journal)
+
+    return _measure(target, as_json, report, measure, show_check, lambda r: r.holds)
 
 
 def run_bisect(
