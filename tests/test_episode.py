@@ -380,7 +380,13 @@ def test_time_budget_and_abandon(tmp_path):
     proc.communicate()
     again = run_cli("episode", "-C", str(repo), "--patches", str(tmp_path / "queue"))
     assert again.returncode == 2 and "is unfinished" in again.stderr and "--resume" in again.stderr
+    # abandoning drops the progress of the episode's own stack check (a crash may have cut it off), no other
+    pending = [e.episode for e in HistoryLog(ws.state / "history.jsonl").entries() if e.kind == "episode-started"]
+    cut, other = ws.state / f"stack-progress-{pending[-1]}.json", ws.state / f"stack-progress-{pending[0]}.json"
+    cut.write_text("{}")
+    other.write_text("{}")
     assert run_cli("episode", "-C", str(repo), "--abandon").returncode == 0
+    assert not cut.exists() and other.exists()
     proc2 = run_cli("episode", "-C", str(repo), "--resume")
     assert proc2.returncode == 2 and "no unfinished episode" in proc2.stderr
 
