@@ -1,7 +1,8 @@
 """Stack checks on the real engine (#39): the planted cases on the embedded default, judged by the gate.
 
-    flock /tmp/agentsearch-engine.lock .venv/bin/python benchmarks/stack_engine.py --case compose|passenger|bisect
-        [--runs 1] [--no-loo] [--seed 7] [--out docs/data/stack-engine.jsonl] [--keep DIR] [--dry-run]
+    flock /tmp/agentsearch-engine.lock .venv/bin/python benchmarks/stack_engine.py
+        --case compose|passenger|bystander|bisect [--runs 1] [--no-loo] [--seed 7]
+        [--out docs/data/stack-engine.jsonl] [--keep DIR] [--dry-run]
     .venv/bin/python benchmarks/stack_engine.py --summary docs/data/stack-engine.jsonl
 
 A fork of the embedded vLLM (``agentsearch init --from-installed vllm``) with the starter's throughput objective
@@ -20,6 +21,10 @@ significant, confirmed win. Then:
   takes merge 1's gain over). Expected: *delivers*; leave-one-out names merge 1 a *passenger* (its marginal
   contribution today is nothing) and merge 2 *contributes*; the pair (1, 2) *interferes* (without both, cost A is
   back: far more than the two single removals).
+- ``bystander``: the passenger case and a third merge that removes cost C, independent of the other two. The
+  passenger points to two pairs: (1, 2) *interferes* as before, and (1, 3) must **not** be flagged (without both,
+  the tip loses exactly what removing merge 3 alone loses): the interference test's false flags, on a pair without
+  interference. Expected: *delivers*; passenger, contributes, contributes; interfering [(1, 2)] only.
 - ``bisect``: six merges, each removing one of six planted costs; merge 3 also adds a busy-wait that only the
   ``single`` workload's engines run (``max_model_len == GUARD_LEN``): a guard regression of about 25% that the
   gate's ``max_regression`` (0.5 here) lets through. ``agentsearch stack bisect --metric single`` must name merge 3
@@ -55,10 +60,15 @@ from benchmarks.engine_gate import SCHEDULER, at_schedule_start, objective_only 
 CLI = [sys.executable, "-m", "agentsearch.cli"]
 MARK = "# stack_engine"
 GUARD_LEN = 512  # the `single` workload's max_model_len: the only engines the bisect case's regression slows
-CASES = ("compose", "passenger", "bisect")
+CASES = ("compose", "passenger", "bystander", "bisect")
 # planted cost per letter, microseconds per scheduler step (measured 2026-12-06: removing 600 us was +8.5%, then 450
 # us +9.3%, confirmed +9.4% and +11.7%: a step of the starter's objective is about 7 ms here)
-COSTS = {"compose": {"A": 600, "B": 450}, "passenger": {"A": 600, "B": 450}, "bisect": dict.fromkeys("ABCDEF", 500)}
+COSTS = {
+    "compose": {"A": 600, "B": 450},
+    "passenger": {"A": 600, "B": 450},
+    "bystander": {"A": 600, "B": 500, "C": 500},
+    "bisect": dict.fromkeys("ABCDEF", 500),
+}
 GUARD_US = 2000  # the bisect case's regression on `single`: about 25% of its throughput (a step is about 7 ms)
 BISECT_CULPRIT = 3  # the merge (1-based) that carries it
 SPIN = f"""
@@ -151,11 +161,11 @@ def chain(case: str) -> list[tuple[str, object]]:
             ("Remove planted cost A", lambda s: remove_by_flag(s, "A")),
             ("Remove planted cost B", lambda s: remove_by_flag(s, "B")),
         ]
-    if case == "passenger":
+    if case in ("passenger", "bystander"):
         return [
             ("Remove planted cost A by its flag", lambda s: remove_by_flag(s, "A")),
             ("Rewrite: drop cost A's code and remove cost B", lambda s: remove_by_flag(delete_line(s, "A"), "B")),
-        ]
+        ] + ([("Remove planted cost C", lambda s: remove_by_flag(s, "C"))] if case == "bystander" else [])
     steps: list[tuple[str, object]] = []
     for i, letter in enumerate(COSTS["bisect"], 1):
         if i == BISECT_CULPRIT:
@@ -268,6 +278,14 @@ def expected(case: str, row: dict) -> tuple[bool, str]:
         return True, what
     if case == "compose":
         return decisions == ["contributes", "contributes"], what
+    if case == "bystander":
+        what += f"; tested {s.get('pairs_tested')}"
+        return (
+            decisions == ["passenger", "contributes", "contributes"]
+            and s.get("interfering") == [[1, 2]]
+            and [1, 3] in s.get("pairs_tested", []),
+            what,
+        )
     return decisions == ["passenger", "contributes"] and s.get("interfering") == [[1, 2]], what
 
 
@@ -421,7 +439,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--case", choices=CASES, default="compose")
     ap.add_argument("--runs", type=int, default=1)
-    ap.add_argument("--no-loo", action="store_true", help="compose/passenger: the episode's own stack check only")
+    ap.add_argument("--no-loo", action="store_true", help="not bisect: the episode's own stack check only")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--out", default="", help="append one JSON line per run here")
     ap.add_argument("--keep", type=Path, help="build the fork and patches here and keep them (one run)")
