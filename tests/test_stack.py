@@ -433,7 +433,7 @@ def test_a_bisect_step_halfway_between_the_start_and_the_tip_is_unknown_and_said
     start's level and the tip's, so no interval can lie on either side: the step is unknown, measured again on fresh
     seeds with its pairs pooled (three more times), and the search stops naming the range it narrowed down to,
     never a merge. The noise is drawn from each trial's seed: at the boundary, an interval excludes the midpoint by
-    chance at alpha per look, so an unseeded run named a merge about once in ten."""
+    chance at alpha per look (four looks here): unseeded, it named a merge in one CI run."""
     from agentsearch.stack import UNKNOWN_RETRIES
 
     repo = target(tmp_path / "toy", '\n[stack]\ncheck = "off"\n', bench=SEEDED_BENCH)
