@@ -8,6 +8,7 @@ import math
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -466,55 +467,55 @@ def test_a_bisect_step_halfway_between_the_start_and_the_tip_is_unknown_and_said
     assert "| **unknown** |" in md and "The regression entered" not in md
 
 
-def test_an_episode_killed_during_its_stack_check_resumes_and_checks_once(tmp_path):
-    """SIGKILL once the episode's end-of-episode stack check (with leave-one-out) has kept its first removal:
-    `--resume` finishes the episode with one stack check of the tip, never two, continued from that removal (the
-    first is not measured again)."""
+def killed_once(args: list[str], ready: Callable[[], bool], what: str) -> None:
+    """Run `agentsearch ARGS` in its own session and SIGKILL the whole group once ``ready()`` holds."""
     import os
     import signal
     import subprocess
     import time
 
-    from agentsearch.stack import Journal
-
-    from .conftest import ROOT
-
-    repo = target(tmp_path / "toy", "\n[stack]\nleave_one_out = true\n")
-    fast = KNOBS.replace("FAST_PATH = False", "FAST_PATH = True")  # two merges on lines apart: each reverts alone
-    queue_of(
-        repo,
-        tmp_path / "queue",
-        [("Fast path", {"src/knobs.py": fast}), ("A 1.2", {"src/knobs.py": fast.replace("A = 1.0", "A = 1.2")})],
-    )
-    state = Workspace.open(repo).state
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "agentsearch.cli",
-            "episode",
-            "-C",
-            str(repo),
-            "--patches",
-            str(tmp_path / "queue"),
-            "--seed",
-            "3",
-            "--json",
-        ],
+        [sys.executable, "-m", "agentsearch.cli", *args],
         cwd=ROOT,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
     deadline = time.monotonic() + 300
-    kept = None
-    while kept is None or '"removals": [{' not in kept.read_text():
-        assert proc.poll() is None and time.monotonic() < deadline, "the episode ended before its check kept a removal"
-        kept = next(iter(state.glob("stack-progress-*.json")), None)
+    while not ready():
+        assert proc.poll() is None and time.monotonic() < deadline, f"it ended before {what}"
         time.sleep(0.05)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
-    journal = Journal(state, kept.name.removeprefix("stack-progress-").removesuffix(".json"))
+
+
+FAST = KNOBS.replace("FAST_PATH = False", "FAST_PATH = True")
+FAST_THEN_A = [("Fast path", {"src/knobs.py": FAST}), ("A 1.2", {"src/knobs.py": FAST.replace("A = 1.0", "A = 1.2")})]
+# two merges on lines apart: each reverts alone at the tip
+
+
+def test_an_episode_killed_during_its_stack_check_resumes_and_checks_once(tmp_path):
+    """SIGKILL once the episode's end-of-episode stack check (with leave-one-out) has kept its first removal:
+    `--resume` finishes the episode with one stack check of the tip, never two, continued from that removal (the
+    first is not measured again)."""
+    from agentsearch.stack import Journal
+
+    repo = target(tmp_path / "toy", "\n[stack]\nleave_one_out = true\n")
+    queue_of(repo, tmp_path / "queue", FAST_THEN_A)
+    state = Workspace.open(repo).state
+
+    def progress_file() -> Path | None:
+        found = next(iter(state.glob("stack-progress-*.json")), None)
+        return found if found is not None and '"removals": [{' in found.read_text() else None
+
+    killed_once(
+        ["episode", "-C", str(repo), "--patches", str(tmp_path / "queue"), "--seed", "3", "--json"],
+        lambda: progress_file() is not None,
+        "its stack check kept a removal",
+    )
+    path = progress_file()
+    assert path is not None
+    journal = Journal(state, path.name.removeprefix("stack-progress-").removesuffix(".json"))
     saved, loo, _ = journal.load()
     assert loo and len(saved.removals) == 1 and not records(repo, StackCheck)
     resumed = run_cli("episode", "-C", str(repo), "--resume", "--json", timeout=900)
@@ -525,7 +526,7 @@ def test_an_episode_killed_during_its_stack_check_resumes_and_checks_once(tmp_pa
     checks = records(repo, StackCheck)
     assert len(checks) == 1 and checks[0].tip == git(repo, "rev-parse", "main").strip()
     assert checks[0].removals[0].scratch == saved.removals[0].scratch and len(checks[0].removals) == 2
-    assert not kept.exists()
+    assert not path.exists()
     assert run_cli("history", "verify", "-C", str(repo)).returncode == 0
 
 
@@ -534,35 +535,17 @@ def test_a_stand_alone_stack_check_killed_after_a_removal_resumes_from_its_last_
     refuses to start over it (one line naming --resume and --fresh); `--resume` measures only what was left (the
     second removal), records one check with the first removal as it was measured, and clears the progress; the tip
     moving on, or a progress file that is not one, is one line that names --fresh."""
-    import os
-    import signal
-    import subprocess
-    import time
-
     from agentsearch.stack import Journal
 
     repo = target(tmp_path / "toy", '\n[stack]\ncheck = "off"\n')
-    fast = KNOBS.replace("FAST_PATH = False", "FAST_PATH = True")  # two merges on lines apart: each reverts alone
-    queue_of(
-        repo,
-        tmp_path / "queue",
-        [("Fast path", {"src/knobs.py": fast}), ("A 1.2", {"src/knobs.py": fast.replace("A = 1.0", "A = 1.2")})],
-    )
+    queue_of(repo, tmp_path / "queue", FAST_THEN_A)
     assert [p["verdict"] for p in episode(repo, tmp_path / "queue")["proposals"]] == ["merge", "merge"]
     journal = Journal(Workspace.open(repo).state)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "agentsearch.cli", "stack", "-C", str(repo), "--leave-one-out", "--seed", "4"],
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
+    killed_once(
+        ["stack", "-C", str(repo), "--leave-one-out", "--seed", "4"],
+        lambda: journal.path.exists() and '"removals": [{' in journal.path.read_text(),
+        "its first removal was kept",
     )
-    deadline = time.monotonic() + 300
-    while not (journal.path.exists() and '"removals": [{' in journal.path.read_text()):
-        assert proc.poll() is None and time.monotonic() < deadline, "the check ended before its first removal was kept"
-        time.sleep(0.05)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
     saved, loo, seed = journal.load()
     assert loo and seed == 4 and len(saved.removals) == 1 and not records(repo, StackCheck)
     again = run_cli("stack", "-C", str(repo))
