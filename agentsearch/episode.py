@@ -498,6 +498,13 @@ class Episode:
         if every is not None and merged_now % every == 0:
             self.stack_check(f"{merged_now} merges")
 
+    def drop(self, journal: Any) -> None:
+        """Remove a stack check's progress; a file that cannot be removed is said, never the episode's end."""
+        try:
+            journal.clear()
+        except AgentsearchError as exc:
+            self.say(f"{self.plan.episode} stack", str(exc))
+
     def stack_check(self, why: str) -> dict[str, Any]:
         """The stack check over this episode's merges ([stack] check), recorded in the episode's history. Its own
         failure never stops the episode: it is reported (and the check is inconclusive)."""
@@ -509,19 +516,13 @@ class Episode:
             for e in self.log.entries()
             if e.episode == self.plan.episode and isinstance(e.record, rec.StackCheck)
         ]
+        # a check the crash cut off continues from its last measured part (one of another tip is dropped)
+        journal = stack.Journal(self.ws.state, self.plan.episode)
         if done and done[-1].tip == tip:  # a resumed episode: this tip was checked before the crash
+            self.drop(journal)
             return done[-1].summary()
         self.retire_warm()  # the baseline moved with the merges: its kept side is stale, and its memory is needed
         self.say(f"{self.plan.episode} stack", f"{why}: measuring what this episode's merges add up to")
-        # a check the crash cut off continues from its last measured part; one of another tip (or unreadable) is
-        # dropped: this tip is measured afresh
-        journal = stack.Journal(self.ws.state, self.plan.episode)
-        try:
-            saved = journal.load()
-        except AgentsearchError:
-            saved = None
-        if saved is None or saved[0].tip != tip:
-            journal.clear()
         try:
             r = stack.check(
                 self.ws,
@@ -535,6 +536,7 @@ class Episode:
         except Exception as exc:  # noqa: BLE001 - merged code runs in it: its failure is the check's, never the episode's
             why = tail(str(exc) or type(exc).__name__, 1)
             self.say(f"{self.plan.episode} stack", f"the stack check failed: {why}")
+            self.drop(journal)  # a failed check is reported, not continued
             return {"verdict": "inconclusive", "error": why, "holds": False, "regressed_guards": []}
         self.say(
             f"{self.plan.episode} stack",

@@ -318,19 +318,23 @@ def _run_checks(
                 )
             try:
                 _build_and_run(
-                    ws,
-                    config,
-                    base,
-                    cand,
-                    master,
-                    alpha,
-                    st,
-                    say,
-                    sd,
+                    _Ctx(
+                        ws,
+                        config,
+                        base,
+                        cand,
+                        master,
+                        alpha,
+                        st,
+                        say,
+                        sd,
+                        pool,
+                        git.changed_lines(ws.repo_dir, base, cand),
+                        _at_least(design_for(config.gate, alpha), min_pairs),
+                        calibration.load(ws),
+                        warm=warm is not None and not keep,
+                    ),
                     box,
-                    pool,
-                    warm is not None and not keep,
-                    min_pairs,
                 )
             except BaseException:
                 pool.close()
@@ -349,28 +353,14 @@ def _run_checks(
         st.engine_wait_s += pool.wait_s
 
 
-def _build_and_run(
-    ws: Workspace,
-    config: Config,
-    base: str,
-    cand: str,
-    master: int,
-    alpha: float | None,
-    st: _State,
-    say: Say,
-    sd: Sides,
-    box: Any,
-    pool: EnginePool,
-    warm: bool,
-    min_pairs: int | None = None,
-) -> None:
-    from .workspace import git
-
+def _build_and_run(ctx: _Ctx, box: Any) -> None:
+    """Build both sides in their sandboxes, then run the pipeline's steps until one stops it."""
+    st, sd = ctx.st, ctx.sd
     st.add(CheckName.PROTECTED_PATHS, Status.PASS, "no protected path touched")
     if box.status == "fail":
         st.add(CheckName.SANDBOX, Status.FAIL, box.detail)
         return
-    say("build", "preparing worktrees")
+    ctx.say("build", "preparing worktrees")
     try:
         sd.build()
     except sides_mod.BuildError as exc:
@@ -380,22 +370,6 @@ def _build_and_run(
         return
     st.add(CheckName.BUILD, Status.PASS, "both sides installed" + (", each in its own sandbox" if box.use else ""))
     st.add(CheckName.SANDBOX, Status(box.status), box.detail)
-    ctx = _Ctx(
-        ws,
-        config,
-        base,
-        cand,
-        master,
-        alpha,
-        st,
-        say,
-        sd,
-        pool,
-        git.changed_lines(ws.repo_dir, base, cand),
-        _at_least(design_for(config.gate, alpha), min_pairs),
-        calibration.load(ws),
-        warm=warm,
-    )
     for _name, step in PIPELINE:
         if not step(ctx):
             return

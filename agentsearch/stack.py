@@ -245,51 +245,80 @@ def _summary(ev: Evaluation | None, workload: str) -> WorkloadSummary | None:
     return ev.workloads.get(workload) if ev is not None else None
 
 
+@dataclass(frozen=True)
+class Progress:
+    """What a journal holds: the check so far (a ``StackCheck`` whose removals and interference are the parts
+    measured), its options, and whether it is the finished record about to be written (``final``)."""
+
+    check: StackCheck
+    leave_one_out: bool
+    seed: int | None  # the seed asked for (None: each evaluation drew its own)
+    final: bool = False
+
+    def problem(self) -> str | None:
+        """What does not fit together in it (a hand-edited or damaged file), or None."""
+        c, merges = self.check, [m.merge for m in self.check.merges]
+        if not self.leave_one_out and (c.removals or c.interference):
+            return "leave-one-out parts in a check without leave-one-out"
+        if [r.merge for r in c.removals] != merges[: len(c.removals)]:
+            return "its removals are not the range's merges, in order"
+        if c.interference:
+            pointed = [sorted((a.merge, b.merge)) for a, b in pointed_pairs(c.merges, list(c.removals))]
+            if (
+                len(c.removals) != len(merges)
+                or [sorted(j.merges) for j in c.interference] != pointed[: len(c.interference)]
+            ):
+                return "its joint removals are not the pairs its removals point to"
+        return None
+
+
 class Journal:
-    """A stand-alone stack check's progress: the tip's measurement and each leave-one-out part as it is measured, in
-    the workspace's state (``stack-progress.json``), so that ``agentsearch stack --resume`` continues a killed check
-    from its last measured part; removed once the check is in the history. The partial check is a ``StackCheck``
-    (its removals and interference so far), written whole after every part (atomically)."""
+    """A stack check's progress: the tip's measurement and each leave-one-out part as it is measured, in the
+    workspace's state (``stack-progress.json``; an episode's own check, ``stack-progress-<episode>.json``), so that
+    ``agentsearch stack --resume`` (or the episode's ``--resume``) continues a killed check from its last measured
+    part. Written whole after every part (atomically); the finished record is written to it before the history, so a
+    kill between the two records the check once; cleared once the check is in the history."""
 
     FILE = "stack-progress.json"
     VERSION = 1
 
     def __init__(self, state: Path, episode: str | None = None) -> None:
-        """``episode``: the check an episode runs over its merges keeps its own file (its ``--resume`` continues it)."""
+        self.episode = episode
         self.path = state / (self.FILE if episode is None else f"stack-progress-{episode}.json")
 
-    def load(self) -> tuple[StackCheck, bool, int | None] | None:
-        """The saved check, whether it leaves one out, and its requested seed; None: no check is unfinished."""
+    def load(self) -> Progress | None:
+        """The saved progress; None: no check is unfinished. A file that is not one: one line (AgentsearchError)."""
         try:
             data = json.loads(self.path.read_text())
         except FileNotFoundError:
             return None
-        except (OSError, ValueError) as exc:
-            raise AgentsearchError(
-                f"{self.path}: unreadable ({exc}); start afresh with `agentsearch stack --fresh`"
-            ) from None
+        except (OSError, ValueError, RecursionError) as exc:
+            raise AgentsearchError(f"{self.path}: unreadable ({exc})") from None
         try:
-            if not isinstance(data, dict) or data.get("version") != self.VERSION:
+            if not isinstance(data, dict) or type(data.get("version")) is not int or data["version"] != self.VERSION:
                 raise RecordError(f"version {data.get('version') if isinstance(data, dict) else data!r}")
-            seed = data["seed"]
-            if not (seed is None or (isinstance(seed, int) and not isinstance(seed, bool))):
-                raise RecordError(f"seed {seed!r}")
-            return StackCheck.from_json(data["check"], self.FILE), bool(data["leave_one_out"]), seed
-        except (RecordError, KeyError, TypeError) as exc:
-            raise AgentsearchError(
-                f"{self.path}: not a stack check's progress ({exc}); start afresh with `agentsearch stack --fresh`"
-            ) from None
+            seed, loo, final = data["seed"], data["leave_one_out"], data.get("final", False)
+            if not (seed is None or type(seed) is int) or type(loo) is not bool or type(final) is not bool:
+                raise RecordError("seed, leave_one_out or final of the wrong type")
+            progress = Progress(StackCheck.from_json(data["check"], self.FILE), loo, seed, final)
+        except (RecordError, KeyError, TypeError, ValueError, RecursionError) as exc:
+            raise AgentsearchError(f"{self.path}: not a stack check's progress ({exc})") from None
+        if (why := progress.problem()) is not None:
+            raise AgentsearchError(f"{self.path}: not a stack check's progress ({why})")
+        return progress
 
-    def save(self, partial: StackCheck, leave_one_out: bool, seed: int | None) -> None:
-        atomic_write(
-            self.path,
-            json.dumps(
-                {"version": self.VERSION, "leave_one_out": leave_one_out, "seed": seed, "check": partial.to_json()}
-            ),
-        )
+    def save(self, p: Progress) -> None:
+        data = {"version": self.VERSION, "leave_one_out": p.leave_one_out, "seed": p.seed, "final": p.final}
+        try:
+            atomic_write(self.path, json.dumps({**data, "check": p.check.to_json()}))
+        except OSError as exc:
+            raise AgentsearchError(f"{self.path}: cannot keep the stack check's progress ({exc})") from None
 
     def clear(self) -> None:
-        self.path.unlink(missing_ok=True)
+        try:
+            self.path.unlink(missing_ok=True)
+        except OSError as exc:
+            raise AgentsearchError(f"{self.path}: cannot remove it ({exc}); remove it by hand") from None
 
 
 def _measure_tip(ws: Workspace, rng: Range, seed: int | None, say: Say) -> StackCheck:
@@ -346,17 +375,19 @@ def check(
     (``write``: how, where the caller holds the history open — an episode; default: append to it).
 
     ``journal``: keep the progress there after every measured part, and continue the check it holds (its range, its
-    options), if any; the journal is cleared once the check is recorded."""
+    options), if any. A stand-alone journal that does not fit (the tip moved, a damaged file) is the run's error; an
+    episode's is dropped and the tip measured afresh. Cleared once the check is recorded."""
     say = progress or (lambda stage, detail: None)
-    saved = journal.load() if journal is not None else None
+    saved = _resumable(ws, journal, say) if journal is not None else None
+    if saved is not None and saved.final:  # killed between the journal's last write and the history's
+        if write is not None or not _recorded(ws, saved.check):
+            (write or (lambda r: append(ws, r, None, None)))(saved.check)
+        if journal is not None:
+            journal.clear()
+        return saved.check
     if saved is not None:
-        partial, leave_one_out, seed = saved
-        rng = merge_range(ws, partial.since)
-        if rng.tip != partial.tip or [m.merge for m in rng.merges] != [m.merge for m in partial.merges]:
-            raise AgentsearchError(
-                f"the unfinished stack check measured {partial.tip[:12]} against {partial.since[:12]}; main is now "
-                f"at {rng.tip[:12]}: start afresh with `agentsearch stack --fresh`"
-            )
+        partial, leave_one_out, seed = saved.check, saved.leave_one_out, saved.seed
+        rng = Range(partial.since, partial.tip, partial.merges)  # as measured: the estimates the parts were judged by
         say(
             "stack",
             f"resuming the check of {rng.tip[:12]} against {rng.since[:12]}: the tip measured, "
@@ -368,7 +399,7 @@ def check(
         say("stack", f"the tip {rng.tip[:12]} against {rng.since[:12]}: {len(rng.merges)} merge(s)")
         partial = _measure_tip(ws, rng, seed, say)
         if journal is not None:
-            journal.save(partial, leave_one_out, seed)
+            journal.save(Progress(partial, leave_one_out, seed))
     t0 = time.perf_counter() - partial.seconds  # the time of every run that measured this check
     config = ws.config(rng.since)
     objective, reasons, verdict = partial.objective, partial.reasons, partial.verdict
@@ -379,9 +410,11 @@ def check(
         if journal is not None:
             now = round(time.perf_counter() - t0, 3)
             journal.save(
-                dataclasses.replace(partial, removals=tuple(removals), interference=tuple(joint), seconds=now),
-                leave_one_out,
-                seed,
+                Progress(
+                    dataclasses.replace(partial, removals=tuple(removals), interference=tuple(joint), seconds=now),
+                    leave_one_out,
+                    seed,
+                )
             )
 
     if leave_one_out:
@@ -450,6 +483,8 @@ def check(
         interference=tuple(joint),
         seconds=round(time.perf_counter() - t0, 3),
     )
+    if journal is not None:
+        journal.save(Progress(record, leave_one_out, seed, final=True))
     if write is not None:
         write(record)
     else:
@@ -457,6 +492,37 @@ def check(
     if journal is not None:
         journal.clear()
     return record
+
+
+def _resumable(ws: Workspace, journal: Journal, say: Say) -> Progress | None:
+    """The journal's check if it still fits the baseline (its tip, its merges); an episode's that does not is
+    dropped (None), a stand-alone one is the run's error (one line naming --fresh)."""
+    try:
+        saved = journal.load()
+        if saved is None:
+            return None
+        now = merge_range(ws, saved.check.since)
+        if now.tip != saved.check.tip:
+            raise AgentsearchError(
+                f"the unfinished stack check measured {saved.check.tip[:12]}; main is now at {now.tip[:12]}"
+            )
+        if [m.merge for m in now.merges] != [m.merge for m in saved.check.merges]:
+            raise AgentsearchError(
+                f"the unfinished stack check's merges are not those between {saved.check.since[:12]} and the tip today"
+            )
+        return saved
+    except AgentsearchError as exc:
+        if journal.episode is None:
+            raise AgentsearchError(f"{exc}: start afresh with `agentsearch stack --fresh`") from None
+        say("stack", f"the saved progress is dropped ({exc}): measuring afresh")
+        journal.clear()
+        return None
+
+
+def _recorded(ws: Workspace, record: StackCheck) -> bool:
+    """Whether the history already holds exactly this check."""
+    want = record.to_json()
+    return any(isinstance(e.record, StackCheck) and e.record.to_json() == want for e in read_entries(ws))
 
 
 def scratch_without(ws: Workspace, tip: str, *merges: str) -> str:

@@ -3,6 +3,7 @@ gate's own measurements: what merges add up to, each merge's marginal contributi
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -224,15 +225,7 @@ def test_a_stack_that_delivers_and_a_merge_that_became_a_passenger(tmp_path, mon
 
 
 def passenger_case(tmp_path: Path, repo: Path, fake: FakeForge) -> None:
-    fast = KNOBS.replace("FAST_PATH = False", "FAST_PATH = True")
-    rewrite = fast.replace("A = 1.0", "A = 1.2").replace(
-        "    cost = 1.0 if FAST_PATH else 1.3\n    return A / cost", "    return A"
-    )
-    queue_of(
-        repo,
-        tmp_path / "queue",
-        [("Take the fast path", {"src/knobs.py": fast}), ("Rewrite speed()", {"src/knobs.py": rewrite})],
-    )
+    queue_of(repo, tmp_path / "queue", FAST_THEN_REWRITE)
     out = episode(repo, tmp_path / "queue")
     assert [p["verdict"] for p in out["proposals"]] == ["merge", "merge"], out
     first, second = (git(repo, "rev-parse", f"main~{i}").strip() for i in (1, 0))
@@ -490,42 +483,50 @@ def killed_once(args: list[str], ready: Callable[[], bool], what: str) -> None:
 
 
 FAST = KNOBS.replace("FAST_PATH = False", "FAST_PATH = True")
+# two merges on lines apart: each reverts alone at the tip, and each contributes
 FAST_THEN_A = [("Fast path", {"src/knobs.py": FAST}), ("A 1.2", {"src/knobs.py": FAST.replace("A = 1.0", "A = 1.2")})]
-# two merges on lines apart: each reverts alone at the tip
+# the second rewrites speed() without the cost the first took the fast path around: the first is a passenger
+REWRITE = FAST.replace("A = 1.0", "A = 1.2").replace(
+    "    cost = 1.0 if FAST_PATH else 1.3\n    return A / cost", "    return A"
+)
+FAST_THEN_REWRITE = [("Take the fast path", {"src/knobs.py": FAST}), ("Rewrite speed()", {"src/knobs.py": REWRITE})]
 
 
 def test_an_episode_killed_during_its_stack_check_resumes_and_checks_once(tmp_path):
-    """SIGKILL once the episode's end-of-episode stack check (with leave-one-out) has kept its first removal:
-    `--resume` finishes the episode with one stack check of the tip, never two, continued from that removal (the
-    first is not measured again)."""
+    """SIGKILL once the episode's end-of-episode stack check (with leave-one-out) has kept both removals, before the
+    joint removal the passenger points to: `--resume` finishes the episode with one stack check of the tip, never
+    two, that measures only the joint removal (neither removal again)."""
     from agentsearch.stack import Journal
 
     repo = target(tmp_path / "toy", "\n[stack]\nleave_one_out = true\n")
-    queue_of(repo, tmp_path / "queue", FAST_THEN_A)
+    queue_of(repo, tmp_path / "queue", FAST_THEN_REWRITE)
     state = Workspace.open(repo).state
 
     def progress_file() -> Path | None:
         found = next(iter(state.glob("stack-progress-*.json")), None)
-        return found if found is not None and '"removals": [{' in found.read_text() else None
+        data = json.loads(found.read_text()) if found is not None else {}
+        return found if len(data.get("check", {}).get("removals", [])) == 2 else None
 
     killed_once(
         ["episode", "-C", str(repo), "--patches", str(tmp_path / "queue"), "--seed", "3", "--json"],
         lambda: progress_file() is not None,
-        "its stack check kept a removal",
+        "its stack check kept both removals",
     )
     path = progress_file()
     assert path is not None
-    journal = Journal(state, path.name.removeprefix("stack-progress-").removesuffix(".json"))
-    saved, loo, _ = journal.load()
-    assert loo and len(saved.removals) == 1 and not records(repo, StackCheck)
+    saved = Journal(state, path.name.removeprefix("stack-progress-").removesuffix(".json")).load()
+    assert saved.leave_one_out and not saved.check.interference and not records(repo, StackCheck)
+    assert [r.decision for r in saved.check.removals] == ["passenger", "contributes"]
     resumed = run_cli("episode", "-C", str(repo), "--resume", "--json", timeout=900)
     assert resumed.returncode == 0, resumed.stderr
     out = json.loads(resumed.stdout)
     assert out["merged"] == 2 and out["stack"]["verdict"] == "delivers", out.get("stack")
-    assert "resuming the check" in resumed.stderr and "leave-one-out 1/2" not in resumed.stderr, resumed.stderr
+    assert "resuming the check" in resumed.stderr and "2 of 2 removal(s)" in resumed.stderr, resumed.stderr
+    assert "leave-one-out" not in resumed.stderr and "interference: the tip without both" in resumed.stderr
     checks = records(repo, StackCheck)
     assert len(checks) == 1 and checks[0].tip == git(repo, "rev-parse", "main").strip()
-    assert checks[0].removals[0].scratch == saved.removals[0].scratch and len(checks[0].removals) == 2
+    assert [r.scratch for r in checks[0].removals] == [r.scratch for r in saved.check.removals]
+    assert len(checks[0].interference) == 1 and checks[0].interference[0].pairs > 0
     assert not path.exists()
     assert run_cli("history", "verify", "-C", str(repo)).returncode == 0
 
@@ -535,7 +536,7 @@ def test_a_stand_alone_stack_check_killed_after_a_removal_resumes_from_its_last_
     refuses to start over it (one line naming --resume and --fresh); `--resume` measures only what was left (the
     second removal), records one check with the first removal as it was measured, and clears the progress; the tip
     moving on, or a progress file that is not one, is one line that names --fresh."""
-    from agentsearch.stack import Journal
+    from agentsearch.stack import Journal, Progress
 
     repo = target(tmp_path / "toy", '\n[stack]\ncheck = "off"\n')
     queue_of(repo, tmp_path / "queue", FAST_THEN_A)
@@ -546,8 +547,10 @@ def test_a_stand_alone_stack_check_killed_after_a_removal_resumes_from_its_last_
         lambda: journal.path.exists() and '"removals": [{' in journal.path.read_text(),
         "its first removal was kept",
     )
-    saved, loo, seed = journal.load()
-    assert loo and seed == 4 and len(saved.removals) == 1 and not records(repo, StackCheck)
+    progress = journal.load()
+    saved = progress.check
+    assert progress.leave_one_out and progress.seed == 4 and not progress.final
+    assert len(saved.removals) == 1 and not records(repo, StackCheck)
     again = run_cli("stack", "-C", str(repo))
     assert again.returncode == 2 and "is unfinished (1 of 2 removals measured)" in again.stderr, again.stderr
     assert "--resume" in again.stderr and "--fresh" in again.stderr and len(again.stderr.strip().splitlines()) == 1
@@ -567,19 +570,43 @@ def test_a_stand_alone_stack_check_killed_after_a_removal_resumes_from_its_last_
     assert json.loads(resumed.stdout)["tip"] == rec.tip
     nothing = run_cli("stack", "-C", str(repo), "--resume")
     assert nothing.returncode == 2 and "no unfinished stack check to resume" in nothing.stderr
+    # killed between the finished record's write to the journal and to the history: recorded once, either way
+    journal.save(Progress(rec, True, 4, final=True))
+    again = run_cli("stack", "-C", str(repo), "--resume", "--json")
+    assert again.returncode == 0 and json.loads(again.stdout)["seconds"] == rec.seconds, again.stderr
+    assert records(repo, StackCheck) == [rec] and not journal.path.exists()
+    unwritten = dataclasses.replace(rec, seconds=rec.seconds + 1.0)
+    journal.save(Progress(unwritten, True, 4, final=True))
+    assert run_cli("stack", "-C", str(repo), "--resume").returncode == 0
+    assert records(repo, StackCheck) == [rec, unwritten] and not journal.path.exists()
 
     # the tip moved on since the check began: resuming would mix two tips' numbers
-    journal.save(saved, True, 4)
+    journal.save(progress)
     commit(repo, {"notes.txt": "later"}, "a later commit")
     moved = run_cli("stack", "-C", str(repo), "--resume")
     assert moved.returncode == 2 and "main is now at" in moved.stderr and "--fresh" in moved.stderr, moved.stderr
-    # a progress file that is not one: one line, never a traceback
-    journal.path.write_text('{"version": 1, "leave_one_out": true, "seed": "4; rm -rf /", "check": {}}')
+    # a progress file that is not one: one line naming --fresh, never a traceback
+    for damaged in (
+        Progress(dataclasses.replace(saved, removals=saved.removals * 3), True, 4),  # more removals than merges
+        Progress(saved, False, 4),  # removals in a check without leave-one-out
+    ):
+        journal.save(damaged)
+        for args in (["--resume"], []):
+            bad = run_cli("stack", "-C", str(repo), *args)
+            assert bad.returncode == 2 and "not a stack check's progress" in bad.stderr, bad.stderr
+            assert "--fresh" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+    journal.path.write_text('{"version": true, "leave_one_out": "false", "seed": "4; rm -rf /", "check": {}}')
     bad = run_cli("stack", "-C", str(repo), "--resume")
     assert bad.returncode == 2 and "not a stack check's progress" in bad.stderr and "Traceback" not in bad.stderr
+    journal.path.write_text("[" * 100000)
+    bad = run_cli("stack", "-C", str(repo), "--resume")
+    assert bad.returncode == 2 and "unreadable" in bad.stderr and "Traceback" not in bad.stderr
     journal.path.write_text("{")
     fresh = run_cli("stack", "-C", str(repo), "--fresh", "--json", timeout=900)
-    assert fresh.returncode in (0, 1) and not journal.path.exists() and len(records(repo, StackCheck)) == 2
+    assert fresh.returncode in (0, 1) and not journal.path.exists() and len(records(repo, StackCheck)) == 3
+    journal.path.mkdir()  # a directory in its place: one line, before anything is measured
+    odd = run_cli("stack", "-C", str(repo), "--fresh")
+    assert odd.returncode == 2 and "cannot remove it" in odd.stderr and len(odd.stderr.strip().splitlines()) == 1
 
 
 def test_the_trade_view_shows_each_merge_against_the_guards_and_the_trade_a_guard_refused(tmp_path):

@@ -82,10 +82,10 @@ def run(
         if abandon:
             if pending is None:
                 raise AgentsearchError("no unfinished episode to abandon")
-            log.append(EpisodeFinished(episode=pending, reason="abandoned"), pending, None)
             from ..stack import Journal
 
             Journal(ws.state, pending).clear()  # its stack check's progress, if a crash cut the check off
+            log.append(EpisodeFinished(episode=pending, reason="abandoned"), pending, None)
             out.print(f"abandoned episode {pending}")
             return 0
         preflight.require(ws, say=say)  # seconds: a set-up error stops here, before anything is started or judged

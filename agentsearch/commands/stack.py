@@ -209,12 +209,17 @@ def run(
         elif resume and not journal.path.exists():
             raise AgentsearchError("no unfinished stack check to resume; start one with `agentsearch stack`")
         elif not resume and journal.path.exists():
-            saved = journal.load()
-            done = (
-                f" ({len(saved[0].removals)} of {len(saved[0].merges)} removals measured)" if saved and saved[1] else ""
-            )
+            try:
+                saved = journal.load()
+            except AgentsearchError as exc:
+                raise AgentsearchError(f"{exc}: start afresh with `agentsearch stack --fresh`") from None
+            done, tip = "", "the tip"
+            if saved is not None:
+                tip = saved.check.tip[:12]
+                if saved.leave_one_out:
+                    done = f" ({len(saved.check.removals)} of {len(saved.check.merges)} removals measured)"
             raise AgentsearchError(
-                f"a stack check of {saved[0].tip[:12] if saved else 'the tip'} is unfinished{done}: continue it with "
+                f"a stack check of {tip} is unfinished{done}: continue it with "
                 "`agentsearch stack --resume`, or discard it with `agentsearch stack --fresh`"
             )
         return check(ws, since, seed=seed, leave_one_out=leave_one_out, progress=say, journal=journal)
