@@ -623,6 +623,16 @@ def profile(target: Path, as_json: bool, ref: str | None, workload: str | None, 
     dispatch(run, config=True, target=target, as_json=as_json, ref=ref, workload=workload, seed=seed)
 
 
+def resume_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    """--resume / --fresh of a measuring command that keeps its progress (stack, stack bisect)."""
+    f = click.option("--fresh", is_flag=True, help="Discard an unfinished run and start a new one.")(f)
+    return click.option(
+        "--resume",
+        is_flag=True,
+        help="Continue a killed run from its last measured part (its own range and options).",
+    )(f)
+
+
 @main.group(context_settings=CONTEXT, invoke_without_command=True)
 @target_option
 @strict_option
@@ -646,12 +656,7 @@ def profile(target: Path, as_json: bool, ref: str | None, workload: str | None, 
     help="Also write the check as a Markdown report there (its waterfall "
     "plot beside it, PNG), or as one HTML page when PATH ends in .html.",
 )
-@click.option(
-    "--resume",
-    is_flag=True,
-    help="Continue a killed check from its last measured part (its own range and options).",
-)
-@click.option("--fresh", is_flag=True, help="Discard an unfinished check and start a new one.")
+@resume_options
 @click.pass_context
 def stack(
     ctx: click.Context,
@@ -703,17 +708,35 @@ def stack(
     type=click.Path(path_type=Path),
     help="Also write the bisection path as a Markdown report there (HTML when PATH ends in .html).",
 )
+@resume_options
 def stack_bisect(
-    target: Path, as_json: bool, metric: str | None, since: str | None, seed: int | None, report: Path | None
+    target: Path,
+    as_json: bool,
+    metric: str | None,
+    since: str | None,
+    seed: int | None,
+    report: Path | None,
+    resume: bool,
+    fresh: bool,
 ) -> None:
     """Name the merge where WORKLOAD got significantly worse than at the range's start (three-valued steps).
 
-    Exit 0 when a merge is named, 1 when none is (nothing regressed, or a step stayed unknown).
+    Exit 0 when a merge is named, 1 when none is (nothing regressed, or a step stayed unknown). A bisection keeps
+    its steps as it measures them: a killed one continues with --resume.
     """
     from .commands.stack import run_bisect
 
     dispatch(
-        run_bisect, config=True, target=target, as_json=as_json, since=since, metric=metric, seed=seed, report=report
+        run_bisect,
+        config=True,
+        target=target,
+        as_json=as_json,
+        since=since,
+        metric=metric,
+        seed=seed,
+        report=report,
+        resume=resume,
+        fresh=fresh,
     )
 
 

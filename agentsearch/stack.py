@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from history.records import EpisodeStarted, Merge, RecordError, Revert, Role, Verdict, WorkloadSummary
+from history.records import EpisodeStarted, Merge, Record, RecordError, Revert, Role, Verdict, WorkloadSummary
 from history.records import Evaluation as EvaluationRecord
 from history.records.stack import (
     BisectStep,
@@ -247,17 +247,24 @@ def _summary(ev: Evaluation | None, workload: str) -> WorkloadSummary | None:
 
 @dataclass(frozen=True)
 class Progress:
-    """What a journal holds: the check so far (a ``StackCheck`` whose removals and interference are the parts
-    measured), its options, and whether it is the finished record about to be written (``final``)."""
+    """What a journal holds: the run so far — a ``StackCheck`` whose removals and interference are the parts
+    measured, or a ``StackBisect`` whose steps are the steps measured — its options, and whether it is the finished
+    record about to be written (``final``)."""
 
-    check: StackCheck
-    leave_one_out: bool
+    record: StackCheck | StackBisect
+    leave_one_out: bool  # a check's leave-one-out (False for a bisection)
     seed: int | None  # the seed asked for (None: each evaluation drew its own)
     final: bool = False
 
     def problem(self) -> str | None:
         """What does not fit together in it (a hand-edited or damaged file), or None."""
-        c, merges = self.check, [m.merge for m in self.check.merges]
+        c = self.record
+        if isinstance(c, StackBisect):
+            line = [c.since, *c.merges]
+            if any(not (0 <= st.index < len(line)) or st.commit != line[st.index] for st in c.steps):
+                return "its steps are not commits of its range"
+            return None
+        merges = [m.merge for m in c.merges]
         if not self.leave_one_out and (c.removals or c.interference):
             return "leave-one-out parts in a check without leave-one-out"
         if [r.merge for r in c.removals] != merges[: len(c.removals)]:
@@ -273,21 +280,26 @@ class Progress:
 
 
 class Journal:
-    """A stack check's progress: the tip's measurement and each leave-one-out part as it is measured, in the
-    workspace's state (``stack-progress.json``; an episode's own check, ``stack-progress-<episode>.json``), so that
-    ``agentsearch stack --resume`` (or the episode's ``--resume``) continues a killed check from its last measured
-    part. Written whole after every part (atomically); the finished record is written to it before the history, so a
-    kill between the two records the check once; cleared once the check is in the history."""
+    """A stack check's or a bisection's progress, in the workspace's state: ``stack-progress.json`` (a check),
+    ``stack-bisect-progress.json`` (a bisection), ``stack-progress-<episode>.json`` (an episode's own check). Written
+    whole after every measured part (atomically), so that ``--resume`` (or the episode's ``--resume``) continues a
+    killed run from its last measured part; the finished record is written to it before the history, so a kill
+    between the two records the run once; cleared once the record is in the history."""
 
-    FILE = "stack-progress.json"
     VERSION = 1
+    KINDS: dict[str, type[StackCheck] | type[StackBisect]] = {
+        StackCheck.KIND: StackCheck,
+        StackBisect.KIND: StackBisect,
+    }
 
-    def __init__(self, state: Path, episode: str | None = None) -> None:
-        self.episode = episode
-        self.path = state / (self.FILE if episode is None else f"stack-progress-{episode}.json")
+    def __init__(self, state: Path, episode: str | None = None, kind: type[Record] = StackCheck) -> None:
+        self.episode, self.kind = episode, kind.KIND
+        self.what = "stack check" if kind is StackCheck else "bisection"  # in messages
+        name = "stack-progress" if kind is StackCheck else "stack-bisect-progress"
+        self.path = state / (f"{name}.json" if episode is None else f"{name}-{episode}.json")
 
     def load(self) -> Progress | None:
-        """The saved progress; None: no check is unfinished. A file that is not one: one line (AgentsearchError)."""
+        """The saved progress; None: nothing is unfinished. A file that is not one: one line (AgentsearchError)."""
         try:
             data = json.loads(self.path.read_text())
         except FileNotFoundError:
@@ -297,22 +309,24 @@ class Journal:
         try:
             if not isinstance(data, dict) or type(data.get("version")) is not int or data["version"] != self.VERSION:
                 raise RecordError(f"version {data.get('version') if isinstance(data, dict) else data!r}")
-            seed, loo, final = data["seed"], data["leave_one_out"], data.get("final", False)
+            if data.get("kind") != self.kind:
+                raise RecordError(f"kind {data.get('kind')!r}, not {self.kind!r}")
+            seed, loo, final = data["seed"], data["leave_one_out"], data["final"]
             if not (seed is None or type(seed) is int) or type(loo) is not bool or type(final) is not bool:
                 raise RecordError("seed, leave_one_out or final of the wrong type")
-            progress = Progress(StackCheck.from_json(data["check"], self.FILE), loo, seed, final)
+            progress = Progress(self.KINDS[self.kind].from_json(data["record"], self.path.name), loo, seed, final)
         except (RecordError, KeyError, TypeError, ValueError, RecursionError) as exc:
-            raise AgentsearchError(f"{self.path}: not a stack check's progress ({exc})") from None
+            raise AgentsearchError(f"{self.path}: not a {self.what}'s progress ({exc})") from None
         if (why := progress.problem()) is not None:
-            raise AgentsearchError(f"{self.path}: not a stack check's progress ({why})")
+            raise AgentsearchError(f"{self.path}: not a {self.what}'s progress ({why})")
         return progress
 
     def save(self, p: Progress) -> None:
-        data = {"version": self.VERSION, "leave_one_out": p.leave_one_out, "seed": p.seed, "final": p.final}
+        data = {"version": self.VERSION, "kind": p.record.KIND, "leave_one_out": p.leave_one_out, "seed": p.seed}
         try:
-            atomic_write(self.path, json.dumps({**data, "check": p.check.to_json()}))
+            atomic_write(self.path, json.dumps({**data, "final": p.final, "record": p.record.to_json()}))
         except OSError as exc:
-            raise AgentsearchError(f"{self.path}: cannot keep the stack check's progress ({exc})") from None
+            raise AgentsearchError(f"{self.path}: cannot keep the progress ({exc})") from None
 
     def clear(self) -> None:
         try:
@@ -379,14 +393,15 @@ def check(
     episode's is dropped and the tip measured afresh. Cleared once the check is recorded."""
     say = progress or (lambda stage, detail: None)
     saved = _resumable(ws, journal, say) if journal is not None else None
-    if saved is not None and saved.final:  # killed between the journal's last write and the history's
-        if write is not None or not _recorded(ws, saved.check):
-            (write or (lambda r: append(ws, r, None, None)))(saved.check)
-        if journal is not None:
-            journal.clear()
-        return saved.check
+    if (
+        saved is not None and saved.final and journal is not None
+    ):  # killed between the journal's write and the history's
+        done = _recorded(ws, journal, saved, write or (lambda r: append(ws, r, None, None)))
+        assert isinstance(done, StackCheck)  # the journal's kind
+        return done
     if saved is not None:
-        partial, leave_one_out, seed = saved.check, saved.leave_one_out, saved.seed
+        assert isinstance(saved.record, StackCheck)  # the journal's kind
+        partial, leave_one_out, seed = saved.record, saved.leave_one_out, saved.seed
         rng = Range(partial.since, partial.tip, partial.merges)  # as measured: the estimates the parts were judged by
         say(
             "stack",
@@ -495,34 +510,44 @@ def check(
 
 
 def _resumable(ws: Workspace, journal: Journal, say: Say) -> Progress | None:
-    """The journal's check if it still fits the baseline (its tip, its merges); an episode's that does not is
+    """The journal's run if it still fits the baseline (its tip, its commits); an episode's that does not is
     dropped (None), a stand-alone one is the run's error (one line naming --fresh)."""
     try:
         saved = journal.load()
         if saved is None:
             return None
-        now = merge_range(ws, saved.check.since)
-        if now.tip != saved.check.tip:
+        r = saved.record
+        now = merge_range(ws, r.since)
+        if now.tip != r.tip:
             raise AgentsearchError(
-                f"the unfinished stack check measured {saved.check.tip[:12]}; main is now at {now.tip[:12]}"
+                f"the unfinished {journal.what} measured {r.tip[:12]}; main is now at {now.tip[:12]}"
             )
-        if [m.merge for m in now.merges] != [m.merge for m in saved.check.merges]:
+        have = [m.merge for m in r.merges] if isinstance(r, StackCheck) else list(r.merges)
+        want = [m.merge for m in now.merges] if isinstance(r, StackCheck) else first_parent_line(ws, now)
+        if have != want:
             raise AgentsearchError(
-                f"the unfinished stack check's merges are not those between {saved.check.since[:12]} and the tip today"
+                f"the unfinished {journal.what}'s commits are not those between {r.since[:12]} and the tip today"
             )
         return saved
     except AgentsearchError as exc:
         if journal.episode is None:
-            raise AgentsearchError(f"{exc}: start afresh with `agentsearch stack --fresh`") from None
+            command = "stack" if journal.kind == StackCheck.KIND else "stack bisect"
+            raise AgentsearchError(f"{exc}: start afresh with `agentsearch {command} --fresh`") from None
         say("stack", f"the saved progress is dropped ({exc}): measuring afresh")
         journal.clear()
         return None
 
 
-def _recorded(ws: Workspace, record: StackCheck) -> bool:
-    """Whether the history already holds exactly this check."""
-    want = record.to_json()
-    return any(isinstance(e.record, StackCheck) and e.record.to_json() == want for e in read_entries(ws))
+def _recorded(ws: Workspace, journal: Journal, saved: Progress, write: Callable[[Any], None]) -> Record:
+    """A finished run whose journal outlived it: written unless the history already holds exactly it (a
+    stand-alone run; an episode knows its own), then the journal cleared."""
+    want = saved.record.to_json()
+    if journal.episode is not None or not any(
+        isinstance(e.record, type(saved.record)) and e.record.to_json() == want for e in read_entries(ws)
+    ):
+        write(saved.record)
+    journal.clear()
+    return saved.record
 
 
 def scratch_without(ws: Workspace, tip: str, *merges: str) -> str:
@@ -807,20 +832,33 @@ def bisect(
     *,
     seed: int | None = None,
     progress: Say | None = None,
+    journal: Journal | None = None,
 ) -> StackBisect:
     """Name the merge of the range where ``workload`` (default: the objective) got significantly worse than at
-    the range's start; record the search with each step's evidence."""
+    the range's start; record the search with each step's evidence.
+
+    ``journal``: keep the steps there as they are measured, and continue the bisection it holds (its range,
+    workload and seed): the search replays the saved steps, then measures on."""
     say = progress or (lambda stage, detail: None)
-    t0 = time.perf_counter()
+    saved = _resumable(ws, journal, say) if journal is not None else None
+    if (
+        saved is not None and saved.final and journal is not None
+    ):  # killed between the journal's write and the history's
+        done = _recorded(ws, journal, saved, lambda r: append(ws, r, None, r.proposal))
+        assert isinstance(done, StackBisect)  # the journal's kind
+        return done
+    replay: tuple[BisectStep, ...] = ()
+    if saved is not None:
+        assert isinstance(saved.record, StackBisect)  # the journal's kind
+        since, workload, seed, replay = saved.record.since, saved.record.workload, saved.seed, saved.record.steps
+    t0 = time.perf_counter() - (saved.record.seconds if saved is not None else 0.0)
     rng = merge_range(ws, since)
     config = ws.config(rng.since)
     names = [w.name for w in config.workloads]
     workload = workload or config.objective.name
     if workload not in names:
         raise AgentsearchError(f"--metric {workload!r} is not a workload of this target ({', '.join(names)})")
-    # every commit of the baseline's first-parent line, reverts included (a merge reverted later in the range
-    # left its code in the commits between: bisecting the merges alone blamed an innocent one — red team)
-    line = git.run_git("rev-list", "--first-parent", "--reverse", f"{rng.since}..{rng.tip}", cwd=ws.repo_dir).split()
+    line = first_parent_line(ws, rng)
     commits = [rng.since] + line  # commits[i]: the baseline after its i-th commit in the range
     made_by = {e.record.new: e.proposal for e in read_entries(ws) if isinstance(e.record, Merge) and e.record.ok}
     undone = {e.record.new: e.record.merge for e in read_entries(ws) if isinstance(e.record, Revert)}
@@ -829,8 +867,32 @@ def bisect(
     # each step's error split over the steps a search can take (the tip, then ceil(log2 K) halvings): Bonferroni
     step_alpha = config.gate.alpha / (1 + math.ceil(math.log2(max(2, len(rng.merges)))))
 
+    def record(culprit: str | None, reason: str) -> StackBisect:
+        return StackBisect(
+            since=rng.since,
+            tip=rng.tip,
+            workload=workload,
+            merges=tuple(line),
+            steps=tuple(steps),
+            culprit=culprit,
+            proposal=made_by.get(culprit or ""),
+            reason=reason,
+            seconds=round(time.perf_counter() - t0, 3),
+        )
+
+    if replay:
+        say("bisect", f"resuming the bisection of {workload}: {len(replay)} step(s) measured")
+
     def measure(i: int) -> BisectStep:
         attempt[0] += 1
+        if len(steps) < len(replay):  # the search is the same up to where it was killed: its steps as measured
+            if replay[len(steps)].index != i:
+                raise AgentsearchError(
+                    f"the saved bisection's step {len(steps) + 1} measured commit {replay[len(steps)].index}, the "
+                    f"search asks for commit {i}: start afresh with `agentsearch stack bisect --fresh`"
+                )
+            steps.append(replay[len(steps)])
+            return steps[-1]
         say("bisect", f"step {len(steps) + 1}: after commit {i} of {len(commits) - 1} ({commits[i][:12]})")
         st = _step(
             ws,
@@ -845,6 +907,8 @@ def bisect(
             steps[0].speedup if steps else None,
         )
         steps.append(st)
+        if journal is not None:
+            journal.save(Progress(record(None, "unfinished"), False, seed))
         return st
 
     lo, hi = 0, len(commits) - 1
@@ -891,17 +955,17 @@ def bisect(
             reason = (
                 f"{workload} regressed at commit {hi} of {len(commits) - 1} on the baseline ({culprit[:12]}: {what})"
             )
-    proposal = made_by.get(culprit or "")
-    record = StackBisect(
-        since=rng.since,
-        tip=rng.tip,
-        workload=workload,
-        merges=tuple(line),
-        steps=tuple(steps),
-        culprit=culprit,
-        proposal=proposal,
-        reason=reason,
-        seconds=round(time.perf_counter() - t0, 3),
-    )
-    append(ws, record, None, proposal)
-    return record
+    done = record(culprit, reason)
+    if journal is not None:
+        journal.save(Progress(done, False, seed, final=True))
+    append(ws, done, None, done.proposal)
+    if journal is not None:
+        journal.clear()
+    return done
+
+
+def first_parent_line(ws: Workspace, rng: Range) -> list[str]:
+    """Every commit of the baseline's first-parent line in the range, oldest first, reverts included (a merge
+    reverted later in the range left its code in the commits between: bisecting the merges alone blamed an innocent
+    one — red team)."""
+    return git.run_git("rev-list", "--first-parent", "--reverse", f"{rng.since}..{rng.tip}", cwd=ws.repo_dir).split()

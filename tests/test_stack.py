@@ -420,6 +420,30 @@ def test_bisect_names_the_merge_where_a_guard_regression_entered(tmp_path):
     nothing = run_cli("stack", "bisect", "-C", str(repo), "--metric", "speed", "--json", "--seed", "6", timeout=900)
     assert nothing.returncode == 1 and json.loads(nothing.stdout)["culprit"] is None  # the objective only got faster
 
+    # killed once its first step is kept: a plain bisect refuses to start over it; --resume replays the kept step
+    # (its seed and workload too) and measures on, naming the same merge; one record more, the progress cleared
+    from agentsearch.stack import Journal
+
+    journal = Journal(Workspace.open(repo).state, kind=StackBisect)
+    killed_once(
+        ["stack", "bisect", "-C", str(repo), "--metric", "guard", "--seed", "5"],
+        lambda: journal.path.exists() and '"steps": [{' in journal.path.read_text(),
+        "its first step was kept",
+    )
+    kept = journal.load()
+    assert kept.seed == 5 and len(kept.record.steps) == 1 and kept.record.workload == "guard"
+    again = run_cli("stack", "bisect", "-C", str(repo))
+    assert again.returncode == 2 and "bisection of" in again.stderr and "(1 step(s) measured)" in again.stderr
+    assert "agentsearch stack bisect --resume" in again.stderr and len(again.stderr.strip().splitlines()) == 1
+    mixed = run_cli("stack", "bisect", "-C", str(repo), "--resume", "--metric", "speed")
+    assert mixed.returncode == 2 and "drop --fresh, --since, --metric, --seed" in mixed.stderr, mixed.stderr
+    resumed = run_cli("stack", "bisect", "-C", str(repo), "--resume", "--json", timeout=900)
+    got = json.loads(resumed.stdout)
+    assert resumed.returncode == 0 and got["culprit"] == third, resumed.stderr
+    assert "resuming the bisection of guard: 1 step(s) measured" in resumed.stderr and "step 1:" not in resumed.stderr
+    assert got["steps"][0] == kept.record.steps[0].to_json() and len(records(repo, StackBisect)) == 3
+    assert not journal.path.exists()
+
 
 def test_a_bisect_step_halfway_between_the_start_and_the_tip_is_unknown_and_said_so(tmp_path):
     """Two wins; the first slows the guard to 0.8x, the second to 0.64x (each within this target's max_regression of
@@ -505,7 +529,7 @@ def test_an_episode_killed_during_its_stack_check_resumes_and_checks_once(tmp_pa
     def progress_file() -> Path | None:
         found = next(iter(state.glob("stack-progress-*.json")), None)
         data = json.loads(found.read_text()) if found is not None else {}
-        return found if len(data.get("check", {}).get("removals", [])) == 2 else None
+        return found if len(data.get("record", {}).get("removals", [])) == 2 else None
 
     killed_once(
         ["episode", "-C", str(repo), "--patches", str(tmp_path / "queue"), "--seed", "3", "--json"],
@@ -515,8 +539,8 @@ def test_an_episode_killed_during_its_stack_check_resumes_and_checks_once(tmp_pa
     path = progress_file()
     assert path is not None
     saved = Journal(state, path.name.removeprefix("stack-progress-").removesuffix(".json")).load()
-    assert saved.leave_one_out and not saved.check.interference and not records(repo, StackCheck)
-    assert [r.decision for r in saved.check.removals] == ["passenger", "contributes"]
+    assert saved.leave_one_out and not saved.record.interference and not records(repo, StackCheck)
+    assert [r.decision for r in saved.record.removals] == ["passenger", "contributes"]
     resumed = run_cli("episode", "-C", str(repo), "--resume", "--json", timeout=900)
     assert resumed.returncode == 0, resumed.stderr
     out = json.loads(resumed.stdout)
@@ -525,7 +549,7 @@ def test_an_episode_killed_during_its_stack_check_resumes_and_checks_once(tmp_pa
     assert "leave-one-out" not in resumed.stderr and "interference: the tip without both" in resumed.stderr
     checks = records(repo, StackCheck)
     assert len(checks) == 1 and checks[0].tip == git(repo, "rev-parse", "main").strip()
-    assert [r.scratch for r in checks[0].removals] == [r.scratch for r in saved.check.removals]
+    assert [r.scratch for r in checks[0].removals] == [r.scratch for r in saved.record.removals]
     assert len(checks[0].interference) == 1 and checks[0].interference[0].pairs > 0
     assert not path.exists()
     assert run_cli("history", "verify", "-C", str(repo)).returncode == 0
@@ -548,14 +572,14 @@ def test_a_stand_alone_stack_check_killed_after_a_removal_resumes_from_its_last_
         "its first removal was kept",
     )
     progress = journal.load()
-    saved = progress.check
+    saved = progress.record
     assert progress.leave_one_out and progress.seed == 4 and not progress.final
     assert len(saved.removals) == 1 and not records(repo, StackCheck)
     again = run_cli("stack", "-C", str(repo))
     assert again.returncode == 2 and "is unfinished (1 of 2 removals measured)" in again.stderr, again.stderr
     assert "--resume" in again.stderr and "--fresh" in again.stderr and len(again.stderr.strip().splitlines()) == 1
     mixed = run_cli("stack", "-C", str(repo), "--resume", "--seed", "5")
-    assert mixed.returncode == 2 and "drop --fresh, --since, --leave-one-out and --seed" in mixed.stderr
+    assert mixed.returncode == 2 and "drop --fresh, --since, --leave-one-out, --seed" in mixed.stderr
 
     resumed = run_cli("stack", "-C", str(repo), "--resume", "--json", timeout=900)
     assert resumed.returncode == 0, resumed.stderr

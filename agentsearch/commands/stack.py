@@ -184,6 +184,44 @@ def _measure(target: Path, as_json: bool, report: Path | None, measure: Any, sho
     return 0 if ok(record) else EXIT_FAIL
 
 
+def _journal(ws: Workspace, kind: type[StackCheck | StackBisect], command: str, resume: bool, fresh: bool) -> Any:
+    """The progress file of ``command`` (a check or a bisection): emptied for --fresh; for --resume, one must exist;
+    otherwise none may (a plain run never starts over an unfinished one)."""
+    from ..stack import Journal
+
+    journal = Journal(ws.state, kind=kind)
+    if fresh:
+        journal.clear()
+    elif resume and not journal.path.exists():
+        raise AgentsearchError(f"no unfinished {journal.what} to resume; start one with `agentsearch {command}`")
+    elif not resume and journal.path.exists():
+        try:
+            saved = journal.load()
+        except AgentsearchError as exc:
+            raise AgentsearchError(f"{exc}: start afresh with `agentsearch {command} --fresh`") from None
+        done, tip = "", "the tip"
+        if saved is not None:
+            r = saved.record
+            tip = r.tip[:12]
+            if isinstance(r, StackCheck) and saved.leave_one_out:
+                done = f" ({len(r.removals)} of {len(r.merges)} removals measured)"
+            elif isinstance(r, StackBisect):
+                done = f" ({len(r.steps)} step(s) measured)"
+        raise AgentsearchError(
+            f"a {journal.what} of {tip} is unfinished{done}: continue it with `agentsearch {command} --resume`, or "
+            f"discard it with `agentsearch {command} --fresh`"
+        )
+    return journal
+
+
+def _resume_alone(resume: bool, fresh: bool, **options: object) -> None:
+    """--resume continues the saved run's own range and options: no other option goes with it."""
+    given = [name for name, value in options.items() if value not in (None, False)]
+    if resume and (fresh or given):
+        flags = ", ".join(f"--{n.replace('_', '-')}" for n in ("fresh", *options))
+        raise AgentsearchError(f"--resume continues the unfinished run with its own range and options: drop {flags}")
+
+
 def run(
     target: Path,
     as_json: bool,
@@ -194,52 +232,36 @@ def run(
     resume: bool = False,
     fresh: bool = False,
 ) -> int:
-    from ..stack import Journal, check
+    from ..stack import check
 
-    if resume and (fresh or since is not None or leave_one_out or seed is not None):
-        raise AgentsearchError(
-            "--resume continues the unfinished check with its own range and options: drop --fresh, --since, "
-            "--leave-one-out and --seed"
-        )
+    _resume_alone(resume, fresh, since=since, leave_one_out=leave_one_out, seed=seed)
 
     def measure(ws: Workspace, say: Any) -> StackCheck:
-        journal = Journal(ws.state)
-        if fresh:
-            journal.clear()
-        elif resume and not journal.path.exists():
-            raise AgentsearchError("no unfinished stack check to resume; start one with `agentsearch stack`")
-        elif not resume and journal.path.exists():
-            try:
-                saved = journal.load()
-            except AgentsearchError as exc:
-                raise AgentsearchError(f"{exc}: start afresh with `agentsearch stack --fresh`") from None
-            done, tip = "", "the tip"
-            if saved is not None:
-                tip = saved.check.tip[:12]
-                if saved.leave_one_out:
-                    done = f" ({len(saved.check.removals)} of {len(saved.check.merges)} removals measured)"
-            raise AgentsearchError(
-                f"a stack check of {tip} is unfinished{done}: continue it with "
-                "`agentsearch stack --resume`, or discard it with `agentsearch stack --fresh`"
-            )
+        journal = _journal(ws, StackCheck, "stack", resume, fresh)
         return check(ws, since, seed=seed, leave_one_out=leave_one_out, progress=say, journal=journal)
 
     return _measure(target, as_json, report, measure, show_check, lambda r: r.holds)
 
 
 def run_bisect(
-    target: Path, as_json: bool, since: str | None, metric: str | None, seed: int | None, report: Path | None = None
+    target: Path,
+    as_json: bool,
+    since: str | None,
+    metric: str | None,
+    seed: int | None,
+    report: Path | None = None,
+    resume: bool = False,
+    fresh: bool = False,
 ) -> int:
     from ..stack import bisect
 
-    return _measure(
-        target,
-        as_json,
-        report,
-        lambda ws, say: bisect(ws, metric, since, seed=seed, progress=say),
-        show_bisect,
-        lambda r: r.culprit is not None,
-    )
+    _resume_alone(resume, fresh, since=since, metric=metric, seed=seed)
+
+    def measure(ws: Workspace, say: Any) -> StackBisect:
+        journal = _journal(ws, StackBisect, "stack bisect", resume, fresh)
+        return bisect(ws, metric, since, seed=seed, progress=say, journal=journal)
+
+    return _measure(target, as_json, report, measure, show_bisect, lambda r: r.culprit is not None)
 
 
 def show_pareto(p: Any) -> None:
