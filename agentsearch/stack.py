@@ -32,9 +32,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from history.records import EpisodeStarted, Merge, Record, RecordError, Revert, Role, Verdict, WorkloadSummary
+from history.records import EpisodeStarted, Merge, RecordError, Revert, Role, Verdict, WorkloadSummary
 from history.records import Evaluation as EvaluationRecord
 from history.records.stack import (
     BisectStep,
@@ -56,6 +56,7 @@ from .warm_baseline import WarmBaseline
 from .workspace import git
 from .workspace.workspace import Workspace, atomic_write
 
+R = TypeVar("R", StackCheck, StackBisect)
 ROUNDS = frozenset(r.value for r in Role)  # the rounds a trial's phase may name (a word a later release adds is
 # left out of the pooled pairs rather than guessed)
 SCRATCH_REFS = "refs/agentsearch/stack/"
@@ -261,8 +262,14 @@ class Progress:
         c = self.record
         if isinstance(c, StackBisect):
             line = [c.since, *c.merges]
+            if self.leave_one_out:
+                return "leave-one-out in a bisection"
             if any(not (0 <= st.index < len(line)) or st.commit != line[st.index] for st in c.steps):
                 return "its steps are not commits of its range"
+            if c.steps and c.steps[0].index != len(c.merges):
+                return "its first step is not the tip"
+            if any(st.outcome != "unknown" and (st.speedup is None or st.ci is None) for st in c.steps):
+                return "a decided step without its estimate"
             return None
         merges = [m.merge for m in c.merges]
         if not self.leave_one_out and (c.removals or c.interference):
@@ -292,9 +299,12 @@ class Journal:
         StackBisect.KIND: StackBisect,
     }
 
-    def __init__(self, state: Path, episode: str | None = None, kind: type[Record] = StackCheck) -> None:
+    def __init__(
+        self, state: Path, episode: str | None = None, kind: type[StackCheck] | type[StackBisect] = StackCheck
+    ) -> None:
         self.episode, self.kind = episode, kind.KIND
         self.what = "stack check" if kind is StackCheck else "bisection"  # in messages
+        self.command = "agentsearch stack" if kind is StackCheck else "agentsearch stack bisect"  # what runs it
         name = "stack-progress" if kind is StackCheck else "stack-bisect-progress"
         self.path = state / (f"{name}.json" if episode is None else f"{name}-{episode}.json")
 
@@ -393,12 +403,9 @@ def check(
     episode's is dropped and the tip measured afresh. Cleared once the check is recorded."""
     say = progress or (lambda stage, detail: None)
     saved = _resumable(ws, journal, say) if journal is not None else None
-    if (
-        saved is not None and saved.final and journal is not None
-    ):  # killed between the journal's write and the history's
-        done = _recorded(ws, journal, saved, write or (lambda r: append(ws, r, None, None)))
-        assert isinstance(done, StackCheck)  # the journal's kind
-        return done
+    to_history: Callable[[StackCheck], None] = write or (lambda r: append(ws, r, None, None))
+    if saved is not None and journal is not None and isinstance(saved.record, StackCheck) and saved.final:
+        return _recorded(ws, journal, saved.record, to_history)
     if saved is not None:
         assert isinstance(saved.record, StackCheck)  # the journal's kind
         partial, leave_one_out, seed = saved.record, saved.leave_one_out, saved.seed
@@ -498,15 +505,7 @@ def check(
         interference=tuple(joint),
         seconds=round(time.perf_counter() - t0, 3),
     )
-    if journal is not None:
-        journal.save(Progress(record, leave_one_out, seed, final=True))
-    if write is not None:
-        write(record)
-    else:
-        append(ws, record, None, None)
-    if journal is not None:
-        journal.clear()
-    return record
+    return _finish(journal, record, to_history, leave_one_out, seed)
 
 
 def _resumable(ws: Workspace, journal: Journal, say: Say) -> Progress | None:
@@ -531,23 +530,33 @@ def _resumable(ws: Workspace, journal: Journal, say: Say) -> Progress | None:
         return saved
     except AgentsearchError as exc:
         if journal.episode is None:
-            command = "stack" if journal.kind == StackCheck.KIND else "stack bisect"
-            raise AgentsearchError(f"{exc}: start afresh with `agentsearch {command} --fresh`") from None
+            raise AgentsearchError(f"{exc}: start afresh with `{journal.command} --fresh`") from None
         say("stack", f"the saved progress is dropped ({exc}): measuring afresh")
         journal.clear()
         return None
 
 
-def _recorded(ws: Workspace, journal: Journal, saved: Progress, write: Callable[[Any], None]) -> Record:
-    """A finished run whose journal outlived it: written unless the history already holds exactly it (a
-    stand-alone run; an episode knows its own), then the journal cleared."""
-    want = saved.record.to_json()
+def _recorded(ws: Workspace, journal: Journal, record: R, write: Callable[[R], None]) -> R:
+    """A finished run whose journal outlived it (killed between the journal's write and the history's): written
+    unless the history already holds exactly it (a stand-alone run; an episode knows its own), the journal cleared."""
+    want = record.to_json()
     if journal.episode is not None or not any(
-        isinstance(e.record, type(saved.record)) and e.record.to_json() == want for e in read_entries(ws)
+        isinstance(e.record, type(record)) and e.record.to_json() == want for e in read_entries(ws)
     ):
-        write(saved.record)
+        write(record)
     journal.clear()
-    return saved.record
+    return record
+
+
+def _finish(journal: Journal | None, done: R, write: Callable[[R], None], leave_one_out: bool, seed: int | None) -> R:
+    """Record a finished run: to the journal first (a kill before the history's write records it once), then the
+    history, then the journal cleared."""
+    if journal is not None:
+        journal.save(Progress(done, leave_one_out, seed, final=True))
+    write(done)
+    if journal is not None:
+        journal.clear()
+    return done
 
 
 def scratch_without(ws: Workspace, tip: str, *merges: str) -> str:
@@ -841,12 +850,12 @@ def bisect(
     workload and seed): the search replays the saved steps, then measures on."""
     say = progress or (lambda stage, detail: None)
     saved = _resumable(ws, journal, say) if journal is not None else None
-    if (
-        saved is not None and saved.final and journal is not None
-    ):  # killed between the journal's write and the history's
-        done = _recorded(ws, journal, saved, lambda r: append(ws, r, None, r.proposal))
-        assert isinstance(done, StackBisect)  # the journal's kind
-        return done
+
+    def to_history(r: StackBisect) -> None:
+        append(ws, r, None, r.proposal)
+
+    if saved is not None and journal is not None and isinstance(saved.record, StackBisect) and saved.final:
+        return _recorded(ws, journal, saved.record, to_history)
     replay: tuple[BisectStep, ...] = ()
     if saved is not None:
         assert isinstance(saved.record, StackBisect)  # the journal's kind
@@ -955,13 +964,12 @@ def bisect(
             reason = (
                 f"{workload} regressed at commit {hi} of {len(commits) - 1} on the baseline ({culprit[:12]}: {what})"
             )
-    done = record(culprit, reason)
-    if journal is not None:
-        journal.save(Progress(done, False, seed, final=True))
-    append(ws, done, None, done.proposal)
-    if journal is not None:
-        journal.clear()
-    return done
+    if len(steps) < len(replay):  # a search that took fewer steps than were kept: not this search's progress
+        raise AgentsearchError(
+            f"the saved bisection has {len(replay)} steps, the search took {len(steps)}: start afresh with "
+            "`agentsearch stack bisect --fresh`"
+        )
+    return _finish(journal, record(culprit, reason), to_history, False, seed)
 
 
 def first_parent_line(ws: Workspace, rng: Range) -> list[str]:

@@ -422,7 +422,7 @@ def test_bisect_names_the_merge_where_a_guard_regression_entered(tmp_path):
 
     # killed once its first step is kept: a plain bisect refuses to start over it; --resume replays the kept step
     # (its seed and workload too) and measures on, naming the same merge; one record more, the progress cleared
-    from agentsearch.stack import Journal
+    from agentsearch.stack import Journal, Progress
 
     journal = Journal(Workspace.open(repo).state, kind=StackBisect)
     killed_once(
@@ -443,6 +443,11 @@ def test_bisect_names_the_merge_where_a_guard_regression_entered(tmp_path):
     assert "resuming the bisection of guard: 1 step(s) measured" in resumed.stderr and "step 1:" not in resumed.stderr
     assert got["steps"][0] == kept.record.steps[0].to_json() and len(records(repo, StackBisect)) == 3
     assert not journal.path.exists()
+    # kept steps this search would not take: one line naming --fresh, nothing recorded
+    journal.save(Progress(dataclasses.replace(kept.record, steps=kept.record.steps * 2), False, 5))
+    odd = run_cli("stack", "bisect", "-C", str(repo), "--resume", timeout=900)
+    assert odd.returncode == 2 and "the search asks for commit" in odd.stderr and "--fresh" in odd.stderr, odd.stderr
+    assert len(records(repo, StackBisect)) == 3 and journal.path.exists()
 
 
 def test_a_bisect_step_halfway_between_the_start_and_the_tip_is_unknown_and_said_so(tmp_path):
@@ -578,7 +583,7 @@ def test_a_stand_alone_stack_check_killed_after_a_removal_resumes_from_its_last_
     again = run_cli("stack", "-C", str(repo))
     assert again.returncode == 2 and "is unfinished (1 of 2 removals measured)" in again.stderr, again.stderr
     assert "--resume" in again.stderr and "--fresh" in again.stderr and len(again.stderr.strip().splitlines()) == 1
-    mixed = run_cli("stack", "-C", str(repo), "--resume", "--seed", "5")
+    mixed = run_cli("stack", "-C", str(repo), "--resume", "--seed", "0")  # 0 is a seed too
     assert mixed.returncode == 2 and "drop --fresh, --since, --leave-one-out, --seed" in mixed.stderr
 
     resumed = run_cli("stack", "-C", str(repo), "--resume", "--json", timeout=900)
@@ -596,6 +601,8 @@ def test_a_stand_alone_stack_check_killed_after_a_removal_resumes_from_its_last_
     assert nothing.returncode == 2 and "no unfinished stack check to resume" in nothing.stderr
     # killed between the finished record's write to the journal and to the history: recorded once, either way
     journal.save(Progress(rec, True, 4, final=True))
+    told = run_cli("stack", "-C", str(repo))
+    assert told.returncode == 2 and "finished but was not recorded" in told.stderr and "--resume" in told.stderr
     again = run_cli("stack", "-C", str(repo), "--resume", "--json")
     assert again.returncode == 0 and json.loads(again.stdout)["seconds"] == rec.seconds, again.stderr
     assert records(repo, StackCheck) == [rec] and not journal.path.exists()

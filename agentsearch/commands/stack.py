@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from history.records import Role
 from history.records.stack import StackBisect, StackCheck
@@ -13,6 +13,9 @@ from ..errors import EXIT_FAIL, AgentsearchError
 from ..headline import pct
 from ..workspace import Workspace
 from .output import compact_table, err, out, print_json, progress, safe
+
+if TYPE_CHECKING:
+    from ..stack import Journal
 
 
 def _ci(ci: tuple[float, ...] | None) -> str:
@@ -184,21 +187,26 @@ def _measure(target: Path, as_json: bool, report: Path | None, measure: Any, sho
     return 0 if ok(record) else EXIT_FAIL
 
 
-def _journal(ws: Workspace, kind: type[StackCheck | StackBisect], command: str, resume: bool, fresh: bool) -> Any:
-    """The progress file of ``command`` (a check or a bisection): emptied for --fresh; for --resume, one must exist;
-    otherwise none may (a plain run never starts over an unfinished one)."""
+def _journal(ws: Workspace, kind: type[StackCheck | StackBisect], resume: bool, fresh: bool) -> Journal:
+    """The progress file of a check or a bisection: emptied for --fresh; for --resume, one must exist; otherwise
+    none may (a plain run never starts over an unfinished one)."""
     from ..stack import Journal
 
     journal = Journal(ws.state, kind=kind)
     if fresh:
         journal.clear()
     elif resume and not journal.path.exists():
-        raise AgentsearchError(f"no unfinished {journal.what} to resume; start one with `agentsearch {command}`")
+        raise AgentsearchError(f"no unfinished {journal.what} to resume; start one with `{journal.command}`")
     elif not resume and journal.path.exists():
         try:
             saved = journal.load()
         except AgentsearchError as exc:
-            raise AgentsearchError(f"{exc}: start afresh with `agentsearch {command} --fresh`") from None
+            raise AgentsearchError(f"{exc}: start afresh with `{journal.command} --fresh`") from None
+        if saved is not None and saved.final:  # killed between the journal's write and the history's
+            raise AgentsearchError(
+                f"a {journal.what} of {saved.record.tip[:12]} finished but was not recorded: record it with "
+                f"`{journal.command} --resume` (nothing is measured)"
+            )
         done, tip = "", "the tip"
         if saved is not None:
             r = saved.record
@@ -208,15 +216,15 @@ def _journal(ws: Workspace, kind: type[StackCheck | StackBisect], command: str, 
             elif isinstance(r, StackBisect):
                 done = f" ({len(r.steps)} step(s) measured)"
         raise AgentsearchError(
-            f"a {journal.what} of {tip} is unfinished{done}: continue it with `agentsearch {command} --resume`, or "
-            f"discard it with `agentsearch {command} --fresh`"
+            f"a {journal.what} of {tip} is unfinished{done}: continue it with `{journal.command} --resume`, or "
+            f"discard it with `{journal.command} --fresh`"
         )
     return journal
 
 
 def _resume_alone(resume: bool, fresh: bool, **options: object) -> None:
     """--resume continues the saved run's own range and options: no other option goes with it."""
-    given = [name for name, value in options.items() if value not in (None, False)]
+    given = [name for name, value in options.items() if value is not None and value is not False]
     if resume and (fresh or given):
         flags = ", ".join(f"--{n.replace('_', '-')}" for n in ("fresh", *options))
         raise AgentsearchError(f"--resume continues the unfinished run with its own range and options: drop {flags}")
@@ -232,12 +240,12 @@ def run(
     resume: bool = False,
     fresh: bool = False,
 ) -> int:
-    from ..stack import check
+    from ..stack import check  # the measuring stack (scipy, ...) only when measuring
 
     _resume_alone(resume, fresh, since=since, leave_one_out=leave_one_out, seed=seed)
 
     def measure(ws: Workspace, say: Any) -> StackCheck:
-        journal = _journal(ws, StackCheck, "stack", resume, fresh)
+        journal = _journal(ws, StackCheck, resume, fresh)
         return check(ws, since, seed=seed, leave_one_out=leave_one_out, progress=say, journal=journal)
 
     return _measure(target, as_json, report, measure, show_check, lambda r: r.holds)
@@ -258,7 +266,7 @@ def run_bisect(
     _resume_alone(resume, fresh, since=since, metric=metric, seed=seed)
 
     def measure(ws: Workspace, say: Any) -> StackBisect:
-        journal = _journal(ws, StackBisect, "stack bisect", resume, fresh)
+        journal = _journal(ws, StackBisect, resume, fresh)
         return bisect(ws, metric, since, seed=seed, progress=say, journal=journal)
 
     return _measure(target, as_json, report, measure, show_bisect, lambda r: r.culprit is not None)
