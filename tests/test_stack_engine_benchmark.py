@@ -47,7 +47,7 @@ def states(case: str) -> list[str]:
 
 def test_the_config_keeps_the_starters_objective_and_gate_and_sets_the_case():
     starter = tomllib.loads(starter_config(Path("/site")))
-    for case in ("compose", "passenger"):
+    for case in ("compose", "passenger", "bystander"):
         got = tomllib.loads(config(starter_config(Path("/site")), case, loo=True))
         assert [w["name"] for w in got["workload"]] == ["throughput"]
         assert got["workload"][0] == starter["workload"][0]
@@ -78,6 +78,17 @@ def test_the_passenger_cases_rewrite_drops_the_cost_merge_1_removed():
     assert spins(undone, 1024) == []
 
 
+def test_the_bystander_case_adds_an_independent_merge_to_the_passenger_case():
+    start, first, second, third = states("bystander")
+    assert spins(start, 1024) == [600, 500, 500] and spins(second, 1024) == [500] and spins(third, 1024) == []
+    # merge 1 undone at the tip: still no cost (a passenger); merge 3 undone alone, or with merge 1: only cost C back
+    assert spins(third.replace("PLANTED_A_REMOVED = True", "PLANTED_A_REMOVED = False"), 1024) == []
+    assert spins(third.replace("PLANTED_C_REMOVED = True", "PLANTED_C_REMOVED = False"), 1024) == [500]
+    both = third.replace("PLANTED_A_REMOVED = True", "PLANTED_A_REMOVED = False")
+    assert spins(both.replace("PLANTED_C_REMOVED = True", "PLANTED_C_REMOVED = False"), 1024) == [500]
+    assert all(spins(x, GUARD_LEN) == [] for x in (start, first, second, third))
+
+
 def test_bisect_plants_the_guard_regression_in_merge_3_only():
     s = states("bisect")
     assert len(s) == 7
@@ -85,9 +96,9 @@ def test_bisect_plants_the_guard_regression_in_merge_3_only():
     assert [spins(x, GUARD_LEN) for x in s] == [[]] * BISECT_CULPRIT + [[GUARD_US]] * (7 - BISECT_CULPRIT)
 
 
-@pytest.mark.parametrize("case", ["compose", "passenger"])
+@pytest.mark.parametrize("case", ["compose", "passenger", "bystander"])
 def test_each_merge_and_both_revert_cleanly_on_the_tip(tmp_path, case):
-    """What leave-one-out and the interference test do (git revert of one merge, then of both, on the tip)."""
+    """What leave-one-out and the interference test do (git revert of one merge, then of two, on the tip)."""
     repo = tmp_path / "r"
     repo.mkdir()
     git(repo, "init", "-q", "-b", "main")
@@ -96,12 +107,16 @@ def test_each_merge_and_both_revert_cleanly_on_the_tip(tmp_path, case):
         (repo / "scheduler.py").write_text(src)
         git(repo, "add", "-A")
         git(repo, "commit", "-qm", f"state {i}")
-    merges = git(repo, "rev-list", "--reverse", "HEAD~2..HEAD").split()
+    merges = git(repo, "rev-list", "--reverse", f"HEAD~{len(s) - 1}..HEAD").split()
     for m in merges:
         git(repo, "revert", "--no-edit", m)
         git(repo, "reset", "-q", "--hard", "HEAD~1")
-    git(repo, "revert", "--no-edit", merges[1])
-    git(repo, "revert", "--no-edit", merges[0])
+    for a, b in ((0, 1), (0, 2))[: len(merges) - 1]:  # the pairs the passenger points to
+        git(repo, "revert", "--no-edit", merges[b])
+        git(repo, "revert", "--no-edit", merges[a])
+        git(repo, "reset", "-q", "--hard", "HEAD~2")
+    for m in reversed(merges):
+        git(repo, "revert", "--no-edit", m)
     assert (repo / "scheduler.py").read_text() == s[0]
 
 
@@ -113,6 +128,15 @@ def test_the_expected_verdicts_are_the_cases_names():
     assert not expected("compose", {"proposals": merged, "loo": True, "stack": {**stack, "interfering": []}})[0]
     assert expected("compose", {"proposals": merged, "loo": False, "stack": {"verdict": "delivers"}})[0]
     assert not expected("compose", {"proposals": merged[:1] + [{"verdict": "reject"}], "loo": False})[0]
+    three = {**stack, "removals": [*stack["removals"], {"decision": "contributes"}], "pairs_tested": [[1, 2], [1, 3]]}
+    assert expected(
+        "bystander", {"proposals": [{"verdict": "merge"}] * 3, "loo": True, "stack": {**three, "interfering": [[1, 2]]}}
+    )[0]
+    for wrong in ([[1, 2], [1, 3]], [[1, 3]], []):  # the independent pair flagged, or the real one missed
+        assert not expected(
+            "bystander",
+            {"proposals": [{"verdict": "merge"}] * 3, "loo": True, "stack": {**three, "interfering": wrong}},
+        )[0]
     six = [{"verdict": "merge"}] * 6
     assert expected("bisect", {"proposals": six, "bisect": {"culprit_index": 3, "steps": [{}] * 4}})[0]
     assert not expected("bisect", {"proposals": six, "bisect": {"culprit_index": 3, "steps": [{}] * 5}})[0]
