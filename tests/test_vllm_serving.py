@@ -141,11 +141,21 @@ def test_a_tail_only_regression_is_caught_by_the_p99_guard_and_not_by_the_median
             and not any("(first run: regressed by" in r for r in reasons)
         )
 
+    def behind_on_the_baseline(stderr: str) -> bool:
+        """The run's error: a baseline trial's load generator fell behind its schedule, after its re-measures."""
+        last = (stderr.strip().splitlines() or [""])[-1]
+        return "baseline trial failed" in last and "the load generator fell behind its schedule" in last
+
     # A full CI run once rejected on the first run's candidate trial this way (p99 lag 175 ms > 100 ms beside the other
     # worker's engine test), before any guard judged: the verdict is right (fail-closed) but says nothing about the
     # guard, so that one outcome is measured once more on fresh engines and seeds
     for attempt in range(2):
         proc = run_cli("evaluate", "-C", str(fork), "tail", "--json", timeout=1500)
+        # the same instrument failure on a baseline trial is the run's error, not a verdict (nothing judged, no JSON):
+        # measured once more too (seen once in CI, a guard re-measure's baseline trial at p99 lag 119 ms > 100 ms)
+        if not proc.stdout and attempt == 0 and behind_on_the_baseline(proc.stderr):
+            print(f"attempt 1: {proc.stderr.strip().splitlines()[-1]}")
+            continue
         assert proc.stdout, proc.stderr[-3000:]
         out = json.loads(proc.stdout)
         assert out["verdict"] == "reject", (out["reasons"], out["workloads"])

@@ -36,7 +36,13 @@ def test_kernels_bench_times_a_provider_the_agent_registered(bench):
     init = (bench.worktree / kfork.KERNELS_INIT).read_text()
     assert bench.call("write", {"path": kfork.KERNELS_INIT, "content": kfork.kernels_init(init, p)}).ok
     ans = bench.call("kernels_bench", {"op": "rms_norm", "provider": "agentsearch_cpu", "pairs": 2})
-    assert ans.ok and ans.text.startswith("PASS") and "cases correct" in ans.text and "timing:" in ans.text, ans.text
+    assert "cases correct" in ans.text and "correctness: " in ans.text and "timing: " in ans.text, ans.text
+    # it ran the provider's generated cases and timed it against the stock op: the point here. Its verdict on two
+    # pairs beside the other CI worker's engine is the micro stage's to give: a PASS, or a slowdown it measured (one
+    # CI run read 0.89x [0.76, 1.05], p = 0.035, for a provider no slower alone) — never another failure
+    assert (ans.ok and ans.text.startswith("PASS")) or (
+        not ans.ok and ans.text.startswith("FAIL: rms_norm: micro-slowdown: regressed by ")
+    ), ans.text
     wrong = bench.call("kernels_bench", {"op": "rms_norm", "provider": "nobody"})
     assert not wrong.ok and wrong.text.startswith("FAIL")
 
