@@ -10,18 +10,21 @@ import dataclasses
 import functools
 import json
 import os
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from harness import environment, models, serving_load
+from harness import environment, models, outputs_rule, serving_load
 from harness import placement as placement_mod
 from harness.engine_pool import EnginePool
 from harness.engine_session import WorkerSession
 from harness.interleave import CommandSession, Session, SessionFactory
+from harness.outputs_rule import OutputsVerdict, first_difference
 from harness.quiet import Probe
 from harness.serve_session import ServeSession
 from harness.serve_session import instrument as serve_instrument
 from harness.trials import BASELINE, CANDIDATE, CHANGED_OUTPUTS, WORKTREE_CHANGED, CommandSpec, TrialOutcome
+from harness.worker_protocol import WorkerError
 
 from .config import Config, WorkloadConfig, parse_cpus
 from .errors import AgentsearchError
@@ -34,28 +37,11 @@ class UnsupportedWorkload(AgentsearchError):
     pass
 
 
-# Timed runs decode greedily: every request must give the other side's tokens in full (the per-request rule,
-# red team round 3: an average over requests let one request cut at half its length and padded through). On
-# CPU vLLM's greedy decoding is batch-invariant here (every honest pair agreed 100%; docs/measurements); a
-# machine whose kernels are not bit-exact needs a near-tie check at the divergence (not built yet: it fails closed).
-PERIOD_MAX = 4  # a tail that repeats a cycle of at most this many tokens is "padded" (when the other side's is not)
-
-
-def first_difference(x: tuple[int, ...], y: tuple[int, ...]) -> int | None:
-    """The first position where ``x`` and ``y`` differ (the shorter one's length when one is a prefix), or None."""
-    for i, (p, q) in enumerate(zip(x, y, strict=False)):
-        if p != q:
-            return i
-    return None if len(x) == len(y) else min(len(x), len(y))
-
-
-def padded(tail: tuple[int, ...]) -> bool:
-    """Whether ``tail`` (four tokens or more) is one cycle of at most ``PERIOD_MAX`` tokens repeated."""
-    if len(tail) < 4:
-        return False
-    return any(all(tail[i] == tail[i % k] for i in range(len(tail))) for k in range(1, PERIOD_MAX + 1) if k < len(tail))
-
-
+# Timed runs decode greedily and every request's answer is compared between the sides (the per-request rule, red
+# team round 3: an average over requests let one request cut at half its length and padded through). Identical
+# answers pass; where answers differ, the rule is statistical, not bitwise (``harness.outputs_rule``): the
+# candidate's answer must be what the reference model itself could say — each flip within the measured tie, every
+# token after it the reference's near-greedy choice — judged by the baseline's warm engine, teacher forcing.
 def agreement(a: tuple[tuple[int, ...], ...], b: tuple[tuple[int, ...], ...]) -> tuple[float, float]:
     """(mean over requests of the common prefix over the longer answer, share of identical answers)."""
     if len(a) != len(b):
@@ -69,34 +55,25 @@ def agreement(a: tuple[tuple[int, ...], ...], b: tuple[tuple[int, ...], ...]) ->
     return sum(shares) / len(shares), sum(1 for x, y in zip(a, b, strict=True) if x == y) / len(a)
 
 
-def divergence(base: tuple[tuple[int, ...], ...], cand: tuple[tuple[int, ...], ...]) -> str:
-    """'' when every request agrees in full, else the first request that does not, in words."""
-    bad = [i for i, (x, y) in enumerate(zip(base, cand, strict=True)) if x != y]
-    if not bad:
-        return ""
-    i = bad[0]
-    x, y = base[i], cand[i]
-    d = first_difference(x, y)
-    assert d is not None
-    what = f"request {i} (of {len(base)}) differs from token {d} of {len(x)}"
-    if len(y) != len(x):
-        what += f" ({len(y)} tokens against {len(x)})"
-    elif padded(y[d:]) and not padded(x[d:]):
-        what += " and the rest of it repeats one short cycle (padded)"
-    more = f"; {len(bad) - 1} more request(s) differ" if len(bad) > 1 else ""
-    return what + more
-
-
 class OutputsMatch:
-    """Timed runs prove their own outputs: what one side generated for a seed must be what the other
-    side generated for the same seed (the same requests). Greedy decoding, so near-ties aside the
-    tokens are equal; a side that does less work — skips requests, stops early, answers from a cache
-    it could not have, or is fast only when it is not being verified — fails the trial in the act."""
+    """Timed runs prove their own outputs: what one side generated for a seed must be what the other side
+    generated for the same seed (the same requests), or what the reference model could have generated in its
+    place (``harness.outputs_rule``: a flip at a near tie, the reference's greedy choice after it, judged by the
+    baseline's warm engine). A side that does less work — skips requests, stops early, pads, answers from a
+    cache it could not have, computes in a lower precision, or is fast only when it is not being verified —
+    fails the trial in the act.
 
-    def __init__(self, digest_key: str | None = None):
+    ``sessions`` holds each side's current session (``session_factory`` registers them): the scoring needs the
+    baseline's engine up when a pair completes. Where it is not (``alternate`` placement finishes a pair in the
+    candidate's session after the baseline's engine is gone), a differing answer fails closed."""
+
+    def __init__(self, digest_key: str | None = None, timeout_s: float = 600.0):
         self.digest_key = digest_key
+        self.timeout_s = timeout_s
         self.last: tuple[float, float] | None = None  # (agreement, identical) of the latest completed pair
+        self.verdict: OutputsVerdict | None = None  # the rule's verdict on the latest completed pair
         self.seen: dict[int, tuple[str, tuple[tuple[int, ...], ...] | None, object]] = {}
+        self.sessions: dict[str, Session] = {}
 
     def check(self, side: str, seed: int, outcome: TrialOutcome) -> str:
         if not outcome.ok:
@@ -121,15 +98,70 @@ class OutputsMatch:
             return f"outputs check: the two sides answered {len(other[1])} and {len(mine[1])} requests for seed {seed}"
         self.last = agreement(other[1], mine[1])
         base, cand = (other[1], mine[1]) if other[0] == BASELINE else (mine[1], other[1])
-        what = divergence(base, cand)
-        if what:
+        self.verdict = self.judge(seed, base, cand)
+        if not self.verdict.passed:
             share, same = self.last
+            reasons = self.verdict.reasons
+            more = f"; {len(reasons) - 1} more request(s) refused" if len(reasons) > 1 else ""
             return (
                 f"outputs check: the tokens generated for the same requests (seed {seed}) differ between the sides "
-                f"(greedy decoding: every request must agree in full): {what}; {same:.0%} of requests and "
-                f"{share:.1%} of tokens agree"
+                f"beyond what the reference model itself could say (greedy decoding: {self.verdict.compared}): "
+                f"{reasons[0]}{more}; {same:.0%} of requests and {share:.1%} of tokens agree"
             )
         return ""
+
+    def judge(self, seed: int, base: tuple[tuple[int, ...], ...], cand: tuple[tuple[int, ...], ...]) -> OutputsVerdict:
+        """The rule's verdict on one pair's answers: identical (bits), or every difference scored and judged."""
+        differ = [i for i, (x, y) in enumerate(zip(base, cand, strict=True)) if x != y]
+        flips = [i for i in differ if len(base[i]) == len(cand[i])]
+        if not flips:  # identical, or only answers of another length (refused without scoring)
+            return outputs_rule.judge(base, cand, {}, outputs_rule.Floor.of("float32", 0.0, 0))
+        n = len(base)
+        d = first_difference(base[flips[0]], cand[flips[0]])
+        what = f"request {flips[0]} (of {n}) differs from token {d}"
+        if d is not None and outputs_rule.padded(cand[flips[0]][d:]) and not outputs_rule.padded(base[flips[0]][d:]):
+            what += " and the rest of it repeats one short cycle (padded)"
+        b, c = self.sessions.get(BASELINE), self.sessions.get(CANDIDATE)
+        if b is None or not callable(getattr(b, "score", None)) or not b.up():  # type: ignore[attr-defined]
+            return OutputsVerdict(
+                False,
+                (
+                    f"{what} and the baseline's engine is not up to score it (one engine at a time: alternate "
+                    "placement; or a workload whose engine cannot score): every request must agree in full",
+                ),
+                compared="bits",
+            )
+        engine = b.engine  # type: ignore[attr-defined]
+        vocab = engine.vocab_size
+        for i in flips:
+            bad = next((t for t in cand[i] if vocab is None or t >= vocab), None)
+            if bad is not None:
+                why = "is outside the model's vocabulary" if vocab is not None else "cannot be checked (no vocabulary)"
+                return OutputsVerdict(
+                    False, (f"request {i} (of {n}): the candidate's token id {bad} {why}",), compared="distributions"
+                )
+        t0 = time.perf_counter()
+        asked = [(i, cand[i]) for i in flips] + [(i, base[i]) for i in flips]
+        try:
+            first, again = b.score(seed, asked, self.timeout_s)  # type: ignore[attr-defined]
+        except (WorkerError, ValueError) as exc:
+            return OutputsVerdict(
+                False,
+                (f"{what} and the baseline's engine could not score it ({exc}); nothing proves the answer",),
+                compared="distributions",
+            )
+        k = len(flips)
+        measured, positions = outputs_rule.measured_floor(first, again, first[k:])
+        floor = outputs_rule.Floor.of(engine.dtype or "float32", measured, positions)
+        theirs: dict[int, Any] = {}
+        if c is not None and callable(getattr(c, "score", None)) and c.up():  # type: ignore[attr-defined]
+            try:
+                got, _ = c.score(seed, [(i, base[i]) for i in flips], self.timeout_s)  # type: ignore[attr-defined]
+                theirs = dict(zip(flips, got, strict=True))
+            except (WorkerError, ValueError):
+                theirs = {}  # the candidate's direction can only refuse: without it the reference's decides
+        scores = {i: (first[j], theirs.get(i)) for j, i in enumerate(flips)}
+        return outputs_rule.judge(base, cand, scores, floor, time.perf_counter() - t0)
 
     def _check_digest(self, side: str, seed: int, outcome: TrialOutcome) -> str:
         """Command workloads declare ``outputs = KEY``: the digest both sides report must be equal."""
@@ -211,16 +243,18 @@ class GuardedSession:
         why, kind = self.check(), WORKTREE_CHANGED
         if not why and self.match is not None:
             kind = CHANGED_OUTPUTS
-            self.match.last = None
+            self.match.last, self.match.verdict = None, None
             why = self.match.check(self.side, seed, outcome)
-            if self.match.last is not None:  # the pair is complete: say how closely the outputs agreed
-                share, same = self.match.last
+            if self.match.last is not None:  # the pair is complete: say how closely the outputs agreed, and how
+                share, same = self.match.last  # the rule judged them (bits, or flips against the measured tie)
+                rule = self.match.verdict.metrics() if self.match.verdict is not None else {}
                 outcome = dataclasses.replace(
                     outcome,
                     metrics={
                         **outcome.metrics,
                         "outputs_agreement": round(share, 6),
                         "outputs_identical": round(same, 6),
+                        **rule,
                     },
                 )
         if why:
@@ -256,10 +290,13 @@ def session_factory(
             )
             return CommandSession(spec, sd.out(side) / (out or "trials") / f"{workload.name}-{restart}")
 
-    match = OutputsMatch(digest_key=workload.outputs if workload.spec.outputs == "digest" else None)
+    match = OutputsMatch(
+        digest_key=workload.outputs if workload.spec.outputs == "digest" else None, timeout_s=workload.timeout_s
+    )
 
     def make(side: str, restart: int) -> Session:
-        return GuardedSession(raw(side, restart), sd.check, side, match, fresh=lambda: sd.fresh_outputs(side, keep=out))
+        inner = match.sessions[side] = raw(side, restart)  # the scoring of a flip asks the sides' engines
+        return GuardedSession(inner, sd.check, side, match, fresh=lambda: sd.fresh_outputs(side, keep=out))
 
     return make
 

@@ -14,13 +14,19 @@ from pathlib import Path
 from .toy import make_repo, run_cli
 
 TOY_VLLM = '''
-import os, time
+import math, os, time
 __version__ = "0.0+toy"
 
 
 class SamplingParams:
-    def __init__(self, max_tokens=16, ignore_eos=False, temperature=0.0, seed=None, **kw):
+    def __init__(self, max_tokens=16, ignore_eos=False, temperature=0.0, seed=None, prompt_logprobs=None, **kw):
         self.max_tokens, self.temperature = max_tokens, temperature
+        self.prompt_logprobs = prompt_logprobs
+
+
+class Logprob:
+    def __init__(self, logprob, rank):
+        self.logprob, self.rank = logprob, rank
 
 
 class _Completion:
@@ -29,27 +35,86 @@ class _Completion:
 
 
 class _Result:
-    def __init__(self, prompt_token_ids, token_ids):
+    def __init__(self, prompt_token_ids, token_ids, prompt_logprobs=None):
         self.prompt_token_ids, self.outputs = prompt_token_ids, [_Completion(token_ids)]
+        self.prompt_logprobs = prompt_logprobs
+
+
+# The toy model: the next token depends on the last one. Its greedy choice nxt(t) has logprob log 0.5, the runner-up
+# alt(t) log 0.5 minus margin(t): a near tie (1e-6 nats) after one token in 23, 5e-3 after one in 5, else 0.5.
+VOCAB = 9973
+
+
+def nxt(t):
+    return (t * 31 + 7) % VOCAB
+
+
+def alt(t):
+    return (t * 17 + 3) % VOCAB if (t * 17 + 3) % VOCAB != nxt(t) else (t + 1) % VOCAB
+
+
+def margin(t):
+    return 1e-6 if t % 23 == 0 else (5e-3 if t % 5 == 0 else 0.5)
+
+
+def step(t):
+    return nxt(t)  # greedy (a variant may flip where margin(t) is small)
+
+
+def logprob(prev, tok):
+    if tok == nxt(prev):
+        return math.log(0.5)
+    if tok == alt(prev):
+        return math.log(0.5) - margin(prev)
+    return math.log(1e-4)
 
 
 def greedy(ids, n):
-    h, out = sum(ids) % 9973, []
+    t, out = ids[-1] if ids else 0, []
     for _ in range(n):
-        h = (h * 31 + 7) % 9973
-        out.append(h)
+        t = step(t)
+        out.append(t)
     return out
+
+
+def scored(ids):
+    rows = [None]
+    for i in range(1, len(ids)):
+        top = nxt(ids[i - 1])
+        d = {top: Logprob(math.log(0.5), 1)}
+        if ids[i] != top:
+            d[ids[i]] = Logprob(logprob(ids[i - 1], ids[i]), 2 if ids[i] == alt(ids[i - 1]) else 3)
+        rows.append(d)
+    return rows
+
+
+class _Config:
+    dtype = "float32"
+
+    def get_vocab_size(self):
+        return VOCAB
+
+
+class _Engine:
+    model_config = _Config()
 
 
 class LLM:
     def __init__(self, model=None, **engine):
         self.cost = float(open("cost.txt").read())  # seconds of "work" per generated token
+        self.llm_engine = _Engine()
+
+    def reset_prefix_cache(self):
+        return True
 
     def generate(self, prompts, sampling_params=None, use_tqdm=False):
         sps = sampling_params if isinstance(sampling_params, list) else [sampling_params] * len(prompts)
         out = []
         for p, sp in zip(prompts, sps):
             ids = list(p["prompt_token_ids"])
+            if getattr(sp, "prompt_logprobs", None):
+                out.append(_Result(ids, [nxt(ids[-1])], scored(ids)))
+                continue
             time.sleep(self.cost * sp.max_tokens)
             out.append(_Result(ids, greedy(ids, sp.max_tokens)))
         return out

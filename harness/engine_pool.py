@@ -3,10 +3,11 @@ by every phase and workload; ``EngineLease`` is a workload's hold on them."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from . import lengths
+from .outputs_rule import Row
 from .seeds import batch_seed
 from .trials import TrialOutcome
 from .worker_protocol import DEFAULT_PROMPTS, SLICEABLE_METRICS, combine_parts
@@ -126,6 +127,7 @@ class EngineLease:
     ):
         self.pool, self.key, self.kind, self.params, self.metric = pool, key, kind, params, metric
         self.exclusive = exclusive
+        self.sliced: dict[int, int] = {}  # seed -> the parts its trial was measured in (sliced trials only)
 
     @property
     def engine(self) -> Any:
@@ -173,10 +175,60 @@ class EngineLease:
         params = lengths.vary(self.params, seed)
         total = int(params.get("prompts", DEFAULT_PROMPTS))
         params["prompts"] = total // parts + (1 if part < total % parts else 0)
+        self.sliced[seed] = parts
         try:
             return self.engine.measure(batch_seed(seed, part), self.kind, params, self.metric)
         finally:
             self._done()
+
+    def up(self) -> bool:
+        """Whether this lease's engine is in the pool, running and healthy (it can still answer a command)."""
+        eng = self.pool.engines.get(self.key)
+        return eng is not None and eng.proc is not None and eng.proc.poll() is None and not eng.start_error
+
+    def score(
+        self, seed: int, answers: Sequence[tuple[int, Sequence[int]]], timeout_s: float
+    ) -> tuple[tuple[tuple[Row, ...], ...], tuple[tuple[Row, ...], ...]]:
+        """``answers`` ((request index in the trial of ``seed``, tokens), ...) teacher-forced by this engine after the
+        prompts the trial gave those requests (its length profile, its slices, its latency batches): see
+        ``WorkerSession.score``. Only warm token workloads score (a serving engine's outputs are text digests)."""
+        if self.kind not in ("vllm-throughput", "vllm-latency") or not hasattr(self.engine, "score"):
+            raise ValueError(f"a {self.kind} engine does not score answers")
+        where = self._where(seed, [r for r, _ in answers])
+        items = [{**w, "tokens": list(tokens)} for w, (_, tokens) in zip(where, answers, strict=True)]
+        self.pool.activate(self.key)
+        try:
+            return self.engine.score(self.kind, items, timeout_s)
+        finally:
+            self._done()
+
+    def _where(self, seed: int, answers: Sequence[int]) -> list[dict[str, Any]]:
+        """For each answer, the prompt that made it: (seed, index, request, params) as the worker builds prompts."""
+        default_len = 64
+        params = lengths.vary(self.params, seed, default_len)
+        out = []
+        if self.kind == "vllm-latency":
+            batch = int(params.get("batch_size", 8))
+            for r in answers:  # batch 0 is the warm-up; the outputs are batches 1..iterations in order
+                out.append(
+                    {"seed": batch_seed(seed, r // batch + 1), "index": 0, "request": r % batch, "params": params}
+                )
+            return out
+        parts = self.sliced.get(seed, 1)
+        total = int(params.get("prompts", DEFAULT_PROMPTS))
+        sizes = [total // parts + (1 if p < total % parts else 0) for p in range(parts)]
+        for r in answers:
+            if parts == 1:
+                out.append({"seed": seed, "index": 0, "request": r, "params": params})
+                continue
+            part, j = 0, r
+            while j >= sizes[part]:
+                j -= sizes[part]
+                part += 1
+            out.append(
+                {"seed": batch_seed(seed, part), "index": 0, "request": j, "params": {**params, "prompts": sizes[part]}}
+            )
+        return out
 
     def combine(self, seed: int, parts: list[TrialOutcome]) -> TrialOutcome:
         return combine_parts(parts, self.metric)

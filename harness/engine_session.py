@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from . import sandbox
+from .outputs_rule import Row, parse_scores
 from .processes import Parkable
 from .seeds import batch_seed
 from .trials import (
@@ -252,6 +253,32 @@ class WorkerSession(Parkable):
         if err:
             return TrialOutcome(False, None, metrics, wall, err, self.log_tail())
         return TrialOutcome(True, float(metrics[metric]), metrics, wall, outputs=tuple(outputs))
+
+    def score(
+        self, kind: str, items: list[dict[str, Any]], timeout_s: float
+    ) -> tuple[tuple[tuple[Row, ...], ...], tuple[tuple[Row, ...], ...]]:
+        """Each item's answer (``tokens``) teacher-forced after its request's prompt (``seed``, ``index``,
+        ``request``, ``params``: as the measurement made it), in two batch orders: (first, again), rows
+        validated (``harness.outputs_rule``). A WorkerError when the engine fails or answers out of protocol."""
+        msg = self.request({"cmd": "score", "kind": kind, "items": items}, timeout_s)
+        answers = [it["tokens"] for it in items]
+        first, why = parse_scores(msg.get("scores"), answers)
+        again, why2 = parse_scores(msg.get("again"), answers)
+        if first is None or again is None:
+            raise WorkerError(f"the engine's scores are malformed: {why or why2}")
+        return first, again
+
+    @property
+    def vocab_size(self) -> int | None:
+        """The model's vocabulary size as this engine reported it when it was up (None: not said)."""
+        v = self.ready.get("vocab_size")
+        return v if type(v) is int and v > 0 else None
+
+    @property
+    def dtype(self) -> str | None:
+        """The model's dtype as this engine reported it ("float32", "bfloat16", ...; None: not said)."""
+        v = self.ready.get("dtype")
+        return v if isinstance(v, str) and v else None
 
     def request(self, cmd: dict[str, Any], timeout_s: float) -> dict[str, Any]:
         """Send any command (e.g. logprobs) and wait for its answer."""

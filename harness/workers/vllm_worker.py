@@ -10,11 +10,15 @@ lines (vLLM's own logs stay on stdout/stderr). Commands arrive on stdin as JSON 
 other side's for the same seed, so a timed run proves what it computed);
 ``{"cmd": "generate", "seed": N, "index": I, "params": {...}}`` -> ``{"event": "result", "outputs": [...]}`` (one
 batch of the latency workload: the orchestrator times each round trip itself);
+``{"cmd": "score", "kind": K, "items": [{"seed": S, "index": I, "request": J, "params": {...}, "tokens": [...]}]}``
+-> ``{"event": "result", "scores": [[[top id, top logprob, token logprob], ...], ...], "again": [...]}`` (the timed
+outputs rule, ``harness/outputs_rule.py``: each answer teacher-forced after its request's prompt, twice, in two
+batch orders, from an empty prefix cache);
 ``{"cmd": "logprobs", "prompts": PATH, "out": PATH, ...}`` -> ``{"event": "done"}``;
 ``{"cmd": "processed", "prompts": PATH, "out": PATH, "settings": [...], ...}`` -> ``{"event": "done"}`` (the
 sample path: seeded sampled continuations with the engine's processed logprobs);
 ``{"cmd": "samples", ...}`` -> ``{"event": "done"}`` (seeded one-token draws for the draw test);
-``{"cmd": "quit"}``. On start-up: ``{"event": "ready", "startup_s": ..., "vllm_file": ...}``.
+``{"cmd": "quit"}``. On start-up: ``{"event": "ready", "startup_s": ..., "vllm_file": ..., "vocab_size": ...}``.
 Any exception: ``{"event": "error", "error": "..."}`` and exit status 1.
 
     python vllm_worker.py --fd 3 '{"kind": "vllm-throughput", "model": ..., "engine": {...}, "params": {...}}'
@@ -127,9 +131,8 @@ class Engine:
             max_tokens=max_tokens, ignore_eos=True, temperature=float(p.get("temperature", 0.0)), seed=None
         )
 
-    def throughput(self, seed: int, p: dict) -> dict:
-        from vllm.inputs import TokensPrompt
-
+    def throughput_requests(self, seed: int, p: dict) -> tuple[list[list[int]], list[int]]:
+        """The throughput round's prompts and output lengths for ``seed``."""
         prompts, outs = make_prompts(
             seed,
             int(p.get("prompts", 64)),
@@ -142,6 +145,20 @@ class Engine:
         limit = int(self.engine_args.get("max_model_len") or 1024)
         prompts = [x[: max(1, limit // 2)] for x in prompts]
         outs = [max(1, min(o, limit - len(x))) for x, o in zip(prompts, outs, strict=True)]
+        return prompts, outs
+
+    def latency_prompts(self, seed: int, index: int, p: dict) -> list[list[int]]:
+        """One latency batch's prompts (fresh for every batch: repeats would measure a prefix cache)."""
+        batch = int(p.get("batch_size", 8))
+        prompts, _ = make_prompts(
+            seed * 1009 + index, batch, int(p.get("input_len", 64)), int(p.get("output_len", 32)), "fixed", self.vocab
+        )
+        return prompts
+
+    def throughput(self, seed: int, p: dict) -> dict:
+        from vllm.inputs import TokensPrompt
+
+        prompts, outs = self.throughput_requests(seed, p)
         reqs = [TokensPrompt(prompt_token_ids=x) for x in prompts]
         sps = [self._sampling(o, p) for o in outs]
         t0 = time.perf_counter()
@@ -202,14 +219,49 @@ class Engine:
         """One batch of the latency workload (the orchestrator times the round trip); its generated tokens."""
         from vllm.inputs import TokensPrompt
 
-        batch = int(p.get("batch_size", 8))
-        # fresh prompts for every run: repeats of one batch would measure a prefix cache, not the engine
-        prompts, _ = make_prompts(
-            seed * 1009 + index, batch, int(p.get("input_len", 64)), int(p.get("output_len", 32)), "fixed", self.vocab
-        )
-        reqs = [TokensPrompt(prompt_token_ids=x) for x in prompts]
+        reqs = [TokensPrompt(prompt_token_ids=x) for x in self.latency_prompts(seed, index, p)]
         results = self.llm.generate(reqs, self._sampling(int(p.get("output_len", 32)), p), use_tqdm=False)
         return [list(r.outputs[0].token_ids) for r in results]
+
+    def score(self, cmd: dict) -> dict:
+        """Each item's answer teacher-forced after its request's prompt: per answer token, the model's top token,
+        its logprob and the answer token's logprob. Run twice, the second time in the reverse order (another
+        batch composition and order: the A/A rounding floor on exactly these positions), each from an empty
+        prefix cache, which is emptied again afterwards (scoring leaves nothing for the next timed round)."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        kind = cmd.get("kind") or self.spec["kind"]
+        seqs, starts = [], []
+        for it in cmd["items"]:
+            p = it.get("params") or self.spec.get("params", {})
+            if kind == "vllm-latency":
+                prompt = self.latency_prompts(int(it["seed"]), int(it["index"]), p)[int(it["request"])]
+            else:
+                prompt = self.throughput_requests(int(it["seed"]), p)[0][int(it["request"])]
+            seqs.append(list(prompt) + [int(t) for t in it["tokens"]])
+            starts.append(len(prompt))
+        sp = SamplingParams(max_tokens=1, prompt_logprobs=1, temperature=0.0)
+
+        def run(order: list[int]) -> list[list[list[float]]]:
+            fresh_cache(self.llm)
+            res = self.llm.generate([TokensPrompt(prompt_token_ids=seqs[i]) for i in order], sp, use_tqdm=False)
+            got: dict[int, list[list[float]]] = {}
+            for i, r in zip(order, res, strict=True):
+                rows = []
+                for pos in range(starts[i], len(seqs[i])):
+                    d = r.prompt_logprobs[pos]
+                    best = min(
+                        d.items(), key=lambda kv: (kv[1].rank if kv[1].rank is not None else 1 << 30, -kv[1].logprob)
+                    )
+                    rows.append([int(best[0]), float(best[1].logprob), float(d[seqs[i][pos]].logprob)])
+                got[i] = rows
+            return [got[i] for i in range(len(seqs))]
+
+        first = run(list(range(len(seqs))))
+        again = run(list(reversed(range(len(seqs)))))
+        fresh_cache(self.llm)
+        return {"event": "result", "scores": first, "again": again}
 
     def logprobs(self, cmd: dict) -> None:
         """The logprob contract of docs/CONTRACTS.md: prefill (teacher-forced) and greedy decode paths."""
@@ -345,6 +397,22 @@ def samples(llm, cmd: dict) -> None:
                 )
 
 
+def vocab_size(llm) -> int | None:
+    """The model's vocabulary size (token ids below it are tokens), or None where the engine does not say."""
+    try:
+        return int(llm.llm_engine.model_config.get_vocab_size())
+    except Exception:  # noqa: BLE001 - an engine without the attribute: the orchestrator then trusts no id
+        return None
+
+
+def model_dtype(llm) -> str | None:
+    """The dtype the model computes in ("float32", "bfloat16", ...), or None where the engine does not say."""
+    try:
+        return str(llm.llm_engine.model_config.dtype).removeprefix("torch.")
+    except Exception:  # noqa: BLE001 - an engine without the attribute
+        return None
+
+
 def fresh_cache(llm) -> None:
     """Every logprob, sample-path and draw run starts from an empty prefix cache. The baseline runs more
     often than the candidate (its noise-floor runs), so with the cache kept its engine would reuse blocks
@@ -441,6 +509,8 @@ def main() -> int:
                 "vllm_file": eng.vllm.__file__,
                 "vllm_version": getattr(eng.vllm, "__version__", "?"),
                 "engine_args": eng.engine_args,
+                "vocab_size": vocab_size(eng.llm),
+                "dtype": model_dtype(eng.llm),
             }
         )
         for line in sys.stdin:
@@ -460,6 +530,8 @@ def main() -> int:
                         "outputs": eng.generate_batch(int(cmd["seed"]), int(cmd["index"]), cmd.get("params") or {}),
                     }
                 )
+            elif cmd["cmd"] == "score":
+                send(eng.score(cmd))
             elif cmd["cmd"] == "logprobs":
                 eng.logprobs(cmd)
                 send({"event": "done"})

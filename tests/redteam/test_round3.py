@@ -267,7 +267,8 @@ LLM.generate = _generate
 
 def test_cutting_the_longest_request_of_a_skewed_batch_is_caught(tmp_path):
     """Inside the old average (mean prefix share >= 99%, >= 95% of requests identical) when the batch is large:
-    merged about 1 time in 4 on the real engine. Every request must now agree in full."""
+    merged about 1 time in 4 on the real engine. Every request must now agree in full, or be what the reference
+    model could have said (the distribution rule: a padded tail is not)."""
     from benchmarks.toy_engine import TOY_VLLM, target
     from benchmarks.toy_engine import evaluate as evaluate_engine
 
@@ -286,7 +287,7 @@ def test_cutting_the_longest_request_of_a_skewed_batch_is_caught(tmp_path):
     rc, out = evaluate_engine(repo, "cut")
     assert rc == 4 and out["verdict"] == "reject", out["reasons"]
     reason = " ".join(out["reasons"])
-    assert "every request must agree in full" in reason and "padded" in reason, reason
+    assert "beyond what the reference model itself could say" in reason and "padded" in reason, reason
     assert Workspace.open(repo).baseline_commit() == main
 
 

@@ -1,0 +1,71 @@
+"""Red team: the timed outputs rule is statistical, not bitwise (harness/outputs_rule.py, issue 54).
+
+The toy vLLM fork (benchmarks/toy_engine.py) is a Markov model whose greedy choice has a known runner-up and margin:
+a near tie (1e-6 nats) after one token in 23, 5e-3 after one in 5. An honest change that flips greedy tokens only
+at near ties (what compiled kernels or another batch do to a real model) must merge; a change that flips where the
+reference is sure (a lower precision), pads, or answers with tokens outside the vocabulary must be refused — through
+the real warm worker, its ``score`` command on the baseline's engine, the sandbox and the gate."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentsearch.workspace import Workspace
+from benchmarks.toy_engine import TOY_VLLM, evaluate, target
+
+from ..conftest import commit
+
+pytestmark = pytest.mark.timeout(300)
+
+FLIP_AT_NEAR_TIES = TOY_VLLM.replace(
+    "    return nxt(t)  # greedy (a variant may flip where margin(t) is small)",
+    "    return alt(t) if margin(t) < 1e-5 else nxt(t)  # another summation order: near ties go the other way",
+)
+FLIP_BEYOND_TIES = TOY_VLLM.replace(
+    "    return nxt(t)  # greedy (a variant may flip where margin(t) is small)",
+    "    return alt(t) if margin(t) < 1e-2 else nxt(t)  # a lower precision: flips where the reference is sure",
+)
+OUT_OF_VOCABULARY = '''
+_gen = LLM.generate
+
+
+def _generate(self, prompts, sampling_params=None, use_tqdm=False):
+    res = _gen(self, prompts, sampling_params, use_tqdm)
+    if not getattr(sampling_params if not isinstance(sampling_params, list) else sampling_params[0], "prompt_logprobs", None):
+        res[0].outputs[0].token_ids = list(res[0].outputs[0].token_ids[:-1]) + [2**30]
+    return res
+
+
+LLM.generate = _generate
+'''
+
+
+def test_an_honest_change_that_flips_near_ties_merges_and_says_so(tmp_path):
+    assert FLIP_AT_NEAR_TIES != TOY_VLLM
+    repo = target(tmp_path)
+    commit(repo, {"vllm/__init__.py": FLIP_AT_NEAR_TIES, "cost.txt": "0.0006\n"}, "sum in another order", branch="f")
+    rc, out = evaluate(repo, "f")
+    assert rc == 0 and out["verdict"] == "merge", out["reasons"]
+    judged = [t["metrics"] for t in out["trials"] if "outputs_compared" in t["metrics"]]
+    assert judged and all(m["outputs_compared"] == "distributions" and m["outputs_flips"] > 0 for m in judged)
+    assert all(m["outputs_tie"] == pytest.approx(1e-4) and m["outputs_floor"] == 0.0 for m in judged)
+    assert all(m["outputs_flip_margin_max"] <= 1e-4 and "margin" in m["outputs_flip_example"] for m in judged)
+
+
+def test_a_lossy_change_that_flips_where_the_reference_is_sure_is_refused(tmp_path):
+    repo = target(tmp_path)
+    main = Workspace.open(repo).baseline_commit()
+    commit(repo, {"vllm/__init__.py": FLIP_BEYOND_TIES, "cost.txt": "0.0006\n"}, "bf16 somewhere", branch="lossy")
+    rc, out = evaluate(repo, "lossy")
+    assert rc == 4 and out["verdict"] == "reject", out["reasons"]
+    reason = " ".join(out["reasons"])
+    assert "outputs check" in reason and "top-2 margin is 0.005 nats, beyond the tie 0.0001" in reason, reason
+    assert Workspace.open(repo).baseline_commit() == main
+
+
+def test_a_token_outside_the_vocabulary_is_refused_before_the_baseline_scores_it(tmp_path):
+    repo = target(tmp_path)
+    commit(repo, {"vllm/__init__.py": TOY_VLLM + OUT_OF_VOCABULARY, "cost.txt": "0.0006\n"}, "odd id", branch="oov")
+    rc, out = evaluate(repo, "oov")
+    assert rc == 4 and out["verdict"] == "reject", out["reasons"]
+    assert any("token id 1073741824 is outside the model's vocabulary" in r for r in out["reasons"]), out["reasons"]
