@@ -284,6 +284,52 @@ def _paired(trials: Sequence[TrialRecord]) -> dict[tuple[str, str], dict[int, di
     return groups
 
 
+def outputs_table(trials: Sequence[TrialRecord]) -> list[dict[str, Any]]:
+    """Per workload and phase, how the timed runs' outputs were judged (``harness.outputs_rule``, recorded on the
+    trial that completed each pair): pairs identical in every bit, pairs whose differing answers were judged as
+    distributions (and those that waited for the baseline's engine), the flips, the largest flip margin against the
+    tie and the measured floor, the scoring's seconds, and one flip for a reviewer to look at."""
+    rows: dict[tuple[str, str], dict[str, Any]] = {}
+    for t in trials:
+        m = t.metrics
+        how = m.get("outputs_compared")
+        if not isinstance(how, str):
+            continue
+        r = rows.setdefault(
+            (t.workload, t.phase),
+            {
+                "workload": t.workload,
+                "phase": t.phase,
+                "bits": 0,
+                "distributions": 0,
+                "pending": 0,
+                "flips": 0,
+                "margin": None,
+                "tie": None,
+                "floor": None,
+                "score_s": 0.0,
+                "pair_s": 0.0,
+                "example": "",
+            },
+        )
+        if how in ("bits", "distributions", "pending"):
+            r[how] += 1
+        r["pair_s"] += float(t.wall_s or 0.0)
+        flips = m.get("outputs_flips")
+        if isinstance(flips, int) and not isinstance(flips, bool):
+            r["flips"] += flips
+        for key, field_ in (("outputs_tie", "tie"), ("outputs_floor", "floor"), ("outputs_flip_margin_max", "margin")):
+            v = m.get(key)
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+                r[field_] = v if r[field_] is None else max(r[field_], v)
+        cost = m.get("outputs_score_s")
+        if isinstance(cost, (int, float)) and not isinstance(cost, bool) and math.isfinite(cost):
+            r["score_s"] += cost
+        if not r["example"] and isinstance(m.get("outputs_flip_example"), str):
+            r["example"] = m["outputs_flip_example"][:200]
+    return list(rows.values())
+
+
 def engine_sessions(ev: Evidence) -> list[dict[str, Any]]:
     """``session_table`` of a verdict's evidence."""
     return session_table(ev.trials, ev.directions)
@@ -612,6 +658,7 @@ def context(ev: Evidence, images: Mapping[str, str], local: bool = True) -> dict
         "diff": ev.diff if small else "",
         "diff_lines": diff_lines,
         "sessions": engine_sessions(ev),
+        "outputs": outputs_table(ev.trials),
         "agent": agent_session(ev),
         "parent": ev.proposal.meta.get("parent") if ev.proposal else None,
         "revision": ev.proposal.meta.get("revision") if ev.proposal else None,

@@ -63,9 +63,11 @@ class OutputsMatch:
     cache it could not have, computes in a lower precision, or is fast only when it is not being verified —
     fails the trial in the act.
 
-    ``sessions`` holds each side's current session (``session_factory`` registers them): the scoring needs the
-    baseline's engine up when a pair completes. Where it is not (``alternate`` placement finishes a pair in the
-    candidate's session after the baseline's engine is gone), a differing answer fails closed."""
+    ``sessions`` holds each side's current session (``session_factory`` registers them): the scoring asks the
+    baseline's engine. Where it is not up when a pair completes (``alternate`` placement finishes every other round
+    in the candidate's session, after the baseline's engine is gone), the pair's differing answers wait: the next
+    baseline session scores them, or ``settle()`` — which ``run_interleaved`` calls when the sessions are over —
+    starts a baseline engine (``fresh_baseline``) for them. Without ``fresh_baseline`` they fail at once."""
 
     def __init__(self, digest_key: str | None = None, timeout_s: float = 600.0):
         self.digest_key = digest_key
@@ -74,6 +76,8 @@ class OutputsMatch:
         self.verdict: OutputsVerdict | None = None  # the rule's verdict on the latest completed pair
         self.seen: dict[int, tuple[str, tuple[tuple[int, ...], ...] | None, object]] = {}
         self.sessions: dict[str, Session] = {}
+        self.fresh_baseline: Callable[[], Session] | None = None
+        self.pending: list[tuple[int, tuple[tuple[int, ...], ...], tuple[tuple[int, ...], ...]]] = []
 
     def check(self, side: str, seed: int, outcome: TrialOutcome) -> str:
         if not outcome.ok:
@@ -100,15 +104,49 @@ class OutputsMatch:
         base, cand = (other[1], mine[1]) if other[0] == BASELINE else (mine[1], other[1])
         self.verdict = self.judge(seed, base, cand)
         if not self.verdict.passed:
-            share, same = self.last
-            reasons = self.verdict.reasons
-            more = f"; {len(reasons) - 1} more request(s) refused" if len(reasons) > 1 else ""
-            return (
-                f"outputs check: the tokens generated for the same requests (seed {seed}) differ between the sides "
-                f"beyond what the reference model itself could say (greedy decoding: {self.verdict.compared}): "
-                f"{reasons[0]}{more}; {same:.0%} of requests and {share:.1%} of tokens agree"
-            )
+            return self._refusal(seed, self.verdict, self.last)
+        return self._settle_pending() if self._baseline_up() else ""
+
+    @staticmethod
+    def _refusal(seed: int, verdict: OutputsVerdict, last: tuple[float, float]) -> str:
+        share, same = last
+        reasons = verdict.reasons
+        more = f"; {len(reasons) - 1} more request(s) refused" if len(reasons) > 1 else ""
+        return (
+            f"outputs check: the tokens generated for the same requests (seed {seed}) differ between the sides "
+            f"beyond what the reference model itself could say (greedy decoding: {verdict.compared}): "
+            f"{reasons[0]}{more}; {same:.0%} of requests and {share:.1%} of tokens agree"
+        )
+
+    def _baseline_up(self) -> bool:
+        b = self.sessions.get(BASELINE)
+        return b is not None and callable(getattr(b, "score", None)) and b.up()  # type: ignore[attr-defined]
+
+    def _settle_pending(self) -> str:
+        """Judge the pairs that waited for the baseline's engine (it is up): '' or the first refusal."""
+        while self.pending:
+            seed, base, cand = self.pending.pop(0)
+            verdict = self.judge(seed, base, cand)
+            if not verdict.passed:
+                self.pending.clear()
+                return self._refusal(seed, verdict, agreement(base, cand))
         return ""
+
+    def settle(self) -> str:
+        """After the last pair: the waiting pairs judged on a baseline engine started for them ('' = all passed)."""
+        if not self.pending:
+            return ""
+        if self.fresh_baseline is None:
+            self.pending.clear()
+            return "outputs check: differing answers waited for the baseline's engine to score them, and none came"
+        session = self.fresh_baseline()
+        self.sessions[BASELINE] = session
+        try:
+            session.start()
+            return self._settle_pending()
+        finally:
+            self.pending.clear()
+            session.close()
 
     def judge(self, seed: int, base: tuple[tuple[int, ...], ...], cand: tuple[tuple[int, ...], ...]) -> OutputsVerdict:
         """The rule's verdict on one pair's answers: identical (bits), or every difference scored and judged."""
@@ -122,7 +160,10 @@ class OutputsMatch:
         if d is not None and outputs_rule.padded(cand[flips[0]][d:]) and not outputs_rule.padded(base[flips[0]][d:]):
             what += " and the rest of it repeats one short cycle (padded)"
         b, c = self.sessions.get(BASELINE), self.sessions.get(CANDIDATE)
-        if b is None or not callable(getattr(b, "score", None)) or not b.up():  # type: ignore[attr-defined]
+        if not self._baseline_up() and self.fresh_baseline is not None and callable(getattr(b, "score", None)):
+            self.pending.append((seed, base, cand))  # judged when a baseline engine is up (``settle``)
+            return OutputsVerdict(True, (), compared="pending")
+        if b is None or not self._baseline_up():
             return OutputsVerdict(
                 False,
                 (
@@ -132,6 +173,7 @@ class OutputsMatch:
                 compared="bits",
             )
         engine = b.engine  # type: ignore[attr-defined]
+        engine.wait_ready()  # a baseline engine started for waiting answers may still be booting
         vocab = engine.vocab_size
         for i in flips:
             bad = next((t for t in cand[i] if vocab is None or t >= vocab), None)
@@ -293,12 +335,28 @@ def session_factory(
     match = OutputsMatch(
         digest_key=workload.outputs if workload.spec.outputs == "digest" else None, timeout_s=workload.timeout_s
     )
+    if workload.spec.engine and not workload.spec.serving:
+        scorers = iter(range(SCORING_RESTART, SCORING_RESTART + 1000))
+        match.fresh_baseline = lambda: raw(BASELINE, next(scorers))
+    return GuardedFactory(raw, match, sd, out)
 
-    def make(side: str, restart: int) -> Session:
-        inner = match.sessions[side] = raw(side, restart)  # the scoring of a flip asks the sides' engines
-        return GuardedSession(inner, sd.check, side, match, fresh=lambda: sd.fresh_outputs(side, keep=out))
 
-    return make
+SCORING_RESTART = 10_000  # restart indices of baseline engines started only to score waiting answers (``settle``)
+
+
+class GuardedFactory:
+    """``session_factory``'s answer: (side, restart) -> a GuardedSession; ``settle()`` judges what waited."""
+
+    def __init__(self, raw: SessionFactory, match: OutputsMatch, sd: Sides, out: str):
+        self.raw, self.match, self.sd, self.out = raw, match, sd, out
+
+    def __call__(self, side: str, restart: int) -> Session:
+        inner = self.match.sessions[side] = self.raw(side, restart)  # the scoring of a flip asks the sides' engines
+        sd, out = self.sd, self.out
+        return GuardedSession(inner, sd.check, side, self.match, fresh=lambda: sd.fresh_outputs(side, keep=out))
+
+    def settle(self) -> str:
+        return self.match.settle()
 
 
 def model_path(workload: WorkloadConfig) -> str:

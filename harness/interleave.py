@@ -129,7 +129,42 @@ def run_interleaved(
     run = WorkloadRun(workload)
     if alternate:
         _alternating(run, factory, design, decide, seed_of, higher_is_better, prior, restarts, on_pair, warmup, probe)
-        return run
+    else:
+        _shared(
+            run, factory, design, decide, seed_of, higher_is_better, prior, restarts, on_pair, warmup, probe, slices
+        )
+    _settle(run, factory)  # not on the way out of an exception: nothing more is started then
+    return run
+
+
+def _settle(run: WorkloadRun, factory: SessionFactory) -> None:
+    """What the factory left to judge once the sessions are over (``settle()``, when it has one: the outputs of pairs
+    completed while the baseline's engine was not up to score them); its refusal fails the run."""
+    settle = getattr(factory, "settle", None)
+    if settle is None:
+        return
+    why = settle()
+    if why and not run.failure:
+        run.failure = f"the sides' outputs differ ({run.workload}, judged after the last pair): {why}"
+        run.failure_kind = CHANGED_OUTPUTS
+
+
+def _shared(
+    run: WorkloadRun,
+    factory: SessionFactory,
+    design: SequentialDesign,
+    decide: Decide,
+    seed_of: Callable[[int], int],
+    higher_is_better: bool,
+    prior: NoisePrior | None,
+    restarts: int,
+    on_pair: Callable[[WorkloadRun], None] | None,
+    warmup: int,
+    probe: Callable[[], Probe] | None,
+    slices: int,
+) -> None:
+    """Both sides' sessions up together, pairs measured in ABBA order (``run_interleaved``)."""
+    workload = run.workload
     per_session = pairs_per_session(design.max_pairs, restarts)
     sessions: dict[str, Session] = {}
     current = -1
@@ -152,7 +187,7 @@ def run_interleaved(
                         count_wait(time.perf_counter() - t_boot)
                     for side in warm_order:
                         if not _warm_up(run, sessions[side], side, idx, seed_of, warmup):
-                            return run
+                            return
                 seed = seed_of(pair)
                 order = order_of(pair)
                 sides = (BASELINE, CANDIDATE) if order == "AB" else (CANDIDATE, BASELINE)
@@ -172,7 +207,7 @@ def run_interleaved(
                     if not outcome.ok:
                         run.failure = trial_failure(side, workload, pair + 1, seed, outcome)
                         run.failure_kind = outcome.failure or CRASH
-                        return run
+                        return
                 _pair_done(run, got, higher_is_better, idx)
                 pair += 1
                 if on_pair:
@@ -183,7 +218,7 @@ def run_interleaved(
             decision = decide(design, run.log_ratios, prior, clusters=run.sessions if counted else None)
             run.decision = decision
             if decision.action != CONTINUE:
-                return run
+                return
     finally:
         _close_all(sessions)
 

@@ -13,7 +13,7 @@ import pytest
 from agentsearch.workspace import Workspace
 from benchmarks.toy_engine import TOY_VLLM, evaluate, target
 
-from ..conftest import commit
+from ..conftest import commit, run_cli
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -50,6 +50,15 @@ def test_an_honest_change_that_flips_near_ties_merges_and_says_so(tmp_path):
     assert judged and all(m["outputs_compared"] == "distributions" and m["outputs_flips"] > 0 for m in judged)
     assert all(m["outputs_tie"] == pytest.approx(1e-4) and m["outputs_floor"] == 0.0 for m in judged)
     assert all(m["outputs_flip_margin_max"] <= 1e-4 and "margin" in m["outputs_flip_example"] for m in judged)
+    report = run_cli("report", "-C", str(repo), "f", "--format", "md")
+    assert report.returncode == 0, report.stderr
+    table = report.stdout.split("### Timed outputs", 1)[1].split("\n## ", 1)[0]
+    row = next(ln for ln in table.splitlines() if ln.startswith("| throughput | objective |"))
+    cells = [c.strip() for c in row.split("|")[1:-1]]
+    objective = [t for t in out["trials"] if "outputs_compared" in t["metrics"] and t["phase"] == "objective"]
+    assert cells[2] == "0" and int(cells[3]) == len(objective) and int(cells[5]) > 0, row
+    assert cells[7] == "0.0001" and cells[8] == "0", row  # the tie, and the floor measured on this engine
+    assert "one flip: request" in table and "margin" in table
 
 
 def test_a_lossy_change_that_flips_where_the_reference_is_sure_is_refused(tmp_path):
@@ -69,3 +78,21 @@ def test_a_token_outside_the_vocabulary_is_refused_before_the_baseline_scores_it
     rc, out = evaluate(repo, "oov")
     assert rc == 4 and out["verdict"] == "reject", out["reasons"]
     assert any("token id 1073741824 is outside the model's vocabulary" in r for r in out["reasons"]), out["reasons"]
+
+
+@pytest.mark.parametrize("variant", ["honest", "lossy"])
+def test_one_engine_at_a_time_scores_what_the_candidate_s_session_completed(tmp_path, variant):
+    """Alternate placement (one GPU's default): every other round ends in the candidate's session, after the
+    baseline's engine is gone. Those pairs' flips wait for the next baseline session (or one started for them after
+    the last pair): the honest change still merges, the lossy one is still refused."""
+    repo = target(tmp_path, engine='placement = "alternate"')
+    vllm = FLIP_AT_NEAR_TIES if variant == "honest" else FLIP_BEYOND_TIES
+    commit(repo, {"vllm/__init__.py": vllm, "cost.txt": "0.0006\n"}, "sum in another order", branch="f")
+    rc, out = evaluate(repo, "f")
+    if variant == "honest":
+        assert rc == 0 and out["verdict"] == "merge", out["reasons"]
+        judged = [t["metrics"].get("outputs_compared") for t in out["trials"]]
+        assert "pending" in judged and "distributions" in judged, judged  # both kinds of round happened
+    else:
+        assert rc == 4 and out["verdict"] == "reject", out["reasons"]
+        assert any("beyond the tie 0.0001" in r for r in out["reasons"]), out["reasons"]
