@@ -19,6 +19,7 @@ from harness import environment, machine_noise, power, seeds
 from harness.engine_pool import EnginePool
 from harness.gate_defaults import CALIBRATION_PAIRS, MACHINE_PROBE_S
 from harness.interleave import pairs_per_session, run_interleaved
+from harness.outputs_rule import Floor
 from harness.sequential import OK, Decision, SequentialDesign
 from harness.statistics import (
     NoisePrior,
@@ -81,6 +82,14 @@ class WorkloadNoise:
     machine_floor_sd: float | None = None  # the machine's own per-pair SD at this alternation (harness.machine_noise)
     machine_speed_sd: float | None = None  # SD of the machine's log-speed over windows of one part
     machine_floor_pairs: int = 0  # disjoint pairs behind the floor
+    # the timed outputs rule's rounding floor on this engine (harness.outputs_rule): the reference's largest margin
+    # change between two batch orders and between its decode and its prefill, in nats; the tie it gives; the dtype
+    # the engine reported; or why it was not measured (a workload whose engine cannot score)
+    outputs_floor: float | None = None
+    outputs_tie: float | None = None
+    outputs_dtype: str = ""
+    outputs_positions: int = 0
+    outputs_note: str = ""
 
 
 @dataclass(frozen=True)
@@ -216,6 +225,19 @@ def with_machine_floor(noise: WorkloadNoise, series: list[float], cpus: frozense
     )
 
 
+def with_outputs_floor(noise: WorkloadNoise, floor: Floor | str) -> WorkloadNoise:
+    """``noise`` with the outputs rule's measured rounding floor (or why it was not measured)."""
+    if isinstance(floor, str):
+        return dataclasses.replace(noise, outputs_note=floor)
+    return dataclasses.replace(
+        noise,
+        outputs_floor=floor.measured,
+        outputs_tie=floor.tie,
+        outputs_dtype=floor.dtype,
+        outputs_positions=floor.positions,
+    )
+
+
 def calibrate(
     ws: Workspace, pairs: int = CALIBRATION_PAIRS, progress: Say | None = None, machine_probe_s: float = MACHINE_PROBE_S
 ) -> Calibration:
@@ -257,6 +279,11 @@ def calibrate(
                         placement_for(config).describe() if w.spec.engine else "",
                         options["alternate"],
                     )
+                    if w.spec.engine and not w.spec.serving:
+                        say(w.name, "the outputs rule's rounding floor: the baseline's answers scored twice")
+                        results[w.name] = with_outputs_floor(
+                            results[w.name], factory.rounding_floor(seeds.pair_seeds(master, w.name)(pairs))
+                        )
             finally:
                 pool.close()
     finally:

@@ -452,8 +452,7 @@ def _run_workload(
         # pair of engine instances can be as far apart as the regression)
         gate = config.gate
         wdesign = guard_check_design(gate.guard_check_pairs, gate.max_regression, gate.regression_alpha)
-        inner_g = factory
-        factory = lambda side, restart: inner_g(side, GUARD_CHECK_SESSION + restart)  # noqa: E731
+        factory = factory.at(GUARD_CHECK_SESSION)  # its settle() kept: waiting outputs are judged after the last pair
         options = {**options, "restarts": guard_check_sessions(config)}
     elif role == Role.CONFIRMATION:
         wdesign = confirmation_design(config.gate.confirm_pairs, strict)
@@ -461,8 +460,7 @@ def _run_workload(
         # first, these after it): a win that was one engine instance's luck (an A/A measured about +3% on one
         # pair of engines here) must hold on another, not only on fresh seeds of the same instances. One
         # session; two under split placement, so that the sides swap devices as in every other round
-        inner = factory
-        factory = lambda side, restart: inner(side, CONFIRMATION_SESSION + restart)  # noqa: E731
+        factory = factory.at(CONFIRMATION_SESSION)
         options = {**options, "restarts": confirmation_restarts(config)}
     else:
         wdesign = workload_design(ctx.design, w)

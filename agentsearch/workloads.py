@@ -105,7 +105,7 @@ class OutputsMatch:
         self.verdict = self.judge(seed, base, cand)
         if not self.verdict.passed:
             return self._refusal(seed, self.verdict, self.last)
-        return self._settle_pending() if self._baseline_up() else ""
+        return self._settle_pending() if self.baseline_up() else ""
 
     @staticmethod
     def _refusal(seed: int, verdict: OutputsVerdict, last: tuple[float, float]) -> str:
@@ -118,7 +118,7 @@ class OutputsMatch:
             f"{reasons[0]}{more}; {same:.0%} of requests and {share:.1%} of tokens agree"
         )
 
-    def _baseline_up(self) -> bool:
+    def baseline_up(self) -> bool:
         b = self.sessions.get(BASELINE)
         return b is not None and callable(getattr(b, "score", None)) and b.up()  # type: ignore[attr-defined]
 
@@ -160,10 +160,10 @@ class OutputsMatch:
         if d is not None and outputs_rule.padded(cand[flips[0]][d:]) and not outputs_rule.padded(base[flips[0]][d:]):
             what += " and the rest of it repeats one short cycle (padded)"
         b, c = self.sessions.get(BASELINE), self.sessions.get(CANDIDATE)
-        if not self._baseline_up() and self.fresh_baseline is not None and callable(getattr(b, "score", None)):
+        if not self.baseline_up() and self.fresh_baseline is not None and callable(getattr(b, "score", None)):
             self.pending.append((seed, base, cand))  # judged when a baseline engine is up (``settle``)
             return OutputsVerdict(True, (), compared="pending")
-        if b is None or not self._baseline_up():
+        if b is None or not self.baseline_up():
             return OutputsVerdict(
                 False,
                 (
@@ -183,7 +183,9 @@ class OutputsMatch:
                     False, (f"request {i} (of {n}): the candidate's token id {bad} {why}",), compared="distributions"
                 )
         t0 = time.perf_counter()
-        asked = [(i, cand[i]) for i in flips] + [(i, base[i]) for i in flips]
+        # both engines get the same command: per request, the two answers in an order set by their tokens, never by
+        # whose they are (a side that could tell which answer is the other's would know which side it is)
+        asked = [(i, a) for i in flips for a in sorted((base[i], cand[i]))]
         try:
             first, again = b.score(seed, asked, self.timeout_s)  # type: ignore[attr-defined]
         except (WorkerError, ValueError) as exc:
@@ -192,17 +194,18 @@ class OutputsMatch:
                 (f"{what} and the baseline's engine could not score it ({exc}); nothing proves the answer",),
                 compared="distributions",
             )
-        k = len(flips)
-        measured, positions = outputs_rule.measured_floor(first, again, first[k:])
+        where = {(i, a): j for j, (i, a) in enumerate(asked)}
+        mine = [where[(i, base[i])] for i in flips]  # the baseline's own answers: its decode against its prefill
+        measured, positions = outputs_rule.measured_floor(first, again, [first[j] for j in mine])
         floor = outputs_rule.Floor.of(engine.dtype or "float32", measured, positions)
         theirs: dict[int, Any] = {}
         if c is not None and callable(getattr(c, "score", None)) and c.up():  # type: ignore[attr-defined]
             try:
-                got, _ = c.score(seed, [(i, base[i]) for i in flips], self.timeout_s)  # type: ignore[attr-defined]
-                theirs = dict(zip(flips, got, strict=True))
+                got, _ = c.score(seed, asked, self.timeout_s)  # type: ignore[attr-defined]
+                theirs = {i: got[where[(i, base[i])]] for i in flips}
             except (WorkerError, ValueError):
                 theirs = {}  # the candidate's direction can only refuse: without it the reference's decides
-        scores = {i: (first[j], theirs.get(i)) for j, i in enumerate(flips)}
+        scores = {i: (first[where[(i, cand[i])]], theirs.get(i)) for i in flips}
         return outputs_rule.judge(base, cand, scores, floor, time.perf_counter() - t0)
 
     def _check_digest(self, side: str, seed: int, outcome: TrialOutcome) -> str:
@@ -309,7 +312,7 @@ class GuardedSession:
 
 def session_factory(
     config: Config, workload: WorkloadConfig, sd: Sides, pool: EnginePool | None = None, out: str = ""
-) -> SessionFactory:
+) -> GuardedFactory:
     """A factory (side, restart) -> Session for ``workload`` with each side in its worktree.
 
     Warm-engine workloads lease their engines from ``pool`` (the caller closes it). Outputs go to the
@@ -347,16 +350,49 @@ SCORING_RESTART = 10_000  # restart indices of baseline engines started only to 
 class GuardedFactory:
     """``session_factory``'s answer: (side, restart) -> a GuardedSession; ``settle()`` judges what waited."""
 
-    def __init__(self, raw: SessionFactory, match: OutputsMatch, sd: Sides, out: str):
-        self.raw, self.match, self.sd, self.out = raw, match, sd, out
+    def __init__(self, raw: SessionFactory, match: OutputsMatch, sd: Sides, out: str, offset: int = 0):
+        self.raw, self.match, self.sd, self.out, self.offset = raw, match, sd, out, offset
+
+    def at(self, offset: int) -> GuardedFactory:
+        """The same factory with restart indices from ``offset`` on (fresh engines for a confirmation or a guard's
+        re-measure), its ``settle`` kept: a wrapper that dropped it would let waiting outputs go unjudged."""
+        return GuardedFactory(self.raw, self.match, self.sd, self.out, self.offset + offset)
 
     def __call__(self, side: str, restart: int) -> Session:
+        restart += self.offset
         inner = self.match.sessions[side] = self.raw(side, restart)  # the scoring of a flip asks the sides' engines
         sd, out = self.sd, self.out
         return GuardedSession(inner, sd.check, side, self.match, fresh=lambda: sd.fresh_outputs(side, keep=out))
 
     def settle(self) -> str:
         return self.match.settle()
+
+    def rounding_floor(self, seed: int) -> outputs_rule.Floor | str:
+        """The reference's own rounding on this engine (``agentsearch calibrate``): one more round of ``seed`` on the
+        baseline's engine (the current one, or one started for it), every answer scored in two batch orders and
+        against its own decode. The floor, or why it could not be measured."""
+        match = self.match
+        b = match.sessions.get(BASELINE)
+        started = None
+        if not match.baseline_up():
+            if match.fresh_baseline is None:
+                return "this workload's engine cannot score answers"
+            b = started = match.fresh_baseline()
+            b.start()
+        assert b is not None
+        try:
+            outcome = b.measure(seed)
+            if not outcome.ok or not outcome.outputs:
+                return f"the baseline's round failed: {outcome.error or 'no outputs'}"
+            answers = list(enumerate(outcome.outputs))
+            first, again = b.score(seed, answers, match.timeout_s)  # type: ignore[attr-defined]
+            measured, positions = outputs_rule.measured_floor(first, again, first)
+            return outputs_rule.Floor.of(b.engine.dtype or "float32", measured, positions)  # type: ignore[attr-defined]
+        except (WorkerError, ValueError) as exc:
+            return f"the baseline's engine could not score its answers ({exc})"
+        finally:
+            if started is not None:
+                started.close()
 
 
 def model_path(workload: WorkloadConfig) -> str:

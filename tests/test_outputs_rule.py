@@ -171,3 +171,95 @@ def test_worker_scores_are_validated_against_the_answers():
 def test_a_failed_verdict_needs_a_reason():
     with pytest.raises(ValueError):
         rule.OutputsVerdict(False, ())
+
+
+class Scorer:
+    """A side's session as OutputsMatch sees it (``up``, ``score``, ``engine``), scoring with the Markov model above
+    (``starts``: per seed, each request's prompt's last token); it keeps every command it was sent."""
+
+    def __init__(self, starts: dict[int, dict[int, int]], alive: bool = True):
+        self.starts, self.alive, self.asked, self.started = starts, alive, [], 0
+        self.engine = self
+        self.vocab_size, self.dtype = 997, "float32"
+
+    def wait_ready(self) -> None:
+        pass
+
+    def up(self) -> bool:
+        return self.alive
+
+    def start(self) -> None:
+        self.started += 1
+        self.alive = True
+
+    def close(self) -> None:
+        self.alive = False
+
+    def score(self, seed, answers, timeout_s):
+        self.asked.append([(i, tuple(a)) for i, a in answers])
+        rows = tuple(score(self.starts[seed][i], tuple(a)) for i, a in answers)
+        return rows, rows
+
+
+def pair(flip_below: float, n: int = 4):
+    """(request -> start, the baseline's answers, the candidate's flipping where the margin is below ``flip_below``)."""
+    starts = dict(enumerate(starts_with_flips(n, flip_below)))
+    base = tuple(greedy(s, 32) for s in starts.values())
+    cand = tuple(greedy(s, 32, flip_below) for s in starts.values())
+    return starts, base, cand
+
+
+def outcome(outputs):
+    from harness.trials import TrialOutcome
+
+    return TrialOutcome(True, 1.0, {"input_tokens": 7}, 1.0, outputs=outputs)
+
+
+def test_both_engines_are_asked_the_same_so_neither_learns_its_side():
+    from agentsearch.workloads import OutputsMatch
+
+    starts, base, cand = pair(1e-5)
+    m = OutputsMatch()
+    m.sessions = {"baseline": Scorer({5: starts}), "candidate": Scorer({5: starts})}
+    assert m.check("candidate", 5, outcome(cand)) == ""
+    assert m.check("baseline", 5, outcome(base)) == ""
+    assert m.verdict is not None and m.verdict.compared == "distributions" and len(m.verdict.flips) == 4
+    b, c = m.sessions["baseline"].asked, m.sessions["candidate"].asked
+    assert b == c and len(b) == 1 and len(b[0]) == 8  # one command each: both answers of every differing request
+    for i in range(4):  # in an order set by the tokens, not by whose answer it is
+        assert [a for j, a in b[0] if j == i] == sorted([base[i], cand[i]])
+
+
+def test_pairs_wait_for_the_baseline_s_engine_and_a_cheat_among_them_is_refused_after_the_last_pair():
+    from agentsearch.workloads import OutputsMatch
+
+    honest_starts, base1, honest = pair(1e-5)
+    lossy_starts, base2, lossy = pair(1e-2)
+    starts = {1: honest_starts, 2: lossy_starts}
+    m = OutputsMatch()
+    m.sessions = {"baseline": Scorer(starts, alive=False), "candidate": Scorer(starts)}  # alternate placement
+    fresh = Scorer(starts, alive=False)
+    m.fresh_baseline = lambda: fresh
+    for seed, base, cand in ((1, base1, honest), (2, base2, lossy)):
+        m.check("baseline", seed, outcome(base))
+        assert m.check("candidate", seed, outcome(cand)) == ""  # waits: judged when a baseline engine is up
+        assert m.verdict is not None and m.verdict.compared == "pending"
+    assert len(m.pending) == 2 and fresh.started == 0
+    why = m.settle()
+    assert fresh.started == 1 and not fresh.alive and m.pending == []  # started for them, then closed
+    assert why.startswith("outputs check:") and "(seed 2)" in why and "beyond the tie" in why, why
+
+
+def test_without_a_baseline_engine_to_score_a_differing_answer_fails_closed():
+    from agentsearch.workloads import OutputsMatch
+
+    starts, base, honest = pair(1e-5)
+    m = OutputsMatch()  # no sessions registered, no fresh baseline: a command workload, or a serving one
+    m.check("baseline", 3, outcome(base))
+    why = m.check("candidate", 3, outcome(honest))
+    assert why.startswith("outputs check:") and "every request must agree in full" in why, why
+    m = OutputsMatch()
+    m.sessions = {"baseline": Scorer({3: starts}, alive=False)}
+    m.check("baseline", 3, outcome(base))
+    assert "every request must agree in full" in m.check("candidate", 3, outcome(honest))
+    assert m.pending == [] and m.settle() == ""  # nothing waited: no fresh baseline to start

@@ -188,6 +188,8 @@ def test_fast_only_when_not_verified_is_caught_in_the_act(fork):
     assert proc.returncode == 4 and out["verdict"] == "reject", out["reasons"]
     reason = " ".join(out["reasons"])
     assert "outputs check: the tokens generated for the same requests" in reason, reason
+    # judged as a distribution on the real engine: the baseline's worker scored the padded answer (teacher forcing)
+    assert "beyond the tie" in reason and "could not score" not in reason, reason
     assert not workers_alive(fork)
 
 

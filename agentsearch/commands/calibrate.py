@@ -48,6 +48,14 @@ def run(target: Path, as_json: bool, pairs: int, machine_probe_s: float = MACHIN
         )
     out.print(t)
     for w in cal.workloads.values():
+        if w.outputs_floor is not None:
+            out.print(
+                f"{w.workload}: the outputs rule's rounding floor on this engine ({w.outputs_dtype}): "
+                f"{w.outputs_floor:.3g} nats over {w.outputs_positions} positions (two batch orders, decode against "
+                f"prefill); a flip is one the reference could make within {w.outputs_tie:.3g} nats"
+            )
+        elif w.outputs_note:
+            out.print(f"{w.workload}: the outputs rule's rounding floor was not measured: {w.outputs_note}")
         if w.detectable is not None:
             what = "regression" if w.guard else "speedup"
             sign = (

@@ -96,3 +96,20 @@ def test_one_engine_at_a_time_scores_what_the_candidate_s_session_completed(tmp_
     else:
         assert rc == 4 and out["verdict"] == "reject", out["reasons"]
         assert any("beyond the tie 0.0001" in r for r in out["reasons"]), out["reasons"]
+
+
+@pytest.mark.parametrize("placement", ["shared", "alternate"])
+def test_calibrate_measures_the_rounding_floor_and_keeps_it_with_the_environment(tmp_path, placement):
+    """`agentsearch calibrate` scores the baseline's own answers on its engine, in two batch orders and against its
+    decode: the floor the outputs rule's tie is made of, per engine and dtype, stored with the calibration (one
+    engine at a time: on a baseline engine started for it)."""
+    import json
+
+    repo = target(tmp_path, engine=f'placement = "{placement}"')
+    proc = run_cli("calibrate", "-C", str(repo), "--pairs", "4", "--machine-probe", "0", "--json", timeout=280)
+    assert proc.returncode == 0, proc.stderr
+    w = json.loads(proc.stdout)["workloads"]["throughput"]
+    assert w["outputs_floor"] == 0.0 and w["outputs_tie"] == pytest.approx(1e-4) and w["outputs_dtype"] == "float32"
+    assert w["outputs_positions"] == 16 * 16 and w["outputs_note"] == ""  # every token of every answer
+    text = run_cli("calibrate", "-C", str(repo), "--pairs", "4", "--machine-probe", "0", timeout=280)
+    assert "rounding floor on this engine (float32): 0 nats over 256 positions" in text.stdout, text.stdout
