@@ -74,7 +74,7 @@ class OutputsMatch:
         self.timeout_s = timeout_s
         self.last: tuple[float, float] | None = None  # (agreement, identical) of the latest completed pair
         self.verdict: OutputsVerdict | None = None  # the rule's verdict on the latest completed pair
-        self.seen: dict[int, tuple[str, tuple[tuple[int, ...], ...] | None, object]] = {}
+        self.seen: dict[int, tuple[str, tuple[tuple[int, ...], ...] | None, object, object]] = {}
         self.sessions: dict[str, Session] = {}
         self.fresh_baseline: Callable[[], Session] | None = None
         self.pending: list[tuple[int, tuple[tuple[int, ...], ...], tuple[tuple[int, ...], ...]]] = []
@@ -84,7 +84,8 @@ class OutputsMatch:
             return ""
         if self.digest_key is not None:
             return self._check_digest(side, seed, outcome)
-        mine = (side, outcome.outputs, outcome.metrics.get("input_tokens"))
+        kind = outcome.metrics.get("outputs_kind", "tokens")  # a server without token ids: hashes of its texts
+        mine = (side, outcome.outputs, outcome.metrics.get("input_tokens"), kind)
         other = self.seen.pop(seed, None)
         if other is None or other[0] == side:
             self.seen[seed] = mine
@@ -93,6 +94,8 @@ class OutputsMatch:
             return "outputs check: one side reported the tokens it generated and the other did not"
         if mine[1] is None or other[1] is None:
             return ""  # a workload without outputs (command workloads declare none)
+        if other[3] != kind:
+            return "outputs check: one side reported the token ids of its answers and the other only their texts"
         if other[2] != mine[2]:
             return (
                 f"outputs check: the two sides processed different inputs for seed {seed} ({other[2]} vs {mine[2]} "
@@ -102,7 +105,7 @@ class OutputsMatch:
             return f"outputs check: the two sides answered {len(other[1])} and {len(mine[1])} requests for seed {seed}"
         self.last = agreement(other[1], mine[1])
         base, cand = (other[1], mine[1]) if other[0] == BASELINE else (mine[1], other[1])
-        self.verdict = self.judge(seed, base, cand)
+        self.verdict = self.judge(seed, base, cand, scorable=kind == "tokens")
         if not self.verdict.passed:
             return self._refusal(seed, self.verdict, self.last)
         return self._settle_pending() if self.baseline_up() else ""
@@ -148,8 +151,11 @@ class OutputsMatch:
             self.pending.clear()
             session.close()
 
-    def judge(self, seed: int, base: tuple[tuple[int, ...], ...], cand: tuple[tuple[int, ...], ...]) -> OutputsVerdict:
-        """The rule's verdict on one pair's answers: identical (bits), or every difference scored and judged."""
+    def judge(
+        self, seed: int, base: tuple[tuple[int, ...], ...], cand: tuple[tuple[int, ...], ...], scorable: bool = True
+    ) -> OutputsVerdict:
+        """The rule's verdict on one pair's answers: identical (bits), or every difference scored and judged
+        (``scorable``: the answers are token ids; hashes of texts can only be compared bit for bit)."""
         differ = [i for i, (x, y) in enumerate(zip(base, cand, strict=True)) if x != y]
         flips = [i for i in differ if len(base[i]) == len(cand[i])]
         if not flips:  # identical, or only answers of another length (refused without scoring)
@@ -159,6 +165,15 @@ class OutputsMatch:
         what = f"request {flips[0]} (of {n}) differs from token {d}"
         if d is not None and outputs_rule.padded(cand[flips[0]][d:]) and not outputs_rule.padded(base[flips[0]][d:]):
             what += " and the rest of it repeats one short cycle (padded)"
+        if not scorable:
+            return OutputsVerdict(
+                False,
+                (
+                    f"{what}; the server gave the texts of its answers, not their token ids: every request must "
+                    "agree in full",
+                ),
+                compared="bits",
+            )
         b, c = self.sessions.get(BASELINE), self.sessions.get(CANDIDATE)
         if not self.baseline_up() and self.fresh_baseline is not None and callable(getattr(b, "score", None)):
             self.pending.append((seed, base, cand))  # judged when a baseline engine is up (``settle``)
@@ -216,7 +231,7 @@ class OutputsMatch:
             return f"outputs check: the run reported no {self.digest_key!r} (the workload declares it as its outputs)"
         other = self.seen.pop(seed, None)
         if other is None or other[0] == side:
-            self.seen[seed] = (side, None, value)
+            self.seen[seed] = (side, None, value, "digest")
             return ""
         if other[2] != value:
             return (
@@ -338,7 +353,7 @@ def session_factory(
     match = OutputsMatch(
         digest_key=workload.outputs if workload.spec.outputs == "digest" else None, timeout_s=workload.timeout_s
     )
-    if workload.spec.engine and not workload.spec.serving:
+    if workload.spec.engine:
         scorers = iter(range(SCORING_RESTART, SCORING_RESTART + 1000))
         match.fresh_baseline = lambda: raw(BASELINE, next(scorers))
     return GuardedFactory(raw, match, sd, out)

@@ -53,6 +53,7 @@ VARIANTS: dict[str, tuple[bool, str, dict, str, str]] = {
     "lm head summed in two halves (fp32, another order)": (True, "stock", {}, "split_head", ""),
     "compiled (enforce_eager false)": (True, "stock", {"enforce_eager": False}, "", ""),
     "batch-variant stock: max_num_seqs 4 -> 32": (True, "batch-variant", {"max_num_seqs": 32}, "batch_variant", ""),
+    "batch-variant stock: max_num_seqs 4 -> 1": (True, "batch-variant", {"max_num_seqs": 1}, "batch_variant", ""),
     "bf16 rounding of the final hidden states": (False, "stock", {}, "bf16_hidden", ""),
     "logits quantized to 0.01 (an approximate argmax)": (False, "stock", {}, "quantized_logits", ""),
     "last layer skipped past position 96 (long requests)": (False, "stock", {}, "skip_late", ""),
@@ -64,6 +65,9 @@ VARIANTS: dict[str, tuple[bool, str, dict, str, str]] = {
     "longest request stops early (EOS at 75%)": (False, "stock", {}, "", "eos:0.75"),
 }
 GROUP_PATCH = {"stock": "", "batch-variant": "batch_variant"}
+# the batch-variant stock's rounding: what a GPU's split reductions do to float32 logits, a little more (a flip then
+# needs a near tie of 2 * 3e-5 nats), below the float32 tie (1e-4) so the reference's own flips stay within it
+BATCH_NOISE = 3e-5
 EVAL_PAIRS = 5  # pairs of the smallest evaluation the gate makes (a large effect stops at its first look)
 
 
@@ -85,10 +89,18 @@ def patch(name: str) -> None:
 
     if name == "split_head":
         llama.LlamaForCausalLM.compute_logits = split
-    elif name == "batch_variant":  # odd-sized batches sum the head in another order: rounding depends on the batch
-        llama.LlamaForCausalLM.compute_logits = lambda self, h: (
-            split(self, h) if h.shape[0] % 2 else orig_logits(self, h)
-        )
+    elif name == "batch_variant":  # every logit rounded by up to BATCH_NOISE nats, set by the batch's size
+        noise: dict[tuple[int, int], torch.Tensor] = {}
+
+        def by_batch(self, h):
+            logits = orig_logits(self, h)
+            key = (h.shape[0], logits.shape[-1])
+            if key not in noise:
+                g = torch.Generator().manual_seed(h.shape[0])
+                noise[key] = (torch.rand(logits.shape[-1], generator=g, dtype=torch.float64) * 2 - 1) * BATCH_NOISE
+            return logits + noise[key].to(logits.dtype)
+
+        llama.LlamaForCausalLM.compute_logits = by_batch
     elif name == "bf16_hidden":
         llama.LlamaForCausalLM.compute_logits = lambda self, h: orig_logits(self, h.to(torch.bfloat16).float())
     elif name == "quantized_logits":

@@ -190,9 +190,9 @@ class EngineLease:
         self, seed: int, answers: Sequence[tuple[int, Sequence[int]]], timeout_s: float
     ) -> tuple[tuple[tuple[Row, ...], ...], tuple[tuple[Row, ...], ...]]:
         """``answers`` ((request index in the trial of ``seed``, tokens), ...) teacher-forced by this engine after the
-        prompts the trial gave those requests (its length profile, its slices, its latency batches): see
-        ``WorkerSession.score``. Only warm token workloads score (a serving engine's outputs are text digests)."""
-        if self.kind not in ("vllm-throughput", "vllm-latency") or not hasattr(self.engine, "score"):
+        prompts the trial gave those requests (its length profile, its slices, its latency batches, its planned
+        load): see ``WorkerSession.score`` and ``ServeSession.score``."""
+        if not hasattr(self.engine, "score"):
             raise ValueError(f"a {self.kind} engine does not score answers")
         where = self._where(seed, [r for r, _ in answers])
         items = [{**w, "tokens": list(tokens)} for w, (_, tokens) in zip(where, answers, strict=True)]
@@ -204,9 +204,11 @@ class EngineLease:
 
     def _where(self, seed: int, answers: Sequence[int]) -> list[dict[str, Any]]:
         """For each answer, the prompt that made it: (seed, index, request, params) as the worker builds prompts."""
-        default_len = 64
+        default_len = 32 if self.kind == "vllm-serve" else 64  # as ``measure`` varies them
         params = lengths.vary(self.params, seed, default_len)
         out = []
+        if self.kind == "vllm-serve":  # the requests of the load planned for this seed, warm-up excluded
+            return [{"seed": seed, "index": 0, "request": r, "params": params} for r in answers]
         if self.kind == "vllm-latency":
             batch = int(params.get("batch_size", 8))
             for r in answers:  # batch 0 is the warm-up; the outputs are batches 1..iterations in order

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from . import sandbox, serving_load, tails
+from .outputs_rule import Row, parse_scores
 from .processes import Parkable
 from .trials import (
     CRASH,
@@ -256,12 +257,8 @@ class ServeSession(Parkable):
         slos = [tails.Slo(**x) for x in self.spec.get("slo") or ()]
         t0 = time.perf_counter()
         try:
-            if self.client is None:
-                self.client = BenchClient(
-                    self._in_net, self.python, self.client_path, self.env, self.log_dir, self.timeout_s
-                )
-                self.wait_s += self.client.start()  # its start-up, not the trial's time
-                t0 = time.perf_counter()
+            if self._ensure_client():
+                t0 = time.perf_counter()  # its start-up, not the trial's time
         except WorkerError as exc:
             self._close_client()
             return TrialOutcome(
@@ -314,12 +311,15 @@ class ServeSession(Parkable):
         timings, outputs, why = served_requests(data, load)
         if why:
             return TrialOutcome(False, None, {}, wall, why, self._log_tail())
+        kinds = {r.get("outputs_kind") for r in data["requests"]}
         limited = tuple(tails.slo_quantile(x) for x in slos if x.q is not None)
         metrics: dict[str, Any] = dict(tails.serving_metrics(timings, (metric, *limited), slos))
         metrics["input_tokens"] = sum(
             t.input_tokens for t in timings
         )  # the outputs check: both sides got the same requests
         metrics["requests"] = len(timings)
+        # token ids (every request's: the outputs rule can score them) or text hashes (compared bit for bit)
+        metrics["outputs_kind"] = "tokens" if kinds == {"tokens"} else "text"
         metrics["engine_startup_s"] = self.startup_s
         metrics["generator_trial"] = (
             self.client.served if self.client else None
@@ -441,11 +441,69 @@ class ServeSession(Parkable):
             "rate_at_slo_censored": found.censored,
             "probes": seen,
             "requests": len(outputs),
+            "outputs_kind": "text",  # several probes' answers: compared bit for bit, never scored
             "input_tokens": sum(tokens),
             "engine_startup_s": self.startup_s,
             "generator_trial": self.client.served if self.client else None,
         }
         return TrialOutcome(True, rate, metrics, time.perf_counter() - t0, outputs=tuple(outputs))
+
+    def _ensure_client(self) -> bool:
+        """Start the warm load generator if it is not up (True when it was started: its start-up is wait time)."""
+        if self.client is not None:
+            return False
+        self.client = BenchClient(self._in_net, self.python, self.client_path, self.env, self.log_dir, self.timeout_s)
+        self.wait_s += self.client.start()
+        return True
+
+    @property
+    def vocab_size(self) -> int | None:
+        """The model's vocabulary size (its config.json): token ids below it are tokens."""
+        return serving_load.vocab_size(self.spec["model"])
+
+    @property
+    def dtype(self) -> str | None:
+        """The dtype the config asks the server for (None: the model's own, which the rule treats as float32)."""
+        v = (self.spec.get("engine") or {}).get("dtype")
+        return v if isinstance(v, str) and v not in ("", "auto") else None
+
+    def score(
+        self, kind: str, items: list[dict[str, Any]], timeout_s: float
+    ) -> tuple[tuple[tuple[Row, ...], ...], tuple[tuple[Row, ...], ...]]:
+        """The timed outputs rule's scoring on this server (``harness.outputs_rule``): each item's answer
+        (``tokens``) teacher-forced after the prompt its trial sent (``seed``, ``request``, ``params``: the same
+        plan), by the warm load generator, twice in two orders. A WorkerError when it cannot."""
+        self.wait_ready()
+        if self.start_error or self.proc is None:
+            raise WorkerError(f"the server is not up to score answers: {self.start_error or 'not started'}")
+        try:
+            self._ensure_client()
+        except WorkerError:
+            self._close_client()
+            raise
+        assert self.client is not None
+        plans: dict[str, serving_load.LoadPlan] = {}
+        asked = []
+        for it in items:
+            key = json.dumps([it["seed"], it["params"]], sort_keys=True)
+            if key not in plans:
+                plans[key] = serving_load.plan(
+                    it["params"],
+                    it["seed"],
+                    serving_load.vocab_size(self.spec["model"]),
+                    context_len(self.spec.get("engine") or {}),
+                    trace=self.spec.get("trace"),
+                )
+            load = plans[key]
+            asked.append({"prompt": list(load.prompts[load.warmup + int(it["request"])]), "tokens": list(it["tokens"])})
+        url = f"http://127.0.0.1:{self.port}"
+        result = self.client.ask({"cmd": "score", "base_url": url, "model": self.spec["model"], "items": asked})
+        answers = [it["tokens"] for it in items]
+        first, why = parse_scores(result.get("scores"), answers)
+        again, why2 = parse_scores(result.get("again"), answers)
+        if first is None or again is None:
+            raise WorkerError(f"the server's scores are malformed: {why or why2}")
+        return first, again
 
     def _close_client(self) -> None:
         client, self.client = self.client, None
@@ -615,6 +673,12 @@ class BenchClient:
 
     def run(self, command: Mapping[str, Any], max_bytes: int = 0) -> dict[str, Any]:
         """Send one measuring command (``load``) and wait for its result (at most ``max_bytes`` of it)."""
+        result = self.ask(command, max_bytes)
+        self.served += 1
+        return result
+
+    def ask(self, command: Mapping[str, Any], max_bytes: int = 0) -> dict[str, Any]:
+        """Send one command (``load``, ``score``) and wait for its result (at most ``max_bytes`` of it)."""
         assert self.proc is not None and self.proc.stdin is not None
         try:
             self.proc.stdin.write((json.dumps(command) + "\n").encode())
@@ -626,7 +690,6 @@ class BenchClient:
             raise ClientReported(tail(str(msg.get("error") or "no result"), 1))
         if msg.get("event") != "result" or not isinstance(msg.get("result"), dict):
             raise WorkerError("the load generator answered something other than a result")
-        self.served += 1
         return msg["result"]
 
     def _read(self, timeout_s: float, what: str, max_bytes: int = 0) -> dict[str, Any]:

@@ -138,3 +138,83 @@ def test_a_generator_that_cannot_be_spawned_is_a_worker_error(tmp_path):
     with pytest.raises(WorkerError, match="could not be started"):
         c.start()
     c.close()
+
+
+class TokenHandler(BaseHTTPRequestHandler):
+    """A server that gives token ids (vLLM's ``return_token_ids``) and prompt logprobs: a Markov model whose greedy
+    next token is (t * 31 + 7) % 997, logprob log 0.5; any other token log 1e-4."""
+
+    def log_message(self, *args):
+        pass
+
+    def do_POST(self):  # noqa: N802
+        import math
+
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        ids = list(body["prompt"])
+        self.send_response(200)
+        self.end_headers()
+        nxt = lambda t: (t * 31 + 7) % 997  # noqa: E731
+        if body.get("prompt_logprobs"):
+            plp = [None] + [
+                {
+                    str(nxt(ids[i - 1])): {"logprob": math.log(0.5), "rank": 1},
+                    str(ids[i]): {
+                        "logprob": math.log(0.5) if ids[i] == nxt(ids[i - 1]) else math.log(1e-4),
+                        "rank": 1 if ids[i] == nxt(ids[i - 1]) else 7,
+                    },
+                }
+                for i in range(1, len(ids))
+            ]
+            self.wfile.write(json.dumps({"choices": [{"text": "x", "prompt_logprobs": plp}]}).encode())
+            return
+        t = ids[-1]
+        for _ in range(int(body["max_tokens"])):
+            t = nxt(t)
+            chunk = {"text": f"<{t}>", **({"token_ids": [t]} if body.get("return_token_ids") else {})}
+            self.wfile.write(b"data: " + json.dumps({"choices": [chunk]}).encode() + b"\n\n")
+        usage = {"completion_tokens": int(body["max_tokens"])}
+        self.wfile.write(b"data: " + json.dumps({"choices": [], "usage": usage}).encode() + b"\n\ndata: [DONE]\n\n")
+
+
+def test_answers_arrive_as_token_ids_and_are_scored_by_teacher_forcing(tmp_path):
+    """The outputs rule on a server (harness/outputs_rule.py): the generator keeps each answer's token ids, and
+    scores answers after their prompts, twice (the second time in reverse order), one row per answer token."""
+    from harness.outputs_rule import gaps, parse_scores
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), TokenHandler)
+    srv.daemon_threads = True
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{srv.server_address[1]}"
+    c = BenchClient(lambda argv: argv, sys.executable, None, {}, tmp_path, timeout_s=20)
+    try:
+        c.start()
+        load = plan()
+        data = c.run(load.command(url, "m"), load.report_bytes())
+        assert {r["outputs_kind"] for r in data["requests"]} == {"tokens"}
+        timings, outputs, why = served_requests(data, load)
+        assert why == "" and outputs is not None
+        prompt = load.prompts[load.warmup]
+        assert outputs[0][0] == (prompt[-1] * 31 + 7) % 997 and len(outputs[0]) == load.output_lens[load.warmup]
+        greedy, padded = list(outputs[0]), list(outputs[0][:3]) + [outputs[0][2]] * (len(outputs[0]) - 3)
+        items = [{"prompt": list(prompt), "tokens": greedy}, {"prompt": list(prompt), "tokens": padded}]
+        got = c.ask({"cmd": "score", "base_url": url, "model": "m", "items": items})
+        first, err = parse_scores(got["scores"], [greedy, padded])
+        again, err2 = parse_scores(got["again"], [greedy, padded])
+        assert first is not None and again == first, (err, err2)
+        assert max(gaps(first[0])) == 0.0 and max(gaps(first[1])) > 8  # the padded tail is not what the model says
+        assert c.served == 1  # scoring is not a trial
+    finally:
+        c.close()
+        srv.shutdown()
+
+
+def test_a_server_without_token_ids_is_compared_by_the_hashes_of_its_texts(url, tmp_path):
+    c = BenchClient(lambda argv: argv, sys.executable, None, {}, tmp_path, timeout_s=20)
+    try:
+        c.start()
+        load = plan()
+        data = c.run(load.command(url, "m"), load.report_bytes())
+        assert {r["outputs_kind"] for r in data["requests"]} == {"text"}
+    finally:
+        c.close()

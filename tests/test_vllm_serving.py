@@ -60,6 +60,8 @@ def test_a_serving_change_is_measured_by_one_warm_load_generator_per_server(fork
     # the outputs check ran on every pair: the greedy texts of the same requests agree between the servers
     agreed = [t["metrics"]["outputs_agreement"] for t in trials if "outputs_agreement" in t["metrics"]]
     assert len(agreed) >= 3 + 2 and min(agreed) >= 0.99, agreed
+    # as token ids (vLLM's return_token_ids): a differing answer is scored, not refused for its bits
+    assert {t["metrics"]["outputs_kind"] for t in trials} == {"tokens"}
     for side in ("baseline", "candidate"):
         mine = [t for t in trials if t["side"] == side]
         for phase in ("objective", "confirmation"):  # the confirmation runs on a fresh pair of servers

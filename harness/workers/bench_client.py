@@ -9,15 +9,18 @@ its server, so a trial costs its requests, not a start.
 (or all at once under ``max_concurrency``) as a streamed OpenAI completion (``complete``: the timing definitions of
 ``harness.tails``), and reports per request when it was sent, its lag behind the schedule, its client queue time,
 its TTFT, every gap between chunks, its end-to-end latency, the tokens the server reported and its outputs: the
-CRC-32 of each successive CHUNK characters of its generated text, at most MAX_CHUNKS of them and then one of the
-whole text (the outputs check compares them between the sides). The orchestrator computes every metric from these
+token ids of its answer where the server gives them (vLLM's ``return_token_ids``: the outputs rule can score them),
+else the CRC-32 of each successive CHUNK characters of its generated text, at most MAX_CHUNKS of them and then one of
+the whole text (the outputs check compares them between the sides). The orchestrator computes every metric from these
 (``harness.tails``) and checks every count against the plan (``harness.serve_session.served_requests``).
 
 Self-contained: standard library and aiohttp only (never imports agentsearch, harness or vllm).
 
 Protocol: results go to the file descriptor ``--fd`` as JSON lines; commands arrive on stdin as JSON lines:
 ``{"cmd": "load", ...}`` (``LoadPlan.command``) -> ``{"event": "result", "result": {"requests": [...]}}`` or
-``{"event": "error", "error": "..."}`` (the process stays up); ``{"cmd": "quit"}``. On start-up:
+``{"event": "error", "error": "..."}`` (the process stays up); ``{"cmd": "score", "base_url", "model", "items":
+[{"prompt": [...], "tokens": [...]}]}`` -> ``{"event": "result", "result": {"scores": [...], "again": [...]}}`` (the
+timed outputs rule's teacher forcing, ``score``); ``{"cmd": "quit"}``. On start-up:
 ``{"event": "ready", "import_s": ..., "nice": ...}``.
 
 It runs at niceness NICE where it may (as root): ahead of the servers it measures (both sides' generators alike) and
@@ -52,6 +55,10 @@ def _chunks(text: object) -> list[int]:
     return head + [zlib.crc32(data)] if len(t) > CHUNK * MAX_CHUNKS else head
 
 
+def _count(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 2**31
+
+
 def _micros(x: float) -> int:
     return int(round(x * 1e6))
 
@@ -75,6 +82,7 @@ async def complete(session, api_url: str, model: str, prompt: list, output_len: 
         "ignore_eos": True,
         "stream": True,
         "stream_options": {"include_usage": True},
+        "return_token_ids": True,  # vLLM: each chunk's token ids, the answer the outputs rule can score
     }
     start = time.perf_counter()
     gaps: list[float] = []
@@ -84,6 +92,7 @@ async def complete(session, api_url: str, model: str, prompt: list, output_len: 
     last = end = 0.0
     tokens: object = None
     prompt_tokens: object = len(prompt)
+    ids: list[int] | None = []  # the answer's token ids; None once a chunk came without them (a server without ids)
 
     def failed(error: str) -> dict:
         return {
@@ -94,6 +103,7 @@ async def complete(session, api_url: str, model: str, prompt: list, output_len: 
             "e2e": 0.0,
             "gaps": [],
             "text": "",
+            "token_ids": None,
             "output_tokens": tokens,
             "input_tokens": prompt_tokens,
         }
@@ -124,6 +134,13 @@ async def complete(session, api_url: str, model: str, prompt: list, output_len: 
                         text = choices[0].get("text") or ""
                         if not isinstance(text, str):
                             raise ValueError("a chunk's text is not a string")
+                        got = choices[0].get("token_ids")
+                        if ids is not None and isinstance(got, list) and all(_count(t) for t in got):
+                            ids.extend(got)
+                            if len(ids) > output_len:
+                                raise ValueError(f"more token ids than the {output_len} tokens asked for")
+                        elif text or got is not None:
+                            ids = None
                         if text:
                             if (
                                 len(texts) >= output_len
@@ -157,6 +174,7 @@ async def complete(session, api_url: str, model: str, prompt: list, output_len: 
         "e2e": max(last, end) - start,
         "gaps": gaps,
         "text": "".join(texts),
+        "token_ids": ids or None,
         "output_tokens": tokens,
         "input_tokens": prompt_tokens,
     }
@@ -207,7 +225,9 @@ def load(cmd: dict) -> dict:
                     "gaps": [_micros(g) for g in r["gaps"]],
                     "output_tokens": r["output_tokens"],
                     "input_tokens": r["input_tokens"],
-                    "outputs": _chunks(r["text"]),
+                    # the token ids where the server gave them all (the outputs rule scores them), else text hashes
+                    "outputs": r["token_ids"] if r["token_ids"] is not None else _chunks(r["text"]),
+                    "outputs_kind": "tokens" if r["token_ids"] is not None else "text",
                 }
 
             t0 = time.perf_counter() + 0.02
@@ -222,6 +242,49 @@ def load(cmd: dict) -> dict:
             return rows
 
     return {"requests": asyncio.run(go())}
+
+
+MAX_SCORE_BYTES = 64 << 20  # one scoring answer's JSON (the prompt logprobs of one answer)
+
+
+def score(cmd: dict) -> dict:
+    """The timed outputs rule's scoring (``harness.outputs_rule``): each item's ``tokens`` teacher-forced after its
+    ``prompt`` by the server (``prompt_logprobs`` = 1, one completion token), per answer token ``[top id, top
+    logprob, token logprob]``; twice, the second time in the reverse order (another batch composition and order)."""
+    import asyncio
+
+    import aiohttp
+
+    items = cmd["items"]
+    api_url, model = cmd["base_url"].rstrip("/") + "/v1/completions", cmd["model"]
+    seqs = [[int(t) for t in it["prompt"]] + [int(t) for t in it["tokens"]] for it in items]
+    starts = [len(it["prompt"]) for it in items]
+
+    async def one(session, i: int) -> list:
+        payload = {"model": model, "prompt": seqs[i], "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": 1}
+        async with session.post(url=api_url, json=payload) as response:
+            if response.status != 200:
+                raise ValueError(f"scoring answer {i}: HTTP {response.status}")
+            body = await response.content.read(MAX_SCORE_BYTES + 1)
+            if len(body) > MAX_SCORE_BYTES:
+                raise ValueError(f"scoring answer {i}: more than {MAX_SCORE_BYTES} bytes")
+        plp = json.loads(body)["choices"][0]["prompt_logprobs"]
+        rows = []
+        for pos in range(starts[i], len(seqs[i])):
+            d = plp[pos]
+            best = min(d.items(), key=lambda kv: (kv[1].get("rank") or 1 << 30, -float(kv[1]["logprob"])))
+            rows.append([int(best[0]), float(best[1]["logprob"]), float(d[str(seqs[i][pos])]["logprob"])])
+        return rows
+
+    async def run(order: list[int]) -> list:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3600)) as session:
+            got = await asyncio.gather(*(one(session, i) for i in order))
+        by = dict(zip(order, got, strict=True))
+        return [by[i] for i in range(len(seqs))]
+
+    first = asyncio.run(run(list(range(len(seqs)))))
+    again = asyncio.run(run(list(reversed(range(len(seqs))))))
+    return {"scores": first, "again": again}
 
 
 def main() -> int:
@@ -253,11 +316,11 @@ def main() -> int:
             continue
         if cmd.get("cmd") == "quit":
             return 0
-        if cmd.get("cmd") != "load":
+        if cmd.get("cmd") not in ("load", "score"):
             send({"event": "error", "error": f"unknown command {cmd.get('cmd')!r}"})
             continue
         try:
-            send({"event": "result", "result": load(cmd)})
+            send({"event": "result", "result": load(cmd) if cmd["cmd"] == "load" else score(cmd)})
         except Exception as exc:  # noqa: BLE001 - a malformed load: report and stay up
             send({"event": "error", "error": "".join(traceback.format_exception_only(type(exc), exc)).strip()[-2000:]})
     return 0
