@@ -129,7 +129,7 @@ class OutputsMatch:
         """Judge the pairs that waited for the baseline's engine (it is up): '' or the first refusal."""
         while self.pending:
             seed, base, cand = self.pending.pop(0)
-            verdict = self.judge(seed, base, cand)
+            verdict = self.judge(seed, base, cand, may_wait=False)
             if not verdict.passed:
                 self.pending.clear()
                 return self._refusal(seed, verdict, agreement(base, cand))
@@ -152,10 +152,16 @@ class OutputsMatch:
             session.close()
 
     def judge(
-        self, seed: int, base: tuple[tuple[int, ...], ...], cand: tuple[tuple[int, ...], ...], scorable: bool = True
+        self,
+        seed: int,
+        base: tuple[tuple[int, ...], ...],
+        cand: tuple[tuple[int, ...], ...],
+        scorable: bool = True,
+        may_wait: bool = True,
     ) -> OutputsVerdict:
         """The rule's verdict on one pair's answers: identical (bits), or every difference scored and judged
-        (``scorable``: the answers are token ids; hashes of texts can only be compared bit for bit)."""
+        (``scorable``: the answers are token ids; hashes of texts can only be compared bit for bit). ``may_wait``:
+        a pair may wait for a baseline engine (never while the waiting pairs are being judged)."""
         differ = [i for i, (x, y) in enumerate(zip(base, cand, strict=True)) if x != y]
         flips = [i for i in differ if len(base[i]) == len(cand[i])]
         if not flips:  # identical, or only answers of another length (refused without scoring)
@@ -175,7 +181,12 @@ class OutputsMatch:
                 compared="bits",
             )
         b, c = self.sessions.get(BASELINE), self.sessions.get(CANDIDATE)
-        if not self.baseline_up() and self.fresh_baseline is not None and callable(getattr(b, "score", None)):
+        if (
+            may_wait
+            and not self.baseline_up()
+            and self.fresh_baseline is not None
+            and callable(getattr(b, "score", None))
+        ):
             self.pending.append((seed, base, cand))  # judged when a baseline engine is up (``settle``)
             return OutputsVerdict(True, (), compared="pending")
         if b is None or not self.baseline_up():
@@ -202,21 +213,25 @@ class OutputsMatch:
         # whose they are (a side that could tell which answer is the other's would know which side it is)
         asked = [(i, a) for i in flips for a in sorted((base[i], cand[i]))]
         try:
-            first, again = b.score(seed, asked, self.timeout_s)  # type: ignore[attr-defined]
+            first, again = _score(b, seed, asked, self.timeout_s)
         except (WorkerError, ValueError) as exc:
             return OutputsVerdict(
                 False,
                 (f"{what} and the baseline's engine could not score it ({exc}); nothing proves the answer",),
                 compared="distributions",
             )
+        spent = time.perf_counter() - t0
         where = {(i, a): j for j, (i, a) in enumerate(asked)}
-        mine = [where[(i, base[i])] for i in flips]  # the baseline's own answers: its decode against its prefill
-        measured, positions = outputs_rule.measured_floor(first, again, [first[j] for j in mine])
+        mine = [where[(i, base[i])] for i in flips]  # the baseline's own answers: the floor is measured on them only
+        own = [first[j] for j in mine]
+        measured, positions = outputs_rule.measured_floor(own, [again[j] for j in mine], own)
         floor = outputs_rule.Floor.of(engine.dtype or "float32", measured, positions)
         theirs: dict[int, Any] = {}
         if c is not None and callable(getattr(c, "score", None)) and c.up():  # type: ignore[attr-defined]
+            # the candidate's engine is the candidate's code: it gets a few times what the baseline's took, no more
+            limit = min(self.timeout_s, max(CANDIDATE_SCORE_MIN_S, CANDIDATE_SCORE_FACTOR * spent))
             try:
-                got, _ = c.score(seed, asked, self.timeout_s)  # type: ignore[attr-defined]
+                got, _ = _score(c, seed, asked, limit)
                 theirs = {i: got[where[(i, base[i])]] for i in flips}
             except (WorkerError, ValueError):
                 theirs = {}  # the candidate's direction can only refuse: without it the reference's decides
@@ -239,6 +254,36 @@ class OutputsMatch:
                 f"(seed {seed}): {str(other[2])[:24]!r} vs {str(value)[:24]!r}"
             )
         return ""
+
+
+SCORE_CHUNK_TOKENS = 4096  # answer tokens per scoring command: every answer's rows fit one message of the worker's pipe
+CANDIDATE_SCORE_MIN_S = 30.0  # the candidate's engine scores within this, or CANDIDATE_SCORE_FACTOR x the baseline's
+CANDIDATE_SCORE_FACTOR = 5.0
+
+
+def _score(
+    session: Session, seed: int, asked: list[tuple[int, tuple[int, ...]]], timeout_s: float
+) -> tuple[list[Any], list[Any]]:
+    """``session.score`` in commands of at most ``SCORE_CHUNK_TOKENS`` answer tokens (whole answers), concatenated."""
+    first: list[Any] = []
+    again: list[Any] = []
+    chunk: list[tuple[int, tuple[int, ...]]] = []
+    size = 0
+    deadline = time.monotonic() + timeout_s
+    for item in [*asked, None]:
+        if item is None or (chunk and size + len(item[1]) > SCORE_CHUNK_TOKENS):
+            if chunk:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise WorkerError(f"scoring timed out after {timeout_s:g} s")
+                f, a = session.score(seed, chunk, left)  # type: ignore[attr-defined]
+                first += f
+                again += a
+            chunk, size = [], 0
+        if item is not None:
+            chunk.append(item)
+            size += len(item[1])
+    return first, again
 
 
 def blames_candidate(error: str) -> bool:
@@ -305,6 +350,13 @@ class GuardedSession:
             kind = CHANGED_OUTPUTS
             self.match.last, self.match.verdict = None, None
             why = self.match.check(self.side, seed, outcome)
+            # what the report says of the outputs is ours alone: a side's own outputs_* numbers are dropped
+            outcome = dataclasses.replace(
+                outcome,
+                metrics={
+                    k: v for k, v in outcome.metrics.items() if not k.startswith("outputs_") or k == "outputs_kind"
+                },
+            )
             if self.match.last is not None:  # the pair is complete: say how closely the outputs agreed, and how
                 share, same = self.match.last  # the rule judged them (bits, or flips against the measured tie)
                 rule = self.match.verdict.metrics() if self.match.verdict is not None else {}
@@ -400,7 +452,7 @@ class GuardedFactory:
             if not outcome.ok or not outcome.outputs:
                 return f"the baseline's round failed: {outcome.error or 'no outputs'}"
             answers = list(enumerate(outcome.outputs))
-            first, again = b.score(seed, answers, match.timeout_s)  # type: ignore[attr-defined]
+            first, again = _score(b, seed, answers, match.timeout_s)
             measured, positions = outputs_rule.measured_floor(first, again, first)
             return outputs_rule.Floor.of(b.engine.dtype or "float32", measured, positions)  # type: ignore[attr-defined]
         except (WorkerError, ValueError) as exc:

@@ -38,11 +38,11 @@ from .trials import (
     tail,
 )
 from .worker_protocol import (
-    HARNESS_KEYS,
     MAX_MESSAGE_BYTES,
     WorkerError,
     WorkerTimeout,
     failure_of,
+    harness_key,
     on_orchestrator_clock,
     parse_outputs,
     serving_env,
@@ -175,7 +175,7 @@ class WorkerSession(Parkable):
                 False, None, {}, time.perf_counter() - t0, str(exc), self.log_tail(), failure=failure_of(exc)
             )
         wall = time.perf_counter() - t0
-        metrics = {k: v for k, v in dict(msg.get("metrics", {})).items() if k not in HARNESS_KEYS}
+        metrics = {k: v for k, v in dict(msg.get("metrics", {})).items() if not harness_key(k)}
         metrics["engine_startup_s"] = self.ready.get("startup_s")
         outputs, why = parse_outputs(msg.get("outputs"))
         why = why or self._envelope(clock, wall, metrics) or on_orchestrator_clock(metrics, outputs, wall)
@@ -261,6 +261,8 @@ class WorkerSession(Parkable):
         ``request``, ``params``: as the measurement made it), in two batch orders: (first, again), rows
         validated (``harness.outputs_rule``). A WorkerError when the engine fails or answers out of protocol."""
         msg = self.request({"cmd": "score", "kind": kind, "items": items}, timeout_s)
+        if msg.get("error"):
+            raise WorkerError(f"the engine could not score the answers: {tail(str(msg['error']), 1, 300)}")
         answers = [it["tokens"] for it in items]
         first, why = parse_scores(msg.get("scores"), answers)
         again, why2 = parse_scores(msg.get("again"), answers)

@@ -57,6 +57,9 @@ def padded(tail: Sequence[int]) -> bool:
     return any(all(tail[i] == tail[i % k] for i in range(len(tail))) for k in range(1, PERIOD_MAX + 1) if k < len(tail))
 
 
+FLOOR_CAP = 10.0  # a measured floor beyond this many times the dtype's minimum cannot be judged by: refused
+
+
 # One answer teacher-forced through one model: per token (the model's top token id, its logprob, the logprob of
 # the answer's token). Built from a worker's answer by ``parse_scores``.
 Row = tuple[int, float, float]
@@ -105,6 +108,13 @@ class Floor:
     @property
     def tie(self) -> float:
         return max(self.minimum, FLOOR_MULTIPLIER * self.measured)
+
+    @property
+    def judgeable(self) -> bool:
+        """Whether the reference's own rounding is small enough to judge by (``FLOOR_CAP`` times the dtype's minimum):
+        a reference that does not reproduce its own answers (a scoring that is not its decoding: another prompt,
+        penalties) would widen the tie until anything passed, so such a floor is a refusal, never a wide tie."""
+        return self.measured <= FLOOR_CAP * self.minimum
 
     @classmethod
     def of(cls, dtype: str, measured: float, positions: int) -> Floor:
@@ -280,7 +290,20 @@ def judge(
 ) -> OutputsVerdict:
     """The pair's verdict: ``scores`` maps every divergent request (equal lengths) to (the candidate's answer under
     the reference's model, the baseline's answer under the candidate's model or None). A divergent request
-    without a score fails (nothing proves it)."""
+    without a score fails (nothing proves it); so does a floor the rule cannot judge by (``Floor.judgeable``)."""
+    if scores and not floor.judgeable:
+        return OutputsVerdict(
+            False,
+            (
+                f"the reference does not reproduce its own answers when it scores them (its rounding floor "
+                f"{floor.measured:.3g} nats, beyond {FLOOR_CAP:g}x the {floor.dtype} minimum {floor.minimum:.3g}): "
+                "the flips cannot be judged",
+            ),
+            (),
+            floor,
+            "distributions",
+            score_s,
+        )
     flips, reasons = [], []
     for i, (x, y) in enumerate(zip(base, cand, strict=True)):
         if x == y:

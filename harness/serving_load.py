@@ -308,7 +308,8 @@ def plan(
         ins = lengths.draw(rng, n, int(params.get("input_len", DEFAULT_INPUT_LEN)), dist)
         outs = lengths.draw(rng, n, int(params.get("output_len", DEFAULT_OUTPUT_LEN)), dist)
     ins = [max(1, min(i, max_model_len // 2)) for i in ins]  # every request fits the context
-    outs = [max(1, min(o, max_model_len - i)) for i, o in zip(ins, outs, strict=True)]
+    # one token of headroom: the outputs rule scores prompt + answer with one more token (prompt_logprobs)
+    outs = [max(1, min(o, max_model_len - i - 1)) for i, o in zip(ins, outs, strict=True)]
     prompts = tuple(tuple(rng.randrange(10, vocab) for _ in range(i)) for i in ins)
     rate = _rate(params.get("request_rate"))
     arrivals = None

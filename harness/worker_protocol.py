@@ -136,6 +136,12 @@ SLICEABLE_METRICS = ("output_tok_s", "total_tok_s", "requests_s", "elapsed_s")  
 HARNESS_KEYS = ("cpu_s", "cpus_pinned", "cpu_wait_s", "slices")  # metrics only the orchestrator writes
 
 
+def harness_key(key: str) -> bool:
+    """A metric only the orchestrator writes (``HARNESS_KEYS``, and the outputs rule's ``outputs_*``): a worker's is
+    dropped, so a side cannot write what the report says of its outputs."""
+    return key in HARNESS_KEYS or key.startswith("outputs_")
+
+
 def combine_parts(parts: list[TrialOutcome], metric: str) -> TrialOutcome:
     """One throughput trial from its parts (all successful): the tokens and requests of their outputs over their
     summed round trips on the orchestrator's clock (never a number the worker reported), outputs in part order."""

@@ -169,9 +169,14 @@ class TokenHandler(BaseHTTPRequestHandler):
             self.wfile.write(json.dumps({"choices": [{"text": "x", "prompt_logprobs": plp}]}).encode())
             return
         t = ids[-1]
-        for _ in range(int(body["max_tokens"])):
+        if ids[0] == 5:  # a "first token" sent before any work: text that no token id carries
+            self.wfile.write(b"data: " + json.dumps({"choices": [{"text": " ", "token_ids": []}]}).encode() + b"\n\n")
+        for j in range(int(body["max_tokens"])):
             t = nxt(t)
             chunk = {"text": f"<{t}>", **({"token_ids": [t]} if body.get("return_token_ids") else {})}
+            if ids[0] == 6 and j == 0:  # a token id dropped from the stream
+                chunk["token_ids"] = []
+                chunk["text"] = ""
             self.wfile.write(b"data: " + json.dumps({"choices": [chunk]}).encode() + b"\n\n")
         usage = {"completion_tokens": int(body["max_tokens"])}
         self.wfile.write(b"data: " + json.dumps({"choices": [], "usage": usage}).encode() + b"\n\ndata: [DONE]\n\n")
@@ -204,6 +209,9 @@ def test_answers_arrive_as_token_ids_and_are_scored_by_teacher_forcing(tmp_path)
         assert first is not None and again == first, (err, err2)
         assert max(gaps(first[0])) == 0.0 and max(gaps(first[1])) > 8  # the padded tail is not what the model says
         assert c.served == 1  # scoring is not a trial
+        for first, why in ((5, "a chunk carries text but no token id"), (6, "token ids for the")):
+            data = c.run(plan(first).command(url, "m"), load.report_bytes())
+            assert all(not r["ok"] and why in r["error"] for r in data["requests"]), data["requests"][0]
     finally:
         c.close()
         srv.shutdown()

@@ -263,3 +263,54 @@ def test_without_a_baseline_engine_to_score_a_differing_answer_fails_closed():
     m.check("baseline", 3, outcome(base))
     assert "every request must agree in full" in m.check("candidate", 3, outcome(honest))
     assert m.pending == [] and m.settle() == ""  # nothing waited: no fresh baseline to start
+
+
+def test_pairs_left_waiting_when_no_baseline_engine_comes_up_are_refused_not_looped():
+    from agentsearch.workloads import OutputsMatch
+
+    starts, base, honest = pair(1e-5)
+
+    class Dead(Scorer):
+        def start(self) -> None:  # a baseline engine that cannot start (its start-up error is set, no process)
+            self.started += 1
+
+    m = OutputsMatch()
+    m.sessions = {"baseline": Scorer({1: starts}, alive=False), "candidate": Scorer({1: starts})}
+    dead = Dead({1: starts}, alive=False)
+    m.fresh_baseline = lambda: dead
+    m.check("baseline", 1, outcome(base))
+    assert m.check("candidate", 1, outcome(honest)) == "" and len(m.pending) == 1
+    why = m.settle()
+    assert dead.started == 1 and m.pending == []
+    assert why.startswith("outputs check:") and "not up to score it" in why, why
+
+
+def test_a_reference_that_does_not_reproduce_its_own_answers_is_a_refusal_not_a_wide_tie():
+    """A scoring that is not the decoding (another prompt, a penalty) makes the reference's own answers look
+    non-greedy: that floor would widen the tie until a padded answer passed. It is refused instead."""
+    s = starts_with_flips(1, 1e-5)[0]
+    base = (greedy(s, 32),)
+    padded = (base[0][:4] + (base[0][3],) * 28,)
+    own = [score(999, base[0])]  # scored after the wrong prompt: gaps of 8.5 nats on its own answer
+    worst, n = measured_floor(own, own, own)
+    floor = Floor.of("float32", worst, n)
+    assert floor.tie > 20 and not floor.judgeable
+    v = judge(base, padded, {0: (score(s, padded[0]), None)}, floor)
+    assert not v.passed and "does not reproduce its own answers" in v.reasons[0], v.reasons
+
+
+def test_a_side_cannot_write_what_the_report_says_of_its_outputs():
+    from agentsearch.workloads import GuardedSession, OutputsMatch
+    from harness.trials import TrialOutcome
+    from harness.worker_protocol import harness_key
+
+    assert harness_key("outputs_compared") and harness_key("cpu_s") and not harness_key("output_tok_s")
+
+    class Inner:
+        def measure(self, seed):
+            forged = {"outputs_compared": "bits", "outputs_flips": 0, "outputs_tie": 9.0, "input_tokens": 7}
+            return TrialOutcome(True, 1.0, forged, 1.0, outputs=((1, 2, 3),))
+
+    m = OutputsMatch()
+    got = GuardedSession(Inner(), lambda: "", "candidate", m).measure(3)
+    assert got.ok and not any(k.startswith("outputs_") for k in got.metrics), got.metrics

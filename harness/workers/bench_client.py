@@ -83,6 +83,10 @@ async def complete(session, api_url: str, model: str, prompt: list, output_len: 
         "stream": True,
         "stream_options": {"include_usage": True},
         "return_token_ids": True,  # vLLM: each chunk's token ids, the answer the outputs rule can score
+        # greedy means the raw argmax: no penalty from the model's generation config (the scoring reads raw logprobs)
+        "repetition_penalty": 1.0,
+        "frequency_penalty": 0.0,
+        "presence_penalty": 0.0,
     }
     start = time.perf_counter()
     gaps: list[float] = []
@@ -136,6 +140,9 @@ async def complete(session, api_url: str, model: str, prompt: list, output_len: 
                             raise ValueError("a chunk's text is not a string")
                         got = choices[0].get("token_ids")
                         if ids is not None and isinstance(got, list) and all(_count(t) for t in got):
+                            if text and not got:
+                                # text without the token it decodes: a "first token" sent ahead of the work
+                                raise ValueError("a chunk carries text but no token id")
                             ids.extend(got)
                             if len(ids) > output_len:
                                 raise ValueError(f"more token ids than the {output_len} tokens asked for")
@@ -166,6 +173,8 @@ async def complete(session, api_url: str, model: str, prompt: list, output_len: 
         return failed("no token was streamed")
     if first is None:  # every token decoded to nothing: the first text is the (empty) end
         first = last = end
+    if ids and len(ids) != output_len:
+        return failed(f"the server streamed {len(ids)} token ids for the {output_len} tokens asked for")
     return {
         "ok": True,
         "error": "",

@@ -144,7 +144,8 @@ class Engine:
         # every request must fit the context: heavy-tailed lengths are clipped to max_model_len
         limit = int(self.engine_args.get("max_model_len") or 1024)
         prompts = [x[: max(1, limit // 2)] for x in prompts]
-        outs = [max(1, min(o, limit - len(x))) for x, o in zip(prompts, outs, strict=True)]
+        # one token of headroom: the outputs rule scores prompt + answer with one more token (prompt_logprobs)
+        outs = [max(1, min(o, limit - len(x) - 1)) for x, o in zip(prompts, outs, strict=True)]
         return prompts, outs
 
     def latency_prompts(self, seed: int, index: int, p: dict) -> list[list[int]]:
@@ -398,11 +399,19 @@ def samples(llm, cmd: dict) -> None:
 
 
 def vocab_size(llm) -> int | None:
-    """The model's vocabulary size (token ids below it are tokens), or None where the engine does not say."""
+    """The ids that are tokens: below the model's vocabulary size and the tokenizer's largest id + 1 (vLLM refuses a
+    prompt with an id its tokenizer lacks); None where the engine does not say."""
     try:
-        return int(llm.llm_engine.model_config.get_vocab_size())
+        n = int(llm.llm_engine.model_config.get_vocab_size())
     except Exception:  # noqa: BLE001 - an engine without the attribute: the orchestrator then trusts no id
         return None
+    try:
+        tok = llm.get_tokenizer()
+        top = getattr(tok, "max_token_id", None)
+        n = min(n, int(top) + 1 if top is not None else len(tok))
+    except Exception:  # noqa: BLE001 - no tokenizer (skip_tokenizer_init): the model's size
+        pass
+    return n
 
 
 def model_dtype(llm) -> str | None:
@@ -531,7 +540,10 @@ def main() -> int:
                     }
                 )
             elif cmd["cmd"] == "score":
-                send(eng.score(cmd))
+                try:  # answers the engine refuses (ids its tokenizer lacks, too long): their fault, the engine stays up
+                    send(eng.score(cmd))
+                except Exception as exc:  # noqa: BLE001 - reported to the orchestrator, which refuses the pair
+                    send({"event": "result", "error": f"{type(exc).__name__}: {exc}"[:500]})
             elif cmd["cmd"] == "logprobs":
                 eng.logprobs(cmd)
                 send({"event": "done"})

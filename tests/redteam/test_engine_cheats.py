@@ -214,7 +214,10 @@ def test_an_idle_side_cannot_slow_the_other_side_down(tmp_path):
     commit(repo, {"vllm/__init__.py": CPU_VLLM + IDLE_HOG}, "hog the cores while idle", branch="hog")
     rc, out = evaluate(repo, "hog")
     assert rc == 4 and out["verdict"] == "reject", out["reasons"]
-    assert out["workloads"]["throughput"]["speedup"] < 1.3, out["workloads"]["throughput"]  # unparked: ~2x
+    assert out["workloads"]["throughput"]["speedup"] < 1.3, (
+        out["workloads"]["throughput"],
+        out["reasons"],
+    )  # unparked: ~2x
     assert Workspace.open(repo).baseline_commit() == main
 
 
