@@ -54,7 +54,7 @@ VARIANTS: dict[str, tuple[bool, str, dict, str, str]] = {
     "compiled (enforce_eager false)": (True, "stock", {"enforce_eager": False}, "", ""),
     "batch-variant stock: max_num_seqs 4 -> 32": (True, "batch-variant", {"max_num_seqs": 32}, "batch_variant", ""),
     "batch-variant stock: max_num_seqs 4 -> 1": (True, "batch-variant", {"max_num_seqs": 1}, "batch_variant", ""),
-    "bf16 rounding of the final hidden states": (False, "stock", {}, "bf16_hidden", ""),
+    "final hidden states one precision lower (bf16; fp8 in 16-bit)": (False, "stock", {}, "bf16_hidden", ""),
     "logits quantized to 0.01 (an approximate argmax)": (False, "stock", {}, "quantized_logits", ""),
     "last layer skipped past position 96 (long requests)": (False, "stock", {}, "skip_late", ""),
     "answers cached by the prompt's last 4 tokens": (False, "stock", {}, "suffix_cache", ""),
@@ -67,11 +67,14 @@ VARIANTS: dict[str, tuple[bool, str, dict, str, str]] = {
 GROUP_PATCH = {"stock": "", "batch-variant": "batch_variant"}
 # the batch-variant stock's rounding: what a GPU's split reductions do to float32 logits, a little more (a flip then
 # needs a near tie of 2 * 3e-5 nats), below the float32 tie (1e-4) so the reference's own flips stay within it
-BATCH_NOISE = 3e-5
+BATCH_NOISE = {"float32": 3e-5, "bfloat16": 1e-2, "float16": 2e-3}  # below half the dtype's tie
 EVAL_PAIRS = 5  # pairs of the smallest evaluation the gate makes (a large effect stops at its first look)
 
 
-def patch(name: str) -> None:
+LOSSY_QUANTUM = {"float32": 0.01, "bfloat16": 0.25, "float16": 0.1}  # the approximate argmax's logit step (nats)
+
+
+def patch(name: str, dtype: str = "float32") -> None:
     """Apply a variant's change to vLLM's Llama code in this process (before the engine is built)."""
     if not name:
         return
@@ -97,14 +100,17 @@ def patch(name: str) -> None:
             key = (h.shape[0], logits.shape[-1])
             if key not in noise:
                 g = torch.Generator().manual_seed(h.shape[0])
-                noise[key] = (torch.rand(logits.shape[-1], generator=g, dtype=torch.float64) * 2 - 1) * BATCH_NOISE
+                size = BATCH_NOISE.get(dtype, BATCH_NOISE["float32"])
+                noise[key] = (torch.rand(logits.shape[-1], generator=g, dtype=torch.float64) * 2 - 1) * size
             return logits + noise[key].to(logits.dtype)
 
         llama.LlamaForCausalLM.compute_logits = by_batch
-    elif name == "bf16_hidden":
-        llama.LlamaForCausalLM.compute_logits = lambda self, h: orig_logits(self, h.to(torch.bfloat16).float())
+    elif name == "bf16_hidden":  # one precision below the model's: bfloat16 in a float32 model, 8 bits in a 16-bit one
+        low = torch.bfloat16 if dtype == "float32" else torch.float8_e4m3fn
+        llama.LlamaForCausalLM.compute_logits = lambda self, h: orig_logits(self, h.to(low).to(h.dtype))
     elif name == "quantized_logits":
-        llama.LlamaForCausalLM.compute_logits = lambda self, h: torch.round(orig_logits(self, h) * 100) / 100
+        q = LOSSY_QUANTUM.get(dtype, 0.01)
+        llama.LlamaForCausalLM.compute_logits = lambda self, h: torch.round(orig_logits(self, h) / q) * q
     elif name == "skip_late":
         layer = llama.LlamaDecoderLayer
         orig_init, orig_fwd = layer.__init__, layer.forward
@@ -126,8 +132,9 @@ def patch(name: str) -> None:
         raise ValueError(f"unknown patch {name!r}")
 
 
-def spec(model: str, engine: dict, params: dict) -> dict:
-    return {"kind": "vllm-throughput", "model": model, "engine": {**BASE_ENGINE, **engine}, "params": params}
+def spec(model: str, engine: dict, params: dict, dtype: str = "float32") -> dict:
+    engine = {**BASE_ENGINE, "dtype": dtype, **engine}
+    return {"kind": "vllm-throughput", "model": model, "engine": engine, "params": params}
 
 
 def items(seed: int, params: dict, answers: list[tuple[int, list[int]]]) -> list[dict]:
@@ -138,9 +145,10 @@ def child(job: dict) -> dict:
     """One engine: generate (with ``job["score"]`` answers of the baseline to score as the candidate), or score."""
     from harness.workers.vllm_worker import Engine
 
-    patch(job["patch"])
+    dtype = job.get("dtype", "float32")
+    patch(job["patch"], dtype)
     t0 = time.perf_counter()
-    eng = Engine(spec(job["model"], job["engine"], job["params"]))
+    eng = Engine(spec(job["model"], job["engine"], job["params"], dtype))
     out: dict = {"startup_s": time.perf_counter() - t0, "outputs": {}, "wall": {}, "scores": {}, "score_s": {}}
     if job["mode"] == "generate":
         for seed in job["seeds"]:
@@ -213,6 +221,7 @@ def main() -> int:
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--input-len", type=int, default=32)
     ap.add_argument("--output-len", type=int, default=32)
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     ap.add_argument("--only", default="", help="comma-separated variant names (default: all)")
     ap.add_argument("--json", default="", help="write the rows here too")
     ap.add_argument("--child", help=argparse.SUPPRESS)
@@ -247,7 +256,7 @@ def main() -> int:
         tmp = Path(td)
         for group in sorted({VARIANTS[n][1] for n in names}):
             gpatch = GROUP_PATCH[group]
-            common = {"model": model, "params": params, "seeds": seeds}
+            common = {"model": model, "params": params, "seeds": seeds, "dtype": a.dtype}
             say(f"{group}: the baseline")
             base = run_child({**common, "mode": "generate", "engine": {}, "patch": gpatch, "name": group}, tmp, env)
             cands = {}
@@ -289,7 +298,7 @@ def main() -> int:
                 for s in seeds:
                     b, y = base["outputs"][s], c["outputs"][s]
                     pair_s += base["wall"][s] + c.get("wall", {}).get(s, base["wall"][s])
-                    scores, floor = {}, Floor.of("float32", 0.0, 0)
+                    scores, floor = {}, Floor.of(a.dtype, 0.0, 0)
                     if (n, s) in by_pair:
                         key = by_pair[(n, s)]
                         _, asked = asks[key]
@@ -299,8 +308,9 @@ def main() -> int:
                         again, _ = parse_scores(got["again"], answers)
                         assert first is not None and again is not None
                         m = len(asked) // 2
-                        measured, npos = measured_floor(first, again, first[m:])
-                        floor = Floor.of("float32", measured, npos)
+                        own = list(first[m:])  # the floor on the baseline's own answers, as the gate measures it
+                        measured, npos = measured_floor(own, list(again[m:]), own)
+                        floor = Floor.of(a.dtype, measured, npos)
                         theirs = {}
                         if s in c.get("scores", {}):
                             mine = [i for i, _ in asked[:m]]
@@ -342,7 +352,7 @@ def main() -> int:
                 say(f"{n}: {row['passed']}/{row['pairs']} passed, {differ} differ")
     print(
         f"model {a.model}, {a.seeds} zipf batches of {a.prompts} requests (input {a.input_len}, output "
-        f"{a.output_len} mean), greedy, float32, CPU; baseline engine {json.dumps(BASE_ENGINE)}"
+        f"{a.output_len} mean), greedy, {a.dtype}, CPU; baseline engine {json.dumps({**BASE_ENGINE, 'dtype': a.dtype})}"
     )
     head = f"{'variant':54} {'kind':6} {'pairs':>5} {'differ':>6} {'passed':>6} {'refused':>7} {'flips':>5}"
     print(head + f" {'evals refused':>13} {'max honest margin':>17} {'scoring s/pair':>14} {'pair s':>7}")

@@ -17,7 +17,7 @@ Timed runs decode greedily and every request's answer is compared between the tw
   but lossy change shows itself in both); the reference direction decides.
 
 The **tie** is measured, never only assumed: the larger of the dtype's reassociation minimum (a change of kernel
-may sum in another order; ``DTYPE_FLOOR``) and ``FLOOR_MULTIPLIER`` times the reference's own **rounding floor**,
+may sum in another order; ``DTYPE_FLOOR``) and ``TIE_MULTIPLIER`` times the reference's own **rounding floor**,
 measured in the same scoring call on exactly the positions judged: the reference's logprobs in two batch orders
 (A/A), and the reference's own greedy answer (decoded) against its teacher-forced scores (decode vs prefill).
 On a CPU whose engine is bit-exact the measured floor is 0 and the tie is the dtype's minimum; on a GPU it
@@ -37,7 +37,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .distribution import DTYPE_FLOOR, FLOOR_MULTIPLIER
+from .distribution import DTYPE_FLOOR
 
 PERIOD_MAX = 4  # a tail that repeats a cycle of at most this many tokens is "padded" (when the other side's is not)
 
@@ -57,6 +57,8 @@ def padded(tail: Sequence[int]) -> bool:
     return any(all(tail[i] == tail[i % k] for i in range(len(tail))) for k in range(1, PERIOD_MAX + 1) if k < len(tail))
 
 
+# A flip needs the two sides' roundings to move a margin by opposite amounts: at most twice the reference's own move
+TIE_MULTIPLIER = 2.0
 FLOOR_CAP = 10.0  # a measured floor beyond this many times the dtype's minimum cannot be judged by: refused
 
 
@@ -107,7 +109,7 @@ class Floor:
 
     @property
     def tie(self) -> float:
-        return max(self.minimum, FLOOR_MULTIPLIER * self.measured)
+        return max(self.minimum, TIE_MULTIPLIER * self.measured)
 
     @property
     def judgeable(self) -> bool:

@@ -145,8 +145,8 @@ def test_the_floor_is_measured_and_widens_the_tie_only_above_the_dtype_minimum()
     worst, n = measured_floor([moved], [again], [])
     assert n == 16 and (worst == 0.0 or worst == pytest.approx(2e-4))
     gpu = Floor.of("bfloat16", 0.03, 100)
-    assert gpu.tie == pytest.approx(0.09) and Floor.of("bfloat16", 0.0, 10).tie == pytest.approx(5e-2)
-    assert Floor.of("float32", 1e-3, 10).tie == pytest.approx(3e-3)
+    assert gpu.tie == pytest.approx(0.06) and Floor.of("bfloat16", 0.0, 10).tie == pytest.approx(5e-2)
+    assert Floor.of("float32", 1e-3, 10).tie == pytest.approx(2e-3)
     with pytest.raises(ValueError):
         Floor.of("float32", math.nan, 1)
 
@@ -294,7 +294,7 @@ def test_a_reference_that_does_not_reproduce_its_own_answers_is_a_refusal_not_a_
     own = [score(999, base[0])]  # scored after the wrong prompt: gaps of 8.5 nats on its own answer
     worst, n = measured_floor(own, own, own)
     floor = Floor.of("float32", worst, n)
-    assert floor.tie > 20 and not floor.judgeable
+    assert floor.tie > 15 and not floor.judgeable
     v = judge(base, padded, {0: (score(s, padded[0]), None)}, floor)
     assert not v.passed and "does not reproduce its own answers" in v.reasons[0], v.reasons
 
