@@ -373,6 +373,16 @@ def load(ws: Workspace) -> Calibration | None:
         ) from None
 
 
+def outputs_floor_for(cal: Calibration | None, config: Config, w: WorkloadConfig) -> float | None:
+    """The outputs rule's calibrated rounding floor for ``w`` if the calibration still describes this setup."""
+    if cal is None or cal.config_fingerprint != config.fingerprint():
+        return None
+    if cal.environment_fingerprint != environment.fingerprint():
+        return None
+    noise = cal.workloads.get(w.name)
+    return None if noise is None else noise.outputs_floor
+
+
 def prior_for(cal: Calibration | None, config: Config, w: WorkloadConfig) -> NoisePrior | None:
     """The calibrated noise for ``w`` if the calibration still describes this setup."""
     if cal is None or cal.config_fingerprint != config.fingerprint():

@@ -440,7 +440,8 @@ def _run_workload(
     that must be significant by itself (the win was measured under foreign load), on enough pairs for that."""
     config, st, say = ctx.config, ctx.st, ctx.say
     try:
-        factory = session_factory(config, w, ctx.sd, ctx.pool)
+        floor = calibration.outputs_floor_for(ctx.cal, config, w)  # the rounding this engine showed when calibrated
+        factory = session_factory(config, w, ctx.sd, ctx.pool, outputs_floor=floor)
         options = measure_options(config, w)  # placement, warm-up, the quiet probe
     except AgentsearchError as exc:  # the set-up (e.g. the model, the placement): not the candidate's doing
         st.add(_CHECK_OF[role], Status.FAIL, str(exc), FailureKind.SETUP_ERROR)

@@ -69,9 +69,14 @@ class OutputsMatch:
     baseline session scores them, or ``settle()`` — which ``run_interleaved`` calls when the sessions are over —
     starts a baseline engine (``fresh_baseline``) for them. Without ``fresh_baseline`` they fail at once."""
 
-    def __init__(self, digest_key: str | None = None, timeout_s: float = 600.0):
+    def __init__(self, digest_key: str | None = None, timeout_s: float = 600.0, calibrated: float | None = None):
         self.digest_key = digest_key
         self.timeout_s = timeout_s
+        # the reference's rounding floor: as ``agentsearch calibrate`` measured it for this engine (if it still
+        # describes the set-up), and the largest this run has measured (the first pair with flips scores every
+        # answer of the baseline's, later ones the answers of the requests that differ)
+        self.calibrated = calibrated
+        self.floor_seen, self.floor_positions = 0.0, 0
         self.last: tuple[float, float] | None = None  # (agreement, identical) of the latest completed pair
         self.verdict: OutputsVerdict | None = None  # the rule's verdict on the latest completed pair
         self.seen: dict[int, tuple[str, tuple[tuple[int, ...], ...] | None, object, object]] = {}
@@ -211,7 +216,9 @@ class OutputsMatch:
         t0 = time.perf_counter()
         # both engines get the same command: per request, the two answers in an order set by their tokens, never by
         # whose they are (a side that could tell which answer is the other's would know which side it is)
-        asked = [(i, a) for i in flips for a in sorted((base[i], cand[i]))]
+        # the run's first flips: the floor is measured on every answer of the pair (the requests that agree, too)
+        judged = [i for i in range(n) if i in flips or base[i] == cand[i]] if self.floor_positions == 0 else flips
+        asked = [(i, a) for i in judged for a in sorted({base[i], cand[i]})]
         try:
             first, again = _score(b, seed, asked, self.timeout_s)
         except (WorkerError, ValueError) as exc:
@@ -222,10 +229,14 @@ class OutputsMatch:
             )
         spent = time.perf_counter() - t0
         where = {(i, a): j for j, (i, a) in enumerate(asked)}
-        mine = [where[(i, base[i])] for i in flips]  # the baseline's own answers: the floor is measured on them only
+        # the baseline's own answers: the floor is measured on them only
+        mine = [where[(i, base[i])] for i in judged]
         own = [first[j] for j in mine]
         measured, positions = outputs_rule.measured_floor(own, [again[j] for j in mine], own)
-        floor = outputs_rule.Floor.of(engine.dtype or "float32", measured, positions)
+        self.floor_seen, self.floor_positions = max(self.floor_seen, measured), self.floor_positions + positions
+        floor = outputs_rule.Floor.of(
+            engine.dtype or "float32", max(self.floor_seen, self.calibrated or 0.0), self.floor_positions
+        )
         theirs: dict[int, Any] = {}
         if c is not None and callable(getattr(c, "score", None)) and c.up():  # type: ignore[attr-defined]
             # the candidate's engine is the candidate's code: it gets a few times what the baseline's took, no more
@@ -378,7 +389,12 @@ class GuardedSession:
 
 
 def session_factory(
-    config: Config, workload: WorkloadConfig, sd: Sides, pool: EnginePool | None = None, out: str = ""
+    config: Config,
+    workload: WorkloadConfig,
+    sd: Sides,
+    pool: EnginePool | None = None,
+    out: str = "",
+    outputs_floor: float | None = None,
 ) -> GuardedFactory:
     """A factory (side, restart) -> Session for ``workload`` with each side in its worktree.
 
@@ -403,7 +419,9 @@ def session_factory(
             return CommandSession(spec, sd.out(side) / (out or "trials") / f"{workload.name}-{restart}")
 
     match = OutputsMatch(
-        digest_key=workload.outputs if workload.spec.outputs == "digest" else None, timeout_s=workload.timeout_s
+        digest_key=workload.outputs if workload.spec.outputs == "digest" else None,
+        timeout_s=workload.timeout_s,
+        calibrated=outputs_floor,
     )
     if workload.spec.engine:
         scorers = iter(range(SCORING_RESTART, SCORING_RESTART + 1000))

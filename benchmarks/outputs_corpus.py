@@ -183,7 +183,7 @@ def child(job: dict) -> dict:
                 )
                 out["score_s"][seed] = time.perf_counter() - t
     else:
-        for key, (seed, asked) in job["asks"].items():
+        for key, (seed, asked, _) in job["asks"].items():
             t = time.perf_counter()
             out["scores"][key] = eng.score({"kind": "vllm-throughput", "items": items(seed, job["params"], asked)})
             out["score_s"][key] = time.perf_counter() - t
@@ -272,13 +272,18 @@ def main() -> int:
                     cands[n] = run_child(job, tmp, env)
                 except RuntimeError as exc:
                     say(str(exc))
-            asks = {}  # the baseline's engine scores each differing candidate answer and its own
+            # the baseline's engine scores each differing candidate answer and its own answers: as the gate does, every
+            # one of them at a variant's first pair with flips (the run's floor), those of the differing requests later
+            asks = {}
             for c in cands.values():
+                first_flip = True
                 for s in seeds:
                     b, y = base["outputs"][s], c["outputs"][s]
                     flips = [i for i, (p, q) in enumerate(zip(b, y, strict=True)) if p != q and len(p) == len(q)]
                     if flips:
-                        asks[len(asks)] = (s, [(i, y[i]) for i in flips] + [(i, b[i]) for i in flips])
+                        own = [i for i in range(len(b)) if i in flips or b[i] == y[i]] if first_flip else flips
+                        first_flip = False
+                        asks[len(asks)] = (s, [(i, y[i]) for i in flips] + [(i, b[i]) for i in own], len(flips))
             say(f"{group}: the baseline scores {len(asks)} pair(s)")
             job = {**common, "mode": "score", "engine": {}, "patch": gpatch, "asks": asks, "name": "scorer"}
             scored = run_child(job, tmp, env)
@@ -293,24 +298,25 @@ def main() -> int:
             for n, c in cands.items():
                 benign = VARIANTS[n][0]
                 passed = differ = flips = differ_passed = 0
+                floor_seen, floor_positions = 0.0, 0
                 per_pair = []
                 worst_honest, score_s, pair_s, reasons = 0.0, 0.0, 0.0, []
                 for s in seeds:
                     b, y = base["outputs"][s], c["outputs"][s]
                     pair_s += base["wall"][s] + c.get("wall", {}).get(s, base["wall"][s])
                     scores, floor = {}, Floor.of(a.dtype, 0.0, 0)
-                    if (n, s) in by_pair:
+                    if (n, s) in by_pair:  # (asks were built per variant in seed order: the floor accrues alike)
                         key = by_pair[(n, s)]
-                        _, asked = asks[key]
+                        _, asked, m = asks[key]
                         got = scored["scores"][key]
                         answers = [t for _, t in asked]
                         first, _ = parse_scores(got["scores"], answers)
                         again, _ = parse_scores(got["again"], answers)
                         assert first is not None and again is not None
-                        m = len(asked) // 2
                         own = list(first[m:])  # the floor on the baseline's own answers, as the gate measures it
                         measured, npos = measured_floor(own, list(again[m:]), own)
-                        floor = Floor.of(a.dtype, measured, npos)
+                        floor_seen, floor_positions = max(floor_seen, measured), floor_positions + npos
+                        floor = Floor.of(a.dtype, floor_seen, floor_positions)
                         theirs = {}
                         if s in c.get("scores", {}):
                             mine = [i for i, _ in asked[:m]]

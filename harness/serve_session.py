@@ -463,9 +463,18 @@ class ServeSession(Parkable):
 
     @property
     def dtype(self) -> str | None:
-        """The dtype the config asks the server for (None: the model's own, which the rule treats as float32)."""
+        """The dtype the config asks the server for, else the model's own (its config.json); None when neither says.
+        (A server does not report the dtype it chose for "auto": where vLLM casts a float32 model down, the float32
+        tie is too tight for its rounding and flips are refused — fail closed; set the dtype.)"""
         v = (self.spec.get("engine") or {}).get("dtype")
-        return v if isinstance(v, str) and v not in ("", "auto") else None
+        if isinstance(v, str) and v not in ("", "auto"):
+            return v
+        try:
+            cfg = json.loads((Path(self.spec["model"]) / "config.json").read_text())
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        own = cfg.get("torch_dtype") or cfg.get("dtype") if isinstance(cfg, dict) else None
+        return own if isinstance(own, str) and own else None
 
     def score(
         self, kind: str, items: list[dict[str, Any]], timeout_s: float
