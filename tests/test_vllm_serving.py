@@ -185,8 +185,13 @@ def test_a_tail_only_regression_is_caught_by_the_p99_guard_and_not_by_the_median
     assert w["ttft-p99"]["decision"] == "regressed" and w["ttft-p99"]["speedup"] < 0.8, w["ttft-p99"]
     # the median guard judged the same change and saw no regression: it passed (its estimate is noise around no change:
     # a held request leaves the others a lighter batch, and one run here read the median +27% faster over 3 pairs,
-    # another beside two engine tests +34% over 6)
-    assert w["ttft-p50"]["decision"] == "ok", w["ttft-p50"]
+    # another beside two engine tests +34% over 6). Beside the other CI worker's engines its first run once read a
+    # regression that the re-measure on fresh engines did not confirm ("unconfirmed"): that is the guard's design, and
+    # it rejects nothing; what the median guard must never do is hold a regression of its own
+    assert w["ttft-p50"]["decision"] in ("ok", "unconfirmed"), w["ttft-p50"]
+    assert not any(r.startswith("guard-workloads: ttft-p50: the regression held") for r in out["reasons"]), out[
+        "reasons"
+    ]
     trials = [t for t in out["trials"] if t["ok"] and t["workload"] == "ttft-p99"]
     for t in trials:  # each p99 trial: 1,000 measured requests, sent on schedule
         m = t["metrics"]

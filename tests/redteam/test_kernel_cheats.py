@@ -162,20 +162,28 @@ def test_cpu_kernel_measured_at_op_level_and_an_implausible_speedup_held_for_rev
     before = git(fork, "rev-parse", "main").strip()
     commit(fork, {"agentsearch.toml": cfg.replace("[gate]\n", "[gate]\nplausibility = 1.1\n", 1)}, "plausibility 1.1")
     # the sides: the proposal and the commit it is based on; the bound: the current baseline's config
-    rc, out = bench(
-        fork,
-        "--baseline",
-        before,
-        "--candidate",
-        "kernels/agentsearch_cpu_c-rms_norm",
-        "--candidate-provider",
-        "agentsearch_cpu_c",
-        "--pairs",
-        "2",
-    )
-    r = out["micro"]["ops"][0]
-    assert r["correct"] and r["pairs"] >= 2 and "agentsearch_cpu_c:" in r["providers"], out
-    # vLLM's compiled CPU kernel against the native chain of eager ops: several times faster alone; rounds timed
-    # on the orchestrator's clock carry its round-trip latency, which under CI's load diluted that to 1.31x
+    # vLLM's compiled CPU kernel against the native chain of eager ops: about 2x faster alone (2.4 ms -> 1.2 ms per
+    # mix, 1.97x beside three busy loops here). A round is timed on the orchestrator's clock, so its round trip carries
+    # the wake-ups of a loaded machine: beside the other CI worker's serving test (two engines over both CPUs at 80
+    # requests/s) that once diluted the kernel to 1.01x. A diluted measurement may not be a win the gate holds (it is
+    # said as measured, a pass); it is measured again, at most twice, since the test is about the bound
+    for attempt in range(3):
+        rc, out = bench(
+            fork,
+            "--baseline",
+            before,
+            "--candidate",
+            "kernels/agentsearch_cpu_c-rms_norm",
+            "--candidate-provider",
+            "agentsearch_cpu_c",
+            "--pairs",
+            "2",
+        )
+        r = out["micro"]["ops"][0]
+        assert r["correct"] and r["pairs"] >= 2 and "agentsearch_cpu_c:" in r["providers"], out
+        if r["speedup"] > 1.1:
+            break
+        assert rc == 0 and out["status"] == "pass" and r["decision"] == "ok", out
+        print(f"attempt {attempt + 1}: diluted to {r['speedup']:.2f}x under load")
     assert r["speedup"] > 1.1 and r["candidate_us"] < r["baseline_us"], r
     assert rc == 4 and out["status"] == "review" and "held for review" in out["detail"], out
