@@ -317,6 +317,11 @@ class Forge:
             self._json("PATCH", f"/repos/{self.repo}/pulls/{int(number)}", json={"title": title, "body": _cap(body)})
         )
 
+    def close_pull(self, number: int) -> PullRequest:
+        """Close a pull request (the review bot merged its judged tree as its own commit: the forge does not see the
+        head merged)."""
+        return PullRequest.of(self._json("PATCH", f"/repos/{self.repo}/pulls/{int(number)}", json={"state": "closed"}))
+
     def comments(self, number: int) -> list[Comment]:
         """The PR's comments, oldest first; one this adapter cannot read is left out (it can be no command and no
         comment of ours: we only ever read what we wrote through the same shapes)."""

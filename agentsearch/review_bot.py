@@ -50,6 +50,7 @@ NEUTRAL = {
 }
 ERROR = ("internal-error", "measurement-error")
 NO_PERMISSION = "commands are taken from users with write permission on the repository only"
+STALE = "stale"  # a pr-posted outcome: the status is pending, the verdict was judged against another base
 AA_WINDOW = 500  # the latest verdicts looked at for this target's measured A/A false-merge rate
 
 
@@ -76,8 +77,15 @@ class PrHistory:
     commands: set[int] = field(default_factory=set)  # comment ids answered
     refused: set[str] = field(default_factory=set)  # authors told once that commands need write permission
 
-    def review_of(self, head: str, base_ref: str) -> PrReview | None:
-        """The latest judgment of ``head`` as a change to ``base_ref`` (a retargeted PR is judged again)."""
+    def review_of(self, head: str, base_ref: str, base: str) -> PrReview | None:
+        """The latest judgment of ``head`` as a change to ``base_ref`` at its tip ``base`` (a retargeted PR is judged
+        again; one whose base moved has a stale verdict: ``judged_on``)."""
+        return next(
+            (r for r in reversed(self.reviews) if r.head == head and r.base_ref == base_ref and r.base == base), None
+        )
+
+    def judged_on(self, head: str, base_ref: str) -> PrReview | None:
+        """The latest judgment of ``head`` as a change to ``base_ref``, whatever tip the base had then."""
         return next((r for r in reversed(self.reviews) if r.head == head and r.base_ref == base_ref), None)
 
     def is_posted(self, review: PrReview) -> bool:
@@ -88,6 +96,23 @@ class PrHistory:
             and self.posted[-1].evaluation == review.evaluation
             and self.posted[-1].outcome == review.outcome
         )
+
+    def is_posted_stale(self, review: PrReview, base: str) -> bool:
+        """What the PR shows now is ``review`` marked stale against the base's tip ``base``."""
+        return (
+            bool(self.posted)
+            and self.posted[-1].evaluation == review.evaluation
+            and self.posted[-1].outcome == STALE
+            and self.posted[-1].base == base
+        )
+
+
+class StaleVerdict(AgentsearchError):
+    """--merge refused: the verdict was judged against another tip of the base than the one it has now."""
+
+    def __init__(self, message: str, base: str) -> None:
+        super().__init__(message)
+        self.base = base
 
 
 class Reviewer:
@@ -167,10 +192,26 @@ class Reviewer:
             )
         return head, git.resolve_commit(self.ws.repo_dir, f"{refs}/base")
 
+    def base_tip(self, number: int, base_ref: str) -> str:
+        """The base branch's tip on the remote now (fetched again into refs/agentsearch/pr/N/base)."""
+        ref = f"refs/agentsearch/pr/{number}/base"
+        try:
+            git.run_git(
+                "fetch", "--no-tags", "--quiet", self.cfg.remote, f"+refs/heads/{base_ref}:{ref}", cwd=self.ws.repo_dir
+            )
+        except AgentsearchError as exc:
+            raise AgentsearchError(
+                f"could not fetch {base_ref!r} from {self.cfg.remote} for pull request #{number}: "
+                f"{str(exc).splitlines()[0][:200] if str(exc) else 'git fetch failed'}"
+            ) from None
+        return git.resolve_commit(self.ws.repo_dir, ref)
+
     def review(self, pr: PullRequest, *, seed: int | None = None, trigger: str = "review-pr") -> PrReview:
         """Judge the PR's head against its base, record the verdict, then post it."""
         head, base = self.fetch(pr)
-        before = [r for r in self.history(pr.number).reviews if (r.head, r.base_ref) != (head, pr.base_ref)]
+        before = [
+            r for r in self.history(pr.number).reviews if (r.head, r.base_ref, r.base) != (head, pr.base_ref, base)
+        ]
         measuring = f"agentsearch is measuring this head against {pr.base_ref}"
         if self.cfg.check_runs:  # first: a token that may not create them is refused before the head shows anything
             self.forge.check_run(head, self.context(pr.base_ref), None, measuring, measuring)
@@ -212,32 +253,74 @@ class Reviewer:
         )
         append(self.ws, review, None, eval_id)
         self.say("verdict", f"#{pr.number} {review.headline}")
-        not_merged = None
+        not_merged, stale, merged = None, None, None
         if self.merge and review.verdict == MERGE:
             try:
-                self._merge(pr, review)
+                merged = self._merge(pr, review)
+            except StaleVerdict as exc:  # posted as stale: the verdict does not hold on the base there is now
+                not_merged, stale = str(exc).splitlines()[0], exc.base
             except AgentsearchError as exc:  # the verdict is posted all the same, and says why it was not merged
                 not_merged = str(exc).splitlines()[0] if str(exc) else "the merge failed"
-        self.post(pr, review, not_merged)
+        self.post(pr, review, not_merged, stale)
+        if merged:
+            self._close(pr, merged)
         if not_merged:
             raise AgentsearchError(not_merged)
         return review
 
-    def _merge(self, pr: PullRequest, review: PrReview) -> None:
-        """--merge: the gate's compare-and-swap merge onto the local baseline branch, then a push of it."""
-        baseline = self.ws.config().target.baseline
+    def _merge(self, pr: PullRequest, review: PrReview) -> str:
+        """--merge: agentsearch's own commit of the judged tree on the judged base (the pull request's commits never
+        enter the baseline), the gate's compare-and-swap merge of it onto the local baseline branch, then a push of
+        it; the merge commit. Refused unless the forge's head is still the judged one and the base's tip, on the
+        remote and here, is still the one it was judged against."""
+        baseline, n = self.ws.config().target.baseline, pr.number
         if pr.base_ref != baseline:
+            raise AgentsearchError(f"--merge: pull request #{n} is for {pr.base_ref!r}, not the baseline {baseline!r}")
+        try:
+            now = self.forge.pull(n)
+        except ForgeError as exc:
             raise AgentsearchError(
-                f"--merge: pull request #{pr.number} is for {pr.base_ref!r}, not the baseline {baseline!r}"
+                f"--merge: could not read pull request #{n} again before merging: {str(exc).splitlines()[0][:200]}"
+            ) from None
+        if now.state != "open":
+            raise AgentsearchError(f"--merge: pull request #{n} is {now.state or 'not open'} now; not merged")
+        if now.head_sha != review.head:
+            raise AgentsearchError(
+                f"--merge: pull request #{n} moved since it was judged (judged {review.head[:12]}, its head is now "
+                f"{rtext.clean(now.head_sha, 40, one_line=True)[:12] or 'unknown'}); not merged: judge the new head"
+            )
+        if now.base_ref != review.base_ref:
+            raise AgentsearchError(
+                f"--merge: pull request #{n} was retargeted to {rtext.clean(now.base_ref, 60, one_line=True)!r} since "
+                "it was judged; not merged"
+            )
+        tip = self.base_tip(n, review.base_ref)
+        if tip != review.base:
+            raise StaleVerdict(
+                f"--merge: a verdict judged against another base: #{n} was judged against {baseline} at "
+                f"{review.base[:12]}, {baseline} is now at {tip[:12]}; not merged: judge it again",
+                tip,
             )
         if self.ws.baseline_commit() != review.base:
             raise AgentsearchError(
                 f"--merge: the local {baseline} is not the base it was measured against ({review.base[:12]}); update "
                 f"it (`git fetch {self.cfg.remote} && git branch -f {baseline} {review.base[:12]}`) and run again"
             )
-        new = self.ws.merge(
-            review.head, review.base, f"agentsearch: merge pull request #{pr.number}\n\n{review.headline}\n"
+        repo = self.ws.repo_dir
+        if not git.is_ancestor(repo, review.base, review.head):
+            raise AgentsearchError(
+                f"--merge: pull request #{n}'s head {review.head[:12]} does not contain its base {review.base[:12]}: "
+                "its tree would undo what the base has since; not merged: rebase it and judge it again"
+            )
+        squash = git.commit_tree(
+            repo,
+            git.tree_of(repo, review.head),
+            [review.base],
+            f"agentsearch: pull request #{n} as judged\n\nThe tree of its head {review.head[:12]} as one commit on "
+            f"{review.base[:12]}, the base it was judged against (evaluation {review.evaluation}); the pull request's "
+            "own commits are not merged.\n",
         )
+        new = self.ws.merge(squash, review.base, f"agentsearch: merge pull request #{n}\n\n{review.headline}\n")
         append(
             self.ws,
             Merge(number=pr.number, ok=True, old=review.base, new=new, candidate=review.head),
@@ -250,6 +333,18 @@ class Reviewer:
                 f"merged locally as {new[:12]} but `git push {self.cfg.remote} {baseline}` failed: {err}"
             )
         self.say("merge", f"#{pr.number} merged into {baseline} as {new[:12]} and pushed")
+        return new
+
+    def _close(self, pr: PullRequest, merged: str) -> None:
+        """Close a pull request merged by --merge: its head is not in the baseline (its judged tree is), so the forge
+        does not see it merged. A refusal is said; the merge stands (the comment says where it went)."""
+        try:
+            self.forge.close_pull(pr.number)
+        except ForgeError as exc:
+            self.say(
+                "warning",
+                f"#{pr.number} merged as {merged[:12]} but not closed: {str(exc).splitlines()[0][:200]}; close it",
+            )
 
     # ------------------------------------------------------------------------------------------ posting
     def our_comment(self, number: int, h: PrHistory) -> Comment | None:
@@ -260,17 +355,30 @@ class Reviewer:
                 return c
         return next((c for c in self.forge.comments(number) if c.author == me and c.body.startswith(MARKER)), None)
 
-    def post(self, pr: PullRequest, review: PrReview, not_merged: str | None = None) -> PrPosted:
-        """The comment (edited in place), then the head's status; recorded once both reached the forge."""
+    def post(
+        self, pr: PullRequest, review: PrReview, not_merged: str | None = None, stale: str | None = None
+    ) -> PrPosted:
+        """The comment (edited in place), then the head's status; recorded once both reached the forge. ``stale``:
+        the base's tip now, when it is not the one ``review`` was judged against (status pending: judge it again)."""
         h = self.history(pr.number)
-        body = self.render(pr, review, h, not_merged)
+        body = self.render(pr, review, h, not_merged, stale)
         existing = self.our_comment(pr.number, h)
         comment = self.forge.edit_comment(existing.id, body) if existing else self.forge.create_comment(pr.number, body)
-        _, description = outcome_of(self._record(review))
         context = self.context(review.base_ref)
-        self.forge.set_status(review.head, review.outcome, context, description, comment.html_url or None)
-        if self.cfg.check_runs:
-            self.forge.check_run(review.head, context, review.outcome, description, body, comment.html_url or None)
+        if stale:
+            ref = rtext.clean(review.base_ref, 40, one_line=True)
+            description = (
+                f"stale: judged against {ref} at {review.base[:12]}, now at {stale[:12]}; judge it again "
+                "(/agentsearch evaluate)"
+            )
+            self.forge.set_status(review.head, "pending", context, description, comment.html_url or None)
+            if self.cfg.check_runs:  # action required: a neutral conclusion would pass a required check
+                self.forge.check_run(review.head, context, "error", description, body, comment.html_url or None)
+        else:
+            _, description = outcome_of(self._record(review))
+            self.forge.set_status(review.head, review.outcome, context, description, comment.html_url or None)
+            if self.cfg.check_runs:
+                self.forge.check_run(review.head, context, review.outcome, description, body, comment.html_url or None)
         posted = PrPosted(
             forge=self.forge.identity,
             number=pr.number,
@@ -278,10 +386,11 @@ class Reviewer:
             evaluation=review.evaluation,
             comment_id=comment.id,
             comment_url=comment.html_url,
-            outcome=review.outcome,
+            outcome=STALE if stale else review.outcome,
+            base=stale or review.base,
         )
         append(self.ws, posted, None, review.evaluation)
-        self.say("posted", f"#{pr.number} {review.outcome}: {comment.html_url or comment.id}")
+        self.say("posted", f"#{pr.number} {posted.outcome}: {comment.html_url or comment.id}")
         return posted
 
     def _record(self, review: PrReview) -> EvaluationRecord:
@@ -317,7 +426,9 @@ class Reviewer:
                 merged += r.verdict == MERGE
         return merged, judged
 
-    def render(self, pr: PullRequest, review: PrReview, h: PrHistory, not_merged: str | None = None) -> str:
+    def render(
+        self, pr: PullRequest, review: PrReview, h: PrHistory, not_merged: str | None = None, stale: str | None = None
+    ) -> str:
         ev = gather(self.ws, review.evaluation)
         merged, judged = self.aa_rate()
         alpha = ev.alpha or self.ws.config(review.base).gate.alpha
@@ -340,20 +451,38 @@ class Reviewer:
             commands=COMMANDS,
             merged=merge_commit,
             not_merged=not_merged,
+            stale=stale,
             pr_evaluations=len(h.reviews),
             earlier=[(r.head, r.outcome) for r in h.reviews if r.evaluation != review.evaluation][-5:],
         )
 
     # ------------------------------------------------------------------------------------------ the bot
-    def ensure(self, pr: PullRequest, *, seed: int | None = None, trigger: str = "bot") -> PrReview:
-        """The PR's current head judged once and posted: judged now if it never was, else posted if it is not."""
+    def ensure(
+        self, pr: PullRequest, *, seed: int | None = None, trigger: str = "bot", judge_stale: bool = False
+    ) -> PrReview:
+        """The PR's current head judged once against its base's tip and posted: judged now if it never was, else
+        posted if it is not. A head judged against another tip of its base has a stale verdict: posted as stale
+        (pending), judged again only when asked (``judge_stale``: `/agentsearch evaluate`), or not at all when
+        --merge merged it (the base moved by that merge)."""
+        head, base = self.fetch(pr)
         h = self.history(pr.number)
-        review = h.review_of(pr.head_sha, pr.base_ref)
+        review = h.review_of(head, pr.base_ref, base)
         if review is None:
-            return self.review(pr, seed=seed, trigger=trigger)
+            old = h.judged_on(head, pr.base_ref)
+            if old is None or judge_stale:
+                return self.review(pr, seed=seed, trigger=trigger)
+            if not self._merged(old) and not h.is_posted_stale(old, base):
+                self.post(pr, old, stale=base)
+            return old
         if not h.is_posted(review):
             self.post(pr, review)
         return review
+
+    def _merged(self, review: PrReview) -> bool:
+        return any(
+            isinstance(e.record, Merge) and e.record.ok and e.proposal == review.evaluation
+            for e in read_entries(self.ws)
+        )
 
     def reply(self, number: int, to: int, asked: str, text: str) -> Comment:
         body = (
@@ -424,7 +553,7 @@ class Reviewer:
             done = next((r for r in h.reviews if r.trigger == trigger), None)  # ran before a kill: not again
             if done is None:
                 done = (
-                    self.ensure(pr, seed=seed, trigger=trigger)
+                    self.ensure(pr, seed=seed, trigger=trigger, judge_stale=True)
                     if word == "evaluate"
                     else self.review(pr, seed=seed, trigger=trigger)
                 )
@@ -466,9 +595,9 @@ class Reviewer:
                 continue
             try:
                 self.commands(pr, seed=seed)
-                before = self.history(pr.number).review_of(pr.head_sha, pr.base_ref)
+                known = {r.evaluation for r in self.history(pr.number).reviews}
                 review = self.ensure(pr, seed=seed)
-                if before is None:
+                if review.evaluation not in known:
                     summary["judged"].append(
                         {
                             "number": pr.number,

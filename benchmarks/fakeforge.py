@@ -208,6 +208,10 @@ class FakeForge:
             if pr["user"]["login"] != login and self.permissions.get(login) not in ("write", "admin", "owner"):
                 return 403, {"message": "Must have write access to edit a pull request"}, {}
             pr.update({k: str(body[k]) for k in ("title", "body") if k in body})
+            if "state" in body:
+                if body["state"] not in ("open", "closed"):
+                    return 422, {"message": f"invalid state {body['state']!r}"}, {}
+                pr["state"] = body["state"]
             pr["head"]["sha"] = self._git("rev-parse", f"refs/heads/{pr['head']['ref']}")
             return 200, pr, {}
         m = re.fullmatch(r"/issues/(\d+)/comments", rest)

@@ -315,7 +315,11 @@ def test_merge_applies_the_gates_merge_pushes_it_and_the_stack_counts_it(tmp_pat
         proc = run_cli("review-pr", str(win), "-C", str(repo), "--merge", "--json", "--seed", "3", timeout=600)
         assert proc.returncode == 0, proc.stderr[-2000:]
         merged = git(repo, "rev-parse", "main").strip()
-        assert merged != start and git(repo, "rev-parse", "main^2").strip() == fake.prs[win]["head"]["sha"]
+        head = fake.prs[win]["head"]["sha"]
+        assert merged != start and git(repo, "rev-parse", "main^2").strip() != head  # our commit of it, not its head
+        trees = git(repo, "rev-parse", "main^2^{tree}", "main^{tree}", f"{head}^{{tree}}").split()
+        assert len(set(trees)) == 1 and git(repo, "log", "-1", "--format=%P", "main^2").strip() == start
+        assert fake.prs[win]["state"] == "closed"
         assert fake._git("rev-parse", "refs/heads/main") == merged  # pushed
         assert f"as `{merged[:12]}` (asked with `--merge`)" in fake.ours(win)[0]["body"]
         got = json.loads(

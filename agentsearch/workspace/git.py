@@ -425,9 +425,11 @@ def subject(repo_dir: Path, commit: str) -> str:
 
 
 def trailer_merges(repo_dir: Path, tip: str, since: str | None, key: str) -> list[tuple[str, dict[str, str]]]:
-    """[(commit, {trailer: value})] of the merge commits in ``since..tip`` whose message has ``key``."""
+    """[(commit, {trailer: value})] of the merge commits on ``tip``'s first-parent line in ``since..tip`` whose message
+    has ``key``. What a merge brought in through its second parent is not read: a pull request's own history (its
+    merges, whatever trailers they forge) neither speaks for nor against the history."""
     span = [tip] + ([f"^{since}"] if since else [])
-    out = run_git("log", "--merges", f"--grep=^{key}:", "--format=%H%x00%B%x01", *span, cwd=repo_dir)
+    out = run_git("log", "--first-parent", "--merges", f"--grep=^{key}:", "--format=%H%x00%B%x01", *span, cwd=repo_dir)
     found = []
     for chunk in out.split("\x01"):
         sha, _, body = chunk.strip("\n").partition("\x00")

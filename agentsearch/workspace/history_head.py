@@ -61,7 +61,8 @@ def trailers(head: tuple[int, str]) -> str:
 
 
 def baseline_disagreement(repo_dir: Path, branch: str, entries: Sequence[Any], path: Path) -> str:
-    """'' when every agentsearch merge on ``branch`` since the history began is in the history.
+    """'' when every agentsearch merge on ``branch``'s first-parent line since the history began is in the history
+    (trailers in what a merge brought in through its second parent are not agentsearch's and are not read).
 
     Otherwise one line naming the first merge that the history lacks: one made after a record
     the log no longer has (truncated or rewritten), or one whose proposal has no merge verdict.

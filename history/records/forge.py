@@ -55,7 +55,8 @@ class PrPosted(Record):
     evaluation: str  # the review whose verdict the comment and the status carry
     comment_id: int  # the one comment kept current on this pull request
     comment_url: str
-    outcome: str  # the status set on the head
+    outcome: str  # the status set on the head; "stale": pending, the verdict was judged against another base
+    base: str | None = None  # the base branch's tip when posted (stale: the one the verdict was not judged on)
 
 
 @dataclass(frozen=True)
