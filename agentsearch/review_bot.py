@@ -36,7 +36,7 @@ REPLY_MARKER = "<!-- agentsearch:reply to={} -->"  # our answer to comment comma
 REPLIED = re.compile(r"\A<!-- agentsearch:reply to=(\d+) -->")
 COMMAND = re.compile(r"^[ \t]*/agentsearch\b[ \t]*(\S*)[ \t]*(\S*)", re.M)
 COMMANDS = {
-    "evaluate": "judge the current head; one judged already only brings this comment up to date",
+    "evaluate": "judge the current head; one judged already against the base's tip only brings this comment up to date",
     "recheck": "measure the current head again on fresh seeds",
     "stack": "what the merges of the latest episode add up to on the baseline",
     "bisect": "the merge where a workload regressed; WORKLOAD after it, else the objective",

@@ -3,7 +3,7 @@
 Everything a proposal writes — its title, rationale, category, the reasons and check details built from
 its stderr, its file names — is untrusted: it has drawn a fake "merge on main" row on a terminal with
 ANSI escapes, and hidden a report's checks and diff behind an unterminated ``<!--``. ``clean`` runs when a
-proposal is created (control characters, bidirectional overrides and invisible characters removed, a
+proposal is created (control characters, bidirectional overrides and every invisible or format character removed, a
 title kept on one line, everything capped); the renderers escape again for their medium (old records were
 written before ``clean`` existed): ``clean`` again on a terminal (the commands' ``output.safe`` adds rich's
 markup escaping), ``md_inline``
@@ -14,12 +14,29 @@ text can close). Stdlib only: every layer may use it.
 from __future__ import annotations
 
 import re
+import unicodedata
 
 TITLE_CHARS = 200
 TEXT_CHARS = 8000
-# C0 and C1 control characters (tab and newline are kept in multi-line text), DEL, bidirectional embeddings,
-# overrides and isolates ("Trojan source"), zero-width characters, the line and paragraph separators, the BOM
-_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff\ufff9-\ufffb]")
+# what is dropped, by Unicode class: control characters (Cc: C0, DEL, C1; tab and newline are kept in multi-line
+# text), format characters (Cf: tags U+E0000-E007F, zero-width spaces and joiners, the word joiner, bidirectional
+# embeddings, overrides, isolates and marks, the BOM, the soft hyphen, interlinear annotations), private use (Co),
+# surrogates (Cs), unassigned code points (Cn: none in the interpreter's Unicode database; a character newer than
+# it is dropped too) and the line and paragraph separators (Zl, Zp)
+_DROPPED = frozenset(("Cc", "Cf", "Co", "Cs", "Cn", "Zl", "Zp"))
+# ... and the other default-ignorable code points (Unicode's Default_Ignorable_Code_Point, outside those classes):
+# variation selectors, the combining grapheme joiner, Hangul fillers, Khmer inherent vowels, Mongolian free
+# variation selectors, shorthand format controls — characters that render as nothing and can carry a hidden text
+_IGNORABLE = re.compile(
+    "[\u034f\u115f\u1160\u17b4\u17b5\u180b-\u180f\u3164\ufe00-\ufe0f\uffa0\U0001bca0-\U0001bca3\U000e0000-\U000e0fff]"
+)
+_SUSPECT = re.compile("[^\t\n\x20-\x7e]")  # what ``_visible`` looks at: every character but printable ASCII
+
+
+def _visible(m: re.Match[str]) -> str:
+    return "" if unicodedata.category(m.group()) in _DROPPED else m.group()
+
+
 # an ANSI/VT escape sequence as a whole (CSI, OSC up to BEL or ST, two-character escapes): its parameters go too
 _ESCAPE_SEQ = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[@-Z\\-_])|\x9b[0-?]*[ -/]*[@-~]")
 # what gives a character meaning inside a line of Markdown (emphasis, code, links, tables, HTML, entities, math);
@@ -46,7 +63,8 @@ def clean(text: object, limit: int = TEXT_CHARS, one_line: bool = False) -> str:
     ``one_line`` (then every run of white space is one space), capped at ``limit`` characters (``…``)."""
     s = _ESCAPE_SEQ.sub("", str(text))
     s = s.replace("\r\n", "\n").replace("\r", "\n")
-    s = _UNSAFE.sub("", s)
+    s = _IGNORABLE.sub("", s)
+    s = _SUSPECT.sub(_visible, s)
     s = " ".join(s.split()) if one_line else s.strip("\n")
     return s if len(s) <= limit else s[: max(limit - 1, 0)].rstrip() + "…"
 
