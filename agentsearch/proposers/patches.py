@@ -15,10 +15,42 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from history.records import text as clean_text
+
 from ..workspace import git
 from .base import CATEGORIES, Candidate, Context, ProposerError
 
 SUFFIXES = (".patch", ".diff")
+
+
+def subject(raw: str) -> str:
+    """A mail's Subject as text: its RFC 2047 encoded words (``=?utf-8?q?...?=``, what `git format-patch` writes
+    for a non-ASCII subject) decoded, then cleaned to one line; the raw value, cleaned, when they do not decode."""
+    from email.errors import HeaderParseError
+    from email.header import decode_header, make_header
+
+    folded = " ".join(raw.split())
+    try:
+        chunks = decode_header(folded)
+    except (HeaderParseError, ValueError):
+        return clean_text.title(folded)
+    try:
+        decoded = str(make_header(chunks))
+    except (HeaderParseError, LookupError, UnicodeError, ValueError):  # a charset Python lacks: each word as UTF-8
+        decoded = " ".join(
+            c if isinstance(c, str) else c.decode(cs if cs and _known(cs) else "utf-8", "replace") for c, cs in chunks
+        )
+    return clean_text.title(decoded)
+
+
+def _known(charset: str) -> bool:
+    import codecs
+
+    try:
+        codecs.lookup(charset)
+    except LookupError:
+        return False
+    return True
 
 
 def describe_mail(text: str, fallback: str) -> tuple[str, str, str]:
@@ -26,7 +58,7 @@ def describe_mail(text: str, fallback: str) -> tuple[str, str, str]:
     title, body = fallback, ""
     m = re.search(r"^Subject: (.+(?:\n[ \t].+)*)", text, re.M)
     if m:
-        title = re.sub(r"^\[[^\]]*\]\s*", "", " ".join(m.group(1).split()))
+        title = re.sub(r"^\[[^\]]*\]\s*", "", subject(m.group(1)))
         rest = text[m.end() :]
         body = rest.split("\n---\n", 1)[0] if "\n---\n" in rest else ""
         body = re.split(r"^diff --git ", body, maxsplit=1, flags=re.M)[0]

@@ -6,7 +6,9 @@ output directory, which the orchestrator reads without following links). Paths a
 directory (the agent's worktree) or absolute; this script decides nothing about what may be reached — the
 sandbox around it does (only the worktree is writable, and nothing that judges the agent is mounted). It never follows a
 request outside what the process can open, and it writes only with ``O_NOFOLLOW`` on the last
-component so a link the agent planted is an error, not a redirection.
+component so a link the agent planted is an error, not a redirection. A ``write`` or ``edit`` whose directory
+resolves outside the working directory is refused with a line that says so: the sandbox's ``/tmp`` and
+``$HOME`` are private to one call, so such a write would answer "wrote" and be gone when the call ends.
 
 ops: ``read`` {path, offset, limit} (numbered lines), ``write`` {path, content}, ``edit`` {path, old,
 new, all}, ``ls`` {path}, ``grep`` {pattern, path, glob} (Python regular expression, at most 200 hits).
@@ -54,6 +56,19 @@ def _write_text(path: str, text: str) -> None:
         fh.write(text)
 
 
+def _in_worktree(path: str) -> None:
+    """A write only where it persists: under the working directory (the agent's worktree), links on the way
+    resolved. Elsewhere ValueError with the truth (the sandbox's /tmp and $HOME die with the call)."""
+    root = os.path.realpath(os.getcwd())
+    full = os.path.abspath(path)  # links on the way resolved; a link as the last component fails at O_NOFOLLOW
+    real = os.path.join(os.path.realpath(os.path.dirname(full)), os.path.basename(full))
+    if os.path.commonpath([root, real]) != root:
+        raise ValueError(
+            f"refused: {path} is outside your worktree; only files in the worktree persist (the sandbox's /tmp and "
+            "$HOME are private to one call and gone when it ends): use a path relative to the worktree"
+        )
+
+
 def read(req: dict) -> str:
     lines = _read_text(req["path"]).splitlines()
     offset = max(0, int(req.get("offset") or 0))
@@ -66,12 +81,14 @@ def read(req: dict) -> str:
 
 def write(req: dict) -> str:
     text = str(req["content"])
+    _in_worktree(req["path"])
     _write_text(req["path"], text)
     return f"wrote {req['path']} ({len(text.encode())} bytes)"
 
 
 def edit(req: dict) -> str:
     path, old, new = req["path"], str(req["old"]), str(req["new"])
+    _in_worktree(path)
     text = _read_text(path)
     n = text.count(old) if old else 0
     if n == 0:
