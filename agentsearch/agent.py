@@ -11,8 +11,10 @@ pass of the insights (an agent with no tools). The fence is not a filter on what
 - the CLI runs in an empty working directory with a private ``$HOME`` and config directory, loads no
   settings, hooks, skills, plugins or MCP configuration from anywhere (``setting_sources=[]``,
   ``strict_mcp_config``), so nothing a proposal wrote can steer it;
-- turns and dollars are bounded by the CLI (``[agent] max_turns``, ``max_cost_usd``), tool seconds
-  and advisory pairs by the workbench.
+- turns and dollars are bounded by the CLI (``[agent] max_turns``, ``max_cost_usd``), tool seconds,
+  calls and advisory pairs by the workbench; a PreToolUse hook asks the workbench (``Workbench.admit``)
+  before each of its calls runs, with the model turn that made it (the id of the model's message that
+  holds the call's tool_use block), so one turn that batches many calls is cut at ``max_calls_per_turn``.
 
 The Anthropic API is whatever ``ANTHROPIC_BASE_URL`` names (the tests: a scripted Messages API on
 loopback, ``tests/messages_api.py``); nothing else replaces the CLI.
@@ -131,6 +133,7 @@ def run_session(
             AssistantMessage,
             ClaudeAgentOptions,
             ClaudeSDKClient,
+            HookMatcher,
             PermissionResultAllow,
             PermissionResultDeny,
             ResultMessage,
@@ -139,6 +142,35 @@ def run_session(
         )
 
         allowed = tool_names(bench) if bench is not None else []
+        turn_of: dict[str, str] = {}  # tool_use id -> the model turn (message id) that made it
+
+        async def pre_tool_use(data: Any, tool_use_id: str | None, _context: Any) -> Any:
+            """The workbench's per-turn cap, before a call runs: the CLI writes the model's message before it
+            asks this hook, so its id is known here after at most a few passes of the event loop."""
+            tool = str((data or {}).get("tool_name") or "")
+            if bench is None or tool not in allowed:
+                return {}
+            key = str(tool_use_id or (data or {}).get("tool_use_id") or "")
+            for _ in range(1000):  # ~5 s at most; unknown then: refused
+                if key in turn_of:
+                    break
+                await anyio.sleep(0.005)
+            args = (data or {}).get("tool_input")
+            why = await anyio.to_thread.run_sync(
+                bench.admit,
+                turn_of.get(key, ""),
+                tool[len(f"mcp__{SERVER}__") :],
+                args if isinstance(args, dict) else {},
+            )
+            if not why:
+                return {}
+            return {
+                "hookSpecificOutput": {
+                    "hookEventName": "PreToolUse",
+                    "permissionDecision": "deny",
+                    "permissionDecisionReason": why,
+                }
+            }
 
         async def can_use_tool(tool: str, args: dict[str, Any], _context: Any) -> Any:
             if tool in allowed:
@@ -157,6 +189,7 @@ def run_session(
             strict_mcp_config=True,
             setting_sources=[],
             can_use_tool=can_use_tool,
+            hooks={"PreToolUse": [HookMatcher(matcher=None, hooks=[pre_tool_use])]} if bench is not None else None,
             permission_mode="default",
             max_turns=max_turns,
             model=model,
@@ -169,6 +202,9 @@ def run_session(
             async for msg in client.receive_response():
                 if isinstance(msg, AssistantMessage):
                     texts.extend(b.text for b in msg.content if isinstance(b, TextBlock))
+                    for b in msg.content:
+                        if isinstance(b, ToolUseBlock):  # the turn's id; none: its calls are refused
+                            turn_of[b.id] = msg.message_id or ""
                     for (
                         b
                     ) in msg.content:  # a call of a tool the session does not have: the CLI refuses it, we record it

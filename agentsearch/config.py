@@ -679,9 +679,15 @@ class AgentConfig:
         "Claude proposer: dollars one session may spend on the model (the CLI stops it there).", 5.0
     )
     max_tool_seconds: float = doc(
-        "Claude proposer: wall seconds one session's workbench calls may take in all (run, test, kernels_bench, "
-        "measure, profile, check_outputs); a call that would start past it is refused.",
+        "Claude proposer: wall seconds one session's workbench calls may take in all (every tool, charged per call); "
+        "a call that would start past it is refused, and a file tool or `run` call is cut at what is left of it.",
         1800.0,
+    )
+    max_calls_per_turn: int = doc(
+        "Claude proposer: workbench calls one model turn may make (the calls past it in that turn are refused).", 8
+    )
+    max_tool_calls: int = doc(
+        "Claude proposer: workbench calls one session may make in all (the calls past it are refused).", 120
     )
     max_measure_pairs: int = doc(
         "Claude proposer: advisory pairs the `measure` tool may run in one session, in all.", 12
@@ -706,6 +712,8 @@ class AgentConfig:
             (self.max_turns >= 1, "max_turns", "an integer >= 1"),
             (self.max_cost_usd > 0, "max_cost_usd", "a number > 0"),
             (self.max_tool_seconds >= 0, "max_tool_seconds", "a number >= 0"),
+            (self.max_calls_per_turn >= 1, "max_calls_per_turn", "an integer >= 1"),
+            (self.max_tool_calls >= 1, "max_tool_calls", "an integer >= 1"),
             (self.max_measure_pairs >= 0, "max_measure_pairs", "an integer >= 0"),
             (self.run_timeout_s > 0, "run_timeout_s", "a number > 0"),
             (self.memory_gib > 0, "memory_gib", "a number > 0"),

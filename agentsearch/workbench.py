@@ -20,7 +20,11 @@ seed uses (``harness.seeds.advisory_seeds``), it starts engines of its own (neve
 baseline), the holdout is never read, and nothing it measures is recorded as a verdict.
 
 Every call is counted against the session's budget (``[agent]``) and recorded as a ``ToolCall`` in the
-session's ``AgentSession`` (``history.records.agent_session``).
+session's ``AgentSession`` (``history.records.agent_session``): its wall seconds are charged per call against
+``max_tool_seconds`` — once they are spent every tool is refused, file tools included, and a file tool or ``run``
+call is cut at what is left — and the calls are capped in all (``max_tool_calls``) and per model turn
+(``max_calls_per_turn``, decided by ``admit`` from the session's PreToolUse hook, ``agentsearch.agent``), so a turn
+that batches calls cannot stretch ``max_turns``. A refused call answers the agent one line.
 """
 
 from __future__ import annotations
@@ -170,16 +174,7 @@ TOOLS: dict[str, tuple[str, dict[str, Any]]] = {
     ),
 }
 FILE_TOOL_TIMEOUT_S = 60.0  # the longest one file-tool call may take (a FIFO, a pathological regular expression)
-FILE_TOOL_FLOOR_S = 5.0  # ... and its limit once the session's tool seconds are spent
 PIDS_MAX = 4096  # tasks (threads included) one `run` call may hold at once, where cgroups can say so
-HEAVY = (
-    "run",
-    "test",
-    "kernels_bench",
-    "measure",
-    "profile",
-    "check_outputs",
-)  # count against max_tool_seconds before they start
 
 
 def cap(s: str, limit: int) -> str:
@@ -244,6 +239,9 @@ class Workbench:
         self.calls: list[ToolCall] = []
         self.tool_seconds = 0.0
         self.pairs_used = 0
+        self.calls_run = 0  # calls that reached a tool (refused ones not counted)
+        self._per_turn: dict[str, int] = {}  # model turn (its message id) -> calls it made
+        self._started: float | None = None  # when the running call started
         self._lock = threading.Lock()
         self._snapshots = 0
         self.root = ws.state / "tmp" / f"agent-{name}"
@@ -285,15 +283,11 @@ class Workbench:
             )
             if tool not in TOOLS:
                 return self._refuse(tool, summary, f"{tool} is not a workbench tool")
-            left = self.budget.max_tool_seconds - self.tool_seconds
-            if tool in HEAVY and left <= 0:
-                return self._refuse(
-                    tool,
-                    summary,
-                    f"the session's tool budget ({self.budget.max_tool_seconds:g} s, [agent] max_tool_seconds) "
-                    "is spent: finish with your closing JSON line",
-                )
-            t0 = time.perf_counter()
+            why = self._spent()
+            if why:
+                return self._refuse(tool, summary, why)
+            self.calls_run += 1
+            t0 = self._started = time.perf_counter()
             try:
                 ans = getattr(self, f"_{tool}")(**{k: v for k, v in args.items() if k in TOOLS[tool][1]["properties"]})
             except TypeError as exc:
@@ -304,6 +298,7 @@ class Workbench:
                 ans = Answer(f"{tool} failed: {type(exc).__name__}: {exc}", ok=False)
             seconds = time.perf_counter() - t0
             self.tool_seconds += seconds
+            self._started = None
             self.pairs_used += ans.pairs
             detail = ans.detail or (ans.text.strip().splitlines() or [""])[0]
             self.calls.append(
@@ -314,6 +309,43 @@ class Workbench:
                 f"{tool} {'ok' if ans.ok else 'failed'} in {seconds:.1f} s: {text.clean(detail, 80, one_line=True)}",
             )
             return dataclasses.replace(ans, text=cap(ans.text, self.budget.output_bytes))
+
+    def _spent(self) -> str:
+        """Why no further call may run ('' while the session's time and calls last)."""
+        if self.budget.max_tool_seconds - self.tool_seconds <= 0:
+            return (
+                f"refused: the session's tool time ({self.budget.max_tool_seconds:g} s, [agent] max_tool_seconds) "
+                "is spent: finish with your closing JSON line"
+            )
+        if self.calls_run >= self.budget.max_tool_calls:
+            return (
+                f"refused: the session's tool calls ({self.budget.max_tool_calls}, [agent] max_tool_calls) are "
+                "spent: finish with your closing JSON line"
+            )
+        return ""
+
+    def left_s(self) -> float:
+        """Seconds of ``[agent] max_tool_seconds`` not yet spent, the running call's so far included."""
+        running = time.perf_counter() - self._started if self._started is not None else 0.0
+        return self.budget.max_tool_seconds - self.tool_seconds - running
+
+    def admit(self, turn: str, tool: str, args: Mapping[str, Any]) -> str:
+        """Whether one more call of the model turn ``turn`` (the id of the model's message that made it; ''
+        when it could not be told) may run: '' when it may, else the one line that refuses it (recorded).
+        Called by the session before the call reaches ``call``."""
+        with self._lock:
+            summary = text.clean(str(dict(args))[:200], 200, one_line=True)
+            if not turn:
+                return self._refuse(tool, summary, "refused: the model turn of this call could not be told").text
+            n = self._per_turn[turn] = self._per_turn.get(turn, 0) + 1
+            if n > self.budget.max_calls_per_turn:
+                return self._refuse(
+                    tool,
+                    summary,
+                    f"refused: one model turn may make {self.budget.max_calls_per_turn} workbench calls "
+                    "([agent] max_calls_per_turn); ask for the rest in your next turn",
+                ).text
+            return ""
 
     def refused(self, tool: str, args: Mapping[str, Any], why: str) -> None:
         """Record a call the session refused before it reached the workbench (a tool that is not ours)."""
@@ -354,18 +386,24 @@ class Workbench:
             if limits is not None:
                 limits.remove()
 
+    def _bound(self, limit: float) -> tuple[float, str]:
+        """(timeout, why) of one call: ``limit``, or what is left of the session's tool time when that is less."""
+        left = self.left_s()
+        if left < limit:
+            return max(left, 0.0), f"what was left of [agent] max_tool_seconds = {self.budget.max_tool_seconds:g}"
+        return limit, ""
+
     def _files(self, op: str, **req: Any) -> Answer:
         token = secrets.token_hex(6)
         request, answer = self.out / f"req-{token}.json", self.out / f"ans-{token}.json"
         write_beneath(self.out, request, json.dumps({"op": op, **req}).encode())
         try:
-            left = self.budget.max_tool_seconds - self.tool_seconds
-            rc, _out, err, _wall = self._sandboxed(
-                [sys.executable, str(FILES_TOOL), str(request), str(answer)],
-                min(FILE_TOOL_TIMEOUT_S, max(FILE_TOOL_FLOOR_S, left)),
-            )
+            limit, why = self._bound(FILE_TOOL_TIMEOUT_S)
+            rc, _out, err, _wall = self._sandboxed([sys.executable, str(FILES_TOOL), str(request), str(answer)], limit)
             if rc is None:
-                return Answer(f"{op} timed out", ok=False)
+                return Answer(
+                    f"{op} timed out after {limit:.3g} s ({why or 'the longest a file tool may take'})", ok=False
+                )
             try:
                 got = json.loads(read_beneath(self.out, answer, 1 << 20).decode("utf-8", "replace"))
             except (UnsafeFile, ValueError, OSError):
@@ -395,13 +433,12 @@ class Workbench:
         return self._files("grep", pattern=str(pattern), path=str(path), glob=str(glob))
 
     def _run(self, command: str, timeout_s: float | None = None) -> Answer:
-        limit = min(
-            float(timeout_s or self.budget.run_timeout_s),
-            self.budget.run_timeout_s,
-            max(1.0, self.budget.max_tool_seconds - self.tool_seconds),
-        )
+        asked = float(timeout_s or self.budget.run_timeout_s)
+        if not (math.isfinite(asked) and asked > 0):
+            asked = self.budget.run_timeout_s
+        limit, why = self._bound(min(asked, self.budget.run_timeout_s))
         rc, out, err, wall = self._sandboxed(["/bin/sh", "-c", str(command)], limit)
-        status = f"timed out after {limit:g} s" if rc is None else f"exit {rc}"
+        status = f"timed out after {limit:.3g} s" + (f" ({why})" if why else "") if rc is None else f"exit {rc}"
         body = (out.strip() + ("\n--- stderr ---\n" + err.strip() if err.strip() else "")).strip()
         return Answer(f"[{status}, {wall:.1f} s]\n{body}", ok=rc == 0, detail=f"{status} in {wall:.1f} s")
 
@@ -516,7 +553,12 @@ class Workbench:
         self._contained()
         sha = self._changed()
         with built_sides(self.ws, self.config, {BASELINE: self.base, CANDIDATE: sha}, self._tag("test"), "test") as sd:
-            status, detail, _failure, output = functional_tests(self.config, sd)
+            # the tests' own run is cut at what is left of the session's tool time (the build before it is not)
+            limit = max(min(self.config.target.test_timeout_s, self.left_s()), 0.001)
+            bounded = dataclasses.replace(
+                self.config, target=dataclasses.replace(self.config.target, test_timeout_s=limit)
+            )
+            status, detail, _failure, output = functional_tests(bounded, sd)
         return Answer(
             f"{status.value.upper()}: {detail}\n{output}", ok=status == Status.PASS, detail=f"{status.value}: {detail}"
         )

@@ -155,7 +155,8 @@ def test_tool_seconds_budget_refuses_heavy_calls(tmp_path):
         assert not wb.call("run", {"command": "sleep 5"}).ok  # cut at what is left of the budget
         ans = wb.call("run", {"command": "true"})
         assert not ans.ok and "max_tool_seconds" in ans.text and wb.calls[-1].refused
-        assert wb.call("read", {"path": "speed.txt"}).ok  # reading is never refused
+        ans = wb.call("read", {"path": "speed.txt"})  # every tool, file tools too (red team round 4)
+        assert not ans.ok and "max_tool_seconds" in ans.text and wb.calls[-1].refused
         assert not wb.call("Bash", {"command": "true"}).ok and wb.calls[-1].refused
         session = AgentSession(
             model=None,
