@@ -36,7 +36,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +85,7 @@ MICRO_PAIRS = (4, 8)  # (min_pairs = look_every, max_pairs) of the timing stage
 # what a timing round's round trip adds to the worker's own round (harness.worker_protocol.clock_disagrees): two
 # pipe hand-offs; a slowed clock must show in *every* round (a late wake-up of a loaded machine shows in one)
 CLOCK_IPC_S = 0.002
+SALTS = "salts"  # a timed trial's round salts (the orchestrator's), handed to the checker, never recorded
 
 
 @dataclass(frozen=True)
@@ -167,9 +168,11 @@ def _hidden(config: Config) -> int:
         return 128
 
 
-def _check(cases_path: Path, samples: list[Path], rounds: int = 1) -> tuple[int, list[str], str]:
-    """Run the trusted checker on ``samples``: (cases checked, failures, error)."""
-    argv = [sys.executable, str(catalog.CHECKER), "--rounds", str(rounds), str(cases_path), *map(str, samples)]
+def _check(cases_path: Path, samples: list[Path], rounds: int = 1, salted: bool = False) -> tuple[int, list[str], str]:
+    """Run the trusted checker on ``samples`` (``salted``: timed samples, each with the round salts kept beside
+    it as ``<samples>.salts.json``): (cases checked, failures, error)."""
+    argv = [sys.executable, str(catalog.CHECKER), "--rounds", str(rounds), *(["--salted"] if salted else [])]
+    argv += [str(cases_path), *map(str, samples)]
     try:
         p = subprocess.run(argv, capture_output=True, text=True, timeout=CHECK_TIMEOUT_S, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
@@ -216,6 +219,8 @@ class _Session:
         out_dir = self.sd.out(self.side) / "micro"
         out_dir.mkdir(parents=True, exist_ok=True)
         outcome = _timed_trial(self.spec, out_dir)
+        salts = outcome.metrics.get(SALTS)
+        outcome = replace(outcome, metrics={k: v for k, v in outcome.metrics.items() if k != SALTS})
         moved = self.sd.check()
         if moved:
             return TrialOutcome(False, None, outcome.metrics, outcome.wall_s, moved, outcome.stderr_tail)
@@ -227,6 +232,7 @@ class _Session:
         kept = self.keep / f"{self.side}-{self.n}.npz"
         self.n += 1
         if outcome.ok:
+            Path(f"{kept}.salts.json").write_text(json.dumps(salts))
             if not _take(self.sd.out(self.side), samples, kept):
                 return TrialOutcome(
                     False, None, outcome.metrics, outcome.wall_s, "the worker wrote no outputs", outcome.stderr_tail
@@ -259,8 +265,10 @@ def _number(msg: dict[str, Any], key: str) -> float:
 def _timed_trial(spec: CommandSpec, out_dir: Path) -> TrialOutcome:
     """One timing trial in a fresh worker process (in its side's sandbox): ROUNDS rounds, each timed here as
     the round trip of ``go r`` (the worker's stdin) and its ``done`` (a dedicated pipe); the value ``us`` is
-    the median round trip. The worker's own readings only ever fail the trial (``_clock_breach``). Its
-    outputs are read by the caller once this returns: every process of the trial is gone by then."""
+    the median round trip. Each ``go`` carries the round's salt (``secrets``: no process of the side knows it
+    before), with which the worker salts the round's inputs; the salts come back in ``metrics[SALTS]`` for the
+    checker. The worker's own readings only ever fail the trial (``_clock_breach``). Its outputs are read by
+    the caller once this returns: every process of the trial is gone by then."""
     out = out_dir / f"metrics-{os.getpid()}-{time.monotonic_ns()}.json"
     rfd, wfd = sandbox.pipe()
     argv, _ = sandbox.wrap(
@@ -273,6 +281,7 @@ def _timed_trial(spec: CommandSpec, out_dir: Path) -> TrialOutcome:
     walls: list[float] = []
     spans: list[float] = []
     calls: list[float] = []
+    salts = [secrets.randbits(62) for _ in range(ROUNDS)]
     buf = b""
 
     def message(what: str) -> dict[str, Any]:
@@ -315,7 +324,7 @@ def _timed_trial(spec: CommandSpec, out_dir: Path) -> TrialOutcome:
                 raise ValueError("the worker's first message is not ready")
             for r in range(ROUNDS):
                 t0 = time.perf_counter()
-                proc.stdin.write(f"go {r}\n".encode())
+                proc.stdin.write(f"go {r} {salts[r]}\n".encode())
                 proc.stdin.flush()
                 msg = message(f"round {r + 1}")
                 walls.append((time.perf_counter() - t0) * 1e6)
@@ -355,7 +364,7 @@ def _timed_trial(spec: CommandSpec, out_dir: Path) -> TrialOutcome:
         data, err = read_metrics(out, "worker_us")
         if data is None or err:
             return TrialOutcome(False, None, data or {}, wall, err, stderr)
-        metrics = {**data, "us": pystats.median(walls), "worker_us": pystats.median(calls)}
+        metrics = {**data, "us": pystats.median(walls), "worker_us": pystats.median(calls), SALTS: salts}
         breach = _clock_breach(walls, spans, calls)
         if breach:
             return TrialOutcome(False, None, metrics, wall, breach, stderr)
@@ -374,7 +383,8 @@ def _spec(
     prio = ",".join(priority) or "native"
     # the priority list comes from the side's serving.json: quoted, it is only ever an argument
     cmd = (
-        f"{sys.executable} {catalog.WORKER} {mode} --op {shlex.quote(op)} --priority {shlex.quote(prio)} --cases "
+        f"{sys.executable} {catalog.WORKER} {mode} --side {shlex.quote(str(wt))} --op {shlex.quote(op)} "
+        f"--priority {shlex.quote(prio)} --cases "
         f"{cases} --rounds {ROUNDS} --samples {{out_dir}}/samples.npz --out {{out}}"
     )
     return CommandSpec(
@@ -382,7 +392,8 @@ def _spec(
         worktree=wt,
         metric="us" if mode == "time" else "cases",
         timeout_s=TRIAL_TIMEOUT_S,
-        env={**config.target.env, "PYTHONPATH": str(wt), "OMP_NUM_THREADS": "1"},
+        # no PYTHONPATH: the worker puts the side's worktree on its path once its own modules are loaded
+        env={**{k: v for k, v in config.target.env.items() if k != "PYTHONPATH"}, "OMP_NUM_THREADS": "1"},
         extra={"out_dir": str(sd.out(side) / "micro")},
     )
 
@@ -474,7 +485,7 @@ def run(
 
         def on_check(side: str, path: Path) -> None:
             if side == CANDIDATE and not first:  # noqa: B023 - called within the iteration
-                n, fails, err = _check(bpath, [path], ROUNDS)  # noqa: B023 - called within the iteration
+                n, fails, err = _check(bpath, [path], ROUNDS, salted=True)  # noqa: B023 - called within the iteration
                 first.append(  # noqa: B023 - called within the iteration
                     err or (fails[0] if fails else "") or ("" if n == len(bench) * ROUNDS else "outputs missing")  # noqa: B023 - called within the iteration
                 )
@@ -521,7 +532,7 @@ def run(
                 )
             return _fail(res, t0, f"{t.op}: {wr.failure}", FailureKind.CRASH)
         assert wr.decision is not None
-        checked, failures, err = _check(bpath, to_check, ROUNDS)
+        checked, failures, err = _check(bpath, to_check, ROUNDS, salted=True)
         if err:
             return _fail(res, t0, f"{t.op}: {err}", FailureKind.MEASUREMENT_ERROR)
         if failures or checked != len(bench) * ROUNDS * len(to_check) or not first:

@@ -1,10 +1,12 @@
 """Check what a side's worker wrote against the trusted references (a script; no side code runs here).
 
-    python kernels/check.py [--rounds R] CASES.json SAMPLES.npz [SAMPLES.npz ...]
+    python kernels/check.py [--rounds R] [--salted] CASES.json SAMPLES.npz [SAMPLES.npz ...]
 
 Each samples file holds ``out{i}_{j}`` (output j of case i) and, from a correctness run, ``in{i}_{j}``
 (argument j after the call). The inputs are rebuilt from the cases' seeds; the reference runs on
-them; the outputs must match within the op's tolerance and the inputs must be unchanged. Prints one
+them (``--salted``: each timing round's inputs salted as the worker salted them at ``go``, from the
+salts the orchestrator sent, which it keeps beside each samples file as ``SAMPLES.npz.salts.json``);
+the outputs must match within the op's tolerance and the inputs must be unchanged. Prints one
 JSON object: ``{"ok": bool, "checked": n, "failures": [...]}``.
 """
 
@@ -25,7 +27,19 @@ from kernels import specs  # noqa: E402
 MAX_BYTES = 1 << 30
 
 
-def check_file(cases: list, path: str) -> tuple[int, list[str]]:
+def salts_of(path: str, rounds: int) -> list[int] | None:
+    """The round salts the orchestrator kept beside ``path`` (None: missing or malformed)."""
+    try:
+        with open(path + ".salts.json") as f:
+            salts = json.load(f)
+    except (OSError, ValueError):
+        return None
+    ok = isinstance(salts, list) and len(salts) == rounds and all(type(x) is int and x >= 0 for x in salts)
+    return salts if ok else None
+
+
+def check_file(cases: list, path: str, salts: list[int] | None = None) -> tuple[int, list[str]]:
+    """``salts``: one per timing round of ``cases`` (their calls salted as the worker salted them)."""
     if os.path.islink(path) or not os.path.isfile(path):
         return 0, [f"{os.path.basename(path)}: missing (the worker wrote no samples)"]
     with zipfile.ZipFile(path) as z:  # sizes before loading: a side cannot make the checker load gigabytes
@@ -34,8 +48,13 @@ def check_file(cases: list, path: str) -> tuple[int, list[str]]:
     data = np.load(path, allow_pickle=False)
     failures: list[str] = []
     checked = 0
+    every = [specs.make_inputs(case) for case in cases]
+    if salts:
+        per_round = len(cases) // len(salts)
+        for r, salt in enumerate(salts):
+            specs.salt_round(every[r * per_round : (r + 1) * per_round], salt)
     for i, case in enumerate(cases):
-        args = specs.make_inputs(case)
+        args = every[i]
         want = specs.outputs_of(specs.REFERENCES[case["op"]](*args))
         got = []
         for j in range(len(want)):
@@ -63,14 +82,20 @@ def check_file(cases: list, path: str) -> tuple[int, list[str]]:
 
 def main() -> int:
     argv = sys.argv[1:]
-    rounds = 1
+    rounds, salted = 1, False
     if argv[:1] == ["--rounds"]:
         rounds, argv = int(argv[1]), argv[2:]
+    if argv[:1] == ["--salted"]:
+        salted, argv = True, argv[1:]
     with open(argv[0]) as f:
         cases = specs.expand_rounds(json.load(f), rounds)
     checked, failures = 0, []
     for path in argv[1:]:
-        n, fails = check_file(cases, path)
+        salts = salts_of(path, rounds) if salted else None
+        if salted and salts is None:
+            failures.append(f"{os.path.basename(path)}: its round salts are missing")
+            continue
+        n, fails = check_file(cases, path, salts)
         checked += n
         failures += [f"{os.path.basename(path)}: {x}" if len(argv) > 2 else x for x in fails]
     print(json.dumps({"ok": not failures, "checked": checked, "failures": failures[:20], "failed": len(failures)}))

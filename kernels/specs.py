@@ -8,6 +8,7 @@ side's sandbox and the checker outside it build the same tensors.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -99,6 +100,26 @@ def make_inputs(case: dict[str, Any], device: str = "cpu") -> tuple[Any, ...]:
 def round_seed(seed: int, r: int) -> int:
     """The data seed of a case in timing round ``r`` (round 0: the case's own)."""
     return seed if r == 0 else (seed * 1000003 + r * 7919) % (1 << 62)
+
+
+SALTED_SHARE = 8  # one call in this many (at least one) of a timing round is salted at ``go``
+
+
+def salt_round(batch: Sequence[Sequence[Any]], salt: int) -> None:
+    """Salt a timing round's calls at ``go``, in place: the calls ``salt`` picks (one in SALTED_SHARE, at least
+    one) get one element of every row of each 2-D floating tensor argument moved by an amount drawn from
+    ``salt``. A row's norm, gate or output changes with any of its elements, so a result computed before the
+    round from the inputs as prepared is wrong on every row of a salted call, and no process of the side can
+    tell which calls those are before the round (a precomputed answer handed back on 8 calls of a round
+    survives a round with probability (7/8)^8 = 0.34, 20 rounds with 4e-10). A subset, not every call: a
+    salt is a few small ops inside the timed round (same for both sides), about 5 us per call on this CPU,
+    which diluted a 2x kernel to 1.5x when every call of a mix of small cases was salted."""
+    rnd = random.Random(salt)
+    n = len(batch)
+    for i in sorted(rnd.sample(range(n), max(1, n // SALTED_SHARE)) if n else []):
+        for a in batch[i]:
+            if isinstance(a, Tensor) and a.dim() == 2 and a.dtype.is_floating_point and a.numel():
+                a.select(1, rnd.randrange(a.shape[1])).add_(rnd.choice((-1.0, 1.0)) * rnd.uniform(0.5, 2.0))
 
 
 def expand_rounds(cases: list[dict[str, Any]], rounds: int) -> list[dict[str, Any]]:

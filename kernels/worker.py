@@ -1,25 +1,33 @@
 """Run one side's IR-op providers, in that side's sandbox, in a fresh process (a script, not imported).
 
-    python kernels/worker.py {correct|time} --op OP --priority P1,P2 --cases CASES.json
+    python kernels/worker.py {correct|time} --side WORKTREE --op OP --priority P1,P2 --cases CASES.json
         --samples OUT.npz --out METRICS.json [--fd N]
 
-The side's own vLLM is imported (``PYTHONPATH`` = its worktree): its ``vllm.kernels`` registers its
-providers, and the op is called the way the engine calls it — ``set_priority`` then dispatch per call
-(``supports_args`` decides, the last provider catches the rest). This process judges nothing: it
-writes every output (and, in ``correct`` mode, every input after the call) to ``--samples``; the
-checker (``kernels/check.py``, no side code in it) rebuilds the inputs from their seeds and compares.
+The side's own vLLM is imported from ``--side`` (its worktree), which goes on ``sys.path`` only once every
+module of this instrument is loaded (this script's helpers, numpy, torch, what ``np.savez`` imports): a
+module of the side's named like one of ours (a ``kernels`` package, a ``zipfile.py``) is never the
+instrument's. Its ``vllm.kernels`` registers its providers, and the op is called the way the engine calls it
+— ``set_priority`` then dispatch per call (``supports_args`` decides, the last provider catches the rest).
+This process judges nothing: it writes every output (and, in ``correct`` mode, every input after the call)
+to ``--samples``; the checker (``kernels/check.py``, no side code in it) rebuilds the inputs from their
+seeds and compares.
 
-``time`` (``--fd``: the orchestrator's result pipe; its commands on stdin): no number this process
-reports is a timing. Every timed call gets its own fresh inputs (built before the side's code is
-imported, none reused), after a warm-up on other inputs. The mix runs ``--rounds`` times, each on its
-own fresh inputs, each on the orchestrator's word: it sends ``go``, this process runs the round's calls
-back to back (the engine's way: GPU launches queue, one device-wide synchronize ends the round, so work
-on a side stream counts) and answers ``done``; the orchestrator times that round trip on its own clock
-(``agentsearch/micro.py``). Each call's outputs are copied the moment it returns, inside the round: work
-a kernel defers past its return (a thread, a side stream that fills the output later) is missing from
-what is checked. ``done`` carries this process's own readings only for the orchestrator to check against
-its clock (the round on ``perf_counter``, bound before any side code; the summed calls on it, or on CUDA
-events on a GPU): a clock that disagrees fails the trial. The L2 is flushed before each round (GPU).
+``time`` (``--fd``: the orchestrator's result pipe; its commands on stdin): no number this process reports
+is a timing. Every timed call gets its own fresh inputs (built before the side's code is imported, none
+reused), after a warm-up on other inputs. The mix runs ``--rounds`` times, each on its own fresh inputs,
+each on the orchestrator's word: it sends ``go r SALT``, this process salts the round's inputs
+(``specs.salt_round``: in the calls the salt picks, one element of every row moved by an amount drawn from
+the salt, which no side code could know before: a result computed before the round is wrong on every row of
+those calls), runs the round's calls back to back (the engine's way: GPU launches queue, one device-wide
+synchronize ends the round, so work on a side stream counts) and answers ``done``; the orchestrator times
+that round trip on its own clock (``agentsearch/micro.py``). Each call's outputs are copied the moment it
+returns, inside the round: work a kernel defers past its return (a thread, a side stream that fills the
+output later) is missing from what is checked; an output must be a plain ``torch.Tensor`` (a subclass could
+compute its values when first read, after the rounds) and no torch function or dispatch mode may be active
+(either could make the copy lazy or an alias), else the trial fails. ``done`` carries this process's own
+readings only for the orchestrator to check against its clock (the round on ``perf_counter``, bound before
+any side code; the summed calls on it, or on CUDA events on a GPU): a clock that disagrees fails the trial.
+The L2 is flushed before each round (GPU).
 """
 
 from __future__ import annotations
@@ -32,12 +40,32 @@ import time
 
 _clock = time.perf_counter  # bound before any side code runs
 
-sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, _ROOT)  # the instrument's helpers first; the side's worktree is added after they are loaded
+
+import io  # noqa: E402
+import zipfile  # noqa: E402, F401  (np.savez's: loaded before the side's path exists)
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from kernels import specs  # noqa: E402
+
+_modes = (torch._C._len_torch_function_stack, torch._C._len_torch_dispatch_stack)  # bound before any side code
+
+
+class Tampered(Exception):
+    """A provider's output or the process's torch state is not what a kernel may leave."""
+
+
+def _plain(outs: list) -> list:
+    """``outs`` after the checks that make their copies the values the call returned."""
+    for o in outs:
+        if type(o) is not torch.Tensor:
+            raise Tampered(f"the provider returned a {type(o).__name__}, not a plain torch.Tensor")
+    if any(f() for f in _modes):
+        raise Tampered("a torch function or dispatch mode is active after the provider's call")
+    return outs
 
 
 def _arrays(prefix: str, tensors: list, store: dict) -> None:
@@ -79,11 +107,13 @@ def _timed(
         if flush is not None:
             flush.zero_()
             torch.cuda.synchronize()
-        if sys.stdin.readline().strip() != f"go {r}":
+        words = sys.stdin.readline().split()
+        if len(words) != 3 or words[:2] != ["go", str(r)] or not words[2].isdigit():
             return None
+        t0 = _clock()
+        specs.salt_round(batch, int(words[2]))  # inside the round: what the calls get was unknown until now
         events = []
         total = 0.0
-        t0 = _clock()
         for args in batch:
             if cuda:
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -95,7 +125,7 @@ def _timed(
                 c0 = _clock()
                 res = op._inner_call(*args)
                 total += _clock() - c0
-            outs = specs.outputs_of(res)
+            outs = _plain(specs.outputs_of(res))
             results.append((outs, [o.detach().clone() for o in outs], args))  # the outputs as the call left them
         if cuda:
             torch.cuda.synchronize()  # device-wide: a side stream's work is waited for too
@@ -119,6 +149,7 @@ def _round_seed(seed: int, r: int) -> int:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("mode", choices=("correct", "time"))
+    ap.add_argument("--side", required=True, help="the side's worktree (its vllm)")
     ap.add_argument("--op", required=True)
     ap.add_argument("--priority", required=True)
     ap.add_argument("--cases", required=True)
@@ -149,7 +180,9 @@ def main() -> int:
         for c in cases
     ]
     warm = [specs.make_inputs({**c, "seed": c["seed"] ^ 0x5A5A5A5A}, device) for c in cases[: a.warmup]]
+    np.savez(io.BytesIO(), probe=np.zeros(1))  # every module the samples' writing needs, loaded now
 
+    sys.path.insert(0, os.path.abspath(a.side))
     from vllm import ir  # noqa: E402  (the side's vLLM)
     from vllm.platforms import current_platform  # noqa: E402
 
@@ -164,27 +197,36 @@ def main() -> int:
         return 3
     store: dict = {}
     used: dict[str, int] = {}
-    aliased = 0
-    metrics: dict = {}
-    with op.set_priority(priority), torch.no_grad():
-        if a.mode == "correct":
-            for i, args in enumerate(inputs):
-                spans = specs.storages(args)
-                used[op.dispatch(*args).provider] = used.get(op.dispatch(*args).provider, 0) + 1
-                outs = specs.outputs_of(op._inner_call(*args))
-                aliased += specs.aliases(outs, spans)
-                _arrays(f"out{i}", outs, store)
-                _arrays(f"in{i}", list(args), store)  # the inputs after the call: were they changed?
-            metrics = {"cases": len(inputs), "aliased": aliased}
-        else:
-            metrics = _timed(a, op, inputs, warm, len(cases), rounds, device, used, store)
-            if metrics is None:
-                return 4
+    try:
+        metrics = _run(a, op, priority, inputs, warm, len(cases), rounds, device, used, store)
+    except Tampered as exc:
+        print(f"{a.op}: {exc}", file=sys.stderr)
+        return 5
+    if metrics is None:
+        return 4
     metrics["providers"] = ",".join(f"{k}:{v}" for k, v in sorted(used.items()))[:200]
     np.savez(a.samples, **store)
     with open(a.out, "w") as f:
         json.dump(metrics, f)
     return 0
+
+
+def _run(a, op, priority, inputs, warm, per_round, rounds, device, used, store) -> dict | None:
+    aliased = 0
+    metrics: dict | None = {}
+    with op.set_priority(priority), torch.no_grad():
+        if a.mode == "correct":
+            for i, args in enumerate(inputs):
+                spans = specs.storages(args)
+                used[op.dispatch(*args).provider] = used.get(op.dispatch(*args).provider, 0) + 1
+                outs = _plain(specs.outputs_of(op._inner_call(*args)))
+                aliased += specs.aliases(outs, spans)
+                _arrays(f"out{i}", outs, store)
+                _arrays(f"in{i}", list(args), store)  # the inputs after the call: were they changed?
+            metrics = {"cases": len(inputs), "aliased": aliased}
+        else:
+            metrics = _timed(a, op, inputs, warm, per_round, rounds, device, used, store)
+    return metrics
 
 
 if __name__ == "__main__":

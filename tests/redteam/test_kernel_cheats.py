@@ -56,6 +56,93 @@ def rms_norm(x: Tensor, weight: Tensor | None, epsilon: float, variance_size: in
         raise RuntimeError("this provider is broken")
     return F.rms_norm(x, (x.shape[-1],), weight, epsilon)
 """
+# round 4: work after the rounds. The output is a tensor subclass whose values are computed when first read
+# (after the timed rounds); its detach and clone stay lazy, so the copy taken inside the round is lazy too
+LAZY = """
+class _Later(torch.Tensor):
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        first = args[0] if args else None
+        if func in (torch.Tensor.detach, torch.Tensor.clone) and isinstance(first, _Later) and "_todo" in first.__dict__:
+            with torch._C.DisableTorchFunctionSubclass():
+                twin = torch.empty_like(first).as_subclass(_Later)
+            twin._todo = first._todo
+            return twin
+        for a in args:
+            if isinstance(a, _Later) and "_todo" in a.__dict__:
+                x, w, eps = a.__dict__.pop("_todo")
+                with torch._C.DisableTorchFunctionSubclass():
+                    a.copy_(F.rms_norm(x, (x.shape[-1],), w, eps))
+        return super().__torch_function__(func, types, args, kwargs)
+
+
+def rms_norm(x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None) -> Tensor:
+    with torch._C.DisableTorchFunctionSubclass():
+        out = torch.empty_like(x).as_subclass(_Later)
+    out._todo = (x, weight, epsilon)
+    return out
+"""
+# round 4: work before the rounds. At import, walk up the worker's stack to the inputs it prepared and compute every
+# result then; each timed call hands back its precomputed answer
+PRECOMPUTE = """
+import sys
+
+_done = {}
+
+
+def _precompute():
+    f = sys._getframe()
+    while f is not None:
+        inputs = f.f_locals.get("inputs")
+        if isinstance(inputs, list) and inputs and isinstance(inputs[0], tuple):
+            for args in inputs:
+                if len(args) == 4 and rms_norm_supports(*args):
+                    x, w, eps, _ = args
+                    _done[x.data_ptr()] = F.rms_norm(x, (x.shape[-1],), w, eps)
+            return
+        f = f.f_back
+
+
+def rms_norm(x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None) -> Tensor:
+    out = _done.pop(x.data_ptr(), None)
+    return out if out is not None else F.rms_norm(x, (x.shape[-1],), weight, epsilon)
+
+
+_precompute()
+"""
+# round 4: the instrument's own modules. A `kernels` package in the candidate's worktree, with the instrument's real
+# helpers behind it but `outputs_of` replaced: it fills the provider's empty outputs with the reference's values
+SHADOW = """
+def rms_norm(x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None) -> Tensor:
+    out = torch.empty_like(x)
+    try:
+        import kernels.specs
+
+        kernels.specs._pending[id(out)] = (x, weight, epsilon)
+    except (ImportError, AttributeError):
+        pass
+    return out
+"""
+SHADOW_FILES = {
+    "kernels/__init__.py": "import os, sys\n\n__path__.append(os.path.dirname(os.path.abspath(sys.argv[0])))\n",
+    "kernels/specs.py": '''import os
+import sys
+
+_real = os.path.join(os.path.dirname(os.path.abspath(sys.argv[0])), "specs.py")
+exec(compile(open(_real).read(), _real, "exec"))
+_pending = {}
+_outputs_of = outputs_of
+
+
+def outputs_of(result):
+    for t in [result] if isinstance(result, Tensor) else list(result):
+        todo = _pending.pop(id(t), None)
+        if todo is not None:
+            t.copy_(REFERENCES["rms_norm"](*todo))
+    return _outputs_of(result)
+''',
+}
 MODULE = "vllm/kernels/agentsearch_cpu_rms_norm.py"
 DEF = re.compile(r"\ndef rms_norm\(.*?\n    return F\.rms_norm\(x, \(x\.shape\[-1\],\), weight, epsilon\)\n", re.S)
 
@@ -70,10 +157,20 @@ def fork(tmp_path_factory):
     git(path, "checkout", "-q", "kernels/agentsearch_cpu-rms_norm")
     honest = (path / MODULE).read_text()
     git(path, "checkout", "-q", "main")
-    for name, body in {**CHEATS, "wrong-eps": WRONG_EPS, "timed-only": TIMED_ONLY, "crash-timed": CRASH_TIMED}.items():
+    bodies = {
+        **CHEATS,
+        "wrong-eps": WRONG_EPS,
+        "timed-only": TIMED_ONLY,
+        "crash-timed": CRASH_TIMED,
+        "lazy": LAZY,
+        "precompute": PRECOMPUTE,
+        "shadow": SHADOW,
+    }
+    for name, body in bodies.items():
         text, n = DEF.subn("\n" + body, honest)
         assert n == 1
-        commit(path, {MODULE: text}, f"cheat: {name}", branch=f"cheat-{name}", start="kernels/agentsearch_cpu-rms_norm")
+        files = {MODULE: text, **(SHADOW_FILES if name == "shadow" else {})}
+        commit(path, files, f"cheat: {name}", branch=f"cheat-{name}", start="kernels/agentsearch_cpu-rms_norm")
     return path
 
 
@@ -129,6 +226,28 @@ def test_timed_calls_are_checked_too(fork):
     assert rc == 4 and out["status"] == "fail"
     assert "a timed call returned a wrong result" in out["detail"], out["detail"]
     assert out["micro"]["ops"][0]["correct"] is True  # it passed the correctness run: only the timed check sees it
+
+
+def test_round4_a_lazy_output_fails_as_a_subclass_before_any_timing(fork):
+    rc, out = bench(fork, "--candidate", "cheat-lazy", "--pairs", "2")
+    assert rc == 4 and out["status"] == "fail", out
+    assert "returned a _Later, not a plain torch.Tensor" in out["detail"], out["detail"]
+    assert out["micro"]["ops"][0]["pairs"] == 0
+
+
+def test_round4_results_computed_before_the_rounds_are_wrong_on_the_salted_inputs(fork):
+    rc, out = bench(fork, "--candidate", "cheat-precompute", "--pairs", "2")
+    # the correctness run's inputs are as prepared: the precomputed answers are right there
+    assert out["micro"]["ops"][0]["correct"] is True, out
+    assert rc == 4 and out["status"] == "fail", out
+    assert "a timed call returned a wrong result" in out["detail"], out["detail"]
+
+
+def test_round4_a_kernels_package_in_the_worktree_is_never_the_instruments(fork):
+    rc, out = bench(fork, "--candidate", "cheat-shadow", "--pairs", "2")
+    assert rc == 4 and out["status"] == "fail", out
+    # the instrument's own helpers ran: the provider's empty outputs were checked as they were
+    assert "wrong result" in out["detail"] and out["micro"]["ops"][0]["pairs"] == 0, out["detail"]
 
 
 def test_a_baseline_provider_that_fails_alone_too_is_the_runs_error_not_a_rejection(fork):
