@@ -85,6 +85,8 @@ MICRO_PAIRS = (4, 8)  # (min_pairs = look_every, max_pairs) of the timing stage
 # what a timing round's round trip adds to the worker's own round (harness.worker_protocol.clock_disagrees): two
 # pipe hand-offs; a slowed clock must show in *every* round (a late wake-up of a loaded machine shows in one)
 CLOCK_IPC_S = 0.002
+LATENESS_PROBE_S = 0.0005  # the orchestrator's sleep after each round, to read the machine's wake-up delay
+WAKE_UPS = 4  # the slow-clock rule's allowance in wake-up delays: two per round trip, and a margin of two
 SALTS = "salts"  # a timed trial's round salts (the orchestrator's), handed to the checker, never recorded
 
 
@@ -244,15 +246,30 @@ class _Session:
         pass
 
 
-def _clock_breach(walls: list[float], spans: list[float], calls: list[float]) -> str:
+def _clock_breach(walls: list[float], spans: list[float], calls: list[float], lates: list[float] | None = None) -> str:
     """'' or how the worker's readings (µs per round: its round, its summed calls) disagree with the
-    orchestrator's round trips ``walls`` (µs): longer than a round trip in any round, slow in every round."""
+    orchestrator's round trips ``walls`` (µs): longer than a round trip in any round (impossible under any
+    load), slow in every round. ``lates`` (s per round): how late the orchestrator woke from a short sleep
+    right after the round, the machine's wake-up delay then; a round trip holds two wake-ups (the worker's on
+    ``go``, the orchestrator's on ``done``), so the slow rule allows CLOCK_IPC_S + WAKE_UPS x that delay: a
+    loaded machine lengthens honest round trips by its wake-ups, never by a factor."""
     for r, (w, s_, c) in enumerate(zip(walls, spans, calls, strict=True)):
         why = clock_disagrees(w / 1e6, max(s_, c) / 1e6, math.inf)
         if why:
             return f"{why} (round {r + 1}{', its calls' if c > s_ else ''})"
-    slow = [clock_disagrees(w / 1e6, s_ / 1e6, CLOCK_IPC_S) for w, s_ in zip(walls, spans, strict=True)]
+    lates = lates or [0.0] * len(walls)
+    slow = [
+        clock_disagrees(w / 1e6, s_ / 1e6, CLOCK_IPC_S + WAKE_UPS * late)
+        for w, s_, late in zip(walls, spans, lates, strict=True)
+    ]
     return f"{slow[len(slow) // 2]} (every round)" if all(slow) else ""
+
+
+def _lateness() -> float:
+    """How late (s) this process wakes from a LATENESS_PROBE_S sleep: the machine's wake-up delay now."""
+    t = time.perf_counter()
+    time.sleep(LATENESS_PROBE_S)
+    return max(0.0, time.perf_counter() - t - LATENESS_PROBE_S)
 
 
 def _number(msg: dict[str, Any], key: str) -> float:
@@ -281,6 +298,7 @@ def _timed_trial(spec: CommandSpec, out_dir: Path) -> TrialOutcome:
     walls: list[float] = []
     spans: list[float] = []
     calls: list[float] = []
+    lates: list[float] = []
     salts = [secrets.randbits(62) for _ in range(ROUNDS)]
     buf = b""
 
@@ -332,6 +350,7 @@ def _timed_trial(spec: CommandSpec, out_dir: Path) -> TrialOutcome:
                     raise ValueError(f"the worker did not answer round {r + 1}")
                 spans.append(_number(msg, "span_us"))
                 calls.append(_number(msg, "calls_us"))
+                lates.append(_lateness())
             proc.stdin.close()
             rc = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
@@ -365,7 +384,7 @@ def _timed_trial(spec: CommandSpec, out_dir: Path) -> TrialOutcome:
         if data is None or err:
             return TrialOutcome(False, None, data or {}, wall, err, stderr)
         metrics = {**data, "us": pystats.median(walls), "worker_us": pystats.median(calls), SALTS: salts}
-        breach = _clock_breach(walls, spans, calls)
+        breach = _clock_breach(walls, spans, calls, lates)
         if breach:
             return TrialOutcome(False, None, metrics, wall, breach, stderr)
         return TrialOutcome(True, metrics["us"], metrics, wall, "", stderr)

@@ -5,6 +5,7 @@ own clock and combined from its parts."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -63,10 +64,6 @@ def serving_env(worktree: Path) -> dict[str, str]:
 MAX_OUTPUT_TOKENS = 1_000_000  # generated tokens one measurement may report
 CLOCK_BREACH = "the worker's clock disagrees with the orchestrator's"
 CLOCK_SLACK_S = 50e-6  # a worker's span lies inside the orchestrator's round trip around it: the clocks' granularity
-# what a throughput round trip adds to the worker's timed generate besides the pipe (building the prompts and
-# sampling parameters, the answer with every output): a worker's elapsed_s under half the round trip less this
-# is a slowed clock
-ENGINE_CLOCK_ALLOWANCE_S = 0.05
 
 
 def clock_disagrees(wall_s: float, worker_s: float, allowance_s: float) -> str:
@@ -104,8 +101,12 @@ def on_orchestrator_clock(metrics: dict[str, Any], outputs: tuple[tuple[int, ...
 
     Throughput rounds (every round ``measure`` times itself): tokens and requests are counted from ``outputs``
     and divided by the round trip of the measure command (prompt building and the answer included, the same on
-    both sides), whatever the worker reported; the worker's own ``elapsed_s`` is kept as ``worker_elapsed_s``
-    and must agree with the round trip (``clock_disagrees``). Latency rounds are timed batch by batch by the
+    both sides), whatever the worker reported; the worker's own ``elapsed_s`` is kept as ``worker_elapsed_s``.
+    A reading longer than the round trip around it is impossible on an honest clock, under any load: it fails the
+    round (``clock_disagrees``). A reading much shorter is not a failure here: it decides no number (the rate is
+    the round trip's), and a loaded orchestrator makes honest round trips long: the rule "under half the round
+    trip less 50 ms" failed an honest baseline trial in a demo under load, and the evaluation rejected its
+    candidate (red team round 4). Latency rounds are timed batch by batch by the
     orchestrator (``_measure_latency``)."""
     if wall <= 0:
         return "the measurement took no time on the orchestrator's clock"
@@ -117,7 +118,7 @@ def on_orchestrator_clock(metrics: dict[str, Any], outputs: tuple[tuple[int, ...
         return "the worker reported no input token count"
     worker = metrics.get("elapsed_s")
     if isinstance(worker, (int, float)) and not isinstance(worker, bool):
-        why = clock_disagrees(wall, float(worker), ENGINE_CLOCK_ALLOWANCE_S)
+        why = clock_disagrees(wall, float(worker), math.inf)  # only the impossible reading
         if why:
             return why
     metrics["worker_elapsed_s"] = worker

@@ -33,6 +33,8 @@ class CheckName(str, Enum):
     PLAUSIBILITY = "plausibility"
     DISTRIBUTION = "distribution"
     MICRO = "micro"  # kernel proposals: the op-level stage before any engine (agentsearch.micro)
+    # the baseline failed beside the candidate and passed alone: the evaluation was measured again on fresh engines
+    BASELINE_ALONE = "baseline-alone"
 
 
 class FailureKind(str, Enum):
@@ -154,6 +156,13 @@ CHECKS: tuple[CheckSpec, ...] = (
         "kernel proposals: the op is right on every generated and hidden case and not slower at op level (before "
         "any engine)",
         FailureKind.CHANGED_OUTPUTS,
+    ),
+    # recorded (a pass) when the baseline failed beside the candidate once and passed alone
+    CheckSpec(
+        CheckName.BASELINE_ALONE,
+        "the baseline's failure beside the candidate was the machine's: it passed alone, and everything was "
+        "measured again on fresh engines",
+        FailureKind.CRASH,
     ),
 )
 SPEC: dict[CheckName, CheckSpec] = {c.name: c for c in CHECKS}

@@ -143,7 +143,35 @@ atexit.register(lambda: open(_poison, "w").write("x"))  # ... and poisons whoeve
     failed = [t for t in out["trials"] if not t["ok"]]
     assert failed and failed[-1]["side"] == "baseline" and "poisoned" in failed[-1]["error"]
     assert "baseline alone" in proc.stderr  # the baseline was re-run alone, and passed
-    assert any("the baseline alone passes: the failure came with this candidate" in r for r in out["reasons"]), out[
-        "reasons"
-    ]
+    # once is not enough to blame a candidate (a loaded machine can fail an honest pair once): measured again on fresh
+    # engines, the candidate poisoned the baseline again
+    assert "measuring the candidate again on fresh engines" in proc.stderr, proc.stderr
+    assert any(
+        "failed beside this candidate twice" in r and "the failure came with this candidate" in r
+        for r in out["reasons"]
+    ), out["reasons"]
     assert "run-error" not in kinds(repo) and "evaluation" in kinds(repo)
+
+
+def test_a_baseline_that_failed_once_beside_an_honest_candidate_is_measured_again_not_its_rejection(
+    tmp_path, monkeypatch
+):
+    # round 4: the machine, not the candidate, failed one baseline trial (in the demo under load: a worker's clock
+    # read against a loaded orchestrator's). The baseline passes alone, so it used to be the candidate's rejection
+    home = tmp_path / "home"
+    home.mkdir(exist_ok=True)
+    monkeypatch.setenv("HOME", str(home))
+    repo = target(tmp_path / "t", extra='sandbox = "off"')
+    commit(repo, {"speed.txt": "1.3\n"}, "faster", branch="honest")
+    (home / ".toy-poison").write_text("x")  # a one-shot hiccup: the first trial that runs (the baseline's) fails
+    proc, out = evaluate(repo, "honest")
+    assert "baseline alone" in proc.stderr and "measuring the candidate again on fresh engines" in proc.stderr
+    # held for review only because this test turns the sandbox off (to reach the shared $HOME): the win itself passed
+    assert out["verdict"] == "review" and [r.split(":")[0] for r in out["reasons"]] == ["sandbox"], out["reasons"]
+    checks = {c["name"]: c for c in out["checks"]}
+    assert checks["objective"]["status"] == checks["confirmation"]["status"] == "pass", checks
+    note = checks["baseline-alone"]
+    assert note["status"] == "pass" and "found a poisoned cache" in note["detail"], note
+    assert "passed alone: everything was measured again on fresh engines" in note["detail"]
+    assert all(t["ok"] for t in out["trials"])  # the verdict's evidence is the second attempt's
+    assert "run-error" not in kinds(repo)
