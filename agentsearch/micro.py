@@ -87,7 +87,9 @@ MICRO_PAIRS = (4, 8)  # (min_pairs = look_every, max_pairs) of the timing stage
 CLOCK_IPC_S = 0.002
 LATENESS_PROBE_S = 0.0005  # the orchestrator's sleep after each round, to read the machine's wake-up delay
 WAKE_UPS = 4  # the slow-clock rule's allowance in wake-up delays: two per round trip, and a margin of two
-SALTS = "salts"  # a timed trial's round salts (the orchestrator's), handed to the checker, never recorded
+SALTS = "salts"  # a timed trial's round salts and in-round output sums, handed to the checker, never recorded
+MESSAGE_BYTES = 1 << 16  # the largest message a worker may send (a done carries one sum per output of the round)
+MAX_SUMS = 4096  # output sums one round may commit to
 
 
 @dataclass(frozen=True)
@@ -171,8 +173,9 @@ def _hidden(config: Config) -> int:
 
 
 def _check(cases_path: Path, samples: list[Path], rounds: int = 1, salted: bool = False) -> tuple[int, list[str], str]:
-    """Run the trusted checker on ``samples`` (``salted``: timed samples, each with the round salts kept beside
-    it as ``<samples>.salts.json``): (cases checked, failures, error)."""
+    """Run the trusted checker on ``samples`` (``salted``: timed samples, each with the round salts and the sums
+    its worker committed to in each round kept beside it as ``<samples>.salts.json``): (cases checked, failures,
+    error)."""
     argv = [sys.executable, str(catalog.CHECKER), "--rounds", str(rounds), *(["--salted"] if salted else [])]
     argv += [str(cases_path), *map(str, samples)]
     try:
@@ -272,6 +275,18 @@ def _lateness() -> float:
     return max(0.0, time.perf_counter() - t - LATENESS_PROBE_S)
 
 
+def _sums(msg: dict[str, Any]) -> list[float | None]:
+    """A done message's output sums (finite numbers or null for outputs that sum to no number, at most MAX_SUMS;
+    the checker compares them with the outputs written)."""
+    v = msg.get("sums")
+    if not isinstance(v, list) or len(v) > MAX_SUMS:
+        raise ValueError("the worker's done carries no output sums")
+    ok = (x is None or (isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)) for x in v)
+    if not all(ok):
+        raise ValueError("the worker's output sums are not numbers")
+    return [None if x is None else float(x) for x in v]
+
+
 def _number(msg: dict[str, Any], key: str) -> float:
     v = msg.get(key)
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
@@ -283,7 +298,8 @@ def _timed_trial(spec: CommandSpec, out_dir: Path) -> TrialOutcome:
     """One timing trial in a fresh worker process (in its side's sandbox): ROUNDS rounds, each timed here as
     the round trip of ``go r`` (the worker's stdin) and its ``done`` (a dedicated pipe); the value ``us`` is
     the median round trip. Each ``go`` carries the round's salt (``secrets``: no process of the side knows it
-    before), with which the worker salts the round's inputs; the salts come back in ``metrics[SALTS]`` for the
+    before), with which the worker salts the round's inputs; each ``done`` commits to the round's outputs (their
+    sums, read inside the round); the salts and sums come back in ``metrics[SALTS]`` for the
     checker. The worker's own readings only ever fail the trial (``_clock_breach``). Its outputs are read by
     the caller once this returns: every process of the trial is gone by then."""
     out = out_dir / f"metrics-{os.getpid()}-{time.monotonic_ns()}.json"
@@ -300,6 +316,7 @@ def _timed_trial(spec: CommandSpec, out_dir: Path) -> TrialOutcome:
     calls: list[float] = []
     lates: list[float] = []
     salts = [secrets.randbits(62) for _ in range(ROUNDS)]
+    sums: list[list[float | None]] = []
     buf = b""
 
     def message(what: str) -> dict[str, Any]:
@@ -309,11 +326,11 @@ def _timed_trial(spec: CommandSpec, out_dir: Path) -> TrialOutcome:
             if left <= 0:
                 raise TimeoutError(f"timed out after {spec.timeout_s:g} s waiting for {what}")
             if select.select([rfd], [], [], min(left, 1.0))[0]:
-                chunk = os.read(rfd, 4096)
+                chunk = os.read(rfd, MESSAGE_BYTES)
                 if not chunk:
                     raise EOFError(f"the worker exited before {what}")
                 buf += chunk
-            if len(buf) > 4096:
+            if len(buf) > MESSAGE_BYTES:
                 raise ValueError(f"the worker sent an oversized message before {what}")
         line, buf = buf.split(b"\n", 1)
         msg = safe_json_loads(line.decode("utf-8", "replace"))
@@ -350,6 +367,7 @@ def _timed_trial(spec: CommandSpec, out_dir: Path) -> TrialOutcome:
                     raise ValueError(f"the worker did not answer round {r + 1}")
                 spans.append(_number(msg, "span_us"))
                 calls.append(_number(msg, "calls_us"))
+                sums.append(_sums(msg))
                 lates.append(_lateness())
             proc.stdin.close()
             rc = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
@@ -383,7 +401,12 @@ def _timed_trial(spec: CommandSpec, out_dir: Path) -> TrialOutcome:
         data, err = read_metrics(out, "worker_us")
         if data is None or err:
             return TrialOutcome(False, None, data or {}, wall, err, stderr)
-        metrics = {**data, "us": pystats.median(walls), "worker_us": pystats.median(calls), SALTS: salts}
+        metrics = {
+            **data,
+            "us": pystats.median(walls),
+            "worker_us": pystats.median(calls),
+            SALTS: {"salts": salts, "sums": sums},
+        }
         breach = _clock_breach(walls, spans, calls, lates)
         if breach:
             return TrialOutcome(False, None, metrics, wall, breach, stderr)

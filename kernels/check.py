@@ -27,19 +27,26 @@ from kernels import specs  # noqa: E402
 MAX_BYTES = 1 << 30
 
 
-def salts_of(path: str, rounds: int) -> list[int] | None:
-    """The round salts the orchestrator kept beside ``path`` (None: missing or malformed)."""
+def salts_of(path: str, rounds: int) -> tuple[list[int], list[list[float]]] | None:
+    """The round salts the orchestrator kept beside ``path``, and the output sums the worker's ``done`` of each
+    round committed to (None: missing or malformed)."""
     try:
         with open(path + ".salts.json") as f:
-            salts = json.load(f)
-    except (OSError, ValueError):
+            kept = json.load(f)
+        salts, sums = kept["salts"], kept["sums"]
+    except (OSError, ValueError, KeyError, TypeError):
         return None
     ok = isinstance(salts, list) and len(salts) == rounds and all(type(x) is int and x >= 0 for x in salts)
-    return salts if ok else None
+    ok = ok and isinstance(sums, list) and len(sums) == rounds and all(isinstance(x, list) for x in sums)
+    return (salts, sums) if ok else None
 
 
-def check_file(cases: list, path: str, salts: list[int] | None = None) -> tuple[int, list[str]]:
-    """``salts``: one per timing round of ``cases`` (their calls salted as the worker salted them)."""
+def check_file(
+    cases: list, path: str, salts: list[int] | None = None, sums: list[list[float]] | None = None
+) -> tuple[int, list[str]]:
+    """``salts``: one per timing round of ``cases`` (their calls salted as the worker salted them); ``sums``: per
+    round, the sum of all its outputs as the worker committed to them inside the round (the outputs written here
+    must be those)."""
     if os.path.islink(path) or not os.path.isfile(path):
         return 0, [f"{os.path.basename(path)}: missing (the worker wrote no samples)"]
     with zipfile.ZipFile(path) as z:  # sizes before loading: a side cannot make the checker load gigabytes
@@ -49,10 +56,13 @@ def check_file(cases: list, path: str, salts: list[int] | None = None) -> tuple[
     failures: list[str] = []
     checked = 0
     every = [specs.make_inputs(case) for case in cases]
+    per_round = len(cases) // len(salts) if salts else len(cases)
     if salts:
-        per_round = len(cases) // len(salts)
-        for r, salt in enumerate(salts):
-            specs.salt_round(every[r * per_round : (r + 1) * per_round], salt)
+        for r, salt in enumerate(salts):  # the round built and salted as the worker built and salted it
+            round_in = specs.RoundInputs(every[r * per_round : (r + 1) * per_round])
+            round_in.salt(salt)
+            every[r * per_round : (r + 1) * per_round] = round_in.batch
+    written: list[list] = [[] for _ in sums] if sums is not None else []  # per round: the outputs written
     for i, case in enumerate(cases):
         args = every[i]
         want = specs.outputs_of(specs.REFERENCES[case["op"]](*args))
@@ -66,6 +76,8 @@ def check_file(cases: list, path: str, salts: list[int] | None = None) -> tuple[
         if got is None:
             failures.append(f"{specs.describe(case)}: output missing")
             continue
+        if sums is not None:
+            written[i // per_round] += [data[f"out{i}_{j}"] for j in range(len(got))]
         why = specs.compare(case, got, want)
         if not why and f"in{i}_0" in data.files:
             for j, a in enumerate(args):
@@ -77,6 +89,14 @@ def check_file(cases: list, path: str, salts: list[int] | None = None) -> tuple[
         if why:
             failures.append(f"{specs.describe(case)}: {why}")
         checked += 1
+    for r, outs in enumerate(
+        written if sums is not None else []
+    ):  # what the worker wrote must be what its done committed to inside the round
+        if len(sums[r]) != 1 or not specs.checksum_agrees(sums[r][0], outs):
+            failures.append(
+                f"round {r + 1}: the outputs written are not those the worker committed to inside the round "
+                "(their sum differs): work done after the round, or outputs replaced"
+            )
     return checked, failures
 
 
@@ -91,11 +111,11 @@ def main() -> int:
         cases = specs.expand_rounds(json.load(f), rounds)
     checked, failures = 0, []
     for path in argv[1:]:
-        salts = salts_of(path, rounds) if salted else None
-        if salted and salts is None:
+        kept = salts_of(path, rounds) if salted else None
+        if salted and kept is None:
             failures.append(f"{os.path.basename(path)}: its round salts are missing")
             continue
-        n, fails = check_file(cases, path, salts)
+        n, fails = check_file(cases, path, *(kept or (None, None)))
         checked += n
         failures += [f"{os.path.basename(path)}: {x}" if len(argv) > 2 else x for x in fails]
     print(json.dumps({"ok": not failures, "checked": checked, "failures": failures[:20], "failed": len(failures)}))

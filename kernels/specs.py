@@ -8,7 +8,7 @@ side's sandbox and the checker outside it build the same tensors.
 
 from __future__ import annotations
 
-import random
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -102,24 +102,98 @@ def round_seed(seed: int, r: int) -> int:
     return seed if r == 0 else (seed * 1000003 + r * 7919) % (1 << 62)
 
 
-SALTED_SHARE = 8  # one call in this many (at least one) of a timing round is salted at ``go``
+ALIGN = 64  # elements: each tensor of a round's buffer starts on this boundary (as an allocation would)
 
 
-def salt_round(batch: Sequence[Sequence[Any]], salt: int) -> None:
-    """Salt a timing round's calls at ``go``, in place: the calls ``salt`` picks (one in SALTED_SHARE, at least
-    one) get one element of every row of each 2-D floating tensor argument moved by an amount drawn from
-    ``salt``. A row's norm, gate or output changes with any of its elements, so a result computed before the
-    round from the inputs as prepared is wrong on every row of a salted call, and no process of the side can
-    tell which calls those are before the round (a precomputed answer handed back on 8 calls of a round
-    survives a round with probability (7/8)^8 = 0.34, 20 rounds with 4e-10). A subset, not every call: a
-    salt is a few small ops inside the timed round (same for both sides), about 5 us per call on this CPU,
-    which diluted a 2x kernel to 1.5x when every call of a mix of small cases was salted."""
-    rnd = random.Random(salt)
-    n = len(batch)
-    for i in sorted(rnd.sample(range(n), max(1, n // SALTED_SHARE)) if n else []):
-        for a in batch[i]:
-            if isinstance(a, Tensor) and a.dim() == 2 and a.dtype.is_floating_point and a.numel():
-                a.select(1, rnd.randrange(a.shape[1])).add_(rnd.choice((-1.0, 1.0)) * rnd.uniform(0.5, 2.0))
+def _salted(a: Any) -> bool:
+    return isinstance(a, Tensor) and a.dim() == 2 and a.dtype.is_floating_point and a.numel() > 0
+
+
+class RoundInputs:
+    """A timing round's calls, their 2-D floating tensor arguments moved into one buffer per dtype (each keeps its
+    shape, strides and values), and the salt of the round: in every call, every row of each such tensor gets one
+    element moved, at a column and by an amount (0.5 to 2, either sign) drawn from the salt for that row. A row's
+    norm, gate or output changes with any of its elements, so a result computed before the round from the inputs
+    as prepared is wrong on every row, and no few rows or columns tell a call unsalted (each row moved at its own
+    column: finding the moved element is a full read). The red team's round 4b told a salt of one call in eight,
+    one column per tensor, from row 0 alone. One buffer per dtype makes the salt a few vectorized ops per round
+    inside the timed round (the same for both sides), not one per tensor. The worker and the checker build the
+    round the same way (``batch``, then ``salt``), so the checker's inputs are the worker's, bit for bit."""
+
+    def __init__(self, batch: Sequence[Sequence[Any]], device: str = "cpu"):
+        targets = [(i, j, a) for i, args in enumerate(batch) for j, a in enumerate(args) if _salted(a)]
+        spans = []
+        for _, _, a in targets:
+            (n, w), (s0, s1) = a.shape, a.stride()
+            spans.append((n - 1) * s0 + (w - 1) * s1 + 1)
+        new = [list(args) for args in batch]
+        sizes: dict[torch.dtype, int] = {}
+        where: list[tuple[torch.dtype, int]] = []
+        for (_, _, a), span in zip(targets, spans, strict=True):
+            at = -(-sizes.get(a.dtype, 0) // ALIGN) * ALIGN
+            where.append((a.dtype, at))
+            sizes[a.dtype] = at + span
+        self.buffers = {dt: torch.empty(n, dtype=dt, device=device) for dt, n in sizes.items()}
+        rows: dict[torch.dtype, list[Tensor]] = {}
+        step: dict[torch.dtype, list[Tensor]] = {}
+        width: dict[torch.dtype, list[Tensor]] = {}
+        order: dict[torch.dtype, list[Tensor]] = {}
+        first = 0
+        for (i, j, a), span, (dt, at) in zip(targets, spans, where, strict=True):
+            buf = self.buffers[dt]
+            buf[at : at + span].copy_(torch.as_strided(a, (span,), (1,), a.storage_offset()))
+            new[i][j] = torch.as_strided(buf, tuple(a.shape), a.stride(), at)
+            n, w = a.shape
+            rows.setdefault(dt, []).append(at + torch.arange(n, dtype=torch.long) * a.stride(0))
+            step.setdefault(dt, []).append(torch.full((n,), a.stride(1), dtype=torch.long))
+            width.setdefault(dt, []).append(torch.full((n,), float(w), dtype=torch.float64))
+            order.setdefault(dt, []).append(torch.arange(first, first + n, dtype=torch.long))
+            first += n
+        self.rows = first
+        self.batch: list[tuple[Any, ...]] = [tuple(args) for args in new]
+        self.plan = {
+            dt: (torch.cat(order[dt]), torch.cat(rows[dt]), torch.cat(step[dt]), torch.cat(width[dt]))
+            for dt in self.buffers
+        }
+
+    def salt(self, salt: int) -> None:
+        """Salt every call of the round in place (see the class)."""
+        if not self.rows:
+            return
+        gen = torch.Generator().manual_seed(salt % (1 << 63))
+        where = torch.rand(self.rows, generator=gen, dtype=torch.float64)
+        how = torch.rand(self.rows, generator=gen, dtype=torch.float64)
+        amount = torch.where(how < 0.5, -(0.5 + 3 * how), 0.5 + 3 * (how - 0.5))
+        for dt, (order, rows, step, width) in self.plan.items():
+            col = torch.minimum((where[order] * width).long(), width.long() - 1)
+            idx, d = rows + col * step, amount[order].to(dt)
+            buf = self.buffers[dt]
+            if buf.device.type != "cpu":
+                idx, d = idx.to(buf.device), d.to(buf.device)
+            buf.index_add_(0, idx, d)
+
+
+def commit(outputs: Sequence[Tensor]) -> list[float | None]:
+    """What a timed round's ``done`` commits to: the float64 sum of all of the round's ``outputs``, read now (one
+    concatenation and one sum per round). Right only if the outputs exist when it is read: a kernel whose values
+    come later (a lazy tensor, a thread, the worker's helpers replaced) cannot commit to them, and the checker sums
+    what the worker writes afterwards. One number per round: for these ops finding it without the outputs costs
+    about what computing them does (every row's norm and a weighted sum of every element)."""
+    if not outputs:
+        return [0.0]
+    total = float(torch.cat([o.reshape(-1) for o in outputs]).sum(dtype=torch.float64))
+    return [total if math.isfinite(total) else None]  # JSON has no NaN: a garbage output commits to nothing
+
+
+def checksum_agrees(reported: float | None, values: Sequence[Any]) -> bool:
+    """Whether ``reported`` (a round's in-round sum, ``commit``) is the sum of ``values`` (the round's outputs as
+    written to the samples file, float32 arrays): within 1e-6 of their absolute sum (summation order, float64
+    outputs stored as float32)."""
+    import numpy as np
+
+    total = sum(float(np.asarray(v, dtype=np.float64).sum()) for v in values)
+    size = sum(float(np.abs(np.asarray(v, dtype=np.float64)).sum()) for v in values)
+    return reported is not None and abs(total - reported) <= 1e-6 * (size + 1.0)
 
 
 def expand_rounds(cases: list[dict[str, Any]], rounds: int) -> list[dict[str, Any]]:

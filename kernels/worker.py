@@ -12,22 +12,25 @@ This process judges nothing: it writes every output (and, in ``correct`` mode, e
 to ``--samples``; the checker (``kernels/check.py``, no side code in it) rebuilds the inputs from their
 seeds and compares.
 
-``time`` (``--fd``: the orchestrator's result pipe; its commands on stdin): no number this process reports
-is a timing. Every timed call gets its own fresh inputs (built before the side's code is imported, none
-reused), after a warm-up on other inputs. The mix runs ``--rounds`` times, each on its own fresh inputs,
-each on the orchestrator's word: it sends ``go r SALT``, this process salts the round's inputs
-(``specs.salt_round``: in the calls the salt picks, one element of every row moved by an amount drawn from
-the salt, which no side code could know before: a result computed before the round is wrong on every row of
-those calls), runs the round's calls back to back (the engine's way: GPU launches queue, one device-wide
-synchronize ends the round, so work on a side stream counts) and answers ``done``; the orchestrator times
-that round trip on its own clock (``agentsearch/micro.py``). Each call's outputs are copied the moment it
-returns, inside the round: work a kernel defers past its return (a thread, a side stream that fills the
-output later) is missing from what is checked; an output must be a plain ``torch.Tensor`` (a subclass could
-compute its values when first read, after the rounds) and no torch function or dispatch mode may be active
-(either could make the copy lazy or an alias), else the trial fails. ``done`` carries this process's own
-readings only for the orchestrator to check against its clock (the round on ``perf_counter``, bound before
-any side code; the summed calls on it, or on CUDA events on a GPU): a clock that disagrees fails the trial.
-The L2 is flushed before each round (GPU).
+``time`` (``--fd``: the orchestrator's result pipe; its commands on stdin): no number this process reports is
+a timing. Every timed call gets its own fresh inputs (built before the side's code is imported, none reused),
+after a warm-up on other inputs. The mix runs ``--rounds`` times, each on its own fresh inputs, each on the
+orchestrator's word: it sends ``go r SALT``, this process salts the round's inputs (``specs.RoundInputs``: one
+element of every row of every call moved, at a column and by an amount drawn from the salt, which no side code
+could know before: a result computed before the round is wrong on every row), runs the round's calls back to
+back (the engine's way: GPU launches queue, one device-wide synchronize ends the round, so work on a side
+stream counts) and answers ``done``; the orchestrator times that round trip on its own clock
+(``agentsearch/micro.py``). Each call's outputs are copied the moment it returns, inside the round, and
+``done`` commits to them: it carries the float64 sum of every copy, read inside the round, which the checker
+compares with the outputs this process writes after the rounds. This process runs the side's code, which can
+rewrite anything in it (the red team's round 4b replaced its helpers and answered ``done`` from a thread
+before any work): what holds is that the sums in ``done`` are only right if the outputs existed when it was
+sent, and only the checker (a separate process) and the orchestrator judge. An output must also be a plain
+``torch.Tensor`` and no torch function or dispatch mode may be active (else the trial fails at once; a side
+that removes this check still has to produce the values before ``done``). ``done`` also carries this process's
+own readings for the orchestrator to check against its clock (the round on ``perf_counter``, bound before any
+side code; the summed calls on it, or on CUDA events on a GPU): a clock that disagrees fails the trial. The L2
+is flushed before each round (GPU).
 """
 
 from __future__ import annotations
@@ -87,11 +90,12 @@ def _timed(
     store: dict,
 ) -> dict | None:
     """The timed rounds, each on the orchestrator's ``go`` (stdin) and answered ``done`` on ``--fd``; the
-    metrics (None: the orchestrator stopped asking)."""
+    metrics (None: the orchestrator stopped asking). ``inputs``: each round's ``specs.RoundInputs``."""
     cuda = device.startswith("cuda")
     flush = torch.empty(256 << 20, dtype=torch.int8, device=device) if cuda else None
     for args in warm:
         op._inner_call(*args)
+    specs.RoundInputs(warm, device).salt(1)  # the salt's own first-call costs, paid outside the rounds
     results: list = []
     calls_us: list[float] = []
 
@@ -100,7 +104,8 @@ def _timed(
 
     send({"event": "ready"})
     for r in range(rounds):
-        batch = inputs[r * per_round : (r + 1) * per_round]
+        round_in = inputs[r]
+        batch = round_in.batch
         for args in batch:
             provider = op.dispatch(*args).provider
             used[provider] = used.get(provider, 0) + 1
@@ -111,9 +116,10 @@ def _timed(
         if len(words) != 3 or words[:2] != ["go", str(r)] or not words[2].isdigit():
             return None
         t0 = _clock()
-        specs.salt_round(batch, int(words[2]))  # inside the round: what the calls get was unknown until now
+        round_in.salt(int(words[2]))  # inside the round: what the calls get was unknown until now
         events = []
         total = 0.0
+        copied: list = []
         for args in batch:
             if cuda:
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -126,19 +132,27 @@ def _timed(
                 res = op._inner_call(*args)
                 total += _clock() - c0
             outs = _plain(specs.outputs_of(res))
-            results.append((outs, [o.detach().clone() for o in outs], args))  # the outputs as the call left them
+            copies = [o.detach().clone() for o in outs]  # the outputs as the call left them
+            copied += copies
+            results.append((outs, copies, args))
         if cuda:
             torch.cuda.synchronize()  # device-wide: a side stream's work is waited for too
             total = sum(s.elapsed_time(e) for s, e in events) / 1e3
+        digest = specs.commit(copied)  # read inside the round (the checker sums what this process writes later)
         t1 = _clock()
         calls_us.append(total * 1e6)
-        send({"event": "done", "round": r, "span_us": (t1 - t0) * 1e6, "calls_us": total * 1e6})
+        send({"event": "done", "round": r, "span_us": (t1 - t0) * 1e6, "calls_us": total * 1e6, "sums": digest})
     aliased = 0
     for i, (outs, copies, args) in enumerate(results):
         aliased += specs.aliases(outs, specs.storages(args))
         _arrays(f"out{i}", copies, store)
     calls_us.sort()
-    return {"worker_us": calls_us[len(calls_us) // 2], "rounds": rounds, "calls": len(inputs), "aliased": aliased}
+    return {
+        "worker_us": calls_us[len(calls_us) // 2],
+        "rounds": rounds,
+        "calls": rounds * per_round,
+        "aliased": aliased,
+    }
 
 
 def _round_seed(seed: int, r: int) -> int:
@@ -179,6 +193,9 @@ def main() -> int:
         for r in range(rounds)
         for c in cases
     ]
+    if a.mode == "time":  # each round's inputs in the buffers its salt moves (specs.RoundInputs)
+        n = len(cases)
+        inputs = [specs.RoundInputs(inputs[r * n : (r + 1) * n], device) for r in range(rounds)]
     warm = [specs.make_inputs({**c, "seed": c["seed"] ^ 0x5A5A5A5A}, device) for c in cases[: a.warmup]]
     np.savez(io.BytesIO(), probe=np.zeros(1))  # every module the samples' writing needs, loaded now
 

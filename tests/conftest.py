@@ -81,6 +81,7 @@ SLOW_FIRST = (
     "test_ray_executor.py",
     "test_engine_placement.py",
     "test_kernel_cheats.py",
+    "test_micro_round4b.py",
     "test_models.py",
     "test_report.py",
     "test_engine_cheats.py",

