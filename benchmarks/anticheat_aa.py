@@ -178,7 +178,9 @@ def micro_condition(name: str, pairs_wanted: int) -> dict:
         try:
             while tally["pairs"] < pairs_wanted:
                 args = ("kernels", "bench", "-C", str(fork), "rms_norm", "--baseline", "main", "--candidate", "main")
-                proc = run_cli(*args, "--pairs", "8", "--json", timeout=1200)
+                proc = run_cli(*args, "--candidate-provider", "native", "--pairs", "8", "--json", timeout=1200)
+                if proc.returncode not in (0, 4):  # the set-up's error, not a check's: stop, say it
+                    raise SystemExit(f"kernels bench failed (exit {proc.returncode}): {proc.stderr.strip()[-500:]}")
                 out = json.loads(proc.stdout) if proc.stdout.strip() else {"status": f"rc {proc.returncode}"}
                 op = (out.get("micro", {}).get("ops") or [{}])[0]
                 tally["benches"] += 1
