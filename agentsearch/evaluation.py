@@ -231,23 +231,20 @@ def evaluate(
     earlier: tuple[str | None, str] | None = None  # the first attempt's baseline failure, when it was measured again
     for attempt in range(2):
         st = _State(on_trial=on_trial)
-        try:
-            _run_checks(
-                ws,
-                config,
-                base,
-                cand,
-                master,
-                alpha,
-                st,
-                say,
-                keep_worktrees,
-                # a second attempt starts every engine fresh: the first one's may be what failed
-                warm if warm is not None and warm.enabled and attempt == 0 else None,
-                min_pairs,
-            )
-        except KeyboardInterrupt:
-            raise
+        _run_checks(
+            ws,
+            config,
+            base,
+            cand,
+            master,
+            alpha,
+            st,
+            say,
+            keep_worktrees,
+            # a second attempt starts every engine fresh: the first one's may be what failed
+            warm if warm is not None and warm.enabled and attempt == 0 else None,
+            min_pairs,
+        )
         if st.baseline_failure is None:
             break
         # the baseline's or the candidate's doing? the baseline alone says first (raises BaselineBroken)
