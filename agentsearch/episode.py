@@ -25,7 +25,7 @@ from harness import environment, seeds
 from harness.trials import TrialRecord, tail
 from history import HistoryChanged, HistoryError
 from history import records as rec
-from history.proposals import Proposal, agent_costs, proposals_of
+from history.proposals import Proposal, agent_costs, judge_costs, proposals_of
 
 from . import proposers
 from .errors import AgentsearchError, CasError, ConfigError, LockedError, RunError, TargetError
@@ -268,11 +268,13 @@ class Episode:
                 }
             )
         agents = agent_costs(self.state.proposals.values())
+        judge = judge_costs(self.state.proposals.values(), self.elapsed())
         return {
             "episode": self.plan.episode,
             "reason": reason,
             "proposals": rows,
             **({"agents": agents} if agents else {}),
+            **({"judge": judge} if judge else {}),
             "judged": len(rows),
             "merged": sum(r["merged"] for r in rows),
             "baseline_before": self.plan.baseline,

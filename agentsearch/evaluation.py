@@ -25,6 +25,7 @@ from harness.engine_pool import EnginePool
 from harness.gate_defaults import CPU_SHARE_OF_WIN, LOADED_SHARE
 from harness.interleave import WorkloadRun, run_interleaved
 from harness.logprobs import LogprobError
+from harness.processes import Parkable
 from harness.quiet import FOREIGN_LOAD
 from harness.seeds import confirmation_seeds, coverage_seed, guard_check_seeds, new_master, pair_seeds
 from harness.sequential import (
@@ -99,6 +100,7 @@ class Evaluation:
         "fresh"  # "warm": the baseline's worktree (and engines) came from the episode's previous evaluation
     )
     baseline_engines_reused: int = 0  # baseline engines kept warm from the previous evaluation (0: all started fresh)
+    engine_starts: int | None = None  # engines this evaluation started (every phase; a kept baseline's are not counted)
     schema_version: int = EVALUATION_SCHEMA
 
     def timing(self) -> Timing:
@@ -113,6 +115,7 @@ class Evaluation:
             measurement_s=round(measurement, 3),
             overhead_s=round(overhead, 3),
             overhead_pct=round(100 * overhead / self.wall_s, 2) if self.wall_s else 0.0,
+            engine_starts=self.engine_starts,
         )
 
     def record(self, objective: str, **extra: Any) -> EvaluationRecord:
@@ -224,7 +227,7 @@ def evaluate(
     config = ws.config(base)
     cand = ws.resolve(ref)
     preflight.require(ws, config, base, say)  # seconds (the environment probe is cached): a set-up error is the run's
-    t0 = time.perf_counter()
+    t0, starts = time.perf_counter(), Parkable.starts
     # 63 bits: the pair seeds a worker sees must not give away the master (and with it the confirmation seeds)
     master = seed if seed is not None else new_master()
     env = environment.record()  # the fingerprinted facts and this run's conditions (clocks, load)
@@ -297,6 +300,7 @@ def evaluate(
         micro=st.micro,
         baseline_side=st.baseline_side,
         baseline_engines_reused=st.baseline_engines_reused,
+        engine_starts=Parkable.starts - starts,
     )
 
 
@@ -476,9 +480,10 @@ def _run_workload(
         # confirmed like wins): enough pairs to be significant by themselves, over several fresh sessions (one more
         # pair of engine instances can be as far apart as the regression)
         gate = config.gate
-        wdesign = guard_check_design(gate.guard_check_pairs, gate.max_regression, gate.regression_alpha)
+        sessions = guard_check_sessions(config)
+        wdesign = guard_check_design(gate.guard_check_pairs, gate.max_regression, gate.regression_alpha, sessions)
         factory = factory.at(GUARD_CHECK_SESSION)  # its settle() kept: waiting outputs are judged after the last pair
-        options = {**options, "restarts": guard_check_sessions(config)}
+        options = {**options, "restarts": sessions}
     elif role == Role.CONFIRMATION:
         wdesign = confirmation_design(config.gate.confirm_pairs, strict)
         # on fresh engines (restart indices no other round uses; the candidate's objective engines are retired

@@ -8,7 +8,9 @@ its life), with the gate's guard design (``agentsearch.gate_design.workload_desi
 is then re-measured on fresh instances (``[gate] guard_check_sessions``) and seeds with ``decide_regression``,
 as ``agentsearch.evaluation`` does. For each scenario it prints the rate of regression calls before and
 after that re-measurement, for an A/A guard (a false alarm), for a planted 10% regression (power) and,
-for comparison, the old rule (``--`` column: the first call alone, sessions not counted).
+for comparison, the old rule (``--`` column: the first call alone, sessions not counted); the last two columns are the
+mean pairs a gate re-measure used (of ``guard_check_pairs``: it stops early for OK when two fresh sessions measure no
+slowdown at all).
 """
 
 from __future__ import annotations
@@ -31,18 +33,23 @@ from harness.sequential import REGRESSED, decide_guard, decide_regression, guard
 ONE_FRESH_PAIR = (4, 1)  # the re-measure before 2026-12-06: 4 pairs on one fresh pair of instances
 
 
+FRESH_PAIRS: list[int] = []  # pairs each gate re-measure used (it may stop early for OK, 0.8 on)
+
+
 def recheck(sc: Scenario, effect: float, rng: np.random.Generator, clock: Clock, pairs: int, sessions: int) -> bool:
     """The re-measurement on fresh engines and seeds (``pairs`` over ``sessions`` sessions): does it hold?"""
     again = run_interleaved(
         "guard",
         lambda side, i: SimSession(sc, effect, side, clock, rng),
-        guard_check_design(pairs),
+        guard_check_design(pairs, sessions=sessions),
         decide_regression,
         lambda i: 20_000 + i,
         True,
         restarts=sessions,
     )
     assert again.decision is not None
+    if sessions > 1:
+        FRESH_PAIRS.append(again.pairs)
     return again.decision.action == REGRESSED
 
 
@@ -87,16 +94,20 @@ def main() -> None:
     )
     print(
         f"{'scenario':<38} {'A/A: old rule':>13} {'first call':>10} {'after fresh':>11} {'(one pair)':>10} "
-        f"{'-10%: first':>11} {'after fresh':>11} {'(one pair)':>10}"
+        f"{'-10%: first':>11} {'after fresh':>11} {'(one pair)':>10} {'fresh pairs: A/A':>16} {'-10%':>5}"
     )
     t0 = time.time()
     for sc in scenarios:
         old = sum(one(sc, 0.0, gate, rng, counted=False)[0] for _ in range(args.reps)) / args.reps
+        FRESH_PAIRS.clear()
         aa = np.array([one(sc, 0.0, gate, rng, counted=True) for _ in range(args.reps)]).mean(axis=0)
+        aa_pairs = np.mean(FRESH_PAIRS) if FRESH_PAIRS else float("nan")
+        FRESH_PAIRS.clear()
         bad = np.array([one(sc, -0.10, gate, rng, counted=True) for _ in range(args.reps)]).mean(axis=0)
+        bad_pairs = np.mean(FRESH_PAIRS) if FRESH_PAIRS else float("nan")
         print(
             f"{sc.name:<38} {old:>13.2%} {aa[0]:>10.2%} {aa[1]:>11.2%} {aa[2]:>10.2%} "
-            f"{bad[0]:>11.1%} {bad[1]:>11.1%} {bad[2]:>10.1%}",
+            f"{bad[0]:>11.1%} {bad[1]:>11.1%} {bad[2]:>10.1%} {aa_pairs:>16.1f} {bad_pairs:>5.1f}",
             flush=True,
         )
     print(f"runtime {time.time() - t0:.0f} s")

@@ -90,6 +90,7 @@ class WorkerSession(Parkable):
         ``measure`` waits for it to be ready (and reports a failed start-up as its error)."""
         self.start_error, self.start_failure = "", CRASH
         self.started_at = time.perf_counter()
+        Parkable.counted()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         try:
             extra = serving_env(self.worktree)

@@ -7,6 +7,9 @@ FUTILITY = 0.1  # type II level of the SPRT futility boundary
 MIN_PAIRS = 3  # pairs before the first look
 LOOK_EVERY = 1  # pairs between two looks
 MAX_PAIRS = 20  # pairs per workload at most
+# the interim win looks' share of a proposal's alpha (the last look gets the rest): 0.3 since 0.8, when the win looks
+# became the first session's geometric looks and the session ends (6 on the starter) instead of every pair (27, at 0.2)
+INTERIM_SHARE = 0.3
 MAX_REGRESSION = 0.01  # a guard may not be significantly slower than this fraction
 REGRESSION_ALPHA = 0.05  # level of the one-sided regression test
 CALIBRATION_PAIRS = 30  # A/A pairs per workload of `agentsearch calibrate` (its --pairs default)

@@ -127,6 +127,10 @@ def run_interleaved(
     ``slices``: split every pair's two trials into up to this many parts, measured alternately (``_measure_pair``;
     sessions that cannot split a trial, and ``alternate``, measure whole trials)."""
     run = WorkloadRun(workload)
+    # the win looks at the session ends (``SequentialDesign.win_looks``): the schedule is known before the first pair
+    per_session = pairs_per_session(design.max_pairs, restarts, alternate)
+    if not design.session_pairs and (alternate or restarts > 1):
+        design = dataclasses.replace(design, session_pairs=per_session)
     if alternate:
         _alternating(run, factory, design, decide, seed_of, higher_is_better, prior, restarts, on_pair, warmup, probe)
     else:

@@ -8,7 +8,7 @@ import os
 import signal
 import subprocess
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 from .cgroups import CpusetGroup, Group
 
@@ -79,6 +79,14 @@ class Parkable:
 
     proc: subprocess.Popen | None
     parked: bool = False
+    starts: ClassVar[int] = 0  # engines started by this process so far (an evaluation counts its own: the difference)
+
+    @staticmethod
+    def counted() -> None:
+        """One more engine start (``WorkerSession.start``, ``ServeSession.start``): what a decision costs in engine
+        start-ups (``agentsearch.evaluation.Evaluation.timing``)."""
+        Parkable.starts += 1
+
     group: Group | None = None
     cpus: frozenset[int] | None = None  # the CPUs the engine is pinned to once it is up (None: not pinned)
     cpuset: CpusetGroup | None = None  # where the machine has one: the pinning is enforced, not only set

@@ -141,6 +141,7 @@ class ServeSession(Parkable):
         self.engine: dict[str, Any] = dict(spec.get("engine", {}))  # with the fork's serving.json, once started
 
     def start(self) -> None:
+        Parkable.counted()
         self.log_dir.mkdir(parents=True, exist_ok=True)
         try:
             extra = serving_env(self.worktree)

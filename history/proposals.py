@@ -181,6 +181,54 @@ def proposals_of(entries: Iterable[Any]) -> list[Proposal]:
     return list(found.values())
 
 
+def judge_costs(rows: Iterable[Proposal], elapsed_s: float | None = None) -> dict[str, Any] | None:
+    """What the judge spent and what it bought, over judged proposals: decisions, the judge's seconds (every
+    verdict's wall time: the machine held for it), engine starts (where recorded, 0.8 on), the merged percent of the
+    objective (merges still standing, as ``agent_costs`` counts it); seconds per decision, decisions per hour (of
+    ``elapsed_s``, the episode's wall clock, when given: proposers' time included; else of the judge's seconds) and
+    machine-seconds per merged percent. None: nothing judged."""
+    decisions, seconds, starts, known, merged_pct = 0, 0.0, 0, 0, 0.0
+    for r in rows:
+        v = r.verdict
+        if v is None:
+            continue
+        decisions += 1
+        seconds += v.timing.wall_s
+        if v.timing.engine_starts is not None:
+            starts, known = starts + v.timing.engine_starts, known + 1
+        if r.is_win and r.merged and r.effect is not None:
+            merged_pct += r.effect * 100.0
+    if not decisions:
+        return None
+    hours = (elapsed_s if elapsed_s else seconds) / 3600.0
+    return {
+        "decisions": decisions,
+        "judge_s": round(seconds, 3),
+        "s_per_decision": round(seconds / decisions, 1),
+        "decisions_per_hour": round(decisions / hours, 2) if hours > 0 else None,
+        "engine_starts": starts if known else None,
+        "engine_starts_per_decision": round(starts / known, 2) if known else None,
+        "merged_pct": round(merged_pct, 3),
+        "machine_s_per_merged_pct": round(seconds / merged_pct, 3) if merged_pct > 0 else None,
+    }
+
+
+def judge_line(c: Mapping[str, Any]) -> str:
+    """``judge_costs`` for people, one line: what the budget buys."""
+
+    def n(x: float) -> str:
+        return f"{x:,.0f}" if abs(x) >= 10 else f"{x:.2g}"
+
+    starts = f", {c['engine_starts_per_decision']:g} engine starts" if c.get("engine_starts_per_decision") else ""
+    rate = f"{n(c['decisions_per_hour'])} decisions/hour" if c.get("decisions_per_hour") else "—"
+    per = (
+        f"{n(c['machine_s_per_merged_pct'])} machine-s per merged percent ({c['merged_pct']:+.1f}% merged)"
+        if c.get("machine_s_per_merged_pct") is not None
+        else "no merged win"
+    )
+    return f"judge: {c['decisions']} decisions, {n(c['s_per_decision'])} s each{starts}; {rate}; {per}"
+
+
 def agent_costs(rows: Iterable[Proposal]) -> dict[str, Any] | None:
     """What the agent sessions cost (dollars, tokens, machine seconds, calls by kind) and what they bought:
     dollars and machine-seconds per merged percent of the objective (merges still standing). None: no agent."""

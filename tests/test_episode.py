@@ -16,6 +16,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from agentsearch.workspace import Workspace
 from history import HistoryLog
 from history.log import HistoryError
@@ -449,3 +451,30 @@ def test_agent_sessions_that_finish_at_once_are_judged_one_by_one_in_process(tmp
     for k, p in kinds:  # each trial belongs to the proposal created last
         if k == "trial":
             assert p == [q for kk, q in kinds[: kinds.index((k, p)) + 1] if kk == "proposal-created"][-1]
+
+
+def test_the_summary_states_what_the_judge_spent_and_bought(tmp_path):
+    """Issue #56: the episode summary and `history` state decisions per hour, seconds (and engine starts) per decision
+    and machine-seconds per merged percent, from the verdicts' own timing (a real toy episode)."""
+    from history.proposals import judge_line
+
+    repo = make_target(tmp_path / "toy")
+    write_queue(repo, tmp_path / "queue", full=False)
+    rc, out = episode_json(repo, "--patches", str(tmp_path / "queue"), "--seed", "11")
+    assert rc == 0
+    j = out["judge"]
+    assert j["decisions"] == out["judged"] == 3
+    assert j["decisions_per_hour"] == pytest.approx(3 / out["elapsed_s"] * 3600, rel=0.05)
+    assert j["engine_starts"] == 0  # command workloads: a fresh process per trial, no engine
+    merged = [r for r in out["proposals"] if r["merged"]]
+    assert len(merged) == 1 and j["merged_pct"] == pytest.approx((merged[0]["speedup"] - 1) * 100, abs=1e-3)
+    assert j["machine_s_per_merged_pct"] == pytest.approx(j["judge_s"] / j["merged_pct"], rel=0.01)
+    shown = run_cli("history", "-C", str(repo))
+    assert (
+        shown.returncode == 0
+        and "judge: 3 decisions" in shown.stdout
+        and "machine-s per merged percent" in shown.stdout
+    )
+    line = judge_line({**j, "engine_starts_per_decision": 7.0, "decisions_per_hour": 15.0})
+    assert "7 engine starts" in line and "15 decisions/hour" in line
+    assert "no merged win" in judge_line({**j, "machine_s_per_merged_pct": None})

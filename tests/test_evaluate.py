@@ -388,10 +388,16 @@ def test_a_guard_regression_must_hold_on_fresh_engines_and_seeds(tmp_path, real)
         out["checks"],
     )
     again = w["guard (fresh engines)"]
-    assert again["role"] == "guard-check" and again["pairs"] == GUARD_CHECK_PAIRS
-    # over GUARD_CHECK_SESSIONS engine sessions of its own
+    per = GUARD_CHECK_PAIRS // GUARD_CHECK_SESSIONS
+    # a regression that holds is measured over all GUARD_CHECK_SESSIONS engine sessions of its own; one that does not
+    # stops at a session's end from the second on once the fresh pairs measure no slowdown at all (0.8)
     fresh_sessions = {t["session"] for t in out["trials"] if t["phase"] == "guard-check"}
-    assert len(fresh_sessions) == GUARD_CHECK_SESSIONS, fresh_sessions
+    if real:
+        assert again["role"] == "guard-check" and again["pairs"] == GUARD_CHECK_PAIRS
+        assert len(fresh_sessions) == GUARD_CHECK_SESSIONS, fresh_sessions
+    else:
+        assert again["role"] == "guard-check" and again["pairs"] in range(2 * per, GUARD_CHECK_PAIRS + 1, per)
+        assert len(fresh_sessions) == again["pairs"] // per, fresh_sessions
     guard_check = next(c for c in out["checks"] if c["name"] == "guard-workloads")
     if real:
         assert rc != 0 and out["verdict"] == "reject" and guard_check["status"] == "fail"

@@ -16,6 +16,8 @@ from harness.sequential import (
     SequentialDesign,
     decide_guard,
     decide_objective,
+    decide_regression,
+    guard_check_design,
 )
 from harness.statistics import (
     NoisePrior,
@@ -106,6 +108,45 @@ def test_design_spends_at_most_alpha():
     assert sum(des.level(n) for n in looks) == pytest.approx(0.005)
     with pytest.raises(ValueError):
         des.level(2)
+
+
+def test_alpha_is_spent_at_the_win_looks_only():
+    """The win looks: a geometric schedule in the first session, then every session's end, then the last look;
+    every other look may only stop a loser (level 0), and the levels still sum to alpha (the union bound)."""
+    des = SequentialDesign(alpha=0.005, min_pairs=3, max_pairs=30, session_pairs=6, interim_share=0.3)
+    assert des.win_looks() == [3, 5, 6, 12, 18, 24, 30]
+    assert sum(des.level(n) for n in des.looks()) == pytest.approx(0.005)
+    assert des.level(4) == 0 and des.level(13) == 0
+    assert des.level(12) == pytest.approx(0.005 * 0.3 / 6) and des.level(30) == pytest.approx(0.005 * 0.7)
+    one = SequentialDesign(alpha=0.005, min_pairs=3, max_pairs=16)  # one session: geometric only
+    assert one.win_looks() == [3, 5, 8, 12, 16]
+    # looks every 2 pairs: a session's end that is no look moves to the next look
+    odd = SequentialDesign(alpha=0.005, min_pairs=4, max_pairs=16, look_every=2, session_pairs=5)
+    assert odd.win_looks() == [4, 6, 10, 16]
+    assert sum(odd.level(n) for n in odd.looks()) == pytest.approx(0.005)
+    # a precise win measured at a look that only stops losers waits for the next win look
+    rng = np.random.default_rng(3)
+    win = rng.normal(math.log(1.3), 0.01, 4).tolist()
+    assert decide_objective(des, win).action == CONTINUE
+    assert decide_objective(des, win + [math.log(1.3)]).action == WIN
+
+
+def test_a_guard_re_measure_stops_early_only_for_ok():
+    """The re-measure of a guard's regression (4 fresh sessions of 4 pairs) looks at the end of the second and third
+    session: it stops there only when the fresh pairs measure no slowdown at all; a slowdown goes on to the last pair,
+    where only a significant one is REGRESSED."""
+    des = guard_check_design(16, sessions=4)
+    assert des.looks() == [8, 12, 16]
+    rng = np.random.default_rng(5)
+    fine = rng.normal(0.01, 0.05, 8).tolist()
+    fine = [x - float(np.mean(fine)) + 0.005 for x in fine]  # +0.5%: no slowdown
+    early = decide_regression(des, fine, clusters=[0] * 4 + [1] * 4)
+    assert early.action == OK and "stopped early" in early.reason
+    slow = [x - 0.1 for x in fine]  # -10% after two sessions: not a stop either way yet
+    assert decide_regression(des, slow, clusters=[0] * 4 + [1] * 4).action == CONTINUE
+    full = slow + [x - 0.1 for x in rng.normal(0.0, 0.02, 8)]
+    assert decide_regression(des, full, clusters=[0] * 4 + [1] * 4 + [2] * 4 + [3] * 4).action == REGRESSED
+    assert guard_check_design(16, sessions=1).looks() == [16]  # one session: one look, as before
 
 
 def _run(design, delta, sd, rng, prior=None):
@@ -218,9 +259,9 @@ def test_a_win_on_the_first_engine_pair_alone_must_beat_its_luck():
 
     design = SequentialDesign(alpha=0.005, max_pairs=20)
     rng = np.random.default_rng(9)
-    lucky = rng.normal(0.025, 0.004, 6).tolist()  # +2.5%, precise: as one lucky pair of engines measures an A/A
+    lucky = rng.normal(0.025, 0.004, 5).tolist()  # +2.5%, precise: as one lucky pair of engines measures an A/A
     assert decide_objective(design, lucky).action == WIN  # one session by design (restarts 1): as before
-    assert decide_objective(design, lucky, clusters=[0] * 6).action == CONTINUE
+    assert decide_objective(design, lucky, clusters=[0] * 5).action == CONTINUE
     big = rng.normal(math.log(1.3), 0.01, 3).tolist()
     won = decide_objective(design, big, clusters=[0] * 3)
     assert won.action == WIN and "by more than +3.0% on the first engine pair" in won.reason

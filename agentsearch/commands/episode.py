@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from history import HistoryError, HistoryLog
+from history.proposals import judge_line
 from history.records import EpisodeFinished
 
 from .. import episode as ep
@@ -189,6 +190,8 @@ def show(summary: dict[str, Any]) -> None:
             f"agents: {ag['sessions']} sessions, ${ag['cost_usd']:.4f}, {ag['tool_seconds']:.0f} s of workbench calls; "
             f"{per}"
         )
+    if summary.get("judge"):
+        out.print(judge_line(summary["judge"]))
     out.print(
         f"{summary['judged']} judged, {summary['merged']} merged; baseline {summary['baseline_before'][:12]} -> "
         f"{summary['baseline_after'][:12]}; {summary['elapsed_s']:.0f} s"

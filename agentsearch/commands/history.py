@@ -11,7 +11,7 @@ import click
 
 from history import records as rec
 from history.drift import DriftPoint, drift_curve
-from history.proposals import agent_costs, proposals_of
+from history.proposals import agent_costs, judge_costs, judge_line, proposals_of
 from history.records import Evaluation as EvaluationRecord
 
 from ..errors import EXIT_FAIL, AgentsearchError
@@ -97,7 +97,11 @@ def show(target: Path, as_json: bool) -> int:
     out.print(table(data, out.width))
     if drift:
         out.print(drift_table(drift, out.width))
-    ag = agents(ws)
+    judged = [p for p in proposals_of(read_entries(ws)) if p.judged]
+    jc = judge_costs(judged)
+    if jc:
+        out.print(judge_line(jc))
+    ag = agent_costs(judged)
     if ag:
         per = (
             "no merged win yet"

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from .base import Record
 
@@ -20,3 +21,5 @@ class EpisodeFinished(Record):
     baseline_after: str | None = None
     elapsed_s: float | None = None
     insights: str | None = None  # path of the insights.md written at the end
+    # what the judge spent and bought (history.proposals.judge_costs): decisions/hour, machine-s per merged %; 0.8 on
+    judge: Mapping[str, Any] | None = None

@@ -22,6 +22,7 @@ class Timing(Part):
     measurement_s: float = 0.0
     overhead_s: float = 0.0
     overhead_pct: float = 0.0  # of the wall time
+    engine_starts: int | None = None  # engines started for this decision (None: recorded before 0.8)
     extra: Mapping[str, object] = field(default_factory=dict, kw_only=True)
 
     @property
@@ -37,4 +38,5 @@ class Timing(Part):
         if self.verify_s:
             parts.append(f"distribution checks {self.verify_s:.1f} s")
         parts.append(f"build, tests and orchestration {self.overhead_s:.1f} s ({self.overhead_pct:.1f}%)")
-        return f"time: {self.wall_s:.1f} s = " + " + ".join(parts)
+        starts = f"; {self.engine_starts} engine start(s)" if self.engine_starts is not None else ""
+        return f"time: {self.wall_s:.1f} s = " + " + ".join(parts) + starts
