@@ -591,48 +591,60 @@ def _objective(ctx: _Ctx) -> bool:
 
 
 def _guards(ctx: _Ctx) -> bool:
-    """Every other workload must not regress significantly."""
-    notes = []
+    """Every other workload must not regress significantly. Each is measured once first (guards that share an engine
+    share its warm instances); a regression is then measured again on fresh engines (``_guard_check``), after every
+    guard's first run: a re-measure retires the candidate's engines, which a later guard would otherwise start again."""
+    notes: dict[str, str] = {}
+    regressed: list[tuple[WorkloadConfig, WorkloadRun]] = []
     for w in ctx.config.workloads:
         if w.name == ctx.config.objective.name:
             continue
         g = _run_workload(ctx, w, Role.GUARD)
         if g is not None and not g.failure and g.decision is not None and g.decision.action == REGRESSED:
-            # confirmed like a win: measured again on fresh engines and seeds; only a regression that holds there
-            # rejects
-            ctx.say(f"{w.name} (guard)", f"{g.decision.reason}: measuring again on fresh engines")
-            # memory for the fresh sessions (under shared placement every session's engines stay up, frozen, until
-            # they are retired): the candidate's engines so far go (a later guard starts its own again)
-            if not _retire(ctx, [k for k in ctx.pool.engines if not is_baseline_engine(k)], CheckName.GUARD_WORKLOADS):
-                return False
-            before = set(ctx.pool.engines)
-            again = _run_workload(ctx, w, GUARD_CHECK)
-            # nor are the re-measure's kept: memory stays bounded, and a later re-measure (this proposal's next guard,
-            # the next proposal's with a kept baseline) starts fresh engines instead of reusing these
-            if not _retire(ctx, [k for k in ctx.pool.engines if k not in before], CheckName.GUARD_WORKLOADS):
-                return False
-            if again is None or again.failure or again.decision is None or again.decision.action == REGRESSED:
-                if not _judged(ctx, again, CheckName.GUARD_WORKLOADS, w.name, OK):
-                    failed = ctx.st.checks[-1]
-                    ctx.st.checks[-1] = dataclasses.replace(
-                        failed, detail=f"{failed.detail} (first run: {g.decision.reason}){_trade(ctx, w)}"
-                    )
-                    return False
-            summary = ctx.st.summaries[w.name]
-            ctx.st.summaries[w.name] = dataclasses.replace(
-                summary, decision=UNCONFIRMED, reason=f"{summary.reason}; not confirmed on fresh engines"
-            )
-            assert again is not None and again.decision is not None
-            notes.append(
-                f"{w.name}: {g.decision.reason} on the first engines, but {again.decision.reason} — not a regression"
-            )
+            regressed.append((w, g))
+            notes[w.name] = ""
             continue
         if not _judged(ctx, g, CheckName.GUARD_WORKLOADS, w.name, OK):
             return False
         assert g is not None and g.decision is not None
-        notes.append(f"{w.name}: {g.decision.reason}")
-    ctx.st.add(CheckName.GUARD_WORKLOADS, Status.PASS, "; ".join(notes) or "no other workloads")
+        notes[w.name] = f"{w.name}: {g.decision.reason}"
+    for w, g in regressed:
+        note = _guard_check(ctx, w, g)
+        if note is None:
+            return False
+        notes[w.name] = note
+    ctx.st.add(CheckName.GUARD_WORKLOADS, Status.PASS, "; ".join(notes.values()) or "no other workloads")
     return True
+
+
+def _guard_check(ctx: _Ctx, w: WorkloadConfig, g: WorkloadRun) -> str | None:
+    """A guard's regression (``g``), confirmed like a win: measured again on fresh engines and seeds; only a regression
+    that holds there rejects (None: the failed check is recorded). Else the note for the passed check."""
+    assert g.decision is not None
+    ctx.say(f"{w.name} (guard)", f"{g.decision.reason}: measuring again on fresh engines")
+    # memory for the fresh sessions (under shared placement every session's engines stay up, frozen, until
+    # they are retired): the candidate's engines so far go
+    if not _retire(ctx, [k for k in ctx.pool.engines if not is_baseline_engine(k)], CheckName.GUARD_WORKLOADS):
+        return None
+    before = set(ctx.pool.engines)
+    again = _run_workload(ctx, w, GUARD_CHECK)
+    # nor are the re-measure's kept: memory stays bounded, and a later re-measure (this proposal's next guard,
+    # the next proposal's with a kept baseline) starts fresh engines instead of reusing these
+    if not _retire(ctx, [k for k in ctx.pool.engines if k not in before], CheckName.GUARD_WORKLOADS):
+        return None
+    if again is None or again.failure or again.decision is None or again.decision.action == REGRESSED:
+        if not _judged(ctx, again, CheckName.GUARD_WORKLOADS, w.name, OK):
+            failed = ctx.st.checks[-1]
+            ctx.st.checks[-1] = dataclasses.replace(
+                failed, detail=f"{failed.detail} (first run: {g.decision.reason}){_trade(ctx, w)}"
+            )
+            return None
+    summary = ctx.st.summaries[w.name]
+    ctx.st.summaries[w.name] = dataclasses.replace(
+        summary, decision=UNCONFIRMED, reason=f"{summary.reason}; not confirmed on fresh engines"
+    )
+    assert again is not None and again.decision is not None
+    return f"{w.name}: {g.decision.reason} on the first engines, but {again.decision.reason} — not a regression"
 
 
 def _trade(ctx: _Ctx, guard: WorkloadConfig) -> str:
@@ -751,11 +763,10 @@ def _retire(ctx: _Ctx, keys: list[str], check: CheckName = CheckName.CONFIRMATIO
     """Shut the engines ``keys`` down now (all of them, even if one fails); a failure is ``check``'s measurement
     error (fail closed), not a traceback."""
     failed = ""
-    for key in keys:
-        try:
-            ctx.pool.retire(key)
-        except (OSError, RuntimeError) as exc:
-            failed = failed or f"{type(exc).__name__}: {exc}"
+    try:
+        ctx.pool.retire_many(keys)  # together: each clean shutdown is mostly waiting
+    except (OSError, RuntimeError) as exc:
+        failed = f"{type(exc).__name__}: {exc}"
     if failed:
         ctx.st.add(
             check,

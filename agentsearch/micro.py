@@ -63,7 +63,7 @@ from harness.trials import (
     substitute,
     tail,
 )
-from harness.worker_protocol import clock_disagrees
+from harness.worker_protocol import SERVING_FILE, clock_disagrees
 from history.records import FailureKind
 from kernels import catalog
 from kernels import fork as kfork
@@ -76,7 +76,6 @@ from .sides import Sides
 from .workspace import git
 
 MICRO_SCHEMA = 1
-SERVING_FILE = "serving.json"
 CODE_PREFIXES = ("vllm/ir/", "vllm/kernels/")
 TRIAL_TIMEOUT_S = 300.0
 CHECK_TIMEOUT_S = 300.0

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
 import secrets
 import shutil
@@ -36,7 +37,7 @@ from harness.logprobs import (
 )
 from harness.safe_io import read_beneath
 from harness.trials import BASELINE, CANDIDATE
-from harness.worker_protocol import WorkerError, read_serving
+from harness.worker_protocol import SERVING_FILE, WorkerError, read_serving
 from history.records import ReferenceCheck, RegimeComparison
 
 from . import __version__, baseline_dumps
@@ -217,6 +218,25 @@ def kept_dumps(
     if regime is not None:
         return baseline_dumps.BaselineDumps(ws.state / baseline_dumps.MAIN_DIR, key, baseline_dumps.KEEP_REFERENCE)
     return baseline_dumps.BaselineDumps(ws.state / baseline_dumps.CACHE_DIR, key)
+
+
+def regime_only(repo_dir: Path, base: str, cand: str) -> bool:
+    """Whether ``cand`` changes nothing of ``base`` but regime keys in serving.json (a batching or caching knob): in any
+    regime but its own the candidate's run is then main's computation (the same code, engine arguments and
+    environment: the worker sets every regime key), and the check takes main's run instead of starting the candidate's
+    engine again. Read from the commits, as the sides were built."""
+    from .workspace import git
+
+    if base == cand:
+        return False
+    changes = git.diff_changes(repo_dir, base, cand)
+    if [c.paths for c in changes] != [(SERVING_FILE,)] or changes[0].status != "M":
+        return False
+    try:
+        a, b = (json.loads(git.show_file(repo_dir, c, SERVING_FILE) or "null") for c in (base, cand))
+    except ValueError:
+        return False
+    return regimes_mod.apart_from_regime(a, b)
 
 
 def side_regime(vc: VerifyConfig, worktree: Path, side: str) -> regimes_mod.Regime:
@@ -535,7 +555,8 @@ def run_verify(
         dv = judge_draws(*draws)
         draw_stats = {"passed": dv.passed, **dv.stats}
         reasons += list(dv.reasons)
-    against = _Against(ws, config, sd, reference, regimes, regime_base, main, say, keep=not public_only)
+    shared = vc.kind == "vllm" and regime_only(ws.repo_dir, sd.commits[BASELINE], sd.commits[CANDIDATE])
+    against = _Against(ws, config, sd, reference, regimes, regime_base, main, say, keep=not public_only, shared=shared)
     ref_info, ref_reasons, main_reasons = against.judge(
         base, cand, groups, paths, floor, ordered, s_ordered, candidate_failed=bool(reasons)
     )
@@ -612,9 +633,11 @@ class _Against:
         main: bool,
         say: Say,
         keep: bool = True,
+        shared: bool = False,
     ):
         self.ws, self.config, self.sd, self.reference, self.regimes = ws, config, sd, reference, regimes
         self.regime_base, self.main, self.say, self.keep = regime_base, main, say, keep
+        self.shared = shared  # the candidate changes only regime keys: main's run stands for its run elsewhere
         assert config.verify is not None
         self.vc: VerifyConfig = config.verify
 
@@ -664,12 +687,16 @@ class _Against:
                         main_r = base
                     elif self.reference == base_commit:
                         main_r = ref_r  # main is the reference: the same computation
-                    elif self.main and own:
-                        main_r = cand
+                    elif (self.main or self.shared) and own:
+                        main_r = cand  # main's code in the candidate's regime is the candidate's run
                     else:
                         self.say("verify", f"main at {label}")
                         main_r = self._trusted_run(trusted, BASELINE, regime, n, ordered, sample)
-                    cand_r = cand if own else (main_r if self.main else self._candidate_run(regime, n, ordered))
+                    if own or not (self.main or self.shared):
+                        cand_r = cand if own else self._candidate_run(regime, n, ordered)
+                    else:
+                        cand_r = main_r
+                        self.say("verify", f"candidate at {label}: main's run (it changes only regime keys)")
                     # the candidate against the reference: the drift budget
                     sets, why_ref, _ = _judge_sets(ref_r, cand_r, groups, rpaths, floor, mode, caps, vc.dtype)
                     # the candidate against main in the same regime: the per-change rule, in every regime (the
@@ -683,7 +710,13 @@ class _Against:
                     failed = bool(why_ref or why_main or (own and candidate_failed))
                     rows.append(
                         RegimeComparison(
-                            label, not why_ref, dict(regime), own=own, against_main=not why_main, sets=sets
+                            label,
+                            not why_ref,
+                            dict(regime),
+                            own=own,
+                            against_main=not why_main,
+                            sets=sets,
+                            shared=self.shared and not self.main,
                         )
                     )
                     if why_ref and not (ref_r is base and cand_r is cand and not vc.drift_budget):

@@ -84,3 +84,18 @@ def describe(regime: Mapping[str, Any], against: Mapping[str, Any] | None = None
 
 
 __all__ = ["REGIME_KEYS", "Regime", "RegimeError", "check_value", "effective", "with_overrides", "key", "describe"]
+
+
+def apart_from_regime(a: Any, b: Any) -> bool:
+    """Whether two parsed serving.json files are the same but for the ``REGIME_KEYS`` of their engine sections: run in
+    one regime (the worker sets every regime key), their engines get the same arguments and environment."""
+    if not isinstance(a, dict) or not isinstance(b, dict):
+        return False
+
+    def rest(x: dict) -> dict:
+        engine = x.get("engine", {})
+        if not isinstance(engine, dict):
+            return {"\0not an object": engine}
+        return {**x, "engine": {k: v for k, v in engine.items() if k not in REGIME_KEYS}}
+
+    return rest(a) == rest(b)

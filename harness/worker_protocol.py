@@ -34,11 +34,14 @@ def failure_of(exc: BaseException) -> str:
     return TIMEOUT if isinstance(exc, WorkerTimeout) else CRASH
 
 
+SERVING_FILE = "serving.json"  # the fork's serving config: the engine arguments and environment proposals may change
+
+
 def read_serving(worktree: Path) -> Any:
     """The worktree's serving.json ({} when absent), read without following links and size-capped."""
     from .safe_io import read_beneath
 
-    path = worktree / "serving.json"
+    path = worktree / SERVING_FILE
     if not path.exists() and not path.is_symlink():
         return {}
     try:

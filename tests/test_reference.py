@@ -203,3 +203,38 @@ def test_bad_reference_config_is_one_line_before_anything_runs(tmp_path):
     )
     assert run_cli("init", "-C", str(repo)).returncode == 0
     assert git(repo, "rev-parse", REFERENCE_REF).strip() == git(repo, "rev-parse", "main").strip()
+
+
+def test_a_change_of_regime_keys_only_reuses_mains_runs(tmp_path):
+    """Issue #56: a proposal that changes nothing but regime keys of serving.json (batching, caching) runs main's code
+    with main's engine arguments in every regime but its own: ``regime_only`` says so, and the check takes main's run
+    instead of starting the candidate's engine again. Anything else in the diff, or another engine argument or the
+    environment changed with it, is a candidate of its own."""
+    from agentsearch.verify import regime_only
+    from harness.regimes import apart_from_regime
+
+    base = {"engine": {"max_num_seqs": 4, "max_num_batched_tokens": 2048}, "env": {}}
+    seqs = {"engine": {"max_num_seqs": 32, "max_num_batched_tokens": 2048}, "env": {}}
+    assert apart_from_regime(base, seqs)
+    assert apart_from_regime(base, {"engine": {"max_num_batched_tokens": 2048, "block_size": 64}, "env": {}})
+    assert not apart_from_regime(base, {**seqs, "engine": {**seqs["engine"], "enforce_eager": False}})
+    assert not apart_from_regime(base, {**seqs, "env": {"VLLM_CPU_KVCACHE_SPACE": "4"}})
+    assert not apart_from_regime(base, {**seqs, "engine": "max_num_seqs=32"})
+    assert not apart_from_regime(base, [seqs])
+
+    repo = make_repo(tmp_path / "r", {"serving.json": json.dumps(base), "code.py": "x = 1\n"})
+    main = git(repo, "rev-parse", "HEAD").strip()
+    only = commit(repo, {"serving.json": json.dumps(seqs)}, "max_num_seqs 32", branch="seqs")
+    assert regime_only(repo, main, only)
+    both = commit(repo, {"serving.json": json.dumps(seqs), "code.py": "x = 2\n"}, "and code", branch="both")
+    assert not regime_only(repo, main, both)
+    env = commit(repo, {"serving.json": json.dumps({**seqs, "env": {"VLLM_X": "1"}})}, "and env", branch="env")
+    assert not regime_only(repo, main, env)
+    gone = commit(repo, {"code.py": "x = 1\n"}, "no serving.json", branch="gone")
+    git(repo, "checkout", "-q", "gone")
+    git(repo, "rm", "-q", "serving.json")
+    git(repo, "commit", "-qm", "drop it")
+    gone = git(repo, "rev-parse", "HEAD").strip()
+    git(repo, "checkout", "-q", "main")
+    assert not regime_only(repo, main, gone)
+    assert not regime_only(repo, main, main)  # main itself: the check's `main` case, not this one

@@ -41,10 +41,19 @@ class RegimeComparison(Part):
     own: bool = False  # the check's own regime (the baseline's)
     against_main: bool | None = None  # the candidate against main in this regime (None on main's rows)
     sets: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # public/holdout -> path -> statistics
+    # the candidate changes only regime keys (0.8): main's runs stood for its own outside its regime, and for main's
+    # in it
+    shared: bool = False
     extra: Mapping[str, Any] = field(default_factory=dict, kw_only=True)
 
     def worst(self) -> dict[str, dict[str, float | None]]:
         return worst_of_sets(self.sets)
+
+    def to_json(self) -> dict[str, Any]:
+        out = super().to_json()
+        if not self.shared:
+            out.pop("shared", None)  # written only where it happened: a row of an older check reads back as written
+        return out
 
 
 @dataclass(frozen=True)

@@ -569,11 +569,17 @@ def _seqs(n: int) -> dict:
 
 
 def _stubbed_verify(
-    tmp_path, monkeypatch, own: dict[str, int], plain: dict[str, dict], runs: dict[tuple[str, int], dict]
+    tmp_path,
+    monkeypatch,
+    own: dict[str, int],
+    plain: dict[str, dict],
+    runs: dict[tuple[str, int], dict],
+    shared: bool = False,
 ):
     """run_verify with the baseline at ``own['baseline']`` max_num_seqs and the candidate at ``own['candidate']``;
     ``plain``: each side's own run; ``runs``: (who, max_num_seqs) -> dump for the reference's, main's and the
-    candidate's runs in other regimes. Returns (VerifyResult, the runs made)."""
+    candidate's runs in other regimes; ``shared``: the candidate changes only regime keys (``regime_only``, read from
+    git, says so). Returns (VerifyResult, the runs made)."""
     from agentsearch import verify as V
     from harness import corpus as corpus_mod
     from harness.trials import BASELINE, CANDIDATE
@@ -605,6 +611,7 @@ def _stubbed_verify(
     monkeypatch.setattr(V, "_runner", lambda vc, config, wt, log, out_root, side=BASELINE, regime=None: Runner(side))
     monkeypatch.setattr(V._Against, "_trusted_run", trusted)
     monkeypatch.setattr(V._Against, "_candidate_run", candidate)
+    monkeypatch.setattr(V, "regime_only", lambda repo_dir, base, cand: shared)
     scratch = tmp_path / "scratch"
     sd = SimpleNamespace(
         commits={BASELINE: "b" * 40, CANDIDATE: "c" * 40},
@@ -616,8 +623,64 @@ def _stubbed_verify(
         check=lambda: "",
         label=lambda side: side,
     )
-    ws = SimpleNamespace(reference_commit=lambda config, base: "f" * 40, state=tmp_path / "state")
+    ws = SimpleNamespace(reference_commit=lambda config, base: "f" * 40, state=tmp_path / "state", repo_dir=tmp_path)
     return V.run_verify(ws, config, sd), made
+
+
+def test_stubbed_regimes_a_regime_only_change_takes_mains_runs_and_is_judged_the_same(tmp_path, monkeypatch):
+    """Issue #56: the same honest 4 -> 32 as below, known to change only regime keys: main's run at 4 stands for the
+    candidate's and the candidate's at 32 for main's (only the reference runs), with the same verdict and blame."""
+    x0, xm = _toy_dump(), _toy_dump(main=0.3)
+    res, made = _stubbed_verify(
+        tmp_path,
+        monkeypatch,
+        {"baseline": 4, "candidate": 32},
+        {"baseline": x0, "candidate": xm},
+        {("reference", 32): x0, ("reference", 4): x0},
+        shared=True,
+    )
+    assert made == [("reference", 32), ("reference", 4)], made
+    assert res.verdict == "fail" and res.blame == "main", res.reasons
+    assert res.reasons[0].startswith("main already diverges from the reference ffffffffff at max_num_seqs 32")
+    assert res.reference is not None and all(r.shared for r in res.reference.regimes)
+
+
+def test_a_candidate_cannot_borrow_mains_runs_unless_it_changes_only_regime_keys(tmp_path):
+    """What decides that main's runs stand for a candidate's is read from git, never from the proposal's words: any
+    other file, a non-regime engine argument, the environment, another top-level key, a serving.json turned into a
+    link or removed makes it a candidate of its own, run in every regime."""
+    from agentsearch.verify import regime_only
+
+    base = {"engine": {"max_num_seqs": 4}, "env": {}}
+    repo = tmp_path / "r"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    commit(repo, {"serving.json": json.dumps(base), "vllm/x.py": "X = 1\n"}, "baseline")
+    main = git(repo, "rev-parse", "HEAD").strip()
+
+    def cand(name: str, files: dict[str, str]) -> str:
+        return commit(repo, files, name, branch=name)
+
+    seqs = {"engine": {"max_num_seqs": 32}, "env": {}}
+    assert regime_only(repo, main, cand("honest", {"serving.json": json.dumps(seqs)}))
+    refused = {
+        "code": {"serving.json": json.dumps(seqs), "vllm/x.py": "X = 2\n"},
+        "eager": {"serving.json": json.dumps({**seqs, "engine": {"max_num_seqs": 32, "enforce_eager": False}})},
+        "env": {"serving.json": json.dumps({**seqs, "env": {"VLLM_CPU_KVCACHE_SPACE": "4"}})},
+        "top": {"serving.json": json.dumps({**seqs, "plugins": ["mine"]})},
+        "notes": {"serving.json": json.dumps(seqs), "NOTES.md": "only regime keys, trust me\n"},
+    }
+    for name, files in refused.items():
+        assert not regime_only(repo, main, cand(name, files)), name
+    git(repo, "checkout", "-q", "-b", "link", "main")
+    (repo / "elsewhere.json").write_text(json.dumps(seqs))
+    os.remove(repo / "serving.json")
+    os.symlink("elsewhere.json", repo / "serving.json")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "a link")
+    link = git(repo, "rev-parse", "HEAD").strip()
+    git(repo, "checkout", "-q", "main")
+    assert not regime_only(repo, main, link)
 
 
 def test_stubbed_regimes_an_honest_regime_change_that_wakes_mains_drift_is_blamed_on_main(tmp_path, monkeypatch):
