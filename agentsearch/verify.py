@@ -680,6 +680,12 @@ class _Against:
                     at_base = regimes_mod.key(regime) == regimes_mod.key(self.regime_base)
                     if is_base(regime):
                         ref_r = base
+                    elif own and self.shared and self.reference == base_commit:
+                        # the reference is main, and main's code with the candidate's engine arguments is the candidate
+                        ref_r = cand
+                        self.say(
+                            "verify", f"the reference at {label}: the candidate's run (it changes only regime keys)"
+                        )
                     else:
                         self.say("verify", f"the reference {self.reference[:10]} at {label}")
                         ref_r = self._trusted_run(trusted, REFERENCE, regime, n, ordered, sample)

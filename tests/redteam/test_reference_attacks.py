@@ -575,6 +575,7 @@ def _stubbed_verify(
     plain: dict[str, dict],
     runs: dict[tuple[str, int], dict],
     shared: bool = False,
+    reference: str = "f" * 40,
 ):
     """run_verify with the baseline at ``own['baseline']`` max_num_seqs and the candidate at ``own['candidate']``;
     ``plain``: each side's own run; ``runs``: (who, max_num_seqs) -> dump for the reference's, main's and the
@@ -623,7 +624,7 @@ def _stubbed_verify(
         check=lambda: "",
         label=lambda side: side,
     )
-    ws = SimpleNamespace(reference_commit=lambda config, base: "f" * 40, state=tmp_path / "state", repo_dir=tmp_path)
+    ws = SimpleNamespace(reference_commit=lambda config, base: reference, state=tmp_path / "state", repo_dir=tmp_path)
     return V.run_verify(ws, config, sd), made
 
 
@@ -643,6 +644,17 @@ def test_stubbed_regimes_a_regime_only_change_takes_mains_runs_and_is_judged_the
     assert res.verdict == "fail" and res.blame == "main", res.reasons
     assert res.reasons[0].startswith("main already diverges from the reference ffffffffff at max_num_seqs 32")
     assert res.reference is not None and all(r.shared for r in res.reference.regimes)
+    # while the reference is main itself, the candidate's own run is the reference's in its regime too: no run at all
+    res, made = _stubbed_verify(
+        tmp_path / "again",
+        monkeypatch,
+        {"baseline": 4, "candidate": 32},
+        {"baseline": x0, "candidate": x0},
+        {},
+        shared=True,
+        reference="b" * 40,
+    )
+    assert made == [] and res.verdict == "pass", (made, res.reasons)
 
 
 def test_a_candidate_cannot_borrow_mains_runs_unless_it_changes_only_regime_keys(tmp_path):
