@@ -1,7 +1,7 @@
 """What one decision costs: seconds by stage, engine sessions and starts, pairs — from real histories (issue #56).
 
     .venv/bin/python benchmarks/judge_cost.py FORK [FORK ...] [--start-s 90] [--csv out.csv] [--plot out.png]
-    .venv/bin/python benchmarks/judge_cost.py --run DIR [--reps 1]   # make a fork, evaluate a no-op, a win, a slowdown
+    .venv/bin/python benchmarks/judge_cost.py --run DIR [--reps 1] [--only slowdown]  # no-op, win, slowdown
 
 Reads every judged proposal of each fork's history (``.git/agentsearch/history.jsonl``, any released version's) and
 splits its wall time by stage, from the trials' own time stamps: *objective* (from the proposal's creation to its last
@@ -160,7 +160,7 @@ def plot(rows: list[dict], out: Path) -> None:
     fig.savefig(out, dpi=110)
 
 
-def run(fork: Path, reps: int) -> None:
+def run(fork: Path, reps: int, only: list[str]) -> None:
     venv = Path(sys.executable).parent
     agentsearch = str(venv / "agentsearch")
     if not (fork / ".git").exists():
@@ -168,6 +168,8 @@ def run(fork: Path, reps: int) -> None:
     subprocess.run([agentsearch, "model", "tiny"], check=True, capture_output=True)
     base = json.loads((fork / "serving.json").read_text())
     for name, (change, about) in PROPOSALS.items():
+        if only and name not in only:
+            continue
         serving = {
             **base,
             "engine": {**base["engine"], **change.get("engine", {})},
@@ -189,13 +191,14 @@ def main() -> int:
     ap.add_argument("forks", nargs="*", type=Path, help="embedded forks whose histories to read")
     ap.add_argument("--run", type=Path, help="make a fork here and evaluate a no-op, the known win and a slowdown")
     ap.add_argument("--reps", type=int, default=1)
+    ap.add_argument("--only", action="append", default=[], choices=sorted(PROPOSALS), help="judge only these (repeat)")
     ap.add_argument("--start-s", type=float, default=90.0, help="an engine start on the GPU you serve on, seconds")
     ap.add_argument("--csv", type=Path)
     ap.add_argument("--plot", type=Path, help="a stacked bar chart of the stages (PNG)")
     args = ap.parse_args()
     forks = list(args.forks)
     if args.run:
-        run(args.run, args.reps)
+        run(args.run, args.reps, args.only)
         forks.append(args.run)
     if not forks:
         ap.error("name at least one fork, or --run DIR")
