@@ -229,14 +229,32 @@ def regime_only(repo_dir: Path, base: str, cand: str) -> bool:
 
     if base == cand:
         return False
-    changes = git.diff_changes(repo_dir, base, cand)
-    if [c.paths for c in changes] != [(SERVING_FILE,)] or changes[0].status != "M":
+    # every path, submodules included whatever .gitmodules says, renames as a deletion and an addition
+    out = git.run_git(
+        "diff",
+        "--name-status",
+        "-z",
+        "--no-renames",
+        "--ignore-submodules=none",
+        "--no-ext-diff",
+        base,
+        cand,
+        cwd=repo_dir,
+    )
+    if out.split("\0")[:3] != ["M", SERVING_FILE, ""]:
         return False
     try:
         a, b = (json.loads(git.show_file(repo_dir, c, SERVING_FILE) or "null") for c in (base, cand))
     except ValueError:
         return False
     return regimes_mod.apart_from_regime(a, b)
+
+
+def _serving_of(worktree: Path) -> Any:
+    try:
+        return read_serving(worktree)
+    except WorkerError:
+        return None
 
 
 def side_regime(vc: VerifyConfig, worktree: Path, side: str) -> regimes_mod.Regime:
@@ -555,7 +573,12 @@ def run_verify(
         dv = judge_draws(*draws)
         draw_stats = {"passed": dv.passed, **dv.stats}
         reasons += list(dv.reasons)
-    shared = vc.kind == "vllm" and regime_only(ws.repo_dir, sd.commits[BASELINE], sd.commits[CANDIDATE])
+    # ... and what the sides' workers read from their worktrees agrees (a checkout filter could make the file differ)
+    shared = (
+        vc.kind == "vllm"
+        and regime_only(ws.repo_dir, sd.commits[BASELINE], sd.commits[CANDIDATE])
+        and regimes_mod.apart_from_regime(*(_serving_of(worktrees[s]) for s in (BASELINE, CANDIDATE)))
+    )
     against = _Against(ws, config, sd, reference, regimes, regime_base, main, say, keep=not public_only, shared=shared)
     ref_info, ref_reasons, main_reasons = against.judge(
         base, cand, groups, paths, floor, ordered, s_ordered, candidate_failed=bool(reasons)

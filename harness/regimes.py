@@ -88,7 +88,9 @@ __all__ = ["REGIME_KEYS", "Regime", "RegimeError", "check_value", "effective", "
 
 def apart_from_regime(a: Any, b: Any) -> bool:
     """Whether two parsed serving.json files are the same but for the ``REGIME_KEYS`` of their engine sections: run in
-    one regime (the worker sets every regime key), their engines get the same arguments and environment."""
+    one regime (the worker sets every regime key), their engines get the same arguments and environment. Compared as
+    JSON text, types kept: ``1``, ``1.0`` and ``true`` are equal in Python but reach an engine (or an environment
+    variable, ``str(v)``) as different values."""
     if not isinstance(a, dict) or not isinstance(b, dict):
         return False
 
@@ -98,4 +100,7 @@ def apart_from_regime(a: Any, b: Any) -> bool:
             return {"\0not an object": engine}
         return {**x, "engine": {k: v for k, v in engine.items() if k not in REGIME_KEYS}}
 
-    return rest(a) == rest(b)
+    try:
+        return json.dumps(rest(a), sort_keys=True) == json.dumps(rest(b), sort_keys=True)
+    except (TypeError, ValueError):
+        return False

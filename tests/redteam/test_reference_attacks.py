@@ -663,7 +663,7 @@ def test_a_candidate_cannot_borrow_mains_runs_unless_it_changes_only_regime_keys
     link or removed makes it a candidate of its own, run in every regime."""
     from agentsearch.verify import regime_only
 
-    base = {"engine": {"max_num_seqs": 4}, "env": {}}
+    base = {"engine": {"max_num_seqs": 4, "max_model_len": 1024}, "env": {"VLLM_FOO": 1, "VLLM_BAR": 0}}
     repo = tmp_path / "r"
     repo.mkdir()
     git(repo, "init", "-q", "-b", "main")
@@ -673,7 +673,7 @@ def test_a_candidate_cannot_borrow_mains_runs_unless_it_changes_only_regime_keys
     def cand(name: str, files: dict[str, str]) -> str:
         return commit(repo, files, name, branch=name)
 
-    seqs = {"engine": {"max_num_seqs": 32}, "env": {}}
+    seqs = {**base, "engine": {**base["engine"], "max_num_seqs": 32}}
     assert regime_only(repo, main, cand("honest", {"serving.json": json.dumps(seqs)}))
     refused = {
         "code": {"serving.json": json.dumps(seqs), "vllm/x.py": "X = 2\n"},
@@ -681,6 +681,9 @@ def test_a_candidate_cannot_borrow_mains_runs_unless_it_changes_only_regime_keys
         "env": {"serving.json": json.dumps({**seqs, "env": {"VLLM_CPU_KVCACHE_SPACE": "4"}})},
         "top": {"serving.json": json.dumps({**seqs, "plugins": ["mine"]})},
         "notes": {"serving.json": json.dumps(seqs), "NOTES.md": "only regime keys, trust me\n"},
+        # equal in Python, not to the engine: env values reach it as str(v) ("1.0", "False"), arguments typed
+        "types": {"serving.json": json.dumps({**seqs, "env": {"VLLM_FOO": 1.0, "VLLM_BAR": False}})},
+        "argtype": {"serving.json": json.dumps({**seqs, "engine": {**seqs["engine"], "max_model_len": 1024.0}})},
     }
     for name, files in refused.items():
         assert not regime_only(repo, main, cand(name, files)), name
