@@ -81,7 +81,9 @@ def test_a_change_dormant_on_main_is_blamed_on_main_when_an_honest_proposal_wake
     )
     rows = {r["label"]: r["passed"] for r in mine["reference"]["regimes"]}
     assert rows == {"max_num_seqs 4": True, "max_num_seqs 32": False}, rows
-    assert mine["reference"]["reused"] >= 1  # the reference at 32 is kept from the first check
+    # the first check ran no reference at 32 (the reference was main: the candidate's own run stood for it, issue #56),
+    # so this one runs it, and keeps it for the next
+    assert mine["reference"]["collected"] >= 1
 
     # the same honest proposal on this main: refused, with main named as the cause
     commit(fork, {"serving.json": serving(32)}, "max_num_seqs 32", branch="seqs32b", start=main)
