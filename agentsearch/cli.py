@@ -517,6 +517,28 @@ def report(target: Path, what: str, fmt: str, output: Path | None, as_json: bool
     show_default=True,
     help="Open it through the forge's REST API ([forge], a token in its variable) or with the GitHub CLI `gh`.",
 )
+@click.option(
+    "--upstream",
+    default=None,
+    metavar="NAME",
+    help="Follow an upstream project's rules for the pull request (default: [forge] upstream; '' for none): vllm "
+    "asks for a named owner, the duplicate search, test and model-evaluation results, an AI-assistance statement "
+    "and Co-authored-by/Signed-off-by trailers (docs/guide/forge.md, *Upstream pull requests*).",
+)
+@click.option(
+    "--owner",
+    default="",
+    metavar="'NAME <EMAIL>'",
+    help="Upstream: the human who has reviewed every changed line and vouches for it (default: [forge] owner); "
+    "the commit is theirs and signed off by them.",
+)
+@click.option(
+    "--not-duplicate",
+    default="",
+    metavar="TEXT",
+    help="Upstream: why the open pull requests the duplicate search found are not this one (the owner's words, "
+    "quoted in the body); needed only when it found any.",
+)
 def pr(
     target: Path,
     proposal: str,
@@ -529,6 +551,9 @@ def pr(
     via: str,
     as_json: bool,
     revert_merge: bool,
+    upstream: str | None,
+    owner: str,
+    not_duplicate: str,
 ) -> None:
     """Push a proposal's branch and open a pull request (the forge's REST API, or `gh`) with its evidence: the
     one-line verdict, a compact table, plots, folded details and the command that reproduces it.
@@ -538,7 +563,16 @@ def pr(
     from .commands.report import PullRequestOptions, pr, pr_revert
 
     how = PullRequestOptions(
-        remote=remote, dry_run=dry_run, output=output, force=force, draft=draft, via=via, as_json=as_json
+        remote=remote,
+        dry_run=dry_run,
+        output=output,
+        force=force,
+        draft=draft,
+        via=via,
+        as_json=as_json,
+        upstream=upstream,
+        owner=owner,
+        not_duplicate=not_duplicate,
     )
     if revert_merge:
         dispatch(pr_revert, config=True, target=target, what=proposal, how=how)

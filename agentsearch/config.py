@@ -12,6 +12,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import re
 import tomllib
 import types
 import typing
@@ -625,6 +626,9 @@ class StackConfig:
 
 
 FORGE_KINDS = ("github", "gitea")
+UPSTREAMS = ("vllm",)  # [forge] upstream: projects whose contribution rules `pr` knows (agentsearch.upstream)
+# a person as git writes one: a name, then an address in angle brackets
+OWNER_RE = re.compile(r"[^<>\x00-\x1f]*[^<>\s\x00-\x1f] <[^<>@\s]+@[^<>@\s]+>")
 
 
 @dataclass(frozen=True)
@@ -656,6 +660,18 @@ class ForgeConfig:
         "a required check where the pending status blocks.",
         False,
     )
+    upstream: str = doc(
+        "The project whose contribution rules `pr` follows: empty (agentsearch's own evidence body) or vllm "
+        "(vLLM's rules for AI-assisted pull requests: a named human owner, the duplicate search, test and "
+        "model-evaluation results, an AI-assistance statement, Co-authored-by and Signed-off-by trailers).",
+        "",
+    )
+    owner: str = doc(
+        "The human who submits and vouches for an upstream pull request, as `Name <email>` (`pr --owner` "
+        "overrides it): the commits are theirs and signed off by them. Without one, an upstream pull request is "
+        "refused.",
+        "",
+    )
 
     def __post_init__(self) -> None:
         if self.kind not in FORGE_KINDS:
@@ -670,6 +686,10 @@ class ForgeConfig:
             raise ValueError(f"expected a non-empty name of at most 100 characters, got {self.context!r}|context")
         if self.check_runs and self.kind != "github":
             raise ValueError("check runs are GitHub's (an App's token); Gitea has commit statuses only|check_runs")
+        if self.upstream not in ("", *UPSTREAMS):
+            raise ValueError(f"expected empty or one of {', '.join(UPSTREAMS)}, got {self.upstream!r}|upstream")
+        if self.owner and not OWNER_RE.fullmatch(self.owner):
+            raise ValueError(f"expected `Name <email>`, got {self.owner!r}|owner")
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,7 @@ from .proposers.base import Candidate, Proposer
 from .report import reproduce_command
 from .warm_baseline import WarmBaseline
 from .workspace import Workspace, git
+from .workspace.history_head import lost_move
 from .workspace.history_head import trailers as history_trailers
 
 EPISODE_SCHEMA = 1
@@ -216,6 +217,11 @@ class Episode:
         )
         summary.update(extra)
         self.state.finished = summary
+        # the report's merges and reverts reconciled with git: a baseline that lacks one is the episode's error,
+        # named, after everything is recorded (`history verify` also names commits nobody judged)
+        problem = lost_move(self.ws.repo_dir, self.ws.baseline_branch, list(self.log.entries()))
+        if problem:
+            raise AgentsearchError(f"the episode's end: {problem}")
         return summary
 
     def cost(self) -> float:

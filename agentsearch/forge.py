@@ -120,6 +120,32 @@ class Comment:
         )
 
 
+@dataclass(frozen=True)
+class FoundPull:
+    """A pull request a search found (the forge's words: untrusted text, shown escaped)."""
+
+    number: int
+    title: str
+    state: str
+    html_url: str
+
+    @classmethod
+    def of(cls, d: Any) -> FoundPull:
+        return _readable("a search result", cls._of, d)
+
+    @classmethod
+    def _of(cls, d: Mapping[str, Any]) -> FoundPull:
+        return cls(
+            number=int(d["number"]),
+            title=str(d.get("title") or ""),
+            state=str(d.get("state") or ""),
+            html_url=str(d.get("html_url") or ""),
+        )
+
+
+SEARCH_LIMIT = 10  # results read per query
+
+
 def api_root(kind: str, url: str) -> str:
     url = url.rstrip("/")
     if kind == "gitea":
@@ -302,6 +328,20 @@ class Forge:
             except ForgeError as exc:
                 bad.append(str(exc))
         return prs, bad
+
+    def search_pulls(self, terms: str, state: str = "open") -> list[FoundPull]:
+        """The first ``SEARCH_LIMIT`` pull requests of the repository in ``state`` whose text matches ``terms``:
+        GitHub's issue search (``repo:… is:pr is:open terms``), Gitea's issue list (``type=pulls&q=terms``)."""
+        if self.kind == "github":
+            q = f"repo:{self.repo} is:pr is:{state} {terms}"
+            d = self._json("GET", "/search/issues", params={"q": q, "per_page": SEARCH_LIMIT})
+            items = d.get("items") if isinstance(d, dict) else None
+        else:
+            params = {"type": "pulls", "state": state, "q": terms, "limit": SEARCH_LIMIT}
+            items = self._json("GET", f"/repos/{self.repo}/issues", params=params)
+        if not isinstance(items, list):
+            raise ForgeError(f"{self.kind} search of pull requests: expected a list of results")
+        return [FoundPull.of(d) for d in items[:SEARCH_LIMIT]]
 
     def pull(self, number: int) -> PullRequest:
         return PullRequest.of(self._json("GET", f"/repos/{self.repo}/pulls/{int(number)}"))

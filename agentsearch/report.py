@@ -722,6 +722,12 @@ def render_pr(ev: Evidence, images: Mapping[str, str], plots_note: str = "") -> 
     return tpl.render(**context(ev, images, local=False), plots_note=plots_note)
 
 
+def render_upstream_pr(ev: Evidence, template: str, **upstream: Any) -> str:
+    """An upstream project's pull-request body (agentsearch.upstream: its profile's ``template``): the same
+    evidence in the sections that project's rules ask for, with the owner, the searches and the attribution."""
+    return _env().get_template(template).render(**context(ev, {}, local=False), **upstream)
+
+
 def render_pr_review(ev: Evidence, **review: Any) -> str:
     """The review bot's comment on a pull request (``agentsearch.review_bot``): its marker and outcome, then the
     same evidence as a PR body (pr.md.j2), how far to trust it, and the commands it answers."""

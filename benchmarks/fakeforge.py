@@ -42,6 +42,7 @@ class FakeForge:
         self.app_tokens: set[str] = set()  # tokens that may create check runs (a GitHub App's installation tokens)
         self.faults: list[tuple[int, dict[str, str]]] = []  # (status, headers) answered to the next requests
         self.log: list[tuple[str, str]] = []
+        self.searches: list[str] = []  # the queries of pull-request searches, as asked
         self.lock = threading.Lock()
         self._next_id = 1000
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
@@ -142,6 +143,15 @@ class FakeForge:
         path = path[len(prefix) :]
         if path == "/user":
             return 200, {"login": login}, {}
+        if path == "/search/issues" and method == "GET" and self.kind == "github":
+            words = query.get("q", "").split()
+            self.searches.append(query.get("q", ""))
+            scope = {w.split(":", 1)[0]: w.split(":", 1)[1] for w in words if ":" in w}
+            if scope.get("repo") != self.repo or scope.get("is") not in ("pr", "open", "closed"):
+                return 422, {"message": "Validation Failed: the search names no repository of this forge"}, {}
+            with self.lock:
+                found = self._search([w for w in words if ":" not in w], "open" if "is:open" in words else "all")
+            return 200, {"total_count": len(found), "items": found[: int(query.get("per_page", "30"))]}, {}
         m = re.fullmatch(rf"/repos/{re.escape(self.repo)}(/.*)", path)
         if m is None:
             return 404, {"message": "Not Found"}, {}
@@ -165,9 +175,29 @@ class FakeForge:
             )
         return 200, chunk, headers
 
+    def _search(self, terms: list[str], state: str) -> list[dict[str, Any]]:
+        """Pull requests whose title or body holds every term (case-insensitive), as issue-shaped results."""
+        terms = [t.strip('"').lower() for t in terms if t.strip('"')]
+        return [
+            {
+                "number": p["number"],
+                "title": p["title"],
+                "state": p["state"],
+                "html_url": p["html_url"],
+                "pull_request": {},
+            }
+            for p in self.prs.values()
+            if (state == "all" or p["state"] == state)
+            and all(t in (p["title"] + "\n" + p["body"]).lower() for t in terms)
+        ]
+
     def _route(
         self, method: str, rest: str, query: dict[str, str], login: str, body: Any
     ) -> tuple[int, Any, dict[str, str]]:
+        if rest == "/issues" and method == "GET" and self.kind == "gitea" and query.get("type") == "pulls":
+            self.searches.append(query.get("q", ""))
+            found = self._search(query.get("q", "").split(), query.get("state", "open"))
+            return 200, found[: int(query.get("limit", "30"))], {}
         if rest == "/pulls" and method == "GET":
             state = query.get("state", "open")
             return self._page([p for p in self.prs.values() if state == "all" or p["state"] == state], rest, query)

@@ -14,10 +14,37 @@ from typing import Any
 
 import click
 
+from history.records.text import clean
+
 from ..errors import AgentsearchError
 from ..headline import pct
 from ..records import read_entries
-from ..report import Evidence, RevertCase, gather, plots, render, render_pr, revert_markdown, revert_title, to_json
+from ..report import (
+    Evidence,
+    RevertCase,
+    gather,
+    plots,
+    render,
+    render_pr,
+    render_upstream_pr,
+    revert_markdown,
+    revert_title,
+    to_json,
+)
+from ..upstream import (
+    Owner,
+    Profile,
+    branch_name,
+    coauthor,
+    commit_message,
+    profile_of,
+    prompt_hash,
+    refuse_duplicates,
+    search,
+    search_terms,
+    serving_only,
+    upstream_commit,
+)
 from ..workspace import Workspace, git
 from .output import out, print_json
 from .proposal_ids import refuse_ambiguous_verdict
@@ -98,6 +125,9 @@ class PullRequestOptions:
     draft: bool = False
     via: str = "forge"  # forge (its REST API) | gh
     as_json: bool = False
+    upstream: str | None = None  # an upstream project's rules (agentsearch.upstream); None: [forge] upstream
+    owner: str = ""  # the human who vouches for an upstream pull request (else [forge] owner)
+    not_duplicate: str = ""  # the owner's words: why the open pull requests the search found are not this one
 
 
 def pr(target: Path, what: str, how: PullRequestOptions, with_plots: bool = True) -> int:
@@ -109,15 +139,105 @@ def pr(target: Path, what: str, how: PullRequestOptions, with_plots: bool = True
         raise AgentsearchError(
             f"{what!r} is not an episode proposal with a branch; `pr` opens a PR for a proposal branch"
         )
+    cfg = ws.config().forge
+    upstream = cfg.upstream if how.upstream is None else how.upstream
+    if upstream:  # the owner first: without one nothing else is asked, written or pushed
+        profile = profile_of(upstream)
+        owner = Owner.of(how.owner or cfg.owner, profile.project)
+        if how.via != "forge":
+            raise AgentsearchError(
+                f"an upstream pull request searches {profile.project}'s open pull requests for duplicates through the "
+                "forge's API: use --via forge (a token in [forge] token_env)"
+            )
     refuse_unless_forced(ev, how.force)
     if not git.branch_exists(ws.repo_dir, branch):
         raise AgentsearchError(f"branch {branch!r} no longer exists in {ws.repo_dir}")
+    if upstream:
+        refuse_not_upstreamable(ws, ev, profile)
     url, gh, forge = channel(ws, how)
     try:
+        if upstream:
+            return _pr_upstream(ws, ev, how, profile, owner, forge)
         return _pr(ws, ev, how, with_plots, url, gh, forge)
     finally:
         if forge is not None:
             forge.close()
+
+
+def refuse_not_upstreamable(ws: Workspace, ev: Evidence, profile: Profile) -> None:
+    """What an upstream project cannot take, in one line: a change of the fork's own configuration only, or one
+    without the model evaluation its rules ask for."""
+    pid = ev.proposal_id or ev.what
+    files = tuple(ev.proposal.files) if ev.proposal else ()
+    if serving_only(files, ws.config()):
+        raise AgentsearchError(
+            f"{pid} changes only {', '.join(files)} (the fork's serving configuration), not {profile.project}'s code: "
+            "there is nothing to send upstream; share the setting as a deployment note instead"
+        )
+    if ev.verdict.distribution is None:
+        raise AgentsearchError(
+            f"{pid} has no distribution check in its evidence, and {profile.project}'s rules ask for model-evaluation "
+            "results when a change can affect output or serving; configure [verify] and judge it again"
+        )
+
+
+def upstream_title(ev: Evidence, profile: Profile) -> str:
+    category = ev.proposal.category if ev.proposal else ""
+    title = clean(ev.title or ev.branch or ev.what, PR_TITLE_CHARS, one_line=True)
+    text = f"{profile.tags.get(category, '[Perf]')} {title}"
+    return text if len(text) <= PR_TITLE_CHARS else text[: PR_TITLE_CHARS - 1].rstrip() + "…"
+
+
+def _pr_upstream(
+    ws: Workspace, ev: Evidence, how: PullRequestOptions, profile: Profile, owner: Owner, forge: Any
+) -> int:
+    """The upstream form of `pr`: the duplicate search, one commit of the judged tree by the owner with the
+    trailers on its own branch (agentsearch/upstream/<proposal>), the body in the profile's sections."""
+    assert ev.candidate and ev.baseline and ev.proposal  # a proposal's merge verdict (checked by pr)
+    pid = ev.proposal_id or ev.what
+    searches = search(forge, search_terms(ev.title or "", ev.proposal.files))
+    refuse_duplicates(searches, how.not_duplicate)
+    co = coauthor(ev.proposal.proposer, ev.proposal.patch)
+    summary = f"Measured with agentsearch {ev.versions.get('agentsearch', '?')} against {ev.baseline[:12]}: " + clean(
+        ev.headline().split(" — ", 1)[-1], 600, one_line=True
+    )
+    message = commit_message(ev.title or pid, summary, co, owner, profile.signoff)
+    head = upstream_commit(ws.repo_dir, ev.baseline, ev.candidate, message, owner)
+    branch = branch_name(pid)
+    git.run_git("update-ref", f"refs/heads/{branch}", head, cwd=ws.repo_dir)
+    body = how.output or (ws.state / "tmp" / f"pr-upstream-{pid.replace('/', '-')}.md")
+    body.parent.mkdir(parents=True, exist_ok=True)
+    meta = ev.proposal.meta
+    body.write_text(
+        render_upstream_pr(
+            ev,
+            profile.template,
+            owner=str(owner),
+            searches=searches,
+            not_duplicate=how.not_duplicate.strip(),
+            coauthor=co,
+            model=meta.get("model") if isinstance(meta.get("model"), str) else None,
+            prompt_sha=prompt_hash(meta),
+            judged_tree=git.tree_of(ws.repo_dir, ev.candidate),
+            repo=forge.repo if forge is not None else (ws.config().forge.repo or "the upstream repository"),
+            signoff=profile.signoff,
+        )
+    )
+    record, link = publish(ws, how, branch, [], upstream_title(ev, profile), body, None, forge, replace=True)
+    if how.as_json:
+        upstream = {
+            "profile": profile.name,
+            "owner": str(owner),
+            "head": head,
+            "tree": git.tree_of(ws.repo_dir, head),
+            "coauthor": co,
+            "searches": [s.to_json() for s in searches],
+            "not_duplicate": how.not_duplicate.strip() or None,
+        }
+        print_json(to_json(ev, **record, url=link, upstream=upstream))
+    elif not how.dry_run:
+        click.echo(link or f"pull request opened for {branch}")
+    return 0
 
 
 def _pr(

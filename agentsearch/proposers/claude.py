@@ -15,6 +15,7 @@ The session itself (the SDK client, the CLI's fence) is ``agentsearch.agent``.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import secrets
@@ -261,6 +262,7 @@ class ClaudeProposer:
             "turns": outcome["turns"],
             "error": session.error,
             "model": self.model,
+            "prompt_sha256": hashlib.sha256(prompt.encode()).hexdigest(),  # the AI-assistance statement names it
             "session": session.to_json(),
         }
         if parent is not None:  # a revision: linked to its parent in the history and the report

@@ -209,11 +209,12 @@ def commit_all(worktree: Path, message: str) -> str | None:
     return run_git("rev-parse", "HEAD", cwd=worktree).strip()
 
 
-def commit_tree(repo_dir: Path, tree: str, parents: list[str], message: str) -> str:
+def commit_tree(repo_dir: Path, tree: str, parents: list[str], message: str, env: dict[str, str] | None = None) -> str:
+    """A commit of ``tree`` on ``parents``; ``env``: another author and committer than agentsearch (GIT_AUTHOR_*)."""
     args = ["commit-tree", tree]
     for p in parents:
         args += ["-p", p]
-    return run_git(*args, "-F", "-", cwd=repo_dir, input=message).strip()
+    return run_git(*args, "-F", "-", cwd=repo_dir, input=message, env=env).strip()
 
 
 def update_ref_cas(repo_dir: Path, ref: str, new: str, expected_old: str, reason: str) -> bool:

@@ -128,9 +128,8 @@ def unjudged_commit(repo_dir: Path, branch: str, entries: Sequence[Any]) -> str:
             f"history cannot vouch for {branch!r}: {', '.join(overrides[:3])} make git show other content under a "
             "judged commit; remove them (git replace -d …)"
         )
-    moves: list[rec.Merge | rec.Revert] = [
-        r for e in entries if isinstance(r := e.record, rec.Revert) or (isinstance(r, rec.Merge) and r.ok)
-    ]
+    landed = landed_moves(entries)
+    moves: list[rec.Merge | rec.Revert] = [r for _, r in landed]
     vouched = {m.new for m in moves}
     judged = {
         (r.baseline, r.candidate)
@@ -145,14 +144,7 @@ def unjudged_commit(repo_dir: Path, branch: str, entries: Sequence[Any]) -> str:
             continue  # the merge of a recorded MERGE verdict whose merge record was cut off
         bad.append(sha)
     if not bad:
-        last = moves[-1].new if moves else None
-        what = "merge" if moves and isinstance(moves[-1], rec.Merge) else "revert"
-        if last and not git.is_ancestor(repo_dir, last, tip):
-            return (
-                f"history does not vouch for {branch!r}: its tip {tip[:12]} no longer contains {last[:12]}, the last "
-                f"{what} the history records (rolled back without `agentsearch revert`)"
-            )
-        return ""
+        return missing_move(repo_dir, branch, tip, landed)
     sha = bad[0]
     subject = clean(git.subject(repo_dir, sha), SUBJECT_CHARS, one_line=True)
     more = f" (and {len(bad) - 1} more after it)" if len(bad) > 1 else ""
@@ -161,3 +153,39 @@ def unjudged_commit(repo_dir: Path, branch: str, entries: Sequence[Any]) -> str:
         f"merge nor a revert the history records){more}; everything on {branch!r} since {start[:12]} must come from "
         "agentsearch"
     )
+
+
+def landed_moves(entries: Sequence[Any]) -> list[tuple[str | None, rec.Merge | rec.Revert]]:
+    """(proposal, record) of every merge that moved the baseline and every revert, in log order."""
+    return [
+        (e.proposal, r) for e in entries if isinstance(r := e.record, rec.Revert) or (isinstance(r, rec.Merge) and r.ok)
+    ]
+
+
+def lost_move(repo_dir: Path, branch: str, entries: Sequence[Any]) -> str:
+    """'' when ``branch`` contains every merge and revert ``entries`` record as landed, else the first it lacks in
+    one line (``missing_move``): what an episode's end checks, whoever else committed to the branch."""
+    landed = landed_moves(entries)
+    if not landed:
+        return ""
+    return missing_move(repo_dir, branch, git.resolve_commit(repo_dir, f"refs/heads/{branch}"), landed)
+
+
+def missing_move(repo_dir: Path, branch: str, tip: str, landed: Sequence[tuple[str | None, Any]]) -> str:
+    """'' when ``tip`` contains every merge and revert the history says landed (``landed``: (proposal, record)
+    in log order), else one line naming the first it lacks: the report's merges reconciled with git. A revert
+    leaves its merge in the branch's past, so only a reset or a rewrite loses one."""
+    for proposal, r in landed:
+        if git.is_ancestor(repo_dir, r.new, tip):
+            continue
+        if isinstance(r, rec.Merge):
+            who = clean(proposal or "?", 80, one_line=True)
+            what = f"the merge {r.new[:12]} of {who} (candidate {r.candidate[:12]})"
+        else:
+            what = f"the revert {r.new[:12]} of merge {r.merge[:12]}"
+        return (
+            f"history disagrees with the baseline: it records {what} as landed, but {branch!r} (tip {tip[:12]}) does "
+            "not contain it (reset or rewritten without `agentsearch revert`); restore the branch from its reflog "
+            f"(`git reflog {branch}`)"
+        )
+    return ""

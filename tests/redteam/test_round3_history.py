@@ -320,10 +320,37 @@ def test_a_replace_ref_under_a_judged_commit_fails(repo: Path) -> None:
 
 
 def test_a_recorded_merge_rolled_back_without_a_revert_fails(repo: Path) -> None:
-    m = next(r["data"] for r in records(repo) if r["kind"] == "merge" and r["data"]["ok"])
+    """The history says a merge landed that the baseline no longer contains: verify names the merge and its proposal."""
+    r = next(r for r in records(repo) if r["kind"] == "merge" and r["data"]["ok"])
+    m = r["data"]
     git(repo, "update-ref", "refs/heads/main", m["old"])
     line = failed(repo)
-    assert f"no longer contains {m['new'][:12]}" in line and "rolled back" in line
+    assert f"records the merge {m['new'][:12]} of {r['proposal']}" in line, line
+    assert "does not contain it" in line and "git reflog main" in line
+
+
+def test_an_earlier_merge_lost_under_a_later_one_is_named(tmp_path: Path) -> None:
+    """main reset past the first merge, then a second merge on top: the last move is on main, the first is not.
+    Reconciling every recorded merge and revert with git names the first one the baseline lacks."""
+    from agentsearch.workspace.history_head import missing_move
+    from benchmarks.toy import make_repo
+
+    repo = make_repo(tmp_path / "r", {"a.txt": "0\n"})
+    base = git(repo, "rev-parse", "main").strip()
+    first = commit(repo, {"a.txt": "1\n"}, "agentsearch: merge one")
+    git(repo, "reset", "-q", "--hard", base)
+    second = commit(repo, {"a.txt": "2\n"}, "agentsearch: merge two")
+    revert = commit(repo, {"a.txt": "0\n"}, "agentsearch: revert two")
+    landed = [
+        ("e1/001", rec.Merge(number=1, ok=True, old=base, new=first, candidate=first)),
+        ("e1/002", rec.Merge(number=2, ok=True, old=base, new=second, candidate=second)),
+        (None, rec.Revert(merge=second, old=second, new=revert)),
+    ]
+    line = missing_move(repo, "main", revert, landed)
+    assert f"records the merge {first[:12]} of e1/001" in line and "does not contain it" in line, line
+    assert missing_move(repo, "main", revert, landed[1:]) == ""  # a reverted merge stays in main's past
+    lost = missing_move(repo, "main", second, landed[1:])
+    assert f"the revert {revert[:12]} of merge {second[:12]}" in lost, lost
 
 
 def test_a_forged_commit_graph_cannot_show_verify_another_tree(tmp_path: Path) -> None:
