@@ -353,6 +353,48 @@ def test_an_earlier_merge_lost_under_a_later_one_is_named(tmp_path: Path) -> Non
     assert f"the revert {revert[:12]} of merge {second[:12]}" in lost, lost
 
 
+def test_an_episode_whose_merge_is_rolled_back_under_it_ends_naming_the_merge(tmp_path: Path) -> None:
+    """The report's merges reconciled with git at the episode's end: main reset past the episode's own merge while
+    a later proposal runs ends the episode with one line naming that merge (everything before it recorded)."""
+    from ..test_episode import patch_from
+
+    repo = make_target(tmp_path / "toy")
+    queue = fast_queue(repo, tmp_path / "queue")
+    (queue / "02-hang.patch").write_text(
+        patch_from(repo, {"mode.txt": "hang\n", "VERSION.txt": "2\n"}, "hang", "Hang the bench")
+    )
+    path = history_file(repo)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agentsearch.cli", "episode", "-C", str(repo), "--patches", str(queue), "--seed", "7"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    merge = None
+    deadline = time.monotonic() + 300
+    try:
+        while proc.poll() is None and time.monotonic() < deadline and merge is None:
+            try:
+                rows = [json.loads(ln) for ln in path.read_text().splitlines()] if path.exists() else []
+            except ValueError:  # a line being written: look again
+                rows = []
+            merge = next((r["data"] for r in rows if r["kind"] == "merge" and r["data"]["ok"]), None)
+            time.sleep(0.05)
+        assert merge is not None, "the episode recorded no merge"
+        git(repo, "update-ref", "refs/heads/main", merge["old"])  # while the hang proposal is judged
+        _, stderr = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    line = stderr.strip().splitlines()[-1]
+    assert proc.returncode == 2 and "Traceback" not in stderr, stderr[-3000:]
+    assert line.startswith("agentsearch: error: the episode's end: history disagrees with the baseline"), line
+    assert f"records the merge {merge['new'][:12]}" in line
+    assert [r["kind"] for r in records(repo)].count("episode-finished") == 1  # recorded before the error
+
+
 def test_a_forged_commit_graph_cannot_show_verify_another_tree(tmp_path: Path) -> None:
     """git reads a commit's tree and parents from objects/info/commit-graph unchecked: a merge with the judged
     parents and an unjudged tree, whose graph entry names the judged candidate's tree, passed as the merge of a
