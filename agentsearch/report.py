@@ -33,6 +33,7 @@ from history.records import checks as checks_vocabulary
 from . import __version__
 from .errors import AgentsearchError
 from .headline import ci_text, decision_label, headline, number, unit
+from .provenance import NOT_RUN, WORDS, Figure, How
 from .records import read_entries
 from .workspace import Workspace, git
 
@@ -577,6 +578,76 @@ def _draws_line(d: Mapping[str, Any]) -> str:
     )
 
 
+def workload_figures(name: str, w: WorkloadSummary, unit_: str) -> list[Figure]:
+    """A workload row's figures: measured in its pairs (the gate decides on them), or not run (no pair)."""
+    how = How.PAIRED if w.pairs > 0 else How.NOT_RUN
+    detail = f"{w.pairs} pairs"
+    ci = tuple(w.ci) if w.ci else (None, None)
+    values = (
+        ("baseline_median", w.baseline_median, unit_),
+        ("candidate_median", w.candidate_median, unit_),
+        ("change", None if w.speedup is None else w.speedup - 1, "ratio"),
+        ("ci_low", None if ci[0] is None else ci[0] - 1, "ratio"),
+        ("ci_high", None if ci[1] is None else ci[1] - 1, "ratio"),
+        ("p_value", w.p_value, "p"),
+    )
+    return [Figure.of(f"workload.{name}.{w.role}.{k}", v, u, how, True, detail) for k, v, u in values]
+
+
+def distribution_figures(dist: Any) -> list[Figure]:
+    """The distribution check's figures: each side's dumps from one run on the same prompts (the check's own rule
+    decides on them); the baseline's carried from an earlier check when it reused them, main's run standing for
+    the candidate's in a regime it shares."""
+    out: list[Figure] = []
+    if dist is None:
+        return [Figure.of("distribution", None, "", How.NOT_RUN)]
+    how = How.CARRIED if dist.baseline_reused else How.ONCE
+    detail = "the baseline's dumps from an earlier check" if dist.baseline_reused else "one run per side"
+    for name, paths in dist.sets().items():
+        for path, st in (paths or {}).items():
+            for k in ("positions", "kl_mean", "kl_max", "top1_agreement"):
+                out.append(Figure.of(f"distribution.{name}.{path}.{k}", st.get(k), "", how, True, detail))
+    ref = dist.reference
+    for who, entries in (("candidate", ref.regimes if ref else ()), ("main", ref.main if ref else ())):
+        for r in entries:
+            rhow = How.CARRIED if r.shared else How.ONCE
+            rdetail = "main's run stands for the candidate's" if r.shared else "one run per side"
+            for name, paths in r.sets.items():
+                for path, st in (paths or {}).items():
+                    for k in ("kl_mean", "kl_max"):
+                        key = f"reference.{who}.{r.label}.{name}.{path}.{k}"
+                        out.append(Figure.of(key, st.get(k), "", rhow, True, rdetail))
+    return out
+
+
+def figures(ev: Evidence) -> list[Figure]:
+    """Every figure the report shows, with how it was obtained (``agentsearch.provenance``): `--json`'s
+    ``figures``, and the *measured* column of each table."""
+    named = sorted(ev.verdict.workloads.items(), key=lambda kv: Role.rank(kv[1].role))
+    if ev.verdict.confirmation is not None:
+        named.append((ev.verdict.confirmation.name, ev.verdict.confirmation))
+    out: list[Figure] = []
+    for name, w in named:
+        out += workload_figures(w.name or name, w, ev.label(name, w)[1])
+    if ev.verdict.workloads:
+        out += distribution_figures(ev.verdict.distribution)
+    t = ev.verdict.timing
+    for k in ("wall_s", "engine_s", "measurement_s"):
+        out.append(Figure.of(f"timing.{k}", getattr(t, k, None) or None, "s", How.ONCE, False, "this evaluation"))
+    for s in engine_sessions(ev):
+        for r in s["rows"]:
+            key = f"session.{s['workload']}.{r['phase']}.{r['engines']}.change"
+            out.append(
+                Figure.of(
+                    key, r["change"] - 1 if r["change"] else None, "ratio", How.PAIRED, False, f"{r['pairs']} pairs"
+                )
+            )
+    agent = agent_session(ev)
+    for i, c in enumerate(agent["calls"] if agent else ()):
+        out.append(Figure.of(f"agent.call.{i + 1}.seconds", c.seconds, "s", How.ONCE, False, "the workbench's clock"))
+    return out
+
+
 def context(ev: Evidence, images: Mapping[str, str], local: bool = True) -> dict[str, Any]:
     named = sorted(ev.verdict.workloads.items(), key=lambda kv: Role.rank(kv[1].role))
     if ev.verdict.confirmation is not None:
@@ -593,6 +664,9 @@ def context(ev: Evidence, images: Mapping[str, str], local: bool = True) -> dict
                 "label": decision_label(w),
                 "p_test": P_SHORT.get(w.role, "t-test"),
                 "ci_text": ci_text(w.ci) + ("%" if w.ci else ""),
+                "how": Figure.of(
+                    "", w.speedup, "", How.PAIRED if w.pairs > 0 else How.NOT_RUN, True, f"{w.pairs} pairs"
+                ).words(),
             }
         )
     roles = [w.get("role") for w in workloads if w.get("p_value") is not None]
@@ -606,18 +680,20 @@ def context(ev: Evidence, images: Mapping[str, str], local: bool = True) -> dict
     dist = ev.verdict.distribution
     dist_rows, lang_rows, ref_rows = [], [], []
     if dist:
+        how = Figure.of("", 0, "", How.CARRIED if dist.baseline_reused else How.ONCE).words()
         for name, paths in dist.sets().items():
             for path, st in paths.items():
-                dist_rows.append(_dist_row(name, path, st))
+                dist_rows.append({**_dist_row(name, path, st), "how": how})
         for lang, paths in sorted(dist.languages.items()):
             for path, st in paths.items():
-                lang_rows.append(_dist_row(f"language {lang}", path, {**st, "passed": None}))
+                lang_rows.append({**_dist_row(f"language {lang}", path, {**st, "passed": None}), "how": how})
         ref = dist.reference
         for who, entries in (("candidate", ref.regimes if ref else ()), ("main", ref.main if ref else ())):
             for r in entries:
+                rhow = Figure.of("", 0, "", How.CARRIED if r.shared else How.ONCE).words()
                 for name, paths in r.sets.items():
                     for path, st in (paths or {}).items():
-                        ref_rows.append(_dist_row(f"{who} at {r.label}, {name}", path, st))
+                        ref_rows.append({**_dist_row(f"{who} at {r.label}, {name}", path, st), "how": rhow})
     env = dict(ev.verdict.environment)
     title = ev.title or ev.verdict.ref or ev.what
     diff_lines = ev.diff.count("\n")
@@ -653,12 +729,23 @@ def context(ev: Evidence, images: Mapping[str, str], local: bool = True) -> dict
         "proposer": ev.proposal.proposer if ev.proposal else "human (agentsearch evaluate)",
         "pct": _pct,
         "num": _num,
+        "NOT_RUN": NOT_RUN,
+        "figures": figures(ev),
         "number": number,
         "timing": ev.verdict.timing if ev.verdict.timing.wall_s else None,
         "diff": ev.diff if small else "",
         "diff_lines": diff_lines,
-        "sessions": engine_sessions(ev),
-        "outputs": outputs_table(ev.trials),
+        "sessions": [
+            {
+                **t,
+                "rows": [
+                    {**r, "how": Figure.of("", r["change"], "", How.PAIRED, False, f"{r['pairs']} pairs").words()}
+                    for r in t["rows"]
+                ],
+            }
+            for t in engine_sessions(ev)
+        ],
+        "outputs": [{**o, "how": WORDS[How.PAIRED]} for o in outputs_table(ev.trials)],
         "agent": agent_session(ev),
         "parent": ev.proposal.meta.get("parent") if ev.proposal else None,
         "revision": ev.proposal.meta.get("revision") if ev.proposal else None,
@@ -753,6 +840,7 @@ def to_json(ev: Evidence, **extra: Any) -> dict[str, Any]:
         "reverted": ev.reverted,
         "revert_commit": ev.revert.new if ev.revert else None,
         "reproduce": reproduce_command(ev.verdict),
+        "figures": [f.to_json() for f in figures(ev)],
         **extra,
     }
 

@@ -20,6 +20,7 @@ from history import HistoryLog
 from history.records import PrCommand, PrPosted, PrReview
 
 from .conftest import ROOT, commit, git, make_repo, run_cli
+from .test_provenance import assert_provenance
 
 sys.path.insert(0, str(ROOT))
 from benchmarks.fakeforge import FakeForge  # noqa: E402
@@ -80,6 +81,7 @@ def test_review_pr_posts_one_comment_and_a_status_per_verdict(tmp_path, monkeypa
             and "MERGE" in ours["body"]
         )
         assert "A/A" in ours["body"] and "designed false-merge level" in ours["body"]
+        assert assert_provenance(ours["body"]) >= 1  # every figure in the comment says how it was obtained
         st = fake.status(head)
         assert (
             st["state"] == "success"

@@ -119,9 +119,11 @@ def test_markdown_and_html_reports_of_a_merge_carry_every_section_and_reproduce(
     assert "](merge-plots/trials-speed-objective.png)" in md
     # the objective's session and the confirmation's fresh one, each with its pairs and change
     sessions = md.split("### Sessions", 1)[1].split("\n## ", 1)[0]
-    assert re.search(rf"^\| objective \| 1 \| {w['pairs']} \| \+[\d.]+% \|$", sessions, re.M), sessions
+    pairs = rf"{w['pairs']} \| \+[\d.]+% \| measured in {w['pairs']} pairs \(advisory\) \|$"
+    assert re.search(rf"^\| objective \| 1 \| {pairs}", sessions, re.M), sessions
+    c = v["confirmation"]["pairs"]
     assert re.search(
-        rf"^\| confirmation \| fresh 1 \| {v['confirmation']['pairs']} \| \+[\d.]+% \|$", sessions, re.M
+        rf"^\| confirmation \| fresh 1 \| {c} \| \+[\d.]+% \| measured in {c} pairs \(advisory\) \|$", sessions, re.M
     ), sessions
     # the git note on the merge commit reproduces it with the same baseline, seed and alpha (no local path)
     merge = [e.data for e in HistoryLog(Workspace.open(repo).state / "history.jsonl").entries() if e.kind == "merge"][0]
@@ -490,7 +492,9 @@ def test_report_shows_each_engine_session_and_flags_sessions_that_disagree(tmp_p
     section = md.split("### Sessions", 1)[1].split("## Distribution checks", 1)[0]
     tput, ttft = section.split("**tput**", 1)[1].split("**ttft**", 1)
     assert "**differ** (one-way ANOVA p=" in tput and "agentsearch review --recheck" in tput
-    rows = re.findall(r"^\| (\w+) \| ([\w ]+) \| (\d+) \| ([+-][\d.]+)% \|$", tput, re.M)
+    rows = re.findall(
+        r"^\| (\w+) \| ([\w ]+) \| (\d+) \| ([+-][\d.]+)% \| measured in \d+ pairs \(advisory\) \|$", tput, re.M
+    )
     assert [(r[0], r[1], r[2]) for r in rows] == [
         ("objective", "1", "6"),
         ("objective", "2", "6"),
@@ -498,7 +502,7 @@ def test_report_shows_each_engine_session_and_flags_sessions_that_disagree(tmp_p
     ]
     assert [round(float(r[3])) for r in rows] == [6, 6, -4]
     assert "agree (one-way ANOVA p=" in ttft and [
-        round(float(x)) for x in re.findall(r"\| ([+-][\d.]+)% \|$", ttft, re.M)
+        round(float(x)) for x in re.findall(r"\| ([+-][\d.]+)% \| measured in \d+ pairs \(advisory\) \|$", ttft, re.M)
     ] == [2, 2]
     assert "**old**" not in section
     html, _ = render(ev, "html")
@@ -512,7 +516,9 @@ def test_report_shows_each_engine_session_and_flags_sessions_that_disagree(tmp_p
     ]  # 6 pairs in session 0, 4 in session 1
     ev2 = Evidence("x", "evaluation", evaluation_record(verdict="merge"), crashed + resumed, directions={"tput": True})
     section = render(ev2, "md")[0].split("### Sessions", 1)[1]
-    rows = re.findall(r"^\| (\w+) \| ([\w ]+) \| (\d+) \| ([+-][\d.]+)% \|$", section, re.M)
+    rows = re.findall(
+        r"^\| (\w+) \| ([\w ]+) \| (\d+) \| ([+-][\d.]+)% \| measured in \d+ pairs \(advisory\) \|$", section, re.M
+    )
     assert [(r[0], r[1], r[2]) for r in rows] == [
         ("objective", "1", "6"),
         ("objective", "2", "4"),
@@ -534,7 +540,9 @@ def test_report_shows_each_engine_session_and_flags_sessions_that_disagree(tmp_p
         directions={"tput": True},
     )
     section = render(ev3, "md")[0].split("### Sessions", 1)[1]
-    rows = re.findall(r"^\| (\w+) \| ([\w ]+) \| (\d+) \| ([+-][\d.]+)% \|$", section, re.M)
+    rows = re.findall(
+        r"^\| (\w+) \| ([\w ]+) \| (\d+) \| ([+-][\d.]+)% \| measured in \d+ pairs \(advisory\) \|$", section, re.M
+    )
     assert [(r[0], r[1], r[2]) for r in rows] == [("objective", "1", "6"), ("objective", "2", "6")], rows
     # one session per workload: no section
     single = Evidence(
@@ -578,3 +586,30 @@ def test_an_old_records_headline_takes_the_direction_from_the_config():
     assert unknown.headline().startswith(
         "MERGE — ttft_ms 100 → 81 ms (+25.0%"
     )  # no direction anywhere: the two medians
+
+
+def test_every_figure_of_every_verdict_says_how_it_was_obtained(judged, tmp_path):
+    """Provenance on every number (issue #59), on the real episode's three verdicts: a distribution reject, a merge
+    and a protected-path reject before any trial — Markdown, HTML, the PR body and `--json`."""
+    from .test_provenance import assert_json_figures, assert_provenance
+
+    repo, _ = judged
+    ws = Workspace.open(repo)
+    from agentsearch.report import gather, render, render_pr
+
+    for pid in ("001", "002", "003"):
+        ev = gather(ws, pid)
+        md, html, body = render(ev, "md")[0], render(ev, "html")[0], render_pr(ev, {})
+        tables = assert_provenance(md), assert_provenance(html, "html"), assert_provenance(body)
+        assert all(tables) if ev.verdict.workloads else not any(tables), (pid, tables)
+        proc = run_cli("report", "-C", str(repo), pid, "--json")
+        assert proc.returncode == 0, proc.stderr
+        got = json.loads(proc.stdout)
+        assert_json_figures(got)
+        how = {f["name"]: f["provenance"] for f in got["figures"]}
+        if pid == "002":  # the merge: its objective and confirmation paired, its distribution check once per side
+            assert how["workload.speed.objective.change"] == how["workload.speed.confirmation.change"] == "paired"
+            assert how["distribution.public.prefill.kl_mean"] in ("once", "carried")
+            assert how["timing.wall_s"] == "once"
+        if pid == "003":  # refused before any trial: nothing measured, nothing shown as a number
+            assert not [f for f in got["figures"] if f["name"].startswith(("workload.", "distribution"))]

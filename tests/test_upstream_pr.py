@@ -17,6 +17,7 @@ from history.records.text import md_inline
 
 from .conftest import ROOT, git, make_repo, run_cli
 from .test_episode import BENCH, CONFIG, ENGINE, LM, patch_from
+from .test_provenance import assert_provenance
 
 sys.path.insert(0, str(ROOT))
 from benchmarks.fakeforge import FakeForge  # noqa: E402
@@ -128,6 +129,7 @@ def test_the_vllm_profile_opens_a_pull_request_with_every_section_real_numbers_a
     )
     assert pr["title"] == "[Perf] Make the engine 30% faster"
     body = pr["body"]
+    assert assert_provenance(body) == 2  # the performance and the model-evaluation tables say how they were measured
     positions = [body.index(s) for s in SECTIONS]
     assert positions == sorted(positions), positions
     # this proposal's own numbers: the objective's change and interval, its pairs, the distribution check's KL
