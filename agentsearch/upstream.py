@@ -191,19 +191,82 @@ def commit_message(subject: str, summary: str, coauthored: str, owner: Owner, si
     return "\n".join(lines) + "\n"
 
 
-def upstream_commit(repo_dir: Path, baseline: str, candidate: str, message: str, owner: Owner) -> str:
-    """One commit on ``baseline`` holding exactly ``candidate``'s tree (what the gate judged), written and committed
-    by the owner."""
+def upstream_commit(
+    repo_dir: Path,
+    baseline: str,
+    candidate: str,
+    message: str,
+    owner: Owner,
+    extra: tuple[str, str] | None = None,
+    scratch: Path | None = None,
+) -> str:
+    """One commit on ``baseline`` holding exactly ``candidate``'s tree (what the gate judged) — plus, for a kernel,
+    ``extra`` (path, text: its micro-benchmark in the upstream's layout, a file no engine imports) — written and
+    committed by the owner. What it holds is checked before it is returned: the judged tree, and nothing else but
+    ``extra``."""
     who = {
         "GIT_AUTHOR_NAME": owner.name,
         "GIT_AUTHOR_EMAIL": owner.email,
         "GIT_COMMITTER_NAME": owner.name,
         "GIT_COMMITTER_EMAIL": owner.email,
     }
-    sha = git.commit_tree(repo_dir, git.tree_of(repo_dir, candidate), [baseline], message, env=who)
-    if git.tree_of(repo_dir, sha) != git.tree_of(repo_dir, candidate):  # cannot differ; checked as it is published
-        raise AgentsearchError(f"the upstream commit {sha[:12]} does not hold the judged tree; nothing was pushed")
+    if extra is None:
+        tree = git.tree_of(repo_dir, candidate)
+    else:
+        assert scratch is not None, "a tree with an extra file is built in a scratch directory"
+        tree = git.tree_with_file(repo_dir, candidate, extra[0], extra[1].encode(), scratch)
+    sha = git.commit_tree(repo_dir, tree, [baseline], message, env=who)
+    added = [c.paths[-1] for c in git.diff_changes(repo_dir, candidate, sha) if c.status in ("A", "C")]
+    changed = len(git.diff_changes(repo_dir, candidate, sha))
+    if added != ([extra[0]] if extra else []) or changed != len(added):
+        raise AgentsearchError(
+            f"the upstream commit {sha[:12]} differs from the judged tree by {added[:3]}; nothing was pushed"
+        )
     return sha
+
+
+def kernel_changes(repo_dir: Path, base: str, cand: str) -> list[tuple[str, str]]:
+    """(op, provider) for each IR op whose first provider the change moved in ``serving.json``'s
+    ``engine.ir_op_priority`` to a provider other than ``native``: the kernels it brings."""
+    from harness.worker_protocol import SERVING_FILE
+    from kernels import fork as kfork
+
+    before = kfork.priorities(git.show_file(repo_dir, base, SERVING_FILE))
+    after = kfork.priorities(git.show_file(repo_dir, cand, SERVING_FILE))
+    return [
+        (op, prio[0])
+        for op, prio in sorted(after.items())
+        if prio and prio[0] != "native" and before.get(op, [None])[0] != prio[0]
+    ]
+
+
+def kernel_benchmark(op: str, provider: str, profile: Profile, micro: str, version: str) -> tuple[str, str]:
+    """(path, script): a standalone micro-benchmark of ``provider`` against ``native`` for ``op`` in the upstream's
+    kernel benchmarks folder (``templates/kernel_bench.py.j2``; correctness first, then the median per call)."""
+    import jinja2
+
+    import templates as _templates
+    from kernels.catalog import OPS
+
+    if op not in OPS:
+        raise AgentsearchError(f"no micro-benchmark for IR op {op!r}: agentsearch's kernel catalogue lacks it")
+    info = OPS[op]
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,59}", provider):
+        raise AgentsearchError(f"provider name {provider!r} of {op}: expected a Python identifier")
+    path = f"{profile.kernel_benchmarks}benchmark_{op}_{provider}.py"
+    tolerance = {d: (info.tolerance(d)["atol"], info.tolerance(d)["rtol"]) for d in info.dtypes}
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(Path(_templates.__file__).parent)), autoescape=False)
+    summary = text.clean(micro or "not run", 400, one_line=True).replace("\\", "/").replace('"', "'")
+    script = env.get_template("kernel_bench.py.j2").render(
+        op=op,
+        provider=provider,
+        path=path,
+        dtypes=repr(sorted(info.dtypes)),
+        tolerance=repr(tolerance),
+        micro=summary,
+        version=version,
+    )
+    return path, script
 
 
 def prompt_hash(meta: Mapping[str, Any]) -> str | None:
@@ -214,3 +277,85 @@ def prompt_hash(meta: Mapping[str, Any]) -> str | None:
 
 def branch_name(proposal: str) -> str:
     return BRANCH_PREFIX + re.sub(r"[^A-Za-z0-9._-]", "-", proposal)
+
+
+# ---------------------------------------------------------------------------- shape-specific kernels
+KERNEL_PATHS = ("vllm/kernels/", "vllm/ir/", "csrc/")
+SHAPE_NAMES = frozenset(
+    "m n k M N K batch batch_size bs num_tokens n_tokens tokens hidden hidden_size seq_len seqlen head_dim "
+    "head_size num_heads n_rows n_cols rows cols".split()
+)
+DECLARED = "agentsearch: shape-specific"  # a comment on the line (or the one above) that declares it, with why
+C_SHAPE = re.compile(
+    r"\b(?:[MNK]|num_tokens|hidden_size|batch_size|head_dim|seq_len)\s*[!=]=\s*\d{2,}\b|\b\d{2,}\s*[!=]=\s*(?:[MNK]|num_tokens|hidden_size|batch_size|head_dim|seq_len)\b"
+)
+
+
+def shape_literals(repo_dir: Path, base: str, cand: str) -> list[str]:
+    """``path:line: code`` for each added line of kernel code (``KERNEL_PATHS``) that compares a shape — a tensor's
+    ``.shape``/``.size()``/``.numel()``, or a name like ``M``, ``num_tokens``, ``hidden_size`` — for equality with an
+    integer literal (2 or more): a kernel hard-coded for the benchmark's shapes, which upstream cannot merge. Exempt:
+    a provider's ``supports_args``/``supported`` (where a shape restriction belongs: other shapes go to ``native``),
+    and a line declared with the comment ``# agentsearch: shape-specific <why>`` (on it or the line above)."""
+    out: list[str] = []
+    for path, lines in sorted(git.changed_lines(repo_dir, base, cand).items()):
+        if not path.startswith(KERNEL_PATHS) or not lines:
+            continue
+        source = git.show_file(repo_dir, cand, path) or ""
+        rows = source.splitlines()
+
+        if path.endswith(".py"):
+            for n in sorted(_python_shape_literals(source)):
+                if n in lines and not _declared(rows, n):
+                    out.append(f"{path}:{n}: {text.clean(rows[n - 1].strip(), 100, one_line=True)}")
+        elif path.endswith((".cu", ".cuh", ".cpp", ".h", ".hpp", ".c")):
+            for n in sorted(lines):
+                if 1 <= n <= len(rows) and C_SHAPE.search(rows[n - 1]) and not _declared(rows, n):
+                    out.append(f"{path}:{n}: {text.clean(rows[n - 1].strip(), 100, one_line=True)}")
+    return out
+
+
+def _declared(rows: Sequence[str], n: int) -> bool:
+    """Line ``n`` (1-based) or the one above it carries the declaration comment."""
+    return any(DECLARED in rows[i - 1] for i in (n, n - 1) if 1 <= i <= len(rows))
+
+
+def _python_shape_literals(source: str) -> set[int]:
+    """Lines of ``source`` with an exact shape comparison outside a provider's ``supports_args``/``supported``."""
+    import ast
+
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return set()
+    found: set[int] = set()
+
+    def shape(node: ast.AST) -> bool:
+        for sub in ast.walk(node):
+            if isinstance(sub, ast.Attribute) and sub.attr == "shape":
+                return True
+            if isinstance(sub, ast.Call) and isinstance(sub.func, ast.Attribute) and sub.func.attr in ("size", "numel"):
+                return True
+            if isinstance(sub, ast.Name) and sub.id in SHAPE_NAMES:
+                return True
+        return False
+
+    def literal(node: ast.AST) -> bool:
+        items = node.elts if isinstance(node, ast.Tuple | ast.List | ast.Set) else [node]
+        return any(isinstance(i, ast.Constant) and type(i.value) is int and abs(i.value) >= 2 for i in items)
+
+    def visit(node: ast.AST, exempt: bool) -> None:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name.startswith(("supports", "supported")):
+            exempt = True
+        if isinstance(node, ast.keyword) and node.arg in ("supports_args", "supported"):
+            exempt = True
+        if isinstance(node, ast.Compare) and not exempt:
+            exact = all(isinstance(op, ast.Eq | ast.NotEq | ast.In | ast.NotIn) for op in node.ops)
+            operands = [node.left, *node.comparators]
+            if exact and any(shape(o) for o in operands) and any(literal(o) for o in operands):
+                found.add(node.lineno)
+        for child in ast.iter_child_nodes(node):
+            visit(child, exempt)
+
+    visit(tree, False)
+    return found

@@ -15,7 +15,7 @@ from agentsearch.workspace import Workspace
 from history import HistoryLog
 from history.records.text import md_inline
 
-from .conftest import ROOT, git, make_repo, run_cli
+from .conftest import ROOT, commit, git, make_repo, run_cli
 from .test_episode import BENCH, CONFIG, ENGINE, LM, patch_from
 from .test_provenance import assert_provenance
 
@@ -23,6 +23,19 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.fakeforge import FakeForge  # noqa: E402
 
 OWNER = "Ada Lovelace <ada@example.com>"
+KERNEL_FILES = {
+    "vllm/kernels/fast_rms_norm.py": (
+        "FAST_TOKENS = 1\n\n\n"
+        "def supports_args(x, weight, epsilon, variance_size=None):\n"
+        "    return x.shape[-1] % 16 == 0 and x.shape[-1] != 4096\n\n\n"
+        "def fast(x, weight, epsilon, variance_size=None):\n"
+        "    # agentsearch: shape-specific one token per sequence (a decode step) takes the fused path\n"
+        "    if x.shape[0] == 1:\n"
+        "        return x\n"
+        "    return x\n"
+    ),
+    "serving.json": '{"engine": {"ir_op_priority": {"rms_norm": ["fast", "native"]}}}\n',
+}
 SECTIONS = (
     "## Purpose",
     "## Why this is not a duplicate",
@@ -69,7 +82,7 @@ def upstream(tmp_path_factory):
     ep = run_cli("episode", "-C", str(repo), "--patches", str(queue), "--seed", "5", "--json", timeout=900)
     assert ep.stdout, ep.stderr[-3000:]
     verdicts = [r["verdict"] for r in json.loads(ep.stdout)["proposals"]]
-    assert verdicts[0] == "merge" and verdicts[1] != "merge", verdicts
+    assert verdicts == ["merge", "reject"], verdicts
     try:
         yield repo, fake
     finally:
@@ -162,3 +175,26 @@ def test_the_vllm_profile_opens_a_pull_request_with_every_section_real_numbers_a
     author = "Test <test@example.com>"  # the patch's From: line (benchmarks.toy.GIT_ENV wrote it)
     assert trailers == [f"Co-authored-by: {author}", f"Signed-off-by: {OWNER}"], trailers
     assert f"`Co-authored-by: {author}`" in body
+
+
+def test_a_kernel_goes_upstream_with_its_micro_benchmark_in_the_upstream_layout(tmp_path):
+    """A change that puts an IR-op provider first for an op: the upstream commit holds the judged tree plus
+    benchmarks/kernels/benchmark_<op>_<provider>.py and nothing else, by the owner. (A kernel proposal's own gate
+    runs are the micro stage's tests: tests/test_kernels.py and tests/redteam/test_kernel_cheats.py.)"""
+    from agentsearch.upstream import PROFILES, Owner, kernel_benchmark, kernel_changes, upstream_commit
+
+    repo = make_repo(tmp_path / "fork", {"src/engine.py": ENGINE, "serving.json": '{"engine": {}}\n'})
+    base = git(repo, "rev-parse", "main").strip()
+    cand = commit(repo, KERNEL_FILES, "Fuse the norm")
+    assert kernel_changes(repo, base, cand) == [("rms_norm", "fast")]
+    assert kernel_changes(repo, cand, cand) == []  # a priority already first is no new kernel
+    extra = kernel_benchmark("rms_norm", "fast", PROFILES["vllm"], "rms_norm: fast 1.31x over 8 pairs", "0.0.0")
+    bench = "benchmarks/kernels/benchmark_rms_norm_fast.py"
+    owner = Owner.of(OWNER, "vLLM")
+    head = upstream_commit(repo, base, cand, "Fuse the norm\n", owner, extra, tmp_path / "scratch")
+    assert extra[0] == bench and git(repo, "diff", "--name-status", cand, head).split() == ["A", bench]
+    assert git(repo, "rev-parse", f"{head}^").strip() == base
+    script = git(repo, "show", f"{head}:{bench}")
+    compile(script, bench, "exec")
+    assert 'OP = "rms_norm"' in script and 'PROVIDER = "fast"' in script and "1.31x over 8 pairs" in script
+    assert git(repo, "status", "--porcelain").strip() == ""  # built in a scratch index: the work tree is untouched

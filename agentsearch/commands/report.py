@@ -32,17 +32,21 @@ from ..report import (
     to_json,
 )
 from ..upstream import (
+    DECLARED,
     Owner,
     Profile,
     branch_name,
     coauthor,
     commit_message,
+    kernel_benchmark,
+    kernel_changes,
     profile_of,
     prompt_hash,
     refuse_duplicates,
     search,
     search_terms,
     serving_only,
+    shape_literals,
     upstream_commit,
 )
 from ..workspace import Workspace, git
@@ -179,6 +183,16 @@ def refuse_not_upstreamable(ws: Workspace, ev: Evidence, profile: Profile) -> No
             f"{pid} has no distribution check in its evidence, and {profile.project}'s rules ask for model-evaluation "
             "results when a change can affect output or serving; configure [verify] and judge it again"
         )
+    hard = shape_literals(ws.repo_dir, ev.baseline or "", ev.candidate or "")
+    if hard:
+        more = f" (and {len(hard) - 1} more)" if len(hard) > 1 else ""
+        raise AgentsearchError(
+            f"{pid} hard-codes a shape in kernel code, which {profile.project} cannot merge: {hard[0]}{more}; route "
+            "other shapes to native in the provider's supports_args, or declare it with the comment "
+            f"`# {DECLARED} <why>` on the line"
+        )
+    if len(kernel_changes(ws.repo_dir, ev.baseline or "", ev.candidate or "")) > 1:
+        raise AgentsearchError(f"{pid} brings kernels for several IR ops: send one kernel per upstream pull request")
 
 
 def upstream_title(ev: Evidence, profile: Profile) -> str:
@@ -202,7 +216,11 @@ def _pr_upstream(
         ev.headline().split(" — ", 1)[-1], 600, one_line=True
     )
     message = commit_message(ev.title or pid, summary, co, owner, profile.signoff)
-    head = upstream_commit(ws.repo_dir, ev.baseline, ev.candidate, message, owner)
+    extra = None
+    for op, provider in kernel_changes(ws.repo_dir, ev.baseline, ev.candidate):  # one at most (checked above)
+        micro = next((str(c.detail) for c in ev.verdict.checks if c.name == "micro"), "")
+        extra = kernel_benchmark(op, provider, profile, micro, ev.versions.get("agentsearch", "?"))
+    head = upstream_commit(ws.repo_dir, ev.baseline, ev.candidate, message, owner, extra, ws.state / "tmp")
     branch = branch_name(pid)
     git.run_git("update-ref", f"refs/heads/{branch}", head, cwd=ws.repo_dir)
     body = how.output or (ws.state / "tmp" / f"pr-upstream-{pid.replace('/', '-')}.md")
@@ -221,6 +239,7 @@ def _pr_upstream(
             judged_tree=git.tree_of(ws.repo_dir, ev.candidate),
             repo=forge.repo if forge is not None else (ws.config().forge.repo or "the upstream repository"),
             signoff=profile.signoff,
+            kernel_bench=extra[0] if extra else None,
         )
     )
     record, link = publish(ws, how, branch, [], upstream_title(ev, profile), body, None, forge, replace=True)
@@ -233,6 +252,7 @@ def _pr_upstream(
             "coauthor": co,
             "searches": [s.to_json() for s in searches],
             "not_duplicate": how.not_duplicate.strip() or None,
+            "kernel_benchmark": extra[0] if extra else None,
         }
         print_json(to_json(ev, **record, url=link, upstream=upstream))
     elif not how.dry_run:

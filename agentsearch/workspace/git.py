@@ -467,6 +467,25 @@ def commit_files(repo_dir: Path, branch: str, files: dict[str, bytes], message: 
     return sha
 
 
+def tree_with_file(repo_dir: Path, commit: str, path: str, data: bytes, scratch: Path) -> str:
+    """The tree of ``commit`` with one more file (``path``, mode 100644) written into it; ``scratch``: a directory
+    for the temporary index (nothing else in the repository changes)."""
+    if not path or path.startswith("/") or ".." in path.split("/") or any(c in path for c in "\n\t\0"):
+        raise ValueError(f"a relative path inside the tree expected, got {path!r}")
+    proc = _git(["hash-object", "-w", "--no-filters", "--stdin"], repo_dir, input=data, binary=True)
+    if proc.returncode != 0:
+        raise GitError(("hash-object",), proc.returncode, "", proc.stderr.decode(errors="replace"))
+    blob = proc.stdout.decode().strip()
+    scratch.mkdir(parents=True, exist_ok=True)
+    index = {"GIT_INDEX_FILE": str(scratch / f"index-{os.getpid()}-{blob[:12]}")}
+    try:
+        run_git("read-tree", f"{commit}^{{tree}}", cwd=repo_dir, env=index)
+        run_git("update-index", "--add", "--cacheinfo", f"100644,{blob},{path}", cwd=repo_dir, env=index)
+        return run_git("write-tree", cwd=repo_dir, env=index).strip()
+    finally:
+        Path(index["GIT_INDEX_FILE"]).unlink(missing_ok=True)
+
+
 def tree_files(repo_dir: Path, commit: str) -> list[tuple[str, str]]:
     """(mode, path) of every file in ``commit``'s tree (paths as stored, never quoted)."""
     out = []

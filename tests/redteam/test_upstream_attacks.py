@@ -90,3 +90,96 @@ def test_the_forges_search_results_reach_the_body_as_text(upstream, monkeypatch)
         "`@here`", ""
     )
     assert json.loads(proc.stdout)["upstream"]["not_duplicate"].startswith("<b>")
+
+
+KERNEL_BASE = '''import torch
+
+
+def rms(x, w, eps):
+    if x.shape[0] == 8:  # already there: not this change's
+        pass
+    return x * w
+'''
+KERNEL_CAND = '''import torch
+BLOCK = 128
+
+
+def rms(x, w, eps):
+    if x.shape[0] == 8:  # already there: not this change's
+        pass
+    if x.shape[0] == 4:
+        return fast_path(x, w)
+    if M == 4096 or x.size(-1) != 2048:
+        pass
+    if num_tokens in (1, 2, 4):
+        pass
+    if x.dim() == 2 and x.shape[-1] % 16 == 0:
+        pass
+    # agentsearch: shape-specific one token per sequence is the decode step's shape
+    if x.shape[0] == 1:
+        pass
+    return x * w
+
+
+def supports_args(x, w, eps, variance_size=None):
+    return x.shape[-1] == 4096
+
+
+register(supported=lambda x: x.shape[0] in (4, 8), supports_args=lambda x, *a: x.numel() == 64)
+'''
+
+
+def test_a_kernel_hard_coded_for_the_benchmarks_shapes_is_named_line_by_line(tmp_path) -> None:
+    """Exact shape comparisons with literals on the change's own lines of kernel code are named; a provider's
+    supports_args (where a restriction belongs), a declared line, a rank check, an alignment check, a tile constant,
+    an unchanged line and code outside the kernel paths are not."""
+    from agentsearch.upstream import shape_literals
+    from benchmarks.toy import make_repo
+
+    from ..conftest import commit, git
+
+    repo = make_repo(tmp_path / "r", {"vllm/kernels/mine.py": KERNEL_BASE, "csrc/k.cu": "int f(int M) { return M; }\n"})
+    base = git(repo, "rev-parse", "main").strip()
+    cand = commit(
+        repo,
+        {
+            "vllm/kernels/mine.py": KERNEL_CAND,
+            "csrc/k.cu": "int f(int M) {\n  if (M == 4096) return 1;\n  return M;\n}\n",
+            "vllm/model_executor/other.py": "def f(x):\n    return x.shape[0] == 4\n",
+        },
+        "a kernel",
+    )
+    found = shape_literals(repo, base, cand)
+    lines = [f.split(": ", 1)[0] for f in found]
+    assert lines == [
+        "csrc/k.cu:2",
+        "vllm/kernels/mine.py:8",
+        "vllm/kernels/mine.py:10",
+        "vllm/kernels/mine.py:12",
+    ], found
+    assert found[1].endswith("if x.shape[0] == 4:")
+
+
+def test_the_kernels_micro_benchmark_runs_against_the_installed_vllm(tmp_path) -> None:
+    """The micro-benchmark an upstream kernel pull request carries (benchmarks/kernels/) is a real, standalone script:
+    run on the installed vLLM (CPU), it checks the provider against native and prints a time per call."""
+    import sys
+
+    import pytest
+
+    from agentsearch.errors import AgentsearchError
+    from agentsearch.upstream import PROFILES, kernel_benchmark
+
+    path, script = kernel_benchmark("rms_norm", "native", PROFILES["vllm"], 'x"""; import os #\\', "0.0.0")
+    assert path == "benchmarks/kernels/benchmark_rms_norm_native.py"
+    compile(script, path, "exec")  # a check summary cannot end the docstring
+    f = tmp_path / "bench.py"
+    f.write_text(script)
+    proc = subprocess.run(
+        [sys.executable, str(f), "--quick", "--dtype", "float32"], capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    row = proc.stdout.strip().splitlines()[-1].split()
+    assert row[:3] == ["float32", "16", "1024"] and row[-1].endswith("x") and float(row[3]) > 0, proc.stdout
+    with pytest.raises(AgentsearchError, match="Python identifier"):
+        kernel_benchmark("rms_norm", "x; import os", PROFILES["vllm"], "", "0")
