@@ -1108,15 +1108,17 @@ def revert_markdown(c: RevertCase) -> str:
             else f"the tip of then, `{k.tip[:12]}` — **not today's** (`{c.tip[:12]}`): measure it again before "
             "trusting this"
         )
+        how = Figure.of("", r.marginal, "", How.PAIRED, False, f"{r.pairs} pairs").words()
         lines += [
             f"**Leave-one-out** (`agentsearch stack`, range `{k.since[:12]}` → `{k.tip[:12]}`, the stack "
             f"**{k.verdict}**: the tip {_pct(k.cumulative)} over the start): {when}, against that tip without this "
             "merge.",
             "",
-            "| merged on | 95% CI | today (marginal) | 95% CI | pairs | decision | why |",
-            "|---:|---|---:|---|---:|---|---|",
-            f"| {_pct(merged.speedup) if merged else '—'} | {ci(merged.ci) if merged else '—'} | {_pct(r.marginal)} "
-            f"| {ci(r.ci)} | {r.pairs} | **{r.decision}**{', shrank' if r.shrank else ''} | {said(r.reason, 200)} |",
+            "| merged on | 95% CI | today (marginal) | 95% CI | pairs | decision | why | measured |",
+            "|---:|---|---:|---|---:|---|---|---|",
+            f"| {_pct(merged.speedup) if merged else NOT_RUN} | {ci(merged.ci) if merged else NOT_RUN} "
+            f"| {_pct(r.marginal)} | {ci(r.ci)} | {r.pairs} | **{r.decision}**{', shrank' if r.shrank else ''} "
+            f"| {said(r.reason, 200)} | {how} |",
             "",
         ]
         if r.decision == "harmful":

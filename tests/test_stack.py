@@ -20,6 +20,7 @@ from history import HistoryLog
 from history.records.stack import StackBisect, StackCheck, StackMerge
 
 from .conftest import ROOT, commit, git, make_repo, run_cli
+from .test_provenance import assert_provenance
 
 sys.path.insert(0, str(ROOT))
 from benchmarks.fakeforge import FakeForge  # noqa: E402
@@ -323,6 +324,7 @@ def passenger_case(tmp_path: Path, repo: Path, fake: FakeForge) -> None:
     assert pr["title"] == "[agentsearch] revert (passenger): Take the fast path"
     body = pr["body"]
     assert body.startswith(f"### Revert `{first[:12]}`: passenger") and "| **passenger**, shrank |" in body
+    assert assert_provenance(body) == 1 and "| measured in 12 pairs |" in body  # the leave-one-out's provenance
     assert f"It interferes with `{second[:12]}`" in body and f"agentsearch evaluate {opened['branch']}" in body
     # the same case as the record says: its marginal contribution and interval, as the stack check printed them
     lo, hi = by[first]["ci"]
