@@ -53,8 +53,14 @@ class Figure:
 
     @classmethod
     def of(cls, name: str, value: Any, unit: str, how: How, decides: bool = False, detail: str = "") -> Figure:
-        """``value`` None (or not finite) makes the figure not run, whatever ``how`` says."""
-        ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+        """``value`` None (or not finite) makes the figure not run, whatever ``how`` says; ``how`` not run drops any
+        value given (a baseline's median from a trial whose pair never completed is no measurement of the change)."""
+        ok = (
+            how is not How.NOT_RUN
+            and isinstance(value, int | float)
+            and not isinstance(value, bool)
+            and math.isfinite(value)
+        )
         return cls(name, value if ok else None, unit, how if ok else How.NOT_RUN, decides and ok, detail)
 
     @property

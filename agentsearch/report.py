@@ -532,6 +532,8 @@ def _num(x: Any) -> str:
     if x is None:
         return "—"
     if isinstance(x, float):
+        if math.isnan(x):
+            return NOT_RUN  # no measurement: never printed as one
         return f"{x:.4g}" if math.isfinite(x) else str(x)
     return str(x)
 
@@ -664,9 +666,8 @@ def context(ev: Evidence, images: Mapping[str, str], local: bool = True) -> dict
                 "label": decision_label(w),
                 "p_test": P_SHORT.get(w.role, "t-test"),
                 "ci_text": ci_text(w.ci) + ("%" if w.ci else ""),
-                "how": Figure.of(
-                    "", w.speedup, "", How.PAIRED if w.pairs > 0 else How.NOT_RUN, True, f"{w.pairs} pairs"
-                ).words(),
+                # the row's provenance is its pairs: none completed, nothing in it measured the change
+                "how": Figure.of("", 1 if w.pairs > 0 else None, "", How.PAIRED, True, f"{w.pairs} pairs").words(),
             }
         )
     roles = [w.get("role") for w in workloads if w.get("p_value") is not None]

@@ -15,7 +15,9 @@ changed) reaches the forge's search as cleaned terms and the body as escaped tex
 
 from __future__ import annotations
 
+import math
 import re
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,7 +60,9 @@ assert tuple(PROFILES) == UPSTREAMS, "agentsearch.config.UPSTREAMS names the pro
 AGENT_COAUTHORS = {"claude": "Claude <noreply@anthropic.com>"}
 TOOL_COAUTHOR = "agentsearch {proposer} proposer <agentsearch@users.noreply.github.com>"
 HUMAN_PROPOSERS = ("patches",)  # a patch queue: the patch's own author wrote it
-SEARCH_TERMS = 3  # duplicate searches per pull request
+# a patch's From: as a co-author: letters (any script), spaces, . ' - and an address of plain characters
+PLAIN_PERSON = re.compile(r"[^\W\d_](?:[\w .'-]{0,80}[\w.])? <[A-Za-z0-9._%+-]{1,64}@[A-Za-z0-9.-]{1,190}>")
+SEARCH_TERMS = 5  # duplicate searches per pull request
 TERM_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:[.-][A-Za-z0-9_]+)*")
 STOP_WORDS = frozenset(
     "the and for with from into than that this make makes made faster slower use uses using default true false "
@@ -107,26 +111,31 @@ def coauthor(proposer: str, patch: str) -> str:
     if proposer in HUMAN_PROPOSERS:
         m = re.search(r"^From: (.+)$", patch[:4000], re.M)
         author = text.clean(m.group(1), 200, one_line=True) if m else ""
-        if OWNER_RE.fullmatch(author):
+        if PLAIN_PERSON.fullmatch(author):  # plain words and an address: no Markdown, no second person
             return author
     return TOOL_COAUTHOR.format(proposer=re.sub(r"[^a-z0-9-]", "-", proposer.lower())[:40])
 
 
 def search_terms(title: str, files: Sequence[str]) -> list[str]:
-    """At most ``SEARCH_TERMS`` terms for the duplicate search: the identifiers the title names (a knob, a function,
-    a module: words with ``_`` or ``.``), then the changed modules' names, then the title's longest words. Only
-    letters, digits, ``_``, ``.`` and ``-``: nothing a proposal writes becomes a search qualifier (``repo:``, ``is:``)
-    or leaves the query."""
+    """At most ``SEARCH_TERMS`` terms for the duplicate search: first the names of the modules the change touches
+    (what the diff says, not what the proposal says about itself: every changed file's stem, in the order of their
+    paths), then the identifiers its title names (words with ``_`` or ``.``), then the title's longest words. Every
+    term is a run of letters, digits, ``_``, ``.`` and ``-`` (a file named ``x is:closed.py`` gives ``x`` and
+    ``closed``, never a qualifier): nothing a proposal writes leaves its term or becomes a search qualifier."""
+    modules = []
+    for f in files:
+        stem = Path(f).name.split(".", 1)[0]
+        if stem not in ("__init__", "setup", "serving", "agentsearch"):
+            modules += [w for w in TERM_RE.findall(stem) if len(w) >= 3]
     words = TERM_RE.findall(text.clean(title, 300, one_line=True))
     named = [w for w in words if ("_" in w or "." in w) and len(w) >= 4]
-    modules = [Path(f).stem for f in files if f.endswith(".py") and Path(f).stem not in ("__init__", "setup")]
     plain = sorted(
         (w for w in words if len(w) >= 5 and w.isalpha() and w.lower() not in STOP_WORDS), key=lambda w: -len(w)
     )
     terms: list[str] = []
-    for w in [*named, *modules, *plain]:
+    for w in [*modules, *named, *plain]:
         w = w.strip(".-")[:60]
-        if w and w.lower() not in (t.lower() for t in terms):
+        if w and TERM_RE.fullmatch(w) and w.lower() not in (t.lower() for t in terms):
             terms.append(w)
     return terms[:SEARCH_TERMS]
 
@@ -164,7 +173,13 @@ def search(forge: Any, terms: Sequence[str]) -> list[Search]:
 
 
 def refuse_duplicates(searches: Sequence[Search], not_duplicate: str) -> None:
-    """Open pull requests matched: the owner must say why this is not one of them (--not-duplicate)."""
+    """Open pull requests matched, or no search could be derived from the change: the owner must say why this is not
+    a duplicate (--not-duplicate)."""
+    if not searches and not not_duplicate.strip():
+        raise AgentsearchError(
+            "no duplicate search could be derived from the change (no module name or identifier in it); search the "
+            "open pull requests yourself and pass --not-duplicate 'what you searched and why this is not one of them'"
+        )
     hits = {f.number: f for s in searches for f in (s.found or ())}
     if hits and not not_duplicate.strip():
         shown = ", ".join(f"#{n} {text.clean(f.title, 60, one_line=True)!r}" for n, f in list(hits.items())[:3])
@@ -281,36 +296,58 @@ def branch_name(proposal: str) -> str:
 
 # ---------------------------------------------------------------------------- shape-specific kernels
 KERNEL_PATHS = ("vllm/kernels/", "vllm/ir/", "csrc/")
+KERNEL_MARKS = ("@triton.jit", "register_impl(", "torch.library.custom_op", "@torch.compile")  # kernel code elsewhere
+C_SUFFIXES = (".cu", ".cuh", ".cpp", ".cc", ".cxx", ".h", ".hpp", ".c")
 SHAPE_NAMES = frozenset(
     "m n k M N K batch batch_size bs num_tokens n_tokens tokens hidden hidden_size seq_len seqlen head_dim "
     "head_size num_heads n_rows n_cols rows cols".split()
 )
+SHAPE_CALLS = ("size", "numel", "stride")
 DECLARED = "agentsearch: shape-specific"  # a comment on the line (or the one above) that declares it, with why
-C_SHAPE = re.compile(
-    r"\b(?:[MNK]|num_tokens|hidden_size|batch_size|head_dim|seq_len)\s*[!=]=\s*\d{2,}\b|\b\d{2,}\s*[!=]=\s*(?:[MNK]|num_tokens|hidden_size|batch_size|head_dim|seq_len)\b"
+_C_NAME = (
+    r"(?:[MNKmnk]|num_tokens|n_tokens|hidden_size|hidden|batch_size|batch|head_dim|head_size|seq_len|num_heads"
+    r"|\w+\.size\(\s*-?\d\s*\))"
 )
+_C_NUM = r"(?:0[xX][0-9a-fA-F]+|\d{2,})[uUlL]*"
+C_SHAPE = re.compile(rf"\b{_C_NAME}\s*[!=]=\s*{_C_NUM}\b|\b{_C_NUM}\s*[!=]=\s*{_C_NAME}|\bswitch\s*\(\s*{_C_NAME}\s*\)")
+C_CHECKS = re.compile(r"\b(?:TORCH_CHECK|TORCH_INTERNAL_ASSERT|static_assert|assert)\s*\(")
 
 
 def shape_literals(repo_dir: Path, base: str, cand: str) -> list[str]:
-    """``path:line: code`` for each added line of kernel code (``KERNEL_PATHS``) that compares a shape — a tensor's
-    ``.shape``/``.size()``/``.numel()``, or a name like ``M``, ``num_tokens``, ``hidden_size`` — for equality with an
-    integer literal (2 or more): a kernel hard-coded for the benchmark's shapes, which upstream cannot merge. Exempt:
-    a provider's ``supports_args``/``supported`` (where a shape restriction belongs: other shapes go to ``native``),
-    and a line declared with the comment ``# agentsearch: shape-specific <why>`` (on it or the line above)."""
+    """``path:line: code`` for each added line of kernel code that compares a shape with a literal: a kernel
+    hard-coded for the benchmark's shapes, which upstream cannot merge.
+
+    Kernel code: files under ``KERNEL_PATHS``, C/C++/CUDA sources, and any Python file that registers or defines a
+    kernel (``KERNEL_MARKS``). A shape: a tensor's ``.shape``, ``.size()``, ``.numel()``, ``.stride()``, ``len()``,
+    a name like ``M`` or ``num_tokens``, and any name assigned from one (``t = x.shape[0]``, a walrus, a tuple
+    unpacking). A literal: an integer or integral float of 2 or more, a constant expression (``2**12``), a module
+    constant (``H = 4096``), a tuple, list, set or ``range`` of them. Flagged: ``==``/``!=``/``in``/``not in``, a
+    chained comparison pinning a shape between close literals, ``operator.eq``, ``not (s - 4096)``, a dict of
+    literal keys looked up by a shape, a ``match`` on a shape with literal cases, and in C ``M == 4096``,
+    ``x.size(-1) != 0x1000u``, ``switch (M)``. Exempt: a provider's ``supports_args``/``supported`` (exactly those
+    names: where a restriction belongs, other shapes going to ``native``), C checks (``TORCH_CHECK``, ``assert``),
+    comments, and a line declared with ``# agentsearch: shape-specific <why>`` (on it or the line above). A Python
+    file this interpreter cannot parse is named as such (its lines cannot be checked)."""
     out: list[str] = []
     for path, lines in sorted(git.changed_lines(repo_dir, base, cand).items()):
-        if not path.startswith(KERNEL_PATHS) or not lines:
+        if not lines:
             continue
         source = git.show_file(repo_dir, cand, path) or ""
         rows = source.splitlines()
-
-        if path.endswith(".py"):
-            for n in sorted(_python_shape_literals(source)):
+        if path.endswith(".py") and (path.startswith(KERNEL_PATHS) or any(m in source for m in KERNEL_MARKS)):
+            found = _python_shape_literals(source)
+            if found is None:
+                out.append(f"{path}:1: cannot be parsed by Python {sys.version_info[0]}.{sys.version_info[1]}")
+                continue
+            for n in sorted(found):
                 if n in lines and not _declared(rows, n):
                     out.append(f"{path}:{n}: {text.clean(rows[n - 1].strip(), 100, one_line=True)}")
-        elif path.endswith((".cu", ".cuh", ".cpp", ".h", ".hpp", ".c")):
+        elif path.endswith(C_SUFFIXES):
             for n in sorted(lines):
-                if 1 <= n <= len(rows) and C_SHAPE.search(rows[n - 1]) and not _declared(rows, n):
+                if not 1 <= n <= len(rows) or _declared(rows, n):
+                    continue
+                code = re.sub(r"//.*|/\*.*?\*/", "", rows[n - 1])
+                if C_SHAPE.search(code) and not C_CHECKS.search(code):
                     out.append(f"{path}:{n}: {text.clean(rows[n - 1].strip(), 100, one_line=True)}")
     return out
 
@@ -320,42 +357,138 @@ def _declared(rows: Sequence[str], n: int) -> bool:
     return any(DECLARED in rows[i - 1] for i in (n, n - 1) if 1 <= i <= len(rows))
 
 
-def _python_shape_literals(source: str) -> set[int]:
-    """Lines of ``source`` with an exact shape comparison outside a provider's ``supports_args``/``supported``."""
+def _python_shape_literals(source: str) -> set[int] | None:
+    """Lines of ``source`` that compare a shape with a literal outside a provider's ``supports_args``/``supported``
+    (None: ``source`` does not parse)."""
     import ast
 
     try:
         tree = ast.parse(source)
-    except SyntaxError:
-        return set()
-    found: set[int] = set()
+    except (SyntaxError, ValueError):
+        return None
+    consts: dict[str, float] = {}
+    for stmt in tree.body:  # module constants: H = 4096
+        if isinstance(stmt, ast.Assign | ast.AnnAssign) and stmt.value is not None:
+            v = _constant(stmt.value, {})
+            targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+            for t in targets:
+                if isinstance(t, ast.Name) and v is not None:
+                    consts[t.id] = v
+    names = set(SHAPE_NAMES)
 
     def shape(node: ast.AST) -> bool:
-        for sub in ast.walk(node):
-            if isinstance(sub, ast.Attribute) and sub.attr == "shape":
-                return True
-            if isinstance(sub, ast.Call) and isinstance(sub.func, ast.Attribute) and sub.func.attr in ("size", "numel"):
-                return True
-            if isinstance(sub, ast.Name) and sub.id in SHAPE_NAMES:
-                return True
-        return False
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "len" and node.args:
+            arg = node.args[0]
+            if isinstance(arg, ast.Attribute) and arg.attr == "shape":
+                return False  # len(x.shape) is the rank, not a shape
+            return True
+        if isinstance(node, ast.Attribute) and node.attr == "shape":
+            return True
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in SHAPE_CALLS:
+            return True
+        if isinstance(node, ast.Name) and node.id in names:
+            return True
+        return any(shape(child) for child in ast.iter_child_nodes(node))
+
+    changed = True
+    while changed:  # names assigned from shapes, to a fixpoint: t = x.shape[0]; (t := ...); b, h = x.shape
+        changed = False
+        for node in ast.walk(tree):
+            value = getattr(node, "value", None)
+            if not isinstance(node, ast.Assign | ast.AnnAssign | ast.NamedExpr) or value is None or not shape(value):
+                continue
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for t in targets:
+                for sub in ast.walk(t):
+                    if isinstance(sub, ast.Name) and sub.id not in names:
+                        names.add(sub.id)
+                        changed = True
 
     def literal(node: ast.AST) -> bool:
-        items = node.elts if isinstance(node, ast.Tuple | ast.List | ast.Set) else [node]
-        return any(isinstance(i, ast.Constant) and type(i.value) is int and abs(i.value) >= 2 for i in items)
+        if isinstance(node, ast.Tuple | ast.List | ast.Set):
+            return any(literal(e) for e in node.elts)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "range":
+            return any(literal(a) for a in node.args)
+        v = _constant(node, consts)
+        return v is not None and abs(v) >= 2
+
+    found: set[int] = set()
 
     def visit(node: ast.AST, exempt: bool) -> None:
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name.startswith(("supports", "supported")):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name in ("supports_args", "supported"):
             exempt = True
         if isinstance(node, ast.keyword) and node.arg in ("supports_args", "supported"):
             exempt = True
-        if isinstance(node, ast.Compare) and not exempt:
-            exact = all(isinstance(op, ast.Eq | ast.NotEq | ast.In | ast.NotIn) for op in node.ops)
-            operands = [node.left, *node.comparators]
-            if exact and any(shape(o) for o in operands) and any(literal(o) for o in operands):
-                found.add(node.lineno)
+        if not exempt:
+            if _pins(node, shape, literal):
+                found.add(getattr(node, "lineno", 0))
+            if isinstance(node, ast.Match) and shape(node.subject):
+                for case in node.cases:
+                    if any(isinstance(p, ast.MatchValue) and literal(p.value) for p in ast.walk(case.pattern)):
+                        found.add(case.pattern.lineno)
         for child in ast.iter_child_nodes(node):
             visit(child, exempt)
 
     visit(tree, False)
+    found.discard(0)
     return found
+
+
+def _pins(node: Any, shape: Any, literal: Any) -> bool:
+    """``node`` compares a shape with a literal for equality (or pins it between close literals)."""
+    import ast
+
+    if isinstance(node, ast.Compare):
+        operands = [node.left, *node.comparators]
+        if all(isinstance(op, ast.Eq | ast.NotEq | ast.In | ast.NotIn) for op in node.ops):
+            return any(shape(o) for o in operands) and any(literal(o) for o in operands)
+        if len(operands) == 3 and shape(operands[1]) and literal(operands[0]) and literal(operands[2]):
+            lo, hi = _constant(operands[0], {}), _constant(operands[2], {})
+            return lo is not None and hi is not None and abs(hi - lo) <= 2
+        return False
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute | ast.Name):
+        fname = node.func.attr if isinstance(node.func, ast.Attribute) else node.func.id
+        if fname in ("eq", "ne", "__eq__", "__ne__", "isclose"):
+            args = list(node.args) + ([node.func.value] if isinstance(node.func, ast.Attribute) else [])
+            return any(shape(a) for a in args) and any(literal(a) for a in args)
+        if fname == "get" and isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Dict):
+            return any(k is not None and literal(k) for k in node.func.value.keys) and any(shape(a) for a in node.args)
+    if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Dict):
+        return any(k is not None and literal(k) for k in node.value.keys) and shape(node.slice)
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not) and isinstance(node.operand, ast.BinOp):
+        b = node.operand
+        return isinstance(b.op, ast.Sub) and (shape(b.left) and literal(b.right) or shape(b.right) and literal(b.left))
+    return False
+
+
+def _constant(node: Any, consts: Mapping[str, float]) -> float | None:
+    """The value of a constant integer expression (an integral float counts; ``2**12``, ``4 * 1024``, ``1 << 12``,
+    a module constant), else None."""
+    import ast
+
+    if isinstance(node, ast.Constant) and isinstance(node.value, int | float) and not isinstance(node.value, bool):
+        v = float(node.value)
+        return v if math.isfinite(v) and v == int(v) else None
+    if isinstance(node, ast.Name):
+        return consts.get(node.id)
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        neg = _constant(node.operand, consts)
+        return None if neg is None else -neg
+    if isinstance(node, ast.BinOp):
+        a, b = _constant(node.left, consts), _constant(node.right, consts)
+        if a is None or b is None:
+            return None
+        try:
+            if isinstance(node.op, ast.Pow) and abs(b) <= 64:
+                return float(a**b)
+            if isinstance(node.op, ast.Mult):
+                return a * b
+            if isinstance(node.op, ast.Add):
+                return a + b
+            if isinstance(node.op, ast.Sub):
+                return a - b
+            if isinstance(node.op, ast.LShift) and 0 <= b <= 64:
+                return float(int(a) << int(b))
+        except OverflowError:
+            return None
+    return None

@@ -183,3 +183,31 @@ def assert_json_figures(got: dict) -> None:
         assert f["provenance"] in {h.value for h in How}, f
         assert (f["value"] is None) == (f["provenance"] == "not run"), f
         assert isinstance(f["advisory"], bool)
+
+
+def test_a_candidate_that_failed_its_first_pair_still_gets_its_report() -> None:
+    """The baseline's trial ran, the candidate's never completed a pair: no figure measured the change, so the row
+    reads "not run" (the baseline's lone median is no measurement of it), and nothing crashes."""
+    record = evaluation_record(
+        verdict="reject",
+        reasons=["speed: the candidate crashed"],
+        workloads={
+            "speed": {
+                "role": "objective",
+                "pairs": 0,
+                "decision": "failed",
+                "speedup": None,
+                "ci": None,
+                "p_value": None,
+                "baseline_median": 100.0,
+                "candidate_median": None,
+            }
+        },
+    )
+    ev = Evidence("x", "evaluation", record, [], directions={"speed": True})
+    md, html, body = render(ev, "md")[0], render(ev, "html")[0], render_pr(ev, {})
+    row = next(ln for ln in md.splitlines() if ln.startswith("| speed |"))
+    assert cells(row)[3:8] == ["not run"] * 5 and "100" not in row, row
+    assert assert_provenance(md) >= 1 and assert_provenance(html, "html") >= 1 and assert_provenance(body) >= 1
+    figures = to_json(ev)["figures"]
+    assert all(f["value"] is None for f in figures if f["name"].startswith("workload."))

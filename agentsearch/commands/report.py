@@ -215,7 +215,8 @@ def _pr_upstream(
     summary = f"Measured with agentsearch {ev.versions.get('agentsearch', '?')} against {ev.baseline[:12]}: " + clean(
         ev.headline().split(" — ", 1)[-1], 600, one_line=True
     )
-    message = commit_message(ev.title or pid, summary, co, owner, profile.signoff)
+    title = upstream_title(ev, profile)  # the subject starts with the project's tag: never a trailer's shape
+    message = commit_message(title, summary, co, owner, profile.signoff)
     extra = None
     for op, provider in kernel_changes(ws.repo_dir, ev.baseline, ev.candidate):  # one at most (checked above)
         micro = next((str(c.detail) for c in ev.verdict.checks if c.name == "micro"), "")
@@ -242,7 +243,7 @@ def _pr_upstream(
             kernel_bench=extra[0] if extra else None,
         )
     )
-    record, link = publish(ws, how, branch, [], upstream_title(ev, profile), body, None, forge, replace=True)
+    record, link = publish(ws, how, branch, [], title, body, None, forge, replace=True)
     if how.as_json:
         upstream = {
             "profile": profile.name,

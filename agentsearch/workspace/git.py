@@ -253,16 +253,36 @@ def show_note(repo_dir: Path, commit: str, ref: str = "agentsearch") -> str | No
     return proc.stdout if proc.returncode == 0 else None
 
 
+def unquote_path(text: str) -> str:
+    """A path as git prints it in a diff header: as is, or C-quoted (``"a\\tb"``) when it holds a tab, a quote, a
+    backslash or a control character (non-ASCII stays as is: core.quotepath=false)."""
+    if len(text) < 2 or not (text.startswith('"') and text.endswith('"')):
+        return text
+    raw = text[1:-1].encode("latin-1", "backslashreplace").decode("unicode_escape")
+    try:
+        return raw.encode("latin-1").decode("utf-8")
+    except (UnicodeEncodeError, UnicodeDecodeError):
+        return raw
+
+
 def changed_lines(repo_dir: Path, old: str, new: str) -> dict[str, set[int]]:
-    """{path: line numbers in ``new``} of the lines added or modified between two commits."""
+    """{path: line numbers in ``new``} of the lines added or modified between two commits.
+
+    A ``+++`` line is a file's header only between its ``diff --git`` line and its first hunk: inside a hunk an added
+    line whose text starts with ``++`` reads the same (``+++ 0``), and must not end the file's hunks. Paths git quotes
+    (a tab, a quote, a backslash in the name) are unquoted."""
     out = run_git("diff", "-U0", "--no-ext-diff", "--no-color", "-M", old, new, cwd=repo_dir)
     result: dict[str, set[int]] = {}
     path: str | None = None
-    for line in out.splitlines():
-        if line.startswith("+++ "):
-            target = line[4:].strip()
+    header = False
+    for line in out.split("\n"):  # not splitlines(): a line's text may hold U+2028 or \x1c, no line break to git
+        if line.startswith("diff --git "):
+            header, path = True, None
+        elif header and line.startswith("+++ "):
+            target = unquote_path(line[4:].rstrip("\n"))
             path = target[2:] if target.startswith("b/") else None
         elif line.startswith("@@") and path is not None:
+            header = False
             # @@ -a,b +c,d @@
             plus = line.split("+", 1)[1].split(" ", 1)[0]
             start, _, count = plus.partition(",")

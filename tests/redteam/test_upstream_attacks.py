@@ -9,6 +9,8 @@ import json
 import re
 import subprocess
 
+import pytest
+
 from agentsearch.upstream import Owner, coauthor, commit_message, search_terms
 
 from ..test_upstream_pr import OWNER, upstream  # noqa: F401 - the fixture: a toy episode with a merged win
@@ -55,13 +57,41 @@ def test_a_title_cannot_steer_the_duplicate_search() -> None:
         "x" * 500 + "_y",
     ):
         terms = search_terms(title, ["vllm/v1/core/sched/scheduler.py", "../../etc/passwd.py"])
-        assert 1 <= len(terms) <= 3
+        assert 1 <= len(terms) <= 5 and terms[:2] == ["scheduler", "passwd"], terms
         for t in terms:
             assert t.replace("_", "").replace(".", "").replace("-", "").isalnum() and len(t) <= 60, terms
     assert search_terms("max_num_seqs: 4 -> 32", ["vllm/v1/core/sched/scheduler.py"])[:2] == [
-        "max_num_seqs",
         "scheduler",
+        "max_num_seqs",
     ]
+    # a file name is proposal-controlled too: its words, never its qualifiers, markup or quotes
+    terms = search_terms("x", ["vllm/kernels/rms is:closed created:>2099 user:a `<img src=x> @simon-mo.py"])
+    assert all(re.fullmatch(r"[A-Za-z0-9_.-]+", t) for t in terms) and "rms" in terms, terms
+    # a title full of made-up identifiers cannot push the changed modules out of the search
+    crowd = search_terms("Raise qq_zz1 qq_zz2 qq_zz3 qq_zz4 qq_zz5 qq_zz6", ["src/engine.py"])
+    assert crowd[0] == "engine", crowd
+
+
+def test_a_change_with_no_search_term_needs_the_owners_own_search() -> None:
+    from agentsearch.errors import AgentsearchError
+    from agentsearch.upstream import refuse_duplicates
+
+    assert search_terms("Go 2x", ["csrc/k.cu"]) == []
+    with pytest.raises(AgentsearchError, match="no duplicate search could be derived"):
+        refuse_duplicates([], "")
+    refuse_duplicates([], "searched 'rms_norm' and 'fused norm' by hand: nothing open")  # the owner's words suffice
+
+
+def test_a_patch_author_with_markup_or_two_people_is_not_a_co_author() -> None:
+    tool = "agentsearch patches proposer <agentsearch@users.noreply.github.com>"
+    for line in (
+        "x` @vllm-project/maintainers ![i](https://evil.example/t.png) `y <a@b.c>",
+        "A <a@example.com>, B <b@example.com>",
+        "[A](https://e.x) <a@example.com>",
+        "Signed-off-by: E <e@example.com>",
+    ):
+        assert coauthor("patches", f"From: {line}\n") == tool, line
+    assert coauthor("patches", "From: Zoë O'Neil <zoe@example.org>\n") == "Zoë O'Neil <zoe@example.org>"
 
 
 def test_the_forges_search_results_reach_the_body_as_text(upstream, monkeypatch):  # noqa: F811
@@ -183,3 +213,104 @@ def test_the_kernels_micro_benchmark_runs_against_the_installed_vllm(tmp_path) -
     assert row[:3] == ["float32", "16", "1024"] and row[-1].endswith("x") and float(row[3]) > 0, proc.stdout
     with pytest.raises(AgentsearchError, match="Python identifier"):
         kernel_benchmark("rms_norm", "x; import os", PROFILES["vllm"], "", "0")
+
+
+HARD_CODED = {  # each a kernel pinned to one shape, written the way the red team of #59 slipped past the first lint
+    "alias": "def f(x):\n    t = x.shape[0]\n    if t == 4096:\n        return 1\n",
+    "unpacked": "def f(x):\n    b, h = x.shape\n    if h == 4096:\n        return 1\n",
+    "module_constant": "H = 4096\ndef f(x):\n    if x.shape[-1] == H:\n        return 1\n",
+    "float_literal": "def f(x):\n    if x.shape[-1] == 4096.0:\n        return 1\n",
+    "pow_literal": "def f(x):\n    if x.shape[-1] == 2**12:\n        return 1\n",
+    "chained_range": "def f(x):\n    if 4095 < x.shape[-1] < 4097:\n        return 1\n",
+    "match": "def f(x):\n    match x.shape:\n        case (1, 4096):\n            return 1\n",
+    "walrus_and": "def f(x):\n    if (t := x.shape[0]) and t == 4096:\n        return 1\n",
+    "range_in": "def f(x):\n    if x.shape[-1] in range(4096, 4097):\n        return 1\n",
+    "dict_dispatch": "def f(x):\n    return {4096: 1}.get(x.shape[-1], 0)\n",
+    "stride": "def f(x):\n    if x.stride(0) == 4096:\n        return 1\n",
+    "len": "def f(x):\n    if len(x) == 4096:\n        return 1\n",
+    "helper_named_like_supported": (
+        "def supported_here(x):\n    return x.shape[-1] == 4096\ndef f(x):\n    if supported_here(x):\n        return 1\n"
+    ),
+    "subtract": "def f(x):\n    if not x.shape[-1] - 4096:\n        return 1\n",
+    "operator_eq": "import operator\ndef f(x):\n    if operator.eq(x.shape[-1], 4096):\n        return 1\n",
+}
+NOT_SHAPES = {  # restrictions and facts that are no hard-coded shape
+    "rank": "def f(x):\n    assert len(x.shape) == 2\n    return x\n",
+    "alignment": "def f(x):\n    return x.shape[-1] % 16 == 0\n",
+    "tile": "BLOCK = 128\ndef f(x):\n    return x\n",
+    "supports_args": "def supports_args(x, w, e, v=None):\n    return x.shape[-1] == 4096\n",
+    "bound": "def f(x):\n    if x.shape[-1] <= 8192:\n        return 1\n",
+}
+
+
+def test_the_shape_lint_sees_through_aliases_constants_and_other_spellings() -> None:
+    from agentsearch.upstream import _python_shape_literals
+
+    missed = [k for k, src in HARD_CODED.items() if not _python_shape_literals(src)]
+    assert missed == [], missed
+    flagged = {k: _python_shape_literals(src) for k, src in NOT_SHAPES.items()}
+    assert not any(flagged.values()), flagged
+    assert _python_shape_literals("def g[T](x: T) -> T:\n    return x\n") is None  # unparseable: said, not skipped
+
+
+def test_the_shape_lint_reads_c_cuda_and_kernel_files_anywhere(tmp_path) -> None:
+    from agentsearch.upstream import shape_literals
+    from benchmarks.toy import make_repo
+
+    from ..conftest import commit, git
+
+    repo = make_repo(tmp_path / "r", {"README": "x\n"})
+    base = git(repo, "rev-parse", "main").strip()
+    c_src = (
+        "void f(int n, int hidden_size) {\n"
+        "  if (hidden_size == 4096u) { fast(); }\n"
+        "  if (hidden_size==0x1000UL) { fast(); }\n"
+        "  if (n == 4096) { fast(); }\n"
+        "  if (input.size(-1) == 4096) { fast(); }\n"
+        "  switch (n) { case 4096: fast(); }\n"
+        '  TORCH_CHECK(head_dim == 128 || head_dim == 64, "unsupported head size");\n'
+        "  x = y * 2;  // works for any M; was M == 16 before\n"
+        "}\n"
+    )
+    cand = commit(
+        repo,
+        {
+            "csrc/layernorm.cc": c_src,
+            "vllm/model_executor/layers/fused.py": "@triton.jit\ndef k(x):\n    if x.shape[0] == 4:\n        pass\n",
+            "vllm/model_executor/layers/plain.py": "def f(x):\n    return x.shape[0] == 4\n",  # not kernel code
+            "vllm/kernels/new.py": "def g[T](x: T) -> T:\n    return x\n",
+        },
+        "kernels",
+    )
+    got = [f.split(": ", 1)[0] for f in shape_literals(repo, base, cand)]
+    assert got == [
+        "csrc/layernorm.cc:2",
+        "csrc/layernorm.cc:3",
+        "csrc/layernorm.cc:4",
+        "csrc/layernorm.cc:5",
+        "csrc/layernorm.cc:6",
+        "vllm/kernels/new.py:1",
+        "vllm/model_executor/layers/fused.py:3",
+    ], got
+
+
+def test_an_added_line_cannot_hide_the_lines_after_it_from_the_diff(tmp_path) -> None:
+    """`git diff -U0` shows an added line `++ 0` as `+++ 0`, a file header's shape; a line holding U+2028 is one
+    line to git. Neither ends the file's hunks: the changed lines (the coverage check's and the shape lint's) are
+    all there, and a path git quotes (a tab, a quote) is read unquoted."""
+    from agentsearch.workspace import git as g
+    from benchmarks.toy import make_repo
+
+    from ..conftest import commit, git
+
+    base_src = "def fast(x):\n" + "    pass\n" * 5 + "    return x\n"
+    repo = make_repo(tmp_path / "r", {"vllm/kernels/fast.py": base_src})
+    base = git(repo, "rev-parse", "main").strip()
+    src = (
+        "++ 0\nS = '\u2028diff --git a/x b/x'\ndef fast(x):\n"
+        + "    pass\n" * 5
+        + "    if x.shape[-1] == 4096:\n        return x\n    return x\n"
+    )
+    cand = commit(repo, {"vllm/kernels/fast.py": src, 'vllm/kernels/q"uo\tte.py': "A = 1\n"}, "k")
+    lines = g.changed_lines(repo, base, cand)
+    assert lines["vllm/kernels/fast.py"] >= {1, 2, 9} and lines['vllm/kernels/q"uo\tte.py'] == {1}, lines
