@@ -379,7 +379,13 @@ def model_smollm2(directory: Path | None) -> None:
     type=click.Choice(PROPOSERS),
     default=DEFAULT_PROPOSER,
     show_default=True,
-    help="Where proposals come from: a patch queue, the [[sweep.knob]] space, or a Claude agent.",
+    help="Where proposals come from: a patch queue, the [[sweep.knob]] space (sweep: one knob at a time; optimize: "
+    "whole configurations from a model-based optimizer), or a Claude agent.",
+)
+@click.option(
+    "--sampler",
+    type=click.Choice(["tpe", "random"]),
+    help="Optimize proposer: Optuna's TPE (the default) or random search (the matched-budget baseline).",
 )
 @click.option(
     "--patches",
@@ -414,6 +420,7 @@ def episode(
     resume: bool,
     abandon: bool,
     proposer: str,
+    sampler: str | None,
     patches: Path | None,
     branches: str | None,
     budget: int | None,
@@ -442,6 +449,7 @@ def episode(
         resume=resume,
         abandon=abandon,
         proposer=proposer,
+        sampler=sampler,
         patches=patches,
         branches=branches,
         budget=budget,

@@ -69,9 +69,12 @@ def run(
     parallel: int | None = None,
     address: str | None = None,
     agents: int | None = None,
+    sampler: str | None = None,
 ) -> int:
     if agents is not None and proposer != "claude" and not resume:
         raise AgentsearchError("--agents applies to --proposer claude (agent sessions at once)")
+    if sampler is not None and proposer != "optimize" and not resume:
+        raise AgentsearchError("--sampler applies to --proposer optimize (tpe or random)")
     ws = Workspace.open(target)
     placement = executors.settings(ws.config().executor, executor, parallel, address)
     seconds = parse_duration(time_budget)
@@ -110,6 +113,7 @@ def run(
                 "branches": branches,
                 "model": agent_model,
                 "agents": agents,
+                "sampler": sampler,
             }
             episode = ep.start(
                 ws, log, proposer, options, budget, seconds, seed, new_episode_id(), insights, cost_budget

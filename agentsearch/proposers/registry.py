@@ -13,7 +13,7 @@ from typing import Any
 
 from .base import Proposer, ProposerError
 
-PROPOSERS = ("patches", "sweep", "claude")  # what --proposer accepts
+PROPOSERS = ("patches", "sweep", "optimize", "claude")  # what --proposer accepts
 DEFAULT_PROPOSER = PROPOSERS[0]
 
 
@@ -34,6 +34,16 @@ def build(name: str, options: Mapping[str, Any], repo_dir: Path) -> Proposer:
                 "(`agentsearch kernels propose`) to sweep"
             )
         return Sweep(config.sweep, gpu=gpu)
+    if name == "optimize":
+        from .optimize import Optimize
+
+        config = options["config"]
+        if not config.sweep.knobs:
+            raise ProposerError(
+                "the target's agentsearch.toml declares no [[sweep.knob]]: the optimizer searches that space; add "
+                "knobs (see docs/reference/config.md, [[sweep.knob]])"
+            )
+        return Optimize(config.sweep, options.get("sampler") or "tpe", gpu=bool(options.get("gpu")))
     if name == "claude":
         from .claude import ClaudeProposer
 
@@ -60,6 +70,10 @@ def rebuild(name: str, manifest: Mapping[str, Any]) -> Proposer:
         from .sweep import Sweep
 
         return Sweep.from_manifest(manifest)
+    if name == "optimize":
+        from .optimize import Optimize
+
+        return Optimize.from_manifest(manifest)
     if name == "claude":
         from .claude import ClaudeProposer
 

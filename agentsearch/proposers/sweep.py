@@ -89,10 +89,10 @@ class Sweep:
             self.knobs.setdefault(k.name, k)
 
     # ------------------------------------------------------------------ files
-    def _file_of(self, k: KnobConfig) -> str:
+    def file_of(self, k: KnobConfig) -> str:
         return k.file or self.sweep.file
 
-    def _path_of(self, k: KnobConfig) -> str:
+    def path_of(self, k: KnobConfig) -> str:
         if k.where == "engine":
             return f"engine.{k.name}"
         if k.where == "env":
@@ -100,11 +100,11 @@ class Sweep:
         return k.key or k.name
 
     def current(self, k: KnobConfig, ctx: Context) -> Any:
-        text = ctx.read_file(self._file_of(k))
+        text = ctx.read_file(self.file_of(k))
         if text is None:
             return None
         try:
-            v = _get(json.loads(text), self._path_of(k))
+            v = _get(json.loads(text), self.path_of(k))
         except json.JSONDecodeError:
             return None
         if v is None and k.name.startswith(kernel_knobs.PREFIX):
@@ -116,7 +116,7 @@ class Sweep:
         return v
 
     def candidate(self, k: KnobConfig, value: Any, ctx: Context, stats: Mapping[str, Any]) -> Candidate | None:
-        path = self._file_of(k)
+        path = self.file_of(k)
         old_text = ctx.read_file(path)
         try:
             data = json.loads(old_text) if old_text else {}
@@ -125,7 +125,7 @@ class Sweep:
         if not isinstance(data, dict):
             return None
         cur = self.current(k, ctx)
-        _set(data, self._path_of(k), str(value) if k.where == "env" else value)
+        _set(data, self.path_of(k), str(value) if k.where == "env" else value)
         new_text = json.dumps(data, indent=2) + "\n"
         key = "sweep:" + hashlib.sha256(f"{path}\0{json.dumps(data, sort_keys=True)}".encode()).hexdigest()[:20]
         shown = "default" if cur is None else json.dumps(cur)

@@ -1,0 +1,260 @@
+"""A model-based search over the declared knob space (``[[sweep.knob]]``): Optuna's TPE sampler, asked for the next
+whole configuration and told what the gate measured for every judged one (issue #58).
+
+InferenceBench found matched-budget hyperparameter search (SMAC3, TPE, even random) beating every coding agent at
+tuning vLLM: a search needs many well-chosen experiments, which the gate makes trustworthy. This proposer differs
+from the sweep (one knob per proposal, a bandit over knobs) in three ways:
+
+- **Whole configurations.** A proposal may set several knobs at once; the sampler models interactions
+  (``multivariate`` TPE over every knob jointly).
+- **Told the measurements.** Each judged configuration's value is the gate's paired estimate of the objective,
+  re-anchored to the episode's start: an estimate is relative to the main it was measured on, and main moves with
+  every merge (``log speed(config) = log speed(its main) + log speedup``, main's own log speed the sum of the merged
+  estimates before it). A rejection for futility is a measurement like any other; a failed check or a crash
+  (``Proposal.is_failure``) is told as a penalty below every measured value, so the sampler moves away from it.
+- **Its state is the history.** Nothing is kept beside it: each ``next`` builds a fresh study from the target's
+  history in log order and a seed derived from the episode's and the proposal's number, so ``--resume`` asks
+  exactly what the interrupted run would have.
+
+Optuna over SMAC3: its ask/tell interface takes told trials without running an objective, its TPE handles
+categorical knobs and a few dozen trials well, and it installs as one pure-Python wheel (SMAC3 needs a random forest
+stack, ConfigSpace and pyrfr's C++ build); see docs/guide/episodes.md, *The optimizer*.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from harness import seeds
+
+from ..config import KnobConfig, SweepConfig
+from .base import Candidate, Context, ProposerError
+from .sweep import Sweep, _get, _set, unified_diff
+
+SAMPLERS = ("tpe", "random")  # random: the matched-budget baseline of the benchmark
+STARTUP = 3  # random configurations before the model is used
+PENALTY = 1.0  # nats below the worst measured value: what a failed check or a crash is told
+ASKS = 64  # draws before falling back to the nearest untried configuration
+UNSET = "(default)"  # a knob the file does not set (the engine's default): a choice like any other
+
+
+class Optimize:
+    name = "optimize"
+
+    def __init__(self, sweep: SweepConfig, sampler: str = "tpe", gpu: bool = False):
+        if sampler not in SAMPLERS:
+            raise ProposerError(f"unknown sampler {sampler!r}: expected one of {', '.join(SAMPLERS)}")
+        self.sweep, self.sampler = sweep, sampler
+        self.files = Sweep(sweep, gpu=gpu)  # the files and paths the knobs live in (one place for them)
+        self.knobs = dict(self.files.knobs)
+
+    @classmethod
+    def from_manifest(cls, manifest: Mapping[str, Any]) -> Optimize:
+        knobs = tuple(KnobConfig(**{**k, "values": tuple(k["values"])}) for k in manifest["knobs"])
+        return cls(SweepConfig(file=manifest["file"], knobs=knobs), manifest.get("sampler", "tpe"), gpu=True)
+
+    def manifest(self) -> dict[str, Any]:
+        return {
+            "file": self.sweep.file,
+            "sampler": self.sampler,
+            "knobs": [{**k.__dict__, "values": list(k.values)} for k in self.knobs.values()],
+        }
+
+    # ------------------------------------------------------------------ the space
+    def choices(self, k: KnobConfig, cur: Any) -> list[Any]:
+        """The knob's declared values, and main's value when it is not one of them (``UNSET``: not set)."""
+        vals = list(k.values)
+        now = UNSET if cur is None else cur
+        return vals if now in vals else [now, *vals]
+
+    def configuration(self, ctx: Context) -> dict[str, Any]:
+        """Main's value of every knob (``UNSET`` where the file does not set it)."""
+        return {n: (UNSET if (v := self.files.current(k, ctx)) is None else v) for n, k in self.knobs.items()}
+
+    # ------------------------------------------------------------------ what was measured
+    def observations(self, history: Sequence[Any]) -> list[tuple[dict[str, Any], float | None]]:
+        """(configuration, value) of every judged proposal of this proposer, in log order: the value is the log speed
+        relative to the first main (re-anchored through the merges before it), None for a failure (told as a
+        penalty). Proposals without a measured objective and no failure tell nothing."""
+        anchor = 0.0  # log speed of main, relative to the first main the history knows
+        out: list[tuple[dict[str, Any], float | None]] = []
+        for p in history:
+            if not p.judged:
+                continue
+            config = p.meta.get("config") if p.proposer == self.name else None
+            s = p.speedup
+            measured = s is not None and s > 0 and math.isfinite(s)
+            if isinstance(config, Mapping) and set(config) == set(self.knobs):
+                if p.is_failure:
+                    out.append((dict(config), None))
+                elif measured:
+                    out.append((dict(config), anchor + math.log(s)))
+            if p.merged and not p.reverted and measured:
+                anchor += math.log(s)
+        return out
+
+    # ------------------------------------------------------------------ asking
+    def _study(
+        self, ctx: Context, space: Mapping[str, list[Any]], told: Sequence[tuple[dict[str, Any], float | None]]
+    ) -> tuple[Any, dict[str, Any]]:
+        import optuna
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        seed = seeds.proposal_rng(ctx.seed, ctx.number).randrange(2**31)
+        if self.sampler == "random":
+            sampler: Any = optuna.samplers.RandomSampler(seed=seed)
+        else:
+            sampler = optuna.samplers.TPESampler(
+                seed=seed, n_startup_trials=STARTUP, multivariate=True
+            )
+        study = optuna.create_study(direction="maximize", sampler=sampler)
+        dists: dict[str, optuna.distributions.BaseDistribution] = {
+            n: optuna.distributions.CategoricalDistribution([_enc(v) for v in vals]) for n, vals in space.items()
+        }
+        measured = [v for _, v in told if v is not None]
+        floor = (min(measured) if measured else 0.0) - PENALTY
+        space_choices = {n: [_enc(v) for v in vals] for n, vals in space.items()}
+        for config, value in told:
+            params = {n: _enc(config[n]) for n in space}
+            if all(params[n] in space_choices[n] for n in space):
+                study.add_trial(
+                    optuna.trial.create_trial(
+                        params=params, distributions=dists, value=floor if value is None else value
+                    )
+                )
+        return study, dists
+
+    def next(self, judged: set[str], ctx: Context) -> Candidate | None:
+        if not self.knobs:
+            return None
+        main = self.configuration(ctx)
+        space = {n: self.choices(k, main[n]) for n, k in self.knobs.items()}
+        seen = set(judged) | {h.key for h in ctx.history if h.key}
+        told = self.observations(ctx.history)
+        tried = {_config_key(c) for c, _ in told} | {_config_key(main)}
+        study, dists = self._study(ctx, space, told)
+        for _ in range(ASKS):
+            trial = study.ask(dists)
+            config = {n: _dec(trial.params[n]) for n in space}
+            study.tell(trial, state=_failed())  # asked, not measured: never told as a value
+            c = self.candidate(config, main, ctx, told)
+            if c is not None and c.key not in seen and _config_key(config) not in tried:
+                return c
+        for config in _neighbours(main, space):  # the sampler keeps drawing judged ones: the nearest untried
+            c = self.candidate(config, main, ctx, told)
+            if c is not None and c.key not in seen and _config_key(config) not in tried:
+                return c
+        return None
+
+    def candidate(
+        self,
+        config: Mapping[str, Any],
+        main: Mapping[str, Any],
+        ctx: Context,
+        told: Sequence[tuple[dict[str, Any], float | None]],
+    ) -> Candidate | None:
+        """The patch setting every knob where ``config`` differs from ``main`` (None: no difference, or a file that
+        is not a JSON object)."""
+        changed = {n: (main[n], config[n]) for n in self.knobs if config[n] != main[n]}
+        if not changed:
+            return None
+        texts: dict[str, tuple[str | None, dict[str, Any]]] = {}
+        for n in changed:
+            k = self.knobs[n]
+            path = self.files.file_of(k)
+            if path not in texts:
+                old = ctx.read_file(path)
+                try:
+                    data = json.loads(old) if old else {}
+                except json.JSONDecodeError:
+                    return None
+                if not isinstance(data, dict):
+                    return None
+                texts[path] = (old, data)
+            value = config[n]
+            dotted = self.files.path_of(k)
+            if value == UNSET:
+                _unset(texts[path][1], dotted)
+            else:
+                _set(texts[path][1], dotted, str(value) if k.where == "env" else value)
+        patch = "".join(unified_diff(p, old, json.dumps(d, indent=2) + "\n") for p, (old, d) in sorted(texts.items()))
+        digest = json.dumps({p: d for p, (_, d) in sorted(texts.items())}, sort_keys=True)
+        key = "optimize:" + hashlib.sha256(digest.encode()).hexdigest()[:20]
+        shown = ", ".join(f"{n}: {_show(a)} -> {_show(b)}" for n, (a, b) in changed.items())
+        n_told = len(told)
+        why = [
+            f"The {self.sampler} sampler's next configuration ({len(changed)} of {len(self.knobs)} knobs changed: "
+            f"{shown}), asked after {n_told} judged configuration{'s' if n_told != 1 else ''}."
+        ]
+        measured = [(v, c) for c, v in told if v is not None]
+        if measured:
+            value, best = max(measured, key=lambda vc: vc[0])
+            why.append(
+                f"Best measured so far: {math.exp(value) - 1:+.1%} over the first main "
+                f"({', '.join(f'{n}={_show(v)}' for n, v in best.items())})."
+            )
+        categories = {self.knobs[n].category for n in changed}
+        return Candidate(
+            key,
+            "optimize: " + shown,
+            " ".join(why),
+            categories.pop() if len(categories) == 1 else "config",
+            self.name,
+            patch,
+            {
+                "knobs": {n: [None if a == UNSET else a, None if b == UNSET else b] for n, (a, b) in changed.items()},
+                "config": dict(config),
+                "file": self.sweep.file,
+                "sampler": self.sampler,
+                "told": n_told,
+            },
+        )
+
+
+def _enc(v: Any) -> Any:
+    """A knob value as an Optuna choice (None, bool, int, float, str); lists and objects as their JSON text."""
+    return v if v is None or isinstance(v, bool | int | float | str) else "json:" + json.dumps(v, sort_keys=True)
+
+
+def _dec(v: Any) -> Any:
+    return json.loads(v[5:]) if isinstance(v, str) and v.startswith("json:") else v
+
+
+def _config_key(config: Mapping[str, Any]) -> str:
+    return json.dumps({n: _enc(v) for n, v in sorted(config.items())}, sort_keys=True)
+
+
+def _show(v: Any) -> str:
+    return "default" if v == UNSET else json.dumps(v)
+
+
+def _unset(data: dict[str, Any], dotted: str) -> None:
+    parts = dotted.split(".")
+    parent = _get(data, ".".join(parts[:-1])) if len(parts) > 1 else data
+    if isinstance(parent, dict):
+        parent.pop(parts[-1], None)
+
+
+def _failed() -> Any:
+    import optuna
+
+    return optuna.trial.TrialState.FAIL
+
+
+def _neighbours(main: Mapping[str, Any], space: Mapping[str, list[Any]]) -> list[dict[str, Any]]:
+    """Configurations one knob away from main, then two: the fallback when the sampler only draws judged ones."""
+    ones = [{**main, n: v} for n, vals in space.items() for v in vals if v != main[n]]
+    names = list(space)
+    twos = [
+        {**main, a: va, b: vb}
+        for i, a in enumerate(names)
+        for b in names[i + 1 :]
+        for va in space[a]
+        for vb in space[b]
+        if va != main[a] and vb != main[b]
+    ]
+    return ones + twos
