@@ -48,6 +48,11 @@ def test_faster_branch_is_merged_by_verdict_and_nothing_merges(target):
     assert w["ci"][0] > 1.0 and w["p_value"] < 0.005 and w["pairs"] >= 3
     assert {t["side"] for t in out["trials"]} == {"baseline", "candidate"}
     assert Workspace.open(target).baseline_commit() == base  # evaluate never merges
+    from .test_provenance import assert_json_figures
+
+    assert_json_figures(out)  # every figure says how it was obtained
+    how = {f["name"]: f["provenance"] for f in out["figures"]}
+    assert how["workload.speed.objective.change"] == "paired" and how["distribution"] == "not run"
 
 
 def test_aa_branch_is_rejected(target):

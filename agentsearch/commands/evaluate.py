@@ -40,7 +40,17 @@ def run(
         record = result.record(objective)
         record_evaluation(ws, record)
     if as_json:
-        print_json({**result.to_json(), "objective": objective, "headline": headline(record)})
+        from ..report import Evidence, figures
+
+        shown = figures(Evidence(ref, "evaluation", record, ()))  # how each figure was obtained (provenance)
+        print_json(
+            {
+                **result.to_json(),
+                "objective": objective,
+                "headline": headline(record),
+                "figures": [f.to_json() for f in shown],
+            }
+        )
     else:
         same = git.tree_of(ws.repo_dir, result.candidate) == git.tree_of(ws.repo_dir, result.baseline)
         show(result, objective, git.branch_exists(ws.repo_dir, ref), no_change=same)
