@@ -120,3 +120,24 @@ def test_sampler_applies_to_the_optimizer_only(tmp_path):
     proc = run_cli("episode", "-C", str(repo), "--proposer", "sweep", "--sampler", "random")
     said = [ln for ln in proc.stderr.splitlines() if ln.startswith("agentsearch:")]
     assert proc.returncode == 2 and len(said) == 1 and "--sampler applies to --proposer optimize" in said[0]
+
+
+def test_the_agents_prompt_carries_what_the_optimizer_measured(searched):
+    """Agents and the optimizer together: a Claude session's prompt gets the optimizer's measurements per knob value
+    and its best configuration, as data (from the history; re-anchored like the optimizer's own)."""
+    from agentsearch.proposers.claude import render_prompt
+    from agentsearch.proposers.knob_model import summary
+
+    repo, _ = searched
+    ws = Workspace.open(repo)
+    opt, ctx = context(repo, 11, 9)
+    ctx = Context(ctx.read_file, ctx.history, None, 9, 11, {"config": ws.config()})
+    text = summary(ctx.history, list(KNOBS))
+    told = opt.observations(ctx.history)
+    assert text.startswith(f"The knob-space optimizer judged {len(told)} configurations")
+    assert all(f"- {k}: " in text for k in KNOBS) and "Best measured: " in text
+    best = max((v, c) for c, v in told if v is not None)
+    assert f"Best measured: {math.exp(best[0]) - 1:+.1%} with batch={json.dumps(best[1]['batch'])}" in text
+    prompt = render_prompt(ctx, ())
+    assert "## What the knob-space optimizer measured (data)" in prompt and text in prompt
+    assert summary([], list(KNOBS)) == ""  # no optimizer history: no section

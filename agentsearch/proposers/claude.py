@@ -33,6 +33,7 @@ from history.records.agent_session import AgentSession
 
 from ..agent import credentials, run_session
 from ..workbench import TOOLS, Workbench, WorkbenchError, sandbox_available
+from . import knob_model
 from .base import CATEGORIES, Candidate, Context, ProposerError
 
 __all__ = ["ClaudeProposer", "parse_final", "render_prompt"]
@@ -95,6 +96,7 @@ def render_prompt(
         session=session,
         agents=agents,
         revising=revising,
+        optimizer=knob_model.summary(ctx.history, [k.name for k in config.sweep.knobs]) if config else "",
     )
 
 

@@ -32,6 +32,7 @@ from typing import Any
 from harness import seeds
 
 from ..config import KnobConfig, SweepConfig
+from . import knob_model
 from .base import Candidate, Context, ProposerError
 from .sweep import Sweep, _get, _set, unified_diff
 
@@ -77,25 +78,8 @@ class Optimize:
 
     # ------------------------------------------------------------------ what was measured
     def observations(self, history: Sequence[Any]) -> list[tuple[dict[str, Any], float | None]]:
-        """(configuration, value) of every judged proposal of this proposer, in log order: the value is the log speed
-        relative to the first main (re-anchored through the merges before it), None for a failure (told as a
-        penalty). Proposals without a measured objective and no failure tell nothing."""
-        anchor = 0.0  # log speed of main, relative to the first main the history knows
-        out: list[tuple[dict[str, Any], float | None]] = []
-        for p in history:
-            if not p.judged:
-                continue
-            config = p.meta.get("config") if p.proposer == self.name else None
-            s = p.speedup
-            measured = s is not None and s > 0 and math.isfinite(s)
-            if isinstance(config, Mapping) and set(config) == set(self.knobs):
-                if p.is_failure:
-                    out.append((dict(config), None))
-                elif measured:
-                    out.append((dict(config), anchor + math.log(s)))
-            if p.merged and not p.reverted and measured:
-                anchor += math.log(s)
-        return out
+        """(configuration, value) of every judged configuration of this proposer (``knob_model.observations``)."""
+        return knob_model.observations(history, list(self.knobs))
 
     # ------------------------------------------------------------------ asking
     def _study(
@@ -108,9 +92,7 @@ class Optimize:
         if self.sampler == "random":
             sampler: Any = optuna.samplers.RandomSampler(seed=seed)
         else:
-            sampler = optuna.samplers.TPESampler(
-                seed=seed, n_startup_trials=STARTUP, multivariate=True
-            )
+            sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=STARTUP, multivariate=True)
         study = optuna.create_study(direction="maximize", sampler=sampler)
         dists: dict[str, optuna.distributions.BaseDistribution] = {
             n: optuna.distributions.CategoricalDistribution([_enc(v) for v in vals]) for n, vals in space.items()
