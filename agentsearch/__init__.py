@@ -1,3 +1,3 @@
 """agentsearch: git-native patch search for LLM-inference optimization."""
 
-__version__ = "0.8.0"
+__version__ = "0.9.0"

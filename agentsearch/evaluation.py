@@ -946,6 +946,21 @@ def _micro_stage(ctx: _Ctx) -> bool:
     return check.status != Status.FAIL
 
 
+def _takes_effect(ctx: _Ctx) -> bool:
+    """A change of serving.json alone: resolved on both sides before any engine (``agentsearch.takes_effect``); a
+    change vLLM ignores or does anyway is rejected in seconds. True: go on."""
+    from . import takes_effect
+
+    w = ctx.config.objective
+    status, detail, failure = takes_effect.check(
+        ctx.ws.repo_dir, ctx.config, ctx.base, ctx.cand, ctx.sd, min(w.startup_timeout_s, 300.0)
+    )
+    ctx.st.add(CheckName.TAKES_EFFECT, status, detail, failure)
+    if status != Status.SKIPPED:
+        ctx.say("takes-effect", detail)
+    return status != Status.FAIL
+
+
 def _functional_tests(ctx: _Ctx) -> bool:
     """The target's own tests on the candidate, before anything is measured (``functional_tests``)."""
     cmd = ctx.config.target.test
@@ -989,6 +1004,7 @@ Step = Callable[[_Ctx], bool]  # adds its check(s) to ctx.st; False: the evaluat
 PIPELINE: tuple[tuple[CheckName, Step], ...] = (
     (CheckName.FUNCTIONAL_TESTS, _functional_tests),
     (CheckName.MICRO, _micro_stage),
+    (CheckName.TAKES_EFFECT, _takes_effect),
     (CheckName.OBJECTIVE, _objective),
     (CheckName.COVERAGE, _coverage_check),
     (CheckName.GUARD_WORKLOADS, _guards),

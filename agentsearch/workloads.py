@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from harness import environment, models, outputs_rule, serving_load
 from harness import placement as placement_mod
 from harness.engine_pool import EnginePool
-from harness.engine_session import WorkerSession
+from harness.engine_session import ResolveSession, WorkerSession
 from harness.interleave import CommandSession, Session, SessionFactory
 from harness.outputs_rule import OutputsVerdict, first_difference
 from harness.quiet import Probe
@@ -654,3 +654,38 @@ __all__ = [
     "UnsupportedWorkload",
     "BASELINE",
 ]
+
+
+def resolve_sides(config: Config, workload: WorkloadConfig, sd: Sides, timeout_s: float) -> dict[str, dict | str]:
+    """Each side's engine configuration and environment as its own vLLM resolves them for ``workload`` (the worker's
+    ``--resolve``, in the side's sandbox and environment: no engine starts), both at once: side -> the resolution,
+    or the one-line error that stopped it."""
+    place = placement_for(config)
+    spec = engine_spec(workload)
+    spec["engine"] = place.engine_args(spec["engine"])
+    env = {**config.target.env, **workload.env}
+    sessions = {
+        side: ResolveSession(
+            spec,
+            sd.worktrees[side],
+            {**env, **place.env(side, 0)},
+            sd.logs / "engines" / f"resolve-{sd.label(side)}.log",
+            workload.metric,
+            timeout_s,
+            timeout_s,
+        )
+        for side in (BASELINE, CANDIDATE)
+    }
+    out: dict[str, dict | str] = {}
+    try:
+        for s in sessions.values():
+            s.start()
+        for side, s in sessions.items():
+            try:
+                out[side] = s.resolved()
+            except WorkerError as exc:
+                out[side] = str(exc) or "the resolving worker failed"
+    finally:
+        for s in sessions.values():
+            s.close()
+    return out

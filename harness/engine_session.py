@@ -54,6 +54,9 @@ WORKER = Path(__file__).with_name("workers") / "vllm_worker.py"
 class WorkerSession(Parkable):
     """A warm vLLM engine for one side; ``measure(seed)`` runs one measurement round."""
 
+    flags: tuple[str, ...] = ()  # the worker's mode (none: an engine)
+    counts = True  # an engine start (``Parkable.counted``)
+
     def __init__(
         self,
         spec: Mapping[str, Any],
@@ -90,7 +93,8 @@ class WorkerSession(Parkable):
         ``measure`` waits for it to be ready (and reports a failed start-up as its error)."""
         self.start_error, self.start_failure = "", CRASH
         self.started_at = time.perf_counter()
-        Parkable.counted()
+        if self.counts:
+            Parkable.counted()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         try:
             extra = serving_env(self.worktree)
@@ -101,7 +105,9 @@ class WorkerSession(Parkable):
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(self.worktree), self.env.get("PYTHONPATH", "")) if p)
         env.setdefault("PYTHONUNBUFFERED", "1")
         rfd, wfd = sandbox.pipe()
-        argv, _ = sandbox.wrap([self.python, str(WORKER), "--fd", str(wfd), json.dumps(self.spec)], cwd=self.worktree)
+        argv, _ = sandbox.wrap(
+            [self.python, str(WORKER), "--fd", str(wfd), *self.flags, json.dumps(self.spec)], cwd=self.worktree
+        )
         log = open(self.log_path, "ab")
         try:
             self.proc = subprocess.Popen(
@@ -397,3 +403,24 @@ class WorkerSession(Parkable):
         self._buf = b""
         self.start_error = reason
         raise WorkerError(reason)
+
+
+class ResolveSession(WorkerSession):
+    """The worker in a side's sandbox and environment, asked only to resolve the engine's configuration
+    (``--resolve``: ``EngineArgs.create_engine_config`` and ``vllm.envs``); no engine starts, and it counts as none."""
+
+    flags = ("--resolve",)
+    counts = False
+
+    def resolved(self) -> dict[str, Any]:
+        """The side's resolution; WorkerError (with the log's tail) when the worker failed or answered nonsense."""
+        self.wait_ready()
+        if self.proc is None and not self.start_error:
+            self.start_error = "the resolving worker was not started"
+        if self.start_error:
+            cause = self._engine_error()
+            raise WorkerError(self.start_error + (f" ({cause})" if cause and cause not in self.start_error else ""))
+        got = self.ready.get("resolved")
+        if not isinstance(got, dict) or not all(isinstance(got.get(k), dict) for k in ("config", "env")):
+            raise WorkerError("the resolving worker answered no configuration")
+        return got

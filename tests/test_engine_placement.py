@@ -94,6 +94,9 @@ def test_alternate_runs_one_engine_at_a_time_and_finds_the_real_effect(fork):
     w = out["workloads"]["throughput"]
     # a config change measured with the right sign: max_num_seqs 1 -> 32 on 16 prompts is a clear win
     assert out["verdict"] == "merge" and w["speedup"] > 1.5 and w["ci"][0] > 1.0 and w["p_value"] < 0.05, w
+    # a change of serving.json alone was resolved on both sides before any engine: it takes effect (issue #58)
+    (effect,) = [c for c in out["checks"] if c["name"] == "takes-effect"]
+    assert effect["status"] == "pass" and "scheduler_config.max_num_seqs: 1 -> 32" in effect["detail"], effect
     assert most[0] == 1, f"{most[0]} engines were alive at once"
     trials = [t for t in out["trials"] if t["phase"] == "objective"]
     # A B | B A | A B: round 0 measures the baseline's session first, round 1 the candidate's; the same seeds on both sides

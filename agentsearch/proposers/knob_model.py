@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 OPTIMIZER = "optimize"  # the proposer whose configurations are recorded whole (meta "config")
+NO_EFFECT_CHECK = "takes-effect"  # a configuration vLLM resolves to main's: no effect (agentsearch.takes_effect)
 
 
 def observations(history: Sequence[Any], knobs: Sequence[str]) -> list[tuple[dict[str, Any], float | None]]:
@@ -30,6 +31,8 @@ def observations(history: Sequence[Any], knobs: Sequence[str]) -> list[tuple[dic
                 out.append((dict(config), None))
             elif measured:
                 out.append((dict(config), anchor + math.log(s)))
+            elif p.failed_check == NO_EFFECT_CHECK:  # resolved to main's configuration: main's speed, unmeasured
+                out.append((dict(config), anchor))
         if p.merged and not p.reverted and measured:
             anchor += math.log(s)
     return out

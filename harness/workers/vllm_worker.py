@@ -36,6 +36,8 @@ import time
 import traceback
 
 SERVING_FILE = "serving.json"  # the fork's serving config: engine arguments proposals may change
+# the environment this process was given, before vLLM is imported (vLLM sets some variables itself)
+GIVEN_ENV = frozenset(os.environ)
 
 
 def lengths(rng: random.Random, n: int, mean: int, dist: str, lo: int = 4, hi: int | None = None) -> list[int]:
@@ -83,6 +85,89 @@ def inspect_models_in_process() -> bool:
     return True
 
 
+def engine_arguments(spec: dict) -> dict:
+    """The engine's arguments: the spec's, serving.json's over them, then the regime the orchestrator asks for
+    (the reference run in the candidate's regime; None: the engine's own default)."""
+    engine = dict(spec.get("engine", {}))
+    serving = os.path.join(os.getcwd(), SERVING_FILE)
+    if os.path.exists(serving):
+        with open(serving) as fh:
+            over = json.load(fh).get("engine", {})
+        if not isinstance(over, dict):
+            raise ValueError("serving.json: engine must be an object of engine arguments")
+        engine.update(over)
+    for key, value in (spec.get("regime") or {}).items():
+        if value is None:
+            engine.pop(key, None)
+        else:
+            engine[key] = value
+    return engine
+
+
+def canonical(obj, depth: int = 0):
+    """A resolved configuration as plain JSON: dataclasses and dicts as objects, enums and other objects by their
+    repr (an object's repr holding its address says nothing about the configuration: left out)."""
+    import dataclasses
+    import enum
+
+    if depth > 8:
+        return "<deep>"
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj if not (isinstance(obj, float) and obj != obj) else "nan"
+    if isinstance(obj, enum.Enum):
+        return str(obj)
+    if isinstance(obj, (list, tuple)):
+        return [canonical(x, depth + 1) for x in obj]
+    if isinstance(obj, (set, frozenset)):
+        return sorted((canonical(x, depth + 1) for x in obj), key=repr)
+    if isinstance(obj, dict):
+        return {str(k): canonical(v, depth + 1) for k, v in sorted(obj.items(), key=lambda kv: str(kv[0]))}
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: canonical(getattr(obj, f.name, None), depth + 1) for f in dataclasses.fields(obj)}
+    r = repr(obj)
+    return None if " at 0x" in r else r
+
+
+def stable(a, b):
+    """What two resolutions of the same arguments agree on (an instance id or a clock differs each time)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return {k: stable(a[k], b[k]) for k in a if k in b and (a[k] == b[k] or isinstance(a[k], dict))}
+    return a
+
+
+def resolve(spec: dict) -> dict:
+    """The engine's configuration as vLLM resolves it from these arguments and this environment, without starting
+    an engine: every config object (``EngineArgs.create_engine_config``, twice: only what both agree on), every
+    environment variable vLLM reads (``vllm.envs``, as parsed), and the ``VLLM_`` variables it does not know (it
+    ignores them)."""
+    t0 = time.perf_counter()
+    from vllm import envs
+    from vllm.engine.arg_utils import EngineArgs
+
+    engine = engine_arguments(spec)
+    first = canonical(EngineArgs(model=spec["model"], **engine).create_engine_config())
+    second = canonical(EngineArgs(model=spec["model"], **engine).create_engine_config())
+
+    def read_env() -> dict:
+        known = {}
+        for name in sorted(envs.environment_variables):
+            try:
+                known[name] = repr(getattr(envs, name))
+            except Exception as exc:  # noqa: BLE001 - a value vLLM cannot parse: what it would fail on
+                known[name] = f"<{type(exc).__name__}>"
+        return known
+
+    return {
+        "config": stable(first, second),
+        "env": stable(read_env(), read_env()),  # a default drawn per read (a buffer's random name) says nothing
+        "unknown_env": sorted(k for k in os.environ if k.startswith("VLLM_") and k not in envs.environment_variables),
+        # the variables this process was given (the others are vLLM's defaults, some drawn per process)
+        "set_env": sorted(k for k in envs.environment_variables if k in GIVEN_ENV),
+        "engine_args": engine,
+        "resolve_s": time.perf_counter() - t0,
+    }
+
+
 class Engine:
     def __init__(self, spec: dict):
         self.spec = spec
@@ -92,21 +177,7 @@ class Engine:
 
         self.vllm = vllm
         self.import_s = time.perf_counter() - t0
-        engine = dict(spec.get("engine", {}))
-        serving = os.path.join(os.getcwd(), SERVING_FILE)
-        if os.path.exists(serving):
-            with open(serving) as fh:
-                over = json.load(fh).get("engine", {})
-            if not isinstance(over, dict):
-                raise ValueError("serving.json: engine must be an object of engine arguments")
-            engine.update(over)
-        # a regime the orchestrator asks for (the reference run in the candidate's regime): over serving.json;
-        # None: the engine's own default
-        for key, value in (spec.get("regime") or {}).items():
-            if value is None:
-                engine.pop(key, None)
-            else:
-                engine[key] = value
+        engine = engine_arguments(spec)
         self.engine_args = engine
         t1 = time.perf_counter()
         self.models_in_process = inspect_models_in_process()
@@ -499,6 +570,7 @@ def profile(eng, cmd: dict) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--fd", type=int, required=True)
+    ap.add_argument("--resolve", action="store_true", help="resolve the configuration, start no engine, exit")
     ap.add_argument("spec")
     args = ap.parse_args()
     out = os.fdopen(args.fd, "w", buffering=1)
@@ -509,6 +581,9 @@ def main() -> int:
 
     try:
         spec = json.loads(args.spec)
+        if args.resolve:
+            send({"event": "ready", "resolved": resolve(spec)})
+            return 0
         eng = Engine(spec)
         send(
             {

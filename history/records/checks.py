@@ -33,6 +33,8 @@ class CheckName(str, Enum):
     PLAUSIBILITY = "plausibility"
     DISTRIBUTION = "distribution"
     MICRO = "micro"  # kernel proposals: the op-level stage before any engine (agentsearch.micro)
+    # a change of serving.json alone: does the engine's resolved configuration change? (before any engine)
+    TAKES_EFFECT = "takes-effect"
     # the baseline failed beside the candidate and passed alone: the evaluation was measured again on fresh engines
     BASELINE_ALONE = "baseline-alone"
 
@@ -156,6 +158,14 @@ CHECKS: tuple[CheckSpec, ...] = (
         "kernel proposals: the op is right on every generated and hidden case and not slower at op level (before "
         "any engine)",
         FailureKind.CHANGED_OUTPUTS,
+    ),
+    # a change of serving.json alone: resolved by each side's vLLM before any engine starts (knob no-ops)
+    CheckSpec(
+        CheckName.TAKES_EFFECT,
+        "a change of the serving config alone changes the engine's resolved configuration or environment (before "
+        "any engine)",
+        FailureKind.NO_EFFECT,
+        skippable=True,
     ),
     # recorded (a pass) when the baseline failed beside the candidate once and passed alone
     CheckSpec(
