@@ -208,7 +208,7 @@ def main() -> None:
 
         fig, ax = plt.subplots(figsize=(6, 3.5))
         methods = a.methods.split(",")
-        ax.boxplot([[r["ratio"] for r in rows if r["method"] == m] for m in methods], labels=methods)
+        ax.boxplot([[r["ratio"] for r in rows if r["method"] == m] for m in methods], tick_labels=methods)
         ax.axhline(0.95, ls="--", c="grey", lw=1)
         ax.set_ylabel("final main's speed / optimum (ratio)")
         ax.set_xlabel(f"proposer ({a.budget} proposals per episode, {a.seeds} seeds)")

@@ -39,7 +39,8 @@ from .sweep import Sweep, _get, _set, unified_diff
 SAMPLERS = ("tpe", "random")  # random: the matched-budget baseline of the benchmark
 STARTUP = 3  # random configurations before the model is used
 PENALTY = 1.0  # nats below the worst measured value: what a failed check or a crash is told
-ASKS = 64  # draws before falling back to the nearest untried configuration
+ASKS = 64  # draws of the sampler per proposal
+RADIUS = 2  # knobs a TPE proposal changes at most: a step from main the gate can judge (a trust region)
 UNSET = "(default)"  # a knob the file does not set (the engine's default): a choice like any other
 
 
@@ -119,14 +120,16 @@ class Optimize:
         told = self.observations(ctx.history)
         tried = {_config_key(c) for c, _ in told} | {_config_key(main)}
         study, dists = self._study(ctx, space, told)
+        drawn = []
         for _ in range(ASKS):
             trial = study.ask(dists)
-            config = {n: _dec(trial.params[n]) for n in space}
+            drawn.append({n: _dec(trial.params[n]) for n in space})
             study.tell(trial, state=_failed())  # asked, not measured: never told as a value
-            c = self.candidate(config, main, ctx, told)
-            if c is not None and c.key not in seen and _config_key(config) not in tried:
-                return c
-        for config in _neighbours(main, space):  # the sampler keeps drawing judged ones: the nearest untried
+        if self.sampler == "random":  # the matched-budget baseline: plain random search over whole configurations
+            order = drawn
+        else:
+            order = trust_region(drawn, main, RADIUS, seeds.proposal_rng(ctx.seed, ctx.number))
+        for config in [*order, *_neighbours(main, space)]:  # the nearest untried when every draw was judged
             c = self.candidate(config, main, ctx, told)
             if c is not None and c.key not in seen and _config_key(config) not in tried:
                 return c
@@ -240,3 +243,29 @@ def _neighbours(main: Mapping[str, Any], space: Mapping[str, list[Any]]) -> list
         if va != main[a] and vb != main[b]
     ]
     return ones + twos
+
+
+def trust_region(
+    drawn: Sequence[Mapping[str, Any]], main: Mapping[str, Any], radius: int, rng: Any
+) -> list[dict[str, Any]]:
+    """The sampler's draws as steps from main: each draw's changes, at most ``radius`` of them (every subset of that
+    size, each weighted by one over their number), counted over all draws; the most drawn step first (the sampler's
+    density over the better region stands for its expected improvement), ties in a seeded order. A whole-space jump
+    from a good main is mostly worse than main, and the gate merges only what beats main: steps it can judge."""
+    import itertools
+
+    weight: dict[str, float] = {}
+    step_of: dict[str, dict[str, Any]] = {}
+    for config in drawn:
+        changed = [n for n in config if config[n] != main[n]]
+        if not changed:
+            continue
+        subsets = list(itertools.combinations(changed, min(radius, len(changed))))
+        for sub in subsets:
+            step = {**main, **{n: config[n] for n in sub}}
+            key = _config_key(step)
+            step_of[key] = step
+            weight[key] = weight.get(key, 0.0) + 1.0 / len(subsets)
+    keys = sorted(weight)
+    rng.shuffle(keys)  # ties in a seeded order (a stable sort keeps it)
+    return [step_of[k] for k in sorted(keys, key=lambda k: -weight[k])]
