@@ -97,18 +97,18 @@ def test_a_crash_is_told_as_a_penalty_below_every_measurement(tmp_path):
         .read_text()
         .replace(
             'c = json.load(open("serving.json"))["engine"]',
-            'c = json.load(open("serving.json"))["engine"]\nif c["layout"] == "blocks":\n    sys.exit(3)',
+            'c = json.load(open("serving.json"))["engine"]\nif c["chunk"] >= 128:\n    sys.exit(3)',
         )
     )
     (repo / "bench" / "bench.py").write_text(bench)
-    git.run_git("commit", "-qam", "blocks crash", cwd=repo)
+    git.run_git("commit", "-qam", "chunks of 128 and more crash", cwd=repo)
     assert run_cli("init", "-C", str(repo)).returncode == 0
     episode(repo, "--budget", "6", "--seed", "2")
     opt, ctx = context(repo, 2, 7)
     told = opt.observations(ctx.history)
     crashed = [c for c, v in told if v is None]
-    assert all(c["layout"] == "blocks" for c in crashed)
-    assert all(c["layout"] != "blocks" for c, v in told if v is not None)
+    assert all(c["chunk"] >= 128 for c in crashed)
+    assert all(c["chunk"] < 128 for c, v in told if v is not None)
     assert crashed, told  # this seed's episode proposed a crashing configuration
     study, _ = opt._study(ctx, {n: opt.choices(k, START[n]) for n, k in opt.knobs.items()}, told)
     values = sorted(t.value for t in study.trials)
