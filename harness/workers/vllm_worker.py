@@ -110,7 +110,7 @@ def canonical(obj, depth: int = 0):
     import dataclasses
     import enum
 
-    if depth > 8:
+    if depth > 16:  # deeper than any vLLM config nests: a cycle
         return "<deep>"
     if obj is None or isinstance(obj, (bool, int, float, str)):
         return obj if not (isinstance(obj, float) and obj != obj) else "nan"
