@@ -63,6 +63,13 @@ def serving_changes(base: Mapping[str, Any], cand: Mapping[str, Any]) -> list[st
     return out
 
 
+def named_first(diffs: list[str], changed: list[str]) -> list[str]:
+    """``diffs`` with the settings the change named first (``scheduler_config.max_num_seqs: 4 -> 32`` for
+    ``engine.max_num_seqs``), then what vLLM derived from them (capture sizes, ...), each group in its order."""
+    named = {c.split(":", 1)[0].split(".", 1)[-1] for c in changed}
+    return sorted(diffs, key=lambda d: d.split(":", 1)[0].rsplit(".", 1)[-1] not in named)
+
+
 def runtime_env(serving: Mapping[str, Any]) -> dict[str, str]:
     """The serving file's variables vLLM does not parse itself (read by OpenMP, oneDNN, inductor...)."""
     env = serving.get("env") or {}
@@ -104,7 +111,7 @@ def check(
     diffs = differences(b["config"], c["config"]) + differences(env_b, env_c, "env")
     runtime = differences(runtime_env(sb), runtime_env(sc), "env")
     if diffs or runtime:
-        shown = (diffs + [f"{r} (read by the runtime)" for r in runtime])[:SHOWN]
+        shown = (named_first(diffs, changed) + [f"{r} (read by the runtime)" for r in runtime])[:SHOWN]
         more = len(diffs) + len(runtime) - len(shown)
         detail = "the engine resolves them differently: " + "; ".join(shown) + (f" (+{more} more)" if more else "")
         return Status.PASS, detail, None

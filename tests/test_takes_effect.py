@@ -5,7 +5,7 @@ tests/test_engine_placement.py (max_num_seqs 1 -> 32: takes effect, then measure
 
 from __future__ import annotations
 
-from agentsearch.takes_effect import differences, runtime_env, serving_changes
+from agentsearch.takes_effect import differences, named_first, runtime_env, serving_changes
 
 
 def test_differences_walk_both_configurations_key_by_key() -> None:
@@ -37,3 +37,16 @@ def test_variables_vllm_does_not_parse_are_the_runtimes() -> None:
         "KMP_AFFINITY": "x",
     }
     assert runtime_env({"env": ["nonsense"]}) == {}
+
+
+def test_the_detail_names_what_the_change_set_before_what_vllm_derived() -> None:
+    changed = serving_changes({"engine": {"max_num_seqs": 1}}, {"engine": {"max_num_seqs": 32}})
+    diffs = differences(
+        {"compilation_config": {"a": 1, "b": 2}, "scheduler_config": {"max_num_seqs": 1}},
+        {"compilation_config": {"a": 2, "b": 3}, "scheduler_config": {"max_num_seqs": 32}},
+    )
+    assert named_first(diffs, changed) == [
+        "scheduler_config.max_num_seqs: 1 -> 32",
+        "compilation_config.a: 1 -> 2",
+        "compilation_config.b: 2 -> 3",
+    ]
