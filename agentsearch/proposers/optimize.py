@@ -34,7 +34,7 @@ from harness import seeds
 from ..config import KnobConfig, SweepConfig
 from . import knob_model
 from .base import Candidate, Context, ProposerError
-from .sweep import Sweep, _get, _set, unified_diff
+from .sweep import Sweep, get_dotted, set_dotted, unified_diff
 
 SAMPLERS = ("tpe", "random")  # random: the matched-budget baseline of the benchmark
 STARTUP = 3  # random configurations before the model is used
@@ -165,7 +165,7 @@ class Optimize:
             if value == UNSET:
                 _unset(texts[path][1], dotted)
             else:
-                _set(texts[path][1], dotted, str(value) if k.where == "env" else value)
+                set_dotted(texts[path][1], dotted, str(value) if k.where == "env" else value)
         patch = "".join(unified_diff(p, old, json.dumps(d, indent=2) + "\n") for p, (old, d) in sorted(texts.items()))
         digest = json.dumps({p: d for p, (_, d) in sorted(texts.items())}, sort_keys=True)
         key = "optimize:" + hashlib.sha256(digest.encode()).hexdigest()[:20]
@@ -219,7 +219,7 @@ def _show(v: Any) -> str:
 
 def _unset(data: dict[str, Any], dotted: str) -> None:
     parts = dotted.split(".")
-    parent = _get(data, ".".join(parts[:-1])) if len(parts) > 1 else data
+    parent = get_dotted(data, ".".join(parts[:-1])) if len(parts) > 1 else data
     if isinstance(parent, dict):
         parent.pop(parts[-1], None)
 

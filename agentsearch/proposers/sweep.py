@@ -29,7 +29,7 @@ from .base import Candidate, Context
 EMPTY: Mapping[str, Any] = {"tries": 0, "wins": 0, "failures": 0, "mean_effect": None, "up_wins": 0, "down_wins": 0}
 
 
-def _get(data: Any, dotted: str) -> Any:
+def get_dotted(data: Any, dotted: str) -> Any:
     cur = data
     for part in dotted.split("."):
         if not isinstance(cur, dict) or part not in cur:
@@ -38,7 +38,7 @@ def _get(data: Any, dotted: str) -> Any:
     return cur
 
 
-def _set(data: dict, dotted: str, value: Any) -> None:
+def set_dotted(data: dict, dotted: str, value: Any) -> None:
     parts = dotted.split(".")
     cur = data
     for part in parts[:-1]:
@@ -104,7 +104,7 @@ class Sweep:
         if text is None:
             return None
         try:
-            v = _get(json.loads(text), self.path_of(k))
+            v = get_dotted(json.loads(text), self.path_of(k))
         except json.JSONDecodeError:
             return None
         if v is None and k.name.startswith(kernel_knobs.PREFIX):
@@ -125,7 +125,7 @@ class Sweep:
         if not isinstance(data, dict):
             return None
         cur = self.current(k, ctx)
-        _set(data, self.path_of(k), str(value) if k.where == "env" else value)
+        set_dotted(data, self.path_of(k), str(value) if k.where == "env" else value)
         new_text = json.dumps(data, indent=2) + "\n"
         key = "sweep:" + hashlib.sha256(f"{path}\0{json.dumps(data, sort_keys=True)}".encode()).hexdigest()[:20]
         shown = "default" if cur is None else json.dumps(cur)
