@@ -677,14 +677,19 @@ def resolve_sides(config: Config, workload: WorkloadConfig, sd: Sides, timeout_s
         for side in (BASELINE, CANDIDATE)
     }
     out: dict[str, dict | str] = {}
+    # both at once, unless the placement runs one engine at a time (alternate: a device's memory is one side's)
+    waves = [[side] for side in sessions] if place.exclusive else [list(sessions)]
     try:
-        for s in sessions.values():
-            s.start()
-        for side, s in sessions.items():
-            try:
-                out[side] = s.resolved()
-            except WorkerError as exc:
-                out[side] = str(exc) or "the resolving worker failed"
+        for wave in waves:
+            for side in wave:
+                sessions[side].start()
+            for side in wave:
+                try:
+                    out[side] = sessions[side].resolved()
+                except WorkerError as exc:
+                    out[side] = str(exc) or "the resolving worker failed"
+                finally:
+                    sessions[side].close()
     finally:
         for s in sessions.values():
             s.close()
