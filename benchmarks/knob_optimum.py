@@ -28,7 +28,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.toy import make_repo  # noqa: E402
+from benchmarks.toy import make_repo, toy_config  # noqa: E402
 
 KNOBS: dict[str, list[Any]] = {
     "batch": [1, 2, 4, 8, 16],
@@ -77,31 +77,13 @@ def bench_text() -> str:
     return BENCH.format(speed=fn)
 
 
-def config_text(python: str) -> str:
+def config_text() -> str:
+    """The toy's config: the toy target's (``benchmarks.toy``), a gate of 12 pairs, and the five knobs."""
     knobs = "".join(
         f'\n[[sweep.knob]]\nname = "{n}"\nwhere = "engine"\nvalues = {json.dumps(v)}\ncategory = "config"\n'
         for n, v in KNOBS.items()
     )
-    return f"""\
-[target]
-baseline = "main"
-protected = ["bench/**"]
-
-[target.env]
-TOY_CV = "0.02"
-
-[[workload]]
-name = "speed"
-command = "{python} bench/bench.py {{seed}} {{out}}"
-metric = "ops_s"
-higher_is_better = true
-timeout_s = 10
-
-[gate]
-episode_budget = 100
-max_pairs = 12
-confirm_pairs = 4
-{knobs}"""
+    return toy_config(10, "\n[gate]\nepisode_budget = 100\nmax_pairs = 12\nconfirm_pairs = 4\n" + knobs)
 
 
 def make_target(path: Path) -> Path:
@@ -109,7 +91,7 @@ def make_target(path: Path) -> Path:
     repo = make_repo(
         path,
         {
-            "agentsearch.toml": config_text(sys.executable),
+            "agentsearch.toml": config_text(),
             "bench/bench.py": bench_text(),
             "serving.json": json.dumps({"engine": START}, indent=2) + "\n",
         },
