@@ -5,9 +5,11 @@ hard for a one-knob-at-a-time search: an interaction (``batch`` pays only with e
 (``batch`` 8 and 16 are equal), an optimum inside a range (``chunk`` 64), and a trap (``spec`` helps alone, +10%,
 and hurts with ``graphs`` on, -15%, while ``graphs`` alone gives +20%). Its benchmark adds the gate's noise (CV 2%).
 
-    python benchmarks/knob_optimum.py [--seeds 10] [--budget 12] [--methods optimize,random,sweep] [--out DIR]
+    python benchmarks/knob_optimum.py [--seeds 10] [--budget 12] [--time-budget S] [--methods optimize,random,sweep]
+        [--out DIR]
 
-runs one episode per method and seed at the same budget of proposals (and prints the machine-seconds each used),
+runs one episode per method and seed at the same budget of proposals (and prints the machine-seconds each used), or
+with ``--time-budget`` at the same seconds (``--budget`` then caps the proposals: give it room),
 then reads each final main's configuration and prints, per method: how often it ended within 5% of the optimum,
 the mean final speed over the optimum, the evaluations used, and the false merges (a merge whose true effect, from
 ``speed``, was not positive). ``--plot FILE`` draws the final speeds per method.
@@ -122,9 +124,13 @@ def merges(repo: Path) -> list[tuple[dict[str, Any], dict[str, Any]]]:
     return [(at(row.split()[1]), at(row.split()[0])) for row in log if len(row.split()) == 3]
 
 
-def run_one(root: Path, method: str, seed: int, budget: int) -> dict[str, Any]:
+def run_one(root: Path, method: str, seed: int, budget: int, seconds: float | None = None) -> dict[str, Any]:
+    """One episode of ``method``: at most ``budget`` proposals, and with ``seconds`` no proposal started after that
+    many seconds (the episode's ``--time-budget``: the same machine-seconds for every method)."""
     repo = make_target(root / f"{method}-{seed}" / "toy")
     args = ["episode", "-C", str(repo), "--budget", str(budget), "--seed", str(seed), "--json"]
+    if seconds:
+        args += ["--time-budget", str(int(seconds))]
     if method == "sweep":
         args += ["--proposer", "sweep"]
     else:
@@ -155,7 +161,10 @@ def run_one(root: Path, method: str, seed: int, budget: int) -> dict[str, Any]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", type=int, default=10)
-    ap.add_argument("--budget", type=int, default=12)
+    ap.add_argument("--budget", type=int, default=12, help="proposals per episode (with --time-budget: at most)")
+    ap.add_argument(
+        "--time-budget", type=float, help="seconds per episode: no proposal starts after them (equal machine-seconds)"
+    )
     ap.add_argument("--methods", default="optimize,random,sweep")
     ap.add_argument("--out", type=Path, default=Path("/tmp/knob-optimum"))
     ap.add_argument("--plot", type=Path)
@@ -165,7 +174,7 @@ def main() -> None:
     rows = []
     for seed in range(1, a.seeds + 1):
         for method in a.methods.split(","):
-            r = run_one(a.out, method, seed, a.budget)
+            r = run_one(a.out, method, seed, a.budget, a.time_budget)
             rows.append(r)
             print(
                 f"{method:>9} seed {seed:>2}: {r['ratio']:.3f} of the optimum, {r['judged']} judged, {r['merged']} "
@@ -193,7 +202,8 @@ def main() -> None:
         ax.boxplot([[r["ratio"] for r in rows if r["method"] == m] for m in methods], tick_labels=methods)
         ax.axhline(0.95, ls="--", c="grey", lw=1)
         ax.set_ylabel("final main's speed / optimum (ratio)")
-        ax.set_xlabel(f"proposer ({a.budget} proposals per episode, {a.seeds} seeds)")
+        per = f"{a.time_budget:.0f} s" if a.time_budget else f"{a.budget} proposals"
+        ax.set_xlabel(f"proposer ({per} per episode, {a.seeds} seeds)")
         fig.tight_layout()
         fig.savefig(a.plot, dpi=120)
         print(f"wrote {a.plot}")

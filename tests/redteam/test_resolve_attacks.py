@@ -1,0 +1,91 @@
+"""Red team of the takes-effect check (#58): the step that runs each side's vLLM to resolve its engine configuration
+before any engine starts (``agentsearch.takes_effect``, the worker's ``--resolve``).
+
+What a proposal controls there: its ``serving.json`` (a change of that file alone is what the step resolves), so the
+engine arguments and the ``VLLM_``/runtime variables the worker is given, and through them what vLLM's own code
+reads, raises and prints. The worker runs main's code in the side's sandbox (the same ``sandbox.wrap`` as an engine),
+the variables pass the serving whitelist (no ``PYTHONPATH``, ``LD_PRELOAD``), and the step can only reject: a lying
+resolution would at most send the change to be measured as always. So the attacks left are the ones on what is shown
+and on failing closed:
+
+- a variable's *name* is the proposal's text (vLLM lists the ``VLLM_`` names it does not read, and the detail names
+  them): escape sequences, Markdown and HTML in it must reach no terminal, report or PR body as markup;
+- an engine argument vLLM refuses makes the candidate's resolution fail: a rejection of the candidate with one clean
+  line (never the run's error, never a traceback, never a skip that lets it be measured);
+- nothing of either run is left behind (no engine started, no worker alive).
+
+Cost: one fork (about 12 s) and one episode of two serving-only proposals, each resolved on both sides and never
+measured (about 40 s each on the 2-core machine).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import commit, git, run_cli
+from tests.test_vllm_integration import make_fork, workers_alive
+
+pytestmark = pytest.mark.vllm
+
+ESC = "\x1b"
+# a VLLM_ name vLLM does not read, carrying an escape sequence, an HTML comment opener, a table cell and a heading
+HOSTILE = "VLLM_X\x1b[2J<!--|## merged"
+
+
+@pytest.fixture(scope="module")
+def fork(tmp_path_factory):
+    return make_fork(tmp_path_factory, "vllm-resolve")
+
+
+def test_resolving_a_hostile_serving_file_rejects_it_cleanly_and_shows_nothing_as_markup(fork, tmp_path):
+    from markdown_it import MarkdownIt
+
+    base = json.loads(git(fork, "show", "main:serving.json"))
+    env = base.get("env") or {}
+    ignored = {**base, "env": {**env, "VLLM_NOT_A_SETTING": "1", HOSTILE: "</table><script>x</script>"}}
+    commit(fork, {"serving.json": json.dumps(ignored, indent=2) + "\n"}, "a: variables vLLM does not read", branch="r/a")
+    git(fork, "checkout", "-q", "main")
+    broken = {**base, "engine": {**(base.get("engine") or {}), "not_an_engine_argument": "\x1b[31m<!--"}}
+    commit(fork, {"serving.json": json.dumps(broken, indent=2) + "\n"}, "b: an argument vLLM refuses", branch="r/b")
+    git(fork, "checkout", "-q", "main")
+    main = git(fork, "rev-parse", "main").strip()
+
+    proc = run_cli("episode", "-C", str(fork), "--branches", "r/*", "--seed", "3", "--json", timeout=900)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert ESC not in proc.stderr  # the progress lines name the checks' details too
+    out = json.loads(proc.stdout)
+    by = {p["title"][:1]: p for p in out["proposals"]}
+    assert set(by) == {"a", "b"} and git(fork, "rev-parse", "main").strip() == main  # nothing merged
+
+    # the ignored variables: rejected as no effect, the names said (cleaned), nothing measured, no engine
+    a = by["a"]
+    assert a["verdict"] == "reject" and a["failed_check"] == "takes-effect", a
+    why = " ".join(a["reasons"])
+    assert "no effect: both sides resolve to the same engine configuration" in why, why
+    assert "vLLM does not read" in why and "VLLM_NOT_A_SETTING" in why and ESC not in why, why
+    # the refused argument: the candidate's rejection, one line, from the candidate's own resolution (not a skip that
+    # would measure it, not the run's error)
+    b = by["b"]
+    assert b["verdict"] == "reject" and b["failed_check"] == "takes-effect", b
+    why_b = " ".join(b["reasons"])
+    assert "the candidate's engine configuration does not resolve" in why_b and "\n" not in why_b, why_b
+    assert ESC not in why_b and "Traceback" not in why_b, why_b
+    assert not workers_alive(fork)
+
+    # every place a person reads the details: the terminal's history, the Markdown report, the PR body (rendered)
+    hist = run_cli("history", "-C", str(fork))
+    assert hist.returncode == 0 and ESC not in hist.stdout, repr(hist.stdout[-800:])
+    for p in (a, b):
+        rep = run_cli("report", "-C", str(fork), p["proposal"])
+        assert rep.returncode == 0, rep.stderr
+        body = tmp_path / f"{p['title'][:1]}.md"
+        pr = run_cli("pr", "-C", str(fork), p["proposal"], "--dry-run", "--force", "--no-plots", "-o", str(body))
+        assert pr.returncode == 0, pr.stderr
+        for text in (rep.stdout, body.read_text()):
+            assert ESC not in text
+            html = MarkdownIt("commonmark").enable("table").render(text)
+            assert "<!--" not in html and "<script>" not in html and "</table><script>" not in html
+            assert "<h2>merged" not in html  # the name's "## merged" is no heading
+            assert "takes-effect" in html  # the check is shown, not hidden behind the name
