@@ -16,6 +16,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from history.records.text import clean
+
 Say = Callable[[str, str], None]
 
 _quiet = False
@@ -32,7 +34,9 @@ def is_quiet() -> bool:
 
 
 def _one_line(text: str) -> str:
-    return " ".join(str(text).split())
+    """One line of progress, cleaned: details carry proposal-controlled text (a check's detail names the variables
+    and files a proposal wrote), and no escape sequence or invisible character of it reaches a terminal or a log."""
+    return clean(text, 100_000, one_line=True)
 
 
 def stamp(start: float, now: float | None = None) -> str:

@@ -40,11 +40,12 @@ def differences(base: Any, cand: Any, path: str = "") -> list[str]:
         return out
     if base == cand:
         return []
-    return [f"{path}: {_short(base)} -> {_short(cand)}"]
+    return [f"{_short(path, 120)}: {_short(base)} -> {_short(cand)}"]
 
 
-def _short(v: Any) -> str:
-    return text.clean(json.dumps(v) if not isinstance(v, str) else v, 60, one_line=True)
+def _short(v: Any, limit: int = 60) -> str:
+    """A value or name for the detail: cleaned (names and values are the proposal's text), one line, capped."""
+    return text.clean(json.dumps(v) if not isinstance(v, str) else v, limit, one_line=True)
 
 
 def serving_changes(base: Mapping[str, Any], cand: Mapping[str, Any]) -> list[str]:
@@ -59,7 +60,7 @@ def serving_changes(base: Mapping[str, Any], cand: Mapping[str, Any]) -> list[st
         for k in sorted(set(a) | set(b)):
             if a.get(k) != b.get(k):
                 old = "default" if k not in a else _short(a[k])
-                out.append(f"{part}.{k}: {old} -> {'default' if k not in b else _short(b[k])}")
+                out.append(f"{part}.{_short(k)}: {old} -> {'default' if k not in b else _short(b[k])}")
     return out
 
 
@@ -115,7 +116,7 @@ def check(
         more = len(diffs) + len(runtime) - len(shown)
         detail = "the engine resolves them differently: " + "; ".join(shown) + (f" (+{more} more)" if more else "")
         return Status.PASS, detail, None
-    unknown = [k for k in c.get("unknown_env") or [] if isinstance(k, str)]
+    unknown = [_short(k) for k in c.get("unknown_env") or [] if isinstance(k, str)]
     why = f"; vLLM does not read {', '.join(unknown[:3])}" if unknown else ""
     what = "; ".join(changed[:SHOWN]) or "serving.json"
     return (

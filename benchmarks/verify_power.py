@@ -160,6 +160,26 @@ CHANGES: dict[str, tuple[str, list[tuple[str, str, str]]]] = {
             )
         ],
     ),
+    # benign and not bit-exact in 16 bits: the lm head as a split-K kernel computes it (two halves of the hidden size,
+    # accumulated in float32, rounded once): another summation order, no precision lost
+    "lm-head-split-k": (
+        "passed",
+        [
+            (
+                LLAMA,
+                COMPUTE_LOGITS,
+                COMPUTE_LOGITS.replace(
+                    "        return logits",
+                    "        if logits is not None:\n"
+                    "            w, k = self.lm_head.weight, hidden_states.shape[-1] // 2\n"
+                    "            h = hidden_states.float()\n"
+                    "            split = h[:, :k] @ w[:, :k].float().T + h[:, k:] @ w[:, k:].float().T\n"
+                    "            logits = split[:, : logits.shape[-1]].to(logits.dtype)\n"
+                    "        return logits",
+                ),
+            )
+        ],
+    ),
     "rename": (
         "passed",
         [

@@ -141,3 +141,49 @@ def test_the_agents_prompt_carries_what_the_optimizer_measured(searched):
     prompt = render_prompt(ctx, ())
     assert "## What the knob-space optimizer measured (data)" in prompt and text in prompt
     assert summary([], list(KNOBS)) == ""  # no optimizer history: no section
+
+
+def test_simpler_wins_ties_among_configurations_within_the_measured_noise(searched):
+    """Issue #58, 'simpler wins ties': the recommended configuration is the one with the fewest overrides among those
+    within the gate's noise of the fastest; outside the noise the fastest wins; a failure is never recommended. The
+    noise is the gate's own interval, read from the history."""
+    from agentsearch.proposers.knob_model import Observation, observed, recommendation, recommended
+
+    repo, _ = searched
+    opt, ctx = context(repo, 11, 9)
+    seen = observed(ctx.history, list(KNOBS))
+    measured = [o for o in seen if o.value is not None]
+    assert measured and all(o.noise > 0 for o in measured)  # each measured in pairs: an interval of its own
+    # the toy's configurations set every knob: equal overrides, so the fastest is recommended
+    pick, top = recommended(seen)
+    assert pick is top and top.value == max(o.value for o in measured)
+
+    fast = {"batch": 8, "chunk": 64, "spec": False, "graphs": True, "layout": "tiles"}
+    simple = {**fast, "spec": UNSET, "layout": UNSET}  # two knobs left at the engine's default
+    knobs = list(KNOBS)
+    within = [Observation(fast, math.log(1.30), 0.02), Observation(simple, math.log(1.29), 0.015)]
+    pick, top = recommended(within)
+    assert pick.config == simple and top.config == fast and pick.overrides == 3 and top.overrides == 5
+    line = recommendation(within, knobs)
+    assert line.startswith("Best measured: +29.0% with batch=8, chunk=64, spec=default, graphs=true, layout=default")
+    assert "simpler wins ties: 2 fewer overrides than the fastest, +30.0%" in line, line
+    beyond = [Observation(fast, math.log(1.30), 0.005), Observation(simple, math.log(1.25), 0.005)]
+    assert recommended(beyond)[0].config == fast and "simpler wins ties" not in recommendation(beyond, knobs)
+    failed = [Observation(simple, None), Observation(fast, math.log(1.1), 0.01)]
+    assert recommended(failed)[0].config == fast and recommended([Observation(simple, None)]) is None
+    # the optimizer's own rationale says which it recommends, from the real history
+    c = opt.next(set(), ctx)
+    assert c is not None and recommendation(seen, knobs) in c.rationale, c.rationale
+
+
+def test_the_trust_region_takes_the_simpler_of_two_equally_drawn_steps():
+    import random
+
+    from agentsearch.proposers.optimize import trust_region
+
+    main = dict(START)
+    two = {**main, "batch": 8, "chunk": 64}  # one draw of a two-knob step
+    one = {**main, "graphs": True}  # one draw of a one-knob step: the same weight
+    for seed in range(5):
+        steps = trust_region([two, one], main, 2, random.Random(seed))
+        assert steps[0] == one and steps[1] == two, steps

@@ -193,24 +193,6 @@ def test_fast_only_when_not_verified_is_caught_in_the_act(fork):
     assert not workers_alive(fork)
 
 
-def test_a_serving_change_vllm_ignores_is_rejected_before_any_engine_starts(fork):
-    """Issue #58: a knob the engine ignores — here a VLLM_ variable vLLM does not read — is found by resolving each
-    side's engine configuration and environment with its own vLLM (no engine), and rejected as no effect."""
-    base = json.loads(git(fork, "show", "main:serving.json"))
-    ignored = {**base, "env": {**(base.get("env") or {}), "VLLM_NOT_A_SETTING": "1"}}
-    commit(fork, {"serving.json": json.dumps(ignored, indent=2) + "\n"}, "a variable vLLM does not read", branch="ign")
-    git(fork, "checkout", "-q", "--", ".")
-    proc = run_cli("evaluate", "-C", str(fork), "ign", "--json", timeout=900)
-    out = json.loads(proc.stdout)
-    assert proc.returncode == 4 and out["failed_check"] == "takes-effect", out["reasons"]
-    why = out["reasons"][0]
-    assert "no effect: both sides resolve to the same engine configuration" in why, why
-    assert "env.VLLM_NOT_A_SETTING: default -> 1" in why and "vLLM does not read VLLM_NOT_A_SETTING" in why, why
-    assert not [t for t in out["trials"] if t["phase"] == "objective"]  # nothing measured
-    assert out["timing"]["engine_starts"] == 0
-    assert not workers_alive(fork)
-
-
 def test_ctrl_c_leaves_no_engine_behind(fork):
     commit(fork, {"serving.json": serving(8)}, "max_num_seqs 8", branch="seqs8")
     env = dict(os.environ)

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -34,6 +33,7 @@ from harness import seeds
 from ..config import KnobConfig, SweepConfig
 from . import knob_model
 from .base import Candidate, Context, ProposerError
+from .knob_model import UNSET
 from .sweep import Sweep, get_dotted, set_dotted, unified_diff
 
 SAMPLERS = ("tpe", "random")  # random: the matched-budget baseline of the benchmark
@@ -41,7 +41,6 @@ STARTUP = 3  # random configurations before the model is used
 PENALTY = 1.0  # nats below the worst measured value: what a failed check or a crash is told
 ASKS = 64  # draws of the sampler per proposal
 RADIUS = 2  # knobs a TPE proposal changes at most: a step from main the gate can judge (a trust region)
-UNSET = "(default)"  # a knob the file does not set (the engine's default): a choice like any other
 
 
 class Optimize:
@@ -175,13 +174,8 @@ class Optimize:
             f"The {self.sampler} sampler's next configuration ({len(changed)} of {len(self.knobs)} knobs changed: "
             f"{shown}), asked after {n_told} judged configuration{'s' if n_told != 1 else ''}."
         ]
-        measured = [(v, c) for c, v in told if v is not None]
-        if measured:
-            value, best = max(measured, key=lambda vc: vc[0])
-            why.append(
-                f"Best measured so far: {math.exp(value) - 1:+.1%} over the first main "
-                f"({', '.join(f'{n}={_show(v)}' for n, v in best.items())})."
-            )
+        if best := knob_model.recommendation(knob_model.observed(ctx.history, list(self.knobs)), list(self.knobs)):
+            why.append(best + " (Speeds are over the first main.)")
         categories = {self.knobs[n].category for n in changed}
         return Candidate(
             key,
@@ -250,8 +244,9 @@ def trust_region(
 ) -> list[dict[str, Any]]:
     """The sampler's draws as steps from main: each draw's changes, at most ``radius`` of them (every subset of that
     size, each weighted by one over their number), counted over all draws; the most drawn step first (the sampler's
-    density over the better region stands for its expected improvement), ties in a seeded order. A whole-space jump
-    from a good main is mostly worse than main, and the gate merges only what beats main: steps it can judge."""
+    density over the better region stands for its expected improvement), among equals the one changing fewer knobs
+    (simpler wins ties), then a seeded order. A whole-space jump from a good main is mostly worse than main, and the
+    gate merges only what beats main: steps it can judge."""
     import itertools
 
     weight: dict[str, float] = {}
@@ -268,4 +263,6 @@ def trust_region(
             weight[key] = weight.get(key, 0.0) + 1.0 / len(subsets)
     keys = sorted(weight)
     rng.shuffle(keys)  # ties in a seeded order (a stable sort keeps it)
-    return [step_of[k] for k in sorted(keys, key=lambda k: -weight[k])]
+    # equally drawn steps: the one changing fewer knobs first (simpler wins ties)
+    size = {k: sum(step_of[k][n] != main[n] for n in main) for k in keys}
+    return [step_of[k] for k in sorted(keys, key=lambda k: (-weight[k], size[k]))]

@@ -14,7 +14,8 @@ and on failing closed:
   line (never the run's error, never a traceback, never a skip that lets it be measured);
 - nothing of either run is left behind (no engine started, no worker alive).
 
-Cost: one fork (about 12 s) and one episode of two serving-only proposals, each resolved on both sides and never
+It is also the suite's test that a knob vLLM ignores is rejected before any engine starts (moved here from
+tests/test_vllm_integration.py). Cost: one fork (about 12 s) and one episode of two serving-only proposals, each resolved on both sides and never
 measured (about 40 s each on the 2-core machine).
 """
 
@@ -24,6 +25,9 @@ import json
 
 import pytest
 
+from agentsearch.workspace import Workspace
+from history import HistoryLog
+from history.proposals import proposals_of
 from tests.conftest import commit, git, run_cli
 from tests.test_vllm_integration import make_fork, workers_alive
 
@@ -45,7 +49,9 @@ def test_resolving_a_hostile_serving_file_rejects_it_cleanly_and_shows_nothing_a
     base = json.loads(git(fork, "show", "main:serving.json"))
     env = base.get("env") or {}
     ignored = {**base, "env": {**env, "VLLM_NOT_A_SETTING": "1", HOSTILE: "</table><script>x</script>"}}
-    commit(fork, {"serving.json": json.dumps(ignored, indent=2) + "\n"}, "a: variables vLLM does not read", branch="r/a")
+    commit(
+        fork, {"serving.json": json.dumps(ignored, indent=2) + "\n"}, "a: variables vLLM does not read", branch="r/a"
+    )
     git(fork, "checkout", "-q", "main")
     broken = {**base, "engine": {**(base.get("engine") or {}), "not_an_engine_argument": "\x1b[31m<!--"}}
     commit(fork, {"serving.json": json.dumps(broken, indent=2) + "\n"}, "b: an argument vLLM refuses", branch="r/b")
@@ -54,21 +60,30 @@ def test_resolving_a_hostile_serving_file_rejects_it_cleanly_and_shows_nothing_a
 
     proc = run_cli("episode", "-C", str(fork), "--branches", "r/*", "--seed", "3", "--json", timeout=900)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert ESC not in proc.stderr  # the progress lines name the checks' details too
+    assert ESC not in proc.stderr, [ln for ln in proc.stderr.splitlines() if ESC in ln]  # progress names details
     out = json.loads(proc.stdout)
     by = {p["title"][:1]: p for p in out["proposals"]}
     assert set(by) == {"a", "b"} and git(fork, "rev-parse", "main").strip() == main  # nothing merged
 
-    # the ignored variables: rejected as no effect, the names said (cleaned), nothing measured, no engine
+    recorded = {
+        p.created.title[:1]: p for p in proposals_of(HistoryLog(Workspace.open(fork).state / "history.jsonl").entries())
+    }
+    for key in ("a", "b"):  # each rejected by the resolve step, before any engine started
+        v = recorded[key].verdict
+        assert v.failed_check == "takes-effect" and v.timing.engine_starts == 0, (v.failed_check, v.timing)
+
+    # the ignored variables: rejected as no effect, the names said (cleaned), nothing measured
     a = by["a"]
-    assert a["verdict"] == "reject" and a["failed_check"] == "takes-effect", a
+    assert a["verdict"] == "reject" and a["pairs"] is None, a
     why = " ".join(a["reasons"])
     assert "no effect: both sides resolve to the same engine configuration" in why, why
-    assert "vLLM does not read" in why and "VLLM_NOT_A_SETTING" in why and ESC not in why, why
+    assert "env.VLLM_NOT_A_SETTING: default -> 1" in why and "vLLM does not read VLLM_NOT_A_SETTING" in why, why
+    assert ESC not in why, why
     # the refused argument: the candidate's rejection, one line, from the candidate's own resolution (not a skip that
     # would measure it, not the run's error)
     b = by["b"]
-    assert b["verdict"] == "reject" and b["failed_check"] == "takes-effect", b
+    assert b["verdict"] == "reject" and b["pairs"] is None, b
+    assert recorded["b"].verdict.failures == ("setup-error",), recorded["b"].verdict.failures
     why_b = " ".join(b["reasons"])
     assert "the candidate's engine configuration does not resolve" in why_b and "\n" not in why_b, why_b
     assert ESC not in why_b and "Traceback" not in why_b, why_b
