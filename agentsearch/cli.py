@@ -384,8 +384,8 @@ def model_smollm2(directory: Path | None) -> None:
 )
 @click.option(
     "--sampler",
-    type=click.Choice(["tpe", "random"]),
-    help="Optimize proposer: Optuna's TPE (the default) or random search (the matched-budget baseline).",
+    type=click.Choice(["tpe", "random", "grid"]),
+    help="Optimize proposer: Optuna's TPE (the default), or random or grid search (the matched-budget baselines).",
 )
 @click.option(
     "--patches",

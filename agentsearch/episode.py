@@ -313,6 +313,9 @@ class Episode:
         except Exception as exc:  # noqa: BLE001 - adversarial input: this proposal is rejected, the queue goes on
             error, commit, files = internal_reason(exc), None, []
             base = base or self.ws.baseline_commit()
+        meta = dict(cand.meta)
+        if commit and files and "config" not in meta:
+            meta.update(self.configuration(commit, files))
         created = rec.ProposalCreated(
             number=number,
             proposal=pid,
@@ -329,12 +332,28 @@ class Episode:
             files=tuple(files),
             diff_hash=hashlib.sha256(cand.patch.encode()).hexdigest(),
             patch=cand.patch,
-            meta=dict(cand.meta),
+            meta=meta,
         )
         self.record(created, pid)
         p = Proposal(created, self.plan.episode)
         self.state.proposals[number] = p
         return p
+
+    def configuration(self, commit: str, files: list[str]) -> dict[str, Any]:
+        """A change of the declared knobs' files alone (an agent's, the sweep's, a patch's): the configuration it made,
+        for the optimizer's bookkeeping (issue #58: every measured configuration informs the model, whoever proposed
+        it). {} for any other change, or a target without knobs."""
+        from .proposers import knob_model
+        from .proposers.optimize import configuration_of, knob_files
+
+        sweep = self.ws.config().sweep
+        if not sweep.knobs or not set(files) <= knob_files(sweep):
+            return {}
+        try:
+            config = configuration_of(sweep, lambda path: git.show_file(self.ws.repo_dir, commit, path))
+        except Exception:  # noqa: BLE001 - the proposal's file, whatever it holds, is the gate's to judge, not this
+            return {}
+        return {"config": config, "config_from": knob_model.FROM_FILES}
 
     def fresh_commit(self, p: Proposal, cand: Candidate) -> tuple[str | None, str]:
         """The commit to judge: the recorded one if it is still on the current baseline, else re-applied."""

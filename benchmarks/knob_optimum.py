@@ -5,8 +5,8 @@ hard for a one-knob-at-a-time search: an interaction (``batch`` pays only with e
 (``batch`` 8 and 16 are equal), an optimum inside a range (``chunk`` 64), and a trap (``spec`` helps alone, +10%,
 and hurts with ``graphs`` on, -15%, while ``graphs`` alone gives +20%). Its benchmark adds the gate's noise (CV 2%).
 
-    python benchmarks/knob_optimum.py [--seeds 10] [--budget 12] [--time-budget S] [--methods optimize,random,sweep]
-        [--out DIR]
+    python benchmarks/knob_optimum.py [--seeds 10] [--budget 12] [--time-budget S]
+        [--methods optimize,random,grid,sweep] [--out DIR]
 
 runs one episode per method and seed at the same budget of proposals (and prints the machine-seconds each used), or
 with ``--time-budget`` at the same seconds (``--budget`` then caps the proposals: give it room),
@@ -134,7 +134,7 @@ def run_one(root: Path, method: str, seed: int, budget: int, seconds: float | No
     if method == "sweep":
         args += ["--proposer", "sweep"]
     else:
-        args += ["--proposer", "optimize", "--sampler", "tpe" if method == "optimize" else "random"]
+        args += ["--proposer", "optimize", "--sampler", "tpe" if method == "optimize" else method]
     t0 = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "agentsearch.cli", *args], capture_output=True, text=True)
     took = time.monotonic() - t0
@@ -165,7 +165,7 @@ def main() -> None:
     ap.add_argument(
         "--time-budget", type=float, help="seconds per episode: no proposal starts after them (equal machine-seconds)"
     )
-    ap.add_argument("--methods", default="optimize,random,sweep")
+    ap.add_argument("--methods", default="optimize,random,grid,sweep")
     ap.add_argument("--out", type=Path, default=Path("/tmp/knob-optimum"))
     ap.add_argument("--plot", type=Path)
     a = ap.parse_args()

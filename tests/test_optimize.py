@@ -3,6 +3,7 @@ benchmarks/knob_optimum.py: real episodes, the real gate, real git; Optuna's TPE
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 import sys
@@ -187,3 +188,56 @@ def test_the_trust_region_takes_the_simpler_of_two_equally_drawn_steps():
     for seed in range(5):
         steps = trust_region([two, one], main, 2, random.Random(seed))
         assert steps[0] == one and steps[1] == two, steps
+
+
+def test_grid_search_walks_the_declared_grid_once_in_the_episodes_seeded_order(tmp_path):
+    """The grid baseline of the benchmark: every combination of the declared values, each once, in an order fixed by
+    the episode's seed (so --resume asks the same), never main's own configuration."""
+    from agentsearch.proposers.optimize import grid
+
+    pts = list(grid(KNOBS, 7))
+    assert len(pts) == math.prod(len(v) for v in KNOBS.values()) == len({json.dumps(p, sort_keys=True) for p in pts})
+    assert pts == list(grid(KNOBS, 7)) and pts != list(grid(KNOBS, 8))
+    repo = make_target(tmp_path / "toy")
+    out = episode(repo, "--sampler", "grid", "--budget", "3", "--seed", "7")
+    history = proposals_of(HistoryLog(Workspace.open(repo).state / "history.jsonl").entries())
+    configs = [p.meta["config"] for p in history]
+    assert len(out["proposals"]) == 3 and all(p.meta["sampler"] == "grid" for p in history)
+    # the first proposal is the grid's first point that is not the start (each later one: the next point not judged)
+    first = next(p for p in pts if p != START)
+    assert configs[0] == first, (configs[0], first)
+
+
+def test_a_config_only_change_by_another_proposer_is_told_to_the_optimizer(tmp_path):
+    """Agents and the optimizer together (#58): a proposal of another proposer (here a patch queue, as an agent's
+    change arrives) that changes only the knobs' file is recorded with the configuration it made, and the optimizer
+    is told its measurement; a change that touches another file too is not."""
+    from agentsearch.proposers.knob_model import FROM_FILES, observed
+
+    repo = make_target(tmp_path / "toy")
+    queue = tmp_path / "queue"
+    queue.mkdir()
+    start = json.loads(git.show_file(repo, "main", "serving.json"))
+    better = {"engine": {**start["engine"], "batch": 8, "chunk": 64}}
+    old, new = json.dumps(start, indent=2) + "\n", json.dumps(better, indent=2) + "\n"
+    assert git.show_file(repo, "main", "serving.json") == old
+    diff = "".join(difflib.unified_diff(old.splitlines(True), new.splitlines(True), "a/serving.json", "b/serving.json"))
+    (queue / "01-knobs.patch").write_text(diff)
+    (queue / "02-knobs-and-notes.patch").write_text(
+        diff + "--- /dev/null\n+++ b/NOTES.md\n@@ -0,0 +1 @@\n+batch 8, chunk 64\n"
+    )
+    proc = run_cli("episode", "-C", str(repo), "--patches", str(queue), "--seed", "5", "--json", timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    history = proposals_of(HistoryLog(Workspace.open(repo).state / "history.jsonl").entries())
+    knobs_only, with_notes = history
+    assert knobs_only.proposer == "patches" and knobs_only.meta["config_from"] == FROM_FILES
+    assert knobs_only.meta["config"] == {**START, "batch": 8, "chunk": 64}
+    assert "config" not in with_notes.meta  # code (or anything else) beside the knobs: not a configuration
+    seen = observed(history, list(KNOBS))
+    assert [o.config for o in seen] == [knobs_only.meta["config"]]
+    assert seen[0].value == pytest.approx(math.log(knobs_only.speedup))
+    # the optimizer's next proposal was asked after that one judged configuration
+    out = episode(repo, "--budget", "1", "--seed", "5")
+    assert len(out["proposals"]) == 1
+    (last,) = proposals_of(HistoryLog(Workspace.open(repo).state / "history.jsonl").entries())[2:]
+    assert "asked after 1 judged configuration" in last.rationale, last.rationale

@@ -74,7 +74,7 @@ def run(
     if agents is not None and proposer != "claude" and not resume:
         raise AgentsearchError("--agents applies to --proposer claude (agent sessions at once)")
     if sampler is not None and proposer != "optimize" and not resume:
-        raise AgentsearchError("--sampler applies to --proposer optimize (tpe or random)")
+        raise AgentsearchError("--sampler applies to --proposer optimize (tpe, random or grid)")
     ws = Workspace.open(target)
     placement = executors.settings(ws.config().executor, executor, parallel, address)
     seconds = parse_duration(time_budget)

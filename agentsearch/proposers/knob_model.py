@@ -14,6 +14,9 @@ from typing import Any
 from history.records.statistic import objective_in
 
 OPTIMIZER = "optimize"  # the proposer whose configurations are recorded whole (meta "config")
+# another proposer's change of the knobs' files alone: the episode records the configuration it made (meta "config",
+# read from its commit) and marks it so (meta "config_from"): told to the optimizer as its own would be
+FROM_FILES = "files"
 NO_EFFECT_CHECK = "takes-effect"  # a configuration vLLM resolves to main's: no effect (agentsearch.takes_effect)
 UNSET = "(default)"  # a knob the file does not set (the engine's default): a choice like any other
 
@@ -35,7 +38,8 @@ class Observation:
 
 
 def observed(history: Sequence[Any], knobs: Sequence[str]) -> list[Observation]:
-    """Every judged ``optimize`` proposal over exactly ``knobs``, in log order: its value is its log speed relative
+    """Every judged ``optimize`` proposal, and every other proposal that changed only the knobs' files (an agent's
+    config-only change: its recorded configuration), over ``knobs``, in log order: its value is its log speed relative
     to the first main the history knows (the gate's estimate plus the log speed of the main it was measured on: the
     sum of the merged estimates before it), None for a failure. A proposal without a measured objective and no
     failure tells nothing."""
@@ -44,10 +48,11 @@ def observed(history: Sequence[Any], knobs: Sequence[str]) -> list[Observation]:
     for p in history:
         if not p.judged:
             continue
-        config = p.meta.get("config") if p.proposer == OPTIMIZER else None
+        config = p.meta.get("config") if p.proposer == OPTIMIZER or p.meta.get("config_from") == FROM_FILES else None
         s = p.speedup
         measured = s is not None and s > 0 and math.isfinite(s)
-        if isinstance(config, Mapping) and set(config) == set(knobs):
+        if isinstance(config, Mapping) and set(knobs) <= set(config):
+            config = {k: config[k] for k in knobs}  # recorded over every declared knob: the ones searched here
             if p.is_failure:
                 out.append(Observation(dict(config), None))
             elif measured:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from harness import seeds
@@ -36,7 +36,7 @@ from .base import Candidate, Context, ProposerError
 from .knob_model import UNSET
 from .sweep import Sweep, get_dotted, set_dotted, unified_diff
 
-SAMPLERS = ("tpe", "random")  # random: the matched-budget baseline of the benchmark
+SAMPLERS = ("tpe", "random", "grid")  # random and grid: the matched-budget baselines of the benchmark
 STARTUP = 3  # random configurations before the model is used
 PENALTY = 1.0  # nats below the worst measured value: what a failed check or a crash is told
 ASKS = 64  # draws of the sampler per proposal
@@ -118,6 +118,12 @@ class Optimize:
         seen = set(judged) | {h.key for h in ctx.history if h.key}
         told = self.observations(ctx.history)
         tried = {_config_key(c) for c, _ in told} | {_config_key(main)}
+        if self.sampler == "grid":  # every point of the declared grid once, in the episode's seeded order
+            for config in grid({n: list(k.values) for n, k in self.knobs.items()}, ctx.seed):
+                c = self.candidate(config, main, ctx, told)
+                if c is not None and c.key not in seen and _config_key(config) not in tried:
+                    return c
+            return None
         study, dists = self._study(ctx, space, told)
         drawn = []
         for _ in range(ASKS):
@@ -194,6 +200,21 @@ class Optimize:
         )
 
 
+def configuration_of(sweep: SweepConfig, read_file: Callable[[str], str | None]) -> dict[str, Any]:
+    """Every declared knob's value in the files ``read_file`` reads (``UNSET`` where the file does not set it): how
+    the episode records the configuration of a proposal that changed nothing but the knobs' files (an agent's, the
+    sweep's, a patch's), so that the optimizer is told it too (``knob_model.observed``)."""
+    files = Sweep(sweep, gpu=True)  # every declared knob: the optimizer takes the ones its machine searches
+    ctx = Context(read_file, (), None, 0, 0)
+    return {n: (UNSET if (v := files.current(k, ctx)) is None else v) for n, k in files.knobs.items()}
+
+
+def knob_files(sweep: SweepConfig) -> set[str]:
+    """The files the declared knobs live in."""
+    files = Sweep(sweep, gpu=True)
+    return {files.file_of(k) for k in files.knobs.values()}
+
+
 def _enc(v: Any) -> Any:
     """A knob value as an Optuna choice (None, bool, int, float, str); lists and objects as their JSON text."""
     return v if v is None or isinstance(v, bool | int | float | str) else "json:" + json.dumps(v, sort_keys=True)
@@ -237,6 +258,19 @@ def _neighbours(main: Mapping[str, Any], space: Mapping[str, list[Any]]) -> list
         if va != main[a] and vb != main[b]
     ]
     return ones + twos
+
+
+def grid(space: Mapping[str, list[Any]], seed: int | None) -> Iterator[dict[str, Any]]:
+    """Grid search: every combination of the knobs' values, in an order shuffled once by the episode's seed (a budget
+    smaller than the grid covers it evenly, not one corner; Optuna's GridSampler orders its grid the same way)."""
+    import itertools
+    import random
+
+    names = list(space)
+    order = list(itertools.product(*(range(len(space[n])) for n in names)))
+    random.Random(f"grid:{seed}").shuffle(order)
+    for idx in order:
+        yield {n: space[n][i] for n, i in zip(names, idx, strict=True)}
 
 
 def trust_region(
