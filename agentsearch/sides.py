@@ -198,6 +198,9 @@ class KeptBaseline:
     engines: dict[str, Any] = field(default_factory=dict)  # EnginePool key -> warm engine (parked)
     uses: dict[str, int] = field(default_factory=dict)  # EnginePool key -> evaluations served
     evaluations: int = 0
+    # what its own vLLM resolved for it (``workloads.resolve_sides``: key -> resolution): the same side, arguments
+    # and environment resolve the same, so the next serving-only decision resolves the candidate alone
+    resolutions: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -216,6 +219,7 @@ class Sides:
     kept: KeptBaseline | None = None  # the baseline side an earlier evaluation built (reused as is)
     keep_baseline: bool = False  # close() leaves the baseline side (worktree, scratch) for the next evaluation
     pins: list[str] = field(default_factory=list)
+    resolutions: dict[str, Any] = field(default_factory=dict)  # the baseline side's resolutions (KeptBaseline's)
     _stack: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
 
     # ------------------------------------------------------------------ layout
@@ -250,6 +254,7 @@ class Sides:
         kept = self.kept
         if kept is not None:  # the baseline side as the last evaluation left it (checked unchanged by the lender)
             self.worktrees[BASELINE], self.git_links[BASELINE] = kept.worktree, kept.git_link
+            self.resolutions = dict(kept.resolutions)
             for d in (self.inputs, *(self.out(s) for s in self.commits if s != BASELINE)):
                 _empty(d)  # only what this evaluation writes
         for side, commit in self.commits.items():
@@ -326,6 +331,7 @@ class Sides:
             sandbox=self.sandboxes.get(BASELINE),
             uses=dict(k.uses) if k else {},
             evaluations=k.evaluations if k else 0,
+            resolutions=dict(self.resolutions),
         )
 
     def _build_command(self, side: str, wt: Path) -> None:

@@ -111,17 +111,18 @@ def check(
     env_c = {k: v for k, v in c["env"].items() if k in names}
     diffs = differences(b["config"], c["config"]) + differences(env_b, env_c, "env")
     runtime = differences(runtime_env(sb), runtime_env(sc), "env")
+    kept = " (the baseline's resolution kept from the previous decision)" if b.get("kept") else ""
     if diffs or runtime:
         shown = (named_first(diffs, changed) + [f"{r} (read by the runtime)" for r in runtime])[:SHOWN]
         more = len(diffs) + len(runtime) - len(shown)
         detail = "the engine resolves them differently: " + "; ".join(shown) + (f" (+{more} more)" if more else "")
-        return Status.PASS, detail, None
+        return Status.PASS, detail + kept, None
     unknown = [_short(k) for k in c.get("unknown_env") or [] if isinstance(k, str)]
     why = f"; vLLM does not read {', '.join(unknown[:3])}" if unknown else ""
     what = "; ".join(changed[:SHOWN]) or "serving.json"
     return (
         Status.FAIL,
         "no effect: both sides resolve to the same engine configuration and environment, so the change "
-        f"({what}) is what vLLM does anyway or ignores{why}; nothing to measure",
+        f"({what}) is what vLLM does anyway or ignores{why}; nothing to measure{kept}",
         FailureKind.NO_EFFECT,
     )

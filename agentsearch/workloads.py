@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import json
 import os
 import time
@@ -659,7 +660,8 @@ __all__ = [
 def resolve_sides(config: Config, workload: WorkloadConfig, sd: Sides, timeout_s: float) -> dict[str, dict | str]:
     """Each side's engine configuration and environment as its own vLLM resolves them for ``workload`` (the worker's
     ``--resolve``, in the side's sandbox and environment: no engine starts), both at once: side -> the resolution,
-    or the one-line error that stopped it."""
+    or the one-line error that stopped it. A kept baseline side's earlier resolution of the same arguments is reused
+    (marked ``kept``): the candidate alone is resolved."""
     place = placement_for(config)
     spec = engine_spec(workload)
     spec["engine"] = place.engine_args(spec["engine"])
@@ -677,6 +679,14 @@ def resolve_sides(config: Config, workload: WorkloadConfig, sd: Sides, timeout_s
         for side in (BASELINE, CANDIDATE)
     }
     out: dict[str, dict | str] = {}
+    # a kept baseline side resolved these arguments in this environment before: the same answer (its commit, spec
+    # and environment are the key; the side itself is checked unchanged before it is lent again)
+    key = hashlib.sha256(
+        json.dumps([sd.commits[BASELINE], spec, sessions[BASELINE].env], sort_keys=True, default=str).encode()
+    ).hexdigest()
+    if sd.kept is not None and isinstance(sd.resolutions.get(key), dict):
+        out[BASELINE] = {**sd.resolutions[key], "kept": True}
+        del sessions[BASELINE]
     # both at once, unless the placement runs one engine at a time (alternate: a device's memory is one side's)
     waves = [[side] for side in sessions] if place.exclusive else [list(sessions)]
     try:
@@ -693,4 +703,6 @@ def resolve_sides(config: Config, workload: WorkloadConfig, sd: Sides, timeout_s
     finally:
         for s in sessions.values():
             s.close()
+    if isinstance(out.get(BASELINE), dict):
+        sd.resolutions[key] = {k: v for k, v in out[BASELINE].items() if k != "kept"}
     return out

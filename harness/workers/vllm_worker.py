@@ -144,6 +144,10 @@ def resolve(spec: dict) -> dict:
     from vllm import envs
     from vllm.engine.arg_utils import EngineArgs
 
+    # the model's class answered in this process, as an engine's start does (the same class, inspected the same way;
+    # without it vLLM imports itself and torch again in a subprocess: about 8 s of the 16 s a resolution took here)
+    inspect_models_in_process()
+
     engine = engine_arguments(spec)
     first = canonical(EngineArgs(model=spec["model"], **engine).create_engine_config())
     second = canonical(EngineArgs(model=spec["model"], **engine).create_engine_config())

@@ -15,8 +15,8 @@ and on failing closed:
 - nothing of either run is left behind (no engine started, no worker alive).
 
 It is also the suite's test that a knob vLLM ignores is rejected before any engine starts (moved here from
-tests/test_vllm_integration.py). Cost: one fork (about 12 s) and one episode of two serving-only proposals, each resolved on both sides and never
-measured (about 40 s each on the 2-core machine).
+tests/test_vllm_integration.py). Cost: one fork (about 12 s) and one episode of three serving-only proposals,
+resolved and never measured (about 10-20 s each on the 2-core machine).
 """
 
 from __future__ import annotations
@@ -56,6 +56,9 @@ def test_resolving_a_hostile_serving_file_rejects_it_cleanly_and_shows_nothing_a
     broken = {**base, "engine": {**(base.get("engine") or {}), "not_an_engine_argument": "\x1b[31m<!--"}}
     commit(fork, {"serving.json": json.dumps(broken, indent=2) + "\n"}, "b: an argument vLLM refuses", branch="r/b")
     git(fork, "checkout", "-q", "main")
+    again = {**base, "env": {**env, "VLLM_ALSO_NOT_A_SETTING": "1"}}
+    commit(fork, {"serving.json": json.dumps(again, indent=2) + "\n"}, "c: another one", branch="r/c")
+    git(fork, "checkout", "-q", "main")
     main = git(fork, "rev-parse", "main").strip()
 
     proc = run_cli("episode", "-C", str(fork), "--branches", "r/*", "--seed", "3", "--json", timeout=900)
@@ -63,12 +66,12 @@ def test_resolving_a_hostile_serving_file_rejects_it_cleanly_and_shows_nothing_a
     assert ESC not in proc.stderr, [ln for ln in proc.stderr.splitlines() if ESC in ln]  # progress names details
     out = json.loads(proc.stdout)
     by = {p["title"][:1]: p for p in out["proposals"]}
-    assert set(by) == {"a", "b"} and git(fork, "rev-parse", "main").strip() == main  # nothing merged
+    assert set(by) == {"a", "b", "c"} and git(fork, "rev-parse", "main").strip() == main  # nothing merged
 
     recorded = {
         p.created.title[:1]: p for p in proposals_of(HistoryLog(Workspace.open(fork).state / "history.jsonl").entries())
     }
-    for key in ("a", "b"):  # each rejected by the resolve step, before any engine started
+    for key in ("a", "b", "c"):  # each rejected by the resolve step, before any engine started
         v = recorded[key].verdict
         assert v.failed_check == "takes-effect" and v.timing.engine_starts == 0, (v.failed_check, v.timing)
 
@@ -92,6 +95,11 @@ def test_resolving_a_hostile_serving_file_rejects_it_cleanly_and_shows_nothing_a
     # every place a person reads the details: the terminal's history, the Markdown report, the PR body (rendered)
     hist = run_cli("history", "-C", str(fork))
     assert hist.returncode == 0 and ESC not in hist.stdout, repr(hist.stdout[-800:])
+    # the third: the kept baseline side's resolution of the same arguments was reused (the candidate alone resolved)
+    why_c = " ".join(by["c"]["reasons"])
+    assert "no effect" in why_c and "the baseline's resolution kept from the previous decision" in why_c, why_c
+    assert "kept from the previous" not in why  # the first resolved both sides
+
     for p in (a, b):
         rep = run_cli("report", "-C", str(fork), p["proposal"])
         assert rep.returncode == 0, rep.stderr
