@@ -703,6 +703,7 @@ def resolve_sides(config: Config, workload: WorkloadConfig, sd: Sides, timeout_s
     finally:
         for s in sessions.values():
             s.close()
-    if isinstance(out.get(BASELINE), dict):
-        sd.resolutions[key] = {k: v for k, v in out[BASELINE].items() if k != "kept"}
+    got = out.get(BASELINE)
+    if isinstance(got, dict):
+        sd.resolutions[key] = {k: v for k, v in got.items() if k != "kept"}
     return out
