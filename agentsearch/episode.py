@@ -314,8 +314,8 @@ class Episode:
             error, commit, files = internal_reason(exc), None, []
             base = base or self.ws.baseline_commit()
         meta = dict(cand.meta)
-        if commit and files and "config" not in meta:
-            meta.update(self.configuration(commit, files))
+        if commit and base and files and "config" not in meta:
+            meta.update(self.configuration(base, commit, files))
         created = rec.ProposalCreated(
             number=number,
             proposal=pid,
@@ -339,18 +339,25 @@ class Episode:
         self.state.proposals[number] = p
         return p
 
-    def configuration(self, commit: str, files: list[str]) -> dict[str, Any]:
-        """A change of the declared knobs' files alone (an agent's, the sweep's, a patch's): the configuration it made,
-        for the optimizer's bookkeeping (issue #58: every measured configuration informs the model, whoever proposed
-        it). {} for any other change, or a target without knobs."""
+    def configuration(self, base: str, commit: str, files: list[str]) -> dict[str, Any]:
+        """A change of the declared knobs' values alone (an agent's, the sweep's, a patch's): the configuration it
+        made, for the optimizer's bookkeeping (issue #58: every measured configuration informs the model, whoever
+        proposed it). {} for any other change (another file, or anything else in the knobs' files), or a target
+        without knobs."""
         from .proposers import knob_model
-        from .proposers.optimize import configuration_of, knob_files
+        from .proposers.optimize import configuration_of, knob_files, knobs_only
 
         sweep = self.ws.config().sweep
         if not sweep.knobs or not set(files) <= knob_files(sweep):
             return {}
+
+        def at(rev: str) -> Any:
+            return lambda path: git.show_file(self.ws.repo_dir, rev, path)
+
         try:
-            config = configuration_of(sweep, lambda path: git.show_file(self.ws.repo_dir, commit, path))
+            if not knobs_only(sweep, at(base), at(commit)):
+                return {}
+            config = configuration_of(sweep, at(commit))
         except Exception:  # noqa: BLE001 - the proposal's file, whatever it holds, is the gate's to judge, not this
             return {}
         return {"config": config, "config_from": knob_model.FROM_FILES}

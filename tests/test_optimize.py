@@ -226,18 +226,33 @@ def test_a_config_only_change_by_another_proposer_is_told_to_the_optimizer(tmp_p
     (queue / "02-knobs-and-notes.patch").write_text(
         diff + "--- /dev/null\n+++ b/NOTES.md\n@@ -0,0 +1 @@\n+batch 8, chunk 64\n"
     )
+    # the knobs' file, and in it something the knob space does not describe: not one of its configurations (first,
+    # so that it is judged on the start, where the others apply too; it is no faster and is not merged)
+    other = {**start, "engine": {**start["engine"], "unlisted": 1}}
+    (queue / "00-more-than-knobs.patch").write_text(
+        "".join(
+            difflib.unified_diff(
+                old.splitlines(True),
+                (json.dumps(other, indent=2) + "\n").splitlines(True),
+                "a/serving.json",
+                "b/serving.json",
+            )
+        )
+    )
     proc = run_cli("episode", "-C", str(repo), "--patches", str(queue), "--seed", "5", "--json", timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     history = proposals_of(HistoryLog(Workspace.open(repo).state / "history.jsonl").entries())
-    knobs_only, with_notes = history
+    with_more, knobs_only, with_notes = history
     assert knobs_only.proposer == "patches" and knobs_only.meta["config_from"] == FROM_FILES
     assert knobs_only.meta["config"] == {**START, "batch": 8, "chunk": 64}
     assert "config" not in with_notes.meta  # code (or anything else) beside the knobs: not a configuration
+    assert with_more.files == ("serving.json",) and "config" not in with_more.meta  # the file, beyond the knobs'
+    assert [p.judged for p in history] == [True, True, True]
     seen = observed(history, list(KNOBS))
     assert [o.config for o in seen] == [knobs_only.meta["config"]]
     assert seen[0].value == pytest.approx(math.log(knobs_only.speedup))
     # the optimizer's next proposal was asked after that one judged configuration
     out = episode(repo, "--budget", "1", "--seed", "5")
     assert len(out["proposals"]) == 1
-    (last,) = proposals_of(HistoryLog(Workspace.open(repo).state / "history.jsonl").entries())[2:]
+    (last,) = proposals_of(HistoryLog(Workspace.open(repo).state / "history.jsonl").entries())[3:]
     assert "asked after 1 judged configuration" in last.rationale, last.rationale

@@ -99,7 +99,9 @@ def test_a_baseline_that_drifts_through_a_campaign_is_measured_again_beside_ever
     for title in ("Reword a comment", "Reword the comment again"):
         assert not by[title]["merged"], by[title]
     medians = [p.verdict.objective_summary.baseline_median for p in history(repo) if p.verdict.objective_summary]
-    assert len(medians) == 3 and medians[0] < medians[1] < medians[2], medians  # measured again each time: it drifted
+    # measured again each time: the machine drifted between the first evaluation and the last (two evaluations a
+    # moment apart can read the same; CI saw 1077.45 and 1077.42, then 1388)
+    assert len(medians) == 3 and medians[2] > 1.05 * medians[0], medians
 
 
 # slow on its first run (a cold cache, a JIT, a clock ramp), fast once its cache exists: the cache is kept where a

@@ -215,6 +215,30 @@ def knob_files(sweep: SweepConfig) -> set[str]:
     return {files.file_of(k) for k in files.knobs.values()}
 
 
+def knobs_only(sweep: SweepConfig, before: Callable[[str], str | None], after: Callable[[str], str | None]) -> bool:
+    """Whether the knobs' files differ between ``before`` and ``after`` in the declared knobs' values alone: the
+    same JSON once every knob's path is taken out of both (a change that also sets anything else made a configuration
+    the knob space does not describe, and its measurement is not that configuration's)."""
+    files = Sweep(sweep, gpu=True)
+    paths: dict[str, list[str]] = {}
+    for k in files.knobs.values():
+        paths.setdefault(files.file_of(k), []).append(files.path_of(k))
+    for path, dotted in paths.items():
+        texts = [before(path), after(path)]
+        try:
+            data = [json.loads(t) if t else {} for t in texts]
+        except json.JSONDecodeError:
+            return False
+        if not all(isinstance(d, dict) for d in data):
+            return False
+        for d in data:
+            for name in dotted:
+                _unset(d, name)
+        if data[0] != data[1]:
+            return False
+    return True
+
+
 def _enc(v: Any) -> Any:
     """A knob value as an Optuna choice (None, bool, int, float, str); lists and objects as their JSON text."""
     return v if v is None or isinstance(v, bool | int | float | str) else "json:" + json.dumps(v, sort_keys=True)
