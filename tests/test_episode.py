@@ -80,13 +80,15 @@ timeout_s = 120
 """
 
 
-def make_target(path: Path, trial_timeout_s: int = 4) -> Path:
+def make_target(path: Path, trial_timeout_s: int = 4, bench: str = BENCH, env: str = "") -> Path:
+    """The toy target; ``bench`` replaces its benchmark, ``env`` adds lines to its ``[target.env]``."""
     config = CONFIG.format(python=sys.executable).replace("timeout_s = 4\n", f"timeout_s = {trial_timeout_s}\n")
+    config = config.replace('TOY_CV = "0.02"\n', f'TOY_CV = "0.02"\n{env}')
     repo = make_repo(
         path,
         {
             "agentsearch.toml": config,
-            "bench/bench.py": BENCH,
+            "bench/bench.py": bench,
             "lm.py": LM,
             "src/__init__.py": "",
             "src/engine.py": ENGINE,

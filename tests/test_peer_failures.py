@@ -16,7 +16,6 @@ refused or impossible here, on the toy target with real git, real child processe
 from __future__ import annotations
 
 import json
-import sys
 import time
 from pathlib import Path
 
@@ -24,31 +23,11 @@ from agentsearch.workspace import Workspace
 from history import HistoryLog
 from history.proposals import proposals_of
 
-from .conftest import make_repo, run_cli
-from .test_episode import BENCH, CONFIG, ENGINE, LM, episode_json, patch_from
+from .conftest import run_cli
+from .test_episode import BENCH, ENGINE, episode_json, make_target, patch_from
 
 FAST = ENGINE.replace("SPEED = 1.0", "SPEED = 1.1")  # a real +10%
 NOOP = ENGINE.replace("# the toy", "# the small toy")  # a comment: nothing changes
-
-
-def target(path: Path, bench: str, extra_env: str = "", gate: str = "") -> Path:
-    config = CONFIG.format(python=sys.executable)
-    if extra_env:
-        config = config.replace('TOY_CV = "0.02"\n', f'TOY_CV = "0.02"\n{extra_env}')
-    if gate:
-        config = config.replace("max_pairs = 12\n", gate)
-    repo = make_repo(
-        path,
-        {
-            "agentsearch.toml": config,
-            "bench/bench.py": bench,
-            "lm.py": LM,
-            "src/__init__.py": "",
-            "src/engine.py": ENGINE,
-        },
-    )
-    assert run_cli("init", "-C", str(repo)).returncode == 0
-    return repo
 
 
 def queue(repo: Path, root: Path, patches: dict[str, tuple[str, str]]) -> Path:
@@ -78,7 +57,7 @@ def test_a_baseline_that_drifts_through_a_campaign_is_measured_again_beside_ever
     moves both sides: the no-ops are not merged and the real win is estimated near +10%, while the baseline's own
     median moves with the machine from one evaluation to the next."""
     assert DRIFTING != BENCH
-    repo = target(tmp_path / "toy", DRIFTING, f'TOY_T0 = "{time.time():.3f}"\n')
+    repo = make_target(tmp_path / "toy", bench=DRIFTING, env=f'TOY_T0 = "{time.time():.3f}"\n')
     q = queue(
         repo,
         tmp_path,
@@ -122,7 +101,7 @@ def test_a_cold_candidate_is_not_compared_with_a_warm_baseline(tmp_path):
     not judged a regression and a real +10% win is merged near its own size. (An engine session is warm by design:
     every session, kept or new, starts with unmeasured warm-up rounds on both sides, ``[engine] warmup``.)"""
     assert COLD_FIRST != BENCH
-    repo = target(tmp_path / "toy", COLD_FIRST)
+    repo = make_target(tmp_path / "toy", bench=COLD_FIRST)
     q = queue(repo, tmp_path, {"noop": (NOOP, "Reword a comment"), "fast": (FAST, "Make the engine 10% faster")})
     rc, out = episode_json(repo, "--patches", str(q), "--seed", "5")
     assert rc == 0, out
@@ -149,7 +128,7 @@ def test_a_faster_candidate_without_its_quality_evaluation_is_rejected_and_nothi
     """Hyperloom #1433: a throughput win whose accuracy evaluation could not be produced was promoted by a fallback.
     Here the candidate's logprob run fails (its change breaks the model's numerics code): the distribution check
     fails, the proposal is rejected, and neither `pr` nor `review` treats it as a win."""
-    repo = target(tmp_path / "toy", BENCH)
+    repo = make_target(tmp_path / "toy")
     broken = ENGINE.replace("SPEED = 1.0", "SPEED = 1.5").replace("EPS = 1e-5", 'EPS = "unavailable"')
     q = queue(repo, tmp_path, {"broken-eval": (broken, "Faster, its model evaluation crashes")})
     before = Workspace.open(repo).baseline_commit()
@@ -170,7 +149,7 @@ def test_a_number_never_measured_is_never_reported(tmp_path):
     """GEAK #418: `isolated_speedup 0.0` for kernels never timed. A candidate stopped before its measurement (it
     touches the protected benchmark) has no speedup in the episode's JSON, every figure of its report reads
     "not run", and the insights count it as no effect measured, not as an effect of 0."""
-    repo = target(tmp_path / "toy", BENCH)
+    repo = make_target(tmp_path / "toy")
     q = tmp_path / "queue"
     q.mkdir()
     cheat = patch_from(repo, {"bench/bench.py": BENCH.replace("1000.0", "2000.0")}, "cheat", "Speed up the bench")
