@@ -97,3 +97,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return SLOW_FIRST.index(name) if name in SLOW_FIRST else len(SLOW_FIRST)
 
     items.sort(key=rank)  # stable: the order inside a module is kept
+    from tests.markers import unmarked
+
+    missing = unmarked(items)
+    if missing:
+        raise pytest.UsageError(
+            "tests that start slow machinery without its marker (the fast tier would run them):\n  "
+            + "\n  ".join(missing)
+        )

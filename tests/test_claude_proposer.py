@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from agentsearch.proposers.claude import parse_final
 from agentsearch.workspace import Workspace
 from history import HistoryLog
@@ -89,6 +91,7 @@ def test_parse_final():
     assert parse_final("nothing")["title"] == "agent proposal"
 
 
+@pytest.mark.claude
 def test_agents_experiment_on_the_workbench_and_the_episode_judges_what_they_made(tmp_path):
     repo = claude_target(tmp_path)
     with ScriptedMessagesAPI([WIN, BROKEN_THEN_FIXED, IDLE, LESSONS]) as api:
@@ -151,6 +154,7 @@ def test_agents_experiment_on_the_workbench_and_the_episode_judges_what_they_mad
     assert rep.returncode == 0 and "agent session" in rep.stdout and "measure" in rep.stdout
 
 
+@pytest.mark.claude
 def test_two_agents_at_once_end_in_the_same_verdicts(tmp_path):
     verdicts = {}
     for agents in ("1", "2"):
@@ -179,6 +183,7 @@ def test_two_agents_at_once_end_in_the_same_verdicts(tmp_path):
     )
 
 
+@pytest.mark.claude
 def test_cost_budget_stops_the_episode(tmp_path):
     repo = claude_target(tmp_path)
     with ScriptedMessagesAPI([IDLE] * 9) as api:
@@ -188,6 +193,7 @@ def test_cost_budget_stops_the_episode(tmp_path):
     assert out["judged"] == 1 and out["reason"].startswith("cost budget reached")
 
 
+@pytest.mark.claude
 def test_missing_credentials_is_one_line(tmp_path):
     repo = make_repo(
         tmp_path / "toy", {"agentsearch.toml": toy_config(timeout=5), "bench/bench.py": TOY_BENCH, "speed.txt": "1.0\n"}
@@ -205,6 +211,7 @@ def test_missing_credentials_is_one_line(tmp_path):
     assert proc.returncode == 2 and "ANTHROPIC_API_KEY" in proc.stderr and proc.stderr.count("\n") == 1
 
 
+@pytest.mark.claude
 def test_a_rejected_proposal_is_revised_from_its_change_and_its_verdict(tmp_path):
     repo = claude_target(tmp_path, "revisions = 1\n")
     broken = [  # proposes a broken change without testing it: the gate's functional tests reject it

@@ -132,6 +132,7 @@ def test_group_C_reaches_history_and_nested_verify(tmp_path):
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and str(other) in proc.stderr
 
 
+@pytest.mark.vllm
 def test_C_is_never_dropped_silently(tmp_path):
     proc = run_cli("-C", str(tmp_path), "model", "tiny")
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "takes no target" in proc.stderr

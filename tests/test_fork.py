@@ -6,9 +6,13 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from agentsearch.workspace import Workspace
 
 from .conftest import git, run_cli
+
+pytestmark = pytest.mark.vllm
 
 
 def test_from_installed_vllm_fork_worktree_imports_from_worktree(tmp_path):

@@ -29,6 +29,7 @@ def run_py(code: str, env: dict[str, str] | None = None, timeout: float = 600) -
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.vllm
 def test_references_tolerances_and_cpu_providers_agree_with_the_installed_fork():
     """The trusted copies equal the fork's native implementations and registered tolerances; the CPU
     providers (the C one needs the fork's compiled ops) match on every generated case they accept."""
@@ -118,6 +119,7 @@ def test_generated_cases_cover_zipf_odd_noncontiguous_and_hidden_sets():
     assert sum(c["tokens"] <= 8 for c in bench) > len(bench) // 3  # Zipf: mostly small batches
 
 
+@pytest.mark.vllm
 def test_proposal_files_register_the_provider_and_select_it():
     p = catalog.provider("rms_norm", "agentsearch_cpu")
     text = kfork.module_text(p)

@@ -97,6 +97,7 @@ def run(opts: ClaudeAgentOptions, prompt: str) -> dict[str, Any]:
     return anyio.run(converse, opts, prompt)
 
 
+@pytest.mark.claude
 def test_cli_runs_scripted_mcp_tool_calls_and_reports_usage(tmp_path: Path) -> None:
     script: list[list[dict[str, Any]]] = [
         [
@@ -149,6 +150,7 @@ def test_cli_runs_scripted_mcp_tool_calls_and_reports_usage(tmp_path: Path) -> N
 
 
 @pytest.mark.filterwarnings("ignore::claude_agent_sdk.types.CanUseToolShadowedWarning")
+@pytest.mark.claude
 def test_builtin_tool_is_not_run_when_tools_are_off(tmp_path: Path) -> None:
     target = tmp_path / "x"
     script: list[list[dict[str, Any]]] = [
@@ -178,6 +180,7 @@ def test_builtin_tool_is_not_run_when_tools_are_off(tmp_path: Path) -> None:
     assert out["result"].result == "gave up" and not out["result"].is_error
 
 
+@pytest.mark.claude
 def test_permission_callback_is_asked_for_tools_not_in_allowed_tools(tmp_path: Path) -> None:
     script: list[list[dict[str, Any]]] = [
         [
@@ -361,6 +364,7 @@ def test_stream_reassembles_tool_input() -> None:
 
 
 @pytest.mark.filterwarnings("ignore::claude_agent_sdk.types.CanUseToolShadowedWarning")
+@pytest.mark.claude
 def test_two_clis_at_once_each_get_their_own_script(tmp_path: Path) -> None:
     script: list[list[dict[str, Any]]] = [
         [

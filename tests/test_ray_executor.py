@@ -147,6 +147,7 @@ def _running(cluster) -> dict | None:
     return None
 
 
+@pytest.mark.ray
 def test_executor_settings_are_validated_in_one_line(tmp_path):
     from agentsearch.config import load_config_text
     from agentsearch.errors import ConfigError
@@ -198,6 +199,7 @@ def test_a_node_that_cannot_isolate_serving_is_the_runs_error(tmp_path, monkeypa
     assert node.serving_unisolated(Workspace.open(plain), Workspace.open(plain).baseline_commit()) == ""
 
 
+@pytest.mark.ray
 def test_an_evaluation_that_never_gets_a_place_is_a_fault_not_a_hang(cluster):
     """Every worker node's CPU is taken by other work on the cluster: the evaluation's placement group
     waits, and after the executor's place timeout it comes back as a fault (judged again elsewhere),
@@ -266,6 +268,7 @@ def test_a_node_that_keeps_losing_evaluations_is_drained():
     assert x._pick(None) is None and x.free() == 0  # the drained node gets nothing, even with room
 
 
+@pytest.mark.ray
 def test_parallel_episode_matches_the_local_loop(tmp_path, cluster, reference):
     print(f"ray cluster start: {cluster.start_s:.1f} s")
     repo = make_target(tmp_path / "toy")
@@ -304,6 +307,7 @@ def test_parallel_episode_matches_the_local_loop(tmp_path, cluster, reference):
         assert again["baseline"] == s["new_baseline"]
 
 
+@pytest.mark.ray
 def test_orchestrator_sigkill_then_resume_reaches_the_same_end(tmp_path, cluster, reference):
     repo = make_target(tmp_path / "toy")
     write_queue(repo, tmp_path / "queue", full=False)
@@ -323,6 +327,7 @@ def test_orchestrator_sigkill_then_resume_reaches_the_same_end(tmp_path, cluster
     assert sum(1 for e in entries if e.kind == "episode-resumed") == 1
 
 
+@pytest.mark.ray
 def test_worker_node_killed_mid_evaluation_is_judged_again_elsewhere(tmp_path, cluster, reference):
     repo = make_target(tmp_path / "toy")
     write_queue(repo, tmp_path / "queue", full=False)
@@ -366,6 +371,7 @@ def test_worker_node_killed_mid_evaluation_is_judged_again_elsewhere(tmp_path, c
     ]
 
 
+@pytest.mark.ray
 def test_round3_channels_stay_closed_on_a_ray_node(tmp_path, cluster):
     """Red team, round 3, on the Ray executor: a keyring marker and a bit written into an access time, judged on
     a worker node, are rejected as on the local executor; main and the host's keyring stay untouched."""
@@ -396,6 +402,7 @@ def test_round3_channels_stay_closed_on_a_ray_node(tmp_path, cluster):
     assert any(e.kind == "verdict" and e.data.get("node") for e in entries)  # judged on a node
 
 
+@pytest.mark.ray
 def test_agent_sessions_at_once_feed_the_ray_executor(tmp_path, cluster):
     """`--proposer claude --agents 2 --executor ray`: two real CLI sessions (scripted API) run at once on the
     orchestrator; each proposal is judged on a worker node as its session finishes."""

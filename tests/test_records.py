@@ -21,11 +21,12 @@ from .conftest import ROOT, run_cli
 FIXTURE = ROOT / "tests" / "fixtures" / "schema1-target.tar.gz"
 # every released history format, as the code of its time wrote it (tests/fixtures/make_schema1_history.py, run
 # from that code's checkout): 0.1.0 as of 2026-11-30 11:34 (010faf8) and as of its early days (before
-# 09d6235: insights did not count reverts yet, and GitPython was a dependency), 0.3.0, 0.4.0 (with a stack
+# 09d6235: insights did not count reverts yet, and GitPython was a dependency), 0.2.0, 0.3.0, 0.4.0 (with a stack
 # check and a bisection), 0.5.0, 0.6.0 (a stack check with its guards), 0.7.0 and 0.8.0
 FIXTURES = {
     "0.1.0": FIXTURE,
     "0.1.0-early": ROOT / "tests" / "fixtures" / "history-0.1.0-early.tar.gz",
+    "0.2.0": ROOT / "tests" / "fixtures" / "history-0.2.0.tar.gz",
     "0.3.0": ROOT / "tests" / "fixtures" / "history-0.3.0.tar.gz",
     "0.4.0": ROOT / "tests" / "fixtures" / "history-0.4.0.tar.gz",
     "0.5.0": ROOT / "tests" / "fixtures" / "history-0.5.0.tar.gz",
@@ -33,7 +34,7 @@ FIXTURES = {
     "0.7.0": ROOT / "tests" / "fixtures" / "history-0.7.0.tar.gz",
     "0.8.0": ROOT / "tests" / "fixtures" / "history-0.8.0.tar.gz",
 }
-WROTE_SCHEMA = {"0.1.0": 1, "0.1.0-early": 1, "0.3.0": 2, "0.4.0": 2, "0.5.0": 2, "0.6.0": 2, "0.7.0": 2, "0.8.0": 2}
+WROTE_SCHEMA = {"0.1.0": 1, "0.1.0-early": 1, "0.2.0": 2, "0.3.0": 2, "0.4.0": 2, "0.5.0": 2, "0.6.0": 2, "0.7.0": 2, "0.8.0": 2}
 
 
 def unpack(fixture: Path, into: Path) -> Path:

@@ -183,6 +183,7 @@ def test_reports_of_rejections_name_the_reason_and_reproduce(judged, tmp_path):
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1
 
 
+@pytest.mark.browser
 def test_html_report_loads_in_headless_chromium_with_verdict_and_plots(judged, tmp_path):
     """The page as a browser builds it: the headline with number and unit, every plot drawn, and
     every axis of every plot labelled "quantity (unit)" (inline SVG keeps the labels as text)."""

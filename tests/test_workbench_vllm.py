@@ -15,6 +15,8 @@ from kernels import fork as kfork
 
 from .test_vllm_integration import FAST_CONFIG, make_fork, serving
 
+pytestmark = pytest.mark.vllm
+
 VERIFY = (
     '\n[verify]\nkind = "vllm"\ncorpus_size = 16\nmax_tokens = 8\nsample = false\n'
     'engine = {{ distributed_executor_backend = "uni" }}\n'

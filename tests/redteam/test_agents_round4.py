@@ -18,6 +18,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from agentsearch.proposers.patches import PatchQueue
 from agentsearch.workbench import Workbench
 from agentsearch.workspace import Workspace
@@ -75,6 +77,7 @@ def _final(title: str, rationale: str = "done") -> dict:
     return {"text": json.dumps({"title": title, "rationale": rationale, "category": "other"}, ensure_ascii=False)}
 
 
+@pytest.mark.claude
 def test_a_turn_of_slow_greps_cannot_stall_the_episode(tmp_path):
     """The attack: sixteen slow `grep`s in one turn ran 86 s against max_tool_seconds = 10 (file tools were never
     refused, each got a 5 s floor). Now: a turn's calls past max_calls_per_turn are refused before they run, the
@@ -194,6 +197,7 @@ def _invisible(s: str) -> list[str]:
     return sorted({f"U+{ord(c):04X}" for c in s if text.clean(c) == "" and not c.isspace()})
 
 
+@pytest.mark.claude
 def test_an_instruction_hidden_in_invisible_characters_reaches_no_one(tmp_path):
     """The attack: an agent's title "docs: typo" carried an instruction in Unicode tag characters (U+E0000-E007F),
     which text cleaning kept: it reached the history record and the next agent's prompt while `history` showed

@@ -18,6 +18,8 @@ import pytest
 
 from ..conftest import commit, git, run_cli
 
+pytestmark = pytest.mark.vllm
+
 CHEATS = {
     # the input normalised in place (a copy returned): the caller's activations are destroyed
     "mutate": """

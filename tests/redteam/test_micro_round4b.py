@@ -385,6 +385,7 @@ PROBES = {"sidecar"}  # honest kernels that only look for a way out: they must f
 
 
 @pytest.mark.parametrize("name", list(CHEATS_4B))
+@pytest.mark.vllm
 def test_round4b_cheat_is_rejected(rfork, name):
     rc, out = _run(rfork, name)
     if name in PROBES:

@@ -19,6 +19,8 @@ import pytest
 from ..conftest import commit, git, run_cli
 from .test_kernel_cheats import DEF, MODULE, bench
 
+pytestmark = pytest.mark.vllm
+
 BREACH = "the worker's clock disagrees with the orchestrator's"
 # each call sleeps 0.1 ms; the worker's clock (``__main__._clock``) rebound to run at 1/10 speed: it used to
 # pass the micro stage as faster than the baseline
