@@ -61,7 +61,7 @@ from .gate import Check, Status, judge
 from .gate_design import design_for, workload_design
 from .headline import unit as metric_unit
 from .progress import Say
-from .sides import Sides
+from .sides import Sides, is_resolver
 from .verify import ReferenceFailed, run_verify
 from .warm_baseline import WarmBaseline, is_baseline_engine
 from .workloads import (
@@ -340,7 +340,8 @@ def _run_checks(
         with sides_mod.sides(ws, config, {BASELINE: base, CANDIDATE: cand}, tag, box, keep=keep, kept=kept) as sd:
             if kept is not None:
                 pool.adopt(kept.engines)
-                st.baseline_side, st.baseline_engines_reused, kept.engines = "warm", len(kept.engines), {}
+                engines = [k for k in kept.engines if not is_resolver(k)]  # a kept resolving worker is no engine
+                st.baseline_side, st.baseline_engines_reused, kept.engines = "warm", len(engines), {}
                 say(
                     "build", f"baseline side warm from the previous evaluation ({st.baseline_engines_reused} engine(s))"
                 )
@@ -952,8 +953,15 @@ def _takes_effect(ctx: _Ctx) -> bool:
     from . import takes_effect
 
     w = ctx.config.objective
+    # in an episode the baseline's resolving worker is kept with its side: the next serving-only change resolves warm
     status, detail, failure = takes_effect.check(
-        ctx.ws.repo_dir, ctx.config, ctx.base, ctx.cand, ctx.sd, min(w.startup_timeout_s, 300.0)
+        ctx.ws.repo_dir,
+        ctx.config,
+        ctx.base,
+        ctx.cand,
+        ctx.sd,
+        min(w.startup_timeout_s, 300.0),
+        ctx.pool if ctx.warm else None,
     )
     ctx.st.add(CheckName.TAKES_EFFECT, status, detail, failure)
     if status != Status.SKIPPED:

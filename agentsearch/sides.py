@@ -184,6 +184,15 @@ def describe_change(before: Snapshot, after: Snapshot) -> str:
     return "; ".join(parts)
 
 
+RESOLVER = f"{BASELINE}/resolve/"  # EnginePool key prefix of a kept baseline's resolving worker (not an engine)
+
+
+def is_resolver(key: str) -> bool:
+    """Whether an EnginePool key is a baseline side's resolving worker (``workloads.resolve_sides``), kept warm with
+    the side between decisions."""
+    return key.startswith(RESOLVER)
+
+
 @dataclass
 class KeptBaseline:
     """The baseline side as an evaluation built it, kept for the next one (``agentsearch.warm_baseline``)."""

@@ -18,6 +18,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from harness.engine_pool import EnginePool
 from harness.trials import BASELINE, CANDIDATE
 from harness.worker_protocol import SERVING_FILE, read_serving
 from history.records import FailureKind, text
@@ -80,17 +81,18 @@ def runtime_env(serving: Mapping[str, Any]) -> dict[str, str]:
 
 
 def check(
-    repo_dir: Any, config: Config, base: str, cand: str, sd: Sides, timeout_s: float
+    repo_dir: Any, config: Config, base: str, cand: str, sd: Sides, timeout_s: float, pool: EnginePool | None = None
 ) -> tuple[Status, str, FailureKind | None]:
     """(status, detail, failure) of ``takes-effect`` for the objective workload (SKIPPED: not a serving-only change,
-    no engine workload, or the baseline's configuration did not resolve — then measured as always)."""
+    no engine workload, or the baseline's configuration did not resolve — then measured as always). With ``pool``,
+    the baseline's resolving worker is kept there and resolves the next candidate warm (``resolve_sides``)."""
     files = {p for c in git.diff_changes(repo_dir, base, cand) for p in c.paths}
     if files != {SERVING_FILE}:
         return Status.SKIPPED, "the change is not to serving.json alone: code is judged by measuring it", None
     workload: WorkloadConfig = config.objective
     if not workload.spec.engine:
         return Status.SKIPPED, f"the objective {workload.name!r} runs no vLLM engine to resolve", None
-    got = resolve_sides(config, workload, sd, timeout_s)
+    got = resolve_sides(config, workload, sd, timeout_s, pool)
     b, c = got.get(BASELINE), got.get(CANDIDATE)
     if not isinstance(b, dict):
         why = text.clean(b, 200, one_line=True)
@@ -112,6 +114,9 @@ def check(
     diffs = differences(b["config"], c["config"]) + differences(env_b, env_c, "env")
     runtime = differences(runtime_env(sb), runtime_env(sc), "env")
     kept = " (the baseline's resolution kept from the previous decision)" if b.get("kept") else ""
+    if c.get("warm"):
+        kept = " (the baseline's resolution kept from the previous decision; the candidate resolved by the baseline's "
+        kept += "warm resolving worker: the same code, in the same environment)"
     if diffs or runtime:
         shown = (named_first(diffs, changed) + [f"{r} (read by the runtime)" for r in runtime])[:SHOWN]
         more = len(diffs) + len(runtime) - len(shown)

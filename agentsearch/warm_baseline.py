@@ -34,7 +34,7 @@ from pathlib import Path
 from harness.engine_pool import EnginePool
 from harness.trials import BASELINE
 
-from .sides import KeptBaseline, remove_worktree, scratch_dir, snapshot
+from .sides import KeptBaseline, is_resolver, remove_worktree, scratch_dir, snapshot
 from .workspace import Workspace
 
 
@@ -75,7 +75,8 @@ class WarmBaseline:
         """After a clean evaluation: keep the baseline engines that may serve another evaluation (parked),
         close every other engine of ``pool``, and keep the side for the next evaluation."""
         uses = {key: kept.uses.get(key, 0) + 1 for key in pool.engines if is_baseline_engine(key)}
-        kept.engines = pool.release(lambda key: key in uses and uses[key] < self.reuse)
+        # a resolving worker serves as many decisions as the side lasts: it measures nothing, so nothing wears
+        kept.engines = pool.release(lambda key: key in uses and (uses[key] < self.reuse or is_resolver(key)))
         kept.uses = {key: uses[key] for key in kept.engines}
         kept.evaluations += 1
         self.kept = kept

@@ -12,7 +12,7 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from harness import environment, models, outputs_rule, serving_load
@@ -25,13 +25,15 @@ from harness.quiet import Probe
 from harness.serve_session import ServeSession
 from harness.serve_session import instrument as serve_instrument
 from harness.trials import BASELINE, CANDIDATE, CHANGED_OUTPUTS, WORKTREE_CHANGED, CommandSpec, TrialOutcome
-from harness.worker_protocol import WorkerError
+from harness.worker_protocol import WorkerError, read_serving, serving_env
 
 from .config import Config, WorkloadConfig, parse_cpus
 from .errors import AgentsearchError
 
 if TYPE_CHECKING:
     from .sides import Sides
+
+from .sides import RESOLVER
 
 
 class UnsupportedWorkload(AgentsearchError):
@@ -657,11 +659,20 @@ __all__ = [
 ]
 
 
-def resolve_sides(config: Config, workload: WorkloadConfig, sd: Sides, timeout_s: float) -> dict[str, dict | str]:
+def resolve_sides(
+    config: Config, workload: WorkloadConfig, sd: Sides, timeout_s: float, pool: EnginePool | None = None
+) -> dict[str, dict | str]:
     """Each side's engine configuration and environment as its own vLLM resolves them for ``workload`` (the worker's
     ``--resolve``, in the side's sandbox and environment: no engine starts), both at once: side -> the resolution,
     or the one-line error that stopped it. A kept baseline side's earlier resolution of the same arguments is reused
-    (marked ``kept``): the candidate alone is resolved."""
+    (marked ``kept``): the candidate alone is resolved.
+
+    With a ``pool`` (an evaluation's in an episode), the baseline's resolving worker stays in it, parked, under a
+    ``RESOLVER`` key (kept with the baseline side between the episode's decisions). The caller has checked that the
+    two sides differ in ``serving.json`` alone, so their code is the same; when the placement gives both sides'
+    workers the same variables, that worker resolves the candidate's file (its engine section, its variables over
+    the baseline's; marked ``warm``): vLLM imported once, a no-op decided in seconds. It must answer the baseline's
+    own file as it did before its answer counts; else it is retired and both sides resolve cold again."""
     place = placement_for(config)
     spec = engine_spec(workload)
     spec["engine"] = place.engine_args(spec["engine"])
@@ -684,9 +695,17 @@ def resolve_sides(config: Config, workload: WorkloadConfig, sd: Sides, timeout_s
     key = hashlib.sha256(
         json.dumps([sd.commits[BASELINE], spec, sessions[BASELINE].env], sort_keys=True, default=str).encode()
     ).hexdigest()
+    # a warm resolver needs the two sides' workers in one environment but for serving.json (placement's per side too)
+    warmable = pool is not None and place.env(BASELINE, 0) == place.env(CANDIDATE, 0)
     if sd.kept is not None and isinstance(sd.resolutions.get(key), dict):
-        out[BASELINE] = {**sd.resolutions[key], "kept": True}
-        del sessions[BASELINE]
+        if pool is not None and warmable:
+            warm = _warm_candidate(pool, RESOLVER + key, sd.resolutions[key], sd, timeout_s)
+            if warm is not None:
+                return {BASELINE: {**sd.resolutions[key], "kept": True}, CANDIDATE: warm}
+        if not warmable or (pool is not None and RESOLVER + key in pool.engines):
+            out[BASELINE] = {**sd.resolutions[key], "kept": True}
+            del sessions[BASELINE]
+        # else no warm resolver (never made, or retired): the baseline's is started again beside the candidate's
     # both at once, unless the placement runs one engine at a time (alternate: a device's memory is one side's)
     waves = [[side] for side in sessions] if place.exclusive else [list(sessions)]
     try:
@@ -699,7 +718,11 @@ def resolve_sides(config: Config, workload: WorkloadConfig, sd: Sides, timeout_s
                 except WorkerError as exc:
                     out[side] = str(exc) or "the resolving worker failed"
                 finally:
-                    sessions[side].close()
+                    if side == BASELINE and pool is not None and warmable and isinstance(out.get(side), dict):
+                        sessions[side].park()  # the warm resolver: the pool closes it, or keeps it with the side
+                        pool.engines[RESOLVER + key] = sessions.pop(side)
+                    else:
+                        sessions[side].close()
     finally:
         for s in sessions.values():
             s.close()
@@ -707,3 +730,45 @@ def resolve_sides(config: Config, workload: WorkloadConfig, sd: Sides, timeout_s
     if isinstance(got, dict):
         sd.resolutions[key] = {k: v for k, v in got.items() if k != "kept"}
     return out
+
+
+def _warm_candidate(
+    pool: EnginePool, key: str, baseline: Mapping[str, Any], sd: Sides, timeout_s: float
+) -> dict[str, Any] | None:
+    """The candidate's resolution by the baseline's kept resolving worker, or None: resolve it cold (no warm worker,
+    an unreadable serving.json, a worker that failed, or one that no longer answers the baseline's own file as it
+    did)."""
+    warm = pool.engines.get(key)
+    if warm is None:
+        return None
+    try:
+        served = {side: read_serving(sd.worktrees[side]) for side in (BASELINE, CANDIDATE)}
+        envs = {side: serving_env(sd.worktrees[side]) for side in (BASELINE, CANDIDATE)}
+        sections = {side: (s if isinstance(s, dict) else {}).get("engine", {}) for side, s in served.items()}
+    except Exception:  # noqa: BLE001 - an unreadable serving.json or a refused variable: the candidate's worker says
+        return None
+    # the worker runs with the baseline's serving env: the candidate's over it, the baseline's own unset
+    over: dict[str, str | None] = {**dict.fromkeys(envs[BASELINE]), **envs[CANDIDATE]}
+    try:
+        got = warm.resolve_again(sections[CANDIDATE], over, timeout_s)
+        # the same worker, asked the baseline's own file again, must answer what it answered cold: a request that
+        # changed what it resolves (arguments that register or import something) is caught here
+        again = warm.resolve_again(sections[BASELINE], {}, timeout_s)
+    except WorkerError:  # the warm worker is gone (a section it failed on ends it): the candidate's own decides
+        pool.retire(key)
+        return None
+    if _disagree(baseline, again):
+        pool.retire(key)
+        return None
+    return {**got, "warm": True}
+
+
+def _disagree(before: Mapping[str, Any], now: Mapping[str, Any]) -> bool:
+    """Whether a resolution differs from an earlier one of the same arguments, in what the earlier one holds."""
+
+    def walk(a: Any, b: Any) -> bool:
+        if isinstance(a, Mapping):
+            return not isinstance(b, Mapping) or any(k not in b or walk(v, b[k]) for k, v in a.items())
+        return a != b
+
+    return any(walk(before.get(part), now.get(part)) for part in ("config", "env"))

@@ -420,7 +420,24 @@ class ResolveSession(WorkerSession):
         if self.start_error:
             cause = self._engine_error()
             raise WorkerError(self.start_error + (f" ({cause})" if cause and cause not in self.start_error else ""))
-        got = self.ready.get("resolved")
-        if not isinstance(got, dict) or not all(isinstance(got.get(k), dict) for k in ("config", "env")):
-            raise WorkerError("the resolving worker answered no configuration")
-        return got
+        return _resolution(self.ready.get("resolved"))
+
+    def resolve_again(self, engine: Any, env: Mapping[str, str | None], timeout_s: float) -> dict[str, Any]:
+        """The same side's code resolving another ``serving.json``: ``engine`` is that file's ``engine`` value as read,
+        ``env`` the variables its ``env`` sets over this worker's (None: unset): what the other side's worker would
+        answer when the two differ in ``serving.json`` alone. The worker waits parked between requests. WorkerError
+        when it failed or answered nonsense."""
+        self.unpark()
+        try:
+            msg = self.request({"cmd": "resolve", "engine": engine, "env": dict(env)}, timeout_s)
+        finally:
+            self.park()
+        if msg.get("event") != "result":
+            raise WorkerError(str(msg.get("error") or "the resolving worker answered no configuration"))
+        return _resolution(msg.get("resolved"))
+
+
+def _resolution(got: Any) -> dict[str, Any]:
+    if not isinstance(got, dict) or not all(isinstance(got.get(k), dict) for k in ("config", "env")):
+        raise WorkerError("the resolving worker answered no configuration")
+    return got

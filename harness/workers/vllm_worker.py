@@ -90,7 +90,12 @@ def engine_arguments(spec: dict) -> dict:
     (the reference run in the candidate's regime; None: the engine's own default)."""
     engine = dict(spec.get("engine", {}))
     serving = os.path.join(os.getcwd(), SERVING_FILE)
-    if os.path.exists(serving):
+    if "serving_engine" in spec:  # another worktree's serving.json engine section (a warm resolver's request)
+        over = spec["serving_engine"]
+        if not isinstance(over, dict):
+            raise ValueError("serving.json: engine must be an object of engine arguments")
+        engine.update(over)
+    elif os.path.exists(serving):
         with open(serving) as fh:
             over = json.load(fh).get("engine", {})
         if not isinstance(over, dict):
@@ -135,7 +140,29 @@ def stable(a, b):
     return a
 
 
-def resolve(spec: dict) -> dict:
+def resolve_with(spec: dict, env: dict) -> dict:
+    """``resolve`` in this process with ``env`` over its environment (a value of None: unset), then the environment as
+    it was: a kept resolving worker answering for another serving.json's variables (read by vLLM per access, as
+    ``vllm.envs`` does until an engine's core caches them, which no resolution does)."""
+    saved = {k: os.environ.get(k) for k in env}
+    try:
+        for k, v in env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = str(v)
+        return resolve(
+            spec, (GIVEN_ENV - {k for k, v in env.items() if v is None}) | {k for k, v in env.items() if v is not None}
+        )
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def resolve(spec: dict, given: frozenset = GIVEN_ENV) -> dict:
     """The engine's configuration as vLLM resolves it from these arguments and this environment, without starting
     an engine: every config object (``EngineArgs.create_engine_config``, twice: only what both agree on), every
     environment variable vLLM reads (``vllm.envs``, as parsed), and the ``VLLM_`` variables it does not know (it
@@ -166,7 +193,7 @@ def resolve(spec: dict) -> dict:
         "env": stable(read_env(), read_env()),  # a default drawn per read (a buffer's random name) says nothing
         "unknown_env": sorted(k for k in os.environ if k.startswith("VLLM_") and k not in envs.environment_variables),
         # the variables this process was given (the others are vLLM's defaults, some drawn per process)
-        "set_env": sorted(k for k in envs.environment_variables if k in GIVEN_ENV),
+        "set_env": sorted(k for k in envs.environment_variables if k in given),
         "engine_args": engine,
         "resolve_s": time.perf_counter() - t0,
     }
@@ -587,6 +614,20 @@ def main() -> int:
         spec = json.loads(args.spec)
         if args.resolve:
             send({"event": "ready", "resolved": resolve(spec)})
+            # kept warm by the orchestrator: the same code resolves another serving.json's engine section (a
+            # candidate that changes serving.json alone, in the same environment), vLLM already imported
+            for line in sys.stdin:
+                if not line.strip():
+                    continue
+                cmd = json.loads(line)
+                if cmd["cmd"] == "quit":
+                    break
+                if cmd["cmd"] != "resolve":
+                    raise ValueError(f"unknown command {cmd['cmd']!r} for a resolving worker")
+                env = cmd.get("env") or {}
+                if not isinstance(env, dict):
+                    raise ValueError("a resolve request's env must be an object")
+                send({"event": "result", "resolved": resolve_with({**spec, "serving_engine": cmd.get("engine")}, env)})
             return 0
         eng = Engine(spec)
         send(

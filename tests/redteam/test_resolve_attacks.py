@@ -15,8 +15,9 @@ and on failing closed:
 - nothing of either run is left behind (no engine started, no worker alive).
 
 It is also the suite's test that a knob vLLM ignores is rejected before any engine starts (moved here from
-tests/test_vllm_integration.py). Cost: one fork (about 12 s) and one episode of three serving-only proposals,
-resolved and never measured (about 10-20 s each on the 2-core machine).
+tests/test_vllm_integration.py), and that a kept baseline's resolving worker answers a candidate's serving.json as
+the candidate's own worker does. Cost: one fork (about 12 s), one episode of four serving-only proposals, resolved
+and never measured (about 10-20 s each cold, a few seconds warm, on the 2-core machine), and three resolutions.
 """
 
 from __future__ import annotations
@@ -59,6 +60,9 @@ def test_resolving_a_hostile_serving_file_rejects_it_cleanly_and_shows_nothing_a
     again = {**base, "env": {**env, "VLLM_ALSO_NOT_A_SETTING": "1"}}
     commit(fork, {"serving.json": json.dumps(again, indent=2) + "\n"}, "c: another one", branch="r/c")
     git(fork, "checkout", "-q", "main")
+    quiet = {**base, "engine": {**(base.get("engine") or {}), "disable_log_stats": True}}  # in no config of vLLM's
+    commit(fork, {"serving.json": json.dumps(quiet, indent=2) + "\n"}, "d: an argument of no effect", branch="r/d")
+    git(fork, "checkout", "-q", "main")
     main = git(fork, "rev-parse", "main").strip()
 
     proc = run_cli("episode", "-C", str(fork), "--branches", "r/*", "--seed", "3", "--json", timeout=900)
@@ -66,12 +70,12 @@ def test_resolving_a_hostile_serving_file_rejects_it_cleanly_and_shows_nothing_a
     assert ESC not in proc.stderr, [ln for ln in proc.stderr.splitlines() if ESC in ln]  # progress names details
     out = json.loads(proc.stdout)
     by = {p["title"][:1]: p for p in out["proposals"]}
-    assert set(by) == {"a", "b", "c"} and git(fork, "rev-parse", "main").strip() == main  # nothing merged
+    assert set(by) == {"a", "b", "c", "d"} and git(fork, "rev-parse", "main").strip() == main  # nothing merged
 
     recorded = {
         p.created.title[:1]: p for p in proposals_of(HistoryLog(Workspace.open(fork).state / "history.jsonl").entries())
     }
-    for key in ("a", "b", "c"):  # each rejected by the resolve step, before any engine started
+    for key in ("a", "b", "c", "d"):  # each rejected by the resolve step, before any engine started
         v = recorded[key].verdict
         assert v.failed_check == "takes-effect" and v.timing.engine_starts == 0, (v.failed_check, v.timing)
 
@@ -95,10 +99,15 @@ def test_resolving_a_hostile_serving_file_rejects_it_cleanly_and_shows_nothing_a
     # every place a person reads the details: the terminal's history, the Markdown report, the PR body (rendered)
     hist = run_cli("history", "-C", str(fork))
     assert hist.returncode == 0 and ESC not in hist.stdout, repr(hist.stdout[-800:])
-    # the third: the kept baseline side's resolution of the same arguments was reused (the candidate alone resolved)
-    why_c = " ".join(by["c"]["reasons"])
-    assert "no effect" in why_c and "the baseline's resolution kept from the previous decision" in why_c, why_c
-    assert "kept from the previous" not in why  # the first resolved both sides
+    # the first resolved both sides and kept the baseline's resolving worker; the second's refused argument ended that
+    # worker (its own worker then refused it); the third and fourth: the baseline's resolution kept, the candidate's
+    # file resolved by the baseline's worker started again beside the second's (its variables, its engine section)
+    assert "kept from the previous" not in why
+    for key in ("c", "d"):
+        why_k = " ".join(by[key]["reasons"])
+        assert "no effect" in why_k and "the baseline's resolution kept from the previous decision" in why_k, why_k
+        assert "the candidate resolved by the baseline's warm resolving worker" in why_k, why_k
+    assert "disable_log_stats" in " ".join(by["d"]["reasons"])
 
     for p in (a, b):
         rep = run_cli("report", "-C", str(fork), p["proposal"])
@@ -112,3 +121,53 @@ def test_resolving_a_hostile_serving_file_rejects_it_cleanly_and_shows_nothing_a
             assert "<!--" not in html and "<script>" not in html and "</table><script>" not in html
             assert "<h2>merged" not in html  # the name's "## merged" is no heading
             assert "takes-effect" in html  # the check is shown, not hidden behind the name
+
+
+# ============================================================================ the warm resolving worker
+def _session(where, serving: dict):
+    from harness import tiny_model
+    from harness.engine_session import ResolveSession
+
+    where.mkdir()
+    (where / "serving.json").write_text(json.dumps(serving))
+    spec = {"kind": "vllm-throughput", "model": str(tiny_model.ensure()), "engine": {"enforce_eager": True}}
+    return ResolveSession(spec, where, {}, where / "resolve.log", "output_tok_s", 300.0, 300.0)
+
+
+def test_a_warm_resolver_answers_another_serving_file_as_that_files_own_worker_does(tmp_path):
+    """What a kept baseline's resolving worker answers for a candidate's serving.json (its engine section and its
+    variables) is what the candidate's own worker answers cold, and a request leaves nothing behind for the next."""
+    from agentsearch.takes_effect import differences
+
+    base = {"engine": {"max_num_seqs": 4}, "env": {"VLLM_CPU_KVCACHE_SPACE": "2"}}
+    cand = {"engine": {"max_num_seqs": 8}, "env": {"VLLM_NOT_A_SETTING": "1"}}
+    warm, cold = _session(tmp_path / "b", base), _session(tmp_path / "c", cand)
+    try:
+        warm.start()
+        cold.start()
+        first, own = warm.resolved(), cold.resolved()
+        # the candidate's file over the baseline's: its section, its variables, the baseline's own unset
+        got = warm.resolve_again(cand["engine"], {"VLLM_CPU_KVCACHE_SPACE": None, "VLLM_NOT_A_SETTING": "1"}, 120.0)
+        assert got["config"]["scheduler_config"]["max_num_seqs"] == 8
+        assert differences(own["config"], got["config"]) == []
+        # the variables as takes-effect compares them: those either side sets (vLLM draws some defaults per process)
+        def set_by(*res):
+            names = {n for r in res for n in r["set_env"]}
+            return [{k: v for k, v in r["env"].items() if k in names} for r in res]
+
+        assert got["set_env"] == own["set_env"] and got["unknown_env"] == own["unknown_env"] == ["VLLM_NOT_A_SETTING"]
+        assert differences(*set_by(own, got)) == []
+        assert differences(*set_by(first, got)), "the baseline's variable was unset for the request"
+        # asked for the baseline's own file again: what it answered cold (nothing of the request stayed)
+        again = warm.resolve_again(base["engine"], {}, 120.0)
+        assert differences(first["config"], again["config"]) == [] and differences(*set_by(first, again)) == []
+        assert again["unknown_env"] == first["unknown_env"] == [] and again["set_env"] == first["set_env"]
+        # a section vLLM refuses ends the worker with the error, as it ends the candidate's own
+        from harness.worker_protocol import WorkerError
+
+        with pytest.raises(WorkerError, match="not_an_engine_argument"):
+            warm.resolve_again({"not_an_engine_argument": 1}, {}, 120.0)
+    finally:
+        warm.close()
+        cold.close()
+    assert warm.proc is None and cold.proc is None
