@@ -106,15 +106,9 @@ def _server(bench: Any) -> Any:
     return create_sdk_mcp_server(SERVER, tools=tools)
 
 
-def run_session(
-    prompt: str, home: Path, model: str | None, max_turns: int, max_cost_usd: float | None = None, bench: Any = None
-) -> dict[str, Any]:
-    """One agent session through the SDK and the CLI; never raises (an error is part of the outcome).
-    ``home``: the session's private directory (the CLI's cwd is ``home/cli``, its $HOME ``home/home``).
-    ``bench``: the workbench whose tools the agent gets (None: no tools at all)."""
-    import anyio
-
-    out: dict[str, Any] = {
+def _outcome() -> dict[str, Any]:
+    """A session's outcome before it runs: no text, nothing spent, no error."""
+    return {
         "text": "",
         "cost_usd": 0.0,
         "tokens_in": 0,
@@ -123,112 +117,147 @@ def run_session(
         "error": "",
         "session_s": 0.0,
     }
+
+
+class _Fence:
+    """The session's side of the fence: the tools the agent has, the model turn that made each call, and the
+    workbench's per-turn cap and record of refusals (``bench`` None: no tools at all)."""
+
+    def __init__(self, bench: Any) -> None:
+        self.bench = bench
+        self.allowed = tool_names(bench) if bench is not None else []
+        self.turn_of: dict[str, str] = {}  # tool_use id -> the model turn (message id) that made it
+
+    async def pre_tool_use(self, data: Any, tool_use_id: str | None, _context: Any) -> Any:
+        """The workbench's per-turn cap, before a call runs: the CLI writes the model's message before it
+        asks this hook, so its id is known here after at most a few passes of the event loop."""
+        import anyio
+
+        tool = str((data or {}).get("tool_name") or "")
+        if self.bench is None or tool not in self.allowed:
+            return {}
+        key = str(tool_use_id or (data or {}).get("tool_use_id") or "")
+        for _ in range(1000):  # ~5 s at most; unknown then: refused
+            if key in self.turn_of:
+                break
+            await anyio.sleep(0.005)
+        args = (data or {}).get("tool_input")
+        why = await anyio.to_thread.run_sync(
+            self.bench.admit,
+            self.turn_of.get(key, ""),
+            tool[len(f"mcp__{SERVER}__") :],
+            args if isinstance(args, dict) else {},
+        )
+        if not why:
+            return {}
+        return {
+            "hookSpecificOutput": {
+                "hookEventName": "PreToolUse",
+                "permissionDecision": "deny",
+                "permissionDecisionReason": why,
+            }
+        }
+
+    async def can_use_tool(self, tool: str, args: dict[str, Any], _context: Any) -> Any:
+        from claude_agent_sdk import PermissionResultAllow, PermissionResultDeny
+
+        if tool in self.allowed:
+            return PermissionResultAllow()
+        why = f"{tool} is not available: the agent's only tools are the workbench's"
+        if self.bench is not None:
+            self.bench.refused(tool, args, why)
+        return PermissionResultDeny(message=why)
+
+    def saw_calls(self, msg: Any) -> None:
+        """An assistant message's tool calls: the turn each belongs to, and a record of any call of a tool the
+        session does not have."""
+        from claude_agent_sdk import ToolUseBlock
+
+        for b in msg.content:
+            if isinstance(b, ToolUseBlock):  # the turn's id; none: its calls are refused
+                self.turn_of[b.id] = msg.message_id or ""
+        for b in msg.content:  # a call of a tool the session does not have: the CLI refuses it, we record it
+            if isinstance(b, ToolUseBlock) and b.name not in self.allowed and self.bench is not None:
+                self.bench.refused(
+                    b.name,
+                    b.input if isinstance(b.input, dict) else {},
+                    f"{b.name} is not a tool of this session",
+                )
+
+
+def _options(fence: _Fence, home: Path, model: str | None, max_turns: int, max_cost_usd: float | None) -> Any:
+    """The CLI's options: the fence's tools only, nothing loaded from anywhere, the session's bounds."""
+    from claude_agent_sdk import ClaudeAgentOptions, HookMatcher
+
+    bench = fence.bench
+    return ClaudeAgentOptions(
+        cwd=str(home / "cli"),
+        env=cli_env(home / "home"),
+        tools=[],
+        allowed_tools=fence.allowed,
+        mcp_servers={SERVER: _server(bench)} if bench is not None else {},
+        strict_mcp_config=True,
+        setting_sources=[],
+        can_use_tool=fence.can_use_tool,
+        hooks={"PreToolUse": [HookMatcher(matcher=None, hooks=[fence.pre_tool_use])]} if bench is not None else None,
+        permission_mode="default",
+        max_turns=max_turns,
+        model=model,
+        max_budget_usd=max_cost_usd,
+        cli_path=cli_launcher(home),
+    )
+
+
+def _take_result(msg: Any, out: dict[str, Any], texts: list[str]) -> None:
+    """The session's closing message: what it cost, its turns and tokens, its error and its last text."""
+    usage = msg.usage or {}
+    out.update(
+        cost_usd=float(msg.total_cost_usd or 0.0),
+        turns=msg.num_turns,
+        tokens_in=int(usage.get("input_tokens", 0))
+        + int(usage.get("cache_read_input_tokens", 0))
+        + int(usage.get("cache_creation_input_tokens", 0)),
+        tokens_out=int(usage.get("output_tokens", 0)),
+    )
+    if msg.is_error:
+        out["error"] = str(msg.result or msg.subtype)
+    if msg.result:
+        texts.append(str(msg.result))
+
+
+async def _converse(prompt: str, options: Any, fence: _Fence, out: dict[str, Any]) -> None:
+    """Send the prompt and read the response to its end into ``out`` (the text only once the response ended)."""
+    from claude_agent_sdk import AssistantMessage, ClaudeSDKClient, ResultMessage, TextBlock
+
+    texts: list[str] = []
+    async with ClaudeSDKClient(options=options) as client:
+        await client.query(prompt)
+        async for msg in client.receive_response():
+            if isinstance(msg, AssistantMessage):
+                texts.extend(b.text for b in msg.content if isinstance(b, TextBlock))
+                fence.saw_calls(msg)
+            elif isinstance(msg, ResultMessage):
+                _take_result(msg, out, texts)
+    out["text"] = "\n".join(texts)
+
+
+def run_session(
+    prompt: str, home: Path, model: str | None, max_turns: int, max_cost_usd: float | None = None, bench: Any = None
+) -> dict[str, Any]:
+    """One agent session through the SDK and the CLI; never raises (an error is part of the outcome).
+    ``home``: the session's private directory (the CLI's cwd is ``home/cli``, its $HOME ``home/home``).
+    ``bench``: the workbench whose tools the agent gets (None: no tools at all)."""
+    import anyio
+
+    out = _outcome()
     cwd, cli_home = home / "cli", home / "home"
     for d in (cwd, cli_home, cli_home / "tmp"):
         d.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
 
     async def main() -> None:
-        from claude_agent_sdk import (
-            AssistantMessage,
-            ClaudeAgentOptions,
-            ClaudeSDKClient,
-            HookMatcher,
-            PermissionResultAllow,
-            PermissionResultDeny,
-            ResultMessage,
-            TextBlock,
-            ToolUseBlock,
-        )
-
-        allowed = tool_names(bench) if bench is not None else []
-        turn_of: dict[str, str] = {}  # tool_use id -> the model turn (message id) that made it
-
-        async def pre_tool_use(data: Any, tool_use_id: str | None, _context: Any) -> Any:
-            """The workbench's per-turn cap, before a call runs: the CLI writes the model's message before it
-            asks this hook, so its id is known here after at most a few passes of the event loop."""
-            tool = str((data or {}).get("tool_name") or "")
-            if bench is None or tool not in allowed:
-                return {}
-            key = str(tool_use_id or (data or {}).get("tool_use_id") or "")
-            for _ in range(1000):  # ~5 s at most; unknown then: refused
-                if key in turn_of:
-                    break
-                await anyio.sleep(0.005)
-            args = (data or {}).get("tool_input")
-            why = await anyio.to_thread.run_sync(
-                bench.admit,
-                turn_of.get(key, ""),
-                tool[len(f"mcp__{SERVER}__") :],
-                args if isinstance(args, dict) else {},
-            )
-            if not why:
-                return {}
-            return {
-                "hookSpecificOutput": {
-                    "hookEventName": "PreToolUse",
-                    "permissionDecision": "deny",
-                    "permissionDecisionReason": why,
-                }
-            }
-
-        async def can_use_tool(tool: str, args: dict[str, Any], _context: Any) -> Any:
-            if tool in allowed:
-                return PermissionResultAllow()
-            why = f"{tool} is not available: the agent's only tools are the workbench's"
-            if bench is not None:
-                bench.refused(tool, args, why)
-            return PermissionResultDeny(message=why)
-
-        options = ClaudeAgentOptions(
-            cwd=str(cwd),
-            env=cli_env(cli_home),
-            tools=[],
-            allowed_tools=allowed,
-            mcp_servers={SERVER: _server(bench)} if bench is not None else {},
-            strict_mcp_config=True,
-            setting_sources=[],
-            can_use_tool=can_use_tool,
-            hooks={"PreToolUse": [HookMatcher(matcher=None, hooks=[pre_tool_use])]} if bench is not None else None,
-            permission_mode="default",
-            max_turns=max_turns,
-            model=model,
-            max_budget_usd=max_cost_usd,
-            cli_path=cli_launcher(home),
-        )
-        texts: list[str] = []
-        async with ClaudeSDKClient(options=options) as client:
-            await client.query(prompt)
-            async for msg in client.receive_response():
-                if isinstance(msg, AssistantMessage):
-                    texts.extend(b.text for b in msg.content if isinstance(b, TextBlock))
-                    for b in msg.content:
-                        if isinstance(b, ToolUseBlock):  # the turn's id; none: its calls are refused
-                            turn_of[b.id] = msg.message_id or ""
-                    for (
-                        b
-                    ) in msg.content:  # a call of a tool the session does not have: the CLI refuses it, we record it
-                        if isinstance(b, ToolUseBlock) and b.name not in allowed and bench is not None:
-                            bench.refused(
-                                b.name,
-                                b.input if isinstance(b.input, dict) else {},
-                                f"{b.name} is not a tool of this session",
-                            )
-                elif isinstance(msg, ResultMessage):
-                    usage = msg.usage or {}
-                    out.update(
-                        cost_usd=float(msg.total_cost_usd or 0.0),
-                        turns=msg.num_turns,
-                        tokens_in=int(usage.get("input_tokens", 0))
-                        + int(usage.get("cache_read_input_tokens", 0))
-                        + int(usage.get("cache_creation_input_tokens", 0)),
-                        tokens_out=int(usage.get("output_tokens", 0)),
-                    )
-                    if msg.is_error:
-                        out["error"] = str(msg.result or msg.subtype)
-                    if msg.result:
-                        texts.append(str(msg.result))
-        out["text"] = "\n".join(texts)
+        fence = _Fence(bench)
+        await _converse(prompt, _options(fence, home, model, max_turns, max_cost_usd), fence, out)
 
     try:
         with warnings.catch_warnings():

@@ -622,14 +622,19 @@ def distribution_figures(dist: Any) -> list[Figure]:
     return out
 
 
-def figures(ev: Evidence) -> list[Figure]:
-    """Every figure the report shows, with how it was obtained (``agentsearch.provenance``): `--json`'s
-    ``figures``, and the *measured* column of each table."""
+def _named_workloads(ev: Evidence) -> list[tuple[str, WorkloadSummary]]:
+    """The verdict's workloads by role (the objective first), then the confirmation if one ran."""
     named = sorted(ev.verdict.workloads.items(), key=lambda kv: Role.rank(kv[1].role))
     if ev.verdict.confirmation is not None:
         named.append((ev.verdict.confirmation.name, ev.verdict.confirmation))
+    return named
+
+
+def figures(ev: Evidence) -> list[Figure]:
+    """Every figure the report shows, with how it was obtained (``agentsearch.provenance``): `--json`'s
+    ``figures``, and the *measured* column of each table."""
     out: list[Figure] = []
-    for name, w in named:
+    for name, w in _named_workloads(ev):
         out += workload_figures(w.name or name, w, ev.label(name, w)[1])
     if ev.verdict.workloads:
         out += distribution_figures(ev.verdict.distribution)
@@ -650,12 +655,10 @@ def figures(ev: Evidence) -> list[Figure]:
     return out
 
 
-def context(ev: Evidence, images: Mapping[str, str], local: bool = True) -> dict[str, Any]:
-    named = sorted(ev.verdict.workloads.items(), key=lambda kv: Role.rank(kv[1].role))
-    if ev.verdict.confirmation is not None:
-        named.append((ev.verdict.confirmation.name, ev.verdict.confirmation))
+def _workload_rows(ev: Evidence) -> list[dict[str, Any]]:
+    """One row per workload for the templates' table: the summary and its label, test, CI and provenance."""
     workloads = []
-    for name, w in named:
+    for name, w in _named_workloads(ev):
         metric, u = ev.label(name, w)
         workloads.append(
             {
@@ -670,40 +673,73 @@ def context(ev: Evidence, images: Mapping[str, str], local: bool = True) -> dict
                 "how": Figure.of("", 1 if w.pairs > 0 else None, "", How.PAIRED, True, f"{w.pairs} pairs").words(),
             }
         )
+    return workloads
+
+
+def _checks_summary(ev: Evidence) -> str:
+    """How many checks ended in each status, the commonest first."""
+    tally: dict[str, int] = {}
+    for check in ev.verdict.checks:
+        tally[check.status.value] = tally.get(check.status.value, 0) + 1
+    return ", ".join(f"{n} {s}" for s, n in sorted(tally.items(), key=lambda kv: -kv[1]))
+
+
+def _distribution_rows(dist: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+    """The distribution check's table rows: per set and path, per language, and the reference regimes."""
+    dist_rows: list[dict[str, Any]] = []
+    lang_rows: list[dict[str, Any]] = []
+    ref_rows: list[dict[str, Any]] = []
+    if not dist:
+        return dist_rows, lang_rows, ref_rows
+    how = Figure.of("", 0, "", How.CARRIED if dist.baseline_reused else How.ONCE).words()
+    for name, paths in dist.sets().items():
+        for path, st in paths.items():
+            dist_rows.append({**_dist_row(name, path, st), "how": how})
+    for lang, paths in sorted(dist.languages.items()):
+        for path, st in paths.items():
+            lang_rows.append({**_dist_row(f"language {lang}", path, {**st, "passed": None}), "how": how})
+    ref = dist.reference
+    for who, entries in (("candidate", ref.regimes if ref else ()), ("main", ref.main if ref else ())):
+        for r in entries:
+            rhow = Figure.of("", 0, "", How.CARRIED if r.shared else How.ONCE).words()
+            for name, paths in r.sets.items():
+                for path, st in (paths or {}).items():
+                    ref_rows.append({**_dist_row(f"{who} at {r.label}, {name}", path, st), "how": rhow})
+    return dist_rows, lang_rows, ref_rows
+
+
+def _session_rows(ev: Evidence) -> list[dict[str, Any]]:
+    """The engine sessions' table, each row with its provenance (its pairs)."""
+    return [
+        {
+            **t,
+            "rows": [
+                {**r, "how": Figure.of("", r["change"], "", How.PAIRED, False, f"{r['pairs']} pairs").words()}
+                for r in t["rows"]
+            ],
+        }
+        for t in engine_sessions(ev)
+    ]
+
+
+def context(ev: Evidence, images: Mapping[str, str], local: bool = True) -> dict[str, Any]:
+    """The templates' variables for one report (the report, the pull-request bodies)."""
+    workloads = _workload_rows(ev)
     roles = [w.get("role") for w in workloads if w.get("p_value") is not None]
     p_tests = {r: P_TESTS[r] for r in Role if r in roles and r in P_TESTS}
     # what each serving metric measures (harness.tails: one definition each, from where to where)
     definitions = {w["metric"]: d for w in workloads if (d := tails.definition(str(w["metric"])))}
     checks = [{**c.to_json(), "note": CHECK_NOTES.get(c.name, "")} for c in ev.verdict.checks]
-    tally: dict[str, int] = {}
-    for check in ev.verdict.checks:
-        tally[check.status.value] = tally.get(check.status.value, 0) + 1
     dist = ev.verdict.distribution
-    dist_rows, lang_rows, ref_rows = [], [], []
-    if dist:
-        how = Figure.of("", 0, "", How.CARRIED if dist.baseline_reused else How.ONCE).words()
-        for name, paths in dist.sets().items():
-            for path, st in paths.items():
-                dist_rows.append({**_dist_row(name, path, st), "how": how})
-        for lang, paths in sorted(dist.languages.items()):
-            for path, st in paths.items():
-                lang_rows.append({**_dist_row(f"language {lang}", path, {**st, "passed": None}), "how": how})
-        ref = dist.reference
-        for who, entries in (("candidate", ref.regimes if ref else ()), ("main", ref.main if ref else ())):
-            for r in entries:
-                rhow = Figure.of("", 0, "", How.CARRIED if r.shared else How.ONCE).words()
-                for name, paths in r.sets.items():
-                    for path, st in (paths or {}).items():
-                        ref_rows.append({**_dist_row(f"{who} at {r.label}, {name}", path, st), "how": rhow})
-    env = dict(ev.verdict.environment)
-    title = ev.title or ev.verdict.ref or ev.what
+    dist_rows, lang_rows, ref_rows = _distribution_rows(dist)
     diff_lines = ev.diff.count("\n")
     small = bool(ev.diff) and diff_lines <= DIFF_INLINE_LINES and "GIT binary patch" not in ev.diff
     verdict = ev.verdict.verdict.upper()
+    proposal = ev.proposal
     return {
         "ev": ev,
         "v": ev.verdict,
-        "title": title,
+        "title": ev.title or ev.verdict.ref or ev.what,
         "headline": ev.headline(),
         "verdict": verdict,
         "badge": f"{verdict}, REVERTED" if ev.revert else verdict,
@@ -713,7 +749,7 @@ def context(ev: Evidence, images: Mapping[str, str], local: bool = True) -> dict
         "p_tests": p_tests,
         "definitions": definitions,
         "checks": checks,
-        "checks_summary": ", ".join(f"{n} {s}" for s, n in sorted(tally.items(), key=lambda kv: -kv[1])),
+        "checks_summary": _checks_summary(ev),
         "dist": dist,
         "dist_rows": dist_rows,
         "lang_rows": lang_rows,
@@ -722,12 +758,12 @@ def context(ev: Evidence, images: Mapping[str, str], local: bool = True) -> dict
         "images": images,
         "draws_line": _draws_line(dist.draws or {}) if dist else "",
         "coverage": ev.verdict.coverage,
-        "environment": env,
+        "environment": dict(ev.verdict.environment),
         "versions": ev.versions,
         "reproduce": ev.reproduce(local),
-        "rationale": ev.proposal.rationale if ev.proposal else "",
-        "category": ev.proposal.category if ev.proposal else "",
-        "proposer": ev.proposal.proposer if ev.proposal else "human (agentsearch evaluate)",
+        "rationale": proposal.rationale if proposal else "",
+        "category": proposal.category if proposal else "",
+        "proposer": proposal.proposer if proposal else "human (agentsearch evaluate)",
         "pct": _pct,
         "num": _num,
         "NOT_RUN": NOT_RUN,
@@ -736,20 +772,11 @@ def context(ev: Evidence, images: Mapping[str, str], local: bool = True) -> dict
         "timing": ev.verdict.timing if ev.verdict.timing.wall_s else None,
         "diff": ev.diff if small else "",
         "diff_lines": diff_lines,
-        "sessions": [
-            {
-                **t,
-                "rows": [
-                    {**r, "how": Figure.of("", r["change"], "", How.PAIRED, False, f"{r['pairs']} pairs").words()}
-                    for r in t["rows"]
-                ],
-            }
-            for t in engine_sessions(ev)
-        ],
+        "sessions": _session_rows(ev),
         "outputs": [{**o, "how": WORDS[How.PAIRED]} for o in outputs_table(ev.trials)],
         "agent": agent_session(ev),
-        "parent": ev.proposal.meta.get("parent") if ev.proposal else None,
-        "revision": ev.proposal.meta.get("revision") if ev.proposal else None,
+        "parent": proposal.meta.get("parent") if proposal else None,
+        "revision": proposal.meta.get("revision") if proposal else None,
     }
 
 
@@ -927,56 +954,65 @@ def stack_html(r: Any) -> str:
     )
 
 
-def stack_markdown(r: Any, image: str | None = None) -> str:
-    """A stack check (``StackCheck``) or a bisection (``StackBisect``) as a Markdown report; every text a
-    proposal wrote is cleaned and shown as code."""
+def _md_code(s: Any, limit: int = 80) -> str:
+    """A text a proposal wrote, cleaned, as a code span (a '|' would end a table cell, a backtick the code span)."""
+    return "`" + _clean(str(s), limit).replace("`", "'").replace("|", "\\|") + "`"
 
-    def code(s: Any, limit: int = 80) -> str:  # a '|' would end a table cell, a backtick the code span
-        return "`" + _clean(str(s), limit).replace("`", "'").replace("|", "\\|") + "`"
 
-    def said(s: Any, limit: int) -> str:  # our own words, which may quote a proposal's (its stderr): inert Markdown
-        from history.records import text
+def _md_said(s: Any, limit: int) -> str:
+    """Our own words, which may quote a proposal's (its stderr): inert Markdown."""
+    return text.md_inline(str(s), limit)
 
-        return text.md_inline(str(s), limit)
 
-    def ci(c: Any) -> str:
-        return f"[{_pct(c[0])}, {_pct(c[1])}]" if c and len(c) == 2 else "—"
+def _md_ci(c: Any) -> str:
+    return f"[{_pct(c[0])}, {_pct(c[1])}]" if c and len(c) == 2 else "—"
 
-    lines: list[str] = []
-    if hasattr(r, "steps"):  # a bisection
-        lines += [
-            f"# Bisection of {code(r.workload, 40)}: {said(r.reason, 300)}",
-            "",
-            f"Range `{r.since[:12]}` → `{r.tip[:12]}`, {len(r.merges)} merge(s); {len(r.steps)} step(s) in "
-            f"{r.seconds:.0f} s. Each step measured the baseline after its commit *i* of the range against the range's "
-            "start.",
-            "",
-            "| step | commit # | commit | outcome | change | 95% CI | pairs | why |",
-            "|---:|---:|---|---|---:|---|---:|---|",
-        ]
-        for i, s in enumerate(r.steps, 1):
-            lines.append(
-                f"| {i} | {s.index} | `{s.commit[:12]}` | **{s.outcome}** | {_pct(s.speedup)} | {ci(s.ci)} | {s.pairs} "
-                f"| {said(s.reason, 160)} |"
-            )
-        if r.culprit:
-            lines += ["", f"The regression entered with merge `{r.culprit[:12]}` ({code(r.proposal or '—', 40)})."]
-        return "\n".join(lines) + "\n"
-    lines += [
-        f"# Stack check: {r.verdict.upper()}" + "".join(f", guard {code(g, 40)} REGRESSED" for g in r.regressed_guards),
+
+def _bisection_markdown(r: Any) -> list[str]:
+    """A bisection (``StackBisect``): its range, one row per step, the culprit."""
+    lines = [
+        f"# Bisection of {_md_code(r.workload, 40)}: {_md_said(r.reason, 300)}",
         "",
-        f"Range `{r.since[:12]}` → `{r.tip[:12]}`, {len(r.merges)} merge(s), objective {code(r.objective, 40)}; "
+        f"Range `{r.since[:12]}` → `{r.tip[:12]}`, {len(r.merges)} merge(s); {len(r.steps)} step(s) in "
+        f"{r.seconds:.0f} s. Each step measured the baseline after its commit *i* of the range against the range's "
+        "start.",
+        "",
+        "| step | commit # | commit | outcome | change | 95% CI | pairs | why |",
+        "|---:|---:|---|---|---:|---|---:|---|",
+    ]
+    for i, s in enumerate(r.steps, 1):
+        lines.append(
+            f"| {i} | {s.index} | `{s.commit[:12]}` | **{s.outcome}** | {_pct(s.speedup)} | {_md_ci(s.ci)} | {s.pairs} "
+            f"| {_md_said(s.reason, 160)} |"
+        )
+    if r.culprit:
+        lines += ["", f"The regression entered with merge `{r.culprit[:12]}` ({_md_code(r.proposal or '—', 40)})."]
+    return lines
+
+
+def _stack_summary_markdown(r: Any, image: str | None) -> list[str]:
+    """A stack check's title, range, measured tip against the product of the merges' estimates, its reasons and
+    the waterfall's image link."""
+    lines = [
+        f"# Stack check: {r.verdict.upper()}"
+        + "".join(f", guard {_md_code(g, 40)} REGRESSED" for g in r.regressed_guards),
+        "",
+        f"Range `{r.since[:12]}` → `{r.tip[:12]}`, {len(r.merges)} merge(s), objective {_md_code(r.objective, 40)}; "
         f"{r.seconds:.0f} s in all (seed {r.seed}).",
         "",
     ]
     lines += [
-        f"- **Measured**: the tip is {_pct(r.cumulative)} over the start, 95% CI {ci(r.ci)}, {r.pairs} pairs.",
-        f"- **Product of the merges' estimates**: {_pct(r.product)}, 95% CI {ci(r.product_ci)}.",
+        f"- **Measured**: the tip is {_pct(r.cumulative)} over the start, 95% CI {_md_ci(r.ci)}, {r.pairs} pairs.",
+        f"- **Product of the merges' estimates**: {_pct(r.product)}, 95% CI {_md_ci(r.product_ci)}.",
     ]
-    lines += [f"- {said(x, 300)}" for x in r.reasons]
+    lines += [f"- {_md_said(x, 300)}" for x in r.reasons]
     if image:
         lines += ["", f"![waterfall of the merges' estimates against the measured tip]({image})"]
-    lines += [
+    return lines
+
+
+def _stack_merges_markdown(r: Any) -> list[str]:
+    lines = [
         "",
         "## Merges",
         "",
@@ -985,51 +1021,73 @@ def stack_markdown(r: Any, image: str | None = None) -> str:
     ]
     for i, m in enumerate(r.merges, 1):
         lines.append(
-            f"| {i} | `{m.merge[:12]}` | {code(m.proposal or '—', 40)} | {code(m.title or '', 60)} | {_pct(m.speedup)} "
-            f"| {ci(m.ci)} | {m.source} |"
+            f"| {i} | `{m.merge[:12]}` | {_md_code(m.proposal or '—', 40)} | {_md_code(m.title or '', 60)} "
+            f"| {_pct(m.speedup)} | {_md_ci(m.ci)} | {m.source} |"
         )
-    if r.guards:
-        lines += [
-            "",
-            "## Guards: the tip against the start",
-            "",
-            "| guard | decision | change | 95% CI | pairs | why |",
-            "|---|---|---:|---|---:|---|",
-        ]
-        lines += [
-            f"| {code(g.name, 40)}{' (fresh engines)' if g.role == Role.GUARD_CHECK else ''} | **{g.decision}** | "
-            f"{_pct(g.speedup)} | {ci(g.ci)} | {g.pairs} | "
-            f"{said(g.reason, 200)} |"
-            for g in r.guards
-        ]
-    if r.removals:
-        lines += [
-            "",
-            "## Leave-one-out: each merge's marginal contribution at the tip",
-            "",
-            "| merge | decision | marginal | 95% CI | pairs | why |",
-            "|---|---|---:|---|---:|---|",
-        ]
-        lines += [
-            f"| `{x.merge[:12]}` | **{x.decision}**{', shrank' if x.shrank else ''} | {_pct(x.marginal)} | {ci(x.ci)} "
-            f"| {x.pairs} | "
-            f"{said(x.reason, 200)} |"
-            for x in r.removals
-        ]
-    if r.interference:
-        lines += [
-            "",
-            "## Interference: the pairs the removals pointed to",
-            "",
-            "| merges | interfere | without both | product of singles | p | why |",
-            "|---|---|---:|---:|---:|---|",
-        ]
-        lines += [
-            f"| {' + '.join('`' + m[:12] + '`' for m in x.merges)} | {'**yes**' if x.interfere else 'no'} | "
-            f"{_pct(x.joint)} | {_pct(x.expected)} | {'—' if x.p_value is None else f'{x.p_value:.2g}'} | "
-            f"{said(x.reason, 200)} |"
-            for x in r.interference
-        ]
+    return lines
+
+
+def _stack_guards_markdown(r: Any) -> list[str]:
+    if not r.guards:
+        return []
+    lines = [
+        "",
+        "## Guards: the tip against the start",
+        "",
+        "| guard | decision | change | 95% CI | pairs | why |",
+        "|---|---|---:|---|---:|---|",
+    ]
+    return lines + [
+        f"| {_md_code(g.name, 40)}{' (fresh engines)' if g.role == Role.GUARD_CHECK else ''} | **{g.decision}** | "
+        f"{_pct(g.speedup)} | {_md_ci(g.ci)} | {g.pairs} | "
+        f"{_md_said(g.reason, 200)} |"
+        for g in r.guards
+    ]
+
+
+def _stack_removals_markdown(r: Any) -> list[str]:
+    if not r.removals:
+        return []
+    lines = [
+        "",
+        "## Leave-one-out: each merge's marginal contribution at the tip",
+        "",
+        "| merge | decision | marginal | 95% CI | pairs | why |",
+        "|---|---|---:|---|---:|---|",
+    ]
+    return lines + [
+        f"| `{x.merge[:12]}` | **{x.decision}**{', shrank' if x.shrank else ''} | {_pct(x.marginal)} | {_md_ci(x.ci)} "
+        f"| {x.pairs} | "
+        f"{_md_said(x.reason, 200)} |"
+        for x in r.removals
+    ]
+
+
+def _stack_interference_markdown(r: Any) -> list[str]:
+    if not r.interference:
+        return []
+    lines = [
+        "",
+        "## Interference: the pairs the removals pointed to",
+        "",
+        "| merges | interfere | without both | product of singles | p | why |",
+        "|---|---|---:|---:|---:|---|",
+    ]
+    return lines + [
+        f"| {' + '.join('`' + m[:12] + '`' for m in x.merges)} | {'**yes**' if x.interfere else 'no'} | "
+        f"{_pct(x.joint)} | {_pct(x.expected)} | {'—' if x.p_value is None else f'{x.p_value:.2g}'} | "
+        f"{_md_said(x.reason, 200)} |"
+        for x in r.interference
+    ]
+
+
+def stack_markdown(r: Any, image: str | None = None) -> str:
+    """A stack check (``StackCheck``) or a bisection (``StackBisect``) as a Markdown report; every text a
+    proposal wrote is cleaned and shown as code."""
+    if hasattr(r, "steps"):  # a bisection
+        return "\n".join(_bisection_markdown(r)) + "\n"
+    lines = _stack_summary_markdown(r, image) + _stack_merges_markdown(r)
+    lines += _stack_guards_markdown(r) + _stack_removals_markdown(r) + _stack_interference_markdown(r)
     return "\n".join(lines) + "\n"
 
 

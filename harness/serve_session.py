@@ -302,48 +302,76 @@ class ServeSession(Parkable):
                 load.command(f"http://127.0.0.1:{self.port}", self.spec["model"]), load.report_bytes()
             )
         except WorkerError as exc:
-            wall = time.perf_counter() - t0
-            timed_out = isinstance(exc, ClientTimeout)
-            if not isinstance(exc, ClientReported) or self.client is None or not self.client.alive():
-                self._close_client()  # hung, dead, never started or off protocol: replaced at the next trial
-            return TrialOutcome(
-                False,
-                None,
-                {},
-                wall,
-                f"load generator: {exc}",
-                self._log_tail(),
-                failure=TIMEOUT if timed_out else CRASH,
-            )
+            return self._generator_failed(exc, time.perf_counter() - t0)
         wall = time.perf_counter() - t0
         timings, outputs, why = served_requests(data, load)
         if why:
             return TrialOutcome(False, None, {}, wall, why, self._log_tail())
-        kinds = {r.get("outputs_kind") for r in data["requests"]}
         limited = tuple(tails.slo_quantile(x) for x in slos if x.q is not None)
-        metrics: dict[str, Any] = dict(tails.serving_metrics(timings, (metric, *limited), slos))
-        metrics["input_tokens"] = sum(
-            t.input_tokens for t in timings
-        )  # the outputs check: both sides got the same requests
+        metrics = self._load_metrics(data, timings, slos, (metric, *limited))
+        unsound = self._unsound(metrics, wall, load, timings, (metric, *limited), metric)
+        if unsound is not None:
+            return unsound
+        if metric == tails.RATE_AT_SLO:
+            return TrialOutcome(True, None, metrics, wall, outputs=outputs)
+        err_msg = metric_error(metrics, metric)
+        if err_msg:
+            if metric == tails.GOODPUT and metrics.get(tails.GOODPUT) == 0:
+                err_msg = f"no request met the SLOs ({', '.join(x.text() for x in slos)}): goodput 0 cannot be compared"
+            return TrialOutcome(False, None, metrics, wall, err_msg, self._log_tail())
+        return TrialOutcome(True, float(metrics[metric]), metrics, wall, outputs=outputs)
+
+    def _generator_failed(self, exc: WorkerError, wall: float) -> TrialOutcome:
+        """The load generator did not answer with a report: the trial fails (a timeout or a crash)."""
+        timed_out = isinstance(exc, ClientTimeout)
+        if not isinstance(exc, ClientReported) or self.client is None or not self.client.alive():
+            self._close_client()  # hung, dead, never started or off protocol: replaced at the next trial
+        return TrialOutcome(
+            False,
+            None,
+            {},
+            wall,
+            f"load generator: {exc}",
+            self._log_tail(),
+            failure=TIMEOUT if timed_out else CRASH,
+        )
+
+    def _load_metrics(
+        self,
+        data: Mapping[str, Any],
+        timings: list[tails.RequestTiming],
+        slos: list[tails.Slo],
+        judged: tuple[str, ...],
+    ) -> dict[str, Any]:
+        """The load's metrics (``judged``: the metric and the SLOs' quantiles), and what the checks read beside them:
+        the requests and tokens sent, the kind of outputs, and how the generator kept its schedule."""
+        kinds = {r.get("outputs_kind") for r in data["requests"]}
+        metrics: dict[str, Any] = dict(tails.serving_metrics(timings, judged, slos))
+        # the outputs check: both sides got the same requests
+        metrics["input_tokens"] = sum(t.input_tokens for t in timings)
         metrics["requests"] = len(timings)
         # token ids (every request's: the outputs rule can score them) or text hashes (compared bit for bit)
         metrics["outputs_kind"] = "tokens" if kinds == {"tokens"} else "text"
         metrics["engine_startup_s"] = self.startup_s
-        metrics["generator_trial"] = (
-            self.client.served if self.client else None
-        )  # n-th trial of this warm load generator
+        metrics["generator_trial"] = self.client.served if self.client else None  # n-th trial of this warm generator
         lags_ms = [r["lag"] / 1000 for r in data["requests"]]
         metrics["generator_lag_p99_ms"] = tails.harrell_davis(lags_ms, 0.99)
         metrics["generator_lag_mean_ms"] = sum(lags_ms) / len(lags_ms) if lags_ms else 0.0
         metrics["client_queue_p99_ms"] = tails.harrell_davis([r["queue"] / 1000 for r in data["requests"]], 0.99)
-        behind = [
-            (f"mean lag {metrics['generator_lag_mean_ms']:.1f} ms > {load.max_mean_lag_s * 1000:.0f} ms")
-            if metrics["generator_lag_mean_ms"] > load.max_mean_lag_s * 1000
-            else "",
-            (f"p99 lag {metrics['generator_lag_p99_ms']:.1f} ms > {load.max_lag_s * 1000:.0f} ms")
-            if metrics["generator_lag_p99_ms"] > load.max_lag_s * 1000
-            else "",
-        ]
+        return metrics
+
+    def _unsound(
+        self,
+        metrics: dict[str, Any],
+        wall: float,
+        load: serving_load.LoadPlan,
+        timings: list[tails.RequestTiming],
+        judged: tuple[str, ...],
+        metric: str,
+    ) -> TrialOutcome | None:
+        """A load that measured nothing to judge: the generator fell behind its schedule, the reported duration is
+        impossible, or a quantile judged has too few samples. None: sound."""
+        behind = _behind_schedule(metrics, load)
         if any(behind):
             return TrialOutcome(
                 False,
@@ -370,7 +398,7 @@ class ServeSession(Parkable):
                 f"the load reported a duration of {d!r} s in a {wall:.2f} s round trip",
                 self._log_tail(),
             )
-        for name in (metric, *limited):  # the quantiles judged: over enough samples as measured, not only as planned
+        for name in judged:  # the quantiles judged: over enough samples as measured, not only as planned
             qm = tails.quantile_metric(name)
             if qm is not None and (n := len(tails.samples(timings, qm.base))) < tails.min_requests(qm.q):
                 return TrialOutcome(
@@ -383,14 +411,7 @@ class ServeSession(Parkable):
                     self._log_tail(),
                     failure=MEASUREMENT_ERROR,
                 )
-        if metric == tails.RATE_AT_SLO:
-            return TrialOutcome(True, None, metrics, wall, outputs=outputs)
-        err_msg = metric_error(metrics, metric)
-        if err_msg:
-            if metric == tails.GOODPUT and metrics.get(tails.GOODPUT) == 0:
-                err_msg = f"no request met the SLOs ({', '.join(x.text() for x in slos)}): goodput 0 cannot be compared"
-            return TrialOutcome(False, None, metrics, wall, err_msg, self._log_tail())
-        return TrialOutcome(True, float(metrics[metric]), metrics, wall, outputs=outputs)
+        return None
 
     def _search(self, seed: int, p: Mapping[str, Any], slos: list[tails.Slo], metric: str) -> TrialOutcome:
         """Throughput at SLO: ``serving_load.search_rate`` over probes of this server; the k-th probe's requests are
@@ -550,6 +571,18 @@ class ServeSession(Parkable):
             proc.wait()
             self._end_group()
             self.wait_s += time.perf_counter() - t0
+
+
+def _behind_schedule(metrics: Mapping[str, Any], load: serving_load.LoadPlan) -> list[str]:
+    """How the load generator fell behind its schedule, by its mean and its p99 lag ("": within its bound)."""
+    return [
+        (f"mean lag {metrics['generator_lag_mean_ms']:.1f} ms > {load.max_mean_lag_s * 1000:.0f} ms")
+        if metrics["generator_lag_mean_ms"] > load.max_mean_lag_s * 1000
+        else "",
+        (f"p99 lag {metrics['generator_lag_p99_ms']:.1f} ms > {load.max_lag_s * 1000:.0f} ms")
+        if metrics["generator_lag_p99_ms"] > load.max_lag_s * 1000
+        else "",
+    ]
 
 
 def _count(x: Any) -> bool:

@@ -36,12 +36,13 @@ SIGNS: dict[str, tuple[str, ...]] = {
         r"\bfrom ray(\.\w+)* import\b",
         r"\bray\.init\(",
         r"\bRayExecutor\(",
-        r'"--executor", "ray"',
+        r'"--executor",\s*"ray"',
     ),
     # a headless browser rendering a page
     "browser": (r"\bchromium\b",),
     # the bundled Claude Code CLI
-    "claude": (r"\bclaude_agent_sdk\b", r'"--proposer", "claude"', r"\bClaudeProposer\("),
+    # (``cli_env``, tests/messages_api.py: the environment that points the real CLI at the scripted API)
+    "claude": (r"\bclaude_agent_sdk\b", r'"--proposer",\s*"claude"', r"\bClaudeProposer\(", r"\bcli_env\("),
 }
 
 

@@ -243,6 +243,7 @@ def test_a_rejected_proposal_is_revised_from_its_change_and_its_verdict(tmp_path
     assert rep.returncode == 0 and "A revision (number 1) of proposal" in rep.stdout
 
 
+@pytest.mark.claude
 def test_a_killed_episode_resumes_with_new_sessions_and_nothing_left_running(tmp_path):
     """SIGKILL during an agent session (its `run` still going): nothing of the session outlives the
     orchestrator, and `--resume` clears its workbench and starts a new session for the proposal not made."""

@@ -403,6 +403,7 @@ def test_round3_channels_stay_closed_on_a_ray_node(tmp_path, cluster):
 
 
 @pytest.mark.ray
+@pytest.mark.claude
 def test_agent_sessions_at_once_feed_the_ray_executor(tmp_path, cluster):
     """`--proposer claude --agents 2 --executor ray`: two real CLI sessions (scripted API) run at once on the
     orchestrator; each proposal is judged on a worker node as its session finishes."""

@@ -127,79 +127,76 @@ def resolve_merge(ws: Workspace, what: str) -> dict[str, Any]:
     raise AgentsearchError(f"{sha[:12]} is not a merge recorded by agentsearch; list them with `agentsearch review`")
 
 
-def run(target: Path, as_json: bool, what: str | None, recheck: bool, seed: int | None) -> int:
-    ws = Workspace.open(target)
-    if what is None:
-        if recheck:
-            raise AgentsearchError("--recheck needs a MERGE (a merge commit or proposal id from `agentsearch review`)")
-        rows = merges(ws)
-        if as_json:
-            print_json(rows, key="merges")
-            return 0
-        if not rows:
-            out.print("no merges recorded yet")
-            return 0
-        table = [
-            [
-                r["merge"][:12],
-                pct(r["speedup"]),
-                "reverted" if r["reverted"] else ("on baseline" if r["on_baseline"] else "not on baseline"),
-                r["sessions"] or "—",
-                {True: "holds", False: "does not hold", None: "—"}[r["recheck"]],
-                "—" if r["drift_kl_max"] is None else f"{r['drift_kl_max']:.2g}",
-                "—"
-                if r["today"] is None
-                else (
-                    "passenger" if r["today"] == "passenger" else pct(r["marginal"]) if r["marginal"] else r["today"]
-                ),
-                r["proposal"] or "—",
-                r["title"] or "",
-            ]
-            for r in rows
-        ]
+def _merge_table_row(r: dict[str, Any]) -> list[Any]:
+    """One merge's line in `agentsearch review`'s table."""
+    return [
+        r["merge"][:12],
+        pct(r["speedup"]),
+        "reverted" if r["reverted"] else ("on baseline" if r["on_baseline"] else "not on baseline"),
+        r["sessions"] or "—",
+        {True: "holds", False: "does not hold", None: "—"}[r["recheck"]],
+        "—" if r["drift_kl_max"] is None else f"{r['drift_kl_max']:.2g}",
+        "—"
+        if r["today"] is None
+        else ("passenger" if r["today"] == "passenger" else pct(r["marginal"]) if r["marginal"] else r["today"]),
+        r["proposal"] or "—",
+        r["title"] or "",
+    ]
+
+
+def _interfering_pairs(rows: Sequence[dict[str, Any]]) -> list[tuple[str, ...]]:
+    """Each pair of interfering merges once, the earlier merge first, in the order of the merges."""
+    order = {r["merge"]: i for i, r in enumerate(rows)}
+    return sorted(
+        {tuple(sorted((r["merge"], x), key=lambda m: order.get(m, -1))) for r in rows for x in r["interferes_with"]},
+        key=lambda pair: [order.get(m, -1) for m in pair],
+    )
+
+
+def _print_advice(rows: Sequence[dict[str, Any]]) -> None:
+    """What the table calls for: interfering pairs, passengers to revert, wins to re-measure."""
+    for a, b in _interfering_pairs(rows):
         out.print(
-            compact_table(
-                f"merges on {ws.baseline_branch} (drift: main's worst KL from the reference after the merge; "
-                "today: its marginal contribution in the latest `agentsearch stack --leave-one-out`)",
-                ["merge", "Δ obj.", "state", "sessions", "recheck", "drift", "today", "proposal", "title"],
-                table,
-                out.width,
-                right=(1, 5, 6),
-            )
+            f"{a[:12]} and {b[:12]} interfere: removed together they differ from apart (one holds the other's "
+            "gain, or they cancel); see the latest `agentsearch stack --leave-one-out`"
         )
-        order = {r["merge"]: i for i, r in enumerate(rows)}
-        pairs = sorted(
-            {
-                tuple(sorted((r["merge"], x), key=lambda m: order.get(m, -1)))
-                for r in rows
-                for x in r["interferes_with"]
-            },
-            key=lambda pair: [order.get(m, -1) for m in pair],
+    if any(r["today"] == "passenger" and not r["reverted"] for r in rows):
+        out.print(
+            "a passenger adds nothing significant at today's tip (a later merge made it redundant): "
+            "`agentsearch revert MERGE` removes it (`agentsearch pr --revert MERGE` proposes that on the forge)"
         )
-        for a, b in pairs:
-            out.print(
-                f"{a[:12]} and {b[:12]} interfere: removed together they differ from apart (one holds the other's "
-                "gain, or they cancel); see the latest `agentsearch stack --leave-one-out`"
-            )
-        if any(r["today"] == "passenger" and not r["reverted"] for r in rows):
-            out.print(
-                "a passenger adds nothing significant at today's tip (a later merge made it redundant): "
-                "`agentsearch revert MERGE` removes it (`agentsearch pr --revert MERGE` proposes that on the forge)"
-            )
-        if any(r["sessions"] == "differ" and r["recheck"] is None and not r["reverted"] for r in rows):
-            out.print(
-                "sessions 'differ': part of that win was the luck of the engine instances (or seeds) it ran on; "
-                "re-measure it on fresh ones with `agentsearch review MERGE --recheck`"
-            )
+    if any(r["sessions"] == "differ" and r["recheck"] is None and not r["reverted"] for r in rows):
+        out.print(
+            "sessions 'differ': part of that win was the luck of the engine instances (or seeds) it ran on; "
+            "re-measure it on fresh ones with `agentsearch review MERGE --recheck`"
+        )
+
+
+def _list_merges(ws: Workspace, as_json: bool) -> int:
+    """`agentsearch review`: every merge, as JSON or a table and the advice it calls for."""
+    rows = merges(ws)
+    if as_json:
+        print_json(rows, key="merges")
         return 0
-    row = resolve_merge(ws, what)
-    if not recheck:
-        if as_json:
-            print_json(row)
-        else:
-            out.print(f"[bold]{row['merge'][:12]}[/] {safe(row['title'] or '')} ({row['proposal']})")
-            out.print(safe(row["evidence"] or "(no git note)"))
+    if not rows:
+        out.print("no merges recorded yet")
         return 0
+    out.print(
+        compact_table(
+            f"merges on {ws.baseline_branch} (drift: main's worst KL from the reference after the merge; "
+            "today: its marginal contribution in the latest `agentsearch stack --leave-one-out`)",
+            ["merge", "Δ obj.", "state", "sessions", "recheck", "drift", "today", "proposal", "title"],
+            [_merge_table_row(r) for r in rows],
+            out.width,
+            right=(1, 5, 6),
+        )
+    )
+    _print_advice(rows)
+    return 0
+
+
+def _recheck(ws: Workspace, row: dict[str, Any], as_json: bool, seed: int | None) -> int:
+    """`agentsearch review MERGE --recheck`: the merge against its parent again, with fresh seeds, recorded."""
     from ..evaluation import evaluate  # the measuring stack (scipy, ...) only when re-measuring
     from .evaluate import show as show_evaluation
 
@@ -231,6 +228,23 @@ def run(target: Path, as_json: bool, what: str | None, recheck: bool, seed: int 
             + ("[green]the win still holds[/]" if holds else "[red]the win does NOT hold[/]")
         )
     return 0 if holds else EXIT_FAIL
+
+
+def run(target: Path, as_json: bool, what: str | None, recheck: bool, seed: int | None) -> int:
+    ws = Workspace.open(target)
+    if what is None:
+        if recheck:
+            raise AgentsearchError("--recheck needs a MERGE (a merge commit or proposal id from `agentsearch review`)")
+        return _list_merges(ws, as_json)
+    row = resolve_merge(ws, what)
+    if recheck:
+        return _recheck(ws, row, as_json, seed)
+    if as_json:
+        print_json(row)
+    else:
+        out.print(f"[bold]{row['merge'][:12]}[/] {safe(row['title'] or '')} ({row['proposal']})")
+        out.print(safe(row["evidence"] or "(no git note)"))
+    return 0
 
 
 REVERT_PREFIX = "agentsearch/revert-"  # + a merge's first 12 hex digits: the branch `pr --revert` pushes its revert on

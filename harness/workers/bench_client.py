@@ -67,14 +67,9 @@ MAX_TEXT = 1 << 20  # characters of generated text per request; a server that st
 MAX_LINE = 8 << 20  # bytes of one event-stream line (a chunk of MAX_TEXT characters, JSON-escaped, fits)
 
 
-async def complete(session, api_url: str, model: str, prompt: list, output_len: int) -> dict:
-    """One streamed completion, timed by the definitions of ``harness.tails``: TTFT is the first chunk that carries
-    text (an empty chunk sent early is not a token; a request whose whole text is empty — tokens that decode to
-    nothing — has its first token when its last chunk came), each gap is between two chunks that carry text, E2E
-    ends at the last chunk. Tokens as the server's usage reports them. Times in seconds (``time.perf_counter``)."""
-    import aiohttp
-
-    payload = {
+def _payload(model: str, prompt: list, output_len: int) -> dict:
+    """The streamed OpenAI completion request: greedy, exactly ``output_len`` tokens, with usage and token ids."""
+    return {
         "model": model,
         "prompt": prompt,
         "max_tokens": output_len,
@@ -88,105 +83,138 @@ async def complete(session, api_url: str, model: str, prompt: list, output_len: 
         "frequency_penalty": 0.0,
         "presence_penalty": 0.0,
     }
-    start = time.perf_counter()
-    gaps: list[float] = []
-    texts: list[str] = []
-    chars = 0
-    first: float | None = None
-    last = end = 0.0
-    tokens: object = None
-    prompt_tokens: object = len(prompt)
-    ids: list[int] | None = []  # the answer's token ids; None once a chunk came without them (a server without ids)
 
-    def failed(error: str) -> dict:
+
+class _Stream:
+    """One completion's event stream as it arrives: split into lines, each chunk timed when it is read; a
+    ValueError for a stream no honest server sends (too long a line, too many tokens, text without its ids)."""
+
+    def __init__(self, prompt_len: int, output_len: int) -> None:
+        self.output_len = output_len
+        self.start = time.perf_counter()
+        self.gaps: list[float] = []
+        self.texts: list[str] = []
+        self.chars = 0
+        self.first: float | None = None
+        self.last = self.end = 0.0
+        self.tokens: object = None
+        self.prompt_tokens: object = prompt_len
+        self.ids: list[int] | None = []  # the answer's token ids; None once a chunk came without them (no ids served)
+        self.buf = b""
+
+    def feed(self, data: bytes) -> None:
+        self.buf += data
+        if b"\n" not in data and len(self.buf) > MAX_LINE:
+            raise ValueError(f"a line of more than {MAX_LINE} bytes")
+        while b"\n" in self.buf:
+            line, self.buf = self.buf.split(b"\n", 1)
+            self._line(line.strip())
+
+    def _line(self, line: bytes) -> None:
+        if not line.startswith(b"data:"):
+            return  # blank lines, SSE comments
+        body = line[5:].strip()
+        if body == b"[DONE]":
+            return
+        msg = json.loads(body)
+        if not isinstance(msg, dict):
+            return
+        choices = msg.get("choices")
+        if choices and isinstance(choices, list) and isinstance(choices[0], dict):
+            self._choice(choices[0])
+        usage = msg.get("usage")
+        if isinstance(usage, dict):
+            self.tokens = usage.get("completion_tokens")
+            if usage.get("prompt_tokens") is not None:
+                self.prompt_tokens = usage.get("prompt_tokens")
+
+    def _choice(self, choice: dict) -> None:
+        self.end = time.perf_counter()
+        text = choice.get("text") or ""
+        if not isinstance(text, str):
+            raise ValueError("a chunk's text is not a string")
+        got = choice.get("token_ids")
+        if self.ids is not None and isinstance(got, list) and all(_count(t) for t in got):
+            if text and not got:
+                # text without the token it decodes: a "first token" sent ahead of the work
+                raise ValueError("a chunk carries text but no token id")
+            self.ids.extend(got)
+            if len(self.ids) > self.output_len:
+                raise ValueError(f"more token ids than the {self.output_len} tokens asked for")
+        elif text or got is not None:
+            self.ids = None
+        if text:
+            self._text(text)
+
+    def _text(self, text: str) -> None:
+        if len(self.texts) >= self.output_len:  # one text chunk per token at most: never more gaps than tokens
+            raise ValueError(f"more text chunks than the {self.output_len} tokens asked for")
+        if self.first is None:
+            self.first = self.end
+        else:
+            self.gaps.append(self.end - self.last)
+        self.last = self.end
+        self.texts.append(text)
+        self.chars += len(text)
+        if self.chars > MAX_TEXT:
+            raise ValueError(f"more than {MAX_TEXT} characters of text")
+
+    def failed(self, error: str) -> dict:
         return {
             "ok": False,
             "error": error,
-            "start": start,
+            "start": self.start,
             "ttft": 0.0,
             "e2e": 0.0,
             "gaps": [],
             "text": "",
             "token_ids": None,
-            "output_tokens": tokens,
-            "input_tokens": prompt_tokens,
+            "output_tokens": self.tokens,
+            "input_tokens": self.prompt_tokens,
         }
 
-    buf = b""
+    def result(self) -> dict:
+        """The completion once its stream ended: timed, or failed when no token came or the ids fall short."""
+        if not self.end:
+            return self.failed("no token was streamed")
+        if self.first is None:  # every token decoded to nothing: the first text is the (empty) end
+            self.first = self.last = self.end
+        if self.ids and len(self.ids) != self.output_len:
+            return self.failed(
+                f"the server streamed {len(self.ids)} token ids for the {self.output_len} tokens asked for"
+            )
+        return {
+            "ok": True,
+            "error": "",
+            "start": self.start,
+            "ttft": self.first - self.start,
+            "e2e": max(self.last, self.end) - self.start,
+            "gaps": self.gaps,
+            "text": "".join(self.texts),
+            "token_ids": self.ids or None,
+            "output_tokens": self.tokens,
+            "input_tokens": self.prompt_tokens,
+        }
+
+
+async def complete(session, api_url: str, model: str, prompt: list, output_len: int) -> dict:
+    """One streamed completion, timed by the definitions of ``harness.tails``: TTFT is the first chunk that carries
+    text (an empty chunk sent early is not a token; a request whose whole text is empty — tokens that decode to
+    nothing — has its first token when its last chunk came), each gap is between two chunks that carry text, E2E
+    ends at the last chunk. Tokens as the server's usage reports them. Times in seconds (``time.perf_counter``)."""
+    import aiohttp
+
+    payload = _payload(model, prompt, output_len)
+    stream = _Stream(len(prompt), output_len)
     try:
         async with session.post(url=api_url, json=payload) as response:
             if response.status != 200:
-                return failed(f"HTTP {response.status} {response.reason or ''}".strip())
+                return stream.failed(f"HTTP {response.status} {response.reason or ''}".strip())
             async for data in response.content.iter_any():
-                buf += data
-                if b"\n" not in data and len(buf) > MAX_LINE:
-                    raise ValueError(f"a line of more than {MAX_LINE} bytes")
-                while b"\n" in buf:
-                    line, buf = buf.split(b"\n", 1)
-                    line = line.strip()
-                    if not line.startswith(b"data:"):
-                        continue  # blank lines, SSE comments
-                    body = line[5:].strip()
-                    if body == b"[DONE]":
-                        continue
-                    msg = json.loads(body)
-                    if not isinstance(msg, dict):
-                        continue
-                    choices = msg.get("choices")
-                    if choices and isinstance(choices, list) and isinstance(choices[0], dict):
-                        end = time.perf_counter()
-                        text = choices[0].get("text") or ""
-                        if not isinstance(text, str):
-                            raise ValueError("a chunk's text is not a string")
-                        got = choices[0].get("token_ids")
-                        if ids is not None and isinstance(got, list) and all(_count(t) for t in got):
-                            if text and not got:
-                                # text without the token it decodes: a "first token" sent ahead of the work
-                                raise ValueError("a chunk carries text but no token id")
-                            ids.extend(got)
-                            if len(ids) > output_len:
-                                raise ValueError(f"more token ids than the {output_len} tokens asked for")
-                        elif text or got is not None:
-                            ids = None
-                        if text:
-                            if (
-                                len(texts) >= output_len
-                            ):  # one text chunk per token at most: never more gaps than tokens
-                                raise ValueError(f"more text chunks than the {output_len} tokens asked for")
-                            if first is None:
-                                first = end
-                            else:
-                                gaps.append(end - last)
-                            last = end
-                            texts.append(text)
-                            chars += len(text)
-                            if chars > MAX_TEXT:
-                                raise ValueError(f"more than {MAX_TEXT} characters of text")
-                    usage = msg.get("usage")
-                    if isinstance(usage, dict):
-                        tokens = usage.get("completion_tokens")
-                        if usage.get("prompt_tokens") is not None:
-                            prompt_tokens = usage.get("prompt_tokens")
+                stream.feed(data)
     except (aiohttp.ClientError, ValueError, OSError) as exc:
-        return failed(f"{type(exc).__name__}: {exc}")
-    if not end:
-        return failed("no token was streamed")
-    if first is None:  # every token decoded to nothing: the first text is the (empty) end
-        first = last = end
-    if ids and len(ids) != output_len:
-        return failed(f"the server streamed {len(ids)} token ids for the {output_len} tokens asked for")
-    return {
-        "ok": True,
-        "error": "",
-        "start": start,
-        "ttft": first - start,
-        "e2e": max(last, end) - start,
-        "gaps": gaps,
-        "text": "".join(texts),
-        "token_ids": ids or None,
-        "output_tokens": tokens,
-        "input_tokens": prompt_tokens,
-    }
+        return stream.failed(f"{type(exc).__name__}: {exc}")
+    return stream.result()
 
 
 def load(cmd: dict) -> dict:

@@ -10,6 +10,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from agentsearch.verify import holdout_secret
 from agentsearch.workspace import Workspace
 from history import HistoryLog
@@ -25,6 +27,7 @@ def _final(title: str) -> dict:
     return {"text": json.dumps({"title": title, "rationale": "tried to get out", "category": "other"})}
 
 
+@pytest.mark.claude
 def test_agent_sessions_cannot_leave_their_workbench(tmp_path):
     repo = make_repo(
         tmp_path / "toy",
@@ -170,6 +173,7 @@ def test_agent_sessions_cannot_leave_their_workbench(tmp_path):
     assert not s.calls[7].ok and not s.calls[8].ok
 
 
+@pytest.mark.claude
 def test_without_a_sandbox_the_agent_proposer_refuses_to_start(tmp_path):
     """No bubblewrap on this machine (a PATH without it): the Claude proposer does not start — one line,
     exit 2 — where trials would fall back to review: an agent's tools never run unfenced."""
