@@ -38,7 +38,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from harness import sandbox
 from harness.interleave import WorkloadRun, run_interleaved
@@ -293,6 +293,109 @@ def _number(msg: dict[str, Any], key: str) -> float:
     return float(v)
 
 
+class _Messages:
+    """The worker's messages on its dedicated pipe: one JSON object a line, each awaited until the trial's deadline."""
+
+    def __init__(self, rfd: int, deadline: float, timeout_s: float):
+        self.rfd, self.deadline, self.timeout_s = rfd, deadline, timeout_s
+        self.buf = b""
+
+    def next(self, what: str) -> dict[str, Any]:
+        while b"\n" not in self.buf:
+            left = self.deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"timed out after {self.timeout_s:g} s waiting for {what}")
+            if select.select([self.rfd], [], [], min(left, 1.0))[0]:
+                chunk = os.read(self.rfd, MESSAGE_BYTES)
+                if not chunk:
+                    raise EOFError(f"the worker exited before {what}")
+                self.buf += chunk
+            if len(self.buf) > MESSAGE_BYTES:
+                raise ValueError(f"the worker sent an oversized message before {what}")
+        line, self.buf = self.buf.split(b"\n", 1)
+        msg = safe_json_loads(line.decode("utf-8", "replace"))
+        if not isinstance(msg, dict):
+            raise ValueError(f"the worker sent a malformed message before {what}")
+        return msg
+
+
+@dataclass
+class _Rounds:
+    """A timing trial's rounds as they are played: each round's salt, and per round played the orchestrator's round
+    trip (µs), the worker's readings (µs: its round, its summed calls), its output sums and the wake-up delay after
+    it (s)."""
+
+    salts: list[int]
+    walls: list[float] = field(default_factory=list)
+    spans: list[float] = field(default_factory=list)
+    calls: list[float] = field(default_factory=list)
+    sums: list[list[float | None]] = field(default_factory=list)
+    lates: list[float] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class _Ended:
+    """How a timing trial's worker ended: the error ('' : none), the failure kind, its exit status (None: unknown)."""
+
+    error: str
+    failure: str
+    rc: int | None
+
+
+def _play(stdin: IO[bytes], messages: _Messages, rounds: _Rounds) -> None:
+    """Play the ROUNDS rounds: each ``go`` (with its salt) answered by a ``done``, timed here."""
+    for r in range(ROUNDS):
+        t0 = time.perf_counter()
+        stdin.write(f"go {r} {rounds.salts[r]}\n".encode())
+        stdin.flush()
+        msg = messages.next(f"round {r + 1}")
+        rounds.walls.append((time.perf_counter() - t0) * 1e6)
+        if msg.get("event") != "done" or msg.get("round") != r:
+            raise ValueError(f"the worker did not answer round {r + 1}")
+        rounds.spans.append(_number(msg, "span_us"))
+        rounds.calls.append(_number(msg, "calls_us"))
+        rounds.sums.append(_sums(msg))
+        rounds.lates.append(_lateness())
+
+
+def _converse(
+    proc: subprocess.Popen[bytes], messages: _Messages, rounds: _Rounds, timeout_s: float, deadline: float
+) -> _Ended:
+    """The trial's conversation with its worker: its warm-up, the rounds, its exit."""
+    error, failure, rc = "", "", None
+    try:
+        assert proc.stdin is not None
+        if messages.next("its warm-up").get("event") != "ready":
+            raise ValueError("the worker's first message is not ready")
+        _play(proc.stdin, messages, rounds)
+        proc.stdin.close()
+        rc = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        error, failure = f"timed out after {timeout_s:g} s", TIMEOUT
+    except TimeoutError as exc:
+        error, failure = str(exc), TIMEOUT
+    except ValueError as exc:  # it broke the protocol
+        error = str(exc)
+    except (OSError, EOFError) as exc:  # it died (a broken pipe): its exit status and last words say why
+        try:
+            rc = proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            rc = None
+        error = str(exc) if rc is None or rc == 0 else ""
+    return _Ended(error, failure, rc)
+
+
+def _reap(proc: subprocess.Popen[bytes], token: str, fe: IO[bytes], rfd: int) -> None:
+    """Every process of the trial gone (its group, any leftover carrying its token), the pipe closed."""
+    kill_group(proc)
+    kill_leftovers(token, (fe,))
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:  # unkillable (D state): do not wait for it
+        pass
+    os.close(rfd)
+
+
 def _timed_trial(spec: CommandSpec, out_dir: Path) -> TrialOutcome:
     """One timing trial in a fresh worker process (in its side's sandbox): ROUNDS rounds, each timed here as
     the round trip of ``go r`` (the worker's stdin) and its ``done`` (a dedicated pipe); the value ``us`` is
@@ -310,33 +413,8 @@ def _timed_trial(spec: CommandSpec, out_dir: Path) -> TrialOutcome:
     env = {**child_env(spec.env, spec.worktree, None, out), TRIAL_MARKER: token}
     t_all = time.perf_counter()
     deadline = time.monotonic() + spec.timeout_s
-    walls: list[float] = []
-    spans: list[float] = []
-    calls: list[float] = []
-    lates: list[float] = []
-    salts = [secrets.randbits(62) for _ in range(ROUNDS)]
-    sums: list[list[float | None]] = []
-    buf = b""
-
-    def message(what: str) -> dict[str, Any]:
-        nonlocal buf
-        while b"\n" not in buf:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError(f"timed out after {spec.timeout_s:g} s waiting for {what}")
-            if select.select([rfd], [], [], min(left, 1.0))[0]:
-                chunk = os.read(rfd, MESSAGE_BYTES)
-                if not chunk:
-                    raise EOFError(f"the worker exited before {what}")
-                buf += chunk
-            if len(buf) > MESSAGE_BYTES:
-                raise ValueError(f"the worker sent an oversized message before {what}")
-        line, buf = buf.split(b"\n", 1)
-        msg = safe_json_loads(line.decode("utf-8", "replace"))
-        if not isinstance(msg, dict):
-            raise ValueError(f"the worker sent a malformed message before {what}")
-        return msg
-
+    rounds = _Rounds([secrets.randbits(62) for _ in range(ROUNDS)])
+    messages = _Messages(rfd, deadline, spec.timeout_s)
     with tempfile.TemporaryFile(prefix="agentsearch-err-") as fe:
         try:
             proc = subprocess.Popen(
@@ -351,70 +429,41 @@ def _timed_trial(spec: CommandSpec, out_dir: Path) -> TrialOutcome:
             )
         finally:
             os.close(wfd)
-        error, failure, rc = "", "", None
         try:
-            assert proc.stdin is not None
-            if message("its warm-up").get("event") != "ready":
-                raise ValueError("the worker's first message is not ready")
-            for r in range(ROUNDS):
-                t0 = time.perf_counter()
-                proc.stdin.write(f"go {r} {salts[r]}\n".encode())
-                proc.stdin.flush()
-                msg = message(f"round {r + 1}")
-                walls.append((time.perf_counter() - t0) * 1e6)
-                if msg.get("event") != "done" or msg.get("round") != r:
-                    raise ValueError(f"the worker did not answer round {r + 1}")
-                spans.append(_number(msg, "span_us"))
-                calls.append(_number(msg, "calls_us"))
-                sums.append(_sums(msg))
-                lates.append(_lateness())
-            proc.stdin.close()
-            rc = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            error, failure = f"timed out after {spec.timeout_s:g} s", TIMEOUT
-        except TimeoutError as exc:
-            error, failure = str(exc), TIMEOUT
-        except ValueError as exc:  # it broke the protocol
-            error = str(exc)
-        except (OSError, EOFError) as exc:  # it died (a broken pipe): its exit status and last words say why
-            try:
-                rc = proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                rc = None
-            error = str(exc) if rc is None or rc == 0 else ""
+            ended = _converse(proc, messages, rounds, spec.timeout_s, deadline)
         finally:
-            kill_group(proc)
-            kill_leftovers(token, (fe,))
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:  # unkillable (D state): do not wait for it
-                pass
-            os.close(rfd)
+            _reap(proc, token, fe, rfd)
         stderr = tail(read_tail(fe))
     wall = time.perf_counter() - t_all
     try:
-        if not error and rc != 0:
-            error = f"exited with status {rc}: {tail(stderr, 1) or 'no stderr'}"
-        if error:
-            return TrialOutcome(False, None, {}, wall, error, stderr, failure=failure)
-        data, err = read_metrics(out, "worker_us")
-        if data is None or err:
-            return TrialOutcome(False, None, data or {}, wall, err, stderr)
-        metrics = {
-            **data,
-            "us": pystats.median(walls),
-            "worker_us": pystats.median(calls),
-            SALTS: {"salts": salts, "sums": sums},
-        }
-        breach = _clock_breach(walls, spans, calls, lates)
-        if breach:
-            return TrialOutcome(False, None, metrics, wall, breach, stderr)
-        return TrialOutcome(True, metrics["us"], metrics, wall, "", stderr)
+        return _trial_outcome(out, rounds, ended, wall, stderr)
     finally:
         try:
             out.unlink(missing_ok=True)
         except OSError:  # not a file: the side's out dir is emptied before its next trial
             pass
+
+
+def _trial_outcome(out: Path, rounds: _Rounds, ended: _Ended, wall: float, stderr: str) -> TrialOutcome:
+    """The trial's outcome from how its worker ended, its metrics file ``out`` and the rounds it played."""
+    error = ended.error
+    if not error and ended.rc != 0:
+        error = f"exited with status {ended.rc}: {tail(stderr, 1) or 'no stderr'}"
+    if error:
+        return TrialOutcome(False, None, {}, wall, error, stderr, failure=ended.failure)
+    data, err = read_metrics(out, "worker_us")
+    if data is None or err:
+        return TrialOutcome(False, None, data or {}, wall, err, stderr)
+    metrics = {
+        **data,
+        "us": pystats.median(rounds.walls),
+        "worker_us": pystats.median(rounds.calls),
+        SALTS: {"salts": rounds.salts, "sums": rounds.sums},
+    }
+    breach = _clock_breach(rounds.walls, rounds.spans, rounds.calls, rounds.lates)
+    if breach:
+        return TrialOutcome(False, None, metrics, wall, breach, stderr)
+    return TrialOutcome(True, metrics["us"], metrics, wall, "", stderr)
 
 
 def _spec(
@@ -439,6 +488,28 @@ def _spec(
     )
 
 
+class _Rejected(Exception):
+    """An op failed the micro stage: the check's detail and failure kind."""
+
+    def __init__(self, detail: str, kind: FailureKind = FailureKind.CHANGED_OUTPUTS):
+        super().__init__(detail)
+        self.detail, self.kind = detail, kind
+
+
+@dataclass(frozen=True)
+class _Stage:
+    """What every op's checks share: the config, the sides, the cases' directory (an input of the sides), where the
+    outputs checked are kept (the orchestrator's), the model's hidden size, the evaluation's secret master."""
+
+    config: Config
+    sd: Sides
+    work: Path
+    keep: Path
+    hidden: int
+    master: int
+    say: Say
+
+
 def run(
     config: Config,
     sd: Sides,
@@ -458,143 +529,21 @@ def run(
     work.mkdir(parents=True, exist_ok=True)
     keep = sd.scratch / "micro-samples"  # the orchestrator's: no side can see or change what is checked
     keep.mkdir(parents=True, exist_ok=True)
+    stage = _Stage(config, sd, work, keep, hidden, master, say)
     notes = []
     for t in targets:
         r = OpResult(t.op, list(t.baseline), list(t.candidate))
         res.ops.append(r)
-        # public cases (seed fixed per op) + a hidden set from the evaluation's secret master
-        public = catalog.cases(t.op, hidden, seed=1)
-        hidden_set = catalog.cases(t.op, hidden, seed=pair_seeds(master, f"micro-hidden-{t.op}")(0), n_zipf=4)
-        cases = public + hidden_set
-        r.cases, r.hidden_cases = len(public), len(hidden_set)
-        cpath = work / f"{t.op}-correct.json"
-        cpath.write_text(json.dumps(cases))
-        say("micro", f"{t.op}: correctness of {list(t.candidate) or ['native']} on {len(cases)} cases")
-        spec = _spec(sd, config, CANDIDATE, "correct", t.op, t.candidate, cpath)
-        sd.fresh_outputs(CANDIDATE)
-        (sd.out(CANDIDATE) / "micro").mkdir(parents=True, exist_ok=True)
-        out = run_command_trial(spec, 0, sd.out(CANDIDATE) / "micro")  # (untimed)
-        moved = sd.check()
-        if not out.ok or moved:
-            r.failures = [moved or f"the candidate's worker failed: {out.error}"]
-            return _fail(
-                res, t0, f"{t.op}: {r.failures[0]}", FailureKind.WORKTREE_CHANGED if moved else FailureKind.CRASH
-            )
-        r.providers = str(out.metrics.get("providers", ""))
-        if out.metrics.get("aliased"):
-            r.failures = [f"{out.metrics['aliased']} outputs are views of an input"]
-            return _fail(res, t0, f"{t.op}: {r.failures[0]}")
-        samples = sd.out(CANDIDATE) / "micro" / "samples.npz"
-        kept = keep / f"{t.op}-correct.npz"
-        if not _take(sd.out(CANDIDATE), samples, kept):
-            return _fail(res, t0, f"{t.op}: the candidate's worker wrote no outputs", FailureKind.CRASH)
-        checked, failures, err = _check(cpath, [kept])
-        if err:  # the instrument failed: fail closed
-            return _fail(res, t0, f"{t.op}: {err}", FailureKind.MEASUREMENT_ERROR)
-        r.failures = failures
-        if failures or checked != len(cases):
-            return _fail(
-                res,
-                t0,
-                f"{t.op} with {list(t.candidate)}: wrong result on {len(failures)} of {len(cases)} cases "
-                f"(first: {failures[0] if failures else 'cases missing'})",
-            )
-        r.correct = True
-        if not (timing and t.timed):
-            notes.append(f"{t.op}: {len(cases)} cases correct ({r.providers})")
-            continue
-
-        # timing: baseline priority vs candidate priority, interleaved, fresh processes
-        bpath = work / f"{t.op}-bench.json"
-        bench = catalog.bench_cases(t.op, hidden, seed=pair_seeds(master, f"micro-bench-{t.op}")(0))
-        bpath.write_text(json.dumps(bench))
-        to_check: list[Path] = []
-        specs_ = {
-            s: _spec(sd, config, s, "time", t.op, t.baseline if s == BASELINE else t.candidate, bpath)
-            for s in (BASELINE, CANDIDATE)
-        }
-        design = SequentialDesign(
-            alpha=alpha,
-            min_pairs=pairs[0],
-            look_every=pairs[0],
-            max_pairs=pairs[1],
-            max_regression=config.gate.max_regression,
-            regression_alpha=config.gate.regression_alpha,
-        )
-
-        first: list[str] = []  # the candidate's first timed outputs are checked at once: a cheat stops early
-
-        def on_check(side: str, path: Path) -> None:
-            if side == CANDIDATE and not first:  # noqa: B023 - called within the iteration
-                n, fails, err = _check(bpath, [path], ROUNDS, salted=True)  # noqa: B023 - called within the iteration
-                first.append(  # noqa: B023 - called within the iteration
-                    err or (fails[0] if fails else "") or ("" if n == len(bench) * ROUNDS else "outputs missing")  # noqa: B023 - called within the iteration
-                )
-                if first[0]:  # noqa: B023 - called within the iteration
-                    raise _WrongTimed(first[0])  # noqa: B023 - called within the iteration
-            else:
-                to_check.append(path)  # noqa: B023 - called within the iteration
-
-        def factory(side: str, restart: int) -> _Session:
-            return _Session(sd, side, specs_[side], keep, on_check)  # noqa: B023 - called within the iteration
-
-        def on_pair(run_: WorkloadRun) -> None:
-            est = math.exp(sum(run_.log_ratios) / len(run_.log_ratios)) - 1
-            say("micro", f"{t.op}: pair {run_.pairs}/{design.max_pairs}, running estimate {est:+.2%}")  # noqa: B023 - called within the iteration
-
         try:
-            wr = run_interleaved(
-                f"micro:{t.op}",
-                factory,
-                design,
-                decide_guard,
-                pair_seeds(master, f"micro-{t.op}"),
-                False,
-                on_pair=on_pair,
-            )
-        except _WrongTimed as exc:
-            return _fail(res, t0, f"{t.op}: a timed call returned a wrong result ({exc})")
-        except (OSError, ValueError, RuntimeError) as exc:
-            return _fail(
-                res, t0, f"{t.op}: measurement error: {type(exc).__name__}: {exc}", FailureKind.MEASUREMENT_ERROR
-            )
-        for tr in wr.trials:
-            if record is not None:
-                record(tr)
-        if wr.failure:
-            last = wr.trials[-1] if wr.trials else None
-            if last is not None and last.side == BASELINE:  # the baseline's own provider: whose failure is it?
-                _baseline_alone(sd, specs_[BASELINE], keep, t, wr.failure, say)
-                return _fail(
-                    res,
-                    t0,
-                    f"{t.op}: {wr.failure} (the baseline alone passes: the failure came with this candidate)",
-                    FailureKind.CRASH,
-                )
-            return _fail(res, t0, f"{t.op}: {wr.failure}", FailureKind.CRASH)
-        assert wr.decision is not None
-        checked, failures, err = _check(bpath, to_check, ROUNDS, salted=True)
-        if err:
-            return _fail(res, t0, f"{t.op}: {err}", FailureKind.MEASUREMENT_ERROR)
-        if failures or checked != len(bench) * ROUNDS * len(to_check) or not first:
-            r.failures = failures
-            return _fail(
-                res,
-                t0,
-                f"{t.op}: a timed call returned a wrong result ({failures[0] if failures else 'outputs missing'})",
-            )
-        est = wr.decision.estimate
-        r.pairs, r.speedup, r.ci, r.p_slower = wr.pairs, est.speedup, est.ci(), est.p_worse()
-        r.baseline_us = pystats.median(wr.values(BASELINE))
-        r.candidate_us = pystats.median(wr.values(CANDIDATE))
-        r.decision = wr.decision.action
-        nums = (
-            f"{t.op}: {r.baseline_us:.0f} -> {r.candidate_us:.0f} us per mix of {len(bench)} calls, "
-            f"{est.speedup:.2f}x [{r.ci[0]:.2f}, {r.ci[1]:.2f}] over {wr.pairs} pairs, {len(cases)} cases correct"
-        )
-        if wr.decision.action != OK:
-            return _fail(res, t0, f"{t.op}: micro-slowdown: {wr.decision.reason} ({nums})", FailureKind.SLOWER)
-        if est.speedup > config.gate.plausibility:
+            n_cases = _correctness(stage, t, r)
+            if not (timing and t.timed):
+                notes.append(f"{t.op}: {n_cases} cases correct ({r.providers})")
+                continue
+            nums = _timing(stage, t, r, n_cases, alpha, pairs, record)
+        except _Rejected as exc:
+            return _fail(res, t0, exc.detail, exc.kind)
+        assert r.speedup is not None
+        if r.speedup > config.gate.plausibility:
             res.wall_s = time.perf_counter() - t0
             return Check(
                 "micro",
@@ -604,6 +553,167 @@ def run(
         notes.append(nums)
     res.wall_s = time.perf_counter() - t0
     return Check("micro", Status.PASS, "; ".join(notes) + f" ({res.wall_s:.0f} s)"), res
+
+
+def _correctness(stage: _Stage, t: Target, r: OpResult) -> int:
+    """The candidate's op on the public cases (seed fixed per op) and a hidden set (from the evaluation's secret
+    master), in one fresh process, its outputs checked by the trusted checker; the number of cases. _Rejected when
+    the worker fails, the worktree moved, an output aliases an input or a result is wrong."""
+    sd = stage.sd
+    public = catalog.cases(t.op, stage.hidden, seed=1)
+    hidden_set = catalog.cases(t.op, stage.hidden, seed=pair_seeds(stage.master, f"micro-hidden-{t.op}")(0), n_zipf=4)
+    cases = public + hidden_set
+    r.cases, r.hidden_cases = len(public), len(hidden_set)
+    cpath = stage.work / f"{t.op}-correct.json"
+    cpath.write_text(json.dumps(cases))
+    stage.say("micro", f"{t.op}: correctness of {list(t.candidate) or ['native']} on {len(cases)} cases")
+    spec = _spec(sd, stage.config, CANDIDATE, "correct", t.op, t.candidate, cpath)
+    sd.fresh_outputs(CANDIDATE)
+    (sd.out(CANDIDATE) / "micro").mkdir(parents=True, exist_ok=True)
+    out = run_command_trial(spec, 0, sd.out(CANDIDATE) / "micro")  # (untimed)
+    moved = sd.check()
+    if not out.ok or moved:
+        r.failures = [moved or f"the candidate's worker failed: {out.error}"]
+        raise _Rejected(f"{t.op}: {r.failures[0]}", FailureKind.WORKTREE_CHANGED if moved else FailureKind.CRASH)
+    r.providers = str(out.metrics.get("providers", ""))
+    if out.metrics.get("aliased"):
+        r.failures = [f"{out.metrics['aliased']} outputs are views of an input"]
+        raise _Rejected(f"{t.op}: {r.failures[0]}")
+    samples = sd.out(CANDIDATE) / "micro" / "samples.npz"
+    kept = stage.keep / f"{t.op}-correct.npz"
+    if not _take(sd.out(CANDIDATE), samples, kept):
+        raise _Rejected(f"{t.op}: the candidate's worker wrote no outputs", FailureKind.CRASH)
+    checked, failures, err = _check(cpath, [kept])
+    if err:  # the instrument failed: fail closed
+        raise _Rejected(f"{t.op}: {err}", FailureKind.MEASUREMENT_ERROR)
+    r.failures = failures
+    if failures or checked != len(cases):
+        raise _Rejected(
+            f"{t.op} with {list(t.candidate)}: wrong result on {len(failures)} of {len(cases)} cases "
+            f"(first: {failures[0] if failures else 'cases missing'})"
+        )
+    r.correct = True
+    return len(cases)
+
+
+class _TimedChecks:
+    """Where a timed trial's outputs go: the candidate's first are checked at once (a cheat stops early), every
+    other trial's are kept for the check after the measurement (``later``)."""
+
+    def __init__(self, bench_path: Path, calls: int):
+        self.bench_path, self.calls = bench_path, calls
+        self.first: list[str] = []  # the first check's finding ('' : none)
+        self.later: list[Path] = []
+
+    def __call__(self, side: str, path: Path) -> None:
+        if side == CANDIDATE and not self.first:
+            n, fails, err = _check(self.bench_path, [path], ROUNDS, salted=True)
+            self.first.append(
+                err or (fails[0] if fails else "") or ("" if n == self.calls * ROUNDS else "outputs missing")
+            )
+            if self.first[0]:
+                raise _WrongTimed(self.first[0])
+        else:
+            self.later.append(path)
+
+
+def _timing(
+    stage: _Stage,
+    t: Target,
+    r: OpResult,
+    n_cases: int,
+    alpha: float,
+    pairs: tuple[int, int],
+    record: Callable[[TrialRecord], None] | None,
+) -> str:
+    """Baseline priority against candidate priority, interleaved, fresh processes; every timed output checked. The
+    numbers in words (``r`` holds them); _Rejected on a wrong timed result, a failed trial or a slowdown."""
+    bpath = stage.work / f"{t.op}-bench.json"
+    bench = catalog.bench_cases(t.op, stage.hidden, seed=pair_seeds(stage.master, f"micro-bench-{t.op}")(0))
+    bpath.write_text(json.dumps(bench))
+    checks = _TimedChecks(bpath, len(bench))
+    specs = {
+        s: _spec(stage.sd, stage.config, s, "time", t.op, t.baseline if s == BASELINE else t.candidate, bpath)
+        for s in (BASELINE, CANDIDATE)
+    }
+    design = SequentialDesign(
+        alpha=alpha,
+        min_pairs=pairs[0],
+        look_every=pairs[0],
+        max_pairs=pairs[1],
+        max_regression=stage.config.gate.max_regression,
+        regression_alpha=stage.config.gate.regression_alpha,
+    )
+    wr = _interleave(stage, t, specs, checks, design)
+    for tr in wr.trials:
+        if record is not None:
+            record(tr)
+    if wr.failure:
+        last = wr.trials[-1] if wr.trials else None
+        if last is not None and last.side == BASELINE:  # the baseline's own provider: whose failure is it?
+            _baseline_alone(stage.sd, specs[BASELINE], stage.keep, t, wr.failure, stage.say)
+            raise _Rejected(
+                f"{t.op}: {wr.failure} (the baseline alone passes: the failure came with this candidate)",
+                FailureKind.CRASH,
+            )
+        raise _Rejected(f"{t.op}: {wr.failure}", FailureKind.CRASH)
+    assert wr.decision is not None
+    checked, failures, err = _check(bpath, checks.later, ROUNDS, salted=True)
+    if err:
+        raise _Rejected(f"{t.op}: {err}", FailureKind.MEASUREMENT_ERROR)
+    if failures or checked != len(bench) * ROUNDS * len(checks.later) or not checks.first:
+        r.failures = failures
+        raise _Rejected(
+            f"{t.op}: a timed call returned a wrong result ({failures[0] if failures else 'outputs missing'})"
+        )
+    return _estimate(t, r, wr, len(bench), n_cases)
+
+
+def _interleave(
+    stage: _Stage, t: Target, specs: dict[str, CommandSpec], checks: _TimedChecks, design: SequentialDesign
+) -> WorkloadRun:
+    """The interleaved timing pairs of ``t``'s op (each trial a fresh worker, its outputs handed to ``checks``)."""
+
+    def factory(side: str, restart: int) -> _Session:
+        return _Session(stage.sd, side, specs[side], stage.keep, checks)
+
+    def on_pair(run_: WorkloadRun) -> None:
+        est = math.exp(sum(run_.log_ratios) / len(run_.log_ratios)) - 1
+        stage.say("micro", f"{t.op}: pair {run_.pairs}/{design.max_pairs}, running estimate {est:+.2%}")
+
+    try:
+        return run_interleaved(
+            f"micro:{t.op}",
+            factory,
+            design,
+            decide_guard,
+            pair_seeds(stage.master, f"micro-{t.op}"),
+            False,
+            on_pair=on_pair,
+        )
+    except _WrongTimed as exc:
+        raise _Rejected(f"{t.op}: a timed call returned a wrong result ({exc})") from None
+    except (OSError, ValueError, RuntimeError) as exc:
+        raise _Rejected(
+            f"{t.op}: measurement error: {type(exc).__name__}: {exc}", FailureKind.MEASUREMENT_ERROR
+        ) from None
+
+
+def _estimate(t: Target, r: OpResult, wr: WorkloadRun, calls: int, n_cases: int) -> str:
+    """The measurement's numbers, into ``r`` and in words; _Rejected on a significant slowdown."""
+    assert wr.decision is not None
+    est = wr.decision.estimate
+    r.pairs, r.speedup, r.ci, r.p_slower = wr.pairs, est.speedup, est.ci(), est.p_worse()
+    r.baseline_us = pystats.median(wr.values(BASELINE))
+    r.candidate_us = pystats.median(wr.values(CANDIDATE))
+    r.decision = wr.decision.action
+    nums = (
+        f"{t.op}: {r.baseline_us:.0f} -> {r.candidate_us:.0f} us per mix of {calls} calls, "
+        f"{est.speedup:.2f}x [{r.ci[0]:.2f}, {r.ci[1]:.2f}] over {wr.pairs} pairs, {n_cases} cases correct"
+    )
+    if wr.decision.action != OK:
+        raise _Rejected(f"{t.op}: micro-slowdown: {wr.decision.reason} ({nums})", FailureKind.SLOWER)
+    return nums
 
 
 def _baseline_alone(sd: Sides, spec: CommandSpec, keep: Path, t: Target, failure: str, say: Say) -> None:

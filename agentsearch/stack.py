@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from history.records import EpisodeStarted, Merge, RecordError, Revert, Role, Verdict, WorkloadSummary
 from history.records import Evaluation as EvaluationRecord
@@ -55,6 +55,9 @@ from .records import append, read_entries
 from .warm_baseline import WarmBaseline
 from .workspace import git
 from .workspace.workspace import Workspace, atomic_write
+
+if TYPE_CHECKING:
+    from .config import Config
 
 R = TypeVar("R", StackCheck, StackBisect)
 ROUNDS = frozenset(r.value for r in Role)  # the rounds a trial's phase may name (a word a later release adds is
@@ -385,6 +388,32 @@ def _measure_tip(ws: Workspace, rng: Range, seed: int | None, say: Say) -> Stack
     )
 
 
+@dataclass(frozen=True)
+class _CheckRun:
+    """A stack check under way: the tip's measurement (with the parts measured before a resume), its range, its
+    options, where its progress is kept, and when its first run started (``t0``: the time of every run that measured
+    it counts)."""
+
+    partial: StackCheck
+    rng: Range
+    leave_one_out: bool
+    seed: int | None
+    journal: Journal | None
+    t0: float
+
+    def keep(self, removals: list[Removal], joint: list[Interference]) -> None:
+        """The parts measured so far, to the journal (if any)."""
+        if self.journal is not None:
+            now = round(time.perf_counter() - self.t0, 3)
+            self.journal.save(
+                Progress(
+                    dataclasses.replace(self.partial, removals=tuple(removals), interference=tuple(joint), seconds=now),
+                    self.leave_one_out,
+                    self.seed,
+                )
+            )
+
+
 def check(
     ws: Workspace,
     since: str | None = None,
@@ -406,6 +435,45 @@ def check(
     to_history: Callable[[StackCheck], None] = write or (lambda r: append(ws, r, None, None))
     if saved is not None and journal is not None and isinstance(saved.record, StackCheck) and saved.final:
         return _recorded(ws, journal, saved.record, to_history)
+    run = _begin(ws, since, seed, leave_one_out, journal, saved, say)
+    partial, rng = run.partial, run.rng
+    config = ws.config(rng.since)
+    reasons = partial.reasons
+    removals: list[Removal] = list(partial.removals)
+    joint: list[Interference] = list(partial.interference)
+    if run.leave_one_out:
+        removals, joint = _leave_one_out(ws, run, config, say)
+        removals = [
+            _shrank(r, m, config.gate.alpha, config.gate.min_effect) for r, m in zip(removals, rng.merges, strict=True)
+        ]
+        reasons = (*reasons, *_lost_reasons(removals, rng.merges, partial.verdict))
+    elif partial.verdict == "under-delivers":
+        reasons = (
+            *reasons,
+            "`agentsearch stack --leave-one-out` measures what each merge adds today: the ones far below their "
+            "estimates are where the gain was lost",
+        )
+    record = dataclasses.replace(
+        partial,
+        reasons=reasons,
+        removals=tuple(removals),
+        interference=tuple(joint),
+        seconds=round(time.perf_counter() - run.t0, 3),
+    )
+    return _finish(journal, record, to_history, run.leave_one_out, run.seed)
+
+
+def _begin(
+    ws: Workspace,
+    since: str | None,
+    seed: int | None,
+    leave_one_out: bool,
+    journal: Journal | None,
+    saved: Progress | None,
+    say: Say,
+) -> _CheckRun:
+    """The check resumed from the journal's ``saved`` progress (its range and options, as measured), or begun: the
+    tip measured against the range's start, and kept in the journal."""
     if saved is not None:
         assert isinstance(saved.record, StackCheck)  # the journal's kind
         partial, leave_one_out, seed = saved.record, saved.leave_one_out, saved.seed
@@ -423,89 +491,66 @@ def check(
         if journal is not None:
             journal.save(Progress(partial, leave_one_out, seed))
     t0 = time.perf_counter() - partial.seconds  # the time of every run that measured this check
-    config = ws.config(rng.since)
-    objective, reasons, verdict = partial.objective, partial.reasons, partial.verdict
-    removals: list[Removal] = list(partial.removals)
-    joint: list[Interference] = list(partial.interference)
+    return _CheckRun(partial, rng, leave_one_out, seed, journal, t0)
 
-    def keep() -> None:
-        if journal is not None:
-            now = round(time.perf_counter() - t0, 3)
-            journal.save(
-                Progress(
-                    dataclasses.replace(partial, removals=tuple(removals), interference=tuple(joint), seconds=now),
-                    leave_one_out,
+
+def _leave_one_out(ws: Workspace, run: _CheckRun, config: Config, say: Say) -> tuple[list[Removal], list[Interference]]:
+    """Each merge reverted on the tip, then the pairs the single removals point to reverted together, against one
+    warm tip; the parts measured before a resume kept, each new part kept in the journal as it is measured."""
+    rng, objective, seed = run.rng, run.partial.objective, run.seed
+    removals: list[Removal] = list(run.partial.removals)
+    joint: list[Interference] = list(run.partial.interference)
+    warm = WarmBaseline(ws, "stack", reuse=max(1, 2 * len(rng.merges)))
+    try:
+        for i, m in enumerate(rng.merges[len(removals) :], len(removals) + 1):
+            say(
+                "stack",
+                f"leave-one-out {i}/{len(rng.merges)}: the tip without {m.merge[:12]} ({m.title or m.proposal})",
+            )
+            removals.append(
+                _remove(ws, rng.tip, m, objective, seed, warm, say, config.gate.min_effect, config.stack.removal_pairs)
+            )
+            run.keep(removals, joint)
+        for a, b in pointed_pairs(rng.merges, removals)[len(joint) :]:
+            say("stack", f"interference: the tip without both {a.merge[:12]} and {b.merge[:12]}")
+            joint.append(
+                _remove_pair(
+                    ws,
+                    rng.tip,
+                    a,
+                    b,
+                    objective,
                     seed,
+                    warm,
+                    config.gate.alpha,
+                    say,
+                    {r.merge: r for r in removals},
+                    config.stack.removal_pairs,
                 )
             )
+            run.keep(removals, joint)
+    finally:
+        warm.retire()
+    return removals, joint
 
-    if leave_one_out:
-        warm = WarmBaseline(ws, "stack", reuse=max(1, 2 * len(rng.merges)))
-        try:
-            for i, m in enumerate(rng.merges[len(removals) :], len(removals) + 1):
-                say(
-                    "stack",
-                    f"leave-one-out {i}/{len(rng.merges)}: the tip without {m.merge[:12]} ({m.title or m.proposal})",
-                )
-                removals.append(
-                    _remove(
-                        ws, rng.tip, m, objective, seed, warm, say, config.gate.min_effect, config.stack.removal_pairs
-                    )
-                )
-                keep()
-            for a, b in pointed_pairs(rng.merges, removals)[len(joint) :]:
-                say("stack", f"interference: the tip without both {a.merge[:12]} and {b.merge[:12]}")
-                joint.append(
-                    _remove_pair(
-                        ws,
-                        rng.tip,
-                        a,
-                        b,
-                        objective,
-                        seed,
-                        warm,
-                        config.gate.alpha,
-                        say,
-                        {r.merge: r for r in removals},
-                        config.stack.removal_pairs,
-                    )
-                )
-                keep()
-        finally:
-            warm.retire()
-        removals = [
-            _shrank(r, m, config.gate.alpha, config.gate.min_effect) for r, m in zip(removals, rng.merges, strict=True)
-        ]
-        lost = [r for r in removals if r.shrank]
-        if lost:
-            reasons = (
-                *reasons,
-                "adds significantly less at the tip than it was merged on: "
-                + ", ".join(
-                    f"{r.merge[:12]} (today {r.marginal:.3f}x, merged on {m.speedup:.3f}x)"
-                    for r, m in zip(removals, rng.merges, strict=True)
-                    if r.shrank and r.marginal is not None and m.speedup is not None
-                )
-                + (
-                    " — where the stack's gain was lost"
-                    if verdict == "under-delivers"
-                    else " — a later merge took its gain over, or it no longer pays at the tip"
-                ),
-            )
-    elif verdict == "under-delivers":
-        reasons = (
-            *reasons,
-            "`agentsearch stack --leave-one-out` measures what each merge adds today: the ones far below their "
-            "estimates are where the gain was lost",
+
+def _lost_reasons(removals: list[Removal], merges: tuple[StackMerge, ...], verdict: str) -> tuple[str, ...]:
+    """The reason naming the merges that add significantly less at the tip than they were merged on (none: ())."""
+    if not any(r.shrank for r in removals):
+        return ()
+    return (
+        "adds significantly less at the tip than it was merged on: "
+        + ", ".join(
+            f"{r.merge[:12]} (today {r.marginal:.3f}x, merged on {m.speedup:.3f}x)"
+            for r, m in zip(removals, merges, strict=True)
+            if r.shrank and r.marginal is not None and m.speedup is not None
         )
-    record = dataclasses.replace(
-        partial,
-        reasons=reasons,
-        removals=tuple(removals),
-        interference=tuple(joint),
-        seconds=round(time.perf_counter() - t0, 3),
+        + (
+            " — where the stack's gain was lost"
+            if verdict == "under-delivers"
+            else " — a later merge took its gain over, or it no longer pays at the tip"
+        ),
     )
-    return _finish(journal, record, to_history, leave_one_out, seed)
 
 
 def _resumable(ws: Workspace, journal: Journal, say: Say) -> Progress | None:
@@ -867,33 +912,65 @@ def bisect(
     workload = workload or config.objective.name
     if workload not in names:
         raise AgentsearchError(f"--metric {workload!r} is not a workload of this target ({', '.join(names)})")
-    line = first_parent_line(ws, rng)
-    commits = [rng.since] + line  # commits[i]: the baseline after its i-th commit in the range
-    made_by = {e.record.new: e.proposal for e in read_entries(ws) if isinstance(e.record, Merge) and e.record.ok}
-    undone = {e.record.new: e.record.merge for e in read_entries(ws) if isinstance(e.record, Revert)}
-    steps: list[BisectStep] = []
-    attempt = [0]
-    # each step's error split over the steps a search can take (the tip, then ceil(log2 K) halvings): Bonferroni
-    step_alpha = config.gate.alpha / (1 + math.ceil(math.log2(max(2, len(rng.merges)))))
-
-    def record(culprit: str | None, reason: str) -> StackBisect:
-        return StackBisect(
-            since=rng.since,
-            tip=rng.tip,
-            workload=workload,
-            merges=tuple(line),
-            steps=tuple(steps),
-            culprit=culprit,
-            proposal=made_by.get(culprit or ""),
-            reason=reason,
-            seconds=round(time.perf_counter() - t0, 3),
-        )
-
+    search = _Bisection(ws, rng, config, workload, seed, replay, journal, t0, say)
     if replay:
         say("bisect", f"resuming the bisection of {workload}: {len(replay)} step(s) measured")
+    culprit, reason = _search(search)
+    if len(search.steps) < len(replay):  # a search that took fewer steps than were kept: not this search's progress
+        raise AgentsearchError(
+            f"the saved bisection has {len(replay)} steps, the search took {len(search.steps)}: start afresh with "
+            "`agentsearch stack bisect --fresh`"
+        )
+    return _finish(journal, search.record(culprit, reason), to_history, False, seed)
 
-    def measure(i: int) -> BisectStep:
-        attempt[0] += 1
+
+class _Bisection:
+    """A bisection under way: its range's first-parent line, who made each commit, the steps measured (those a journal
+    kept replayed first, as measured), and its record."""
+
+    def __init__(
+        self,
+        ws: Workspace,
+        rng: Range,
+        config: Config,
+        workload: str,
+        seed: int | None,
+        replay: tuple[BisectStep, ...],
+        journal: Journal | None,
+        t0: float,
+        say: Say,
+    ):
+        self.ws, self.rng, self.config, self.workload, self.seed = ws, rng, config, workload, seed
+        self.replay, self.journal, self.t0, self.say = replay, journal, t0, say
+        self.line = first_parent_line(ws, rng)
+        self.commits = [rng.since] + self.line  # commits[i]: the baseline after its i-th commit in the range
+        self.made_by = {
+            e.record.new: e.proposal for e in read_entries(ws) if isinstance(e.record, Merge) and e.record.ok
+        }
+        self.undone = {e.record.new: e.record.merge for e in read_entries(ws) if isinstance(e.record, Revert)}
+        self.steps: list[BisectStep] = []
+        self.attempts = 0
+        # each step's error split over the steps a search can take (the tip, then ceil(log2 K) halvings): Bonferroni
+        self.step_alpha = config.gate.alpha / (1 + math.ceil(math.log2(max(2, len(rng.merges)))))
+
+    def record(self, culprit: str | None, reason: str) -> StackBisect:
+        return StackBisect(
+            since=self.rng.since,
+            tip=self.rng.tip,
+            workload=self.workload,
+            merges=tuple(self.line),
+            steps=tuple(self.steps),
+            culprit=culprit,
+            proposal=self.made_by.get(culprit or ""),
+            reason=reason,
+            seconds=round(time.perf_counter() - self.t0, 3),
+        )
+
+    def measure(self, i: int) -> BisectStep:
+        """The step after commit ``i``: the saved one while the search retraces a resumed one, else measured (and
+        kept in the journal)."""
+        self.attempts += 1
+        steps, replay = self.steps, self.replay
         if len(steps) < len(replay):  # the search is the same up to where it was killed: its steps as measured
             if replay[len(steps)].index != i:
                 raise AgentsearchError(
@@ -902,74 +979,76 @@ def bisect(
                 )
             steps.append(replay[len(steps)])
             return steps[-1]
-        say("bisect", f"step {len(steps) + 1}: after commit {i} of {len(commits) - 1} ({commits[i][:12]})")
+        self.say(
+            "bisect", f"step {len(steps) + 1}: after commit {i} of {len(self.commits) - 1} ({self.commits[i][:12]})"
+        )
         st = _step(
-            ws,
-            commits[i],
+            self.ws,
+            self.commits[i],
             i,
-            rng.since,
-            workload,
-            None if seed is None else seed + 10 * attempt[0],
-            say,
-            config.gate.min_effect,
-            step_alpha,
+            self.rng.since,
+            self.workload,
+            None if self.seed is None else self.seed + 10 * self.attempts,
+            self.say,
+            self.config.gate.min_effect,
+            self.step_alpha,
             steps[0].speedup if steps else None,
         )
         steps.append(st)
-        if journal is not None:
-            journal.save(Progress(record(None, "unfinished"), False, seed))
+        if self.journal is not None:
+            self.journal.save(Progress(self.record(None, "unfinished"), False, self.seed))
         return st
 
-    lo, hi = 0, len(commits) - 1
-    last = measure(hi)
-    culprit, reason = None, ""
-    if last.outcome == "same":
-        reason = f"{workload} is not significantly worse at the tip than at the start: nothing to bisect"
-    elif last.outcome == "unknown":
-        reason = f"the tip could not be told apart from the start on {workload} ({last.reason})"
-    else:
-        # a revert in the range may have undone an earlier regression: start from the last one (the line is not
-        # monotone across it), so the search finds where the regression the tip shows entered
-        reverts = [i for i, c in enumerate(commits) if c in undone and 0 < i < hi]
-        if reverts:
-            st = measure(reverts[-1])
-            if st.outcome == "same":
-                lo = reverts[-1]
-            elif st.outcome == "different":
-                hi = reverts[-1]
-            else:
-                reason = f"the step after the revert {commits[reverts[-1]][:12]} stayed unknown ({st.reason})"
-        while not reason and hi - lo > 1:
-            mid = (lo + hi) // 2
-            st = measure(mid)
-            if st.outcome == "different":
-                hi = mid
-            elif st.outcome == "same":
-                lo = mid
-            else:
-                reason = (
-                    f"the step after commit {mid} stayed unknown ({st.reason}); the regression entered between commit "
-                    f"{lo + 1} ({commits[lo + 1][:12]}) and commit {hi} ({commits[hi][:12]})"
-                )
-                break
-        if not reason:
-            culprit = commits[hi]
-            what = (
-                f"the merge of {made_by[culprit]}"
-                if culprit in made_by
-                else f"the revert of {undone[culprit][:12]}"
-                if culprit in undone
-                else "a commit agentsearch did not make"
-            )
-            reason = (
-                f"{workload} regressed at commit {hi} of {len(commits) - 1} on the baseline ({culprit[:12]}: {what})"
-            )
-    if len(steps) < len(replay):  # a search that took fewer steps than were kept: not this search's progress
-        raise AgentsearchError(
-            f"the saved bisection has {len(replay)} steps, the search took {len(steps)}: start afresh with "
-            "`agentsearch stack bisect --fresh`"
+    def blame(self, hi: int) -> str:
+        """Why commit ``hi`` is the culprit, naming what made it."""
+        culprit = self.commits[hi]
+        what = (
+            f"the merge of {self.made_by[culprit]}"
+            if culprit in self.made_by
+            else f"the revert of {self.undone[culprit][:12]}"
+            if culprit in self.undone
+            else "a commit agentsearch did not make"
         )
-    return _finish(journal, record(culprit, reason), to_history, False, seed)
+        return (
+            f"{self.workload} regressed at commit {hi} of {len(self.commits) - 1} on the baseline ({culprit[:12]}: "
+            f"{what})"
+        )
+
+
+def _search(b: _Bisection) -> tuple[str | None, str]:
+    """(the culprit or None, why): the tip first; a regression there is bisected, halving the commits between the
+    start (or the last revert in the range) and the tip, until one commit is left or a step stays unknown."""
+    commits, workload = b.commits, b.workload
+    lo, hi = 0, len(commits) - 1
+    last = b.measure(hi)
+    if last.outcome == "same":
+        return None, f"{workload} is not significantly worse at the tip than at the start: nothing to bisect"
+    if last.outcome == "unknown":
+        return None, f"the tip could not be told apart from the start on {workload} ({last.reason})"
+    # a revert in the range may have undone an earlier regression: start from the last one (the line is not
+    # monotone across it), so the search finds where the regression the tip shows entered
+    reverts = [i for i, c in enumerate(commits) if c in b.undone and 0 < i < hi]
+    if reverts:
+        st = b.measure(reverts[-1])
+        if st.outcome == "same":
+            lo = reverts[-1]
+        elif st.outcome == "different":
+            hi = reverts[-1]
+        else:
+            return None, f"the step after the revert {commits[reverts[-1]][:12]} stayed unknown ({st.reason})"
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        st = b.measure(mid)
+        if st.outcome == "different":
+            hi = mid
+        elif st.outcome == "same":
+            lo = mid
+        else:
+            return None, (
+                f"the step after commit {mid} stayed unknown ({st.reason}); the regression entered between commit "
+                f"{lo + 1} ({commits[lo + 1][:12]}) and commit {hi} ({commits[hi][:12]})"
+            )
+    return commits[hi], b.blame(hi)
 
 
 def first_parent_line(ws: Workspace, rng: Range) -> list[str]:

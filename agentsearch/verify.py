@@ -17,7 +17,7 @@ import os
 import secrets
 import shutil
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -391,21 +391,27 @@ class _Trusted:
                 r.dumps.mark_complete()  # newest by use: what pruning keeps
 
 
-def run_verify(
-    ws: Workspace, config: Config, sd: Sides, say: Say | None = None, public_only: bool = False
-) -> VerifyResult:
-    """Collect both sides' logprobs (each in its own sandbox) and judge them. Raises LogprobError on failure.
+@dataclass(frozen=True)
+class _Prompts:
+    """The check's prompts, written where both sides read them, and where each side's dumps go."""
 
-    The prompts are an input both sides read; each side's dumps go to its own output directory,
-    so the candidate never runs where the baseline's dumps are. ``public_only``: the held-out prompts
-    are not even written for the sides (the agent workbench's advisory ``check_outputs``), no kept
-    baseline dumps are read or marked, and kept reference and main runs are read but never written or evicted."""
-    t0 = time.perf_counter()
+    every: list[corpus_mod.Prompt]  # the corpus, before the profile's selection
+    run: list[corpus_mod.Prompt]  # the prompts both sides run (public_only: the public ones)
+    public: list[corpus_mod.Prompt]
+    hold: list[corpus_mod.Prompt]
+    inputs: Path  # the sides' inputs/verify
+    outs: dict[str, Path]  # side -> its outputs/verify
+    lengths: dict[str, int]  # prompt id -> its decode steps
+    shuffle_seed: int
+    ordered: Path  # the prompts in corpus order
+    shuffled: Path  # the same prompts shuffled: another batch composition and order (the noise floor)
+
+
+def _write_prompts(ws: Workspace, config: Config, sd: Sides, public_only: bool) -> _Prompts:
+    """Select and split the corpus, empty the sides' outputs and write the prompts into their inputs."""
     vc = config.verify
     assert vc is not None
-    say = say or (lambda s, d: None)
-    worktrees = sd.worktrees
-    every = load_prompts(vc, worktrees[BASELINE])
+    every = load_prompts(vc, sd.worktrees[BASELINE])
     prompts = corpus_mod.select(every, vc.prompts_wanted)
     secret = holdout_secret(ws)
     public, hold = corpus_mod.split(prompts, secret, vc.holdout)
@@ -421,31 +427,41 @@ def run_verify(
     lengths = decode_lengths(prompts, vc.max_tokens, longest_output(config))
     ordered = write_prompts(inputs / "prompts.jsonl", prompts, lengths=lengths)
     shuffled = write_prompts(inputs / "prompts-shuffled.jsonl", prompts, shuffle_seed=shuffle_seed, lengths=lengths)
-    sampling = vc.kind == "vllm" and vc.sample
-    paths = (*PATHS, "sample") if sampling else PATHS
-    reference = ws.reference_commit(config, sd.commits[BASELINE])
-    main = sd.commits[CANDIDATE] == sd.commits[BASELINE]  # `verify main`: the candidate is main's own code
+    return _Prompts(every, prompts, public, hold, inputs, outs, lengths, shuffle_seed, ordered, shuffled)
+
+
+def _regimes(vc: VerifyConfig, sd: Sides) -> tuple[regimes_mod.Regime, list[regimes_mod.Regime]]:
+    """(the baseline's regime, the regimes the reference comparison covers: the candidate's own first; then
+    production's ([verify] regimes) and the old one, each once)."""
     regime_base, regime_cand = (
-        side_regime(vc, worktrees[BASELINE], BASELINE),
-        side_regime(vc, worktrees[CANDIDATE], CANDIDATE),
+        side_regime(vc, sd.worktrees[BASELINE], BASELINE),
+        side_regime(vc, sd.worktrees[CANDIDATE], CANDIDATE),
     )
-    regimes = [regime_cand]  # the candidate's own first; then production's ([verify] regimes) and the old one
+    regimes = [regime_cand]
     for extra in (
         *(regimes_mod.with_overrides(regime_cand, o) for o in vc.regimes),
         *([regime_base] if vc.old_regime else []),
     ):
         if all(regimes_mod.key(extra) != regimes_mod.key(r) for r in regimes):
             regimes.append(extra)
+    return regime_base, regimes
+
+
+@contextlib.contextmanager
+def _side_runners(
+    config: Config, sd: Sides, kept: baseline_dumps.BaselineDumps | None, main: bool, say: Say
+) -> Iterator[dict[str, Any]]:
+    """Each side's logprob runner, closed on the way out: the baseline's reuses its kept dumps where there are some,
+    and so does the candidate's where it is main's own code (``main``)."""
+    vc = config.verify
+    assert vc is not None
     runners: dict[str, Any] = {}
-    draws: list[dict] | None = None
-    s_ordered: Path | None = None
-    kept = kept_dumps(ws, config, sd.commits[BASELINE]) if vc.reuse_baseline and not public_only else None
     try:
         for side in (BASELINE, CANDIDATE):
 
             def make(side: str = side) -> Any:
                 return _runner(
-                    vc, config, worktrees[side], sd.logs / f"logprobs-{sd.label(side)}.log", sd.out(side), side
+                    vc, config, sd.worktrees[side], sd.logs / f"logprobs-{sd.label(side)}.log", sd.out(side), side
                 )
 
             if side == BASELINE and kept is not None:
@@ -462,95 +478,136 @@ def run_verify(
                 )  # main's own runs: kept
             else:
                 runners[side] = make()
-
-        def collect(side: str, what: str, fn: Callable[[], dict]) -> dict:
-            say("verify", what)
-            try:
-                return fn()
-            except LogprobError as exc:
-                raise LogprobError(f"{side}: {exc}") from None
-
-        def logprobs(side: str, prompts_file: Path, out: str) -> Callable[[], dict]:
-            return lambda: runners[side].run(prompts_file, outs[side] / out, vc.k, vc.max_tokens)
-
-        base = collect(
-            BASELINE, f"baseline logprobs for {len(prompts)} prompts", logprobs(BASELINE, ordered, "base.jsonl")
-        )
-        base2 = collect(
-            BASELINE, "baseline again, shuffled (noise floor)", logprobs(BASELINE, shuffled, "base-shuffled.jsonl")
-        )
-        cand = collect(CANDIDATE, "candidate logprobs", logprobs(CANDIDATE, ordered, "cand.jsonl"))
-        if sampling:
-            s_ordered = write_sample_prompts(inputs / "sample.jsonl", prompts, len(SAMPLE_SETTINGS), lengths=lengths)
-            s_shuffled = write_sample_prompts(
-                inputs / "sample-shuffled.jsonl",
-                prompts,
-                len(SAMPLE_SETTINGS),
-                shuffle_seed=shuffle_seed,
-                lengths=lengths,
-            )
-
-            def processed(side: str, prompts_file: Path, out: str) -> Callable[[], dict]:
-                return lambda: runners[side].processed(
-                    prompts_file, outs[side] / out, SAMPLE_SETTINGS, vc.k, vc.max_tokens
-                )
-
-            base.update(
-                collect(
-                    BASELINE,
-                    "sample path: baseline processed logprobs",
-                    processed(BASELINE, s_ordered, "sample-base.jsonl"),
-                )
-            )
-            base2.update(
-                collect(
-                    BASELINE,
-                    "sample path: baseline again, shuffled",
-                    processed(BASELINE, s_shuffled, "sample-base-shuffled.jsonl"),
-                )
-            )
-            cand.update(
-                collect(
-                    CANDIDATE,
-                    "sample path: candidate processed logprobs",
-                    processed(CANDIDATE, s_ordered, "sample-cand.jsonl"),
-                )
-            )
-        if sampling and vc.sample_draws:
-            first_of_lang: dict[str, corpus_mod.Prompt] = {}
-            for p in public:
-                first_of_lang.setdefault(p.lang, p)
-            contexts = sorted(first_of_lang.values(), key=lambda p: len(p.text))[: vc.sample_contexts]
-            ctx = write_prompts(inputs / "draw-contexts.jsonl", contexts)
-            ctx_shuffled = write_prompts(inputs / "draw-contexts-shuffled.jsonl", contexts[::-1])
-            n = vc.sample_draws
-            unrelated_seed = DRAW_SEED + n * len(DRAW_SETTINGS)  # past every seed of the paired runs
-
-            def drawn(side: str, file: Path, seed: int, out: str) -> Callable[[], dict]:
-                return lambda: runners[side].samples(file, outs[side] / out, DRAW_SETTINGS, n, seed)
-
-            draws = [
-                collect(BASELINE, "draw test: baseline", drawn(BASELINE, ctx, DRAW_SEED, "draws-base.jsonl")),
-                collect(
-                    BASELINE,
-                    "draw test: baseline again, same seeds, another batch (noise floor)",
-                    drawn(BASELINE, ctx_shuffled, DRAW_SEED, "draws-floor.jsonl"),
-                ),
-                collect(
-                    BASELINE,
-                    "draw test: baseline with unrelated seeds",
-                    drawn(BASELINE, ctx, unrelated_seed, "draws-unrelated.jsonl"),
-                ),
-                collect(
-                    CANDIDATE, "draw test: candidate, same seeds", drawn(CANDIDATE, ctx, DRAW_SEED, "draws-cand.jsonl")
-                ),
-            ]
+        yield runners
     finally:
         for r in runners.values():
             r.close()
-    reused = runners[BASELINE].reused if isinstance(runners.get(BASELINE), baseline_dumps.ReusingRunner) else 0
-    tie = DTYPE_FLOOR[vc.dtype]["tie"]
-    floor = compare(base, base2, [p.id for p in prompts], tie, paths)
+
+
+@dataclass(frozen=True)
+class _Dumps:
+    """What the sides' runs returned: the baseline's twice (corpus order, then shuffled) and the candidate's, each
+    with its sample path where there is one; and the draw test's runs."""
+
+    base: dict
+    base2: dict
+    cand: dict
+    sample_prompts: Path | None  # the sample path's prompts in corpus order (None: no sample path)
+    draws: list[dict] | None  # the draw test's runs (None: no draw test)
+
+
+def _collected(say: Say, side: str, what: str, fn: Callable[[], dict]) -> dict:
+    say("verify", what)
+    try:
+        return fn()
+    except LogprobError as exc:
+        raise LogprobError(f"{side}: {exc}") from None
+
+
+def _collect(vc: VerifyConfig, runners: Mapping[str, Any], p: _Prompts, sampling: bool, say: Say) -> _Dumps:
+    """Every run of the check, in order: the logprobs, the sample path's processed logprobs, the draw test."""
+
+    def logprobs(side: str, prompts_file: Path, out: str) -> Callable[[], dict]:
+        return lambda: runners[side].run(prompts_file, p.outs[side] / out, vc.k, vc.max_tokens)
+
+    base = _collected(
+        say, BASELINE, f"baseline logprobs for {len(p.run)} prompts", logprobs(BASELINE, p.ordered, "base.jsonl")
+    )
+    base2 = _collected(
+        say, BASELINE, "baseline again, shuffled (noise floor)", logprobs(BASELINE, p.shuffled, "base-shuffled.jsonl")
+    )
+    cand = _collected(say, CANDIDATE, "candidate logprobs", logprobs(CANDIDATE, p.ordered, "cand.jsonl"))
+    s_ordered: Path | None = None
+    if sampling:
+        s_ordered = _collect_sample(vc, runners, p, say, base, base2, cand)
+    draws = _collect_draws(vc, runners, p, say) if sampling and vc.sample_draws else None
+    return _Dumps(base, base2, cand, s_ordered, draws)
+
+
+def _collect_sample(
+    vc: VerifyConfig, runners: Mapping[str, Any], p: _Prompts, say: Say, base: dict, base2: dict, cand: dict
+) -> Path:
+    """The sample path: each side's processed logprobs under SAMPLE_SETTINGS, added to its dumps (``base``, ``base2``,
+    ``cand``); the sample prompts in corpus order."""
+    s_ordered = write_sample_prompts(p.inputs / "sample.jsonl", p.run, len(SAMPLE_SETTINGS), lengths=p.lengths)
+    s_shuffled = write_sample_prompts(
+        p.inputs / "sample-shuffled.jsonl",
+        p.run,
+        len(SAMPLE_SETTINGS),
+        shuffle_seed=p.shuffle_seed,
+        lengths=p.lengths,
+    )
+
+    def processed(side: str, prompts_file: Path, out: str) -> Callable[[], dict]:
+        return lambda: runners[side].processed(prompts_file, p.outs[side] / out, SAMPLE_SETTINGS, vc.k, vc.max_tokens)
+
+    base.update(
+        _collected(
+            say,
+            BASELINE,
+            "sample path: baseline processed logprobs",
+            processed(BASELINE, s_ordered, "sample-base.jsonl"),
+        )
+    )
+    base2.update(
+        _collected(
+            say,
+            BASELINE,
+            "sample path: baseline again, shuffled",
+            processed(BASELINE, s_shuffled, "sample-base-shuffled.jsonl"),
+        )
+    )
+    cand.update(
+        _collected(
+            say,
+            CANDIDATE,
+            "sample path: candidate processed logprobs",
+            processed(CANDIDATE, s_ordered, "sample-cand.jsonl"),
+        )
+    )
+    return s_ordered
+
+
+def _collect_draws(vc: VerifyConfig, runners: Mapping[str, Any], p: _Prompts, say: Say) -> list[dict]:
+    """The paired draw test's runs: the baseline, the baseline in another batch (noise floor), the baseline with
+    unrelated seeds, the candidate with the baseline's seeds (``judge_draws``' order)."""
+    first_of_lang: dict[str, corpus_mod.Prompt] = {}
+    for prompt in p.public:
+        first_of_lang.setdefault(prompt.lang, prompt)
+    contexts = sorted(first_of_lang.values(), key=lambda prompt: len(prompt.text))[: vc.sample_contexts]
+    ctx = write_prompts(p.inputs / "draw-contexts.jsonl", contexts)
+    ctx_shuffled = write_prompts(p.inputs / "draw-contexts-shuffled.jsonl", contexts[::-1])
+    n = vc.sample_draws
+    unrelated_seed = DRAW_SEED + n * len(DRAW_SETTINGS)  # past every seed of the paired runs
+
+    def drawn(side: str, file: Path, seed: int, out: str) -> Callable[[], dict]:
+        return lambda: runners[side].samples(file, p.outs[side] / out, DRAW_SETTINGS, n, seed)
+
+    return [
+        _collected(say, BASELINE, "draw test: baseline", drawn(BASELINE, ctx, DRAW_SEED, "draws-base.jsonl")),
+        _collected(
+            say,
+            BASELINE,
+            "draw test: baseline again, same seeds, another batch (noise floor)",
+            drawn(BASELINE, ctx_shuffled, DRAW_SEED, "draws-floor.jsonl"),
+        ),
+        _collected(
+            say,
+            BASELINE,
+            "draw test: baseline with unrelated seeds",
+            drawn(BASELINE, ctx, unrelated_seed, "draws-unrelated.jsonl"),
+        ),
+        _collected(
+            say,
+            CANDIDATE,
+            "draw test: candidate, same seeds",
+            drawn(CANDIDATE, ctx, DRAW_SEED, "draws-cand.jsonl"),
+        ),
+    ]
+
+
+def _floor_reasons(floor: Mapping[str, PathStats]) -> list[str]:
+    """Where the baseline is not self-consistent (its two runs disagree beyond what a batch may change)."""
     reasons: list[str] = []
     for name, st in floor.items():
         if st.missing or st.dropped or st.token_mismatch or st.bad_divergences:
@@ -559,49 +616,98 @@ def run_verify(
                 f"{len(st.missing) + len(st.dropped)}, token mismatches {len(st.token_mismatch)}, divergences "
                 f"{len(st.bad_divergences)})"
             )
+    return reasons
+
+
+def _judge_draws(draws: list[dict] | None) -> tuple[dict[str, Any], list[str]]:
+    """(the draw test's verdict and statistics, its reasons); ({}, []) without a draw test."""
+    if draws is None:
+        return {}, []
+    dv = judge_draws(*draws)
+    return {"passed": dv.passed, **dv.stats}, list(dv.reasons)
+
+
+def _shares_main_run(ws: Workspace, vc: VerifyConfig, sd: Sides) -> bool:
+    """Whether main's run stands for the candidate's in another regime: the candidate changes only regime keys of
+    serving.json (``regime_only``, read from the commits), and what the sides' workers read from their worktrees
+    agrees (a checkout filter could make the file differ)."""
+    return (
+        vc.kind == "vllm"
+        and regime_only(ws.repo_dir, sd.commits[BASELINE], sd.commits[CANDIDATE])
+        and regimes_mod.apart_from_regime(*(_serving_of(sd.worktrees[s]) for s in (BASELINE, CANDIDATE)))
+    )
+
+
+def _languages(
+    public: list[corpus_mod.Prompt], base: Mapping, cand: Mapping, tie: float, paths: tuple[str, ...]
+) -> dict[str, dict[str, Any]]:
+    """Per language of the public prompts: each path's statistics, the candidate against the baseline."""
+    languages: dict[str, dict[str, Any]] = {}
+    for lang in sorted({p.lang for p in public}):
+        ids = [p.id for p in public if p.lang == lang]
+        languages[lang] = {path: st.summary() for path, st in compare(base, cand, ids, tie, paths).items()}
+    return languages
+
+
+def run_verify(
+    ws: Workspace, config: Config, sd: Sides, say: Say | None = None, public_only: bool = False
+) -> VerifyResult:
+    """Collect both sides' logprobs (each in its own sandbox) and judge them. Raises LogprobError on failure.
+
+    The prompts are an input both sides read; each side's dumps go to its own output directory,
+    so the candidate never runs where the baseline's dumps are. ``public_only``: the held-out prompts
+    are not even written for the sides (the agent workbench's advisory ``check_outputs``), no kept
+    baseline dumps are read or marked, and kept reference and main runs are read but never written or evicted."""
+    t0 = time.perf_counter()
+    vc = config.verify
+    assert vc is not None
+    say = say or (lambda s, d: None)
+    p = _write_prompts(ws, config, sd, public_only)
+    sampling = vc.kind == "vllm" and vc.sample
+    paths = (*PATHS, "sample") if sampling else PATHS
+    reference = ws.reference_commit(config, sd.commits[BASELINE])
+    main = sd.commits[CANDIDATE] == sd.commits[BASELINE]  # `verify main`: the candidate is main's own code
+    regime_base, regimes = _regimes(vc, sd)
+    kept = kept_dumps(ws, config, sd.commits[BASELINE]) if vc.reuse_baseline and not public_only else None
+    with _side_runners(config, sd, kept, main, say) as runners:
+        dumps = _collect(vc, runners, p, sampling, say)
+    reused = runners[BASELINE].reused if isinstance(runners.get(BASELINE), baseline_dumps.ReusingRunner) else 0
+    tie = DTYPE_FLOOR[vc.dtype]["tie"]
+    floor = compare(dumps.base, dumps.base2, [pr.id for pr in p.run], tie, paths)
+    reasons = _floor_reasons(floor)
     if kept is not None:
         # kept for the next check only when this one's baseline was self-consistent and its worktree as built
         if reasons or sd.check():
             kept.discard()
         else:
             kept.mark_complete()
-    groups = (("public", public), ("holdout", hold))[: 1 if public_only else 2]
-    sets, set_reasons, positions = _judge_sets(base, cand, groups, paths, floor, vc.mode, dict(vc.caps), vc.dtype)
-    reasons += set_reasons
-    draw_stats: dict[str, Any] = {}
-    if draws is not None:
-        dv = judge_draws(*draws)
-        draw_stats = {"passed": dv.passed, **dv.stats}
-        reasons += list(dv.reasons)
-    # ... and what the sides' workers read from their worktrees agrees (a checkout filter could make the file differ)
-    shared = (
-        vc.kind == "vllm"
-        and regime_only(ws.repo_dir, sd.commits[BASELINE], sd.commits[CANDIDATE])
-        and regimes_mod.apart_from_regime(*(_serving_of(worktrees[s]) for s in (BASELINE, CANDIDATE)))
+    groups = (("public", p.public), ("holdout", p.hold))[: 1 if public_only else 2]
+    sets, set_reasons, positions = _judge_sets(
+        dumps.base, dumps.cand, groups, paths, floor, vc.mode, dict(vc.caps), vc.dtype
     )
+    reasons += set_reasons
+    draw_stats, draw_reasons = _judge_draws(dumps.draws)
+    reasons += draw_reasons
+    shared = _shares_main_run(ws, vc, sd)
     against = _Against(ws, config, sd, reference, regimes, regime_base, main, say, keep=not public_only, shared=shared)
     ref_info, ref_reasons, main_reasons = against.judge(
-        base, cand, groups, paths, floor, ordered, s_ordered, candidate_failed=bool(reasons)
+        dumps.base, dumps.cand, groups, paths, floor, p.ordered, dumps.sample_prompts, candidate_failed=bool(reasons)
     )
     blame = ("main" if main_reasons else "candidate") if (reasons or ref_reasons) else ""
     reasons = [*main_reasons, *reasons, *ref_reasons]
-    languages: dict[str, dict[str, Any]] = {}
-    for lang in sorted({p.lang for p in public}):
-        ids = [p.id for p in public if p.lang == lang]
-        languages[lang] = {path: st.summary() for path, st in compare(base, cand, ids, tie, paths).items()}
     return VerifyResult(
         verdict="fail" if reasons else "pass",
         reasons=tuple(reasons),
         sets=sets,
-        languages=languages,
+        languages=_languages(p.public, dumps.base, dumps.cand, tie, paths),
         floor={path: st.summary() for path, st in floor.items()},
-        holdout_size=len(hold),
-        public_size=len(public),
+        holdout_size=len(p.hold),
+        public_size=len(p.public),
         mode=vc.mode,
         wall_s=time.perf_counter() - t0,
         positions=positions,
         draws=draw_stats,
-        corpus_size=len(every),
+        corpus_size=len(p.every),
         baseline_reused=reused,
         reference=ref_info,
         blame=blame,
@@ -634,6 +740,43 @@ def _judge_sets(
             if set_name == "public":
                 positions[path] = list(st.kl)
     return sets, reasons, positions
+
+
+@dataclass(frozen=True)
+class _Runs:
+    """One regime's runs (the same dict where one run stands for another: identity says which)."""
+
+    reference: dict
+    main: dict
+    candidate: dict
+
+
+@dataclass(frozen=True)
+class _Basis:
+    """What every regime's comparison is judged on: the check's own runs, its prompt groups, the paths compared,
+    the noise floor, and whether the check's own comparison failed."""
+
+    base: dict
+    cand: dict
+    groups: Any
+    paths: tuple[str, ...]
+    floor: Mapping[str, PathStats]
+    candidate_failed: bool
+
+
+@dataclass(frozen=True)
+class _RegimeOutcome:
+    """One regime's comparisons: the candidate's row, its reasons and, where the candidate failed, main's row against
+    the reference and the blame (main is the cause, main's reason)."""
+
+    row: RegimeComparison
+    reasons: tuple[str, ...]
+    main: RegimeComparison | None = None
+    blamed: tuple[bool, str] | None = None
+
+
+def _cut(why: list[str], n: int = 3) -> str:
+    return "; ".join(why[:n]) + (f" (+{len(why) - n} more)" if len(why) > n else "")
 
 
 class _Against:
@@ -678,100 +821,27 @@ class _Against:
         sample_prompts: Path | None,
         candidate_failed: bool,
     ) -> tuple[ReferenceCheck, list[str], list[str]]:
-        vc, sd = self.vc, self.sd
-        mode, caps, words = budget_of(vc)
-        base_commit = sd.commits[BASELINE]
-        is_base = lambda r: self.reference == base_commit and regimes_mod.key(r) == regimes_mod.key(self.regime_base)  # noqa: E731
+        budget = budget_of(self.vc)
+        mode, caps, words = budget
         t0 = time.perf_counter()
-        rows: list[RegimeComparison] = []
-        mains: list[RegimeComparison] = []
-        reasons: list[str] = []
-        blamed: list[tuple[bool, str]] = []  # per regime the candidate failed in: (main is the cause, main's reason)
+        outcomes: list[_RegimeOutcome] = []
         ok = False
-
-        def cut(why: list[str], n: int = 3) -> str:
-            return "; ".join(why[:n]) + (f" (+{len(why) - n} more)" if len(why) > n else "")
-
         with contextlib.ExitStack() as stack:
-            trusted = _Trusted(self.ws, self.config, sd, self.reference, stack, keep=self.keep)
+            trusted = _Trusted(self.ws, self.config, self.sd, self.reference, stack, keep=self.keep)
             try:
                 for n, regime in enumerate(self.regimes):
                     own = n == 0
-                    rpaths = paths if own else PATHS
-                    sample = sample_prompts if own else None
-                    label = self._label(regime)
-                    at_base = regimes_mod.key(regime) == regimes_mod.key(self.regime_base)
-                    if is_base(regime):
-                        ref_r = base
-                    elif own and self.shared and self.reference == base_commit:
-                        # the reference is main, and main's code with the candidate's engine arguments is the candidate
-                        ref_r = cand
-                        self.say(
-                            "verify", f"the reference at {label}: the candidate's run (it changes only regime keys)"
-                        )
-                    else:
-                        self.say("verify", f"the reference {self.reference[:10]} at {label}")
-                        ref_r = self._trusted_run(trusted, REFERENCE, regime, n, ordered, sample)
-                    if at_base:
-                        main_r = base
-                    elif self.reference == base_commit:
-                        main_r = ref_r  # main is the reference: the same computation
-                    elif (self.main or self.shared) and own:
-                        main_r = cand  # main's code in the candidate's regime is the candidate's run
-                    else:
-                        self.say("verify", f"main at {label}")
-                        main_r = self._trusted_run(trusted, BASELINE, regime, n, ordered, sample)
-                    if own or not (self.main or self.shared):
-                        cand_r = cand if own else self._candidate_run(regime, n, ordered)
-                    else:
-                        cand_r = main_r
-                        self.say("verify", f"candidate at {label}: main's run (it changes only regime keys)")
-                    # the candidate against the reference: the drift budget
-                    sets, why_ref, _ = _judge_sets(ref_r, cand_r, groups, rpaths, floor, mode, caps, vc.dtype)
-                    # the candidate against main in the same regime: the per-change rule, in every regime (the
-                    # check's own comparison is that already in the baseline's regime)
-                    if own and at_base:
-                        why_main = ["the check's own comparison failed"] if candidate_failed else []
-                    else:
-                        _, why_main, _ = _judge_sets(
-                            main_r, cand_r, groups, rpaths, floor, vc.mode, dict(vc.caps), vc.dtype
-                        )
-                    failed = bool(why_ref or why_main or (own and candidate_failed))
-                    rows.append(
-                        RegimeComparison(
-                            label,
-                            not why_ref,
-                            dict(regime),
-                            own=own,
-                            against_main=not why_main,
-                            sets=sets,
-                            shared=self.shared and not self.main,
-                        )
-                    )
-                    if why_ref and not (ref_r is base and cand_r is cand and not vc.drift_budget):
-                        # (where the reference is the baseline, judged alike, the check's own reasons say it)
-                        reasons.append(
-                            f"drift budget ({words}) against the reference {self.reference[:10]} at {label}: "
-                            f"{cut(why_ref)}"
-                        )
-                    if why_main and not (own and at_base):
-                        reasons.append(f"against main at {label} ({vc.mode}): {cut(why_main)}")
-                    if failed:
-                        # is main itself off the reference here, and the candidate no further from main than one
-                        # change may be?
-                        msets, why_mref, _ = _judge_sets(ref_r, main_r, groups, rpaths, floor, mode, caps, vc.dtype)
-                        mains.append(RegimeComparison(label, not why_mref, dict(regime), sets=msets))
-                        why_b = (
-                            f"main already diverges from the reference {self.reference[:10]} at {label} ({words}): "
-                            f"{cut(why_mref, 2)}" + ("" if self.main else " — not this proposal's change")
-                        )
-                        blamed.append((bool(why_mref) and not why_main, why_b))
+                    runs = self._runs(trusted, regime, n, base, cand, ordered, sample_prompts if own else None)
+                    basis = _Basis(base, cand, groups, paths if own else PATHS, floor, candidate_failed)
+                    outcomes.append(self._compare(regime, own, runs, basis, budget))
                 ok = True
             finally:
                 trusted.close(ok)
+        blamed = [o.blamed for o in outcomes if o.blamed is not None]
         # main is the cause only where, in every regime the candidate failed, main itself is off the reference and the
         # candidate agrees with main (a change that also moves the outputs is the proposal's, whatever main does)
         main_reasons = [why for _, why in blamed] if blamed and all(cause for cause, _ in blamed) else []
+        rows = [o.row for o in outcomes]
         info = ReferenceCheck(
             commit=self.reference,
             budget=words,
@@ -780,12 +850,109 @@ class _Against:
             passed=all(r.passed for r in rows),
             against_main=all(r.against_main for r in rows),
             regimes=tuple(rows),
-            main=tuple(mains),
+            main=tuple(o.main for o in outcomes if o.main is not None),
             reused=sum(r.reused for r in trusted.runners.values()),
             collected=sum(r.collected for r in trusted.runners.values()),
             wall_s=round(time.perf_counter() - t0, 3),
         )
-        return info, reasons, main_reasons
+        return info, [why for o in outcomes for why in o.reasons], main_reasons
+
+    def _runs(
+        self,
+        trusted: _Trusted,
+        regime: regimes_mod.Regime,
+        n: int,
+        base: dict,
+        cand: dict,
+        ordered: Path,
+        sample: Path | None,
+    ) -> _Runs:
+        """The reference's, main's and the candidate's runs in ``regime`` (the ``n``-th; 0: the candidate's own), each
+        made only where no run of the check already is that computation."""
+        own = n == 0
+        label = self._label(regime)
+        base_commit = self.sd.commits[BASELINE]
+        at_base = regimes_mod.key(regime) == regimes_mod.key(self.regime_base)
+        if self.reference == base_commit and at_base:
+            ref_r = base
+        elif own and self.shared and self.reference == base_commit:
+            # the reference is main, and main's code with the candidate's engine arguments is the candidate
+            ref_r = cand
+            self.say("verify", f"the reference at {label}: the candidate's run (it changes only regime keys)")
+        else:
+            self.say("verify", f"the reference {self.reference[:10]} at {label}")
+            ref_r = self._trusted_run(trusted, REFERENCE, regime, n, ordered, sample)
+        if at_base:
+            main_r = base
+        elif self.reference == base_commit:
+            main_r = ref_r  # main is the reference: the same computation
+        elif (self.main or self.shared) and own:
+            main_r = cand  # main's code in the candidate's regime is the candidate's run
+        else:
+            self.say("verify", f"main at {label}")
+            main_r = self._trusted_run(trusted, BASELINE, regime, n, ordered, sample)
+        if own or not (self.main or self.shared):
+            cand_r = cand if own else self._candidate_run(regime, n, ordered)
+        else:
+            cand_r = main_r
+            self.say("verify", f"candidate at {label}: main's run (it changes only regime keys)")
+        return _Runs(ref_r, main_r, cand_r)
+
+    def _compare(
+        self,
+        regime: regimes_mod.Regime,
+        own: bool,
+        runs: _Runs,
+        basis: _Basis,
+        budget: tuple[str, dict[str, Any], str],
+    ) -> _RegimeOutcome:
+        """The candidate against the reference (the drift budget) and against main in ``regime``; where it fails, main
+        against the reference too (is the cause main's?)."""
+        vc, (mode, caps, words) = self.vc, budget
+        label = self._label(regime)
+        at_base = regimes_mod.key(regime) == regimes_mod.key(self.regime_base)
+        ref_r, main_r, cand_r = runs.reference, runs.main, runs.candidate
+        g, paths, floor = basis.groups, basis.paths, basis.floor
+        # the candidate against the reference: the drift budget
+        sets, why_ref, _ = _judge_sets(ref_r, cand_r, g, paths, floor, mode, caps, vc.dtype)
+        # the candidate against main in the same regime: the per-change rule, in every regime (the check's own
+        # comparison is that already in the baseline's regime)
+        if own and at_base:
+            why_main = ["the check's own comparison failed"] if basis.candidate_failed else []
+        else:
+            _, why_main, _ = _judge_sets(main_r, cand_r, g, paths, floor, vc.mode, dict(vc.caps), vc.dtype)
+        failed = bool(why_ref or why_main or (own and basis.candidate_failed))
+        row = RegimeComparison(
+            label,
+            not why_ref,
+            dict(regime),
+            own=own,
+            against_main=not why_main,
+            sets=sets,
+            shared=self.shared and not self.main,
+        )
+        reasons: list[str] = []
+        if why_ref and not (ref_r is basis.base and cand_r is basis.cand and not vc.drift_budget):
+            # (where the reference is the baseline, judged alike, the check's own reasons say it)
+            reasons.append(
+                f"drift budget ({words}) against the reference {self.reference[:10]} at {label}: {_cut(why_ref)}"
+            )
+        if why_main and not (own and at_base):
+            reasons.append(f"against main at {label} ({vc.mode}): {_cut(why_main)}")
+        if not failed:
+            return _RegimeOutcome(row, tuple(reasons))
+        # is main itself off the reference here, and the candidate no further from main than one change may be?
+        msets, why_mref, _ = _judge_sets(ref_r, main_r, g, paths, floor, mode, caps, vc.dtype)
+        why_b = (
+            f"main already diverges from the reference {self.reference[:10]} at {label} ({words}): "
+            f"{_cut(why_mref, 2)}" + ("" if self.main else " — not this proposal's change")
+        )
+        return _RegimeOutcome(
+            row,
+            tuple(reasons),
+            RegimeComparison(label, not why_mref, dict(regime), sets=msets),
+            (bool(why_mref) and not why_main, why_b),
+        )
 
     def _trusted_run(
         self,

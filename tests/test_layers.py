@@ -85,3 +85,19 @@ def test_the_orchestrator_never_reads_a_record_back_from_its_json():
         and inner.func.attr == "to_json"
     ]
     assert not found, "read the record's attribute instead of its JSON at " + ", ".join(found)
+
+
+MAX_FUNCTION_LINES = 100  # docs/contributing.md: what the limit is for and how to split
+
+
+def test_no_product_function_is_over_100_lines():
+    """A function that does not fit on a screen holds several concerns (issue #60); its steps get names."""
+    long = []
+    for package in ("agentsearch", "harness", "history", "kernels"):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                    lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                    if lines > MAX_FUNCTION_LINES:
+                        long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({lines} lines)")
+    assert long == [], "split these (docs/contributing.md, Function length):\n" + "\n".join(long)
