@@ -699,7 +699,7 @@ def resolve_sides(
     warmable = pool is not None and place.env(BASELINE, 0) == place.env(CANDIDATE, 0)
     if sd.kept is not None and isinstance(sd.resolutions.get(key), dict):
         if pool is not None and warmable:
-            warm = _warm_candidate(pool, RESOLVER + key, sd.resolutions[key], sd, timeout_s)
+            warm = warm_request(pool, RESOLVER + key, sd.resolutions[key], sd, timeout_s)
             if warm is not None:
                 return {BASELINE: {**sd.resolutions[key], "kept": True}, CANDIDATE: warm}
         if not warmable or (pool is not None and RESOLVER + key in pool.engines):
@@ -732,12 +732,24 @@ def resolve_sides(
     return out
 
 
-def _warm_candidate(
+WARM_REQUEST_S = 60.0  # a warm resolution answers in well under a second; one that hangs is retired, then cold
+
+
+def request_env(
+    given: Mapping[str, str], baseline: Mapping[str, str], candidate: Mapping[str, str]
+) -> dict[str, str | None]:
+    """The variables a warm worker started with ``given`` and the baseline's serving.json env (``baseline``) must set
+    for one request to run as the candidate's own worker would: the candidate's serving env over ``given``. A variable
+    only the baseline's file sets goes back to ``given``'s value (None: unset), as the candidate's worker has it."""
+    return {**{k: given.get(k) for k in baseline}, **candidate}
+
+
+def warm_request(
     pool: EnginePool, key: str, baseline: Mapping[str, Any], sd: Sides, timeout_s: float
-) -> dict[str, Any] | None:
-    """The candidate's resolution by the baseline's kept resolving worker, or None: resolve it cold (no warm worker,
-    an unreadable serving.json, a worker that failed, or one that no longer answers the baseline's own file as it
-    did)."""
+) -> dict[str, Any] | str | None:
+    """The candidate's resolution by the baseline's kept resolving worker; a string: the candidate's file made that
+    worker change the baseline's worktree (its rejection); None: resolve it cold (no warm worker, an unreadable
+    serving.json, a worker that failed or hung, or one that no longer answers the baseline's own file as it did)."""
     warm = pool.engines.get(key)
     if warm is None:
         return None
@@ -747,16 +759,21 @@ def _warm_candidate(
         sections = {side: (s if isinstance(s, dict) else {}).get("engine", {}) for side, s in served.items()}
     except Exception:  # noqa: BLE001 - an unreadable serving.json or a refused variable: the candidate's worker says
         return None
-    # the worker runs with the baseline's serving env: the candidate's over it, the baseline's own unset
-    over: dict[str, str | None] = {**dict.fromkeys(envs[BASELINE]), **envs[CANDIDATE]}
+    limit = min(timeout_s, WARM_REQUEST_S)
     try:
-        got = warm.resolve_again(sections[CANDIDATE], over, timeout_s)
+        got = warm.resolve_again(sections[CANDIDATE], request_env(warm.env, envs[BASELINE], envs[CANDIDATE]), limit)
         # the same worker, asked the baseline's own file again, must answer what it answered cold: a request that
         # changed what it resolves (arguments that register or import something) is caught here
-        again = warm.resolve_again(sections[BASELINE], {}, timeout_s)
-    except WorkerError:  # the warm worker is gone (a section it failed on ends it): the candidate's own decides
+        again = warm.resolve_again(sections[BASELINE], {}, limit)
+    except Exception:  # noqa: BLE001 - gone, hung, or a section it cannot even be sent: the candidate's own decides
         pool.retire(key)
         return None
+    # the worker runs in the baseline's worktree: what the candidate's file made it write there is the candidate's
+    # doing (cold, it would have written the candidate's worktree, and the trial's check would have caught it)
+    changed = sd.check()
+    if changed:
+        pool.retire(key)
+        return f"resolving the candidate's serving.json changed the worktree it ran in ({changed})"
     if _disagree(baseline, again):
         pool.retire(key)
         return None

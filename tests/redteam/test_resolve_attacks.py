@@ -131,13 +131,16 @@ def _session(where, serving: dict):
     where.mkdir()
     (where / "serving.json").write_text(json.dumps(serving))
     spec = {"kind": "vllm-throughput", "model": str(tiny_model.ensure()), "engine": {"enforce_eager": True}}
-    return ResolveSession(spec, where, {}, where / "resolve.log", "output_tok_s", 300.0, 300.0)
+    # the target's own [target.env], under each side's serving.json
+    env = {"VLLM_CPU_KVCACHE_SPACE": "1"}
+    return ResolveSession(spec, where, env, where / "resolve.log", "output_tok_s", 300.0, 300.0)
 
 
 def test_a_warm_resolver_answers_another_serving_file_as_that_files_own_worker_does(tmp_path):
     """What a kept baseline's resolving worker answers for a candidate's serving.json (its engine section and its
     variables) is what the candidate's own worker answers cold, and a request leaves nothing behind for the next."""
     from agentsearch.takes_effect import differences
+    from agentsearch.workloads import request_env
 
     base = {"engine": {"max_num_seqs": 4}, "env": {"VLLM_CPU_KVCACHE_SPACE": "2"}}
     cand = {"engine": {"max_num_seqs": 8}, "env": {"VLLM_NOT_A_SETTING": "1"}}
@@ -146,10 +149,14 @@ def test_a_warm_resolver_answers_another_serving_file_as_that_files_own_worker_d
         warm.start()
         cold.start()
         first, own = warm.resolved(), cold.resolved()
-        # the candidate's file over the baseline's: its section, its variables, the baseline's own unset
-        got = warm.resolve_again(cand["engine"], {"VLLM_CPU_KVCACHE_SPACE": None, "VLLM_NOT_A_SETTING": "1"}, 120.0)
+        # the candidate's file over the baseline's: its section, its variables, and a variable only the baseline's
+        # file sets back to what the candidate's worker has (the target's value, not vLLM's default: red team)
+        over = request_env(warm.env, base["env"], cand["env"])
+        assert over == {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_NOT_A_SETTING": "1"}
+        got = warm.resolve_again(cand["engine"], over, 120.0)
         assert got["config"]["scheduler_config"]["max_num_seqs"] == 8
         assert differences(own["config"], got["config"]) == []
+
         # the variables as takes-effect compares them: those either side sets (vLLM draws some defaults per process)
         def set_by(*res):
             names = {n for r in res for n in r["set_env"]}
@@ -157,7 +164,11 @@ def test_a_warm_resolver_answers_another_serving_file_as_that_files_own_worker_d
 
         assert got["set_env"] == own["set_env"] and got["unknown_env"] == own["unknown_env"] == ["VLLM_NOT_A_SETTING"]
         assert differences(*set_by(own, got)) == []
-        assert differences(*set_by(first, got)), "the baseline's variable was unset for the request"
+        assert (
+            got["env"]["VLLM_CPU_KVCACHE_SPACE"]
+            == own["env"]["VLLM_CPU_KVCACHE_SPACE"]
+            != first["env"]["VLLM_CPU_KVCACHE_SPACE"]
+        )
         # asked for the baseline's own file again: what it answered cold (nothing of the request stayed)
         again = warm.resolve_again(base["engine"], {}, 120.0)
         assert differences(first["config"], again["config"]) == [] and differences(*set_by(first, again)) == []
