@@ -34,7 +34,17 @@ FIXTURES = {
     "0.7.0": ROOT / "tests" / "fixtures" / "history-0.7.0.tar.gz",
     "0.8.0": ROOT / "tests" / "fixtures" / "history-0.8.0.tar.gz",
 }
-WROTE_SCHEMA = {"0.1.0": 1, "0.1.0-early": 1, "0.2.0": 2, "0.3.0": 2, "0.4.0": 2, "0.5.0": 2, "0.6.0": 2, "0.7.0": 2, "0.8.0": 2}
+WROTE_SCHEMA = {
+    "0.1.0": 1,
+    "0.1.0-early": 1,
+    "0.2.0": 2,
+    "0.3.0": 2,
+    "0.4.0": 2,
+    "0.5.0": 2,
+    "0.6.0": 2,
+    "0.7.0": 2,
+    "0.8.0": 2,
+}
 
 
 def unpack(fixture: Path, into: Path) -> Path:
