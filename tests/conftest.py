@@ -78,6 +78,8 @@ SLOW_FIRST = (
     "test_vllm_serving.py",
     "test_vllm_reference.py",
     "test_workbench_vllm.py",
+    "test_upstream_corpus.py",
+    "test_resolve_attacks.py",
     "test_ray_executor.py",
     "test_engine_placement.py",
     "test_kernel_cheats.py",
