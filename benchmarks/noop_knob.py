@@ -3,9 +3,9 @@
     .venv/bin/python benchmarks/noop_knob.py WORKDIR [--proposals 6] [--seed 1]
 
 Makes a fork of the installed vLLM (``agentsearch init --from-installed vllm``, the starter config) and ``--proposals``
-branches ``n/1`` … that each change ``serving.json`` in a way vLLM resolves to the same engine: odd ones set a
-``VLLM_`` variable vLLM does not read, even ones an engine argument no config of vLLM's holds
-(``disable_log_stats``). One episode judges them all; per proposal this prints the seconds from its creation to its
+branches ``n/1`` … that each change ``serving.json`` in a way vLLM resolves to the same engine: ``n/2`` and ``n/4`` set
+an engine argument no config of vLLM's holds (``disable_log_stats``), the others a ``VLLM_`` variable vLLM does not
+read. One episode judges them all; per proposal this prints the seconds from its creation to its
 verdict (propose, apply, build, resolve, record), the engines it started, and how the candidate was resolved (cold:
 its own worker; warm: the baseline's kept resolving worker).
 """
@@ -35,10 +35,10 @@ def make(workdir: Path, proposals: int) -> Path:
     for n in range(1, proposals + 1):
         if f"n/{n}" in _git(fork, "branch", "--list", f"n/{n}"):
             continue
-        if n % 2:
-            new = {**base, "env": {**(base.get("env") or {}), f"VLLM_NOT_A_SETTING_{n}": "1"}}
+        if n in (2, 4):  # an engine argument no config holds, set either way (each a different serving.json)
+            new = {**base, "engine": {**(base.get("engine") or {}), "disable_log_stats": n == 2}}
         else:
-            new = {**base, "engine": {**(base.get("engine") or {}), "disable_log_stats": bool(n % 4)}}
+            new = {**base, "env": {**(base.get("env") or {}), f"VLLM_NOT_A_SETTING_{n}": "1"}}
         _git(fork, "checkout", "-q", "-b", f"n/{n}", "main")
         (fork / "serving.json").write_text(json.dumps(new, indent=2) + "\n")
         _git(fork, "commit", "-q", "-am", f"n/{n}: a serving change vLLM resolves to the same engine")

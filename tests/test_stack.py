@@ -529,20 +529,29 @@ def test_an_episode_killed_during_its_stack_check_resumes_and_checks_once(tmp_pa
     two, that measures only the joint removal (neither removal again)."""
     from agentsearch.stack import Journal
 
-    repo = target(tmp_path / "toy", "\n[stack]\nleave_one_out = true\n")
-    queue_of(repo, tmp_path / "queue", FAST_THEN_REWRITE)
-    state = Workspace.open(repo).state
+    for attempt, seed in enumerate(("3", "4")):
+        repo = target(tmp_path / f"toy{attempt}", "\n[stack]\nleave_one_out = true\n")
+        queue_of(repo, tmp_path / f"queue{attempt}", FAST_THEN_REWRITE)
+        state = Workspace.open(repo).state
 
-    def progress_file() -> Path | None:
-        found = next(iter(state.glob("stack-progress-*.json")), None)
-        data = json.loads(found.read_text()) if found is not None else {}
-        return found if len(data.get("record", {}).get("removals", [])) == 2 else None
+        def progress_file() -> Path | None:
+            found = next(iter(state.glob("stack-progress-*.json")), None)  # noqa: B023 (called in this iteration)
+            data = json.loads(found.read_text()) if found is not None else {}
+            return found if len(data.get("record", {}).get("removals", [])) == 2 else None
 
-    killed_once(
-        ["episode", "-C", str(repo), "--patches", str(tmp_path / "queue"), "--seed", "3", "--json"],
-        lambda: progress_file() is not None,
-        "its stack check kept both removals",
-    )
+        try:
+            killed_once(
+                ["episode", "-C", str(repo), "--patches", str(tmp_path / f"queue{attempt}"), "--seed", seed, "--json"],
+                lambda: progress_file() is not None,
+                "its stack check kept both removals",
+            )
+            break
+        except AssertionError:
+            # what this test needs is two merges: under a loaded CI machine the second's confirmation can fail (the
+            # strict rule under foreign load), and then there is no second removal to kill at; once more, fresh
+            merged = run_cli("history", "-C", str(repo), "--json")
+            if attempt or sum(r["merged"] for r in json.loads(merged.stdout)["evaluations"]) >= 2:
+                raise
     path = progress_file()
     assert path is not None
     saved = Journal(state, path.name.removeprefix("stack-progress-").removesuffix(".json")).load()
