@@ -28,8 +28,9 @@ def test_every_run_writes_seconds_per_module_and_the_next_run_compares(
         test_one="def test_a():\n    pass\n", test_two="import time\n\ndef test_b():\n    time.sleep(0.3)\n"
     )
     out = pytester.path / "durations.json"
+    none = str(pytester.path / "none.json")  # no recorded full run either (the checkout's .ci/test-durations.json)
     first = pytester.runpytest_subprocess(
-        "-p", "tests.durations", "--module-durations", str(out), "-p", "no:cacheprovider"
+        "-p", "tests.durations", "--module-durations", str(out), "--module-durations-recorded", none
     )
     first.assert_outcomes(passed=2)
     doc = json.loads(out.read_text())
@@ -37,6 +38,7 @@ def test_every_run_writes_seconds_per_module_and_the_next_run_compares(
     assert list(doc["modules"])[0] == "test_two.py"  # slowest first
     assert "no earlier run to compare with" in first.stdout.str()
     second = pytester.runpytest_subprocess(
-        "-p", "tests.durations", "--module-durations", str(out), "-p", "no:cacheprovider"
+        "-p", "tests.durations", "--module-durations", str(out), "-p", "no:cacheprovider", "test_one.py"
     )
     assert "no module grew by more than 1.5x and 30 s since the last run" in second.stdout.str()
+    assert set(json.loads(out.read_text())["modules"]) == {"test_one.py", "test_two.py"}  # a partial run merges
