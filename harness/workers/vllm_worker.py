@@ -598,6 +598,17 @@ def profile(eng, cmd: dict) -> dict:
     }
 
 
+def commands():
+    """The orchestrator's commands on stdin, one JSON object a line, until ``quit`` or the end of the pipe."""
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        cmd = json.loads(line)
+        if cmd["cmd"] == "quit":
+            return
+        yield cmd
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--fd", type=int, required=True)
@@ -616,12 +627,7 @@ def main() -> int:
             send({"event": "ready", "resolved": resolve(spec)})
             # kept warm by the orchestrator: the same code resolves another serving.json's engine section (a
             # candidate that changes serving.json alone, in the same environment), vLLM already imported
-            for line in sys.stdin:
-                if not line.strip():
-                    continue
-                cmd = json.loads(line)
-                if cmd["cmd"] == "quit":
-                    break
+            for cmd in commands():
                 if cmd["cmd"] != "resolve":
                     raise ValueError(f"unknown command {cmd['cmd']!r} for a resolving worker")
                 env = cmd.get("env") or {}
@@ -642,12 +648,7 @@ def main() -> int:
                 "dtype": model_dtype(eng.llm),
             }
         )
-        for line in sys.stdin:
-            if not line.strip():
-                continue
-            cmd = json.loads(line)
-            if cmd["cmd"] == "quit":
-                break
+        for cmd in commands():
             if cmd["cmd"] == "measure":
                 eng.last_outputs = None
                 metrics = eng.measure(int(cmd["seed"]), cmd.get("kind"), cmd.get("params"))
